@@ -1,0 +1,9 @@
+//! One module per `moshi-rs` subcommand.
+
+pub mod bench;
+pub mod chat;
+pub mod codec;
+pub mod devices;
+pub mod file;
+pub mod inspect;
+pub mod quantize;

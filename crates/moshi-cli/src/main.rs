@@ -1,0 +1,57 @@
+//! moshi-rs binary entry point: parses the command line and dispatches to one subcommand.
+
+mod commands;
+
+use clap::{Parser, Subcommand};
+
+/// Run Kyutai's Moshi speech-to-speech model on a CPU.
+#[derive(Parser, Debug)]
+#[command(name = "moshi-rs", version, about)]
+struct Cli {
+    /// Log filter (tracing EnvFilter syntax), e.g. `info` or `moshi_model=debug`.
+    #[arg(long, global = true, default_value = "warn")]
+    log: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Describe a checkpoint file or model folder: format, dtype, bits, group size, parameters.
+    Inspect(commands::inspect::InspectArgs),
+    /// Mimi codec: WAV <-> codes.
+    #[command(subcommand)]
+    Codec(commands::codec::CodecCommand),
+    /// Run the full streaming pipeline over a WAV file: Moshi answers it.
+    File(commands::file::FileArgs),
+    /// Live, full-duplex voice conversation on local audio devices.
+    Chat(commands::chat::ChatArgs),
+    /// List audio devices.
+    Devices(commands::devices::DevicesArgs),
+    /// Latency profiling against the 80 ms frame budget.
+    Bench(commands::bench::BenchArgs),
+    /// Quantize a bf16 checkpoint into an MLX-layout q4/q8 file.
+    Quantize(commands::quantize::QuantizeArgs),
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let result = match cli.command {
+        Command::Inspect(a) => commands::inspect::run(a),
+        Command::Codec(a) => commands::codec::run(a),
+        Command::File(a) => commands::file::run(a),
+        Command::Chat(a) => commands::chat::run(a),
+        Command::Devices(a) => commands::devices::run(a),
+        Command::Bench(a) => commands::bench::run(a),
+        Command::Quantize(a) => commands::quantize::run(a),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,18 @@
+//! moshi-loader: find Moshi/Mimi checkpoints, read their headers, detect the layout from names
+//! and shapes, map names onto one canonical set, and load configs and the text tokenizer.
+
+pub mod config;
+mod error;
+pub mod npy;
+mod safetensors_file;
+mod tensor;
+mod weight_map;
+
+pub use config::{LmConfig, MimiConfig};
+pub use error::LoaderError;
+pub use safetensors_file::{SafetensorsFile, TensorInfo};
+pub use tensor::{DType, Tensor, TensorData};
+pub use weight_map::{Weight, WeightData, WeightMap};
+
+/// Result type of this crate.
+pub type Result<T> = std::result::Result<T, LoaderError>;

@@ -1,0 +1,200 @@
+//! Memory-mapped safetensors files: the header is parsed and validated first, tensors are
+//! read on demand.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use crate::{DType, LoaderError, Result, Tensor, TensorData};
+
+/// Largest header accepted (the format's own limit is 100 MB).
+const MAX_HEADER_BYTES: usize = 100 * 1024 * 1024;
+
+/// Where one tensor lives in the file.
+#[derive(Clone, Debug)]
+pub struct TensorInfo {
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    /// Byte range inside the data section.
+    pub data_start: usize,
+    pub data_end: usize,
+}
+
+impl TensorInfo {
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+/// An open, validated safetensors file.
+pub struct SafetensorsFile {
+    path: PathBuf,
+    mmap: memmap2::Mmap,
+    data_offset: usize,
+    tensors: BTreeMap<String, TensorInfo>,
+    metadata: BTreeMap<String, String>,
+}
+
+fn parse_dtype(s: &str) -> Option<DType> {
+    Some(match s {
+        "F32" => DType::F32,
+        "F16" => DType::F16,
+        "BF16" => DType::BF16,
+        "U32" => DType::U32,
+        "I64" => DType::I64,
+        "I32" => DType::I32,
+        "U8" => DType::U8,
+        "I8" => DType::I8,
+        _ => return None,
+    })
+}
+
+impl SafetensorsFile {
+    /// Opens and validates `path`: header length, JSON, dtypes, and that every tensor's bytes
+    /// lie inside the file and match its shape.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let file = std::fs::File::open(&path).map_err(|e| LoaderError::io(&path, e))?;
+        // SAFETY: the file is opened read-only; like every mmap-based loader we assume it is not
+        // modified while mapped.
+        let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| LoaderError::io(&path, e))?;
+        let bad = |reason: String| LoaderError::BadSafetensors { path: path.clone(), reason };
+        if mmap.len() < 8 {
+            return Err(bad(format!("file has {} bytes, less than the 8-byte header length", mmap.len())));
+        }
+        let header_len = u64::from_le_bytes(mmap[..8].try_into().expect("8 bytes")) as usize;
+        if header_len > MAX_HEADER_BYTES {
+            return Err(bad(format!("header length {header_len} is implausible (limit {MAX_HEADER_BYTES})")));
+        }
+        if 8 + header_len > mmap.len() {
+            return Err(LoaderError::Truncated { path, expected: 8 + header_len, got: mmap.len() });
+        }
+        let header: serde_json::Value = serde_json::from_slice(&mmap[8..8 + header_len])
+            .map_err(|e| bad(format!("header is not valid JSON: {e}")))?;
+        let obj = header.as_object().ok_or_else(|| bad("header is not a JSON object".into()))?;
+        let data_offset = 8 + header_len;
+        let data_len = mmap.len() - data_offset;
+        let mut tensors = BTreeMap::new();
+        let mut metadata = BTreeMap::new();
+        let mut needed = 0usize;
+        for (name, value) in obj {
+            if name == "__metadata__" {
+                if let Some(m) = value.as_object() {
+                    for (k, v) in m {
+                        metadata.insert(k.clone(), v.as_str().unwrap_or_default().to_string());
+                    }
+                }
+                continue;
+            }
+            let entry_err = |what: &str| LoaderError::BadTensor {
+                path: path.clone(),
+                name: name.clone(),
+                reason: format!("header entry {what}"),
+            };
+            let dtype_str = value.get("dtype").and_then(|d| d.as_str()).ok_or_else(|| entry_err("has no dtype"))?;
+            let dtype = parse_dtype(dtype_str).ok_or_else(|| entry_err(&format!("has unsupported dtype {dtype_str}")))?;
+            let shape: Vec<usize> = value
+                .get("shape")
+                .and_then(|s| s.as_array())
+                .ok_or_else(|| entry_err("has no shape"))?
+                .iter()
+                .map(|d| d.as_u64().map(|d| d as usize))
+                .collect::<Option<_>>()
+                .ok_or_else(|| entry_err("has a non-integer dimension"))?;
+            let offsets = value
+                .get("data_offsets")
+                .and_then(|o| o.as_array())
+                .filter(|o| o.len() == 2)
+                .ok_or_else(|| entry_err("has no data_offsets pair"))?;
+            let start = offsets[0].as_u64().ok_or_else(|| entry_err("has a bad start offset"))? as usize;
+            let end = offsets[1].as_u64().ok_or_else(|| entry_err("has a bad end offset"))? as usize;
+            let numel: usize = shape.iter().product();
+            if end < start || end - start != numel * dtype.size_bytes() {
+                return Err(LoaderError::BadTensor {
+                    path: path.clone(),
+                    name: name.clone(),
+                    reason: format!(
+                        "shape {shape:?} of {dtype} needs {} bytes, data_offsets give {}",
+                        numel * dtype.size_bytes(),
+                        end.saturating_sub(start)
+                    ),
+                });
+            }
+            needed = needed.max(end);
+            tensors.insert(name.clone(), TensorInfo { dtype, shape, data_start: start, data_end: end });
+        }
+        if needed > data_len {
+            return Err(LoaderError::Truncated { path, expected: needed, got: data_len });
+        }
+        Ok(Self { path, mmap, data_offset, tensors, metadata })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// All tensors, sorted by name.
+    pub fn tensors(&self) -> &BTreeMap<String, TensorInfo> {
+        &self.tensors
+    }
+
+    /// The optional `__metadata__` map.
+    pub fn metadata(&self) -> &BTreeMap<String, String> {
+        &self.metadata
+    }
+
+    pub fn info(&self, name: &str) -> Result<&TensorInfo> {
+        self.tensors
+            .get(name)
+            .ok_or_else(|| LoaderError::MissingTensor { path: self.path.clone(), name: name.to_string() })
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    /// Raw bytes of a tensor.
+    pub fn bytes(&self, name: &str) -> Result<&[u8]> {
+        let info = self.info(name)?;
+        Ok(&self.mmap[self.data_offset + info.data_start..self.data_offset + info.data_end])
+    }
+
+    /// Reads a tensor into owned memory.
+    pub fn read(&self, name: &str) -> Result<Tensor> {
+        let info = self.info(name)?.clone();
+        let b = self.bytes(name)?;
+        fn le<const N: usize, T>(b: &[u8], f: impl Fn([u8; N]) -> T) -> Vec<T> {
+            b.chunks_exact(N).map(|c| f(c.try_into().expect("chunk"))).collect()
+        }
+        let data = match info.dtype {
+            DType::F32 => TensorData::F32(le(b, f32::from_le_bytes)),
+            DType::BF16 => TensorData::BF16(le(b, u16::from_le_bytes)),
+            DType::F16 => TensorData::F16(le(b, u16::from_le_bytes)),
+            DType::U32 => TensorData::U32(le(b, u32::from_le_bytes)),
+            DType::I64 => TensorData::I64(le(b, i64::from_le_bytes)),
+            DType::I32 => TensorData::I32(le(b, i32::from_le_bytes)),
+            DType::U8 => TensorData::U8(b.to_vec()),
+            DType::I8 => TensorData::I8(b.iter().map(|&x| x as i8).collect()),
+        };
+        Ok(Tensor { shape: info.shape, data })
+    }
+
+    /// Reads a float tensor as f32, checking its shape.
+    pub fn read_f32(&self, name: &str, expected_shape: &[usize]) -> Result<Vec<f32>> {
+        let t = self.read(name)?;
+        if t.shape != expected_shape {
+            return Err(LoaderError::ShapeMismatch {
+                path: self.path.clone(),
+                name: name.to_string(),
+                expected: expected_shape.to_vec(),
+                got: t.shape,
+            });
+        }
+        let dtype = t.dtype();
+        t.to_f32().ok_or_else(|| LoaderError::DTypeMismatch {
+            path: self.path.clone(),
+            name: name.to_string(),
+            expected: "a float type (F32, BF16, F16)".into(),
+            got: dtype.to_string(),
+        })
+    }
+}

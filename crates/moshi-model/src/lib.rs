@@ -1,0 +1,11 @@
+//! moshi-model: the streaming modules of Moshi (convolutions, transformers with KV caches,
+//! Mimi, the temporal LM and depformer, the generator). Pure and deterministic: no I/O
+//! beyond the weights handed over by `moshi-loader`, no audio devices, no async runtime.
+
+mod error;
+pub mod ops;
+
+pub use error::ModelError;
+
+/// Result type of this crate.
+pub type Result<T> = std::result::Result<T, ModelError>;

@@ -1,0 +1,128 @@
+//! The packed MLX-affine matrix type and its scalar reference dequantization.
+
+use crate::QuantError;
+
+/// Bit widths MLX can produce.
+pub const SUPPORTED_BITS: [u32; 6] = [2, 3, 4, 5, 6, 8];
+/// Group sizes MLX can produce.
+pub const SUPPORTED_GROUP_SIZES: [usize; 3] = [32, 64, 128];
+
+/// Converts bf16 bits to f32 (exact).
+#[inline(always)]
+pub fn bf16_bits_to_f32(bits: u16) -> f32 {
+    f32::from_bits((bits as u32) << 16)
+}
+
+/// A `[rows, cols]` matrix in MLX affine layout (see the crate docs).
+#[derive(Clone, Debug)]
+pub struct QuantizedMatrix {
+    rows: usize,
+    cols: usize,
+    bits: u32,
+    group_size: usize,
+    codes: Vec<u32>,
+    scales: Vec<u16>,
+    biases: Vec<u16>,
+}
+
+impl QuantizedMatrix {
+    /// Builds a matrix from its MLX parts, checking every length.
+    pub fn new(
+        rows: usize,
+        cols: usize,
+        bits: u32,
+        group_size: usize,
+        codes: Vec<u32>,
+        scales: Vec<u16>,
+        biases: Vec<u16>,
+    ) -> Result<Self, QuantError> {
+        if !SUPPORTED_BITS.contains(&bits) {
+            return Err(QuantError::UnsupportedBits { bits });
+        }
+        if !SUPPORTED_GROUP_SIZES.contains(&group_size) {
+            return Err(QuantError::UnsupportedGroupSize { group_size });
+        }
+        if cols % group_size != 0 || (cols * bits as usize) % 32 != 0 {
+            return Err(QuantError::ColsNotMultipleOfGroup { cols, group_size });
+        }
+        let words_per_row = cols * bits as usize / 32;
+        let groups_per_row = cols / group_size;
+        let checks = [
+            ("codes", rows * words_per_row, codes.len()),
+            ("scales", rows * groups_per_row, scales.len()),
+            ("biases", rows * groups_per_row, biases.len()),
+        ];
+        for (what, expected, got) in checks {
+            if expected != got {
+                return Err(QuantError::LengthMismatch { what, expected, got });
+            }
+        }
+        Ok(Self { rows, cols, bits, group_size, codes, scales, biases })
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+    pub fn bits(&self) -> u32 {
+        self.bits
+    }
+    pub fn group_size(&self) -> usize {
+        self.group_size
+    }
+    /// Packed code words, `rows * cols * bits / 32`.
+    pub fn codes(&self) -> &[u32] {
+        &self.codes
+    }
+    /// bf16 scales, `rows * cols / group_size`.
+    pub fn scales(&self) -> &[u16] {
+        &self.scales
+    }
+    /// bf16 biases, `rows * cols / group_size`.
+    pub fn biases(&self) -> &[u16] {
+        &self.biases
+    }
+    /// Bytes of weight data read by one full pass over the matrix.
+    pub fn weight_bytes(&self) -> usize {
+        self.codes.len() * 4 + (self.scales.len() + self.biases.len()) * 2
+    }
+
+    /// The integer code of element `(row, col)` (scalar reference; handles widths that
+    /// straddle words, such as 3, 5 and 6 bits).
+    #[inline]
+    pub fn code(&self, row: usize, col: usize) -> u32 {
+        let bits = self.bits as usize;
+        let words_per_row = self.cols * bits / 32;
+        let bit_pos = col * bits;
+        let word = row * words_per_row + bit_pos / 32;
+        let shift = bit_pos % 32;
+        let mask = (1u64 << bits) - 1;
+        let mut v = (self.codes[word] as u64) >> shift;
+        if shift + bits > 32 {
+            v |= (self.codes[word + 1] as u64) << (32 - shift);
+        }
+        (v & mask) as u32
+    }
+
+    /// Scalar reference dequantization of one row into `out` (`w = q * scale + bias` in f32).
+    pub fn dequantize_row_f32(&self, row: usize, out: &mut [f32]) {
+        let groups_per_row = self.cols / self.group_size;
+        for (col, o) in out.iter_mut().enumerate().take(self.cols) {
+            let g = row * groups_per_row + col / self.group_size;
+            let scale = bf16_bits_to_f32(self.scales[g]);
+            let bias = bf16_bits_to_f32(self.biases[g]);
+            *o = self.code(row, col) as f32 * scale + bias;
+        }
+    }
+
+    /// Scalar reference dequantization of the whole matrix, row-major f32.
+    pub fn dequantize_f32(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.rows * self.cols];
+        for (row, chunk) in out.chunks_mut(self.cols).enumerate() {
+            self.dequantize_row_f32(row, chunk);
+        }
+        out
+    }
+}

@@ -1,0 +1,1 @@
+//! moshi-runtime library root.
