@@ -1,17 +1,10 @@
 //! Loads the tiny-a PyTorch release checkpoint and checks the canonical mapping tensor by tensor.
 
-use std::path::PathBuf;
+mod common;
 
+use common::{asset, tiny_config};
 use moshi_loader::lm_names::canonical_lm_tensors;
-use moshi_loader::{load_lm_weights, LmConfig, SafetensorsFile, WeightData, WeightMode};
-
-fn asset(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../assets/tiny-a").join(name)
-}
-
-fn tiny_config() -> LmConfig {
-    LmConfig::from_file(asset("config.json")).unwrap()
-}
+use moshi_loader::{load_lm_weights, SafetensorsFile, WeightData, WeightMode};
 
 fn bf16_rows(file: &SafetensorsFile, name: &str, row_start: usize, rows: usize) -> Vec<f32> {
     let t = file.read(name).unwrap();
