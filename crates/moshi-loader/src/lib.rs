@@ -4,6 +4,7 @@
 pub mod config;
 mod error;
 pub mod hub;
+pub mod inspect;
 pub mod layout;
 pub mod lm_names;
 mod lm_sources;
