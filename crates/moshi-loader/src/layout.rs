@@ -54,9 +54,13 @@ pub fn detect_kind(file: &SafetensorsFile) -> Result<CheckpointKind> {
     if any(&|n| n.starts_with("encoder.model.")) && any(&|n| n.starts_with("quantizer.")) {
         return Ok(CheckpointKind::Mimi);
     }
-    let layout = if any(&|n| n.starts_with("depformer_in.") || n.starts_with("depformer.layers.") || n.starts_with("linears.")) {
+    let layout = if any(&|n| {
+        n.starts_with("depformer_in.") || n.starts_with("depformer.layers.") || n.starts_with("linears.")
+    }) {
         LmLayout::PyTorch
-    } else if any(&|n| n.starts_with("depformer.slices.") || n.starts_with("audio_embs.") || n.ends_with(".in_proj.weight")) {
+    } else if any(&|n| {
+        n.starts_with("depformer.slices.") || n.starts_with("audio_embs.") || n.ends_with(".in_proj.weight")
+    }) {
         LmLayout::Mlx
     } else if any(&|n| n.strip_prefix("depformer.").is_some_and(is_slice_index)) {
         LmLayout::Candle

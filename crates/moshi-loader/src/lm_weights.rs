@@ -125,7 +125,9 @@ fn materialize(file: &SafetensorsFile, layout: LmLayout, spec: &SourceSpec, mode
     let as_f32 = spec.canonical.role == TensorRole::Norm || mode == WeightMode::DequantizeF32;
     let u16s = || bytes.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]]));
     let data = match info.dtype {
-        DType::F32 => WeightData::F32(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
+        DType::F32 => {
+            WeightData::F32(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+        }
         DType::BF16 if as_f32 => WeightData::F32(u16s().map(|b| f32::from_bits((b as u32) << 16)).collect()),
         DType::BF16 => WeightData::BF16(u16s().collect()),
         DType::F16 => WeightData::F32(u16s().map(|b| half::f16::from_bits(b).to_f32()).collect()),

@@ -71,7 +71,9 @@ fn mlx_dequantization_is_bit_exact_against_mlx() {
         for (mlx_name, canonical) in entries {
             let want_f32 = reference.read(&format!("{q}.{mlx_name}.dequant_f32")).unwrap();
             let want_bf16 = reference.read(&format!("{q}.{mlx_name}.dequant_bf16")).unwrap();
-            let WeightData::Quantized(m) = &native.get(canonical).unwrap().data else { panic!("{canonical} not packed") };
+            let WeightData::Quantized(m) = &native.get(canonical).unwrap().data else {
+                panic!("{canonical} not packed")
+            };
             let got_f32 = dequantized.get(canonical).unwrap().to_f32();
             let (TensorData::F32(want_f32_v), TensorData::BF16(want_bf16_v)) = (&want_f32.data, &want_bf16.data) else {
                 panic!("reference dtypes")

@@ -18,7 +18,8 @@ fn candle_tensors(pt: &SafetensorsFile) -> Vec<RawTensor> {
     for k in 0..cfg.dep_q {
         out.push(RawTensor::copy(pt, &format!("depformer_in.{k}.weight"), &format!("depformer.{k}.linear_in.weight")));
         out.push(RawTensor::copy(pt, &format!("linears.{k}.weight"), &format!("depformer.{k}.linear_out.weight")));
-        let emb = if k == 0 { "depformer_text_emb.weight".to_string() } else { format!("depformer_emb.{}.weight", k - 1) };
+        let emb =
+            if k == 0 { "depformer_text_emb.weight".to_string() } else { format!("depformer_emb.{}.weight", k - 1) };
         out.push(RawTensor::copy(pt, &emb, &format!("depformer.{k}.emb.weight")));
         for l in 0..cfg.depformer_num_layers {
             let (src, dst) = (format!("depformer.layers.{l}"), format!("depformer.{k}.transformer.layers.{l}"));
@@ -30,7 +31,11 @@ fn candle_tensors(pt: &SafetensorsFile) -> Vec<RawTensor> {
             let name = format!("{src}.self_attn.out_proj.weight");
             out.push(RawTensor::rows(pt, &name, &format!("{dst}.self_attn.out_proj.weight"), k * ddim, ddim));
             for lin in ["linear_in", "linear_out"] {
-                out.push(RawTensor::copy(pt, &format!("{src}.gating.{k}.{lin}.weight"), &format!("{dst}.gating.{lin}.weight")));
+                out.push(RawTensor::copy(
+                    pt,
+                    &format!("{src}.gating.{k}.{lin}.weight"),
+                    &format!("{dst}.gating.{lin}.weight"),
+                ));
             }
         }
     }
@@ -72,7 +77,10 @@ fn candle_and_dense_mlx_layouts_load_to_the_pytorch_values() {
     write_safetensors(&mlx_path, &mlx_dense_tensors(candle));
 
     assert_eq!(detect_kind(&pt).unwrap(), CheckpointKind::Lm(LmLayout::PyTorch));
-    assert_eq!(detect_kind(&SafetensorsFile::open(&candle_path).unwrap()).unwrap(), CheckpointKind::Lm(LmLayout::Candle));
+    assert_eq!(
+        detect_kind(&SafetensorsFile::open(&candle_path).unwrap()).unwrap(),
+        CheckpointKind::Lm(LmLayout::Candle)
+    );
     assert_eq!(detect_kind(&SafetensorsFile::open(&mlx_path).unwrap()).unwrap(), CheckpointKind::Lm(LmLayout::Mlx));
 
     for mode in [WeightMode::Native, WeightMode::DequantizeF32] {
