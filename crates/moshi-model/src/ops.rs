@@ -92,8 +92,10 @@ impl Linear {
                 }
             }
             Linear::Quantized(q) => {
-                for r in 0..m {
-                    quantized_matvec_reference(q, &x[r * k..(r + 1) * k], &mut out[r * n..(r + 1) * n]);
+                if m == 1 {
+                    q.matvec(&x[..k], &mut out[..n]);
+                } else {
+                    q.matmul(&x[..m * k], m, &mut out[..m * n]);
                 }
             }
         }
@@ -123,15 +125,6 @@ pub fn matvec_bf16(w: &[u16], n: usize, k: usize, x: &[f32], y: &mut [f32]) {
             s += f32::from_bits((*wv as u32) << 16) * xv;
         }
         *yv = s;
-    }
-}
-
-/// Scalar fallback for a packed matrix-vector product (dequantize a row, dot in f32).
-pub fn quantized_matvec_reference(q: &QuantizedMatrix, x: &[f32], y: &mut [f32]) {
-    let mut row = vec![0f32; q.cols()];
-    for (r, yv) in y.iter_mut().enumerate().take(q.rows()) {
-        q.dequantize_row_f32(r, &mut row);
-        *yv = row.iter().zip(x).map(|(a, b)| a * b).sum();
     }
 }
 
