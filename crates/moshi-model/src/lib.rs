@@ -3,6 +3,7 @@
 //! beyond the weights handed over by `moshi-loader`, no audio devices, no async runtime.
 
 mod error;
+pub mod mimi;
 pub mod ops;
 
 pub use error::ModelError;
