@@ -266,3 +266,44 @@ fn random_models_run_for_every_weight_kind() {
     // F32 and BF16 draws of the same seed are close (bf16 rounding only), quantized ones differ.
     assert!(max_abs_diff(&first_text[0], &first_text[1]) < 0.05 * first_text[0].iter().fold(0f32, |m, v| m.max(v.abs())));
 }
+
+/// The MLX-packed checkpoints, computed in f32 (dequantized exactly), against moshi_mlx run on
+/// the same dequantized weights with f32 math and the torch attention window
+/// (`ref/mlx_q{8,4}_f32math_*`): same steps as lm_greedy.json.
+fn check_against_mlx_f32math(bits: u32, mode: WeightMode) {
+    let cfg = tiny_config();
+    let weights = load_lm_weights(&asset(&format!("model.q{bits}.safetensors")), &cfg, mode).unwrap();
+    let steps = run_greedy(LmModel::load(&cfg, weights).unwrap(), 0);
+    let reference: Value = serde_json::from_str(
+        &std::fs::read_to_string(asset(&format!("ref/mlx_q{bits}_f32math_greedy.json"))).unwrap(),
+    )
+    .unwrap();
+    let logits = npy::read_f32(asset(&format!("ref/mlx_q{bits}_f32math_text_logits.npy"))).unwrap();
+    let tc = logits.shape[1];
+    let ref_steps = reference["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), ref_steps.len());
+    let mut worst = 0f32;
+    for (s, (got, want)) in steps.iter().zip(ref_steps).enumerate() {
+        assert_eq!(got.text_token, want["text_token"].as_u64().unwrap() as u32, "q{bits} text token of step {s}");
+        assert_eq!(got.audio_tokens, u32s(&want["audio_tokens"]), "q{bits} audio tokens of step {s}");
+        if let (Some(f), false) = (&got.frame, want["last_audio_tokens"].is_null()) {
+            assert_eq!(f.audio, u32s(&want["last_audio_tokens"]), "q{bits} returned audio of step {s}");
+        }
+        let d = max_abs_diff(&got.text_logits, &logits.data[s * tc..(s + 1) * tc]);
+        assert!(d < 1e-4, "q{bits} text logits of step {s} differ by {d}");
+        worst = worst.max(d);
+    }
+    eprintln!("q{bits} {mode:?}: max |text logit diff| vs mlx f32 math {worst:.2e}");
+}
+
+#[test]
+fn q8_weights_in_f32_math_reproduce_mlx_f32_math() {
+    check_against_mlx_f32math(8, WeightMode::DequantizeF32);
+    check_against_mlx_f32math(8, WeightMode::Native);
+}
+
+#[test]
+fn q4_weights_in_f32_math_reproduce_mlx_f32_math() {
+    check_against_mlx_f32math(4, WeightMode::DequantizeF32);
+    check_against_mlx_f32math(4, WeightMode::Native);
+}
