@@ -107,7 +107,11 @@ impl SafetensorsFile {
                 .ok_or_else(|| entry_err("has no data_offsets pair"))?;
             let start = offsets[0].as_u64().ok_or_else(|| entry_err("has a bad start offset"))? as usize;
             let end = offsets[1].as_u64().ok_or_else(|| entry_err("has a bad end offset"))? as usize;
-            let numel: usize = shape.iter().product();
+            let numel = shape
+                .iter()
+                .try_fold(1usize, |n, &d| n.checked_mul(d))
+                .and_then(|n| n.checked_mul(dtype.size_bytes()).map(|_| n))
+                .ok_or_else(|| entry_err(&format!("has shape {shape:?}, too large to address")))?;
             if end < start || end - start != numel * dtype.size_bytes() {
                 return Err(LoaderError::BadTensor {
                     path: path.clone(),

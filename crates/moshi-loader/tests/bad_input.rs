@@ -62,6 +62,13 @@ fn corrupt_header() {
     let msg = SafetensorsFile::open(&path).err().unwrap().to_string();
     assert_has(&msg, &[&path.display().to_string(), "`w`", "[2, 3]", "needs 24 bytes", "give 20"]);
 
+    let header = r#"{"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,4]}}"#;
+    let mut raw = (header.len() as u64).to_le_bytes().to_vec();
+    raw.extend_from_slice(header.as_bytes());
+    raw.extend_from_slice(&[0u8; 4]);
+    std::fs::write(&path, &raw).unwrap();
+    assert_has(&SafetensorsFile::open(&path).err().unwrap().to_string(), &["`w`", "[4294967296, 4294967296]", "too large"]);
+
     let header = r#"{"w":{"dtype":"Q7","shape":[1],"data_offsets":[0,1]}}"#;
     let mut raw = (header.len() as u64).to_le_bytes().to_vec();
     raw.extend_from_slice(header.as_bytes());
