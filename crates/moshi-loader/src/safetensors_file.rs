@@ -58,6 +58,13 @@ impl SafetensorsFile {
         // modified while mapped.
         let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| LoaderError::io(&path, e))?;
         let bad = |reason: String| LoaderError::BadSafetensors { path: path.clone(), reason };
+        if mmap.starts_with(b"GGUF") {
+            return Err(bad(
+                "this is a GGUF file (such as kyutai/moshiko-candle-q8), which moshi-rs does not read; use the MLX q8 \
+                 release (kyutai/moshiko-mlx-q8) or a safetensors checkpoint"
+                    .into(),
+            ));
+        }
         if mmap.len() < 8 {
             return Err(bad(format!("file has {} bytes, less than the 8-byte header length", mmap.len())));
         }

@@ -219,6 +219,22 @@ fn checkpoint_whose_dims_disagree_with_the_config() {
 }
 
 #[test]
+fn unsupported_release_formats_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.q8.gguf");
+    std::fs::write(&path, b"GGUF\x03\x00\x00\x00rest-of-a-gguf-file").unwrap();
+    assert_has(&load_err(&path, &tiny_config()), &["GGUF", "kyutai/moshiko-mlx-q8"]);
+
+    let pt = SafetensorsFile::open(asset("model.safetensors")).unwrap();
+    let mut tensors = copy_all(&pt, |n| Some(n.to_string()));
+    let scb = "transformer.layers.0.self_attn.in_proj_weight_scb";
+    tensors.push(RawTensor { name: scb.into(), dtype: DType::F32, shape: vec![768], bytes: vec![0; 768 * 4] });
+    let path = dir.path().join("model.q8.safetensors");
+    write_safetensors(&path, &tensors);
+    assert_has(&load_err(&path, &tiny_config()), &[scb, "bitsandbytes int8"]);
+}
+
+#[test]
 fn mimi_checkpoint_given_as_the_lm() {
     assert_has(
         &load_err(&asset("mimi.safetensors"), &tiny_config()),
