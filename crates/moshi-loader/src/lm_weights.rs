@@ -4,6 +4,8 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
+use rayon::prelude::*;
+
 use crate::layout::{detect_kind, CheckpointKind, LmLayout};
 use crate::lm_names::TensorRole;
 use crate::lm_sources::{lm_sources, SourceSpec};
@@ -49,9 +51,11 @@ pub fn load_lm_weights_from(file: &SafetensorsFile, cfg: &LmConfig, mode: Weight
             ),
         });
     }
+    // Tensors are independent: convert / dequantize them on all cores.
+    let weights: Vec<Weight> = specs.par_iter().map(|spec| materialize(file, layout, spec, mode)).collect::<Result<_>>()?;
     let mut map = WeightMap::new(file.path());
-    for spec in &specs {
-        map.insert(spec.canonical.name.clone(), materialize(file, layout, spec, mode)?);
+    for (spec, weight) in specs.iter().zip(weights) {
+        map.insert(spec.canonical.name.clone(), weight);
     }
     Ok(map)
 }
