@@ -114,6 +114,9 @@ unsafe fn row_dot<const BITS: usize, const GROUP: usize, const MR: usize>(
         let gc = unsafe { codes.add(g * group_code_bytes) };
         // 16 columns per step: 8 code bytes (4 bits) or 16 code bytes (8 bits).
         for c in 0..GROUP / 16 {
+            // Software prefetch of the code stream (a hint: never faults, so the address may run
+            // past the row; `wrapping_add` keeps the pointer arithmetic defined).
+            _mm_prefetch::<_MM_HINT_T0>(gc.wrapping_add(c * 2 * BITS + super::avx512::PREFETCH_BYTES) as *const i8);
             let (w0, w1) = if BITS == 4 {
                 // SAFETY: bytes c*8..c*8+8 of the group's GROUP / 2 bytes.
                 let v = _mm256_cvtepu8_epi32(unsafe { _mm_loadl_epi64(gc.add(c * 8) as *const __m128i) });
