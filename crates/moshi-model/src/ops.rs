@@ -402,6 +402,38 @@ unsafe fn small_m_nt_body<const FMA: bool>(
 mod tests {
     use super::*;
 
+    fn naive_strided(m: usize, k: usize, n: usize, a: &[f32], rs_a: usize, w: &[f32], rs_w: usize, cs_w: usize) -> Vec<f32> {
+        let mut out = vec![0f32; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                out[i * n + j] = (0..k).map(|p| a[i * rs_a + p] as f64 * w[j * rs_w + p * cs_w] as f64).sum::<f64>() as f32;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn gemm_nt_strided_matches_scalar_reference() {
+        // small-m kernel, packed sgemm, overlapping lhs rows, strided weights, parallel split
+        for &(m, k, n, rs_a, cs_w) in &[(1, 37, 5, 37, 1), (2, 64, 33, 64, 1), (4, 100, 7, 50, 1), (9, 24, 12, 6, 1), (3, 8, 5, 8, 3), (200, 96, 64, 48, 1), (2, 512, 1536, 512, 1)] {
+            let a: Vec<f32> = (0..(m - 1) * rs_a + k).map(|i| (i as f32 * 0.13).sin()).collect();
+            let rs_w = if cs_w == 1 { k } else { 1 };
+            let wlen = (n - 1) * rs_w + (k - 1) * cs_w + 1;
+            let w: Vec<f32> = (0..wlen).map(|i| (i as f32 * 0.071).cos()).collect();
+            let reference = naive_strided(m, k, n, &a, rs_a, &w, rs_w, cs_w);
+            let mut out = vec![1f32; m * n];
+            gemm_nt_strided(m, k, n, &a, rs_a, &w, rs_w, cs_w, &mut out, n, false);
+            let tol = 1e-4 * (k as f32).sqrt();
+            for (x, y) in out.iter().zip(&reference) {
+                assert!((x - y).abs() < tol, "m{m} k{k} n{n}: {x} vs {y}");
+            }
+            gemm_nt_strided(m, k, n, &a, rs_a, &w, rs_w, cs_w, &mut out, n, true);
+            for (x, y) in out.iter().zip(&reference) {
+                assert!((x - 2.0 * y).abs() < 2.0 * tol, "accumulate m{m} k{k} n{n}");
+            }
+        }
+    }
+
     #[test]
     fn matmul_t_matches_naive() {
         let (m, k, n) = (3, 5, 4);

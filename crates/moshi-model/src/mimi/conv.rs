@@ -276,3 +276,150 @@ impl StreamingConvTranspose1d {
         t_in * s
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// Direct PyTorch-semantics causal conv (`[out, in, k]` weights) over `[t][in]` input.
+    fn naive_conv(x: &[f32], cin: usize, w: &[f32], b: &[f32], cout: usize, k: usize, s: usize, d: usize, replicate: bool) -> Vec<f32> {
+        let t = x.len() / cin;
+        let pad = (k - 1) * d + 1 - s;
+        let at = |i: isize, c: usize| -> f32 {
+            if i >= 0 {
+                x[i as usize * cin + c]
+            } else if replicate {
+                x[c]
+            } else {
+                0.0
+            }
+        };
+        let t_out = t / s;
+        let mut y = vec![0f32; t_out * cout];
+        for to in 0..t_out {
+            for o in 0..cout {
+                let mut acc = b[o] as f64;
+                for i in 0..cin {
+                    for j in 0..k {
+                        let pos = (to * s + j * d) as isize - pad as isize;
+                        acc += (w[(o * cin + i) * k + j] * at(pos, i)) as f64;
+                    }
+                }
+                y[to * cout + o] = acc as f32;
+            }
+        }
+        y
+    }
+
+    fn naive_convtr(x: &[f32], cin: usize, w: &[f32], b: &[f32], cout: usize, k: usize, s: usize, depthwise: bool) -> Vec<f32> {
+        let t = x.len() / cin;
+        let mut y = vec![0f64; (t * s + k) * cout];
+        for ti in 0..t {
+            for j in 0..k {
+                for o in 0..cout {
+                    let v = if depthwise {
+                        (x[ti * cin + o] * w[o * k + j]) as f64
+                    } else {
+                        (0..cin).map(|i| (x[ti * cin + i] * w[(i * cout + o) * k + j]) as f64).sum()
+                    };
+                    y[(ti * s + j) * cout + o] += v;
+                }
+            }
+        }
+        (0..t * s * cout).map(|i| (y[i] + b[i % cout] as f64) as f32).collect()
+    }
+
+    fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+        assert_eq!(a.len(), b.len());
+        a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    }
+
+    #[test]
+    fn conv1d_batch_matches_naive_and_stream_matches_batch() {
+        // (kernel, stride, dilation, replicate)
+        for &(k, s, d, rep) in &[(7, 1, 1, false), (3, 1, 2, false), (8, 4, 1, false), (4, 2, 1, true), (1, 1, 1, false), (10, 5, 1, false)] {
+            let (cin, cout) = (5, 6);
+            let w = rand_vec(cout * cin * k, 1 + k as u64);
+            let b = rand_vec(cout, 2);
+            let conv = StreamingConv1d::new(&w, Some(b.clone()), cin, cout, k, s, d, rep);
+            let t = s * 30;
+            let x = rand_vec(t * cin, 3 + s as u64);
+            let mut batch = Vec::new();
+            conv.forward(&mut Conv1dState::default(), &x, PreActivation::None, &mut batch, false);
+            let reference = naive_conv(&x, cin, &w, &b, cout, k, s, d, rep);
+            assert!(max_diff(&batch, &reference) < 1e-5, "k{k} s{s} d{d}: batch vs naive {}", max_diff(&batch, &reference));
+            for chunk_steps in [1, 2, 3, 7] {
+                let mut st = Conv1dState::default();
+                let mut streamed = Vec::new();
+                let mut out = Vec::new();
+                for chunk in x.chunks(chunk_steps * s * cin) {
+                    conv.forward(&mut st, chunk, PreActivation::None, &mut out, false);
+                    streamed.extend_from_slice(&out);
+                }
+                assert!(max_diff(&streamed, &batch) < 1e-5, "k{k} s{s} d{d} chunk {chunk_steps}: stream vs batch");
+                // reset gives a fresh stream
+                st.reset();
+                conv.forward(&mut st, &x, PreActivation::None, &mut out, false);
+                assert_eq!(out, batch);
+            }
+        }
+    }
+
+    #[test]
+    fn conv1d_elu_preactivation_and_accumulate() {
+        let (cin, cout, k) = (3, 4, 3);
+        let w = rand_vec(cout * cin * k, 9);
+        let b = rand_vec(cout, 10);
+        let conv = StreamingConv1d::new(&w, Some(b.clone()), cin, cout, k, 1, 1, false);
+        let x = rand_vec(20 * cin, 11);
+        let xe: Vec<f32> = x.iter().map(|&v| elu(v)).collect();
+        let mut y = Vec::new();
+        conv.forward(&mut Conv1dState::default(), &x, PreActivation::Elu, &mut y, false);
+        assert!(max_diff(&y, &naive_conv(&xe, cin, &w, &b, cout, k, 1, 1, false)) < 1e-5);
+        let base = rand_vec(20 * cout, 12);
+        let mut acc = base.clone();
+        conv.forward(&mut Conv1dState::default(), &x, PreActivation::Elu, &mut acc, true);
+        let expected: Vec<f32> = base.iter().zip(&y).map(|(a, b)| a + b).collect();
+        assert!(max_diff(&acc, &expected) < 1e-5);
+    }
+
+    #[test]
+    fn conv_transpose_batch_matches_naive_and_stream_matches_batch() {
+        for &(s, depthwise) in &[(1, false), (2, false), (4, false), (5, false), (2, true), (3, true)] {
+            let k = 2 * s;
+            let (cin, cout) = if depthwise { (6, 6) } else { (5, 7) };
+            let w = rand_vec(if depthwise { cin * k } else { cin * cout * k }, 20 + s as u64);
+            let b = rand_vec(cout, 21);
+            let convtr = StreamingConvTranspose1d::new(&w, Some(b.clone()), cin, cout, k, s, depthwise);
+            let x = rand_vec(24 * cin, 22);
+            let mut batch = Vec::new();
+            convtr.forward(&mut ConvTr1dState::default(), &x, PreActivation::None, &mut batch);
+            let reference = naive_convtr(&x, cin, &w, &b, cout, k, s, depthwise);
+            assert!(max_diff(&batch, &reference) < 1e-5, "s{s} dw {depthwise}: batch vs naive");
+            for chunk_steps in [1, 2, 5] {
+                let mut st = ConvTr1dState::default();
+                let (mut streamed, mut out) = (Vec::new(), Vec::new());
+                for chunk in x.chunks(chunk_steps * cin) {
+                    convtr.forward(&mut st, chunk, PreActivation::None, &mut out);
+                    streamed.extend_from_slice(&out);
+                }
+                assert!(max_diff(&streamed, &batch) < 1e-5, "s{s} chunk {chunk_steps}: stream vs batch");
+                st.reset();
+                convtr.forward(&mut st, &x, PreActivation::None, &mut out);
+                assert_eq!(out, batch);
+            }
+        }
+    }
+}

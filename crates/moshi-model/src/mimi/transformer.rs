@@ -283,3 +283,79 @@ impl MimiTransformer {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mimi::weights::RandomWeights;
+
+    fn config(context: usize, num_layers: usize) -> MimiTransformerConfig {
+        MimiTransformerConfig {
+            d_model: 16,
+            num_heads: 2,
+            num_layers,
+            causal: true,
+            layer_scale: Some(0.01),
+            context,
+            conv_layout: true,
+            max_period: 10000.0,
+            gating: "none".into(),
+            norm: "layer_norm".into(),
+            positional_embedding: "rope".into(),
+            dim_feedforward: 32,
+            input_dimension: 16,
+            output_dimensions: vec![16],
+        }
+    }
+
+    fn input(t: usize, d: usize) -> Vec<f32> {
+        (0..t * d).map(|i| ((i as f32) * 0.37).sin()).collect()
+    }
+
+    #[test]
+    fn streaming_equals_batch_before_the_window_fills() {
+        let tr = MimiTransformer::load(&mut RandomWeights::new(5), "t", &config(12, 2)).unwrap();
+        let x = input(12, 16);
+        let mut batch = x.clone();
+        tr.forward(&mut tr.new_state(), &mut batch, AttentionMode::Batch);
+        assert!(batch.iter().zip(&x).any(|(a, b)| (a - b).abs() > 1e-4), "transformer must change its input");
+        for chunk in [1, 2, 3, 4] {
+            let mut st = tr.new_state();
+            let mut streamed = x.clone();
+            for part in streamed.chunks_mut(chunk * 16) {
+                tr.forward(&mut st, part, AttentionMode::Streaming);
+            }
+            let diff = streamed.iter().zip(&batch).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+            assert!(diff < 1e-5, "chunk {chunk}: stream vs batch {diff}");
+            assert_eq!(st.offset(), 12);
+            st.reset();
+            let mut again = x.clone();
+            for part in again.chunks_mut(chunk * 16) {
+                tr.forward(&mut st, part, AttentionMode::Streaming);
+            }
+            assert_eq!(again, streamed, "reset repeats the stream");
+        }
+    }
+
+    #[test]
+    fn ring_window_drops_the_oldest_key_for_the_first_step_of_a_chunk() {
+        // context 4, chunks of 2: step 4 (first of the third chunk) sees keys 2..=4 only (3 keys),
+        // the batch forward sees 1..=4. So the streams agree up to step 3 and differ at step 4
+        // (one layer, so that step 5 does not see step 4's changed values).
+        let tr = MimiTransformer::load(&mut RandomWeights::new(6), "t", &config(4, 1)).unwrap();
+        let x = input(6, 16);
+        let mut batch = x.clone();
+        tr.forward(&mut tr.new_state(), &mut batch, AttentionMode::Batch);
+        let mut st = tr.new_state();
+        let mut streamed = x.clone();
+        for part in streamed.chunks_mut(2 * 16) {
+            tr.forward(&mut st, part, AttentionMode::Streaming);
+        }
+        let row_diff = |r: usize| (0..16).map(|c| (streamed[r * 16 + c] - batch[r * 16 + c]).abs()).fold(0.0, f32::max);
+        for r in 0..4 {
+            assert!(row_diff(r) < 1e-5, "step {r} should match");
+        }
+        assert!(row_diff(4) > 1e-6, "step 4 should see one key fewer in streaming");
+        assert!(row_diff(5) < 1e-5, "step 5 sees a full window again");
+    }
+}
