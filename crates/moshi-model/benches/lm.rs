@@ -68,7 +68,7 @@ fn lm_benches(c: &mut Criterion) {
         let mut pos = 0usize;
         g.bench_function("temporal_layer_step", |b| {
             b.iter(|| {
-                if pos % 64 == 0 {
+                if pos.is_multiple_of(64) {
                     cache.reset();
                 }
                 rope.rotation_into(pos, &mut rot);
