@@ -109,8 +109,7 @@ fn attend_head(
     let mut max = f32::NEG_INFINITY;
     for (j, s) in scores.iter_mut().enumerate() {
         let kr = &keys[j * stride + offset..j * stride + offset + hd];
-        let dot: f32 = kr.iter().zip(q).map(|(a, b)| a * b).sum();
-        *s = dot * scale;
+        *s = crate::matvec::dot_f32(kr, q) * scale;
         max = max.max(*s);
     }
     let mut sum = 0f32;

@@ -172,6 +172,16 @@ impl LmModel {
         &self.cfg
     }
 
+    /// The temporal transformer (weights and state), e.g. to time one layer.
+    pub fn temporal(&self) -> &TemporalTransformer {
+        &self.temporal
+    }
+
+    /// The depformer (weights and per-frame state).
+    pub fn depformer(&self) -> &Depformer {
+        &self.depformer
+    }
+
     /// Runs the temporal transformer on one step's `1 + n_q` input tokens
     /// (`[text, audio_0 .. audio_{n_q-1}]`, initial tokens `text_card` / `card` allowed).
     /// Results: [`LmModel::transformer_out`], [`LmModel::text_logits`].
