@@ -54,6 +54,12 @@ pub fn detect_kind(file: &SafetensorsFile) -> Result<CheckpointKind> {
     if any(&|n| n.starts_with("encoder.model.")) && any(&|n| n.starts_with("quantizer.")) {
         return Ok(CheckpointKind::Mimi);
     }
+    if let Some(n) = names.iter().find(|n| n.ends_with("weight_scb")) {
+        return Err(unknown(format!(
+            "`{n}` marks a bitsandbytes int8 checkpoint (kyutai/moshiko-pytorch-q8), which moshi-rs does not read; use \
+             the MLX q8 release (kyutai/moshiko-mlx-q8) or the bf16 release"
+        )));
+    }
     let layout = if any(&|n| {
         n.starts_with("depformer_in.") || n.starts_with("depformer.layers.") || n.starts_with("linears.")
     }) {

@@ -17,6 +17,9 @@ pub enum WeightMode {
     Native,
     /// Everything becomes `F32` (packed matrices are dequantized: `q * scale + bias` in f32).
     DequantizeF32,
+    /// Packed matrices become `BF16` exactly as `mx.dequantize` makes them with bf16 scales
+    /// (`bf16(bf16(q * scale) + bias)`); dense tensors stay as in `Native`.
+    DequantizeBf16,
 }
 
 /// Opens `path`, detects its layout and loads every canonical LM tensor of `cfg`.
@@ -111,6 +114,7 @@ fn materialize(file: &SafetensorsFile, layout: LmLayout, spec: &SourceSpec, mode
             let q = read_quantized(file, prefix, shape[0], shape[1])?;
             let data = match (spec.canonical.role, mode) {
                 (TensorRole::Norm, _) | (_, WeightMode::DequantizeF32) => WeightData::F32(q.dequantize_f32()),
+                (_, WeightMode::DequantizeBf16) => WeightData::BF16(q.dequantize_bf16()),
                 (_, WeightMode::Native) => WeightData::Quantized(q),
             };
             return Ok(Weight { shape, data });

@@ -136,6 +136,10 @@ mod tests {
         assert_eq!(quant_params_from_shapes(32, 8, 256), Ok(QuantParams { bits: 4, group_size: 32 }));
         assert_eq!(quant_params_from_shapes(64, 4, 256), Ok(QuantParams { bits: 8, group_size: 64 }));
         assert_eq!(quant_params_from_shapes(176, 11, 704), Ok(QuantParams { bits: 8, group_size: 64 }));
+        // moshiko-mlx-q4 / -q8 (7B): text_emb [32001, 512] + scales [32001, 128]; FFN out width 11264.
+        assert_eq!(quant_params_from_shapes(512, 128, 4096), Ok(QuantParams { bits: 4, group_size: 32 }));
+        assert_eq!(quant_params_from_shapes(1408, 352, 11264), Ok(QuantParams { bits: 4, group_size: 32 }));
+        assert_eq!(quant_params_from_shapes(2816, 176, 11264), Ok(QuantParams { bits: 8, group_size: 64 }));
     }
 
     #[test]

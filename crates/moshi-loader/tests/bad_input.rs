@@ -62,6 +62,13 @@ fn corrupt_header() {
     let msg = SafetensorsFile::open(&path).err().unwrap().to_string();
     assert_has(&msg, &[&path.display().to_string(), "`w`", "[2, 3]", "needs 24 bytes", "give 20"]);
 
+    let header = r#"{"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,4]}}"#;
+    let mut raw = (header.len() as u64).to_le_bytes().to_vec();
+    raw.extend_from_slice(header.as_bytes());
+    raw.extend_from_slice(&[0u8; 4]);
+    std::fs::write(&path, &raw).unwrap();
+    assert_has(&SafetensorsFile::open(&path).err().unwrap().to_string(), &["`w`", "[4294967296, 4294967296]", "too large"]);
+
     let header = r#"{"w":{"dtype":"Q7","shape":[1],"data_offsets":[0,1]}}"#;
     let mut raw = (header.len() as u64).to_le_bytes().to_vec();
     raw.extend_from_slice(header.as_bytes());
@@ -209,6 +216,22 @@ fn checkpoint_whose_dims_disagree_with_the_config() {
     cfg.n_q = 17;
     cfg.delays.push(1);
     assert_has(&load_err(&asset("model.q4.safetensors"), &cfg), &["`audio_embs.16.weight`", "missing"]);
+}
+
+#[test]
+fn unsupported_release_formats_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.q8.gguf");
+    std::fs::write(&path, b"GGUF\x03\x00\x00\x00rest-of-a-gguf-file").unwrap();
+    assert_has(&load_err(&path, &tiny_config()), &["GGUF", "kyutai/moshiko-mlx-q8"]);
+
+    let pt = SafetensorsFile::open(asset("model.safetensors")).unwrap();
+    let mut tensors = copy_all(&pt, |n| Some(n.to_string()));
+    let scb = "transformer.layers.0.self_attn.in_proj_weight_scb";
+    tensors.push(RawTensor { name: scb.into(), dtype: DType::F32, shape: vec![768], bytes: vec![0; 768 * 4] });
+    let path = dir.path().join("model.q8.safetensors");
+    write_safetensors(&path, &tensors);
+    assert_has(&load_err(&path, &tiny_config()), &[scb, "bitsandbytes int8"]);
 }
 
 #[test]

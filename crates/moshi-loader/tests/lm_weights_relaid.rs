@@ -4,6 +4,7 @@
 mod common;
 
 use common::{asset, copy_all, tiny_config, write_safetensors, RawTensor};
+use moshi_loader::inspect::{inspect_checkpoint, ConfigRef};
 use moshi_loader::layout::detect_kind;
 use moshi_loader::{load_lm_weights, CheckpointKind, LmLayout, SafetensorsFile, WeightMode};
 
@@ -83,7 +84,15 @@ fn candle_and_dense_mlx_layouts_load_to_the_pytorch_values() {
     );
     assert_eq!(detect_kind(&SafetensorsFile::open(&mlx_path).unwrap()).unwrap(), CheckpointKind::Lm(LmLayout::Mlx));
 
-    for mode in [WeightMode::Native, WeightMode::DequantizeF32] {
+    for (path, format) in [(&candle_path, "candle"), (&mlx_path, "mlx")] {
+        let report = inspect_checkpoint(path, Some(ConfigRef::Lm(&cfg))).unwrap();
+        assert_eq!(report.format, format);
+        assert!(report.quantization.is_empty());
+        let check = report.config_check.unwrap();
+        assert!(check.is_clean(), "{format}: {check:?}");
+    }
+
+    for mode in [WeightMode::Native, WeightMode::DequantizeF32, WeightMode::DequantizeBf16] {
         let want = load_lm_weights(&pt_path, &cfg, mode).unwrap();
         for path in [&candle_path, &mlx_path] {
             let got = load_lm_weights(path, &cfg, mode).unwrap();
