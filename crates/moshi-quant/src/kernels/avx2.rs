@@ -65,15 +65,29 @@ unsafe fn rows_impl<const BITS: usize, const GROUP: usize>(
         let biases = &w.biases()[r * groups_per_row..(r + 1) * groups_per_row];
         let mut i = 0;
         while i + 4 <= m {
-            let d = unsafe { row_dot::<BITS, GROUP, 4>(row_codes, scales, biases, xs.as_ptr().add(i * cols), cols) };
+            let d = unsafe {
+                row_dot::<BITS, GROUP, 4>(
+                    row_codes,
+                    scales,
+                    biases,
+                    xs.as_ptr().add(i * cols),
+                    cols,
+                )
+            };
             out_row[i..i + 4].copy_from_slice(&d);
             i += 4;
         }
         let x = unsafe { xs.as_ptr().add(i * cols) };
         match m - i {
-            3 => out_row[i..].copy_from_slice(&unsafe { row_dot::<BITS, GROUP, 3>(row_codes, scales, biases, x, cols) }),
-            2 => out_row[i..].copy_from_slice(&unsafe { row_dot::<BITS, GROUP, 2>(row_codes, scales, biases, x, cols) }),
-            1 => out_row[i..].copy_from_slice(&unsafe { row_dot::<BITS, GROUP, 1>(row_codes, scales, biases, x, cols) }),
+            3 => out_row[i..].copy_from_slice(&unsafe {
+                row_dot::<BITS, GROUP, 3>(row_codes, scales, biases, x, cols)
+            }),
+            2 => out_row[i..].copy_from_slice(&unsafe {
+                row_dot::<BITS, GROUP, 2>(row_codes, scales, biases, x, cols)
+            }),
+            1 => out_row[i..].copy_from_slice(&unsafe {
+                row_dot::<BITS, GROUP, 1>(row_codes, scales, biases, x, cols)
+            }),
             _ => {}
         }
     }
@@ -116,19 +130,29 @@ unsafe fn row_dot<const BITS: usize, const GROUP: usize, const MR: usize>(
         for c in 0..GROUP / 16 {
             // Software prefetch of the code stream (a hint: never faults, so the address may run
             // past the row; `wrapping_add` keeps the pointer arithmetic defined).
-            _mm_prefetch::<_MM_HINT_T0>(gc.wrapping_add(c * 2 * BITS + super::avx512::PREFETCH_BYTES) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(
+                gc.wrapping_add(c * 2 * BITS + super::avx512::PREFETCH_BYTES) as *const i8,
+            );
             let (w0, w1) = if BITS == 4 {
                 // SAFETY: bytes c*8..c*8+8 of the group's GROUP / 2 bytes.
-                let v = _mm256_cvtepu8_epi32(unsafe { _mm_loadl_epi64(gc.add(c * 8) as *const __m128i) });
+                let v = _mm256_cvtepu8_epi32(unsafe {
+                    _mm_loadl_epi64(gc.add(c * 8) as *const __m128i)
+                });
                 let lo = _mm256_cvtepi32_ps(_mm256_and_si256(v, low_nibble));
                 let hi = _mm256_cvtepi32_ps(_mm256_srli_epi32::<4>(v));
-                (_mm256_fmadd_ps(lo, scale, bias), _mm256_fmadd_ps(hi, scale, bias))
+                (
+                    _mm256_fmadd_ps(lo, scale, bias),
+                    _mm256_fmadd_ps(hi, scale, bias),
+                )
             } else {
                 // SAFETY: bytes c*16..c*16+16 of the group's GROUP bytes.
                 let v = unsafe { _mm_loadu_si128(gc.add(c * 16) as *const __m128i) };
                 let q0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
                 let q1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(v, v)));
-                (_mm256_fmadd_ps(q0, scale, bias), _mm256_fmadd_ps(q1, scale, bias))
+                (
+                    _mm256_fmadd_ps(q0, scale, bias),
+                    _mm256_fmadd_ps(q1, scale, bias),
+                )
             };
             let col = g * GROUP + c * 16;
             for i in 0..MR {
