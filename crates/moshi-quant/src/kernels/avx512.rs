@@ -10,16 +10,11 @@
 
 use std::arch::x86_64::*;
 
-use crate::kernels::RowRangeFn;
+use crate::kernels::{RowRangeFn, PREFETCH_BYTES};
 use crate::{bf16_bits_to_f32, QuantizedMatrix};
 
 /// Column block of the even/odd activation arrangement for 4-bit codes.
 pub(crate) const NIBBLE_BLOCK: usize = 32;
-
-/// How far ahead of the current position the code stream is prefetched (the hardware
-/// prefetcher alone left matrix-vector products at ~half the read bandwidth; 1 and 2 KiB
-/// measured the same).
-pub(crate) const PREFETCH_BYTES: usize = 1024;
 
 pub(crate) fn select(bits: u32, group_size: usize) -> Option<RowRangeFn> {
     Some(match (bits, group_size) {
