@@ -23,7 +23,10 @@ pub fn measure_read_bandwidth_gbps_with(threads: usize, buffer_bytes: usize, pas
     let Some(buffer) = ReadBuffer::new(threads, buffer_bytes) else {
         return 0.0;
     };
-    let best = (0..passes.max(1)).map(|_| buffer.read_pass()).min().unwrap_or(Duration::MAX);
+    let best = (0..passes.max(1))
+        .map(|_| buffer.read_pass())
+        .min()
+        .unwrap_or(Duration::MAX);
     buffer.bytes() as f64 / best.as_secs_f64() / 1e9
 }
 
@@ -42,18 +45,28 @@ impl ReadBuffer {
         if threads == 0 {
             return None;
         }
-        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().ok()?;
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .ok()?;
         let len = (buffer_bytes / 8).max(threads * 1024);
         let per_thread = len.div_ceil(threads);
         let mut words = vec![0u64; len];
         pool.install(|| {
-            words.par_chunks_mut(per_thread).enumerate().for_each(|(t, chunk)| {
-                for (i, v) in chunk.iter_mut().enumerate() {
-                    *v = (t * per_thread + i) as u64;
-                }
-            })
+            words
+                .par_chunks_mut(per_thread)
+                .enumerate()
+                .for_each(|(t, chunk)| {
+                    for (i, v) in chunk.iter_mut().enumerate() {
+                        *v = (t * per_thread + i) as u64;
+                    }
+                })
         });
-        Some(Self { pool, words, per_thread })
+        Some(Self {
+            pool,
+            words,
+            per_thread,
+        })
     }
 
     /// Size of the buffer in bytes.
@@ -65,7 +78,11 @@ impl ReadBuffer {
     pub fn read_pass(&self) -> Duration {
         self.pool.install(|| {
             let start = Instant::now();
-            let sum: u64 = self.words.par_chunks(self.per_thread).map(sum_words).reduce(|| 0, u64::wrapping_add);
+            let sum: u64 = self
+                .words
+                .par_chunks(self.per_thread)
+                .map(sum_words)
+                .reduce(|| 0, u64::wrapping_add);
             let elapsed = start.elapsed();
             std::hint::black_box(sum);
             elapsed

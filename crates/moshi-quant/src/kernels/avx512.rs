@@ -10,16 +10,11 @@
 
 use std::arch::x86_64::*;
 
-use crate::kernels::RowRangeFn;
+use crate::kernels::{RowRangeFn, PREFETCH_BYTES};
 use crate::{bf16_bits_to_f32, QuantizedMatrix};
 
 /// Column block of the even/odd activation arrangement for 4-bit codes.
 pub(crate) const NIBBLE_BLOCK: usize = 32;
-
-/// How far ahead of the current position the code stream is prefetched (the hardware
-/// prefetcher alone left matrix-vector products at ~half the read bandwidth; 1 and 2 KiB
-/// measured the same).
-pub(crate) const PREFETCH_BYTES: usize = 1024;
 
 pub(crate) fn select(bits: u32, group_size: usize) -> Option<RowRangeFn> {
     Some(match (bits, group_size) {
@@ -40,7 +35,10 @@ fn rows<const BITS: usize, const GROUP: usize>(
     row_start: usize,
     out_t: &mut [f32],
 ) {
-    assert!(is_x86_feature_detected!("avx512f"), "AVX-512 kernel called on a CPU without AVX-512F");
+    assert!(
+        is_x86_feature_detected!("avx512f"),
+        "AVX-512 kernel called on a CPU without AVX-512F"
+    );
     let nrows = out_t.len() / m;
     assert!(row_start + nrows <= w.rows() && xs.len() == m * w.cols());
     // SAFETY: AVX-512F is present (checked above); `rows_impl` only reads rows
@@ -66,7 +64,11 @@ unsafe fn rows_impl<const BITS: usize, const GROUP: usize>(
     for (local, out_row) in out_t.chunks_exact_mut(m).enumerate() {
         let r = row_start + local;
         let groups = r * groups_per_row..(r + 1) * groups_per_row;
-        for ((s, b), (&sb, &bb)) in scales.iter_mut().zip(biases.iter_mut()).zip(w.scales()[groups.clone()].iter().zip(&w.biases()[groups])) {
+        for ((s, b), (&sb, &bb)) in scales
+            .iter_mut()
+            .zip(biases.iter_mut())
+            .zip(w.scales()[groups.clone()].iter().zip(&w.biases()[groups]))
+        {
             *s = bf16_bits_to_f32(sb);
             *b = bf16_bits_to_f32(bb);
         }
@@ -75,15 +77,29 @@ unsafe fn rows_impl<const BITS: usize, const GROUP: usize>(
         let row_codes = unsafe { codes.add(r * row_code_bytes) };
         let mut i = 0;
         while i + 4 <= m {
-            let d = unsafe { row_dot::<BITS, GROUP, 4>(row_codes, &scales, &biases, xs.as_ptr().add(i * cols), cols) };
+            let d = unsafe {
+                row_dot::<BITS, GROUP, 4>(
+                    row_codes,
+                    &scales,
+                    &biases,
+                    xs.as_ptr().add(i * cols),
+                    cols,
+                )
+            };
             out_row[i..i + 4].copy_from_slice(&d);
             i += 4;
         }
         let x = unsafe { xs.as_ptr().add(i * cols) };
         match m - i {
-            3 => out_row[i..].copy_from_slice(&unsafe { row_dot::<BITS, GROUP, 3>(row_codes, &scales, &biases, x, cols) }),
-            2 => out_row[i..].copy_from_slice(&unsafe { row_dot::<BITS, GROUP, 2>(row_codes, &scales, &biases, x, cols) }),
-            1 => out_row[i..].copy_from_slice(&unsafe { row_dot::<BITS, GROUP, 1>(row_codes, &scales, &biases, x, cols) }),
+            3 => out_row[i..].copy_from_slice(&unsafe {
+                row_dot::<BITS, GROUP, 3>(row_codes, &scales, &biases, x, cols)
+            }),
+            2 => out_row[i..].copy_from_slice(&unsafe {
+                row_dot::<BITS, GROUP, 2>(row_codes, &scales, &biases, x, cols)
+            }),
+            1 => out_row[i..].copy_from_slice(&unsafe {
+                row_dot::<BITS, GROUP, 1>(row_codes, &scales, &biases, x, cols)
+            }),
             _ => {}
         }
     }
@@ -109,19 +125,31 @@ unsafe fn weights32<const BITS: usize, const GROUP: usize>(
     let scale = _mm512_set1_ps(scales[g]);
     let bias = _mm512_set1_ps(biases[g]);
     if BITS == 4 {
-        let levels = _mm512_setr_ps(0., 1., 2., 3., 4., 5., 6., 7., 8., 9., 10., 11., 12., 13., 14., 15.);
+        let levels = _mm512_setr_ps(
+            0., 1., 2., 3., 4., 5., 6., 7., 8., 9., 10., 11., 12., 13., 14., 15.,
+        );
         let table = _mm512_fmadd_ps(levels, scale, bias);
         // SAFETY: the 16 code bytes of columns 32c..32c+32 lie inside the row.
-        let v = _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(codes.add(c * 16) as *const __m128i) });
-        (_mm512_permutexvar_ps(v, table), _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(v), table))
+        let v =
+            _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(codes.add(c * 16) as *const __m128i) });
+        (
+            _mm512_permutexvar_ps(v, table),
+            _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(v), table),
+        )
     } else {
         // SAFETY: the 32 code bytes of columns 32c..32c+32 lie inside the row.
         let (v0, v1) = unsafe {
-            (_mm_loadu_si128(codes.add(c * 32) as *const __m128i), _mm_loadu_si128(codes.add(c * 32 + 16) as *const __m128i))
+            (
+                _mm_loadu_si128(codes.add(c * 32) as *const __m128i),
+                _mm_loadu_si128(codes.add(c * 32 + 16) as *const __m128i),
+            )
         };
         let q0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v0));
         let q1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v1));
-        (_mm512_fmadd_ps(q0, scale, bias), _mm512_fmadd_ps(q1, scale, bias))
+        (
+            _mm512_fmadd_ps(q0, scale, bias),
+            _mm512_fmadd_ps(q1, scale, bias),
+        )
     }
 }
 
@@ -153,8 +181,14 @@ unsafe fn row_dot<const BITS: usize, const GROUP: usize, const MR: usize>(
         for (i, acc) in acc.iter_mut().enumerate() {
             // SAFETY: columns 32c..32c+64 of activation row i < MR.
             let p = unsafe { x.add(i * cols + c * 32) };
-            let (x0, x1, x2, x3) =
-                unsafe { (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)), _mm512_loadu_ps(p.add(32)), _mm512_loadu_ps(p.add(48))) };
+            let (x0, x1, x2, x3) = unsafe {
+                (
+                    _mm512_loadu_ps(p),
+                    _mm512_loadu_ps(p.add(16)),
+                    _mm512_loadu_ps(p.add(32)),
+                    _mm512_loadu_ps(p.add(48)),
+                )
+            };
             acc[0] = _mm512_fmadd_ps(a0, x0, acc[0]);
             acc[1] = _mm512_fmadd_ps(a1, x1, acc[1]);
             acc[2] = _mm512_fmadd_ps(b0, x2, acc[2]);
@@ -175,7 +209,10 @@ unsafe fn row_dot<const BITS: usize, const GROUP: usize, const MR: usize>(
     }
     let mut out = [0f32; MR];
     for (o, a) in out.iter_mut().zip(&acc) {
-        *o = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])));
+        *o = _mm512_reduce_add_ps(_mm512_add_ps(
+            _mm512_add_ps(a[0], a[1]),
+            _mm512_add_ps(a[2], a[3]),
+        ));
     }
     out
 }
