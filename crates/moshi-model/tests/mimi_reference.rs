@@ -139,3 +139,16 @@ fn bad_inputs_get_clear_errors() {
     let err = Mimi::load(&MimiConfig::v0_1(), &asset("mimi.safetensors"), 8).unwrap_err().to_string();
     assert!(err.contains("mimi.safetensors") && err.contains("shape"), "{err}");
 }
+
+#[test]
+fn batch_decode_equals_streaming_decode_before_the_window_fills() {
+    // 16 frames = 32 decoder-transformer steps = exactly the context: no key has left the ring.
+    let mut mimi = load_mimi();
+    let codes: Vec<Vec<u32>> = reference_codes("ref/mimi_codes.npy").into_iter().map(|r| r[..16].to_vec()).collect();
+    let streamed = mimi.decode_step(&codes).unwrap();
+    let batch = mimi.decode_batch(&codes).unwrap();
+    let diff = max_abs_diff(&streamed, &batch);
+    assert!(diff < 1e-5, "batch vs streaming decode {diff}");
+    let reference = npy::read_f32(asset("ref/mimi_decoded.npy")).unwrap().data;
+    assert!(max_abs_diff(&batch, &reference[..batch.len()]) < 1e-4);
+}
