@@ -3,7 +3,7 @@
 //! `StreamingConvTranspose1d` (overlapping tails kept as partial sums). Both run as one strided
 //! matrix product per call; a fresh state over the whole signal is the non-streaming forward.
 
-use crate::ops::{elu, gemm_nt_strided};
+use crate::ops::{elu_slice, gemm_nt_strided};
 
 /// Activation applied to a convolution's input as it is copied into the convolution's buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -16,11 +16,7 @@ impl PreActivation {
     fn copy_into(self, dst: &mut [f32], src: &[f32]) {
         match self {
             PreActivation::None => dst.copy_from_slice(src),
-            PreActivation::Elu => {
-                for (d, s) in dst.iter_mut().zip(src) {
-                    *d = elu(*s);
-                }
-            }
+            PreActivation::Elu => elu_slice(dst, src),
         }
     }
 }
@@ -280,6 +276,7 @@ impl StreamingConvTranspose1d {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::elu;
 
     fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
         let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;

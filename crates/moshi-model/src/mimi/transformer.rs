@@ -7,7 +7,7 @@
 use moshi_loader::config::MimiTransformerConfig;
 
 use super::weights::WeightSource;
-use crate::ops::{gelu_erf, gemm_nt_strided, layer_norm};
+use crate::ops::{dot, gelu_erf, gemm_nt_strided, layer_norm};
 use crate::{ModelError, Result};
 
 #[derive(Clone, Debug)]
@@ -260,7 +260,7 @@ impl MimiTransformer {
                 let mut max = f32::NEG_INFINITY;
                 for kp in first..=p {
                     let k = &keys[row_of(kp) + h * hd..row_of(kp) + (h + 1) * hd];
-                    let s = q.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * scale;
+                    let s = dot(q, k) * scale;
                     max = max.max(s);
                     scores.push(s);
                 }
