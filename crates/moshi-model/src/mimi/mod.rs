@@ -5,6 +5,7 @@
 //! 1920-sample frame at a time, 2 transformer steps per frame as one chunk.
 
 pub mod conv;
+mod matrix;
 pub mod quantizer;
 pub mod resample;
 pub mod seanet;
@@ -67,6 +68,7 @@ pub struct Mimi {
     decoder_state: DecoderState,
     sample_rate: usize,
     frame_size: usize,
+    bf16_weights: bool,
 }
 
 impl Mimi {
@@ -111,7 +113,29 @@ impl Mimi {
         let modules = MimiModules { encoder, encoder_transformer, downsample, quantizer, upsample, decoder_transformer, decoder };
         let encoder_state = modules.new_encoder_state();
         let decoder_state = modules.new_decoder_state();
-        Ok(Mimi { modules, encoder_state, decoder_state, sample_rate: cfg.sample_rate, frame_size })
+        Ok(Mimi { modules, encoder_state, decoder_state, sample_rate: cfg.sample_rate, frame_size, bf16_weights: false })
+    }
+
+    /// Weight precision of the per-frame products. `false` (the default) is exact f32 math, the
+    /// reference behaviour. `true` keeps a bf16 copy of the weights of every product that runs on
+    /// at most 4 rows per call (transformers, the 12.5/25 Hz convolutions, the quantizer
+    /// projections) and reads it instead: half the memory traffic of the bandwidth-bound
+    /// streaming path, at bf16 weight rounding (activations and accumulation stay f32).
+    /// Codebook lookups and the many-row early convolutions stay f32.
+    pub fn set_bf16_weights(&mut self, on: bool) {
+        let m = &mut self.modules;
+        m.encoder.set_bf16(on);
+        m.encoder_transformer.set_bf16(on);
+        m.downsample.set_bf16(on);
+        m.quantizer.set_bf16(on);
+        m.decoder_transformer.set_bf16(on);
+        m.decoder.set_bf16(on);
+        self.bf16_weights = on;
+    }
+
+    /// Whether [`Mimi::set_bf16_weights`] is on.
+    pub fn bf16_weights(&self) -> bool {
+        self.bf16_weights
     }
 
     /// Samples per frame (1920 at 24 kHz).
