@@ -3,7 +3,8 @@
 //! `StreamingConvTranspose1d` (overlapping tails kept as partial sums). Both run as one strided
 //! matrix product per call; a fresh state over the whole signal is the non-streaming forward.
 
-use crate::ops::{elu, gemm_nt_strided};
+use super::matrix::WeightMatrix;
+use crate::ops::elu_slice;
 
 /// Activation applied to a convolution's input as it is copied into the convolution's buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -16,11 +17,7 @@ impl PreActivation {
     fn copy_into(self, dst: &mut [f32], src: &[f32]) {
         match self {
             PreActivation::None => dst.copy_from_slice(src),
-            PreActivation::Elu => {
-                for (d, s) in dst.iter_mut().zip(src) {
-                    *d = elu(*s);
-                }
-            }
+            PreActivation::Elu => elu_slice(dst, src),
         }
     }
 }
@@ -36,7 +33,7 @@ pub struct StreamingConv1d {
     dilation: usize,
     replicate_pad: bool,
     /// `[out][kernel][in]`.
-    weight: Vec<f32>,
+    weight: WeightMatrix,
     bias: Option<Vec<f32>>,
 }
 
@@ -81,7 +78,12 @@ impl StreamingConv1d {
         if let Some(b) = &bias {
             assert_eq!(b.len(), out_channels, "conv bias size");
         }
-        Self { in_channels, out_channels, kernel_size, stride, dilation, replicate_pad, weight, bias }
+        Self { in_channels, out_channels, kernel_size, stride, dilation, replicate_pad, weight: WeightMatrix::new(weight), bias }
+    }
+
+    /// Uses a bf16 copy of the weights for few-row products (see [`WeightMatrix`]).
+    pub fn set_bf16(&mut self, on: bool) {
+        self.weight.set_bf16(on);
     }
 
     pub fn in_channels(&self) -> usize {
@@ -140,12 +142,11 @@ impl StreamingConv1d {
         let (k, s, d) = (self.kernel_size, self.stride, self.dilation);
         if d == 1 {
             // Window of output t = rows [t*s, t*s + k) of the buffer: contiguous, read in place.
-            gemm_nt_strided(t_out, k * cin, cout, &st.buf, s * cin, &self.weight, k * cin, 1, out, cout, true);
+            self.weight.gemm(t_out, k * cin, cout, &st.buf, s * cin, 0, k * cin, out, cout, true);
         } else {
             for j in 0..k {
                 let a = &st.buf[j * d * cin..];
-                let w = &self.weight[j * cin..];
-                gemm_nt_strided(t_out, cin, cout, a, s * cin, w, k * cin, 1, out, cout, true);
+                self.weight.gemm(t_out, cin, cout, a, s * cin, j * cin, k * cin, out, cout, true);
             }
         }
         if hist > 0 {
@@ -168,7 +169,7 @@ pub struct StreamingConvTranspose1d {
     depthwise: bool,
     /// groups 1: `[kernel][out][in]` (one contiguous weight row per output tap and channel);
     /// depthwise: `[channel][kernel]` as in PyTorch.
-    weight: Vec<f32>,
+    weight: WeightMatrix,
     bias: Option<Vec<f32>>,
 }
 
@@ -212,7 +213,14 @@ impl StreamingConvTranspose1d {
         if let Some(b) = &bias {
             assert_eq!(b.len(), out_channels, "convtr bias size");
         }
-        Self { in_channels, out_channels, kernel_size, stride, depthwise, weight, bias }
+        Self { in_channels, out_channels, kernel_size, stride, depthwise, weight: WeightMatrix::new(weight), bias }
+    }
+
+    /// Uses a bf16 copy of the weights for few-row products (groups 1 only; depthwise stays f32).
+    pub fn set_bf16(&mut self, on: bool) {
+        if !self.depthwise {
+            self.weight.set_bf16(on);
+        }
     }
 
     pub fn out_channels(&self) -> usize {
@@ -245,7 +253,7 @@ impl StreamingConvTranspose1d {
                 for j in 0..k {
                     let orow = &mut st.acc[(t * s + j) * cout..(t * s + j + 1) * cout];
                     for (c, o) in orow.iter_mut().enumerate() {
-                        *o += xr[c] * self.weight[c * k + j];
+                        *o += xr[c] * self.weight.values()[c * k + j];
                     }
                 }
             }
@@ -256,9 +264,8 @@ impl StreamingConvTranspose1d {
             let mut j0 = 0;
             while j0 < k {
                 let j1 = (j0 + s).min(k);
-                let w = &self.weight[j0 * cout * cin..];
                 let o = &mut st.acc[j0 * cout..];
-                gemm_nt_strided(t_in, cin, (j1 - j0) * cout, &st.xbuf, cin, w, cin, 1, o, s * cout, true);
+                self.weight.gemm(t_in, cin, (j1 - j0) * cout, &st.xbuf, cin, j0 * cout * cin, cin, o, s * cout, true);
                 j0 = j1;
             }
         }
@@ -280,6 +287,7 @@ impl StreamingConvTranspose1d {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::elu;
 
     fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
         let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;

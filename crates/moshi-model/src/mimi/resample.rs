@@ -22,6 +22,10 @@ impl Downsample {
         self.conv.stride()
     }
 
+    pub fn set_bf16(&mut self, on: bool) {
+        self.conv.set_bf16(on);
+    }
+
     /// `x` (`[t][dim]`, t a multiple of the stride) -> `out` (`[t / stride][dim]`).
     pub fn forward(&self, st: &mut Conv1dState, x: &[f32], out: &mut Vec<f32>) {
         self.conv.forward(st, x, PreActivation::None, out, false);
