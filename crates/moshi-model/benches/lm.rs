@@ -138,6 +138,38 @@ fn lm_benches(c: &mut Criterion) {
     g.finish();
 }
 
+/// One temporal layer at 7B dims with MLX-packed weights (the `moshi-quant` kernels).
+fn quantized_layer_benches(c: &mut Criterion) {
+    let mut g = c.benchmark_group("lm_7b_quantized");
+    g.sample_size(10).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(4));
+    for (name, bits, group_size) in [("temporal_layer_step_q8g64", 8, 64), ("temporal_layer_step_q4g32", 4, 32)] {
+        let mut cfg = config_7b(1);
+        cfg.depformer_num_layers = 0;
+        let model = LmModel::random(&cfg, 9, RandomWeightKind::Quantized { bits, group_size }).expect("random q model");
+        let layer = &model.temporal().layers()[0];
+        g.throughput(Throughput::Bytes(layer.weight_bytes() as u64));
+        let rope = Rope::new(cfg.dim / cfg.num_heads, cfg.max_period);
+        let mut rot = RopeRotation::default();
+        let mut cache = KvCache::new(cfg.context, cfg.dim);
+        let mut scratch = LayerScratch::default();
+        let mut x: Vec<f32> = (0..cfg.dim).map(|i| ((i as f32) * 0.37).sin()).collect();
+        let mut pos = 0usize;
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                if pos.is_multiple_of(64) {
+                    cache.reset();
+                }
+                rope.rotation_into(pos, &mut rot);
+                layer.step(&mut x, Some(&rot), &mut cache, &mut scratch);
+                let n = x.iter().map(|v| v * v).sum::<f32>().sqrt() / (cfg.dim as f32).sqrt();
+                x.iter_mut().for_each(|v| *v /= n.max(1e-6));
+                pos += 1;
+            })
+        });
+    }
+    g.finish();
+}
+
 fn kernel_benches(c: &mut Criterion) {
     // The largest temporal matrix: gating.linear_in [2 * 11264, 4096].
     let (n, k) = (2 * 11264, 4096);
@@ -163,5 +195,5 @@ fn kernel_benches(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, kernel_benches, lm_benches);
+criterion_group!(benches, kernel_benches, lm_benches, quantized_layer_benches);
 criterion_main!(benches);

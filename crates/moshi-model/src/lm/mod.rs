@@ -230,10 +230,10 @@ impl LmModel {
     /// audio token of codebook k - 1. Returns the logits of codebook k (`[card]`).
     pub fn depformer_step(&mut self, k: usize, prev_token: u32) -> Result<&[f32]> {
         let cfg = &self.cfg;
-        if k >= cfg.dep_q || self.depformer.cache_len() != k {
+        if k >= cfg.dep_q || self.depformer.substeps_done() != k {
             return Err(ModelError::Input(format!(
                 "depformer sub-step {k} requested after {} sub-steps of this frame (dep_q {})",
-                self.depformer.cache_len(),
+                self.depformer.substeps_done(),
                 cfg.dep_q
             )));
         }
