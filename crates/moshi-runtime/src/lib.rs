@@ -10,7 +10,7 @@ pub mod backend;
 pub mod engine;
 mod error;
 pub mod metrics;
-//TMP pub mod pipeline;
+pub mod pipeline;
 pub mod resample;
 pub mod ring;
 pub mod wav;
