@@ -99,6 +99,17 @@ impl Linear {
         }
     }
 
+    /// One vector: `out[out_dim] = W · x[in_dim]`. Dense weights go through the threaded
+    /// matrix-vector kernels of [`crate::matvec`]; packed weights through `forward_into`.
+    pub fn matvec_into(&self, x: &[f32], out: &mut [f32]) {
+        let (n, k) = (self.out_dim(), self.in_dim());
+        match self {
+            Linear::F32 { weight, .. } => crate::matvec::matvec_f32_auto(weight, n, k, x, out),
+            Linear::BF16 { weight, .. } => crate::matvec::matvec_bf16_auto(weight, n, k, x, out),
+            Linear::Quantized(_) => self.forward_into(x, 1, out),
+        }
+    }
+
     /// Allocating variant of [`Linear::forward_into`].
     pub fn forward(&self, x: &[f32], m: usize) -> Vec<f32> {
         let mut out = vec![0f32; m * self.out_dim()];
@@ -107,23 +118,10 @@ impl Linear {
     }
 }
 
-/// `y[n] = W[n, k] · x[k]` with bf16 weights upcast exactly to f32, f32 accumulation.
+/// `y[n] = W[n, k] · x[k]` with bf16 weights upcast exactly to f32, f32 accumulation (AVX2 when
+/// available, rows split over threads for large matrices; see [`crate::matvec`]).
 pub fn matvec_bf16(w: &[u16], n: usize, k: usize, x: &[f32], y: &mut [f32]) {
-    for (row, yv) in w.chunks_exact(k).zip(y.iter_mut()).take(n) {
-        let mut acc = [0f32; 8];
-        let mut chunks = row.chunks_exact(8);
-        let mut xi = x.chunks_exact(8);
-        for (wc, xc) in (&mut chunks).zip(&mut xi) {
-            for j in 0..8 {
-                acc[j] += f32::from_bits((wc[j] as u32) << 16) * xc[j];
-            }
-        }
-        let mut s: f32 = acc.iter().sum();
-        for (wv, xv) in chunks.remainder().iter().zip(xi.remainder()) {
-            s += f32::from_bits((*wv as u32) << 16) * xv;
-        }
-        *yv = s;
-    }
+    crate::matvec::matvec_bf16_auto(w, n, k, x, y);
 }
 
 /// Scalar fallback for a packed matrix-vector product (dequantize a row, dot in f32).
