@@ -6,6 +6,7 @@ mod error;
 pub mod generator;
 pub mod lm;
 pub mod matvec;
+pub mod mimi;
 pub mod ops;
 pub mod rng;
 

@@ -92,8 +92,10 @@ impl Linear {
                 }
             }
             Linear::Quantized(q) => {
-                for r in 0..m {
-                    quantized_matvec_reference(q, &x[r * k..(r + 1) * k], &mut out[r * n..(r + 1) * n]);
+                if m == 1 {
+                    q.matvec(&x[..k], &mut out[..n]);
+                } else {
+                    q.matmul(&x[..m * k], m, &mut out[..m * n]);
                 }
             }
         }
@@ -122,15 +124,6 @@ impl Linear {
 /// available, rows split over threads for large matrices; see [`crate::matvec`]).
 pub fn matvec_bf16(w: &[u16], n: usize, k: usize, x: &[f32], y: &mut [f32]) {
     crate::matvec::matvec_bf16_auto(w, n, k, x, y);
-}
-
-/// Scalar fallback for a packed matrix-vector product (dequantize a row, dot in f32).
-pub fn quantized_matvec_reference(q: &QuantizedMatrix, x: &[f32], y: &mut [f32]) {
-    let mut row = vec![0f32; q.cols()];
-    for (r, yv) in y.iter_mut().enumerate().take(q.rows()) {
-        q.dequantize_row_f32(r, &mut row);
-        *yv = row.iter().zip(x).map(|(a, b)| a * b).sum();
-    }
 }
 
 /// RMSNorm in f32: `x * alpha / sqrt(mean(x²) + eps)`, per row of width `alpha.len()`.
@@ -190,6 +183,218 @@ pub fn softmax_in_place(x: &mut [f32]) {
     }
     for v in x.iter_mut() {
         *v /= sum;
+    }
+}
+
+/// Work (multiply-adds) under which a product stays on the calling thread.
+const PARALLEL_MIN_MACS: usize = 1 << 18;
+
+/// A row-strided f32 product against row-major weights, the kernel behind Mimi's convolutions:
+/// `out[i * rs_out + j] (+)= Σ_p a[i * rs_a + p] · w[j * rs_w + p * cs_w]` for `i < m`, `j < n`, `p < k`.
+/// Rows of `a` may overlap (`rs_a < k`): a causal convolution over a channels-last buffer reads its
+/// windows in place this way, without an im2col copy. Splits the work over the rayon pool when large.
+///
+/// Panics if a slice is too short for the strides (an internal invariant, never user input).
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_nt_strided(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[f32],
+    rs_a: usize,
+    w: &[f32],
+    rs_w: usize,
+    cs_w: usize,
+    out: &mut [f32],
+    rs_out: usize,
+    accumulate: bool,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(rs_out >= n, "output rows overlap: rs_out {rs_out} < n {n}");
+    assert!(out.len() >= (m - 1) * rs_out + n, "output slice too short");
+    if k == 0 {
+        if !accumulate {
+            for i in 0..m {
+                out[i * rs_out..i * rs_out + n].fill(0.0);
+            }
+        }
+        return;
+    }
+    assert!(a.len() >= (m - 1) * rs_a + k, "lhs slice too short");
+    assert!(w.len() > (n - 1) * rs_w + (k - 1) * cs_w, "weight slice too short");
+    let macs = m * n * k;
+    let threads = rayon::current_num_threads();
+    if macs < PARALLEL_MIN_MACS || threads < 2 {
+        // SAFETY: bounds asserted above; `out` is a unique borrow so it cannot alias `a`/`w`.
+        unsafe { gemm_raw(m, k, n, a.as_ptr(), rs_a, w.as_ptr(), rs_w, cs_w, out.as_mut_ptr(), rs_out, accumulate) };
+        return;
+    }
+    let parts = threads.min(if m >= n { m.div_ceil(16) } else { n.div_ceil(16) }).max(1);
+    let (ap, wp, op) = (SendPtr(a.as_ptr() as *mut f32), SendPtr(w.as_ptr() as *mut f32), SendPtr(out.as_mut_ptr()));
+    let split_rows = m >= n;
+    let total = if split_rows { m } else { n };
+    let chunk = total.div_ceil(parts);
+    rayon::scope(|s| {
+        for p in 0..parts {
+            let lo = p * chunk;
+            let hi = ((p + 1) * chunk).min(total);
+            if lo >= hi {
+                continue;
+            }
+            let (ap, wp, op) = (ap, wp, op);
+            s.spawn(move |_| {
+                let (ap, wp, op) = (ap, wp, op);
+                // SAFETY: each task writes a disjoint block of rows (or columns) of `out`,
+                // all inside the ranges asserted above.
+                unsafe {
+                    if split_rows {
+                        gemm_raw(hi - lo, k, n, ap.0.add(lo * rs_a), rs_a, wp.0, rs_w, cs_w, op.0.add(lo * rs_out), rs_out, accumulate);
+                    } else {
+                        gemm_raw(m, k, hi - lo, ap.0, rs_a, wp.0.add(lo * rs_w), rs_w, cs_w, op.0.add(lo), rs_out, accumulate);
+                    }
+                }
+            });
+        }
+    });
+}
+
+#[derive(Clone, Copy)]
+struct SendPtr(*mut f32);
+// SAFETY: used only to hand disjoint output blocks and shared read-only inputs to scoped tasks.
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+
+/// # Safety
+/// The strided ranges must be in bounds and `out` must not alias `a` or `w`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_raw(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: *const f32,
+    rs_a: usize,
+    w: *const f32,
+    rs_w: usize,
+    cs_w: usize,
+    out: *mut f32,
+    rs_out: usize,
+    accumulate: bool,
+) {
+    if m <= SMALL_M && cs_w == 1 {
+        // SAFETY: forwarded caller contract.
+        unsafe { small_m_nt(m, k, n, a, rs_a, w, rs_w, out, rs_out, accumulate) };
+        return;
+    }
+    let beta = if accumulate { 1.0 } else { 0.0 };
+    // SAFETY: forwarded caller contract. B = wᵀ is [k, n] with strides (cs_w, rs_w).
+    unsafe {
+        matrixmultiply::sgemm(m, k, n, 1.0, a, rs_a as isize, 1, w, cs_w as isize, rs_w as isize, beta, out, rs_out as isize, 1);
+    }
+}
+
+/// Rows of the left operand up to which the weight-streaming kernel beats a packed sgemm.
+const SMALL_M: usize = 4;
+
+/// `out = a · wᵀ` for at most [`SMALL_M`] rows: streams each weight row once, no packing (the
+/// transformer and quantizer projections at 1-2 tokens per frame are memory-bound matrix-vector work).
+///
+/// # Safety
+/// Same contract as [`gemm_raw`], with `m <= SMALL_M` and contiguous weight rows.
+#[allow(clippy::too_many_arguments)]
+unsafe fn small_m_nt(m: usize, k: usize, n: usize, a: *const f32, rs_a: usize, w: *const f32, rs_w: usize, out: *mut f32, rs_out: usize, accumulate: bool) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx512f") {
+            // SAFETY: feature checked at run time; caller contract forwarded.
+            unsafe { small_m_nt_avx512(m, k, n, a, rs_a, w, rs_w, out, rs_out, accumulate) };
+            return;
+        }
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            // SAFETY: as above.
+            unsafe { small_m_nt_avx2(m, k, n, a, rs_a, w, rs_w, out, rs_out, accumulate) };
+            return;
+        }
+    }
+    // SAFETY: caller contract forwarded.
+    unsafe { small_m_nt_body::<false>(m, k, n, a, rs_a, w, rs_w, out, rs_out, accumulate) }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn small_m_nt_avx512(m: usize, k: usize, n: usize, a: *const f32, rs_a: usize, w: *const f32, rs_w: usize, out: *mut f32, rs_out: usize, accumulate: bool) {
+    // SAFETY: caller contract forwarded.
+    unsafe { small_m_nt_body::<true>(m, k, n, a, rs_a, w, rs_w, out, rs_out, accumulate) }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn small_m_nt_avx2(m: usize, k: usize, n: usize, a: *const f32, rs_a: usize, w: *const f32, rs_w: usize, out: *mut f32, rs_out: usize, accumulate: bool) {
+    // SAFETY: caller contract forwarded.
+    unsafe { small_m_nt_body::<true>(m, k, n, a, rs_a, w, rs_w, out, rs_out, accumulate) }
+}
+
+/// Lane count of the accumulators (one AVX-512 register, two AVX2 ones).
+const LANES: usize = 16;
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn small_m_nt_body<const FMA: bool>(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: *const f32,
+    rs_a: usize,
+    w: *const f32,
+    rs_w: usize,
+    out: *mut f32,
+    rs_out: usize,
+    accumulate: bool,
+) {
+    let mut rows: [&[f32]; SMALL_M] = [&[]; SMALL_M];
+    for (i, r) in rows.iter_mut().enumerate().take(m) {
+        // SAFETY: row i of `a` holds k values (caller contract).
+        *r = unsafe { std::slice::from_raw_parts(a.add(i * rs_a), k) };
+    }
+    let full = k - k % LANES;
+    for j in 0..n {
+        // SAFETY: weight row j holds k values (caller contract).
+        let wr = unsafe { std::slice::from_raw_parts(w.add(j * rs_w), k) };
+        let mut acc = [[0f32; LANES]; SMALL_M];
+        let mut p = 0;
+        while p < full {
+            let wc: &[f32; LANES] = wr[p..p + LANES].try_into().expect("lane chunk");
+            for i in 0..m {
+                let xc: &[f32; LANES] = rows[i][p..p + LANES].try_into().expect("lane chunk");
+                for l in 0..LANES {
+                    acc[i][l] = if FMA { xc[l].mul_add(wc[l], acc[i][l]) } else { acc[i][l] + xc[l] * wc[l] };
+                }
+            }
+            p += LANES;
+        }
+        for i in 0..m {
+            let mut s = 0f32;
+            for q in full..k {
+                s += rows[i][q] * wr[q];
+            }
+            // pairwise lane reduction
+            let mut width = LANES / 2;
+            while width > 0 {
+                for l in 0..width {
+                    acc[i][l] += acc[i][l + width];
+                }
+                width /= 2;
+            }
+            s += acc[i][0];
+            // SAFETY: element (i, j) of `out` is in bounds (caller contract).
+            unsafe {
+                let o = out.add(i * rs_out + j);
+                *o = if accumulate { *o + s } else { s };
+            }
+        }
     }
 }
 
