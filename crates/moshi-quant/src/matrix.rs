@@ -169,21 +169,3 @@ impl QuantizedMatrix {
     }
 }
 
-impl QuantizedMatrix {
-    /// MLX's native bf16 dequantization of the whole matrix, row-major bf16 bits:
-    /// `bf16(bf16(q * scale) + bias)` (two roundings to nearest even, as `mx.dequantize` does
-    /// with bf16 scales).
-    pub fn dequantize_bf16(&self) -> Vec<u16> {
-        let round = |x: f32| half::bf16::from_f32(x);
-        let groups_per_row = self.cols / self.group_size;
-        let mut out = Vec::with_capacity(self.rows * self.cols);
-        for row in 0..self.rows {
-            for col in 0..self.cols {
-                let g = row * groups_per_row + col / self.group_size;
-                let scaled = round(self.code(row, col) as f32 * bf16_bits_to_f32(self.scales[g]));
-                out.push(round(scaled.to_f32() + bf16_bits_to_f32(self.biases[g])).to_bits());
-            }
-        }
-        out
-    }
-}
