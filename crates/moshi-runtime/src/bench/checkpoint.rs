@@ -1,115 +1,81 @@
-//! Finds what `moshi-rs bench --model DIR --quant Q` runs: the LM config, the LM file that holds
-//! format Q, and Mimi's weights and config; loads the LM with only the first `--layers` layers.
-
-use std::path::{Path, PathBuf};
+//! Loads the LM of a checkpoint for `moshi-rs bench`: resolves the model with the loader's
+//! [`ModelSource`] (folder, file or Hub repo; `--quant` picks the file), checks that the weights
+//! really are in the requested format, and keeps only the first `--layers` temporal layers.
 
 use moshi_loader::lm_weights::{load_lm_weights, WeightMode};
-use moshi_loader::{LmConfig, MimiConfig, WeightMap};
+use moshi_loader::{LmConfig, LmVariant, ModelSource, ResolvedModel, SourceOverrides, WeightMap};
 
-use super::format::{stored_format, WeightFormat};
+use super::format::{stored_format, StoredFormat, WeightFormat};
 use super::BenchError;
-
-/// Files of a local checkpoint folder.
-#[derive(Clone, Debug)]
-pub struct CheckpointFiles {
-    pub dir: PathBuf,
-    /// Where the LM config came from (a file, or the built-in 7B config).
-    pub lm_config_origin: String,
-    pub lm_config: LmConfig,
-    /// The LM weights holding the requested format.
-    pub lm_weights: PathBuf,
-    pub format: WeightFormat,
-    /// Mimi weights (`mimi_name` of the config), if present.
-    pub mimi_weights: Option<PathBuf>,
-    pub mimi_config: MimiConfig,
-}
 
 fn setup(msg: String) -> BenchError {
     BenchError::Setup(msg)
 }
 
-/// LM `.safetensors` files of `dir` (everything but the Mimi weights), sorted.
-fn lm_files(dir: &Path, mimi_name: &str) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .map(|rd| {
-            rd.filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.ends_with(".safetensors") && n != mimi_name)
-                .collect()
-        })
-        .unwrap_or_default();
-    names.sort();
-    names
+/// The loader's file variant holding `format`.
+pub fn variant_of(format: WeightFormat) -> LmVariant {
+    match format {
+        WeightFormat::Bf16 => LmVariant::Bf16,
+        WeightFormat::Q8 => LmVariant::Q8,
+        WeightFormat::Q4 => LmVariant::Q4,
+    }
 }
 
-/// Resolves the files of the checkpoint folder `dir` for `format` (default: the config's
-/// `moshi_name`, taken to be bf16). `config` overrides `dir/config.json`; without either the
-/// built-in moshiko 7B config is used.
-pub fn resolve_checkpoint(dir: &Path, config: Option<&Path>, format: Option<WeightFormat>) -> Result<CheckpointFiles, BenchError> {
-    if !dir.is_dir() {
-        return Err(setup(format!(
-            "--model {}: no such folder (bench reads a local checkpoint folder; fetch a Hub repo first, e.g. \
-             `huggingface-cli download kyutai/moshiko-mlx-q4 --local-dir DIR`)",
-            dir.display()
-        )));
-    }
-    let default_config = dir.join("config.json");
-    let (lm_config, lm_config_origin) = match config {
-        Some(p) => (LmConfig::from_file(p).map_err(|e| setup(e.to_string()))?, p.display().to_string()),
-        None if default_config.is_file() => (
-            LmConfig::from_file(&default_config).map_err(|e| setup(e.to_string()))?,
-            default_config.display().to_string(),
-        ),
-        None => (LmConfig::moshiko_7b(), "<built-in moshiko-7b>".to_string()),
+/// Resolves `spec` (folder, checkpoint file or Hub repo id) for `format` (`None`: whatever the
+/// folder's config names), with `config` overriding its `config.json`.
+pub fn resolve_model(
+    spec: &str,
+    config: Option<&std::path::Path>,
+    format: Option<WeightFormat>,
+) -> Result<ResolvedModel, BenchError> {
+    let overrides = SourceOverrides {
+        lm_config: config.map(|p| p.to_path_buf()),
+        variant: format.map(variant_of),
+        ..SourceOverrides::default()
     };
-    let moshi_name = lm_config.moshi_name.clone().unwrap_or_else(|| "model.safetensors".into());
-    let mimi_name = lm_config.mimi_name.clone().unwrap_or_else(|| "tokenizer-e351c8d8-checkpoint125.safetensors".into());
-    let available = lm_files(dir, &mimi_name);
-    let format = format.unwrap_or(WeightFormat::Bf16);
-    let wanted = format.conventional_file_name().map(str::to_string).unwrap_or(moshi_name);
-    let lm_weights = dir.join(&wanted);
-    if !lm_weights.is_file() {
-        return Err(setup(format!(
-            "checkpoint {} cannot provide --quant {}: {} is missing (LM files there: {})",
-            dir.display(),
-            format.name(),
-            wanted,
-            if available.is_empty() { "none".to_string() } else { available.join(", ") }
-        )));
-    }
-    let mimi_path = dir.join(&mimi_name);
-    let mimi_config = match lm_config.mimi_config_name.as_deref().map(|n| dir.join(n)) {
-        Some(p) if p.is_file() => MimiConfig::from_file(&p).map_err(|e| setup(e.to_string()))?,
-        _ => MimiConfig::v0_1(),
-    };
-    Ok(CheckpointFiles {
-        dir: dir.to_path_buf(),
-        lm_config_origin,
-        lm_config,
-        lm_weights,
-        format,
-        mimi_weights: mimi_path.is_file().then_some(mimi_path),
-        mimi_config,
+    ModelSource::resolve(spec, &overrides).map_err(|e| match format {
+        Some(f) => setup(format!("checkpoint `{spec}` cannot provide --quant {}: {e}", f.name())),
+        None => setup(format!("checkpoint `{spec}`: {e}")),
     })
 }
 
-/// Loads the LM weights of `files` as stored, checks they are in the requested format, and keeps
-/// only the first `layers` temporal layers. Returns the weights and the config for that depth.
-pub fn load_checkpoint_lm(files: &CheckpointFiles, layers: usize) -> Result<(WeightMap, LmConfig), BenchError> {
-    let full = &files.lm_config;
-    let mut weights = load_lm_weights(&files.lm_weights, full, WeightMode::Native).map_err(|e| setup(e.to_string()))?;
-    let stored = stored_format(&weights).ok_or_else(|| {
-        setup(format!("{}: no temporal layer 0 attention weights to benchmark", files.lm_weights.display()))
-    })?;
-    if !stored.provides(files.format) {
-        return Err(setup(format!(
-            "checkpoint {} cannot provide --quant {}: {} holds {} weights",
-            files.dir.display(),
-            files.format.name(),
-            files.lm_weights.display(),
+/// Which benchmark format a stored LM is, or an error naming what it holds.
+fn format_of(stored: StoredFormat, model: &ResolvedModel) -> Result<WeightFormat, BenchError> {
+    [WeightFormat::Bf16, WeightFormat::Q8, WeightFormat::Q4].into_iter().find(|f| stored.provides(*f)).ok_or_else(|| {
+        setup(format!(
+            "{} holds {} weights; bench measures bf16, q8 or q4 (pick one with --quant)",
+            model.lm_weights_path.display(),
             stored.describe()
-        )));
-    }
+        ))
+    })
+}
+
+/// Loads the LM weights of `model` as stored, checks they are `format` (when given), and keeps
+/// only the first `layers` temporal layers. Returns the weights, the config for that depth and
+/// the format found.
+pub fn load_checkpoint_lm(
+    model: &ResolvedModel,
+    format: Option<WeightFormat>,
+    layers: usize,
+) -> Result<(WeightMap, LmConfig, WeightFormat), BenchError> {
+    let full = &model.lm_config;
+    let mut weights =
+        load_lm_weights(&model.lm_weights_path, full, WeightMode::Native).map_err(|e| setup(e.to_string()))?;
+    let stored = stored_format(&weights).ok_or_else(|| {
+        setup(format!("{}: no temporal layer 0 attention weights to benchmark", model.lm_weights_path.display()))
+    })?;
+    let found = match format {
+        Some(f) if !stored.provides(f) => {
+            return Err(setup(format!(
+                "checkpoint cannot provide --quant {}: {} holds {} weights",
+                f.name(),
+                model.lm_weights_path.display(),
+                stored.describe()
+            )))
+        }
+        Some(f) => f,
+        None => format_of(stored, model)?,
+    };
     let mut cfg = full.clone();
     if layers < full.num_layers {
         let doomed: Vec<String> = weights
@@ -128,45 +94,48 @@ pub fn load_checkpoint_lm(files: &CheckpointFiles, layers: usize) -> Result<(Wei
         }
         cfg.num_layers = layers;
     }
-    Ok((weights, cfg))
+    Ok((weights, cfg, found))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::{Path, PathBuf};
 
     fn tiny_dir() -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/tiny-a")
     }
 
     #[test]
-    fn finds_each_format_of_the_tiny_checkpoint_and_loads_fewer_layers() {
+    fn loads_each_format_of_the_tiny_checkpoint_with_fewer_layers() {
+        let spec = tiny_dir().display().to_string();
         for format in [WeightFormat::Bf16, WeightFormat::Q8, WeightFormat::Q4] {
-            let files = resolve_checkpoint(&tiny_dir(), None, Some(format)).unwrap();
-            assert_eq!(files.lm_config.num_layers, 2);
-            assert!(files.mimi_weights.is_some());
-            assert_eq!(files.mimi_config.quantizer.bins, 64, "tiny Mimi config from mimi_config.json");
-            let (weights, cfg) = load_checkpoint_lm(&files, 1).unwrap();
+            let model = resolve_model(&spec, None, Some(format)).unwrap();
+            let (weights, cfg, found) = load_checkpoint_lm(&model, Some(format), 1).unwrap();
+            assert_eq!(found, format);
             assert_eq!(cfg.num_layers, 1);
             assert!(weights.contains("transformer.layers.0.self_attn.in_proj"));
             assert!(!weights.contains("transformer.layers.1.self_attn.in_proj"));
             assert!(stored_format(&weights).unwrap().provides(format));
         }
+        let model = resolve_model(&spec, None, None).unwrap();
+        let (_, cfg, found) = load_checkpoint_lm(&model, None, 2).unwrap();
+        assert_eq!((found, cfg.num_layers), (WeightFormat::Bf16, 2), "default: the config's model.safetensors");
     }
 
     #[test]
-    fn a_missing_format_or_folder_is_a_clear_error() {
+    fn a_format_the_checkpoint_lacks_is_a_clear_error() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::copy(tiny_dir().join("config.json"), dir.path().join("config.json")).unwrap();
-        std::fs::copy(tiny_dir().join("model.q8.safetensors"), dir.path().join("model.q8.safetensors")).unwrap();
-        let err = resolve_checkpoint(dir.path(), None, Some(WeightFormat::Q4)).unwrap_err().to_string();
-        assert!(err.contains("cannot provide --quant q4") && err.contains("model.q8.safetensors"), "{err}");
+        for f in ["config.json", "mimi_config.json", "mimi.safetensors", "tokenizer.model", "model.q8.safetensors"] {
+            std::fs::copy(tiny_dir().join(f), dir.path().join(f)).unwrap();
+        }
+        let spec = dir.path().display().to_string();
+        let err = resolve_model(&spec, None, Some(WeightFormat::Q4)).unwrap_err().to_string();
+        assert!(err.contains("cannot provide --quant q4") && err.contains("model.q4.safetensors"), "{err}");
         // A bf16 request served by a file that actually holds 8-bit weights.
         std::fs::rename(dir.path().join("model.q8.safetensors"), dir.path().join("model.safetensors")).unwrap();
-        let files = resolve_checkpoint(dir.path(), None, Some(WeightFormat::Bf16)).unwrap();
-        let err = load_checkpoint_lm(&files, 2).unwrap_err().to_string();
+        let model = resolve_model(&spec, None, Some(WeightFormat::Bf16)).unwrap();
+        let err = load_checkpoint_lm(&model, Some(WeightFormat::Bf16), 2).unwrap_err().to_string();
         assert!(err.contains("cannot provide --quant bf16") && err.contains("8-bit group 64"), "{err}");
-        let err = resolve_checkpoint(&dir.path().join("nope"), None, None).unwrap_err().to_string();
-        assert!(err.contains("no such folder"), "{err}");
     }
 }
