@@ -9,6 +9,7 @@ pub mod report;
 pub mod runner;
 pub mod span_timer;
 pub mod stages;
+pub mod synthetic_tokenizer;
 
 use moshi_model::ModelError;
 
