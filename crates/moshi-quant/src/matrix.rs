@@ -168,4 +168,3 @@ impl QuantizedMatrix {
         crate::reference::qmm_reference(self, x, m, y);
     }
 }
-

@@ -187,6 +187,7 @@ struct EngineState {
     report: EngineReport,
     started: Instant,
     prefilled: bool,
+    drained_samples: u64,
 }
 
 impl EngineState {
@@ -218,6 +219,7 @@ impl EngineState {
             report: EngineReport::default(),
             started: Instant::now(),
             prefilled: false,
+            drained_samples: 0,
             config,
             io,
             stop,
@@ -236,8 +238,7 @@ impl EngineState {
             }
             // Read the flag before draining: input pushed before it was set is then drained too.
             let input_done = self.input_done.load(Ordering::Acquire);
-            let got_input = self.drain_mic()?;
-            let processed = self.process_ready_frames()?;
+            let (got_input, processed) = self.process_available()?;
             if input_done && !got_input && self.in_resampler.available() < FRAME_SAMPLES {
                 break;
             }
@@ -258,6 +259,7 @@ impl EngineState {
             return Ok(false);
         }
         let chunk = self.io.mic.read_chunk(available).map_err(|e| RuntimeError::Engine(e.to_string()))?;
+        self.drained_samples += available as u64;
         let (a, b) = chunk.as_slices();
         self.interleaved_in.clear();
         self.interleaved_in.extend_from_slice(a);
@@ -274,11 +276,15 @@ impl EngineState {
         Ok(true)
     }
 
-    fn process_ready_frames(&mut self) -> Result<bool> {
+    /// Drains the mic ring and processes (or drops) every complete frame, draining again before
+    /// each decision so the backlog seen is current. Returns (read any input, handled any frame).
+    fn process_available(&mut self) -> Result<(bool, bool)> {
+        let mut got_input = false;
         let mut any = false;
         let mut dropped_now = 0u64;
-        while self.in_resampler.available() >= FRAME_SAMPLES {
-            if self.stop.load(Ordering::Relaxed) {
+        loop {
+            got_input |= self.drain_mic()?;
+            if self.in_resampler.available() < FRAME_SAMPLES || self.stop.load(Ordering::Relaxed) {
                 break;
             }
             any = true;
@@ -292,7 +298,7 @@ impl EngineState {
                     }
                     self.report.frames_dropped += 1;
                     dropped_now += 1;
-                    self.io.counters.engine_frames_dropped.fetch_add(1, Ordering::Relaxed);
+                    self.io.counters.engine_frames_dropped.fetch_add(1, Ordering::Release);
                     continue;
                 }
             }
@@ -338,7 +344,8 @@ impl EngineState {
         if dropped_now > 0 {
             let _ = self.events.send(EngineEvent::Dropped { frames: dropped_now });
         }
-        Ok(any)
+        self.io.counters.engine_input_consumed_samples.store(self.drained_samples, Ordering::Release);
+        Ok((got_input, any))
     }
 
     /// Output already queued in the speaker ring, in ms of audio.

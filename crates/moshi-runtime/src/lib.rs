@@ -11,7 +11,7 @@ pub mod bench;
 pub mod engine;
 mod error;
 pub mod metrics;
-//TMP pub mod pipeline;
+pub mod pipeline;
 pub mod resample;
 pub mod ring;
 pub mod wav;

@@ -55,6 +55,9 @@ pub struct AudioCounters {
     pub engine_frames_processed: AtomicU64,
     /// Written by the engine thread: input frames dropped deliberately (engine behind).
     pub engine_frames_dropped: AtomicU64,
+    /// Written by the engine thread: device samples it has taken from the mic ring AND fully
+    /// handled (every frame they completed has been processed or dropped).
+    pub engine_input_consumed_samples: AtomicU64,
 }
 
 /// A plain copy of [`AudioCounters`] at one instant.
@@ -74,6 +77,7 @@ pub struct CounterSnapshot {
     pub playback_callbacks: u64,
     pub engine_frames_processed: u64,
     pub engine_frames_dropped: u64,
+    pub engine_input_consumed_samples: u64,
 }
 
 impl AudioCounters {
@@ -95,6 +99,7 @@ impl AudioCounters {
             playback_callbacks: r(&self.playback_callbacks),
             engine_frames_processed: r(&self.engine_frames_processed),
             engine_frames_dropped: r(&self.engine_frames_dropped),
+            engine_input_consumed_samples: r(&self.engine_input_consumed_samples),
         }
     }
 }

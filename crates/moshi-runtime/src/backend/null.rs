@@ -5,17 +5,17 @@
 //! Clocks: [`NullClock::Paced`] sleeps buffer_duration / speed between ticks (speed > 1 runs
 //! faster than real time; a slow engine then falls behind exactly as it would on a device);
 //! [`NullClock::Lockstep`] waits after each capture until the engine has handled every complete
-//! frame, so nothing is ever late (deterministic output for equality tests; 24 kHz input only).
+//! frame, so nothing is ever late (deterministic output for equality tests).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::AudioBackend;
 use crate::engine::StreamFormat;
 use crate::ring::{capture_callback, playback_callback, AudioCounters, SampleConsumer, SampleProducer};
-use crate::{Result, RuntimeError, FRAME_SAMPLES, SAMPLE_RATE_HZ};
+use crate::{Result, RuntimeError, SAMPLE_RATE_HZ};
 
 /// How the virtual clock advances.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -64,12 +64,6 @@ pub struct NullBackend {
 
 impl NullBackend {
     pub fn new(config: NullConfig, input: Vec<f32>) -> Result<Self> {
-        if config.clock == NullClock::Lockstep && config.input_format != StreamFormat::MOSHI {
-            return Err(RuntimeError::Device(format!(
-                "null backend: the lockstep clock needs 24 kHz mono input, got {:?}",
-                config.input_format
-            )));
-        }
         if config.buffer_frames == 0 {
             return Err(RuntimeError::Device("null backend: buffer_frames must be > 0".into()));
         }
@@ -108,6 +102,7 @@ impl AudioBackend for NullBackend {
                 let mut played = Vec::with_capacity(input.len() + 1);
                 let mut pos = 0usize;
                 let mut idle_ticks = 0usize;
+                let mut deadline = Instant::now();
                 let tail_ticks = (config.tail_ms / 1e3 / tick.as_secs_f64()).ceil() as usize;
                 while !stop.load(Ordering::Relaxed) {
                     if pos < input.len() {
@@ -119,33 +114,35 @@ impl AudioBackend for NullBackend {
                         }
                     }
                     if config.clock == NullClock::Lockstep {
-                        // Every complete frame captured so far must be handled before playback.
-                        let want = (pos / FRAME_SAMPLES) as u64;
-                        while counters.engine_frames_processed.load(Ordering::Acquire)
-                            + counters.engine_frames_dropped.load(Ordering::Acquire)
-                            < want
+                        // The engine must have handled everything captured so far before playback.
+                        while counters.engine_input_consumed_samples.load(Ordering::Acquire) < pos as u64
                             && !stop.load(Ordering::Relaxed)
                         {
                             std::thread::sleep(Duration::from_micros(200));
                         }
+                        if pos >= input.len() && speaker.slots() == 0 {
+                            break;
+                        }
                     }
                     playback_callback(&mut out, &mut speaker, &counters, None);
                     played.extend_from_slice(&out);
-                    if pos >= input.len() {
-                        let empty = speaker.slots() == 0;
-                        match config.clock {
-                            NullClock::Lockstep if empty => break,
-                            NullClock::Paced { .. } if empty => {
-                                idle_ticks += 1;
-                                if idle_ticks > tail_ticks {
-                                    break;
-                                }
+                    if pos >= input.len() && config.clock != NullClock::Lockstep {
+                        if speaker.slots() == 0 {
+                            idle_ticks += 1;
+                            if idle_ticks > tail_ticks {
+                                break;
                             }
-                            _ => idle_ticks = 0,
+                        } else {
+                            idle_ticks = 0;
                         }
                     }
                     if let NullClock::Paced { speed } = config.clock {
-                        std::thread::sleep(tick.div_f64(speed.max(1e-3)));
+                        // Absolute deadlines: oversleeping one tick does not slow the clock down.
+                        deadline += tick.div_f64(speed.max(1e-3));
+                        let now = Instant::now();
+                        if deadline > now {
+                            std::thread::sleep(deadline - now);
+                        }
                     }
                 }
                 finished.store(true, Ordering::Release);
