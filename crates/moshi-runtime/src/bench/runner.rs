@@ -65,6 +65,7 @@ pub fn run_frames(
     let mut run = FrameRun::default();
     let start = Instant::now();
     for (i, pcm) in inputs[warmup..].iter().enumerate() {
+        let _span = tracing::trace_span!("frame", index = i).entered();
         let t0 = Instant::now();
         let out = processor.process_frame(pcm).map_err(|source| BenchError::Frame { frame: warmup + i, source })?;
         let total_ms = t0.elapsed().as_secs_f64() * 1e3;

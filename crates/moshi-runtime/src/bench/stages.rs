@@ -30,10 +30,10 @@ impl MimiStage {
 impl FrameProcessor for MimiStage {
     fn process_frame(&mut self, pcm_in: &[f32]) -> Result<FrameOutput> {
         let t0 = Instant::now();
-        let codes = tracing::trace_span!("mimi_encode").in_scope(|| self.mimi.encode_frame(pcm_in))?;
+        let codes = self.mimi.encode_frame(pcm_in)?;
         let mimi_encode_ms = ms_since(t0);
         let t1 = Instant::now();
-        let pcm = tracing::trace_span!("mimi_decode").in_scope(|| self.mimi.decode_frame(&codes))?;
+        let pcm = self.mimi.decode_frame(&codes)?;
         let timings = StageTimings { mimi_encode_ms, mimi_decode_ms: ms_since(t1), ..Default::default() };
         Ok(FrameOutput { pcm, timings, ..Default::default() })
     }
