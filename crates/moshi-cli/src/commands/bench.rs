@@ -119,6 +119,9 @@ pub struct BenchArgs {
     /// Seed of the random weights, the input signal and sampling.
     #[arg(long, default_value_t = 42)]
     seed: u64,
+    /// Buffer of the memory read-bandwidth probe, MiB (keep it well above the last-level cache).
+    #[arg(long, default_value_t = 1024, value_name = "MIB")]
+    bandwidth_buffer_mib: usize,
 }
 
 /// The models a run needs, their config and where they came from.
@@ -192,7 +195,11 @@ fn bench(args: &BenchArgs, threads: usize, totals: &SpanTotals) -> Result<()> {
     // Read the peak before the bandwidth probe allocates its own buffer.
     let peak_memory_bytes = peak_resident_bytes();
     eprintln!("measuring memory read bandwidth with {threads} threads ...");
-    let read_bandwidth_gbps = moshi_quant::bandwidth::measure_read_bandwidth_gbps(threads);
+    let read_bandwidth_gbps = moshi_quant::bandwidth::measure_read_bandwidth_gbps_with(
+        threads,
+        args.bandwidth_buffer_mib.max(1) << 20,
+        moshi_quant::bandwidth::DEFAULT_PASSES,
+    );
 
     let stats = StageStats::of(&run.records);
     let bound = BandwidthBound::new(weights.read_per_frame_bytes, read_bandwidth_gbps, stats.lm_step_ms.p50);
