@@ -198,7 +198,7 @@ pub fn qmm_with_kernel(
 fn run_threaded(w: &QuantizedMatrix, plan: &Plan, xs: &[f32], m: usize, out_t: &mut [f32]) {
     let rows = w.rows();
     let max_tasks_by_size = (w.weight_bytes() / MIN_TASK_WEIGHT_BYTES).max(1);
-    let tasks = rayon::current_num_threads()
+    let tasks = (TASKS_PER_THREAD * rayon::current_num_threads())
         .min(max_tasks_by_size)
         .min(rows)
         .max(1);
