@@ -3,6 +3,11 @@
 mod commands;
 mod wav_input;
 
+/// Debug builds count allocations made inside audio callbacks (`moshi-rs chat` reports them).
+#[cfg(debug_assertions)]
+#[global_allocator]
+static ALLOCATOR: moshi_runtime::alloc_check::CountingAllocator = moshi_runtime::alloc_check::CountingAllocator;
+
 use clap::{Parser, Subcommand};
 
 /// Run Kyutai's Moshi speech-to-speech model on a CPU.

@@ -92,10 +92,23 @@ impl Linear {
                 }
             }
             Linear::Quantized(q) => {
-                for r in 0..m {
-                    quantized_matvec_reference(q, &x[r * k..(r + 1) * k], &mut out[r * n..(r + 1) * n]);
+                if m == 1 {
+                    q.matvec(&x[..k], &mut out[..n]);
+                } else {
+                    q.matmul(&x[..m * k], m, &mut out[..m * n]);
                 }
             }
+        }
+    }
+
+    /// One vector: `out[out_dim] = W · x[in_dim]`. Dense weights go through the threaded
+    /// matrix-vector kernels of [`crate::matvec`]; packed weights through `forward_into`.
+    pub fn matvec_into(&self, x: &[f32], out: &mut [f32]) {
+        let (n, k) = (self.out_dim(), self.in_dim());
+        match self {
+            Linear::F32 { weight, .. } => crate::matvec::matvec_f32_auto(weight, n, k, x, out),
+            Linear::BF16 { weight, .. } => crate::matvec::matvec_bf16_auto(weight, n, k, x, out),
+            Linear::Quantized(_) => self.forward_into(x, 1, out),
         }
     }
 
@@ -107,32 +120,10 @@ impl Linear {
     }
 }
 
-/// `y[n] = W[n, k] · x[k]` with bf16 weights upcast exactly to f32, f32 accumulation.
+/// `y[n] = W[n, k] · x[k]` with bf16 weights upcast exactly to f32, f32 accumulation (AVX2 when
+/// available, rows split over threads for large matrices; see [`crate::matvec`]).
 pub fn matvec_bf16(w: &[u16], n: usize, k: usize, x: &[f32], y: &mut [f32]) {
-    for (row, yv) in w.chunks_exact(k).zip(y.iter_mut()).take(n) {
-        let mut acc = [0f32; 8];
-        let mut chunks = row.chunks_exact(8);
-        let mut xi = x.chunks_exact(8);
-        for (wc, xc) in (&mut chunks).zip(&mut xi) {
-            for j in 0..8 {
-                acc[j] += f32::from_bits((wc[j] as u32) << 16) * xc[j];
-            }
-        }
-        let mut s: f32 = acc.iter().sum();
-        for (wv, xv) in chunks.remainder().iter().zip(xi.remainder()) {
-            s += f32::from_bits((*wv as u32) << 16) * xv;
-        }
-        *yv = s;
-    }
-}
-
-/// Scalar fallback for a packed matrix-vector product (dequantize a row, dot in f32).
-pub fn quantized_matvec_reference(q: &QuantizedMatrix, x: &[f32], y: &mut [f32]) {
-    let mut row = vec![0f32; q.cols()];
-    for (r, yv) in y.iter_mut().enumerate().take(q.rows()) {
-        q.dequantize_row_f32(r, &mut row);
-        *yv = row.iter().zip(x).map(|(a, b)| a * b).sum();
-    }
+    crate::matvec::matvec_bf16_auto(w, n, k, x, y);
 }
 
 /// RMSNorm in f32: `x * alpha / sqrt(mean(x²) + eps)`, per row of width `alpha.len()`.

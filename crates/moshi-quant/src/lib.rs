@@ -5,9 +5,19 @@
 //!   `[(j % (32 / bits)) * bits, +bits)` of word `j / (32 / bits)` (least significant first);
 //! * `scales`, `biases`: bf16, `cols / group_size` per row;
 //! * value `w[r, j] = q * scale[r, j / group_size] + bias[r, j / group_size]`.
+//!
+//! Products `y = x · dequant(W)ᵀ` keep the weights packed: [`QuantizedMatrix::matvec`] /
+//! [`QuantizedMatrix::matmul`] pick the fastest [`Kernel`] for the CPU (AVX-512, AVX2+FMA or
+//! portable), threaded over output rows on the current rayon pool; activations and accumulation
+//! stay f32. [`QuantizedMatrix::matmul_reference`] is the scalar reference.
 
+pub mod bandwidth;
 mod error;
+mod kernels;
 mod matrix;
+mod quantize;
+mod reference;
 
 pub use error::QuantError;
+pub use kernels::Kernel;
 pub use matrix::{bf16_bits_to_f32, QuantizedMatrix, SUPPORTED_BITS, SUPPORTED_GROUP_SIZES};

@@ -1,5 +1,6 @@
 //! The packed MLX-affine matrix type and its scalar reference dequantization.
 
+use crate::kernels::{qmm_with_kernel, Kernel};
 use crate::QuantError;
 
 /// Bit widths MLX can produce.
@@ -54,10 +55,22 @@ impl QuantizedMatrix {
         ];
         for (what, expected, got) in checks {
             if expected != got {
-                return Err(QuantError::LengthMismatch { what, expected, got });
+                return Err(QuantError::LengthMismatch {
+                    what,
+                    expected,
+                    got,
+                });
             }
         }
-        Ok(Self { rows, cols, bits, group_size, codes, scales, biases })
+        Ok(Self {
+            rows,
+            cols,
+            bits,
+            group_size,
+            codes,
+            scales,
+            biases,
+        })
     }
 
     pub fn rows(&self) -> usize {
@@ -124,5 +137,58 @@ impl QuantizedMatrix {
             self.dequantize_row_f32(row, chunk);
         }
         out
+    }
+
+    /// MLX's native dequantization with the bf16 scales, `bf16(bf16(q * scale) + bias)`,
+    /// row-major bf16 bits (what `mx.dequantize` returns for bf16 scales).
+    pub fn dequantize_bf16(&self) -> Vec<u16> {
+        crate::quantize::dequantize_bf16(self)
+    }
+
+    /// Quantizes a row-major `[rows, cols]` matrix exactly like MLX's `mx.quantize` (affine mode;
+    /// see the `quantize` module docs for the formula and its edge cases).
+    pub fn quantize(
+        weights: &[f32],
+        rows: usize,
+        cols: usize,
+        bits: u32,
+        group_size: usize,
+    ) -> Result<Self, QuantError> {
+        crate::quantize::quantize_mlx(weights, rows, cols, bits, group_size)
+    }
+
+    /// `y[rows] = dequant(W) · x[cols]` with the fastest kernel for this CPU, f32 accumulation.
+    ///
+    /// # Panics
+    /// If `x.len() != cols` or `y.len() != rows` (caller bug).
+    pub fn matvec(&self, x: &[f32], y: &mut [f32]) {
+        self.matmul(x, 1, y);
+    }
+
+    /// `y[m, rows] = x[m, cols] · dequant(W)ᵀ` with the fastest kernel for this CPU.
+    ///
+    /// # Panics
+    /// If `x.len() != m * cols` or `y.len() != m * rows` (caller bug).
+    pub fn matmul(&self, x: &[f32], m: usize, y: &mut [f32]) {
+        // The detected kernel is always available, so this cannot fail.
+        let detected = qmm_with_kernel(self, Kernel::detect(), x, m, y);
+        debug_assert!(detected.is_ok());
+    }
+
+    /// [`QuantizedMatrix::matmul`] with an explicit kernel; errors if this CPU cannot run it.
+    pub fn matmul_with_kernel(
+        &self,
+        kernel: Kernel,
+        x: &[f32],
+        m: usize,
+        y: &mut [f32],
+    ) -> Result<(), QuantError> {
+        qmm_with_kernel(self, kernel, x, m, y)
+    }
+
+    /// Scalar reference: each row dequantized with [`QuantizedMatrix::dequantize_row_f32`],
+    /// dot products accumulated sequentially in f32, single-threaded.
+    pub fn matmul_reference(&self, x: &[f32], m: usize, y: &mut [f32]) {
+        crate::reference::qmm_reference(self, x, m, y);
     }
 }

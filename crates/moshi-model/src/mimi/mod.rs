@@ -192,6 +192,7 @@ impl Mimi {
         if codes.len() != self.num_codebooks() {
             return Err(ModelError::Input(format!("mimi encode: codes buffer holds {}, expected {}", codes.len(), self.num_codebooks())));
         }
+        let _span = tracing::trace_span!("mimi_encode").entered();
         self.modules.encode(&mut self.encoder_state, pcm, AttentionMode::Streaming);
         codes.copy_from_slice(&self.encoder_state.codes);
         Ok(())
@@ -250,6 +251,7 @@ impl Mimi {
             return Err(ModelError::Input(format!("mimi decode: output buffer holds {}, expected {}", pcm.len(), self.frame_size)));
         }
         self.modules.quantizer.check_codes(codes)?;
+        let _span = tracing::trace_span!("mimi_decode").entered();
         self.modules.decode(&mut self.decoder_state, codes, AttentionMode::Streaming);
         pcm.copy_from_slice(&self.decoder_state.pcm);
         Ok(())
