@@ -7,6 +7,7 @@
 
 pub mod alloc_check;
 pub mod backend;
+pub mod bench;
 pub mod engine;
 mod error;
 pub mod metrics;

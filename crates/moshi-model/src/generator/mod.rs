@@ -178,7 +178,7 @@ impl Generator {
         }
 
         let t0 = Instant::now();
-        self.model.forward_text(&self.input)?;
+        tracing::trace_span!("lm_temporal", step = s).in_scope(|| self.model.forward_text(&self.input))?;
         let t1 = Instant::now();
         let text_logits = self.model.text_logits();
         check_finite(text_logits, s, "text")?;
@@ -193,7 +193,7 @@ impl Generator {
         let mut prev = text;
         for k in 0..dep_q {
             let ta = Instant::now();
-            let logits = self.model.depformer_step(k, prev)?;
+            let logits = tracing::trace_span!("lm_depformer", k).in_scope(|| self.model.depformer_step(k, prev))?;
             let tb = Instant::now();
             depformer_s += (tb - ta).as_secs_f64();
             check_finite(logits, s, "audio")?;

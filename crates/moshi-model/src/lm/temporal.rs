@@ -114,9 +114,12 @@ impl TemporalTransformer {
             }
             None => None,
         };
-        for (layer, cache) in self.layers.iter().zip(self.caches.iter_mut()) {
+        for (i, (layer, cache)) in self.layers.iter().zip(self.caches.iter_mut()).enumerate() {
+            // `moshi-rs bench` times this span to extrapolate `--layers N` runs to full depth.
+            let _span = tracing::trace_span!("lm_temporal_layer", layer = i).entered();
             layer.step(x, rotation, cache, &mut self.scratch);
         }
+        let _span = tracing::trace_span!("lm_text_head").entered();
         self.out_norm.forward(x, &mut self.transformer_out);
         self.text_linear.matvec_into(&self.transformer_out, &mut self.text_logits);
         self.position += 1;
