@@ -1,6 +1,12 @@
 //! moshi-rs binary entry point: parses the command line and dispatches to one subcommand.
 
 mod commands;
+mod wav_input;
+
+/// Debug builds count allocations made inside audio callbacks (`moshi-rs chat` reports them).
+#[cfg(debug_assertions)]
+#[global_allocator]
+static ALLOCATOR: moshi_runtime::alloc_check::CountingAllocator = moshi_runtime::alloc_check::CountingAllocator;
 
 use clap::{Parser, Subcommand};
 

@@ -103,7 +103,8 @@ fn every_tiny_a_file_is_described() {
 #[test]
 fn the_folder_is_described_and_resolved() {
     let v = inspect_json(&assets(), &[]);
-    let formats: Vec<&str> = v["checkpoints"].as_array().unwrap().iter().map(|c| c["format"].as_str().unwrap()).collect();
+    let formats: Vec<&str> =
+        v["checkpoints"].as_array().unwrap().iter().map(|c| c["format"].as_str().unwrap()).collect();
     assert_eq!(formats, ["mimi", "mlx", "mlx", "pytorch"]);
     assert_eq!(v["tokenizers"].as_array().unwrap().len(), 1);
     let r = &v["resolved"];
@@ -114,7 +115,12 @@ fn the_folder_is_described_and_resolved() {
 
     let (ok, text, _) = inspect(&[assets().to_str().unwrap()]);
     assert!(ok);
-    assert!(text.contains("4-bit, group size 32") && text.contains("8-bit, group size 64") && text.contains("format      pytorch"), "{text}");
+    assert!(
+        text.contains("4-bit, group size 32")
+            && text.contains("8-bit, group size 64")
+            && text.contains("format      pytorch"),
+        "{text}"
+    );
 }
 
 #[test]

@@ -28,7 +28,8 @@ impl HubSettings {
     pub fn from_env() -> Self {
         let cache = Cache::from_env();
         let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-        let offline = env("HF_HUB_OFFLINE").is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"));
+        let offline = env("HF_HUB_OFFLINE")
+            .is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"));
         Self {
             token: env("HF_TOKEN").or_else(|| cache.token()),
             cache_dir: cache.path().clone(),
@@ -91,7 +92,8 @@ impl<'a> HubRepo<'a> {
             ),
         };
         let ref_path = base.join("refs").join("main");
-        let commit = std::fs::read_to_string(&ref_path).map_err(|e| not_cached(format!("{}: {e}", ref_path.display())))?;
+        let commit =
+            std::fs::read_to_string(&ref_path).map_err(|e| not_cached(format!("{}: {e}", ref_path.display())))?;
         let snapshot = base.join("snapshots").join(commit.trim());
         if !snapshot.is_dir() {
             return Err(not_cached(format!("{} is missing", snapshot.display())));
@@ -101,7 +103,8 @@ impl<'a> HubRepo<'a> {
 
     /// The repo's file names (one request).
     pub fn list_files(&self) -> Result<BTreeSet<String>> {
-        let info = self.api()?.model(self.id.clone()).info().map_err(|e| self.download_error("<file list>", e.to_string()))?;
+        let info =
+            self.api()?.model(self.id.clone()).info().map_err(|e| self.download_error("<file list>", e.to_string()))?;
         Ok(info.siblings.into_iter().map(|s| s.rfilename).collect())
     }
 
@@ -128,8 +131,9 @@ struct ProgressBar(Option<indicatif::ProgressBar>);
 impl Progress for ProgressBar {
     fn init(&mut self, size: usize, filename: &str) {
         let bar = indicatif::ProgressBar::new(size as u64);
-        let style = indicatif::ProgressStyle::with_template("{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+        let style =
+            indicatif::ProgressStyle::with_template("{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
         bar.set_style(style.progress_chars("=> "));
         bar.set_message(filename.to_string());
         self.0 = Some(bar);

@@ -77,13 +77,11 @@ pub fn inspect_checkpoint(path: &Path, config: Option<ConfigRef<'_>>) -> Result<
         _ => None,
     };
     let in_dims = match (kind, lm_cfg) {
-        (CheckpointKind::Lm(LmLayout::Mlx), Some(cfg)) => {
-            lm_sources(LmLayout::Mlx, cfg)
-                .into_iter()
-                .filter(|s| s.canonical.shape.len() == 2)
-                .map(|s| (s.stored_name, s.canonical.shape[1]))
-                .collect()
-        }
+        (CheckpointKind::Lm(LmLayout::Mlx), Some(cfg)) => lm_sources(LmLayout::Mlx, cfg)
+            .into_iter()
+            .filter(|s| s.canonical.shape.len() == 2)
+            .map(|s| (s.stored_name, s.canonical.shape[1]))
+            .collect(),
         _ => BTreeMap::new(),
     };
     let mut quant: BTreeMap<(u32, usize), usize> = BTreeMap::new();
@@ -109,13 +107,17 @@ pub fn inspect_checkpoint(path: &Path, config: Option<ConfigRef<'_>>) -> Result<
             parameter_count += info.numel() as u64;
         }
     }
-    let quantization = quant.into_iter().map(|((bits, group_size), matrices)| QuantSummary { bits, group_size, matrices }).collect();
+    let quantization =
+        quant.into_iter().map(|((bits, group_size), matrices)| QuantSummary { bits, group_size, matrices }).collect();
     let config_check = match (kind, config) {
         (CheckpointKind::Lm(layout), Some(ConfigRef::Lm(cfg))) => Some(check_lm(&file, layout, cfg)),
         (CheckpointKind::Mimi, Some(ConfigRef::Mimi(cfg))) => Some(check_mimi(&file, cfg)),
         (_, Some(_)) => Some(ConfigCheck {
             scope: "kind of model".into(),
-            mismatched: vec![format!("the config is for the other kind of model than this {} checkpoint", kind.as_str())],
+            mismatched: vec![format!(
+                "the config is for the other kind of model than this {} checkpoint",
+                kind.as_str()
+            )],
             ..Default::default()
         }),
         (_, None) => None,
@@ -170,7 +172,8 @@ fn infer_in_dim(file: &SafetensorsFile, prefix: &str) -> Option<usize> {
 
 fn check_lm(file: &SafetensorsFile, layout: LmLayout, cfg: &LmConfig) -> ConfigCheck {
     let specs = lm_sources(layout, cfg);
-    let mut check = ConfigCheck { scope: format!("names and shapes of all {} LM tensors", specs.len()), ..Default::default() };
+    let mut check =
+        ConfigCheck { scope: format!("names and shapes of all {} LM tensors", specs.len()), ..Default::default() };
     let mut expected = BTreeSet::new();
     for spec in specs {
         let name = &spec.stored_name;
@@ -206,18 +209,25 @@ fn check_mimi(file: &SafetensorsFile, cfg: &MimiConfig) -> ConfigCheck {
     };
     let codebooks = count("quantizer.rvq_first.vq.layers.") + count("quantizer.rvq_rest.vq.layers.");
     if codebooks != cfg.quantizer.n_q {
-        check.mismatched.push(format!("quantizer codebooks: expected {} (quantizer.n_q), got {codebooks}", cfg.quantizer.n_q));
+        check
+            .mismatched
+            .push(format!("quantizer codebooks: expected {} (quantizer.n_q), got {codebooks}", cfg.quantizer.n_q));
     }
     for part in ["encoder_transformer", "decoder_transformer"] {
         let layers = count(&format!("{part}.transformer.layers."));
         if layers != cfg.transformer.num_layers {
-            check.mismatched.push(format!("{part} layers: expected {} (transformer.num_layers), got {layers}", cfg.transformer.num_layers));
+            check.mismatched.push(format!(
+                "{part} layers: expected {} (transformer.num_layers), got {layers}",
+                cfg.transformer.num_layers
+            ));
         }
     }
     let dim = cfg.transformer.d_model;
     let name = "encoder_transformer.transformer.layers.0.self_attn.in_proj_weight";
     match file.tensors().get(name) {
-        Some(i) if i.shape != [3 * dim, dim] => check.mismatched.push(format!("{name}: expected {:?}, got {:?}", [3 * dim, dim], i.shape)),
+        Some(i) if i.shape != [3 * dim, dim] => {
+            check.mismatched.push(format!("{name}: expected {:?}, got {:?}", [3 * dim, dim], i.shape))
+        }
         Some(_) => {}
         None => check.missing.push(name.into()),
     }

@@ -54,9 +54,19 @@ pub fn detect_kind(file: &SafetensorsFile) -> Result<CheckpointKind> {
     if any(&|n| n.starts_with("encoder.model.")) && any(&|n| n.starts_with("quantizer.")) {
         return Ok(CheckpointKind::Mimi);
     }
-    let layout = if any(&|n| n.starts_with("depformer_in.") || n.starts_with("depformer.layers.") || n.starts_with("linears.")) {
+    if let Some(n) = names.iter().find(|n| n.ends_with("weight_scb")) {
+        return Err(unknown(format!(
+            "`{n}` marks a bitsandbytes int8 checkpoint (kyutai/moshiko-pytorch-q8), which moshi-rs does not read; use \
+             the MLX q8 release (kyutai/moshiko-mlx-q8) or the bf16 release"
+        )));
+    }
+    let layout = if any(&|n| {
+        n.starts_with("depformer_in.") || n.starts_with("depformer.layers.") || n.starts_with("linears.")
+    }) {
         LmLayout::PyTorch
-    } else if any(&|n| n.starts_with("depformer.slices.") || n.starts_with("audio_embs.") || n.ends_with(".in_proj.weight")) {
+    } else if any(&|n| {
+        n.starts_with("depformer.slices.") || n.starts_with("audio_embs.") || n.ends_with(".in_proj.weight")
+    }) {
         LmLayout::Mlx
     } else if any(&|n| n.strip_prefix("depformer.").is_some_and(is_slice_index)) {
         LmLayout::Candle

@@ -17,6 +17,9 @@ pub enum WeightMode {
     Native,
     /// Everything becomes `F32` (packed matrices are dequantized: `q * scale + bias` in f32).
     DequantizeF32,
+    /// Packed matrices become `BF16` exactly as `mx.dequantize` makes them with bf16 scales
+    /// (`bf16(bf16(q * scale) + bias)`); dense tensors stay as in `Native`.
+    DequantizeBf16,
 }
 
 /// Opens `path`, detects its layout and loads every canonical LM tensor of `cfg`.
@@ -111,6 +114,7 @@ fn materialize(file: &SafetensorsFile, layout: LmLayout, spec: &SourceSpec, mode
             let q = read_quantized(file, prefix, shape[0], shape[1])?;
             let data = match (spec.canonical.role, mode) {
                 (TensorRole::Norm, _) | (_, WeightMode::DequantizeF32) => WeightData::F32(q.dequantize_f32()),
+                (_, WeightMode::DequantizeBf16) => WeightData::BF16(q.dequantize_bf16()),
                 (_, WeightMode::Native) => WeightData::Quantized(q),
             };
             return Ok(Weight { shape, data });
@@ -125,7 +129,9 @@ fn materialize(file: &SafetensorsFile, layout: LmLayout, spec: &SourceSpec, mode
     let as_f32 = spec.canonical.role == TensorRole::Norm || mode == WeightMode::DequantizeF32;
     let u16s = || bytes.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]]));
     let data = match info.dtype {
-        DType::F32 => WeightData::F32(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
+        DType::F32 => {
+            WeightData::F32(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+        }
         DType::BF16 if as_f32 => WeightData::F32(u16s().map(|b| f32::from_bits((b as u32) << 16)).collect()),
         DType::BF16 => WeightData::BF16(u16s().collect()),
         DType::F16 => WeightData::F32(u16s().map(|b| half::f16::from_bits(b).to_f32()).collect()),

@@ -43,13 +43,20 @@ pub fn derive_quant_params(file: &SafetensorsFile, prefix: &str, rows: usize, in
         return Err(bad(format!("`.scales` has shape {:?}, expected [{rows}, groups]", scales.shape)));
     }
     if biases.shape != scales.shape {
-        return Err(bad(format!("`.biases` has shape {:?}, expected the shape of `.scales` {:?}", biases.shape, scales.shape)));
+        return Err(bad(format!(
+            "`.biases` has shape {:?}, expected the shape of `.scales` {:?}",
+            biases.shape, scales.shape
+        )));
     }
     quant_params_from_shapes(codes.shape[1], scales.shape[1], in_dim).map_err(bad)
 }
 
 /// The pure shape arithmetic of [`derive_quant_params`]; the error text names expected and got.
-pub fn quant_params_from_shapes(packed_cols: usize, scale_cols: usize, in_dim: usize) -> std::result::Result<QuantParams, String> {
+pub fn quant_params_from_shapes(
+    packed_cols: usize,
+    scale_cols: usize,
+    in_dim: usize,
+) -> std::result::Result<QuantParams, String> {
     let supported_bits = || SUPPORTED_BITS.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(", ");
     if in_dim == 0 || (32 * packed_cols) % in_dim != 0 {
         return Err(format!(
@@ -101,7 +108,12 @@ fn halves(file: &SafetensorsFile, name: &str) -> Result<Vec<u16>> {
 }
 
 fn unreachable_dtype<T>(path: &Path, name: &str, expected: &str) -> Result<T> {
-    Err(LoaderError::DTypeMismatch { path: path.to_path_buf(), name: name.to_string(), expected: expected.into(), got: "another dtype".into() })
+    Err(LoaderError::DTypeMismatch {
+        path: path.to_path_buf(),
+        name: name.to_string(),
+        expected: expected.into(),
+        got: "another dtype".into(),
+    })
 }
 
 /// Reads the packed matrix `{prefix}` (`rows` x `in_dim` logical values).
@@ -110,10 +122,8 @@ pub fn read_quantized(file: &SafetensorsFile, prefix: &str, rows: usize, in_dim:
     let codes = words(file, &format!("{prefix}.weight"))?;
     let scales = halves(file, &format!("{prefix}.scales"))?;
     let biases = halves(file, &format!("{prefix}.biases"))?;
-    QuantizedMatrix::new(rows, in_dim, p.bits, p.group_size, codes, scales, biases).map_err(|e| LoaderError::BadQuantized {
-        path: file.path().to_path_buf(),
-        name: prefix.to_string(),
-        reason: e.to_string(),
+    QuantizedMatrix::new(rows, in_dim, p.bits, p.group_size, codes, scales, biases).map_err(|e| {
+        LoaderError::BadQuantized { path: file.path().to_path_buf(), name: prefix.to_string(), reason: e.to_string() }
     })
 }
 
@@ -126,6 +136,10 @@ mod tests {
         assert_eq!(quant_params_from_shapes(32, 8, 256), Ok(QuantParams { bits: 4, group_size: 32 }));
         assert_eq!(quant_params_from_shapes(64, 4, 256), Ok(QuantParams { bits: 8, group_size: 64 }));
         assert_eq!(quant_params_from_shapes(176, 11, 704), Ok(QuantParams { bits: 8, group_size: 64 }));
+        // moshiko-mlx-q4 / -q8 (7B): text_emb [32001, 512] + scales [32001, 128]; FFN out width 11264.
+        assert_eq!(quant_params_from_shapes(512, 128, 4096), Ok(QuantParams { bits: 4, group_size: 32 }));
+        assert_eq!(quant_params_from_shapes(1408, 352, 11264), Ok(QuantParams { bits: 4, group_size: 32 }));
+        assert_eq!(quant_params_from_shapes(2816, 176, 11264), Ok(QuantParams { bits: 8, group_size: 64 }));
     }
 
     #[test]

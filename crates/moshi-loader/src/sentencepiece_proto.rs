@@ -130,7 +130,10 @@ impl<'a> Fields<'a> {
     fn varint(&mut self) -> std::result::Result<u64, String> {
         let mut value = 0u64;
         for shift in (0..64).step_by(7) {
-            let byte = *self.buf.get(self.pos).ok_or_else(|| format!("varint runs past the end at byte {}", self.base + self.pos))?;
+            let byte = *self
+                .buf
+                .get(self.pos)
+                .ok_or_else(|| format!("varint runs past the end at byte {}", self.base + self.pos))?;
             self.pos += 1;
             value |= u64::from(byte & 0x7f) << shift;
             if byte < 0x80 {
@@ -142,7 +145,11 @@ impl<'a> Fields<'a> {
 
     fn take(&mut self, n: usize) -> std::result::Result<&'a [u8], String> {
         let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len()).ok_or_else(|| {
-            format!("field of {n} bytes at byte {} runs past the end of its message ({} bytes left)", self.base + self.pos, self.buf.len() - self.pos)
+            format!(
+                "field of {n} bytes at byte {} runs past the end of its message ({} bytes left)",
+                self.base + self.pos,
+                self.buf.len() - self.pos
+            )
         })?;
         let s = &self.buf[self.pos..end];
         self.pos = end;
@@ -173,7 +180,9 @@ impl<'a> Fields<'a> {
                     Value::Bytes(self.take(n)?)
                 }
                 5 => Value::Fixed32(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes"))),
-                other => return Err(format!("field {field} at byte {at} has wire type {other}, expected 0, 1, 2 or 5")),
+                other => {
+                    return Err(format!("field {field} at byte {at} has wire type {other}, expected 0, 1, 2 or 5"))
+                }
             };
             Ok((field, value, offset))
         })())
@@ -204,7 +213,8 @@ fn parse_piece(buf: &[u8], base: usize) -> std::result::Result<Piece, String> {
             (2, Value::Fixed32(bits), _) => piece.score = f32::from_bits(bits),
             (3, v, at) => {
                 let t = expect_varint(&v, "piece type", at)?;
-                piece.kind = PieceType::from_wire(t).ok_or_else(|| format!("piece type {t} at byte {at}, expected 1..=6"))?;
+                piece.kind =
+                    PieceType::from_wire(t).ok_or_else(|| format!("piece type {t} at byte {at}, expected 1..=6"))?;
             }
             (n @ 1..=3, _, at) => return Err(format!("piece field {n} at byte {at} has the wrong wire type")),
             _ => {}
@@ -296,7 +306,10 @@ impl SentencePieceModel {
             bad(format!("unk_id {} is outside the vocabulary of {} pieces", trainer.unk_id, pieces.len()))
         })?;
         if pieces[unk].kind != PieceType::Unknown {
-            return Err(bad(format!("unk_id {unk} names piece `{}` of type {:?}, expected type UNKNOWN", pieces[unk].piece, pieces[unk].kind)));
+            return Err(bad(format!(
+                "unk_id {unk} names piece `{}` of type {:?}, expected type UNKNOWN",
+                pieces[unk].piece, pieces[unk].kind
+            )));
         }
         Ok(Self { pieces, trainer, normalizer })
     }

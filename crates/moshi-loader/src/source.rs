@@ -97,7 +97,12 @@ impl ModelSource {
 fn is_repo_id(spec: &str) -> bool {
     let mut parts = spec.split('/');
     let ok = |s: Option<&str>| {
-        s.is_some_and(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) && s != "." && s != "..")
+        s.is_some_and(|s| {
+            !s.is_empty()
+                && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+                && s != "."
+                && s != ".."
+        })
     };
     ok(parts.next()) && ok(parts.next()) && parts.next().is_none()
 }
@@ -181,7 +186,10 @@ fn choose_files(
 fn missing(what: &str, origin: &str, names: &BTreeSet<String>, hint: &str) -> LoaderError {
     LoaderError::NotFound {
         what: what.to_string(),
-        reason: format!("{origin} holds no {what} ({hint}); files there: {:?}", names.iter().take(20).collect::<Vec<_>>()),
+        reason: format!(
+            "{origin} holds no {what} ({hint}); files there: {:?}",
+            names.iter().take(20).collect::<Vec<_>>()
+        ),
     }
 }
 

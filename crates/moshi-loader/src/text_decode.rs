@@ -12,7 +12,10 @@ const SPACE_SYMBOL: char = '\u{2581}';
 #[derive(Clone, Debug)]
 enum DecodePiece {
     /// Normal or user-defined piece, `▁` already replaced by spaces; `leading_space` when it began with `▁`.
-    Text { text: String, leading_space: bool },
+    Text {
+        text: String,
+        leading_space: bool,
+    },
     Byte(u8),
     Control,
     Unknown,
@@ -46,7 +49,11 @@ impl PieceTable {
             })
             .collect();
         let n = &model.normalizer;
-        Self { pieces, unk_surface: model.trainer.unk_surface.clone(), strip_first_space: n.add_dummy_prefix || n.remove_extra_whitespaces }
+        Self {
+            pieces,
+            unk_surface: model.trainer.unk_surface.clone(),
+            strip_first_space: n.add_dummy_prefix || n.remove_extra_whitespaces,
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -60,7 +67,11 @@ impl PieceTable {
     /// Surface of a non-byte piece given whether any text precedes it.
     fn surface(&self, id: usize, text_so_far_empty: bool) -> &str {
         match &self.pieces[id] {
-            DecodePiece::Text { text, leading_space } if *leading_space && text_so_far_empty && self.strip_first_space => &text[1..],
+            DecodePiece::Text { text, leading_space }
+                if *leading_space && text_so_far_empty && self.strip_first_space =>
+            {
+                &text[1..]
+            }
             DecodePiece::Text { text, .. } => text,
             DecodePiece::Unknown => &self.unk_surface,
             DecodePiece::Control | DecodePiece::Byte(_) => "",

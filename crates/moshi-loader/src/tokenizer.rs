@@ -94,10 +94,12 @@ impl TextTokenizer {
         let ids: Vec<usize> = ids
             .iter()
             .map(|&id| {
-                (id as usize)
-                    .lt(&n)
-                    .then_some(id as usize)
-                    .ok_or_else(|| LoaderError::Tokenizer(format!("id {id} is outside the vocabulary of {n} pieces ({})", self.path.display())))
+                (id as usize).lt(&n).then_some(id as usize).ok_or_else(|| {
+                    LoaderError::Tokenizer(format!(
+                        "id {id} is outside the vocabulary of {n} pieces ({})",
+                        self.path.display()
+                    ))
+                })
             })
             .collect::<Result<_>>()?;
         Ok(self.table.decode(&ids))
@@ -131,7 +133,11 @@ fn build_hf_tokenizer(model: &SentencePieceModel, path: &Path) -> Result<Tokeniz
     if !spec.precompiled_charsmap.is_empty() {
         let charsmap = Precompiled::from(&spec.precompiled_charsmap).map_err(|e| LoaderError::BadTokenizer {
             path: path.to_path_buf(),
-            reason: format!("normalizer `{}`: bad precompiled_charsmap ({} bytes): {e}", spec.name, spec.precompiled_charsmap.len()),
+            reason: format!(
+                "normalizer `{}`: bad precompiled_charsmap ({} bytes): {e}",
+                spec.name,
+                spec.precompiled_charsmap.len()
+            ),
         })?;
         normalizers.push(charsmap.into());
     }
@@ -148,8 +154,12 @@ fn build_hf_tokenizer(model: &SentencePieceModel, path: &Path) -> Result<Tokeniz
 
     let space = Replace::new("\u{2581}", " ").map_err(hf_err(path, "decoder"))?;
     let strip_first = usize::from(spec.add_dummy_prefix);
-    let decoders: Vec<DecoderWrapper> =
-        vec![space.into(), ByteFallback::new().into(), Fuse::new().into(), DecoderStrip::new(' ', strip_first, 0).into()];
+    let decoders: Vec<DecoderWrapper> = vec![
+        space.into(),
+        ByteFallback::new().into(),
+        Fuse::new().into(),
+        DecoderStrip::new(' ', strip_first, 0).into(),
+    ];
     tokenizer.with_decoder(Some(DecoderSequence::new(decoders)));
     Ok(tokenizer)
 }

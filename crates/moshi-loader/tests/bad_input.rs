@@ -32,7 +32,10 @@ fn truncated_safetensors() {
     let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
     let data_len = bytes.len() - 8 - header_len;
     let msg = load_err(&path, &tiny_config());
-    assert_has(&msg, &["truncated", &format!("{data_len} bytes"), &format!("holds {}", bytes.len() / 2 - 8 - header_len)]);
+    assert_has(
+        &msg,
+        &["truncated", &format!("{data_len} bytes"), &format!("holds {}", bytes.len() / 2 - 8 - header_len)],
+    );
     // Cut inside the header itself.
     std::fs::write(&path, &bytes[..100]).unwrap();
     let msg = load_err(&path, &tiny_config());
@@ -58,6 +61,13 @@ fn corrupt_header() {
     std::fs::write(&path, &raw).unwrap();
     let msg = SafetensorsFile::open(&path).err().unwrap().to_string();
     assert_has(&msg, &[&path.display().to_string(), "`w`", "[2, 3]", "needs 24 bytes", "give 20"]);
+
+    let header = r#"{"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,4]}}"#;
+    let mut raw = (header.len() as u64).to_le_bytes().to_vec();
+    raw.extend_from_slice(header.as_bytes());
+    raw.extend_from_slice(&[0u8; 4]);
+    std::fs::write(&path, &raw).unwrap();
+    assert_has(&SafetensorsFile::open(&path).err().unwrap().to_string(), &["`w`", "[4294967296, 4294967296]", "too large"]);
 
     let header = r#"{"w":{"dtype":"Q7","shape":[1],"data_offsets":[0,1]}}"#;
     let mut raw = (header.len() as u64).to_le_bytes().to_vec();
@@ -95,7 +105,12 @@ fn wrong_dtype() {
     let pt = SafetensorsFile::open(asset("model.safetensors")).unwrap();
     let path = dir.path().join("model.safetensors");
     let mut tensors = copy_all(&pt, |n| (n != "out_norm.alpha").then(|| n.to_string()));
-    tensors.push(RawTensor { name: "out_norm.alpha".into(), dtype: DType::I32, shape: vec![1, 1, 256], bytes: vec![0; 1024] });
+    tensors.push(RawTensor {
+        name: "out_norm.alpha".into(),
+        dtype: DType::I32,
+        shape: vec![1, 1, 256],
+        bytes: vec![0; 1024],
+    });
     write_safetensors(&path, &tensors);
     assert_has(&load_err(&path, &tiny_config()), &["`out_norm.alpha`", "dtype I32", "expected F32, BF16 or F16"]);
 }
@@ -127,7 +142,10 @@ fn quantized_shapes_without_valid_bits_or_group() {
     let dir = tempfile::tempdir().unwrap();
     // 30 words for 256 inputs = 3.75 bits.
     let path = q4_with_text_linear(dir.path(), 30, 8);
-    assert_has(&load_err(&path, &tiny_config()), &["quantized tensor `text_linear`", "30 packed", "input width of 256", "3.750 bits"]);
+    assert_has(
+        &load_err(&path, &tiny_config()),
+        &["quantized tensor `text_linear`", "30 packed", "input width of 256", "3.750 bits"],
+    );
     // 28 words = 3.5 bits.
     let path = q4_with_text_linear(dir.path(), 28, 8);
     assert_has(&load_err(&path, &tiny_config()), &["`text_linear`", "3.500 bits"]);
@@ -136,13 +154,17 @@ fn quantized_shapes_without_valid_bits_or_group() {
     assert_has(&load_err(&path, &tiny_config()), &["`text_linear`", "5 scale columns", "256"]);
     // 16 scale columns give a group size of 16, which MLX does not produce.
     let path = q4_with_text_linear(dir.path(), 32, 16);
-    assert_has(&load_err(&path, &tiny_config()), &["`text_linear`", "group size of 16", "expected one of [32, 64, 128]"]);
+    assert_has(
+        &load_err(&path, &tiny_config()),
+        &["`text_linear`", "group size of 16", "expected one of [32, 64, 128]"],
+    );
 }
 
 #[test]
 fn config_with_a_wrong_type() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(asset("config.json")).unwrap()).unwrap();
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(asset("config.json")).unwrap()).unwrap();
     cfg["dim"] = "256".into();
     let path = dir.path().join("config.json");
     std::fs::write(&path, cfg.to_string()).unwrap();
@@ -150,17 +172,24 @@ fn config_with_a_wrong_type() {
     assert!(matches!(err, LoaderError::BadConfig { .. }));
     assert_has(&err.to_string(), &[&path.display().to_string(), "invalid type: string \"256\"", "expected usize"]);
 
-    let mut mimi: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(asset("mimi_config.json")).unwrap()).unwrap();
+    let mut mimi: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(asset("mimi_config.json")).unwrap()).unwrap();
     mimi["seanet"]["ratios"] = serde_json::json!([8, "six", 5, 4]);
     let path = dir.path().join("mimi_config.json");
     std::fs::write(&path, mimi.to_string()).unwrap();
-    assert_has(&MimiConfig::from_file(&path).unwrap_err().to_string(), &[&path.display().to_string(), "invalid type: string \"six\""]);
+    assert_has(
+        &MimiConfig::from_file(&path).unwrap_err().to_string(),
+        &[&path.display().to_string(), "invalid type: string \"six\""],
+    );
 
     cfg["dim"] = 256.into();
     cfg["delays"] = serde_json::json!([0, 1]);
     let path = dir.path().join("config.json");
     std::fs::write(&path, cfg.to_string()).unwrap();
-    assert_has(&LmConfig::from_file(&path).unwrap_err().to_string(), &["`delays` has 2 entries", "expected n_q + 1 = 17"]);
+    assert_has(
+        &LmConfig::from_file(&path).unwrap_err().to_string(),
+        &["`delays` has 2 entries", "expected n_q + 1 = 17"],
+    );
 }
 
 #[test]
@@ -172,11 +201,17 @@ fn checkpoint_whose_dims_disagree_with_the_config() {
         let msg = load_err(&asset(file), &cfg);
         assert!(msg.contains("512") && msg.contains("256"), "{file}: {msg}");
     }
-    assert_has(&load_err(&asset("model.safetensors"), &cfg), &["`text_emb.weight`", "shape [385, 256]", "expects [385, 512]"]);
+    assert_has(
+        &load_err(&asset("model.safetensors"), &cfg),
+        &["`text_emb.weight`", "shape [385, 256]", "expects [385, 512]"],
+    );
 
     let mut cfg = tiny_config();
     cfg.num_layers = 1;
-    assert_has(&load_err(&asset("model.safetensors"), &cfg), &["not used by the config", "transformer.layers.1.", "num_layers 1"]);
+    assert_has(
+        &load_err(&asset("model.safetensors"), &cfg),
+        &["not used by the config", "transformer.layers.1.", "num_layers 1"],
+    );
     let mut cfg = tiny_config();
     cfg.n_q = 17;
     cfg.delays.push(1);
@@ -184,8 +219,27 @@ fn checkpoint_whose_dims_disagree_with_the_config() {
 }
 
 #[test]
+fn unsupported_release_formats_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.q8.gguf");
+    std::fs::write(&path, b"GGUF\x03\x00\x00\x00rest-of-a-gguf-file").unwrap();
+    assert_has(&load_err(&path, &tiny_config()), &["GGUF", "kyutai/moshiko-mlx-q8"]);
+
+    let pt = SafetensorsFile::open(asset("model.safetensors")).unwrap();
+    let mut tensors = copy_all(&pt, |n| Some(n.to_string()));
+    let scb = "transformer.layers.0.self_attn.in_proj_weight_scb";
+    tensors.push(RawTensor { name: scb.into(), dtype: DType::F32, shape: vec![768], bytes: vec![0; 768 * 4] });
+    let path = dir.path().join("model.q8.safetensors");
+    write_safetensors(&path, &tensors);
+    assert_has(&load_err(&path, &tiny_config()), &[scb, "bitsandbytes int8"]);
+}
+
+#[test]
 fn mimi_checkpoint_given_as_the_lm() {
-    assert_has(&load_err(&asset("mimi.safetensors"), &tiny_config()), &["Mimi codec checkpoint", "expected a Moshi LM"]);
+    assert_has(
+        &load_err(&asset("mimi.safetensors"), &tiny_config()),
+        &["Mimi codec checkpoint", "expected a Moshi LM"],
+    );
 }
 
 #[test]

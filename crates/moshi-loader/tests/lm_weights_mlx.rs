@@ -68,10 +68,13 @@ fn mlx_dequantization_is_bit_exact_against_mlx() {
     for q in ["q4", "q8"] {
         let native = load(&format!("model.{q}.safetensors"), WeightMode::Native);
         let dequantized = load(&format!("model.{q}.safetensors"), WeightMode::DequantizeF32);
+        let as_bf16 = load(&format!("model.{q}.safetensors"), WeightMode::DequantizeBf16);
         for (mlx_name, canonical) in entries {
             let want_f32 = reference.read(&format!("{q}.{mlx_name}.dequant_f32")).unwrap();
             let want_bf16 = reference.read(&format!("{q}.{mlx_name}.dequant_bf16")).unwrap();
-            let WeightData::Quantized(m) = &native.get(canonical).unwrap().data else { panic!("{canonical} not packed") };
+            let WeightData::Quantized(m) = &native.get(canonical).unwrap().data else {
+                panic!("{canonical} not packed")
+            };
             let got_f32 = dequantized.get(canonical).unwrap().to_f32();
             let (TensorData::F32(want_f32_v), TensorData::BF16(want_bf16_v)) = (&want_f32.data, &want_bf16.data) else {
                 panic!("reference dtypes")
@@ -81,6 +84,8 @@ fn mlx_dequantization_is_bit_exact_against_mlx() {
             assert_eq!(bits(&got_f32), bits(want_f32_v), "{q} {mlx_name} f32");
             assert_eq!(bits(&m.dequantize_f32()), bits(want_f32_v), "{q} {mlx_name} f32 (packed)");
             assert_eq!(&m.dequantize_bf16(), want_bf16_v, "{q} {mlx_name} bf16");
+            let WeightData::BF16(got_bf16) = &as_bf16.get(canonical).unwrap().data else { panic!("{canonical} not bf16") };
+            assert_eq!(got_bf16, want_bf16_v, "{q} {mlx_name} bf16 (DequantizeBf16 mode)");
         }
     }
 }

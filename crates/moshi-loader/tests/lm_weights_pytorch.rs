@@ -51,7 +51,8 @@ fn pytorch_stacked_depformer_tensors_are_cut_per_step() {
             assert_eq!(norm, file.read(&format!("{p}.norm2.alpha")).unwrap().to_f32().unwrap());
         }
         let emb = map.get(&format!("depformer.{k}.emb")).unwrap().to_f32();
-        let stored = if k == 0 { "depformer_text_emb.weight".to_string() } else { format!("depformer_emb.{}.weight", k - 1) };
+        let stored =
+            if k == 0 { "depformer_text_emb.weight".to_string() } else { format!("depformer_emb.{}.weight", k - 1) };
         assert_eq!(emb, file.read(&stored).unwrap().to_f32().unwrap());
         let head = map.get(&format!("depformer.{k}.linear_out")).unwrap().to_f32();
         assert_eq!(head, file.read(&format!("linears.{k}.weight")).unwrap().to_f32().unwrap());

@@ -4,6 +4,7 @@
 mod common;
 
 use common::{asset, copy_all, tiny_config, write_safetensors, RawTensor};
+use moshi_loader::inspect::{inspect_checkpoint, ConfigRef};
 use moshi_loader::layout::detect_kind;
 use moshi_loader::{load_lm_weights, CheckpointKind, LmLayout, SafetensorsFile, WeightMode};
 
@@ -18,7 +19,8 @@ fn candle_tensors(pt: &SafetensorsFile) -> Vec<RawTensor> {
     for k in 0..cfg.dep_q {
         out.push(RawTensor::copy(pt, &format!("depformer_in.{k}.weight"), &format!("depformer.{k}.linear_in.weight")));
         out.push(RawTensor::copy(pt, &format!("linears.{k}.weight"), &format!("depformer.{k}.linear_out.weight")));
-        let emb = if k == 0 { "depformer_text_emb.weight".to_string() } else { format!("depformer_emb.{}.weight", k - 1) };
+        let emb =
+            if k == 0 { "depformer_text_emb.weight".to_string() } else { format!("depformer_emb.{}.weight", k - 1) };
         out.push(RawTensor::copy(pt, &emb, &format!("depformer.{k}.emb.weight")));
         for l in 0..cfg.depformer_num_layers {
             let (src, dst) = (format!("depformer.layers.{l}"), format!("depformer.{k}.transformer.layers.{l}"));
@@ -30,7 +32,11 @@ fn candle_tensors(pt: &SafetensorsFile) -> Vec<RawTensor> {
             let name = format!("{src}.self_attn.out_proj.weight");
             out.push(RawTensor::rows(pt, &name, &format!("{dst}.self_attn.out_proj.weight"), k * ddim, ddim));
             for lin in ["linear_in", "linear_out"] {
-                out.push(RawTensor::copy(pt, &format!("{src}.gating.{k}.{lin}.weight"), &format!("{dst}.gating.{lin}.weight")));
+                out.push(RawTensor::copy(
+                    pt,
+                    &format!("{src}.gating.{k}.{lin}.weight"),
+                    &format!("{dst}.gating.{lin}.weight"),
+                ));
             }
         }
     }
@@ -72,10 +78,21 @@ fn candle_and_dense_mlx_layouts_load_to_the_pytorch_values() {
     write_safetensors(&mlx_path, &mlx_dense_tensors(candle));
 
     assert_eq!(detect_kind(&pt).unwrap(), CheckpointKind::Lm(LmLayout::PyTorch));
-    assert_eq!(detect_kind(&SafetensorsFile::open(&candle_path).unwrap()).unwrap(), CheckpointKind::Lm(LmLayout::Candle));
+    assert_eq!(
+        detect_kind(&SafetensorsFile::open(&candle_path).unwrap()).unwrap(),
+        CheckpointKind::Lm(LmLayout::Candle)
+    );
     assert_eq!(detect_kind(&SafetensorsFile::open(&mlx_path).unwrap()).unwrap(), CheckpointKind::Lm(LmLayout::Mlx));
 
-    for mode in [WeightMode::Native, WeightMode::DequantizeF32] {
+    for (path, format) in [(&candle_path, "candle"), (&mlx_path, "mlx")] {
+        let report = inspect_checkpoint(path, Some(ConfigRef::Lm(&cfg))).unwrap();
+        assert_eq!(report.format, format);
+        assert!(report.quantization.is_empty());
+        let check = report.config_check.unwrap();
+        assert!(check.is_clean(), "{format}: {check:?}");
+    }
+
+    for mode in [WeightMode::Native, WeightMode::DequantizeF32, WeightMode::DequantizeBf16] {
         let want = load_lm_weights(&pt_path, &cfg, mode).unwrap();
         for path in [&candle_path, &mlx_path] {
             let got = load_lm_weights(path, &cfg, mode).unwrap();

@@ -70,7 +70,8 @@ fn files_are_recognised_by_content_and_unknown_config_keys_are_kept() {
     copy("model.safetensors", dir.path(), "weights-a.safetensors");
     copy("mimi.safetensors", dir.path(), "codec.safetensors");
     copy("tokenizer.model", dir.path(), "spm.model");
-    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(asset("config.json")).unwrap()).unwrap();
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(asset("config.json")).unwrap()).unwrap();
     let obj = cfg.as_object_mut().unwrap();
     for k in ["moshi_name", "mimi_name", "tokenizer_name", "mimi_config_name"] {
         obj.remove(k);
@@ -99,7 +100,13 @@ fn missing_parts_are_named() {
 
 fn hub_settings(cache_dir: &Path, offline: bool) -> HubSettings {
     // Port 9 (discard) on localhost: refused at once, never the real network.
-    HubSettings { cache_dir: cache_dir.to_path_buf(), endpoint: "http://127.0.0.1:9".into(), token: None, offline, progress: false }
+    HubSettings {
+        cache_dir: cache_dir.to_path_buf(),
+        endpoint: "http://127.0.0.1:9".into(),
+        token: None,
+        offline,
+        progress: false,
+    }
 }
 
 #[test]

@@ -147,6 +147,7 @@ mod avx2 {
 }
 
 /// Whether the AVX2 kernels are used on this CPU.
+#[inline]
 pub fn simd_available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -229,6 +230,19 @@ pub fn matvec_f32_with(w: &[f32], n: usize, k: usize, x: &[f32], y: &mut [f32], 
     }
 }
 
+/// `a · b` in the fixed accumulation order (AVX2 if available; bit-identical to
+/// [`dot_f32_scalar`]).
+#[inline]
+pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    let k = a.len().min(b.len());
+    #[cfg(target_arch = "x86_64")]
+    if simd_available() {
+        // SAFETY: AVX2 was detected; both slices hold k elements.
+        return unsafe { avx2::dot_f32(&a[..k], &b[..k]) };
+    }
+    dot_f32_scalar(&a[..k], &b[..k])
+}
+
 /// `y[n] = W[n, k] · x[k]` with bf16 weights: AVX2 if available, threads for large matrices.
 pub fn matvec_bf16_auto(w: &[u16], n: usize, k: usize, x: &[f32], y: &mut [f32]) {
     matvec_bf16_with(w, n, k, x, y, true, true)
@@ -267,6 +281,8 @@ mod tests {
                     y.iter().zip(&reference).all(|(a, b)| a.to_bits() == b.to_bits()),
                     "bf16 n={n} k={k} simd={simd} par={par}"
                 );
+                let d = dot_f32(&w32[..k], &x);
+                assert_eq!(d.to_bits(), reference[0].to_bits(), "dot_f32 k={k}");
                 let mut y32 = vec![f32::NAN; n];
                 matvec_f32_with(&w32, n, k, &x, &mut y32, simd, par);
                 assert!(

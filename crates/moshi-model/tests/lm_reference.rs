@@ -214,6 +214,13 @@ fn bad_user_codes_are_input_errors() {
     tokens[0] = 0;
     tokens[5] = cfg.card as u32 + 1;
     assert!(m.forward_text(&tokens).unwrap_err().to_string().contains("stream 4"));
+    // Depformer sub-steps run in order, with in-range previous tokens.
+    m.depformer_reset();
+    assert!(m.depformer_step(1, 0).unwrap_err().to_string().contains("sub-step 1"));
+    assert!(m.depformer_step(0, cfg.text_card as u32 + 1).unwrap_err().to_string().contains("out of range"));
+    assert_eq!(m.depformer_step(0, 5).unwrap().len(), cfg.card);
+    assert!(m.depformer_step(1, cfg.card as u32 + 1).unwrap_err().to_string().contains("out of range"));
+    assert_eq!(m.depformer_step(1, 7).unwrap().len(), cfg.card);
 }
 
 #[test]

@@ -5,7 +5,13 @@ use moshi_model::ops::Linear;
 use moshi_quant::QuantizedMatrix;
 
 fn pseudo_random(n: usize, seed: u32) -> Vec<f32> {
-    (0..n).map(|i| ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8) as f32 / (1 << 24) as f32 - 0.5).collect()
+    (0..n)
+        .map(|i| {
+            ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8) as f32
+                / (1 << 24) as f32
+                - 0.5
+        })
+        .collect()
 }
 
 #[test]
@@ -16,7 +22,11 @@ fn quantized_linear_matches_reference_and_dense() {
         let q = QuantizedMatrix::quantize(&dense, rows, cols, bits, group_size).unwrap();
         let dequantized = q.dequantize_f32();
         let lin = Linear::Quantized(q.clone());
-        let dense_lin = Linear::F32 { weight: dequantized, out_dim: rows, in_dim: cols };
+        let dense_lin = Linear::F32 {
+            weight: dequantized,
+            out_dim: rows,
+            in_dim: cols,
+        };
         for m in [1, 3] {
             let x = pseudo_random(m * cols, 5 + m as u32);
             let got = lin.forward(&x, m);
@@ -25,7 +35,10 @@ fn quantized_linear_matches_reference_and_dense() {
             let via_dense = dense_lin.forward(&x, m);
             for ((g, w), d) in got.iter().zip(&want).zip(&via_dense) {
                 // |x| ≤ 0.5, |w| ≤ 0.5, 256 terms: summation-order differences stay far below 1e-4.
-                assert!((g - w).abs() < 1e-4, "bits {bits} m {m}: {g} vs reference {w}");
+                assert!(
+                    (g - w).abs() < 1e-4,
+                    "bits {bits} m {m}: {g} vs reference {w}"
+                );
                 assert!((g - d).abs() < 1e-4, "bits {bits} m {m}: {g} vs dense {d}");
             }
         }

@@ -2,7 +2,7 @@
 //! a buffer much larger than the caches; the best of a few passes is reported. Used to express
 //! kernel speed as a fraction of what the machine can read.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
 
@@ -20,33 +20,74 @@ pub fn measure_read_bandwidth_gbps(threads: usize) -> f64 {
 ///
 /// Returns 0.0 for `threads == 0` or if the thread pool cannot be built.
 pub fn measure_read_bandwidth_gbps_with(threads: usize, buffer_bytes: usize, passes: usize) -> f64 {
-    if threads == 0 {
-        return 0.0;
-    }
-    let Ok(pool) = rayon::ThreadPoolBuilder::new().num_threads(threads).build() else {
+    let Some(buffer) = ReadBuffer::new(threads, buffer_bytes) else {
         return 0.0;
     };
-    let words = (buffer_bytes / 8).max(threads * 1024);
-    pool.install(|| {
-        let per_thread = words.div_ceil(threads);
-        // Each thread writes (first touch) its own slice, so pages land near the thread that reads them.
-        let mut buffer = vec![0u64; words];
-        buffer.par_chunks_mut(per_thread).enumerate().for_each(|(t, chunk)| {
-            for (i, v) in chunk.iter_mut().enumerate() {
-                *v = (t * per_thread + i) as u64;
-            }
-        });
-        let mut best_s = f64::INFINITY;
-        let mut checksum = 0u64;
-        for _ in 0..passes.max(1) {
-            let start = Instant::now();
-            let sum: u64 = buffer.par_chunks(per_thread).map(sum_words).reduce(|| 0, u64::wrapping_add);
-            best_s = best_s.min(start.elapsed().as_secs_f64());
-            checksum = checksum.wrapping_add(sum);
+    let best = (0..passes.max(1))
+        .map(|_| buffer.read_pass())
+        .min()
+        .unwrap_or(Duration::MAX);
+    buffer.bytes() as f64 / best.as_secs_f64() / 1e9
+}
+
+/// A buffer that `threads` threads read in parallel, one slice each (for callers that time the
+/// passes themselves, e.g. with CPU time as well as wall time).
+pub struct ReadBuffer {
+    pool: rayon::ThreadPool,
+    words: Vec<u64>,
+    per_thread: usize,
+}
+
+impl ReadBuffer {
+    /// Allocates and first-touches about `buffer_bytes` from the reading threads (so pages land
+    /// near them). `None` for `threads == 0` or if the pool cannot be built.
+    pub fn new(threads: usize, buffer_bytes: usize) -> Option<Self> {
+        if threads == 0 {
+            return None;
         }
-        std::hint::black_box(checksum);
-        (words * 8) as f64 / best_s / 1e9
-    })
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .ok()?;
+        let len = (buffer_bytes / 8).max(threads * 1024);
+        let per_thread = len.div_ceil(threads);
+        let mut words = vec![0u64; len];
+        pool.install(|| {
+            words
+                .par_chunks_mut(per_thread)
+                .enumerate()
+                .for_each(|(t, chunk)| {
+                    for (i, v) in chunk.iter_mut().enumerate() {
+                        *v = (t * per_thread + i) as u64;
+                    }
+                })
+        });
+        Some(Self {
+            pool,
+            words,
+            per_thread,
+        })
+    }
+
+    /// Size of the buffer in bytes.
+    pub fn bytes(&self) -> usize {
+        self.words.len() * 8
+    }
+
+    /// Reads the whole buffer once with all threads; returns the wall time taken.
+    pub fn read_pass(&self) -> Duration {
+        self.pool.install(|| {
+            let start = Instant::now();
+            let sum: u64 = self
+                .words
+                .par_chunks(self.per_thread)
+                .map(sum_words)
+                .reduce(|| 0, u64::wrapping_add);
+            let elapsed = start.elapsed();
+            std::hint::black_box(sum);
+            elapsed
+        })
+    }
 }
 
 /// Wrapping sum with independent accumulators (vectorizes; memory-bound, not add-bound).
@@ -76,5 +117,6 @@ mod tests {
     fn small_measurement_is_positive() {
         assert!(measure_read_bandwidth_gbps_with(2, 1 << 20, 1) > 0.0);
         assert_eq!(measure_read_bandwidth_gbps_with(0, 1 << 20, 1), 0.0);
+        assert_eq!(ReadBuffer::new(3, 1 << 20).unwrap().bytes(), 1 << 20);
     }
 }

@@ -8,7 +8,11 @@ pub enum QuantError {
     #[error("unsupported group size {group_size} (supported: 32, 64, 128)")]
     UnsupportedGroupSize { group_size: usize },
     #[error("{what}: expected {expected} values, got {got}")]
-    LengthMismatch { what: &'static str, expected: usize, got: usize },
+    LengthMismatch {
+        what: &'static str,
+        expected: usize,
+        got: usize,
+    },
     #[error("input width {cols} is not a multiple of the group size {group_size}")]
     ColsNotMultipleOfGroup { cols: usize, group_size: usize },
     #[error("cannot quantize a non-finite weight: element {index} is {value}")]

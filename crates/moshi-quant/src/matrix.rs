@@ -55,10 +55,22 @@ impl QuantizedMatrix {
         ];
         for (what, expected, got) in checks {
             if expected != got {
-                return Err(QuantError::LengthMismatch { what, expected, got });
+                return Err(QuantError::LengthMismatch {
+                    what,
+                    expected,
+                    got,
+                });
             }
         }
-        Ok(Self { rows, cols, bits, group_size, codes, scales, biases })
+        Ok(Self {
+            rows,
+            cols,
+            bits,
+            group_size,
+            codes,
+            scales,
+            biases,
+        })
     }
 
     pub fn rows(&self) -> usize {
@@ -135,7 +147,13 @@ impl QuantizedMatrix {
 
     /// Quantizes a row-major `[rows, cols]` matrix exactly like MLX's `mx.quantize` (affine mode;
     /// see the `quantize` module docs for the formula and its edge cases).
-    pub fn quantize(weights: &[f32], rows: usize, cols: usize, bits: u32, group_size: usize) -> Result<Self, QuantError> {
+    pub fn quantize(
+        weights: &[f32],
+        rows: usize,
+        cols: usize,
+        bits: u32,
+        group_size: usize,
+    ) -> Result<Self, QuantError> {
         crate::quantize::quantize_mlx(weights, rows, cols, bits, group_size)
     }
 
@@ -158,7 +176,13 @@ impl QuantizedMatrix {
     }
 
     /// [`QuantizedMatrix::matmul`] with an explicit kernel; errors if this CPU cannot run it.
-    pub fn matmul_with_kernel(&self, kernel: Kernel, x: &[f32], m: usize, y: &mut [f32]) -> Result<(), QuantError> {
+    pub fn matmul_with_kernel(
+        &self,
+        kernel: Kernel,
+        x: &[f32],
+        m: usize,
+        y: &mut [f32],
+    ) -> Result<(), QuantError> {
         qmm_with_kernel(self, kernel, x, m, y)
     }
 

@@ -38,10 +38,17 @@ pub fn quantize_mlx(
         return Err(QuantError::ColsNotMultipleOfGroup { cols, group_size });
     }
     if weights.len() != rows * cols {
-        return Err(QuantError::LengthMismatch { what: "weights", expected: rows * cols, got: weights.len() });
+        return Err(QuantError::LengthMismatch {
+            what: "weights",
+            expected: rows * cols,
+            got: weights.len(),
+        });
     }
     if let Some(index) = weights.iter().position(|v| !v.is_finite()) {
-        return Err(QuantError::NonFinite { index, value: weights[index] });
+        return Err(QuantError::NonFinite {
+            index,
+            value: weights[index],
+        });
     }
     let n_bins = ((1u32 << bits) - 1) as f32;
     let groups = rows * cols / group_size;

@@ -10,8 +10,16 @@ use crate::QuantizedMatrix;
 /// If `x.len() != m * cols` or `y.len() != m * rows` (caller bug, not user input).
 pub fn qmm_reference(w: &QuantizedMatrix, x: &[f32], m: usize, y: &mut [f32]) {
     let (rows, cols) = (w.rows(), w.cols());
-    assert_eq!(x.len(), m * cols, "qmm_reference: x must hold m * cols = {m} * {cols} values");
-    assert_eq!(y.len(), m * rows, "qmm_reference: y must hold m * rows = {m} * {rows} values");
+    assert_eq!(
+        x.len(),
+        m * cols,
+        "qmm_reference: x must hold m * cols = {m} * {cols} values"
+    );
+    assert_eq!(
+        y.len(),
+        m * rows,
+        "qmm_reference: y must hold m * rows = {m} * {rows} values"
+    );
     let mut row_values = vec![0f32; cols];
     for r in 0..rows {
         w.dequantize_row_f32(r, &mut row_values);

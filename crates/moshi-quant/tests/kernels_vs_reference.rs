@@ -5,7 +5,9 @@
 //! orders (and the SIMD kernels round `q·s + b` once, with an FMA). The standard bound for
 //! recursive summation gives `|fast - ref| ≤ (cols + 4) · ε · Σ_j |x_j| (|q_j s| + |b|)`.
 
-use moshi_quant::{bf16_bits_to_f32, Kernel, QuantizedMatrix, SUPPORTED_BITS, SUPPORTED_GROUP_SIZES};
+use moshi_quant::{
+    bf16_bits_to_f32, Kernel, QuantizedMatrix, SUPPORTED_BITS, SUPPORTED_GROUP_SIZES,
+};
 
 /// Deterministic xorshift64* generator (no external crates needed).
 struct Rng(u64);
@@ -25,11 +27,19 @@ fn bf16(v: f32) -> u16 {
     half::bf16::from_f32(v).to_bits()
 }
 
-fn random_matrix(rng: &mut Rng, rows: usize, cols: usize, bits: u32, group_size: usize) -> QuantizedMatrix {
+fn random_matrix(
+    rng: &mut Rng,
+    rows: usize,
+    cols: usize,
+    bits: u32,
+    group_size: usize,
+) -> QuantizedMatrix {
     let words = rows * cols * bits as usize / 32;
     let groups = rows * cols / group_size;
     let codes = (0..words).map(|_| rng.next_u64() as u32).collect();
-    let scales = (0..groups).map(|_| bf16(rng.uniform(-0.05, 0.05))).collect();
+    let scales = (0..groups)
+        .map(|_| bf16(rng.uniform(-0.05, 0.05)))
+        .collect();
     let biases = (0..groups).map(|_| bf16(rng.uniform(-0.5, 0.5))).collect();
     QuantizedMatrix::new(rows, cols, bits, group_size, codes, scales, biases).unwrap()
 }
@@ -43,7 +53,10 @@ fn error_bounds(w: &QuantizedMatrix, x: &[f32], m: usize) -> Vec<f32> {
             let mut s = 0f64;
             for j in 0..cols {
                 let g = r * (cols / gs) + j / gs;
-                let (sc, b) = (bf16_bits_to_f32(w.scales()[g]) as f64, bf16_bits_to_f32(w.biases()[g]) as f64);
+                let (sc, b) = (
+                    bf16_bits_to_f32(w.scales()[g]) as f64,
+                    bf16_bits_to_f32(w.biases()[g]) as f64,
+                );
                 s += (x[i * cols + j] as f64).abs() * ((w.code(r, j) as f64 * sc).abs() + b.abs());
             }
             out[i * rows + r] = ((cols + 4) as f64 * f32::EPSILON as f64 * s) as f32;
@@ -54,7 +67,11 @@ fn error_bounds(w: &QuantizedMatrix, x: &[f32], m: usize) -> Vec<f32> {
 
 /// Largest |a - b| / bound over all outputs (≤ 1 means within tolerance).
 fn worst_ratio(a: &[f32], b: &[f32], bounds: &[f32]) -> f32 {
-    a.iter().zip(b).zip(bounds).map(|((p, q), t)| (p - q).abs() / t.max(f32::MIN_POSITIVE)).fold(0f32, f32::max)
+    a.iter()
+        .zip(b)
+        .zip(bounds)
+        .map(|((p, q), t)| (p - q).abs() / t.max(f32::MIN_POSITIVE))
+        .fold(0f32, f32::max)
 }
 
 fn check(rng: &mut Rng, rows: usize, cols: usize, bits: u32, group_size: usize, m: usize) {
@@ -68,7 +85,11 @@ fn check(rng: &mut Rng, rows: usize, cols: usize, bits: u32, group_size: usize, 
         let mut got = vec![f32::NAN; m * rows];
         w.matmul_with_kernel(kernel, &x, m, &mut got).unwrap();
         let ratio = worst_ratio(&got, &want, &bounds);
-        assert!(ratio <= 1.0, "{} kernel, {what}: error {ratio} x the bound", kernel.name());
+        assert!(
+            ratio <= 1.0,
+            "{} kernel, {what}: error {ratio} x the bound",
+            kernel.name()
+        );
     }
     let mut got = vec![f32::NAN; m * rows];
     if m == 1 {
@@ -76,7 +97,10 @@ fn check(rng: &mut Rng, rows: usize, cols: usize, bits: u32, group_size: usize, 
     } else {
         w.matmul(&x, m, &mut got);
     }
-    assert!(worst_ratio(&got, &want, &bounds) <= 1.0, "auto kernel, {what}");
+    assert!(
+        worst_ratio(&got, &want, &bounds) <= 1.0,
+        "auto kernel, {what}"
+    );
 }
 
 #[test]
@@ -99,7 +123,10 @@ fn every_kernel_matches_reference_on_shape_grid() {
 #[test]
 fn threaded_split_matches_reference() {
     // Large enough to be split into several tasks; 3 threads so the row split is uneven.
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(3)
+        .build()
+        .unwrap();
     let mut rng = Rng(42);
     pool.install(|| {
         for (bits, group_size) in [(4, 32), (8, 64), (4, 128), (6, 64)] {
@@ -119,21 +146,36 @@ fn bound_detects_a_single_wrong_code() {
     let x: Vec<f32> = (0..256).map(|_| rng.uniform(0.5, 1.0)).collect();
     let mut codes = w.codes().to_vec();
     codes[3 * 32 + 5] ^= 0x0000_0f00; // row 3, one nibble
-    let broken =
-        QuantizedMatrix::new(5, 256, 4, 32, codes, w.scales().to_vec(), w.biases().to_vec()).unwrap();
+    let broken = QuantizedMatrix::new(
+        5,
+        256,
+        4,
+        32,
+        codes,
+        w.scales().to_vec(),
+        w.biases().to_vec(),
+    )
+    .unwrap();
     let (mut want, mut got) = (vec![0f32; 5], vec![0f32; 5]);
     w.matmul_reference(&x, 1, &mut want);
     for kernel in Kernel::available() {
         broken.matmul_with_kernel(kernel, &x, 1, &mut got).unwrap();
-        assert!(worst_ratio(&got, &want, &error_bounds(&w, &x, 1)) > 1.0, "{}", kernel.name());
+        assert!(
+            worst_ratio(&got, &want, &error_bounds(&w, &x, 1)) > 1.0,
+            "{}",
+            kernel.name()
+        );
     }
 }
 
 #[test]
 fn matvec_equals_dequantized_dot_on_exact_values() {
     // Small integers: every product and sum is exact in f32, so all kernels agree bit for bit.
-    let codes: Vec<u32> = (0..4 * 64 / 8).map(|i| 0x7654_3210u32.rotate_left(4 * (i % 8) as u32)).collect();
-    let w = QuantizedMatrix::new(4, 64, 4, 32, codes, vec![bf16(2.0); 8], vec![bf16(-3.0); 8]).unwrap();
+    let codes: Vec<u32> = (0..4 * 64 / 8)
+        .map(|i| 0x7654_3210u32.rotate_left(4 * (i % 8) as u32))
+        .collect();
+    let w =
+        QuantizedMatrix::new(4, 64, 4, 32, codes, vec![bf16(2.0); 8], vec![bf16(-3.0); 8]).unwrap();
     let x: Vec<f32> = (0..64).map(|j| (j % 5) as f32 - 2.0).collect();
     let mut want = vec![0f32; 4];
     let mut row = vec![0f32; 64];

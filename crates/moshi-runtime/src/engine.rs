@@ -19,6 +19,10 @@ use crate::resample::StreamResampler;
 use crate::ring::{AudioCounters, SampleConsumer, SampleProducer};
 use crate::{Result, RuntimeError, FRAME_SAMPLES, SAMPLE_RATE_HZ};
 
+/// Input chunk of the output resampler (24 kHz samples): 10 ms, so that resampling to the
+/// device rate adds little latency (an FFT resampler delays by about one chunk).
+const OUT_RESAMPLER_CHUNK: usize = 240;
+
 /// The tokens behind one output frame (for `--tokens-out`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FrameTokens {
@@ -207,7 +211,7 @@ impl EngineState {
         let mic_capacity = io.mic.buffer().capacity();
         let in_chunk = (config.input.sample_rate_hz as usize / 100).max(1); // 10 ms
         let in_resampler = StreamResampler::new(config.input.sample_rate_hz, SAMPLE_RATE_HZ, in_chunk, mic_capacity + 4 * FRAME_SAMPLES)?;
-        let out_resampler = StreamResampler::new(SAMPLE_RATE_HZ, config.output.sample_rate_hz, FRAME_SAMPLES, 8 * FRAME_SAMPLES * (config.output.sample_rate_hz as usize / SAMPLE_RATE_HZ as usize + 1))?;
+        let out_resampler = StreamResampler::new(SAMPLE_RATE_HZ, config.output.sample_rate_hz, OUT_RESAMPLER_CHUNK, 8 * FRAME_SAMPLES * (config.output.sample_rate_hz as usize / SAMPLE_RATE_HZ as usize + 1))?;
         let out_frame_max = FRAME_SAMPLES * (config.output.sample_rate_hz as usize).div_ceil(SAMPLE_RATE_HZ as usize) * 4;
         Ok(Self {
             processor,

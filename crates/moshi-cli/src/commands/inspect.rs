@@ -86,7 +86,11 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
                 _ => {}
             }
         }
-        let overrides = SourceOverrides { lm_config: args.config.clone(), mimi_config: args.mimi_config.clone(), ..Default::default() };
+        let overrides = SourceOverrides {
+            lm_config: args.config.clone(),
+            mimi_config: args.mimi_config.clone(),
+            ..Default::default()
+        };
         match ModelSource::resolve(&path.to_string_lossy(), &overrides) {
             Ok(r) => {
                 out.resolved = Some(ResolvedEntry {
@@ -128,7 +132,8 @@ fn inspect_file(path: &Path, args: &InspectArgs) -> anyhow::Result<CheckpointEnt
     let config;
     match kind {
         CheckpointKind::Mimi => {
-            let cfg_path = args.mimi_config.clone().or_else(|| Some(folder.join("mimi_config.json")).filter(|p| p.is_file()));
+            let cfg_path =
+                args.mimi_config.clone().or_else(|| Some(folder.join("mimi_config.json")).filter(|p| p.is_file()));
             let (cfg, source) = match cfg_path {
                 Some(p) => (MimiConfig::from_file(&p)?, p.display().to_string()),
                 None => (MimiConfig::v0_1(), "built-in mimi-v0_1".to_string()),
@@ -163,7 +168,8 @@ fn inspect_tokenizer(path: &Path) -> anyhow::Result<TokenizerEntry> {
 
 fn inspect_config(path: &Path) -> anyhow::Result<ConfigEntry> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let value: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))?;
     // A Mimi config has a `seanet` section; anything else is read as an LM config.
     if value.get("seanet").is_some() {
         let c = MimiConfig::from_json_str(&text, path)?;
@@ -218,9 +224,15 @@ fn print_text(out: &InspectOutput) {
             Some(c) if c.is_clean() => println!("  config      {}: matches ({})", e.config, c.scope),
             Some(c) => {
                 println!("  config      {}: DOES NOT MATCH ({})", e.config, c.scope);
-                for (label, list) in [("missing", &c.missing), ("unexpected", &c.unexpected), ("mismatched", &c.mismatched)] {
+                for (label, list) in
+                    [("missing", &c.missing), ("unexpected", &c.unexpected), ("mismatched", &c.mismatched)]
+                {
                     if !list.is_empty() {
-                        println!("  {label:<11} {} (first: {})", list.len(), list.iter().take(5).cloned().collect::<Vec<_>>().join("; "));
+                        println!(
+                            "  {label:<11} {} (first: {})",
+                            list.len(),
+                            list.iter().take(5).cloned().collect::<Vec<_>>().join("; ")
+                        );
                     }
                 }
             }
@@ -229,7 +241,10 @@ fn print_text(out: &InspectOutput) {
     }
     for t in &out.tokenizers {
         println!("{}", t.path.display());
-        println!("  format      sentencepiece {} ({} pieces, byte_fallback {}, normalizer {})", t.model_type, t.vocab_size, t.byte_fallback, t.normalizer);
+        println!(
+            "  format      sentencepiece {} ({} pieces, byte_fallback {}, normalizer {})",
+            t.model_type, t.vocab_size, t.byte_fallback, t.normalizer
+        );
     }
     for c in &out.configs {
         println!("{}", c.path.display());

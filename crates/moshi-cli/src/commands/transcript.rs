@@ -44,6 +44,7 @@ impl Transcript {
     }
 
     /// The whole text.
+    #[allow(dead_code)] // used by tests; the CLI prints pieces live
     pub fn text(&self) -> String {
         self.words.iter().filter(|w| !w.text.is_empty()).map(|w| w.text.as_str()).collect::<Vec<_>>().join(" ")
     }
@@ -54,7 +55,10 @@ impl Transcript {
         for w in self.words.iter().filter(|w| !w.text.is_empty()) {
             let start = w.first_frame as f64 * FRAME_MS / 1e3;
             let end = (w.last_frame + 1) as f64 * FRAME_MS / 1e3;
-            s += &format!("{start:.2}\t{end:.2}\t{}\n", w.text);
+            // Control characters (a tab would break the columns) are written escaped.
+            let word: String =
+                w.text.chars().map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() }).collect();
+            s += &format!("{start:.2}\t{end:.2}\t{word}\n");
         }
         s
     }
@@ -75,5 +79,8 @@ mod tests {
         t.push(7, "x");
         assert_eq!(t.text(), "Hello world again x");
         assert_eq!(t.to_tsv(), "0.00\t0.16\tHello\n0.24\t0.40\tworld\n0.48\t0.56\tagain\n0.56\t0.64\tx\n");
+        let mut t = Transcript::default();
+        t.push(2, "a\tb");
+        assert_eq!(t.to_tsv(), "0.16\t0.24\ta\\tb\n");
     }
 }

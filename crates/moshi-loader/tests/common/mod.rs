@@ -26,7 +26,12 @@ impl RawTensor {
     /// Copies `name` out of `file`, stored under `new_name`.
     pub fn copy(file: &SafetensorsFile, name: &str, new_name: &str) -> Self {
         let info = file.info(name).unwrap();
-        Self { name: new_name.into(), dtype: info.dtype, shape: info.shape.clone(), bytes: file.bytes(name).unwrap().to_vec() }
+        Self {
+            name: new_name.into(),
+            dtype: info.dtype,
+            shape: info.shape.clone(),
+            bytes: file.bytes(name).unwrap().to_vec(),
+        }
     }
 
     /// Rows `[start, start + rows)` of the matrix `name` of `file`, stored under `new_name`.
@@ -57,7 +62,12 @@ fn st_dtype(d: DType) -> safetensors::Dtype {
 pub fn write_safetensors(path: &Path, tensors: &[RawTensor]) {
     let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
         .iter()
-        .map(|t| (t.name.clone(), safetensors::tensor::TensorView::new(st_dtype(t.dtype), t.shape.clone(), &t.bytes).unwrap()))
+        .map(|t| {
+            (
+                t.name.clone(),
+                safetensors::tensor::TensorView::new(st_dtype(t.dtype), t.shape.clone(), &t.bytes).unwrap(),
+            )
+        })
         .collect();
     safetensors::serialize_to_file(views, &None, path).unwrap();
 }

@@ -79,52 +79,66 @@ impl Attention {
         scratch.attended.resize(dim, 0.0);
         let q: &[f32] = q;
         if n * dim >= PARALLEL_MIN_CACHE_FLOATS && self.num_heads > 1 {
-            scratch.attended.par_chunks_mut(hd).enumerate().for_each(|(h, o)| {
-                let mut scores = vec![0f32; n];
-                attend_head(&q[h * hd..(h + 1) * hd], keys, values, dim, h * hd, scale, &mut scores, o);
+            // Contiguous groups of heads per thread; each group streams its part of every cached row.
+            let groups = rayon::current_num_threads().clamp(1, self.num_heads);
+            let heads_per_group = self.num_heads.div_ceil(groups);
+            scratch.attended.par_chunks_mut(heads_per_group * hd).enumerate().for_each(|(g, o)| {
+                let first = g * heads_per_group * hd;
+                let mut scores = vec![0f32; (o.len() / hd) * n];
+                attend_heads(&q[first..first + o.len()], keys, values, dim, first, hd, scale, &mut scores, o);
             });
         } else {
-            scratch.scores.resize(n, 0.0);
-            for (h, o) in scratch.attended.chunks_mut(hd).enumerate() {
-                attend_head(&q[h * hd..(h + 1) * hd], keys, values, dim, h * hd, scale, &mut scratch.scores, o);
-            }
+            scratch.scores.resize(self.num_heads * n, 0.0);
+            attend_heads(q, keys, values, dim, 0, hd, scale, &mut scratch.scores, &mut scratch.attended);
         }
         self.out_proj.matvec_into(&scratch.attended, out);
     }
 }
 
-/// One head: `out = softmax(q · K_hᵀ * scale) · V_h` over the `scores.len()` cached positions.
+/// Heads `offset / hd ..` (as many as `q.len() / hd`): `out_h = softmax(q_h · K_hᵀ * scale) · V_h`
+/// over the `n = scores.len() / heads` cached positions. Rows are walked in order so every cached
+/// row is read once, contiguously, for all heads of the group.
 #[allow(clippy::too_many_arguments)]
-fn attend_head(
+fn attend_heads(
     q: &[f32],
     keys: &[f32],
     values: &[f32],
     stride: usize,
     offset: usize,
+    hd: usize,
     scale: f32,
     scores: &mut [f32],
     out: &mut [f32],
 ) {
-    let hd = q.len();
-    let mut max = f32::NEG_INFINITY;
-    for (j, s) in scores.iter_mut().enumerate() {
-        let kr = &keys[j * stride + offset..j * stride + offset + hd];
-        let dot: f32 = kr.iter().zip(q).map(|(a, b)| a * b).sum();
-        *s = dot * scale;
-        max = max.max(*s);
+    let width = q.len();
+    let heads = width / hd;
+    let n = scores.len() / heads.max(1);
+    for j in 0..n {
+        let row = &keys[j * stride + offset..j * stride + offset + width];
+        for h in 0..heads {
+            scores[h * n + j] = crate::matvec::dot_f32(&row[h * hd..(h + 1) * hd], &q[h * hd..(h + 1) * hd]) * scale;
+        }
     }
-    let mut sum = 0f32;
-    for s in scores.iter_mut() {
-        *s = (*s - max).exp();
-        sum += *s;
+    for sh in scores.chunks_exact_mut(n) {
+        let max = sh.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0f32;
+        for s in sh.iter_mut() {
+            *s = (*s - max).exp();
+            sum += *s;
+        }
+        let inv = 1.0 / sum;
+        for s in sh.iter_mut() {
+            *s *= inv;
+        }
     }
-    let inv = 1.0 / sum;
     out.fill(0.0);
-    for (j, &p) in scores.iter().enumerate() {
-        let w = p * inv;
-        let vr = &values[j * stride + offset..j * stride + offset + hd];
-        for (o, vv) in out.iter_mut().zip(vr) {
-            *o += w * vv;
+    for j in 0..n {
+        let row = &values[j * stride + offset..j * stride + offset + width];
+        for h in 0..heads {
+            let p = scores[h * n + j];
+            for (o, v) in out[h * hd..(h + 1) * hd].iter_mut().zip(&row[h * hd..(h + 1) * hd]) {
+                *o += p * v;
+            }
         }
     }
 }
@@ -133,10 +147,17 @@ fn attend_head(
 mod tests {
     use super::*;
 
-    /// Naive attention over an explicit list of (position, k, v) for comparison.
+    /// Small caches run on the calling thread, large ones split heads over threads: both must
+    /// equal a naive f64 attention over the explicit last `window` positions.
     #[test]
     fn ring_window_equals_explicit_last_positions() {
-        let (dim, heads, window) = (8usize, 2usize, 4usize);
+        check_against_naive(8, 2, 4, 9);
+        // 256 * 300 cached floats >= PARALLEL_MIN_CACHE_FLOATS: the threaded path.
+        assert!(256 * 300 >= PARALLEL_MIN_CACHE_FLOATS);
+        check_against_naive(256, 4, 300, 310);
+    }
+
+    fn check_against_naive(dim: usize, heads: usize, window: usize, steps: usize) {
         let eye = |n: usize| {
             let mut w = vec![0f32; n * n];
             for i in 0..n {
@@ -155,7 +176,7 @@ mod tests {
         );
         let mut cache = KvCache::new(window, dim);
         let mut scratch = AttentionScratch::default();
-        let xs: Vec<Vec<f32>> = (0..9).map(|p| (0..dim).map(|i| ((p * dim + i) as f32 * 0.37).sin()).collect()).collect();
+        let xs: Vec<Vec<f32>> = (0..steps).map(|p| (0..dim).map(|i| ((p * dim + i) as f32 * 0.37).sin()).collect()).collect();
         for (p, x) in xs.iter().enumerate() {
             let mut out = vec![0f32; dim];
             attn.step(x, None, &mut cache, &mut scratch, &mut out);

@@ -39,6 +39,8 @@ pub struct Depformer {
     x: Vec<f32>,
     row: Vec<f32>,
     logits: Vec<f32>,
+    /// Sub-steps run since the last reset.
+    substeps_done: usize,
 }
 
 impl Depformer {
@@ -57,6 +59,7 @@ impl Depformer {
             x: vec![0.0; dim],
             row: vec![0.0; dim],
             logits: vec![0.0; card],
+            substeps_done: 0,
         }
     }
 
@@ -83,6 +86,7 @@ impl Depformer {
         for c in &mut self.caches {
             c.reset();
         }
+        self.substeps_done = 0;
     }
 
     /// Sub-step `k` of the current frame: input `linear_in[k](transformer_out) + emb[k](prev_token)`,
@@ -103,11 +107,12 @@ impl Depformer {
             layer.step(&mut self.x, rotation, cache, &mut self.scratch);
         }
         slice.linear_out.matvec_into(&self.x, &mut self.logits);
+        self.substeps_done += 1;
         &self.logits
     }
 
-    /// Positions held by the first layer's cache (sub-steps run in this frame).
-    pub fn cache_len(&self) -> usize {
-        self.caches.first().map_or(0, KvCache::len)
+    /// Sub-steps run in this frame (since the last reset).
+    pub fn substeps_done(&self) -> usize {
+        self.substeps_done
     }
 }

@@ -172,6 +172,16 @@ impl LmModel {
         &self.cfg
     }
 
+    /// The temporal transformer (weights and state), e.g. to time one layer.
+    pub fn temporal(&self) -> &TemporalTransformer {
+        &self.temporal
+    }
+
+    /// The depformer (weights and per-frame state).
+    pub fn depformer(&self) -> &Depformer {
+        &self.depformer
+    }
+
     /// Runs the temporal transformer on one step's `1 + n_q` input tokens
     /// (`[text, audio_0 .. audio_{n_q-1}]`, initial tokens `text_card` / `card` allowed).
     /// Results: [`LmModel::transformer_out`], [`LmModel::text_logits`].
@@ -220,10 +230,10 @@ impl LmModel {
     /// audio token of codebook k - 1. Returns the logits of codebook k (`[card]`).
     pub fn depformer_step(&mut self, k: usize, prev_token: u32) -> Result<&[f32]> {
         let cfg = &self.cfg;
-        if k >= cfg.dep_q || self.depformer.cache_len() != k {
+        if k >= cfg.dep_q || self.depformer.substeps_done() != k {
             return Err(ModelError::Input(format!(
                 "depformer sub-step {k} requested after {} sub-steps of this frame (dep_q {})",
-                self.depformer.cache_len(),
+                self.depformer.substeps_done(),
                 cfg.dep_q
             )));
         }

@@ -5,6 +5,7 @@
 //! 1920-sample frame at a time, 2 transformer steps per frame as one chunk.
 
 pub mod conv;
+mod matrix;
 pub mod quantizer;
 pub mod resample;
 pub mod seanet;
@@ -67,6 +68,7 @@ pub struct Mimi {
     decoder_state: DecoderState,
     sample_rate: usize,
     frame_size: usize,
+    bf16_weights: bool,
 }
 
 impl Mimi {
@@ -111,7 +113,29 @@ impl Mimi {
         let modules = MimiModules { encoder, encoder_transformer, downsample, quantizer, upsample, decoder_transformer, decoder };
         let encoder_state = modules.new_encoder_state();
         let decoder_state = modules.new_decoder_state();
-        Ok(Mimi { modules, encoder_state, decoder_state, sample_rate: cfg.sample_rate, frame_size })
+        Ok(Mimi { modules, encoder_state, decoder_state, sample_rate: cfg.sample_rate, frame_size, bf16_weights: false })
+    }
+
+    /// Weight precision of the per-frame products. `false` (the default) is exact f32 math, the
+    /// reference behaviour. `true` keeps a bf16 copy of the weights of every product that runs on
+    /// at most 4 rows per call (transformers, the 12.5/25 Hz convolutions, the quantizer
+    /// projections) and reads it instead: half the memory traffic of the bandwidth-bound
+    /// streaming path, at bf16 weight rounding (activations and accumulation stay f32).
+    /// Codebook lookups and the many-row early convolutions stay f32.
+    pub fn set_bf16_weights(&mut self, on: bool) {
+        let m = &mut self.modules;
+        m.encoder.set_bf16(on);
+        m.encoder_transformer.set_bf16(on);
+        m.downsample.set_bf16(on);
+        m.quantizer.set_bf16(on);
+        m.decoder_transformer.set_bf16(on);
+        m.decoder.set_bf16(on);
+        self.bf16_weights = on;
+    }
+
+    /// Whether [`Mimi::set_bf16_weights`] is on.
+    pub fn bf16_weights(&self) -> bool {
+        self.bf16_weights
     }
 
     /// Samples per frame (1920 at 24 kHz).
@@ -235,22 +259,34 @@ impl Mimi {
 
     /// Streaming decode of codes `[codebook][frame]`, frame by frame -> PCM.
     pub fn decode_step(&mut self, codes: &[Vec<u32>]) -> Result<Vec<f32>> {
-        let frames = self.check_code_matrix(codes)?;
-        let mut out = vec![0f32; frames * self.frame_size];
-        let mut frame_codes = vec![0u32; self.num_codebooks()];
-        for (t, pcm) in out.chunks_exact_mut(self.frame_size).enumerate() {
-            for (c, row) in frame_codes.iter_mut().zip(codes) {
-                *c = row[t];
-            }
-            self.decode_frame_into(&frame_codes, pcm)?;
+        let flat = self.flatten_checked(codes)?;
+        let k = self.num_codebooks();
+        let mut out = Vec::with_capacity(flat.len() / k * self.frame_size);
+        for frame_codes in flat.chunks_exact(k) {
+            self.modules.decode(&mut self.decoder_state, frame_codes, AttentionMode::Streaming);
+            out.extend_from_slice(&self.decoder_state.pcm);
         }
         Ok(out)
     }
 
     /// Non-streaming decode of codes `[codebook][frame]` with fresh state -> PCM.
     pub fn decode_batch(&self, codes: &[Vec<u32>]) -> Result<Vec<f32>> {
-        let frames = self.check_code_matrix(codes)?;
+        let flat = self.flatten_checked(codes)?;
+        let mut st = self.modules.new_decoder_state();
+        self.modules.decode(&mut st, &flat, AttentionMode::Batch);
+        Ok(st.pcm)
+    }
+
+    /// `[codebook][frame]` -> frame-major codes, checking the shape and every code's range.
+    fn flatten_checked(&self, codes: &[Vec<u32>]) -> Result<Vec<u32>> {
         let k = self.num_codebooks();
+        if codes.len() != k {
+            return Err(ModelError::Input(format!("mimi decode: got {} codebooks, expected {k}", codes.len())));
+        }
+        let frames = codes[0].len();
+        if let Some((q, row)) = codes.iter().enumerate().find(|(_, r)| r.len() != frames) {
+            return Err(ModelError::Input(format!("mimi decode: codebook {q} has {} frames, codebook 0 has {frames}", row.len())));
+        }
         let mut flat = vec![0u32; frames * k];
         for (q, row) in codes.iter().enumerate() {
             for (t, &c) in row.iter().enumerate() {
@@ -258,20 +294,7 @@ impl Mimi {
             }
         }
         self.modules.quantizer.check_codes(&flat)?;
-        let mut st = self.modules.new_decoder_state();
-        self.modules.decode(&mut st, &flat, AttentionMode::Batch);
-        Ok(st.pcm)
-    }
-
-    fn check_code_matrix(&self, codes: &[Vec<u32>]) -> Result<usize> {
-        if codes.len() != self.num_codebooks() {
-            return Err(ModelError::Input(format!("mimi decode: got {} codebooks, expected {}", codes.len(), self.num_codebooks())));
-        }
-        let frames = codes[0].len();
-        if let Some((q, row)) = codes.iter().enumerate().find(|(_, r)| r.len() != frames) {
-            return Err(ModelError::Input(format!("mimi decode: codebook {q} has {} frames, codebook 0 has {frames}", row.len())));
-        }
-        Ok(frames)
+        Ok(flat)
     }
 }
 

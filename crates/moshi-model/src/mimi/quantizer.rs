@@ -8,6 +8,7 @@
 use moshi_loader::config::QuantizerConfig;
 
 use super::weights::WeightSource;
+use super::matrix::WeightMatrix;
 use crate::ops::gemm_nt_strided;
 use crate::{ModelError, Result};
 
@@ -43,9 +44,9 @@ impl Codebook {
 #[derive(Clone, Debug)]
 struct ResidualVq {
     /// `[dim][in]`.
-    input_proj: Vec<f32>,
+    input_proj: WeightMatrix,
     /// `[out][dim]`.
-    output_proj: Vec<f32>,
+    output_proj: WeightMatrix,
     codebooks: Vec<Codebook>,
 }
 
@@ -55,7 +56,7 @@ impl ResidualVq {
         let input_proj = src.tensor(&format!("{prefix}.input_proj.weight"), &[d, cfg.input_dimension, 1])?;
         let output_proj = src.tensor(&format!("{prefix}.output_proj.weight"), &[cfg.output_dimension, d, 1])?;
         let codebooks = (0..n).map(|i| Codebook::load(src, &format!("{prefix}.vq.layers.{i}"), cfg.bins, d)).collect::<Result<_>>()?;
-        Ok(Self { input_proj, output_proj, codebooks })
+        Ok(Self { input_proj: WeightMatrix::new(input_proj), output_proj: WeightMatrix::new(output_proj), codebooks })
     }
 }
 
@@ -108,6 +109,14 @@ impl SplitQuantizer {
         self.num_codebooks
     }
 
+    /// Uses bf16 copies of the projections for few-row products (codebooks stay f32).
+    pub fn set_bf16(&mut self, on: bool) {
+        for g in std::iter::once(&mut self.first).chain(self.rest.as_mut()) {
+            g.input_proj.set_bf16(on);
+            g.output_proj.set_bf16(on);
+        }
+    }
+
     pub fn bins(&self) -> usize {
         self.bins
     }
@@ -129,7 +138,7 @@ impl SplitQuantizer {
         for group in std::iter::once(&self.first).chain(self.rest.as_ref()) {
             let d = self.dim;
             scratch.residual.resize(t * d, 0.0);
-            gemm_nt_strided(t, self.in_dim, d, latent, self.in_dim, &group.input_proj, self.in_dim, 1, &mut scratch.residual, d, false);
+            group.input_proj.gemm(t, self.in_dim, d, latent, self.in_dim, 0, self.in_dim, &mut scratch.residual, d, false);
             for cb in &group.codebooks {
                 scratch.scores.resize(t * self.bins, 0.0);
                 gemm_nt_strided(t, d, self.bins, &scratch.residual, d, &cb.vectors, d, 1, &mut scratch.scores, self.bins, false);
@@ -180,7 +189,7 @@ impl SplitQuantizer {
             }
             offset += group.codebooks.len();
             scratch.out.resize(t * self.out_dim, 0.0);
-            gemm_nt_strided(t, d, self.out_dim, &scratch.sum, d, &group.output_proj, d, 1, &mut scratch.out, self.out_dim, false);
+            group.output_proj.gemm(t, d, self.out_dim, &scratch.sum, d, 0, d, &mut scratch.out, self.out_dim, false);
             for (l, o) in latent.iter_mut().zip(&scratch.out) {
                 *l += o;
             }

@@ -60,6 +60,11 @@ struct ResidualState {
 }
 
 impl ResidualBlock {
+    fn set_bf16(&mut self, on: bool) {
+        self.conv_k.set_bf16(on);
+        self.conv_1.set_bf16(on);
+    }
+
     fn load(src: &mut dyn WeightSource, prefix: &str, dim: usize, cfg: &SeanetConfig, dilation: usize) -> Result<Self> {
         let hidden = dim / cfg.compress;
         Ok(Self {
@@ -140,6 +145,16 @@ impl SeanetEncoder {
         idx += 1; // ELU
         let output = load_conv(src, &format!("{prefix}.model.{idx}"), mult * nf, cfg.dimension, cfg.last_kernel_size, 1, 1)?;
         Ok(Self { input, stages, output, hop: cfg.ratios.iter().product() })
+    }
+
+    /// Uses bf16 weight copies for few-row products.
+    pub fn set_bf16(&mut self, on: bool) {
+        self.input.set_bf16(on);
+        for st in &mut self.stages {
+            st.residuals.iter_mut().for_each(|r| r.set_bf16(on));
+            st.down.set_bf16(on);
+        }
+        self.output.set_bf16(on);
     }
 
     /// Input samples per output latent step.
@@ -232,6 +247,16 @@ impl SeanetDecoder {
         idx += 1; // ELU
         let output = load_conv(src, &format!("{prefix}.model.{idx}"), nf, cfg.channels, cfg.last_kernel_size, 1, 1)?;
         Ok(Self { input, stages, output })
+    }
+
+    /// Uses bf16 weight copies for few-row products.
+    pub fn set_bf16(&mut self, on: bool) {
+        self.input.set_bf16(on);
+        for st in &mut self.stages {
+            st.up.set_bf16(on);
+            st.residuals.iter_mut().for_each(|r| r.set_bf16(on));
+        }
+        self.output.set_bf16(on);
     }
 
     pub fn new_state(&self) -> SeanetDecoderState {

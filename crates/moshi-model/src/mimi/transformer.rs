@@ -6,20 +6,21 @@
 
 use moshi_loader::config::MimiTransformerConfig;
 
+use super::matrix::WeightMatrix;
 use super::weights::WeightSource;
-use crate::ops::{gelu_erf, gemm_nt_strided, layer_norm};
+use crate::ops::{dot, gelu_erf, layer_norm};
 use crate::{ModelError, Result};
 
 #[derive(Clone, Debug)]
 struct Layer {
-    in_proj: Vec<f32>,
-    out_proj: Vec<f32>,
+    in_proj: WeightMatrix,
+    out_proj: WeightMatrix,
     norm1_w: Vec<f32>,
     norm1_b: Vec<f32>,
     norm2_w: Vec<f32>,
     norm2_b: Vec<f32>,
-    linear1: Vec<f32>,
-    linear2: Vec<f32>,
+    linear1: WeightMatrix,
+    linear2: WeightMatrix,
     scale1: Vec<f32>,
     scale2: Vec<f32>,
 }
@@ -109,14 +110,14 @@ impl MimiTransformer {
             let p = format!("{prefix}.transformer.layers.{l}");
             let mut t = |name: &str, shape: &[usize]| src.tensor(&format!("{p}.{name}"), shape);
             let layer = Layer {
-                in_proj: t("self_attn.in_proj_weight", &[3 * d, d])?,
-                out_proj: t("self_attn.out_proj.weight", &[d, d])?,
+                in_proj: WeightMatrix::new(t("self_attn.in_proj_weight", &[3 * d, d])?),
+                out_proj: WeightMatrix::new(t("self_attn.out_proj.weight", &[d, d])?),
                 norm1_w: t("norm1.weight", &[d])?,
                 norm1_b: t("norm1.bias", &[d])?,
                 norm2_w: t("norm2.weight", &[d])?,
                 norm2_b: t("norm2.bias", &[d])?,
-                linear1: t("linear1.weight", &[f, d])?,
-                linear2: t("linear2.weight", &[d, f])?,
+                linear1: WeightMatrix::new(t("linear1.weight", &[f, d])?),
+                linear2: WeightMatrix::new(t("linear2.weight", &[d, f])?),
                 scale1: if cfg.layer_scale.is_some() { t("layer_scale_1.scale", &[d])? } else { vec![1.0; d] },
                 scale2: if cfg.layer_scale.is_some() { t("layer_scale_2.scale", &[d])? } else { vec![1.0; d] },
             };
@@ -130,6 +131,15 @@ impl MimiTransformer {
 
     pub fn dim(&self) -> usize {
         self.dim
+    }
+
+    /// Uses bf16 copies of the projection weights for few-row products.
+    pub fn set_bf16(&mut self, on: bool) {
+        for l in &mut self.layers {
+            for w in [&mut l.in_proj, &mut l.out_proj, &mut l.linear1, &mut l.linear2] {
+                w.set_bf16(on);
+            }
+        }
     }
 
     pub fn context(&self) -> usize {
@@ -164,7 +174,7 @@ impl MimiTransformer {
         hidden.resize(t * self.ff_dim, 0.0);
         for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
             layer_norm(x, &layer.norm1_w, &layer.norm1_b, 1e-5, norm);
-            gemm_nt_strided(t, d, 3 * d, norm, d, &layer.in_proj, d, 1, qkv, 3 * d, false);
+            layer.in_proj.gemm(t, d, 3 * d, norm, d, 0, d, qkv, 3 * d, false);
             self.rope(qkv, t, offset);
             match mode {
                 AttentionMode::Streaming => {
@@ -188,18 +198,18 @@ impl MimiTransformer {
                     self.attend(qkv, t, 0, 0, |p| p * 3 * d, keys, values, attn, scores);
                 }
             }
-            gemm_nt_strided(t, d, d, attn, d, &layer.out_proj, d, 1, proj, d, false);
+            layer.out_proj.gemm(t, d, d, attn, d, 0, d, proj, d, false);
             for (row, prow) in x.chunks_exact_mut(d).zip(proj.chunks_exact(d)) {
                 for ((v, p), s) in row.iter_mut().zip(prow).zip(&layer.scale1) {
                     *v += s * p;
                 }
             }
             layer_norm(x, &layer.norm2_w, &layer.norm2_b, 1e-5, norm);
-            gemm_nt_strided(t, d, self.ff_dim, norm, d, &layer.linear1, d, 1, hidden, self.ff_dim, false);
+            layer.linear1.gemm(t, d, self.ff_dim, norm, d, 0, d, hidden, self.ff_dim, false);
             for v in hidden.iter_mut() {
                 *v = gelu_erf(*v);
             }
-            gemm_nt_strided(t, self.ff_dim, d, hidden, self.ff_dim, &layer.linear2, self.ff_dim, 1, proj, d, false);
+            layer.linear2.gemm(t, self.ff_dim, d, hidden, self.ff_dim, 0, self.ff_dim, proj, d, false);
             for (row, prow) in x.chunks_exact_mut(d).zip(proj.chunks_exact(d)) {
                 for ((v, p), s) in row.iter_mut().zip(prow).zip(&layer.scale2) {
                     *v += s * p;
@@ -260,7 +270,7 @@ impl MimiTransformer {
                 let mut max = f32::NEG_INFINITY;
                 for kp in first..=p {
                     let k = &keys[row_of(kp) + h * hd..row_of(kp) + (h + 1) * hd];
-                    let s = q.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * scale;
+                    let s = dot(q, k) * scale;
                     max = max.max(s);
                     scores.push(s);
                 }
@@ -281,5 +291,81 @@ impl MimiTransformer {
                 debug_assert_eq!(scores.len(), n_keys);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mimi::weights::RandomWeights;
+
+    fn config(context: usize, num_layers: usize) -> MimiTransformerConfig {
+        MimiTransformerConfig {
+            d_model: 16,
+            num_heads: 2,
+            num_layers,
+            causal: true,
+            layer_scale: Some(0.01),
+            context,
+            conv_layout: true,
+            max_period: 10000.0,
+            gating: "none".into(),
+            norm: "layer_norm".into(),
+            positional_embedding: "rope".into(),
+            dim_feedforward: 32,
+            input_dimension: 16,
+            output_dimensions: vec![16],
+        }
+    }
+
+    fn input(t: usize, d: usize) -> Vec<f32> {
+        (0..t * d).map(|i| ((i as f32) * 0.37).sin()).collect()
+    }
+
+    #[test]
+    fn streaming_equals_batch_before_the_window_fills() {
+        let tr = MimiTransformer::load(&mut RandomWeights::new(5), "t", &config(12, 2)).unwrap();
+        let x = input(12, 16);
+        let mut batch = x.clone();
+        tr.forward(&mut tr.new_state(), &mut batch, AttentionMode::Batch);
+        assert!(batch.iter().zip(&x).any(|(a, b)| (a - b).abs() > 1e-4), "transformer must change its input");
+        for chunk in [1, 2, 3, 4] {
+            let mut st = tr.new_state();
+            let mut streamed = x.clone();
+            for part in streamed.chunks_mut(chunk * 16) {
+                tr.forward(&mut st, part, AttentionMode::Streaming);
+            }
+            let diff = streamed.iter().zip(&batch).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+            assert!(diff < 1e-5, "chunk {chunk}: stream vs batch {diff}");
+            assert_eq!(st.offset(), 12);
+            st.reset();
+            let mut again = x.clone();
+            for part in again.chunks_mut(chunk * 16) {
+                tr.forward(&mut st, part, AttentionMode::Streaming);
+            }
+            assert_eq!(again, streamed, "reset repeats the stream");
+        }
+    }
+
+    #[test]
+    fn ring_window_drops_the_oldest_key_for_the_first_step_of_a_chunk() {
+        // context 4, chunks of 2: step 4 (first of the third chunk) sees keys 2..=4 only (3 keys),
+        // the batch forward sees 1..=4. So the streams agree up to step 3 and differ at step 4
+        // (one layer, so that step 5 does not see step 4's changed values).
+        let tr = MimiTransformer::load(&mut RandomWeights::new(6), "t", &config(4, 1)).unwrap();
+        let x = input(6, 16);
+        let mut batch = x.clone();
+        tr.forward(&mut tr.new_state(), &mut batch, AttentionMode::Batch);
+        let mut st = tr.new_state();
+        let mut streamed = x.clone();
+        for part in streamed.chunks_mut(2 * 16) {
+            tr.forward(&mut st, part, AttentionMode::Streaming);
+        }
+        let row_diff = |r: usize| (0..16).map(|c| (streamed[r * 16 + c] - batch[r * 16 + c]).abs()).fold(0.0, f32::max);
+        for r in 0..4 {
+            assert!(row_diff(r) < 1e-5, "step {r} should match");
+        }
+        assert!(row_diff(4) > 1e-6, "step 4 should see one key fewer in streaming");
+        assert!(row_diff(5) < 1e-5, "step 5 sees a full window again");
     }
 }

@@ -1,0 +1,329 @@
+//! Quantized matrix-vector product at the Moshi 7B shapes (temporal transformer, text head,
+//! depformer), q4 (group 32) and q8 (group 64), against the machine's measured read bandwidth,
+//! plus a naive dequantize-then-sgemv and dense f32 weights for comparison.
+//!
+//! Each case rotates over enough copies of the matrix to exceed 1 GiB, so weights come from
+//! DRAM as they do when a whole model is streamed every step. Threads: `MOSHI_BENCH_THREADS`
+//! (default 2); kernel: `MOSHI_BENCH_KERNEL=avx512|avx2|portable` (default: detected). Prints a markdown summary table at the end, with speeds from wall time and from
+//! process CPU time (`/proc/self/stat`; bytes per CPU-second × threads): on a shared, loaded
+//! machine the second one says what the kernels do with the cores they actually get.
+//!
+//! `cargo bench -p moshi-quant --bench qmv`
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use criterion::{black_box, Criterion, Throughput};
+use moshi_quant::bandwidth::{ReadBuffer, DEFAULT_BUFFER_BYTES};
+use moshi_quant::{Kernel, QuantizedMatrix};
+
+/// Bytes each case rotates over by default (well above the last-level cache);
+/// `MOSHI_BENCH_ROTATION_MB=0` keeps one copy (in-cache compute speed).
+const DEFAULT_ROTATION_MB: usize = 1024;
+
+/// (name, in_features, out_features).
+const SHAPES: [(&str, usize, usize); 11] = [
+    ("attn in_proj", 4096, 12288),
+    ("attn out_proj", 4096, 4096),
+    ("gating in", 4096, 22528),
+    ("gating out", 11264, 4096),
+    ("text head", 4096, 32000),
+    ("dep in_proj", 1024, 3072),
+    ("dep out_proj", 1024, 1024),
+    ("dep gating in", 1024, 5632),
+    ("dep gating out", 2816, 1024),
+    ("dep linear_in", 4096, 1024),
+    ("dep emb/head", 1024, 2048),
+];
+
+struct Row {
+    case: String,
+    weight_bytes: usize,
+    seconds_per_call: f64,
+    cpu_seconds_per_call: f64,
+    /// Threads the case keeps busy (the baselines are single-threaded).
+    threads: usize,
+}
+
+/// CPU time of this process (all threads), from /proc/self/stat (Linux; clock ticks of 10 ms).
+fn process_cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after_name = stat.rsplit(')').next().unwrap_or("");
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    // fields[0] is field 3 (state); utime and stime are fields 14 and 15.
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// (wall GB/s, CPU-time GB/s) of the read-bandwidth probe: best wall pass, total CPU over all passes.
+fn measure_bandwidth(threads: usize) -> (f64, f64) {
+    let buffer = ReadBuffer::new(threads, DEFAULT_BUFFER_BYTES).expect("read-bandwidth buffer");
+    let passes = 8;
+    let cpu_start = process_cpu_seconds();
+    let best = (0..passes).map(|_| buffer.read_pass()).min().unwrap();
+    let cpu = process_cpu_seconds() - cpu_start;
+    let bytes = buffer.bytes() as f64;
+    (
+        bytes / best.as_secs_f64() / 1e9,
+        bytes * passes as f64 / (cpu / threads as f64) / 1e9,
+    )
+}
+
+static RESULTS: Mutex<Vec<Row>> = Mutex::new(Vec::new());
+
+fn random_matrix(
+    rows: usize,
+    cols: usize,
+    bits: u32,
+    group_size: usize,
+    seed: u64,
+) -> QuantizedMatrix {
+    let mut s = seed | 1;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    let codes = (0..rows * cols * bits as usize / 32)
+        .map(|_| next() as u32)
+        .collect();
+    let groups = rows * cols / group_size;
+    let bf16 = |v: f32| half::bf16::from_f32(v).to_bits();
+    let scales = (0..groups)
+        .map(|i| bf16(0.001 + (i % 97) as f32 * 1e-5))
+        .collect();
+    let biases = (0..groups)
+        .map(|i| bf16(-0.05 + (i % 89) as f32 * 1e-3))
+        .collect();
+    QuantizedMatrix::new(rows, cols, bits, group_size, codes, scales, biases).unwrap()
+}
+
+/// Times `call(copy_index)` rotating over `copies`, recording the mean time per call.
+#[allow(clippy::too_many_arguments)]
+fn bench_rotating(
+    c: &mut Criterion,
+    pool: &rayon::ThreadPool,
+    threads: usize,
+    group: &str,
+    case: String,
+    weight_bytes: usize,
+    copies: usize,
+    mut call: impl FnMut(usize) + Send,
+) {
+    let mut g = c.benchmark_group(group);
+    g.throughput(Throughput::Bytes(weight_bytes as u64));
+    let (mut total, mut calls, mut cpu) = (Duration::ZERO, 0u64, 0f64);
+    g.bench_function(&case, |b| {
+        b.iter_custom(|iters| {
+            pool.install(|| {
+                let cpu_start = process_cpu_seconds();
+                let start = Instant::now();
+                for i in 0..iters {
+                    call(i as usize % copies);
+                }
+                let elapsed = start.elapsed();
+                cpu += process_cpu_seconds() - cpu_start;
+                total += elapsed;
+                calls += iters;
+                elapsed
+            })
+        })
+    });
+    g.finish();
+    if calls > 0 {
+        RESULTS.lock().unwrap().push(Row {
+            case,
+            weight_bytes,
+            seconds_per_call: total.as_secs_f64() / calls as f64,
+            cpu_seconds_per_call: cpu / calls as f64,
+            threads,
+        });
+    }
+}
+
+fn main() {
+    let threads: usize = std::env::var("MOSHI_BENCH_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
+    let rotation_bytes = std::env::var("MOSHI_BENCH_ROTATION_MB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(DEFAULT_ROTATION_MB)
+        << 20;
+    // Same substring filter as criterion's first free argument, applied before building matrices.
+    let filter = std::env::args()
+        .skip(1)
+        .find(|a| !a.starts_with('-'))
+        .unwrap_or_default();
+    let wanted = |case: &str| case.contains(filter.as_str());
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap();
+    let mut c = Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .sample_size(10)
+        .configure_from_args();
+
+    let bandwidth = measure_bandwidth(threads);
+    println!(
+        "measured read bandwidth, {threads} threads: {:.2} GB/s wall, {:.2} GB/s per CPU time",
+        bandwidth.0, bandwidth.1
+    );
+    let kernel = match std::env::var("MOSHI_BENCH_KERNEL") {
+        Ok(name) => *Kernel::ALL
+            .iter()
+            .find(|k| k.name() == name)
+            .expect("MOSHI_BENCH_KERNEL: avx512, avx2 or portable"),
+        Err(_) => Kernel::detect(),
+    };
+    assert!(
+        kernel.is_available(),
+        "kernel {} is not available on this CPU",
+        kernel.name()
+    );
+    println!("kernel: {}", kernel.name());
+
+    for (bits, group_size) in [(4u32, 32usize), (8, 64)] {
+        for (i, &(name, cols, rows)) in SHAPES.iter().enumerate() {
+            let case = format!(
+                "{} q{bits}g{group_size} {name} {cols}->{rows}",
+                kernel.name()
+            );
+            if !wanted(&case) {
+                continue;
+            }
+            let w = random_matrix(rows, cols, bits, group_size, 0x9E37 + i as u64);
+            let copies = rotation_bytes.div_ceil(w.weight_bytes()).max(1);
+            let mats: Vec<QuantizedMatrix> = (0..copies).map(|_| w.clone()).collect();
+            let x: Vec<f32> = (0..cols)
+                .map(|j| ((j * 7919) % 1000) as f32 / 1000.0 - 0.5)
+                .collect();
+            let mut y = vec![0f32; rows];
+            bench_rotating(
+                &mut c,
+                &pool,
+                threads,
+                "qmv",
+                case,
+                w.weight_bytes(),
+                copies,
+                |k| {
+                    if kernel == Kernel::detect() {
+                        mats[k].matvec(black_box(&x), &mut y);
+                    } else {
+                        mats[k]
+                            .matmul_with_kernel(kernel, black_box(&x), 1, &mut y)
+                            .unwrap();
+                    }
+                    black_box(&y);
+                },
+            );
+        }
+    }
+
+    // Baselines on two shapes: dense f32 weights (dequantized at load) with matrixmultiply's
+    // sgemv, and a naive per-call scalar dequantization followed by that sgemv. Both are
+    // single-threaded (matrixmultiply without its threading feature); their "per CPU time"
+    // column is per one thread and their "%" columns compare against the {threads}-thread probe.
+    for &(name, cols, rows) in [SHAPES[1], SHAPES[6]].iter() {
+        if !wanted(&format!("baseline {name}")) {
+            continue;
+        }
+        let w = random_matrix(rows, cols, 4, 32, 77);
+        let dense = w.dequantize_f32();
+        let x: Vec<f32> = (0..cols)
+            .map(|j| ((j * 7919) % 1000) as f32 / 1000.0 - 0.5)
+            .collect();
+        let mut y = vec![0f32; rows];
+        let dense_bytes = dense.len() * 4;
+        let copies = rotation_bytes.div_ceil(dense_bytes).max(1);
+        let denses: Vec<Vec<f32>> = (0..copies).map(|_| dense.clone()).collect();
+        bench_rotating(
+            &mut c,
+            &pool,
+            1,
+            "baseline",
+            format!("baseline f32 dense sgemv {name} {cols}->{rows}"),
+            dense_bytes,
+            copies,
+            |k| {
+                sgemv(&denses[k], rows, cols, black_box(&x), &mut y);
+                black_box(&y);
+            },
+        );
+        let mut scratch = vec![0f32; rows * cols];
+        bench_rotating(
+            &mut c,
+            &pool,
+            1,
+            "baseline",
+            format!("baseline naive q4 dequant+sgemv {name} {cols}->{rows}"),
+            w.weight_bytes(),
+            1,
+            |_| {
+                for r in 0..rows {
+                    w.dequantize_row_f32(r, &mut scratch[r * cols..(r + 1) * cols]);
+                }
+                sgemv(&scratch, rows, cols, black_box(&x), &mut y);
+                black_box(&y);
+            },
+        );
+    }
+
+    c.final_summary();
+    print_table(threads, bandwidth);
+}
+
+/// `y = W x` with matrixmultiply (W row-major `[rows, cols]`).
+fn sgemv(w: &[f32], rows: usize, cols: usize, x: &[f32], y: &mut [f32]) {
+    // SAFETY: w holds rows * cols floats, x holds cols, y holds rows; strides describe them.
+    unsafe {
+        matrixmultiply::sgemm(
+            rows,
+            cols,
+            1,
+            1.0,
+            w.as_ptr(),
+            cols as isize,
+            1,
+            x.as_ptr(),
+            1,
+            1,
+            0.0,
+            y.as_mut_ptr(),
+            1,
+            1,
+        );
+    }
+}
+
+fn print_table(threads: usize, (bw_wall, bw_cpu): (f64, f64)) {
+    println!(
+        "\n| case ({threads} threads) | weight MB | µs/call | GB/s | % of read BW ({bw_wall:.1} GB/s) \
+         | GB/s per CPU time | % of read BW per CPU time ({bw_cpu:.1} GB/s) |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    for r in RESULTS.lock().unwrap().iter() {
+        let gbps = r.weight_bytes as f64 / r.seconds_per_call / 1e9;
+        let cpu_gbps = r.weight_bytes as f64 / (r.cpu_seconds_per_call / r.threads as f64) / 1e9;
+        println!(
+            "| {} | {:.2} | {:.1} | {:.2} | {:.0}% | {:.2} | {:.0}% |",
+            r.case,
+            r.weight_bytes as f64 / 1e6,
+            r.seconds_per_call * 1e6,
+            gbps,
+            100.0 * gbps / bw_wall,
+            cpu_gbps,
+            100.0 * cpu_gbps / bw_cpu
+        );
+    }
+}
