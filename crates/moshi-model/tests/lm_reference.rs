@@ -91,7 +91,10 @@ fn check_against_torch(steps: &[StepDetails]) {
             worst[2] = worst[2].max(d);
         }
     }
-    eprintln!("max |diff| vs torch: transformer_out {:.2e}, text logits {:.2e}, audio logits {:.2e}", worst[0], worst[1], worst[2]);
+    eprintln!(
+        "max |diff| vs torch: transformer_out {:.2e}, text logits {:.2e}, audio logits {:.2e}",
+        worst[0], worst[1], worst[2]
+    );
     // The flattened outputs of the reference, too.
     let frames: Vec<_> = steps.iter().filter_map(|s| s.frame.clone()).collect();
     assert_eq!(returned, frames.len());
@@ -244,7 +247,8 @@ fn checkpoint_of_another_config_is_rejected_with_the_tensor_name() {
     let err = LmModel::load(&fewer, weights).unwrap_err().to_string();
     assert!(err.contains("transformer.layers.1") && err.contains("not used"), "{err}");
     // A missing tensor is named.
-    let mut weights: WeightMap = load_lm_weights(&asset("model.safetensors"), &tiny_config(), WeightMode::Native).unwrap();
+    let mut weights: WeightMap =
+        load_lm_weights(&asset("model.safetensors"), &tiny_config(), WeightMode::Native).unwrap();
     let _ = weights.take("depformer.3.linear_out", &[64, 64]).unwrap();
     let err = LmModel::load(&tiny_config(), weights).unwrap_err().to_string();
     assert!(err.contains("depformer.3.linear_out") && err.contains("missing"), "{err}");
@@ -271,7 +275,9 @@ fn random_models_run_for_every_weight_kind() {
         first_text.push(a.text_logits);
     }
     // F32 and BF16 draws of the same seed are close (bf16 rounding only), quantized ones differ.
-    assert!(max_abs_diff(&first_text[0], &first_text[1]) < 0.05 * first_text[0].iter().fold(0f32, |m, v| m.max(v.abs())));
+    assert!(
+        max_abs_diff(&first_text[0], &first_text[1]) < 0.05 * first_text[0].iter().fold(0f32, |m, v| m.max(v.abs()))
+    );
 }
 
 /// The MLX-packed checkpoints, computed in f32 (dequantized exactly), against moshi_mlx run on
@@ -281,10 +287,9 @@ fn check_against_mlx_f32math(bits: u32, mode: WeightMode) {
     let cfg = tiny_config();
     let weights = load_lm_weights(&asset(&format!("model.q{bits}.safetensors")), &cfg, mode).unwrap();
     let steps = run_greedy(LmModel::load(&cfg, weights).unwrap(), 0);
-    let reference: Value = serde_json::from_str(
-        &std::fs::read_to_string(asset(&format!("ref/mlx_q{bits}_f32math_greedy.json"))).unwrap(),
-    )
-    .unwrap();
+    let reference: Value =
+        serde_json::from_str(&std::fs::read_to_string(asset(&format!("ref/mlx_q{bits}_f32math_greedy.json"))).unwrap())
+            .unwrap();
     let logits = npy::read_f32(asset(&format!("ref/mlx_q{bits}_f32math_text_logits.npy"))).unwrap();
     let tc = logits.shape[1];
     let ref_steps = reference["steps"].as_array().unwrap();
