@@ -319,3 +319,44 @@ fn q4_weights_in_f32_math_reproduce_mlx_f32_math() {
     check_against_mlx_f32math(4, WeightMode::DequantizeF32);
     check_against_mlx_f32math(4, WeightMode::Native);
 }
+
+/// Delays other than moshiko's (acoustic delay 2, a delayed text stream): inputs and returned
+/// frames follow the LMGen rules for every stream.
+#[test]
+fn generator_follows_the_config_delays() {
+    let mut cfg = tiny_config();
+    cfg.delays = vec![1, 0, 2, 2, 2, 2, 2, 2, 2, 0, 2, 2, 2, 2, 2, 2, 2];
+    let max_delay = 2;
+    let model = LmModel::random(&cfg, 5, RandomWeightKind::F32).unwrap();
+    let mut g = Generator::new(model, SamplingConfig { seed: 8, ..SamplingConfig::default() });
+    let fed: Vec<Vec<u32>> = user_frames().into_iter().take(12).collect();
+    let steps: Vec<StepDetails> = fed.iter().map(|f| g.step_detailed(f).unwrap()).collect();
+    let sampled = |s: usize, i: usize| if i == 0 { steps[s].text_token } else { steps[s].audio_tokens[i - 1] };
+    for (s, d) in steps.iter().enumerate() {
+        for (i, &delay) in cfg.delays.iter().enumerate() {
+            let expect = if s <= delay {
+                if i == 0 {
+                    cfg.text_card as u32
+                } else {
+                    cfg.card as u32
+                }
+            } else if i <= cfg.dep_q {
+                sampled(s - 1, i)
+            } else {
+                fed[s - delay][i - cfg.dep_q - 1]
+            };
+            assert_eq!(d.model_input[i], expect, "step {s} stream {i}");
+        }
+        match &d.frame {
+            None => assert!(s < max_delay, "no frame at step {s}"),
+            Some(f) => {
+                assert!(s >= max_delay);
+                assert_eq!(f.text, sampled(s - max_delay + cfg.delays[0], 0), "text of step {s}");
+                for k in 0..cfg.dep_q {
+                    let at = s - max_delay + cfg.delays[k + 1];
+                    assert_eq!(f.audio[k], sampled(at, k + 1), "audio {k} of step {s}");
+                }
+            }
+        }
+    }
+}
