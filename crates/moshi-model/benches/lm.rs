@@ -198,7 +198,13 @@ fn kernel_benches(c: &mut Criterion) {
     g.sample_size(10).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3));
     g.throughput(Throughput::Bytes((buf.len() * 8) as u64));
     g.bench_function("read_1gib_all_threads", |b| {
-        b.iter(|| black_box(buf.par_chunks(1 << 16).map(|c| c.iter().fold(0u64, |a, v| a.wrapping_add(*v))).reduce(|| 0, u64::wrapping_add)))
+        b.iter(|| {
+            black_box(
+                buf.par_chunks(1 << 16)
+                    .map(|c| c.iter().fold(0u64, |a, v| a.wrapping_add(*v)))
+                    .reduce(|| 0, u64::wrapping_add),
+            )
+        })
     });
     g.bench_function("read_1gib_1thread", |b| b.iter(|| black_box(buf.iter().fold(0u64, |a, v| a.wrapping_add(*v)))));
     g.finish();

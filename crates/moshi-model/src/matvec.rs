@@ -439,9 +439,7 @@ pub fn matvec_bf16_with(w: &[u16], n: usize, k: usize, x: &[f32], y: &mut [f32],
     let (w, y) = (&w[..n * k], &mut y[..n]);
     if parallel && n * k >= PARALLEL_MIN_ELEMENTS && n > 1 {
         let rows = rows_per_task(n);
-        w.par_chunks(rows * k)
-            .zip(y.par_chunks_mut(rows))
-            .for_each(|(wc, yc)| rows_bf16(wc, k, x, yc, kernel));
+        w.par_chunks(rows * k).zip(y.par_chunks_mut(rows)).for_each(|(wc, yc)| rows_bf16(wc, k, x, yc, kernel));
     } else {
         rows_bf16(w, k, x, y, kernel);
     }
@@ -458,9 +456,7 @@ pub fn matvec_f32_with(w: &[f32], n: usize, k: usize, x: &[f32], y: &mut [f32], 
     let (w, y) = (&w[..n * k], &mut y[..n]);
     if parallel && n * k >= PARALLEL_MIN_ELEMENTS && n > 1 {
         let rows = rows_per_task(n);
-        w.par_chunks(rows * k)
-            .zip(y.par_chunks_mut(rows))
-            .for_each(|(wc, yc)| rows_f32(wc, k, x, yc, kernel));
+        w.par_chunks(rows * k).zip(y.par_chunks_mut(rows)).for_each(|(wc, yc)| rows_f32(wc, k, x, yc, kernel));
     } else {
         rows_f32(w, k, x, y, kernel);
     }
@@ -505,7 +501,7 @@ mod tests {
             for r in 0..n {
                 reference[r] = dot_bf16_scalar(&w16[r * k..(r + 1) * k], &x);
             }
-            let kernels = [Kernel::Scalar, Kernel::Avx2, Kernel::Avx512, ];
+            let kernels = [Kernel::Scalar, Kernel::Avx2, Kernel::Avx512];
             for (kernel, par) in kernels.iter().flat_map(|&kr| [(kr, false), (kr, true)]) {
                 if !kernel.is_available() {
                     eprintln!("{kernel:?} is not available on this CPU: not tested");
