@@ -4,6 +4,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
+use moshi_quant::QuantizedMatrix;
 use rayon::prelude::*;
 
 use crate::layout::{detect_kind, CheckpointKind, LmLayout};
@@ -22,6 +23,21 @@ pub enum WeightMode {
     /// Packed matrices become `BF16` exactly as `mx.dequantize` makes them with bf16 scales
     /// (`bf16(bf16(q * scale) + bias)`); dense tensors stay as in `Native`.
     DequantizeBf16,
+    /// Every Linear and Embedding matrix becomes `Quantized` with these parameters, as MLX's
+    /// `nn.quantize` makes it from the stored values (norms stay f32). A packed checkpoint must
+    /// already hold exactly these parameters (it is used as is; a mismatch is an error).
+    Quantize { bits: u32, group_size: usize },
+}
+
+impl WeightMode {
+    /// MLX's default group size for `bits` as used by the Moshi releases (q4 -> 32, q8 -> 64).
+    pub fn default_group_size(bits: u32) -> usize {
+        if bits == 4 {
+            32
+        } else {
+            64
+        }
+    }
 }
 
 /// Opens `path`, detects its layout and loads every canonical LM tensor of `cfg`.
@@ -130,7 +146,20 @@ fn materialize(file: &SafetensorsFile, layout: LmLayout, spec: &SourceSpec, mode
             let data = match (spec.canonical.role, mode) {
                 (TensorRole::Norm, _) | (_, WeightMode::DequantizeF32) => WeightData::F32(q.dequantize_f32()),
                 (_, WeightMode::DequantizeBf16) => WeightData::BF16(q.dequantize_bf16()),
-                (_, WeightMode::Native) => WeightData::Quantized(q),
+                (_, WeightMode::Quantize { bits, group_size }) if (bits, group_size) != (q.bits(), q.group_size()) => {
+                    return Err(LoaderError::BadQuantized {
+                        path: file.path().to_path_buf(),
+                        name: prefix.to_string(),
+                        reason: format!(
+                            "stored as {}-bit, group size {}; requested {bits}-bit, group size {group_size} \
+                             (requantizing a packed checkpoint is not supported: load it natively or quantize \
+                             the dense checkpoint)",
+                            q.bits(),
+                            q.group_size()
+                        ),
+                    })
+                }
+                (_, WeightMode::Native | WeightMode::Quantize { .. }) => WeightData::Quantized(q),
             };
             return Ok(Weight { shape, data });
         }
@@ -159,5 +188,28 @@ fn materialize(file: &SafetensorsFile, layout: LmLayout, spec: &SourceSpec, mode
             })
         }
     };
+    if let (WeightMode::Quantize { bits, group_size }, TensorRole::Linear | TensorRole::Embedding) =
+        (mode, spec.canonical.role)
+    {
+        return quantize_dense(file, spec, data, bits, group_size);
+    }
     Ok(Weight { shape, data })
+}
+
+/// Quantizes a dense matrix exactly as MLX's `mx.quantize` does from the same values.
+fn quantize_dense(file: &SafetensorsFile, spec: &SourceSpec, data: WeightData, bits: u32, group_size: usize) -> Result<Weight> {
+    let shape = spec.canonical.shape.clone();
+    let values = match data {
+        WeightData::F32(v) => v,
+        WeightData::BF16(v) => v.into_iter().map(|b| f32::from_bits((b as u32) << 16)).collect(),
+        WeightData::Quantized(q) => return Ok(Weight { shape, data: WeightData::Quantized(q) }),
+    };
+    let q = QuantizedMatrix::quantize(&values, shape[0], shape[1], bits, group_size).map_err(|e| {
+        LoaderError::BadQuantized {
+            path: file.path().to_path_buf(),
+            name: spec.stored_name.clone(),
+            reason: format!("cannot quantize {shape:?} to {bits}-bit, group size {group_size}: {e}"),
+        }
+    })?;
+    Ok(Weight { shape, data: WeightData::Quantized(q) })
 }
