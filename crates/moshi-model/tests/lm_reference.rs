@@ -284,8 +284,13 @@ fn random_models_run_for_every_weight_kind() {
 /// the same dequantized weights with f32 math and the torch attention window
 /// (`ref/mlx_q{8,4}_f32math_*`): same steps as lm_greedy.json.
 fn check_against_mlx_f32math(bits: u32, mode: WeightMode) {
+    check_file_against_mlx_f32math(&format!("model.q{bits}.safetensors"), bits, mode);
+}
+
+/// [`check_against_mlx_f32math`] loading `file` (a packed file, or the dense one with `Quantize`).
+fn check_file_against_mlx_f32math(file: &str, bits: u32, mode: WeightMode) {
     let cfg = tiny_config();
-    let weights = load_lm_weights(&asset(&format!("model.q{bits}.safetensors")), &cfg, mode).unwrap();
+    let weights = load_lm_weights(&asset(file), &cfg, mode).unwrap();
     let steps = run_greedy(LmModel::load(&cfg, weights).unwrap(), 0);
     let reference: Value =
         serde_json::from_str(&std::fs::read_to_string(asset(&format!("ref/mlx_q{bits}_f32math_greedy.json"))).unwrap())
@@ -318,6 +323,12 @@ fn q8_weights_in_f32_math_reproduce_mlx_f32_math() {
 fn q4_weights_in_f32_math_reproduce_mlx_f32_math() {
     check_against_mlx_f32math(4, WeightMode::DequantizeF32);
     check_against_mlx_f32math(4, WeightMode::Native);
+}
+
+#[test]
+fn bf16_weights_quantized_on_load_reproduce_mlx_q8_and_q4_tokens() {
+    check_file_against_mlx_f32math("model.safetensors", 8, WeightMode::Quantize { bits: 8, group_size: 64 });
+    check_file_against_mlx_f32math("model.safetensors", 4, WeightMode::Quantize { bits: 4, group_size: 32 });
 }
 
 /// Delays other than moshiko's (acoustic delay 2, a delayed text stream): inputs and returned
