@@ -9,6 +9,7 @@ pub mod layout;
 pub mod lm_names;
 mod lm_sources;
 pub mod lm_weights;
+pub mod mlx_export;
 pub mod mlx_quant;
 pub mod sentencepiece_proto;
 pub mod source;

@@ -29,6 +29,29 @@ pub struct ModelArgs {
     /// LM config (Kyutai config.json).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// Dequantize a packed q4/q8 checkpoint to f32 at load (more memory; f32 matmuls).
+    #[arg(long, conflicts_with = "quantize")]
+    pub dequantize: bool,
+    /// Quantize a dense (bf16/f32) checkpoint at load, exactly as MLX's `nn.quantize`:
+    /// q4 (4-bit, group 32) or q8 (8-bit, group 64). A packed checkpoint must already be that format.
+    #[arg(long, value_enum, value_name = "q4|q8")]
+    pub quantize: Option<QuantizeLevel>,
+}
+
+/// `--quantize`: MLX affine quantization with the group size of the Kyutai MLX releases.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QuantizeLevel {
+    Q4,
+    Q8,
+}
+
+impl QuantizeLevel {
+    pub fn bits(self) -> u32 {
+        match self {
+            QuantizeLevel::Q4 => 4,
+            QuantizeLevel::Q8 => 8,
+        }
+    }
 }
 
 /// Sampling options (defaults: the official ones).
@@ -97,10 +120,26 @@ impl ModelArgs {
         }
     }
 
+    /// How the LM weights are handed to the model (`--dequantize`, `--quantize`, else as stored).
+    pub fn weight_mode(&self) -> anyhow::Result<WeightMode> {
+        match (self.dequantize, self.quantize) {
+            (true, Some(q)) => anyhow::bail!(
+                "--dequantize and --quantize {} contradict each other: pick one (or neither to run the weights as stored)",
+                q.bits()
+            ),
+            (true, None) => Ok(WeightMode::DequantizeF32),
+            (false, Some(q)) => {
+                Ok(WeightMode::Quantize { bits: q.bits(), group_size: WeightMode::default_group_size(q.bits()) })
+            }
+            (false, None) => Ok(WeightMode::Native),
+        }
+    }
+
     /// Resolves and loads the whole pipeline.
     pub fn load_pipeline(&self, sampling: SamplingConfig) -> anyhow::Result<(ResolvedModel, MoshiPipeline)> {
+        let mode = self.weight_mode()?;
         let model = self.resolve()?;
-        let pipeline = MoshiPipeline::load(&model, sampling, WeightMode::Native)
+        let pipeline = MoshiPipeline::load(&model, sampling, mode)
             .with_context(|| format!("loading the model from {}", model.lm_weights_path.display()))?;
         Ok((model, pipeline))
     }

@@ -1,0 +1,114 @@
+//! Writes a quantized LM `WeightMap` (canonical names) as a safetensors file in the layout of the
+//! Kyutai MLX releases (`model.q4/q8.safetensors`): packed U32 `.weight` + bf16 `.scales` /
+//! `.biases`, 1-D bf16 norms; names from the same table the loader reads MLX files with.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+
+use crate::layout::LmLayout;
+use crate::lm_names::TensorRole;
+use crate::lm_sources::lm_sources;
+use crate::{DType, LmConfig, LoaderError, Result, WeightData, WeightMap};
+
+/// One tensor of the output file, its bytes produced on demand (the 7B is written streaming).
+struct Entry<'a> {
+    dtype: DType,
+    shape: Vec<usize>,
+    bytes: Box<dyn Fn() -> Vec<u8> + 'a>,
+}
+
+fn u32_bytes(v: &[u32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn u16_bytes(v: &[u16]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Canonical name -> MLX release name (with its `.weight` suffix), for every tensor of `cfg`.
+pub fn mlx_release_names(cfg: &LmConfig) -> Vec<(String, String)> {
+    lm_sources(LmLayout::Mlx, cfg).into_iter().map(|s| (s.canonical.name, s.stored_name)).collect()
+}
+
+fn entries<'a>(weights: &'a WeightMap, cfg: &LmConfig, out: &Path) -> Result<BTreeMap<String, Entry<'a>>> {
+    let mut map = BTreeMap::new();
+    for spec in lm_sources(LmLayout::Mlx, cfg) {
+        let name = &spec.canonical.name;
+        let w = weights.get(name).ok_or_else(|| LoaderError::MissingTensor {
+            path: weights.source().to_path_buf(),
+            name: name.clone(),
+        })?;
+        let prefix = spec.stored_name.strip_suffix(".weight").expect("MLX names end in .weight").to_string();
+        match (&w.data, spec.canonical.role) {
+            (WeightData::Quantized(q), TensorRole::Linear | TensorRole::Embedding) => {
+                let groups = q.cols() / q.group_size();
+                let packed_cols = q.cols() * q.bits() as usize / 32;
+                map.insert(
+                    format!("{prefix}.weight"),
+                    Entry { dtype: DType::U32, shape: vec![q.rows(), packed_cols], bytes: Box::new(|| u32_bytes(q.codes())) },
+                );
+                map.insert(
+                    format!("{prefix}.scales"),
+                    Entry { dtype: DType::BF16, shape: vec![q.rows(), groups], bytes: Box::new(|| u16_bytes(q.scales())) },
+                );
+                map.insert(
+                    format!("{prefix}.biases"),
+                    Entry { dtype: DType::BF16, shape: vec![q.rows(), groups], bytes: Box::new(|| u16_bytes(q.biases())) },
+                );
+            }
+            (WeightData::F32(v), TensorRole::Norm) => {
+                let bytes = move || v.iter().flat_map(|x| half::bf16::from_f32(*x).to_bits().to_le_bytes()).collect();
+                map.insert(spec.stored_name.clone(), Entry { dtype: DType::BF16, shape: w.shape.clone(), bytes: Box::new(bytes) });
+            }
+            (WeightData::BF16(v), TensorRole::Norm) => {
+                map.insert(spec.stored_name.clone(), Entry { dtype: DType::BF16, shape: w.shape.clone(), bytes: Box::new(|| u16_bytes(v)) });
+            }
+            (_, role) => {
+                return Err(LoaderError::BadTensor {
+                    path: out.to_path_buf(),
+                    name: name.clone(),
+                    reason: format!("{role:?} weight is not quantized; load the checkpoint with WeightMode::Quantize first"),
+                })
+            }
+        }
+    }
+    Ok(map)
+}
+
+/// Writes `weights` (every Linear/Embedding `Quantized`) to `out` in the MLX release layout.
+/// Atomic: the data goes to a temporary file in the same folder, renamed over `out` at the end;
+/// on any error nothing is left at `out`.
+pub fn write_mlx_quantized(weights: &WeightMap, cfg: &LmConfig, out: &Path) -> Result<()> {
+    let entries = entries(weights, cfg, out)?;
+    let mut header = serde_json::Map::new();
+    let mut offset = 0usize;
+    for (name, e) in &entries {
+        let len = e.shape.iter().product::<usize>() * e.dtype.size_bytes();
+        header.insert(
+            name.clone(),
+            serde_json::json!({ "dtype": e.dtype.to_string(), "shape": e.shape, "data_offsets": [offset, offset + len] }),
+        );
+        offset += len;
+    }
+    header.insert("__metadata__".into(), serde_json::json!({ "format": "mlx" }));
+    let mut header_bytes = serde_json::to_vec(&header).expect("JSON of strings and numbers");
+    while header_bytes.len() % 8 != 0 {
+        header_bytes.push(b' ');
+    }
+    let dir = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| LoaderError::io(dir, e))?;
+    {
+        let mut w = std::io::BufWriter::new(tmp.as_file());
+        let io = |e| LoaderError::io(out, e);
+        w.write_all(&(header_bytes.len() as u64).to_le_bytes()).map_err(io)?;
+        w.write_all(&header_bytes).map_err(io)?;
+        for e in entries.values() {
+            w.write_all(&(e.bytes)()).map_err(io)?;
+        }
+        w.flush().map_err(io)?;
+    }
+    tmp.as_file().sync_all().map_err(|e| LoaderError::io(out, e))?;
+    tmp.persist(out).map_err(|e| LoaderError::io(out, e.error))?;
+    Ok(())
+}
