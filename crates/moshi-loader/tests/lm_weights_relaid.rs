@@ -6,6 +6,7 @@ mod common;
 use common::{asset, copy_all, tiny_config, write_safetensors, RawTensor};
 use moshi_loader::inspect::{inspect_checkpoint, ConfigRef};
 use moshi_loader::layout::detect_kind;
+use moshi_loader::mlx_export::write_mlx_quantized;
 use moshi_loader::{load_lm_weights, CheckpointKind, LmLayout, SafetensorsFile, WeightMode};
 
 /// Re-lays the PyTorch depformer per slice, as Kyutai's `import_rust.py` does.
@@ -105,4 +106,54 @@ fn candle_and_dense_mlx_layouts_load_to_the_pytorch_values() {
             }
         }
     }
+}
+
+/// Every tensor of `path`: name -> (dtype, shape, raw bytes).
+fn all_tensors(path: &std::path::Path) -> Vec<(String, String, Vec<usize>, Vec<u8>)> {
+    let f = SafetensorsFile::open(path).unwrap();
+    let mut v: Vec<_> = f
+        .tensors()
+        .iter()
+        .map(|(n, i)| (n.clone(), i.dtype.to_string(), i.shape.clone(), f.bytes(n).unwrap().to_vec()))
+        .collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
+}
+
+#[test]
+fn every_dense_layout_quantizes_and_exports_to_the_mlx_release_file() {
+    let cfg = tiny_config();
+    let pt_path = asset("model.safetensors");
+    let pt = SafetensorsFile::open(&pt_path).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let candle_path = dir.path().join("candle.safetensors");
+    let mlx_path = dir.path().join("mlx-bf16.safetensors");
+    let candle = candle_tensors(&pt);
+    write_safetensors(&candle_path, &candle);
+    write_safetensors(&mlx_path, &mlx_dense_tensors(candle));
+    for (release, bits, group_size) in [("model.q4.safetensors", 4, 32), ("model.q8.safetensors", 8, 64)] {
+        let want = all_tensors(&asset(release));
+        for input in [&pt_path, &candle_path, &mlx_path] {
+            let weights = load_lm_weights(input, &cfg, WeightMode::Quantize { bits, group_size }).unwrap();
+            let out = dir.path().join(format!("out.q{bits}.safetensors"));
+            write_mlx_quantized(&weights, &cfg, &out).unwrap();
+            let got = all_tensors(&out);
+            assert_eq!(got.len(), want.len(), "{} -> {release}: tensor count", input.display());
+            for (g, w) in got.iter().zip(&want) {
+                assert_eq!((&g.0, &g.1, &g.2), (&w.0, &w.1, &w.2), "{} -> {release}", input.display());
+                assert!(g.3 == w.3, "{} -> {release}: bytes of {} differ", input.display(), w.0);
+            }
+        }
+    }
+}
+
+#[test]
+fn exporting_unquantized_weights_is_refused_and_writes_nothing() {
+    let cfg = tiny_config();
+    let weights = load_lm_weights(&asset("model.safetensors"), &cfg, WeightMode::Native).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.safetensors");
+    let err = write_mlx_quantized(&weights, &cfg, &out).unwrap_err().to_string();
+    assert!(err.contains("text_emb") && err.contains("not quantized"), "{err}");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing half-written");
 }
