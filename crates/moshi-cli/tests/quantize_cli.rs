@@ -25,7 +25,9 @@ fn tensors(path: &Path) -> BTreeMap<String, (String, Vec<usize>, Vec<u8>)> {
     let f = SafetensorsFile::open(path).unwrap();
     f.tensors()
         .iter()
-        .map(|(name, info)| (name.clone(), (info.dtype.to_string(), info.shape.clone(), f.bytes(name).unwrap().to_vec())))
+        .map(|(name, info)| {
+            (name.clone(), (info.dtype.to_string(), info.shape.clone(), f.bytes(name).unwrap().to_vec()))
+        })
         .collect()
 }
 

@@ -197,7 +197,13 @@ fn materialize(file: &SafetensorsFile, layout: LmLayout, spec: &SourceSpec, mode
 }
 
 /// Quantizes a dense matrix exactly as MLX's `mx.quantize` does from the same values.
-fn quantize_dense(file: &SafetensorsFile, spec: &SourceSpec, data: WeightData, bits: u32, group_size: usize) -> Result<Weight> {
+fn quantize_dense(
+    file: &SafetensorsFile,
+    spec: &SourceSpec,
+    data: WeightData,
+    bits: u32,
+    group_size: usize,
+) -> Result<Weight> {
     let shape = spec.canonical.shape.clone();
     let values = match data {
         WeightData::F32(v) => v,

@@ -35,10 +35,9 @@ fn entries<'a>(weights: &'a WeightMap, cfg: &LmConfig, out: &Path) -> Result<BTr
     let mut map = BTreeMap::new();
     for spec in lm_sources(LmLayout::Mlx, cfg) {
         let name = &spec.canonical.name;
-        let w = weights.get(name).ok_or_else(|| LoaderError::MissingTensor {
-            path: weights.source().to_path_buf(),
-            name: name.clone(),
-        })?;
+        let w = weights
+            .get(name)
+            .ok_or_else(|| LoaderError::MissingTensor { path: weights.source().to_path_buf(), name: name.clone() })?;
         let prefix = spec.stored_name.strip_suffix(".weight").expect("MLX names end in .weight").to_string();
         match (&w.data, spec.canonical.role) {
             (WeightData::Quantized(q), TensorRole::Linear | TensorRole::Embedding) => {
@@ -46,29 +45,49 @@ fn entries<'a>(weights: &'a WeightMap, cfg: &LmConfig, out: &Path) -> Result<BTr
                 let packed_cols = q.cols() * q.bits() as usize / 32;
                 map.insert(
                     format!("{prefix}.weight"),
-                    Entry { dtype: DType::U32, shape: vec![q.rows(), packed_cols], bytes: Box::new(|| u32_bytes(q.codes())) },
+                    Entry {
+                        dtype: DType::U32,
+                        shape: vec![q.rows(), packed_cols],
+                        bytes: Box::new(|| u32_bytes(q.codes())),
+                    },
                 );
                 map.insert(
                     format!("{prefix}.scales"),
-                    Entry { dtype: DType::BF16, shape: vec![q.rows(), groups], bytes: Box::new(|| u16_bytes(q.scales())) },
+                    Entry {
+                        dtype: DType::BF16,
+                        shape: vec![q.rows(), groups],
+                        bytes: Box::new(|| u16_bytes(q.scales())),
+                    },
                 );
                 map.insert(
                     format!("{prefix}.biases"),
-                    Entry { dtype: DType::BF16, shape: vec![q.rows(), groups], bytes: Box::new(|| u16_bytes(q.biases())) },
+                    Entry {
+                        dtype: DType::BF16,
+                        shape: vec![q.rows(), groups],
+                        bytes: Box::new(|| u16_bytes(q.biases())),
+                    },
                 );
             }
             (WeightData::F32(v), TensorRole::Norm) => {
                 let bytes = move || v.iter().flat_map(|x| half::bf16::from_f32(*x).to_bits().to_le_bytes()).collect();
-                map.insert(spec.stored_name.clone(), Entry { dtype: DType::BF16, shape: w.shape.clone(), bytes: Box::new(bytes) });
+                map.insert(
+                    spec.stored_name.clone(),
+                    Entry { dtype: DType::BF16, shape: w.shape.clone(), bytes: Box::new(bytes) },
+                );
             }
             (WeightData::BF16(v), TensorRole::Norm) => {
-                map.insert(spec.stored_name.clone(), Entry { dtype: DType::BF16, shape: w.shape.clone(), bytes: Box::new(|| u16_bytes(v)) });
+                map.insert(
+                    spec.stored_name.clone(),
+                    Entry { dtype: DType::BF16, shape: w.shape.clone(), bytes: Box::new(|| u16_bytes(v)) },
+                );
             }
             (_, role) => {
                 return Err(LoaderError::BadTensor {
                     path: out.to_path_buf(),
                     name: name.clone(),
-                    reason: format!("{role:?} weight is not quantized; load the checkpoint with WeightMode::Quantize first"),
+                    reason: format!(
+                        "{role:?} weight is not quantized; load the checkpoint with WeightMode::Quantize first"
+                    ),
                 })
             }
         }

@@ -29,12 +29,9 @@ fn check_quantize_on_load_equals_packed_file(file: &str, bits: u32, group_size: 
             (WeightData::F32(g), WeightData::F32(w), TensorRole::Norm) => {
                 assert!(g.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits()), "{file} {}", t.name);
             }
-            (g, w, role) => panic!(
-                "{file} {} ({role:?}): quantize-on-load gave {}, the packed file {}",
-                t.name,
-                kind(g),
-                kind(w)
-            ),
+            (g, w, role) => {
+                panic!("{file} {} ({role:?}): quantize-on-load gave {}, the packed file {}", t.name, kind(g), kind(w))
+            }
         }
     }
 }

@@ -102,7 +102,12 @@ impl ModelArgs {
             variant: None,
             hub: None,
         };
-        for (flag, path) in [("--weights", &self.weights), ("--mimi", &self.mimi), ("--tokenizer", &self.tokenizer), ("--config", &self.config)] {
+        for (flag, path) in [
+            ("--weights", &self.weights),
+            ("--mimi", &self.mimi),
+            ("--tokenizer", &self.tokenizer),
+            ("--config", &self.config),
+        ] {
             if let Some(p) = path {
                 anyhow::ensure!(p.is_file(), "{flag} {}: no such file", p.display());
             }

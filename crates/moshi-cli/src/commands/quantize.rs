@@ -46,7 +46,11 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
     }
     let (cfg, config_origin) = config_for(&args)?;
     let started = Instant::now();
-    eprintln!("quantizing {} to {}-bit, group size {group_size} (config: {config_origin}) ...", args.input.display(), args.bits);
+    eprintln!(
+        "quantizing {} to {}-bit, group size {group_size} (config: {config_origin}) ...",
+        args.input.display(),
+        args.bits
+    );
     let weights = load_lm_weights(&args.input, &cfg, WeightMode::Quantize { bits: args.bits, group_size })
         .with_context(|| format!("quantizing {}", args.input.display()))?;
     write_mlx_quantized(&weights, &cfg, &args.output).with_context(|| format!("writing {}", args.output.display()))?;
