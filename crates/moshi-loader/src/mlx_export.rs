@@ -112,7 +112,7 @@ pub fn write_mlx_quantized(weights: &WeightMap, cfg: &LmConfig, out: &Path) -> R
     }
     header.insert("__metadata__".into(), serde_json::json!({ "format": "mlx" }));
     let mut header_bytes = serde_json::to_vec(&header).expect("JSON of strings and numbers");
-    while header_bytes.len() % 8 != 0 {
+    while !header_bytes.len().is_multiple_of(8) {
         header_bytes.push(b' ');
     }
     let dir = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
