@@ -35,10 +35,23 @@ pub fn resolve_model(
     };
     ModelSource::resolve(spec, &overrides).map_err(|e| match (format, &e) {
         (Some(f), LoaderError::NotFound { what, .. }) if what == "LM checkpoint" => {
-            setup(format!("checkpoint `{spec}` cannot provide --quant {}: {e}", f.name()))
+            setup(format!("checkpoint `{spec}` cannot provide --quant {}: {e}{}", f.name(), quantize_hint(f)))
         }
         _ => setup(format!("checkpoint `{spec}`: {e}")),
     })
+}
+
+/// How to get a quantized file when only dense weights exist (bench measures stored formats).
+fn quantize_hint(format: WeightFormat) -> String {
+    match format {
+        WeightFormat::Bf16 => String::new(),
+        f => format!(
+            " (bench measures the format as stored; write a {0} file from the bf16 one with \
+             `moshi-rs quantize model.safetensors model.{0}.safetensors --bits {1}`)",
+            f.name(),
+            if f == WeightFormat::Q4 { 4 } else { 8 }
+        ),
+    }
 }
 
 /// Which benchmark format a stored LM is, or an error naming what it holds.
@@ -69,10 +82,11 @@ pub fn load_checkpoint_lm(
     let found = match format {
         Some(f) if !stored.provides(f) => {
             return Err(setup(format!(
-                "checkpoint cannot provide --quant {}: {} holds {} weights",
+                "checkpoint cannot provide --quant {}: {} holds {} weights{}",
                 f.name(),
                 model.lm_weights_path.display(),
-                stored.describe()
+                stored.describe(),
+                quantize_hint(f)
             )))
         }
         Some(f) => f,
@@ -134,6 +148,7 @@ mod tests {
         let spec = dir.path().display().to_string();
         let err = resolve_model(&spec, None, Some(WeightFormat::Q4)).unwrap_err().to_string();
         assert!(err.contains("cannot provide --quant q4") && err.contains("model.q4.safetensors"), "{err}");
+        assert!(err.contains("moshi-rs quantize model.safetensors model.q4.safetensors --bits 4"), "{err}");
         // A bf16 request served by a file that actually holds 8-bit weights.
         std::fs::rename(dir.path().join("model.q8.safetensors"), dir.path().join("model.safetensors")).unwrap();
         let model = resolve_model(&spec, None, Some(WeightFormat::Bf16)).unwrap();
