@@ -1,7 +1,6 @@
 //! moshi-rs binary entry point: parses the command line and dispatches to one subcommand.
 
 mod commands;
-mod wav_input;
 
 /// Debug builds count allocations made inside audio callbacks (`moshi-rs chat` reports them).
 #[cfg(debug_assertions)]

@@ -642,6 +642,7 @@ unsafe fn small_m_fixed<W: WeightElem, const M: usize, const FMA: bool>(
 mod tests {
     use super::*;
 
+    #[allow(clippy::too_many_arguments)]
     fn naive_strided(m: usize, k: usize, n: usize, a: &[f32], rs_a: usize, w: &[f32], rs_w: usize, cs_w: usize) -> Vec<f32> {
         let mut out = vec![0f32; m * n];
         for i in 0..m {

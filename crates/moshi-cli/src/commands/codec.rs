@@ -1,6 +1,6 @@
-//! `moshi-rs codec`: Mimi encode (WAV -> codes .npy, int64 `[codebooks, frames]`) and decode
-//! (codes .npy -> 24 kHz int16 WAV, or float32 PCM .npy), both through the streaming codec frame
-//! by frame, exactly as the live pipeline runs it.
+//! `moshi-rs codec`: Mimi encode (WAV of any rate/channels -> mono 24 kHz -> codes .npy, int64
+//! `[codebooks, frames]`) and decode (codes .npy -> 24 kHz int16 WAV, or float32 PCM .npy), both
+//! through the streaming codec frame by frame, exactly as the live pipeline runs it.
 
 use std::path::{Path, PathBuf};
 
@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use moshi_loader::{npy, MimiConfig};
 use moshi_model::mimi::Mimi;
 
-use crate::wav_input::{read_wav_mono_at, write_wav_i16};
+use moshi_runtime::{resample::resample_to, wav};
 
 #[derive(clap::Subcommand, Debug)]
 pub enum CodecCommand {
@@ -34,7 +34,8 @@ pub struct MimiSource {
 
 #[derive(clap::Args, Debug)]
 pub struct EncodeArgs {
-    /// Input WAV (16/24/32-bit integer or 32-bit float, any channel count, 24 kHz).
+    /// Input WAV (8/16/24/32-bit integer or 32-bit float, any channel count (averaged to mono),
+    /// any sample rate (resampled to 24 kHz)).
     pub input: PathBuf,
     /// Output codes (.npy, int64 [codebooks, frames]).
     pub output: PathBuf,
@@ -110,7 +111,14 @@ fn encode(args: EncodeArgs) -> Result<()> {
     let (weights, cfg) = resolve(&args.source)?;
     let mut mimi = Mimi::load(&cfg, &weights, args.codebooks).with_context(|| format!("loading Mimi from {}", weights.display()))?;
     let frame = mimi.frame_size_samples();
-    let mut pcm = read_wav_mono_at(&args.input, mimi.sample_rate() as u32)?;
+    let audio = wav::read_mono(&args.input)?;
+    let rate = mimi.sample_rate() as u32;
+    let mut pcm = if audio.sample_rate_hz == rate {
+        audio.samples
+    } else {
+        tracing::info!("resampling {} from {} Hz to {rate} Hz", args.input.display(), audio.sample_rate_hz);
+        resample_to(&audio.samples, audio.sample_rate_hz, rate)?
+    };
     let partial = pcm.len() % frame;
     if partial != 0 {
         if args.pad_last_frame {
@@ -168,7 +176,7 @@ fn decode(args: DecodeArgs) -> Result<()> {
     if as_npy {
         npy::write_f32(&args.output, &[pcm.len()], &pcm)?;
     } else {
-        write_wav_i16(&args.output, &pcm, mimi.sample_rate() as u32)?;
+        wav::write_mono_i16(&args.output, &pcm, mimi.sample_rate() as u32)?;
     }
     eprintln!("{}: {} samples ({frames} frames)", args.output.display(), pcm.len());
     Ok(())

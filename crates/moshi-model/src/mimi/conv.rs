@@ -301,6 +301,7 @@ mod tests {
             .collect()
     }
 
+    #[allow(clippy::too_many_arguments)]
     /// Direct PyTorch-semantics causal conv (`[out, in, k]` weights) over `[t][in]` input.
     fn naive_conv(x: &[f32], cin: usize, w: &[f32], b: &[f32], cout: usize, k: usize, s: usize, d: usize, replicate: bool) -> Vec<f32> {
         let t = x.len() / cin;
@@ -331,6 +332,7 @@ mod tests {
         y
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn naive_convtr(x: &[f32], cin: usize, w: &[f32], b: &[f32], cout: usize, k: usize, s: usize, depthwise: bool) -> Vec<f32> {
         let t = x.len() / cin;
         let mut y = vec![0f64; (t * s + k) * cout];
