@@ -81,7 +81,12 @@ pub struct BenchArgs {
     /// Checkpoint: a folder laid out like a Kyutai repo, a checkpoint file, or a Hugging Face repo
     /// id (`kyutai/moshiko-mlx-q4`); `--quant` picks model.safetensors / model.q8.safetensors /
     /// model.q4.safetensors.
-    #[arg(long, value_name = "DIR|REPO", conflicts_with = "random_weights", required_unless_present = "random_weights")]
+    #[arg(
+        long,
+        value_name = "DIR|REPO",
+        conflicts_with = "random_weights",
+        required_unless_present = "random_weights"
+    )]
     model: Option<String>,
     /// Random weights of the config's shapes instead of a checkpoint (no download needed).
     #[arg(long)]
@@ -156,17 +161,17 @@ pub fn run(args: BenchArgs, log_filter: &str) -> Result<()> {
     let (timer, totals) = SpanTimerLayer::new(&[TEMPORAL_LAYER_SPAN]);
     let (chrome, _flush_guard) = match &args.trace {
         Some(path) => {
-            let file = std::fs::File::create(path).with_context(|| format!("cannot create trace file {}", path.display()))?;
+            let file =
+                std::fs::File::create(path).with_context(|| format!("cannot create trace file {}", path.display()))?;
             let (layer, guard) = tracing_chrome::ChromeLayerBuilder::new().writer(file).include_args(true).build();
             (Some(layer), Some(guard))
         }
         None => (None, None),
     };
-    let stderr_log = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_filter(
-            tracing_subscriber::EnvFilter::try_new(log_filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        );
+    let stderr_log = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_filter(
+        tracing_subscriber::EnvFilter::try_new(log_filter)
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+    );
     let subscriber = tracing_subscriber::registry().with(timer).with(chrome).with(stderr_log);
     tracing::subscriber::with_default(subscriber, || bench(&args, threads, &totals))
 }
@@ -209,7 +214,13 @@ fn bench(args: &BenchArgs, threads: usize, totals: &SpanTotals) -> Result<()> {
         StageArg::Depformer => Box::new(DepformerStage::new(lm.context("internal: the LM was not built")?)?),
     };
 
-    eprintln!("running {} warm-up + {} timed frames ({}, stage {}) ...", args.warmup, args.frames, format.name(), args.stage.name());
+    eprintln!(
+        "running {} warm-up + {} timed frames ({}, stage {}) ...",
+        args.warmup,
+        args.frames,
+        format.name(),
+        args.stage.name()
+    );
     let run = run_frames(processor.as_mut(), args.warmup, args.frames, args.seed, Some(totals))?;
     drop(processor);
     // Read the peak before the bandwidth probe allocates its own buffer.
@@ -287,7 +298,7 @@ fn with_layers(cfg: &LmConfig, layers: Option<usize>, origin: &str) -> Result<Lm
 /// Weight byte counts of a built LM.
 fn weight_bytes_of(lm: &LmModel, stage: StageArg) -> WeightBytes {
     let b = lm.weight_bytes();
-    let per_layer = if b.temporal_num_layers == 0 { 0 } else { b.temporal_layers / b.temporal_num_layers };
+    let per_layer = b.temporal_layers.checked_div(b.temporal_num_layers).unwrap_or(0);
     let read = match stage {
         StageArg::All | StageArg::Lm => b.read_per_step(),
         StageArg::Depformer => b.depformer,
