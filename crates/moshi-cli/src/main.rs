@@ -2,6 +2,11 @@
 
 mod commands;
 
+/// Debug builds count allocations made inside audio callbacks (`moshi-rs chat` reports them).
+#[cfg(debug_assertions)]
+#[global_allocator]
+static ALLOCATOR: moshi_runtime::alloc_check::CountingAllocator = moshi_runtime::alloc_check::CountingAllocator;
+
 use clap::{Parser, Subcommand};
 
 /// Run Kyutai's Moshi speech-to-speech model on a CPU.
@@ -44,7 +49,7 @@ fn main() -> std::process::ExitCode {
         Command::File(a) => commands::file::run(a),
         Command::Chat(a) => commands::chat::run(a),
         Command::Devices(a) => commands::devices::run(a),
-        Command::Bench(a) => commands::bench::run(a),
+        Command::Bench(a) => commands::bench::run(a, &cli.log),
         Command::Quantize(a) => commands::quantize::run(a),
     };
     match result {

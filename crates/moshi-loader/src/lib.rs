@@ -3,6 +3,17 @@
 
 pub mod config;
 mod error;
+pub mod hub;
+pub mod inspect;
+pub mod layout;
+pub mod lm_names;
+mod lm_sources;
+pub mod lm_weights;
+pub mod mlx_quant;
+pub mod sentencepiece_proto;
+pub mod source;
+mod text_decode;
+pub mod tokenizer;
 pub mod npy;
 mod safetensors_file;
 mod tensor;
@@ -10,6 +21,9 @@ mod weight_map;
 
 pub use config::{LmConfig, MimiConfig};
 pub use error::LoaderError;
+pub use layout::{CheckpointKind, LmLayout};
+pub use lm_weights::{load_lm_weights, WeightMode};
+pub use source::{LmVariant, ModelSource, ResolvedModel, SourceOverrides};
 pub use safetensors_file::{SafetensorsFile, TensorInfo};
 pub use tensor::{DType, Tensor, TensorData};
 pub use weight_map::{Weight, WeightData, WeightMap};

@@ -58,6 +58,13 @@ impl SafetensorsFile {
         // modified while mapped.
         let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| LoaderError::io(&path, e))?;
         let bad = |reason: String| LoaderError::BadSafetensors { path: path.clone(), reason };
+        if mmap.starts_with(b"GGUF") {
+            return Err(bad(
+                "this is a GGUF file (such as kyutai/moshiko-candle-q8), which moshi-rs does not read; use the MLX q8 \
+                 release (kyutai/moshiko-mlx-q8) or a safetensors checkpoint"
+                    .into(),
+            ));
+        }
         if mmap.len() < 8 {
             return Err(bad(format!("file has {} bytes, less than the 8-byte header length", mmap.len())));
         }
@@ -107,7 +114,11 @@ impl SafetensorsFile {
                 .ok_or_else(|| entry_err("has no data_offsets pair"))?;
             let start = offsets[0].as_u64().ok_or_else(|| entry_err("has a bad start offset"))? as usize;
             let end = offsets[1].as_u64().ok_or_else(|| entry_err("has a bad end offset"))? as usize;
-            let numel: usize = shape.iter().product();
+            let numel = shape
+                .iter()
+                .try_fold(1usize, |n, &d| n.checked_mul(d))
+                .and_then(|n| n.checked_mul(dtype.size_bytes()).map(|_| n))
+                .ok_or_else(|| entry_err(&format!("has shape {shape:?}, too large to address")))?;
             if end < start || end - start != numel * dtype.size_bytes() {
                 return Err(LoaderError::BadTensor {
                     path: path.clone(),

@@ -3,7 +3,12 @@
 //! beyond the weights handed over by `moshi-loader`, no audio devices, no async runtime.
 
 mod error;
+pub mod generator;
+pub mod lm;
+pub mod matvec;
+pub mod mimi;
 pub mod ops;
+pub mod rng;
 
 pub use error::ModelError;
 

@@ -101,6 +101,17 @@ impl Linear {
         }
     }
 
+    /// One vector: `out[out_dim] = W · x[in_dim]`. Dense weights go through the threaded
+    /// matrix-vector kernels of [`crate::matvec`]; packed weights through `forward_into`.
+    pub fn matvec_into(&self, x: &[f32], out: &mut [f32]) {
+        let (n, k) = (self.out_dim(), self.in_dim());
+        match self {
+            Linear::F32 { weight, .. } => crate::matvec::matvec_f32_auto(weight, n, k, x, out),
+            Linear::BF16 { weight, .. } => crate::matvec::matvec_bf16_auto(weight, n, k, x, out),
+            Linear::Quantized(_) => self.forward_into(x, 1, out),
+        }
+    }
+
     /// Allocating variant of [`Linear::forward_into`].
     pub fn forward(&self, x: &[f32], m: usize) -> Vec<f32> {
         let mut out = vec![0f32; m * self.out_dim()];
@@ -109,23 +120,10 @@ impl Linear {
     }
 }
 
-/// `y[n] = W[n, k] · x[k]` with bf16 weights upcast exactly to f32, f32 accumulation.
+/// `y[n] = W[n, k] · x[k]` with bf16 weights upcast exactly to f32, f32 accumulation (AVX2 when
+/// available, rows split over threads for large matrices; see [`crate::matvec`]).
 pub fn matvec_bf16(w: &[u16], n: usize, k: usize, x: &[f32], y: &mut [f32]) {
-    for (row, yv) in w.chunks_exact(k).zip(y.iter_mut()).take(n) {
-        let mut acc = [0f32; 8];
-        let mut chunks = row.chunks_exact(8);
-        let mut xi = x.chunks_exact(8);
-        for (wc, xc) in (&mut chunks).zip(&mut xi) {
-            for j in 0..8 {
-                acc[j] += f32::from_bits((wc[j] as u32) << 16) * xc[j];
-            }
-        }
-        let mut s: f32 = acc.iter().sum();
-        for (wv, xv) in chunks.remainder().iter().zip(xi.remainder()) {
-            s += f32::from_bits((*wv as u32) << 16) * xv;
-        }
-        *yv = s;
-    }
+    crate::matvec::matvec_bf16_auto(w, n, k, x, y);
 }
 
 /// RMSNorm in f32: `x * alpha / sqrt(mean(x²) + eps)`, per row of width `alpha.len()`.
@@ -188,9 +186,529 @@ pub fn softmax_in_place(x: &mut [f32]) {
     }
 }
 
+/// `dst[i] = elu(src[i])` (alpha 1) over a slice, vectorized: `expm1` by range reduction
+/// (`x = k ln2 + r`, degree-8 polynomial for `expm1(r)`), within 2 ulp of `f32::exp_m1`.
+pub fn elu_slice(dst: &mut [f32], src: &[f32]) {
+    assert_eq!(dst.len(), src.len(), "elu_slice lengths");
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx512f") {
+            // SAFETY: feature checked at run time.
+            unsafe { elu_slice_avx512(dst, src) };
+            return;
+        }
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            // SAFETY: feature checked at run time.
+            unsafe { elu_slice_avx2(dst, src) };
+            return;
+        }
+    }
+    elu_slice_body(dst, src);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn elu_slice_avx512(dst: &mut [f32], src: &[f32]) {
+    elu_slice_body(dst, src)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn elu_slice_avx2(dst: &mut [f32], src: &[f32]) {
+    elu_slice_body(dst, src)
+}
+
+#[inline(always)]
+fn elu_slice_body(dst: &mut [f32], src: &[f32]) {
+    for (d, &x) in dst.iter_mut().zip(src) {
+        *d = if x > 0.0 { x } else { expm1_nonpositive(x) };
+    }
+}
+
+/// `expm1(x)` for `x <= 0`, branch-free so that it vectorizes.
+#[inline(always)]
+fn expm1_nonpositive(x: f32) -> f32 {
+    const LN2_HI: f32 = 0.693_145_75;
+    const LN2_LO: f32 = 1.428_606_8e-6;
+    let x = x.max(-88.0);
+    // k = round(x / ln2) with the 1.5 * 2^23 trick (|x / ln2| < 2^22).
+    let kf = (x * std::f32::consts::LOG2_E + 12_582_912.0) - 12_582_912.0;
+    let r = (x - kf * LN2_HI) - kf * LN2_LO;
+    // expm1(r), |r| <= ln2 / 2: r + r²/2! + ... + r⁸/8!
+    let p = 1.0 / 40320.0;
+    let p = p * r + 1.0 / 5040.0;
+    let p = p * r + 1.0 / 720.0;
+    let p = p * r + 1.0 / 120.0;
+    let p = p * r + 1.0 / 24.0;
+    let p = p * r + 1.0 / 6.0;
+    let p = p * r + 0.5;
+    let em1_r = r + r * r * p;
+    let two_k = f32::from_bits(((kf as i32 + 127) << 23) as u32);
+    // 2^k (expm1(r) + 1) - 1 = 2^k expm1(r) + (2^k - 1)
+    two_k * em1_r + (two_k - 1.0)
+}
+
+/// Dot product with 8 independent accumulators (vectorizes; order differs from a serial sum).
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = [0f32; 8];
+    let mut ca = a.chunks_exact(8);
+    let mut cb = b.chunks_exact(8);
+    for (x, y) in (&mut ca).zip(&mut cb) {
+        for l in 0..8 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
+        s += x * y;
+    }
+    s
+}
+
+/// Work (multiply-adds) under which a product stays on the calling thread.
+const PARALLEL_MIN_MACS: usize = 1 << 18;
+
+/// A row-strided f32 product against row-major weights, the kernel behind Mimi's convolutions:
+/// `out[i * rs_out + j] (+)= Σ_p a[i * rs_a + p] · w[j * rs_w + p * cs_w]` for `i < m`, `j < n`, `p < k`.
+/// Rows of `a` may overlap (`rs_a < k`): a causal convolution over a channels-last buffer reads its
+/// windows in place this way, without an im2col copy. Splits the work over the rayon pool when large.
+///
+/// Panics if a slice is too short for the strides (an internal invariant, never user input).
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_nt_strided(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[f32],
+    rs_a: usize,
+    w: &[f32],
+    rs_w: usize,
+    cs_w: usize,
+    out: &mut [f32],
+    rs_out: usize,
+    accumulate: bool,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(rs_out >= n, "output rows overlap: rs_out {rs_out} < n {n}");
+    assert!(out.len() >= (m - 1) * rs_out + n, "output slice too short");
+    if k == 0 {
+        if !accumulate {
+            for i in 0..m {
+                out[i * rs_out..i * rs_out + n].fill(0.0);
+            }
+        }
+        return;
+    }
+    assert!(a.len() >= (m - 1) * rs_a + k, "lhs slice too short");
+    assert!(w.len() > (n - 1) * rs_w + (k - 1) * cs_w, "weight slice too short");
+    let macs = m * n * k;
+    let threads = rayon::current_num_threads();
+    if macs < PARALLEL_MIN_MACS || threads < 2 {
+        // SAFETY: bounds asserted above; `out` is a unique borrow so it cannot alias `a`/`w`.
+        unsafe { gemm_raw(m, k, n, a.as_ptr(), rs_a, w.as_ptr(), rs_w, cs_w, out.as_mut_ptr(), rs_out, accumulate) };
+        return;
+    }
+    let parts = threads.min(if m >= n { m.div_ceil(16) } else { n.div_ceil(16) }).max(1);
+    let (ap, wp, op) = (SendPtr(a.as_ptr() as *mut f32), SendPtr(w.as_ptr() as *mut f32), SendPtr(out.as_mut_ptr()));
+    let split_rows = m >= n;
+    let total = if split_rows { m } else { n };
+    let chunk = total.div_ceil(parts);
+    rayon::scope(|s| {
+        for p in 0..parts {
+            let lo = p * chunk;
+            let hi = ((p + 1) * chunk).min(total);
+            if lo >= hi {
+                continue;
+            }
+            let (ap, wp, op) = (ap, wp, op);
+            s.spawn(move |_| {
+                let (ap, wp, op) = (ap, wp, op);
+                // SAFETY: each task writes a disjoint block of rows (or columns) of `out`,
+                // all inside the ranges asserted above.
+                unsafe {
+                    if split_rows {
+                        gemm_raw(hi - lo, k, n, ap.0.add(lo * rs_a), rs_a, wp.0, rs_w, cs_w, op.0.add(lo * rs_out), rs_out, accumulate);
+                    } else {
+                        gemm_raw(m, k, hi - lo, ap.0, rs_a, wp.0.add(lo * rs_w), rs_w, cs_w, op.0.add(lo), rs_out, accumulate);
+                    }
+                }
+            });
+        }
+    });
+}
+
+#[derive(Clone, Copy)]
+struct SendPtr(*mut f32);
+// SAFETY: used only to hand disjoint output blocks and shared read-only inputs to scoped tasks.
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+
+/// # Safety
+/// The strided ranges must be in bounds and `out` must not alias `a` or `w`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_raw(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: *const f32,
+    rs_a: usize,
+    w: *const f32,
+    rs_w: usize,
+    cs_w: usize,
+    out: *mut f32,
+    rs_out: usize,
+    accumulate: bool,
+) {
+    if m <= SMALL_M && cs_w == 1 {
+        // SAFETY: forwarded caller contract.
+        unsafe { small_m_nt(m, k, n, a, rs_a, w, rs_w, out, rs_out, accumulate) };
+        return;
+    }
+    let beta = if accumulate { 1.0 } else { 0.0 };
+    // SAFETY: forwarded caller contract. B = wᵀ is [k, n] with strides (cs_w, rs_w).
+    unsafe {
+        matrixmultiply::sgemm(m, k, n, 1.0, a, rs_a as isize, 1, w, cs_w as isize, rs_w as isize, beta, out, rs_out as isize, 1);
+    }
+}
+
+/// A weight element the streaming kernel can read: f32, or bf16 bits (`u16`, upcast exactly).
+pub trait WeightElem: Copy + Send + Sync {
+    fn to_f32(self) -> f32;
+    fn lanes(chunk: &[Self]) -> [f32; LANES];
+}
+
+impl WeightElem for f32 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+    #[inline(always)]
+    fn lanes(chunk: &[Self]) -> [f32; LANES] {
+        chunk[..LANES].try_into().expect("lane chunk")
+    }
+}
+
+impl WeightElem for u16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f32::from_bits((self as u32) << 16)
+    }
+    #[inline(always)]
+    fn lanes(chunk: &[Self]) -> [f32; LANES] {
+        let c: &[u16; LANES] = chunk[..LANES].try_into().expect("lane chunk");
+        let mut out = [0f32; LANES];
+        for l in 0..LANES {
+            out[l] = f32::from_bits((c[l] as u32) << 16);
+        }
+        out
+    }
+}
+
+/// f32 -> bf16 bits, round to nearest even (NaN kept quiet).
+pub fn f32_to_bf16_bits(x: f32) -> u16 {
+    let b = x.to_bits();
+    if x.is_nan() {
+        return ((b >> 16) | 0x40) as u16;
+    }
+    let rounding = 0x7FFF + ((b >> 16) & 1);
+    ((b.wrapping_add(rounding)) >> 16) as u16
+}
+
+/// Like [`gemm_nt_strided`] with contiguous weight rows stored as bf16 bits, for at most
+/// [`SMALL_M`] left rows (the memory-bound per-frame case: half the weight bytes of f32).
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_nt_bf16(m: usize, k: usize, n: usize, a: &[f32], rs_a: usize, w: &[u16], rs_w: usize, out: &mut [f32], rs_out: usize, accumulate: bool) {
+    assert!(m <= SMALL_M, "gemm_nt_bf16 takes at most {SMALL_M} rows, got {m}");
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(rs_out >= n && out.len() >= (m - 1) * rs_out + n, "output slice too short");
+    assert!(k > 0 && a.len() >= (m - 1) * rs_a + k, "lhs slice too short");
+    assert!(w.len() >= (n - 1) * rs_w + k, "weight slice too short");
+    let threads = rayon::current_num_threads();
+    if m * n * k < PARALLEL_MIN_MACS || threads < 2 {
+        // SAFETY: bounds asserted above.
+        unsafe { small_m_nt(m, k, n, a.as_ptr(), rs_a, w.as_ptr(), rs_w, out.as_mut_ptr(), rs_out, accumulate) };
+        return;
+    }
+    let parts = threads.min(n.div_ceil(16));
+    let chunk = n.div_ceil(parts);
+    let (ap, wp, op) = (SendPtr(a.as_ptr() as *mut f32), SendPtrU16(w.as_ptr() as *mut u16), SendPtr(out.as_mut_ptr()));
+    rayon::scope(|s| {
+        for p in 0..parts {
+            let (lo, hi) = (p * chunk, ((p + 1) * chunk).min(n));
+            if lo >= hi {
+                continue;
+            }
+            let (ap, wp, op) = (ap, wp, op);
+            s.spawn(move |_| {
+                let (ap, wp, op) = (ap, wp, op);
+                // SAFETY: disjoint output columns per task, all in the asserted ranges.
+                unsafe { small_m_nt(m, k, hi - lo, ap.0, rs_a, wp.0.add(lo * rs_w), rs_w, op.0.add(lo), rs_out, accumulate) };
+            });
+        }
+    });
+}
+
+#[derive(Clone, Copy)]
+struct SendPtrU16(*mut u16);
+// SAFETY: shared read-only weights handed to scoped tasks.
+unsafe impl Send for SendPtrU16 {}
+unsafe impl Sync for SendPtrU16 {}
+
+/// Rows of the left operand up to which the weight-streaming kernel beats a packed sgemm.
+const SMALL_M: usize = 4;
+
+/// `out = a · wᵀ` for at most [`SMALL_M`] rows: streams each weight row once, no packing (the
+/// transformer and quantizer projections at 1-2 tokens per frame are memory-bound matrix-vector work).
+///
+/// # Safety
+/// Same contract as [`gemm_raw`], with `m <= SMALL_M` and contiguous weight rows.
+#[allow(clippy::too_many_arguments)]
+unsafe fn small_m_nt<W: WeightElem>(m: usize, k: usize, n: usize, a: *const f32, rs_a: usize, w: *const W, rs_w: usize, out: *mut f32, rs_out: usize, accumulate: bool) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx512f") {
+            // SAFETY: feature checked at run time; caller contract forwarded.
+            unsafe { small_m_nt_avx512(m, k, n, a, rs_a, w, rs_w, out, rs_out, accumulate) };
+            return;
+        }
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            // SAFETY: as above.
+            unsafe { small_m_nt_avx2(m, k, n, a, rs_a, w, rs_w, out, rs_out, accumulate) };
+            return;
+        }
+    }
+    // SAFETY: caller contract forwarded.
+    unsafe { small_m_nt_body::<W, false>(m, k, n, a, rs_a, w, rs_w, out, rs_out, accumulate) }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn small_m_nt_avx512<W: WeightElem>(m: usize, k: usize, n: usize, a: *const f32, rs_a: usize, w: *const W, rs_w: usize, out: *mut f32, rs_out: usize, accumulate: bool) {
+    // SAFETY: caller contract forwarded.
+    unsafe { small_m_nt_body::<W, true>(m, k, n, a, rs_a, w, rs_w, out, rs_out, accumulate) }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn small_m_nt_avx2<W: WeightElem>(m: usize, k: usize, n: usize, a: *const f32, rs_a: usize, w: *const W, rs_w: usize, out: *mut f32, rs_out: usize, accumulate: bool) {
+    // SAFETY: caller contract forwarded.
+    unsafe { small_m_nt_body::<W, true>(m, k, n, a, rs_a, w, rs_w, out, rs_out, accumulate) }
+}
+
+/// Lane count of the accumulators (one AVX-512 register, two AVX2 ones).
+pub const LANES: usize = 16;
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn small_m_nt_body<W: WeightElem, const FMA: bool>(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: *const f32,
+    rs_a: usize,
+    w: *const W,
+    rs_w: usize,
+    out: *mut f32,
+    rs_out: usize,
+    accumulate: bool,
+) {
+    // SAFETY (all arms): caller contract forwarded.
+    unsafe {
+        match m {
+            1 => small_m_fixed::<W, 1, FMA>(k, n, a, rs_a, w, rs_w, out, rs_out, accumulate),
+            2 => small_m_fixed::<W, 2, FMA>(k, n, a, rs_a, w, rs_w, out, rs_out, accumulate),
+            3 => small_m_fixed::<W, 3, FMA>(k, n, a, rs_a, w, rs_w, out, rs_out, accumulate),
+            _ => small_m_fixed::<W, 4, FMA>(k, n, a, rs_a, w, rs_w, out, rs_out, accumulate),
+        }
+    }
+}
+
+/// Weight rows processed together (independent memory streams and accumulator chains).
+const NR: usize = 4;
+
+#[inline(always)]
+fn fma_lanes<const FMA: bool>(acc: &mut [f32; LANES], x: &[f32; LANES], w: &[f32; LANES]) {
+    for l in 0..LANES {
+        acc[l] = if FMA { x[l].mul_add(w[l], acc[l]) } else { acc[l] + x[l] * w[l] };
+    }
+}
+
+#[inline(always)]
+fn reduce_lanes(acc: &[f32; LANES]) -> f32 {
+    let mut v = *acc;
+    let mut width = LANES / 2;
+    while width > 0 {
+        for l in 0..width {
+            v[l] += v[l + width];
+        }
+        width /= 2;
+    }
+    v[0]
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn small_m_fixed<W: WeightElem, const M: usize, const FMA: bool>(
+    k: usize,
+    n: usize,
+    a: *const f32,
+    rs_a: usize,
+    w: *const W,
+    rs_w: usize,
+    out: *mut f32,
+    rs_out: usize,
+    accumulate: bool,
+) {
+    let mut rows: [&[f32]; M] = [&[]; M];
+    for (i, r) in rows.iter_mut().enumerate() {
+        // SAFETY: row i of `a` holds k values (caller contract).
+        *r = unsafe { std::slice::from_raw_parts(a.add(i * rs_a), k) };
+    }
+    let full = k - k % LANES;
+    let store = |i: usize, j: usize, s: f32| {
+        // SAFETY: element (i, j) of `out` is in bounds (caller contract).
+        unsafe {
+            let o = out.add(i * rs_out + j);
+            *o = if accumulate { *o + s } else { s };
+        }
+    };
+    let mut j = 0;
+    while j + NR <= n {
+        let mut wr: [&[W]; NR] = [&[]; NR];
+        for (r, wrow) in wr.iter_mut().enumerate() {
+            // SAFETY: weight row j + r holds k values (caller contract).
+            *wrow = unsafe { std::slice::from_raw_parts(w.add((j + r) * rs_w), k) };
+        }
+        let mut acc = [[[0f32; LANES]; NR]; M];
+        let mut p = 0;
+        while p < full {
+            let mut xc: [&[f32; LANES]; M] = [&[0f32; LANES]; M];
+            for i in 0..M {
+                xc[i] = rows[i][p..p + LANES].try_into().expect("lane chunk");
+            }
+            for r in 0..NR {
+                let wc = W::lanes(&wr[r][p..p + LANES]);
+                for i in 0..M {
+                    fma_lanes::<FMA>(&mut acc[i][r], xc[i], &wc);
+                }
+            }
+            p += LANES;
+        }
+        for i in 0..M {
+            for r in 0..NR {
+                let mut s = reduce_lanes(&acc[i][r]);
+                for q in full..k {
+                    s += rows[i][q] * wr[r][q].to_f32();
+                }
+                store(i, j + r, s);
+            }
+        }
+        j += NR;
+    }
+    while j < n {
+        // SAFETY: weight row j holds k values (caller contract).
+        let wrow = unsafe { std::slice::from_raw_parts(w.add(j * rs_w), k) };
+        let mut acc = [[0f32; LANES]; M];
+        let mut p = 0;
+        while p < full {
+            let wc = W::lanes(&wrow[p..p + LANES]);
+            for i in 0..M {
+                let xc: &[f32; LANES] = rows[i][p..p + LANES].try_into().expect("lane chunk");
+                fma_lanes::<FMA>(&mut acc[i], xc, &wc);
+            }
+            p += LANES;
+        }
+        for i in 0..M {
+            let mut s = reduce_lanes(&acc[i]);
+            for q in full..k {
+                s += rows[i][q] * wrow[q].to_f32();
+            }
+            store(i, j, s);
+        }
+        j += 1;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[allow(clippy::too_many_arguments)]
+    fn naive_strided(m: usize, k: usize, n: usize, a: &[f32], rs_a: usize, w: &[f32], rs_w: usize, cs_w: usize) -> Vec<f32> {
+        let mut out = vec![0f32; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                out[i * n + j] = (0..k).map(|p| a[i * rs_a + p] as f64 * w[j * rs_w + p * cs_w] as f64).sum::<f64>() as f32;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn gemm_nt_strided_matches_scalar_reference() {
+        // small-m kernel, packed sgemm, overlapping lhs rows, strided weights, parallel split
+        for &(m, k, n, rs_a, cs_w) in &[(1, 37, 5, 37, 1), (2, 64, 33, 64, 1), (4, 100, 7, 50, 1), (9, 24, 12, 6, 1), (3, 8, 5, 8, 3), (200, 96, 64, 48, 1), (2, 512, 1536, 512, 1), (3, 40, 9, 40, 1), (1, 300, 2051, 300, 1)] {
+            let a: Vec<f32> = (0..(m - 1) * rs_a + k).map(|i| (i as f32 * 0.13).sin()).collect();
+            let rs_w = if cs_w == 1 { k } else { 1 };
+            let wlen = (n - 1) * rs_w + (k - 1) * cs_w + 1;
+            let w: Vec<f32> = (0..wlen).map(|i| (i as f32 * 0.071).cos()).collect();
+            let reference = naive_strided(m, k, n, &a, rs_a, &w, rs_w, cs_w);
+            let mut out = vec![1f32; m * n];
+            gemm_nt_strided(m, k, n, &a, rs_a, &w, rs_w, cs_w, &mut out, n, false);
+            let tol = 1e-4 * (k as f32).sqrt();
+            for (x, y) in out.iter().zip(&reference) {
+                assert!((x - y).abs() < tol, "m{m} k{k} n{n}: {x} vs {y}");
+            }
+            gemm_nt_strided(m, k, n, &a, rs_a, &w, rs_w, cs_w, &mut out, n, true);
+            for (x, y) in out.iter().zip(&reference) {
+                assert!((x - 2.0 * y).abs() < 2.0 * tol, "accumulate m{m} k{k} n{n}");
+            }
+        }
+    }
+
+    #[test]
+    fn elu_slice_matches_libm() {
+        let xs: Vec<f32> = (0..200_000).map(|i| -30.0 + i as f32 * 0.00016).chain([0.0, -0.0, -1e-8, -1e-30, -87.9, -200.0, 5.0]).collect();
+        let mut out = vec![0f32; xs.len()];
+        elu_slice(&mut out, &xs);
+        for (&x, &y) in xs.iter().zip(&out) {
+            let r = elu(x);
+            let ulp = (r.abs() * f32::EPSILON).max(f32::MIN_POSITIVE);
+            assert!((y - r).abs() <= 2.0 * ulp, "elu({x}) = {y}, libm {r}");
+        }
+    }
+
+    #[test]
+    fn gemm_bf16_matches_f32_on_rounded_weights() {
+        for &(m, k, n) in &[(1, 37, 5), (2, 512, 1536), (4, 64, 9), (3, 100, 33)] {
+            let a: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.13).sin()).collect();
+            let w: Vec<f32> = (0..n * k).map(|i| (i as f32 * 0.071).cos()).collect();
+            let w16: Vec<u16> = w.iter().map(|&x| f32_to_bf16_bits(x)).collect();
+            let rounded: Vec<f32> = w16.iter().map(|&b| b.to_f32()).collect();
+            for (x, r) in w.iter().zip(&rounded) {
+                assert!((x - r).abs() <= x.abs() / 256.0);
+            }
+            let reference = naive_strided(m, k, n, &a, k, &rounded, k, 1);
+            let mut out = vec![0f32; m * n];
+            gemm_nt_bf16(m, k, n, &a, k, &w16, k, &mut out, n, false);
+            let tol = 1e-4 * (k as f32).sqrt();
+            for (x, y) in out.iter().zip(&reference) {
+                assert!((x - y).abs() < tol, "m{m} k{k} n{n}: {x} vs {y}");
+            }
+        }
+        assert_eq!(f32_to_bf16_bits(1.0), 0x3F80);
+        assert_eq!(f32_to_bf16_bits(f32::from_bits(0x3F80_8000)), 0x3F80); // tie -> even
+        assert_eq!(f32_to_bf16_bits(f32::from_bits(0x3F81_8000)), 0x3F82);
+    }
 
     #[test]
     fn matmul_t_matches_naive() {

@@ -1,8 +1,392 @@
-//! `moshi-rs bench` (being implemented).
+//! `moshi-rs bench`: per-stage latency of the streaming pipeline against the 80 ms frame budget,
+//! on random weights of the real shapes or on a checkpoint, next to the memory-bandwidth bound.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use moshi_loader::tokenizer::TextTokenizer;
+use moshi_loader::{LmConfig, MimiConfig, WeightMap};
+use moshi_model::generator::{Generator, SamplingConfig};
+use moshi_model::lm::random::random_lm_weights;
+use moshi_model::lm::LmModel;
+use moshi_model::mimi::Mimi;
+use moshi_runtime::bench::checkpoint::{load_checkpoint_lm, resolve_model};
+use moshi_runtime::bench::extrapolate::extrapolate_to_full_depth;
+use moshi_runtime::bench::format::WeightFormat;
+use moshi_runtime::bench::memory::peak_resident_bytes;
+use moshi_runtime::bench::report::{
+    real_time_factor, BandwidthBound, BenchReport, MachineInfo, RunInfo, StageStats, WeightBytes, BENCH_SCHEMA_VERSION,
+};
+use moshi_runtime::bench::runner::{run_frames, TEMPORAL_LAYER_SPAN};
+use moshi_runtime::bench::span_timer::{SpanTimerLayer, SpanTotals};
+use moshi_runtime::bench::stages::{DepformerStage, LmStage, MimiStage};
+use moshi_runtime::bench::synthetic_tokenizer::synthetic_tokenizer;
+use moshi_runtime::engine::FrameProcessor;
+use moshi_runtime::pipeline::MoshiPipeline;
+use moshi_runtime::FRAME_MS;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::Layer;
+
+/// `--quant`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QuantArg {
+    Bf16,
+    Q8,
+    Q4,
+}
+
+impl From<QuantArg> for WeightFormat {
+    fn from(q: QuantArg) -> Self {
+        match q {
+            QuantArg::Bf16 => WeightFormat::Bf16,
+            QuantArg::Q8 => WeightFormat::Q8,
+            QuantArg::Q4 => WeightFormat::Q4,
+        }
+    }
+}
+
+/// `--stage`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StageArg {
+    /// Mimi encode -> LM step -> Mimi decode, as in `file` and `chat`.
+    All,
+    /// Mimi encode + decode only.
+    Mimi,
+    /// The LM step only (temporal transformer, depformer, sampling), random user codes.
+    Lm,
+    /// The depformer only (its 8 sub-steps per frame).
+    Depformer,
+}
+
+impl StageArg {
+    fn name(self) -> &'static str {
+        match self {
+            StageArg::All => "all",
+            StageArg::Mimi => "mimi",
+            StageArg::Lm => "lm",
+            StageArg::Depformer => "depformer",
+        }
+    }
+    fn needs_mimi(self) -> bool {
+        matches!(self, StageArg::All | StageArg::Mimi)
+    }
+    fn needs_lm(self) -> bool {
+        !matches!(self, StageArg::Mimi)
+    }
+}
 
 #[derive(clap::Args, Debug)]
-pub struct BenchArgs {}
+pub struct BenchArgs {
+    /// Checkpoint: a folder laid out like a Kyutai repo, a checkpoint file, or a Hugging Face repo
+    /// id (`kyutai/moshiko-mlx-q4`); `--quant` picks model.safetensors / model.q8.safetensors /
+    /// model.q4.safetensors.
+    #[arg(long, value_name = "DIR|REPO", conflicts_with = "random_weights", required_unless_present = "random_weights")]
+    model: Option<String>,
+    /// Random weights of the config's shapes instead of a checkpoint (no download needed).
+    #[arg(long)]
+    random_weights: bool,
+    /// LM config (default: DIR/config.json for --model, configs/moshiko-7b.json built in for
+    /// --random-weights).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Run only the first N temporal layers; figures for the full depth are then extrapolated
+    /// from the measured per-layer time (and labelled so).
+    #[arg(long, value_name = "N")]
+    layers: Option<usize>,
+    /// Weight format: bf16, q8 (MLX 8-bit, group 64) or q4 (MLX 4-bit, group 32). Default: q4
+    /// for random weights, the config's `moshi_name` file (bf16) for a checkpoint.
+    #[arg(long, value_enum)]
+    quant: Option<QuantArg>,
+    /// Timed frames (80 ms each).
+    #[arg(long, default_value_t = 50)]
+    frames: usize,
+    /// Untimed frames run first.
+    #[arg(long, default_value_t = 3)]
+    warmup: usize,
+    /// Compute threads (default: all logical CPUs).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// What to run.
+    #[arg(long, value_enum, default_value_t = StageArg::All)]
+    stage: StageArg,
+    /// Write the report as JSON (schema: README, "Performance").
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Write a Chrome trace (chrome://tracing, Perfetto) of the timed frames' spans.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
+    /// Seed of the random weights, the input signal and sampling.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Buffer of the memory read-bandwidth probe, MiB (keep it well above the last-level cache).
+    #[arg(long, default_value_t = 1024, value_name = "MIB")]
+    bandwidth_buffer_mib: usize,
+}
 
-pub fn run(_args: BenchArgs) -> anyhow::Result<()> {
-    anyhow::bail!("`moshi-rs bench` is not available in this build yet")
+/// The models a run needs, their config and where they came from.
+struct Loaded {
+    lm: Option<LmModel>,
+    mimi: Option<Mimi>,
+    tokenizer: Option<TextTokenizer>,
+    cfg: LmConfig,
+    layers_config: usize,
+    config_origin: String,
+    format: WeightFormat,
+    weights: WeightBytes,
+}
+
+/// Runs the benchmark; `log_filter` is the `--log` filter for messages on stderr.
+pub fn run(args: BenchArgs, log_filter: &str) -> Result<()> {
+    if args.frames == 0 {
+        bail!("--frames must be at least 1");
+    }
+    let threads = match args.threads {
+        Some(0) => bail!("--threads must be at least 1"),
+        Some(n) => n,
+        None => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+    };
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build_global()
+        .context("cannot set up the compute thread pool")?;
+
+    // Our own subscriber for this command: the per-layer span timer, the optional Chrome trace,
+    // and the usual stderr log filtered by --log.
+    let (timer, totals) = SpanTimerLayer::new(&[TEMPORAL_LAYER_SPAN]);
+    let (chrome, _flush_guard) = match &args.trace {
+        Some(path) => {
+            let file = std::fs::File::create(path).with_context(|| format!("cannot create trace file {}", path.display()))?;
+            let (layer, guard) = tracing_chrome::ChromeLayerBuilder::new().writer(file).include_args(true).build();
+            (Some(layer), Some(guard))
+        }
+        None => (None, None),
+    };
+    let stderr_log = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_filter(
+            tracing_subscriber::EnvFilter::try_new(log_filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        );
+    let subscriber = tracing_subscriber::registry().with(timer).with(chrome).with(stderr_log);
+    tracing::subscriber::with_default(subscriber, || bench(&args, threads, &totals))
+}
+
+fn bench(args: &BenchArgs, threads: usize, totals: &SpanTotals) -> Result<()> {
+    let loaded = load(args)?;
+    let layers_run = loaded.cfg.num_layers;
+    let Loaded { lm, mimi, tokenizer, layers_config, config_origin, format, weights, .. } = loaded;
+    let mut processor: Box<dyn FrameProcessor> = match args.stage {
+        StageArg::All => {
+            let lm = lm.context("internal: the LM was not built")?;
+            let mimi = mimi.context("internal: Mimi was not built")?;
+            let generator = Generator::new(lm, SamplingConfig { seed: args.seed, ..SamplingConfig::default() });
+            let tokenizer = tokenizer.context("internal: the text tokenizer was not built")?;
+            Box::new(MoshiPipeline::from_parts(mimi, generator, &tokenizer)?)
+        }
+        StageArg::Mimi => Box::new(MimiStage::new(mimi.context("internal: Mimi was not built")?)),
+        StageArg::Lm => {
+            let lm = lm.context("internal: the LM was not built")?;
+            let generator = Generator::new(lm, SamplingConfig { seed: args.seed, ..SamplingConfig::default() });
+            Box::new(LmStage::new(generator, args.seed))
+        }
+        StageArg::Depformer => Box::new(DepformerStage::new(lm.context("internal: the LM was not built")?)?),
+    };
+
+    eprintln!("running {} warm-up + {} timed frames ({}, stage {}) ...", args.warmup, args.frames, format.name(), args.stage.name());
+    let run = run_frames(processor.as_mut(), args.warmup, args.frames, args.seed, Some(totals))?;
+    drop(processor);
+    // Read the peak before the bandwidth probe allocates its own buffer.
+    let peak_memory_bytes = peak_resident_bytes();
+    eprintln!("measuring memory read bandwidth with {threads} threads ...");
+    let read_bandwidth_gbps = moshi_quant::bandwidth::measure_read_bandwidth_gbps_with(
+        threads,
+        args.bandwidth_buffer_mib.max(1) << 20,
+        moshi_quant::bandwidth::DEFAULT_PASSES,
+    );
+
+    let stats = StageStats::of(&run.records);
+    let bound = BandwidthBound::new(weights.read_per_frame_bytes, read_bandwidth_gbps, stats.lm_step_ms.p50);
+    let extrapolated = if matches!(args.stage, StageArg::All | StageArg::Lm) {
+        extrapolate_to_full_depth(&stats, &run.layer_ms, &weights, layers_run, layers_config, read_bandwidth_gbps)
+    } else {
+        None
+    };
+    let report = BenchReport {
+        schema_version: BENCH_SCHEMA_VERSION,
+        tool: "moshi-rs bench".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        run: RunInfo {
+            weights: if args.random_weights { "random" } else { "checkpoint" }.into(),
+            model: args.model.clone(),
+            config: config_origin,
+            quant: format.name().into(),
+            stage: args.stage.name().into(),
+            layers_run,
+            layers_config,
+            frames: args.frames,
+            warmup_frames: args.warmup,
+            threads,
+            seed: args.seed,
+        },
+        machine: MachineInfo {
+            os: std::env::consts::OS.into(),
+            arch: std::env::consts::ARCH.into(),
+            logical_cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            read_bandwidth_gbps,
+            peak_memory_bytes,
+        },
+        frame_budget_ms: FRAME_MS,
+        real_time_factor: real_time_factor(&stats),
+        stages: stats,
+        weights,
+        bound,
+        extrapolated,
+        frames: run.records,
+    };
+    print!("{}", report.to_text());
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&report).context("cannot serialise the report")?;
+        std::fs::write(path, text + "\n").with_context(|| format!("cannot write {}", path.display()))?;
+        eprintln!("report written to {}", path.display());
+    }
+    if let Some(path) = &args.trace {
+        eprintln!("Chrome trace written to {} (open in chrome://tracing or ui.perfetto.dev)", path.display());
+    }
+    Ok(())
+}
+
+/// Applies `--layers` to a config: `N` must be between 1 and the config's `num_layers`.
+fn with_layers(cfg: &LmConfig, layers: Option<usize>, origin: &str) -> Result<LmConfig> {
+    let mut out = cfg.clone();
+    match layers {
+        None => {}
+        Some(0) => bail!("--layers must be at least 1"),
+        Some(n) if n > cfg.num_layers => {
+            bail!("--layers {n} is above the {} temporal layers of the config ({origin})", cfg.num_layers)
+        }
+        Some(n) => out.num_layers = n,
+    }
+    Ok(out)
+}
+
+/// Weight byte counts of a built LM.
+fn weight_bytes_of(lm: &LmModel, stage: StageArg) -> WeightBytes {
+    let b = lm.weight_bytes();
+    let per_layer = if b.temporal_num_layers == 0 { 0 } else { b.temporal_layers / b.temporal_num_layers };
+    let read = match stage {
+        StageArg::All | StageArg::Lm => b.read_per_step(),
+        StageArg::Depformer => b.depformer,
+        StageArg::Mimi => 0,
+    };
+    WeightBytes {
+        resident_bytes: (b.temporal_layers + b.text_head + b.depformer + b.embedding_tables) as u64,
+        read_per_frame_bytes: read as u64,
+        temporal_layer_bytes: per_layer as u64,
+        text_head_bytes: b.text_head as u64,
+        depformer_bytes: b.depformer as u64,
+    }
+}
+
+/// The Mimi config to pair with an LM config file: its `mimi_config_name` next to it, else the
+/// real Mimi's.
+fn mimi_config_near(config_path: Option<&Path>, cfg: &LmConfig) -> Result<MimiConfig> {
+    if let (Some(path), Some(name)) = (config_path, cfg.mimi_config_name.as_deref()) {
+        let candidate = path.parent().unwrap_or(Path::new(".")).join(name);
+        if candidate.is_file() {
+            return MimiConfig::from_file(&candidate).with_context(|| format!("cannot read {}", candidate.display()));
+        }
+    }
+    Ok(MimiConfig::v0_1())
+}
+
+fn load(args: &BenchArgs) -> Result<Loaded> {
+    if args.random_weights {
+        load_random(args)
+    } else {
+        load_checkpoint(args)
+    }
+}
+
+/// Number of Mimi codebooks the LM of `cfg` needs.
+fn mimi_codebooks(cfg: &LmConfig) -> usize {
+    cfg.dep_q.max(cfg.user_codebooks())
+}
+
+/// Builds the LM from `weights` and counts its weight bytes.
+fn build_lm(cfg: &LmConfig, weights: Option<WeightMap>, stage: StageArg) -> Result<(Option<LmModel>, WeightBytes)> {
+    let Some(w) = weights else { return Ok((None, WeightBytes::default())) };
+    let lm = LmModel::load(cfg, w)?;
+    let bytes = weight_bytes_of(&lm, stage);
+    Ok((Some(lm), bytes))
+}
+
+fn load_random(args: &BenchArgs) -> Result<Loaded> {
+    let started = Instant::now();
+    let (full, config_origin) = match &args.config {
+        Some(p) => (LmConfig::from_file(p)?, p.display().to_string()),
+        None => (LmConfig::moshiko_7b(), "<built-in moshiko-7b (configs/moshiko-7b.json)>".to_string()),
+    };
+    let cfg = with_layers(&full, args.layers, &config_origin)?;
+    let format = args.quant.map(WeightFormat::from).unwrap_or(WeightFormat::Q4);
+    let weights = if args.stage.needs_lm() {
+        eprintln!(
+            "generating random {} weights: {} of {} temporal layers (dim {}) + depformer ...",
+            format.name(),
+            cfg.num_layers,
+            full.num_layers,
+            cfg.dim
+        );
+        Some(random_lm_weights(&cfg, args.seed, format.random_kind())?)
+    } else {
+        None
+    };
+    let (lm, weight_bytes) = build_lm(&cfg, weights, args.stage)?;
+    let (mimi, tokenizer) = if args.stage.needs_mimi() {
+        let mimi_cfg = mimi_config_near(args.config.as_deref(), &cfg)?;
+        let mimi = Mimi::random(&mimi_cfg, mimi_codebooks(&cfg), args.seed)?;
+        (Some(mimi), Some(synthetic_tokenizer(cfg.text_card)?))
+    } else {
+        (None, None)
+    };
+    eprintln!("models ready in {:.1} s", started.elapsed().as_secs_f64());
+    Ok(Loaded {
+        lm,
+        mimi,
+        tokenizer,
+        layers_config: full.num_layers,
+        cfg,
+        config_origin,
+        format,
+        weights: weight_bytes,
+    })
+}
+
+fn load_checkpoint(args: &BenchArgs) -> Result<Loaded> {
+    let started = Instant::now();
+    let spec = args.model.as_deref().context("--model or --random-weights is required")?;
+    let requested = args.quant.map(WeightFormat::from);
+    let model = resolve_model(spec, args.config.as_deref(), requested)?;
+    let full = model.lm_config.clone();
+    let checked = with_layers(&full, args.layers, &model.lm_config_source)?;
+    eprintln!("loading {} ...", model.lm_weights_path.display());
+    // The weights are read even for `--stage mimi`: that is how the format is checked.
+    let (weights, cfg, format) = load_checkpoint_lm(&model, requested, checked.num_layers)?;
+    let (lm, weight_bytes) = build_lm(&cfg, args.stage.needs_lm().then_some(weights), args.stage)?;
+    let (mimi, tokenizer) = if args.stage.needs_mimi() {
+        let mimi = Mimi::load(&model.mimi_config, &model.mimi_weights_path, mimi_codebooks(&cfg))?;
+        (Some(mimi), Some(TextTokenizer::from_file(&model.tokenizer_path)?))
+    } else {
+        (None, None)
+    };
+    eprintln!("models ready in {:.1} s", started.elapsed().as_secs_f64());
+    Ok(Loaded {
+        lm,
+        mimi,
+        tokenizer,
+        layers_config: full.num_layers,
+        cfg,
+        config_origin: model.lm_config_source.clone(),
+        format,
+        weights: weight_bytes,
+    })
 }

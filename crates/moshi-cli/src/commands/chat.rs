@@ -1,8 +1,322 @@
-//! `moshi-rs chat` (being implemented).
+//! `moshi-rs chat`: a live, full-duplex conversation with Moshi on local audio devices.
+//!
+//! The device callbacks (cpal) only move samples through lock-free rings; the engine thread runs
+//! the Moshi pipeline on every 80 ms frame; tokio drives the rest: Ctrl-C, the `--duration-s`
+//! timer and the console (Moshi's words live, a status line with the real-time factor, latency
+//! and underruns). On stop: a summary, `--record` (stereo WAV: user left, Moshi right) and
+//! `--stats-json`. When the model is slower than real time, input frames are dropped
+//! deliberately (latency stays bounded) and the summary says so with the measured factor.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use moshi_runtime::backend::cpal::{CpalBackend, CpalOptions, DEFAULT_BUFFER_MS};
+use moshi_runtime::backend::{start_session, AudioBackend, RingSizes, Session};
+use moshi_runtime::engine::{DropPolicy, EngineEvent, EngineReport};
+use moshi_runtime::metrics::{FrameRecord, Metrics, Percentiles};
+use moshi_runtime::ring::{AudioCounters, CounterSnapshot};
+use moshi_runtime::{wav, SAMPLE_RATE_HZ};
+
+use super::file::check_writable;
+use super::model_args::{ModelArgs, SamplingArgs};
 
 #[derive(clap::Args, Debug)]
-pub struct ChatArgs {}
+pub struct ChatArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// Input device (substring of its name, see `moshi-rs devices`); default: the system default.
+    #[arg(long, value_name = "NAME")]
+    pub input_device: Option<String>,
+    /// Output device (substring of its name); default: the system default.
+    #[arg(long, value_name = "NAME")]
+    pub output_device: Option<String>,
+    /// Device buffer per callback, milliseconds.
+    #[arg(long, default_value_t = DEFAULT_BUFFER_MS)]
+    pub buffer_ms: u32,
+    /// Silence queued ahead of Moshi's first frame so compute-time jitter never underruns the
+    /// speaker (adds this much latency). Default: the device buffer.
+    #[arg(long, value_name = "MS")]
+    pub jitter_ms: Option<f64>,
+    /// Input frames allowed to wait behind the one being processed before the oldest is dropped.
+    #[arg(long, default_value_t = 2)]
+    pub max_backlog_frames: usize,
+    /// Save the conversation as a stereo WAV: you on the left, Moshi on the right (24 kHz).
+    #[arg(long, value_name = "FILE")]
+    pub record: Option<PathBuf>,
+    /// Stop after this many seconds (default: until Ctrl-C).
+    #[arg(long, value_name = "SECONDS")]
+    pub duration_s: Option<f64>,
+    /// Write per-frame timings as JSON Lines.
+    #[arg(long, value_name = "FILE")]
+    pub profile: Option<PathBuf>,
+    /// Write the end-of-session statistics as JSON.
+    #[arg(long, value_name = "FILE")]
+    pub stats_json: Option<PathBuf>,
+}
 
-pub fn run(_args: ChatArgs) -> anyhow::Result<()> {
-    anyhow::bail!("`moshi-rs chat` is not available in this build yet")
+/// Estimated latency the runtime adds to the model's own frame + compute time, per frame:
+/// capture device latency + input waiting behind the frame + output queued ahead of it
+/// (including the jitter margin) + playback device latency.
+fn added_latency_ms(r: &FrameRecord, c: &CounterSnapshot) -> f64 {
+    c.input_device_latency_us as f64 / 1e3 + r.mic_backlog_ms + r.speaker_queue_ms + c.output_device_latency_us as f64 / 1e3
+}
+
+struct Console {
+    tty: bool,
+    line: String,
+    last_status: Instant,
+    last_error_report: Instant,
+    errors_reported: u64,
+    latest: Option<FrameRecord>,
+    latencies_ms: Vec<f64>,
+}
+
+impl Console {
+    fn new() -> Self {
+        let long_ago = Instant::now() - Duration::from_secs(3600);
+        Self {
+            tty: std::io::stderr().is_terminal(),
+            line: String::new(),
+            last_status: long_ago,
+            last_error_report: long_ago,
+            errors_reported: 0,
+            latest: None,
+            latencies_ms: Vec::new(),
+        }
+    }
+
+    fn words(&mut self, text: &str) {
+        if self.tty {
+            self.line.push_str(text);
+            if self.line.chars().count() > 70 {
+                eprint!("\r\x1b[2K{}\n", self.line.trim_start());
+                self.line.clear();
+            }
+        } else {
+            print!("{text}");
+            let _ = std::io::stdout().flush();
+        }
+    }
+
+    fn status(&mut self, counters: &AudioCounters, rtf: f64, force: bool) {
+        let c = counters.snapshot();
+        // Device errors: counted in the callback, reported here at most every 5 s.
+        if c.device_errors > self.errors_reported && self.last_error_report.elapsed() >= Duration::from_secs(5) {
+            let new = c.device_errors - self.errors_reported;
+            self.errors_reported = c.device_errors;
+            self.last_error_report = Instant::now();
+            if self.tty {
+                eprint!("\r\x1b[2K");
+            }
+            eprintln!("audio device: {new} errors reported by the host since the last report (counted, the stream keeps going)");
+        }
+        let every = if self.tty { Duration::from_millis(250) } else { Duration::from_secs(2) };
+        if !force && self.last_status.elapsed() < every {
+            return;
+        }
+        self.last_status = Instant::now();
+        let latency = self.latest.as_ref().map_or(0.0, |r| added_latency_ms(r, &c));
+        let status = format!(
+            "[RTF {rtf:.2} | added latency {latency:.0} ms | underruns {} | dropped frames {} | device errors {}]",
+            c.underrun_events, c.engine_frames_dropped, c.device_errors
+        );
+        if self.tty {
+            eprint!("\r\x1b[2K{status} {}", self.line.trim_start());
+        } else {
+            eprintln!("{status}");
+        }
+    }
+
+    fn frame(&mut self, record: FrameRecord, counters: &AudioCounters) {
+        self.latencies_ms.push(added_latency_ms(&record, &counters.snapshot()));
+        self.latest = Some(record);
+    }
+}
+
+/// Statistics written by `--stats-json` and printed as the summary.
+#[derive(serde::Serialize)]
+struct ChatStats {
+    frames_processed: u64,
+    frames_dropped: u64,
+    real_time_factor: f64,
+    counters: CounterSnapshot,
+    /// Underrun events after the first 2 s of playback (steady state).
+    steady_state_underrun_events: u64,
+    speaker_overflow_samples: u64,
+    /// Output skipped to bring latency back after playback fell behind (24 kHz samples).
+    latency_trimmed_samples: u64,
+    added_latency_ms: Percentiles,
+    callback_allocations: Option<u64>,
+    wall_s: f64,
+    backend: String,
+}
+
+pub fn run(args: ChatArgs) -> anyhow::Result<()> {
+    for (what, p) in [("--record", &args.record), ("--profile", &args.profile), ("--stats-json", &args.stats_json)] {
+        if let Some(p) = p {
+            check_writable(p, what)?;
+        }
+    }
+    anyhow::ensure!(args.buffer_ms >= 1 && args.buffer_ms <= 1000, "--buffer-ms {}: expected 1..=1000", args.buffer_ms);
+    let (model, pipeline) = args.model.load_pipeline(args.sampling.config())?;
+    eprintln!("model: {} ({:?})", model.lm_weights_path.display(), model.layout);
+    let mut backend = CpalBackend::open(&CpalOptions {
+        input_device: args.input_device.clone(),
+        output_device: args.output_device.clone(),
+        buffer_ms: args.buffer_ms,
+    })?;
+    eprintln!("audio: {}", backend.describe());
+    let jitter_ms = args.jitter_ms.unwrap_or(args.buffer_ms as f64);
+    let session = start_session(
+        &mut backend,
+        Box::new(pipeline),
+        DropPolicy::RealTime { max_backlog_frames: args.max_backlog_frames },
+        jitter_ms,
+        args.record.is_some(),
+        RingSizes::default(),
+    )?;
+    eprintln!("listening{} (Ctrl-C to stop)", args.duration_s.map_or(String::new(), |d| format!(" for {d} s")));
+
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting tokio")?;
+    let mut console = Console::new();
+    let started = Instant::now();
+    let mut steady_underruns_base: Option<u64> = None;
+    let stop_reason = runtime.block_on(drive(&session, &args, &mut console, started, &mut steady_underruns_base));
+
+    let played_ok = backend.stop();
+    session.engine.request_stop();
+    let counters = session.counters.clone();
+    let report = session.engine.join();
+    if console.tty {
+        eprintln!("\r\x1b[2K{}", console.line.trim_start());
+    } else {
+        println!();
+    }
+    played_ok?;
+    let report = report.context("the engine stopped with an error")?;
+    eprintln!("stopped: {stop_reason}");
+    finish(&args, &counters, report, &console, started, steady_underruns_base, backend.describe())
+}
+
+/// Runs until Ctrl-C, the duration, a lost device or the engine ending. Returns why it stopped.
+async fn drive(
+    session: &Session,
+    args: &ChatArgs,
+    console: &mut Console,
+    started: Instant,
+    steady_base: &mut Option<u64>,
+) -> String {
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    let mut metrics = Metrics::default();
+    loop {
+        tokio::select! {
+            _ = &mut ctrl_c => return "Ctrl-C".into(),
+            _ = tick.tick() => {}
+        }
+        while let Ok(event) = session.engine.events().try_recv() {
+            match event {
+                EngineEvent::Frame { record, text, .. } => {
+                    if let Some(t) = text {
+                        console.words(&t);
+                    }
+                    metrics.push(record.clone());
+                    console.frame(record, &session.counters);
+                }
+                EngineEvent::Dropped { .. } => {}
+            }
+        }
+        // Steady state: underruns counted from 2 s after playback started.
+        if steady_base.is_none() && session.counters.playback_started.load(Ordering::Relaxed) && started.elapsed() > Duration::from_secs(2) {
+            *steady_base = Some(session.counters.underrun_events.load(Ordering::Relaxed));
+        }
+        let rtf = metrics.records.iter().rev().take(25).map(|r| r.total_ms).sum::<f64>() / metrics.records.len().clamp(1, 25) as f64 / 80.0;
+        console.status(&session.counters, rtf, false);
+        if session.counters.device_lost.load(Ordering::Relaxed) {
+            return "an audio device disappeared".into();
+        }
+        if session.engine.is_finished() {
+            return "the engine stopped".into();
+        }
+        if let Some(d) = args.duration_s {
+            if started.elapsed().as_secs_f64() >= d {
+                return format!("--duration-s {d} reached");
+            }
+        }
+    }
+}
+
+fn finish(
+    args: &ChatArgs,
+    counters: &AudioCounters,
+    report: EngineReport,
+    console: &Console,
+    started: Instant,
+    steady_base: Option<u64>,
+    backend: String,
+) -> anyhow::Result<()> {
+    let c = counters.snapshot();
+    let summary = report.metrics.summary();
+    let stats = ChatStats {
+        frames_processed: report.frames_processed,
+        frames_dropped: report.frames_dropped,
+        real_time_factor: summary.real_time_factor,
+        counters: c,
+        steady_state_underrun_events: steady_base.map_or(0, |b| c.underrun_events - b),
+        speaker_overflow_samples: report.speaker_overflow_samples,
+        latency_trimmed_samples: report.latency_trimmed_samples,
+        added_latency_ms: Percentiles::of(&console.latencies_ms),
+        callback_allocations: moshi_runtime::alloc_check::ENABLED.then(moshi_runtime::alloc_check::callback_allocations),
+        wall_s: started.elapsed().as_secs_f64(),
+        backend,
+    };
+    eprint!("{}", summary.to_table());
+    eprintln!(
+        "frames: {} processed, {} dropped; underruns: {} ({} in steady state, {:.0} ms of silence); startup silence {:.0} ms; \
+         overruns: {} samples; device errors: {}; output trimmed to bound latency: {:.0} ms",
+        stats.frames_processed,
+        stats.frames_dropped,
+        c.underrun_events,
+        stats.steady_state_underrun_events,
+        c.underrun_samples as f64 * 1e3 / SAMPLE_RATE_HZ as f64,
+        c.startup_silence_samples as f64 * 1e3 / SAMPLE_RATE_HZ as f64,
+        c.overrun_samples,
+        c.device_errors,
+        report.latency_trimmed_samples as f64 * 1e3 / SAMPLE_RATE_HZ as f64
+    );
+    let l = stats.added_latency_ms;
+    eprintln!(
+        "added latency (device in + input wait + output queue incl. {:.0} ms jitter margin + device out): p50 {:.1} ms, p95 {:.1} ms, max {:.1} ms",
+        args.jitter_ms.unwrap_or(args.buffer_ms as f64),
+        l.p50,
+        l.p95,
+        l.max
+    );
+    if let Some(n) = stats.callback_allocations {
+        eprintln!("allocations inside audio callbacks: {n}");
+    }
+    if summary.real_time_factor > 1.0 || report.frames_dropped > 0 {
+        eprintln!(
+            "warning: the model is too slow for real time on this machine: real-time factor {:.2} (compute per 80 ms frame / 80 ms); \
+             {} input frames were dropped to keep latency bounded",
+            summary.real_time_factor, report.frames_dropped
+        );
+    }
+    if let Some(p) = &args.record {
+        wav::write_stereo_i16(p, &report.recorded_input, &report.recorded_output, SAMPLE_RATE_HZ)?;
+        eprintln!("recorded {} ({:.1} s, you left, Moshi right)", p.display(), report.recorded_input.len() as f64 / SAMPLE_RATE_HZ as f64);
+    }
+    if let Some(p) = &args.profile {
+        report.metrics.write_jsonl(p)?;
+    }
+    if let Some(p) = &args.stats_json {
+        std::fs::write(p, serde_json::to_string_pretty(&stats)?).with_context(|| format!("writing {}", p.display()))?;
+    }
+    Ok(())
 }

@@ -1,8 +1,262 @@
-//! `moshi-rs inspect` (being implemented).
+//! `moshi-rs inspect <file-or-folder> [--json]`: what a checkpoint, tokenizer, config file or
+//! model folder holds, and whether it matches the config that applies to it.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use moshi_loader::inspect::{inspect_checkpoint, CheckpointReport, ConfigRef};
+use moshi_loader::layout::detect_kind;
+use moshi_loader::tokenizer::TextTokenizer;
+use moshi_loader::{CheckpointKind, LmConfig, MimiConfig, ModelSource, SafetensorsFile, SourceOverrides};
+use serde::Serialize;
 
 #[derive(clap::Args, Debug)]
-pub struct InspectArgs {}
+pub struct InspectArgs {
+    /// A checkpoint (.safetensors), tokenizer (.model), config (.json) or a model folder.
+    pub path: PathBuf,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// LM config to check LM checkpoints against (default: config.json next to the file, else the built-in 7B).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Mimi config to check Mimi checkpoints against (default: mimi_config.json next to the file, else the built-in one).
+    #[arg(long)]
+    pub mimi_config: Option<PathBuf>,
+}
 
-pub fn run(_args: InspectArgs) -> anyhow::Result<()> {
-    anyhow::bail!("`moshi-rs inspect` is not available in this build yet")
+/// One checkpoint with the config it was checked against.
+#[derive(Serialize)]
+struct CheckpointEntry {
+    #[serde(flatten)]
+    report: CheckpointReport,
+    config: String,
+}
+
+#[derive(Serialize)]
+struct TokenizerEntry {
+    path: PathBuf,
+    vocab_size: usize,
+    model_type: String,
+    byte_fallback: bool,
+    normalizer: String,
+}
+
+#[derive(Serialize)]
+struct ConfigEntry {
+    path: PathBuf,
+    kind: &'static str,
+    summary: String,
+    unknown_keys: Vec<String>,
+}
+
+#[derive(Serialize)]
+struct ResolvedEntry {
+    lm_weights: PathBuf,
+    layout: String,
+    lm_config: String,
+    mimi_weights: PathBuf,
+    mimi_config: String,
+    tokenizer: PathBuf,
+}
+
+#[derive(Serialize, Default)]
+struct InspectOutput {
+    checkpoints: Vec<CheckpointEntry>,
+    tokenizers: Vec<TokenizerEntry>,
+    configs: Vec<ConfigEntry>,
+    /// For folders: the files `moshi-rs` would run with.
+    resolved: Option<ResolvedEntry>,
+}
+
+pub fn run(args: InspectArgs) -> anyhow::Result<()> {
+    let mut out = InspectOutput::default();
+    let path = &args.path;
+    if path.is_dir() {
+        let mut entries: Vec<PathBuf> = std::fs::read_dir(path)
+            .with_context(|| format!("reading folder {}", path.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.is_file())
+            .collect();
+        entries.sort();
+        for file in &entries {
+            match file.extension().and_then(|e| e.to_str()) {
+                Some("safetensors") => out.checkpoints.push(inspect_file(file, &args)?),
+                Some("model") => out.tokenizers.push(inspect_tokenizer(file)?),
+                _ => {}
+            }
+        }
+        let overrides = SourceOverrides {
+            lm_config: args.config.clone(),
+            mimi_config: args.mimi_config.clone(),
+            ..Default::default()
+        };
+        match ModelSource::resolve(&path.to_string_lossy(), &overrides) {
+            Ok(r) => {
+                out.resolved = Some(ResolvedEntry {
+                    lm_weights: r.lm_weights_path,
+                    layout: r.layout.as_str().into(),
+                    lm_config: r.lm_config_source,
+                    mimi_weights: r.mimi_weights_path,
+                    mimi_config: r.mimi_config_source,
+                    tokenizer: r.tokenizer_path,
+                })
+            }
+            Err(e) => tracing::warn!("{}: not a complete model folder: {e}", path.display()),
+        }
+        if out.checkpoints.is_empty() && out.tokenizers.is_empty() {
+            bail!("{}: no .safetensors checkpoint and no .model tokenizer in this folder", path.display());
+        }
+    } else {
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("model") => out.tokenizers.push(inspect_tokenizer(path)?),
+            Some("json") => out.configs.push(inspect_config(path)?),
+            _ => out.checkpoints.push(inspect_file(path, &args)?),
+        }
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        print_text(&out);
+    }
+    Ok(())
+}
+
+/// The config that applies to a checkpoint: explicit, else next to the file, else built in.
+fn inspect_file(path: &Path, args: &InspectArgs) -> anyhow::Result<CheckpointEntry> {
+    let file = SafetensorsFile::open(path)?;
+    let kind = detect_kind(&file)?;
+    drop(file);
+    let folder = path.parent().unwrap_or(Path::new("."));
+    let report;
+    let config;
+    match kind {
+        CheckpointKind::Mimi => {
+            let cfg_path =
+                args.mimi_config.clone().or_else(|| Some(folder.join("mimi_config.json")).filter(|p| p.is_file()));
+            let (cfg, source) = match cfg_path {
+                Some(p) => (MimiConfig::from_file(&p)?, p.display().to_string()),
+                None => (MimiConfig::v0_1(), "built-in mimi-v0_1".to_string()),
+            };
+            report = inspect_checkpoint(path, Some(ConfigRef::Mimi(&cfg)))?;
+            config = source;
+        }
+        CheckpointKind::Lm(_) => {
+            let cfg_path = args.config.clone().or_else(|| Some(folder.join("config.json")).filter(|p| p.is_file()));
+            let (cfg, source) = match cfg_path {
+                Some(p) => (LmConfig::from_file(&p)?, p.display().to_string()),
+                None => (LmConfig::moshiko_7b(), "built-in moshiko-7b".to_string()),
+            };
+            report = inspect_checkpoint(path, Some(ConfigRef::Lm(&cfg)))?;
+            config = source;
+        }
+    }
+    Ok(CheckpointEntry { report, config })
+}
+
+fn inspect_tokenizer(path: &Path) -> anyhow::Result<TokenizerEntry> {
+    let tok = TextTokenizer::from_file(path)?;
+    let m = tok.model();
+    Ok(TokenizerEntry {
+        path: path.to_path_buf(),
+        vocab_size: tok.vocab_size(),
+        model_type: format!("{:?}", m.trainer.model_type).to_lowercase(),
+        byte_fallback: m.trainer.byte_fallback,
+        normalizer: m.normalizer.name.clone(),
+    })
+}
+
+fn inspect_config(path: &Path) -> anyhow::Result<ConfigEntry> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))?;
+    // A Mimi config has a `seanet` section; anything else is read as an LM config.
+    if value.get("seanet").is_some() {
+        let c = MimiConfig::from_json_str(&text, path)?;
+        let summary = format!(
+            "Mimi: {} Hz, {} codebooks x {} bins, transformer d_model {} x {} layers, frame {} samples",
+            c.sample_rate,
+            c.quantizer.n_q,
+            c.quantizer.bins,
+            c.transformer.d_model,
+            c.transformer.num_layers,
+            c.frame_size_samples()
+        );
+        Ok(ConfigEntry { path: path.into(), kind: "mimi", summary, unknown_keys: c.unknown.keys().cloned().collect() })
+    } else {
+        let c = LmConfig::from_json_str(&text, path)?;
+        let summary = format!(
+            "LM: dim {} x {} layers ({} heads), text_card {}, card {}, n_q {}, dep_q {}, depformer {} x {} layers, context {}",
+            c.dim, c.num_layers, c.num_heads, c.text_card, c.card, c.n_q, c.dep_q, c.depformer_dim, c.depformer_num_layers, c.context
+        );
+        Ok(ConfigEntry { path: path.into(), kind: "lm", summary, unknown_keys: c.unknown.keys().cloned().collect() })
+    }
+}
+
+fn thousands(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn print_text(out: &InspectOutput) {
+    for e in &out.checkpoints {
+        let r = &e.report;
+        println!("{}", r.path.display());
+        println!("  format      {}", r.format);
+        let dtypes: Vec<String> = r.dtypes.iter().map(|(d, n)| format!("{d} x {n}")).collect();
+        println!("  tensors     {} ({})", r.tensor_count, dtypes.join(", "));
+        for q in &r.quantization {
+            println!("  quantized   {}-bit, group size {} ({} matrices)", q.bits, q.group_size, q.matrices);
+        }
+        println!("  parameters  {}", thousands(r.parameter_count));
+        println!("  size        {:.2} MB", r.file_size_bytes as f64 / 1e6);
+        for n in &r.notes {
+            println!("  note        {n}");
+        }
+        match &r.config_check {
+            Some(c) if c.is_clean() => println!("  config      {}: matches ({})", e.config, c.scope),
+            Some(c) => {
+                println!("  config      {}: DOES NOT MATCH ({})", e.config, c.scope);
+                for (label, list) in
+                    [("missing", &c.missing), ("unexpected", &c.unexpected), ("mismatched", &c.mismatched)]
+                {
+                    if !list.is_empty() {
+                        println!(
+                            "  {label:<11} {} (first: {})",
+                            list.len(),
+                            list.iter().take(5).cloned().collect::<Vec<_>>().join("; ")
+                        );
+                    }
+                }
+            }
+            None => println!("  config      {}", e.config),
+        }
+    }
+    for t in &out.tokenizers {
+        println!("{}", t.path.display());
+        println!(
+            "  format      sentencepiece {} ({} pieces, byte_fallback {}, normalizer {})",
+            t.model_type, t.vocab_size, t.byte_fallback, t.normalizer
+        );
+    }
+    for c in &out.configs {
+        println!("{}", c.path.display());
+        println!("  config      {}", c.summary);
+        if !c.unknown_keys.is_empty() {
+            println!("  unknown     {:?} (kept, ignored)", c.unknown_keys);
+        }
+    }
+    if let Some(r) = &out.resolved {
+        println!("model folder resolves to");
+        println!("  lm          {} ({}), config {}", r.lm_weights.display(), r.layout, r.lm_config);
+        println!("  mimi        {}, config {}", r.mimi_weights.display(), r.mimi_config);
+        println!("  tokenizer   {}", r.tokenizer.display());
+    }
 }

@@ -6,4 +6,6 @@ pub mod codec;
 pub mod devices;
 pub mod file;
 pub mod inspect;
+pub mod model_args;
 pub mod quantize;
+pub mod transcript;

@@ -1,0 +1,166 @@
+//! `moshi-rs codec encode/decode` end to end on the tiny-a fixture: reproduces the official
+//! streaming codes and decoded PCM, reads every supported WAV variant (any rate, resampled), and
+//! rejects bad input with clear errors.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use moshi_loader::npy;
+
+fn asset(rel: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../assets/tiny-a").join(rel)
+}
+
+fn moshi_rs(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_moshi-rs")).args(args).output().expect("run moshi-rs");
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn p(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+fn mimi_args() -> Vec<String> {
+    vec![
+        "--mimi".into(),
+        asset("mimi.safetensors").to_str().unwrap().into(),
+        "--mimi-config".into(),
+        asset("mimi_config.json").to_str().unwrap().into(),
+    ]
+}
+
+#[test]
+fn encode_reproduces_reference_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("codes.npy");
+    let input = asset("input.wav");
+    let mut args = vec!["codec", "encode", p(&input), p(&out)];
+    let extra = mimi_args();
+    args.extend(extra.iter().map(String::as_str));
+    let (ok, err) = moshi_rs(&args);
+    assert!(ok, "{err}");
+    let ours = npy::read_i64(&out).unwrap();
+    let reference = npy::read_i64(asset("ref/mimi_codes.npy")).unwrap();
+    assert_eq!(ours.shape, reference.shape);
+    assert_eq!(ours.data, reference.data);
+}
+
+#[test]
+fn model_dir_finds_weights_and_config() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(asset("mimi.safetensors"), dir.path().join("tokenizer-test.safetensors")).unwrap();
+    std::fs::copy(asset("mimi_config.json"), dir.path().join("mimi_config.json")).unwrap();
+    let out = dir.path().join("codes.npy");
+    let (ok, err) = moshi_rs(&["codec", "encode", p(&asset("input.wav")), p(&out), "--model", p(dir.path()), "--codebooks", "4"]);
+    assert!(ok, "{err}");
+    let ours = npy::read_i64(&out).unwrap();
+    let reference = npy::read_i64(asset("ref/mimi_codes.npy")).unwrap();
+    assert_eq!(ours.shape, vec![4, 43]);
+    assert_eq!(ours.data[..], reference.data[..4 * 43], "the first 4 codebooks do not depend on the others");
+}
+
+#[test]
+fn decode_reproduces_reference_pcm_npy_and_wav() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_npy = dir.path().join("pcm.npy");
+    let codes = asset("ref/mimi_codes.npy");
+    let mut args = vec!["codec", "decode", p(&codes), p(&out_npy)];
+    let extra = mimi_args();
+    args.extend(extra.iter().map(String::as_str));
+    let (ok, err) = moshi_rs(&args);
+    assert!(ok, "{err}");
+    let ours = npy::read_f32(&out_npy).unwrap().data;
+    let reference = npy::read_f32(asset("ref/mimi_decoded.npy")).unwrap().data;
+    assert_eq!(ours.len(), reference.len());
+    let diff = ours.iter().zip(&reference).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+    assert!(diff < 1e-4, "max abs diff {diff}");
+
+    let out_wav = dir.path().join("pcm.wav");
+    args[3] = p(&out_wav);
+    let (ok, err) = moshi_rs(&args);
+    assert!(ok, "{err}");
+    let mut reader = hound::WavReader::open(&out_wav).unwrap();
+    let spec = reader.spec();
+    assert_eq!((spec.sample_rate, spec.channels, spec.bits_per_sample), (24000, 1, 16));
+    let samples: Vec<i16> = reader.samples::<i16>().map(Result::unwrap).collect();
+    assert_eq!(samples.len(), reference.len());
+    for (s, r) in samples.iter().zip(&reference) {
+        let expected = (r * 32767.0).clamp(-32768.0, 32767.0) as i16;
+        assert!((*s as i32 - expected as i32).abs() <= 1, "{s} vs {expected}");
+    }
+}
+
+fn write_wav(path: &Path, spec: hound::WavSpec, n: usize) {
+    let mut w = hound::WavWriter::create(path, spec).unwrap();
+    for i in 0..n {
+        match (spec.sample_format, spec.bits_per_sample) {
+            (hound::SampleFormat::Float, _) => w.write_sample((i as f32 * 0.01).sin() * 0.5).unwrap(),
+            (_, 8) => w.write_sample((i % 100) as i8).unwrap(),
+            (_, 16) => w.write_sample(((i as f32 * 0.01).sin() * 10000.0) as i16).unwrap(),
+            (_, 24) => w.write_sample(((i as f32 * 0.01).sin() * 1_000_000.0) as i32).unwrap(),
+            _ => w.write_sample(((i as f32 * 0.01).sin() * 1e9) as i32).unwrap(),
+        }
+    }
+    w.finalize().unwrap();
+}
+
+#[test]
+fn wav_formats_and_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let extra = mimi_args();
+    let run_encode = |wav: &Path| {
+        let out = dir.path().join("c.npy");
+        let mut args = vec!["codec", "encode", p(wav), p(&out)];
+        args.extend(extra.iter().map(String::as_str));
+        moshi_rs(&args)
+    };
+    let spec = |ch, rate, bits, fmt| hound::WavSpec { channels: ch, sample_rate: rate, bits_per_sample: bits, sample_format: fmt };
+    use hound::SampleFormat::{Float, Int};
+    // Supported: 8/16/24/32-bit int and 32-bit float, stereo mixed to mono.
+    for (i, s) in [spec(1, 24000, 16, Int), spec(2, 24000, 24, Int), spec(1, 24000, 32, Int), spec(2, 24000, 32, Float)].into_iter().enumerate() {
+        let wav = dir.path().join(format!("ok{i}.wav"));
+        write_wav(&wav, s, 2 * 1920 * s.channels as usize);
+        let (ok, err) = run_encode(&wav);
+        assert!(ok, "{s:?}: {err}");
+    }
+    // 8-bit and other rates are read too (16 kHz is resampled to 24 kHz: 4000 samples -> 6000).
+    let eight = dir.path().join("eight.wav");
+    write_wav(&eight, spec(1, 24000, 8, Int), 4000);
+    let (ok, err) = run_encode(&eight);
+    assert!(ok, "8-bit: {err}");
+    let rate = dir.path().join("rate.wav");
+    write_wav(&rate, spec(1, 16000, 16, Int), 4000);
+    let (ok, err) = run_encode(&rate);
+    assert!(ok, "16 kHz: {err}");
+    let frames = npy::read_i64(dir.path().join("c.npy")).unwrap().shape[1];
+    assert_eq!(frames, 6144 / 1920, "resampled length (sphn-style whole output chunks) in frames");
+
+    let empty = dir.path().join("empty.wav");
+    write_wav(&empty, spec(1, 24000, 16, Int), 0);
+    let (ok, err) = run_encode(&empty);
+    assert!(!ok && err.contains("empty.wav") && err.contains("no audio samples"), "{err}");
+
+    let short = dir.path().join("short.wav");
+    write_wav(&short, spec(1, 24000, 16, Int), 100);
+    let (ok, err) = run_encode(&short);
+    assert!(!ok && err.contains("shorter than one"), "{err}");
+
+    let junk = dir.path().join("junk.wav");
+    std::fs::write(&junk, b"this is not a wav file at all").unwrap();
+    let (ok, err) = run_encode(&junk);
+    assert!(!ok && err.contains("junk.wav") && err.contains("not a readable WAV"), "{err}");
+    let missing = dir.path().join("missing.wav");
+    let (ok, err) = run_encode(&missing);
+    assert!(!ok && err.contains("missing.wav") && err.contains("does not exist"), "{err}");
+
+    // Out-of-range codes are rejected with the position.
+    let codes = dir.path().join("bad_codes.npy");
+    let mut data = vec![0i64; 8 * 3];
+    data[2 * 3 + 1] = 64;
+    npy::write_i64(&codes, &[8, 3], &data).unwrap();
+    let out = dir.path().join("x.npy");
+    let mut args = vec!["codec", "decode", p(&codes), p(&out)];
+    args.extend(extra.iter().map(String::as_str));
+    let (ok, err) = moshi_rs(&args);
+    assert!(!ok && err.contains("code 64") && err.contains("codebook 2") && err.contains("frame 1"), "{err}");
+}

@@ -1,0 +1,86 @@
+//! The canonical LM weight names and their logical shapes, derived from an `LmConfig`.
+
+use crate::LmConfig;
+
+/// What a canonical tensor is used as (decides how it is converted on load).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TensorRole {
+    /// RMSNorm gain, 1-D, always handed over as f32.
+    Norm,
+    /// Embedding table `[vocab, width]`.
+    Embedding,
+    /// Linear layer weight `[out, in]`.
+    Linear,
+}
+
+/// One tensor the LM expects, under its canonical name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CanonicalTensor {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub role: TensorRole,
+}
+
+fn t(name: String, shape: Vec<usize>, role: TensorRole) -> CanonicalTensor {
+    CanonicalTensor { name, shape, role }
+}
+
+/// Every canonical LM tensor for `cfg`, in a stable order (see COMMON.md for the names).
+pub fn canonical_lm_tensors(cfg: &LmConfig) -> Vec<CanonicalTensor> {
+    use TensorRole::*;
+    let (dim, ddim) = (cfg.dim, cfg.depformer_dim);
+    let (hidden, dhidden) = (cfg.hidden_dim(), cfg.depformer_hidden_dim());
+    let mut out = vec![
+        t("text_emb".into(), vec![cfg.text_card + 1, dim], Embedding),
+        t("text_linear".into(), vec![cfg.text_card, dim], Linear),
+        t("out_norm".into(), vec![dim], Norm),
+    ];
+    for i in 0..cfg.n_q {
+        out.push(t(format!("emb.{i}"), vec![cfg.card + 1, dim], Embedding));
+    }
+    for l in 0..cfg.num_layers {
+        let p = format!("transformer.layers.{l}");
+        out.push(t(format!("{p}.norm1"), vec![dim], Norm));
+        out.push(t(format!("{p}.norm2"), vec![dim], Norm));
+        out.push(t(format!("{p}.self_attn.in_proj"), vec![3 * dim, dim], Linear));
+        out.push(t(format!("{p}.self_attn.out_proj"), vec![dim, dim], Linear));
+        out.push(t(format!("{p}.gating.linear_in"), vec![2 * hidden, dim], Linear));
+        out.push(t(format!("{p}.gating.linear_out"), vec![dim, hidden], Linear));
+    }
+    for k in 0..cfg.dep_q {
+        let p = format!("depformer.{k}");
+        out.push(t(format!("{p}.linear_in"), vec![ddim, dim], Linear));
+        let vocab = if k == 0 { cfg.text_card + 1 } else { cfg.card + 1 };
+        out.push(t(format!("{p}.emb"), vec![vocab, ddim], Embedding));
+        out.push(t(format!("{p}.linear_out"), vec![cfg.card, ddim], Linear));
+        for l in 0..cfg.depformer_num_layers {
+            let q = format!("{p}.layers.{l}");
+            out.push(t(format!("{q}.norm1"), vec![ddim], Norm));
+            out.push(t(format!("{q}.norm2"), vec![ddim], Norm));
+            out.push(t(format!("{q}.self_attn.in_proj"), vec![3 * ddim, ddim], Linear));
+            out.push(t(format!("{q}.self_attn.out_proj"), vec![ddim, ddim], Linear));
+            out.push(t(format!("{q}.gating.linear_in"), vec![2 * dhidden, ddim], Linear));
+            out.push(t(format!("{q}.gating.linear_out"), vec![ddim, dhidden], Linear));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seven_b_parameter_count_matches_the_published_total() {
+        let cfg = LmConfig::moshiko_7b();
+        let total: usize = canonical_lm_tensors(&cfg)
+            .iter()
+            .filter(|t| {
+                // PyTorch shares depformer norms across steps: count them once.
+                !(t.role == TensorRole::Norm && t.name.starts_with("depformer.") && !t.name.starts_with("depformer.0."))
+            })
+            .map(|t| t.shape.iter().product::<usize>())
+            .sum();
+        assert_eq!(total, 7_687_729_152);
+    }
+}

@@ -1,0 +1,163 @@
+//! Loads an LM checkpoint of any layout (PyTorch, candle, MLX dense or packed) into a `WeightMap`
+//! under the canonical names, checking every shape against the `LmConfig`.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use rayon::prelude::*;
+
+use crate::layout::{detect_kind, CheckpointKind, LmLayout};
+use crate::lm_names::TensorRole;
+use crate::lm_sources::{lm_sources, SourceSpec};
+use crate::mlx_quant::{derive_quant_params, file_logical_shape, is_packed, read_quantized};
+use crate::{DType, LmConfig, LoaderError, Result, SafetensorsFile, Weight, WeightData, WeightMap};
+
+/// How weights are handed to the model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightMode {
+    /// bf16 stays `BF16`, f32 stays `F32`, MLX packed stays `Quantized` (f16 becomes f32).
+    Native,
+    /// Everything becomes `F32` (packed matrices are dequantized: `q * scale + bias` in f32).
+    DequantizeF32,
+    /// Packed matrices become `BF16` exactly as `mx.dequantize` makes them with bf16 scales
+    /// (`bf16(bf16(q * scale) + bias)`); dense tensors stay as in `Native`.
+    DequantizeBf16,
+}
+
+/// Opens `path`, detects its layout and loads every canonical LM tensor of `cfg`.
+pub fn load_lm_weights(path: &Path, cfg: &LmConfig, mode: WeightMode) -> Result<WeightMap> {
+    let file = SafetensorsFile::open(path)?;
+    load_lm_weights_from(&file, cfg, mode)
+}
+
+/// [`load_lm_weights`] on an already opened file.
+pub fn load_lm_weights_from(file: &SafetensorsFile, cfg: &LmConfig, mode: WeightMode) -> Result<WeightMap> {
+    let layout = lm_layout_of(file)?;
+    check_supported(file.path(), cfg)?;
+    let specs = lm_sources(layout, cfg);
+    let used = check_names_and_shapes(file, layout, &specs)?;
+    let unexpected: Vec<&String> = file.tensors().keys().filter(|n| !used.contains(n.as_str())).collect();
+    if let Some(first) = unexpected.first() {
+        return Err(LoaderError::ConfigMismatch {
+            path: file.path().to_path_buf(),
+            reason: format!(
+                "{} tensor(s) are not used by the config, first `{first}` (the config has num_layers {}, n_q {}, dep_q {}, \
+                 depformer_num_layers {}: do they match the checkpoint?)",
+                unexpected.len(),
+                cfg.num_layers,
+                cfg.n_q,
+                cfg.dep_q,
+                cfg.depformer_num_layers
+            ),
+        });
+    }
+    // Tensors are independent: convert / dequantize them on all cores.
+    let weights: Vec<Weight> =
+        specs.par_iter().map(|spec| materialize(file, layout, spec, mode)).collect::<Result<_>>()?;
+    let mut map = WeightMap::new(file.path());
+    for (spec, weight) in specs.iter().zip(weights) {
+        map.insert(spec.canonical.name.clone(), weight);
+    }
+    Ok(map)
+}
+
+/// The LM layout of `file`, or an error if it is a Mimi checkpoint.
+pub fn lm_layout_of(file: &SafetensorsFile) -> Result<LmLayout> {
+    match detect_kind(file)? {
+        CheckpointKind::Lm(l) => Ok(l),
+        CheckpointKind::Mimi => Err(LoaderError::UnknownFormat {
+            path: file.path().to_path_buf(),
+            reason: "this is a Mimi codec checkpoint, expected a Moshi LM checkpoint".into(),
+        }),
+    }
+}
+
+fn check_supported(path: &Path, cfg: &LmConfig) -> Result<()> {
+    if !cfg.depformer_weights_per_step || !cfg.depformer_multi_linear {
+        return Err(LoaderError::BadConfig {
+            path: path.to_path_buf(),
+            reason: format!(
+                "depformer_weights_per_step = {} and depformer_multi_linear = {}: only true/true (every Moshi release) is supported",
+                cfg.depformer_weights_per_step, cfg.depformer_multi_linear
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Checks from the header alone that every source exists with the shape the config implies;
+/// returns the set of stored names that will be read.
+fn check_names_and_shapes(file: &SafetensorsFile, layout: LmLayout, specs: &[SourceSpec]) -> Result<BTreeSet<String>> {
+    let mut used = BTreeSet::new();
+    for spec in specs {
+        let info = file.info(&spec.stored_name)?;
+        let prefix = spec.stored_name.strip_suffix(".weight");
+        if layout == LmLayout::Mlx && prefix.is_some_and(|p| is_packed(file, p)) {
+            let prefix = prefix.expect("checked");
+            // Cross-check: the widths the file's own unpacked tensors imply must be the config's
+            // (bits and group size alone can be ambiguous: q8/g64 at 256 reads as q4/g128 at 512).
+            if let Some((shape, p)) = file_logical_shape(file, prefix).filter(|(s, _)| *s != spec.canonical.shape) {
+                return Err(LoaderError::ConfigMismatch {
+                    path: file.path().to_path_buf(),
+                    reason: format!(
+                        "packed tensor `{prefix}` holds {shape:?} ({}-bit, group size {}), the config expects {:?}",
+                        p.bits, p.group_size, spec.canonical.shape
+                    ),
+                });
+            }
+            derive_quant_params(file, prefix, spec.canonical.shape[0], spec.canonical.shape[1])?;
+            used.insert(format!("{prefix}.scales"));
+            used.insert(format!("{prefix}.biases"));
+        } else if info.shape != spec.stored_shape {
+            return Err(LoaderError::ConfigMismatch {
+                path: file.path().to_path_buf(),
+                reason: format!(
+                    "tensor `{}` has shape {:?}, the config expects {:?} (for `{}`)",
+                    spec.stored_name, info.shape, spec.stored_shape, spec.canonical.name
+                ),
+            });
+        }
+        used.insert(spec.stored_name.clone());
+    }
+    Ok(used)
+}
+
+fn materialize(file: &SafetensorsFile, layout: LmLayout, spec: &SourceSpec, mode: WeightMode) -> Result<Weight> {
+    let shape = spec.canonical.shape.clone();
+    if layout == LmLayout::Mlx {
+        if let Some(prefix) = spec.stored_name.strip_suffix(".weight").filter(|p| is_packed(file, p)) {
+            let q = read_quantized(file, prefix, shape[0], shape[1])?;
+            let data = match (spec.canonical.role, mode) {
+                (TensorRole::Norm, _) | (_, WeightMode::DequantizeF32) => WeightData::F32(q.dequantize_f32()),
+                (_, WeightMode::DequantizeBf16) => WeightData::BF16(q.dequantize_bf16()),
+                (_, WeightMode::Native) => WeightData::Quantized(q),
+            };
+            return Ok(Weight { shape, data });
+        }
+    }
+    let info = file.info(&spec.stored_name)?;
+    let row_elems: usize = spec.stored_shape[1..].iter().product();
+    let numel: usize = shape.iter().product();
+    let esize = info.dtype.size_bytes();
+    let start = spec.row_start * row_elems * esize;
+    let bytes = &file.bytes(&spec.stored_name)?[start..start + numel * esize];
+    let as_f32 = spec.canonical.role == TensorRole::Norm || mode == WeightMode::DequantizeF32;
+    let u16s = || bytes.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]]));
+    let data = match info.dtype {
+        DType::F32 => {
+            WeightData::F32(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+        }
+        DType::BF16 if as_f32 => WeightData::F32(u16s().map(|b| f32::from_bits((b as u32) << 16)).collect()),
+        DType::BF16 => WeightData::BF16(u16s().collect()),
+        DType::F16 => WeightData::F32(u16s().map(|b| half::f16::from_bits(b).to_f32()).collect()),
+        other => {
+            return Err(LoaderError::DTypeMismatch {
+                path: file.path().to_path_buf(),
+                name: spec.stored_name.clone(),
+                expected: "F32, BF16 or F16 (or an MLX packed U32 with .scales/.biases)".into(),
+                got: other.to_string(),
+            })
+        }
+    };
+    Ok(Weight { shape, data })
+}

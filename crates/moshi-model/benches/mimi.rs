@@ -1,0 +1,74 @@
+//! Mimi at the real shape (configs/mimi-v0_1.json, random weights, 8 codebooks): time per 80 ms
+//! frame of streaming encode and of streaming decode, in steady state (transformer window full),
+//! with exact f32 weights and with `set_bf16_weights(true)`.
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use moshi_loader::MimiConfig;
+use moshi_model::mimi::Mimi;
+
+fn bench_mimi(c: &mut Criterion) {
+    for bf16 in [false, true] {
+        bench_precision(c, bf16);
+    }
+}
+
+fn bench_precision(c: &mut Criterion, bf16: bool) {
+    let cfg = MimiConfig::v0_1();
+    let mut mimi = Mimi::random(&cfg, 8, 42).expect("random Mimi");
+    mimi.set_bf16_weights(bf16);
+    let label = if bf16 { "bf16_weights" } else { "f32" };
+    let frame = mimi.frame_size_samples();
+    let pcm: Vec<f32> = (0..frame).map(|i| 0.1 * ((i as f32) * 0.05).sin() + 0.05 * ((i as f32) * 0.31).cos()).collect();
+    let mut codes = vec![0u32; mimi.num_codebooks()];
+    let mut out = vec![0f32; frame];
+    // Fill the transformer windows (context 250 steps = 125 frames) so the timing is steady state.
+    for _ in 0..130 {
+        mimi.encode_frame_into(&pcm, &mut codes).expect("encode");
+        mimi.decode_frame_into(&codes, &mut out).expect("decode");
+    }
+    report_cpu_time(label, &mut mimi, &pcm, &mut codes, &mut out);
+    let mut group = c.benchmark_group(format!("mimi_v0_1_{label}"));
+    group.sample_size(30);
+    group.measurement_time(std::time::Duration::from_secs(4));
+    group.warm_up_time(std::time::Duration::from_secs(1));
+    group.bench_function("encode_80ms_frame", |b| b.iter(|| mimi.encode_frame_into(&pcm, &mut codes).expect("encode")));
+    group.bench_function("decode_80ms_frame", |b| b.iter(|| mimi.decode_frame_into(&codes, &mut out).expect("decode")));
+    group.finish();
+}
+
+criterion_group!(benches, bench_mimi);
+criterion_main!(benches);
+
+/// CPU time of this process's threads (ns), from /proc (Linux); None elsewhere.
+fn process_cpu_ns() -> Option<u64> {
+    let mut total = 0;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let stat = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
+        total += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(total)
+}
+
+/// Wall and CPU milliseconds per frame over 100 frames, printed before the criterion runs: on a
+/// shared machine the CPU time shows the cost independent of other processes' load.
+fn report_cpu_time(label: &str, mimi: &mut Mimi, pcm: &[f32], codes: &mut [u32], out: &mut [f32]) {
+    const FRAMES: u32 = 100;
+    for (name, encode) in [("encode", true), ("decode", false)] {
+        let (cpu0, t0) = (process_cpu_ns(), std::time::Instant::now());
+        for _ in 0..FRAMES {
+            if encode {
+                mimi.encode_frame_into(pcm, codes).expect("encode");
+            } else {
+                mimi.decode_frame_into(codes, out).expect("decode");
+            }
+        }
+        let wall_ms = t0.elapsed().as_secs_f64() * 1e3 / FRAMES as f64;
+        match (cpu0, process_cpu_ns()) {
+            (Some(a), Some(b)) => {
+                let cpu_ms = (b - a) as f64 / 1e6 / FRAMES as f64;
+                println!("mimi_v0_1 {label} {name}: {wall_ms:.2} ms/frame wall, {cpu_ms:.2} ms/frame CPU (all threads)");
+            }
+            _ => println!("mimi_v0_1 {label} {name}: {wall_ms:.2} ms/frame wall"),
+        }
+    }
+}

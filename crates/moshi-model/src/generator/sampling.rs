@@ -1,0 +1,130 @@
+//! Token sampling as in the official generator: greedy argmax (first maximum), or
+//! `softmax(logits / temperature)` -> keep the `top_k` most probable -> draw one, the draw done
+//! as an exponential race (`argmax p_i / E_i`, `E_i ~ Exp(1)`) with our own seeded RNG.
+
+use crate::rng::Rng;
+
+/// Sampling parameters of the generator (defaults = the official `LMGen` defaults).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingConfig {
+    pub temp_text: f32,
+    pub top_k_text: usize,
+    pub temp_audio: f32,
+    pub top_k_audio: usize,
+    pub seed: u64,
+    /// Argmax for text and audio (the seed is then unused).
+    pub greedy: bool,
+}
+
+impl Default for SamplingConfig {
+    fn default() -> Self {
+        Self { temp_text: 0.7, top_k_text: 25, temp_audio: 0.8, top_k_audio: 250, seed: 4242, greedy: false }
+    }
+}
+
+impl SamplingConfig {
+    /// Argmax everywhere.
+    pub fn greedy() -> Self {
+        Self { greedy: true, ..Self::default() }
+    }
+}
+
+/// Index of the first maximum (NaN never wins).
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0usize;
+    let mut best_v = f32::NEG_INFINITY;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > best_v {
+            best_v = v;
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Reusable buffers of [`sample_token`].
+#[derive(Clone, Debug, Default)]
+pub struct SamplerScratch {
+    probs: Vec<(f32, u32)>,
+}
+
+/// Samples one token. `temperature <= 0` or `greedy` gives the argmax without touching `rng`;
+/// `top_k == 0` or `top_k >= logits.len()` samples from the whole distribution.
+pub fn sample_token(
+    logits: &[f32],
+    greedy: bool,
+    temperature: f32,
+    top_k: usize,
+    rng: &mut Rng,
+    scratch: &mut SamplerScratch,
+) -> u32 {
+    if greedy || temperature <= 0.0 || logits.len() <= 1 {
+        return argmax(logits);
+    }
+    // softmax(logits / T)
+    let probs = &mut scratch.probs;
+    probs.clear();
+    probs.extend(logits.iter().enumerate().map(|(i, &l)| (l / temperature, i as u32)));
+    let max = probs.iter().map(|p| p.0).fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f32;
+    for p in probs.iter_mut() {
+        p.0 = (p.0 - max).exp();
+        sum += p.0;
+    }
+    for p in probs.iter_mut() {
+        p.0 /= sum;
+    }
+    // top-k, sorted by decreasing probability then increasing index (deterministic order).
+    let order = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+    if top_k > 0 && top_k < probs.len() {
+        probs.select_nth_unstable_by(top_k - 1, order);
+        probs.truncate(top_k);
+    }
+    probs.sort_unstable_by(order);
+    // Exponential race: P(i wins) = p_i / sum_j p_j.
+    let mut best = probs[0].1;
+    let mut best_score = f64::NEG_INFINITY;
+    for &(p, i) in probs.iter() {
+        let score = p as f64 / rng.next_exponential();
+        if score > best_score {
+            best_score = score;
+            best = i;
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn greedy_is_first_max_and_ignores_rng() {
+        let mut rng = Rng::new(1);
+        let before = rng.clone().next_u64();
+        let mut s = SamplerScratch::default();
+        assert_eq!(sample_token(&[0.1, 3.0, 3.0, -1.0], true, 0.7, 25, &mut rng, &mut s), 1);
+        assert_eq!(sample_token(&[0.1, 3.0, 2.0], false, 0.0, 25, &mut rng, &mut s), 1);
+        assert_eq!(rng.next_u64(), before);
+    }
+
+    #[test]
+    fn top_k_never_leaves_the_k_best_and_frequencies_follow_softmax() {
+        let logits = [0.0f32, 1.0, 2.0, 0.5, -3.0, 1.5];
+        let mut rng = Rng::new(99);
+        let mut s = SamplerScratch::default();
+        let n = 60_000;
+        let mut counts = [0usize; 6];
+        for _ in 0..n {
+            counts[sample_token(&logits, false, 0.8, 3, &mut rng, &mut s) as usize] += 1;
+        }
+        // Top 3 are indices 2, 5, 1.
+        assert_eq!(counts[0] + counts[3] + counts[4], 0, "{counts:?}");
+        let z: f64 = [2.0f64, 1.5, 1.0].iter().map(|l| (l / 0.8).exp()).sum();
+        for (i, l) in [(2usize, 2.0f64), (5, 1.5), (1, 1.0)] {
+            let expect = (l / 0.8).exp() / z;
+            let got = counts[i] as f64 / n as f64;
+            assert!((got - expect).abs() < 0.01, "token {i}: {got} vs {expect}");
+        }
+    }
+}

@@ -1,0 +1,435 @@
+//! Causal streaming 1-D convolutions over channels-last `[time][channel]` buffers: `StreamingConv1d`
+//! (left context carried between calls, optional replicate padding of the very first step) and
+//! `StreamingConvTranspose1d` (overlapping tails kept as partial sums). Both run as one strided
+//! matrix product per call; a fresh state over the whole signal is the non-streaming forward.
+
+use super::matrix::WeightMatrix;
+use crate::ops::elu_slice;
+
+/// Activation applied to a convolution's input as it is copied into the convolution's buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PreActivation {
+    None,
+    Elu,
+}
+
+impl PreActivation {
+    fn copy_into(self, dst: &mut [f32], src: &[f32]) {
+        match self {
+            PreActivation::None => dst.copy_from_slice(src),
+            PreActivation::Elu => elu_slice(dst, src),
+        }
+    }
+}
+
+/// A causal Conv1d (groups 1) with PyTorch `[out, in, kernel]` weights, stored `[out][kernel][in]`
+/// so that one output row is a dot product with a contiguous window of the channels-last input.
+#[derive(Clone, Debug)]
+pub struct StreamingConv1d {
+    in_channels: usize,
+    out_channels: usize,
+    kernel_size: usize,
+    stride: usize,
+    dilation: usize,
+    replicate_pad: bool,
+    /// `[out][kernel][in]`.
+    weight: WeightMatrix,
+    bias: Option<Vec<f32>>,
+}
+
+/// Streaming state of a [`StreamingConv1d`]: the buffer whose first `history` rows are the inputs
+/// carried over from the previous call.
+#[derive(Clone, Debug, Default)]
+pub struct Conv1dState {
+    buf: Vec<f32>,
+    started: bool,
+}
+
+impl Conv1dState {
+    pub fn reset(&mut self) {
+        self.buf.clear();
+        self.started = false;
+    }
+}
+
+impl StreamingConv1d {
+    /// `weight_pt` is PyTorch's `[out, in, kernel]`, row-major.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        weight_pt: &[f32],
+        bias: Option<Vec<f32>>,
+        in_channels: usize,
+        out_channels: usize,
+        kernel_size: usize,
+        stride: usize,
+        dilation: usize,
+        replicate_pad: bool,
+    ) -> Self {
+        assert_eq!(weight_pt.len(), out_channels * in_channels * kernel_size, "conv weight size");
+        assert!(stride >= 1 && dilation >= 1 && kernel_size >= 1);
+        let mut weight = vec![0f32; weight_pt.len()];
+        for o in 0..out_channels {
+            for i in 0..in_channels {
+                for j in 0..kernel_size {
+                    weight[(o * kernel_size + j) * in_channels + i] = weight_pt[(o * in_channels + i) * kernel_size + j];
+                }
+            }
+        }
+        if let Some(b) = &bias {
+            assert_eq!(b.len(), out_channels, "conv bias size");
+        }
+        Self { in_channels, out_channels, kernel_size, stride, dilation, replicate_pad, weight: WeightMatrix::new(weight), bias }
+    }
+
+    /// Uses a bf16 copy of the weights for few-row products (see [`WeightMatrix`]).
+    pub fn set_bf16(&mut self, on: bool) {
+        self.weight.set_bf16(on);
+    }
+
+    pub fn in_channels(&self) -> usize {
+        self.in_channels
+    }
+
+    pub fn out_channels(&self) -> usize {
+        self.out_channels
+    }
+
+    pub fn stride(&self) -> usize {
+        self.stride
+    }
+
+    /// Input rows carried between calls: effective kernel minus stride.
+    pub fn history(&self) -> usize {
+        ((self.kernel_size - 1) * self.dilation + 1).saturating_sub(self.stride)
+    }
+
+    /// Convolves `t_in` new input rows (`x` is `[t_in][in]`, `t_in` a multiple of the stride) and
+    /// writes `t_in / stride` rows of `[out]` into `out` (resized), or adds them to `out` when
+    /// `accumulate` (then `out` must already hold that many rows). Returns the output row count.
+    pub fn forward(&self, st: &mut Conv1dState, x: &[f32], act: PreActivation, out: &mut Vec<f32>, accumulate: bool) -> usize {
+        let (cin, cout) = (self.in_channels, self.out_channels);
+        assert_eq!(x.len() % cin, 0, "conv input is not a whole number of rows");
+        let t_in = x.len() / cin;
+        assert!(t_in > 0 && t_in % self.stride == 0, "conv input length {t_in} is not a positive multiple of the stride {}", self.stride);
+        let hist = self.history();
+        if !st.started {
+            st.buf.clear();
+            st.buf.resize(hist * cin, 0.0);
+        }
+        st.buf.resize((hist + t_in) * cin, 0.0);
+        act.copy_into(&mut st.buf[hist * cin..], x);
+        if self.replicate_pad && !st.started {
+            let (head, rest) = st.buf.split_at_mut(hist * cin);
+            for row in head.chunks_exact_mut(cin) {
+                row.copy_from_slice(&rest[..cin]);
+            }
+        }
+        st.started = true;
+        let t_out = t_in / self.stride;
+        if accumulate {
+            assert_eq!(out.len(), t_out * cout, "accumulating conv output has the wrong size");
+        } else {
+            out.clear();
+            out.resize(t_out * cout, 0.0);
+        }
+        if let Some(b) = &self.bias {
+            for row in out.chunks_exact_mut(cout) {
+                for (o, bv) in row.iter_mut().zip(b) {
+                    *o += bv;
+                }
+            }
+        }
+        let (k, s, d) = (self.kernel_size, self.stride, self.dilation);
+        if d == 1 {
+            // Window of output t = rows [t*s, t*s + k) of the buffer: contiguous, read in place.
+            self.weight.gemm(t_out, k * cin, cout, &st.buf, s * cin, 0, k * cin, out, cout, true);
+        } else {
+            for j in 0..k {
+                let a = &st.buf[j * d * cin..];
+                self.weight.gemm(t_out, cin, cout, a, s * cin, j * cin, k * cin, out, cout, true);
+            }
+        }
+        if hist > 0 {
+            st.buf.copy_within(t_in * cin..(t_in + hist) * cin, 0);
+        }
+        st.buf.truncate(hist * cin);
+        t_out
+    }
+}
+
+/// A causal ConvTranspose1d with PyTorch `[in, out / groups, kernel]` weights; groups is 1 or the
+/// channel count (depthwise, Mimi's upsampler). Output rows past `t_in * stride` stay in the state
+/// as partial sums (without bias) and are added to the next call's first rows.
+#[derive(Clone, Debug)]
+pub struct StreamingConvTranspose1d {
+    in_channels: usize,
+    out_channels: usize,
+    kernel_size: usize,
+    stride: usize,
+    depthwise: bool,
+    /// groups 1: `[kernel][out][in]` (one contiguous weight row per output tap and channel);
+    /// depthwise: `[channel][kernel]` as in PyTorch.
+    weight: WeightMatrix,
+    bias: Option<Vec<f32>>,
+}
+
+/// Streaming state of a [`StreamingConvTranspose1d`].
+#[derive(Clone, Debug, Default)]
+pub struct ConvTr1dState {
+    /// `[kernel - stride][out]` partial sums carried over.
+    partial: Vec<f32>,
+    /// Activated input.
+    xbuf: Vec<f32>,
+    /// Overlap-add accumulator.
+    acc: Vec<f32>,
+}
+
+impl ConvTr1dState {
+    pub fn reset(&mut self) {
+        self.partial.clear();
+    }
+}
+
+impl StreamingConvTranspose1d {
+    /// `weight_pt` is PyTorch's `[in, out / groups, kernel]`.
+    pub fn new(weight_pt: &[f32], bias: Option<Vec<f32>>, in_channels: usize, out_channels: usize, kernel_size: usize, stride: usize, depthwise: bool) -> Self {
+        assert!(kernel_size >= stride && stride >= 1, "transposed conv needs kernel >= stride");
+        let weight = if depthwise {
+            assert_eq!(in_channels, out_channels, "depthwise transposed conv keeps the channel count");
+            assert_eq!(weight_pt.len(), in_channels * kernel_size, "depthwise convtr weight size");
+            weight_pt.to_vec()
+        } else {
+            assert_eq!(weight_pt.len(), in_channels * out_channels * kernel_size, "convtr weight size");
+            let mut w = vec![0f32; weight_pt.len()];
+            for i in 0..in_channels {
+                for o in 0..out_channels {
+                    for j in 0..kernel_size {
+                        w[(j * out_channels + o) * in_channels + i] = weight_pt[(i * out_channels + o) * kernel_size + j];
+                    }
+                }
+            }
+            w
+        };
+        if let Some(b) = &bias {
+            assert_eq!(b.len(), out_channels, "convtr bias size");
+        }
+        Self { in_channels, out_channels, kernel_size, stride, depthwise, weight: WeightMatrix::new(weight), bias }
+    }
+
+    /// Uses a bf16 copy of the weights for few-row products (groups 1 only; depthwise stays f32).
+    pub fn set_bf16(&mut self, on: bool) {
+        if !self.depthwise {
+            self.weight.set_bf16(on);
+        }
+    }
+
+    pub fn out_channels(&self) -> usize {
+        self.out_channels
+    }
+
+    /// `x` is `[t_in][in]`; writes `t_in * stride` rows of `[out]` into `out` (resized).
+    pub fn forward(&self, st: &mut ConvTr1dState, x: &[f32], act: PreActivation, out: &mut Vec<f32>) -> usize {
+        let (cin, cout, k, s) = (self.in_channels, self.out_channels, self.kernel_size, self.stride);
+        assert_eq!(x.len() % cin, 0, "convtr input is not a whole number of rows");
+        let t_in = x.len() / cin;
+        let tail = k - s;
+        let rows = t_in * s + tail;
+        st.acc.clear();
+        st.acc.resize(rows * cout, 0.0);
+        if st.partial.len() == tail * cout {
+            st.acc[..tail * cout].copy_from_slice(&st.partial);
+        }
+        if self.depthwise {
+            let xin: &[f32] = match act {
+                PreActivation::None => x,
+                PreActivation::Elu => {
+                    st.xbuf.resize(x.len(), 0.0);
+                    act.copy_into(&mut st.xbuf, x);
+                    &st.xbuf
+                }
+            };
+            for t in 0..t_in {
+                let xr = &xin[t * cin..(t + 1) * cin];
+                for j in 0..k {
+                    let orow = &mut st.acc[(t * s + j) * cout..(t * s + j + 1) * cout];
+                    for (c, o) in orow.iter_mut().enumerate() {
+                        *o += xr[c] * self.weight.values()[c * k + j];
+                    }
+                }
+            }
+        } else {
+            st.xbuf.resize(x.len(), 0.0);
+            act.copy_into(&mut st.xbuf, x);
+            // Taps [q*s, (q+1)*s) of all inputs land on disjoint output rows: one product each.
+            let mut j0 = 0;
+            while j0 < k {
+                let j1 = (j0 + s).min(k);
+                let o = &mut st.acc[j0 * cout..];
+                self.weight.gemm(t_in, cin, (j1 - j0) * cout, &st.xbuf, cin, j0 * cout * cin, cin, o, s * cout, true);
+                j0 = j1;
+            }
+        }
+        st.partial.clear();
+        st.partial.extend_from_slice(&st.acc[t_in * s * cout..]);
+        out.clear();
+        out.extend_from_slice(&st.acc[..t_in * s * cout]);
+        if let Some(b) = &self.bias {
+            for row in out.chunks_exact_mut(cout) {
+                for (o, bv) in row.iter_mut().zip(b) {
+                    *o += bv;
+                }
+            }
+        }
+        t_in * s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::elu;
+
+    fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    /// Direct PyTorch-semantics causal conv (`[out, in, k]` weights) over `[t][in]` input.
+    fn naive_conv(x: &[f32], cin: usize, w: &[f32], b: &[f32], cout: usize, k: usize, s: usize, d: usize, replicate: bool) -> Vec<f32> {
+        let t = x.len() / cin;
+        let pad = (k - 1) * d + 1 - s;
+        let at = |i: isize, c: usize| -> f32 {
+            if i >= 0 {
+                x[i as usize * cin + c]
+            } else if replicate {
+                x[c]
+            } else {
+                0.0
+            }
+        };
+        let t_out = t / s;
+        let mut y = vec![0f32; t_out * cout];
+        for to in 0..t_out {
+            for o in 0..cout {
+                let mut acc = b[o] as f64;
+                for i in 0..cin {
+                    for j in 0..k {
+                        let pos = (to * s + j * d) as isize - pad as isize;
+                        acc += (w[(o * cin + i) * k + j] * at(pos, i)) as f64;
+                    }
+                }
+                y[to * cout + o] = acc as f32;
+            }
+        }
+        y
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn naive_convtr(x: &[f32], cin: usize, w: &[f32], b: &[f32], cout: usize, k: usize, s: usize, depthwise: bool) -> Vec<f32> {
+        let t = x.len() / cin;
+        let mut y = vec![0f64; (t * s + k) * cout];
+        for ti in 0..t {
+            for j in 0..k {
+                for o in 0..cout {
+                    let v = if depthwise {
+                        (x[ti * cin + o] * w[o * k + j]) as f64
+                    } else {
+                        (0..cin).map(|i| (x[ti * cin + i] * w[(i * cout + o) * k + j]) as f64).sum()
+                    };
+                    y[(ti * s + j) * cout + o] += v;
+                }
+            }
+        }
+        (0..t * s * cout).map(|i| (y[i] + b[i % cout] as f64) as f32).collect()
+    }
+
+    fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+        assert_eq!(a.len(), b.len());
+        a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    }
+
+    #[test]
+    fn conv1d_batch_matches_naive_and_stream_matches_batch() {
+        // (kernel, stride, dilation, replicate)
+        for &(k, s, d, rep) in &[(7, 1, 1, false), (3, 1, 2, false), (8, 4, 1, false), (4, 2, 1, true), (1, 1, 1, false), (10, 5, 1, false)] {
+            let (cin, cout) = (5, 6);
+            let w = rand_vec(cout * cin * k, 1 + k as u64);
+            let b = rand_vec(cout, 2);
+            let conv = StreamingConv1d::new(&w, Some(b.clone()), cin, cout, k, s, d, rep);
+            let t = s * 30;
+            let x = rand_vec(t * cin, 3 + s as u64);
+            let mut batch = Vec::new();
+            conv.forward(&mut Conv1dState::default(), &x, PreActivation::None, &mut batch, false);
+            let reference = naive_conv(&x, cin, &w, &b, cout, k, s, d, rep);
+            assert!(max_diff(&batch, &reference) < 1e-5, "k{k} s{s} d{d}: batch vs naive {}", max_diff(&batch, &reference));
+            for chunk_steps in [1, 2, 3, 7] {
+                let mut st = Conv1dState::default();
+                let mut streamed = Vec::new();
+                let mut out = Vec::new();
+                for chunk in x.chunks(chunk_steps * s * cin) {
+                    conv.forward(&mut st, chunk, PreActivation::None, &mut out, false);
+                    streamed.extend_from_slice(&out);
+                }
+                assert!(max_diff(&streamed, &batch) < 1e-5, "k{k} s{s} d{d} chunk {chunk_steps}: stream vs batch");
+                // reset gives a fresh stream
+                st.reset();
+                conv.forward(&mut st, &x, PreActivation::None, &mut out, false);
+                assert_eq!(out, batch);
+            }
+        }
+    }
+
+    #[test]
+    fn conv1d_elu_preactivation_and_accumulate() {
+        let (cin, cout, k) = (3, 4, 3);
+        let w = rand_vec(cout * cin * k, 9);
+        let b = rand_vec(cout, 10);
+        let conv = StreamingConv1d::new(&w, Some(b.clone()), cin, cout, k, 1, 1, false);
+        let x = rand_vec(20 * cin, 11);
+        let xe: Vec<f32> = x.iter().map(|&v| elu(v)).collect();
+        let mut y = Vec::new();
+        conv.forward(&mut Conv1dState::default(), &x, PreActivation::Elu, &mut y, false);
+        assert!(max_diff(&y, &naive_conv(&xe, cin, &w, &b, cout, k, 1, 1, false)) < 1e-5);
+        let base = rand_vec(20 * cout, 12);
+        let mut acc = base.clone();
+        conv.forward(&mut Conv1dState::default(), &x, PreActivation::Elu, &mut acc, true);
+        let expected: Vec<f32> = base.iter().zip(&y).map(|(a, b)| a + b).collect();
+        assert!(max_diff(&acc, &expected) < 1e-5);
+    }
+
+    #[test]
+    fn conv_transpose_batch_matches_naive_and_stream_matches_batch() {
+        for &(s, depthwise) in &[(1, false), (2, false), (4, false), (5, false), (2, true), (3, true)] {
+            let k = 2 * s;
+            let (cin, cout) = if depthwise { (6, 6) } else { (5, 7) };
+            let w = rand_vec(if depthwise { cin * k } else { cin * cout * k }, 20 + s as u64);
+            let b = rand_vec(cout, 21);
+            let convtr = StreamingConvTranspose1d::new(&w, Some(b.clone()), cin, cout, k, s, depthwise);
+            let x = rand_vec(24 * cin, 22);
+            let mut batch = Vec::new();
+            convtr.forward(&mut ConvTr1dState::default(), &x, PreActivation::None, &mut batch);
+            let reference = naive_convtr(&x, cin, &w, &b, cout, k, s, depthwise);
+            assert!(max_diff(&batch, &reference) < 1e-5, "s{s} dw {depthwise}: batch vs naive");
+            for chunk_steps in [1, 2, 5] {
+                let mut st = ConvTr1dState::default();
+                let (mut streamed, mut out) = (Vec::new(), Vec::new());
+                for chunk in x.chunks(chunk_steps * cin) {
+                    convtr.forward(&mut st, chunk, PreActivation::None, &mut out);
+                    streamed.extend_from_slice(&out);
+                }
+                assert!(max_diff(&streamed, &batch) < 1e-5, "s{s} chunk {chunk_steps}: stream vs batch");
+                st.reset();
+                convtr.forward(&mut st, &x, PreActivation::None, &mut out);
+                assert_eq!(out, batch);
+            }
+        }
+    }
+}

@@ -1,0 +1,347 @@
+//! Mimi, Kyutai's streaming neural audio codec: 24 kHz mono PCM <-> 12.5 Hz frames of RVQ codes.
+//! Encode: SEANet encoder -> encoder transformer (25 Hz) -> learnt downsample (12.5 Hz) -> split
+//! RVQ. Decode: RVQ lookup -> depthwise upsample (25 Hz) -> decoder transformer -> SEANet decoder.
+//! The streaming path follows PyTorch `moshi` exactly (see `assets/tiny-a/MANIFEST.md`): one
+//! 1920-sample frame at a time, 2 transformer steps per frame as one chunk.
+
+pub mod conv;
+mod matrix;
+pub mod quantizer;
+pub mod resample;
+pub mod seanet;
+pub mod transformer;
+mod weights;
+
+use std::path::Path;
+
+use moshi_loader::MimiConfig;
+
+use self::conv::{Conv1dState, ConvTr1dState};
+use self::quantizer::{QuantizerScratch, SplitQuantizer};
+use self::resample::{Downsample, Upsample};
+use self::seanet::{SeanetDecoder, SeanetDecoderState, SeanetEncoder, SeanetEncoderState};
+use self::transformer::{AttentionMode, MimiTransformer, TransformerState};
+use self::weights::{FileWeights, RandomWeights, WeightSource};
+use crate::{ModelError, Result};
+
+/// The immutable part of Mimi: every module's weights and shapes.
+#[derive(Clone, Debug)]
+struct MimiModules {
+    encoder: SeanetEncoder,
+    encoder_transformer: MimiTransformer,
+    downsample: Downsample,
+    quantizer: SplitQuantizer,
+    upsample: Upsample,
+    decoder_transformer: MimiTransformer,
+    decoder: SeanetDecoder,
+}
+
+/// Streaming state of the encoder half, with its activation buffers.
+#[derive(Clone, Debug)]
+struct EncoderState {
+    seanet: SeanetEncoderState,
+    transformer: TransformerState,
+    downsample: Conv1dState,
+    quantizer: QuantizerScratch,
+    latent25: Vec<f32>,
+    latent12: Vec<f32>,
+    codes: Vec<u32>,
+}
+
+/// Streaming state of the decoder half, with its activation buffers.
+#[derive(Clone, Debug)]
+struct DecoderState {
+    quantizer: QuantizerScratch,
+    upsample: ConvTr1dState,
+    transformer: TransformerState,
+    seanet: SeanetDecoderState,
+    latent12: Vec<f32>,
+    latent25: Vec<f32>,
+    pcm: Vec<f32>,
+}
+
+/// The Mimi codec with its streaming encoder and decoder states.
+#[derive(Clone, Debug)]
+pub struct Mimi {
+    modules: MimiModules,
+    encoder_state: EncoderState,
+    decoder_state: DecoderState,
+    sample_rate: usize,
+    frame_size: usize,
+    bf16_weights: bool,
+}
+
+impl Mimi {
+    /// Loads Mimi from a PyTorch-named safetensors checkpoint (f32; e.g.
+    /// `tokenizer-e351c8d8-checkpoint125.safetensors`), using the first `num_codebooks` codebooks.
+    pub fn load(cfg: &MimiConfig, weights: &Path, num_codebooks: usize) -> Result<Mimi> {
+        let mut src = FileWeights::open(weights)?;
+        Self::build(cfg, &mut src, num_codebooks)
+    }
+
+    /// A Mimi of the given shape with deterministic random weights (for benchmarks and tests of
+    /// shapes whose checkpoint is not at hand). Same seed, same weights.
+    pub fn random(cfg: &MimiConfig, num_codebooks: usize, seed: u64) -> Result<Mimi> {
+        let mut src = RandomWeights::new(seed);
+        Self::build(cfg, &mut src, num_codebooks)
+    }
+
+    fn build(cfg: &MimiConfig, src: &mut dyn WeightSource, num_codebooks: usize) -> Result<Mimi> {
+        if cfg.channels != 1 || cfg.seanet.channels != 1 {
+            return Err(ModelError::Config(format!("mimi: only mono is supported (channels {})", cfg.channels)));
+        }
+        let frame_size = cfg.frame_size_samples();
+        let encoder = SeanetEncoder::load(src, "encoder", &cfg.seanet)?;
+        let hop = encoder.hop();
+        if frame_size == 0 || frame_size % hop != 0 {
+            return Err(ModelError::Config(format!("mimi: frame size {frame_size} is not a multiple of the SEANet hop {hop}")));
+        }
+        let stride = frame_size / hop;
+        let dim = cfg.seanet.dimension;
+        if cfg.transformer.d_model != dim || cfg.quantizer.input_dimension != dim || cfg.quantizer.output_dimension != dim {
+            return Err(ModelError::Config(format!(
+                "mimi: SEANet dimension {dim} must equal the transformer d_model {} and the quantizer input/output dimensions {}/{}",
+                cfg.transformer.d_model, cfg.quantizer.input_dimension, cfg.quantizer.output_dimension
+            )));
+        }
+        let encoder_transformer = MimiTransformer::load(src, "encoder_transformer", &cfg.transformer)?;
+        let downsample = Downsample::load(src, dim, stride)?;
+        let quantizer = SplitQuantizer::load(src, &cfg.quantizer, num_codebooks)?;
+        let upsample = Upsample::load(src, dim, stride)?;
+        let decoder_transformer = MimiTransformer::load(src, "decoder_transformer", &cfg.transformer)?;
+        let decoder = SeanetDecoder::load(src, "decoder", &cfg.seanet)?;
+        let modules = MimiModules { encoder, encoder_transformer, downsample, quantizer, upsample, decoder_transformer, decoder };
+        let encoder_state = modules.new_encoder_state();
+        let decoder_state = modules.new_decoder_state();
+        Ok(Mimi { modules, encoder_state, decoder_state, sample_rate: cfg.sample_rate, frame_size, bf16_weights: false })
+    }
+
+    /// Weight precision of the per-frame products. `false` (the default) is exact f32 math, the
+    /// reference behaviour. `true` keeps a bf16 copy of the weights of every product that runs on
+    /// at most 4 rows per call (transformers, the 12.5/25 Hz convolutions, the quantizer
+    /// projections) and reads it instead: half the memory traffic of the bandwidth-bound
+    /// streaming path, at bf16 weight rounding (activations and accumulation stay f32).
+    /// Codebook lookups and the many-row early convolutions stay f32.
+    pub fn set_bf16_weights(&mut self, on: bool) {
+        let m = &mut self.modules;
+        m.encoder.set_bf16(on);
+        m.encoder_transformer.set_bf16(on);
+        m.downsample.set_bf16(on);
+        m.quantizer.set_bf16(on);
+        m.decoder_transformer.set_bf16(on);
+        m.decoder.set_bf16(on);
+        self.bf16_weights = on;
+    }
+
+    /// Whether [`Mimi::set_bf16_weights`] is on.
+    pub fn bf16_weights(&self) -> bool {
+        self.bf16_weights
+    }
+
+    /// Samples per frame (1920 at 24 kHz).
+    pub fn frame_size_samples(&self) -> usize {
+        self.frame_size
+    }
+
+    /// Codebooks produced per frame.
+    pub fn num_codebooks(&self) -> usize {
+        self.modules.quantizer.num_codebooks()
+    }
+
+    /// Entries per codebook (valid codes are `0..cardinality`).
+    pub fn cardinality(&self) -> usize {
+        self.modules.quantizer.bins()
+    }
+
+    pub fn sample_rate(&self) -> usize {
+        self.sample_rate
+    }
+
+    /// Resets both streaming states (encoder and decoder) to the start of a stream.
+    pub fn reset(&mut self) {
+        self.reset_encoder();
+        self.reset_decoder();
+    }
+
+    pub fn reset_encoder(&mut self) {
+        let st = &mut self.encoder_state;
+        st.seanet.reset();
+        st.transformer.reset();
+        st.downsample.reset();
+    }
+
+    pub fn reset_decoder(&mut self) {
+        let st = &mut self.decoder_state;
+        st.upsample.reset();
+        st.transformer.reset();
+        st.seanet.reset();
+    }
+
+    /// Streaming encode of exactly one frame -> `num_codebooks` codes.
+    pub fn encode_frame(&mut self, pcm: &[f32]) -> Result<Vec<u32>> {
+        let mut codes = vec![0u32; self.num_codebooks()];
+        self.encode_frame_into(pcm, &mut codes)?;
+        Ok(codes)
+    }
+
+    /// Allocation-free variant of [`Mimi::encode_frame`]: `codes` must hold `num_codebooks` entries.
+    pub fn encode_frame_into(&mut self, pcm: &[f32], codes: &mut [u32]) -> Result<()> {
+        if pcm.len() != self.frame_size {
+            return Err(ModelError::Input(format!("mimi encode: a frame is {} samples, got {}", self.frame_size, pcm.len())));
+        }
+        if codes.len() != self.num_codebooks() {
+            return Err(ModelError::Input(format!("mimi encode: codes buffer holds {}, expected {}", codes.len(), self.num_codebooks())));
+        }
+        let _span = tracing::trace_span!("mimi_encode").entered();
+        self.modules.encode(&mut self.encoder_state, pcm, AttentionMode::Streaming);
+        codes.copy_from_slice(&self.encoder_state.codes);
+        Ok(())
+    }
+
+    /// Streaming encode of any whole number of frames (frame by frame, so the result does not
+    /// depend on how the audio was chunked) -> codes `[codebook][frame]`.
+    pub fn encode_step(&mut self, pcm: &[f32]) -> Result<Vec<Vec<u32>>> {
+        if pcm.len() % self.frame_size != 0 {
+            return Err(ModelError::Input(format!(
+                "mimi encode_step: {} samples is not a multiple of the {}-sample frame",
+                pcm.len(),
+                self.frame_size
+            )));
+        }
+        let k = self.num_codebooks();
+        let frames = pcm.len() / self.frame_size;
+        let mut out = vec![Vec::with_capacity(frames); k];
+        let mut codes = vec![0u32; k];
+        for frame in pcm.chunks_exact(self.frame_size) {
+            self.encode_frame_into(frame, &mut codes)?;
+            for (o, c) in out.iter_mut().zip(&codes) {
+                o.push(*c);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Non-streaming encode of a whole signal (zero-padded to whole frames), with fresh state,
+    /// like PyTorch's `mimi.encode` outside `streaming()` -> codes `[codebook][frame]`.
+    pub fn encode_batch(&self, pcm: &[f32]) -> Result<Vec<Vec<u32>>> {
+        if pcm.is_empty() {
+            return Err(ModelError::Input("mimi encode_batch: empty signal".into()));
+        }
+        let frames = pcm.len().div_ceil(self.frame_size);
+        let mut padded = pcm.to_vec();
+        padded.resize(frames * self.frame_size, 0.0);
+        let mut st = self.modules.new_encoder_state();
+        self.modules.encode(&mut st, &padded, AttentionMode::Batch);
+        Ok(transpose_codes(&st.codes, frames, self.num_codebooks()))
+    }
+
+    /// Streaming decode of one frame of `num_codebooks` codes -> `frame_size` samples.
+    pub fn decode_frame(&mut self, codes: &[u32]) -> Result<Vec<f32>> {
+        let mut pcm = vec![0f32; self.frame_size];
+        self.decode_frame_into(codes, &mut pcm)?;
+        Ok(pcm)
+    }
+
+    /// Allocation-free variant of [`Mimi::decode_frame`]: `pcm` must hold `frame_size` samples.
+    pub fn decode_frame_into(&mut self, codes: &[u32], pcm: &mut [f32]) -> Result<()> {
+        if codes.len() != self.num_codebooks() {
+            return Err(ModelError::Input(format!("mimi decode: a frame has {} codes, got {}", self.num_codebooks(), codes.len())));
+        }
+        if pcm.len() != self.frame_size {
+            return Err(ModelError::Input(format!("mimi decode: output buffer holds {}, expected {}", pcm.len(), self.frame_size)));
+        }
+        self.modules.quantizer.check_codes(codes)?;
+        let _span = tracing::trace_span!("mimi_decode").entered();
+        self.modules.decode(&mut self.decoder_state, codes, AttentionMode::Streaming);
+        pcm.copy_from_slice(&self.decoder_state.pcm);
+        Ok(())
+    }
+
+    /// Streaming decode of codes `[codebook][frame]`, frame by frame -> PCM.
+    pub fn decode_step(&mut self, codes: &[Vec<u32>]) -> Result<Vec<f32>> {
+        let flat = self.flatten_checked(codes)?;
+        let k = self.num_codebooks();
+        let mut out = Vec::with_capacity(flat.len() / k * self.frame_size);
+        for frame_codes in flat.chunks_exact(k) {
+            self.modules.decode(&mut self.decoder_state, frame_codes, AttentionMode::Streaming);
+            out.extend_from_slice(&self.decoder_state.pcm);
+        }
+        Ok(out)
+    }
+
+    /// Non-streaming decode of codes `[codebook][frame]` with fresh state -> PCM.
+    pub fn decode_batch(&self, codes: &[Vec<u32>]) -> Result<Vec<f32>> {
+        let flat = self.flatten_checked(codes)?;
+        let mut st = self.modules.new_decoder_state();
+        self.modules.decode(&mut st, &flat, AttentionMode::Batch);
+        Ok(st.pcm)
+    }
+
+    /// `[codebook][frame]` -> frame-major codes, checking the shape and every code's range.
+    fn flatten_checked(&self, codes: &[Vec<u32>]) -> Result<Vec<u32>> {
+        let k = self.num_codebooks();
+        if codes.len() != k {
+            return Err(ModelError::Input(format!("mimi decode: got {} codebooks, expected {k}", codes.len())));
+        }
+        let frames = codes[0].len();
+        if let Some((q, row)) = codes.iter().enumerate().find(|(_, r)| r.len() != frames) {
+            return Err(ModelError::Input(format!("mimi decode: codebook {q} has {} frames, codebook 0 has {frames}", row.len())));
+        }
+        let mut flat = vec![0u32; frames * k];
+        for (q, row) in codes.iter().enumerate() {
+            for (t, &c) in row.iter().enumerate() {
+                flat[t * k + q] = c;
+            }
+        }
+        self.modules.quantizer.check_codes(&flat)?;
+        Ok(flat)
+    }
+}
+
+fn transpose_codes(frame_major: &[u32], frames: usize, k: usize) -> Vec<Vec<u32>> {
+    (0..k).map(|q| (0..frames).map(|t| frame_major[t * k + q]).collect()).collect()
+}
+
+impl MimiModules {
+    fn new_encoder_state(&self) -> EncoderState {
+        EncoderState {
+            seanet: self.encoder.new_state(),
+            transformer: self.encoder_transformer.new_state(),
+            downsample: Conv1dState::default(),
+            quantizer: QuantizerScratch::default(),
+            latent25: Vec::new(),
+            latent12: Vec::new(),
+            codes: Vec::new(),
+        }
+    }
+
+    fn new_decoder_state(&self) -> DecoderState {
+        DecoderState {
+            quantizer: QuantizerScratch::default(),
+            upsample: ConvTr1dState::default(),
+            transformer: self.decoder_transformer.new_state(),
+            seanet: self.decoder.new_state(),
+            latent12: Vec::new(),
+            latent25: Vec::new(),
+            pcm: Vec::new(),
+        }
+    }
+
+    /// PCM (whole frames) -> `st.codes` (`[frame][codebook]`).
+    fn encode(&self, st: &mut EncoderState, pcm: &[f32], mode: AttentionMode) {
+        self.encoder.forward(&mut st.seanet, pcm, &mut st.latent25);
+        self.encoder_transformer.forward(&mut st.transformer, &mut st.latent25, mode);
+        self.downsample.forward(&mut st.downsample, &st.latent25, &mut st.latent12);
+        let frames = st.latent12.len() / self.quantizer.input_dim();
+        st.codes.resize(frames * self.quantizer.num_codebooks(), 0);
+        self.quantizer.encode(&st.latent12, &mut st.quantizer, &mut st.codes);
+    }
+
+    /// Codes (`[frame][codebook]`, checked) -> `st.pcm`.
+    fn decode(&self, st: &mut DecoderState, codes: &[u32], mode: AttentionMode) {
+        self.quantizer.decode(codes, &mut st.quantizer, &mut st.latent12);
+        self.upsample.forward(&mut st.upsample, &st.latent12, &mut st.latent25);
+        self.decoder_transformer.forward(&mut st.transformer, &mut st.latent25, mode);
+        self.decoder.forward(&mut st.seanet, &st.latent25, &mut st.pcm);
+    }
+}

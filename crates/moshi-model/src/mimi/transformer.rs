@@ -1,0 +1,371 @@
+//! Mimi's streaming transformer (25 Hz): pre-norm LayerNorm layers with interleaved RoPE,
+//! causal multi-head attention over a ring KV cache of `context` steps, exact-GELU MLP and
+//! LayerScale on both residual branches. Streaming follows PyTorch's `RingKVCache`: a chunk's
+//! keys are written first, then a query at position p sees the keys still in the ring with
+//! `p - context < p' <= p`. The non-streaming forward sees every key with `p - context < p' <= p`.
+
+use moshi_loader::config::MimiTransformerConfig;
+
+use super::matrix::WeightMatrix;
+use super::weights::WeightSource;
+use crate::ops::{dot, gelu_erf, layer_norm};
+use crate::{ModelError, Result};
+
+#[derive(Clone, Debug)]
+struct Layer {
+    in_proj: WeightMatrix,
+    out_proj: WeightMatrix,
+    norm1_w: Vec<f32>,
+    norm1_b: Vec<f32>,
+    norm2_w: Vec<f32>,
+    norm2_b: Vec<f32>,
+    linear1: WeightMatrix,
+    linear2: WeightMatrix,
+    scale1: Vec<f32>,
+    scale2: Vec<f32>,
+}
+
+/// Weights and shape of one Mimi transformer.
+#[derive(Clone, Debug)]
+pub struct MimiTransformer {
+    layers: Vec<Layer>,
+    dim: usize,
+    num_heads: usize,
+    ff_dim: usize,
+    context: usize,
+    /// RoPE inverse frequencies per pair, as PyTorch computes them in f32.
+    inv_freq: Vec<f32>,
+}
+
+/// How keys are kept between calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttentionMode {
+    /// Ring KV cache of `context` steps (PyTorch streaming).
+    Streaming,
+    /// The whole chunk is the sequence (PyTorch non-streaming call); the state is not used for keys.
+    Batch,
+}
+
+#[derive(Clone, Debug, Default)]
+struct LayerCache {
+    /// `[context][dim]`, slot = position % context.
+    keys: Vec<f32>,
+    values: Vec<f32>,
+}
+
+/// Streaming state of a [`MimiTransformer`]: position and KV rings, plus scratch buffers.
+#[derive(Clone, Debug, Default)]
+pub struct TransformerState {
+    offset: usize,
+    caches: Vec<LayerCache>,
+    norm: Vec<f32>,
+    qkv: Vec<f32>,
+    attn: Vec<f32>,
+    proj: Vec<f32>,
+    hidden: Vec<f32>,
+    scores: Vec<f32>,
+}
+
+impl TransformerState {
+    pub fn reset(&mut self) {
+        self.offset = 0;
+    }
+
+    /// Steps consumed since the last reset.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+}
+
+impl MimiTransformer {
+    pub(crate) fn load(src: &mut dyn WeightSource, prefix: &str, cfg: &MimiTransformerConfig) -> Result<Self> {
+        let bad = |what: String| Err(ModelError::Config(format!("mimi transformer: {what}")));
+        if cfg.norm != "layer_norm" {
+            return bad(format!("norm `{}` is not supported (expected layer_norm)", cfg.norm));
+        }
+        if cfg.gating != "none" {
+            return bad(format!("gating `{}` is not supported (expected none)", cfg.gating));
+        }
+        if cfg.positional_embedding != "rope" {
+            return bad(format!("positional_embedding `{}` is not supported (expected rope)", cfg.positional_embedding));
+        }
+        if !cfg.causal || !cfg.conv_layout {
+            return bad("only causal transformers with conv_layout are supported".into());
+        }
+        if cfg.input_dimension != cfg.d_model || cfg.output_dimensions.iter().any(|&d| d != cfg.d_model) || cfg.output_dimensions.len() != 1 {
+            return bad(format!(
+                "input/output projections are not supported (d_model {}, input {}, outputs {:?})",
+                cfg.d_model, cfg.input_dimension, cfg.output_dimensions
+            ));
+        }
+        if cfg.num_heads == 0 || cfg.d_model % cfg.num_heads != 0 || (cfg.d_model / cfg.num_heads) % 2 != 0 {
+            return bad(format!("d_model {} is not a multiple of 2 * num_heads {}", cfg.d_model, cfg.num_heads));
+        }
+        if cfg.context == 0 {
+            return bad("context must be positive".into());
+        }
+        let (d, f) = (cfg.d_model, cfg.dim_feedforward);
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        for l in 0..cfg.num_layers {
+            let p = format!("{prefix}.transformer.layers.{l}");
+            let mut t = |name: &str, shape: &[usize]| src.tensor(&format!("{p}.{name}"), shape);
+            let layer = Layer {
+                in_proj: WeightMatrix::new(t("self_attn.in_proj_weight", &[3 * d, d])?),
+                out_proj: WeightMatrix::new(t("self_attn.out_proj.weight", &[d, d])?),
+                norm1_w: t("norm1.weight", &[d])?,
+                norm1_b: t("norm1.bias", &[d])?,
+                norm2_w: t("norm2.weight", &[d])?,
+                norm2_b: t("norm2.bias", &[d])?,
+                linear1: WeightMatrix::new(t("linear1.weight", &[f, d])?),
+                linear2: WeightMatrix::new(t("linear2.weight", &[d, f])?),
+                scale1: if cfg.layer_scale.is_some() { t("layer_scale_1.scale", &[d])? } else { vec![1.0; d] },
+                scale2: if cfg.layer_scale.is_some() { t("layer_scale_2.scale", &[d])? } else { vec![1.0; d] },
+            };
+            layers.push(layer);
+        }
+        let head_dim = d / cfg.num_heads;
+        let step = (-(cfg.max_period.ln()) * 2.0 / head_dim as f64) as f32;
+        let inv_freq = (0..head_dim / 2).map(|i| (i as f32 * step).exp()).collect();
+        Ok(Self { layers, dim: d, num_heads: cfg.num_heads, ff_dim: f, context: cfg.context, inv_freq })
+    }
+
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+
+    /// Uses bf16 copies of the projection weights for few-row products.
+    pub fn set_bf16(&mut self, on: bool) {
+        for l in &mut self.layers {
+            for w in [&mut l.in_proj, &mut l.out_proj, &mut l.linear1, &mut l.linear2] {
+                w.set_bf16(on);
+            }
+        }
+    }
+
+    pub fn context(&self) -> usize {
+        self.context
+    }
+
+    pub fn new_state(&self) -> TransformerState {
+        TransformerState { caches: vec![LayerCache::default(); self.layers.len()], ..Default::default() }
+    }
+
+    /// Runs `x` (`[t][dim]`) through all layers in place. In streaming mode `t` must not exceed
+    /// the context (Mimi feeds 2 steps per frame).
+    pub fn forward(&self, st: &mut TransformerState, x: &mut [f32], mode: AttentionMode) {
+        let d = self.dim;
+        assert_eq!(x.len() % d, 0, "transformer input is not a whole number of rows");
+        let t = x.len() / d;
+        if t == 0 {
+            return;
+        }
+        let offset = match mode {
+            AttentionMode::Streaming => {
+                assert!(t <= self.context, "streaming chunk of {t} steps exceeds the context {}", self.context);
+                st.offset
+            }
+            AttentionMode::Batch => 0,
+        };
+        let TransformerState { caches, norm, qkv, attn, proj, hidden, scores, .. } = st;
+        norm.resize(t * d, 0.0);
+        qkv.resize(t * 3 * d, 0.0);
+        attn.resize(t * d, 0.0);
+        proj.resize(t * d, 0.0);
+        hidden.resize(t * self.ff_dim, 0.0);
+        for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
+            layer_norm(x, &layer.norm1_w, &layer.norm1_b, 1e-5, norm);
+            layer.in_proj.gemm(t, d, 3 * d, norm, d, 0, d, qkv, 3 * d, false);
+            self.rope(qkv, t, offset);
+            match mode {
+                AttentionMode::Streaming => {
+                    if cache.keys.len() != self.context * d {
+                        cache.keys = vec![0.0; self.context * d];
+                        cache.values = vec![0.0; self.context * d];
+                    }
+                    for i in 0..t {
+                        let slot = (offset + i) % self.context;
+                        let row = &qkv[i * 3 * d..(i + 1) * 3 * d];
+                        cache.keys[slot * d..(slot + 1) * d].copy_from_slice(&row[d..2 * d]);
+                        cache.values[slot * d..(slot + 1) * d].copy_from_slice(&row[2 * d..]);
+                    }
+                    let end = offset + t;
+                    let oldest = end.saturating_sub(self.context);
+                    self.attend(qkv, t, offset, oldest, |p| (p % self.context) * d, &cache.keys, &cache.values, attn, scores);
+                }
+                AttentionMode::Batch => {
+                    // Keys and values read in place from the qkv rows.
+                    let (keys, values) = (&qkv[d..], &qkv[2 * d..]);
+                    self.attend(qkv, t, 0, 0, |p| p * 3 * d, keys, values, attn, scores);
+                }
+            }
+            layer.out_proj.gemm(t, d, d, attn, d, 0, d, proj, d, false);
+            for (row, prow) in x.chunks_exact_mut(d).zip(proj.chunks_exact(d)) {
+                for ((v, p), s) in row.iter_mut().zip(prow).zip(&layer.scale1) {
+                    *v += s * p;
+                }
+            }
+            layer_norm(x, &layer.norm2_w, &layer.norm2_b, 1e-5, norm);
+            layer.linear1.gemm(t, d, self.ff_dim, norm, d, 0, d, hidden, self.ff_dim, false);
+            for v in hidden.iter_mut() {
+                *v = gelu_erf(*v);
+            }
+            layer.linear2.gemm(t, self.ff_dim, d, hidden, self.ff_dim, 0, self.ff_dim, proj, d, false);
+            for (row, prow) in x.chunks_exact_mut(d).zip(proj.chunks_exact(d)) {
+                for ((v, p), s) in row.iter_mut().zip(prow).zip(&layer.scale2) {
+                    *v += s * p;
+                }
+            }
+        }
+        if mode == AttentionMode::Streaming {
+            st.offset += t;
+        }
+    }
+
+    /// Interleaved rotary embedding of q and k (first two thirds of each qkv row) at positions
+    /// `offset..offset + t`, in f32 like PyTorch.
+    fn rope(&self, qkv: &mut [f32], t: usize, offset: usize) {
+        let d = self.dim;
+        let hd = d / self.num_heads;
+        for i in 0..t {
+            let pos = (offset + i) as f32;
+            let row = &mut qkv[i * 3 * d..i * 3 * d + 2 * d];
+            for (pair, &f) in self.inv_freq.iter().enumerate() {
+                let angle = f * pos;
+                let (c, s) = (angle.cos(), angle.sin());
+                for head in 0..2 * self.num_heads {
+                    let base = head * hd + 2 * pair;
+                    let (r, im) = (row[base], row[base + 1]);
+                    row[base] = r * c - im * s;
+                    row[base + 1] = r * s + im * c;
+                }
+            }
+        }
+    }
+
+    /// Softmax attention of the `t` queries (positions `q0..q0 + t`) over keys at positions
+    /// `max(oldest, p - context + 1) ..= p`; `row_of(p')` gives the key's offset in `keys`/`values`.
+    #[allow(clippy::too_many_arguments)]
+    fn attend(
+        &self,
+        qkv: &[f32],
+        t: usize,
+        q0: usize,
+        oldest: usize,
+        row_of: impl Fn(usize) -> usize,
+        keys: &[f32],
+        values: &[f32],
+        out: &mut [f32],
+        scores: &mut Vec<f32>,
+    ) {
+        let d = self.dim;
+        let hd = d / self.num_heads;
+        let scale = 1.0 / (hd as f32).sqrt();
+        for i in 0..t {
+            let p = q0 + i;
+            let first = oldest.max((p + 1).saturating_sub(self.context));
+            let n_keys = p + 1 - first;
+            for h in 0..self.num_heads {
+                let q = &qkv[i * 3 * d + h * hd..i * 3 * d + (h + 1) * hd];
+                scores.clear();
+                let mut max = f32::NEG_INFINITY;
+                for kp in first..=p {
+                    let k = &keys[row_of(kp) + h * hd..row_of(kp) + (h + 1) * hd];
+                    let s = dot(q, k) * scale;
+                    max = max.max(s);
+                    scores.push(s);
+                }
+                let mut sum = 0f32;
+                for s in scores.iter_mut() {
+                    *s = (*s - max).exp();
+                    sum += *s;
+                }
+                let o = &mut out[i * d + h * hd..i * d + (h + 1) * hd];
+                o.fill(0.0);
+                for (j, kp) in (first..=p).enumerate() {
+                    let w = scores[j] / sum;
+                    let v = &values[row_of(kp) + h * hd..row_of(kp) + (h + 1) * hd];
+                    for (ov, vv) in o.iter_mut().zip(v) {
+                        *ov += w * vv;
+                    }
+                }
+                debug_assert_eq!(scores.len(), n_keys);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mimi::weights::RandomWeights;
+
+    fn config(context: usize, num_layers: usize) -> MimiTransformerConfig {
+        MimiTransformerConfig {
+            d_model: 16,
+            num_heads: 2,
+            num_layers,
+            causal: true,
+            layer_scale: Some(0.01),
+            context,
+            conv_layout: true,
+            max_period: 10000.0,
+            gating: "none".into(),
+            norm: "layer_norm".into(),
+            positional_embedding: "rope".into(),
+            dim_feedforward: 32,
+            input_dimension: 16,
+            output_dimensions: vec![16],
+        }
+    }
+
+    fn input(t: usize, d: usize) -> Vec<f32> {
+        (0..t * d).map(|i| ((i as f32) * 0.37).sin()).collect()
+    }
+
+    #[test]
+    fn streaming_equals_batch_before_the_window_fills() {
+        let tr = MimiTransformer::load(&mut RandomWeights::new(5), "t", &config(12, 2)).unwrap();
+        let x = input(12, 16);
+        let mut batch = x.clone();
+        tr.forward(&mut tr.new_state(), &mut batch, AttentionMode::Batch);
+        assert!(batch.iter().zip(&x).any(|(a, b)| (a - b).abs() > 1e-4), "transformer must change its input");
+        for chunk in [1, 2, 3, 4] {
+            let mut st = tr.new_state();
+            let mut streamed = x.clone();
+            for part in streamed.chunks_mut(chunk * 16) {
+                tr.forward(&mut st, part, AttentionMode::Streaming);
+            }
+            let diff = streamed.iter().zip(&batch).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+            assert!(diff < 1e-5, "chunk {chunk}: stream vs batch {diff}");
+            assert_eq!(st.offset(), 12);
+            st.reset();
+            let mut again = x.clone();
+            for part in again.chunks_mut(chunk * 16) {
+                tr.forward(&mut st, part, AttentionMode::Streaming);
+            }
+            assert_eq!(again, streamed, "reset repeats the stream");
+        }
+    }
+
+    #[test]
+    fn ring_window_drops_the_oldest_key_for_the_first_step_of_a_chunk() {
+        // context 4, chunks of 2: step 4 (first of the third chunk) sees keys 2..=4 only (3 keys),
+        // the batch forward sees 1..=4. So the streams agree up to step 3 and differ at step 4
+        // (one layer, so that step 5 does not see step 4's changed values).
+        let tr = MimiTransformer::load(&mut RandomWeights::new(6), "t", &config(4, 1)).unwrap();
+        let x = input(6, 16);
+        let mut batch = x.clone();
+        tr.forward(&mut tr.new_state(), &mut batch, AttentionMode::Batch);
+        let mut st = tr.new_state();
+        let mut streamed = x.clone();
+        for part in streamed.chunks_mut(2 * 16) {
+            tr.forward(&mut st, part, AttentionMode::Streaming);
+        }
+        let row_diff = |r: usize| (0..16).map(|c| (streamed[r * 16 + c] - batch[r * 16 + c]).abs()).fold(0.0, f32::max);
+        for r in 0..4 {
+            assert!(row_diff(r) < 1e-5, "step {r} should match");
+        }
+        assert!(row_diff(4) > 1e-6, "step 4 should see one key fewer in streaming");
+        assert!(row_diff(5) < 1e-5, "step 5 sees a full window again");
+    }
+}

@@ -1,0 +1,309 @@
+//! Real audio devices through cpal: the ONLY file in the repository that names cpal.
+//!
+//! Device selection by name (substring, case-insensitive; default devices otherwise). The
+//! stream asks for 24 kHz mono f32 when the device offers it; otherwise it takes the device's
+//! default rate/channels (and f32 or i16) and the engine converts with rubato, off the audio
+//! thread. The buffer is fixed (`BufferSize::Fixed`, `buffer_ms`, clamped to the device range):
+//! a default buffer can be seconds long on some hosts.
+//!
+//! The data callbacks only call [`capture_callback`] / [`playback_callback`] (ring copy + relaxed
+//! atomics; scratch for integer formats is allocated before the closure). The error callback
+//! only bumps a counter (and a flag when the device is gone): ALSA can report thousands of
+//! errors per xrun, so nothing is logged there; the console reports the counts, rate-limited.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use cpal::traits::{DeviceTrait, HostTrait, StreamTrait};
+
+use super::AudioBackend;
+use crate::engine::StreamFormat;
+use crate::ring::{
+    capture_callback, capture_callback_converting, playback_callback, playback_callback_converting, AudioCounters,
+    SampleConsumer, SampleProducer,
+};
+use crate::{Result, RuntimeError, SAMPLE_RATE_HZ};
+
+/// Which devices to open and how.
+#[derive(Debug, Clone)]
+pub struct CpalOptions {
+    /// Substring of the input device name; `None`: the host's default input.
+    pub input_device: Option<String>,
+    /// Substring of the output device name; `None`: the host's default output.
+    pub output_device: Option<String>,
+    /// Device buffer per callback, milliseconds.
+    pub buffer_ms: u32,
+}
+
+/// Default device buffer: 20 ms (480 frames at 24 kHz).
+pub const DEFAULT_BUFFER_MS: u32 = 20;
+
+/// One device as listed by `moshi-rs devices`.
+#[derive(Debug, Clone)]
+pub struct DeviceInfo {
+    pub name: String,
+    pub is_input: bool,
+    pub is_default: bool,
+    /// Default config, e.g. "2 ch, 48000 Hz, f32".
+    pub default_config: String,
+    /// Whether mono 24 kHz is offered directly (no resampling needed).
+    pub supports_24k_mono: bool,
+}
+
+fn device_error(what: &str, e: impl std::fmt::Display) -> RuntimeError {
+    RuntimeError::Device(format!("{what}: {e}"))
+}
+
+/// Every input and output device of the default host.
+pub fn list_devices() -> Result<Vec<DeviceInfo>> {
+    let host = cpal::default_host();
+    let default_in = host.default_input_device().and_then(|d| d.name().ok());
+    let default_out = host.default_output_device().and_then(|d| d.name().ok());
+    let mut out = Vec::new();
+    for (is_input, devices) in [
+        (true, host.input_devices().map_err(|e| device_error("listing input devices", e))?.collect::<Vec<_>>()),
+        (false, host.output_devices().map_err(|e| device_error("listing output devices", e))?.collect::<Vec<_>>()),
+    ] {
+        for d in devices {
+            let name = d.name().unwrap_or_else(|_| "<unnamed>".into());
+            let (default_config, supports_24k_mono) = if is_input {
+                (
+                    d.default_input_config().map(|c| describe_config(&c)).unwrap_or_else(|e| format!("unavailable ({e})")),
+                    d.supported_input_configs().map(|mut it| it.any(|r| offers_24k_mono(&r))).unwrap_or(false),
+                )
+            } else {
+                (
+                    d.default_output_config().map(|c| describe_config(&c)).unwrap_or_else(|e| format!("unavailable ({e})")),
+                    d.supported_output_configs().map(|mut it| it.any(|r| offers_24k_mono(&r))).unwrap_or(false),
+                )
+            };
+            let is_default = if is_input { default_in.as_ref() == Some(&name) } else { default_out.as_ref() == Some(&name) };
+            out.push(DeviceInfo { name, is_input, is_default, default_config, supports_24k_mono });
+        }
+    }
+    Ok(out)
+}
+
+fn describe_config(c: &cpal::SupportedStreamConfig) -> String {
+    format!("{} ch, {} Hz, {}", c.channels(), c.sample_rate().0, c.sample_format())
+}
+
+fn offers_24k_mono(r: &cpal::SupportedStreamConfigRange) -> bool {
+    r.channels() == 1
+        && r.min_sample_rate().0 <= SAMPLE_RATE_HZ
+        && r.max_sample_rate().0 >= SAMPLE_RATE_HZ
+        && matches!(r.sample_format(), cpal::SampleFormat::F32 | cpal::SampleFormat::I16)
+}
+
+fn find_device(host: &cpal::Host, wanted: Option<&str>, input: bool) -> Result<cpal::Device> {
+    let kind = if input { "input" } else { "output" };
+    match wanted {
+        None => {
+            let d = if input { host.default_input_device() } else { host.default_output_device() };
+            d.ok_or_else(|| RuntimeError::Device(format!("no default {kind} device (run `moshi-rs devices`)")))
+        }
+        Some(name) => {
+            let needle = name.to_lowercase();
+            let devices: Vec<cpal::Device> = if input {
+                host.input_devices().map_err(|e| device_error("listing input devices", e))?.collect()
+            } else {
+                host.output_devices().map_err(|e| device_error("listing output devices", e))?.collect()
+            };
+            let mut names = Vec::new();
+            for d in devices {
+                let n = d.name().unwrap_or_default();
+                if n == name || n.to_lowercase().contains(&needle) {
+                    return Ok(d);
+                }
+                names.push(n);
+            }
+            Err(RuntimeError::Device(format!("no {kind} device matching {name:?}; available: {names:?}")))
+        }
+    }
+}
+
+/// The stream config used for one side and the sample format.
+#[derive(Debug, Clone)]
+struct ChosenConfig {
+    config: cpal::StreamConfig,
+    sample_format: cpal::SampleFormat,
+}
+
+fn choose_config(device: &cpal::Device, input: bool, buffer_ms: u32) -> Result<ChosenConfig> {
+    let kind = if input { "input" } else { "output" };
+    let ranges: Vec<cpal::SupportedStreamConfigRange> = if input {
+        device.supported_input_configs().map_err(|e| device_error(&format!("{kind} configs"), e))?.collect()
+    } else {
+        device.supported_output_configs().map_err(|e| device_error(&format!("{kind} configs"), e))?.collect()
+    };
+    // Prefer 24 kHz mono f32, then 24 kHz mono i16, then the device default.
+    let preferred = [cpal::SampleFormat::F32, cpal::SampleFormat::I16].iter().find_map(|fmt| {
+        ranges.iter().find(|r| offers_24k_mono(r) && r.sample_format() == *fmt).map(|r| r.with_sample_rate(cpal::SampleRate(SAMPLE_RATE_HZ)))
+    });
+    let supported = match preferred {
+        Some(s) => s,
+        None => {
+            let d = if input { device.default_input_config() } else { device.default_output_config() };
+            let d = d.map_err(|e| device_error(&format!("default {kind} config"), e))?;
+            if !matches!(d.sample_format(), cpal::SampleFormat::F32 | cpal::SampleFormat::I16) {
+                return Err(RuntimeError::Device(format!(
+                    "{kind} device offers neither 24 kHz mono nor an f32/i16 default (default: {})",
+                    describe_config(&d)
+                )));
+            }
+            d
+        }
+    };
+    let rate = supported.sample_rate().0;
+    let mut frames = (rate as u64 * buffer_ms as u64 / 1000).max(16) as u32;
+    if let cpal::SupportedBufferSize::Range { min, max } = supported.buffer_size() {
+        frames = frames.clamp(*min, *max);
+    }
+    let mut config = supported.config();
+    config.buffer_size = cpal::BufferSize::Fixed(frames);
+    Ok(ChosenConfig { config, sample_format: supported.sample_format() })
+}
+
+/// Microseconds between two stream instants (no allocation).
+fn micros_between(later: &cpal::StreamInstant, earlier: &cpal::StreamInstant) -> Option<u64> {
+    later.duration_since(earlier).map(|d| d.as_micros() as u64)
+}
+
+/// Capture and playback on real devices.
+pub struct CpalBackend {
+    input_device: cpal::Device,
+    output_device: cpal::Device,
+    input: ChosenConfig,
+    output: ChosenConfig,
+    streams: Vec<cpal::Stream>,
+    description: String,
+}
+
+impl CpalBackend {
+    /// Finds the devices and picks their configs (nothing is started yet).
+    pub fn open(options: &CpalOptions) -> Result<Self> {
+        let host = cpal::default_host();
+        let input_device = find_device(&host, options.input_device.as_deref(), true)?;
+        let output_device = find_device(&host, options.output_device.as_deref(), false)?;
+        let input = choose_config(&input_device, true, options.buffer_ms)?;
+        let output = choose_config(&output_device, false, options.buffer_ms)?;
+        let describe = |d: &cpal::Device, c: &ChosenConfig| {
+            format!(
+                "{} ({} ch, {} Hz, {}, buffer {:?})",
+                d.name().unwrap_or_default(),
+                c.config.channels,
+                c.config.sample_rate.0,
+                c.sample_format,
+                c.config.buffer_size
+            )
+        };
+        let description = format!(
+            "{} host; in: {}; out: {}",
+            host.id().name(),
+            describe(&input_device, &input),
+            describe(&output_device, &output)
+        );
+        Ok(Self { input_device, output_device, input, output, streams: Vec::new(), description })
+    }
+}
+
+fn error_callback(counters: Arc<AudioCounters>) -> impl FnMut(cpal::StreamError) + Send + 'static {
+    move |e| {
+        counters.device_errors.fetch_add(1, Ordering::Relaxed);
+        if matches!(e, cpal::StreamError::DeviceNotAvailable) {
+            counters.device_lost.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+fn scratch_len(c: &ChosenConfig) -> usize {
+    match c.config.buffer_size {
+        cpal::BufferSize::Fixed(n) => (n as usize * c.config.channels as usize).max(1024),
+        cpal::BufferSize::Default => 8192,
+    }
+}
+
+impl AudioBackend for CpalBackend {
+    fn describe(&self) -> String {
+        self.description.clone()
+    }
+    fn input_format(&self) -> StreamFormat {
+        StreamFormat { sample_rate_hz: self.input.config.sample_rate.0, channels: self.input.config.channels }
+    }
+    fn output_format(&self) -> StreamFormat {
+        StreamFormat { sample_rate_hz: self.output.config.sample_rate.0, channels: self.output.config.channels }
+    }
+    fn start(&mut self, mut mic: SampleProducer, mut speaker: SampleConsumer, counters: Arc<AudioCounters>) -> Result<()> {
+        let in_counters = counters.clone();
+        let input_stream = match self.input.sample_format {
+            cpal::SampleFormat::I16 => {
+                let mut scratch = vec![0f32; scratch_len(&self.input)];
+                self.input_device.build_input_stream(
+                    &self.input.config,
+                    move |data: &[i16], info: &cpal::InputCallbackInfo| {
+                        let ts = info.timestamp();
+                        let lat = micros_between(&ts.callback, &ts.capture);
+                        capture_callback_converting(data, &mut scratch, &mut mic, &in_counters, lat);
+                    },
+                    error_callback(counters.clone()),
+                    None,
+                )
+            }
+            _ => self.input_device.build_input_stream(
+                &self.input.config,
+                move |data: &[f32], info: &cpal::InputCallbackInfo| {
+                    let ts = info.timestamp();
+                    let lat = micros_between(&ts.callback, &ts.capture);
+                    capture_callback(data, &mut mic, &in_counters, lat);
+                },
+                error_callback(counters.clone()),
+                None,
+            ),
+        }
+        .map_err(|e| device_error("opening the input stream", e))?;
+        let out_counters = counters.clone();
+        let output_stream = match self.output.sample_format {
+            cpal::SampleFormat::I16 => {
+                let mut scratch = vec![0f32; scratch_len(&self.output)];
+                self.output_device.build_output_stream(
+                    &self.output.config,
+                    move |data: &mut [i16], info: &cpal::OutputCallbackInfo| {
+                        let ts = info.timestamp();
+                        let lat = micros_between(&ts.playback, &ts.callback);
+                        playback_callback_converting(data, &mut scratch, &mut speaker, &out_counters, lat);
+                    },
+                    error_callback(counters.clone()),
+                    None,
+                )
+            }
+            _ => self.output_device.build_output_stream(
+                &self.output.config,
+                move |data: &mut [f32], info: &cpal::OutputCallbackInfo| {
+                    let ts = info.timestamp();
+                    let lat = micros_between(&ts.playback, &ts.callback);
+                    playback_callback(data, &mut speaker, &out_counters, lat);
+                },
+                error_callback(counters.clone()),
+                None,
+            ),
+        }
+        .map_err(|e| device_error("opening the output stream", e))?;
+        output_stream.play().map_err(|e| device_error("starting playback", e))?;
+        input_stream.play().map_err(|e| device_error("starting capture", e))?;
+        self.streams = vec![input_stream, output_stream];
+        Ok(())
+    }
+    fn input_finished(&self) -> bool {
+        false
+    }
+    fn finished(&self) -> bool {
+        false
+    }
+    fn stop(&mut self) -> Result<Vec<f32>> {
+        for s in &self.streams {
+            let _ = s.pause();
+        }
+        self.streams.clear();
+        Ok(Vec::new())
+    }
+}

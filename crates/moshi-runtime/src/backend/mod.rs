@@ -1,0 +1,84 @@
+//! Audio backends behind one trait: [`cpal::CpalBackend`] (real devices), [`file::FileBackend`]
+//! (a WAV file played as the microphone) and [`null::NullBackend`] (a virtual clock, for tests;
+//! can run faster than real time or in lockstep with the engine).
+//!
+//! A backend owns the device side of the two rings: it moves the mic ring's producer into its
+//! capture callback and the speaker ring's consumer into its playback callback. All three
+//! backends call the same callback bodies ([`crate::ring::capture_callback`],
+//! [`crate::ring::playback_callback`]).
+
+pub mod cpal;
+pub mod file;
+pub mod null;
+
+use std::sync::Arc;
+
+use crate::engine::{spawn_engine, DropPolicy, EngineConfig, EngineHandle, EngineIo, FrameProcessor, StreamFormat};
+use crate::ring::{sample_ring, AudioCounters, SampleConsumer, SampleProducer};
+use crate::Result;
+
+/// A source of microphone samples and a sink for speaker samples.
+pub trait AudioBackend {
+    /// Human-readable description (device names, formats).
+    fn describe(&self) -> String;
+    /// Format of the samples the backend pushes into the mic ring.
+    fn input_format(&self) -> StreamFormat;
+    /// Format of the samples the backend pulls from the speaker ring.
+    fn output_format(&self) -> StreamFormat;
+    /// Starts capture and playback with these ring ends.
+    fn start(&mut self, mic: SampleProducer, speaker: SampleConsumer, counters: Arc<AudioCounters>) -> Result<()>;
+    /// True once a finite input (file, test signal) has been fully captured. Live devices: never.
+    fn input_finished(&self) -> bool;
+    /// True once the backend has nothing more to play or record (finite backends only).
+    fn finished(&self) -> bool;
+    /// Stops the streams. Returns what was played (finite backends keep it; devices: empty).
+    fn stop(&mut self) -> Result<Vec<f32>>;
+}
+
+/// Sizes of the two rings, in milliseconds of device audio.
+#[derive(Debug, Clone, Copy)]
+pub struct RingSizes {
+    pub mic_ms: u32,
+    pub speaker_ms: u32,
+}
+
+impl Default for RingSizes {
+    fn default() -> Self {
+        Self { mic_ms: 2000, speaker_ms: 2000 }
+    }
+}
+
+fn ring_samples(format: StreamFormat, ms: u32) -> usize {
+    (format.sample_rate_hz as u64 * format.channels as u64 * ms as u64 / 1000) as usize
+}
+
+/// A running backend + engine pair.
+pub struct Session {
+    pub engine: EngineHandle,
+    pub counters: Arc<AudioCounters>,
+}
+
+/// Creates the rings and counters, starts `backend`, then the engine thread running `processor`.
+pub fn start_session(
+    backend: &mut dyn AudioBackend,
+    processor: Box<dyn FrameProcessor>,
+    drop_policy: DropPolicy,
+    prefill_ms: f64,
+    record: bool,
+    rings: RingSizes,
+) -> Result<Session> {
+    let input = backend.input_format();
+    let output = backend.output_format();
+    let (mic_p, mic_c) = sample_ring(ring_samples(input, rings.mic_ms));
+    let (spk_p, spk_c) = sample_ring(ring_samples(output, rings.speaker_ms));
+    let counters = Arc::new(AudioCounters::default());
+    let config = EngineConfig { input, output, drop_policy, prefill_ms, record, ..EngineConfig::lossless() };
+    // The engine starts first so that no captured sample waits for it.
+    let engine = spawn_engine(processor, config, EngineIo { mic: mic_c, speaker: spk_p, counters: counters.clone() })?;
+    if let Err(e) = backend.start(mic_p, spk_c, counters.clone()) {
+        engine.request_stop();
+        let _ = engine.join();
+        return Err(e);
+    }
+    Ok(Session { engine, counters })
+}

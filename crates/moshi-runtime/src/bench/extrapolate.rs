@@ -1,0 +1,84 @@
+//! From a run with `N` temporal layers to the config's full depth: every missing layer adds the
+//! measured median time and the byte count of one layer. The result is labelled extrapolated.
+
+use crate::metrics::Percentiles;
+use crate::FRAME_MS;
+
+use super::report::{BandwidthBound, Extrapolation, StageStats, WeightBytes};
+
+/// Figures for `full_layers` temporal layers from a run of `run_layers` layers whose frames took
+/// `stats`, whose temporal layers took `layer_ms` each (one mean per frame), reading `weights`.
+/// `None` when nothing is missing or no layer time was measured.
+pub fn extrapolate_to_full_depth(
+    stats: &StageStats,
+    layer_ms: &[f64],
+    weights: &WeightBytes,
+    run_layers: usize,
+    full_layers: usize,
+    read_bandwidth_gbps: f64,
+) -> Option<Extrapolation> {
+    if full_layers <= run_layers || layer_ms.is_empty() {
+        return None;
+    }
+    let missing = (full_layers - run_layers) as f64;
+    let per_layer = Percentiles::of(layer_ms);
+    let add_ms = missing * per_layer.p50;
+    let add_bytes = (full_layers - run_layers) as u64 * weights.temporal_layer_bytes;
+    let lm_step_p50_ms = stats.lm_step_ms.p50 + add_ms;
+    let read_per_frame_bytes = weights.read_per_frame_bytes + add_bytes;
+    Some(Extrapolation {
+        note: format!(
+            "extrapolated, not measured: {run_layers} of {full_layers} temporal layers were run; each missing layer \
+             adds the measured median layer time {:.3} ms and {} weight bytes",
+            per_layer.p50, weights.temporal_layer_bytes
+        ),
+        layers: full_layers,
+        per_layer_p50_ms: per_layer.p50,
+        lm_temporal_p50_ms: stats.lm_temporal_ms.p50 + add_ms,
+        lm_step_p50_ms,
+        total_p50_ms: stats.total_ms.p50 + add_ms,
+        real_time_factor: (stats.total_ms.mean + missing * per_layer.mean) / FRAME_MS,
+        resident_bytes: weights.resident_bytes + add_bytes,
+        read_per_frame_bytes,
+        bound: BandwidthBound::new(read_per_frame_bytes, read_bandwidth_gbps, lm_step_p50_ms),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flat(v: f64) -> Percentiles {
+        Percentiles { min: v, p50: v, p95: v, p99: v, max: v, mean: v }
+    }
+
+    #[test]
+    fn adds_one_measured_layer_per_missing_layer() {
+        let stats = StageStats {
+            lm_temporal_ms: flat(30.0),
+            lm_step_ms: flat(50.0),
+            total_ms: flat(60.0),
+            ..Default::default()
+        };
+        let weights = WeightBytes {
+            resident_bytes: 3_000,
+            read_per_frame_bytes: 2_000,
+            temporal_layer_bytes: 500,
+            ..Default::default()
+        };
+        let x = extrapolate_to_full_depth(&stats, &[9.0, 10.0, 11.0], &weights, 2, 32, 1.0).unwrap();
+        assert_eq!(x.layers, 32);
+        assert_eq!(x.per_layer_p50_ms, 10.0);
+        assert_eq!(x.lm_temporal_p50_ms, 30.0 + 300.0);
+        assert_eq!(x.lm_step_p50_ms, 50.0 + 300.0);
+        assert_eq!(x.total_p50_ms, 60.0 + 300.0);
+        assert!((x.real_time_factor - 360.0 / 80.0).abs() < 1e-12);
+        assert_eq!(x.read_per_frame_bytes, 2_000 + 30 * 500);
+        assert_eq!(x.resident_bytes, 3_000 + 30 * 500);
+        assert!(x.note.contains("extrapolated"));
+        // 17 kB at 1 GB/s = 0.017 ms.
+        assert!((x.bound.lm_bound_ms - 0.017).abs() < 1e-12);
+        assert!(extrapolate_to_full_depth(&stats, &[1.0], &weights, 32, 32, 1.0).is_none());
+        assert!(extrapolate_to_full_depth(&stats, &[], &weights, 2, 32, 1.0).is_none());
+    }
+}

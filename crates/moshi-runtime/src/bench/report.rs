@@ -1,0 +1,275 @@
+//! The `moshi-rs bench` report: a stable, versioned JSON document (schema in the README,
+//! "Performance" section) and its human-readable rendering.
+//!
+//! Bump [`BENCH_SCHEMA_VERSION`] whenever a field is renamed, removed or changes meaning; adding
+//! a field keeps the version.
+
+use serde::Serialize;
+
+use crate::metrics::{FrameRecord, Percentiles};
+use crate::FRAME_MS;
+
+/// Version of the JSON layout written by `moshi-rs bench --json`.
+pub const BENCH_SCHEMA_VERSION: u32 = 1;
+
+/// What was run.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunInfo {
+    /// `"random"` (random weights of the config's shapes) or `"checkpoint"`.
+    pub weights: String,
+    /// Checkpoint folder or repo (`null` for random weights).
+    pub model: Option<String>,
+    /// The LM config used (file path or `<built-in ...>`).
+    pub config: String,
+    /// `bf16`, `q8` or `q4`.
+    pub quant: String,
+    /// `all`, `mimi`, `lm` or `depformer`.
+    pub stage: String,
+    /// Temporal layers actually run.
+    pub layers_run: usize,
+    /// Temporal layers of the config.
+    pub layers_config: usize,
+    /// Timed frames.
+    pub frames: usize,
+    /// Untimed frames run first.
+    pub warmup_frames: usize,
+    /// Worker threads of the compute pool.
+    pub threads: usize,
+    /// Seed of the random weights, input and sampling.
+    pub seed: u64,
+}
+
+/// Where it ran.
+#[derive(Clone, Debug, Serialize)]
+pub struct MachineInfo {
+    pub os: String,
+    pub arch: String,
+    /// Logical CPUs the OS reports.
+    pub logical_cpus: usize,
+    /// Memory read bandwidth measured in this run with `threads` threads, GB/s (1e9 bytes/s).
+    pub read_bandwidth_gbps: f64,
+    /// Peak resident set size of the process at the end of the run (`VmHWM`); `null` where the
+    /// OS does not report it.
+    pub peak_memory_bytes: Option<u64>,
+}
+
+/// min/p50/p95/p99/max/mean milliseconds per frame of every stage.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct StageStats {
+    pub mimi_encode_ms: Percentiles,
+    pub lm_temporal_ms: Percentiles,
+    pub lm_depformer_ms: Percentiles,
+    pub sampling_ms: Percentiles,
+    pub mimi_decode_ms: Percentiles,
+    /// The LM step: temporal + depformer + sampling.
+    pub lm_step_ms: Percentiles,
+    /// The whole frame (wall clock around the stage(s) run).
+    pub total_ms: Percentiles,
+}
+
+impl StageStats {
+    /// Percentiles of every stage over `frames`.
+    pub fn of(frames: &[FrameRecord]) -> Self {
+        let series = |f: &dyn Fn(&FrameRecord) -> f64| Percentiles::of(&frames.iter().map(f).collect::<Vec<_>>());
+        Self {
+            mimi_encode_ms: series(&|r| r.stages.mimi_encode_ms),
+            lm_temporal_ms: series(&|r| r.stages.lm_temporal_ms),
+            lm_depformer_ms: series(&|r| r.stages.lm_depformer_ms),
+            sampling_ms: series(&|r| r.stages.sampling_ms),
+            mimi_decode_ms: series(&|r| r.stages.mimi_decode_ms),
+            lm_step_ms: series(&|r| lm_step_ms(r)),
+            total_ms: series(&|r| r.total_ms),
+        }
+    }
+
+    /// `(name, percentiles)` in pipeline order, for tables.
+    pub fn rows(&self) -> [(&'static str, &Percentiles); 7] {
+        [
+            ("mimi encode", &self.mimi_encode_ms),
+            ("lm temporal", &self.lm_temporal_ms),
+            ("lm depformer", &self.lm_depformer_ms),
+            ("sampling", &self.sampling_ms),
+            ("mimi decode", &self.mimi_decode_ms),
+            ("lm step", &self.lm_step_ms),
+            ("frame total", &self.total_ms),
+        ]
+    }
+}
+
+/// Time of the LM step of one frame: temporal + depformer + sampling.
+pub fn lm_step_ms(r: &FrameRecord) -> f64 {
+    r.stages.lm_temporal_ms + r.stages.lm_depformer_ms + r.stages.sampling_ms
+}
+
+/// LM weight bytes held and read per frame.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct WeightBytes {
+    /// All LM weights in memory (whole embedding tables included).
+    pub resident_bytes: u64,
+    /// Read by one frame: every matrix of the stages run (embedding rows are negligible and not
+    /// counted). For `--stage mimi` this is 0 (Mimi's own weights are not counted).
+    pub read_per_frame_bytes: u64,
+    /// One temporal layer (mean over the layers present).
+    pub temporal_layer_bytes: u64,
+    /// `out_norm` + the text head.
+    pub text_head_bytes: u64,
+    /// All depformer steps of a frame.
+    pub depformer_bytes: u64,
+}
+
+/// The measured LM time next to the memory-bandwidth lower bound.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct BandwidthBound {
+    /// `read_per_frame_bytes / read_bandwidth`: no implementation can be faster on this machine.
+    pub lm_bound_ms: f64,
+    /// Median measured time of the LM stages run (temporal + depformer + sampling).
+    pub lm_measured_p50_ms: f64,
+    /// `lm_measured_p50_ms / lm_bound_ms` (1.0 = at the physical limit); 0 when nothing is read.
+    pub ratio_to_bound: f64,
+    /// `read_per_frame_bytes / lm_measured_p50_ms`, GB/s.
+    pub effective_gbps: f64,
+}
+
+impl BandwidthBound {
+    pub fn new(read_per_frame_bytes: u64, read_bandwidth_gbps: f64, lm_measured_p50_ms: f64) -> Self {
+        let lm_bound_ms = if read_bandwidth_gbps > 0.0 { read_per_frame_bytes as f64 / (read_bandwidth_gbps * 1e6) } else { 0.0 };
+        let ratio_to_bound = if lm_bound_ms > 0.0 { lm_measured_p50_ms / lm_bound_ms } else { 0.0 };
+        let effective_gbps = if lm_measured_p50_ms > 0.0 { read_per_frame_bytes as f64 / (lm_measured_p50_ms * 1e6) } else { 0.0 };
+        Self { lm_bound_ms, lm_measured_p50_ms, ratio_to_bound, effective_gbps }
+    }
+}
+
+/// Figures for the config's full depth, from a run with fewer temporal layers. EXTRAPOLATED, not
+/// measured: the temporal time grows by the measured time of one layer per missing layer.
+#[derive(Clone, Debug, Serialize)]
+pub struct Extrapolation {
+    /// Human-readable statement of what was extrapolated from what.
+    pub note: String,
+    /// Full depth the figures are for.
+    pub layers: usize,
+    /// Median measured time of one temporal layer (from the `lm_temporal_layer` spans).
+    pub per_layer_p50_ms: f64,
+    /// Temporal transformer per frame at full depth.
+    pub lm_temporal_p50_ms: f64,
+    /// Whole LM step at full depth.
+    pub lm_step_p50_ms: f64,
+    /// Whole frame at full depth.
+    pub total_p50_ms: f64,
+    /// Mean frame time at full depth / 80 ms.
+    pub real_time_factor: f64,
+    /// LM weights held at full depth.
+    pub resident_bytes: u64,
+    /// LM weights read per frame at full depth.
+    pub read_per_frame_bytes: u64,
+    pub bound: BandwidthBound,
+}
+
+/// The whole report (`moshi-rs bench --json`).
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchReport {
+    pub schema_version: u32,
+    /// `"moshi-rs bench"`.
+    pub tool: String,
+    /// moshi-rs version.
+    pub version: String,
+    pub run: RunInfo,
+    pub machine: MachineInfo,
+    /// The frame budget: 80 ms (24 kHz, 1920 samples).
+    pub frame_budget_ms: f64,
+    pub stages: StageStats,
+    /// Mean frame time / 80 ms; below 1 is faster than real time.
+    pub real_time_factor: f64,
+    pub weights: WeightBytes,
+    pub bound: BandwidthBound,
+    /// Present only when `layers_run < layers_config`.
+    pub extrapolated: Option<Extrapolation>,
+    /// Every timed frame, as in the `--profile` JSON Lines files.
+    pub frames: Vec<FrameRecord>,
+}
+
+/// Mean total / 80 ms.
+pub fn real_time_factor(stats: &StageStats) -> f64 {
+    stats.total_ms.mean / FRAME_MS
+}
+
+fn human_bytes(bytes: u64) -> String {
+    let b = bytes as f64;
+    if b >= 1e9 {
+        format!("{:.2} GB", b / 1e9)
+    } else if b >= 1e6 {
+        format!("{:.1} MB", b / 1e6)
+    } else {
+        format!("{:.1} kB", b / 1e3)
+    }
+}
+
+impl BenchReport {
+    /// The console rendering.
+    pub fn to_text(&self) -> String {
+        let r = &self.run;
+        let mut s = format!(
+            "moshi-rs bench: {} weights, {}, stage {}, {} of {} temporal layers, {} frames after {} warm-up, {} threads\n",
+            r.weights, r.quant, r.stage, r.layers_run, r.layers_config, r.frames, r.warmup_frames, r.threads
+        );
+        s += &format!("{:<13} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n", "stage (ms)", "min", "p50", "p95", "p99", "max", "mean");
+        for (name, p) in self.stages.rows() {
+            s += &format!(
+                "{:<13} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2}\n",
+                name, p.min, p.p50, p.p95, p.p99, p.max, p.mean
+            );
+        }
+        s += &format!(
+            "real-time factor {:.3} (mean frame time / {} ms budget; < 1 is faster than real time)\n",
+            self.real_time_factor, self.frame_budget_ms
+        );
+        let w = &self.weights;
+        let b = &self.bound;
+        s += &format!(
+            "LM weights: {} resident, {} read per frame -> {:.2} GB/s effective\n",
+            human_bytes(w.resident_bytes),
+            human_bytes(w.read_per_frame_bytes),
+            b.effective_gbps
+        );
+        s += &format!(
+            "memory read bandwidth {:.2} GB/s -> LM lower bound {:.2} ms/frame; measured LM p50 {:.2} ms = {:.2}x the bound\n",
+            self.machine.read_bandwidth_gbps, b.lm_bound_ms, b.lm_measured_p50_ms, b.ratio_to_bound
+        );
+        match self.machine.peak_memory_bytes {
+            Some(p) => s += &format!("peak memory (VmHWM) {}\n", human_bytes(p)),
+            None => s += "peak memory: not reported by this OS\n",
+        }
+        if let Some(x) = &self.extrapolated {
+            s += &format!(
+                "EXTRAPOLATED to {} layers ({}): temporal p50 {:.2} ms, LM step p50 {:.2} ms, frame p50 {:.2} ms, \
+                 real-time factor {:.3}; {} read per frame, bound {:.2} ms = {:.2}x; {} resident\n",
+                x.layers,
+                x.note,
+                x.lm_temporal_p50_ms,
+                x.lm_step_p50_ms,
+                x.total_p50_ms,
+                x.real_time_factor,
+                human_bytes(x.read_per_frame_bytes),
+                x.bound.lm_bound_ms,
+                x.bound.ratio_to_bound,
+                human_bytes(x.resident_bytes)
+            );
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bound_is_bytes_over_bandwidth() {
+        // 1 GB at 10 GB/s = 100 ms; measured 150 ms -> 1.5x, 6.67 GB/s effective.
+        let b = BandwidthBound::new(1_000_000_000, 10.0, 150.0);
+        assert!((b.lm_bound_ms - 100.0).abs() < 1e-9);
+        assert!((b.ratio_to_bound - 1.5).abs() < 1e-9);
+        assert!((b.effective_gbps - 1e9 / 150e6).abs() < 1e-9);
+        let none = BandwidthBound::new(0, 10.0, 5.0);
+        assert_eq!((none.lm_bound_ms, none.ratio_to_bound), (0.0, 0.0));
+    }
+}

@@ -1,0 +1,122 @@
+//! Frame processors that run one stage of the pipeline alone (`moshi-rs bench --stage`): Mimi
+//! (encode + decode), the LM step (temporal + depformer + sampling) and the depformer alone.
+//! Each fills the [`StageTimings`] of the parts it runs; the others stay 0.
+
+use std::time::Instant;
+
+use moshi_model::generator::Generator;
+use moshi_model::lm::LmModel;
+use moshi_model::mimi::Mimi;
+
+use crate::engine::{FrameOutput, FrameProcessor};
+use crate::metrics::StageTimings;
+use crate::{Result, FRAME_SAMPLES};
+
+fn ms_since(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+/// Mimi alone: encode the input frame, decode the codes just produced.
+pub struct MimiStage {
+    mimi: Mimi,
+}
+
+impl MimiStage {
+    pub fn new(mimi: Mimi) -> Self {
+        Self { mimi }
+    }
+}
+
+impl FrameProcessor for MimiStage {
+    fn process_frame(&mut self, pcm_in: &[f32]) -> Result<FrameOutput> {
+        let t0 = Instant::now();
+        let codes = self.mimi.encode_frame(pcm_in)?;
+        let mimi_encode_ms = ms_since(t0);
+        let t1 = Instant::now();
+        let pcm = self.mimi.decode_frame(&codes)?;
+        let timings = StageTimings { mimi_encode_ms, mimi_decode_ms: ms_since(t1), ..Default::default() };
+        Ok(FrameOutput { pcm, timings, ..Default::default() })
+    }
+}
+
+/// A small xorshift generator for synthetic user codes.
+#[derive(Clone, Debug)]
+struct CodeRng(u64);
+
+impl CodeRng {
+    fn next_below(&mut self, n: usize) -> u32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        ((self.0 >> 33) % n as u64) as u32
+    }
+}
+
+/// The LM step alone: the generator fed pseudo-random user codes (the input audio is not
+/// encoded); times temporal transformer, depformer and sampling.
+pub struct LmStage {
+    generator: Generator,
+    rng: CodeRng,
+    user_codes: Vec<u32>,
+}
+
+impl LmStage {
+    pub fn new(generator: Generator, seed: u64) -> Self {
+        let n = generator.model().config().user_codebooks();
+        Self { generator, rng: CodeRng(seed | 1), user_codes: vec![0; n] }
+    }
+}
+
+impl FrameProcessor for LmStage {
+    fn process_frame(&mut self, _pcm_in: &[f32]) -> Result<FrameOutput> {
+        let card = self.generator.model().config().card;
+        for c in &mut self.user_codes {
+            *c = self.rng.next_below(card);
+        }
+        self.generator.step(&self.user_codes)?;
+        let t = self.generator.last_timings();
+        let timings = StageTimings {
+            lm_temporal_ms: t.temporal_ms,
+            lm_depformer_ms: t.depformer_ms,
+            sampling_ms: t.sampling_ms,
+            ..Default::default()
+        };
+        Ok(FrameOutput { pcm: vec![0.0; FRAME_SAMPLES], timings, ..Default::default() })
+    }
+}
+
+/// The depformer alone: one temporal step is run at construction, then every frame runs the
+/// `dep_q` depformer sub-steps on its output, each fed the argmax of the previous one.
+pub struct DepformerStage {
+    model: LmModel,
+}
+
+impl DepformerStage {
+    /// Runs the first temporal step (initial tokens) so the depformer has an input.
+    pub fn new(mut model: LmModel) -> moshi_model::Result<Self> {
+        let cfg = model.config();
+        let mut tokens = vec![cfg.card as u32; cfg.n_q + 1];
+        tokens[0] = cfg.text_card as u32;
+        model.forward_text(&tokens)?;
+        Ok(Self { model })
+    }
+}
+
+impl FrameProcessor for DepformerStage {
+    fn process_frame(&mut self, _pcm_in: &[f32]) -> Result<FrameOutput> {
+        let dep_q = self.model.config().dep_q;
+        let mut prev = moshi_model::generator::sampling::argmax(self.model.text_logits());
+        let (mut depformer_ms, mut sampling_ms) = (0.0, 0.0);
+        self.model.depformer_reset();
+        for k in 0..dep_q {
+            let t0 = Instant::now();
+            let logits = tracing::trace_span!("lm_depformer", k).in_scope(|| self.model.depformer_step(k, prev))?;
+            depformer_ms += ms_since(t0);
+            let t1 = Instant::now();
+            prev = moshi_model::generator::sampling::argmax(logits);
+            sampling_ms += ms_since(t1);
+        }
+        let timings = StageTimings { lm_depformer_ms: depformer_ms, sampling_ms, ..Default::default() };
+        Ok(FrameOutput { pcm: vec![0.0; FRAME_SAMPLES], timings, ..Default::default() })
+    }
+}

@@ -1,0 +1,455 @@
+//! The engine thread: takes device samples from the mic ring, converts them to 24 kHz mono
+//! (channel mix + rubato), runs a [`FrameProcessor`] on every 1920 samples, converts the answer
+//! to the device format and feeds the speaker ring.
+//!
+//! Two policies: [`DropPolicy::Lossless`] (files, tests: every frame is processed, the engine
+//! waits for room in the speaker ring) and [`DropPolicy::RealTime`] (live chat: when the model
+//! falls behind, whole input frames are dropped deliberately, counted and reported, so latency
+//! stays bounded). [`run_offline`] drives a processor over a whole signal with no rings at all
+//! (file mode); the live engine must produce exactly the same output for the same input.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::metrics::{FrameRecord, Metrics, StageTimings};
+use crate::resample::StreamResampler;
+use crate::ring::{AudioCounters, SampleConsumer, SampleProducer};
+use crate::{Result, RuntimeError, FRAME_SAMPLES, SAMPLE_RATE_HZ};
+
+/// Input chunk of the output resampler (24 kHz samples): 10 ms, so that resampling to the
+/// device rate adds little latency (an FFT resampler delays by about one chunk).
+const OUT_RESAMPLER_CHUNK: usize = 240;
+
+/// Output queued ahead of a new frame beyond the jitter margin that triggers trimming (live mode).
+pub const MAX_EXTRA_OUTPUT_QUEUE_MS: f64 = 60.0;
+
+/// The tokens behind one output frame (for `--tokens-out`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FrameTokens {
+    pub text: u32,
+    pub audio: Vec<u32>,
+}
+
+/// What a processor returns for one 1920-sample input frame.
+#[derive(Debug, Clone, Default)]
+pub struct FrameOutput {
+    /// Exactly [`FRAME_SAMPLES`] output samples (24 kHz mono).
+    pub pcm: Vec<f32>,
+    /// New text decoded in this frame, if any.
+    pub text: Option<String>,
+    /// The tokens of this output frame, when the processor has them.
+    pub tokens: Option<FrameTokens>,
+    /// Time per stage.
+    pub timings: StageTimings,
+}
+
+/// One model step per 80 ms frame: 1920 samples (24 kHz mono) in, 1920 samples out.
+pub trait FrameProcessor: Send {
+    fn process_frame(&mut self, pcm_in: &[f32]) -> Result<FrameOutput>;
+}
+
+/// Sample rate and channel count of one side of a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamFormat {
+    pub sample_rate_hz: u32,
+    pub channels: u16,
+}
+
+impl StreamFormat {
+    /// 24 kHz mono: Moshi's own format (no conversion).
+    pub const MOSHI: StreamFormat = StreamFormat { sample_rate_hz: SAMPLE_RATE_HZ, channels: 1 };
+}
+
+/// What the engine does when it cannot keep up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DropPolicy {
+    /// Process every frame; wait for room in the speaker ring (files, tests).
+    Lossless,
+    /// Drop the oldest input frames when more than `max_backlog_frames` complete frames wait
+    /// behind the one about to be processed (live audio).
+    RealTime { max_backlog_frames: usize },
+}
+
+/// Engine settings.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub input: StreamFormat,
+    pub output: StreamFormat,
+    pub drop_policy: DropPolicy,
+    /// Silence queued ahead of the first output frame: a jitter margin so variations in
+    /// compute time do not underrun the speaker (adds this much latency).
+    pub prefill_ms: f64,
+    /// Keep the 24 kHz input and output for `--record`.
+    pub record: bool,
+    /// How long the engine sleeps when there is nothing to do.
+    pub poll_interval: Duration,
+}
+
+impl EngineConfig {
+    /// Lossless, 24 kHz mono both ways, no prefill, no recording.
+    pub fn lossless() -> Self {
+        Self {
+            input: StreamFormat::MOSHI,
+            output: StreamFormat::MOSHI,
+            drop_policy: DropPolicy::Lossless,
+            prefill_ms: 0.0,
+            record: false,
+            poll_interval: Duration::from_micros(500),
+        }
+    }
+}
+
+/// Ring ends and counters handed to the engine.
+pub struct EngineIo {
+    pub mic: SampleConsumer,
+    pub speaker: SampleProducer,
+    pub counters: Arc<AudioCounters>,
+}
+
+/// Sent by the engine thread as it goes.
+#[derive(Debug, Clone)]
+pub enum EngineEvent {
+    /// A frame was processed.
+    Frame { record: FrameRecord, text: Option<String>, tokens: Option<FrameTokens> },
+    /// Input frames were dropped because the engine was behind (count of this batch).
+    Dropped { frames: u64 },
+}
+
+/// What the engine thread returns when it ends.
+#[derive(Debug, Default)]
+pub struct EngineReport {
+    pub metrics: Metrics,
+    pub frames_processed: u64,
+    pub frames_dropped: u64,
+    /// Output samples (device side, all channels) dropped because the speaker ring was full.
+    pub speaker_overflow_samples: u64,
+    /// 24 kHz output samples skipped to bring latency back after playback fell behind.
+    pub latency_trimmed_samples: u64,
+    /// 24 kHz mono input, frame-aligned with `recorded_output` (when `record` was set).
+    pub recorded_input: Vec<f32>,
+    /// 24 kHz mono output; a dropped frame is recorded as silence.
+    pub recorded_output: Vec<f32>,
+    pub wall_s: f64,
+}
+
+/// A running engine thread.
+pub struct EngineHandle {
+    thread: JoinHandle<Result<EngineReport>>,
+    stop: Arc<AtomicBool>,
+    input_done: Arc<AtomicBool>,
+    events: mpsc::Receiver<EngineEvent>,
+}
+
+impl EngineHandle {
+    /// Events (frames, drops) as they happen.
+    pub fn events(&self) -> &mpsc::Receiver<EngineEvent> {
+        &self.events
+    }
+    /// Asks the thread to stop as soon as possible.
+    pub fn request_stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+    /// Tells the thread no more input is coming: it processes every complete frame left, then ends.
+    pub fn input_done(&self) {
+        self.input_done.store(true, Ordering::Relaxed);
+    }
+    /// Whether the thread has ended.
+    pub fn is_finished(&self) -> bool {
+        self.thread.is_finished()
+    }
+    /// Waits for the thread and returns its report (or the processor's error).
+    pub fn join(self) -> Result<EngineReport> {
+        self.thread.join().map_err(|_| RuntimeError::Engine("engine thread panicked".into()))?
+    }
+}
+
+/// Starts the engine thread.
+pub fn spawn_engine(processor: Box<dyn FrameProcessor>, config: EngineConfig, io: EngineIo) -> Result<EngineHandle> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let input_done = Arc::new(AtomicBool::new(false));
+    let (tx, rx) = mpsc::channel();
+    let mut state = EngineState::new(processor, config, io, stop.clone(), input_done.clone(), tx)?;
+    let thread = std::thread::Builder::new()
+        .name("moshi-engine".into())
+        .spawn(move || state.run())
+        .map_err(|e| RuntimeError::Engine(format!("cannot start the engine thread: {e}")))?;
+    Ok(EngineHandle { thread, stop, input_done, events: rx })
+}
+
+struct EngineState {
+    processor: Box<dyn FrameProcessor>,
+    config: EngineConfig,
+    io: EngineIo,
+    stop: Arc<AtomicBool>,
+    input_done: Arc<AtomicBool>,
+    events: mpsc::Sender<EngineEvent>,
+    in_resampler: StreamResampler,
+    out_resampler: StreamResampler,
+    interleaved_in: Vec<f32>,
+    mono_in: Vec<f32>,
+    frame: Vec<f32>,
+    mono_out: Vec<f32>,
+    interleaved_out: Vec<f32>,
+    report: EngineReport,
+    started: Instant,
+    prefilled: bool,
+    drained_samples: u64,
+}
+
+impl EngineState {
+    fn new(
+        processor: Box<dyn FrameProcessor>,
+        config: EngineConfig,
+        io: EngineIo,
+        stop: Arc<AtomicBool>,
+        input_done: Arc<AtomicBool>,
+        events: mpsc::Sender<EngineEvent>,
+    ) -> Result<Self> {
+        for (side, f) in [("input", config.input), ("output", config.output)] {
+            if f.channels == 0 || f.sample_rate_hz == 0 {
+                return Err(RuntimeError::Device(format!("{side} format {f:?}: need >= 1 channel and a rate > 0")));
+            }
+        }
+        let mic_capacity = io.mic.buffer().capacity();
+        let in_chunk = (config.input.sample_rate_hz as usize / 100).max(1); // 10 ms
+        let in_resampler = StreamResampler::new(config.input.sample_rate_hz, SAMPLE_RATE_HZ, in_chunk, mic_capacity + 4 * FRAME_SAMPLES)?;
+        let out_resampler = StreamResampler::new(SAMPLE_RATE_HZ, config.output.sample_rate_hz, OUT_RESAMPLER_CHUNK, 8 * FRAME_SAMPLES * (config.output.sample_rate_hz as usize / SAMPLE_RATE_HZ as usize + 1))?;
+        let out_frame_max = FRAME_SAMPLES * (config.output.sample_rate_hz as usize).div_ceil(SAMPLE_RATE_HZ as usize) * 4;
+        Ok(Self {
+            processor,
+            interleaved_in: Vec::with_capacity(mic_capacity),
+            mono_in: Vec::with_capacity(mic_capacity),
+            frame: vec![0.0; FRAME_SAMPLES],
+            mono_out: vec![0.0; out_frame_max],
+            interleaved_out: Vec::with_capacity(out_frame_max * config.output.channels as usize),
+            report: EngineReport::default(),
+            started: Instant::now(),
+            prefilled: false,
+            drained_samples: 0,
+            config,
+            io,
+            stop,
+            input_done,
+            events,
+            in_resampler,
+            out_resampler,
+        })
+    }
+
+    fn run(&mut self) -> Result<EngineReport> {
+        self.started = Instant::now();
+        loop {
+            if self.stop.load(Ordering::Relaxed) {
+                break;
+            }
+            // Read the flag before draining: input pushed before it was set is then drained too.
+            let input_done = self.input_done.load(Ordering::Acquire);
+            let (got_input, processed) = self.process_available()?;
+            if input_done && !got_input && self.in_resampler.available() < FRAME_SAMPLES {
+                break;
+            }
+            if !got_input && !processed {
+                std::thread::sleep(self.config.poll_interval);
+            }
+        }
+        self.report.wall_s = self.started.elapsed().as_secs_f64();
+        Ok(std::mem::take(&mut self.report))
+    }
+
+    /// Moves everything in the mic ring through channel mixing and resampling. Returns whether
+    /// anything was read.
+    fn drain_mic(&mut self) -> Result<bool> {
+        let channels = self.config.input.channels as usize;
+        let available = self.io.mic.slots() / channels * channels;
+        if available == 0 {
+            return Ok(false);
+        }
+        let chunk = self.io.mic.read_chunk(available).map_err(|e| RuntimeError::Engine(e.to_string()))?;
+        self.drained_samples += available as u64;
+        let (a, b) = chunk.as_slices();
+        self.interleaved_in.clear();
+        self.interleaved_in.extend_from_slice(a);
+        self.interleaved_in.extend_from_slice(b);
+        chunk.commit_all();
+        self.mono_in.clear();
+        if channels == 1 {
+            self.mono_in.extend_from_slice(&self.interleaved_in);
+        } else {
+            let inv = 1.0 / channels as f32;
+            self.mono_in.extend(self.interleaved_in.chunks_exact(channels).map(|f| f.iter().sum::<f32>() * inv));
+        }
+        self.in_resampler.push(&self.mono_in)?;
+        Ok(true)
+    }
+
+    /// Drains the mic ring and processes (or drops) every complete frame, draining again before
+    /// each decision so the backlog seen is current. Returns (read any input, handled any frame).
+    fn process_available(&mut self) -> Result<(bool, bool)> {
+        let mut got_input = false;
+        let mut any = false;
+        let mut dropped_now = 0u64;
+        loop {
+            got_input |= self.drain_mic()?;
+            if self.in_resampler.available() < FRAME_SAMPLES || self.stop.load(Ordering::Relaxed) {
+                break;
+            }
+            any = true;
+            if let DropPolicy::RealTime { max_backlog_frames } = self.config.drop_policy {
+                let waiting = self.in_resampler.available() / FRAME_SAMPLES;
+                if waiting > max_backlog_frames + 1 {
+                    self.in_resampler.pop_into(&mut self.frame);
+                    if self.config.record {
+                        self.report.recorded_input.extend_from_slice(&self.frame);
+                        self.report.recorded_output.extend(std::iter::repeat(0.0).take(FRAME_SAMPLES));
+                    }
+                    self.report.frames_dropped += 1;
+                    dropped_now += 1;
+                    self.io.counters.engine_frames_dropped.fetch_add(1, Ordering::Release);
+                    continue;
+                }
+            }
+            self.in_resampler.pop_into(&mut self.frame);
+            let mic_backlog_samples = self.in_resampler.available() as f64
+                + (self.io.mic.slots() / self.config.input.channels as usize) as f64 * SAMPLE_RATE_HZ as f64
+                    / self.config.input.sample_rate_hz as f64;
+            let t0 = Instant::now();
+            let out = self.processor.process_frame(&self.frame)?;
+            let total_ms = t0.elapsed().as_secs_f64() * 1e3;
+            if out.pcm.len() != FRAME_SAMPLES {
+                return Err(RuntimeError::FrameSize { expected: FRAME_SAMPLES, got: out.pcm.len() });
+            }
+            let speaker_queue_ms = self.queued_output_ms();
+            if !self.prefilled {
+                self.prefilled = true;
+                let prefill = (self.config.prefill_ms * SAMPLE_RATE_HZ as f64 / 1e3).round() as usize;
+                if prefill > 0 {
+                    let silence = vec![0.0; prefill];
+                    self.push_output(&silence)?;
+                }
+            }
+            // Latency bound on the output side: if playback fell behind (a stalled or starved
+            // output stream), the queue ahead of this frame grows and would stay grown; skip
+            // the excess from this frame's start so latency returns to the target.
+            let mut skip = 0;
+            if let DropPolicy::RealTime { .. } = self.config.drop_policy {
+                if speaker_queue_ms > self.config.prefill_ms + MAX_EXTRA_OUTPUT_QUEUE_MS {
+                    let excess_ms = speaker_queue_ms - self.config.prefill_ms;
+                    skip = ((excess_ms * SAMPLE_RATE_HZ as f64 / 1e3).round() as usize).min(FRAME_SAMPLES);
+                    self.report.latency_trimmed_samples += skip as u64;
+                }
+            }
+            self.push_output(&out.pcm[skip..])?;
+            if self.config.record {
+                self.report.recorded_input.extend_from_slice(&self.frame);
+                self.report.recorded_output.extend_from_slice(&out.pcm);
+            }
+            let record = FrameRecord {
+                event: "frame",
+                frame: self.report.frames_processed,
+                t_ms: self.started.elapsed().as_secs_f64() * 1e3,
+                total_ms,
+                stages: out.timings,
+                mic_backlog_ms: mic_backlog_samples * 1e3 / SAMPLE_RATE_HZ as f64,
+                speaker_queue_ms,
+            };
+            self.report.frames_processed += 1;
+            self.io.counters.engine_frames_processed.fetch_add(1, Ordering::Release);
+            self.report.metrics.push(record.clone());
+            // The receiver may be gone (nobody listening): not an error.
+            let _ = self.events.send(EngineEvent::Frame { record, text: out.text, tokens: out.tokens });
+        }
+        if dropped_now > 0 {
+            let _ = self.events.send(EngineEvent::Dropped { frames: dropped_now });
+        }
+        self.io.counters.engine_input_consumed_samples.store(self.drained_samples, Ordering::Release);
+        Ok((got_input, any))
+    }
+
+    /// Output already queued in the speaker ring, in ms of audio.
+    fn queued_output_ms(&self) -> f64 {
+        let cap = self.io.speaker.buffer().capacity();
+        let queued = cap - self.io.speaker.slots();
+        queued as f64 / self.config.output.channels as f64 * 1e3 / self.config.output.sample_rate_hz as f64
+    }
+
+    /// 24 kHz mono -> device rate and channels -> speaker ring.
+    fn push_output(&mut self, pcm: &[f32]) -> Result<()> {
+        for piece in pcm.chunks(FRAME_SAMPLES) {
+            self.out_resampler.push(piece)?;
+            loop {
+                let n = self.out_resampler.pop_into(&mut self.mono_out);
+                if n == 0 {
+                    break;
+                }
+                let channels = self.config.output.channels as usize;
+                self.interleaved_out.clear();
+                for &s in &self.mono_out[..n] {
+                    for _ in 0..channels {
+                        self.interleaved_out.push(s);
+                    }
+                }
+                self.write_speaker()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn write_speaker(&mut self) -> Result<()> {
+        let mut rest: &[f32] = &self.interleaved_out;
+        loop {
+            let (_, left) = self.io.speaker.push_partial_slice(rest);
+            rest = left;
+            if rest.is_empty() {
+                return Ok(());
+            }
+            match self.config.drop_policy {
+                DropPolicy::Lossless => {
+                    if self.stop.load(Ordering::Relaxed) || self.io.speaker.is_abandoned() {
+                        return Ok(());
+                    }
+                    std::thread::sleep(self.config.poll_interval);
+                }
+                DropPolicy::RealTime { .. } => {
+                    self.report.speaker_overflow_samples += rest.len() as u64;
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+/// Runs `processor` over a whole 24 kHz mono signal, frame by frame, with no rings (file mode).
+/// Only whole frames are processed (T = len / 1920 frames in, T frames out). `on_frame` sees
+/// every frame's output as it is produced.
+pub fn run_offline(
+    processor: &mut dyn FrameProcessor,
+    pcm: &[f32],
+    mut on_frame: impl FnMut(u64, &FrameOutput),
+) -> Result<(Vec<f32>, Metrics)> {
+    let frames = pcm.len() / FRAME_SAMPLES;
+    let mut out = Vec::with_capacity(frames * FRAME_SAMPLES);
+    let mut metrics = Metrics::default();
+    let started = Instant::now();
+    for (i, frame) in pcm.chunks_exact(FRAME_SAMPLES).enumerate() {
+        let t0 = Instant::now();
+        let o = processor.process_frame(frame)?;
+        let total_ms = t0.elapsed().as_secs_f64() * 1e3;
+        if o.pcm.len() != FRAME_SAMPLES {
+            return Err(RuntimeError::FrameSize { expected: FRAME_SAMPLES, got: o.pcm.len() });
+        }
+        out.extend_from_slice(&o.pcm);
+        metrics.push(FrameRecord {
+            event: "frame",
+            frame: i as u64,
+            t_ms: started.elapsed().as_secs_f64() * 1e3,
+            total_ms,
+            stages: o.timings,
+            ..Default::default()
+        });
+        on_frame(i as u64, &o);
+    }
+    Ok((out, metrics))
+}

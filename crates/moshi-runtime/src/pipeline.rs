@@ -1,0 +1,116 @@
+//! The real Moshi frame processor: Mimi encode -> LM generator step -> Mimi decode, plus the
+//! incremental text decoder, as one [`FrameProcessor`] used by both `moshi-rs file` and
+//! `moshi-rs chat`.
+//!
+//! Convention (moshi/run_inference.py, MANIFEST.md "LM (LMGen, ...)"): the first user frame is
+//! fed to the generator twice, so that T frames in give T frames out and output frame i answers
+//! input frames 0..=i. Chat uses the same processor, so a live session reproduces file mode
+//! exactly for the same input and seed. With a config whose max delay is above 1, the first
+//! outputs are silence until the generator returns frames.
+
+use std::time::Instant;
+
+use moshi_loader::tokenizer::{IncrementalDecoder, TextTokenizer};
+use moshi_loader::{load_lm_weights, ResolvedModel, WeightMode};
+use moshi_model::generator::{Generator, SamplingConfig};
+use moshi_model::lm::LmModel;
+use moshi_model::mimi::Mimi;
+
+use crate::engine::{FrameOutput, FrameProcessor, FrameTokens};
+use crate::metrics::StageTimings;
+use crate::{Result, RuntimeError, FRAME_SAMPLES};
+
+/// Moshi as a frame processor.
+pub struct MoshiPipeline {
+    mimi: Mimi,
+    generator: Generator,
+    text: IncrementalDecoder,
+    user_codebooks: usize,
+    frames_in: u64,
+}
+
+/// Milliseconds since `t0`.
+fn ms_since(t0: Instant) -> f64 {
+    t0.elapsed().as_secs_f64() * 1e3
+}
+
+impl MoshiPipeline {
+    /// Loads Mimi, the LM and the tokenizer of a resolved model.
+    pub fn load(model: &ResolvedModel, sampling: SamplingConfig, mode: WeightMode) -> Result<Self> {
+        let cfg = &model.lm_config;
+        let weights = load_lm_weights(&model.lm_weights_path, cfg, mode)?;
+        let lm = LmModel::load(cfg, weights)?;
+        let num_codebooks = cfg.dep_q.max(cfg.user_codebooks());
+        let mimi = Mimi::load(&model.mimi_config, &model.mimi_weights_path, num_codebooks)?;
+        let tokenizer = TextTokenizer::from_file(&model.tokenizer_path)?;
+        Self::from_parts(mimi, Generator::new(lm, sampling), &tokenizer)
+    }
+
+    /// Builds the pipeline from loaded parts.
+    pub fn from_parts(mimi: Mimi, generator: Generator, tokenizer: &TextTokenizer) -> Result<Self> {
+        let cfg = generator.model().config();
+        let user_codebooks = cfg.user_codebooks();
+        if mimi.num_codebooks() < user_codebooks || mimi.num_codebooks() < cfg.dep_q {
+            return Err(RuntimeError::Engine(format!(
+                "Mimi has {} codebooks, the LM needs {} user and {} generated codebooks",
+                mimi.num_codebooks(),
+                user_codebooks,
+                cfg.dep_q
+            )));
+        }
+        if mimi.frame_size_samples() != FRAME_SAMPLES {
+            return Err(RuntimeError::FrameSize { expected: FRAME_SAMPLES, got: mimi.frame_size_samples() });
+        }
+        Ok(Self { mimi, generator, text: tokenizer.incremental_decoder(), user_codebooks, frames_in: 0 })
+    }
+
+    /// Back to the start of a conversation.
+    pub fn reset(&mut self) {
+        self.mimi.reset();
+        self.generator.reset();
+        self.text.reset();
+        self.frames_in = 0;
+    }
+
+    /// Text still held back by the incremental decoder (call at the end of a stream).
+    pub fn finish_text(&mut self) -> String {
+        self.text.finish()
+    }
+}
+
+impl FrameProcessor for MoshiPipeline {
+    fn process_frame(&mut self, pcm_in: &[f32]) -> Result<FrameOutput> {
+        if pcm_in.len() != FRAME_SAMPLES {
+            return Err(RuntimeError::FrameSize { expected: FRAME_SAMPLES, got: pcm_in.len() });
+        }
+        let mut timings = StageTimings::default();
+        let t0 = Instant::now();
+        let codes = self.mimi.encode_frame(pcm_in)?;
+        timings.mimi_encode_ms = ms_since(t0);
+        let user = &codes[..self.user_codebooks];
+        // First frame twice (run_inference.py): step 0 only fills the delays.
+        let repeats = if self.frames_in == 0 { 2 } else { 1 };
+        let mut generated = None;
+        for _ in 0..repeats {
+            generated = self.generator.step(user)?;
+            let t = self.generator.last_timings();
+            timings.lm_temporal_ms += t.temporal_ms;
+            timings.lm_depformer_ms += t.depformer_ms;
+            timings.sampling_ms += t.sampling_ms;
+        }
+        self.frames_in += 1;
+        let Some(frame) = generated else {
+            return Ok(FrameOutput { pcm: vec![0.0; FRAME_SAMPLES], timings, ..Default::default() });
+        };
+        let t0 = Instant::now();
+        let pcm = self.mimi.decode_frame(&frame.audio)?;
+        timings.mimi_decode_ms = ms_since(t0);
+        let piece = self.text.push(frame.text);
+        Ok(FrameOutput {
+            pcm,
+            text: (!piece.is_empty()).then_some(piece),
+            tokens: Some(FrameTokens { text: frame.text, audio: frame.audio }),
+            timings,
+        })
+    }
+}

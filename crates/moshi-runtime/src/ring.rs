@@ -1,0 +1,255 @@
+//! Lock-free single-producer/single-consumer sample rings (rtrb) between the audio callbacks
+//! and the engine thread, the atomic counters they bump, and the callback bodies themselves.
+//!
+//! The callback bodies ([`capture_callback`], [`playback_callback`]) are plain functions over a
+//! ring end and the counters, so the cpal backend, the null backend and the tests run the exact
+//! same code. They never allocate, lock, log or block: they copy samples, fill silence on
+//! underrun and bump relaxed atomics. In debug/test builds they mark the thread as an audio
+//! callback for the duration of the call ([`crate::alloc_check`]), so an allocation inside them
+//! is counted and a test can assert there is none.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+/// Producer end of a sample ring.
+pub type SampleProducer = rtrb::Producer<f32>;
+/// Consumer end of a sample ring.
+pub type SampleConsumer = rtrb::Consumer<f32>;
+
+/// A new ring holding `capacity_samples` f32 samples (allocated once, here).
+pub fn sample_ring(capacity_samples: usize) -> (SampleProducer, SampleConsumer) {
+    rtrb::RingBuffer::new(capacity_samples.max(1))
+}
+
+/// Counters shared between the callbacks (writers) and the engine/console (readers).
+/// All relaxed atomics: they are statistics, not synchronisation.
+#[derive(Debug, Default)]
+pub struct AudioCounters {
+    /// Samples the capture callback received from the device (all channels).
+    pub captured_samples: AtomicU64,
+    /// Captured samples dropped because the mic ring was full (engine not reading): overruns.
+    pub overrun_samples: AtomicU64,
+    /// Capture callbacks that hit a full mic ring.
+    pub overrun_events: AtomicU64,
+    /// Samples the playback callback wrote from the speaker ring (all channels).
+    pub played_samples: AtomicU64,
+    /// Silence written because the speaker ring ran dry after playback had started: underruns.
+    pub underrun_samples: AtomicU64,
+    /// Playback callbacks that ran dry after playback had started.
+    pub underrun_events: AtomicU64,
+    /// Silence written before the first engine output arrived (expected at start, not an underrun).
+    pub startup_silence_samples: AtomicU64,
+    /// Set by the playback callback once it has played a real sample.
+    pub playback_started: AtomicBool,
+    /// Device errors reported through the error callback (all kinds).
+    pub device_errors: AtomicU64,
+    /// Set when the host reports that a device disappeared.
+    pub device_lost: AtomicBool,
+    /// Device latency reported by the host for the last capture callback, microseconds.
+    pub input_device_latency_us: AtomicU64,
+    /// Device latency reported by the host for the last playback callback, microseconds.
+    pub output_device_latency_us: AtomicU64,
+    /// Number of capture / playback callbacks.
+    pub capture_callbacks: AtomicU64,
+    pub playback_callbacks: AtomicU64,
+    /// Written by the engine thread: model frames processed so far.
+    pub engine_frames_processed: AtomicU64,
+    /// Written by the engine thread: input frames dropped deliberately (engine behind).
+    pub engine_frames_dropped: AtomicU64,
+    /// Written by the engine thread: device samples it has taken from the mic ring AND fully
+    /// handled (every frame they completed has been processed or dropped).
+    pub engine_input_consumed_samples: AtomicU64,
+}
+
+/// A plain copy of [`AudioCounters`] at one instant.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct CounterSnapshot {
+    pub captured_samples: u64,
+    pub overrun_samples: u64,
+    pub overrun_events: u64,
+    pub played_samples: u64,
+    pub underrun_samples: u64,
+    pub underrun_events: u64,
+    pub startup_silence_samples: u64,
+    pub device_errors: u64,
+    pub input_device_latency_us: u64,
+    pub output_device_latency_us: u64,
+    pub capture_callbacks: u64,
+    pub playback_callbacks: u64,
+    pub engine_frames_processed: u64,
+    pub engine_frames_dropped: u64,
+    pub engine_input_consumed_samples: u64,
+}
+
+impl AudioCounters {
+    /// Reads every counter.
+    pub fn snapshot(&self) -> CounterSnapshot {
+        let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        CounterSnapshot {
+            captured_samples: r(&self.captured_samples),
+            overrun_samples: r(&self.overrun_samples),
+            overrun_events: r(&self.overrun_events),
+            played_samples: r(&self.played_samples),
+            underrun_samples: r(&self.underrun_samples),
+            underrun_events: r(&self.underrun_events),
+            startup_silence_samples: r(&self.startup_silence_samples),
+            device_errors: r(&self.device_errors),
+            input_device_latency_us: r(&self.input_device_latency_us),
+            output_device_latency_us: r(&self.output_device_latency_us),
+            capture_callbacks: r(&self.capture_callbacks),
+            playback_callbacks: r(&self.playback_callbacks),
+            engine_frames_processed: r(&self.engine_frames_processed),
+            engine_frames_dropped: r(&self.engine_frames_dropped),
+            engine_input_consumed_samples: r(&self.engine_input_consumed_samples),
+        }
+    }
+}
+
+/// Audio-callback body, capture side: pushes the device's interleaved samples into the mic ring.
+/// Whatever does not fit is dropped and counted as an overrun. `device_latency_us`: the host's
+/// capture-to-callback delay when it reports one.
+pub fn capture_callback(
+    input: &[f32],
+    mic: &mut SampleProducer,
+    counters: &AudioCounters,
+    device_latency_us: Option<u64>,
+) {
+    let _guard = crate::alloc_check::AudioCallbackGuard::enter();
+    counters.capture_callbacks.fetch_add(1, Ordering::Relaxed);
+    counters.captured_samples.fetch_add(input.len() as u64, Ordering::Relaxed);
+    let (_, rest) = mic.push_partial_slice(input);
+    if !rest.is_empty() {
+        counters.overrun_samples.fetch_add(rest.len() as u64, Ordering::Relaxed);
+        counters.overrun_events.fetch_add(1, Ordering::Relaxed);
+    }
+    if let Some(us) = device_latency_us {
+        counters.input_device_latency_us.store(us, Ordering::Relaxed);
+    }
+}
+
+/// Audio-callback body, playback side: fills `output` (interleaved) from the speaker ring and
+/// writes silence for what is missing (counted as startup silence before the first real sample,
+/// as an underrun afterwards).
+pub fn playback_callback(
+    output: &mut [f32],
+    speaker: &mut SampleConsumer,
+    counters: &AudioCounters,
+    device_latency_us: Option<u64>,
+) {
+    let _guard = crate::alloc_check::AudioCallbackGuard::enter();
+    counters.playback_callbacks.fetch_add(1, Ordering::Relaxed);
+    let (filled, missing) = speaker.pop_partial_slice(output);
+    let got = filled.len();
+    missing.fill(0.0);
+    let missing_len = missing.len();
+    counters.played_samples.fetch_add(got as u64, Ordering::Relaxed);
+    if got > 0 {
+        counters.playback_started.store(true, Ordering::Relaxed);
+    }
+    if missing_len > 0 {
+        if counters.playback_started.load(Ordering::Relaxed) {
+            counters.underrun_samples.fetch_add(missing_len as u64, Ordering::Relaxed);
+            counters.underrun_events.fetch_add(1, Ordering::Relaxed);
+        } else {
+            counters.startup_silence_samples.fetch_add(missing_len as u64, Ordering::Relaxed);
+        }
+    }
+    if let Some(us) = device_latency_us {
+        counters.output_device_latency_us.store(us, Ordering::Relaxed);
+    }
+}
+
+/// Integer device samples (i16, u16) converted in the callback with fixed scratch: the capture
+/// side converts into a caller-provided preallocated buffer.
+pub trait DeviceSample: Copy + Send + 'static {
+    fn to_f32(self) -> f32;
+    fn from_f32(x: f32) -> Self;
+}
+
+impl DeviceSample for f32 {
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn from_f32(x: f32) -> Self {
+        x
+    }
+}
+
+impl DeviceSample for i16 {
+    fn to_f32(self) -> f32 {
+        self as f32 / 32768.0
+    }
+    fn from_f32(x: f32) -> Self {
+        (x.clamp(-1.0, 1.0) * 32767.0) as i16
+    }
+}
+
+/// Capture body for non-f32 devices: converts through `scratch` (preallocated by the caller,
+/// processed in `scratch.len()` pieces) and then runs [`capture_callback`].
+pub fn capture_callback_converting<S: DeviceSample>(
+    input: &[S],
+    scratch: &mut [f32],
+    mic: &mut SampleProducer,
+    counters: &AudioCounters,
+    device_latency_us: Option<u64>,
+) {
+    for piece in input.chunks(scratch.len().max(1)) {
+        let dst = &mut scratch[..piece.len()];
+        for (d, s) in dst.iter_mut().zip(piece) {
+            *d = s.to_f32();
+        }
+        capture_callback(dst, mic, counters, device_latency_us);
+    }
+}
+
+/// Playback body for non-f32 devices (see [`capture_callback_converting`]).
+pub fn playback_callback_converting<S: DeviceSample>(
+    output: &mut [S],
+    scratch: &mut [f32],
+    speaker: &mut SampleConsumer,
+    counters: &AudioCounters,
+    device_latency_us: Option<u64>,
+) {
+    let n = scratch.len().max(1);
+    for piece in output.chunks_mut(n) {
+        let src = &mut scratch[..piece.len()];
+        playback_callback(src, speaker, counters, device_latency_us);
+        for (d, s) in piece.iter_mut().zip(src.iter()) {
+            *d = S::from_f32(*s);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overrun_and_underrun_accounting() {
+        let counters = AudioCounters::default();
+        let (mut mic_p, mic_c) = sample_ring(10);
+        capture_callback(&[0.5; 6], &mut mic_p, &counters, Some(1234));
+        capture_callback(&[0.25; 6], &mut mic_p, &counters, None);
+        let s = counters.snapshot();
+        assert_eq!((s.captured_samples, s.overrun_samples, s.overrun_events), (12, 2, 1));
+        assert_eq!(s.input_device_latency_us, 1234);
+        assert_eq!(mic_c.slots(), 10);
+
+        let (mut spk_p, mut spk_c) = sample_ring(16);
+        let mut out = [9.0f32; 4];
+        playback_callback(&mut out, &mut spk_c, &counters, None);
+        assert_eq!(out, [0.0; 4]);
+        assert_eq!(counters.snapshot().startup_silence_samples, 4);
+        assert_eq!(counters.snapshot().underrun_events, 0);
+        let _ = spk_p.push_partial_slice(&[1.0, 2.0, 3.0]);
+        playback_callback(&mut out, &mut spk_c, &counters, None);
+        assert_eq!(out, [1.0, 2.0, 3.0, 0.0]);
+        let s = counters.snapshot();
+        assert_eq!((s.played_samples, s.underrun_samples, s.underrun_events), (3, 1, 1));
+
+        let mut out16 = [7i16; 3];
+        let mut scratch = [0f32; 2];
+        let _ = spk_p.push_partial_slice(&[0.5, -0.5, 1.5]);
+        playback_callback_converting(&mut out16, &mut scratch, &mut spk_c, &counters, None);
+        assert_eq!(out16, [16383, -16383, 32767]);
+    }
+}

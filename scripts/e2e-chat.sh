@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# e2e-chat.sh: end-to-end test of `moshi-rs chat` on virtual devices (scripts/virtual-audio.sh).
+# Plays assets/tiny-a/input.wav into the virtual microphone while `moshi-rs chat --model
+# assets/tiny-a` runs, records the virtual speaker (and the microphone feed), then checks:
+#   - the speaker recording matches what the engine produced (right channel of --record):
+#     normalised cross-correlation >= MIN_NCC, every loud 250 ms window found;
+#   - no steady-state underruns, no dropped frames, no allocation in the audio callbacks;
+# and measures the latency the runtime adds (mic sample in -> the speaker sample answering it,
+# minus the model's 80 ms frame and its compute time).
+# Usage: bash scripts/e2e-chat.sh [BUFFER_MS]   (env: MOSHI_RS = binary, default target/debug/moshi-rs;
+#        E2E_OUT = folder for the recordings, default a temp folder; MIN_NCC default 0.95)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+BUFFER_MS=${1:-20}
+MOSHI_RS=${MOSHI_RS:-$ROOT/target/debug/moshi-rs}
+MIN_NCC=${MIN_NCC:-0.95}
+OUT=${E2E_OUT:-$(mktemp -d /tmp/moshi-rs-e2e.XXXXXX)}
+mkdir -p "$OUT"
+export VA_DIR=${VA_DIR:-$OUT/va}
+export VA_RATE=24000
+VA="bash $ROOT/scripts/virtual-audio.sh"
+INPUT=$ROOT/assets/tiny-a/input.wav
+
+[ -x "$MOSHI_RS" ] || { echo "e2e: $MOSHI_RS not built (cargo build -p moshi-cli)" >&2; exit 2; }
+cleanup() { $VA stop >/dev/null 2>&1 || true; }
+trap cleanup EXIT
+
+$VA start
+eval "$($VA env)"
+$VA record-start "$OUT/speaker.wav" 24000 va_speaker.monitor speaker
+$VA record-start "$OUT/mic.wav" 24000 va_micfeed.monitor mic
+sleep 0.3
+"$MOSHI_RS" chat --model "$ROOT/assets/tiny-a" --greedy --buffer-ms "$BUFFER_MS" --duration-s 6 ${JITTER_MS:+--jitter-ms $JITTER_MS} \
+    --record "$OUT/record.wav" --stats-json "$OUT/stats.json" --profile "$OUT/profile.jsonl" \
+    >"$OUT/chat.stdout" 2>"$OUT/chat.stderr" &
+CHAT=$!
+# Wait until the streams run, then speak into the microphone.
+for _ in $(seq 1 100); do grep -q listening "$OUT/chat.stderr" 2>/dev/null && break; sleep 0.05; done
+sleep 0.5
+$VA inject "$INPUT"
+wait "$CHAT" || { echo "e2e: moshi-rs chat failed:" >&2; cat "$OUT/chat.stderr" >&2; exit 1; }
+sleep 0.4   # the last output still travels through the device buffers
+$VA record-stop speaker
+$VA record-stop mic
+cat "$OUT/chat.stderr" | grep -v '^ALSA lib' >&2 || true
+
+# Engine's own streams from --record: left = what it heard, right = what it said.
+sox "$OUT/record.wav" "$OUT/user.wav" remix 1
+sox "$OUT/record.wav" "$OUT/moshi.wav" remix 2
+
+kv() { sed -n "s/.*\b$1=\([-0-9.]*\).*/\1/p" <<<"$2"; }
+speaker_cmp=$($VA compare "$OUT/moshi.wav" "$OUT/speaker.wav" "$MIN_NCC") || { echo "e2e: speaker != engine output: $speaker_cmp" >&2; exit 1; }
+mic_cmp=$($VA compare "$INPUT" "$OUT/mic.wav" 0.9) || { echo "e2e: the injected speech is not in the mic feed: $mic_cmp" >&2; exit 1; }
+user_cmp=$($VA compare "$INPUT" "$OUT/user.wav" 0.9) || { echo "e2e: the engine did not hear the injected speech: $user_cmp" >&2; exit 1; }
+echo "speaker vs engine output: $speaker_cmp"
+echo "mic feed vs input.wav:    $mic_cmp"
+echo "engine input vs input.wav: $user_cmp"
+windows=$(sed -n 's/.*windows_ok=\([0-9]*\/[0-9]*\).*/\1/p' <<<"$speaker_cmp")
+[ "${windows%/*}" = "${windows#*/}" ] || { echo "e2e: not every window of the output was found on the speaker ($windows)" >&2; exit 1; }
+
+PY=$(command -v python3)
+"$PY" - "$OUT/stats.json" "$(kv lag "$speaker_cmp")" "$(kv lag "$mic_cmp")" "$(kv lag "$user_cmp")" "$BUFFER_MS" <<'PY'
+import json, sys
+stats = json.load(open(sys.argv[1]))
+s_lag, l_lag, r_lag, buffer_ms = (int(sys.argv[i]) for i in (2, 3, 4, 5))
+# Engine sample k: heard at mic-recording time L + (k - R), played at speaker-recording time S + k.
+delay_ms = (s_lag + r_lag - l_lag) / 24.0
+compute_ms = stats["real_time_factor"] * 80.0
+added_ms = delay_ms - 80.0 - compute_ms
+c = stats["counters"]
+print(f"mic -> speaker delay {delay_ms:.1f} ms = 80 ms frame + {compute_ms:.1f} ms compute + {added_ms:.1f} ms added by the runtime "
+      f"(buffer {buffer_ms} ms; engine's own estimate p50 {stats['added_latency_ms']['p50']:.1f} ms)")
+print(f"frames {stats['frames_processed']} processed / {stats['frames_dropped']} dropped; underruns {c['underrun_events']} "
+      f"({stats['steady_state_underrun_events']} steady state); device errors {c['device_errors']}; "
+      f"callback allocations {stats['callback_allocations']}")
+print(json.dumps({"e2e_delay_ms": round(delay_ms, 1), "added_latency_ms": round(added_ms, 1), "buffer_ms": buffer_ms}))
+fail = []
+if stats["steady_state_underrun_events"] != 0: fail.append("steady-state underruns")
+if stats["frames_dropped"] != 0: fail.append("dropped frames")
+if stats["callback_allocations"] not in (None, 0): fail.append("allocations in audio callbacks")
+if stats["frames_processed"] < 60: fail.append("too few frames processed")
+if fail:
+    sys.exit("e2e: " + ", ".join(fail))
+PY
+echo "e2e chat: OK (artifacts in $OUT)"
