@@ -31,7 +31,7 @@ eval "$($VA env)"
 $VA record-start "$OUT/speaker.wav" 24000 va_speaker.monitor speaker
 $VA record-start "$OUT/mic.wav" 24000 va_micfeed.monitor mic
 sleep 0.3
-"$MOSHI_RS" chat --model "$ROOT/assets/tiny-a" --greedy --buffer-ms "$BUFFER_MS" --duration-s 6 \
+"$MOSHI_RS" chat --model "$ROOT/assets/tiny-a" --greedy --buffer-ms "$BUFFER_MS" --duration-s 6 ${JITTER_MS:+--jitter-ms $JITTER_MS} \
     --record "$OUT/record.wav" --stats-json "$OUT/stats.json" --profile "$OUT/profile.jsonl" \
     >"$OUT/chat.stdout" 2>"$OUT/chat.stderr" &
 CHAT=$!

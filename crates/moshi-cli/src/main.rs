@@ -49,7 +49,7 @@ fn main() -> std::process::ExitCode {
         Command::File(a) => commands::file::run(a),
         Command::Chat(a) => commands::chat::run(a),
         Command::Devices(a) => commands::devices::run(a),
-        Command::Bench(a) => commands::bench::run(a),
+        Command::Bench(a) => commands::bench::run(a, &cli.log),
         Command::Quantize(a) => commands::quantize::run(a),
     };
     match result {

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::layout::{detect_kind, CheckpointKind, LmLayout};
 use crate::lm_sources::lm_sources;
-use crate::mlx_quant::{derive_quant_params, is_packed, quant_params_from_shapes};
+use crate::mlx_quant::{file_logical_shape, infer_in_dim, is_packed, quant_params_from_shapes};
 use crate::{DType, LmConfig, MimiConfig, Result, SafetensorsFile};
 
 /// The config a checkpoint is checked against.
@@ -141,35 +141,6 @@ fn prefix_packed(file: &SafetensorsFile, name: &str) -> bool {
     is_packed(file, prefix)
 }
 
-fn rows_of(file: &SafetensorsFile, name: &str) -> Option<usize> {
-    file.tensors().get(name).map(|i| i.shape[0])
-}
-
-fn width_of_norm(file: &SafetensorsFile, name: &str) -> Option<usize> {
-    file.tensors().get(name).and_then(|i| i.shape.last().copied())
-}
-
-/// The unpacked input width of MLX matrix `prefix`, from unquantized tensors of the same file:
-/// the model width from `out_norm`, the depformer width from a depformer norm, and the FFN width
-/// from the rows of the matching `linear_in` (which holds 2 * hidden rows).
-fn infer_in_dim(file: &SafetensorsFile, prefix: &str) -> Option<usize> {
-    if let Some(base) = prefix.strip_suffix("gating.linear_out") {
-        return rows_of(file, &format!("{base}gating.linear_in.weight")).map(|r| r / 2);
-    }
-    let dim = width_of_norm(file, "out_norm.weight")?;
-    match prefix.strip_prefix("depformer.slices.") {
-        Some(rest) => {
-            let k = rest.split('.').next()?;
-            if rest == format!("{k}.linear_in") {
-                Some(dim)
-            } else {
-                width_of_norm(file, &format!("depformer.slices.{k}.transformer.layers.0.norm1.weight"))
-            }
-        }
-        None => Some(dim),
-    }
-}
-
 fn check_lm(file: &SafetensorsFile, layout: LmLayout, cfg: &LmConfig) -> ConfigCheck {
     let specs = lm_sources(layout, cfg);
     let mut check =
@@ -186,8 +157,13 @@ fn check_lm(file: &SafetensorsFile, layout: LmLayout, cfg: &LmConfig) -> ConfigC
         if let Some(prefix) = prefix {
             expected.insert(format!("{prefix}.scales"));
             expected.insert(format!("{prefix}.biases"));
-            if let Err(e) = derive_quant_params(file, prefix, spec.canonical.shape[0], spec.canonical.shape[1]) {
-                check.mismatched.push(e.to_string());
+            match file_logical_shape(file, prefix) {
+                Some((shape, _)) if shape == spec.canonical.shape => {}
+                Some((shape, p)) => check.mismatched.push(format!(
+                    "{prefix}: expected {:?}, got {shape:?} ({}-bit, group size {})",
+                    spec.canonical.shape, p.bits, p.group_size
+                )),
+                None => check.mismatched.push(format!("{prefix}: packed shapes give no valid bits/group size")),
             }
         } else if info.shape != spec.stored_shape {
             check.mismatched.push(format!("{name}: expected {:?}, got {:?}", spec.stored_shape, info.shape));

@@ -157,11 +157,36 @@ mod tests {
             ("text_emb", "text_emb.weight", &[32001, 4096], 0),
             ("emb.15", "emb.15.weight", &[2049, 4096], 0),
             ("out_norm", "out_norm.alpha", &[1, 1, 4096], 0),
-            ("transformer.layers.31.self_attn.in_proj", "transformer.layers.31.self_attn.in_proj_weight", &[12288, 4096], 0),
-            ("transformer.layers.0.gating.linear_in", "transformer.layers.0.gating.linear_in.weight", &[22528, 4096], 0),
-            ("transformer.layers.0.gating.linear_out", "transformer.layers.0.gating.linear_out.weight", &[4096, 11264], 0),
-            ("depformer.7.layers.5.self_attn.in_proj", "depformer.layers.5.self_attn.in_proj_weight", &[24576, 1024], 7 * 3072),
-            ("depformer.2.layers.0.self_attn.out_proj", "depformer.layers.0.self_attn.out_proj.weight", &[8192, 1024], 2 * 1024),
+            (
+                "transformer.layers.31.self_attn.in_proj",
+                "transformer.layers.31.self_attn.in_proj_weight",
+                &[12288, 4096],
+                0,
+            ),
+            (
+                "transformer.layers.0.gating.linear_in",
+                "transformer.layers.0.gating.linear_in.weight",
+                &[22528, 4096],
+                0,
+            ),
+            (
+                "transformer.layers.0.gating.linear_out",
+                "transformer.layers.0.gating.linear_out.weight",
+                &[4096, 11264],
+                0,
+            ),
+            (
+                "depformer.7.layers.5.self_attn.in_proj",
+                "depformer.layers.5.self_attn.in_proj_weight",
+                &[24576, 1024],
+                7 * 3072,
+            ),
+            (
+                "depformer.2.layers.0.self_attn.out_proj",
+                "depformer.layers.0.self_attn.out_proj.weight",
+                &[8192, 1024],
+                2 * 1024,
+            ),
             ("depformer.3.layers.1.gating.linear_in", "depformer.layers.1.gating.3.linear_in.weight", &[5632, 1024], 0),
             ("depformer.1.emb", "depformer_emb.0.weight", &[2049, 1024], 0),
         ];
@@ -180,7 +205,10 @@ mod tests {
             name(LmLayout::Candle, "depformer.3.layers.1.self_attn.in_proj"),
             "depformer.3.transformer.layers.1.self_attn.in_proj_weight"
         );
-        assert_eq!(name(LmLayout::Candle, "depformer.3.layers.1.norm1"), "depformer.3.transformer.layers.1.norm1.alpha");
+        assert_eq!(
+            name(LmLayout::Candle, "depformer.3.layers.1.norm1"),
+            "depformer.3.transformer.layers.1.norm1.alpha"
+        );
         assert_eq!(name(LmLayout::Mlx, "emb.4"), "audio_embs.4.weight");
         assert_eq!(name(LmLayout::Mlx, "out_norm"), "out_norm.weight");
         assert_eq!(stored(LmLayout::Mlx, "out_norm").1, vec![4096]);
@@ -188,7 +216,10 @@ mod tests {
             name(LmLayout::Mlx, "depformer.6.layers.2.gating.linear_out"),
             "depformer.slices.6.transformer.layers.2.gating.linear_out.weight"
         );
-        assert_eq!(name(LmLayout::Mlx, "transformer.layers.3.self_attn.in_proj"), "transformer.layers.3.self_attn.in_proj.weight");
+        assert_eq!(
+            name(LmLayout::Mlx, "transformer.layers.3.self_attn.in_proj"),
+            "transformer.layers.3.self_attn.in_proj.weight"
+        );
         assert_eq!(name(LmLayout::Mlx, "depformer.0.emb"), "depformer.slices.0.emb.weight");
     }
 }

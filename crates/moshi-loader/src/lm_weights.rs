@@ -4,10 +4,12 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
+use rayon::prelude::*;
+
 use crate::layout::{detect_kind, CheckpointKind, LmLayout};
 use crate::lm_names::TensorRole;
 use crate::lm_sources::{lm_sources, SourceSpec};
-use crate::mlx_quant::{is_packed, read_quantized};
+use crate::mlx_quant::{derive_quant_params, file_logical_shape, is_packed, read_quantized};
 use crate::{DType, LmConfig, LoaderError, Result, SafetensorsFile, Weight, WeightData, WeightMap};
 
 /// How weights are handed to the model.
@@ -49,9 +51,12 @@ pub fn load_lm_weights_from(file: &SafetensorsFile, cfg: &LmConfig, mode: Weight
             ),
         });
     }
+    // Tensors are independent: convert / dequantize them on all cores.
+    let weights: Vec<Weight> =
+        specs.par_iter().map(|spec| materialize(file, layout, spec, mode)).collect::<Result<_>>()?;
     let mut map = WeightMap::new(file.path());
-    for spec in &specs {
-        map.insert(spec.canonical.name.clone(), materialize(file, layout, spec, mode)?);
+    for (spec, weight) in specs.iter().zip(weights) {
+        map.insert(spec.canonical.name.clone(), weight);
     }
     Ok(map)
 }
@@ -89,8 +94,18 @@ fn check_names_and_shapes(file: &SafetensorsFile, layout: LmLayout, specs: &[Sou
         let prefix = spec.stored_name.strip_suffix(".weight");
         if layout == LmLayout::Mlx && prefix.is_some_and(|p| is_packed(file, p)) {
             let prefix = prefix.expect("checked");
-            // Shapes of packed matrices are checked when their bits/group are derived.
-            crate::mlx_quant::derive_quant_params(file, prefix, spec.canonical.shape[0], spec.canonical.shape[1])?;
+            // Cross-check: the widths the file's own unpacked tensors imply must be the config's
+            // (bits and group size alone can be ambiguous: q8/g64 at 256 reads as q4/g128 at 512).
+            if let Some((shape, p)) = file_logical_shape(file, prefix).filter(|(s, _)| *s != spec.canonical.shape) {
+                return Err(LoaderError::ConfigMismatch {
+                    path: file.path().to_path_buf(),
+                    reason: format!(
+                        "packed tensor `{prefix}` holds {shape:?} ({}-bit, group size {}), the config expects {:?}",
+                        p.bits, p.group_size, spec.canonical.shape
+                    ),
+                });
+            }
+            derive_quant_params(file, prefix, spec.canonical.shape[0], spec.canonical.shape[1])?;
             used.insert(format!("{prefix}.scales"));
             used.insert(format!("{prefix}.biases"));
         } else if info.shape != spec.stored_shape {

@@ -127,6 +127,43 @@ pub fn read_quantized(file: &SafetensorsFile, prefix: &str, rows: usize, in_dim:
     })
 }
 
+fn rows_of(file: &SafetensorsFile, name: &str) -> Option<usize> {
+    file.tensors().get(name).map(|i| i.shape[0])
+}
+
+fn width_of_norm(file: &SafetensorsFile, name: &str) -> Option<usize> {
+    file.tensors().get(name).and_then(|i| i.shape.last().copied())
+}
+
+/// The unpacked input width of MLX matrix `prefix`, from unquantized tensors of the same file:
+/// the model width from `out_norm`, the depformer width from a depformer norm, and the FFN width
+/// from the rows of the matching `linear_in` (which holds 2 * hidden rows).
+pub fn infer_in_dim(file: &SafetensorsFile, prefix: &str) -> Option<usize> {
+    if let Some(base) = prefix.strip_suffix("gating.linear_out") {
+        return rows_of(file, &format!("{base}gating.linear_in.weight")).map(|r| r / 2);
+    }
+    let dim = width_of_norm(file, "out_norm.weight")?;
+    match prefix.strip_prefix("depformer.slices.") {
+        Some(rest) => {
+            let k = rest.split('.').next()?;
+            if rest == format!("{k}.linear_in") {
+                Some(dim)
+            } else {
+                width_of_norm(file, &format!("depformer.slices.{k}.transformer.layers.0.norm1.weight"))
+            }
+        }
+        None => Some(dim),
+    }
+}
+
+/// The unpacked `[rows, in_dim]` and bits/group of packed matrix `prefix` as the file itself
+/// implies them (in_dim from [`infer_in_dim`]); `None` if the shapes give no valid pair.
+pub fn file_logical_shape(file: &SafetensorsFile, prefix: &str) -> Option<(Vec<usize>, QuantParams)> {
+    let in_dim = infer_in_dim(file, prefix)?;
+    let rows = file.tensors().get(&format!("{prefix}.weight"))?.shape[0];
+    derive_quant_params(file, prefix, rows, in_dim).ok().map(|p| (vec![rows, in_dim], p))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -29,6 +29,20 @@ impl LmVariant {
     }
 }
 
+impl std::str::FromStr for LmVariant {
+    type Err = String;
+
+    /// `bf16`, `q8` or `q4` (as on the command line).
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "bf16" => Ok(LmVariant::Bf16),
+            "q8" => Ok(LmVariant::Q8),
+            "q4" => Ok(LmVariant::Q4),
+            other => Err(format!("unknown LM variant `{other}`, expected bf16, q8 or q4")),
+        }
+    }
+}
+
 /// LM file names in order of preference when nothing else decides.
 const LM_FILE_NAMES: [&str; 3] = ["model.safetensors", "model.q8.safetensors", "model.q4.safetensors"];
 
@@ -297,5 +311,13 @@ mod tests {
         assert!(!is_repo_id("a/b/c"));
         assert!(!is_repo_id("../x"));
         assert!(!is_repo_id("/abs"));
+    }
+
+    #[test]
+    fn variants_parse_from_the_command_line() {
+        assert_eq!("q4".parse::<LmVariant>(), Ok(LmVariant::Q4));
+        assert_eq!("Q8".parse::<LmVariant>(), Ok(LmVariant::Q8));
+        assert_eq!("bf16".parse::<LmVariant>(), Ok(LmVariant::Bf16));
+        assert!("q3".parse::<LmVariant>().unwrap_err().contains("expected bf16, q8 or q4"));
     }
 }

@@ -67,7 +67,10 @@ fn corrupt_header() {
     raw.extend_from_slice(header.as_bytes());
     raw.extend_from_slice(&[0u8; 4]);
     std::fs::write(&path, &raw).unwrap();
-    assert_has(&SafetensorsFile::open(&path).err().unwrap().to_string(), &["`w`", "[4294967296, 4294967296]", "too large"]);
+    assert_has(
+        &SafetensorsFile::open(&path).err().unwrap().to_string(),
+        &["`w`", "[4294967296, 4294967296]", "too large"],
+    );
 
     let header = r#"{"w":{"dtype":"Q7","shape":[1],"data_offsets":[0,1]}}"#;
     let mut raw = (header.len() as u64).to_le_bytes().to_vec();
@@ -204,6 +207,10 @@ fn checkpoint_whose_dims_disagree_with_the_config() {
     assert_has(
         &load_err(&asset("model.safetensors"), &cfg),
         &["`text_emb.weight`", "shape [385, 256]", "expects [385, 512]"],
+    );
+    assert_has(
+        &load_err(&asset("model.q8.safetensors"), &cfg),
+        &["packed tensor `text_emb`", "holds [385, 256] (8-bit, group size 64)", "expects [385, 512]"],
     );
 
     let mut cfg = tiny_config();

@@ -15,7 +15,7 @@ use moshi_model::lm::kv_cache::KvCache;
 use moshi_model::lm::rope::{Rope, RopeRotation};
 use moshi_model::lm::transformer::LayerScratch;
 use moshi_model::lm::{LmModel, RandomWeightKind};
-use moshi_model::matvec::matvec_bf16_with;
+use moshi_model::matvec::{matvec_bf16_with, Kernel};
 use moshi_model::rng::Rng;
 use rayon::prelude::*;
 
@@ -179,8 +179,16 @@ fn kernel_benches(c: &mut Criterion) {
     let mut g = c.benchmark_group("matvec_bf16_22528x4096");
     g.sample_size(10).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3));
     g.throughput(Throughput::Bytes((n * k * 2) as u64));
-    for (name, simd, par) in [("scalar_1thread", false, false), ("avx2_1thread", true, false), ("avx2_threads", true, true)] {
-        g.bench_function(name, |b| b.iter(|| matvec_bf16_with(&w, n, k, &x, &mut y, simd, par)));
+    for (name, kernel, par) in [
+        ("scalar_1thread", Kernel::Scalar, false),
+        ("avx2_1thread", Kernel::Avx2, false),
+        ("avx512_1thread", Kernel::Avx512, false),
+        ("avx2_threads", Kernel::Avx2, true),
+        ("avx512_threads", Kernel::Avx512, true),
+    ] {
+        if kernel.is_available() {
+            g.bench_function(name, |b| b.iter(|| matvec_bf16_with(&w, n, k, &x, &mut y, kernel, par)));
+        }
     }
     g.finish();
 
@@ -190,8 +198,15 @@ fn kernel_benches(c: &mut Criterion) {
     g.sample_size(10).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3));
     g.throughput(Throughput::Bytes((buf.len() * 8) as u64));
     g.bench_function("read_1gib_all_threads", |b| {
-        b.iter(|| black_box(buf.par_chunks(1 << 16).map(|c| c.iter().fold(0u64, |a, v| a.wrapping_add(*v))).reduce(|| 0, u64::wrapping_add)))
+        b.iter(|| {
+            black_box(
+                buf.par_chunks(1 << 16)
+                    .map(|c| c.iter().fold(0u64, |a, v| a.wrapping_add(*v)))
+                    .reduce(|| 0, u64::wrapping_add),
+            )
+        })
     });
+    g.bench_function("read_1gib_1thread", |b| b.iter(|| black_box(buf.iter().fold(0u64, |a, v| a.wrapping_add(*v)))));
     g.finish();
 }
 

@@ -1,10 +1,10 @@
 //! Matrix-vector kernels for one-token-at-a-time inference: `y = W · x` with `W` row-major
-//! `[n, k]` in bf16 (upcast exactly) or f32, f32 accumulation, AVX2 when the CPU has it,
-//! split over output rows with rayon for large matrices.
+//! `[n, k]` in bf16 (upcast exactly) or f32, f32 accumulation, AVX-512 or AVX2 when the CPU has
+//! them, split over output rows with rayon for large matrices.
 //!
 //! Every kernel accumulates in one fixed order, so the SIMD and the portable paths give
 //! bit-identical results: element `j` of each 32-wide block goes to lane `j % 32`; the lanes
-//! are reduced as `t[i] = (l[i] + l[8+i]) + (l[16+i] + l[24+i])` (i < 8), then
+//! are reduced as `t[i] = (l[i] + l[16+i]) + (l[8+i] + l[24+i])` (i < 8), then
 //! `u[i] = t[i] + t[4+i]` (i < 4), `v[i] = u[i] + u[2+i]` (i < 2), `s = v[0] + v[1]`; the
 //! `k % 32` trailing elements are then added one by one. Products and sums are separate
 //! roundings (no fused multiply-add), as in the scalar reference.
@@ -25,7 +25,7 @@ fn bf16_to_f32(bits: u16) -> f32 {
 fn reduce_lanes(l: &[f32; LANES]) -> f32 {
     let mut t = [0f32; 8];
     for i in 0..8 {
-        t[i] = (l[i] + l[8 + i]) + (l[16 + i] + l[24 + i]);
+        t[i] = (l[i] + l[16 + i]) + (l[8 + i] + l[24 + i]);
     }
     let u = [t[0] + t[4], t[1] + t[5], t[2] + t[6], t[3] + t[7]];
     let v = [u[0] + u[2], u[1] + u[3]];
@@ -77,8 +77,8 @@ mod avx2 {
     /// Sums the four accumulators in the fixed order.
     #[inline]
     #[target_feature(enable = "avx2")]
-    unsafe fn reduce(a0: __m256, a1: __m256, a2: __m256, a3: __m256) -> f32 {
-        let t = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+    pub(super) unsafe fn reduce(a0: __m256, a1: __m256, a2: __m256, a3: __m256) -> f32 {
+        let t = _mm256_add_ps(_mm256_add_ps(a0, a2), _mm256_add_ps(a1, a3));
         let u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
         let v = _mm_add_ps(u, _mm_movehl_ps(u, u));
         let s = _mm_add_ss(v, _mm_shuffle_ps(v, v, 0b01));
@@ -119,6 +119,42 @@ mod avx2 {
         s
     }
 
+    /// `R` rows at once, interleaving their weight streams; each row keeps exactly the
+    /// accumulation order of [`dot_bf16`].
+    ///
+    /// # Safety
+    /// The CPU must support AVX2; every row must have `x.len()` elements.
+    #[target_feature(enable = "avx2")]
+    #[allow(clippy::needless_range_loop)]
+    pub unsafe fn dotn_bf16<const R: usize>(rows: [&[u16]; R], x: &[f32]) -> [f32; R] {
+        let k = x.len();
+        let blocks = k / LANES;
+        let xp = x.as_ptr();
+        let wp = rows.map(|r| r.as_ptr());
+        let mut acc = [[_mm256_setzero_ps(); 4]; R];
+        for b in 0..blocks {
+            let o = b * LANES;
+            // SAFETY: o + 32 <= k for every block; every row and x hold k elements.
+            unsafe {
+                for q in 0..4 {
+                    let xq = _mm256_loadu_ps(xp.add(o + 8 * q));
+                    for r in 0..R {
+                        acc[r][q] = _mm256_add_ps(acc[r][q], _mm256_mul_ps(load_bf16(wp[r].add(o + 8 * q)), xq));
+                    }
+                }
+            }
+        }
+        let mut out = [0f32; R];
+        for r in 0..R {
+            let mut s = unsafe { reduce(acc[r][0], acc[r][1], acc[r][2], acc[r][3]) };
+            for j in blocks * LANES..k {
+                s += super::bf16_to_f32(rows[r][j]) * x[j];
+            }
+            out[r] = s;
+        }
+        out
+    }
+
     /// # Safety
     /// The CPU must support AVX2; `row` and `x` must have the same length.
     #[target_feature(enable = "avx2")]
@@ -146,42 +182,241 @@ mod avx2 {
     }
 }
 
-/// Whether the AVX2 kernels are used on this CPU.
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    use super::LANES;
+
+    /// Folds lanes 0..16 (+) 16..32 held as `lo`/`hi` into the fixed order, then reduces.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2")]
+    unsafe fn reduce(lo: __m512, hi: __m512) -> f32 {
+        // s[i] = l[i] + l[16+i]; t[i] = s[i] + s[8+i] = (l[i] + l[16+i]) + (l[8+i] + l[24+i]).
+        let s = _mm512_add_ps(lo, hi);
+        let s_lo = _mm512_castps512_ps256(s);
+        let s_hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1));
+        let t = _mm256_add_ps(s_lo, s_hi);
+        let u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+        let v = _mm_add_ps(u, _mm_movehl_ps(u, u));
+        _mm_cvtss_f32(_mm_add_ss(v, _mm_shuffle_ps(v, v, 0b01)))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2")]
+    unsafe fn load_bf16(p: *const u16) -> __m512 {
+        // SAFETY: the caller guarantees 16 readable u16 at `p`.
+        let h = unsafe { _mm256_loadu_si256(p as *const __m256i) };
+        _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
+    }
+
+    /// # Safety
+    /// The CPU must support AVX-512F; `row` and `x` must have the same length.
+    #[target_feature(enable = "avx512f,avx2")]
+    pub unsafe fn dot_bf16(row: &[u16], x: &[f32]) -> f32 {
+        let k = row.len();
+        let blocks = k / LANES;
+        let (wp, xp) = (row.as_ptr(), x.as_ptr());
+        let (mut lo, mut hi) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        for b in 0..blocks {
+            let o = b * LANES;
+            // SAFETY: o + 32 <= k for every block; both slices hold k elements.
+            unsafe {
+                lo = _mm512_add_ps(lo, _mm512_mul_ps(load_bf16(wp.add(o)), _mm512_loadu_ps(xp.add(o))));
+                hi = _mm512_add_ps(hi, _mm512_mul_ps(load_bf16(wp.add(o + 16)), _mm512_loadu_ps(xp.add(o + 16))));
+            }
+        }
+        let mut s = unsafe { reduce(lo, hi) };
+        for j in blocks * LANES..k {
+            s += super::bf16_to_f32(row[j]) * x[j];
+        }
+        s
+    }
+
+    /// `R` rows at once, interleaving their weight streams; each row keeps exactly the
+    /// accumulation order of [`dot_bf16`].
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F; every row must have `x.len()` elements.
+    #[target_feature(enable = "avx512f,avx2")]
+    #[allow(clippy::needless_range_loop)]
+    pub unsafe fn dotn_bf16<const R: usize>(rows: [&[u16]; R], x: &[f32]) -> [f32; R] {
+        let k = x.len();
+        let blocks = k / LANES;
+        let xp = x.as_ptr();
+        let wp = rows.map(|r| r.as_ptr());
+        let mut lo = [_mm512_setzero_ps(); R];
+        let mut hi = [_mm512_setzero_ps(); R];
+        for b in 0..blocks {
+            let o = b * LANES;
+            // SAFETY: o + 32 <= k for every block; every row and x hold k elements.
+            unsafe {
+                let (x0, x1) = (_mm512_loadu_ps(xp.add(o)), _mm512_loadu_ps(xp.add(o + 16)));
+                for r in 0..R {
+                    lo[r] = _mm512_add_ps(lo[r], _mm512_mul_ps(load_bf16(wp[r].add(o)), x0));
+                    hi[r] = _mm512_add_ps(hi[r], _mm512_mul_ps(load_bf16(wp[r].add(o + 16)), x1));
+                }
+            }
+        }
+        let mut out = [0f32; R];
+        for r in 0..R {
+            let mut s = unsafe { reduce(lo[r], hi[r]) };
+            for j in blocks * LANES..k {
+                s += super::bf16_to_f32(rows[r][j]) * x[j];
+            }
+            out[r] = s;
+        }
+        out
+    }
+
+    /// # Safety
+    /// The CPU must support AVX-512F; `row` and `x` must have the same length.
+    #[target_feature(enable = "avx512f,avx2")]
+    pub unsafe fn dot_f32(row: &[f32], x: &[f32]) -> f32 {
+        let k = row.len();
+        let blocks = k / LANES;
+        let (wp, xp) = (row.as_ptr(), x.as_ptr());
+        let (mut lo, mut hi) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        for b in 0..blocks {
+            let o = b * LANES;
+            // SAFETY: o + 32 <= k for every block; both slices hold k elements.
+            unsafe {
+                lo = _mm512_add_ps(lo, _mm512_mul_ps(_mm512_loadu_ps(wp.add(o)), _mm512_loadu_ps(xp.add(o))));
+                hi = _mm512_add_ps(hi, _mm512_mul_ps(_mm512_loadu_ps(wp.add(o + 16)), _mm512_loadu_ps(xp.add(o + 16))));
+            }
+        }
+        let mut s = unsafe { reduce(lo, hi) };
+        for j in blocks * LANES..k {
+            s += row[j] * x[j];
+        }
+        s
+    }
+}
+
+/// Which implementation of the fixed-order dot product runs (all give identical bits). The SIMD
+/// kernels stream several bf16 weight rows per pass (4 with AVX2, 8 with AVX-512), which measured
+/// 1.3-1.6x faster than one row at a time on a 22528 x 4096 matrix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    Scalar,
+    Avx2,
+    Avx512,
+}
+
+impl Kernel {
+    /// The fastest kernel this CPU supports.
+    pub fn best() -> Kernel {
+        if Kernel::Avx512.is_available() {
+            Kernel::Avx512
+        } else if Kernel::Avx2.is_available() {
+            Kernel::Avx2
+        } else {
+            Kernel::Scalar
+        }
+    }
+
+    /// Whether this CPU can run the kernel.
+    #[inline]
+    pub fn is_available(self) -> bool {
+        match self {
+            Kernel::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => std::is_x86_feature_detected!("avx2"),
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512 => std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx2"),
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
+    /// This kernel if available, else the best available one.
+    fn or_best(self) -> Kernel {
+        if self.is_available() {
+            self
+        } else {
+            Kernel::best()
+        }
+    }
+
+    /// One bf16 row · x (`row.len() == x.len()`); the kernel must be available.
+    #[inline]
+    fn dot_bf16(self, row: &[u16], x: &[f32]) -> f32 {
+        match self {
+            // SAFETY: callers only pass kernels checked with `is_available`; equal lengths.
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512 => unsafe { avx512::dot_bf16(row, x) },
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => unsafe { avx2::dot_bf16(row, x) },
+            _ => dot_bf16_scalar(row, x),
+        }
+    }
+
+    /// One f32 row · x (`row.len() == x.len()`); the kernel must be available.
+    #[inline]
+    fn dot_f32(self, row: &[f32], x: &[f32]) -> f32 {
+        match self {
+            // SAFETY: callers only pass kernels checked with `is_available`; equal lengths.
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512 => unsafe { avx512::dot_f32(row, x) },
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => unsafe { avx2::dot_f32(row, x) },
+            _ => dot_f32_scalar(row, x),
+        }
+    }
+}
+
+static BEST_KERNEL: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
+
+/// [`Kernel::best`], detected once.
 #[inline]
-pub fn simd_available() -> bool {
+pub fn best_kernel() -> Kernel {
+    *BEST_KERNEL.get_or_init(Kernel::best)
+}
+
+fn rows_bf16(w: &[u16], k: usize, x: &[f32], y: &mut [f32], kernel: Kernel) {
+    let x = &x[..k];
     #[cfg(target_arch = "x86_64")]
-    {
-        std::is_x86_feature_detected!("avx2")
+    match kernel {
+        Kernel::Avx512 => return rows_bf16_interleaved::<8>(w, k, x, y),
+        Kernel::Avx2 => return rows_bf16_interleaved_avx2::<4>(w, k, x, y),
+        Kernel::Scalar => {}
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
+    for (row, yv) in w.chunks_exact(k).zip(y.iter_mut()) {
+        *yv = kernel.dot_bf16(row, x);
     }
 }
 
-fn rows_bf16(w: &[u16], k: usize, x: &[f32], y: &mut [f32], simd: bool) {
-    for (row, yv) in w.chunks_exact(k).zip(y.iter_mut()) {
-        #[cfg(target_arch = "x86_64")]
-        if simd {
-            // SAFETY: `simd` is only true when AVX2 was detected; row and x hold k elements.
-            *yv = unsafe { avx2::dot_bf16(row, &x[..k]) };
-            continue;
-        }
-        let _ = simd;
-        *yv = dot_bf16_scalar(row, x);
+/// `R` rows per pass with [`avx512::dotn_bf16`], the remaining rows one by one.
+#[cfg(target_arch = "x86_64")]
+fn rows_bf16_interleaved<const R: usize>(w: &[u16], k: usize, x: &[f32], y: &mut [f32]) {
+    let groups = y.len() / R;
+    for (wg, yg) in w.chunks_exact(R * k).zip(y.chunks_exact_mut(R)) {
+        let rows: [&[u16]; R] = std::array::from_fn(|r| &wg[r * k..(r + 1) * k]);
+        // SAFETY: only reached for the AVX-512 kernels, checked available; rows hold k elements.
+        yg.copy_from_slice(&unsafe { avx512::dotn_bf16::<R>(rows, x) });
+    }
+    for (row, yv) in w[groups * R * k..].chunks_exact(k).zip(y[groups * R..].iter_mut()) {
+        *yv = Kernel::Avx512.dot_bf16(row, x);
     }
 }
 
-fn rows_f32(w: &[f32], k: usize, x: &[f32], y: &mut [f32], simd: bool) {
+#[cfg(target_arch = "x86_64")]
+fn rows_bf16_interleaved_avx2<const R: usize>(w: &[u16], k: usize, x: &[f32], y: &mut [f32]) {
+    let groups = y.len() / R;
+    for (wg, yg) in w.chunks_exact(R * k).zip(y.chunks_exact_mut(R)) {
+        let rows: [&[u16]; R] = std::array::from_fn(|r| &wg[r * k..(r + 1) * k]);
+        // SAFETY: only reached for the AVX2 kernels, checked available; rows hold k elements.
+        yg.copy_from_slice(&unsafe { avx2::dotn_bf16::<R>(rows, x) });
+    }
+    for (row, yv) in w[groups * R * k..].chunks_exact(k).zip(y[groups * R..].iter_mut()) {
+        *yv = Kernel::Avx2.dot_bf16(row, x);
+    }
+}
+
+fn rows_f32(w: &[f32], k: usize, x: &[f32], y: &mut [f32], kernel: Kernel) {
+    let x = &x[..k];
     for (row, yv) in w.chunks_exact(k).zip(y.iter_mut()) {
-        #[cfg(target_arch = "x86_64")]
-        if simd {
-            // SAFETY: `simd` is only true when AVX2 was detected; row and x hold k elements.
-            *yv = unsafe { avx2::dot_f32(row, &x[..k]) };
-            continue;
-        }
-        let _ = simd;
-        *yv = dot_f32_scalar(row, x);
+        *yv = kernel.dot_f32(row, x);
     }
 }
 
@@ -191,11 +426,12 @@ fn rows_per_task(n: usize) -> usize {
     n.div_ceil(tasks).max(8)
 }
 
-/// `y[n] = W[n, k] · x[k]`, bf16 weights, with an explicit choice of SIMD and threading (for tests
-/// and benchmarks; [`matvec_bf16_auto`] picks both).
-pub fn matvec_bf16_with(w: &[u16], n: usize, k: usize, x: &[f32], y: &mut [f32], simd: bool, parallel: bool) {
+/// `y[n] = W[n, k] · x[k]`, bf16 weights, with an explicit choice of kernel (replaced by the
+/// best one if this CPU lacks it) and threading (for tests and benchmarks; [`matvec_bf16_auto`]
+/// picks both).
+pub fn matvec_bf16_with(w: &[u16], n: usize, k: usize, x: &[f32], y: &mut [f32], kernel: Kernel, parallel: bool) {
     assert!(w.len() >= n * k && x.len() >= k && y.len() >= n, "matvec_bf16: bad lengths");
-    let simd = simd && simd_available();
+    let kernel = kernel.or_best();
     if k == 0 {
         y[..n].fill(0.0);
         return;
@@ -203,18 +439,16 @@ pub fn matvec_bf16_with(w: &[u16], n: usize, k: usize, x: &[f32], y: &mut [f32],
     let (w, y) = (&w[..n * k], &mut y[..n]);
     if parallel && n * k >= PARALLEL_MIN_ELEMENTS && n > 1 {
         let rows = rows_per_task(n);
-        w.par_chunks(rows * k)
-            .zip(y.par_chunks_mut(rows))
-            .for_each(|(wc, yc)| rows_bf16(wc, k, x, yc, simd));
+        w.par_chunks(rows * k).zip(y.par_chunks_mut(rows)).for_each(|(wc, yc)| rows_bf16(wc, k, x, yc, kernel));
     } else {
-        rows_bf16(w, k, x, y, simd);
+        rows_bf16(w, k, x, y, kernel);
     }
 }
 
-/// `y[n] = W[n, k] · x[k]`, f32 weights, explicit SIMD / threading choice.
-pub fn matvec_f32_with(w: &[f32], n: usize, k: usize, x: &[f32], y: &mut [f32], simd: bool, parallel: bool) {
+/// `y[n] = W[n, k] · x[k]`, f32 weights, explicit kernel / threading choice.
+pub fn matvec_f32_with(w: &[f32], n: usize, k: usize, x: &[f32], y: &mut [f32], kernel: Kernel, parallel: bool) {
     assert!(w.len() >= n * k && x.len() >= k && y.len() >= n, "matvec_f32: bad lengths");
-    let simd = simd && simd_available();
+    let kernel = kernel.or_best();
     if k == 0 {
         y[..n].fill(0.0);
         return;
@@ -222,35 +456,28 @@ pub fn matvec_f32_with(w: &[f32], n: usize, k: usize, x: &[f32], y: &mut [f32], 
     let (w, y) = (&w[..n * k], &mut y[..n]);
     if parallel && n * k >= PARALLEL_MIN_ELEMENTS && n > 1 {
         let rows = rows_per_task(n);
-        w.par_chunks(rows * k)
-            .zip(y.par_chunks_mut(rows))
-            .for_each(|(wc, yc)| rows_f32(wc, k, x, yc, simd));
+        w.par_chunks(rows * k).zip(y.par_chunks_mut(rows)).for_each(|(wc, yc)| rows_f32(wc, k, x, yc, kernel));
     } else {
-        rows_f32(w, k, x, y, simd);
+        rows_f32(w, k, x, y, kernel);
     }
 }
 
-/// `a · b` in the fixed accumulation order (AVX2 if available; bit-identical to
+/// `a · b` in the fixed accumulation order (best kernel of this CPU; bit-identical to
 /// [`dot_f32_scalar`]).
 #[inline]
 pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     let k = a.len().min(b.len());
-    #[cfg(target_arch = "x86_64")]
-    if simd_available() {
-        // SAFETY: AVX2 was detected; both slices hold k elements.
-        return unsafe { avx2::dot_f32(&a[..k], &b[..k]) };
-    }
-    dot_f32_scalar(&a[..k], &b[..k])
+    best_kernel().dot_f32(&a[..k], &b[..k])
 }
 
-/// `y[n] = W[n, k] · x[k]` with bf16 weights: AVX2 if available, threads for large matrices.
+/// `y[n] = W[n, k] · x[k]` with bf16 weights: best SIMD kernel, threads for large matrices.
 pub fn matvec_bf16_auto(w: &[u16], n: usize, k: usize, x: &[f32], y: &mut [f32]) {
-    matvec_bf16_with(w, n, k, x, y, true, true)
+    matvec_bf16_with(w, n, k, x, y, best_kernel(), true)
 }
 
-/// `y[n] = W[n, k] · x[k]` with f32 weights: AVX2 if available, threads for large matrices.
+/// `y[n] = W[n, k] · x[k]` with f32 weights: best SIMD kernel, threads for large matrices.
 pub fn matvec_f32_auto(w: &[f32], n: usize, k: usize, x: &[f32], y: &mut [f32]) {
-    matvec_f32_with(w, n, k, x, y, true, true)
+    matvec_f32_with(w, n, k, x, y, best_kernel(), true)
 }
 
 #[cfg(test)]
@@ -274,20 +501,25 @@ mod tests {
             for r in 0..n {
                 reference[r] = dot_bf16_scalar(&w16[r * k..(r + 1) * k], &x);
             }
-            for &(simd, par) in &[(false, false), (true, false), (false, true), (true, true)] {
+            let kernels = [Kernel::Scalar, Kernel::Avx2, Kernel::Avx512];
+            for (kernel, par) in kernels.iter().flat_map(|&kr| [(kr, false), (kr, true)]) {
+                if !kernel.is_available() {
+                    eprintln!("{kernel:?} is not available on this CPU: not tested");
+                    continue;
+                }
                 let mut y = vec![f32::NAN; n];
-                matvec_bf16_with(&w16, n, k, &x, &mut y, simd, par);
+                matvec_bf16_with(&w16, n, k, &x, &mut y, kernel, par);
                 assert!(
                     y.iter().zip(&reference).all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "bf16 n={n} k={k} simd={simd} par={par}"
+                    "bf16 n={n} k={k} {kernel:?} par={par}"
                 );
                 let d = dot_f32(&w32[..k], &x);
                 assert_eq!(d.to_bits(), reference[0].to_bits(), "dot_f32 k={k}");
                 let mut y32 = vec![f32::NAN; n];
-                matvec_f32_with(&w32, n, k, &x, &mut y32, simd, par);
+                matvec_f32_with(&w32, n, k, &x, &mut y32, kernel, par);
                 assert!(
                     y32.iter().zip(&reference).all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "f32 n={n} k={k} simd={simd} par={par}"
+                    "f32 n={n} k={k} {kernel:?} par={par}"
                 );
             }
         }

@@ -91,7 +91,10 @@ fn check_against_torch(steps: &[StepDetails]) {
             worst[2] = worst[2].max(d);
         }
     }
-    eprintln!("max |diff| vs torch: transformer_out {:.2e}, text logits {:.2e}, audio logits {:.2e}", worst[0], worst[1], worst[2]);
+    eprintln!(
+        "max |diff| vs torch: transformer_out {:.2e}, text logits {:.2e}, audio logits {:.2e}",
+        worst[0], worst[1], worst[2]
+    );
     // The flattened outputs of the reference, too.
     let frames: Vec<_> = steps.iter().filter_map(|s| s.frame.clone()).collect();
     assert_eq!(returned, frames.len());
@@ -244,7 +247,8 @@ fn checkpoint_of_another_config_is_rejected_with_the_tensor_name() {
     let err = LmModel::load(&fewer, weights).unwrap_err().to_string();
     assert!(err.contains("transformer.layers.1") && err.contains("not used"), "{err}");
     // A missing tensor is named.
-    let mut weights: WeightMap = load_lm_weights(&asset("model.safetensors"), &tiny_config(), WeightMode::Native).unwrap();
+    let mut weights: WeightMap =
+        load_lm_weights(&asset("model.safetensors"), &tiny_config(), WeightMode::Native).unwrap();
     let _ = weights.take("depformer.3.linear_out", &[64, 64]).unwrap();
     let err = LmModel::load(&tiny_config(), weights).unwrap_err().to_string();
     assert!(err.contains("depformer.3.linear_out") && err.contains("missing"), "{err}");
@@ -271,7 +275,9 @@ fn random_models_run_for_every_weight_kind() {
         first_text.push(a.text_logits);
     }
     // F32 and BF16 draws of the same seed are close (bf16 rounding only), quantized ones differ.
-    assert!(max_abs_diff(&first_text[0], &first_text[1]) < 0.05 * first_text[0].iter().fold(0f32, |m, v| m.max(v.abs())));
+    assert!(
+        max_abs_diff(&first_text[0], &first_text[1]) < 0.05 * first_text[0].iter().fold(0f32, |m, v| m.max(v.abs()))
+    );
 }
 
 /// The MLX-packed checkpoints, computed in f32 (dequantized exactly), against moshi_mlx run on
@@ -281,10 +287,9 @@ fn check_against_mlx_f32math(bits: u32, mode: WeightMode) {
     let cfg = tiny_config();
     let weights = load_lm_weights(&asset(&format!("model.q{bits}.safetensors")), &cfg, mode).unwrap();
     let steps = run_greedy(LmModel::load(&cfg, weights).unwrap(), 0);
-    let reference: Value = serde_json::from_str(
-        &std::fs::read_to_string(asset(&format!("ref/mlx_q{bits}_f32math_greedy.json"))).unwrap(),
-    )
-    .unwrap();
+    let reference: Value =
+        serde_json::from_str(&std::fs::read_to_string(asset(&format!("ref/mlx_q{bits}_f32math_greedy.json"))).unwrap())
+            .unwrap();
     let logits = npy::read_f32(asset(&format!("ref/mlx_q{bits}_f32math_text_logits.npy"))).unwrap();
     let tc = logits.shape[1];
     let ref_steps = reference["steps"].as_array().unwrap();
@@ -313,4 +318,45 @@ fn q8_weights_in_f32_math_reproduce_mlx_f32_math() {
 fn q4_weights_in_f32_math_reproduce_mlx_f32_math() {
     check_against_mlx_f32math(4, WeightMode::DequantizeF32);
     check_against_mlx_f32math(4, WeightMode::Native);
+}
+
+/// Delays other than moshiko's (acoustic delay 2, a delayed text stream): inputs and returned
+/// frames follow the LMGen rules for every stream.
+#[test]
+fn generator_follows_the_config_delays() {
+    let mut cfg = tiny_config();
+    cfg.delays = vec![1, 0, 2, 2, 2, 2, 2, 2, 2, 0, 2, 2, 2, 2, 2, 2, 2];
+    let max_delay = 2;
+    let model = LmModel::random(&cfg, 5, RandomWeightKind::F32).unwrap();
+    let mut g = Generator::new(model, SamplingConfig { seed: 8, ..SamplingConfig::default() });
+    let fed: Vec<Vec<u32>> = user_frames().into_iter().take(12).collect();
+    let steps: Vec<StepDetails> = fed.iter().map(|f| g.step_detailed(f).unwrap()).collect();
+    let sampled = |s: usize, i: usize| if i == 0 { steps[s].text_token } else { steps[s].audio_tokens[i - 1] };
+    for (s, d) in steps.iter().enumerate() {
+        for (i, &delay) in cfg.delays.iter().enumerate() {
+            let expect = if s <= delay {
+                if i == 0 {
+                    cfg.text_card as u32
+                } else {
+                    cfg.card as u32
+                }
+            } else if i <= cfg.dep_q {
+                sampled(s - 1, i)
+            } else {
+                fed[s - delay][i - cfg.dep_q - 1]
+            };
+            assert_eq!(d.model_input[i], expect, "step {s} stream {i}");
+        }
+        match &d.frame {
+            None => assert!(s < max_delay, "no frame at step {s}"),
+            Some(f) => {
+                assert!(s >= max_delay);
+                assert_eq!(f.text, sampled(s - max_delay + cfg.delays[0], 0), "text of step {s}");
+                for k in 0..cfg.dep_q {
+                    let at = s - max_delay + cfg.delays[k + 1];
+                    assert_eq!(f.audio[k], sampled(at, k + 1), "audio {k} of step {s}");
+                }
+            }
+        }
+    }
 }

@@ -23,6 +23,9 @@ use crate::{Result, RuntimeError, FRAME_SAMPLES, SAMPLE_RATE_HZ};
 /// device rate adds little latency (an FFT resampler delays by about one chunk).
 const OUT_RESAMPLER_CHUNK: usize = 240;
 
+/// Output queued ahead of a new frame beyond the jitter margin that triggers trimming (live mode).
+pub const MAX_EXTRA_OUTPUT_QUEUE_MS: f64 = 60.0;
+
 /// The tokens behind one output frame (for `--tokens-out`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FrameTokens {
@@ -123,6 +126,8 @@ pub struct EngineReport {
     pub frames_dropped: u64,
     /// Output samples (device side, all channels) dropped because the speaker ring was full.
     pub speaker_overflow_samples: u64,
+    /// 24 kHz output samples skipped to bring latency back after playback fell behind.
+    pub latency_trimmed_samples: u64,
     /// 24 kHz mono input, frame-aligned with `recorded_output` (when `record` was set).
     pub recorded_input: Vec<f32>,
     /// 24 kHz mono output; a dropped frame is recorded as silence.
@@ -325,7 +330,18 @@ impl EngineState {
                     self.push_output(&silence)?;
                 }
             }
-            self.push_output(&out.pcm)?;
+            // Latency bound on the output side: if playback fell behind (a stalled or starved
+            // output stream), the queue ahead of this frame grows and would stay grown; skip
+            // the excess from this frame's start so latency returns to the target.
+            let mut skip = 0;
+            if let DropPolicy::RealTime { .. } = self.config.drop_policy {
+                if speaker_queue_ms > self.config.prefill_ms + MAX_EXTRA_OUTPUT_QUEUE_MS {
+                    let excess_ms = speaker_queue_ms - self.config.prefill_ms;
+                    skip = ((excess_ms * SAMPLE_RATE_HZ as f64 / 1e3).round() as usize).min(FRAME_SAMPLES);
+                    self.report.latency_trimmed_samples += skip as u64;
+                }
+            }
+            self.push_output(&out.pcm[skip..])?;
             if self.config.record {
                 self.report.recorded_input.extend_from_slice(&self.frame);
                 self.report.recorded_output.extend_from_slice(&out.pcm);

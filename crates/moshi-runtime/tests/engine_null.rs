@@ -196,3 +196,33 @@ fn best_lag_ncc(reference: &[f32], rec: &[f32], max_lag: usize) -> (usize, f64) 
     }
     best
 }
+
+#[test]
+fn stalled_playback_is_trimmed_back_to_bounded_latency() {
+    // Drive the engine's rings by hand: 20 frames of input arrive while nothing is played.
+    use moshi_runtime::engine::{spawn_engine, EngineConfig, EngineIo, MAX_EXTRA_OUTPUT_QUEUE_MS};
+    use moshi_runtime::ring::{sample_ring, AudioCounters};
+    use std::sync::Arc;
+    let (mut mic_p, mic_c) = sample_ring(48_000);
+    let (spk_p, spk_c) = sample_ring(48_000);
+    let counters = Arc::new(AudioCounters::default());
+    let prefill_ms = 20.0;
+    let config = EngineConfig { drop_policy: DropPolicy::RealTime { max_backlog_frames: 100 }, prefill_ms, ..EngineConfig::lossless() };
+    let engine = spawn_engine(Box::new(Echo::new(0, Duration::ZERO)), config, EngineIo { mic: mic_c, speaker: spk_p, counters: counters.clone() }).unwrap();
+    for _ in 0..20 {
+        let _ = mic_p.push_partial_slice(&[0.1; FRAME_SAMPLES]);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    engine.input_done();
+    let report = engine.join().unwrap();
+    assert_eq!(report.frames_processed, 20);
+    assert!(report.latency_trimmed_samples > 0);
+    // What waits in the speaker ring stays within the jitter margin + the allowance + one frame.
+    let queued_ms = spk_c.slots() as f64 / 24.0;
+    assert!(queued_ms <= prefill_ms + MAX_EXTRA_OUTPUT_QUEUE_MS + 80.0, "queued {queued_ms} ms");
+    assert_eq!(
+        spk_c.slots() as u64 + report.latency_trimmed_samples,
+        20 * FRAME_SAMPLES as u64 + (prefill_ms * 24.0) as u64,
+        "every output sample is either queued or counted as trimmed"
+    );
+}

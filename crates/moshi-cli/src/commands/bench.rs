@@ -136,7 +136,8 @@ struct Loaded {
     weights: WeightBytes,
 }
 
-pub fn run(args: BenchArgs) -> Result<()> {
+/// Runs the benchmark; `log_filter` is the `--log` filter for messages on stderr.
+pub fn run(args: BenchArgs, log_filter: &str) -> Result<()> {
     if args.frames == 0 {
         bail!("--frames must be at least 1");
     }
@@ -151,7 +152,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         .context("cannot set up the compute thread pool")?;
 
     // Our own subscriber for this command: the per-layer span timer, the optional Chrome trace,
-    // and the usual stderr log (level from --log / RUST_LOG is kept by the global one).
+    // and the usual stderr log filtered by --log.
     let (timer, totals) = SpanTimerLayer::new(&[TEMPORAL_LAYER_SPAN]);
     let (chrome, _flush_guard) = match &args.trace {
         Some(path) => {
@@ -163,7 +164,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     };
     let stderr_log = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
-        .with_filter(tracing_subscriber::filter::LevelFilter::WARN);
+        .with_filter(
+            tracing_subscriber::EnvFilter::try_new(log_filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        );
     let subscriber = tracing_subscriber::registry().with(timer).with(chrome).with(stderr_log);
     tracing::subscriber::with_default(subscriber, || bench(&args, threads, &totals))
 }

@@ -148,6 +148,8 @@ struct ChatStats {
     /// Underrun events after the first 2 s of playback (steady state).
     steady_state_underrun_events: u64,
     speaker_overflow_samples: u64,
+    /// Output skipped to bring latency back after playback fell behind (24 kHz samples).
+    latency_trimmed_samples: u64,
     added_latency_ms: Percentiles,
     callback_allocations: Option<u64>,
     wall_s: f64,
@@ -268,6 +270,7 @@ fn finish(
         counters: c,
         steady_state_underrun_events: steady_base.map_or(0, |b| c.underrun_events - b),
         speaker_overflow_samples: report.speaker_overflow_samples,
+        latency_trimmed_samples: report.latency_trimmed_samples,
         added_latency_ms: Percentiles::of(&console.latencies_ms),
         callback_allocations: moshi_runtime::alloc_check::ENABLED.then(moshi_runtime::alloc_check::callback_allocations),
         wall_s: started.elapsed().as_secs_f64(),
@@ -276,7 +279,7 @@ fn finish(
     eprint!("{}", summary.to_table());
     eprintln!(
         "frames: {} processed, {} dropped; underruns: {} ({} in steady state, {:.0} ms of silence); startup silence {:.0} ms; \
-         overruns: {} samples; device errors: {}",
+         overruns: {} samples; device errors: {}; output trimmed to bound latency: {:.0} ms",
         stats.frames_processed,
         stats.frames_dropped,
         c.underrun_events,
@@ -284,7 +287,8 @@ fn finish(
         c.underrun_samples as f64 * 1e3 / SAMPLE_RATE_HZ as f64,
         c.startup_silence_samples as f64 * 1e3 / SAMPLE_RATE_HZ as f64,
         c.overrun_samples,
-        c.device_errors
+        c.device_errors,
+        report.latency_trimmed_samples as f64 * 1e3 / SAMPLE_RATE_HZ as f64
     );
     let l = stats.added_latency_ms;
     eprintln!(

@@ -153,7 +153,7 @@ mod tests {
     fn ring_window_equals_explicit_last_positions() {
         check_against_naive(8, 2, 4, 9);
         // 256 * 300 cached floats >= PARALLEL_MIN_CACHE_FLOATS: the threaded path.
-        assert!(256 * 300 >= PARALLEL_MIN_CACHE_FLOATS);
+        const { assert!(256 * 300 >= PARALLEL_MIN_CACHE_FLOATS) };
         check_against_naive(256, 4, 300, 310);
     }
 
@@ -176,7 +176,8 @@ mod tests {
         );
         let mut cache = KvCache::new(window, dim);
         let mut scratch = AttentionScratch::default();
-        let xs: Vec<Vec<f32>> = (0..steps).map(|p| (0..dim).map(|i| ((p * dim + i) as f32 * 0.37).sin()).collect()).collect();
+        let xs: Vec<Vec<f32>> =
+            (0..steps).map(|p| (0..dim).map(|i| ((p * dim + i) as f32 * 0.37).sin()).collect()).collect();
         for (p, x) in xs.iter().enumerate() {
             let mut out = vec![0f32; dim];
             attn.step(x, None, &mut cache, &mut scratch, &mut out);
@@ -193,10 +194,8 @@ mod tests {
                 let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let z: f64 = scores.iter().map(|s| (s - m).exp()).sum();
                 for (i, o) in r.clone().enumerate() {
-                    let expect: f64 = (first..=p)
-                        .zip(&scores)
-                        .map(|(j, s)| (s - m).exp() / z * 2.0 * xs[j][h * hd + i] as f64)
-                        .sum();
+                    let expect: f64 =
+                        (first..=p).zip(&scores).map(|(j, s)| (s - m).exp() / z * 2.0 * xs[j][h * hd + i] as f64).sum();
                     assert!((out[o] as f64 - expect).abs() < 1e-5, "pos {p} head {h}: {} vs {expect}", out[o]);
                 }
             }

@@ -48,7 +48,14 @@ impl Depformer {
         let steps = slices.len();
         let (num_layers, dim, width, card) = slices
             .first()
-            .map(|s| (s.layers.len(), s.linear_in.out_dim(), s.layers.first().map_or(0, |l| l.attention().dim()), s.linear_out.out_dim()))
+            .map(|s| {
+                (
+                    s.layers.len(),
+                    s.linear_in.out_dim(),
+                    s.layers.first().map_or(0, |l| l.attention().dim()),
+                    s.linear_out.out_dim(),
+                )
+            })
             .unwrap_or((0, 0, 0, 0));
         Self {
             slices,

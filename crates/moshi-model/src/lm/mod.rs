@@ -58,7 +58,9 @@ pub struct LmModel {
 fn check_supported(cfg: &LmConfig) -> Result<()> {
     cfg.validate(Path::new("<LM config>"))?;
     let bad = |m: String| Err(ModelError::Config(m));
-    for (what, v) in [("positional_embedding", &cfg.positional_embedding), ("depformer_pos_emb", &cfg.depformer_pos_emb)] {
+    for (what, v) in
+        [("positional_embedding", &cfg.positional_embedding), ("depformer_pos_emb", &cfg.depformer_pos_emb)]
+    {
         if v != "rope" && v != "none" {
             return bad(format!("{what} `{v}` is not supported (expected `rope` or `none`)"));
         }
@@ -101,7 +103,12 @@ impl Take<'_> {
         let out_proj = self.linear(&format!("{prefix}.self_attn.out_proj"), dim, dim)?;
         let linear_in = self.linear(&format!("{prefix}.gating.linear_in"), 2 * hidden, dim)?;
         let linear_out = self.linear(&format!("{prefix}.gating.linear_out"), dim, hidden)?;
-        Ok(TransformerLayer::new(norm1, Attention::new(in_proj, out_proj, heads), norm2, Gating::new(linear_in, linear_out)))
+        Ok(TransformerLayer::new(
+            norm1,
+            Attention::new(in_proj, out_proj, heads),
+            norm2,
+            Gating::new(linear_in, linear_out),
+        ))
     }
 }
 

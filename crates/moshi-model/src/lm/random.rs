@@ -14,7 +14,10 @@ pub enum RandomWeightKind {
     F32,
     BF16,
     /// MLX affine packing with these parameters.
-    Quantized { bits: u32, group_size: usize },
+    Quantized {
+        bits: u32,
+        group_size: usize,
+    },
 }
 
 /// Every canonical LM weight name with its logical shape, in load order.

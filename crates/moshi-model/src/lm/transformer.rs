@@ -104,7 +104,13 @@ impl TransformerLayer {
     }
 
     /// Updates the residual stream `x` (`[dim]`) for one new position.
-    pub fn step(&self, x: &mut [f32], rotation: Option<&RopeRotation>, cache: &mut KvCache, scratch: &mut LayerScratch) {
+    pub fn step(
+        &self,
+        x: &mut [f32],
+        rotation: Option<&RopeRotation>,
+        cache: &mut KvCache,
+        scratch: &mut LayerScratch,
+    ) {
         let dim = x.len();
         scratch.normed.resize(dim, 0.0);
         scratch.branch.resize(dim, 0.0);

@@ -28,6 +28,10 @@ const MIN_TASK_WEIGHT_BYTES: usize = 128 * 1024;
 /// measured the same).
 pub(crate) const PREFETCH_BYTES: usize = 1024;
 
+/// Tasks per rayon thread: a few more tasks than threads lets work stealing even out a thread
+/// that the OS preempts (common on shared machines) at a cost of ~1 µs per task.
+const TASKS_PER_THREAD: usize = 4;
+
 /// An instruction-set variant of the kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kernel {
@@ -189,12 +193,12 @@ pub fn qmm_with_kernel(
     Ok(())
 }
 
-/// Splits the rows into at most one task per rayon thread, none smaller than
+/// Splits the rows into at most [`TASKS_PER_THREAD`] tasks per rayon thread, none smaller than
 /// [`MIN_TASK_WEIGHT_BYTES`] of weights.
 fn run_threaded(w: &QuantizedMatrix, plan: &Plan, xs: &[f32], m: usize, out_t: &mut [f32]) {
     let rows = w.rows();
     let max_tasks_by_size = (w.weight_bytes() / MIN_TASK_WEIGHT_BYTES).max(1);
-    let tasks = rayon::current_num_threads()
+    let tasks = (TASKS_PER_THREAD * rayon::current_num_threads())
         .min(max_tasks_by_size)
         .min(rows)
         .max(1);

@@ -3,7 +3,7 @@
 //! really are in the requested format, and keeps only the first `--layers` temporal layers.
 
 use moshi_loader::lm_weights::{load_lm_weights, WeightMode};
-use moshi_loader::{LmConfig, LmVariant, ModelSource, ResolvedModel, SourceOverrides, WeightMap};
+use moshi_loader::{LmConfig, LmVariant, LoaderError, ModelSource, ResolvedModel, SourceOverrides, WeightMap};
 
 use super::format::{stored_format, StoredFormat, WeightFormat};
 use super::BenchError;
@@ -33,9 +33,11 @@ pub fn resolve_model(
         variant: format.map(variant_of),
         ..SourceOverrides::default()
     };
-    ModelSource::resolve(spec, &overrides).map_err(|e| match format {
-        Some(f) => setup(format!("checkpoint `{spec}` cannot provide --quant {}: {e}", f.name())),
-        None => setup(format!("checkpoint `{spec}`: {e}")),
+    ModelSource::resolve(spec, &overrides).map_err(|e| match (format, &e) {
+        (Some(f), LoaderError::NotFound { what, .. }) if what == "LM checkpoint" => {
+            setup(format!("checkpoint `{spec}` cannot provide --quant {}: {e}", f.name()))
+        }
+        _ => setup(format!("checkpoint `{spec}`: {e}")),
     })
 }
 
