@@ -303,7 +303,7 @@ impl EngineState {
                     self.in_resampler.pop_into(&mut self.frame);
                     if self.config.record {
                         self.report.recorded_input.extend_from_slice(&self.frame);
-                        self.report.recorded_output.extend(std::iter::repeat(0.0).take(FRAME_SAMPLES));
+                        self.report.recorded_output.extend(std::iter::repeat_n(0.0, FRAME_SAMPLES));
                     }
                     self.report.frames_dropped += 1;
                     dropped_now += 1;

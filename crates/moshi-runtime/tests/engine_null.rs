@@ -34,7 +34,7 @@ impl FrameProcessor for Echo {
         let pcm: Vec<f32> = self.history[..FRAME_SAMPLES].iter().map(|x| 0.5 * x).collect();
         self.history.drain(..FRAME_SAMPLES);
         self.frames += 1;
-        let text = (self.frames % 4 == 0).then(|| format!(" w{}", self.frames));
+        let text = self.frames.is_multiple_of(4).then(|| format!(" w{}", self.frames));
         Ok(FrameOutput { pcm, text, ..Default::default() })
     }
 }
