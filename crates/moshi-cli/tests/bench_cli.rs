@@ -121,7 +121,10 @@ fn tiny_random_run_writes_a_consistent_report_and_trace() {
     }
     let mean_total = num(&r, "stages.total_ms.mean");
     assert!((num(&r, "real_time_factor") - mean_total / 80.0).abs() < 1e-9);
-    assert!(num(&r, "machine.read_bandwidth_gbps") > 0.0);
+    let probes: Vec<f64> = r["machine"]["read_bandwidth_probes_gbps"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    assert_eq!(probes.len(), 2);
+    assert!(probes.iter().all(|p| *p > 0.0));
+    assert_eq!(num(&r, "machine.read_bandwidth_gbps"), probes.iter().copied().fold(0.0, f64::max));
     if cfg!(target_os = "linux") {
         assert!(num(&r, "machine.peak_memory_bytes") > 1e6);
     }

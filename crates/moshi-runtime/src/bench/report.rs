@@ -46,8 +46,11 @@ pub struct MachineInfo {
     pub arch: String,
     /// Logical CPUs the OS reports.
     pub logical_cpus: usize,
-    /// Memory read bandwidth measured in this run with `threads` threads, GB/s (1e9 bytes/s).
+    /// Memory read bandwidth measured in this run with `threads` threads, GB/s (1e9 bytes/s): the
+    /// best of the probes in `read_bandwidth_probes_gbps`.
     pub read_bandwidth_gbps: f64,
+    /// Every bandwidth probe of the run (before loading the model, after the timed frames).
+    pub read_bandwidth_probes_gbps: Vec<f64>,
     /// Peak resident set size of the process at the end of the run (`VmHWM`); `null` where the
     /// OS does not report it.
     pub peak_memory_bytes: Option<u64>,
