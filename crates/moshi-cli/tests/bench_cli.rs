@@ -114,14 +114,26 @@ fn tiny_random_run_writes_a_consistent_report_and_trace() {
         assert!(num(f, "lm_temporal_ms") > 0.0 && num(f, "mimi_encode_ms") > 0.0);
         assert!(num(f, "total_ms") + 1e-9 >= sum, "total {} below the sum of stages {sum}", num(f, "total_ms"));
     }
-    for stage in ["mimi_encode_ms", "lm_temporal_ms", "lm_depformer_ms", "sampling_ms", "mimi_decode_ms", "lm_step_ms", "total_ms"] {
+    for stage in [
+        "mimi_encode_ms",
+        "lm_temporal_ms",
+        "lm_depformer_ms",
+        "sampling_ms",
+        "mimi_decode_ms",
+        "lm_step_ms",
+        "total_ms",
+    ] {
         let p = &r["stages"][stage];
         let q: Vec<f64> = ["min", "p50", "p95", "p99", "max"].iter().map(|k| num(p, k)).collect();
         assert!(q.windows(2).all(|w| w[0] <= w[1]), "{stage}: percentiles out of order {q:?}");
     }
     let mean_total = num(&r, "stages.total_ms.mean");
     assert!((num(&r, "real_time_factor") - mean_total / 80.0).abs() < 1e-9);
-    assert!(num(&r, "machine.read_bandwidth_gbps") > 0.0);
+    let probes: Vec<f64> =
+        r["machine"]["read_bandwidth_probes_gbps"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    assert_eq!(probes.len(), 2);
+    assert!(probes.iter().all(|p| *p > 0.0));
+    assert_eq!(num(&r, "machine.read_bandwidth_gbps"), probes.iter().copied().fold(0.0, f64::max));
     if cfg!(target_os = "linux") {
         assert!(num(&r, "machine.peak_memory_bytes") > 1e6);
     }
@@ -186,7 +198,10 @@ fn fewer_layers_are_extrapolated_and_labelled() {
     let per_layer = num(x, "per_layer_p50_ms");
     assert!(per_layer > 0.0);
     assert!((num(x, "lm_temporal_p50_ms") - (num(&r, "stages.lm_temporal_ms.p50") + per_layer)).abs() < 1e-9);
-    assert_eq!(num(x, "read_per_frame_bytes"), num(&r, "weights.read_per_frame_bytes") + num(&r, "weights.temporal_layer_bytes"));
+    assert_eq!(
+        num(x, "read_per_frame_bytes"),
+        num(&r, "weights.read_per_frame_bytes") + num(&r, "weights.temporal_layer_bytes")
+    );
     // --stage lm runs no Mimi.
     assert_eq!(num(&r, "stages.mimi_encode_ms.max"), 0.0);
 }
@@ -197,7 +212,18 @@ fn tiny_checkpoint_runs_each_stage() {
     for (quant, stage) in [("q4", "depformer"), ("bf16", "mimi"), ("q8", "all")] {
         let dir = tempfile::tempdir().unwrap();
         let json = dir.path().join("bench.json");
-        let out = bench(&["--model", &model, "--quant", quant, "--stage", stage, "--frames", "2", "--json", json.to_str().unwrap()]);
+        let out = bench(&[
+            "--model",
+            &model,
+            "--quant",
+            quant,
+            "--stage",
+            stage,
+            "--frames",
+            "2",
+            "--json",
+            json.to_str().unwrap(),
+        ]);
         assert!(out.status.success(), "{quant} {stage}: {}", stderr(&out));
         let r = read_json(&json);
         assert_eq!((r["run"]["weights"].as_str(), r["run"]["quant"].as_str()), (Some("checkpoint"), Some(quant)));

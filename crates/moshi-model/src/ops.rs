@@ -317,29 +317,32 @@ pub fn gemm_nt_strided(
     let (ap, wp, op) = (SendPtr(a.as_ptr() as *mut f32), SendPtr(w.as_ptr() as *mut f32), SendPtr(out.as_mut_ptr()));
     let split_rows = m >= n;
     let total = if split_rows { m } else { n };
-    let chunk = total.div_ceil(parts);
-    rayon::scope(|s| {
-        for p in 0..parts {
-            let lo = p * chunk;
-            let hi = ((p + 1) * chunk).min(total);
-            if lo >= hi {
-                continue;
+    par_ranges(0, total, parts, &|lo, hi| {
+        let (ap, wp, op) = (ap, wp, op);
+        // SAFETY: each range writes a disjoint block of rows (or columns) of `out`, all inside
+        // the ranges asserted above.
+        unsafe {
+            if split_rows {
+                gemm_raw(hi - lo, k, n, ap.0.add(lo * rs_a), rs_a, wp.0, rs_w, cs_w, op.0.add(lo * rs_out), rs_out, accumulate);
+            } else {
+                gemm_raw(m, k, hi - lo, ap.0, rs_a, wp.0.add(lo * rs_w), rs_w, cs_w, op.0.add(lo), rs_out, accumulate);
             }
-            let (ap, wp, op) = (ap, wp, op);
-            s.spawn(move |_| {
-                let (ap, wp, op) = (ap, wp, op);
-                // SAFETY: each task writes a disjoint block of rows (or columns) of `out`,
-                // all inside the ranges asserted above.
-                unsafe {
-                    if split_rows {
-                        gemm_raw(hi - lo, k, n, ap.0.add(lo * rs_a), rs_a, wp.0, rs_w, cs_w, op.0.add(lo * rs_out), rs_out, accumulate);
-                    } else {
-                        gemm_raw(m, k, hi - lo, ap.0, rs_a, wp.0.add(lo * rs_w), rs_w, cs_w, op.0.add(lo), rs_out, accumulate);
-                    }
-                }
-            });
         }
     });
+}
+
+/// Runs `f` over `parts` near-equal sub-ranges of `lo..hi` with nested `rayon::join` (stack jobs,
+/// no per-call heap allocation for the tasks themselves).
+fn par_ranges(lo: usize, hi: usize, parts: usize, f: &(dyn Fn(usize, usize) + Sync)) {
+    if parts <= 1 || hi - lo < 2 {
+        if lo < hi {
+            f(lo, hi);
+        }
+        return;
+    }
+    let left_parts = parts / 2;
+    let mid = lo + (hi - lo) * left_parts / parts;
+    rayon::join(|| par_ranges(lo, mid, left_parts, f), || par_ranges(mid, hi, parts - left_parts, f));
 }
 
 #[derive(Clone, Copy)]
@@ -437,21 +440,11 @@ pub fn gemm_nt_bf16(m: usize, k: usize, n: usize, a: &[f32], rs_a: usize, w: &[u
         return;
     }
     let parts = threads.min(n.div_ceil(16));
-    let chunk = n.div_ceil(parts);
     let (ap, wp, op) = (SendPtr(a.as_ptr() as *mut f32), SendPtrU16(w.as_ptr() as *mut u16), SendPtr(out.as_mut_ptr()));
-    rayon::scope(|s| {
-        for p in 0..parts {
-            let (lo, hi) = (p * chunk, ((p + 1) * chunk).min(n));
-            if lo >= hi {
-                continue;
-            }
-            let (ap, wp, op) = (ap, wp, op);
-            s.spawn(move |_| {
-                let (ap, wp, op) = (ap, wp, op);
-                // SAFETY: disjoint output columns per task, all in the asserted ranges.
-                unsafe { small_m_nt(m, k, hi - lo, ap.0, rs_a, wp.0.add(lo * rs_w), rs_w, op.0.add(lo), rs_out, accumulate) };
-            });
-        }
+    par_ranges(0, n, parts, &|lo, hi| {
+        let (ap, wp, op) = (ap, wp, op);
+        // SAFETY: disjoint output columns per range, all in the asserted ranges.
+        unsafe { small_m_nt(m, k, hi - lo, ap.0, rs_a, wp.0.add(lo * rs_w), rs_w, op.0.add(lo), rs_out, accumulate) };
     });
 }
 

@@ -176,3 +176,23 @@ fn bf16_weight_mode_stays_close_to_the_f32_reference() {
     mimi.reset();
     assert!(max_abs_diff(&mimi.decode_step(&codes).unwrap(), &reference) < 1e-4, "f32 mode restored");
 }
+
+#[test]
+fn random_weights_are_deterministic_and_keep_signals_bounded() {
+    let cfg = MimiConfig::from_file(asset("mimi_config.json")).unwrap();
+    let pcm = input_pcm(1920)[..4 * 1920].to_vec();
+    let run = |seed: u64| {
+        let mut mimi = Mimi::random(&cfg, 8, seed).unwrap();
+        let codes = mimi.encode_step(&pcm).unwrap();
+        let out = mimi.decode_step(&codes).unwrap();
+        (codes, out)
+    };
+    let (codes_a, out_a) = run(7);
+    let (codes_b, out_b) = run(7);
+    let (codes_c, _) = run(8);
+    assert_eq!(codes_a, codes_b);
+    assert_eq!(out_a, out_b);
+    assert_ne!(codes_a, codes_c, "another seed gives other weights");
+    let peak = out_a.iter().fold(0f32, |m, x| m.max(x.abs()));
+    assert!(peak.is_finite() && peak < 100.0, "decoded peak {peak}");
+}

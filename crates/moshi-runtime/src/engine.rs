@@ -128,6 +128,8 @@ pub struct EngineReport {
     pub speaker_overflow_samples: u64,
     /// 24 kHz output samples skipped to bring latency back after playback fell behind.
     pub latency_trimmed_samples: u64,
+    /// Times the engine was handed new rings (a device reopened).
+    pub reconnects: u64,
     /// 24 kHz mono input, frame-aligned with `recorded_output` (when `record` was set).
     pub recorded_input: Vec<f32>,
     /// 24 kHz mono output; a dropped frame is recorded as silence.
@@ -141,9 +143,27 @@ pub struct EngineHandle {
     stop: Arc<AtomicBool>,
     input_done: Arc<AtomicBool>,
     events: mpsc::Receiver<EngineEvent>,
+    reconnect: mpsc::Sender<(Reconnect, mpsc::Sender<()>)>,
+}
+
+/// New ring ends (and device formats) for a running engine, after a device was reopened.
+pub struct Reconnect {
+    pub mic: SampleConsumer,
+    pub speaker: SampleProducer,
+    pub input: StreamFormat,
+    pub output: StreamFormat,
 }
 
 impl EngineHandle {
+    /// Hands the engine new rings (a reopened device). It drops what it had buffered for the
+    /// old device, rebuilds its converters for the new formats and queues the jitter margin again.
+    /// Returns once the engine uses the new rings (so the device can start right after).
+    pub fn reconnect(&self, r: Reconnect) -> Result<()> {
+        let ended = || RuntimeError::Engine("the engine thread has ended".into());
+        let (ack_tx, ack_rx) = mpsc::channel();
+        self.reconnect.send((r, ack_tx)).map_err(|_| ended())?;
+        ack_rx.recv_timeout(Duration::from_secs(10)).map_err(|_| ended())
+    }
     /// Events (frames, drops) as they happen.
     pub fn events(&self) -> &mpsc::Receiver<EngineEvent> {
         &self.events
@@ -171,12 +191,13 @@ pub fn spawn_engine(processor: Box<dyn FrameProcessor>, config: EngineConfig, io
     let stop = Arc::new(AtomicBool::new(false));
     let input_done = Arc::new(AtomicBool::new(false));
     let (tx, rx) = mpsc::channel();
-    let mut state = EngineState::new(processor, config, io, stop.clone(), input_done.clone(), tx)?;
+    let (reconnect_tx, reconnect_rx) = mpsc::channel();
+    let mut state = EngineState::new(processor, config, io, stop.clone(), input_done.clone(), tx, reconnect_rx)?;
     let thread = std::thread::Builder::new()
         .name("moshi-engine".into())
         .spawn(move || state.run())
         .map_err(|e| RuntimeError::Engine(format!("cannot start the engine thread: {e}")))?;
-    Ok(EngineHandle { thread, stop, input_done, events: rx })
+    Ok(EngineHandle { thread, stop, input_done, events: rx, reconnect: reconnect_tx })
 }
 
 struct EngineState {
@@ -197,6 +218,7 @@ struct EngineState {
     started: Instant,
     prefilled: bool,
     drained_samples: u64,
+    reconnects: mpsc::Receiver<(Reconnect, mpsc::Sender<()>)>,
 }
 
 impl EngineState {
@@ -207,6 +229,7 @@ impl EngineState {
         stop: Arc<AtomicBool>,
         input_done: Arc<AtomicBool>,
         events: mpsc::Sender<EngineEvent>,
+        reconnects: mpsc::Receiver<(Reconnect, mpsc::Sender<()>)>,
     ) -> Result<Self> {
         for (side, f) in [("input", config.input), ("output", config.output)] {
             if f.channels == 0 || f.sample_rate_hz == 0 {
@@ -229,6 +252,7 @@ impl EngineState {
             started: Instant::now(),
             prefilled: false,
             drained_samples: 0,
+            reconnects,
             config,
             io,
             stop,
@@ -245,6 +269,10 @@ impl EngineState {
             if self.stop.load(Ordering::Relaxed) {
                 break;
             }
+            if let Ok((r, ack)) = self.reconnects.try_recv() {
+                self.apply_reconnect(r)?;
+                let _ = ack.send(());
+            }
             // Read the flag before draining: input pushed before it was set is then drained too.
             let input_done = self.input_done.load(Ordering::Acquire);
             let (got_input, processed) = self.process_available()?;
@@ -257,6 +285,33 @@ impl EngineState {
         }
         self.report.wall_s = self.started.elapsed().as_secs_f64();
         Ok(std::mem::take(&mut self.report))
+    }
+
+    fn apply_reconnect(&mut self, r: Reconnect) -> Result<()> {
+        let mut config = self.config.clone();
+        config.input = r.input;
+        config.output = r.output;
+        let io = EngineIo { mic: r.mic, speaker: r.speaker, counters: self.io.counters.clone() };
+        let (tx, _) = mpsc::channel();
+        let (_, rx) = mpsc::channel();
+        let (stop, done) = (self.stop.clone(), self.input_done.clone());
+        // Same processor (the conversation goes on); fresh converters and buffers for the new device.
+        let processor = std::mem::replace(&mut self.processor, Box::new(Disconnected));
+        let fresh = EngineState::new(processor, config, io, stop, done, tx, rx)?;
+        self.processor = fresh.processor;
+        self.config = fresh.config;
+        self.io = fresh.io;
+        self.in_resampler = fresh.in_resampler;
+        self.out_resampler = fresh.out_resampler;
+        self.interleaved_in = fresh.interleaved_in;
+        self.mono_in = fresh.mono_in;
+        self.mono_out = fresh.mono_out;
+        self.interleaved_out = fresh.interleaved_out;
+        self.prefilled = false;
+        self.drained_samples = 0;
+        self.io.counters.engine_input_consumed_samples.store(0, Ordering::Release);
+        self.report.reconnects += 1;
+        Ok(())
     }
 
     /// Moves everything in the mic ring through channel mixing and resampling. Returns whether
@@ -303,7 +358,7 @@ impl EngineState {
                     self.in_resampler.pop_into(&mut self.frame);
                     if self.config.record {
                         self.report.recorded_input.extend_from_slice(&self.frame);
-                        self.report.recorded_output.extend(std::iter::repeat(0.0).take(FRAME_SAMPLES));
+                        self.report.recorded_output.extend(std::iter::repeat_n(0.0, FRAME_SAMPLES));
                     }
                     self.report.frames_dropped += 1;
                     dropped_now += 1;
@@ -418,6 +473,15 @@ impl EngineState {
                 }
             }
         }
+    }
+}
+
+/// Placeholder processor while the real one is moved between engine states (never called).
+struct Disconnected;
+
+impl FrameProcessor for Disconnected {
+    fn process_frame(&mut self, _pcm_in: &[f32]) -> Result<FrameOutput> {
+        Err(RuntimeError::Engine("no processor".into()))
     }
 }
 

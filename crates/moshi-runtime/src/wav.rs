@@ -40,7 +40,7 @@ pub fn read_mono(path: &Path) -> Result<MonoAudio> {
         return Err(RuntimeError::UnsupportedWav { path: path.to_path_buf(), detail: "sample rate 0 Hz".into() });
     }
     let interleaved: Vec<f32> = match (spec.sample_format, spec.bits_per_sample) {
-        (hound::SampleFormat::Float, 32) => collect(path, reader.samples::<f32>().map(|s| s))?,
+        (hound::SampleFormat::Float, 32) => collect(path, reader.samples::<f32>())?,
         (hound::SampleFormat::Int, bits @ (8 | 16 | 24 | 32)) => {
             let scale = 1.0 / (1u64 << (bits - 1)) as f64;
             collect(path, reader.samples::<i32>().map(|s| s.map(|v| (v as f64 * scale) as f32)))?

@@ -34,7 +34,7 @@ impl FrameProcessor for Echo {
         let pcm: Vec<f32> = self.history[..FRAME_SAMPLES].iter().map(|x| 0.5 * x).collect();
         self.history.drain(..FRAME_SAMPLES);
         self.frames += 1;
-        let text = (self.frames % 4 == 0).then(|| format!(" w{}", self.frames));
+        let text = self.frames.is_multiple_of(4).then(|| format!(" w{}", self.frames));
         Ok(FrameOutput { pcm, text, ..Default::default() })
     }
 }
@@ -225,4 +225,38 @@ fn stalled_playback_is_trimmed_back_to_bounded_latency() {
         20 * FRAME_SAMPLES as u64 + (prefill_ms * 24.0) as u64,
         "every output sample is either queued or counted as trimmed"
     );
+}
+
+#[test]
+fn a_lost_device_is_replaced_and_the_conversation_goes_on() {
+    // First device: 24 kHz mono, stopped after its input ends (as if it disappeared).
+    let input = input_wav();
+    let frames = (input.len() / FRAME_SAMPLES) as u64;
+    let mut first = NullBackend::new(NullConfig::moshi(NullClock::Lockstep), input.clone()).unwrap();
+    let session = start_session(&mut first, Box::new(Echo::new(0, Duration::ZERO)), DropPolicy::RealTime { max_backlog_frames: 2 }, 0.0, true, RingSizes::default()).unwrap();
+    while !first.finished() {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    first.stop().unwrap();
+    // The replacement is a 48 kHz stereo device: the engine rebuilds its converters.
+    let up = moshi_runtime::resample::resample_to(&input, 24_000, 48_000).unwrap();
+    let stereo: Vec<f32> = up.iter().flat_map(|&s| [s, s]).collect();
+    let fmt = StreamFormat { sample_rate_hz: 48_000, channels: 2 };
+    let config = NullConfig { buffer_frames: 960, clock: NullClock::Lockstep, input_format: fmt, output_format: fmt, tail_ms: 500.0 };
+    let mut second = NullBackend::new(config, stereo).unwrap();
+    moshi_runtime::backend::reconnect_session(&session, &mut second, RingSizes::default()).unwrap();
+    while !second.finished() {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    session.engine.input_done();
+    let played = second.stop().unwrap();
+    let report = session.engine.join().unwrap();
+    assert_eq!(report.reconnects, 1);
+    assert_eq!(session.counters.snapshot().overrun_samples, 0);
+    assert!(report.frames_processed >= 2 * frames - 2, "{} frames over two devices", report.frames_processed);
+    assert_eq!(report.frames_dropped, 0);
+    let left: Vec<f32> = played.chunks_exact(2).map(|f| f[0]).collect();
+    let back = moshi_runtime::resample::resample_to(&left, 48_000, 24_000).unwrap();
+    let (_, ncc) = best_lag_ncc(&input, &back, 24_000);
+    assert!(ncc > 0.99, "second device output ncc {ncc}");
 }

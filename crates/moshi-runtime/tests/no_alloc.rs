@@ -24,6 +24,8 @@ impl FrameProcessor for Allocating {
 
 #[test]
 fn audio_callbacks_never_allocate() {
+    // Constant per build, on purpose: a release-mode test build must fail here, not pass silently.
+    #[allow(clippy::assertions_on_constants)]
     assert!(moshi_runtime::alloc_check::ENABLED, "run the tests in a debug/test profile with debug assertions");
     let input: Vec<f32> = (0..24_000).map(|i| ((i as f32) * 0.05).sin() * 0.3).collect();
     let mut backend = NullBackend::new(NullConfig::moshi(NullClock::Paced { speed: 20.0 }), input).unwrap();

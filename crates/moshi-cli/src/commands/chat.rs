@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use moshi_runtime::backend::cpal::{CpalBackend, CpalOptions, DEFAULT_BUFFER_MS};
-use moshi_runtime::backend::{start_session, AudioBackend, RingSizes, Session};
+use moshi_runtime::backend::{reconnect_session, start_session, AudioBackend, RingSizes, Session};
 use moshi_runtime::engine::{DropPolicy, EngineEvent, EngineReport};
 use moshi_runtime::metrics::{FrameRecord, Metrics, Percentiles};
 use moshi_runtime::ring::{AudioCounters, CounterSnapshot};
@@ -186,7 +186,24 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     let mut console = Console::new();
     let started = Instant::now();
     let mut steady_underruns_base: Option<u64> = None;
-    let stop_reason = runtime.block_on(drive(&session, &args, &mut console, started, &mut steady_underruns_base));
+    let stop_reason = loop {
+        let reason = runtime.block_on(drive(&session, &args, &mut console, started, &mut steady_underruns_base));
+        if reason != DEVICE_LOST {
+            break reason;
+        }
+        // A device disappeared: stop its streams, then reopen (same options) until it comes
+        // back, the duration ends or Ctrl-C; the engine and the conversation keep their state.
+        eprintln!("\raudio device lost; reopening...");
+        let _ = backend.stop();
+        match runtime.block_on(reopen(&args, &session, started)) {
+            Ok(Some(b)) => {
+                backend = b;
+                eprintln!("audio: reopened: {}", backend.describe());
+            }
+            Ok(None) => break "stopped while the audio device was gone".to_string(),
+            Err(e) => break format!("the audio device could not be reopened: {e:#}"),
+        }
+    };
 
     let played_ok = backend.stop();
     session.engine.request_stop();
@@ -203,6 +220,34 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     finish(&args, &counters, report, &console, started, steady_underruns_base, backend.describe())
 }
 
+const DEVICE_LOST: &str = "an audio device disappeared";
+
+/// Retries opening the devices every 500 ms. `None`: Ctrl-C or the duration ended first.
+async fn reopen(args: &ChatArgs, session: &Session, started: Instant) -> anyhow::Result<Option<CpalBackend>> {
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    loop {
+        tokio::select! {
+            _ = &mut ctrl_c => return Ok(None),
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+        }
+        if args.duration_s.is_some_and(|d| started.elapsed().as_secs_f64() >= d) {
+            return Ok(None);
+        }
+        let options = CpalOptions {
+            input_device: args.input_device.clone(),
+            output_device: args.output_device.clone(),
+            buffer_ms: args.buffer_ms,
+        };
+        if let Ok(mut backend) = CpalBackend::open(&options) {
+            if reconnect_session(session, &mut backend, RingSizes::default()).is_ok() {
+                return Ok(Some(backend));
+            }
+            let _ = backend.stop();
+        }
+    }
+}
+
 /// Runs until Ctrl-C, the duration, a lost device or the engine ending. Returns why it stopped.
 async fn drive(
     session: &Session,
@@ -215,6 +260,11 @@ async fn drive(
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
     let mut metrics = Metrics::default();
+    // A device whose callbacks stop for this long is treated as gone (some hosts only report
+    // generic I/O errors when a device or sound server disappears).
+    let stall_limit = Duration::from_secs(2);
+    let mut callbacks_seen = (u64::MAX, u64::MAX);
+    let mut last_progress = Instant::now();
     loop {
         tokio::select! {
             _ = &mut ctrl_c => return "Ctrl-C".into(),
@@ -238,8 +288,16 @@ async fn drive(
         }
         let rtf = metrics.records.iter().rev().take(25).map(|r| r.total_ms).sum::<f64>() / metrics.records.len().clamp(1, 25) as f64 / 80.0;
         console.status(&session.counters, rtf, false);
-        if session.counters.device_lost.load(Ordering::Relaxed) {
-            return "an audio device disappeared".into();
+        let callbacks = (
+            session.counters.capture_callbacks.load(Ordering::Relaxed),
+            session.counters.playback_callbacks.load(Ordering::Relaxed),
+        );
+        if callbacks.0 != callbacks_seen.0 && callbacks.1 != callbacks_seen.1 {
+            callbacks_seen = callbacks;
+            last_progress = Instant::now();
+        }
+        if session.counters.device_lost.load(Ordering::Relaxed) || last_progress.elapsed() > stall_limit {
+            return DEVICE_LOST.into();
         }
         if session.engine.is_finished() {
             return "the engine stopped".into();

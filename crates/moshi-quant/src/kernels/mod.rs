@@ -28,9 +28,9 @@ const MIN_TASK_WEIGHT_BYTES: usize = 128 * 1024;
 /// measured the same).
 pub(crate) const PREFETCH_BYTES: usize = 1024;
 
-/// Tasks per rayon thread: a few more tasks than threads lets work stealing even out a thread
-/// that the OS preempts (common on shared machines) at a cost of ~1 µs per task.
-const TASKS_PER_THREAD: usize = 4;
+/// Tasks per rayon thread. Four (for work stealing around preempted threads) measured lower than
+/// one in back-to-back full benchmark runs on a loaded 2-core machine, so rows are split evenly.
+const TASKS_PER_THREAD: usize = 1;
 
 /// An instruction-set variant of the kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

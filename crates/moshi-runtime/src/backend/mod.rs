@@ -13,7 +13,7 @@ pub mod null;
 
 use std::sync::Arc;
 
-use crate::engine::{spawn_engine, DropPolicy, EngineConfig, EngineHandle, EngineIo, FrameProcessor, StreamFormat};
+use crate::engine::{spawn_engine, DropPolicy, EngineConfig, EngineHandle, EngineIo, FrameProcessor, Reconnect, StreamFormat};
 use crate::ring::{sample_ring, AudioCounters, SampleConsumer, SampleProducer};
 use crate::Result;
 
@@ -81,4 +81,17 @@ pub fn start_session(
         return Err(e);
     }
     Ok(Session { engine, counters })
+}
+
+/// Connects a new (reopened) backend to a running session: new rings for its formats, handed to
+/// the engine, then the backend is started. The old backend must be stopped first.
+pub fn reconnect_session(session: &Session, backend: &mut dyn AudioBackend, rings: RingSizes) -> Result<()> {
+    let input = backend.input_format();
+    let output = backend.output_format();
+    let (mic_p, mic_c) = sample_ring(ring_samples(input, rings.mic_ms));
+    let (spk_p, spk_c) = sample_ring(ring_samples(output, rings.speaker_ms));
+    session.counters.device_lost.store(false, std::sync::atomic::Ordering::Relaxed);
+    session.counters.playback_started.store(false, std::sync::atomic::Ordering::Relaxed);
+    session.engine.reconnect(Reconnect { mic: mic_c, speaker: spk_p, input, output })?;
+    backend.start(mic_p, spk_c, session.counters.clone())
 }

@@ -56,13 +56,15 @@ fn quantize_hint(format: WeightFormat) -> String {
 
 /// Which benchmark format a stored LM is, or an error naming what it holds.
 fn format_of(stored: StoredFormat, model: &ResolvedModel) -> Result<WeightFormat, BenchError> {
-    [WeightFormat::Bf16, WeightFormat::Q8, WeightFormat::Q4].into_iter().find(|f| stored.provides(*f)).ok_or_else(|| {
-        setup(format!(
-            "{} holds {} weights; bench measures bf16, q8 or q4 (pick one with --quant)",
-            model.lm_weights_path.display(),
-            stored.describe()
-        ))
-    })
+    [WeightFormat::Bf16, WeightFormat::Q8, WeightFormat::Q4].into_iter().find(|f| stored.provides(*f)).ok_or_else(
+        || {
+            setup(format!(
+                "{} holds {} weights; bench measures bf16, q8 or q4 (pick one with --quant)",
+                model.lm_weights_path.display(),
+                stored.describe()
+            ))
+        },
+    )
 }
 
 /// Loads the LM weights of `model` as stored, checks they are `format` (when given), and keeps

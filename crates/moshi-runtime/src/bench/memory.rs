@@ -13,6 +13,12 @@ pub fn current_resident_bytes() -> Option<u64> {
     status_field_bytes("VmRSS")
 }
 
+/// Resets the peak resident set size to the current one (Linux: writes `5` to
+/// `/proc/self/clear_refs`). Returns whether the OS accepted it.
+pub fn reset_peak_resident() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
 fn status_field_bytes(field: &str) -> Option<u64> {
     let text = std::fs::read_to_string("/proc/self/status").ok()?;
     parse_status_field_bytes(&text, field)
@@ -53,5 +59,21 @@ mod tests {
         assert!(peak >= current, "peak {peak} < current {current}");
         assert!(current >= block.len() as u64, "resident {current} below an 8 MiB live block");
         drop(block);
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn reset_brings_the_peak_back_to_the_current_resident_set() {
+        let block = vec![1u8; 64 << 20];
+        let peak_with_block = peak_resident_bytes().unwrap();
+        drop(block);
+        if !reset_peak_resident() {
+            eprintln!("/proc/self/clear_refs not writable here; reset not exercised");
+            return;
+        }
+        let peak = peak_resident_bytes().unwrap();
+        let current = current_resident_bytes().unwrap();
+        assert!(peak < peak_with_block, "peak {peak} not reset below {peak_with_block}");
+        assert!(peak + (8 << 20) >= current, "peak {peak} far below current {current}");
     }
 }

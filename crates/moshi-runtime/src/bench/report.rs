@@ -46,8 +46,11 @@ pub struct MachineInfo {
     pub arch: String,
     /// Logical CPUs the OS reports.
     pub logical_cpus: usize,
-    /// Memory read bandwidth measured in this run with `threads` threads, GB/s (1e9 bytes/s).
+    /// Memory read bandwidth measured in this run with `threads` threads, GB/s (1e9 bytes/s): the
+    /// best of the probes in `read_bandwidth_probes_gbps`.
     pub read_bandwidth_gbps: f64,
+    /// Every bandwidth probe of the run (before loading the model, after the timed frames).
+    pub read_bandwidth_probes_gbps: Vec<f64>,
     /// Peak resident set size of the process at the end of the run (`VmHWM`); `null` where the
     /// OS does not report it.
     pub peak_memory_bytes: Option<u64>,
@@ -132,9 +135,11 @@ pub struct BandwidthBound {
 
 impl BandwidthBound {
     pub fn new(read_per_frame_bytes: u64, read_bandwidth_gbps: f64, lm_measured_p50_ms: f64) -> Self {
-        let lm_bound_ms = if read_bandwidth_gbps > 0.0 { read_per_frame_bytes as f64 / (read_bandwidth_gbps * 1e6) } else { 0.0 };
+        let lm_bound_ms =
+            if read_bandwidth_gbps > 0.0 { read_per_frame_bytes as f64 / (read_bandwidth_gbps * 1e6) } else { 0.0 };
         let ratio_to_bound = if lm_bound_ms > 0.0 { lm_measured_p50_ms / lm_bound_ms } else { 0.0 };
-        let effective_gbps = if lm_measured_p50_ms > 0.0 { read_per_frame_bytes as f64 / (lm_measured_p50_ms * 1e6) } else { 0.0 };
+        let effective_gbps =
+            if lm_measured_p50_ms > 0.0 { read_per_frame_bytes as f64 / (lm_measured_p50_ms * 1e6) } else { 0.0 };
         Self { lm_bound_ms, lm_measured_p50_ms, ratio_to_bound, effective_gbps }
     }
 }
@@ -211,7 +216,10 @@ impl BenchReport {
             "moshi-rs bench: {} weights, {}, stage {}, {} of {} temporal layers, {} frames after {} warm-up, {} threads\n",
             r.weights, r.quant, r.stage, r.layers_run, r.layers_config, r.frames, r.warmup_frames, r.threads
         );
-        s += &format!("{:<13} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n", "stage (ms)", "min", "p50", "p95", "p99", "max", "mean");
+        s += &format!(
+            "{:<13} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
+            "stage (ms)", "min", "p50", "p95", "p99", "max", "mean"
+        );
         for (name, p) in self.stages.rows() {
             s += &format!(
                 "{:<13} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2}\n",

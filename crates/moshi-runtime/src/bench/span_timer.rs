@@ -63,7 +63,7 @@ impl SpanTimerLayer {
     }
 
     fn watches(&self, name: &str) -> bool {
-        self.watched.iter().any(|w| *w == name)
+        self.watched.contains(&name)
     }
 }
 
