@@ -44,9 +44,9 @@ pub enum RuntimeError {
     Device(String),
     #[error("frame processor expected {expected} samples per frame, got {got}")]
     FrameSize { expected: usize, got: usize },
-    #[error("model: {0}")]
+    #[error(transparent)]
     Model(#[from] moshi_model::ModelError),
-    #[error("loader: {0}")]
+    #[error(transparent)]
     Loader(#[from] moshi_loader::LoaderError),
     #[error("engine thread: {0}")]
     Engine(String),
