@@ -32,40 +32,33 @@ fn reduce_lanes(l: &[f32; LANES]) -> f32 {
     v[0] + v[1]
 }
 
-/// Portable reference: one bf16 row dotted with `x` in the fixed order.
-pub fn dot_bf16_scalar(row: &[u16], x: &[f32]) -> f32 {
+/// Portable reference: one row dotted with `x` in the fixed order, each weight upcast by `to_f32`.
+#[inline(always)]
+fn dot_scalar<T: Copy>(row: &[T], x: &[f32], to_f32: impl Fn(T) -> f32) -> f32 {
     let k = row.len().min(x.len());
     let blocks = k / LANES;
     let mut l = [0f32; LANES];
     for b in 0..blocks {
         let (wr, xr) = (&row[b * LANES..(b + 1) * LANES], &x[b * LANES..(b + 1) * LANES]);
         for j in 0..LANES {
-            l[j] += bf16_to_f32(wr[j]) * xr[j];
+            l[j] += to_f32(wr[j]) * xr[j];
         }
     }
     let mut s = reduce_lanes(&l);
     for j in blocks * LANES..k {
-        s += bf16_to_f32(row[j]) * x[j];
+        s += to_f32(row[j]) * x[j];
     }
     s
 }
 
+/// Portable reference: one bf16 row dotted with `x` in the fixed order.
+pub fn dot_bf16_scalar(row: &[u16], x: &[f32]) -> f32 {
+    dot_scalar(row, x, bf16_to_f32)
+}
+
 /// Portable reference: one f32 row dotted with `x` in the fixed order.
 pub fn dot_f32_scalar(row: &[f32], x: &[f32]) -> f32 {
-    let k = row.len().min(x.len());
-    let blocks = k / LANES;
-    let mut l = [0f32; LANES];
-    for b in 0..blocks {
-        let (wr, xr) = (&row[b * LANES..(b + 1) * LANES], &x[b * LANES..(b + 1) * LANES]);
-        for j in 0..LANES {
-            l[j] += wr[j] * xr[j];
-        }
-    }
-    let mut s = reduce_lanes(&l);
-    for j in blocks * LANES..k {
-        s += row[j] * x[j];
-    }
-    s
+    dot_scalar(row, x, |w| w)
 }
 
 #[cfg(target_arch = "x86_64")]
