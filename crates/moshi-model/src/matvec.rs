@@ -86,30 +86,15 @@ mod avx2 {
         _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
     }
 
+    /// One row: [`dotn_bf16`] with `R = 1` (the same accumulation order).
+    ///
     /// # Safety
     /// The CPU must support AVX2; `row` and `x` must have the same length.
+    #[inline]
     #[target_feature(enable = "avx2")]
     pub unsafe fn dot_bf16(row: &[u16], x: &[f32]) -> f32 {
-        let k = row.len();
-        let blocks = k / LANES;
-        let (wp, xp) = (row.as_ptr(), x.as_ptr());
-        let (mut a0, mut a1, mut a2, mut a3) =
-            (_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps());
-        for b in 0..blocks {
-            let o = b * LANES;
-            // SAFETY: o + 32 <= k for every block; both slices hold k elements.
-            unsafe {
-                a0 = _mm256_add_ps(a0, _mm256_mul_ps(load_bf16(wp.add(o)), _mm256_loadu_ps(xp.add(o))));
-                a1 = _mm256_add_ps(a1, _mm256_mul_ps(load_bf16(wp.add(o + 8)), _mm256_loadu_ps(xp.add(o + 8))));
-                a2 = _mm256_add_ps(a2, _mm256_mul_ps(load_bf16(wp.add(o + 16)), _mm256_loadu_ps(xp.add(o + 16))));
-                a3 = _mm256_add_ps(a3, _mm256_mul_ps(load_bf16(wp.add(o + 24)), _mm256_loadu_ps(xp.add(o + 24))));
-            }
-        }
-        let mut s = unsafe { reduce(a0, a1, a2, a3) };
-        for j in blocks * LANES..k {
-            s += super::bf16_to_f32(row[j]) * x[j];
-        }
-        s
+        // SAFETY: caller contract forwarded.
+        unsafe { dotn_bf16::<1>([row], x)[0] }
     }
 
     /// `R` rows at once, interleaving their weight streams; each row keeps exactly the
@@ -203,27 +188,15 @@ mod avx512 {
         _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
     }
 
+    /// One row: [`dotn_bf16`] with `R = 1` (the same accumulation order).
+    ///
     /// # Safety
     /// The CPU must support AVX-512F; `row` and `x` must have the same length.
+    #[inline]
     #[target_feature(enable = "avx512f,avx2")]
     pub unsafe fn dot_bf16(row: &[u16], x: &[f32]) -> f32 {
-        let k = row.len();
-        let blocks = k / LANES;
-        let (wp, xp) = (row.as_ptr(), x.as_ptr());
-        let (mut lo, mut hi) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-        for b in 0..blocks {
-            let o = b * LANES;
-            // SAFETY: o + 32 <= k for every block; both slices hold k elements.
-            unsafe {
-                lo = _mm512_add_ps(lo, _mm512_mul_ps(load_bf16(wp.add(o)), _mm512_loadu_ps(xp.add(o))));
-                hi = _mm512_add_ps(hi, _mm512_mul_ps(load_bf16(wp.add(o + 16)), _mm512_loadu_ps(xp.add(o + 16))));
-            }
-        }
-        let mut s = unsafe { reduce(lo, hi) };
-        for j in blocks * LANES..k {
-            s += super::bf16_to_f32(row[j]) * x[j];
-        }
-        s
+        // SAFETY: caller contract forwarded.
+        unsafe { dotn_bf16::<1>([row], x)[0] }
     }
 
     /// `R` rows at once, interleaving their weight streams; each row keeps exactly the
@@ -370,8 +343,13 @@ fn rows_bf16(w: &[u16], k: usize, x: &[f32], y: &mut [f32], kernel: Kernel) {
     let x = &x[..k];
     #[cfg(target_arch = "x86_64")]
     match kernel {
-        Kernel::Avx512 => return rows_bf16_interleaved::<8>(w, k, x, y),
-        Kernel::Avx2 => return rows_bf16_interleaved_avx2::<4>(w, k, x, y),
+        // SAFETY (both arms): only reached for kernels checked available; rows hold k elements.
+        Kernel::Avx512 => {
+            return rows_bf16_interleaved::<8>(w, k, x, y, kernel, |rows, x| unsafe { avx512::dotn_bf16(rows, x) })
+        }
+        Kernel::Avx2 => {
+            return rows_bf16_interleaved::<4>(w, k, x, y, kernel, |rows, x| unsafe { avx2::dotn_bf16(rows, x) })
+        }
         Kernel::Scalar => {}
     }
     for (row, yv) in w.chunks_exact(k).zip(y.iter_mut()) {
@@ -379,30 +357,25 @@ fn rows_bf16(w: &[u16], k: usize, x: &[f32], y: &mut [f32], kernel: Kernel) {
     }
 }
 
-/// `R` rows per pass with [`avx512::dotn_bf16`], the remaining rows one by one.
+/// `R` rows per pass with `dotn` (the kernel's `dotn_bf16`), the remaining rows one by one with
+/// `kernel`.
 #[cfg(target_arch = "x86_64")]
-fn rows_bf16_interleaved<const R: usize>(w: &[u16], k: usize, x: &[f32], y: &mut [f32]) {
+#[inline(always)]
+fn rows_bf16_interleaved<const R: usize>(
+    w: &[u16],
+    k: usize,
+    x: &[f32],
+    y: &mut [f32],
+    kernel: Kernel,
+    dotn: impl Fn([&[u16]; R], &[f32]) -> [f32; R],
+) {
     let groups = y.len() / R;
     for (wg, yg) in w.chunks_exact(R * k).zip(y.chunks_exact_mut(R)) {
         let rows: [&[u16]; R] = std::array::from_fn(|r| &wg[r * k..(r + 1) * k]);
-        // SAFETY: only reached for the AVX-512 kernels, checked available; rows hold k elements.
-        yg.copy_from_slice(&unsafe { avx512::dotn_bf16::<R>(rows, x) });
+        yg.copy_from_slice(&dotn(rows, x));
     }
     for (row, yv) in w[groups * R * k..].chunks_exact(k).zip(y[groups * R..].iter_mut()) {
-        *yv = Kernel::Avx512.dot_bf16(row, x);
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-fn rows_bf16_interleaved_avx2<const R: usize>(w: &[u16], k: usize, x: &[f32], y: &mut [f32]) {
-    let groups = y.len() / R;
-    for (wg, yg) in w.chunks_exact(R * k).zip(y.chunks_exact_mut(R)) {
-        let rows: [&[u16]; R] = std::array::from_fn(|r| &wg[r * k..(r + 1) * k]);
-        // SAFETY: only reached for the AVX2 kernels, checked available; rows hold k elements.
-        yg.copy_from_slice(&unsafe { avx2::dotn_bf16::<R>(rows, x) });
-    }
-    for (row, yv) in w[groups * R * k..].chunks_exact(k).zip(y[groups * R..].iter_mut()) {
-        *yv = Kernel::Avx2.dot_bf16(row, x);
+        *yv = kernel.dot_bf16(row, x);
     }
 }
 
@@ -419,40 +392,45 @@ fn rows_per_task(n: usize) -> usize {
     n.div_ceil(tasks).max(8)
 }
 
+/// Checks lengths, then runs `rows` (one block of rows on one thread) over all of `W`, split
+/// over rayon tasks when `parallel` and the matrix is large.
+#[allow(clippy::too_many_arguments)]
+fn matvec_with<T: Sync>(
+    name: &str,
+    w: &[T],
+    n: usize,
+    k: usize,
+    x: &[f32],
+    y: &mut [f32],
+    kernel: Kernel,
+    parallel: bool,
+    rows: impl Fn(&[T], usize, &[f32], &mut [f32], Kernel) + Sync,
+) {
+    assert!(w.len() >= n * k && x.len() >= k && y.len() >= n, "{name}: bad lengths");
+    let kernel = kernel.or_best();
+    if k == 0 {
+        y[..n].fill(0.0);
+        return;
+    }
+    let (w, y) = (&w[..n * k], &mut y[..n]);
+    if parallel && n * k >= PARALLEL_MIN_ELEMENTS && n > 1 {
+        let rows_per = rows_per_task(n);
+        w.par_chunks(rows_per * k).zip(y.par_chunks_mut(rows_per)).for_each(|(wc, yc)| rows(wc, k, x, yc, kernel));
+    } else {
+        rows(w, k, x, y, kernel);
+    }
+}
+
 /// `y[n] = W[n, k] · x[k]`, bf16 weights, with an explicit choice of kernel (replaced by the
 /// best one if this CPU lacks it) and threading (for tests and benchmarks; [`matvec_bf16_auto`]
 /// picks both).
 pub fn matvec_bf16_with(w: &[u16], n: usize, k: usize, x: &[f32], y: &mut [f32], kernel: Kernel, parallel: bool) {
-    assert!(w.len() >= n * k && x.len() >= k && y.len() >= n, "matvec_bf16: bad lengths");
-    let kernel = kernel.or_best();
-    if k == 0 {
-        y[..n].fill(0.0);
-        return;
-    }
-    let (w, y) = (&w[..n * k], &mut y[..n]);
-    if parallel && n * k >= PARALLEL_MIN_ELEMENTS && n > 1 {
-        let rows = rows_per_task(n);
-        w.par_chunks(rows * k).zip(y.par_chunks_mut(rows)).for_each(|(wc, yc)| rows_bf16(wc, k, x, yc, kernel));
-    } else {
-        rows_bf16(w, k, x, y, kernel);
-    }
+    matvec_with("matvec_bf16", w, n, k, x, y, kernel, parallel, rows_bf16)
 }
 
 /// `y[n] = W[n, k] · x[k]`, f32 weights, explicit kernel / threading choice.
 pub fn matvec_f32_with(w: &[f32], n: usize, k: usize, x: &[f32], y: &mut [f32], kernel: Kernel, parallel: bool) {
-    assert!(w.len() >= n * k && x.len() >= k && y.len() >= n, "matvec_f32: bad lengths");
-    let kernel = kernel.or_best();
-    if k == 0 {
-        y[..n].fill(0.0);
-        return;
-    }
-    let (w, y) = (&w[..n * k], &mut y[..n]);
-    if parallel && n * k >= PARALLEL_MIN_ELEMENTS && n > 1 {
-        let rows = rows_per_task(n);
-        w.par_chunks(rows * k).zip(y.par_chunks_mut(rows)).for_each(|(wc, yc)| rows_f32(wc, k, x, yc, kernel));
-    } else {
-        rows_f32(w, k, x, y, kernel);
-    }
+    matvec_with("matvec_f32", w, n, k, x, y, kernel, parallel, rows_f32)
 }
 
 /// `a · b` in the fixed accumulation order (best kernel of this CPU; bit-identical to
