@@ -5,6 +5,23 @@
 //! `w = fma(q, scale, bias)` (or `q * scale + bias` in the portable kernel) and f32 accumulation:
 //! the exact dequantized matrix times f32 activations, up to summation order.
 
+/// `Some(rows::<BITS, GROUP>)` for the (bits, group size) pairs the specialised kernels cover
+/// (4 and 8 bits, groups of 32, 64 or 128), `None` otherwise. A macro because every kernel
+/// module has its own generic `rows` function.
+macro_rules! select_specialised_rows {
+    ($rows:ident, $bits:expr, $group_size:expr) => {
+        match ($bits, $group_size) {
+            (4, 32) => Some($rows::<4, 32> as crate::kernels::RowRangeFn),
+            (4, 64) => Some($rows::<4, 64>),
+            (4, 128) => Some($rows::<4, 128>),
+            (8, 32) => Some($rows::<8, 32>),
+            (8, 64) => Some($rows::<8, 64>),
+            (8, 128) => Some($rows::<8, 128>),
+            _ => None,
+        }
+    };
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
