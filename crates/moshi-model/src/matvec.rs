@@ -21,6 +21,25 @@ fn bf16_to_f32(bits: u16) -> f32 {
     f32::from_bits((bits as u32) << 16)
 }
 
+/// A weight element type of the kernels (`u16` = bf16 bits, or `f32`), widened exactly to f32.
+trait WeightElem: Copy {
+    fn to_f32(self) -> f32;
+}
+
+impl WeightElem for u16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        bf16_to_f32(self)
+    }
+}
+
+impl WeightElem for f32 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
 #[inline(always)]
 fn reduce_lanes(l: &[f32; LANES]) -> f32 {
     let mut t = [0f32; 8];
@@ -32,33 +51,33 @@ fn reduce_lanes(l: &[f32; LANES]) -> f32 {
     v[0] + v[1]
 }
 
-/// Portable reference: one row dotted with `x` in the fixed order, each weight upcast by `to_f32`.
+/// Portable reference: one row dotted with `x` in the fixed order.
 #[inline(always)]
-fn dot_scalar<T: Copy>(row: &[T], x: &[f32], to_f32: impl Fn(T) -> f32) -> f32 {
+fn dot_scalar<T: WeightElem>(row: &[T], x: &[f32]) -> f32 {
     let k = row.len().min(x.len());
     let blocks = k / LANES;
     let mut l = [0f32; LANES];
     for b in 0..blocks {
         let (wr, xr) = (&row[b * LANES..(b + 1) * LANES], &x[b * LANES..(b + 1) * LANES]);
         for j in 0..LANES {
-            l[j] += to_f32(wr[j]) * xr[j];
+            l[j] += wr[j].to_f32() * xr[j];
         }
     }
     let mut s = reduce_lanes(&l);
     for j in blocks * LANES..k {
-        s += to_f32(row[j]) * x[j];
+        s += row[j].to_f32() * x[j];
     }
     s
 }
 
 /// Portable reference: one bf16 row dotted with `x` in the fixed order.
 pub fn dot_bf16_scalar(row: &[u16], x: &[f32]) -> f32 {
-    dot_scalar(row, x, bf16_to_f32)
+    dot_scalar(row, x)
 }
 
 /// Portable reference: one f32 row dotted with `x` in the fixed order.
 pub fn dot_f32_scalar(row: &[f32], x: &[f32]) -> f32 {
-    dot_scalar(row, x, |w| w)
+    dot_scalar(row, x)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -78,33 +97,51 @@ mod avx2 {
         _mm_cvtss_f32(s)
     }
 
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    unsafe fn load_bf16(p: *const u16) -> __m256 {
-        // SAFETY: the caller guarantees 8 readable u16 at `p`.
-        let h = unsafe { _mm_loadu_si128(p as *const __m128i) };
-        _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+    /// A weight element type the AVX2 kernels load 8 of at once, widened to f32.
+    pub(super) trait Load8: super::WeightElem {
+        /// # Safety
+        /// The CPU must support AVX2; 8 elements must be readable at `p`.
+        unsafe fn load8(p: *const Self) -> __m256;
     }
 
-    /// One row: [`dotn_bf16`] with `R = 1` (the same accumulation order).
+    impl Load8 for u16 {
+        #[inline]
+        #[target_feature(enable = "avx2")]
+        unsafe fn load8(p: *const u16) -> __m256 {
+            // SAFETY: the caller guarantees 8 readable u16 at `p`.
+            let h = unsafe { _mm_loadu_si128(p as *const __m128i) };
+            _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+        }
+    }
+
+    impl Load8 for f32 {
+        #[inline]
+        #[target_feature(enable = "avx2")]
+        unsafe fn load8(p: *const f32) -> __m256 {
+            // SAFETY: the caller guarantees 8 readable f32 at `p`.
+            unsafe { _mm256_loadu_ps(p) }
+        }
+    }
+
+    /// One row: [`dotn`] with `R = 1` (the same accumulation order).
     ///
     /// # Safety
     /// The CPU must support AVX2; `row` and `x` must have the same length.
     #[inline]
     #[target_feature(enable = "avx2")]
-    pub unsafe fn dot_bf16(row: &[u16], x: &[f32]) -> f32 {
+    pub(super) unsafe fn dot<E: Load8>(row: &[E], x: &[f32]) -> f32 {
         // SAFETY: caller contract forwarded.
-        unsafe { dotn_bf16::<1>([row], x)[0] }
+        unsafe { dotn::<1, E>([row], x)[0] }
     }
 
-    /// `R` rows at once, interleaving their weight streams; each row keeps exactly the
-    /// accumulation order of [`dot_bf16`].
+    /// `R` rows at once, interleaving their weight streams; each row keeps the fixed
+    /// accumulation order (lanes `8q..8q + 8` of each block in `acc[r][q]`).
     ///
     /// # Safety
     /// The CPU must support AVX2; every row must have `x.len()` elements.
     #[target_feature(enable = "avx2")]
     #[allow(clippy::needless_range_loop)]
-    pub unsafe fn dotn_bf16<const R: usize>(rows: [&[u16]; R], x: &[f32]) -> [f32; R] {
+    pub(super) unsafe fn dotn<const R: usize, E: Load8>(rows: [&[E]; R], x: &[f32]) -> [f32; R] {
         let k = x.len();
         let blocks = k / LANES;
         let xp = x.as_ptr();
@@ -117,7 +154,7 @@ mod avx2 {
                 for q in 0..4 {
                     let xq = _mm256_loadu_ps(xp.add(o + 8 * q));
                     for r in 0..R {
-                        acc[r][q] = _mm256_add_ps(acc[r][q], _mm256_mul_ps(load_bf16(wp[r].add(o + 8 * q)), xq));
+                        acc[r][q] = _mm256_add_ps(acc[r][q], _mm256_mul_ps(E::load8(wp[r].add(o + 8 * q)), xq));
                     }
                 }
             }
@@ -126,37 +163,11 @@ mod avx2 {
         for r in 0..R {
             let mut s = unsafe { reduce(acc[r][0], acc[r][1], acc[r][2], acc[r][3]) };
             for j in blocks * LANES..k {
-                s += super::bf16_to_f32(rows[r][j]) * x[j];
+                s += rows[r][j].to_f32() * x[j];
             }
             out[r] = s;
         }
         out
-    }
-
-    /// # Safety
-    /// The CPU must support AVX2; `row` and `x` must have the same length.
-    #[target_feature(enable = "avx2")]
-    pub unsafe fn dot_f32(row: &[f32], x: &[f32]) -> f32 {
-        let k = row.len();
-        let blocks = k / LANES;
-        let (wp, xp) = (row.as_ptr(), x.as_ptr());
-        let (mut a0, mut a1, mut a2, mut a3) =
-            (_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps());
-        for b in 0..blocks {
-            let o = b * LANES;
-            // SAFETY: o + 32 <= k for every block; both slices hold k elements.
-            unsafe {
-                a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_loadu_ps(wp.add(o)), _mm256_loadu_ps(xp.add(o))));
-                a1 = _mm256_add_ps(a1, _mm256_mul_ps(_mm256_loadu_ps(wp.add(o + 8)), _mm256_loadu_ps(xp.add(o + 8))));
-                a2 = _mm256_add_ps(a2, _mm256_mul_ps(_mm256_loadu_ps(wp.add(o + 16)), _mm256_loadu_ps(xp.add(o + 16))));
-                a3 = _mm256_add_ps(a3, _mm256_mul_ps(_mm256_loadu_ps(wp.add(o + 24)), _mm256_loadu_ps(xp.add(o + 24))));
-            }
-        }
-        let mut s = unsafe { reduce(a0, a1, a2, a3) };
-        for j in blocks * LANES..k {
-            s += row[j] * x[j];
-        }
-        s
     }
 }
 
@@ -180,33 +191,51 @@ mod avx512 {
         _mm_cvtss_f32(_mm_add_ss(v, _mm_shuffle_ps(v, v, 0b01)))
     }
 
-    #[inline]
-    #[target_feature(enable = "avx512f,avx2")]
-    unsafe fn load_bf16(p: *const u16) -> __m512 {
-        // SAFETY: the caller guarantees 16 readable u16 at `p`.
-        let h = unsafe { _mm256_loadu_si256(p as *const __m256i) };
-        _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
+    /// A weight element type the AVX-512 kernels load 16 of at once, widened to f32.
+    pub(super) trait Load16: super::WeightElem {
+        /// # Safety
+        /// The CPU must support AVX-512F; 16 elements must be readable at `p`.
+        unsafe fn load16(p: *const Self) -> __m512;
     }
 
-    /// One row: [`dotn_bf16`] with `R = 1` (the same accumulation order).
+    impl Load16 for u16 {
+        #[inline]
+        #[target_feature(enable = "avx512f,avx2")]
+        unsafe fn load16(p: *const u16) -> __m512 {
+            // SAFETY: the caller guarantees 16 readable u16 at `p`.
+            let h = unsafe { _mm256_loadu_si256(p as *const __m256i) };
+            _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
+        }
+    }
+
+    impl Load16 for f32 {
+        #[inline]
+        #[target_feature(enable = "avx512f,avx2")]
+        unsafe fn load16(p: *const f32) -> __m512 {
+            // SAFETY: the caller guarantees 16 readable f32 at `p`.
+            unsafe { _mm512_loadu_ps(p) }
+        }
+    }
+
+    /// One row: [`dotn`] with `R = 1` (the same accumulation order).
     ///
     /// # Safety
     /// The CPU must support AVX-512F; `row` and `x` must have the same length.
     #[inline]
     #[target_feature(enable = "avx512f,avx2")]
-    pub unsafe fn dot_bf16(row: &[u16], x: &[f32]) -> f32 {
+    pub(super) unsafe fn dot<E: Load16>(row: &[E], x: &[f32]) -> f32 {
         // SAFETY: caller contract forwarded.
-        unsafe { dotn_bf16::<1>([row], x)[0] }
+        unsafe { dotn::<1, E>([row], x)[0] }
     }
 
-    /// `R` rows at once, interleaving their weight streams; each row keeps exactly the
-    /// accumulation order of [`dot_bf16`].
+    /// `R` rows at once, interleaving their weight streams; each row keeps the fixed
+    /// accumulation order (lanes 0..16 of each block in `lo`, 16..32 in `hi`).
     ///
     /// # Safety
     /// The CPU must support AVX-512F; every row must have `x.len()` elements.
     #[target_feature(enable = "avx512f,avx2")]
     #[allow(clippy::needless_range_loop)]
-    pub unsafe fn dotn_bf16<const R: usize>(rows: [&[u16]; R], x: &[f32]) -> [f32; R] {
+    pub(super) unsafe fn dotn<const R: usize, E: Load16>(rows: [&[E]; R], x: &[f32]) -> [f32; R] {
         let k = x.len();
         let blocks = k / LANES;
         let xp = x.as_ptr();
@@ -219,8 +248,8 @@ mod avx512 {
             unsafe {
                 let (x0, x1) = (_mm512_loadu_ps(xp.add(o)), _mm512_loadu_ps(xp.add(o + 16)));
                 for r in 0..R {
-                    lo[r] = _mm512_add_ps(lo[r], _mm512_mul_ps(load_bf16(wp[r].add(o)), x0));
-                    hi[r] = _mm512_add_ps(hi[r], _mm512_mul_ps(load_bf16(wp[r].add(o + 16)), x1));
+                    lo[r] = _mm512_add_ps(lo[r], _mm512_mul_ps(E::load16(wp[r].add(o)), x0));
+                    hi[r] = _mm512_add_ps(hi[r], _mm512_mul_ps(E::load16(wp[r].add(o + 16)), x1));
                 }
             }
         }
@@ -228,34 +257,11 @@ mod avx512 {
         for r in 0..R {
             let mut s = unsafe { reduce(lo[r], hi[r]) };
             for j in blocks * LANES..k {
-                s += super::bf16_to_f32(rows[r][j]) * x[j];
+                s += rows[r][j].to_f32() * x[j];
             }
             out[r] = s;
         }
         out
-    }
-
-    /// # Safety
-    /// The CPU must support AVX-512F; `row` and `x` must have the same length.
-    #[target_feature(enable = "avx512f,avx2")]
-    pub unsafe fn dot_f32(row: &[f32], x: &[f32]) -> f32 {
-        let k = row.len();
-        let blocks = k / LANES;
-        let (wp, xp) = (row.as_ptr(), x.as_ptr());
-        let (mut lo, mut hi) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-        for b in 0..blocks {
-            let o = b * LANES;
-            // SAFETY: o + 32 <= k for every block; both slices hold k elements.
-            unsafe {
-                lo = _mm512_add_ps(lo, _mm512_mul_ps(_mm512_loadu_ps(wp.add(o)), _mm512_loadu_ps(xp.add(o))));
-                hi = _mm512_add_ps(hi, _mm512_mul_ps(_mm512_loadu_ps(wp.add(o + 16)), _mm512_loadu_ps(xp.add(o + 16))));
-            }
-        }
-        let mut s = unsafe { reduce(lo, hi) };
-        for j in blocks * LANES..k {
-            s += row[j] * x[j];
-        }
-        s
     }
 }
 
@@ -310,9 +316,9 @@ impl Kernel {
         match self {
             // SAFETY: callers only pass kernels checked with `is_available`; equal lengths.
             #[cfg(target_arch = "x86_64")]
-            Kernel::Avx512 => unsafe { avx512::dot_bf16(row, x) },
+            Kernel::Avx512 => unsafe { avx512::dot(row, x) },
             #[cfg(target_arch = "x86_64")]
-            Kernel::Avx2 => unsafe { avx2::dot_bf16(row, x) },
+            Kernel::Avx2 => unsafe { avx2::dot(row, x) },
             _ => dot_bf16_scalar(row, x),
         }
     }
@@ -323,9 +329,9 @@ impl Kernel {
         match self {
             // SAFETY: callers only pass kernels checked with `is_available`; equal lengths.
             #[cfg(target_arch = "x86_64")]
-            Kernel::Avx512 => unsafe { avx512::dot_f32(row, x) },
+            Kernel::Avx512 => unsafe { avx512::dot(row, x) },
             #[cfg(target_arch = "x86_64")]
-            Kernel::Avx2 => unsafe { avx2::dot_f32(row, x) },
+            Kernel::Avx2 => unsafe { avx2::dot(row, x) },
             _ => dot_f32_scalar(row, x),
         }
     }
@@ -345,10 +351,10 @@ fn rows_bf16(w: &[u16], k: usize, x: &[f32], y: &mut [f32], kernel: Kernel) {
     match kernel {
         // SAFETY (both arms): only reached for kernels checked available; rows hold k elements.
         Kernel::Avx512 => {
-            return rows_bf16_interleaved::<8>(w, k, x, y, kernel, |rows, x| unsafe { avx512::dotn_bf16(rows, x) })
+            return rows_bf16_interleaved::<8>(w, k, x, y, kernel, |rows, x| unsafe { avx512::dotn(rows, x) })
         }
         Kernel::Avx2 => {
-            return rows_bf16_interleaved::<4>(w, k, x, y, kernel, |rows, x| unsafe { avx2::dotn_bf16(rows, x) })
+            return rows_bf16_interleaved::<4>(w, k, x, y, kernel, |rows, x| unsafe { avx2::dotn(rows, x) })
         }
         Kernel::Scalar => {}
     }
@@ -357,7 +363,7 @@ fn rows_bf16(w: &[u16], k: usize, x: &[f32], y: &mut [f32], kernel: Kernel) {
     }
 }
 
-/// `R` rows per pass with `dotn` (the kernel's `dotn_bf16`), the remaining rows one by one with
+/// `R` rows per pass with `dotn` (the kernel's `dotn`), the remaining rows one by one with
 /// `kernel`.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
