@@ -21,6 +21,25 @@ fn bf16_to_f32(bits: u16) -> f32 {
     f32::from_bits((bits as u32) << 16)
 }
 
+/// A weight element type of the kernels (`u16` = bf16 bits, or `f32`), widened exactly to f32.
+trait WeightElem: Copy {
+    fn to_f32(self) -> f32;
+}
+
+impl WeightElem for u16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        bf16_to_f32(self)
+    }
+}
+
+impl WeightElem for f32 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
 #[inline(always)]
 fn reduce_lanes(l: &[f32; LANES]) -> f32 {
     let mut t = [0f32; 8];
@@ -32,40 +51,33 @@ fn reduce_lanes(l: &[f32; LANES]) -> f32 {
     v[0] + v[1]
 }
 
-/// Portable reference: one bf16 row dotted with `x` in the fixed order.
-pub fn dot_bf16_scalar(row: &[u16], x: &[f32]) -> f32 {
+/// Portable reference: one row dotted with `x` in the fixed order.
+#[inline(always)]
+fn dot_scalar<T: WeightElem>(row: &[T], x: &[f32]) -> f32 {
     let k = row.len().min(x.len());
     let blocks = k / LANES;
     let mut l = [0f32; LANES];
     for b in 0..blocks {
         let (wr, xr) = (&row[b * LANES..(b + 1) * LANES], &x[b * LANES..(b + 1) * LANES]);
         for j in 0..LANES {
-            l[j] += bf16_to_f32(wr[j]) * xr[j];
+            l[j] += wr[j].to_f32() * xr[j];
         }
     }
     let mut s = reduce_lanes(&l);
     for j in blocks * LANES..k {
-        s += bf16_to_f32(row[j]) * x[j];
+        s += row[j].to_f32() * x[j];
     }
     s
 }
 
+/// Portable reference: one bf16 row dotted with `x` in the fixed order.
+pub fn dot_bf16_scalar(row: &[u16], x: &[f32]) -> f32 {
+    dot_scalar(row, x)
+}
+
 /// Portable reference: one f32 row dotted with `x` in the fixed order.
 pub fn dot_f32_scalar(row: &[f32], x: &[f32]) -> f32 {
-    let k = row.len().min(x.len());
-    let blocks = k / LANES;
-    let mut l = [0f32; LANES];
-    for b in 0..blocks {
-        let (wr, xr) = (&row[b * LANES..(b + 1) * LANES], &x[b * LANES..(b + 1) * LANES]);
-        for j in 0..LANES {
-            l[j] += wr[j] * xr[j];
-        }
-    }
-    let mut s = reduce_lanes(&l);
-    for j in blocks * LANES..k {
-        s += row[j] * x[j];
-    }
-    s
+    dot_scalar(row, x)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -85,48 +97,51 @@ mod avx2 {
         _mm_cvtss_f32(s)
     }
 
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    unsafe fn load_bf16(p: *const u16) -> __m256 {
-        // SAFETY: the caller guarantees 8 readable u16 at `p`.
-        let h = unsafe { _mm_loadu_si128(p as *const __m128i) };
-        _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+    /// A weight element type the AVX2 kernels load 8 of at once, widened to f32.
+    pub(super) trait Load8: super::WeightElem {
+        /// # Safety
+        /// The CPU must support AVX2; 8 elements must be readable at `p`.
+        unsafe fn load8(p: *const Self) -> __m256;
     }
 
+    impl Load8 for u16 {
+        #[inline]
+        #[target_feature(enable = "avx2")]
+        unsafe fn load8(p: *const u16) -> __m256 {
+            // SAFETY: the caller guarantees 8 readable u16 at `p`.
+            let h = unsafe { _mm_loadu_si128(p as *const __m128i) };
+            _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+        }
+    }
+
+    impl Load8 for f32 {
+        #[inline]
+        #[target_feature(enable = "avx2")]
+        unsafe fn load8(p: *const f32) -> __m256 {
+            // SAFETY: the caller guarantees 8 readable f32 at `p`.
+            unsafe { _mm256_loadu_ps(p) }
+        }
+    }
+
+    /// One row: [`dotn`] with `R = 1` (the same accumulation order).
+    ///
     /// # Safety
     /// The CPU must support AVX2; `row` and `x` must have the same length.
+    #[inline]
     #[target_feature(enable = "avx2")]
-    pub unsafe fn dot_bf16(row: &[u16], x: &[f32]) -> f32 {
-        let k = row.len();
-        let blocks = k / LANES;
-        let (wp, xp) = (row.as_ptr(), x.as_ptr());
-        let (mut a0, mut a1, mut a2, mut a3) =
-            (_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps());
-        for b in 0..blocks {
-            let o = b * LANES;
-            // SAFETY: o + 32 <= k for every block; both slices hold k elements.
-            unsafe {
-                a0 = _mm256_add_ps(a0, _mm256_mul_ps(load_bf16(wp.add(o)), _mm256_loadu_ps(xp.add(o))));
-                a1 = _mm256_add_ps(a1, _mm256_mul_ps(load_bf16(wp.add(o + 8)), _mm256_loadu_ps(xp.add(o + 8))));
-                a2 = _mm256_add_ps(a2, _mm256_mul_ps(load_bf16(wp.add(o + 16)), _mm256_loadu_ps(xp.add(o + 16))));
-                a3 = _mm256_add_ps(a3, _mm256_mul_ps(load_bf16(wp.add(o + 24)), _mm256_loadu_ps(xp.add(o + 24))));
-            }
-        }
-        let mut s = unsafe { reduce(a0, a1, a2, a3) };
-        for j in blocks * LANES..k {
-            s += super::bf16_to_f32(row[j]) * x[j];
-        }
-        s
+    pub(super) unsafe fn dot<E: Load8>(row: &[E], x: &[f32]) -> f32 {
+        // SAFETY: caller contract forwarded.
+        unsafe { dotn::<1, E>([row], x)[0] }
     }
 
-    /// `R` rows at once, interleaving their weight streams; each row keeps exactly the
-    /// accumulation order of [`dot_bf16`].
+    /// `R` rows at once, interleaving their weight streams; each row keeps the fixed
+    /// accumulation order (lanes `8q..8q + 8` of each block in `acc[r][q]`).
     ///
     /// # Safety
     /// The CPU must support AVX2; every row must have `x.len()` elements.
     #[target_feature(enable = "avx2")]
     #[allow(clippy::needless_range_loop)]
-    pub unsafe fn dotn_bf16<const R: usize>(rows: [&[u16]; R], x: &[f32]) -> [f32; R] {
+    pub(super) unsafe fn dotn<const R: usize, E: Load8>(rows: [&[E]; R], x: &[f32]) -> [f32; R] {
         let k = x.len();
         let blocks = k / LANES;
         let xp = x.as_ptr();
@@ -139,7 +154,7 @@ mod avx2 {
                 for q in 0..4 {
                     let xq = _mm256_loadu_ps(xp.add(o + 8 * q));
                     for r in 0..R {
-                        acc[r][q] = _mm256_add_ps(acc[r][q], _mm256_mul_ps(load_bf16(wp[r].add(o + 8 * q)), xq));
+                        acc[r][q] = _mm256_add_ps(acc[r][q], _mm256_mul_ps(E::load8(wp[r].add(o + 8 * q)), xq));
                     }
                 }
             }
@@ -148,37 +163,11 @@ mod avx2 {
         for r in 0..R {
             let mut s = unsafe { reduce(acc[r][0], acc[r][1], acc[r][2], acc[r][3]) };
             for j in blocks * LANES..k {
-                s += super::bf16_to_f32(rows[r][j]) * x[j];
+                s += rows[r][j].to_f32() * x[j];
             }
             out[r] = s;
         }
         out
-    }
-
-    /// # Safety
-    /// The CPU must support AVX2; `row` and `x` must have the same length.
-    #[target_feature(enable = "avx2")]
-    pub unsafe fn dot_f32(row: &[f32], x: &[f32]) -> f32 {
-        let k = row.len();
-        let blocks = k / LANES;
-        let (wp, xp) = (row.as_ptr(), x.as_ptr());
-        let (mut a0, mut a1, mut a2, mut a3) =
-            (_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps());
-        for b in 0..blocks {
-            let o = b * LANES;
-            // SAFETY: o + 32 <= k for every block; both slices hold k elements.
-            unsafe {
-                a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_loadu_ps(wp.add(o)), _mm256_loadu_ps(xp.add(o))));
-                a1 = _mm256_add_ps(a1, _mm256_mul_ps(_mm256_loadu_ps(wp.add(o + 8)), _mm256_loadu_ps(xp.add(o + 8))));
-                a2 = _mm256_add_ps(a2, _mm256_mul_ps(_mm256_loadu_ps(wp.add(o + 16)), _mm256_loadu_ps(xp.add(o + 16))));
-                a3 = _mm256_add_ps(a3, _mm256_mul_ps(_mm256_loadu_ps(wp.add(o + 24)), _mm256_loadu_ps(xp.add(o + 24))));
-            }
-        }
-        let mut s = unsafe { reduce(a0, a1, a2, a3) };
-        for j in blocks * LANES..k {
-            s += row[j] * x[j];
-        }
-        s
     }
 }
 
@@ -202,45 +191,51 @@ mod avx512 {
         _mm_cvtss_f32(_mm_add_ss(v, _mm_shuffle_ps(v, v, 0b01)))
     }
 
-    #[inline]
-    #[target_feature(enable = "avx512f,avx2")]
-    unsafe fn load_bf16(p: *const u16) -> __m512 {
-        // SAFETY: the caller guarantees 16 readable u16 at `p`.
-        let h = unsafe { _mm256_loadu_si256(p as *const __m256i) };
-        _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
+    /// A weight element type the AVX-512 kernels load 16 of at once, widened to f32.
+    pub(super) trait Load16: super::WeightElem {
+        /// # Safety
+        /// The CPU must support AVX-512F; 16 elements must be readable at `p`.
+        unsafe fn load16(p: *const Self) -> __m512;
     }
 
+    impl Load16 for u16 {
+        #[inline]
+        #[target_feature(enable = "avx512f,avx2")]
+        unsafe fn load16(p: *const u16) -> __m512 {
+            // SAFETY: the caller guarantees 16 readable u16 at `p`.
+            let h = unsafe { _mm256_loadu_si256(p as *const __m256i) };
+            _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
+        }
+    }
+
+    impl Load16 for f32 {
+        #[inline]
+        #[target_feature(enable = "avx512f,avx2")]
+        unsafe fn load16(p: *const f32) -> __m512 {
+            // SAFETY: the caller guarantees 16 readable f32 at `p`.
+            unsafe { _mm512_loadu_ps(p) }
+        }
+    }
+
+    /// One row: [`dotn`] with `R = 1` (the same accumulation order).
+    ///
     /// # Safety
     /// The CPU must support AVX-512F; `row` and `x` must have the same length.
+    #[inline]
     #[target_feature(enable = "avx512f,avx2")]
-    pub unsafe fn dot_bf16(row: &[u16], x: &[f32]) -> f32 {
-        let k = row.len();
-        let blocks = k / LANES;
-        let (wp, xp) = (row.as_ptr(), x.as_ptr());
-        let (mut lo, mut hi) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-        for b in 0..blocks {
-            let o = b * LANES;
-            // SAFETY: o + 32 <= k for every block; both slices hold k elements.
-            unsafe {
-                lo = _mm512_add_ps(lo, _mm512_mul_ps(load_bf16(wp.add(o)), _mm512_loadu_ps(xp.add(o))));
-                hi = _mm512_add_ps(hi, _mm512_mul_ps(load_bf16(wp.add(o + 16)), _mm512_loadu_ps(xp.add(o + 16))));
-            }
-        }
-        let mut s = unsafe { reduce(lo, hi) };
-        for j in blocks * LANES..k {
-            s += super::bf16_to_f32(row[j]) * x[j];
-        }
-        s
+    pub(super) unsafe fn dot<E: Load16>(row: &[E], x: &[f32]) -> f32 {
+        // SAFETY: caller contract forwarded.
+        unsafe { dotn::<1, E>([row], x)[0] }
     }
 
-    /// `R` rows at once, interleaving their weight streams; each row keeps exactly the
-    /// accumulation order of [`dot_bf16`].
+    /// `R` rows at once, interleaving their weight streams; each row keeps the fixed
+    /// accumulation order (lanes 0..16 of each block in `lo`, 16..32 in `hi`).
     ///
     /// # Safety
     /// The CPU must support AVX-512F; every row must have `x.len()` elements.
     #[target_feature(enable = "avx512f,avx2")]
     #[allow(clippy::needless_range_loop)]
-    pub unsafe fn dotn_bf16<const R: usize>(rows: [&[u16]; R], x: &[f32]) -> [f32; R] {
+    pub(super) unsafe fn dotn<const R: usize, E: Load16>(rows: [&[E]; R], x: &[f32]) -> [f32; R] {
         let k = x.len();
         let blocks = k / LANES;
         let xp = x.as_ptr();
@@ -253,8 +248,8 @@ mod avx512 {
             unsafe {
                 let (x0, x1) = (_mm512_loadu_ps(xp.add(o)), _mm512_loadu_ps(xp.add(o + 16)));
                 for r in 0..R {
-                    lo[r] = _mm512_add_ps(lo[r], _mm512_mul_ps(load_bf16(wp[r].add(o)), x0));
-                    hi[r] = _mm512_add_ps(hi[r], _mm512_mul_ps(load_bf16(wp[r].add(o + 16)), x1));
+                    lo[r] = _mm512_add_ps(lo[r], _mm512_mul_ps(E::load16(wp[r].add(o)), x0));
+                    hi[r] = _mm512_add_ps(hi[r], _mm512_mul_ps(E::load16(wp[r].add(o + 16)), x1));
                 }
             }
         }
@@ -262,34 +257,11 @@ mod avx512 {
         for r in 0..R {
             let mut s = unsafe { reduce(lo[r], hi[r]) };
             for j in blocks * LANES..k {
-                s += super::bf16_to_f32(rows[r][j]) * x[j];
+                s += rows[r][j].to_f32() * x[j];
             }
             out[r] = s;
         }
         out
-    }
-
-    /// # Safety
-    /// The CPU must support AVX-512F; `row` and `x` must have the same length.
-    #[target_feature(enable = "avx512f,avx2")]
-    pub unsafe fn dot_f32(row: &[f32], x: &[f32]) -> f32 {
-        let k = row.len();
-        let blocks = k / LANES;
-        let (wp, xp) = (row.as_ptr(), x.as_ptr());
-        let (mut lo, mut hi) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-        for b in 0..blocks {
-            let o = b * LANES;
-            // SAFETY: o + 32 <= k for every block; both slices hold k elements.
-            unsafe {
-                lo = _mm512_add_ps(lo, _mm512_mul_ps(_mm512_loadu_ps(wp.add(o)), _mm512_loadu_ps(xp.add(o))));
-                hi = _mm512_add_ps(hi, _mm512_mul_ps(_mm512_loadu_ps(wp.add(o + 16)), _mm512_loadu_ps(xp.add(o + 16))));
-            }
-        }
-        let mut s = unsafe { reduce(lo, hi) };
-        for j in blocks * LANES..k {
-            s += row[j] * x[j];
-        }
-        s
     }
 }
 
@@ -344,9 +316,9 @@ impl Kernel {
         match self {
             // SAFETY: callers only pass kernels checked with `is_available`; equal lengths.
             #[cfg(target_arch = "x86_64")]
-            Kernel::Avx512 => unsafe { avx512::dot_bf16(row, x) },
+            Kernel::Avx512 => unsafe { avx512::dot(row, x) },
             #[cfg(target_arch = "x86_64")]
-            Kernel::Avx2 => unsafe { avx2::dot_bf16(row, x) },
+            Kernel::Avx2 => unsafe { avx2::dot(row, x) },
             _ => dot_bf16_scalar(row, x),
         }
     }
@@ -357,9 +329,9 @@ impl Kernel {
         match self {
             // SAFETY: callers only pass kernels checked with `is_available`; equal lengths.
             #[cfg(target_arch = "x86_64")]
-            Kernel::Avx512 => unsafe { avx512::dot_f32(row, x) },
+            Kernel::Avx512 => unsafe { avx512::dot(row, x) },
             #[cfg(target_arch = "x86_64")]
-            Kernel::Avx2 => unsafe { avx2::dot_f32(row, x) },
+            Kernel::Avx2 => unsafe { avx2::dot(row, x) },
             _ => dot_f32_scalar(row, x),
         }
     }
@@ -377,8 +349,13 @@ fn rows_bf16(w: &[u16], k: usize, x: &[f32], y: &mut [f32], kernel: Kernel) {
     let x = &x[..k];
     #[cfg(target_arch = "x86_64")]
     match kernel {
-        Kernel::Avx512 => return rows_bf16_interleaved::<8>(w, k, x, y),
-        Kernel::Avx2 => return rows_bf16_interleaved_avx2::<4>(w, k, x, y),
+        // SAFETY (both arms): only reached for kernels checked available; rows hold k elements.
+        Kernel::Avx512 => {
+            return rows_bf16_interleaved::<8>(w, k, x, y, kernel, |rows, x| unsafe { avx512::dotn(rows, x) })
+        }
+        Kernel::Avx2 => {
+            return rows_bf16_interleaved::<4>(w, k, x, y, kernel, |rows, x| unsafe { avx2::dotn(rows, x) })
+        }
         Kernel::Scalar => {}
     }
     for (row, yv) in w.chunks_exact(k).zip(y.iter_mut()) {
@@ -386,30 +363,25 @@ fn rows_bf16(w: &[u16], k: usize, x: &[f32], y: &mut [f32], kernel: Kernel) {
     }
 }
 
-/// `R` rows per pass with [`avx512::dotn_bf16`], the remaining rows one by one.
+/// `R` rows per pass with `dotn` (the kernel's `dotn`), the remaining rows one by one with
+/// `kernel`.
 #[cfg(target_arch = "x86_64")]
-fn rows_bf16_interleaved<const R: usize>(w: &[u16], k: usize, x: &[f32], y: &mut [f32]) {
+#[inline(always)]
+fn rows_bf16_interleaved<const R: usize>(
+    w: &[u16],
+    k: usize,
+    x: &[f32],
+    y: &mut [f32],
+    kernel: Kernel,
+    dotn: impl Fn([&[u16]; R], &[f32]) -> [f32; R],
+) {
     let groups = y.len() / R;
     for (wg, yg) in w.chunks_exact(R * k).zip(y.chunks_exact_mut(R)) {
         let rows: [&[u16]; R] = std::array::from_fn(|r| &wg[r * k..(r + 1) * k]);
-        // SAFETY: only reached for the AVX-512 kernels, checked available; rows hold k elements.
-        yg.copy_from_slice(&unsafe { avx512::dotn_bf16::<R>(rows, x) });
+        yg.copy_from_slice(&dotn(rows, x));
     }
     for (row, yv) in w[groups * R * k..].chunks_exact(k).zip(y[groups * R..].iter_mut()) {
-        *yv = Kernel::Avx512.dot_bf16(row, x);
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-fn rows_bf16_interleaved_avx2<const R: usize>(w: &[u16], k: usize, x: &[f32], y: &mut [f32]) {
-    let groups = y.len() / R;
-    for (wg, yg) in w.chunks_exact(R * k).zip(y.chunks_exact_mut(R)) {
-        let rows: [&[u16]; R] = std::array::from_fn(|r| &wg[r * k..(r + 1) * k]);
-        // SAFETY: only reached for the AVX2 kernels, checked available; rows hold k elements.
-        yg.copy_from_slice(&unsafe { avx2::dotn_bf16::<R>(rows, x) });
-    }
-    for (row, yv) in w[groups * R * k..].chunks_exact(k).zip(y[groups * R..].iter_mut()) {
-        *yv = Kernel::Avx2.dot_bf16(row, x);
+        *yv = kernel.dot_bf16(row, x);
     }
 }
 
@@ -426,40 +398,45 @@ fn rows_per_task(n: usize) -> usize {
     n.div_ceil(tasks).max(8)
 }
 
+/// Checks lengths, then runs `rows` (one block of rows on one thread) over all of `W`, split
+/// over rayon tasks when `parallel` and the matrix is large.
+#[allow(clippy::too_many_arguments)]
+fn matvec_with<T: Sync>(
+    name: &str,
+    w: &[T],
+    n: usize,
+    k: usize,
+    x: &[f32],
+    y: &mut [f32],
+    kernel: Kernel,
+    parallel: bool,
+    rows: impl Fn(&[T], usize, &[f32], &mut [f32], Kernel) + Sync,
+) {
+    assert!(w.len() >= n * k && x.len() >= k && y.len() >= n, "{name}: bad lengths");
+    let kernel = kernel.or_best();
+    if k == 0 {
+        y[..n].fill(0.0);
+        return;
+    }
+    let (w, y) = (&w[..n * k], &mut y[..n]);
+    if parallel && n * k >= PARALLEL_MIN_ELEMENTS && n > 1 {
+        let rows_per = rows_per_task(n);
+        w.par_chunks(rows_per * k).zip(y.par_chunks_mut(rows_per)).for_each(|(wc, yc)| rows(wc, k, x, yc, kernel));
+    } else {
+        rows(w, k, x, y, kernel);
+    }
+}
+
 /// `y[n] = W[n, k] · x[k]`, bf16 weights, with an explicit choice of kernel (replaced by the
 /// best one if this CPU lacks it) and threading (for tests and benchmarks; [`matvec_bf16_auto`]
 /// picks both).
 pub fn matvec_bf16_with(w: &[u16], n: usize, k: usize, x: &[f32], y: &mut [f32], kernel: Kernel, parallel: bool) {
-    assert!(w.len() >= n * k && x.len() >= k && y.len() >= n, "matvec_bf16: bad lengths");
-    let kernel = kernel.or_best();
-    if k == 0 {
-        y[..n].fill(0.0);
-        return;
-    }
-    let (w, y) = (&w[..n * k], &mut y[..n]);
-    if parallel && n * k >= PARALLEL_MIN_ELEMENTS && n > 1 {
-        let rows = rows_per_task(n);
-        w.par_chunks(rows * k).zip(y.par_chunks_mut(rows)).for_each(|(wc, yc)| rows_bf16(wc, k, x, yc, kernel));
-    } else {
-        rows_bf16(w, k, x, y, kernel);
-    }
+    matvec_with("matvec_bf16", w, n, k, x, y, kernel, parallel, rows_bf16)
 }
 
 /// `y[n] = W[n, k] · x[k]`, f32 weights, explicit kernel / threading choice.
 pub fn matvec_f32_with(w: &[f32], n: usize, k: usize, x: &[f32], y: &mut [f32], kernel: Kernel, parallel: bool) {
-    assert!(w.len() >= n * k && x.len() >= k && y.len() >= n, "matvec_f32: bad lengths");
-    let kernel = kernel.or_best();
-    if k == 0 {
-        y[..n].fill(0.0);
-        return;
-    }
-    let (w, y) = (&w[..n * k], &mut y[..n]);
-    if parallel && n * k >= PARALLEL_MIN_ELEMENTS && n > 1 {
-        let rows = rows_per_task(n);
-        w.par_chunks(rows * k).zip(y.par_chunks_mut(rows)).for_each(|(wc, yc)| rows_f32(wc, k, x, yc, kernel));
-    } else {
-        rows_f32(w, k, x, y, kernel);
-    }
+    matvec_with("matvec_f32", w, n, k, x, y, kernel, parallel, rows_f32)
 }
 
 /// `a · b` in the fixed accumulation order (best kernel of this CPU; bit-identical to

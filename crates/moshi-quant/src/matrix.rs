@@ -14,6 +14,21 @@ pub fn bf16_bits_to_f32(bits: u16) -> f32 {
     f32::from_bits((bits as u32) << 16)
 }
 
+/// Checks that MLX can produce this bit width and group size and that `cols` packs into whole
+/// groups and whole `u32` words.
+pub(crate) fn check_layout(cols: usize, bits: u32, group_size: usize) -> Result<(), QuantError> {
+    if !SUPPORTED_BITS.contains(&bits) {
+        return Err(QuantError::UnsupportedBits { bits });
+    }
+    if !SUPPORTED_GROUP_SIZES.contains(&group_size) {
+        return Err(QuantError::UnsupportedGroupSize { group_size });
+    }
+    if cols % group_size != 0 || (cols * bits as usize) % 32 != 0 {
+        return Err(QuantError::ColsNotMultipleOfGroup { cols, group_size });
+    }
+    Ok(())
+}
+
 /// A `[rows, cols]` matrix in MLX affine layout (see the crate docs).
 #[derive(Clone, Debug)]
 pub struct QuantizedMatrix {
@@ -37,15 +52,7 @@ impl QuantizedMatrix {
         scales: Vec<u16>,
         biases: Vec<u16>,
     ) -> Result<Self, QuantError> {
-        if !SUPPORTED_BITS.contains(&bits) {
-            return Err(QuantError::UnsupportedBits { bits });
-        }
-        if !SUPPORTED_GROUP_SIZES.contains(&group_size) {
-            return Err(QuantError::UnsupportedGroupSize { group_size });
-        }
-        if cols % group_size != 0 || (cols * bits as usize) % 32 != 0 {
-            return Err(QuantError::ColsNotMultipleOfGroup { cols, group_size });
-        }
+        check_layout(cols, bits, group_size)?;
         let words_per_row = cols * bits as usize / 32;
         let groups_per_row = cols / group_size;
         let checks = [

@@ -14,7 +14,7 @@
 
 use half::bf16;
 
-use crate::matrix::{SUPPORTED_BITS, SUPPORTED_GROUP_SIZES};
+use crate::matrix::check_layout;
 use crate::{bf16_bits_to_f32, QuantError, QuantizedMatrix};
 
 /// MLX's lower bound on the magnitude of a scale.
@@ -28,15 +28,7 @@ pub fn quantize_mlx(
     bits: u32,
     group_size: usize,
 ) -> Result<QuantizedMatrix, QuantError> {
-    if !SUPPORTED_BITS.contains(&bits) {
-        return Err(QuantError::UnsupportedBits { bits });
-    }
-    if !SUPPORTED_GROUP_SIZES.contains(&group_size) {
-        return Err(QuantError::UnsupportedGroupSize { group_size });
-    }
-    if cols % group_size != 0 || (cols * bits as usize) % 32 != 0 {
-        return Err(QuantError::ColsNotMultipleOfGroup { cols, group_size });
-    }
+    check_layout(cols, bits, group_size)?;
     if weights.len() != rows * cols {
         return Err(QuantError::LengthMismatch {
             what: "weights",

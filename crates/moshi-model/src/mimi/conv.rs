@@ -6,6 +6,20 @@
 use super::matrix::WeightMatrix;
 use crate::ops::elu_slice;
 
+/// Copies a row-major `[d0][d1][d2]` array into a new one of the same size, element `(a, b, c)`
+/// going to index `dst_index(a, b, c)` (which must be a bijection onto `0..d0 * d1 * d2`).
+fn permute_3d(src: &[f32], [d0, d1, d2]: [usize; 3], dst_index: impl Fn(usize, usize, usize) -> usize) -> Vec<f32> {
+    let mut dst = vec![0f32; src.len()];
+    for a in 0..d0 {
+        for b in 0..d1 {
+            for c in 0..d2 {
+                dst[dst_index(a, b, c)] = src[(a * d1 + b) * d2 + c];
+            }
+        }
+    }
+    dst
+}
+
 /// Activation applied to a convolution's input as it is copied into the convolution's buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PreActivation {
@@ -67,14 +81,10 @@ impl StreamingConv1d {
     ) -> Self {
         assert_eq!(weight_pt.len(), out_channels * in_channels * kernel_size, "conv weight size");
         assert!(stride >= 1 && dilation >= 1 && kernel_size >= 1);
-        let mut weight = vec![0f32; weight_pt.len()];
-        for o in 0..out_channels {
-            for i in 0..in_channels {
-                for j in 0..kernel_size {
-                    weight[(o * kernel_size + j) * in_channels + i] = weight_pt[(o * in_channels + i) * kernel_size + j];
-                }
-            }
-        }
+        // PyTorch [out][in][tap] -> [out][tap][in].
+        let weight = permute_3d(weight_pt, [out_channels, in_channels, kernel_size], |o, i, j| {
+            (o * kernel_size + j) * in_channels + i
+        });
         if let Some(b) = &bias {
             assert_eq!(b.len(), out_channels, "conv bias size");
         }
@@ -200,15 +210,10 @@ impl StreamingConvTranspose1d {
             weight_pt.to_vec()
         } else {
             assert_eq!(weight_pt.len(), in_channels * out_channels * kernel_size, "convtr weight size");
-            let mut w = vec![0f32; weight_pt.len()];
-            for i in 0..in_channels {
-                for o in 0..out_channels {
-                    for j in 0..kernel_size {
-                        w[(j * out_channels + o) * in_channels + i] = weight_pt[(i * out_channels + o) * kernel_size + j];
-                    }
-                }
-            }
-            w
+            // PyTorch [in][out][tap] -> [tap][out][in].
+            permute_3d(weight_pt, [in_channels, out_channels, kernel_size], |i, o, j| {
+                (j * out_channels + o) * in_channels + i
+            })
         };
         if let Some(b) = &bias {
             assert_eq!(b.len(), out_channels, "convtr bias size");

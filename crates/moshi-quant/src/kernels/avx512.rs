@@ -17,15 +17,7 @@ use crate::{bf16_bits_to_f32, QuantizedMatrix};
 pub(crate) const NIBBLE_BLOCK: usize = 32;
 
 pub(crate) fn select(bits: u32, group_size: usize) -> Option<RowRangeFn> {
-    Some(match (bits, group_size) {
-        (4, 32) => rows::<4, 32>,
-        (4, 64) => rows::<4, 64>,
-        (4, 128) => rows::<4, 128>,
-        (8, 32) => rows::<8, 32>,
-        (8, 64) => rows::<8, 64>,
-        (8, 128) => rows::<8, 128>,
-        _ => return None,
-    })
+    select_specialised_rows!(rows, bits, group_size)
 }
 
 fn rows<const BITS: usize, const GROUP: usize>(
@@ -46,64 +38,7 @@ fn rows<const BITS: usize, const GROUP: usize>(
     unsafe { rows_impl::<BITS, GROUP>(w, xs, m, row_start, out_t) }
 }
 
-#[target_feature(enable = "avx512f")]
-unsafe fn rows_impl<const BITS: usize, const GROUP: usize>(
-    w: &QuantizedMatrix,
-    xs: &[f32],
-    m: usize,
-    row_start: usize,
-    out_t: &mut [f32],
-) {
-    let cols = w.cols();
-    let row_code_bytes = cols * BITS / 8;
-    let groups_per_row = cols / GROUP;
-    let codes = w.codes().as_ptr() as *const u8;
-    // The row's scales and biases as f32, so the group loop broadcasts them straight from memory.
-    let mut scales = vec![0f32; groups_per_row];
-    let mut biases = vec![0f32; groups_per_row];
-    for (local, out_row) in out_t.chunks_exact_mut(m).enumerate() {
-        let r = row_start + local;
-        let groups = r * groups_per_row..(r + 1) * groups_per_row;
-        for ((s, b), (&sb, &bb)) in scales
-            .iter_mut()
-            .zip(biases.iter_mut())
-            .zip(w.scales()[groups.clone()].iter().zip(&w.biases()[groups]))
-        {
-            *s = bf16_bits_to_f32(sb);
-            *b = bf16_bits_to_f32(bb);
-        }
-        // SAFETY (all calls below): row `r` is in range, so its `row_code_bytes` code bytes are in
-        // bounds; activation rows `i..i + MR` are < m, each `cols` long.
-        let row_codes = unsafe { codes.add(r * row_code_bytes) };
-        let mut i = 0;
-        while i + 4 <= m {
-            let d = unsafe {
-                row_dot::<BITS, GROUP, 4>(
-                    row_codes,
-                    &scales,
-                    &biases,
-                    xs.as_ptr().add(i * cols),
-                    cols,
-                )
-            };
-            out_row[i..i + 4].copy_from_slice(&d);
-            i += 4;
-        }
-        let x = unsafe { xs.as_ptr().add(i * cols) };
-        match m - i {
-            3 => out_row[i..].copy_from_slice(&unsafe {
-                row_dot::<BITS, GROUP, 3>(row_codes, &scales, &biases, x, cols)
-            }),
-            2 => out_row[i..].copy_from_slice(&unsafe {
-                row_dot::<BITS, GROUP, 2>(row_codes, &scales, &biases, x, cols)
-            }),
-            1 => out_row[i..].copy_from_slice(&unsafe {
-                row_dot::<BITS, GROUP, 1>(row_codes, &scales, &biases, x, cols)
-            }),
-            _ => {}
-        }
-    }
-}
+x86_rows_impl!("avx512f");
 
 /// The dequantized weights of the 32 columns `32 * c..32 * c + 32` of a row, as two vectors
 /// (4 bits: even then odd columns; 8 bits: consecutive columns).

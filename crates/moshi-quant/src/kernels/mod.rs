@@ -5,6 +5,97 @@
 //! `w = fma(q, scale, bias)` (or `q * scale + bias` in the portable kernel) and f32 accumulation:
 //! the exact dequantized matrix times f32 activations, up to summation order.
 
+/// `Some(rows::<BITS, GROUP>)` for the (bits, group size) pairs the specialised kernels cover
+/// (4 and 8 bits, groups of 32, 64 or 128), `None` otherwise. A macro because every kernel
+/// module has its own generic `rows` function.
+macro_rules! select_specialised_rows {
+    ($rows:ident, $bits:expr, $group_size:expr) => {
+        match ($bits, $group_size) {
+            (4, 32) => Some($rows::<4, 32> as crate::kernels::RowRangeFn),
+            (4, 64) => Some($rows::<4, 64>),
+            (4, 128) => Some($rows::<4, 128>),
+            (8, 32) => Some($rows::<8, 32>),
+            (8, 64) => Some($rows::<8, 64>),
+            (8, 128) => Some($rows::<8, 128>),
+            _ => None,
+        }
+    };
+}
+
+/// Defines `rows_impl::<BITS, GROUP>(w, xs, m, row_start, out_t)` for an x86 kernel module,
+/// compiled with the given target features: per weight row, upcasts its scales and biases to f32,
+/// then calls the module's `row_dot::<BITS, GROUP, MR>` on 4 activation rows at a time and once
+/// more on the last 1..=3. A macro because the module's `row_dot` and the `target_feature`
+/// attribute (needed so `row_dot` inlines) differ per instruction set.
+///
+/// The generated function is `unsafe`: the CPU must have the features, rows
+/// `row_start..row_start + out_t.len() / m` must exist in `w`, and `xs` must hold `m * w.cols()`
+/// values.
+#[cfg(target_arch = "x86_64")]
+macro_rules! x86_rows_impl {
+    ($features:literal) => {
+        #[target_feature(enable = $features)]
+        unsafe fn rows_impl<const BITS: usize, const GROUP: usize>(
+            w: &QuantizedMatrix,
+            xs: &[f32],
+            m: usize,
+            row_start: usize,
+            out_t: &mut [f32],
+        ) {
+            let cols = w.cols();
+            let row_code_bytes = cols * BITS / 8;
+            let groups_per_row = cols / GROUP;
+            let codes = w.codes().as_ptr() as *const u8;
+            // The row's scales and biases as f32, so the group loop broadcasts them straight from
+            // memory.
+            let mut scales = vec![0f32; groups_per_row];
+            let mut biases = vec![0f32; groups_per_row];
+            for (local, out_row) in out_t.chunks_exact_mut(m).enumerate() {
+                let r = row_start + local;
+                let groups = r * groups_per_row..(r + 1) * groups_per_row;
+                for ((s, b), (&sb, &bb)) in scales
+                    .iter_mut()
+                    .zip(biases.iter_mut())
+                    .zip(w.scales()[groups.clone()].iter().zip(&w.biases()[groups]))
+                {
+                    *s = bf16_bits_to_f32(sb);
+                    *b = bf16_bits_to_f32(bb);
+                }
+                // SAFETY (all calls below): row `r` is in range, so its `row_code_bytes` code
+                // bytes are in bounds; activation rows `i..i + MR` are < m, each `cols` long.
+                let row_codes = unsafe { codes.add(r * row_code_bytes) };
+                let mut i = 0;
+                while i + 4 <= m {
+                    let d = unsafe {
+                        row_dot::<BITS, GROUP, 4>(
+                            row_codes,
+                            &scales,
+                            &biases,
+                            xs.as_ptr().add(i * cols),
+                            cols,
+                        )
+                    };
+                    out_row[i..i + 4].copy_from_slice(&d);
+                    i += 4;
+                }
+                let x = unsafe { xs.as_ptr().add(i * cols) };
+                match m - i {
+                    3 => out_row[i..].copy_from_slice(&unsafe {
+                        row_dot::<BITS, GROUP, 3>(row_codes, &scales, &biases, x, cols)
+                    }),
+                    2 => out_row[i..].copy_from_slice(&unsafe {
+                        row_dot::<BITS, GROUP, 2>(row_codes, &scales, &biases, x, cols)
+                    }),
+                    1 => out_row[i..].copy_from_slice(&unsafe {
+                        row_dot::<BITS, GROUP, 1>(row_codes, &scales, &biases, x, cols)
+                    }),
+                    _ => {}
+                }
+            }
+        }
+    };
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]

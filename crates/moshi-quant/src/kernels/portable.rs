@@ -8,15 +8,7 @@ use crate::{bf16_bits_to_f32, QuantizedMatrix};
 const LANES: usize = 16;
 
 pub(crate) fn select(bits: u32, group_size: usize) -> Option<RowRangeFn> {
-    Some(match (bits, group_size) {
-        (4, 32) => rows::<4, 32>,
-        (4, 64) => rows::<4, 64>,
-        (4, 128) => rows::<4, 128>,
-        (8, 32) => rows::<8, 32>,
-        (8, 64) => rows::<8, 64>,
-        (8, 128) => rows::<8, 128>,
-        _ => return None,
-    })
+    select_specialised_rows!(rows, bits, group_size)
 }
 
 fn rows<const BITS: usize, const GROUP: usize>(
