@@ -16,6 +16,10 @@ use crate::{bf16_bits_to_f32, QuantizedMatrix};
 /// Column block of the even/odd activation arrangement for 4-bit codes.
 pub(crate) const NIBBLE_BLOCK: usize = 32;
 
+/// Weight rows per pass of the matrix-vector kernel on long rows (see
+/// `kernels::MULTI_ROW_MIN_ROW_BYTES`): each activation chunk is loaded once for all of them.
+pub(crate) const MATVEC_ROWS: usize = 4;
+
 pub(crate) fn select(bits: u32, group_size: usize) -> Option<RowRangeFn> {
     select_specialised_rows!(rows, bits, group_size)
 }
@@ -143,6 +147,84 @@ unsafe fn row_dot<const BITS: usize, const GROUP: usize, const MR: usize>(
         }
     }
     let mut out = [0f32; MR];
+    for (o, a) in out.iter_mut().zip(&acc) {
+        *o = _mm512_reduce_add_ps(_mm512_add_ps(
+            _mm512_add_ps(a[0], a[1]),
+            _mm512_add_ps(a[2], a[3]),
+        ));
+    }
+    out
+}
+
+/// Dot products of `NR` consecutive weight rows with one activation row: the same arithmetic per
+/// row as `row_dot::<_, _, 1>` (same four accumulators, same reduction), so results are identical,
+/// but each activation chunk is loaded once for all `NR` rows.
+///
+/// # Safety
+/// AVX-512F must be available; `codes` must point to `NR` consecutive rows of `row_code_bytes`
+/// code bytes; `x` must hold `cols` floats; `scales`/`biases` hold `NR * groups_per_row` values
+/// (row-major).
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn multi_row_dot<const BITS: usize, const GROUP: usize, const NR: usize>(
+    codes: *const u8,
+    row_code_bytes: usize,
+    scales: &[f32],
+    biases: &[f32],
+    x: *const f32,
+    cols: usize,
+) -> [f32; NR] {
+    let groups_per_row = cols / GROUP;
+    let mut acc = [[_mm512_setzero_ps(); 4]; NR];
+    let chunks = cols / 32;
+    let mut c = 0;
+    while c + 2 <= chunks {
+        // SAFETY: columns 32c..32c+64 of the activation row.
+        let (x0, x1, x2, x3) = unsafe {
+            let p = x.add(c * 32);
+            (
+                _mm512_loadu_ps(p),
+                _mm512_loadu_ps(p.add(16)),
+                _mm512_loadu_ps(p.add(32)),
+                _mm512_loadu_ps(p.add(48)),
+            )
+        };
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let row_codes = codes.wrapping_add(r * row_code_bytes);
+            // A hint: never faults, so the address may run past the row.
+            _mm_prefetch::<_MM_HINT_T0>(
+                row_codes.wrapping_add(c * 4 * BITS + PREFETCH_BYTES) as *const i8,
+            );
+            let (s, b) = (
+                &scales[r * groups_per_row..(r + 1) * groups_per_row],
+                &biases[r * groups_per_row..(r + 1) * groups_per_row],
+            );
+            // SAFETY: row r < NR, chunks c and c + 1 < chunks.
+            let (a0, a1) = unsafe { weights32::<BITS, GROUP>(row_codes, s, b, c) };
+            let (b0, b1) = unsafe { weights32::<BITS, GROUP>(row_codes, s, b, c + 1) };
+            acc[0] = _mm512_fmadd_ps(a0, x0, acc[0]);
+            acc[1] = _mm512_fmadd_ps(a1, x1, acc[1]);
+            acc[2] = _mm512_fmadd_ps(b0, x2, acc[2]);
+            acc[3] = _mm512_fmadd_ps(b1, x3, acc[3]);
+        }
+        c += 2;
+    }
+    if c < chunks {
+        // SAFETY: columns 32c..32c+32 of the activation row.
+        let (x0, x1) = unsafe { (_mm512_loadu_ps(x.add(c * 32)), _mm512_loadu_ps(x.add(c * 32 + 16))) };
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let row_codes = codes.wrapping_add(r * row_code_bytes);
+            let (s, b) = (
+                &scales[r * groups_per_row..(r + 1) * groups_per_row],
+                &biases[r * groups_per_row..(r + 1) * groups_per_row],
+            );
+            // SAFETY: row r < NR, c < chunks.
+            let (a0, a1) = unsafe { weights32::<BITS, GROUP>(row_codes, s, b, c) };
+            acc[0] = _mm512_fmadd_ps(a0, x0, acc[0]);
+            acc[1] = _mm512_fmadd_ps(a1, x1, acc[1]);
+        }
+    }
+    let mut out = [0f32; NR];
     for (o, a) in out.iter_mut().zip(&acc) {
         *o = _mm512_reduce_add_ps(_mm512_add_ps(
             _mm512_add_ps(a[0], a[1]),
