@@ -1,22 +1,22 @@
 //! Mimi at the real shape (configs/mimi-v0_1.json, random weights, 8 codebooks): time per 80 ms
 //! frame of streaming encode and of streaming decode, in steady state (transformer window full),
-//! with exact f32 weights and with `set_bf16_weights(true)`.
+//! in every weight mode (`MimiWeights`: exact f32, bf16, q8), plus the weight bytes read per frame.
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use moshi_loader::MimiConfig;
-use moshi_model::mimi::Mimi;
+use moshi_model::mimi::{weight_bytes_read, Mimi, MimiWeights};
 
 fn bench_mimi(c: &mut Criterion) {
-    for bf16 in [false, true] {
-        bench_precision(c, bf16);
+    for mode in MimiWeights::ALL {
+        bench_precision(c, mode);
     }
 }
 
-fn bench_precision(c: &mut Criterion, bf16: bool) {
+fn bench_precision(c: &mut Criterion, mode: MimiWeights) {
     let cfg = MimiConfig::v0_1();
     let mut mimi = Mimi::random(&cfg, 8, 42).expect("random Mimi");
-    mimi.set_bf16_weights(bf16);
-    let label = if bf16 { "bf16_weights" } else { "f32" };
+    mimi.set_weights(mode);
+    let label = mode.name();
     let frame = mimi.frame_size_samples();
     let pcm: Vec<f32> = (0..frame).map(|i| 0.1 * ((i as f32) * 0.05).sin() + 0.05 * ((i as f32) * 0.31).cos()).collect();
     let mut codes = vec![0u32; mimi.num_codebooks()];
@@ -49,12 +49,13 @@ fn process_cpu_ns() -> Option<u64> {
     Some(total)
 }
 
-/// Wall and CPU milliseconds per frame over 100 frames, printed before the criterion runs: on a
-/// shared machine the CPU time shows the cost independent of other processes' load.
+/// Wall and CPU milliseconds and weight megabytes read per frame over 100 frames, printed before
+/// the criterion runs: on a shared machine the CPU time shows the cost independent of other
+/// processes' load.
 fn report_cpu_time(label: &str, mimi: &mut Mimi, pcm: &[f32], codes: &mut [u32], out: &mut [f32]) {
     const FRAMES: u32 = 100;
     for (name, encode) in [("encode", true), ("decode", false)] {
-        let (cpu0, t0) = (process_cpu_ns(), std::time::Instant::now());
+        let (cpu0, bytes0, t0) = (process_cpu_ns(), weight_bytes_read(), std::time::Instant::now());
         for _ in 0..FRAMES {
             if encode {
                 mimi.encode_frame_into(pcm, codes).expect("encode");
@@ -63,12 +64,13 @@ fn report_cpu_time(label: &str, mimi: &mut Mimi, pcm: &[f32], codes: &mut [u32],
             }
         }
         let wall_ms = t0.elapsed().as_secs_f64() * 1e3 / FRAMES as f64;
+        let weight_mb = (weight_bytes_read() - bytes0) as f64 / 1e6 / FRAMES as f64;
         match (cpu0, process_cpu_ns()) {
             (Some(a), Some(b)) => {
                 let cpu_ms = (b - a) as f64 / 1e6 / FRAMES as f64;
-                println!("mimi_v0_1 {label} {name}: {wall_ms:.2} ms/frame wall, {cpu_ms:.2} ms/frame CPU (all threads)");
+                println!("mimi_v0_1 {label} {name}: {wall_ms:.2} ms/frame wall, {cpu_ms:.2} ms/frame CPU (all threads), {weight_mb:.1} MB weights read/frame");
             }
-            _ => println!("mimi_v0_1 {label} {name}: {wall_ms:.2} ms/frame wall"),
+            _ => println!("mimi_v0_1 {label} {name}: {wall_ms:.2} ms/frame wall, {weight_mb:.1} MB weights read/frame"),
         }
     }
 }

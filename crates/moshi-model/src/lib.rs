@@ -8,6 +8,7 @@ pub mod lm;
 pub mod matvec;
 pub mod mimi;
 pub mod ops;
+pub mod q8_small;
 pub mod rng;
 
 pub use error::ModelError;

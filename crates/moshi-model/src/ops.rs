@@ -269,7 +269,7 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// Work (multiply-adds) under which a product stays on the calling thread.
-const PARALLEL_MIN_MACS: usize = 1 << 18;
+pub(crate) const PARALLEL_MIN_MACS: usize = 1 << 18;
 
 /// A row-strided f32 product against row-major weights, the kernel behind Mimi's convolutions:
 /// `out[i * rs_out + j] (+)= Σ_p a[i * rs_a + p] · w[j * rs_w + p * cs_w]` for `i < m`, `j < n`, `p < k`.
@@ -333,7 +333,7 @@ pub fn gemm_nt_strided(
 
 /// Runs `f` over `parts` near-equal sub-ranges of `lo..hi` with nested `rayon::join` (stack jobs,
 /// no per-call heap allocation for the tasks themselves).
-fn par_ranges(lo: usize, hi: usize, parts: usize, f: &(dyn Fn(usize, usize) + Sync)) {
+pub(crate) fn par_ranges(lo: usize, hi: usize, parts: usize, f: &(dyn Fn(usize, usize) + Sync)) {
     if parts <= 1 || hi - lo < 2 {
         if lo < hi {
             f(lo, hi);

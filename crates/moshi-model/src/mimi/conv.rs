@@ -3,7 +3,7 @@
 //! `StreamingConvTranspose1d` (overlapping tails kept as partial sums). Both run as one strided
 //! matrix product per call; a fresh state over the whole signal is the non-streaming forward.
 
-use super::matrix::WeightMatrix;
+use super::matrix::{MimiWeights, WeightMatrix};
 use crate::ops::elu_slice;
 
 /// Copies a row-major `[d0][d1][d2]` array into a new one of the same size, element `(a, b, c)`
@@ -88,12 +88,12 @@ impl StreamingConv1d {
         if let Some(b) = &bias {
             assert_eq!(b.len(), out_channels, "conv bias size");
         }
-        Self { in_channels, out_channels, kernel_size, stride, dilation, replicate_pad, weight: WeightMatrix::new(weight), bias }
+        Self { in_channels, out_channels, kernel_size, stride, dilation, replicate_pad, weight: WeightMatrix::new(weight, out_channels, kernel_size * in_channels), bias }
     }
 
-    /// Uses a bf16 copy of the weights for few-row products (see [`WeightMatrix`]).
-    pub fn set_bf16(&mut self, on: bool) {
-        self.weight.set_bf16(on);
+    /// Weight precision of few-row products (see [`WeightMatrix`]).
+    pub fn set_weights(&mut self, mode: MimiWeights) {
+        self.weight.set_weights(mode);
     }
 
     pub fn in_channels(&self) -> usize {
@@ -218,13 +218,14 @@ impl StreamingConvTranspose1d {
         if let Some(b) = &bias {
             assert_eq!(b.len(), out_channels, "convtr bias size");
         }
-        Self { in_channels, out_channels, kernel_size, stride, depthwise, weight: WeightMatrix::new(weight), bias }
+        let (rows, cols) = if depthwise { (in_channels, kernel_size) } else { (kernel_size * out_channels, in_channels) };
+        Self { in_channels, out_channels, kernel_size, stride, depthwise, weight: WeightMatrix::new(weight, rows, cols), bias }
     }
 
-    /// Uses a bf16 copy of the weights for few-row products (groups 1 only; depthwise stays f32).
-    pub fn set_bf16(&mut self, on: bool) {
+    /// Weight precision of few-row products (groups 1 only; depthwise stays f32).
+    pub fn set_weights(&mut self, mode: MimiWeights) {
         if !self.depthwise {
-            self.weight.set_bf16(on);
+            self.weight.set_weights(mode);
         }
     }
 

@@ -8,7 +8,7 @@
 use moshi_loader::config::QuantizerConfig;
 
 use super::weights::WeightSource;
-use super::matrix::WeightMatrix;
+use super::matrix::{MimiWeights, WeightMatrix};
 use crate::ops::gemm_nt_strided;
 use crate::{ModelError, Result};
 
@@ -56,7 +56,11 @@ impl ResidualVq {
         let input_proj = src.tensor(&format!("{prefix}.input_proj.weight"), &[d, cfg.input_dimension, 1])?;
         let output_proj = src.tensor(&format!("{prefix}.output_proj.weight"), &[cfg.output_dimension, d, 1])?;
         let codebooks = (0..n).map(|i| Codebook::load(src, &format!("{prefix}.vq.layers.{i}"), cfg.bins, d)).collect::<Result<_>>()?;
-        Ok(Self { input_proj: WeightMatrix::new(input_proj), output_proj: WeightMatrix::new(output_proj), codebooks })
+        Ok(Self {
+            input_proj: WeightMatrix::new(input_proj, d, cfg.input_dimension),
+            output_proj: WeightMatrix::new(output_proj, cfg.output_dimension, d),
+            codebooks,
+        })
     }
 }
 
@@ -109,11 +113,11 @@ impl SplitQuantizer {
         self.num_codebooks
     }
 
-    /// Uses bf16 copies of the projections for few-row products (codebooks stay f32).
-    pub fn set_bf16(&mut self, on: bool) {
+    /// Weight precision of the projections' few-row products (codebooks stay f32).
+    pub fn set_weights(&mut self, mode: MimiWeights) {
         for g in std::iter::once(&mut self.first).chain(self.rest.as_mut()) {
-            g.input_proj.set_bf16(on);
-            g.output_proj.set_bf16(on);
+            g.input_proj.set_weights(mode);
+            g.output_proj.set_weights(mode);
         }
     }
 

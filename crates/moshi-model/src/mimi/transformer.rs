@@ -6,7 +6,7 @@
 
 use moshi_loader::config::MimiTransformerConfig;
 
-use super::matrix::WeightMatrix;
+use super::matrix::{MimiWeights, WeightMatrix};
 use super::weights::WeightSource;
 use crate::ops::{dot, gelu_erf, layer_norm};
 use crate::{ModelError, Result};
@@ -110,14 +110,14 @@ impl MimiTransformer {
             let p = format!("{prefix}.transformer.layers.{l}");
             let mut t = |name: &str, shape: &[usize]| src.tensor(&format!("{p}.{name}"), shape);
             let layer = Layer {
-                in_proj: WeightMatrix::new(t("self_attn.in_proj_weight", &[3 * d, d])?),
-                out_proj: WeightMatrix::new(t("self_attn.out_proj.weight", &[d, d])?),
+                in_proj: WeightMatrix::new(t("self_attn.in_proj_weight", &[3 * d, d])?, 3 * d, d),
+                out_proj: WeightMatrix::new(t("self_attn.out_proj.weight", &[d, d])?, d, d),
                 norm1_w: t("norm1.weight", &[d])?,
                 norm1_b: t("norm1.bias", &[d])?,
                 norm2_w: t("norm2.weight", &[d])?,
                 norm2_b: t("norm2.bias", &[d])?,
-                linear1: WeightMatrix::new(t("linear1.weight", &[f, d])?),
-                linear2: WeightMatrix::new(t("linear2.weight", &[d, f])?),
+                linear1: WeightMatrix::new(t("linear1.weight", &[f, d])?, f, d),
+                linear2: WeightMatrix::new(t("linear2.weight", &[d, f])?, d, f),
                 scale1: if cfg.layer_scale.is_some() { t("layer_scale_1.scale", &[d])? } else { vec![1.0; d] },
                 scale2: if cfg.layer_scale.is_some() { t("layer_scale_2.scale", &[d])? } else { vec![1.0; d] },
             };
@@ -133,11 +133,11 @@ impl MimiTransformer {
         self.dim
     }
 
-    /// Uses bf16 copies of the projection weights for few-row products.
-    pub fn set_bf16(&mut self, on: bool) {
+    /// Weight precision of the projections' few-row products.
+    pub fn set_weights(&mut self, mode: MimiWeights) {
         for l in &mut self.layers {
             for w in [&mut l.in_proj, &mut l.out_proj, &mut l.linear1, &mut l.linear2] {
-                w.set_bf16(on);
+                w.set_weights(mode);
             }
         }
     }
