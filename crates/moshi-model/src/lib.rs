@@ -10,6 +10,7 @@ pub mod mimi;
 pub mod ops;
 pub mod q8_small;
 pub mod rng;
+pub mod team;
 
 pub use error::ModelError;
 

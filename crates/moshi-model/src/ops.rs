@@ -274,7 +274,7 @@ pub(crate) const PARALLEL_MIN_MACS: usize = 1 << 18;
 /// A row-strided f32 product against row-major weights, the kernel behind Mimi's convolutions:
 /// `out[i * rs_out + j] (+)= Σ_p a[i * rs_a + p] · w[j * rs_w + p * cs_w]` for `i < m`, `j < n`, `p < k`.
 /// Rows of `a` may overlap (`rs_a < k`): a causal convolution over a channels-last buffer reads its
-/// windows in place this way, without an im2col copy. Splits the work over the rayon pool when large.
+/// windows in place this way, without an im2col copy. Splits the work over the [`crate::team`] when large.
 ///
 /// Panics if a slice is too short for the strides (an internal invariant, never user input).
 #[allow(clippy::too_many_arguments)]
@@ -307,7 +307,7 @@ pub fn gemm_nt_strided(
     assert!(a.len() >= (m - 1) * rs_a + k, "lhs slice too short");
     assert!(w.len() > (n - 1) * rs_w + (k - 1) * cs_w, "weight slice too short");
     let macs = m * n * k;
-    let threads = rayon::current_num_threads();
+    let threads = crate::team::threads();
     if macs < PARALLEL_MIN_MACS || threads < 2 {
         // SAFETY: bounds asserted above; `out` is a unique borrow so it cannot alias `a`/`w`.
         unsafe { gemm_raw(m, k, n, a.as_ptr(), rs_a, w.as_ptr(), rs_w, cs_w, out.as_mut_ptr(), rs_out, accumulate) };
@@ -331,18 +331,10 @@ pub fn gemm_nt_strided(
     });
 }
 
-/// Runs `f` over `parts` near-equal sub-ranges of `lo..hi` with nested `rayon::join` (stack jobs,
-/// no per-call heap allocation for the tasks themselves).
+/// Runs `f` over `parts` near-equal sub-ranges of `lo..hi` on the persistent [`crate::team`]
+/// (no thread wake-up and sleep per product).
 pub(crate) fn par_ranges(lo: usize, hi: usize, parts: usize, f: &(dyn Fn(usize, usize) + Sync)) {
-    if parts <= 1 || hi - lo < 2 {
-        if lo < hi {
-            f(lo, hi);
-        }
-        return;
-    }
-    let left_parts = parts / 2;
-    let mid = lo + (hi - lo) * left_parts / parts;
-    rayon::join(|| par_ranges(lo, mid, left_parts, f), || par_ranges(mid, hi, parts - left_parts, f));
+    crate::team::run_ranges(lo, hi, parts, f);
 }
 
 #[derive(Clone, Copy)]
@@ -433,7 +425,7 @@ pub fn gemm_nt_bf16(m: usize, k: usize, n: usize, a: &[f32], rs_a: usize, w: &[u
     assert!(rs_out >= n && out.len() >= (m - 1) * rs_out + n, "output slice too short");
     assert!(k > 0 && a.len() >= (m - 1) * rs_a + k, "lhs slice too short");
     assert!(w.len() >= (n - 1) * rs_w + k, "weight slice too short");
-    let threads = rayon::current_num_threads();
+    let threads = crate::team::threads();
     if m * n * k < PARALLEL_MIN_MACS || threads < 2 {
         // SAFETY: bounds asserted above.
         unsafe { small_m_nt(m, k, n, a.as_ptr(), rs_a, w.as_ptr(), rs_w, out.as_mut_ptr(), rs_out, accumulate) };

@@ -20,7 +20,7 @@ pub const Q8_GROUP_SIZES: [usize; 3] = [32, 64, 128];
 
 /// `out[i * rs_out + j] (+)= Σ_p a[i * rs_a + p] · W[row0 + j][col0 + p]` for `i < m`, `j < n`,
 /// `p < k`, with `W` the dequantized 8-bit matrix. Rows of `a` may overlap (`rs_a < k`). Output
-/// columns are split over the rayon pool when the product is large (same result for any thread
+/// columns are split over the [`crate::team`] when the product is large (same result for any thread
 /// count: each output is computed by one thread in a fixed order).
 ///
 /// Panics (internal invariants, never user input) unless `w` has 8 bits and a supported group
@@ -61,7 +61,7 @@ pub fn gemm_nt_q8(m: usize, k: usize, n: usize, a: &[f32], rs_a: usize, w: &Quan
         groups,
     };
     let args = Q8Args { m, k, a: a.as_ptr(), rs_a, xsum: xsum.as_ptr(), rs_out, accumulate };
-    let threads = rayon::current_num_threads();
+    let threads = crate::team::threads();
     if m * n * k < PARALLEL_MIN_MACS || threads < 2 {
         // SAFETY: bounds asserted above.
         unsafe { q8_dispatch(&args, &block, 0, n, out.as_mut_ptr()) };
