@@ -63,7 +63,6 @@ pub struct TransformerState {
     attn: Vec<f32>,
     proj: Vec<f32>,
     hidden: Vec<f32>,
-    scores: Vec<f32>,
 }
 
 impl TransformerState {
@@ -166,7 +165,7 @@ impl MimiTransformer {
             }
             AttentionMode::Batch => 0,
         };
-        let TransformerState { caches, norm, qkv, attn, proj, hidden, scores, .. } = st;
+        let TransformerState { caches, norm, qkv, attn, proj, hidden, .. } = st;
         norm.resize(t * d, 0.0);
         qkv.resize(t * 3 * d, 0.0);
         attn.resize(t * d, 0.0);
@@ -190,12 +189,13 @@ impl MimiTransformer {
                     }
                     let end = offset + t;
                     let oldest = end.saturating_sub(self.context);
-                    self.attend(qkv, t, offset, oldest, |p| (p % self.context) * d, &cache.keys, &cache.values, attn, scores);
+                    let context = self.context;
+                    self.attend(qkv, t, offset, oldest, |p| (p % context) * d, &cache.keys, &cache.values, attn);
                 }
                 AttentionMode::Batch => {
                     // Keys and values read in place from the qkv rows.
                     let (keys, values) = (&qkv[d..], &qkv[2 * d..]);
-                    self.attend(qkv, t, 0, 0, |p| p * 3 * d, keys, values, attn, scores);
+                    self.attend(qkv, t, 0, 0, |p| p * 3 * d, keys, values, attn);
                 }
             }
             layer.out_proj.gemm(t, d, d, attn, d, 0, d, proj, d, false);
@@ -244,51 +244,109 @@ impl MimiTransformer {
 
     /// Softmax attention of the `t` queries (positions `q0..q0 + t`) over keys at positions
     /// `max(oldest, p - context + 1) ..= p`; `row_of(p')` gives the key's offset in `keys`/`values`.
+    /// Heads are independent parts on the [`crate::team`] (the window's keys and values are the
+    /// memory traffic here); each head's arithmetic is the same whoever runs it.
     #[allow(clippy::too_many_arguments)]
-    fn attend(
-        &self,
-        qkv: &[f32],
-        t: usize,
-        q0: usize,
-        oldest: usize,
-        row_of: impl Fn(usize) -> usize,
-        keys: &[f32],
-        values: &[f32],
-        out: &mut [f32],
-        scores: &mut Vec<f32>,
-    ) {
+    fn attend(&self, qkv: &[f32], t: usize, q0: usize, oldest: usize, row_of: impl Fn(usize) -> usize + Sync, keys: &[f32], values: &[f32], out: &mut [f32]) {
         let d = self.dim;
-        let hd = d / self.num_heads;
-        let scale = 1.0 / (hd as f32).sqrt();
-        for i in 0..t {
-            let p = q0 + i;
-            let first = oldest.max((p + 1).saturating_sub(self.context));
-            let n_keys = p + 1 - first;
-            for h in 0..self.num_heads {
-                let q = &qkv[i * 3 * d + h * hd..i * 3 * d + (h + 1) * hd];
-                scores.clear();
-                let mut max = f32::NEG_INFINITY;
-                for kp in first..=p {
-                    let k = &keys[row_of(kp) + h * hd..row_of(kp) + (h + 1) * hd];
-                    let s = dot(q, k) * scale;
-                    max = max.max(s);
-                    scores.push(s);
-                }
-                let mut sum = 0f32;
-                for s in scores.iter_mut() {
-                    *s = (*s - max).exp();
-                    sum += *s;
-                }
-                let o = &mut out[i * d + h * hd..i * d + (h + 1) * hd];
-                o.fill(0.0);
-                for (j, kp) in (first..=p).enumerate() {
-                    let w = scores[j] / sum;
-                    let v = &values[row_of(kp) + h * hd..row_of(kp) + (h + 1) * hd];
-                    for (ov, vv) in o.iter_mut().zip(v) {
-                        *ov += w * vv;
-                    }
-                }
-                debug_assert_eq!(scores.len(), n_keys);
+        assert!(qkv.len() >= t * 3 * d && out.len() >= t * d, "attention buffers");
+        let out_ptr = OutPtr(out.as_mut_ptr());
+        let head = |h: usize| {
+            let op = out_ptr;
+            // SAFETY: head h writes only columns h * hd..(h + 1) * hd of the t output rows (inside
+            // `out`, asserted above), which no other head touches.
+            unsafe { self.attend_head(h, qkv, t, q0, oldest, &row_of, keys, values, op.0) };
+        };
+        if self.num_heads > 1 && t * self.context.min(q0 + t) * d >= ATTENTION_PARALLEL_MIN {
+            crate::team::run(self.num_heads, &head);
+        } else {
+            (0..self.num_heads).for_each(head);
+        }
+    }
+
+    /// # Safety
+    /// `out` points at `t` rows of `dim` values; columns of head `h` are not accessed concurrently.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn attend_head(&self, h: usize, qkv: &[f32], t: usize, q0: usize, oldest: usize, row_of: &dyn Fn(usize) -> usize, keys: &[f32], values: &[f32], out: *mut f32) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx512f") {
+                // SAFETY: feature checked at run time.
+                unsafe { attend_head_avx512(self, h, qkv, t, q0, oldest, row_of, keys, values, out) };
+                return;
+            }
+            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                // SAFETY: as above.
+                unsafe { attend_head_avx2(self, h, qkv, t, q0, oldest, row_of, keys, values, out) };
+                return;
+            }
+        }
+        // SAFETY: caller contract forwarded.
+        unsafe { attend_head_body(self, h, qkv, t, q0, oldest, row_of, keys, values, out) };
+    }
+}
+
+/// Work (`queries · keys · dim`) from which attention heads are split over the team.
+const ATTENTION_PARALLEL_MIN: usize = 1 << 16;
+
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: hands disjoint column blocks of one output to the parts of one team region.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn attend_head_avx512(tr: &MimiTransformer, h: usize, qkv: &[f32], t: usize, q0: usize, oldest: usize, row_of: &dyn Fn(usize) -> usize, keys: &[f32], values: &[f32], out: *mut f32) {
+    // SAFETY: caller contract forwarded.
+    unsafe { attend_head_body(tr, h, qkv, t, q0, oldest, row_of, keys, values, out) }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn attend_head_avx2(tr: &MimiTransformer, h: usize, qkv: &[f32], t: usize, q0: usize, oldest: usize, row_of: &dyn Fn(usize) -> usize, keys: &[f32], values: &[f32], out: *mut f32) {
+    // SAFETY: caller contract forwarded.
+    unsafe { attend_head_body(tr, h, qkv, t, q0, oldest, row_of, keys, values, out) }
+}
+
+/// One head of [`MimiTransformer::attend`] for all `t` queries.
+///
+/// # Safety
+/// As [`MimiTransformer::attend_head`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn attend_head_body(tr: &MimiTransformer, h: usize, qkv: &[f32], t: usize, q0: usize, oldest: usize, row_of: &dyn Fn(usize) -> usize, keys: &[f32], values: &[f32], out: *mut f32) {
+    let d = tr.dim;
+    let hd = d / tr.num_heads;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let mut scores = Vec::with_capacity(tr.context.min(q0 + t));
+    for i in 0..t {
+        let p = q0 + i;
+        let first = oldest.max((p + 1).saturating_sub(tr.context));
+        let q = &qkv[i * 3 * d + h * hd..i * 3 * d + (h + 1) * hd];
+        scores.clear();
+        let mut max = f32::NEG_INFINITY;
+        for kp in first..=p {
+            let k = &keys[row_of(kp) + h * hd..row_of(kp) + (h + 1) * hd];
+            let s = dot(q, k) * scale;
+            max = max.max(s);
+            scores.push(s);
+        }
+        let mut sum = 0f32;
+        for s in scores.iter_mut() {
+            *s = (*s - max).exp();
+            sum += *s;
+        }
+        // SAFETY: this head's columns of row i (caller contract).
+        let o = unsafe { std::slice::from_raw_parts_mut(out.add(i * d + h * hd), hd) };
+        o.fill(0.0);
+        for (j, kp) in (first..=p).enumerate() {
+            let w = scores[j] / sum;
+            let v = &values[row_of(kp) + h * hd..row_of(kp) + (h + 1) * hd];
+            for (ov, vv) in o.iter_mut().zip(v) {
+                *ov += w * vv;
             }
         }
     }
