@@ -186,6 +186,28 @@ pub fn softmax_in_place(x: &mut [f32]) {
     }
 }
 
+/// Elements from which [`elu_slice_par`] splits the work over the team.
+const ELU_PARALLEL_MIN: usize = 1 << 14;
+
+/// [`elu_slice`] split over the [`crate::team`] for large slices (element-wise: same result).
+pub fn elu_slice_par(dst: &mut [f32], src: &[f32]) {
+    assert_eq!(dst.len(), src.len(), "elu_slice lengths");
+    let len = dst.len();
+    let threads = crate::team::threads();
+    if len < ELU_PARALLEL_MIN || threads < 2 {
+        elu_slice(dst, src);
+        return;
+    }
+    let dp = SendPtr(dst.as_mut_ptr());
+    crate::team::run_ranges(0, len.div_ceil(LANES), threads, &|lo, hi| {
+        let dp = dp;
+        let (a, b) = (lo * LANES, (hi * LANES).min(len));
+        // SAFETY: each range owns the disjoint elements a..b of `dst` (in bounds: b <= len).
+        let d = unsafe { std::slice::from_raw_parts_mut(dp.0.add(a), b - a) };
+        elu_slice(d, &src[a..b]);
+    });
+}
+
 /// `dst[i] = elu(src[i])` (alpha 1) over a slice, vectorized: `expm1` by range reduction
 /// (`x = k ln2 + r`, degree-8 polynomial for `expm1(r)`), within 2 ulp of `f32::exp_m1`.
 pub fn elu_slice(dst: &mut [f32], src: &[f32]) {
@@ -243,7 +265,10 @@ fn expm1_nonpositive(x: f32) -> f32 {
     let p = p * r + 1.0 / 6.0;
     let p = p * r + 0.5;
     let em1_r = r + r * r * p;
-    let two_k = f32::from_bits(((kf as i32 + 127) << 23) as u32);
+    // 2^k from the bits of k + 127 + 1.5 * 2^23 (integer k + 127 in 0..=127 in the low mantissa
+    // bits; shifted into the exponent field). Same value as `(k as i32 + 127) << 23`, but it
+    // vectorizes (a saturating float -> int cast does not).
+    let two_k = f32::from_bits((kf + (127.0 + 12_582_912.0)).to_bits() << 23);
     // 2^k (expm1(r) + 1) - 1 = 2^k expm1(r) + (2^k - 1)
     two_k * em1_r + (two_k - 1.0)
 }
@@ -670,6 +695,9 @@ mod tests {
             let ulp = (r.abs() * f32::EPSILON).max(f32::MIN_POSITIVE);
             assert!((y - r).abs() <= 2.0 * ulp, "elu({x}) = {y}, libm {r}");
         }
+        let mut par = vec![0f32; xs.len()];
+        elu_slice_par(&mut par, &xs);
+        assert_eq!(par, out, "split over the team == serial");
     }
 
     #[test]

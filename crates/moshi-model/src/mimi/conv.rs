@@ -4,7 +4,7 @@
 //! matrix product per call; a fresh state over the whole signal is the non-streaming forward.
 
 use super::matrix::{MimiWeights, WeightMatrix};
-use crate::ops::elu_slice;
+use crate::ops::elu_slice_par;
 
 /// Copies a row-major `[d0][d1][d2]` array into a new one of the same size, element `(a, b, c)`
 /// going to index `dst_index(a, b, c)` (which must be a bijection onto `0..d0 * d1 * d2`).
@@ -31,7 +31,7 @@ impl PreActivation {
     fn copy_into(self, dst: &mut [f32], src: &[f32]) {
         match self {
             PreActivation::None => dst.copy_from_slice(src),
-            PreActivation::Elu => elu_slice(dst, src),
+            PreActivation::Elu => elu_slice_par(dst, src),
         }
     }
 }
