@@ -1,6 +1,6 @@
 //! Few-row products against MLX 8-bit affine weights (a moshi-quant `QuantizedMatrix` with 8 bits):
 //! every packed weight row is streamed once for all left rows, activations and accumulation stay
-//! f32. This is Mimi's memory-bound per-frame case (1-4 left rows) at ~1.06 bytes per weight
+//! f32. This is Mimi's memory-bound per-frame case (1-16 left rows) at ~1.06 bytes per weight
 //! instead of 4, with strided left rows (overlapping convolution windows read in place), a
 //! block view of the weights (row and group-aligned column offset) and an accumulating output.
 //!
@@ -12,8 +12,9 @@ use moshi_quant::{bf16_bits_to_f32, QuantizedMatrix};
 
 use crate::ops::{par_ranges, LANES, PARALLEL_MIN_MACS};
 
-/// Left rows up to which [`gemm_nt_q8`] is used (the weight-streaming regime).
-pub const Q8_MAX_ROWS: usize = 4;
+/// Left rows up to which [`gemm_nt_q8`] is used (the weight-streaming regime: each weight tile
+/// is read from memory once and applied to all left rows from L1).
+pub const Q8_MAX_ROWS: usize = 16;
 
 /// Group sizes the kernel is instantiated for.
 pub const Q8_GROUP_SIZES: [usize; 3] = [32, 64, 128];
@@ -148,35 +149,52 @@ unsafe fn q8_avx2(args: &Q8Args, block: &Q8Block, lo: usize, hi: usize, out: *mu
 unsafe fn q8_body<const FMA: bool>(args: &Q8Args, block: &Q8Block, lo: usize, hi: usize, out: *mut f32) {
     // SAFETY (all arms): contract forwarded.
     unsafe {
-        match (args.m, block.group) {
-            (1, 32) => q8_rows::<1, 4, 32, FMA>(args, block, lo, hi, out),
-            (1, 64) => q8_rows::<1, 4, 64, FMA>(args, block, lo, hi, out),
-            (1, _) => q8_rows::<1, 4, 128, FMA>(args, block, lo, hi, out),
-            (2, 32) => q8_rows::<2, 4, 32, FMA>(args, block, lo, hi, out),
-            (2, 64) => q8_rows::<2, 4, 64, FMA>(args, block, lo, hi, out),
-            (2, _) => q8_rows::<2, 4, 128, FMA>(args, block, lo, hi, out),
-            (3, 32) => q8_rows::<3, 2, 32, FMA>(args, block, lo, hi, out),
-            (3, 64) => q8_rows::<3, 2, 64, FMA>(args, block, lo, hi, out),
-            (3, _) => q8_rows::<3, 2, 128, FMA>(args, block, lo, hi, out),
-            (_, 32) => q8_rows::<4, 2, 32, FMA>(args, block, lo, hi, out),
-            (_, 64) => q8_rows::<4, 2, 64, FMA>(args, block, lo, hi, out),
-            (_, _) => q8_rows::<4, 2, 128, FMA>(args, block, lo, hi, out),
+        match block.group {
+            32 => q8_rows::<32, FMA>(args, block, lo, hi, out),
+            64 => q8_rows::<64, FMA>(args, block, lo, hi, out),
+            _ => q8_rows::<128, FMA>(args, block, lo, hi, out),
         }
     }
 }
 
+/// Left rows per register tile.
+const MR: usize = 4;
+
+/// Weight rows `lo..hi` in tiles of 4 (1-2 left rows) or 2 weight rows; each tile is applied to
+/// all left rows, [`MR`] at a time, while it is hot in L1 (the weights are read from memory once).
 #[inline(always)]
-unsafe fn q8_rows<const M: usize, const NR: usize, const G: usize, const FMA: bool>(args: &Q8Args, block: &Q8Block, lo: usize, hi: usize, out: *mut f32) {
+unsafe fn q8_rows<const G: usize, const FMA: bool>(args: &Q8Args, block: &Q8Block, lo: usize, hi: usize, out: *mut f32) {
+    let m = args.m;
     let mut j = lo;
-    while j + NR <= hi {
-        // SAFETY: contract forwarded (rows j..j + NR are inside the block).
-        unsafe { q8_tile::<M, NR, G, FMA>(args, block, j, out) };
-        j += NR;
-    }
     while j < hi {
-        // SAFETY: as above.
-        unsafe { q8_tile::<M, 1, G, FMA>(args, block, j, out) };
-        j += 1;
+        let nr = if m <= 2 && hi - j >= 4 {
+            4
+        } else if hi - j >= 2 {
+            2
+        } else {
+            1
+        };
+        let mut i0 = 0;
+        while i0 < m {
+            let mc = (m - i0).min(MR);
+            // SAFETY (all arms): contract forwarded (left rows i0..i0 + mc, weight rows j..j + nr).
+            unsafe {
+                match (mc, nr) {
+                    (1, 4) => q8_tile::<1, 4, G, FMA>(args, block, i0, j, out),
+                    (2, 4) => q8_tile::<2, 4, G, FMA>(args, block, i0, j, out),
+                    (1, 2) => q8_tile::<1, 2, G, FMA>(args, block, i0, j, out),
+                    (2, 2) => q8_tile::<2, 2, G, FMA>(args, block, i0, j, out),
+                    (3, 2) => q8_tile::<3, 2, G, FMA>(args, block, i0, j, out),
+                    (_, 2) => q8_tile::<4, 2, G, FMA>(args, block, i0, j, out),
+                    (1, _) => q8_tile::<1, 1, G, FMA>(args, block, i0, j, out),
+                    (2, _) => q8_tile::<2, 1, G, FMA>(args, block, i0, j, out),
+                    (3, _) => q8_tile::<3, 1, G, FMA>(args, block, i0, j, out),
+                    (_, _) => q8_tile::<4, 1, G, FMA>(args, block, i0, j, out),
+                }
+            }
+            i0 += mc;
+        }
+        j += nr;
     }
 }
 
@@ -236,9 +254,9 @@ fn reduce(v: &[f32; LANES]) -> f32 {
     v[0]
 }
 
-/// Weight rows `j..j + NR` against all `M` left rows.
+/// Weight rows `j..j + NR` against left rows `i0..i0 + M`.
 #[inline(always)]
-unsafe fn q8_tile<const M: usize, const NR: usize, const G: usize, const FMA: bool>(args: &Q8Args, block: &Q8Block, j: usize, out: *mut f32) {
+unsafe fn q8_tile<const M: usize, const NR: usize, const G: usize, const FMA: bool>(args: &Q8Args, block: &Q8Block, i0: usize, j: usize, out: *mut f32) {
     let k = args.k;
     let groups = block.groups;
     let mut x: [&[f32]; M] = [&[]; M];
@@ -246,8 +264,8 @@ unsafe fn q8_tile<const M: usize, const NR: usize, const G: usize, const FMA: bo
     for i in 0..M {
         // SAFETY: left row i holds k values, its group sums `groups` (contract).
         unsafe {
-            x[i] = std::slice::from_raw_parts(args.a.add(i * args.rs_a), k);
-            xs[i] = std::slice::from_raw_parts(args.xsum.add(i * groups), groups);
+            x[i] = std::slice::from_raw_parts(args.a.add((i0 + i) * args.rs_a), k);
+            xs[i] = std::slice::from_raw_parts(args.xsum.add((i0 + i) * groups), groups);
         }
     }
     let mut q: [&[u8]; NR] = [&[]; NR];
@@ -298,7 +316,7 @@ unsafe fn q8_tile<const M: usize, const NR: usize, const G: usize, const FMA: bo
             let v = reduce(&total[i][r]) + bias_part[i][r];
             // SAFETY: output (i, j + r) is in bounds and owned by this task (contract).
             unsafe {
-                let o = out.add(i * args.rs_out + j + r);
+                let o = out.add((i0 + i) * args.rs_out + j + r);
                 *o = if args.accumulate { *o + v } else { v };
             }
         }
@@ -339,6 +357,8 @@ mod tests {
             (2, 64, 13, 96, 32, 30, 192, 17, 96),
             (2, 512, 1536, 512, 64, 1536, 512, 0, 0),
             (1, 2048, 512, 2048, 64, 512, 2048, 0, 0),
+            (7, 192, 9, 64, 64, 9, 192, 0, 0),
+            (16, 256, 33, 256, 32, 40, 320, 3, 64),
         ];
         for &(m, k, n, rs_a, g, rows, cols, row0, col0) in &cases {
             let wf = signal(rows * cols, 0.071);

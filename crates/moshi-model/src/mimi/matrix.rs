@@ -57,9 +57,8 @@ impl std::str::FromStr for MimiWeights {
 /// Group sizes tried for the 8-bit copy, preferred first.
 const Q8_GROUPS: [usize; 2] = [64, 32];
 
-/// Left-operand rows up to which the reduced-precision copy is used.
-const FEW_ROWS: usize = 4;
-const _: () = assert!(FEW_ROWS <= Q8_MAX_ROWS);
+/// Left-operand rows up to which the bf16 copy is used (the bf16 streaming kernel's limit).
+const BF16_MAX_ROWS: usize = 4;
 
 /// Weight bytes read by all Mimi products of this process (for benchmarks: bytes per frame).
 static WEIGHT_BYTES_READ: AtomicU64 = AtomicU64::new(0);
@@ -125,22 +124,22 @@ impl WeightMatrix {
         if m == 0 || n == 0 {
             return;
         }
-        if m <= FEW_ROWS {
-            match &self.few_rows {
-                FewRowCopy::None => {}
-                FewRowCopy::Bf16(w) => {
+        match &self.few_rows {
+            FewRowCopy::None => {}
+            FewRowCopy::Bf16(w) => {
+                if m <= BF16_MAX_ROWS {
                     count_bytes(n * k * 2);
                     gemm_nt_bf16(m, k, n, a, rs_a, &w[offset..], rs_w, out, rs_out, accumulate);
                     return;
                 }
-                FewRowCopy::Q8(q) => {
-                    let g = q.group_size();
-                    let (row0, col0) = (offset / self.cols, offset % self.cols);
-                    if rs_w == self.cols && k % g == 0 && col0 % g == 0 {
-                        count_bytes(n * k + n * (k / g) * 4);
-                        gemm_nt_q8(m, k, n, a, rs_a, q, row0, col0, out, rs_out, accumulate);
-                        return;
-                    }
+            }
+            FewRowCopy::Q8(q) => {
+                let g = q.group_size();
+                let (row0, col0) = (offset / self.cols, offset % self.cols);
+                if m <= Q8_MAX_ROWS && rs_w == self.cols && k % g == 0 && col0 % g == 0 {
+                    count_bytes(n * k + n * (k / g) * 4);
+                    gemm_nt_q8(m, k, n, a, rs_a, q, row0, col0, out, rs_out, accumulate);
+                    return;
                 }
             }
         }
