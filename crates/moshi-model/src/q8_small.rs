@@ -36,7 +36,7 @@ pub fn gemm_nt_q8(m: usize, k: usize, n: usize, a: &[f32], rs_a: usize, w: &Quan
     if n == 0 {
         return;
     }
-    assert!(k > 0 && k % g == 0 && col0 % g == 0, "gemm_nt_q8: k {k} / col0 {col0} not multiples of the group {g}");
+    assert!(k > 0 && k.is_multiple_of(g) && col0.is_multiple_of(g), "gemm_nt_q8: k {k} / col0 {col0} not multiples of the group {g}");
     assert!(row0 + n <= w.rows() && col0 + k <= w.cols(), "gemm_nt_q8: block outside the matrix");
     assert!(a.len() >= (m - 1) * rs_a + k, "lhs slice too short");
     assert!(rs_out >= n && out.len() >= (m - 1) * rs_out + n, "output slice too short");
@@ -283,10 +283,10 @@ unsafe fn q8_tile<const M: usize, const NR: usize, const G: usize, const FMA: bo
     let mut bias_part = [[0f32; NR]; M];
     for gi in 0..groups {
         let base = gi * G;
-        for r in 0..NR {
+        for row in &q {
             // The same columns of the rows PREFETCH_TILES tiles ahead (rows are contiguous when the
             // block spans whole rows; otherwise this is only a harmless hint).
-            prefetch(q[r].as_ptr().wrapping_add(base + PREFETCH_TILES * NR * block.row_bytes), G);
+            prefetch(row.as_ptr().wrapping_add(base + PREFETCH_TILES * NR * block.row_bytes), G);
         }
         let mut acc = [[[0f32; LANES]; NR]; M];
         let mut p = base;

@@ -153,7 +153,7 @@ fn helper_loop(shared: &'static Shared) {
                 break e;
             }
             polls += 1;
-            if polls % 64 == 0 && start.elapsed() > SPIN {
+            if polls.is_multiple_of(64) && start.elapsed() > SPIN {
                 let guard = shared.sleep_lock.lock().unwrap_or_else(|e| e.into_inner());
                 shared.sleepers.fetch_add(1, Ordering::SeqCst);
                 let mut guard = guard;

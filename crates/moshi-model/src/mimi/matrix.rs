@@ -107,8 +107,8 @@ impl WeightMatrix {
         self.few_rows = match mode {
             MimiWeights::F32 => FewRowCopy::None,
             MimiWeights::Bf16 => bf16(&self.f32),
-            MimiWeights::Q8 => match Q8_GROUPS.into_iter().find(|g| self.cols % g == 0) {
-                // Mimi's weights are finite (checked here): quantization cannot fail then.
+            MimiWeights::Q8 => match Q8_GROUPS.into_iter().find(|&g| self.cols.is_multiple_of(g)) {
+                // Quantization fails only on non-finite weights: such a matrix keeps a bf16 copy.
                 Some(g) => match QuantizedMatrix::quantize(&self.f32, self.rows, self.cols, 8, g) {
                     Ok(q) => FewRowCopy::Q8(q),
                     Err(_) => bf16(&self.f32),
@@ -136,7 +136,7 @@ impl WeightMatrix {
             FewRowCopy::Q8(q) => {
                 let g = q.group_size();
                 let (row0, col0) = (offset / self.cols, offset % self.cols);
-                if m <= Q8_MAX_ROWS && rs_w == self.cols && k % g == 0 && col0 % g == 0 {
+                if m <= Q8_MAX_ROWS && rs_w == self.cols && k.is_multiple_of(g) && col0.is_multiple_of(g) {
                     count_bytes(n * k + n * (k / g) * 4);
                     gemm_nt_q8(m, k, n, a, rs_a, q, row0, col0, out, rs_out, accumulate);
                     return;
