@@ -8,7 +8,7 @@ use moshi_loader::config::MimiTransformerConfig;
 
 use super::matrix::{MimiWeights, WeightMatrix};
 use super::weights::WeightSource;
-use crate::ops::{dot, gelu_erf, layer_norm};
+use crate::ops::{dot, gelu_slice, layer_norm};
 use crate::{ModelError, Result};
 
 #[derive(Clone, Debug)]
@@ -206,9 +206,7 @@ impl MimiTransformer {
             }
             layer_norm(x, &layer.norm2_w, &layer.norm2_b, 1e-5, norm);
             layer.linear1.gemm(t, d, self.ff_dim, norm, d, 0, d, hidden, self.ff_dim, false);
-            for v in hidden.iter_mut() {
-                *v = gelu_erf(*v);
-            }
+            gelu_slice(hidden);
             layer.linear2.gemm(t, self.ff_dim, d, hidden, self.ff_dim, 0, self.ff_dim, proj, d, false);
             for (row, prow) in x.chunks_exact_mut(d).zip(proj.chunks_exact(d)) {
                 for ((v, p), s) in row.iter_mut().zip(prow).zip(&layer.scale2) {
