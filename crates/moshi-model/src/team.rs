@@ -15,7 +15,7 @@ use std::sync::{Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// How long an idle helper spins for the next region before parking.
-const SPIN: Duration = Duration::from_micros(100);
+const SPIN: Duration = Duration::from_micros(40);
 
 /// Most parts per region (the claim word has 16 bits for the part count and index).
 pub const MAX_PARTS: usize = 1 << 15;
