@@ -69,7 +69,8 @@ pub fn weight_bytes_read() -> u64 {
     WEIGHT_BYTES_READ.load(Ordering::Relaxed)
 }
 
-fn count_bytes(bytes: usize) {
+/// Adds `bytes` to [`weight_bytes_read`] (every product against Mimi weights reports here).
+pub(crate) fn count_bytes(bytes: usize) {
     WEIGHT_BYTES_READ.fetch_add(bytes as u64, Ordering::Relaxed);
 }
 
