@@ -120,11 +120,12 @@ impl Mimi {
 
     /// Weight precision of the per-frame products (see [`MimiWeights`]). [`MimiWeights::F32`]
     /// (the default) is exact f32 math, the reference behaviour. The other modes keep a reduced
-    /// copy of the weights of every product that runs on at most 4 rows per call (transformers,
-    /// the 12.5/25 Hz convolutions, the quantizer projections) and read it instead: the
-    /// streaming path is bound by weight bandwidth, so fewer bytes are less time. Activations and
-    /// accumulation stay f32; codebooks, the depthwise upsampler and the many-row early/late
-    /// convolutions stay f32.
+    /// copy of the weights of every product that runs on few rows per call (bf16: at most 4, q8:
+    /// at most 16; the transformers, the 12.5/25 Hz and the deepest SEANet convolutions, the
+    /// quantizer projections) and read it instead: the streaming path is bound by weight
+    /// bandwidth, so fewer bytes are less time. Activations and accumulation stay f32; the
+    /// codebooks (whose streaming scoring is exact in every mode), the depthwise upsampler and
+    /// the many-row 24 kHz-side convolutions stay f32. Costs the memory of the reduced copies.
     pub fn set_weights(&mut self, mode: MimiWeights) {
         let m = &mut self.modules;
         m.encoder.set_weights(mode);
