@@ -449,6 +449,13 @@ unsafe fn gemm_raw(
         unsafe { small_m_nt(m, k, n, a, rs_a, w, rs_w, out, rs_out, accumulate) };
         return;
     }
+    if n == 1 && cs_w == 1 && rs_out == 1 {
+        // One output column (e.g. a convolution to mono PCM): a matrix-vector product with the
+        // left rows as the streamed matrix, instead of packing all of `a` for a 1-column sgemm.
+        // SAFETY: forwarded caller contract; out[j] for j < m is out[j * rs_out] with rs_out 1.
+        unsafe { small_m_nt(1, k, m, w, k, a, rs_a, out, 1, accumulate) };
+        return;
+    }
     let beta = if accumulate { 1.0 } else { 0.0 };
     // SAFETY: forwarded caller contract. B = wᵀ is [k, n] with strides (cs_w, rs_w).
     unsafe {
@@ -726,7 +733,7 @@ mod tests {
     #[test]
     fn gemm_nt_strided_matches_scalar_reference() {
         // small-m kernel, packed sgemm, overlapping lhs rows, strided weights, parallel split
-        for &(m, k, n, rs_a, cs_w) in &[(1, 37, 5, 37, 1), (2, 64, 33, 64, 1), (4, 100, 7, 50, 1), (9, 24, 12, 6, 1), (3, 8, 5, 8, 3), (200, 96, 64, 48, 1), (2, 512, 1536, 512, 1), (3, 40, 9, 40, 1), (1, 300, 2051, 300, 1)] {
+        for &(m, k, n, rs_a, cs_w) in &[(300, 448, 1, 64, 1), (2000, 448, 1, 64, 1), (1, 37, 5, 37, 1), (2, 64, 33, 64, 1), (4, 100, 7, 50, 1), (9, 24, 12, 6, 1), (3, 8, 5, 8, 3), (200, 96, 64, 48, 1), (2, 512, 1536, 512, 1), (3, 40, 9, 40, 1), (1, 300, 2051, 300, 1)] {
             let a: Vec<f32> = (0..(m - 1) * rs_a + k).map(|i| (i as f32 * 0.13).sin()).collect();
             let rs_w = if cs_w == 1 { k } else { 1 };
             let wlen = (n - 1) * rs_w + (k - 1) * cs_w + 1;
