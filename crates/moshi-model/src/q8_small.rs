@@ -41,8 +41,23 @@ pub fn gemm_nt_q8(m: usize, k: usize, n: usize, a: &[f32], rs_a: usize, w: &Quan
     assert!(a.len() >= (m - 1) * rs_a + k, "lhs slice too short");
     assert!(rs_out >= n && out.len() >= (m - 1) * rs_out + n, "output slice too short");
     let groups = k / g;
+    XSUM.with(|cell| {
+        let mut xsum = cell.borrow_mut();
+        gemm_with_xsum(m, k, n, a, rs_a, w, row0, col0, out, rs_out, accumulate, groups, &mut xsum);
+    });
+}
+
+thread_local! {
+    /// Per-thread scratch for the group sums (no allocation per call in steady state).
+    static XSUM: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gemm_with_xsum(m: usize, k: usize, n: usize, a: &[f32], rs_a: usize, w: &QuantizedMatrix, row0: usize, col0: usize, out: &mut [f32], rs_out: usize, accumulate: bool, groups: usize, xsum: &mut Vec<f32>) {
+    let g = w.group_size();
     // Σ x per left row and group, shared by every weight row.
-    let mut xsum = vec![0f32; m * groups];
+    xsum.clear();
+    xsum.resize(m * groups, 0.0);
     for i in 0..m {
         for (gi, s) in xsum[i * groups..(i + 1) * groups].iter_mut().enumerate() {
             *s = a[i * rs_a + gi * g..i * rs_a + (gi + 1) * g].iter().sum();

@@ -338,21 +338,32 @@ impl MimiTransformer {
     /// `out` points at `t` rows of `dim` values; columns of head `h` are not accessed concurrently.
     #[allow(clippy::too_many_arguments)]
     unsafe fn attend_head<K: WeightElem>(&self, h: usize, qkv: &[f32], t: usize, q0: usize, oldest: usize, row_of: &dyn Fn(usize) -> usize, keys: &[K], values: &[K], out: *mut f32) {
+        SCORES.with(|cell| {
+            let scores = &mut *cell.borrow_mut();
+            // SAFETY: caller contract forwarded.
+            unsafe { self.attend_head_with(h, qkv, t, q0, oldest, row_of, keys, values, out, scores) };
+        });
+    }
+
+    /// # Safety
+    /// As [`MimiTransformer::attend_head`].
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn attend_head_with<K: WeightElem>(&self, h: usize, qkv: &[f32], t: usize, q0: usize, oldest: usize, row_of: &dyn Fn(usize) -> usize, keys: &[K], values: &[K], out: *mut f32, scores: &mut Vec<f32>) {
         #[cfg(target_arch = "x86_64")]
         {
             if std::is_x86_feature_detected!("avx512f") {
                 // SAFETY: feature checked at run time.
-                unsafe { attend_head_avx512(self, h, qkv, t, q0, oldest, row_of, keys, values, out) };
+                unsafe { attend_head_avx512(self, h, qkv, t, q0, oldest, row_of, keys, values, out, scores) };
                 return;
             }
             if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
                 // SAFETY: as above.
-                unsafe { attend_head_avx2(self, h, qkv, t, q0, oldest, row_of, keys, values, out) };
+                unsafe { attend_head_avx2(self, h, qkv, t, q0, oldest, row_of, keys, values, out, scores) };
                 return;
             }
         }
         // SAFETY: caller contract forwarded.
-        unsafe { attend_head_body(self, h, qkv, t, q0, oldest, row_of, keys, values, out) };
+        unsafe { attend_head_body(self, h, qkv, t, q0, oldest, row_of, keys, values, out, scores) };
     }
 }
 
@@ -368,17 +379,22 @@ unsafe impl Sync for OutPtr {}
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn attend_head_avx512<K: WeightElem>(tr: &MimiTransformer, h: usize, qkv: &[f32], t: usize, q0: usize, oldest: usize, row_of: &dyn Fn(usize) -> usize, keys: &[K], values: &[K], out: *mut f32) {
+unsafe fn attend_head_avx512<K: WeightElem>(tr: &MimiTransformer, h: usize, qkv: &[f32], t: usize, q0: usize, oldest: usize, row_of: &dyn Fn(usize) -> usize, keys: &[K], values: &[K], out: *mut f32, scores: &mut Vec<f32>) {
     // SAFETY: caller contract forwarded.
-    unsafe { attend_head_body(tr, h, qkv, t, q0, oldest, row_of, keys, values, out) }
+    unsafe { attend_head_body(tr, h, qkv, t, q0, oldest, row_of, keys, values, out, scores) }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn attend_head_avx2<K: WeightElem>(tr: &MimiTransformer, h: usize, qkv: &[f32], t: usize, q0: usize, oldest: usize, row_of: &dyn Fn(usize) -> usize, keys: &[K], values: &[K], out: *mut f32) {
+unsafe fn attend_head_avx2<K: WeightElem>(tr: &MimiTransformer, h: usize, qkv: &[f32], t: usize, q0: usize, oldest: usize, row_of: &dyn Fn(usize) -> usize, keys: &[K], values: &[K], out: *mut f32, scores: &mut Vec<f32>) {
     // SAFETY: caller contract forwarded.
-    unsafe { attend_head_body(tr, h, qkv, t, q0, oldest, row_of, keys, values, out) }
+    unsafe { attend_head_body(tr, h, qkv, t, q0, oldest, row_of, keys, values, out, scores) }
+}
+
+thread_local! {
+    /// Per-thread attention scores (no allocation per head in steady state).
+    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// One head of [`MimiTransformer::attend`] for all `t` queries.
@@ -387,11 +403,22 @@ unsafe fn attend_head_avx2<K: WeightElem>(tr: &MimiTransformer, h: usize, qkv: &
 /// As [`MimiTransformer::attend_head`].
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn attend_head_body<K: WeightElem>(tr: &MimiTransformer, h: usize, qkv: &[f32], t: usize, q0: usize, oldest: usize, row_of: &dyn Fn(usize) -> usize, keys: &[K], values: &[K], out: *mut f32) {
+unsafe fn attend_head_body<K: WeightElem>(
+    tr: &MimiTransformer,
+    h: usize,
+    qkv: &[f32],
+    t: usize,
+    q0: usize,
+    oldest: usize,
+    row_of: &dyn Fn(usize) -> usize,
+    keys: &[K],
+    values: &[K],
+    out: *mut f32,
+    scores: &mut Vec<f32>,
+) {
     let d = tr.dim;
     let hd = d / tr.num_heads;
     let scale = 1.0 / (hd as f32).sqrt();
-    let mut scores = Vec::with_capacity(tr.context.min(q0 + t));
     for i in 0..t {
         let p = q0 + i;
         let first = oldest.max((p + 1).saturating_sub(tr.context));
