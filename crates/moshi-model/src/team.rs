@@ -60,8 +60,9 @@ fn team() -> &'static Team {
             sleep_lock: Mutex::new(()),
             wake: Condvar::new(),
         }));
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let wanted = rayon::current_num_threads().min(cores).saturating_sub(1);
+        // Sized by the machine, not by the pool current at first use: each call is capped by its
+        // own pool (see `threads`), and unused helpers just stay parked.
+        let wanted = std::thread::available_parallelism().map_or(1, |n| n.get()).saturating_sub(1);
         let mut helpers = 0;
         for i in 0..wanted {
             let spawned = std::thread::Builder::new().name(format!("moshi-team-{i}")).spawn(move || helper_loop(shared));
