@@ -164,3 +164,29 @@ fn wav_formats_and_bad_input() {
     let (ok, err) = moshi_rs(&args);
     assert!(!ok && err.contains("code 64") && err.contains("codebook 2") && err.contains("frame 1"), "{err}");
 }
+
+#[test]
+fn mimi_weights_flag_selects_the_precision_and_rejects_unknown_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = asset("input.wav");
+    let reference = npy::read_i64(asset("ref/mimi_codes.npy")).unwrap();
+    let extra = mimi_args();
+    // (mode, minimum fraction of codes equal to the exact reference; see mimi_reference.rs)
+    for (mode, min_equal) in [("f32", 1.0), ("bf16", 0.95), ("q8", 0.88)] {
+        let out = dir.path().join(format!("codes-{mode}.npy"));
+        let mut args = vec!["codec", "encode", p(&input), p(&out), "--mimi-weights", mode];
+        args.extend(extra.iter().map(String::as_str));
+        let (ok, err) = moshi_rs(&args);
+        assert!(ok, "{mode}: {err}");
+        let ours = npy::read_i64(&out).unwrap();
+        assert_eq!(ours.shape, reference.shape, "{mode}");
+        let equal = ours.data.iter().zip(&reference.data).filter(|(a, b)| a == b).count() as f64 / ours.data.len() as f64;
+        assert!(equal >= min_equal, "{mode}: {:.1}% of codes equal", 100.0 * equal);
+    }
+    let out = dir.path().join("codes-bad.npy");
+    let mut args = vec!["codec", "encode", p(&input), p(&out), "--mimi-weights", "q4"];
+    args.extend(extra.iter().map(String::as_str));
+    let (ok, err) = moshi_rs(&args);
+    assert!(!ok && !out.exists());
+    assert!(err.contains("--mimi-weights") && err.contains("q4") && err.contains("f32, bf16 or q8"), "{err}");
+}

@@ -8,7 +8,9 @@ pub mod lm;
 pub mod matvec;
 pub mod mimi;
 pub mod ops;
+pub mod q8_small;
 pub mod rng;
+pub mod team;
 
 pub use error::ModelError;
 

@@ -163,6 +163,66 @@ pub fn gelu_erf(x: f32) -> f32 {
     0.5 * x * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2))
 }
 
+/// `erf(x)` in f32 as a rational function (odd degree-13 numerator over even degree-8 denominator
+/// in x, the minimax form XLA and Eigen use; inputs clamped to ±4 where erf is ±1 in f32).
+/// Branch-free so that slices vectorize; within 4.2e-7 absolute (3.6 ulp near ±1) of the exact
+/// erf, see `gelu_slice_matches_libm`.
+#[inline(always)]
+pub fn erf_rational(x: f32) -> f32 {
+    let x = x.clamp(-4.0, 4.0);
+    let x2 = x * x;
+    let mut p = -2.726_142_3e-10_f32;
+    p = p * x2 + 2.770_681_4e-8;
+    p = p * x2 - 2.101_024e-6;
+    p = p * x2 - 5.692_506_4e-5;
+    p = p * x2 - 7.349_906_3e-4;
+    p = p * x2 - 2.954_600_2e-3;
+    p = p * x2 - 1.609_603_3e-2;
+    let mut q = -1.456_607_2e-5_f32;
+    q = q * x2 - 2.133_740_6e-4;
+    q = q * x2 - 1.682_827e-3;
+    q = q * x2 - 7.373_329e-3;
+    q = q * x2 - 1.426_473_9e-2;
+    x * p / q
+}
+
+/// Exact-form (erf) GELU over a slice in place, vectorized with [`erf_rational`].
+pub fn gelu_slice(xs: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx512f") {
+            // SAFETY: feature checked at run time.
+            unsafe { gelu_slice_avx512(xs) };
+            return;
+        }
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            // SAFETY: feature checked at run time.
+            unsafe { gelu_slice_avx2(xs) };
+            return;
+        }
+    }
+    gelu_slice_body(xs);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn gelu_slice_avx512(xs: &mut [f32]) {
+    gelu_slice_body(xs)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn gelu_slice_avx2(xs: &mut [f32]) {
+    gelu_slice_body(xs)
+}
+
+#[inline(always)]
+fn gelu_slice_body(xs: &mut [f32]) {
+    for v in xs.iter_mut() {
+        *v = 0.5 * *v * (1.0 + erf_rational(*v * std::f32::consts::FRAC_1_SQRT_2));
+    }
+}
+
 /// ELU with alpha 1.
 #[inline]
 pub fn elu(x: f32) -> f32 {
@@ -184,6 +244,28 @@ pub fn softmax_in_place(x: &mut [f32]) {
     for v in x.iter_mut() {
         *v /= sum;
     }
+}
+
+/// Elements from which [`elu_slice_par`] splits the work over the team.
+const ELU_PARALLEL_MIN: usize = 1 << 14;
+
+/// [`elu_slice`] split over the [`crate::team`] for large slices (element-wise: same result).
+pub fn elu_slice_par(dst: &mut [f32], src: &[f32]) {
+    assert_eq!(dst.len(), src.len(), "elu_slice lengths");
+    let len = dst.len();
+    let threads = crate::team::threads();
+    if len < ELU_PARALLEL_MIN || threads < 2 {
+        elu_slice(dst, src);
+        return;
+    }
+    let dst_ptr = SendPtr(dst.as_mut_ptr());
+    crate::team::run_ranges(0, len.div_ceil(LANES), threads, &|lo, hi| {
+        let dp = dst_ptr;
+        let (a, b) = (lo * LANES, (hi * LANES).min(len));
+        // SAFETY: each range owns the disjoint elements a..b of `dst` (in bounds: b <= len).
+        let d = unsafe { std::slice::from_raw_parts_mut(dp.0.add(a), b - a) };
+        elu_slice(d, &src[a..b]);
+    });
 }
 
 /// `dst[i] = elu(src[i])` (alpha 1) over a slice, vectorized: `expm1` by range reduction
@@ -243,7 +325,10 @@ fn expm1_nonpositive(x: f32) -> f32 {
     let p = p * r + 1.0 / 6.0;
     let p = p * r + 0.5;
     let em1_r = r + r * r * p;
-    let two_k = f32::from_bits(((kf as i32 + 127) << 23) as u32);
+    // 2^k from the bits of k + 127 + 1.5 * 2^23 (integer k + 127 in 0..=127 in the low mantissa
+    // bits; shifted into the exponent field). Same value as `(k as i32 + 127) << 23`, but it
+    // vectorizes (a saturating float -> int cast does not).
+    let two_k = f32::from_bits((kf + (127.0 + 12_582_912.0)).to_bits() << 23);
     // 2^k (expm1(r) + 1) - 1 = 2^k expm1(r) + (2^k - 1)
     two_k * em1_r + (two_k - 1.0)
 }
@@ -269,12 +354,12 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// Work (multiply-adds) under which a product stays on the calling thread.
-const PARALLEL_MIN_MACS: usize = 1 << 18;
+pub(crate) const PARALLEL_MIN_MACS: usize = 1 << 18;
 
 /// A row-strided f32 product against row-major weights, the kernel behind Mimi's convolutions:
 /// `out[i * rs_out + j] (+)= Σ_p a[i * rs_a + p] · w[j * rs_w + p * cs_w]` for `i < m`, `j < n`, `p < k`.
 /// Rows of `a` may overlap (`rs_a < k`): a causal convolution over a channels-last buffer reads its
-/// windows in place this way, without an im2col copy. Splits the work over the rayon pool when large.
+/// windows in place this way, without an im2col copy. Splits the work over the [`crate::team`] when large.
 ///
 /// Panics if a slice is too short for the strides (an internal invariant, never user input).
 #[allow(clippy::too_many_arguments)]
@@ -307,7 +392,7 @@ pub fn gemm_nt_strided(
     assert!(a.len() >= (m - 1) * rs_a + k, "lhs slice too short");
     assert!(w.len() > (n - 1) * rs_w + (k - 1) * cs_w, "weight slice too short");
     let macs = m * n * k;
-    let threads = rayon::current_num_threads();
+    let threads = crate::team::threads();
     if macs < PARALLEL_MIN_MACS || threads < 2 {
         // SAFETY: bounds asserted above; `out` is a unique borrow so it cannot alias `a`/`w`.
         unsafe { gemm_raw(m, k, n, a.as_ptr(), rs_a, w.as_ptr(), rs_w, cs_w, out.as_mut_ptr(), rs_out, accumulate) };
@@ -331,18 +416,10 @@ pub fn gemm_nt_strided(
     });
 }
 
-/// Runs `f` over `parts` near-equal sub-ranges of `lo..hi` with nested `rayon::join` (stack jobs,
-/// no per-call heap allocation for the tasks themselves).
-fn par_ranges(lo: usize, hi: usize, parts: usize, f: &(dyn Fn(usize, usize) + Sync)) {
-    if parts <= 1 || hi - lo < 2 {
-        if lo < hi {
-            f(lo, hi);
-        }
-        return;
-    }
-    let left_parts = parts / 2;
-    let mid = lo + (hi - lo) * left_parts / parts;
-    rayon::join(|| par_ranges(lo, mid, left_parts, f), || par_ranges(mid, hi, parts - left_parts, f));
+/// Runs `f` over `parts` near-equal sub-ranges of `lo..hi` on the persistent [`crate::team`]
+/// (no thread wake-up and sleep per product).
+pub(crate) fn par_ranges(lo: usize, hi: usize, parts: usize, f: &(dyn Fn(usize, usize) + Sync)) {
+    crate::team::run_ranges(lo, hi, parts, f);
 }
 
 #[derive(Clone, Copy)]
@@ -370,6 +447,13 @@ unsafe fn gemm_raw(
     if m <= SMALL_M && cs_w == 1 {
         // SAFETY: forwarded caller contract.
         unsafe { small_m_nt(m, k, n, a, rs_a, w, rs_w, out, rs_out, accumulate) };
+        return;
+    }
+    if n == 1 && cs_w == 1 && rs_out == 1 {
+        // One output column (e.g. a convolution to mono PCM): a matrix-vector product with the
+        // left rows as the streamed matrix, instead of packing all of `a` for a 1-column sgemm.
+        // SAFETY: forwarded caller contract; out[j] for j < m is out[j * rs_out] with rs_out 1.
+        unsafe { small_m_nt(1, k, m, w, k, a, rs_a, out, 1, accumulate) };
         return;
     }
     let beta = if accumulate { 1.0 } else { 0.0 };
@@ -433,7 +517,7 @@ pub fn gemm_nt_bf16(m: usize, k: usize, n: usize, a: &[f32], rs_a: usize, w: &[u
     assert!(rs_out >= n && out.len() >= (m - 1) * rs_out + n, "output slice too short");
     assert!(k > 0 && a.len() >= (m - 1) * rs_a + k, "lhs slice too short");
     assert!(w.len() >= (n - 1) * rs_w + k, "weight slice too short");
-    let threads = rayon::current_num_threads();
+    let threads = crate::team::threads();
     if m * n * k < PARALLEL_MIN_MACS || threads < 2 {
         // SAFETY: bounds asserted above.
         unsafe { small_m_nt(m, k, n, a.as_ptr(), rs_a, w.as_ptr(), rs_w, out.as_mut_ptr(), rs_out, accumulate) };
@@ -649,7 +733,7 @@ mod tests {
     #[test]
     fn gemm_nt_strided_matches_scalar_reference() {
         // small-m kernel, packed sgemm, overlapping lhs rows, strided weights, parallel split
-        for &(m, k, n, rs_a, cs_w) in &[(1, 37, 5, 37, 1), (2, 64, 33, 64, 1), (4, 100, 7, 50, 1), (9, 24, 12, 6, 1), (3, 8, 5, 8, 3), (200, 96, 64, 48, 1), (2, 512, 1536, 512, 1), (3, 40, 9, 40, 1), (1, 300, 2051, 300, 1)] {
+        for &(m, k, n, rs_a, cs_w) in &[(300, 448, 1, 64, 1), (2000, 448, 1, 64, 1), (1, 37, 5, 37, 1), (2, 64, 33, 64, 1), (4, 100, 7, 50, 1), (9, 24, 12, 6, 1), (3, 8, 5, 8, 3), (200, 96, 64, 48, 1), (2, 512, 1536, 512, 1), (3, 40, 9, 40, 1), (1, 300, 2051, 300, 1)] {
             let a: Vec<f32> = (0..(m - 1) * rs_a + k).map(|i| (i as f32 * 0.13).sin()).collect();
             let rs_w = if cs_w == 1 { k } else { 1 };
             let wlen = (n - 1) * rs_w + (k - 1) * cs_w + 1;
@@ -677,6 +761,30 @@ mod tests {
             let r = elu(x);
             let ulp = (r.abs() * f32::EPSILON).max(f32::MIN_POSITIVE);
             assert!((y - r).abs() <= 2.0 * ulp, "elu({x}) = {y}, libm {r}");
+        }
+        let mut par = vec![0f32; xs.len()];
+        elu_slice_par(&mut par, &xs);
+        assert_eq!(par, out, "split over the team == serial");
+    }
+
+    #[test]
+    fn gelu_slice_matches_libm() {
+        let xs: Vec<f32> = (0..1_200_000).map(|i| -6.0 + i as f32 * 1e-5).chain([0.0, -0.0, 1e-30, -1e-30, 10.0, -10.0, 1e6, -1e6]).collect();
+        let (mut max_abs, mut max_ulp) = (0f64, 0f64);
+        for &x in &xs {
+            let exact = libm::erf(x as f64);
+            let err = (erf_rational(x) as f64 - exact).abs();
+            max_abs = max_abs.max(err);
+            max_ulp = max_ulp.max(err / ((exact as f32).abs() * f32::EPSILON).max(f32::MIN_POSITIVE) as f64);
+        }
+        assert!(max_abs <= 5e-7 && max_ulp <= 4.0, "erf: max abs error {max_abs:e}, {max_ulp:.2} ulp");
+        let mut gelu = xs.clone();
+        gelu_slice(&mut gelu);
+        for (&x, &g) in xs.iter().zip(&gelu) {
+            let r = gelu_erf(x);
+            // 0.5 |x| · (erf error + libm erff's own ~1 ulp) + rounding of the product.
+            let bound = 0.5 * x.abs() * 6e-7 + 2.0 * r.abs() * f32::EPSILON + f32::MIN_POSITIVE;
+            assert!((g - r).abs() <= bound, "gelu({x}) = {g}, libm {r}");
         }
     }
 

@@ -14,7 +14,7 @@ use moshi_loader::tokenizer::{IncrementalDecoder, TextTokenizer};
 use moshi_loader::{load_lm_weights, ResolvedModel, WeightMode};
 use moshi_model::generator::{Generator, SamplingConfig};
 use moshi_model::lm::LmModel;
-use moshi_model::mimi::Mimi;
+use moshi_model::mimi::{Mimi, MimiWeights};
 
 use crate::engine::{FrameOutput, FrameProcessor, FrameTokens};
 use crate::metrics::StageTimings;
@@ -62,6 +62,11 @@ impl MoshiPipeline {
             return Err(RuntimeError::FrameSize { expected: FRAME_SAMPLES, got: mimi.frame_size_samples() });
         }
         Ok(Self { mimi, generator, text: tokenizer.incremental_decoder(), user_codebooks, frames_in: 0 })
+    }
+
+    /// Weight precision of Mimi's per-frame products (see [`Mimi::set_weights`]).
+    pub fn set_mimi_weights(&mut self, mode: MimiWeights) {
+        self.mimi.set_weights(mode);
     }
 
     /// Back to the start of a conversation.

@@ -10,7 +10,7 @@ use moshi_loader::{LmConfig, MimiConfig, WeightMap};
 use moshi_model::generator::{Generator, SamplingConfig};
 use moshi_model::lm::random::random_lm_weights;
 use moshi_model::lm::LmModel;
-use moshi_model::mimi::Mimi;
+use moshi_model::mimi::{Mimi, MimiWeights};
 use moshi_runtime::bench::checkpoint::{load_checkpoint_lm, resolve_model};
 use moshi_runtime::bench::extrapolate::extrapolate_to_full_depth;
 use moshi_runtime::bench::format::WeightFormat;
@@ -124,6 +124,10 @@ pub struct BenchArgs {
     /// Seed of the random weights, the input signal and sampling.
     #[arg(long, default_value_t = 42)]
     seed: u64,
+    /// Mimi weight precision of the per-frame (memory-bound) products: f32 (exact, default),
+    /// bf16 or q8 (MLX 8-bit affine, group 64). Activations stay f32.
+    #[arg(long, value_name = "f32|bf16|q8", default_value_t = MimiWeights::F32)]
+    mimi_weights: MimiWeights,
     /// Buffer of the memory read-bandwidth probe, MiB (keep it well above the last-level cache).
     #[arg(long, default_value_t = 1024, value_name = "MIB")]
     bandwidth_buffer_mib: usize,
@@ -196,7 +200,11 @@ fn bench(args: &BenchArgs, threads: usize, totals: &SpanTotals) -> Result<()> {
     }
     let loaded = load(args)?;
     let layers_run = loaded.cfg.num_layers;
-    let Loaded { lm, mimi, tokenizer, layers_config, config_origin, format, weights, .. } = loaded;
+    let Loaded { lm, mut mimi, tokenizer, layers_config, config_origin, format, weights, .. } = loaded;
+    if let Some(m) = mimi.as_mut() {
+        m.set_weights(args.mimi_weights);
+        eprintln!("Mimi weights: {}", args.mimi_weights);
+    }
     let mut processor: Box<dyn FrameProcessor> = match args.stage {
         StageArg::All => {
             let lm = lm.context("internal: the LM was not built")?;

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use moshi_loader::{npy, MimiConfig};
-use moshi_model::mimi::Mimi;
+use moshi_model::mimi::{Mimi, MimiWeights};
 
 use moshi_runtime::{resample::resample_to, wav};
 
@@ -30,6 +30,10 @@ pub struct MimiSource {
     /// Model folder holding mimi.safetensors or tokenizer-*.safetensors (and optionally mimi_config.json).
     #[arg(long)]
     pub model: Option<PathBuf>,
+    /// Mimi weight precision of the per-frame (memory-bound) products: f32 (exact, default),
+    /// bf16 or q8 (MLX 8-bit affine, group 64). Activations stay f32.
+    #[arg(long, value_name = "f32|bf16|q8", default_value_t = MimiWeights::F32)]
+    pub mimi_weights: MimiWeights,
 }
 
 #[derive(clap::Args, Debug)]
@@ -110,6 +114,7 @@ fn find_mimi_in(dir: &Path) -> Result<PathBuf> {
 fn encode(args: EncodeArgs) -> Result<()> {
     let (weights, cfg) = resolve(&args.source)?;
     let mut mimi = Mimi::load(&cfg, &weights, args.codebooks).with_context(|| format!("loading Mimi from {}", weights.display()))?;
+    mimi.set_weights(args.source.mimi_weights);
     let frame = mimi.frame_size_samples();
     let audio = wav::read_mono(&args.input)?;
     let rate = mimi.sample_rate() as u32;
@@ -172,6 +177,7 @@ fn decode(args: DecodeArgs) -> Result<()> {
     }
     let (weights, cfg) = resolve(&args.source)?;
     let mut mimi = Mimi::load(&cfg, &weights, k).with_context(|| format!("loading Mimi from {}", weights.display()))?;
+    mimi.set_weights(args.source.mimi_weights);
     let pcm = mimi.decode_step(&codes).with_context(|| format!("decoding {}", args.input.display()))?;
     if as_npy {
         npy::write_f32(&args.output, &[pcm.len()], &pcm)?;

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use moshi_loader::{ModelSource, ResolvedModel, SourceOverrides, WeightMode};
 use moshi_model::generator::SamplingConfig;
+use moshi_model::mimi::MimiWeights;
 use moshi_runtime::pipeline::MoshiPipeline;
 
 /// The official Kyutai repo best suited to a CPU: 4-bit MLX weights (smallest, fastest to read).
@@ -36,6 +37,10 @@ pub struct ModelArgs {
     /// q4 (4-bit, group 32) or q8 (8-bit, group 64). A packed checkpoint must already be that format.
     #[arg(long, value_enum, value_name = "q4|q8")]
     pub quantize: Option<QuantizeLevel>,
+    /// Mimi weight precision of the per-frame (memory-bound) products: f32 (exact, default),
+    /// bf16 or q8 (MLX 8-bit affine, group 64). Activations stay f32.
+    #[arg(long, value_name = "f32|bf16|q8", default_value_t = MimiWeights::F32)]
+    pub mimi_weights: MimiWeights,
 }
 
 /// `--quantize`: MLX affine quantization with the group size of the Kyutai MLX releases.
@@ -144,8 +149,9 @@ impl ModelArgs {
     pub fn load_pipeline(&self, sampling: SamplingConfig) -> anyhow::Result<(ResolvedModel, MoshiPipeline)> {
         let mode = self.weight_mode()?;
         let model = self.resolve()?;
-        let pipeline = MoshiPipeline::load(&model, sampling, mode)
+        let mut pipeline = MoshiPipeline::load(&model, sampling, mode)
             .with_context(|| format!("loading the model from {}", model.lm_weights_path.display()))?;
+        pipeline.set_mimi_weights(self.mimi_weights);
         Ok((model, pipeline))
     }
 }

@@ -3,8 +3,8 @@
 //! `StreamingConvTranspose1d` (overlapping tails kept as partial sums). Both run as one strided
 //! matrix product per call; a fresh state over the whole signal is the non-streaming forward.
 
-use super::matrix::WeightMatrix;
-use crate::ops::elu_slice;
+use super::matrix::{MimiWeights, WeightMatrix};
+use crate::ops::elu_slice_par;
 
 /// Copies a row-major `[d0][d1][d2]` array into a new one of the same size, element `(a, b, c)`
 /// going to index `dst_index(a, b, c)` (which must be a bijection onto `0..d0 * d1 * d2`).
@@ -31,7 +31,7 @@ impl PreActivation {
     fn copy_into(self, dst: &mut [f32], src: &[f32]) {
         match self {
             PreActivation::None => dst.copy_from_slice(src),
-            PreActivation::Elu => elu_slice(dst, src),
+            PreActivation::Elu => elu_slice_par(dst, src),
         }
     }
 }
@@ -88,12 +88,12 @@ impl StreamingConv1d {
         if let Some(b) = &bias {
             assert_eq!(b.len(), out_channels, "conv bias size");
         }
-        Self { in_channels, out_channels, kernel_size, stride, dilation, replicate_pad, weight: WeightMatrix::new(weight), bias }
+        Self { in_channels, out_channels, kernel_size, stride, dilation, replicate_pad, weight: WeightMatrix::new(weight, out_channels, kernel_size * in_channels), bias }
     }
 
-    /// Uses a bf16 copy of the weights for few-row products (see [`WeightMatrix`]).
-    pub fn set_bf16(&mut self, on: bool) {
-        self.weight.set_bf16(on);
+    /// Weight precision of few-row products (see [`WeightMatrix`]).
+    pub fn set_weights(&mut self, mode: MimiWeights) {
+        self.weight.set_weights(mode);
     }
 
     pub fn in_channels(&self) -> usize {
@@ -218,13 +218,14 @@ impl StreamingConvTranspose1d {
         if let Some(b) = &bias {
             assert_eq!(b.len(), out_channels, "convtr bias size");
         }
-        Self { in_channels, out_channels, kernel_size, stride, depthwise, weight: WeightMatrix::new(weight), bias }
+        let (rows, cols) = if depthwise { (in_channels, kernel_size) } else { (kernel_size * out_channels, in_channels) };
+        Self { in_channels, out_channels, kernel_size, stride, depthwise, weight: WeightMatrix::new(weight, rows, cols), bias }
     }
 
-    /// Uses a bf16 copy of the weights for few-row products (groups 1 only; depthwise stays f32).
-    pub fn set_bf16(&mut self, on: bool) {
+    /// Weight precision of few-row products (groups 1 only; depthwise stays f32).
+    pub fn set_weights(&mut self, mode: MimiWeights) {
         if !self.depthwise {
-            self.weight.set_bf16(on);
+            self.weight.set_weights(mode);
         }
     }
 

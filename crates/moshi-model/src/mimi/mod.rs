@@ -12,6 +12,8 @@ pub mod seanet;
 pub mod transformer;
 mod weights;
 
+pub use self::matrix::{weight_bytes_read, MimiWeights};
+
 use std::path::Path;
 
 use moshi_loader::MimiConfig;
@@ -68,7 +70,7 @@ pub struct Mimi {
     decoder_state: DecoderState,
     sample_rate: usize,
     frame_size: usize,
-    bf16_weights: bool,
+    weights: MimiWeights,
 }
 
 impl Mimi {
@@ -113,29 +115,31 @@ impl Mimi {
         let modules = MimiModules { encoder, encoder_transformer, downsample, quantizer, upsample, decoder_transformer, decoder };
         let encoder_state = modules.new_encoder_state();
         let decoder_state = modules.new_decoder_state();
-        Ok(Mimi { modules, encoder_state, decoder_state, sample_rate: cfg.sample_rate, frame_size, bf16_weights: false })
+        Ok(Mimi { modules, encoder_state, decoder_state, sample_rate: cfg.sample_rate, frame_size, weights: MimiWeights::F32 })
     }
 
-    /// Weight precision of the per-frame products. `false` (the default) is exact f32 math, the
-    /// reference behaviour. `true` keeps a bf16 copy of the weights of every product that runs on
-    /// at most 4 rows per call (transformers, the 12.5/25 Hz convolutions, the quantizer
-    /// projections) and reads it instead: half the memory traffic of the bandwidth-bound
-    /// streaming path, at bf16 weight rounding (activations and accumulation stay f32).
-    /// Codebook lookups and the many-row early convolutions stay f32.
-    pub fn set_bf16_weights(&mut self, on: bool) {
+    /// Weight precision of the per-frame products (see [`MimiWeights`]). [`MimiWeights::F32`]
+    /// (the default) is exact f32 math, the reference behaviour. The other modes keep a reduced
+    /// copy of the weights of every product that runs on few rows per call (bf16: at most 4, q8:
+    /// at most 16; the transformers, the 12.5/25 Hz and the deepest SEANet convolutions, the
+    /// quantizer projections) and read it instead: the streaming path is bound by weight
+    /// bandwidth, so fewer bytes are less time. Activations and accumulation stay f32; the
+    /// codebooks (whose streaming scoring is exact in every mode), the depthwise upsampler and
+    /// the many-row 24 kHz-side convolutions stay f32. Costs the memory of the reduced copies.
+    pub fn set_weights(&mut self, mode: MimiWeights) {
         let m = &mut self.modules;
-        m.encoder.set_bf16(on);
-        m.encoder_transformer.set_bf16(on);
-        m.downsample.set_bf16(on);
-        m.quantizer.set_bf16(on);
-        m.decoder_transformer.set_bf16(on);
-        m.decoder.set_bf16(on);
-        self.bf16_weights = on;
+        m.encoder.set_weights(mode);
+        m.encoder_transformer.set_weights(mode);
+        m.downsample.set_weights(mode);
+        m.quantizer.set_weights(mode);
+        m.decoder_transformer.set_weights(mode);
+        m.decoder.set_weights(mode);
+        self.weights = mode;
     }
 
-    /// Whether [`Mimi::set_bf16_weights`] is on.
-    pub fn bf16_weights(&self) -> bool {
-        self.bf16_weights
+    /// The mode set by [`Mimi::set_weights`].
+    pub fn weights(&self) -> MimiWeights {
+        self.weights
     }
 
     /// Samples per frame (1920 at 24 kHz).

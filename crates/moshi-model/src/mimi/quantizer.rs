@@ -3,13 +3,15 @@
 //! and decode through their own `output_proj`; the two decodes are summed. Codebook vectors are
 //! `embedding_sum / max(cluster_usage, 1e-5)`. Nearest neighbour: one matrix product per codebook
 //! for `|c|² - 2 x·c`, then every candidate within rounding distance of the best is re-scored
-//! exactly in f64 (ties go to the lowest index, like `argmin`).
+//! exactly in f64 (ties go to the lowest index, like `argmin`). Streaming calls (a few rows) score
+//! against a bf16 copy of the codebook (half the bytes; the candidate margin covers the bf16
+//! rounding, so the chosen code is still the exact argmin).
 
 use moshi_loader::config::QuantizerConfig;
 
 use super::weights::WeightSource;
-use super::matrix::WeightMatrix;
-use crate::ops::gemm_nt_strided;
+use super::matrix::{count_bytes, MimiWeights, WeightMatrix};
+use crate::ops::{f32_to_bf16_bits, gemm_nt_bf16, gemm_nt_strided};
 use crate::{ModelError, Result};
 
 const CLUSTER_USAGE_EPSILON: f32 = 1e-5;
@@ -18,10 +20,18 @@ const CLUSTER_USAGE_EPSILON: f32 = 1e-5;
 struct Codebook {
     /// `[bins][dim]`.
     vectors: Vec<f32>,
+    /// The vectors rounded to bf16 (bits), scored by few-row calls.
+    vectors_bf16: Vec<u16>,
     /// `|c|²` per entry.
     norms2: Vec<f32>,
     max_norm2: f32,
 }
+
+/// Rows up to which the bf16 codebook copy is scored (the weight-streaming kernel's limit).
+const BF16_SCORING_MAX_ROWS: usize = 4;
+
+/// Bound on the relative rounding error of f32 -> bf16 (round to nearest even): 2^-9.
+const BF16_RELATIVE_ERROR: f32 = 1.0 / 512.0;
 
 impl Codebook {
     fn load(src: &mut dyn WeightSource, prefix: &str, bins: usize, dim: usize) -> Result<Self> {
@@ -36,7 +46,8 @@ impl Codebook {
         }
         let norms2: Vec<f32> = vectors.chunks_exact(dim).map(|r| r.iter().map(|v| v * v).sum()).collect();
         let max_norm2 = norms2.iter().copied().fold(0f32, f32::max);
-        Ok(Self { vectors, norms2, max_norm2 })
+        let vectors_bf16 = vectors.iter().map(|&v| f32_to_bf16_bits(v)).collect();
+        Ok(Self { vectors, vectors_bf16, norms2, max_norm2 })
     }
 }
 
@@ -56,7 +67,11 @@ impl ResidualVq {
         let input_proj = src.tensor(&format!("{prefix}.input_proj.weight"), &[d, cfg.input_dimension, 1])?;
         let output_proj = src.tensor(&format!("{prefix}.output_proj.weight"), &[cfg.output_dimension, d, 1])?;
         let codebooks = (0..n).map(|i| Codebook::load(src, &format!("{prefix}.vq.layers.{i}"), cfg.bins, d)).collect::<Result<_>>()?;
-        Ok(Self { input_proj: WeightMatrix::new(input_proj), output_proj: WeightMatrix::new(output_proj), codebooks })
+        Ok(Self {
+            input_proj: WeightMatrix::new(input_proj, d, cfg.input_dimension),
+            output_proj: WeightMatrix::new(output_proj, cfg.output_dimension, d),
+            codebooks,
+        })
     }
 }
 
@@ -109,11 +124,11 @@ impl SplitQuantizer {
         self.num_codebooks
     }
 
-    /// Uses bf16 copies of the projections for few-row products (codebooks stay f32).
-    pub fn set_bf16(&mut self, on: bool) {
+    /// Weight precision of the projections' few-row products (codebooks stay f32).
+    pub fn set_weights(&mut self, mode: MimiWeights) {
         for g in std::iter::once(&mut self.first).chain(self.rest.as_mut()) {
-            g.input_proj.set_bf16(on);
-            g.output_proj.set_bf16(on);
+            g.input_proj.set_weights(mode);
+            g.output_proj.set_weights(mode);
         }
     }
 
@@ -141,10 +156,16 @@ impl SplitQuantizer {
             group.input_proj.gemm(t, self.in_dim, d, latent, self.in_dim, 0, self.in_dim, &mut scratch.residual, d, false);
             for cb in &group.codebooks {
                 scratch.scores.resize(t * self.bins, 0.0);
-                gemm_nt_strided(t, d, self.bins, &scratch.residual, d, &cb.vectors, d, 1, &mut scratch.scores, self.bins, false);
+                let bf16 = t <= BF16_SCORING_MAX_ROWS;
+                count_bytes(cb.vectors.len() * if bf16 { 2 } else { 4 });
+                if bf16 {
+                    gemm_nt_bf16(t, d, self.bins, &scratch.residual, d, &cb.vectors_bf16, d, &mut scratch.scores, self.bins, false);
+                } else {
+                    gemm_nt_strided(t, d, self.bins, &scratch.residual, d, &cb.vectors, d, 1, &mut scratch.scores, self.bins, false);
+                }
                 for i in 0..t {
                     let x = &mut scratch.residual[i * d..(i + 1) * d];
-                    let code = nearest(cb, x, &scratch.scores[i * self.bins..(i + 1) * self.bins], d);
+                    let code = nearest(cb, x, &scratch.scores[i * self.bins..(i + 1) * self.bins], d, bf16);
                     codes[i * k + offset] = code as u32;
                     for (v, c) in x.iter_mut().zip(&cb.vectors[code * d..(code + 1) * d]) {
                         *v -= c;
@@ -197,15 +218,21 @@ impl SplitQuantizer {
     }
 }
 
-/// Index of the codebook entry nearest to `x`, given approximate scores `|c|² - 2 x·c`.
-fn nearest(cb: &Codebook, x: &[f32], scores: &[f32], d: usize) -> usize {
+/// Index of the codebook entry nearest to `x`, given approximate scores `|c|² - 2 x·c` (with
+/// `x·c` computed against the bf16 codebook copy when `bf16`).
+fn nearest(cb: &Codebook, x: &[f32], scores: &[f32], d: usize, bf16: bool) -> usize {
     let mut best = f32::INFINITY;
     for (s, n2) in scores.iter().zip(&cb.norms2) {
         best = best.min(n2 - 2.0 * s);
     }
     let x_norm2: f32 = x.iter().map(|v| v * v).sum();
     // Rounding bound of the f32 score: a few ulps of the magnitudes involved.
-    let tol = 1e-5 * (x_norm2 + cb.max_norm2) + f32::MIN_POSITIVE;
+    let mut tol = 1e-5 * (x_norm2 + cb.max_norm2) + f32::MIN_POSITIVE;
+    if bf16 {
+        // |x·c - x·bf16(c)| <= 2^-9 |x| |c| (Cauchy-Schwarz): each score is off by at most twice
+        // that, and the best and a candidate may be off in opposite directions.
+        tol += 4.0 * BF16_RELATIVE_ERROR * (x_norm2 * cb.max_norm2).sqrt() * 1.01;
+    }
     let mut best_index = 0;
     let mut best_exact = f64::INFINITY;
     for (j, (s, n2)) in scores.iter().zip(&cb.norms2).enumerate() {
@@ -219,4 +246,60 @@ fn nearest(cb: &Codebook, x: &[f32], scores: &[f32], d: usize) -> usize {
         }
     }
     best_index
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn uniform(state: &mut u64) -> f32 {
+        *state ^= *state << 13;
+        *state ^= *state >> 7;
+        *state ^= *state << 17;
+        ((*state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+
+    fn codebook(vectors: Vec<f32>, d: usize) -> Codebook {
+        let norms2: Vec<f32> = vectors.chunks_exact(d).map(|r| r.iter().map(|v| v * v).sum()).collect();
+        let max_norm2 = norms2.iter().copied().fold(0f32, f32::max);
+        let vectors_bf16 = vectors.iter().map(|&v| f32_to_bf16_bits(v)).collect();
+        Codebook { vectors, vectors_bf16, norms2, max_norm2 }
+    }
+
+    #[test]
+    fn bf16_scoring_still_picks_the_exact_nearest_entry() {
+        let (bins, d) = (256, 64);
+        let mut state = 0x1234_5678_9ABC_DEF1u64;
+        let mut vectors: Vec<f32> = (0..bins * d).map(|_| uniform(&mut state)).collect();
+        // Near-duplicates: entry 2k+1 is entry 2k plus a perturbation below bf16 resolution.
+        for k in 0..bins / 2 {
+            for c in 0..d {
+                vectors[(2 * k + 1) * d + c] = vectors[2 * k * d + c] * (1.0 + 1e-4 * uniform(&mut state));
+            }
+        }
+        let cb = codebook(vectors, d);
+        let exact_argmin = |x: &[f32]| -> usize {
+            let dist = |j: usize| x.iter().zip(&cb.vectors[j * d..(j + 1) * d]).map(|(a, b)| (*a as f64 - *b as f64).powi(2)).sum::<f64>();
+            (0..bins).fold(0, |best, j| if dist(j) < dist(best) { j } else { best })
+        };
+        let mut scores = vec![0f32; bins];
+        let mut disagreements_without_margin = 0;
+        for trial in 0..400 {
+            // Half the queries sit right between a near-duplicate pair.
+            let x: Vec<f32> = if trial % 2 == 0 {
+                (0..d).map(|_| uniform(&mut state)).collect()
+            } else {
+                let k = (trial / 2) % (bins / 2);
+                (0..d).map(|c| 0.5 * (cb.vectors[2 * k * d + c] + cb.vectors[(2 * k + 1) * d + c]) + 1e-6 * uniform(&mut state)).collect()
+            };
+            gemm_nt_bf16(1, d, bins, &x, d, &cb.vectors_bf16, d, &mut scores, bins, false);
+            let expected = exact_argmin(&x);
+            assert_eq!(nearest(&cb, &x, &scores, d, true), expected, "trial {trial}");
+            if nearest(&cb, &x, &scores, d, false) != expected {
+                disagreements_without_margin += 1;
+            }
+        }
+        // The bf16 margin is what makes it exact: the f32 margin alone misses some near-ties.
+        assert!(disagreements_without_margin > 0, "the test must contain near-ties that bf16 scores get wrong");
+    }
 }

@@ -2,6 +2,7 @@
 //! code rate: `ConvDownsample1d` (conv, kernel 2*stride, no bias, replicate padding of the first
 //! step) and `ConvTrUpsample1d` (depthwise transposed conv, kernel 2*stride, no bias).
 
+use super::matrix::MimiWeights;
 use super::conv::{Conv1dState, ConvTr1dState, PreActivation, StreamingConv1d, StreamingConvTranspose1d};
 use super::weights::WeightSource;
 use crate::Result;
@@ -22,8 +23,8 @@ impl Downsample {
         self.conv.stride()
     }
 
-    pub fn set_bf16(&mut self, on: bool) {
-        self.conv.set_bf16(on);
+    pub fn set_weights(&mut self, mode: MimiWeights) {
+        self.conv.set_weights(mode);
     }
 
     /// `x` (`[t][dim]`, t a multiple of the stride) -> `out` (`[t / stride][dim]`).

@@ -5,6 +5,7 @@
 use moshi_loader::config::SeanetConfig;
 
 use super::conv::{Conv1dState, ConvTr1dState, PreActivation, StreamingConv1d, StreamingConvTranspose1d};
+use super::matrix::MimiWeights;
 use super::weights::WeightSource;
 use crate::{ModelError, Result};
 
@@ -60,9 +61,9 @@ struct ResidualState {
 }
 
 impl ResidualBlock {
-    fn set_bf16(&mut self, on: bool) {
-        self.conv_k.set_bf16(on);
-        self.conv_1.set_bf16(on);
+    fn set_weights(&mut self, mode: MimiWeights) {
+        self.conv_k.set_weights(mode);
+        self.conv_1.set_weights(mode);
     }
 
     fn load(src: &mut dyn WeightSource, prefix: &str, dim: usize, cfg: &SeanetConfig, dilation: usize) -> Result<Self> {
@@ -147,14 +148,14 @@ impl SeanetEncoder {
         Ok(Self { input, stages, output, hop: cfg.ratios.iter().product() })
     }
 
-    /// Uses bf16 weight copies for few-row products.
-    pub fn set_bf16(&mut self, on: bool) {
-        self.input.set_bf16(on);
+    /// Weight precision of few-row products.
+    pub fn set_weights(&mut self, mode: MimiWeights) {
+        self.input.set_weights(mode);
         for st in &mut self.stages {
-            st.residuals.iter_mut().for_each(|r| r.set_bf16(on));
-            st.down.set_bf16(on);
+            st.residuals.iter_mut().for_each(|r| r.set_weights(mode));
+            st.down.set_weights(mode);
         }
-        self.output.set_bf16(on);
+        self.output.set_weights(mode);
     }
 
     /// Input samples per output latent step.
@@ -249,14 +250,14 @@ impl SeanetDecoder {
         Ok(Self { input, stages, output })
     }
 
-    /// Uses bf16 weight copies for few-row products.
-    pub fn set_bf16(&mut self, on: bool) {
-        self.input.set_bf16(on);
+    /// Weight precision of few-row products.
+    pub fn set_weights(&mut self, mode: MimiWeights) {
+        self.input.set_weights(mode);
         for st in &mut self.stages {
-            st.up.set_bf16(on);
-            st.residuals.iter_mut().for_each(|r| r.set_bf16(on));
+            st.up.set_weights(mode);
+            st.residuals.iter_mut().for_each(|r| r.set_weights(mode));
         }
-        self.output.set_bf16(on);
+        self.output.set_weights(mode);
     }
 
     pub fn new_state(&self) -> SeanetDecoderState {

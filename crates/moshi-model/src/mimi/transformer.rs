@@ -6,9 +6,9 @@
 
 use moshi_loader::config::MimiTransformerConfig;
 
-use super::matrix::WeightMatrix;
+use super::matrix::{MimiWeights, WeightMatrix};
 use super::weights::WeightSource;
-use crate::ops::{dot, gelu_erf, layer_norm};
+use crate::ops::{f32_to_bf16_bits, gelu_slice, layer_norm, WeightElem};
 use crate::{ModelError, Result};
 
 #[derive(Clone, Debug)]
@@ -35,6 +35,8 @@ pub struct MimiTransformer {
     context: usize,
     /// RoPE inverse frequencies per pair, as PyTorch computes them in f32.
     inv_freq: Vec<f32>,
+    /// Keep the streaming KV ring in bf16 (set with a reduced weight mode).
+    kv_bf16: bool,
 }
 
 /// How keys are kept between calls.
@@ -48,9 +50,77 @@ pub enum AttentionMode {
 
 #[derive(Clone, Debug, Default)]
 struct LayerCache {
-    /// `[context][dim]`, slot = position % context.
+    /// `[context][dim]`, slot = position % context (exact mode).
     keys: Vec<f32>,
     values: Vec<f32>,
+    /// The same ring as bf16 bits (reduced weight modes: half the bytes read per query).
+    keys_bf16: Vec<u16>,
+    values_bf16: Vec<u16>,
+}
+
+/// An element of the KV ring: f32, or bf16 bits.
+trait KvElem: WeightElem {
+    fn from_f32(x: f32) -> Self;
+}
+
+impl KvElem for f32 {
+    fn from_f32(x: f32) -> Self {
+        x
+    }
+}
+
+impl KvElem for u16 {
+    fn from_f32(x: f32) -> Self {
+        f32_to_bf16_bits(x)
+    }
+}
+
+/// Makes `ring` a `len`-element ring, converting `other` (the ring in the other element type, if
+/// it holds one: the weight mode changed mid-stream) and then dropping it, so that only one
+/// up-to-date ring exists.
+fn take_ring<A: KvElem, B: KvElem>(ring: &mut Vec<A>, other: &mut Vec<B>, len: usize) {
+    if ring.len() != len {
+        *ring = if other.len() == len { other.iter().map(|v| A::from_f32(v.to_f32())).collect() } else { vec![A::from_f32(0.0); len] };
+    }
+    if !other.is_empty() {
+        *other = Vec::new();
+    }
+}
+
+/// Writes rows `0..t` of the chunk's keys and values (columns `d..2d` and `2d..3d` of each qkv
+/// row) into their ring slots.
+fn write_ring<K: KvElem>(keys: &mut [K], values: &mut [K], qkv: &[f32], t: usize, d: usize, offset: usize, context: usize) {
+    for i in 0..t {
+        let slot = (offset + i) % context;
+        let row = &qkv[i * 3 * d..(i + 1) * 3 * d];
+        for (k, v) in keys[slot * d..(slot + 1) * d].iter_mut().zip(&row[d..2 * d]) {
+            *k = K::from_f32(*v);
+        }
+        for (k, v) in values[slot * d..(slot + 1) * d].iter_mut().zip(&row[2 * d..]) {
+            *k = K::from_f32(*v);
+        }
+    }
+}
+
+/// `Σ a_i b_i` with 8 accumulators, the same operation order as [`crate::ops::dot`] (so f32
+/// keys give bit-identical scores), keys of either element type.
+#[inline(always)]
+fn dot_kv<K: WeightElem>(a: &[f32], b: &[K]) -> f32 {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = [0f32; 8];
+    let mut ca = a.chunks_exact(8);
+    let mut cb = b.chunks_exact(8);
+    for (x, y) in (&mut ca).zip(&mut cb) {
+        for l in 0..8 {
+            acc[l] += x[l] * y[l].to_f32();
+        }
+    }
+    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
+        s += x * y.to_f32();
+    }
+    s
 }
 
 /// Streaming state of a [`MimiTransformer`]: position and KV rings, plus scratch buffers.
@@ -63,7 +133,6 @@ pub struct TransformerState {
     attn: Vec<f32>,
     proj: Vec<f32>,
     hidden: Vec<f32>,
-    scores: Vec<f32>,
 }
 
 impl TransformerState {
@@ -110,14 +179,14 @@ impl MimiTransformer {
             let p = format!("{prefix}.transformer.layers.{l}");
             let mut t = |name: &str, shape: &[usize]| src.tensor(&format!("{p}.{name}"), shape);
             let layer = Layer {
-                in_proj: WeightMatrix::new(t("self_attn.in_proj_weight", &[3 * d, d])?),
-                out_proj: WeightMatrix::new(t("self_attn.out_proj.weight", &[d, d])?),
+                in_proj: WeightMatrix::new(t("self_attn.in_proj_weight", &[3 * d, d])?, 3 * d, d),
+                out_proj: WeightMatrix::new(t("self_attn.out_proj.weight", &[d, d])?, d, d),
                 norm1_w: t("norm1.weight", &[d])?,
                 norm1_b: t("norm1.bias", &[d])?,
                 norm2_w: t("norm2.weight", &[d])?,
                 norm2_b: t("norm2.bias", &[d])?,
-                linear1: WeightMatrix::new(t("linear1.weight", &[f, d])?),
-                linear2: WeightMatrix::new(t("linear2.weight", &[d, f])?),
+                linear1: WeightMatrix::new(t("linear1.weight", &[f, d])?, f, d),
+                linear2: WeightMatrix::new(t("linear2.weight", &[d, f])?, d, f),
                 scale1: if cfg.layer_scale.is_some() { t("layer_scale_1.scale", &[d])? } else { vec![1.0; d] },
                 scale2: if cfg.layer_scale.is_some() { t("layer_scale_2.scale", &[d])? } else { vec![1.0; d] },
             };
@@ -126,18 +195,20 @@ impl MimiTransformer {
         let head_dim = d / cfg.num_heads;
         let step = (-(cfg.max_period.ln()) * 2.0 / head_dim as f64) as f32;
         let inv_freq = (0..head_dim / 2).map(|i| (i as f32 * step).exp()).collect();
-        Ok(Self { layers, dim: d, num_heads: cfg.num_heads, ff_dim: f, context: cfg.context, inv_freq })
+        Ok(Self { layers, dim: d, num_heads: cfg.num_heads, ff_dim: f, context: cfg.context, inv_freq, kv_bf16: false })
     }
 
     pub fn dim(&self) -> usize {
         self.dim
     }
 
-    /// Uses bf16 copies of the projection weights for few-row products.
-    pub fn set_bf16(&mut self, on: bool) {
+    /// Weight precision of the projections' few-row products; the reduced modes also keep the
+    /// streaming KV ring in bf16 (a state made in another mode is converted on its next call).
+    pub fn set_weights(&mut self, mode: MimiWeights) {
+        self.kv_bf16 = mode != MimiWeights::F32;
         for l in &mut self.layers {
             for w in [&mut l.in_proj, &mut l.out_proj, &mut l.linear1, &mut l.linear2] {
-                w.set_bf16(on);
+                w.set_weights(mode);
             }
         }
     }
@@ -166,7 +237,7 @@ impl MimiTransformer {
             }
             AttentionMode::Batch => 0,
         };
-        let TransformerState { caches, norm, qkv, attn, proj, hidden, scores, .. } = st;
+        let TransformerState { caches, norm, qkv, attn, proj, hidden, .. } = st;
         norm.resize(t * d, 0.0);
         qkv.resize(t * 3 * d, 0.0);
         attn.resize(t * d, 0.0);
@@ -178,24 +249,25 @@ impl MimiTransformer {
             self.rope(qkv, t, offset);
             match mode {
                 AttentionMode::Streaming => {
-                    if cache.keys.len() != self.context * d {
-                        cache.keys = vec![0.0; self.context * d];
-                        cache.values = vec![0.0; self.context * d];
+                    let (context, len) = (self.context, self.context * d);
+                    let oldest = (offset + t).saturating_sub(context);
+                    let row_of = |p: usize| (p % context) * d;
+                    if self.kv_bf16 {
+                        take_ring(&mut cache.keys_bf16, &mut cache.keys, len);
+                        take_ring(&mut cache.values_bf16, &mut cache.values, len);
+                        write_ring(&mut cache.keys_bf16, &mut cache.values_bf16, qkv, t, d, offset, context);
+                        self.attend(qkv, t, offset, oldest, row_of, &cache.keys_bf16, &cache.values_bf16, attn);
+                    } else {
+                        take_ring(&mut cache.keys, &mut cache.keys_bf16, len);
+                        take_ring(&mut cache.values, &mut cache.values_bf16, len);
+                        write_ring(&mut cache.keys, &mut cache.values, qkv, t, d, offset, context);
+                        self.attend(qkv, t, offset, oldest, row_of, &cache.keys, &cache.values, attn);
                     }
-                    for i in 0..t {
-                        let slot = (offset + i) % self.context;
-                        let row = &qkv[i * 3 * d..(i + 1) * 3 * d];
-                        cache.keys[slot * d..(slot + 1) * d].copy_from_slice(&row[d..2 * d]);
-                        cache.values[slot * d..(slot + 1) * d].copy_from_slice(&row[2 * d..]);
-                    }
-                    let end = offset + t;
-                    let oldest = end.saturating_sub(self.context);
-                    self.attend(qkv, t, offset, oldest, |p| (p % self.context) * d, &cache.keys, &cache.values, attn, scores);
                 }
                 AttentionMode::Batch => {
                     // Keys and values read in place from the qkv rows.
                     let (keys, values) = (&qkv[d..], &qkv[2 * d..]);
-                    self.attend(qkv, t, 0, 0, |p| p * 3 * d, keys, values, attn, scores);
+                    self.attend(qkv, t, 0, 0, |p| p * 3 * d, keys, values, attn);
                 }
             }
             layer.out_proj.gemm(t, d, d, attn, d, 0, d, proj, d, false);
@@ -206,9 +278,7 @@ impl MimiTransformer {
             }
             layer_norm(x, &layer.norm2_w, &layer.norm2_b, 1e-5, norm);
             layer.linear1.gemm(t, d, self.ff_dim, norm, d, 0, d, hidden, self.ff_dim, false);
-            for v in hidden.iter_mut() {
-                *v = gelu_erf(*v);
-            }
+            gelu_slice(hidden);
             layer.linear2.gemm(t, self.ff_dim, d, hidden, self.ff_dim, 0, self.ff_dim, proj, d, false);
             for (row, prow) in x.chunks_exact_mut(d).zip(proj.chunks_exact(d)) {
                 for ((v, p), s) in row.iter_mut().zip(prow).zip(&layer.scale2) {
@@ -244,51 +314,136 @@ impl MimiTransformer {
 
     /// Softmax attention of the `t` queries (positions `q0..q0 + t`) over keys at positions
     /// `max(oldest, p - context + 1) ..= p`; `row_of(p')` gives the key's offset in `keys`/`values`.
+    /// Heads are independent parts on the [`crate::team`] (the window's keys and values are the
+    /// memory traffic here); each head's arithmetic is the same whoever runs it.
     #[allow(clippy::too_many_arguments)]
-    fn attend(
-        &self,
-        qkv: &[f32],
-        t: usize,
-        q0: usize,
-        oldest: usize,
-        row_of: impl Fn(usize) -> usize,
-        keys: &[f32],
-        values: &[f32],
-        out: &mut [f32],
-        scores: &mut Vec<f32>,
-    ) {
+    fn attend<K: WeightElem>(&self, qkv: &[f32], t: usize, q0: usize, oldest: usize, row_of: impl Fn(usize) -> usize + Sync, keys: &[K], values: &[K], out: &mut [f32]) {
         let d = self.dim;
-        let hd = d / self.num_heads;
-        let scale = 1.0 / (hd as f32).sqrt();
-        for i in 0..t {
-            let p = q0 + i;
-            let first = oldest.max((p + 1).saturating_sub(self.context));
-            let n_keys = p + 1 - first;
-            for h in 0..self.num_heads {
-                let q = &qkv[i * 3 * d + h * hd..i * 3 * d + (h + 1) * hd];
-                scores.clear();
-                let mut max = f32::NEG_INFINITY;
-                for kp in first..=p {
-                    let k = &keys[row_of(kp) + h * hd..row_of(kp) + (h + 1) * hd];
-                    let s = dot(q, k) * scale;
-                    max = max.max(s);
-                    scores.push(s);
-                }
-                let mut sum = 0f32;
-                for s in scores.iter_mut() {
-                    *s = (*s - max).exp();
-                    sum += *s;
-                }
-                let o = &mut out[i * d + h * hd..i * d + (h + 1) * hd];
-                o.fill(0.0);
-                for (j, kp) in (first..=p).enumerate() {
-                    let w = scores[j] / sum;
-                    let v = &values[row_of(kp) + h * hd..row_of(kp) + (h + 1) * hd];
-                    for (ov, vv) in o.iter_mut().zip(v) {
-                        *ov += w * vv;
-                    }
-                }
-                debug_assert_eq!(scores.len(), n_keys);
+        assert!(qkv.len() >= t * 3 * d && out.len() >= t * d, "attention buffers");
+        let out_ptr = OutPtr(out.as_mut_ptr());
+        let head = |h: usize| {
+            let op = out_ptr;
+            // SAFETY: head h writes only columns h * hd..(h + 1) * hd of the t output rows (inside
+            // `out`, asserted above), which no other head touches.
+            unsafe { self.attend_head(h, qkv, t, q0, oldest, &row_of, keys, values, op.0) };
+        };
+        if self.num_heads > 1 && t * self.context.min(q0 + t) * d >= ATTENTION_PARALLEL_MIN {
+            crate::team::run(self.num_heads, &head);
+        } else {
+            (0..self.num_heads).for_each(head);
+        }
+    }
+
+    /// # Safety
+    /// `out` points at `t` rows of `dim` values; columns of head `h` are not accessed concurrently.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn attend_head<K: WeightElem>(&self, h: usize, qkv: &[f32], t: usize, q0: usize, oldest: usize, row_of: &dyn Fn(usize) -> usize, keys: &[K], values: &[K], out: *mut f32) {
+        SCORES.with(|cell| {
+            let scores = &mut *cell.borrow_mut();
+            // SAFETY: caller contract forwarded.
+            unsafe { self.attend_head_with(h, qkv, t, q0, oldest, row_of, keys, values, out, scores) };
+        });
+    }
+
+    /// # Safety
+    /// As [`MimiTransformer::attend_head`].
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn attend_head_with<K: WeightElem>(&self, h: usize, qkv: &[f32], t: usize, q0: usize, oldest: usize, row_of: &dyn Fn(usize) -> usize, keys: &[K], values: &[K], out: *mut f32, scores: &mut Vec<f32>) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx512f") {
+                // SAFETY: feature checked at run time.
+                unsafe { attend_head_avx512(self, h, qkv, t, q0, oldest, row_of, keys, values, out, scores) };
+                return;
+            }
+            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                // SAFETY: as above.
+                unsafe { attend_head_avx2(self, h, qkv, t, q0, oldest, row_of, keys, values, out, scores) };
+                return;
+            }
+        }
+        // SAFETY: caller contract forwarded.
+        unsafe { attend_head_body(self, h, qkv, t, q0, oldest, row_of, keys, values, out, scores) };
+    }
+}
+
+/// Work (`queries · keys · dim`) from which attention heads are split over the team.
+const ATTENTION_PARALLEL_MIN: usize = 1 << 16;
+
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: hands disjoint column blocks of one output to the parts of one team region.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn attend_head_avx512<K: WeightElem>(tr: &MimiTransformer, h: usize, qkv: &[f32], t: usize, q0: usize, oldest: usize, row_of: &dyn Fn(usize) -> usize, keys: &[K], values: &[K], out: *mut f32, scores: &mut Vec<f32>) {
+    // SAFETY: caller contract forwarded.
+    unsafe { attend_head_body(tr, h, qkv, t, q0, oldest, row_of, keys, values, out, scores) }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn attend_head_avx2<K: WeightElem>(tr: &MimiTransformer, h: usize, qkv: &[f32], t: usize, q0: usize, oldest: usize, row_of: &dyn Fn(usize) -> usize, keys: &[K], values: &[K], out: *mut f32, scores: &mut Vec<f32>) {
+    // SAFETY: caller contract forwarded.
+    unsafe { attend_head_body(tr, h, qkv, t, q0, oldest, row_of, keys, values, out, scores) }
+}
+
+thread_local! {
+    /// Per-thread attention scores (no allocation per head in steady state).
+    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// One head of [`MimiTransformer::attend`] for all `t` queries.
+///
+/// # Safety
+/// As [`MimiTransformer::attend_head`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn attend_head_body<K: WeightElem>(
+    tr: &MimiTransformer,
+    h: usize,
+    qkv: &[f32],
+    t: usize,
+    q0: usize,
+    oldest: usize,
+    row_of: &dyn Fn(usize) -> usize,
+    keys: &[K],
+    values: &[K],
+    out: *mut f32,
+    scores: &mut Vec<f32>,
+) {
+    let d = tr.dim;
+    let hd = d / tr.num_heads;
+    let scale = 1.0 / (hd as f32).sqrt();
+    for i in 0..t {
+        let p = q0 + i;
+        let first = oldest.max((p + 1).saturating_sub(tr.context));
+        let q = &qkv[i * 3 * d + h * hd..i * 3 * d + (h + 1) * hd];
+        scores.clear();
+        let mut max = f32::NEG_INFINITY;
+        for kp in first..=p {
+            let k = &keys[row_of(kp) + h * hd..row_of(kp) + (h + 1) * hd];
+            let s = dot_kv(q, k) * scale;
+            max = max.max(s);
+            scores.push(s);
+        }
+        let mut sum = 0f32;
+        for s in scores.iter_mut() {
+            *s = (*s - max).exp();
+            sum += *s;
+        }
+        // SAFETY: this head's columns of row i (caller contract).
+        let o = unsafe { std::slice::from_raw_parts_mut(out.add(i * d + h * hd), hd) };
+        o.fill(0.0);
+        for (j, kp) in (first..=p).enumerate() {
+            let w = scores[j] / sum;
+            let v = &values[row_of(kp) + h * hd..row_of(kp) + (h + 1) * hd];
+            for (ov, vv) in o.iter_mut().zip(v) {
+                *ov += w * vv.to_f32();
             }
         }
     }
@@ -298,6 +453,7 @@ impl MimiTransformer {
 mod tests {
     use super::*;
     use crate::mimi::weights::RandomWeights;
+    use crate::mimi::MimiWeights;
 
     fn config(context: usize, num_layers: usize) -> MimiTransformerConfig {
         MimiTransformerConfig {
@@ -345,6 +501,41 @@ mod tests {
             }
             assert_eq!(again, streamed, "reset repeats the stream");
         }
+    }
+
+    #[test]
+    fn bf16_kv_ring_stays_close_and_a_mode_switch_keeps_the_history() {
+        let tr = MimiTransformer::load(&mut RandomWeights::new(7), "t", &config(8, 2)).unwrap();
+        let x = input(20, 16);
+        let run = |tr: &MimiTransformer, st: &mut TransformerState, xs: &mut [f32]| {
+            for part in xs.chunks_mut(2 * 16) {
+                tr.forward(st, part, AttentionMode::Streaming);
+            }
+        };
+        let mut exact = x.clone();
+        run(&tr, &mut tr.new_state(), &mut exact);
+        let mut reduced = tr.clone();
+        reduced.set_weights(MimiWeights::Bf16);
+        let diff_from = |ys: &[f32], from_row: usize| ys[from_row * 16..].iter().zip(&exact[from_row * 16..]).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        // Exact for 10 steps, then bf16 (the f32 ring is converted), then exact again.
+        let mut st = tr.new_state();
+        let mut mixed = x.clone();
+        let (head, rest) = mixed.split_at_mut(10 * 16);
+        let (middle, tail) = rest.split_at_mut(6 * 16);
+        run(&tr, &mut st, head);
+        run(&reduced, &mut st, middle);
+        run(&tr, &mut st, tail);
+        assert_eq!(mixed[..10 * 16], exact[..10 * 16]);
+        let switched = diff_from(&mixed, 10);
+        // The same stream with the history lost at the switch (fresh ring, same positions).
+        let mut lost = x.clone();
+        let mut st_lost = tr.new_state();
+        run(&tr, &mut st_lost, &mut lost[..10 * 16]);
+        st_lost.caches = vec![LayerCache::default(); 2];
+        run(&reduced, &mut st_lost, &mut lost[10 * 16..16 * 16]);
+        run(&tr, &mut st_lost, &mut lost[16 * 16..]);
+        let lost_diff = diff_from(&lost, 10);
+        assert!(switched > 0.0 && switched * 20.0 < lost_diff, "switch diff {switched}, lost-history diff {lost_diff}");
     }
 
     #[test]
