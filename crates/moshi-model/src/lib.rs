@@ -10,7 +10,7 @@ pub mod mimi;
 pub mod ops;
 pub mod q8_small;
 pub mod rng;
-pub mod team;
+pub use moshi_quant::team;
 
 pub use error::ModelError;
 

@@ -8,8 +8,8 @@
 //!
 //! Products `y = x · dequant(W)ᵀ` keep the weights packed: [`QuantizedMatrix::matvec`] /
 //! [`QuantizedMatrix::matmul`] pick the fastest [`Kernel`] for the CPU (AVX-512, AVX2+FMA or
-//! portable), threaded over output rows on the current rayon pool; activations and accumulation
-//! stay f32. [`QuantizedMatrix::matmul_reference`] is the scalar reference.
+//! portable), threaded over output rows on the persistent spinning [`team`] (capped by the current
+//! rayon pool's thread count); activations and accumulation stay f32. [`QuantizedMatrix::matmul_reference`] is the scalar reference.
 
 pub mod bandwidth;
 mod error;
@@ -17,6 +17,7 @@ mod kernels;
 mod matrix;
 mod quantize;
 mod reference;
+pub mod team;
 
 pub use error::QuantError;
 pub use kernels::Kernel;

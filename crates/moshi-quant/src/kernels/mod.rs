@@ -163,7 +163,6 @@ mod portable;
 use std::borrow::Cow;
 use std::sync::OnceLock;
 
-use rayon::prelude::*;
 
 use crate::{QuantError, QuantizedMatrix};
 
@@ -348,12 +347,13 @@ pub fn qmm_with_kernel(
     Ok(())
 }
 
-/// Splits the rows into at most [`TASKS_PER_THREAD`] tasks per rayon thread, none smaller than
+/// Splits the rows into at most [`TASKS_PER_THREAD`] tasks per thread of the [`crate::team`]
+/// (capped by the current rayon pool), run on the team (no futex wake-up per call), none smaller than
 /// [`MIN_TASK_WEIGHT_BYTES`] of weights.
 fn run_threaded(w: &QuantizedMatrix, plan: &Plan, xs: &[f32], m: usize, out_t: &mut [f32]) {
     let rows = w.rows();
     let max_tasks_by_size = (w.weight_bytes() / MIN_TASK_WEIGHT_BYTES).max(1);
-    let tasks = (TASKS_PER_THREAD * rayon::current_num_threads())
+    let tasks = (TASKS_PER_THREAD * crate::team::threads())
         .min(max_tasks_by_size)
         .min(rows)
         .max(1);
@@ -362,13 +362,25 @@ fn run_threaded(w: &QuantizedMatrix, plan: &Plan, xs: &[f32], m: usize, out_t: &
         return;
     }
     let rows_per_task = rows.div_ceil(tasks);
-    out_t
-        .par_chunks_mut(rows_per_task * m)
-        .enumerate()
-        .for_each(|(t, chunk)| {
-            (plan.rows_fn)(w, xs, m, t * rows_per_task, chunk);
-        });
+    let out_ptr = SendMutPtr(out_t.as_mut_ptr());
+    let total = out_t.len();
+    crate::team::run(rows.div_ceil(rows_per_task), &|t| {
+        let lo = t * rows_per_task;
+        let hi = (lo + rows_per_task).min(rows);
+        let out_ptr = &out_ptr;
+        debug_assert!(hi * m <= total);
+        // SAFETY: each part `t` writes only its own rows `lo..hi` of `out_t` (disjoint ranges
+        // inside `total`), and `out_t` outlives the region (`team::run` returns when all parts
+        // are done).
+        let chunk = unsafe { std::slice::from_raw_parts_mut(out_ptr.0.add(lo * m), (hi - lo) * m) };
+        (plan.rows_fn)(w, xs, m, lo, chunk);
+    });
 }
+
+/// The output pointer handed to the team's parts (each writes a disjoint row range).
+struct SendMutPtr(*mut f32);
+// SAFETY: only used to give disjoint output ranges to the parts of one team region.
+unsafe impl Sync for SendMutPtr {}
 
 #[cfg(test)]
 mod tests {
