@@ -336,6 +336,13 @@ fn expm1_nonpositive(x: f32) -> f32 {
 /// Dot product with 8 independent accumulators (vectorizes; order differs from a serial sum).
 #[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    dot_elem(a, b)
+}
+
+/// [`dot`] against f32 or bf16 values of `b` (upcast per element), in the same operation order,
+/// so f32 values give bit-identical results.
+#[inline(always)]
+pub fn dot_elem<K: WeightElem>(a: &[f32], b: &[K]) -> f32 {
     let n = a.len().min(b.len());
     let (a, b) = (&a[..n], &b[..n]);
     let mut acc = [0f32; 8];
@@ -343,12 +350,12 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut cb = b.chunks_exact(8);
     for (x, y) in (&mut ca).zip(&mut cb) {
         for l in 0..8 {
-            acc[l] += x[l] * y[l];
+            acc[l] += x[l] * y[l].to_f32();
         }
     }
     let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
     for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
-        s += x * y;
+        s += x * y.to_f32();
     }
     s
 }
@@ -613,14 +620,14 @@ unsafe fn small_m_nt_body<W: WeightElem, const FMA: bool>(
 const NR: usize = 4;
 
 #[inline(always)]
-fn fma_lanes<const FMA: bool>(acc: &mut [f32; LANES], x: &[f32; LANES], w: &[f32; LANES]) {
+pub(crate) fn fma_lanes<const FMA: bool>(acc: &mut [f32; LANES], x: &[f32; LANES], w: &[f32; LANES]) {
     for l in 0..LANES {
         acc[l] = if FMA { x[l].mul_add(w[l], acc[l]) } else { acc[l] + x[l] * w[l] };
     }
 }
 
 #[inline(always)]
-fn reduce_lanes(acc: &[f32; LANES]) -> f32 {
+pub(crate) fn reduce_lanes(acc: &[f32; LANES]) -> f32 {
     let mut v = *acc;
     let mut width = LANES / 2;
     while width > 0 {

@@ -10,7 +10,7 @@
 
 use moshi_quant::{bf16_bits_to_f32, QuantizedMatrix};
 
-use crate::ops::{par_ranges, LANES, PARALLEL_MIN_MACS};
+use crate::ops::{fma_lanes, par_ranges, reduce_lanes, LANES, PARALLEL_MIN_MACS};
 
 /// Left rows up to which [`gemm_nt_q8`] is used (the weight-streaming regime: each weight tile
 /// is read from memory once and applied to all left rows from L1).
@@ -234,13 +234,6 @@ fn prefetch(p: *const u8, len: usize) {
 }
 
 #[inline(always)]
-fn fma_lanes<const FMA: bool>(acc: &mut [f32; LANES], x: &[f32; LANES], w: &[f32; LANES]) {
-    for l in 0..LANES {
-        acc[l] = if FMA { x[l].mul_add(w[l], acc[l]) } else { acc[l] + x[l] * w[l] };
-    }
-}
-
-#[inline(always)]
 fn scale_add<const FMA: bool>(total: &mut [f32; LANES], s: f32, v: &[f32; LANES]) {
     for l in 0..LANES {
         total[l] = if FMA { s.mul_add(v[l], total[l]) } else { total[l] + s * v[l] };
@@ -254,19 +247,6 @@ fn u8_lanes(c: &[u8; LANES]) -> [f32; LANES] {
         out[l] = c[l] as f32;
     }
     out
-}
-
-#[inline(always)]
-fn reduce(v: &[f32; LANES]) -> f32 {
-    let mut v = *v;
-    let mut width = LANES / 2;
-    while width > 0 {
-        for l in 0..width {
-            v[l] += v[l + width];
-        }
-        width /= 2;
-    }
-    v[0]
 }
 
 /// Weight rows `j..j + NR` against left rows `i0..i0 + M`.
@@ -328,7 +308,7 @@ unsafe fn q8_tile<const M: usize, const NR: usize, const G: usize, const FMA: bo
     }
     for i in 0..M {
         for r in 0..NR {
-            let v = reduce(&total[i][r]) + bias_part[i][r];
+            let v = reduce_lanes(&total[i][r]) + bias_part[i][r];
             // SAFETY: output (i, j + r) is in bounds and owned by this task (contract).
             unsafe {
                 let o = out.add((i0 + i) * args.rs_out + j + r);

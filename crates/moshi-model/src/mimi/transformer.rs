@@ -8,7 +8,7 @@ use moshi_loader::config::MimiTransformerConfig;
 
 use super::matrix::{MimiWeights, WeightMatrix};
 use super::weights::WeightSource;
-use crate::ops::{f32_to_bf16_bits, gelu_slice, layer_norm, WeightElem};
+use crate::ops::{dot_elem, f32_to_bf16_bits, gelu_slice, layer_norm, WeightElem};
 use crate::{ModelError, Result};
 
 #[derive(Clone, Debug)]
@@ -100,27 +100,6 @@ fn write_ring<K: KvElem>(keys: &mut [K], values: &mut [K], qkv: &[f32], t: usize
             *k = K::from_f32(*v);
         }
     }
-}
-
-/// `Σ a_i b_i` with 8 accumulators, the same operation order as [`crate::ops::dot`] (so f32
-/// keys give bit-identical scores), keys of either element type.
-#[inline(always)]
-fn dot_kv<K: WeightElem>(a: &[f32], b: &[K]) -> f32 {
-    let n = a.len().min(b.len());
-    let (a, b) = (&a[..n], &b[..n]);
-    let mut acc = [0f32; 8];
-    let mut ca = a.chunks_exact(8);
-    let mut cb = b.chunks_exact(8);
-    for (x, y) in (&mut ca).zip(&mut cb) {
-        for l in 0..8 {
-            acc[l] += x[l] * y[l].to_f32();
-        }
-    }
-    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
-        s += x * y.to_f32();
-    }
-    s
 }
 
 /// Streaming state of a [`MimiTransformer`]: position and KV rings, plus scratch buffers.
@@ -427,7 +406,7 @@ unsafe fn attend_head_body<K: WeightElem>(
         let mut max = f32::NEG_INFINITY;
         for kp in first..=p {
             let k = &keys[row_of(kp) + h * hd..row_of(kp) + (h + 1) * hd];
-            let s = dot_kv(q, k) * scale;
+            let s = dot_elem(q, k) * scale;
             max = max.max(s);
             scores.push(s);
         }

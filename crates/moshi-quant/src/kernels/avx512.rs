@@ -148,10 +148,7 @@ unsafe fn row_dot<const BITS: usize, const GROUP: usize, const MR: usize>(
     }
     let mut out = [0f32; MR];
     for (o, a) in out.iter_mut().zip(&acc) {
-        *o = _mm512_reduce_add_ps(_mm512_add_ps(
-            _mm512_add_ps(a[0], a[1]),
-            _mm512_add_ps(a[2], a[3]),
-        ));
+        *o = reduce4(a);
     }
     out
 }
@@ -226,10 +223,18 @@ unsafe fn multi_row_dot<const BITS: usize, const GROUP: usize, const NR: usize>(
     }
     let mut out = [0f32; NR];
     for (o, a) in out.iter_mut().zip(&acc) {
-        *o = _mm512_reduce_add_ps(_mm512_add_ps(
-            _mm512_add_ps(a[0], a[1]),
-            _mm512_add_ps(a[2], a[3]),
-        ));
+        *o = reduce4(a);
     }
     out
+}
+
+/// The sum of one activation row's four accumulators, in one fixed order (shared by the one-row
+/// and the multi-row kernels, so both give the same bits).
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn reduce4(a: &[__m512; 4]) -> f32 {
+    _mm512_reduce_add_ps(_mm512_add_ps(
+        _mm512_add_ps(a[0], a[1]),
+        _mm512_add_ps(a[2], a[3]),
+    ))
 }
