@@ -14,9 +14,6 @@ use crate::{bf16_bits_to_f32, QuantizedMatrix};
 /// Column block of the even/odd activation arrangement for 4-bit codes.
 pub(crate) const NIBBLE_BLOCK: usize = 16;
 
-/// One weight row per pass: 16 ymm registers do not hold several rows' accumulators.
-pub(crate) const MATVEC_ROWS: usize = 1;
-
 pub(crate) fn select(bits: u32, group_size: usize) -> Option<RowRangeFn> {
     select_specialised_rows!(rows, bits, group_size)
 }
@@ -153,39 +150,6 @@ unsafe fn row_dot<const BITS: usize, const GROUP: usize, const MR: usize>(
                 _mm256_add_ps(a[2], a[3]),
             ))
         };
-    }
-    out
-}
-
-/// `NR` consecutive weight rows against one activation row, one row at a time (with
-/// [`MATVEC_ROWS`] = 1 the shared row driver never asks for more than one).
-///
-/// # Safety
-/// As [`row_dot`], for each of the `NR` rows of `row_code_bytes` bytes.
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-unsafe fn multi_row_dot<const BITS: usize, const GROUP: usize, const NR: usize>(
-    codes: *const u8,
-    row_code_bytes: usize,
-    scales: &[f32],
-    biases: &[f32],
-    x: *const f32,
-    cols: usize,
-) -> [f32; NR] {
-    let groups_per_row = cols / GROUP;
-    let mut out = [0f32; NR];
-    for (r, o) in out.iter_mut().enumerate() {
-        let g = r * groups_per_row..(r + 1) * groups_per_row;
-        // SAFETY: forwarded contract, row r < NR.
-        *o = unsafe {
-            row_dot::<BITS, GROUP, 1>(
-                codes.add(r * row_code_bytes),
-                &scales[g.clone()],
-                &biases[g],
-                x,
-                cols,
-            )
-        }[0];
     }
     out
 }

@@ -1,24 +1,95 @@
-//! AVX-512F kernels for 4- and 8-bit codes, specialised on (bits, group size) and on the number
-//! of activation rows handled per pass (1..=4, so the matrix-vector case has its own code).
+//! AVX-512F kernels for 4- and 8-bit codes, specialised on (bits, group size): 64 code bytes
+//! (16 `u32` lanes) per step, each code masked in place and converted to f32 with no shuffle.
 //!
-//! 4 bits: 16 code bytes (32 columns) are widened to 16 u32 lanes; the low nibbles are the even
-//! columns and the high nibbles the odd ones, so the activations are pre-arranged per block of
-//! [`NIBBLE_BLOCK`] columns as [even, odd] (see `kernels::split_nibble_blocks`).
-//! 8 bits: 16 code bytes are 16 consecutive columns, natural activation layout.
-//! Weights are dequantized as `fma(q, scale, bias)` (4 bits: through a 16-entry table per group)
-//! and accumulated in f32.
+//! A lane holds `32 / BITS` codes; code `k` of every lane is `(lane & mask << BITS·k)`, which
+//! `vcvtudq2ps` turns into `q · 2^(BITS·k)` exactly. The activations are pre-arranged once per
+//! product ([`arrange_activations`]) so that vector `k` of a block holds, for each lane, the
+//! column of that lane's code `k` times `2^-(BITS·k)` (exact), plus each group's activation sum.
+//! A row's dot product is then regrouped as MLX's own kernels do:
+//! `Σ_g scale_g · Σ_{j∈g} q_j x_j + bias_g · Σ_{j∈g} x_j`, f32 throughout: the exact
+//! dequantized product up to rounding order. Per 64 code bytes that is one AND, one convert and
+//! one FMA per 16 codes plus one scale FMA; the former table lookup needed two shuffles and one
+//! more FMA per 32 codes, which capped 4-bit products at ~22 GB/s on two Zen 4 cores.
 
 use std::arch::x86_64::*;
 
-use crate::kernels::{RowRangeFn, PREFETCH_BYTES};
-use crate::{bf16_bits_to_f32, QuantizedMatrix};
+use crate::kernels::{RowRangeFn, MULTI_ROW_MIN_ROW_BYTES, PREFETCH_BYTES};
+use crate::QuantizedMatrix;
 
-/// Column block of the even/odd activation arrangement for 4-bit codes.
-pub(crate) const NIBBLE_BLOCK: usize = 32;
+/// f32 lanes per vector (and `u32` code words per 64-byte block).
+const LANES: usize = 16;
 
-/// Weight rows per pass of the matrix-vector kernel on long rows (see
-/// `kernels::MULTI_ROW_MIN_ROW_BYTES`): each activation chunk is loaded once for all of them.
-pub(crate) const MATVEC_ROWS: usize = 4;
+/// Weight rows per pass of the matrix-vector kernel on long rows: each activation vector is
+/// loaded once for all of them.
+const MATVEC_ROWS: usize = 4;
+
+/// Activation rows per pass of the matrix-matrix kernel: each code block is decoded once for all
+/// of them.
+const MATMUL_ROWS: usize = 4;
+
+/// Columns covered by one 64-byte block of `bits`-bit codes.
+const fn block_cols(bits: usize) -> usize {
+    LANES * (32 / bits)
+}
+
+/// Floats per activation row in the arranged layout: the blocks (the last one zero-padded), then
+/// the per-group sums zero-padded to a whole vector.
+pub(crate) fn arranged_row_len(cols: usize, bits: u32, group_size: usize) -> usize {
+    let bc = block_cols(bits as usize);
+    cols.div_ceil(bc) * bc + (cols / group_size).next_multiple_of(LANES)
+}
+
+/// Lays out `m` rows of `cols` activations for [`select`]'s kernels (see the module docs):
+/// within block `b`, element `k · 16 + lane` is column `b · block_cols + lane · (32 / bits) + k`
+/// times `2^-(bits · k)`; then the sum of each group's columns.
+pub(crate) fn arrange_activations(
+    x: &[f32],
+    m: usize,
+    cols: usize,
+    bits: u32,
+    group_size: usize,
+) -> Vec<f32> {
+    let stride = arranged_row_len(cols, bits, group_size);
+    let mut out = vec![0f32; m * stride];
+    for (row, dst) in x.chunks_exact(cols).zip(out.chunks_exact_mut(stride)) {
+        let blocks_len = match bits {
+            4 => arrange_row::<8>(row, dst),
+            _ => arrange_row::<4>(row, dst),
+        };
+        for (sum, group) in dst[blocks_len..].iter_mut().zip(row.chunks_exact(group_size)) {
+            *sum = group.iter().sum();
+        }
+    }
+    out
+}
+
+/// The block part of [`arrange_activations`] for one row, `PER_LANE` codes per lane; returns
+/// its length (whole blocks, the last one zero-padded in `dst`).
+fn arrange_row<const PER_LANE: usize>(row: &[f32], dst: &mut [f32]) -> usize {
+    let bc = LANES * PER_LANE;
+    let bits = 32 / PER_LANE;
+    // 2^-(bits k): exact powers of two (bits·k ≤ 28).
+    let unscale: [f32; PER_LANE] =
+        std::array::from_fn(|k| f32::from_bits(((127 - bits * k) as u32) << 23));
+    let mut padded = [0f32; 128];
+    let mut len = 0;
+    for src in row.chunks(bc) {
+        let src = if src.len() == bc {
+            src
+        } else {
+            padded[..src.len()].copy_from_slice(src);
+            &padded[..bc]
+        };
+        let block = &mut dst[len..len + bc];
+        for (lane, codes) in src.chunks_exact(PER_LANE).enumerate() {
+            for (k, (&v, u)) in codes.iter().zip(unscale).enumerate() {
+                block[k * LANES + lane] = v * u;
+            }
+        }
+        len += bc;
+    }
+    len
+}
 
 pub(crate) fn select(bits: u32, group_size: usize) -> Option<RowRangeFn> {
     select_specialised_rows!(rows, bits, group_size)
@@ -36,205 +107,314 @@ fn rows<const BITS: usize, const GROUP: usize>(
         "AVX-512 kernel called on a CPU without AVX-512F"
     );
     let nrows = out_t.len() / m;
-    assert!(row_start + nrows <= w.rows() && xs.len() == m * w.cols());
+    let stride = arranged_row_len(w.cols(), BITS as u32, GROUP);
+    assert!(row_start + nrows <= w.rows() && xs.len() == m * stride);
     // SAFETY: AVX-512F is present (checked above); `rows_impl` only reads rows
-    // `row_start..row_start + nrows` of `w` (checked in range) and `m` activation rows of `xs`.
+    // `row_start..row_start + nrows` of `w` (checked in range) and `m` arranged rows of `xs`.
     unsafe { rows_impl::<BITS, GROUP>(w, xs, m, row_start, out_t) }
 }
 
-x86_rows_impl!("avx512f");
-
-/// The dequantized weights of the 32 columns `32 * c..32 * c + 32` of a row, as two vectors
-/// (4 bits: even then odd columns; 8 bits: consecutive columns).
-///
-/// 4 bits: the 16 possible values `fma(q, scale, bias)` of the group form a table that
-/// `vpermps` indexes with the nibbles directly (its index uses the low 4 bits of each lane).
+/// Writes row `r`'s scales into `scales` as f32, then zeros (so a block's window of 16 scales can
+/// always be loaded whole), and returns its bias terms `Σ_g bias_g · Σ_{j∈g} x_j` against `MR`
+/// arranged activation rows.
 ///
 /// # Safety
-/// AVX-512F must be available; `codes` must hold the row's code bytes and `c < cols / 32`.
+/// AVX-512F must be available; `r < w.rows()`; `xs` must point to `MR` arranged rows of
+/// `stride` floats whose group sums start at `sums_offset`; `scales.len() >= groups + LANES`.
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn weights32<const BITS: usize, const GROUP: usize>(
-    codes: *const u8,
-    scales: &[f32],
-    biases: &[f32],
-    c: usize,
-) -> (__m512, __m512) {
-    let g = c * 32 / GROUP;
-    let scale = _mm512_set1_ps(scales[g]);
-    let bias = _mm512_set1_ps(biases[g]);
-    if BITS == 4 {
-        let levels = _mm512_setr_ps(
-            0., 1., 2., 3., 4., 5., 6., 7., 8., 9., 10., 11., 12., 13., 14., 15.,
-        );
-        let table = _mm512_fmadd_ps(levels, scale, bias);
-        // SAFETY: the 16 code bytes of columns 32c..32c+32 lie inside the row.
-        let v =
-            _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(codes.add(c * 16) as *const __m128i) });
-        (
-            _mm512_permutexvar_ps(v, table),
-            _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(v), table),
-        )
-    } else {
-        // SAFETY: the 32 code bytes of columns 32c..32c+32 lie inside the row.
-        let (v0, v1) = unsafe {
-            (
-                _mm_loadu_si128(codes.add(c * 32) as *const __m128i),
-                _mm_loadu_si128(codes.add(c * 32 + 16) as *const __m128i),
-            )
+unsafe fn prepare_row<const MR: usize>(
+    w: &QuantizedMatrix,
+    r: usize,
+    xs: *const f32,
+    stride: usize,
+    sums_offset: usize,
+    scales: &mut [f32],
+) -> [f32; MR] {
+    let groups = w.cols() / w.group_size();
+    let row_scales = &w.scales()[r * groups..(r + 1) * groups];
+    let row_biases = &w.biases()[r * groups..(r + 1) * groups];
+    // bf16 → f32: the bits shifted into the high half.
+    let widen = |h: __m256i| _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)));
+    let mut bias_acc = [_mm512_setzero_ps(); MR];
+    let mut g = 0;
+    while g < groups {
+        let (s, b) = if g + LANES <= groups {
+            // SAFETY: 16 bf16 of each slice from g.
+            unsafe {
+                (
+                    _mm256_loadu_si256(row_scales.as_ptr().add(g) as *const __m256i),
+                    _mm256_loadu_si256(row_biases.as_ptr().add(g) as *const __m256i),
+                )
+            }
+        } else {
+            let n = groups - g;
+            let (mut s16, mut b16) = ([0u16; LANES], [0u16; LANES]);
+            s16[..n].copy_from_slice(&row_scales[g..]);
+            b16[..n].copy_from_slice(&row_biases[g..]);
+            // SAFETY: 16 u16 each.
+            unsafe {
+                (
+                    _mm256_loadu_si256(s16.as_ptr() as *const __m256i),
+                    _mm256_loadu_si256(b16.as_ptr() as *const __m256i),
+                )
+            }
         };
-        let q0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v0));
-        let q1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v1));
-        (
-            _mm512_fmadd_ps(q0, scale, bias),
-            _mm512_fmadd_ps(q1, scale, bias),
-        )
+        // SAFETY: g + LANES <= groups + LANES <= scales.len().
+        unsafe { _mm512_storeu_ps(scales.as_mut_ptr().add(g), widen(s)) };
+        let b = widen(b);
+        for (i, acc) in bias_acc.iter_mut().enumerate() {
+            // SAFETY: the group sums are zero-padded to a whole vector.
+            let sums = unsafe { _mm512_loadu_ps(xs.add(i * stride + sums_offset + g)) };
+            *acc = _mm512_fmadd_ps(b, sums, *acc);
+        }
+        g += LANES;
+    }
+    scales[g..g + LANES].fill(0.0);
+    let mut bias_terms = [0f32; MR];
+    for (t, acc) in bias_terms.iter_mut().zip(&bias_acc) {
+        *t = _mm512_reduce_add_ps(*acc);
+    }
+    bias_terms
+}
+
+/// Rows of `out_t` (`m` values each) for weight rows `row_start..`: on long rows of a
+/// matrix-vector product [`MATVEC_ROWS`] weight rows per pass, otherwise one weight row against
+/// up to [`MATMUL_ROWS`] activation rows. Every (weight row, activation row) pair goes through the
+/// same arithmetic whatever the pass shape, so results are identical bit for bit.
+///
+/// # Safety
+/// AVX-512F must be available; rows `row_start..row_start + out_t.len() / m` must exist in `w`;
+/// `xs` must hold `m` arranged rows.
+#[target_feature(enable = "avx512f")]
+unsafe fn rows_impl<const BITS: usize, const GROUP: usize>(
+    w: &QuantizedMatrix,
+    xs: &[f32],
+    m: usize,
+    row_start: usize,
+    out_t: &mut [f32],
+) {
+    let cols = w.cols();
+    let stride = arranged_row_len(cols, BITS as u32, GROUP);
+    let row_code_bytes = cols * BITS / 8;
+    let groups = cols / GROUP;
+    let padded = groups.next_multiple_of(LANES) + LANES;
+    let nrows = out_t.len() / m;
+    let mut scales = vec![0f32; MATVEC_ROWS * padded];
+    let mut local = 0;
+    if m == 1 && row_code_bytes >= MULTI_ROW_MIN_ROW_BYTES {
+        while local + MATVEC_ROWS <= nrows {
+            // SAFETY: rows row_start + local.. + MATVEC_ROWS exist; one arranged row.
+            let d = unsafe {
+                tile::<BITS, GROUP, MATVEC_ROWS, 1>(w, row_start + local, xs.as_ptr(), &mut scales)
+            };
+            for (o, v) in out_t[local..local + MATVEC_ROWS].iter_mut().zip(d) {
+                *o = v[0];
+            }
+            local += MATVEC_ROWS;
+        }
+    }
+    for local in local..nrows {
+        let r = row_start + local;
+        let out_row = &mut out_t[local * m..(local + 1) * m];
+        let mut i = 0;
+        // SAFETY (all calls): row r exists; activation rows i..i + MR < m are arranged rows.
+        while i + MATMUL_ROWS <= m {
+            let x = unsafe { xs.as_ptr().add(i * stride) };
+            let d = unsafe { tile::<BITS, GROUP, 1, MATMUL_ROWS>(w, r, x, &mut scales) };
+            out_row[i..i + MATMUL_ROWS].copy_from_slice(&d[0]);
+            i += MATMUL_ROWS;
+        }
+        let x = unsafe { xs.as_ptr().add(i * stride) };
+        match m - i {
+            3 => out_row[i..].copy_from_slice(&unsafe { tile::<BITS, GROUP, 1, 3>(w, r, x, &mut scales) }[0]),
+            2 => out_row[i..].copy_from_slice(&unsafe { tile::<BITS, GROUP, 1, 2>(w, r, x, &mut scales) }[0]),
+            1 => out_row[i..].copy_from_slice(&unsafe { tile::<BITS, GROUP, 1, 1>(w, r, x, &mut scales) }[0]),
+            _ => {}
+        }
     }
 }
 
-/// Dot products of one weight row with `MR` activation rows (`x`, row stride `cols`); two
-/// 32-column chunks per step into four independent accumulators per activation row.
+/// Dot products of weight rows `r0..r0 + NR` with `MR` arranged activation rows (`xs`, row
+/// stride `arranged_row_len`).
 ///
 /// # Safety
-/// AVX-512F must be available; `codes` must point to the row's `cols * BITS / 8` code bytes;
-/// `x` must point to `MR` rows of `cols` floats; `scales`/`biases` hold `cols / GROUP` values.
+/// AVX-512F must be available; rows `r0..r0 + NR` must exist in `w`; `xs` must point to `MR`
+/// arranged rows; `scales.len() >= NR * (groups padded to 16 + 16)`.
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn row_dot<const BITS: usize, const GROUP: usize, const MR: usize>(
-    codes: *const u8,
-    scales: &[f32],
-    biases: &[f32],
-    x: *const f32,
-    cols: usize,
-) -> [f32; MR] {
-    let mut acc = [[_mm512_setzero_ps(); 4]; MR];
-    let chunks = cols / 32;
-    let mut c = 0;
-    while c + 2 <= chunks {
-        // Software prefetch of the code stream (a hint: never faults, so the address may run
-        // past the row; `wrapping_add` keeps the pointer arithmetic defined).
-        _mm_prefetch::<_MM_HINT_T0>(codes.wrapping_add(c * 4 * BITS + PREFETCH_BYTES) as *const i8);
-        // SAFETY: c + 1 < chunks (the caller's contract covers the row and the activations).
-        let (a0, a1) = unsafe { weights32::<BITS, GROUP>(codes, scales, biases, c) };
-        let (b0, b1) = unsafe { weights32::<BITS, GROUP>(codes, scales, biases, c + 1) };
-        for (i, acc) in acc.iter_mut().enumerate() {
-            // SAFETY: columns 32c..32c+64 of activation row i < MR.
-            let p = unsafe { x.add(i * cols + c * 32) };
-            let (x0, x1, x2, x3) = unsafe {
-                (
-                    _mm512_loadu_ps(p),
-                    _mm512_loadu_ps(p.add(16)),
-                    _mm512_loadu_ps(p.add(32)),
-                    _mm512_loadu_ps(p.add(48)),
-                )
+unsafe fn tile<const BITS: usize, const GROUP: usize, const NR: usize, const MR: usize>(
+    w: &QuantizedMatrix,
+    r0: usize,
+    xs: *const f32,
+    scales: &mut [f32],
+) -> [[f32; MR]; NR] {
+    let per_lane = 32 / BITS;
+    let bc = block_cols(BITS);
+    let cols = w.cols();
+    let stride = arranged_row_len(cols, BITS as u32, GROUP);
+    let blocks = cols.div_ceil(bc);
+    let sums_offset = blocks * bc;
+    let groups = cols / GROUP;
+    let padded = groups.next_multiple_of(LANES) + LANES;
+    let row_code_bytes = cols * BITS / 8;
+    let mut bias_terms = [[0f32; MR]; NR];
+    for (r, terms) in bias_terms.iter_mut().enumerate() {
+        // SAFETY: forwarded contract; row r0 + r exists; scales window r holds `padded` floats.
+        *terms = unsafe {
+            prepare_row::<MR>(
+                w,
+                r0 + r,
+                xs,
+                stride,
+                sums_offset,
+                &mut scales[r * padded..(r + 1) * padded],
+            )
+        };
+    }
+    // Which group each lane of a block belongs to, relative to the block's first group (blocks
+    // hold several groups when GROUP < block_cols).
+    let lanes_per_group = (GROUP / per_lane).min(LANES);
+    let mut lane_group = [0i32; LANES];
+    for (lane, g) in lane_group.iter_mut().enumerate() {
+        *g = (lane / lanes_per_group) as i32;
+    }
+    // SAFETY: 16 i32.
+    let lane_group = unsafe { _mm512_loadu_si512(lane_group.as_ptr() as *const _) };
+    let full_blocks = cols / bc;
+    // Lanes of the last block that hold codes (all of them unless cols % block_cols != 0).
+    let tail_lanes = (cols % bc) / per_lane;
+    let codes = w.codes().as_ptr().wrapping_add(r0 * row_code_bytes / 4) as *const u8;
+    // Each block's partial sum is a chain of `32 / BITS` dependent FMAs, longer than the block
+    // takes to issue: a tile of NR·MR ≥ 4 dot products has enough independent chains, smaller
+    // ones also run consecutive blocks side by side (the per-pair arithmetic stays the same).
+    let unroll = if NR * MR >= 4 {
+        1
+    } else if NR * MR >= 2 {
+        2
+    } else {
+        4
+    };
+    let mut acc = [[_mm512_setzero_ps(); MR]; NR];
+    let mut b = 0;
+    while b + unroll <= full_blocks {
+        let mut parts = [[[_mm512_setzero_ps(); MR]; NR]; 4];
+        for (u, part) in parts.iter_mut().enumerate().take(unroll) {
+            // SAFETY: block b + u is a whole block of every row of the tile.
+            *part = unsafe {
+                block_partials::<BITS, NR, MR>(codes, row_code_bytes, b + u, !0, xs, stride)
             };
-            acc[0] = _mm512_fmadd_ps(a0, x0, acc[0]);
-            acc[1] = _mm512_fmadd_ps(a1, x1, acc[1]);
-            acc[2] = _mm512_fmadd_ps(b0, x2, acc[2]);
-            acc[3] = _mm512_fmadd_ps(b1, x3, acc[3]);
         }
-        c += 2;
-    }
-    if c < chunks {
-        // SAFETY: c < chunks.
-        let (a0, a1) = unsafe { weights32::<BITS, GROUP>(codes, scales, biases, c) };
-        for (i, acc) in acc.iter_mut().enumerate() {
-            // SAFETY: columns 32c..32c+32 of activation row i < MR.
-            let p = unsafe { x.add(i * cols + c * 32) };
-            let (x0, x1) = unsafe { (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16))) };
-            acc[0] = _mm512_fmadd_ps(a0, x0, acc[0]);
-            acc[1] = _mm512_fmadd_ps(a1, x1, acc[1]);
+        for (u, part) in parts.iter().enumerate().take(unroll) {
+            // SAFETY: rows r < NR have `padded` scales each.
+            unsafe {
+                accumulate_scaled::<BITS, GROUP, NR, MR>(&mut acc, part, scales, padded, b + u, lane_group)
+            };
         }
+        b += unroll;
     }
-    let mut out = [0f32; MR];
-    for (o, a) in out.iter_mut().zip(&acc) {
-        *o = reduce4(a);
+    while b < blocks {
+        let lane_mask: __mmask16 = if b == full_blocks {
+            ((1u32 << tail_lanes) - 1) as __mmask16
+        } else {
+            !0
+        };
+        // SAFETY: the masked lanes of block b lie inside every row of the tile.
+        let part =
+            unsafe { block_partials::<BITS, NR, MR>(codes, row_code_bytes, b, lane_mask, xs, stride) };
+        // SAFETY: as above.
+        unsafe { accumulate_scaled::<BITS, GROUP, NR, MR>(&mut acc, &part, scales, padded, b, lane_group) };
+        b += 1;
+    }
+    let mut out = [[0f32; MR]; NR];
+    for r in 0..NR {
+        for i in 0..MR {
+            out[r][i] = _mm512_reduce_add_ps(acc[r][i]) + bias_terms[r][i];
+        }
     }
     out
 }
 
-/// Dot products of `NR` consecutive weight rows with one activation row: the same arithmetic per
-/// row as `row_dot::<_, _, 1>` (same four accumulators, same reduction), so results are identical,
-/// but each activation chunk is loaded once for all `NR` rows.
+/// Block `b`'s partial sums `Σ_k q_k · x_k` (codes as `q · 2^(BITS·k)`, activations pre-scaled by
+/// `2^-(BITS·k)`) for `NR` weight rows and `MR` arranged activation rows, lanes outside
+/// `lane_mask` read as zero codes.
 ///
 /// # Safety
-/// AVX-512F must be available; `codes` must point to `NR` consecutive rows of `row_code_bytes`
-/// code bytes; `x` must hold `cols` floats; `scales`/`biases` hold `NR * groups_per_row` values
-/// (row-major).
+/// AVX-512F must be available; the masked lanes of block `b` of each of the `NR` rows (stride
+/// `row_code_bytes` from `codes`) must be readable; `xs` must point to `MR` arranged rows.
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn multi_row_dot<const BITS: usize, const GROUP: usize, const NR: usize>(
+unsafe fn block_partials<const BITS: usize, const NR: usize, const MR: usize>(
     codes: *const u8,
     row_code_bytes: usize,
-    scales: &[f32],
-    biases: &[f32],
-    x: *const f32,
-    cols: usize,
-) -> [f32; NR] {
-    let groups_per_row = cols / GROUP;
-    let mut acc = [[_mm512_setzero_ps(); 4]; NR];
-    let chunks = cols / 32;
-    let mut c = 0;
-    while c + 2 <= chunks {
-        // SAFETY: columns 32c..32c+64 of the activation row.
-        let (x0, x1, x2, x3) = unsafe {
-            let p = x.add(c * 32);
-            (
-                _mm512_loadu_ps(p),
-                _mm512_loadu_ps(p.add(16)),
-                _mm512_loadu_ps(p.add(32)),
-                _mm512_loadu_ps(p.add(48)),
-            )
-        };
-        for (r, acc) in acc.iter_mut().enumerate() {
-            let row_codes = codes.wrapping_add(r * row_code_bytes);
-            // A hint: never faults, so the address may run past the row.
-            _mm_prefetch::<_MM_HINT_T0>(
-                row_codes.wrapping_add(c * 4 * BITS + PREFETCH_BYTES) as *const i8,
-            );
-            let (s, b) = (
-                &scales[r * groups_per_row..(r + 1) * groups_per_row],
-                &biases[r * groups_per_row..(r + 1) * groups_per_row],
-            );
-            // SAFETY: row r < NR, chunks c and c + 1 < chunks.
-            let (a0, a1) = unsafe { weights32::<BITS, GROUP>(row_codes, s, b, c) };
-            let (b0, b1) = unsafe { weights32::<BITS, GROUP>(row_codes, s, b, c + 1) };
-            acc[0] = _mm512_fmadd_ps(a0, x0, acc[0]);
-            acc[1] = _mm512_fmadd_ps(a1, x1, acc[1]);
-            acc[2] = _mm512_fmadd_ps(b0, x2, acc[2]);
-            acc[3] = _mm512_fmadd_ps(b1, x3, acc[3]);
-        }
-        c += 2;
+    b: usize,
+    lane_mask: __mmask16,
+    xs: *const f32,
+    stride: usize,
+) -> [[__m512; MR]; NR] {
+    let per_lane = 32 / BITS;
+    let bc = block_cols(BITS);
+    let code_mask = (1u32 << BITS) - 1;
+    let mut d = [_mm512_setzero_si512(); NR];
+    for (r, d) in d.iter_mut().enumerate() {
+        let p = codes.wrapping_add(r * row_code_bytes + b * 64);
+        // A hint: never faults, so the address may run past the row.
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_BYTES) as *const i8);
+        // SAFETY: the masked lanes lie inside row r (caller's contract).
+        *d = unsafe { _mm512_maskz_loadu_epi32(lane_mask, p as *const i32) };
     }
-    if c < chunks {
-        // SAFETY: columns 32c..32c+32 of the activation row.
-        let (x0, x1) = unsafe { (_mm512_loadu_ps(x.add(c * 32)), _mm512_loadu_ps(x.add(c * 32 + 16))) };
-        for (r, acc) in acc.iter_mut().enumerate() {
-            let row_codes = codes.wrapping_add(r * row_code_bytes);
-            let (s, b) = (
-                &scales[r * groups_per_row..(r + 1) * groups_per_row],
-                &biases[r * groups_per_row..(r + 1) * groups_per_row],
-            );
-            // SAFETY: row r < NR, c < chunks.
-            let (a0, a1) = unsafe { weights32::<BITS, GROUP>(row_codes, s, b, c) };
-            acc[0] = _mm512_fmadd_ps(a0, x0, acc[0]);
-            acc[1] = _mm512_fmadd_ps(a1, x1, acc[1]);
+    let mut part = [[_mm512_setzero_ps(); MR]; NR];
+    for k in 0..per_lane {
+        let mask = _mm512_set1_epi32((code_mask << (BITS * k)) as i32);
+        let mut x = [_mm512_setzero_ps(); MR];
+        for (i, x) in x.iter_mut().enumerate() {
+            // SAFETY: vector k of block b of arranged row i.
+            *x = unsafe { _mm512_loadu_ps(xs.add(i * stride + b * bc + k * LANES)) };
+        }
+        for r in 0..NR {
+            let q = _mm512_cvtepu32_ps(_mm512_and_si512(d[r], mask));
+            for i in 0..MR {
+                part[r][i] = if k == 0 {
+                    _mm512_mul_ps(q, x[i])
+                } else {
+                    _mm512_fmadd_ps(q, x[i], part[r][i])
+                };
+            }
         }
     }
-    let mut out = [0f32; NR];
-    for (o, a) in out.iter_mut().zip(&acc) {
-        *o = reduce4(a);
-    }
-    out
+    part
 }
 
-/// The sum of one activation row's four accumulators, in one fixed order (shared by the one-row
-/// and the multi-row kernels, so both give the same bits).
+/// `acc += scale · part` for block `b`: each lane's scale is its
+/// group's (`lane_group` maps lanes to groups when a block holds several).
+///
+/// # Safety
+/// AVX-512F must be available; `scales` must hold `NR` windows of `padded` floats (each row's
+/// scales, zero-padded by one vector).
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn reduce4(a: &[__m512; 4]) -> f32 {
-    _mm512_reduce_add_ps(_mm512_add_ps(
-        _mm512_add_ps(a[0], a[1]),
-        _mm512_add_ps(a[2], a[3]),
-    ))
+unsafe fn accumulate_scaled<const BITS: usize, const GROUP: usize, const NR: usize, const MR: usize>(
+    acc: &mut [[__m512; MR]; NR],
+    part: &[[__m512; MR]; NR],
+    scales: &[f32],
+    padded: usize,
+    b: usize,
+    lane_group: __m512i,
+) {
+    let bc = block_cols(BITS);
+    let first_group = b * bc / GROUP;
+    for r in 0..NR {
+        let row_scales = scales.as_ptr().wrapping_add(r * padded + first_group);
+        // SAFETY: first_group < groups and each window is padded by one vector.
+        let s = unsafe {
+            if GROUP >= bc {
+                _mm512_set1_ps(*row_scales)
+            } else {
+                _mm512_permutexvar_ps(lane_group, _mm512_loadu_ps(row_scales))
+            }
+        };
+        for i in 0..MR {
+            acc[r][i] = _mm512_fmadd_ps(s, part[r][i], acc[r][i]);
+        }
+    }
 }

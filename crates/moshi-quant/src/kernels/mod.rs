@@ -48,17 +48,9 @@ macro_rules! x86_rows_impl {
             let codes = w.codes().as_ptr() as *const u8;
             // The row's scales and biases as f32, so the group loop broadcasts them straight from
             // memory.
-            // Matrix-vector products over long rows: MATVEC_ROWS rows per pass (same per-row
-            // arithmetic as the one-row path below, which takes the rows left over).
-            let first_single = if m == 1 && MATVEC_ROWS > 1 && row_code_bytes >= crate::kernels::MULTI_ROW_MIN_ROW_BYTES {
-                // SAFETY: forwarded contract of this function.
-                unsafe { matvec_blocks::<BITS, GROUP, MATVEC_ROWS>(w, xs, row_start, out_t) }
-            } else {
-                0
-            };
             let mut scales = vec![0f32; groups_per_row];
             let mut biases = vec![0f32; groups_per_row];
-            for (local, out_row) in out_t.chunks_exact_mut(m).enumerate().skip(first_single) {
+            for (local, out_row) in out_t.chunks_exact_mut(m).enumerate() {
                 let r = row_start + local;
                 let groups = r * groups_per_row..(r + 1) * groups_per_row;
                 for ((s, b), (&sb, &bb)) in scales
@@ -102,54 +94,6 @@ macro_rules! x86_rows_impl {
             }
         }
 
-        /// The matrix-vector product for whole blocks of `NR` rows of `out_t`; returns how many
-        /// rows it computed (the rest, fewer than `NR`, go through the one-row path).
-        ///
-        /// # Safety
-        /// As `rows_impl` with `m == 1`.
-        #[target_feature(enable = $features)]
-        #[allow(dead_code)]
-        unsafe fn matvec_blocks<const BITS: usize, const GROUP: usize, const NR: usize>(
-            w: &QuantizedMatrix,
-            xs: &[f32],
-            row_start: usize,
-            out_t: &mut [f32],
-        ) -> usize {
-            let cols = w.cols();
-            let row_code_bytes = cols * BITS / 8;
-            let groups_per_row = cols / GROUP;
-            let codes = w.codes().as_ptr() as *const u8;
-            let mut scales = vec![0f32; NR * groups_per_row];
-            let mut biases = vec![0f32; NR * groups_per_row];
-            let mut done = 0;
-            for (block, out_rows) in out_t.chunks_exact_mut(NR).enumerate() {
-                let r = row_start + block * NR;
-                let groups = r * groups_per_row..(r + NR) * groups_per_row;
-                for ((s, b), (&sb, &bb)) in scales
-                    .iter_mut()
-                    .zip(biases.iter_mut())
-                    .zip(w.scales()[groups.clone()].iter().zip(&w.biases()[groups]))
-                {
-                    *s = bf16_bits_to_f32(sb);
-                    *b = bf16_bits_to_f32(bb);
-                }
-                // SAFETY: rows r..r + NR are in range (a whole block of `out_t`), so their code
-                // bytes are in bounds; `xs` holds one row of `cols` values.
-                let d = unsafe {
-                    multi_row_dot::<BITS, GROUP, NR>(
-                        codes.add(r * row_code_bytes),
-                        row_code_bytes,
-                        &scales,
-                        &biases,
-                        xs.as_ptr(),
-                        cols,
-                    )
-                };
-                out_rows.copy_from_slice(&d);
-                done += NR;
-            }
-            done
-        }
     };
 }
 
@@ -242,11 +186,23 @@ impl Kernel {
 /// given the activations `xs` (`m` rows of `cols`, in the kernel's layout).
 pub(crate) type RowRangeFn = fn(&QuantizedMatrix, &[f32], usize, usize, &mut [f32]);
 
+/// How a kernel wants the activations laid out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Layout {
+    /// Natural order.
+    Natural,
+    /// Within each block of `n` columns, even columns first, then odd ones (matches the low/high
+    /// nibble split of 4-bit codes).
+    NibbleBlocks(usize),
+    /// The AVX-512 kernels' in-lane arrangement plus group sums
+    /// (`avx512::arrange_activations`).
+    #[cfg(target_arch = "x86_64")]
+    Avx512Lanes,
+}
+
 /// How a kernel wants the activations laid out, and which function computes a row range.
 struct Plan {
-    /// 0: natural order; `n`: within each block of `n` columns, even columns first, then odd ones
-    /// (matches the low/high nibble split of 4-bit codes).
-    nibble_block: usize,
+    layout: Layout,
     rows_fn: RowRangeFn,
 }
 
@@ -256,7 +212,7 @@ fn plan(kernel: Kernel, bits: u32, group_size: usize) -> Plan {
         if kernel == Kernel::Avx512 {
             if let Some(rows_fn) = avx512::select(bits, group_size) {
                 return Plan {
-                    nibble_block: if bits == 4 { avx512::NIBBLE_BLOCK } else { 0 },
+                    layout: Layout::Avx512Lanes,
                     rows_fn,
                 };
             }
@@ -264,22 +220,21 @@ fn plan(kernel: Kernel, bits: u32, group_size: usize) -> Plan {
         if kernel == Kernel::Avx2 {
             if let Some(rows_fn) = avx2::select(bits, group_size) {
                 return Plan {
-                    nibble_block: if bits == 4 { avx2::NIBBLE_BLOCK } else { 0 },
+                    layout: if bits == 4 {
+                        Layout::NibbleBlocks(avx2::NIBBLE_BLOCK)
+                    } else {
+                        Layout::Natural
+                    },
                     rows_fn,
                 };
             }
         }
     }
     let _ = kernel;
-    match portable::select(bits, group_size) {
-        Some(rows_fn) => Plan {
-            nibble_block: 0,
-            rows_fn,
-        },
-        None => Plan {
-            nibble_block: 0,
-            rows_fn: generic::rows,
-        },
+    let rows_fn = portable::select(bits, group_size).unwrap_or(generic::rows);
+    Plan {
+        layout: Layout::Natural,
+        rows_fn,
     }
 }
 
@@ -328,10 +283,17 @@ pub fn qmm_with_kernel(
         return Ok(());
     }
     let plan = plan(kernel, w.bits(), w.group_size());
-    let xs: Cow<[f32]> = if plan.nibble_block == 0 {
-        Cow::Borrowed(x)
-    } else {
-        Cow::Owned(split_nibble_blocks(x, plan.nibble_block))
+    let xs: Cow<[f32]> = match plan.layout {
+        Layout::Natural => Cow::Borrowed(x),
+        Layout::NibbleBlocks(block) => Cow::Owned(split_nibble_blocks(x, block)),
+        #[cfg(target_arch = "x86_64")]
+        Layout::Avx512Lanes => Cow::Owned(avx512::arrange_activations(
+            x,
+            m,
+            cols,
+            w.bits(),
+            w.group_size(),
+        )),
     };
     if m == 1 {
         run_threaded(w, &plan, &xs, 1, y);
