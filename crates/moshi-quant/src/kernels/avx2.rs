@@ -36,7 +36,71 @@ fn rows<const BITS: usize, const GROUP: usize>(
     unsafe { rows_impl::<BITS, GROUP>(w, xs, m, row_start, out_t) }
 }
 
-x86_rows_impl!("avx2,fma");
+/// Per weight row: upcasts its scales and biases to f32, then calls [`row_dot`] on 4 activation
+/// rows at a time and once more on the last 1..=3.
+///
+/// # Safety
+/// AVX2 and FMA must be available; rows `row_start..row_start + out_t.len() / m` must exist in
+/// `w`; `xs` must hold `m * w.cols()` values.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn rows_impl<const BITS: usize, const GROUP: usize>(
+    w: &QuantizedMatrix,
+    xs: &[f32],
+    m: usize,
+    row_start: usize,
+    out_t: &mut [f32],
+) {
+    let cols = w.cols();
+    let row_code_bytes = cols * BITS / 8;
+    let groups_per_row = cols / GROUP;
+    let codes = w.codes().as_ptr() as *const u8;
+    // The row's scales and biases as f32, so the group loop broadcasts them straight from
+    // memory.
+    let mut scales = vec![0f32; groups_per_row];
+    let mut biases = vec![0f32; groups_per_row];
+    for (local, out_row) in out_t.chunks_exact_mut(m).enumerate() {
+        let r = row_start + local;
+        let groups = r * groups_per_row..(r + 1) * groups_per_row;
+        for ((s, b), (&sb, &bb)) in scales
+            .iter_mut()
+            .zip(biases.iter_mut())
+            .zip(w.scales()[groups.clone()].iter().zip(&w.biases()[groups]))
+        {
+            *s = bf16_bits_to_f32(sb);
+            *b = bf16_bits_to_f32(bb);
+        }
+        // SAFETY (all calls below): row `r` is in range, so its `row_code_bytes` code
+        // bytes are in bounds; activation rows `i..i + MR` are < m, each `cols` long.
+        let row_codes = unsafe { codes.add(r * row_code_bytes) };
+        let mut i = 0;
+        while i + 4 <= m {
+            let d = unsafe {
+                row_dot::<BITS, GROUP, 4>(
+                    row_codes,
+                    &scales,
+                    &biases,
+                    xs.as_ptr().add(i * cols),
+                    cols,
+                )
+            };
+            out_row[i..i + 4].copy_from_slice(&d);
+            i += 4;
+        }
+        let x = unsafe { xs.as_ptr().add(i * cols) };
+        match m - i {
+            3 => out_row[i..].copy_from_slice(&unsafe {
+                row_dot::<BITS, GROUP, 3>(row_codes, &scales, &biases, x, cols)
+            }),
+            2 => out_row[i..].copy_from_slice(&unsafe {
+                row_dot::<BITS, GROUP, 2>(row_codes, &scales, &biases, x, cols)
+            }),
+            1 => out_row[i..].copy_from_slice(&unsafe {
+                row_dot::<BITS, GROUP, 1>(row_codes, &scales, &biases, x, cols)
+            }),
+            _ => {}
+        }
+    }
+}
 
 /// Horizontal sum of 8 lanes.
 #[target_feature(enable = "avx2,fma")]

@@ -13,7 +13,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::kernels::{RowRangeFn, MULTI_ROW_MIN_ROW_BYTES, PREFETCH_BYTES};
+use crate::kernels::{RowRangeFn, PREFETCH_BYTES};
 use crate::QuantizedMatrix;
 
 /// f32 lanes per vector (and `u32` code words per 64-byte block).
@@ -22,6 +22,13 @@ const LANES: usize = 16;
 /// Weight rows per pass of the matrix-vector kernel on long rows: each activation vector is
 /// loaded once for all of them.
 const MATVEC_ROWS: usize = 4;
+
+/// Arranged activation bytes from which the matrix-vector kernel takes [`MATVEC_ROWS`] weight rows
+/// per pass. Measured with weights streamed from DRAM (Zen 4, 32 KiB L1d): at 11264 columns
+/// (45 KiB of activations, out of L1) four rows per pass read 24-41% faster (q4 and q8); at 4096
+/// columns (16 KiB, in L1) one row per pass reads 40-50% faster, as the four interleaved code
+/// streams slow DRAM streaming more than the shared activation loads save.
+const MULTI_ROW_MIN_ACTIVATION_BYTES: usize = 24 * 1024;
 
 /// Activation rows per pass of the matrix-matrix kernel: each code block is decoded once for all
 /// of them.
@@ -196,17 +203,17 @@ unsafe fn rows_impl<const BITS: usize, const GROUP: usize>(
 ) {
     let cols = w.cols();
     let stride = arranged_row_len(cols, BITS as u32, GROUP);
-    let row_code_bytes = cols * BITS / 8;
     let groups = cols / GROUP;
     let padded = groups.next_multiple_of(LANES) + LANES;
     let nrows = out_t.len() / m;
     let mut scales = vec![0f32; MATVEC_ROWS * padded];
+    let prefetch_bytes = tune("MOSHI_QMV_PF", PREFETCH_BYTES);
     let mut local = 0;
-    if m == 1 && row_code_bytes >= MULTI_ROW_MIN_ROW_BYTES {
+    if m == 1 && stride * 4 >= tune("MOSHI_QMV_MULTI", MULTI_ROW_MIN_ACTIVATION_BYTES) {
         while local + MATVEC_ROWS <= nrows {
             // SAFETY: rows row_start + local.. + MATVEC_ROWS exist; one arranged row.
             let d = unsafe {
-                tile::<BITS, GROUP, MATVEC_ROWS, 1>(w, row_start + local, xs.as_ptr(), &mut scales)
+                tile::<BITS, GROUP, MATVEC_ROWS, 1, 1>(w, row_start + local, xs.as_ptr(), &mut scales, prefetch_bytes)
             };
             for (o, v) in out_t[local..local + MATVEC_ROWS].iter_mut().zip(d) {
                 *o = v[0];
@@ -221,15 +228,15 @@ unsafe fn rows_impl<const BITS: usize, const GROUP: usize>(
         // SAFETY (all calls): row r exists; activation rows i..i + MR < m are arranged rows.
         while i + MATMUL_ROWS <= m {
             let x = unsafe { xs.as_ptr().add(i * stride) };
-            let d = unsafe { tile::<BITS, GROUP, 1, MATMUL_ROWS>(w, r, x, &mut scales) };
+            let d = unsafe { tile::<BITS, GROUP, 1, MATMUL_ROWS, 1>(w, r, x, &mut scales, prefetch_bytes) };
             out_row[i..i + MATMUL_ROWS].copy_from_slice(&d[0]);
             i += MATMUL_ROWS;
         }
         let x = unsafe { xs.as_ptr().add(i * stride) };
         match m - i {
-            3 => out_row[i..].copy_from_slice(&unsafe { tile::<BITS, GROUP, 1, 3>(w, r, x, &mut scales) }[0]),
-            2 => out_row[i..].copy_from_slice(&unsafe { tile::<BITS, GROUP, 1, 2>(w, r, x, &mut scales) }[0]),
-            1 => out_row[i..].copy_from_slice(&unsafe { tile::<BITS, GROUP, 1, 1>(w, r, x, &mut scales) }[0]),
+            3 => out_row[i..].copy_from_slice(&unsafe { tile::<BITS, GROUP, 1, 3, 2>(w, r, x, &mut scales, prefetch_bytes) }[0]),
+            2 => out_row[i..].copy_from_slice(&unsafe { tile::<BITS, GROUP, 1, 2, 2>(w, r, x, &mut scales, prefetch_bytes) }[0]),
+            1 => out_row[i..].copy_from_slice(&unsafe { tile::<BITS, GROUP, 1, 1, 4>(w, r, x, &mut scales, prefetch_bytes) }[0]),
             _ => {}
         }
     }
@@ -243,11 +250,18 @@ unsafe fn rows_impl<const BITS: usize, const GROUP: usize>(
 /// arranged rows; `scales.len() >= NR * (groups padded to 16 + 16)`.
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn tile<const BITS: usize, const GROUP: usize, const NR: usize, const MR: usize>(
+unsafe fn tile<
+    const BITS: usize,
+    const GROUP: usize,
+    const NR: usize,
+    const MR: usize,
+    const UNROLL: usize,
+>(
     w: &QuantizedMatrix,
     r0: usize,
     xs: *const f32,
     scales: &mut [f32],
+    prefetch_bytes: usize,
 ) -> [[f32; MR]; NR] {
     let per_lane = 32 / BITS;
     let bc = block_cols(BITS);
@@ -285,33 +299,28 @@ unsafe fn tile<const BITS: usize, const GROUP: usize, const NR: usize, const MR:
     // Lanes of the last block that hold codes (all of them unless cols % block_cols != 0).
     let tail_lanes = (cols % bc) / per_lane;
     let codes = w.codes().as_ptr().wrapping_add(r0 * row_code_bytes / 4) as *const u8;
-    // Each block's partial sum is a chain of `32 / BITS` dependent FMAs, longer than the block
-    // takes to issue: a tile of NR·MR ≥ 4 dot products has enough independent chains, smaller
-    // ones also run consecutive blocks side by side (the per-pair arithmetic stays the same).
-    let unroll = if NR * MR >= 4 {
-        1
-    } else if NR * MR >= 2 {
-        2
-    } else {
-        4
-    };
     let mut acc = [[_mm512_setzero_ps(); MR]; NR];
     let mut b = 0;
-    while b + unroll <= full_blocks {
-        let mut parts = [[[_mm512_setzero_ps(); MR]; NR]; 4];
-        for (u, part) in parts.iter_mut().enumerate().take(unroll) {
-            // SAFETY: block b + u is a whole block of every row of the tile.
-            *part = unsafe {
-                block_partials::<BITS, NR, MR>(codes, row_code_bytes, b + u, !0, xs, stride)
-            };
-        }
-        for (u, part) in parts.iter().enumerate().take(unroll) {
+    while b + UNROLL <= full_blocks {
+        // SAFETY: blocks b..b + UNROLL are whole blocks of every row of the tile.
+        let parts = unsafe {
+            block_partials::<BITS, NR, MR, UNROLL>(
+                codes,
+                row_code_bytes,
+                b,
+                !0,
+                xs,
+                stride,
+                prefetch_bytes,
+            )
+        };
+        for (u, part) in parts.iter().enumerate() {
             // SAFETY: rows r < NR have `padded` scales each.
             unsafe {
                 accumulate_scaled::<BITS, GROUP, NR, MR>(&mut acc, part, scales, padded, b + u, lane_group)
             };
         }
-        b += unroll;
+        b += UNROLL;
     }
     while b < blocks {
         let lane_mask: __mmask16 = if b == full_blocks {
@@ -320,8 +329,17 @@ unsafe fn tile<const BITS: usize, const GROUP: usize, const NR: usize, const MR:
             !0
         };
         // SAFETY: the masked lanes of block b lie inside every row of the tile.
-        let part =
-            unsafe { block_partials::<BITS, NR, MR>(codes, row_code_bytes, b, lane_mask, xs, stride) };
+        let [part] = unsafe {
+            block_partials::<BITS, NR, MR, 1>(
+                codes,
+                row_code_bytes,
+                b,
+                lane_mask,
+                xs,
+                stride,
+                prefetch_bytes,
+            )
+        };
         // SAFETY: as above.
         unsafe { accumulate_scaled::<BITS, GROUP, NR, MR>(&mut acc, &part, scales, padded, b, lane_group) };
         b += 1;
@@ -335,50 +353,56 @@ unsafe fn tile<const BITS: usize, const GROUP: usize, const NR: usize, const MR:
     out
 }
 
-/// Block `b`'s partial sums `Σ_k q_k · x_k` (codes as `q · 2^(BITS·k)`, activations pre-scaled by
-/// `2^-(BITS·k)`) for `NR` weight rows and `MR` arranged activation rows, lanes outside
-/// `lane_mask` read as zero codes.
+/// The partial sums `Σ_k q_k · x_k` of blocks `b..b + U` (codes as `q · 2^(BITS·k)`, activations
+/// pre-scaled by `2^-(BITS·k)`) for `NR` weight rows and `MR` arranged activation rows; lanes
+/// outside `lane_mask` read as zero codes. The `U · NR · MR` chains are interleaved code by code,
+/// so their FMAs issue side by side.
 ///
 /// # Safety
-/// AVX-512F must be available; the masked lanes of block `b` of each of the `NR` rows (stride
-/// `row_code_bytes` from `codes`) must be readable; `xs` must point to `MR` arranged rows.
+/// AVX-512F must be available; the masked lanes of blocks `b..b + U` of each of the `NR` rows
+/// (stride `row_code_bytes` from `codes`) must be readable; `xs` must point to `MR` arranged rows.
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn block_partials<const BITS: usize, const NR: usize, const MR: usize>(
+unsafe fn block_partials<const BITS: usize, const NR: usize, const MR: usize, const U: usize>(
     codes: *const u8,
     row_code_bytes: usize,
     b: usize,
     lane_mask: __mmask16,
     xs: *const f32,
     stride: usize,
-) -> [[__m512; MR]; NR] {
+    prefetch_bytes: usize,
+) -> [[[__m512; MR]; NR]; U] {
     let per_lane = 32 / BITS;
     let bc = block_cols(BITS);
     let code_mask = (1u32 << BITS) - 1;
-    let mut d = [_mm512_setzero_si512(); NR];
-    for (r, d) in d.iter_mut().enumerate() {
-        let p = codes.wrapping_add(r * row_code_bytes + b * 64);
-        // A hint: never faults, so the address may run past the row.
-        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_BYTES) as *const i8);
-        // SAFETY: the masked lanes lie inside row r (caller's contract).
-        *d = unsafe { _mm512_maskz_loadu_epi32(lane_mask, p as *const i32) };
+    let mut d = [[_mm512_setzero_si512(); NR]; U];
+    for (u, d) in d.iter_mut().enumerate() {
+        for (r, d) in d.iter_mut().enumerate() {
+            let p = codes.wrapping_add(r * row_code_bytes + (b + u) * 64);
+            // A hint: never faults, so the address may run past the row.
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(prefetch_bytes) as *const i8);
+            // SAFETY: the masked lanes lie inside row r (caller's contract).
+            *d = unsafe { _mm512_maskz_loadu_epi32(lane_mask, p as *const i32) };
+        }
     }
-    let mut part = [[_mm512_setzero_ps(); MR]; NR];
+    let mut part = [[[_mm512_setzero_ps(); MR]; NR]; U];
     for k in 0..per_lane {
         let mask = _mm512_set1_epi32((code_mask << (BITS * k)) as i32);
-        let mut x = [_mm512_setzero_ps(); MR];
-        for (i, x) in x.iter_mut().enumerate() {
-            // SAFETY: vector k of block b of arranged row i.
-            *x = unsafe { _mm512_loadu_ps(xs.add(i * stride + b * bc + k * LANES)) };
-        }
-        for r in 0..NR {
-            let q = _mm512_cvtepu32_ps(_mm512_and_si512(d[r], mask));
-            for i in 0..MR {
-                part[r][i] = if k == 0 {
-                    _mm512_mul_ps(q, x[i])
-                } else {
-                    _mm512_fmadd_ps(q, x[i], part[r][i])
-                };
+        for u in 0..U {
+            let mut x = [_mm512_setzero_ps(); MR];
+            for (i, x) in x.iter_mut().enumerate() {
+                // SAFETY: vector k of block b + u of arranged row i.
+                *x = unsafe { _mm512_loadu_ps(xs.add(i * stride + (b + u) * bc + k * LANES)) };
+            }
+            for r in 0..NR {
+                let q = _mm512_cvtepu32_ps(_mm512_and_si512(d[u][r], mask));
+                for i in 0..MR {
+                    part[u][r][i] = if k == 0 {
+                        _mm512_mul_ps(q, x[i])
+                    } else {
+                        _mm512_fmadd_ps(q, x[i], part[u][r][i])
+                    };
+                }
             }
         }
     }
@@ -417,4 +441,8 @@ unsafe fn accumulate_scaled<const BITS: usize, const GROUP: usize, const NR: usi
             acc[r][i] = _mm512_fmadd_ps(s, part[r][i], acc[r][i]);
         }
     }
+}
+
+fn tune(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }

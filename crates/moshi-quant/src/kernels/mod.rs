@@ -22,81 +22,6 @@ macro_rules! select_specialised_rows {
     };
 }
 
-/// Defines `rows_impl::<BITS, GROUP>(w, xs, m, row_start, out_t)` for an x86 kernel module,
-/// compiled with the given target features: per weight row, upcasts its scales and biases to f32,
-/// then calls the module's `row_dot::<BITS, GROUP, MR>` on 4 activation rows at a time and once
-/// more on the last 1..=3. A macro because the module's `row_dot` and the `target_feature`
-/// attribute (needed so `row_dot` inlines) differ per instruction set.
-///
-/// The generated function is `unsafe`: the CPU must have the features, rows
-/// `row_start..row_start + out_t.len() / m` must exist in `w`, and `xs` must hold `m * w.cols()`
-/// values.
-#[cfg(target_arch = "x86_64")]
-macro_rules! x86_rows_impl {
-    ($features:literal) => {
-        #[target_feature(enable = $features)]
-        unsafe fn rows_impl<const BITS: usize, const GROUP: usize>(
-            w: &QuantizedMatrix,
-            xs: &[f32],
-            m: usize,
-            row_start: usize,
-            out_t: &mut [f32],
-        ) {
-            let cols = w.cols();
-            let row_code_bytes = cols * BITS / 8;
-            let groups_per_row = cols / GROUP;
-            let codes = w.codes().as_ptr() as *const u8;
-            // The row's scales and biases as f32, so the group loop broadcasts them straight from
-            // memory.
-            let mut scales = vec![0f32; groups_per_row];
-            let mut biases = vec![0f32; groups_per_row];
-            for (local, out_row) in out_t.chunks_exact_mut(m).enumerate() {
-                let r = row_start + local;
-                let groups = r * groups_per_row..(r + 1) * groups_per_row;
-                for ((s, b), (&sb, &bb)) in scales
-                    .iter_mut()
-                    .zip(biases.iter_mut())
-                    .zip(w.scales()[groups.clone()].iter().zip(&w.biases()[groups]))
-                {
-                    *s = bf16_bits_to_f32(sb);
-                    *b = bf16_bits_to_f32(bb);
-                }
-                // SAFETY (all calls below): row `r` is in range, so its `row_code_bytes` code
-                // bytes are in bounds; activation rows `i..i + MR` are < m, each `cols` long.
-                let row_codes = unsafe { codes.add(r * row_code_bytes) };
-                let mut i = 0;
-                while i + 4 <= m {
-                    let d = unsafe {
-                        row_dot::<BITS, GROUP, 4>(
-                            row_codes,
-                            &scales,
-                            &biases,
-                            xs.as_ptr().add(i * cols),
-                            cols,
-                        )
-                    };
-                    out_row[i..i + 4].copy_from_slice(&d);
-                    i += 4;
-                }
-                let x = unsafe { xs.as_ptr().add(i * cols) };
-                match m - i {
-                    3 => out_row[i..].copy_from_slice(&unsafe {
-                        row_dot::<BITS, GROUP, 3>(row_codes, &scales, &biases, x, cols)
-                    }),
-                    2 => out_row[i..].copy_from_slice(&unsafe {
-                        row_dot::<BITS, GROUP, 2>(row_codes, &scales, &biases, x, cols)
-                    }),
-                    1 => out_row[i..].copy_from_slice(&unsafe {
-                        row_dot::<BITS, GROUP, 1>(row_codes, &scales, &biases, x, cols)
-                    }),
-                    _ => {}
-                }
-            }
-        }
-
-    };
-}
-
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
@@ -118,13 +43,6 @@ const MIN_TASK_WEIGHT_BYTES: usize = 128 * 1024;
 /// prefetcher alone left matrix-vector products at ~half the read bandwidth; 1 and 2 KiB
 /// measured the same).
 pub(crate) const PREFETCH_BYTES: usize = 1024;
-
-/// Code bytes per weight row from which the matrix-vector kernel streams several rows at once
-/// (AVX-512). Measured on the 7B shapes: from one 4 KiB page per row (q8 at 4096 columns, both
-/// widths at 11264) it gains 5-25% of read bandwidth, since the activations are loaded once per
-/// row block and the rows' streams lie in separate pages; on 2 KiB rows (q4 at 4096 columns) two
-/// streams share a page and it loses 20%.
-pub(crate) const MULTI_ROW_MIN_ROW_BYTES: usize = 4096;
 
 /// Tasks per rayon thread. Four (for work stealing around preempted threads) measured lower than
 /// one in back-to-back full benchmark runs on a loaded 2-core machine, so rows are split evenly.
