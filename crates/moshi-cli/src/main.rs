@@ -5,7 +5,8 @@ mod commands;
 /// Debug builds count allocations made inside audio callbacks (`moshi-rs chat` reports them).
 #[cfg(debug_assertions)]
 #[global_allocator]
-static ALLOCATOR: moshi_runtime::alloc_check::CountingAllocator = moshi_runtime::alloc_check::CountingAllocator;
+static ALLOCATOR: moshi_runtime::alloc_check::CountingAllocator =
+    moshi_runtime::alloc_check::CountingAllocator;
 
 use clap::{Parser, Subcommand};
 
@@ -41,8 +42,12 @@ enum Command {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
     let result = match cli.command {
         Command::Inspect(a) => commands::inspect::run(a),
         Command::Codec(a) => commands::codec::run(a),

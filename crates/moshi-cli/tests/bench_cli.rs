@@ -19,7 +19,14 @@ fn tiny() -> PathBuf {
 fn bench(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_moshi-rs"))
         .arg("bench")
-        .args(["--bandwidth-buffer-mib", "32", "--threads", "1", "--warmup", "1"])
+        .args([
+            "--bandwidth-buffer-mib",
+            "32",
+            "--threads",
+            "1",
+            "--warmup",
+            "1",
+        ])
         .args(args)
         .output()
         .expect("run moshi-rs")
@@ -42,15 +49,27 @@ fn num(v: &Value, path: &str) -> f64 {
     for key in path.split('.') {
         cur = &cur[key];
     }
-    cur.as_f64().unwrap_or_else(|| panic!("`{path}` is not a number: {cur}"))
+    cur.as_f64()
+        .unwrap_or_else(|| panic!("`{path}` is not a number: {cur}"))
 }
 
 #[test]
 fn layers_above_the_config_are_refused() {
-    let out = bench(&["--random-weights", "--config", &tiny_config(), "--layers", "3", "--frames", "1"]);
+    let out = bench(&[
+        "--random-weights",
+        "--config",
+        &tiny_config(),
+        "--layers",
+        "3",
+        "--frames",
+        "1",
+    ]);
     assert!(!out.status.success());
     let err = stderr(&out);
-    assert!(err.contains("--layers 3 is above the 2 temporal layers") && err.contains("config.json"), "{err}");
+    assert!(
+        err.contains("--layers 3 is above the 2 temporal layers") && err.contains("config.json"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -58,22 +77,47 @@ fn a_config_that_does_not_parse_is_refused_with_its_path() {
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("broken-config.json");
     std::fs::write(&bad, "{\"dim\": 256, \"num_layers\": ").unwrap();
-    let out = bench(&["--random-weights", "--config", bad.to_str().unwrap(), "--frames", "1"]);
+    let out = bench(&[
+        "--random-weights",
+        "--config",
+        bad.to_str().unwrap(),
+        "--frames",
+        "1",
+    ]);
     assert!(!out.status.success());
     let err = stderr(&out);
-    assert!(err.contains("broken-config.json") && err.to_lowercase().contains("config"), "{err}");
+    assert!(
+        err.contains("broken-config.json") && err.to_lowercase().contains("config"),
+        "{err}"
+    );
 }
 
 #[test]
 fn a_quantization_the_checkpoint_lacks_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    for f in ["config.json", "mimi_config.json", "mimi.safetensors", "tokenizer.model", "model.safetensors"] {
+    for f in [
+        "config.json",
+        "mimi_config.json",
+        "mimi.safetensors",
+        "tokenizer.model",
+        "model.safetensors",
+    ] {
         std::fs::copy(tiny().join(f), dir.path().join(f)).unwrap();
     }
-    let out = bench(&["--model", dir.path().to_str().unwrap(), "--quant", "q4", "--frames", "1"]);
+    let out = bench(&[
+        "--model",
+        dir.path().to_str().unwrap(),
+        "--quant",
+        "q4",
+        "--frames",
+        "1",
+    ]);
     assert!(!out.status.success());
     let err = stderr(&out);
-    assert!(err.contains("cannot provide --quant q4") && err.contains("model.q4.safetensors"), "{err}");
+    assert!(
+        err.contains("cannot provide --quant q4") && err.contains("model.q4.safetensors"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -96,23 +140,45 @@ fn tiny_random_run_writes_a_consistent_report_and_trace() {
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("real-time factor") && stdout.contains("lower bound"), "{stdout}");
+    assert!(
+        stdout.contains("real-time factor") && stdout.contains("lower bound"),
+        "{stdout}"
+    );
 
     let r = read_json(&json);
     assert_eq!(r["schema_version"], 1);
     assert_eq!(r["run"]["weights"], "random");
     assert_eq!(r["run"]["quant"], "q8");
     assert_eq!(r["run"]["stage"], "all");
-    assert_eq!((r["run"]["layers_run"].as_u64(), r["run"]["layers_config"].as_u64()), (Some(2), Some(2)));
-    assert!(r["extrapolated"].is_null(), "nothing to extrapolate at full depth");
+    assert_eq!(
+        (
+            r["run"]["layers_run"].as_u64(),
+            r["run"]["layers_config"].as_u64()
+        ),
+        (Some(2), Some(2))
+    );
+    assert!(
+        r["extrapolated"].is_null(),
+        "nothing to extrapolate at full depth"
+    );
     let frames = r["frames"].as_array().unwrap();
     assert_eq!(frames.len(), 3);
     for f in frames {
-        let stages = ["mimi_encode_ms", "lm_temporal_ms", "lm_depformer_ms", "sampling_ms", "mimi_decode_ms"];
+        let stages = [
+            "mimi_encode_ms",
+            "lm_temporal_ms",
+            "lm_depformer_ms",
+            "sampling_ms",
+            "mimi_decode_ms",
+        ];
         let sum: f64 = stages.iter().map(|s| num(f, s)).sum();
         assert!(stages.iter().all(|s| num(f, s) >= 0.0));
         assert!(num(f, "lm_temporal_ms") > 0.0 && num(f, "mimi_encode_ms") > 0.0);
-        assert!(num(f, "total_ms") + 1e-9 >= sum, "total {} below the sum of stages {sum}", num(f, "total_ms"));
+        assert!(
+            num(f, "total_ms") + 1e-9 >= sum,
+            "total {} below the sum of stages {sum}",
+            num(f, "total_ms")
+        );
     }
     for stage in [
         "mimi_encode_ms",
@@ -124,16 +190,29 @@ fn tiny_random_run_writes_a_consistent_report_and_trace() {
         "total_ms",
     ] {
         let p = &r["stages"][stage];
-        let q: Vec<f64> = ["min", "p50", "p95", "p99", "max"].iter().map(|k| num(p, k)).collect();
-        assert!(q.windows(2).all(|w| w[0] <= w[1]), "{stage}: percentiles out of order {q:?}");
+        let q: Vec<f64> = ["min", "p50", "p95", "p99", "max"]
+            .iter()
+            .map(|k| num(p, k))
+            .collect();
+        assert!(
+            q.windows(2).all(|w| w[0] <= w[1]),
+            "{stage}: percentiles out of order {q:?}"
+        );
     }
     let mean_total = num(&r, "stages.total_ms.mean");
     assert!((num(&r, "real_time_factor") - mean_total / 80.0).abs() < 1e-9);
-    let probes: Vec<f64> =
-        r["machine"]["read_bandwidth_probes_gbps"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    let probes: Vec<f64> = r["machine"]["read_bandwidth_probes_gbps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
     assert_eq!(probes.len(), 2);
     assert!(probes.iter().all(|p| *p > 0.0));
-    assert_eq!(num(&r, "machine.read_bandwidth_gbps"), probes.iter().copied().fold(0.0, f64::max));
+    assert_eq!(
+        num(&r, "machine.read_bandwidth_gbps"),
+        probes.iter().copied().fold(0.0, f64::max)
+    );
     if cfg!(target_os = "linux") {
         assert!(num(&r, "machine.peak_memory_bytes") > 1e6);
     }
@@ -141,17 +220,38 @@ fn tiny_random_run_writes_a_consistent_report_and_trace() {
     let w = &r["weights"];
     let read = num(w, "read_per_frame_bytes");
     let layer = num(w, "temporal_layer_bytes");
-    assert_eq!(read, 2.0 * layer + num(w, "text_head_bytes") + num(w, "depformer_bytes"));
+    assert_eq!(
+        read,
+        2.0 * layer + num(w, "text_head_bytes") + num(w, "depformer_bytes")
+    );
     let (dim, hidden) = (256.0, 704.0);
     let layer_weights = 4.0 * dim * dim + 3.0 * dim * hidden;
-    assert!((layer - (layer_weights * 8.5 / 8.0 + 2.0 * 4.0 * dim)).abs() < 1.0, "q8 layer bytes {layer}");
+    assert!(
+        (layer - (layer_weights * 8.5 / 8.0 + 2.0 * 4.0 * dim)).abs() < 1.0,
+        "q8 layer bytes {layer}"
+    );
     let bound = num(&r, "bound.lm_bound_ms");
     assert!((bound - read / (num(&r, "machine.read_bandwidth_gbps") * 1e6)).abs() < 1e-9);
-    assert!((num(&r, "bound.ratio_to_bound") - num(&r, "stages.lm_step_ms.p50") / bound).abs() < 1e-9);
+    assert!(
+        (num(&r, "bound.ratio_to_bound") - num(&r, "stages.lm_step_ms.p50") / bound).abs() < 1e-9
+    );
 
-    let trace_events: Value = serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
-    let names: Vec<&str> = trace_events.as_array().unwrap().iter().filter_map(|e| e["name"].as_str()).collect();
-    for span in ["frame", "mimi_encode", "lm_temporal", "lm_temporal_layer", "lm_depformer", "mimi_decode"] {
+    let trace_events: Value =
+        serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    let names: Vec<&str> = trace_events
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["name"].as_str())
+        .collect();
+    for span in [
+        "frame",
+        "mimi_encode",
+        "lm_temporal",
+        "lm_temporal_layer",
+        "lm_depformer",
+        "mimi_decode",
+    ] {
         assert!(names.contains(&span), "trace lacks `{span}` spans");
     }
 
@@ -163,9 +263,17 @@ fn tiny_random_run_writes_a_consistent_report_and_trace() {
         .output()
     {
         Ok(plot) => {
-            assert!(plot.status.success(), "{}", String::from_utf8_lossy(&plot.stderr));
+            assert!(
+                plot.status.success(),
+                "{}",
+                String::from_utf8_lossy(&plot.stderr)
+            );
             let text = std::fs::read_to_string(&svg).unwrap();
-            assert!(text.starts_with("<svg") && text.contains("budget 80 ms") && text.contains("lm_temporal"));
+            assert!(
+                text.starts_with("<svg")
+                    && text.contains("budget 80 ms")
+                    && text.contains("lm_temporal")
+            );
         }
         Err(e) => eprintln!("python3 not available ({e}); plot script not exercised"),
     }
@@ -194,10 +302,16 @@ fn fewer_layers_are_extrapolated_and_labelled() {
     assert_eq!(r["run"]["layers_run"], 1);
     let x = &r["extrapolated"];
     assert_eq!(x["layers"], 2);
-    assert!(x["note"].as_str().unwrap().contains("extrapolated, not measured"));
+    assert!(x["note"]
+        .as_str()
+        .unwrap()
+        .contains("extrapolated, not measured"));
     let per_layer = num(x, "per_layer_p50_ms");
     assert!(per_layer > 0.0);
-    assert!((num(x, "lm_temporal_p50_ms") - (num(&r, "stages.lm_temporal_ms.p50") + per_layer)).abs() < 1e-9);
+    assert!(
+        (num(x, "lm_temporal_p50_ms") - (num(&r, "stages.lm_temporal_ms.p50") + per_layer)).abs()
+            < 1e-9
+    );
     assert_eq!(
         num(x, "read_per_frame_bytes"),
         num(&r, "weights.read_per_frame_bytes") + num(&r, "weights.temporal_layer_bytes")
@@ -226,13 +340,20 @@ fn tiny_checkpoint_runs_each_stage() {
         ]);
         assert!(out.status.success(), "{quant} {stage}: {}", stderr(&out));
         let r = read_json(&json);
-        assert_eq!((r["run"]["weights"].as_str(), r["run"]["quant"].as_str()), (Some("checkpoint"), Some(quant)));
+        assert_eq!(
+            (r["run"]["weights"].as_str(), r["run"]["quant"].as_str()),
+            (Some("checkpoint"), Some(quant))
+        );
         assert_eq!(r["frames"].as_array().unwrap().len(), 2);
         let depformer = num(&r, "stages.lm_depformer_ms.p50");
         let mimi = num(&r, "stages.mimi_encode_ms.p50");
         match stage {
-            "depformer" => assert!(depformer > 0.0 && mimi == 0.0 && num(&r, "stages.lm_temporal_ms.max") == 0.0),
-            "mimi" => assert!(depformer == 0.0 && mimi > 0.0 && num(&r, "weights.read_per_frame_bytes") == 0.0),
+            "depformer" => assert!(
+                depformer > 0.0 && mimi == 0.0 && num(&r, "stages.lm_temporal_ms.max") == 0.0
+            ),
+            "mimi" => assert!(
+                depformer == 0.0 && mimi > 0.0 && num(&r, "weights.read_per_frame_bytes") == 0.0
+            ),
             _ => assert!(depformer > 0.0 && mimi > 0.0),
         }
     }

@@ -12,12 +12,20 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn have(program: &str) -> bool {
-    Command::new("sh").arg("-c").arg(format!("command -v {program}")).output().map(|o| o.status.success()).unwrap_or(false)
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {program}"))
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
 }
 
 #[test]
 fn chat_on_virtual_devices_plays_what_the_engine_produced() {
-    let missing: Vec<&str> = ["pulseaudio", "parecord", "paplay", "pactl", "sox"].into_iter().filter(|p| !have(p)).collect();
+    let missing: Vec<&str> = ["pulseaudio", "parecord", "paplay", "pactl", "sox"]
+        .into_iter()
+        .filter(|p| !have(p))
+        .collect();
     if !missing.is_empty() {
         eprintln!("SKIPPED chat_on_virtual_devices: {missing:?} not installed (run `bash scripts/setup.sh --audio-e2e`)");
         return;
@@ -46,7 +54,10 @@ fn chat_on_virtual_devices_plays_what_the_engine_produced() {
         log += &text;
         if o.status.success() {
             let stdout = String::from_utf8_lossy(&o.stdout);
-            assert!(stdout.contains("e2e chat: OK") && stdout.contains("added_latency_ms"), "{stdout}");
+            assert!(
+                stdout.contains("e2e chat: OK") && stdout.contains("added_latency_ms"),
+                "{stdout}"
+            );
             return;
         }
     }

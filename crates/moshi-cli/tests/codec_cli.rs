@@ -8,12 +8,20 @@ use std::process::Command;
 use moshi_loader::npy;
 
 fn asset(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../assets/tiny-a").join(rel)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../assets/tiny-a")
+        .join(rel)
 }
 
 fn moshi_rs(args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_moshi-rs")).args(args).output().expect("run moshi-rs");
-    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    let out = Command::new(env!("CARGO_BIN_EXE_moshi-rs"))
+        .args(args)
+        .output()
+        .expect("run moshi-rs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 fn p(path: &Path) -> &str {
@@ -48,15 +56,36 @@ fn encode_reproduces_reference_codes() {
 #[test]
 fn model_dir_finds_weights_and_config() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::copy(asset("mimi.safetensors"), dir.path().join("tokenizer-test.safetensors")).unwrap();
-    std::fs::copy(asset("mimi_config.json"), dir.path().join("mimi_config.json")).unwrap();
+    std::fs::copy(
+        asset("mimi.safetensors"),
+        dir.path().join("tokenizer-test.safetensors"),
+    )
+    .unwrap();
+    std::fs::copy(
+        asset("mimi_config.json"),
+        dir.path().join("mimi_config.json"),
+    )
+    .unwrap();
     let out = dir.path().join("codes.npy");
-    let (ok, err) = moshi_rs(&["codec", "encode", p(&asset("input.wav")), p(&out), "--model", p(dir.path()), "--codebooks", "4"]);
+    let (ok, err) = moshi_rs(&[
+        "codec",
+        "encode",
+        p(&asset("input.wav")),
+        p(&out),
+        "--model",
+        p(dir.path()),
+        "--codebooks",
+        "4",
+    ]);
     assert!(ok, "{err}");
     let ours = npy::read_i64(&out).unwrap();
     let reference = npy::read_i64(asset("ref/mimi_codes.npy")).unwrap();
     assert_eq!(ours.shape, vec![4, 43]);
-    assert_eq!(ours.data[..], reference.data[..4 * 43], "the first 4 codebooks do not depend on the others");
+    assert_eq!(
+        ours.data[..],
+        reference.data[..4 * 43],
+        "the first 4 codebooks do not depend on the others"
+    );
 }
 
 #[test]
@@ -72,7 +101,11 @@ fn decode_reproduces_reference_pcm_npy_and_wav() {
     let ours = npy::read_f32(&out_npy).unwrap().data;
     let reference = npy::read_f32(asset("ref/mimi_decoded.npy")).unwrap().data;
     assert_eq!(ours.len(), reference.len());
-    let diff = ours.iter().zip(&reference).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+    let diff = ours
+        .iter()
+        .zip(&reference)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max);
     assert!(diff < 1e-4, "max abs diff {diff}");
 
     let out_wav = dir.path().join("pcm.wav");
@@ -81,12 +114,18 @@ fn decode_reproduces_reference_pcm_npy_and_wav() {
     assert!(ok, "{err}");
     let mut reader = hound::WavReader::open(&out_wav).unwrap();
     let spec = reader.spec();
-    assert_eq!((spec.sample_rate, spec.channels, spec.bits_per_sample), (24000, 1, 16));
+    assert_eq!(
+        (spec.sample_rate, spec.channels, spec.bits_per_sample),
+        (24000, 1, 16)
+    );
     let samples: Vec<i16> = reader.samples::<i16>().map(Result::unwrap).collect();
     assert_eq!(samples.len(), reference.len());
     for (s, r) in samples.iter().zip(&reference) {
         let expected = (r * 32767.0).clamp(-32768.0, 32767.0) as i16;
-        assert!((*s as i32 - expected as i32).abs() <= 1, "{s} vs {expected}");
+        assert!(
+            (*s as i32 - expected as i32).abs() <= 1,
+            "{s} vs {expected}"
+        );
     }
 }
 
@@ -94,11 +133,19 @@ fn write_wav(path: &Path, spec: hound::WavSpec, n: usize) {
     let mut w = hound::WavWriter::create(path, spec).unwrap();
     for i in 0..n {
         match (spec.sample_format, spec.bits_per_sample) {
-            (hound::SampleFormat::Float, _) => w.write_sample((i as f32 * 0.01).sin() * 0.5).unwrap(),
+            (hound::SampleFormat::Float, _) => {
+                w.write_sample((i as f32 * 0.01).sin() * 0.5).unwrap()
+            }
             (_, 8) => w.write_sample((i % 100) as i8).unwrap(),
-            (_, 16) => w.write_sample(((i as f32 * 0.01).sin() * 10000.0) as i16).unwrap(),
-            (_, 24) => w.write_sample(((i as f32 * 0.01).sin() * 1_000_000.0) as i32).unwrap(),
-            _ => w.write_sample(((i as f32 * 0.01).sin() * 1e9) as i32).unwrap(),
+            (_, 16) => w
+                .write_sample(((i as f32 * 0.01).sin() * 10000.0) as i16)
+                .unwrap(),
+            (_, 24) => w
+                .write_sample(((i as f32 * 0.01).sin() * 1_000_000.0) as i32)
+                .unwrap(),
+            _ => w
+                .write_sample(((i as f32 * 0.01).sin() * 1e9) as i32)
+                .unwrap(),
         }
     }
     w.finalize().unwrap();
@@ -114,10 +161,23 @@ fn wav_formats_and_bad_input() {
         args.extend(extra.iter().map(String::as_str));
         moshi_rs(&args)
     };
-    let spec = |ch, rate, bits, fmt| hound::WavSpec { channels: ch, sample_rate: rate, bits_per_sample: bits, sample_format: fmt };
+    let spec = |ch, rate, bits, fmt| hound::WavSpec {
+        channels: ch,
+        sample_rate: rate,
+        bits_per_sample: bits,
+        sample_format: fmt,
+    };
     use hound::SampleFormat::{Float, Int};
     // Supported: 8/16/24/32-bit int and 32-bit float, stereo mixed to mono.
-    for (i, s) in [spec(1, 24000, 16, Int), spec(2, 24000, 24, Int), spec(1, 24000, 32, Int), spec(2, 24000, 32, Float)].into_iter().enumerate() {
+    for (i, s) in [
+        spec(1, 24000, 16, Int),
+        spec(2, 24000, 24, Int),
+        spec(1, 24000, 32, Int),
+        spec(2, 24000, 32, Float),
+    ]
+    .into_iter()
+    .enumerate()
+    {
         let wav = dir.path().join(format!("ok{i}.wav"));
         write_wav(&wav, s, 2 * 1920 * s.channels as usize);
         let (ok, err) = run_encode(&wav);
@@ -133,12 +193,19 @@ fn wav_formats_and_bad_input() {
     let (ok, err) = run_encode(&rate);
     assert!(ok, "16 kHz: {err}");
     let frames = npy::read_i64(dir.path().join("c.npy")).unwrap().shape[1];
-    assert_eq!(frames, 6144 / 1920, "resampled length (sphn-style whole output chunks) in frames");
+    assert_eq!(
+        frames,
+        6144 / 1920,
+        "resampled length (sphn-style whole output chunks) in frames"
+    );
 
     let empty = dir.path().join("empty.wav");
     write_wav(&empty, spec(1, 24000, 16, Int), 0);
     let (ok, err) = run_encode(&empty);
-    assert!(!ok && err.contains("empty.wav") && err.contains("no audio samples"), "{err}");
+    assert!(
+        !ok && err.contains("empty.wav") && err.contains("no audio samples"),
+        "{err}"
+    );
 
     let short = dir.path().join("short.wav");
     write_wav(&short, spec(1, 24000, 16, Int), 100);
@@ -148,10 +215,16 @@ fn wav_formats_and_bad_input() {
     let junk = dir.path().join("junk.wav");
     std::fs::write(&junk, b"this is not a wav file at all").unwrap();
     let (ok, err) = run_encode(&junk);
-    assert!(!ok && err.contains("junk.wav") && err.contains("not a readable WAV"), "{err}");
+    assert!(
+        !ok && err.contains("junk.wav") && err.contains("not a readable WAV"),
+        "{err}"
+    );
     let missing = dir.path().join("missing.wav");
     let (ok, err) = run_encode(&missing);
-    assert!(!ok && err.contains("missing.wav") && err.contains("does not exist"), "{err}");
+    assert!(
+        !ok && err.contains("missing.wav") && err.contains("does not exist"),
+        "{err}"
+    );
 
     // Out-of-range codes are rejected with the position.
     let codes = dir.path().join("bad_codes.npy");
@@ -162,7 +235,10 @@ fn wav_formats_and_bad_input() {
     let mut args = vec!["codec", "decode", p(&codes), p(&out)];
     args.extend(extra.iter().map(String::as_str));
     let (ok, err) = moshi_rs(&args);
-    assert!(!ok && err.contains("code 64") && err.contains("codebook 2") && err.contains("frame 1"), "{err}");
+    assert!(
+        !ok && err.contains("code 64") && err.contains("codebook 2") && err.contains("frame 1"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -174,19 +250,46 @@ fn mimi_weights_flag_selects_the_precision_and_rejects_unknown_values() {
     // (mode, minimum fraction of codes equal to the exact reference; see mimi_reference.rs)
     for (mode, min_equal) in [("f32", 1.0), ("bf16", 0.95), ("q8", 0.88)] {
         let out = dir.path().join(format!("codes-{mode}.npy"));
-        let mut args = vec!["codec", "encode", p(&input), p(&out), "--mimi-weights", mode];
+        let mut args = vec![
+            "codec",
+            "encode",
+            p(&input),
+            p(&out),
+            "--mimi-weights",
+            mode,
+        ];
         args.extend(extra.iter().map(String::as_str));
         let (ok, err) = moshi_rs(&args);
         assert!(ok, "{mode}: {err}");
         let ours = npy::read_i64(&out).unwrap();
         assert_eq!(ours.shape, reference.shape, "{mode}");
-        let equal = ours.data.iter().zip(&reference.data).filter(|(a, b)| a == b).count() as f64 / ours.data.len() as f64;
-        assert!(equal >= min_equal, "{mode}: {:.1}% of codes equal", 100.0 * equal);
+        let equal = ours
+            .data
+            .iter()
+            .zip(&reference.data)
+            .filter(|(a, b)| a == b)
+            .count() as f64
+            / ours.data.len() as f64;
+        assert!(
+            equal >= min_equal,
+            "{mode}: {:.1}% of codes equal",
+            100.0 * equal
+        );
     }
     let out = dir.path().join("codes-bad.npy");
-    let mut args = vec!["codec", "encode", p(&input), p(&out), "--mimi-weights", "q4"];
+    let mut args = vec![
+        "codec",
+        "encode",
+        p(&input),
+        p(&out),
+        "--mimi-weights",
+        "q4",
+    ];
     args.extend(extra.iter().map(String::as_str));
     let (ok, err) = moshi_rs(&args);
     assert!(!ok && !out.exists());
-    assert!(err.contains("--mimi-weights") && err.contains("q4") && err.contains("f32, bf16 or q8"), "{err}");
+    assert!(
+        err.contains("--mimi-weights") && err.contains("q4") && err.contains("f32, bf16 or q8"),
+        "{err}"
+    );
 }

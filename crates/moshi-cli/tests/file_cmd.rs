@@ -12,7 +12,11 @@ fn assets() -> PathBuf {
 }
 
 fn moshi(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_moshi-rs")).args(args).env("HF_HUB_OFFLINE", "1").output().unwrap()
+    Command::new(env!("CARGO_BIN_EXE_moshi-rs"))
+        .args(args)
+        .env("HF_HUB_OFFLINE", "1")
+        .output()
+        .unwrap()
 }
 
 fn s(p: &Path) -> &str {
@@ -36,14 +40,31 @@ fn greedy_file_mode_reproduces_official_tokens_and_audio() {
     let profile = dir.path().join("profile.jsonl");
     let input = assets().join("input.wav");
     let o = moshi(&[
-        "file", s(&input), s(&out), "--model", s(&assets()), "--greedy",
-        "--tokens-out", s(&tokens), "--transcript", s(&transcript), "--profile", s(&profile),
+        "file",
+        s(&input),
+        s(&out),
+        "--model",
+        s(&assets()),
+        "--greedy",
+        "--tokens-out",
+        s(&tokens),
+        "--transcript",
+        s(&transcript),
+        "--profile",
+        s(&profile),
     ]);
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "moshi-rs file failed: {stderr}");
 
-    let reference: Value = serde_json::from_str(&std::fs::read_to_string(assets().join("ref/lm_greedy.json")).unwrap()).unwrap();
-    let lines: Vec<Value> = std::fs::read_to_string(&tokens).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let reference: Value = serde_json::from_str(
+        &std::fs::read_to_string(assets().join("ref/lm_greedy.json")).unwrap(),
+    )
+    .unwrap();
+    let lines: Vec<Value> = std::fs::read_to_string(&tokens)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     let want_text = reference["out_text_tokens"].as_array().unwrap();
     let want_audio = reference["out_audio_tokens"].as_array().unwrap();
     assert_eq!(lines.len(), want_text.len());
@@ -56,8 +77,16 @@ fn greedy_file_mode_reproduces_official_tokens_and_audio() {
     let ours = read_i16(&out);
     let theirs = read_i16(&assets().join("ref/output.wav"));
     assert_eq!(ours.len(), theirs.len());
-    let max_lsb = ours.iter().zip(&theirs).map(|(a, b)| (*a as i32 - *b as i32).abs()).max().unwrap();
-    assert!(max_lsb <= 2, "output.wav differs from the reference by {max_lsb} LSB");
+    let max_lsb = ours
+        .iter()
+        .zip(&theirs)
+        .map(|(a, b)| (*a as i32 - *b as i32).abs())
+        .max()
+        .unwrap();
+    assert!(
+        max_lsb <= 2,
+        "output.wav differs from the reference by {max_lsb} LSB"
+    );
 
     // Printed words = the official decoding of the returned text tokens (pieces, '▁' -> ' ').
     let stdout = String::from_utf8(o.stdout).unwrap();
@@ -70,8 +99,17 @@ fn greedy_file_mode_reproduces_official_tokens_and_audio() {
         assert!(a < b && b <= 43.0 * 0.08 + 1e-9, "{line:?}");
     }
     assert!(stderr.contains("real-time factor"), "{stderr}");
-    assert!(stderr.contains("mimi_encode") && stderr.contains("lm_depformer") && stderr.contains("mimi_decode"), "{stderr}");
-    let prof: Vec<Value> = std::fs::read_to_string(&profile).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert!(
+        stderr.contains("mimi_encode")
+            && stderr.contains("lm_depformer")
+            && stderr.contains("mimi_decode"),
+        "{stderr}"
+    );
+    let prof: Vec<Value> = std::fs::read_to_string(&profile)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert_eq!(prof.len(), 44);
     assert_eq!(prof[43]["event"], "summary");
 }
@@ -80,7 +118,15 @@ fn greedy_file_mode_reproduces_official_tokens_and_audio() {
 fn sixteen_khz_input_is_resampled_and_processed() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out.wav");
-    let o = moshi(&["file", s(&assets().join("input_16k.wav")), s(&out), "--model", s(&assets()), "--seed", "7"]);
+    let o = moshi(&[
+        "file",
+        s(&assets().join("input_16k.wav")),
+        s(&out),
+        "--model",
+        s(&assets()),
+        "--seed",
+        "7",
+    ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     // 84480 samples at 24 kHz after resampling -> 44 whole frames.
     assert_eq!(read_i16(&out).len(), 44 * 1920);
@@ -88,7 +134,10 @@ fn sixteen_khz_input_is_resampled_and_processed() {
 
 fn assert_fails(o: &Output, needles: &[&str]) {
     let stderr = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success(), "expected a failure, got success; stderr: {stderr}");
+    assert!(
+        !o.status.success(),
+        "expected a failure, got success; stderr: {stderr}"
+    );
     for n in needles {
         assert!(stderr.contains(n), "stderr should mention {n:?}: {stderr}");
     }
@@ -96,7 +145,10 @@ fn assert_fails(o: &Output, needles: &[&str]) {
 }
 
 fn dir_entries(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
     v.sort();
     v
 }
@@ -109,37 +161,86 @@ fn bad_input_gives_clear_errors_and_leaves_nothing_behind() {
 
     // Missing input.
     let missing = dir.path().join("missing.wav");
-    assert_fails(&moshi(&["file", s(&missing), s(&out), "--model", s(&model)]), &["missing.wav", "does not exist"]);
+    assert_fails(
+        &moshi(&["file", s(&missing), s(&out), "--model", s(&model)]),
+        &["missing.wav", "does not exist"],
+    );
 
     // Not a WAV.
     let junk = dir.path().join("junk.wav");
     std::fs::write(&junk, b"definitely not audio").unwrap();
-    assert_fails(&moshi(&["file", s(&junk), s(&out), "--model", s(&model)]), &["junk.wav", "not a readable WAV"]);
+    assert_fails(
+        &moshi(&["file", s(&junk), s(&out), "--model", s(&model)]),
+        &["junk.wav", "not a readable WAV"],
+    );
 
     // Shorter than one frame (1000 samples at 24 kHz).
     let short = dir.path().join("short.wav");
-    let spec = hound::WavSpec { channels: 1, sample_rate: 24_000, bits_per_sample: 16, sample_format: hound::SampleFormat::Int };
+    let spec = hound::WavSpec {
+        channels: 1,
+        sample_rate: 24_000,
+        bits_per_sample: 16,
+        sample_format: hound::SampleFormat::Int,
+    };
     let mut w = hound::WavWriter::create(&short, spec).unwrap();
     for i in 0..1000 {
         w.write_sample((i % 100) as i16).unwrap();
     }
     w.finalize().unwrap();
-    assert_fails(&moshi(&["file", s(&short), s(&out), "--model", s(&model)]), &["short.wav", "too short", "1920"]);
+    assert_fails(
+        &moshi(&["file", s(&short), s(&out), "--model", s(&model)]),
+        &["short.wav", "too short", "1920"],
+    );
 
     // Output folder that does not exist.
     let unwritable = dir.path().join("no/such/folder/out.wav");
-    assert_fails(&moshi(&["file", s(&model.join("input.wav")), s(&unwritable), "--model", s(&model)]), &["does not exist"]);
+    assert_fails(
+        &moshi(&[
+            "file",
+            s(&model.join("input.wav")),
+            s(&unwritable),
+            "--model",
+            s(&model),
+        ]),
+        &["does not exist"],
+    );
     // Output is a directory.
-    assert_fails(&moshi(&["file", s(&model.join("input.wav")), s(dir.path()), "--model", s(&model)]), &["is a directory"]);
+    assert_fails(
+        &moshi(&[
+            "file",
+            s(&model.join("input.wav")),
+            s(dir.path()),
+            "--model",
+            s(&model),
+        ]),
+        &["is a directory"],
+    );
 
     // Model folder missing a file (no tokenizer).
     let partial = dir.path().join("partial-model");
     std::fs::create_dir(&partial).unwrap();
-    for f in ["config.json", "model.safetensors", "mimi.safetensors", "mimi_config.json"] {
+    for f in [
+        "config.json",
+        "model.safetensors",
+        "mimi.safetensors",
+        "mimi_config.json",
+    ] {
         std::fs::copy(model.join(f), partial.join(f)).unwrap();
     }
-    assert_fails(&moshi(&["file", s(&model.join("input.wav")), s(&out), "--model", s(&partial)]), &["partial-model", "tokenizer"]);
+    assert_fails(
+        &moshi(&[
+            "file",
+            s(&model.join("input.wav")),
+            s(&out),
+            "--model",
+            s(&partial),
+        ]),
+        &["partial-model", "tokenizer"],
+    );
 
     // No output, no temp file was left anywhere.
-    assert_eq!(dir_entries(dir.path()), vec!["junk.wav", "partial-model", "short.wav"]);
+    assert_eq!(
+        dir_entries(dir.path()),
+        vec!["junk.wav", "partial-model", "short.wav"]
+    );
 }

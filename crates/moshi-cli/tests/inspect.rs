@@ -10,8 +10,16 @@ fn assets() -> PathBuf {
 }
 
 fn inspect(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_moshi-rs")).arg("inspect").args(args).output().unwrap();
-    (out.status.success(), String::from_utf8(out.stdout).unwrap(), String::from_utf8(out.stderr).unwrap())
+    let out = Command::new(env!("CARGO_BIN_EXE_moshi-rs"))
+        .arg("inspect")
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
 }
 
 fn inspect_json(path: &Path, extra: &[&str]) -> Value {
@@ -56,13 +64,23 @@ fn every_tiny_a_file_is_described() {
                 assert_config_clean(c);
             }
             "model.q4.safetensors" | "model.q8.safetensors" => {
-                let (bits, group) = if name.contains("q4") { (4, 32) } else { (8, 64) };
+                let (bits, group) = if name.contains("q4") {
+                    (4, 32)
+                } else {
+                    (8, 64)
+                };
                 let c = inspect_json(&path, &[]);
                 let c = the_checkpoint(&c);
                 assert_eq!(c["format"], "mlx");
                 let q = c["quantization"].as_array().unwrap();
                 assert_eq!(q.len(), 1, "{q:?}");
-                assert_eq!((q[0]["bits"].as_u64().unwrap(), q[0]["group_size"].as_u64().unwrap()), (bits, group));
+                assert_eq!(
+                    (
+                        q[0]["bits"].as_u64().unwrap(),
+                        q[0]["group_size"].as_u64().unwrap()
+                    ),
+                    (bits, group)
+                );
                 assert_eq!(q[0]["matrices"], 114);
                 // Same model as the PyTorch file plus the depformer norms MLX stores per slice.
                 assert_eq!(c["parameter_count"], 2_943_232 + 7 * 2 * 2 * 64);
@@ -79,7 +97,10 @@ fn every_tiny_a_file_is_described() {
             "tokenizer.model" => {
                 let v = inspect_json(&path, &[]);
                 let t = &v["tokenizers"][0];
-                assert_eq!((t["vocab_size"].as_u64(), t["byte_fallback"].as_bool()), (Some(384), Some(true)));
+                assert_eq!(
+                    (t["vocab_size"].as_u64(), t["byte_fallback"].as_bool()),
+                    (Some(384), Some(true))
+                );
                 assert_eq!(t["model_type"], "unigram");
             }
             "config.json" | "mimi_config.json" => {
@@ -91,7 +112,10 @@ fn every_tiny_a_file_is_described() {
                 // WAVs and the manifest are not model files: a clear error, not a panic.
                 let (ok, _, stderr) = inspect(&[path.to_str().unwrap()]);
                 assert!(!ok, "{name} should be rejected");
-                assert!(stderr.contains(&name) && stderr.contains("not a safetensors file"), "{name}: {stderr}");
+                assert!(
+                    stderr.contains(&name) && stderr.contains("not a safetensors file"),
+                    "{name}: {stderr}"
+                );
                 assert!(!stderr.contains("panicked"), "{stderr}");
             }
         }
@@ -103,15 +127,28 @@ fn every_tiny_a_file_is_described() {
 #[test]
 fn the_folder_is_described_and_resolved() {
     let v = inspect_json(&assets(), &[]);
-    let formats: Vec<&str> =
-        v["checkpoints"].as_array().unwrap().iter().map(|c| c["format"].as_str().unwrap()).collect();
+    let formats: Vec<&str> = v["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["format"].as_str().unwrap())
+        .collect();
     assert_eq!(formats, ["mimi", "mlx", "mlx", "pytorch"]);
     assert_eq!(v["tokenizers"].as_array().unwrap().len(), 1);
     let r = &v["resolved"];
-    assert!(r["lm_weights"].as_str().unwrap().ends_with("model.safetensors"));
+    assert!(r["lm_weights"]
+        .as_str()
+        .unwrap()
+        .ends_with("model.safetensors"));
     assert_eq!(r["layout"], "pytorch");
-    assert!(r["mimi_weights"].as_str().unwrap().ends_with("mimi.safetensors"));
-    assert!(r["tokenizer"].as_str().unwrap().ends_with("tokenizer.model"));
+    assert!(r["mimi_weights"]
+        .as_str()
+        .unwrap()
+        .ends_with("mimi.safetensors"));
+    assert!(r["tokenizer"]
+        .as_str()
+        .unwrap()
+        .ends_with("tokenizer.model"));
 
     let (ok, text, _) = inspect(&[assets().to_str().unwrap()]);
     assert!(ok);
@@ -126,7 +163,11 @@ fn the_folder_is_described_and_resolved() {
 #[test]
 fn a_config_that_does_not_fit_is_reported_and_bits_still_come_from_the_file() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::copy(assets().join("model.q4.safetensors"), dir.path().join("model.q4.safetensors")).unwrap();
+    std::fs::copy(
+        assets().join("model.q4.safetensors"),
+        dir.path().join("model.q4.safetensors"),
+    )
+    .unwrap();
     // No config.json next to it: the built-in 7B config applies, and does not fit a tiny model.
     let v = inspect_json(&dir.path().join("model.q4.safetensors"), &[]);
     let c = the_checkpoint(&v);
@@ -135,15 +176,28 @@ fn a_config_that_does_not_fit_is_reported_and_bits_still_come_from_the_file() {
     assert_eq!(c["quantization"][0]["group_size"], 32);
     let check = &c["config_check"];
     assert!(!check["missing"].as_array().unwrap().is_empty(), "{check}");
-    assert!(!check["mismatched"].as_array().unwrap().is_empty(), "{check}");
+    assert!(
+        !check["mismatched"].as_array().unwrap().is_empty(),
+        "{check}"
+    );
 
     // A config with an extra layer: that layer's tensors are missing.
-    let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(assets().join("config.json")).unwrap()).unwrap();
+    let mut cfg: Value =
+        serde_json::from_str(&std::fs::read_to_string(assets().join("config.json")).unwrap())
+            .unwrap();
     cfg["num_layers"] = 3.into();
     let cfg_path = dir.path().join("three-layers.json");
     std::fs::write(&cfg_path, cfg.to_string()).unwrap();
-    let v = inspect_json(&assets().join("model.safetensors"), &["--config", cfg_path.to_str().unwrap()]);
-    let missing = the_checkpoint(&v)["config_check"]["missing"].as_array().unwrap().clone();
+    let v = inspect_json(
+        &assets().join("model.safetensors"),
+        &["--config", cfg_path.to_str().unwrap()],
+    );
+    let missing = the_checkpoint(&v)["config_check"]["missing"]
+        .as_array()
+        .unwrap()
+        .clone();
     assert_eq!(missing.len(), 6, "{missing:?}");
-    assert!(missing.iter().all(|m| m.as_str().unwrap().starts_with("transformer.layers.2.")));
+    assert!(missing
+        .iter()
+        .all(|m| m.as_str().unwrap().starts_with("transformer.layers.2.")));
 }

@@ -13,7 +13,11 @@ fn assets() -> PathBuf {
 }
 
 fn moshi(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_moshi-rs")).args(args).env("HF_HUB_OFFLINE", "1").output().unwrap()
+    Command::new(env!("CARGO_BIN_EXE_moshi-rs"))
+        .args(args)
+        .env("HF_HUB_OFFLINE", "1")
+        .output()
+        .unwrap()
 }
 
 fn s(p: &Path) -> &str {
@@ -26,7 +30,14 @@ fn tensors(path: &Path) -> BTreeMap<String, (String, Vec<usize>, Vec<u8>)> {
     f.tensors()
         .iter()
         .map(|(name, info)| {
-            (name.clone(), (info.dtype.to_string(), info.shape.clone(), f.bytes(name).unwrap().to_vec()))
+            (
+                name.clone(),
+                (
+                    info.dtype.to_string(),
+                    info.shape.clone(),
+                    f.bytes(name).unwrap().to_vec(),
+                ),
+            )
         })
         .collect()
 }
@@ -38,12 +49,24 @@ fn check_quantize_command_reproduces(reference: &str, bits: &str, extra: &[&str]
     let mut args = vec!["quantize", s(&input), s(&out), "--bits", bits];
     args.extend_from_slice(extra);
     let o = moshi(&args);
-    assert!(o.status.success(), "moshi-rs quantize failed: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "moshi-rs quantize failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     let (got, want) = (tensors(&out), tensors(&assets().join(reference)));
-    assert_eq!(got.keys().collect::<Vec<_>>(), want.keys().collect::<Vec<_>>(), "tensor names vs {reference}");
+    assert_eq!(
+        got.keys().collect::<Vec<_>>(),
+        want.keys().collect::<Vec<_>>(),
+        "tensor names vs {reference}"
+    );
     for (name, (dtype, shape, bytes)) in &want {
         let g = &got[name];
-        assert_eq!((&g.0, &g.1), (dtype, shape), "{name}: dtype/shape vs {reference}");
+        assert_eq!(
+            (&g.0, &g.1),
+            (dtype, shape),
+            "{name}: dtype/shape vs {reference}"
+        );
         assert!(g.2 == *bytes, "{name}: bytes differ from {reference}");
     }
 }
@@ -56,7 +79,11 @@ fn quantize_command_reproduces_mlx_q4_file() {
 #[test]
 fn quantize_command_reproduces_mlx_q8_file() {
     let config = assets().join("config.json");
-    check_quantize_command_reproduces("model.q8.safetensors", "8", &["--group-size", "64", "--config", s(&config)]);
+    check_quantize_command_reproduces(
+        "model.q8.safetensors",
+        "8",
+        &["--group-size", "64", "--config", s(&config)],
+    );
 }
 
 #[test]
@@ -66,20 +93,45 @@ fn quantize_command_refuses_bad_requests_and_leaves_nothing() {
     let input = assets().join("model.safetensors");
     let o = moshi(&["quantize", s(&input), s(&out), "--bits", "6"]);
     assert!(!o.status.success());
-    assert!(String::from_utf8_lossy(&o.stderr).contains("expected 4 or 8"), "{}", String::from_utf8_lossy(&o.stderr));
-    let o = moshi(&["quantize", s(&input), s(&out), "--bits", "4", "--group-size", "48"]);
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("expected 4 or 8"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let o = moshi(&[
+        "quantize",
+        s(&input),
+        s(&out),
+        "--bits",
+        "4",
+        "--group-size",
+        "48",
+    ]);
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("model.safetensors") && err.contains("group size 48"), "{err}");
+    assert!(
+        err.contains("model.safetensors") && err.contains("group size 48"),
+        "{err}"
+    );
     // A checkpoint that does not fit the config (the built-in 7B one: no config.json beside it).
     let copied = dir.path().join("model.safetensors");
     std::fs::copy(&input, &copied).unwrap();
     let o = moshi(&["quantize", s(&copied), s(&out), "--bits", "4"]);
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("moshiko 7B") && err.contains("expects"), "{err}");
-    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
-    assert_eq!(left, vec![std::ffi::OsString::from("model.safetensors")], "nothing half-written");
+    assert!(
+        err.contains("moshiko 7B") && err.contains("expects"),
+        "{err}"
+    );
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(
+        left,
+        vec![std::ffi::OsString::from("model.safetensors")],
+        "nothing half-written"
+    );
 }
 
 /// `moshi-rs file ... --greedy --tokens-out` with `extra` flags; the token lines.
@@ -88,11 +140,28 @@ fn file_tokens(extra: &[&str]) -> Vec<String> {
     let (out, tokens) = (dir.path().join("out.wav"), dir.path().join("t.jsonl"));
     let input = assets().join("input.wav");
     let model = assets();
-    let mut args = vec!["file", s(&input), s(&out), "--model", s(&model), "--greedy", "--tokens-out", s(&tokens)];
+    let mut args = vec![
+        "file",
+        s(&input),
+        s(&out),
+        "--model",
+        s(&model),
+        "--greedy",
+        "--tokens-out",
+        s(&tokens),
+    ];
     args.extend_from_slice(extra);
     let o = moshi(&args);
-    assert!(o.status.success(), "moshi-rs file {extra:?} failed: {}", String::from_utf8_lossy(&o.stderr));
-    std::fs::read_to_string(&tokens).unwrap().lines().map(str::to_string).collect()
+    assert!(
+        o.status.success(),
+        "moshi-rs file {extra:?} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    std::fs::read_to_string(&tokens)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect()
 }
 
 #[test]
@@ -118,12 +187,19 @@ fn contradictory_weight_flags_fail_clearly() {
     let o = moshi(&[&base[..], &["--quantize", "q4", "--dequantize"]].concat());
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("--dequantize") && err.contains("--quantize"), "{err}");
+    assert!(
+        err.contains("--dequantize") && err.contains("--quantize"),
+        "{err}"
+    );
     // A packed q8 file cannot be run as q4.
     let q8 = assets().join("model.q8.safetensors");
     let o = moshi(&[&base[..], &["--weights", s(&q8), "--quantize", "q4"]].concat());
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("stored as 8-bit, group size 64") && err.contains("requested 4-bit, group size 32"), "{err}");
+    assert!(
+        err.contains("stored as 8-bit, group size 64")
+            && err.contains("requested 4-bit, group size 32"),
+        "{err}"
+    );
     assert!(!out.exists(), "no output on error");
 }

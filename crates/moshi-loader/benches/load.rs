@@ -8,16 +8,25 @@ use moshi_loader::tokenizer::TextTokenizer;
 use moshi_loader::{load_lm_weights, LmConfig, WeightMode};
 
 fn asset(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../assets/tiny-a").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../assets/tiny-a")
+        .join(name)
 }
 
 fn bench_load(c: &mut Criterion) {
     let cfg = LmConfig::from_file(asset("config.json")).unwrap();
     let mut group = c.benchmark_group("load_lm_weights");
-    for file in ["model.safetensors", "model.q8.safetensors", "model.q4.safetensors"] {
+    for file in [
+        "model.safetensors",
+        "model.q8.safetensors",
+        "model.q4.safetensors",
+    ] {
         let path = asset(file);
         group.throughput(Throughput::Bytes(std::fs::metadata(&path).unwrap().len()));
-        for (mode_name, mode) in [("native", WeightMode::Native), ("f32", WeightMode::DequantizeF32)] {
+        for (mode_name, mode) in [
+            ("native", WeightMode::Native),
+            ("f32", WeightMode::DequantizeF32),
+        ] {
             group.bench_function(format!("{file}/{mode_name}"), |b| {
                 b.iter(|| load_lm_weights(&path, &cfg, mode).unwrap());
             });

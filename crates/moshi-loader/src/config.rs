@@ -110,8 +110,10 @@ impl LmConfig {
 
     /// Parses a config from JSON text; `origin` names the file in errors.
     pub fn from_json_str(text: &str, origin: &Path) -> Result<Self> {
-        let cfg: Self = serde_json::from_str(text)
-            .map_err(|e| LoaderError::BadConfig { path: origin.to_path_buf(), reason: e.to_string() })?;
+        let cfg: Self = serde_json::from_str(text).map_err(|e| LoaderError::BadConfig {
+            path: origin.to_path_buf(),
+            reason: e.to_string(),
+        })?;
         cfg.validate(origin)?;
         Ok(cfg)
     }
@@ -125,15 +127,30 @@ impl LmConfig {
 
     /// Checks the relations between fields that the model relies on.
     pub fn validate(&self, origin: &Path) -> Result<()> {
-        let bad = |reason: String| Err(LoaderError::BadConfig { path: origin.to_path_buf(), reason });
+        let bad = |reason: String| {
+            Err(LoaderError::BadConfig {
+                path: origin.to_path_buf(),
+                reason,
+            })
+        };
         if self.delays.len() != self.n_q + 1 {
-            return bad(format!("`delays` has {} entries, expected n_q + 1 = {}", self.delays.len(), self.n_q + 1));
+            return bad(format!(
+                "`delays` has {} entries, expected n_q + 1 = {}",
+                self.delays.len(),
+                self.n_q + 1
+            ));
         }
         if self.dep_q > self.n_q {
-            return bad(format!("dep_q {} is larger than n_q {}", self.dep_q, self.n_q));
+            return bad(format!(
+                "dep_q {} is larger than n_q {}",
+                self.dep_q, self.n_q
+            ));
         }
         if self.num_heads == 0 || self.dim % self.num_heads != 0 {
-            return bad(format!("dim {} is not divisible by num_heads {}", self.dim, self.num_heads));
+            return bad(format!(
+                "dim {} is not divisible by num_heads {}",
+                self.dim, self.num_heads
+            ));
         }
         if self.depformer_num_heads == 0 || self.depformer_dim % self.depformer_num_heads != 0 {
             return bad(format!(
@@ -142,17 +159,24 @@ impl LmConfig {
             ));
         }
         if self.gating != "silu" || self.depformer_gating != "silu" {
-            return bad(format!("only silu gating is supported, got {} / {}", self.gating, self.depformer_gating));
+            return bad(format!(
+                "only silu gating is supported, got {} / {}",
+                self.gating, self.depformer_gating
+            ));
         }
         if !self.norm.starts_with("rms_norm") {
-            return bad(format!("only rms_norm / rms_norm_f32 is supported, got {}", self.norm));
+            return bad(format!(
+                "only rms_norm / rms_norm_f32 is supported, got {}",
+                self.norm
+            ));
         }
         Ok(())
     }
 
     /// The built-in moshiko/moshika v0.1 7B config (`configs/moshiko-7b.json`).
     pub fn moshiko_7b() -> Self {
-        Self::from_json_str(MOSHIKO_7B_JSON, Path::new("<built-in moshiko-7b>")).expect("built-in config is valid")
+        Self::from_json_str(MOSHIKO_7B_JSON, Path::new("<built-in moshiko-7b>"))
+            .expect("built-in config is valid")
     }
 }
 
@@ -233,7 +257,10 @@ impl MimiConfig {
     }
 
     pub fn from_json_str(text: &str, origin: &Path) -> Result<Self> {
-        serde_json::from_str(text).map_err(|e| LoaderError::BadConfig { path: origin.to_path_buf(), reason: e.to_string() })
+        serde_json::from_str(text).map_err(|e| LoaderError::BadConfig {
+            path: origin.to_path_buf(),
+            reason: e.to_string(),
+        })
     }
 
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
@@ -244,6 +271,7 @@ impl MimiConfig {
 
     /// The real Mimi (`tokenizer-e351c8d8-checkpoint125.safetensors`) config.
     pub fn v0_1() -> Self {
-        Self::from_json_str(MIMI_V0_1_JSON, Path::new("<built-in mimi-v0_1>")).expect("built-in config is valid")
+        Self::from_json_str(MIMI_V0_1_JSON, Path::new("<built-in mimi-v0_1>"))
+            .expect("built-in config is valid")
     }
 }

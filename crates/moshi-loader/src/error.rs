@@ -6,21 +6,46 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum LoaderError {
     #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{path}: not a safetensors file: {reason}")]
     BadSafetensors { path: PathBuf, reason: String },
     #[error("{path}: file is truncated: header says {expected} bytes of tensor data, the file holds {got}")]
-    Truncated { path: PathBuf, expected: usize, got: usize },
+    Truncated {
+        path: PathBuf,
+        expected: usize,
+        got: usize,
+    },
     #[error("{path}: tensor `{name}` is missing")]
     MissingTensor { path: PathBuf, name: String },
     #[error("{path}: tensor `{name}` has shape {got:?}, expected {expected:?}")]
-    ShapeMismatch { path: PathBuf, name: String, expected: Vec<usize>, got: Vec<usize> },
+    ShapeMismatch {
+        path: PathBuf,
+        name: String,
+        expected: Vec<usize>,
+        got: Vec<usize>,
+    },
     #[error("{path}: tensor `{name}` has dtype {got}, expected {expected}")]
-    DTypeMismatch { path: PathBuf, name: String, expected: String, got: String },
+    DTypeMismatch {
+        path: PathBuf,
+        name: String,
+        expected: String,
+        got: String,
+    },
     #[error("{path}: tensor `{name}`: {reason}")]
-    BadTensor { path: PathBuf, name: String, reason: String },
+    BadTensor {
+        path: PathBuf,
+        name: String,
+        reason: String,
+    },
     #[error("{path}: quantized tensor `{name}`: {reason}")]
-    BadQuantized { path: PathBuf, name: String, reason: String },
+    BadQuantized {
+        path: PathBuf,
+        name: String,
+        reason: String,
+    },
     #[error("{path}: unknown checkpoint format: {reason}")]
     UnknownFormat { path: PathBuf, reason: String },
     #[error("{path}: bad config: {reason}")]
@@ -36,11 +61,18 @@ pub enum LoaderError {
     #[error("cannot find `{what}`: {reason}")]
     NotFound { what: String, reason: String },
     #[error("download of `{file}` from `{repo}` failed: {reason}")]
-    Download { repo: String, file: String, reason: String },
+    Download {
+        repo: String,
+        file: String,
+        reason: String,
+    },
 }
 
 impl LoaderError {
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Self::Io { path: path.into(), source }
+        Self::Io {
+            path: path.into(),
+            source,
+        }
     }
 }

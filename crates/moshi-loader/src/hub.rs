@@ -28,8 +28,9 @@ impl HubSettings {
     pub fn from_env() -> Self {
         let cache = Cache::from_env();
         let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-        let offline = env("HF_HUB_OFFLINE")
-            .is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"));
+        let offline = env("HF_HUB_OFFLINE").is_some_and(|v| {
+            matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on")
+        });
         Self {
             token: env("HF_TOKEN").or_else(|| cache.token()),
             cache_dir: cache.path().clone(),
@@ -55,7 +56,10 @@ fn local_folder_hint(id: &str) -> String {
 
 impl<'a> HubRepo<'a> {
     pub fn new(id: &str, settings: &'a HubSettings) -> Self {
-        Self { id: id.to_string(), settings }
+        Self {
+            id: id.to_string(),
+            settings,
+        }
     }
 
     fn api(&self) -> Result<Api> {
@@ -83,17 +87,19 @@ impl<'a> HubRepo<'a> {
     pub fn cached_snapshot(&self) -> Result<PathBuf> {
         let repo = Repo::new(self.id.clone(), RepoType::Model);
         let base = self.settings.cache_dir.join(repo.folder_name());
-        let not_cached = |why: String| LoaderError::NotFound {
+        let not_cached = |why: String| {
+            LoaderError::NotFound {
             what: self.id.clone(),
             reason: format!(
                 "HF_HUB_OFFLINE is set and the repo is not in the Hugging Face cache at {} ({why}); download it while \
                  online, or pass the path of a local folder holding its files instead of the repo id",
                 self.settings.cache_dir.display()
             ),
+        }
         };
         let ref_path = base.join("refs").join("main");
-        let commit =
-            std::fs::read_to_string(&ref_path).map_err(|e| not_cached(format!("{}: {e}", ref_path.display())))?;
+        let commit = std::fs::read_to_string(&ref_path)
+            .map_err(|e| not_cached(format!("{}: {e}", ref_path.display())))?;
         let snapshot = base.join("snapshots").join(commit.trim());
         if !snapshot.is_dir() {
             return Err(not_cached(format!("{} is missing", snapshot.display())));
@@ -103,8 +109,11 @@ impl<'a> HubRepo<'a> {
 
     /// The repo's file names (one request).
     pub fn list_files(&self) -> Result<BTreeSet<String>> {
-        let info =
-            self.api()?.model(self.id.clone()).info().map_err(|e| self.download_error("<file list>", e.to_string()))?;
+        let info = self
+            .api()?
+            .model(self.id.clone())
+            .info()
+            .map_err(|e| self.download_error("<file list>", e.to_string()))?;
         Ok(info.siblings.into_iter().map(|s| s.rfilename).collect())
     }
 
@@ -131,9 +140,10 @@ struct ProgressBar(Option<indicatif::ProgressBar>);
 impl Progress for ProgressBar {
     fn init(&mut self, size: usize, filename: &str) {
         let bar = indicatif::ProgressBar::new(size as u64);
-        let style =
-            indicatif::ProgressStyle::with_template("{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+        let style = indicatif::ProgressStyle::with_template(
+            "{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
         bar.set_style(style.progress_chars("=> "));
         bar.set_message(filename.to_string());
         self.0 = Some(bar);

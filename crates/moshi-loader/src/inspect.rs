@@ -92,10 +92,19 @@ pub fn inspect_checkpoint(path: &Path, config: Option<ConfigRef<'_>>) -> Result<
         if let Some(prefix) = prefix.filter(|p| info.dtype == DType::U32 && is_packed(&file, p)) {
             // The file's own unquantized tensors first: a config that does not fit must not hide the bits.
             let in_dim = infer_in_dim(&file, prefix).or_else(|| in_dims.get(name).copied());
-            let params = in_dim.ok_or_else(|| "cannot tell its input width".to_string()).and_then(|d| {
-                let scales = file.info(&format!("{prefix}.scales")).map_err(|e| e.to_string())?;
-                quant_params_from_shapes(info.shape[1], scales.shape.get(1).copied().unwrap_or(0), d).map(|p| (p, d))
-            });
+            let params = in_dim
+                .ok_or_else(|| "cannot tell its input width".to_string())
+                .and_then(|d| {
+                    let scales = file
+                        .info(&format!("{prefix}.scales"))
+                        .map_err(|e| e.to_string())?;
+                    quant_params_from_shapes(
+                        info.shape[1],
+                        scales.shape.get(1).copied().unwrap_or(0),
+                        d,
+                    )
+                    .map(|p| (p, d))
+                });
             match params {
                 Ok((p, d)) => {
                     *quant.entry((p.bits, p.group_size)).or_insert(0) += 1;
@@ -103,14 +112,24 @@ pub fn inspect_checkpoint(path: &Path, config: Option<ConfigRef<'_>>) -> Result<
                 }
                 Err(e) => notes.push(format!("{prefix}: {e}")),
             }
-        } else if !(name.ends_with(".scales") || name.ends_with(".biases")) || !prefix_packed(&file, name) {
+        } else if !(name.ends_with(".scales") || name.ends_with(".biases"))
+            || !prefix_packed(&file, name)
+        {
             parameter_count += info.numel() as u64;
         }
     }
-    let quantization =
-        quant.into_iter().map(|((bits, group_size), matrices)| QuantSummary { bits, group_size, matrices }).collect();
+    let quantization = quant
+        .into_iter()
+        .map(|((bits, group_size), matrices)| QuantSummary {
+            bits,
+            group_size,
+            matrices,
+        })
+        .collect();
     let config_check = match (kind, config) {
-        (CheckpointKind::Lm(layout), Some(ConfigRef::Lm(cfg))) => Some(check_lm(&file, layout, cfg)),
+        (CheckpointKind::Lm(layout), Some(ConfigRef::Lm(cfg))) => {
+            Some(check_lm(&file, layout, cfg))
+        }
         (CheckpointKind::Mimi, Some(ConfigRef::Mimi(cfg))) => Some(check_mimi(&file, cfg)),
         (_, Some(_)) => Some(ConfigCheck {
             scope: "kind of model".into(),
@@ -143,8 +162,10 @@ fn prefix_packed(file: &SafetensorsFile, name: &str) -> bool {
 
 fn check_lm(file: &SafetensorsFile, layout: LmLayout, cfg: &LmConfig) -> ConfigCheck {
     let specs = lm_sources(layout, cfg);
-    let mut check =
-        ConfigCheck { scope: format!("names and shapes of all {} LM tensors", specs.len()), ..Default::default() };
+    let mut check = ConfigCheck {
+        scope: format!("names and shapes of all {} LM tensors", specs.len()),
+        ..Default::default()
+    };
     let mut expected = BTreeSet::new();
     for spec in specs {
         let name = &spec.stored_name;
@@ -153,7 +174,9 @@ fn check_lm(file: &SafetensorsFile, layout: LmLayout, cfg: &LmConfig) -> ConfigC
             check.missing.push(name.clone());
             continue;
         };
-        let prefix = name.strip_suffix(".weight").filter(|p| layout == LmLayout::Mlx && is_packed(file, p));
+        let prefix = name
+            .strip_suffix(".weight")
+            .filter(|p| layout == LmLayout::Mlx && is_packed(file, p));
         if let Some(prefix) = prefix {
             expected.insert(format!("{prefix}.scales"));
             expected.insert(format!("{prefix}.biases"));
@@ -163,31 +186,52 @@ fn check_lm(file: &SafetensorsFile, layout: LmLayout, cfg: &LmConfig) -> ConfigC
                     "{prefix}: expected {:?}, got {shape:?} ({}-bit, group size {})",
                     spec.canonical.shape, p.bits, p.group_size
                 )),
-                None => check.mismatched.push(format!("{prefix}: packed shapes give no valid bits/group size")),
+                None => check.mismatched.push(format!(
+                    "{prefix}: packed shapes give no valid bits/group size"
+                )),
             }
         } else if info.shape != spec.stored_shape {
-            check.mismatched.push(format!("{name}: expected {:?}, got {:?}", spec.stored_shape, info.shape));
+            check.mismatched.push(format!(
+                "{name}: expected {:?}, got {:?}",
+                spec.stored_shape, info.shape
+            ));
         }
     }
-    check.unexpected = file.tensors().keys().filter(|n| !expected.contains(*n)).cloned().collect();
+    check.unexpected = file
+        .tensors()
+        .keys()
+        .filter(|n| !expected.contains(*n))
+        .cloned()
+        .collect();
     check
 }
 
 /// Mimi checks that need no model code: codebook and transformer layer counts.
 fn check_mimi(file: &SafetensorsFile, cfg: &MimiConfig) -> ConfigCheck {
-    let mut check = ConfigCheck { scope: "codebook count, transformer layers and width".into(), ..Default::default() };
+    let mut check = ConfigCheck {
+        scope: "codebook count, transformer layers and width".into(),
+        ..Default::default()
+    };
     let count = |prefix: &str| -> usize {
         file.tensors()
             .keys()
-            .filter_map(|n| n.strip_prefix(prefix)?.split('.').next()?.parse::<usize>().ok())
+            .filter_map(|n| {
+                n.strip_prefix(prefix)?
+                    .split('.')
+                    .next()?
+                    .parse::<usize>()
+                    .ok()
+            })
             .collect::<BTreeSet<_>>()
             .len()
     };
-    let codebooks = count("quantizer.rvq_first.vq.layers.") + count("quantizer.rvq_rest.vq.layers.");
+    let codebooks =
+        count("quantizer.rvq_first.vq.layers.") + count("quantizer.rvq_rest.vq.layers.");
     if codebooks != cfg.quantizer.n_q {
-        check
-            .mismatched
-            .push(format!("quantizer codebooks: expected {} (quantizer.n_q), got {codebooks}", cfg.quantizer.n_q));
+        check.mismatched.push(format!(
+            "quantizer codebooks: expected {} (quantizer.n_q), got {codebooks}",
+            cfg.quantizer.n_q
+        ));
     }
     for part in ["encoder_transformer", "decoder_transformer"] {
         let layers = count(&format!("{part}.transformer.layers."));
@@ -201,9 +245,11 @@ fn check_mimi(file: &SafetensorsFile, cfg: &MimiConfig) -> ConfigCheck {
     let dim = cfg.transformer.d_model;
     let name = "encoder_transformer.transformer.layers.0.self_attn.in_proj_weight";
     match file.tensors().get(name) {
-        Some(i) if i.shape != [3 * dim, dim] => {
-            check.mismatched.push(format!("{name}: expected {:?}, got {:?}", [3 * dim, dim], i.shape))
-        }
+        Some(i) if i.shape != [3 * dim, dim] => check.mismatched.push(format!(
+            "{name}: expected {:?}, got {:?}",
+            [3 * dim, dim],
+            i.shape
+        )),
         Some(_) => {}
         None => check.missing.push(name.into()),
     }

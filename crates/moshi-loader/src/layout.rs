@@ -43,14 +43,18 @@ impl CheckpointKind {
 }
 
 fn is_slice_index(rest: &str) -> bool {
-    rest.split_once('.').is_some_and(|(i, _)| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()))
+    rest.split_once('.')
+        .is_some_and(|(i, _)| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// Detects the checkpoint kind from names, then confirms it with the shape of the final norm.
 pub fn detect_kind(file: &SafetensorsFile) -> Result<CheckpointKind> {
     let names: Vec<&str> = file.tensors().keys().map(|s| s.as_str()).collect();
     let any = |f: &dyn Fn(&str) -> bool| names.iter().any(|n| f(n));
-    let unknown = |reason: String| LoaderError::UnknownFormat { path: file.path().to_path_buf(), reason };
+    let unknown = |reason: String| LoaderError::UnknownFormat {
+        path: file.path().to_path_buf(),
+        reason,
+    };
     if any(&|n| n.starts_with("encoder.model.")) && any(&|n| n.starts_with("quantizer.")) {
         return Ok(CheckpointKind::Mimi);
     }
@@ -61,11 +65,15 @@ pub fn detect_kind(file: &SafetensorsFile) -> Result<CheckpointKind> {
         )));
     }
     let layout = if any(&|n| {
-        n.starts_with("depformer_in.") || n.starts_with("depformer.layers.") || n.starts_with("linears.")
+        n.starts_with("depformer_in.")
+            || n.starts_with("depformer.layers.")
+            || n.starts_with("linears.")
     }) {
         LmLayout::PyTorch
     } else if any(&|n| {
-        n.starts_with("depformer.slices.") || n.starts_with("audio_embs.") || n.ends_with(".in_proj.weight")
+        n.starts_with("depformer.slices.")
+            || n.starts_with("audio_embs.")
+            || n.ends_with(".in_proj.weight")
     }) {
         LmLayout::Mlx
     } else if any(&|n| n.strip_prefix("depformer.").is_some_and(is_slice_index)) {
@@ -84,7 +92,10 @@ pub fn detect_kind(file: &SafetensorsFile) -> Result<CheckpointKind> {
         _ => ("out_norm.alpha", 3),
     };
     let info = file.tensors().get(norm_name).ok_or_else(|| {
-        unknown(format!("names look like the {} layout, but its final norm `{norm_name}` is missing", layout.as_str()))
+        unknown(format!(
+            "names look like the {} layout, but its final norm `{norm_name}` is missing",
+            layout.as_str()
+        ))
     })?;
     let shape_ok = info.shape.len() == rank && (rank == 1 || info.shape[..2] == [1, 1]);
     if !shape_ok {

@@ -11,21 +11,21 @@ mod lm_sources;
 pub mod lm_weights;
 pub mod mlx_export;
 pub mod mlx_quant;
-pub mod sentencepiece_proto;
-pub mod source;
-mod text_decode;
-pub mod tokenizer;
 pub mod npy;
 mod safetensors_file;
+pub mod sentencepiece_proto;
+pub mod source;
 mod tensor;
+mod text_decode;
+pub mod tokenizer;
 mod weight_map;
 
 pub use config::{LmConfig, MimiConfig};
 pub use error::LoaderError;
 pub use layout::{CheckpointKind, LmLayout};
 pub use lm_weights::{load_lm_weights, WeightMode};
-pub use source::{LmVariant, ModelSource, ResolvedModel, SourceOverrides};
 pub use safetensors_file::{SafetensorsFile, TensorInfo};
+pub use source::{LmVariant, ModelSource, ResolvedModel, SourceOverrides};
 pub use tensor::{DType, Tensor, TensorData};
 pub use weight_map::{Weight, WeightData, WeightMap};
 

@@ -42,25 +42,57 @@ pub fn canonical_lm_tensors(cfg: &LmConfig) -> Vec<CanonicalTensor> {
         let p = format!("transformer.layers.{l}");
         out.push(t(format!("{p}.norm1"), vec![dim], Norm));
         out.push(t(format!("{p}.norm2"), vec![dim], Norm));
-        out.push(t(format!("{p}.self_attn.in_proj"), vec![3 * dim, dim], Linear));
+        out.push(t(
+            format!("{p}.self_attn.in_proj"),
+            vec![3 * dim, dim],
+            Linear,
+        ));
         out.push(t(format!("{p}.self_attn.out_proj"), vec![dim, dim], Linear));
-        out.push(t(format!("{p}.gating.linear_in"), vec![2 * hidden, dim], Linear));
-        out.push(t(format!("{p}.gating.linear_out"), vec![dim, hidden], Linear));
+        out.push(t(
+            format!("{p}.gating.linear_in"),
+            vec![2 * hidden, dim],
+            Linear,
+        ));
+        out.push(t(
+            format!("{p}.gating.linear_out"),
+            vec![dim, hidden],
+            Linear,
+        ));
     }
     for k in 0..cfg.dep_q {
         let p = format!("depformer.{k}");
         out.push(t(format!("{p}.linear_in"), vec![ddim, dim], Linear));
-        let vocab = if k == 0 { cfg.text_card + 1 } else { cfg.card + 1 };
+        let vocab = if k == 0 {
+            cfg.text_card + 1
+        } else {
+            cfg.card + 1
+        };
         out.push(t(format!("{p}.emb"), vec![vocab, ddim], Embedding));
         out.push(t(format!("{p}.linear_out"), vec![cfg.card, ddim], Linear));
         for l in 0..cfg.depformer_num_layers {
             let q = format!("{p}.layers.{l}");
             out.push(t(format!("{q}.norm1"), vec![ddim], Norm));
             out.push(t(format!("{q}.norm2"), vec![ddim], Norm));
-            out.push(t(format!("{q}.self_attn.in_proj"), vec![3 * ddim, ddim], Linear));
-            out.push(t(format!("{q}.self_attn.out_proj"), vec![ddim, ddim], Linear));
-            out.push(t(format!("{q}.gating.linear_in"), vec![2 * dhidden, ddim], Linear));
-            out.push(t(format!("{q}.gating.linear_out"), vec![ddim, dhidden], Linear));
+            out.push(t(
+                format!("{q}.self_attn.in_proj"),
+                vec![3 * ddim, ddim],
+                Linear,
+            ));
+            out.push(t(
+                format!("{q}.self_attn.out_proj"),
+                vec![ddim, ddim],
+                Linear,
+            ));
+            out.push(t(
+                format!("{q}.gating.linear_in"),
+                vec![2 * dhidden, ddim],
+                Linear,
+            ));
+            out.push(t(
+                format!("{q}.gating.linear_out"),
+                vec![ddim, dhidden],
+                Linear,
+            ));
         }
     }
     out
@@ -77,7 +109,9 @@ mod tests {
             .iter()
             .filter(|t| {
                 // PyTorch shares depformer norms across steps: count them once.
-                !(t.role == TensorRole::Norm && t.name.starts_with("depformer.") && !t.name.starts_with("depformer.0."))
+                !(t.role == TensorRole::Norm
+                    && t.name.starts_with("depformer.")
+                    && !t.name.starts_with("depformer.0."))
             })
             .map(|t| t.shape.iter().product::<usize>())
             .sum();

@@ -19,13 +19,21 @@ pub struct SourceSpec {
 
 impl SourceSpec {
     fn whole(canonical: CanonicalTensor, stored_name: String, stored_shape: Vec<usize>) -> Self {
-        Self { canonical, stored_name, stored_shape, row_start: 0 }
+        Self {
+            canonical,
+            stored_name,
+            stored_shape,
+            row_start: 0,
+        }
     }
 }
 
 /// The sources of every canonical tensor of `cfg` in `layout`.
 pub fn lm_sources(layout: LmLayout, cfg: &LmConfig) -> Vec<SourceSpec> {
-    canonical_lm_tensors(cfg).into_iter().map(|c| source_of(layout, cfg, c)).collect()
+    canonical_lm_tensors(cfg)
+        .into_iter()
+        .map(|c| source_of(layout, cfg, c))
+        .collect()
 }
 
 /// `transformer.layers.{l}.x` / `depformer.{k}.layers.{l}.x` split into parts.
@@ -72,7 +80,9 @@ fn source_of(layout: LmLayout, cfg: &LmConfig, c: CanonicalTensor) -> SourceSpec
         LmLayout::PyTorch => pytorch_source(cfg, c, &name),
         LmLayout::Candle => {
             let base = match place(&name) {
-                Place::DepLayer { k, l, rest } => format!("depformer.{k}.transformer.layers.{l}.{rest}"),
+                Place::DepLayer { k, l, rest } => {
+                    format!("depformer.{k}.transformer.layers.{l}.{rest}")
+                }
                 _ => name.clone(),
             };
             let (stored, shape) = torch_like_name(&c, &base);
@@ -86,7 +96,9 @@ fn source_of(layout: LmLayout, cfg: &LmConfig, c: CanonicalTensor) -> SourceSpec
                 },
                 Place::Layer => name.clone(),
                 Place::Dep { k, rest } => format!("depformer.slices.{k}.{rest}"),
-                Place::DepLayer { k, l, rest } => format!("depformer.slices.{k}.transformer.layers.{l}.{rest}"),
+                Place::DepLayer { k, l, rest } => {
+                    format!("depformer.slices.{k}.transformer.layers.{l}.{rest}")
+                }
             };
             let shape = c.shape.clone();
             SourceSpec::whole(c, format!("{base}.weight"), shape)
@@ -132,7 +144,9 @@ fn pytorch_source(cfg: &LmConfig, c: CanonicalTensor, name: &str) -> SourceSpec 
                 },
                 gating => {
                     let shape = c.shape.clone();
-                    let lin = gating.strip_prefix("gating.").expect("canonical gating name");
+                    let lin = gating
+                        .strip_prefix("gating.")
+                        .expect("canonical gating name");
                     SourceSpec::whole(c, format!("{p}.gating.{k}.{lin}.weight"), shape)
                 }
             }
@@ -146,7 +160,10 @@ mod tests {
 
     fn stored(layout: LmLayout, canonical: &str) -> (String, Vec<usize>, usize) {
         let cfg = LmConfig::moshiko_7b();
-        let s = lm_sources(layout, &cfg).into_iter().find(|s| s.canonical.name == canonical).unwrap();
+        let s = lm_sources(layout, &cfg)
+            .into_iter()
+            .find(|s| s.canonical.name == canonical)
+            .unwrap();
         (s.stored_name, s.stored_shape, s.row_start)
     }
 
@@ -187,20 +204,43 @@ mod tests {
                 &[8192, 1024],
                 2 * 1024,
             ),
-            ("depformer.3.layers.1.gating.linear_in", "depformer.layers.1.gating.3.linear_in.weight", &[5632, 1024], 0),
-            ("depformer.1.emb", "depformer_emb.0.weight", &[2049, 1024], 0),
+            (
+                "depformer.3.layers.1.gating.linear_in",
+                "depformer.layers.1.gating.3.linear_in.weight",
+                &[5632, 1024],
+                0,
+            ),
+            (
+                "depformer.1.emb",
+                "depformer_emb.0.weight",
+                &[2049, 1024],
+                0,
+            ),
         ];
         for (canonical, name, shape, row) in cases {
-            assert_eq!(stored(LmLayout::PyTorch, canonical), (name.to_string(), shape.to_vec(), row), "{canonical}");
+            assert_eq!(
+                stored(LmLayout::PyTorch, canonical),
+                (name.to_string(), shape.to_vec(), row),
+                "{canonical}"
+            );
         }
-        assert_eq!(stored(LmLayout::PyTorch, "depformer.0.emb").0, "depformer_text_emb.weight");
-        assert_eq!(stored(LmLayout::PyTorch, "depformer.4.linear_out").0, "linears.4.weight");
+        assert_eq!(
+            stored(LmLayout::PyTorch, "depformer.0.emb").0,
+            "depformer_text_emb.weight"
+        );
+        assert_eq!(
+            stored(LmLayout::PyTorch, "depformer.4.linear_out").0,
+            "linears.4.weight"
+        );
     }
 
     #[test]
     fn candle_and_mlx_names_follow_kyutai_import_scripts() {
         let name = |l, c| stored(l, c).0;
-        assert_eq!(name(LmLayout::Candle, "depformer.3.linear_in"), "depformer.3.linear_in.weight");
+        assert_eq!(
+            name(LmLayout::Candle, "depformer.3.linear_in"),
+            "depformer.3.linear_in.weight"
+        );
         assert_eq!(
             name(LmLayout::Candle, "depformer.3.layers.1.self_attn.in_proj"),
             "depformer.3.transformer.layers.1.self_attn.in_proj_weight"
@@ -220,6 +260,9 @@ mod tests {
             name(LmLayout::Mlx, "transformer.layers.3.self_attn.in_proj"),
             "transformer.layers.3.self_attn.in_proj.weight"
         );
-        assert_eq!(name(LmLayout::Mlx, "depformer.0.emb"), "depformer.slices.0.emb.weight");
+        assert_eq!(
+            name(LmLayout::Mlx, "depformer.0.emb"),
+            "depformer.slices.0.emb.weight"
+        );
     }
 }

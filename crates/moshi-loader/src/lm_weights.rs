@@ -47,12 +47,20 @@ pub fn load_lm_weights(path: &Path, cfg: &LmConfig, mode: WeightMode) -> Result<
 }
 
 /// [`load_lm_weights`] on an already opened file.
-pub fn load_lm_weights_from(file: &SafetensorsFile, cfg: &LmConfig, mode: WeightMode) -> Result<WeightMap> {
+pub fn load_lm_weights_from(
+    file: &SafetensorsFile,
+    cfg: &LmConfig,
+    mode: WeightMode,
+) -> Result<WeightMap> {
     let layout = lm_layout_of(file)?;
     check_supported(file.path(), cfg)?;
     let specs = lm_sources(layout, cfg);
     let used = check_names_and_shapes(file, layout, &specs)?;
-    let unexpected: Vec<&String> = file.tensors().keys().filter(|n| !used.contains(n.as_str())).collect();
+    let unexpected: Vec<&String> = file
+        .tensors()
+        .keys()
+        .filter(|n| !used.contains(n.as_str()))
+        .collect();
     if let Some(first) = unexpected.first() {
         return Err(LoaderError::ConfigMismatch {
             path: file.path().to_path_buf(),
@@ -68,8 +76,10 @@ pub fn load_lm_weights_from(file: &SafetensorsFile, cfg: &LmConfig, mode: Weight
         });
     }
     // Tensors are independent: convert / dequantize them on all cores.
-    let weights: Vec<Weight> =
-        specs.par_iter().map(|spec| materialize(file, layout, spec, mode)).collect::<Result<_>>()?;
+    let weights: Vec<Weight> = specs
+        .par_iter()
+        .map(|spec| materialize(file, layout, spec, mode))
+        .collect::<Result<_>>()?;
     let mut map = WeightMap::new(file.path());
     for (spec, weight) in specs.iter().zip(weights) {
         map.insert(spec.canonical.name.clone(), weight);
@@ -103,7 +113,11 @@ fn check_supported(path: &Path, cfg: &LmConfig) -> Result<()> {
 
 /// Checks from the header alone that every source exists with the shape the config implies;
 /// returns the set of stored names that will be read.
-fn check_names_and_shapes(file: &SafetensorsFile, layout: LmLayout, specs: &[SourceSpec]) -> Result<BTreeSet<String>> {
+fn check_names_and_shapes(
+    file: &SafetensorsFile,
+    layout: LmLayout,
+    specs: &[SourceSpec],
+) -> Result<BTreeSet<String>> {
     let mut used = BTreeSet::new();
     for spec in specs {
         let info = file.info(&spec.stored_name)?;
@@ -112,7 +126,9 @@ fn check_names_and_shapes(file: &SafetensorsFile, layout: LmLayout, specs: &[Sou
             let prefix = prefix.expect("checked");
             // Cross-check: the widths the file's own unpacked tensors imply must be the config's
             // (bits and group size alone can be ambiguous: q8/g64 at 256 reads as q4/g128 at 512).
-            if let Some((shape, p)) = file_logical_shape(file, prefix).filter(|(s, _)| *s != spec.canonical.shape) {
+            if let Some((shape, p)) =
+                file_logical_shape(file, prefix).filter(|(s, _)| *s != spec.canonical.shape)
+            {
                 return Err(LoaderError::ConfigMismatch {
                     path: file.path().to_path_buf(),
                     reason: format!(
@@ -121,7 +137,12 @@ fn check_names_and_shapes(file: &SafetensorsFile, layout: LmLayout, specs: &[Sou
                     ),
                 });
             }
-            derive_quant_params(file, prefix, spec.canonical.shape[0], spec.canonical.shape[1])?;
+            derive_quant_params(
+                file,
+                prefix,
+                spec.canonical.shape[0],
+                spec.canonical.shape[1],
+            )?;
             used.insert(format!("{prefix}.scales"));
             used.insert(format!("{prefix}.biases"));
         } else if info.shape != spec.stored_shape {
@@ -138,10 +159,19 @@ fn check_names_and_shapes(file: &SafetensorsFile, layout: LmLayout, specs: &[Sou
     Ok(used)
 }
 
-fn materialize(file: &SafetensorsFile, layout: LmLayout, spec: &SourceSpec, mode: WeightMode) -> Result<Weight> {
+fn materialize(
+    file: &SafetensorsFile,
+    layout: LmLayout,
+    spec: &SourceSpec,
+    mode: WeightMode,
+) -> Result<Weight> {
     let shape = spec.canonical.shape.clone();
     if layout == LmLayout::Mlx {
-        if let Some(prefix) = spec.stored_name.strip_suffix(".weight").filter(|p| is_packed(file, p)) {
+        if let Some(prefix) = spec
+            .stored_name
+            .strip_suffix(".weight")
+            .filter(|p| is_packed(file, p))
+        {
             let q = read_quantized(file, prefix, shape[0], shape[1])?;
             let data = match (spec.canonical.role, mode) {
                 (TensorRole::Norm, _) | (_, WeightMode::DequantizeF32) => WeightData::F32(q.dequantize_f32()),
@@ -171,12 +201,21 @@ fn materialize(file: &SafetensorsFile, layout: LmLayout, spec: &SourceSpec, mode
     let start = spec.row_start * row_elems * esize;
     let bytes = &file.bytes(&spec.stored_name)?[start..start + numel * esize];
     let as_f32 = spec.canonical.role == TensorRole::Norm || mode == WeightMode::DequantizeF32;
-    let u16s = || bytes.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]]));
+    let u16s = || {
+        bytes
+            .chunks_exact(2)
+            .map(|c| u16::from_le_bytes([c[0], c[1]]))
+    };
     let data = match info.dtype {
-        DType::F32 => {
-            WeightData::F32(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+        DType::F32 => WeightData::F32(
+            bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+        ),
+        DType::BF16 if as_f32 => {
+            WeightData::F32(u16s().map(|b| f32::from_bits((b as u32) << 16)).collect())
         }
-        DType::BF16 if as_f32 => WeightData::F32(u16s().map(|b| f32::from_bits((b as u32) << 16)).collect()),
         DType::BF16 => WeightData::BF16(u16s().collect()),
         DType::F16 => WeightData::F32(u16s().map(|b| half::f16::from_bits(b).to_f32()).collect()),
         other => {
@@ -207,15 +246,29 @@ fn quantize_dense(
     let shape = spec.canonical.shape.clone();
     let values = match data {
         WeightData::F32(v) => v,
-        WeightData::BF16(v) => v.into_iter().map(|b| f32::from_bits((b as u32) << 16)).collect(),
-        WeightData::Quantized(q) => return Ok(Weight { shape, data: WeightData::Quantized(q) }),
-    };
-    let q = QuantizedMatrix::quantize(&values, shape[0], shape[1], bits, group_size).map_err(|e| {
-        LoaderError::BadQuantized {
-            path: file.path().to_path_buf(),
-            name: spec.stored_name.clone(),
-            reason: format!("cannot quantize {shape:?} to {bits}-bit, group size {group_size}: {e}"),
+        WeightData::BF16(v) => v
+            .into_iter()
+            .map(|b| f32::from_bits((b as u32) << 16))
+            .collect(),
+        WeightData::Quantized(q) => {
+            return Ok(Weight {
+                shape,
+                data: WeightData::Quantized(q),
+            })
         }
-    })?;
-    Ok(Weight { shape, data: WeightData::Quantized(q) })
+    };
+    let q =
+        QuantizedMatrix::quantize(&values, shape[0], shape[1], bits, group_size).map_err(|e| {
+            LoaderError::BadQuantized {
+                path: file.path().to_path_buf(),
+                name: spec.stored_name.clone(),
+                reason: format!(
+                    "cannot quantize {shape:?} to {bits}-bit, group size {group_size}: {e}"
+                ),
+            }
+        })?;
+    Ok(Weight {
+        shape,
+        data: WeightData::Quantized(q),
+    })
 }

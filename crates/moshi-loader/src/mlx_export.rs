@@ -28,17 +28,31 @@ fn u16_bytes(v: &[u16]) -> Vec<u8> {
 
 /// Canonical name -> MLX release name (with its `.weight` suffix), for every tensor of `cfg`.
 pub fn mlx_release_names(cfg: &LmConfig) -> Vec<(String, String)> {
-    lm_sources(LmLayout::Mlx, cfg).into_iter().map(|s| (s.canonical.name, s.stored_name)).collect()
+    lm_sources(LmLayout::Mlx, cfg)
+        .into_iter()
+        .map(|s| (s.canonical.name, s.stored_name))
+        .collect()
 }
 
-fn entries<'a>(weights: &'a WeightMap, cfg: &LmConfig, out: &Path) -> Result<BTreeMap<String, Entry<'a>>> {
+fn entries<'a>(
+    weights: &'a WeightMap,
+    cfg: &LmConfig,
+    out: &Path,
+) -> Result<BTreeMap<String, Entry<'a>>> {
     let mut map = BTreeMap::new();
     for spec in lm_sources(LmLayout::Mlx, cfg) {
         let name = &spec.canonical.name;
         let w = weights
             .get(name)
-            .ok_or_else(|| LoaderError::MissingTensor { path: weights.source().to_path_buf(), name: name.clone() })?;
-        let prefix = spec.stored_name.strip_suffix(".weight").expect("MLX names end in .weight").to_string();
+            .ok_or_else(|| LoaderError::MissingTensor {
+                path: weights.source().to_path_buf(),
+                name: name.clone(),
+            })?;
+        let prefix = spec
+            .stored_name
+            .strip_suffix(".weight")
+            .expect("MLX names end in .weight")
+            .to_string();
         match (&w.data, spec.canonical.role) {
             (WeightData::Quantized(q), TensorRole::Linear | TensorRole::Embedding) => {
                 let groups = q.cols() / q.group_size();
@@ -110,24 +124,34 @@ pub fn write_mlx_quantized(weights: &WeightMap, cfg: &LmConfig, out: &Path) -> R
         );
         offset += len;
     }
-    header.insert("__metadata__".into(), serde_json::json!({ "format": "mlx" }));
+    header.insert(
+        "__metadata__".into(),
+        serde_json::json!({ "format": "mlx" }),
+    );
     let mut header_bytes = serde_json::to_vec(&header).expect("JSON of strings and numbers");
     while !header_bytes.len().is_multiple_of(8) {
         header_bytes.push(b' ');
     }
-    let dir = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let dir = out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     let tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| LoaderError::io(dir, e))?;
     {
         let mut w = std::io::BufWriter::new(tmp.as_file());
         let io = |e| LoaderError::io(out, e);
-        w.write_all(&(header_bytes.len() as u64).to_le_bytes()).map_err(io)?;
+        w.write_all(&(header_bytes.len() as u64).to_le_bytes())
+            .map_err(io)?;
         w.write_all(&header_bytes).map_err(io)?;
         for e in entries.values() {
             w.write_all(&(e.bytes)()).map_err(io)?;
         }
         w.flush().map_err(io)?;
     }
-    tmp.as_file().sync_all().map_err(|e| LoaderError::io(out, e))?;
-    tmp.persist(out).map_err(|e| LoaderError::io(out, e.error))?;
+    tmp.as_file()
+        .sync_all()
+        .map_err(|e| LoaderError::io(out, e))?;
+    tmp.persist(out)
+        .map_err(|e| LoaderError::io(out, e.error))?;
     Ok(())
 }

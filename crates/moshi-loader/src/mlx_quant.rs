@@ -16,31 +16,54 @@ pub struct QuantParams {
 
 /// True when `{prefix}.weight` is a packed MLX matrix (U32 with a `.scales` sibling).
 pub fn is_packed(file: &SafetensorsFile, prefix: &str) -> bool {
-    file.tensors().get(&format!("{prefix}.weight")).is_some_and(|i| i.dtype == DType::U32)
+    file.tensors()
+        .get(&format!("{prefix}.weight"))
+        .is_some_and(|i| i.dtype == DType::U32)
         && file.contains(&format!("{prefix}.scales"))
 }
 
 /// Derives bits (`32 * packed_cols / in_dim`) and group size (`in_dim / scale_cols`) of the packed
 /// matrix `{prefix}` holding `rows` x `in_dim` values, checking every shape and dtype.
-pub fn derive_quant_params(file: &SafetensorsFile, prefix: &str, rows: usize, in_dim: usize) -> Result<QuantParams> {
+pub fn derive_quant_params(
+    file: &SafetensorsFile,
+    prefix: &str,
+    rows: usize,
+    in_dim: usize,
+) -> Result<QuantParams> {
     let path = file.path();
-    let bad = |reason: String| LoaderError::BadQuantized { path: path.to_path_buf(), name: prefix.to_string(), reason };
+    let bad = |reason: String| LoaderError::BadQuantized {
+        path: path.to_path_buf(),
+        name: prefix.to_string(),
+        reason,
+    };
     let codes = file.info(&format!("{prefix}.weight"))?;
     let scales = file.info(&format!("{prefix}.scales"))?;
     let biases = file.info(&format!("{prefix}.biases"))?;
     if codes.dtype != DType::U32 {
-        return Err(bad(format!("`.weight` has dtype {}, expected U32", codes.dtype)));
+        return Err(bad(format!(
+            "`.weight` has dtype {}, expected U32",
+            codes.dtype
+        )));
     }
     for (what, info) in [("scales", scales), ("biases", biases)] {
         if info.dtype != DType::BF16 {
-            return Err(bad(format!("`.{what}` has dtype {}, expected BF16", info.dtype)));
+            return Err(bad(format!(
+                "`.{what}` has dtype {}, expected BF16",
+                info.dtype
+            )));
         }
     }
     if codes.shape.len() != 2 || codes.shape[0] != rows {
-        return Err(bad(format!("`.weight` has shape {:?}, expected [{rows}, packed columns]", codes.shape)));
+        return Err(bad(format!(
+            "`.weight` has shape {:?}, expected [{rows}, packed columns]",
+            codes.shape
+        )));
     }
     if scales.shape.len() != 2 || scales.shape[0] != rows {
-        return Err(bad(format!("`.scales` has shape {:?}, expected [{rows}, groups]", scales.shape)));
+        return Err(bad(format!(
+            "`.scales` has shape {:?}, expected [{rows}, groups]",
+            scales.shape
+        )));
     }
     if biases.shape != scales.shape {
         return Err(bad(format!(
@@ -57,7 +80,13 @@ pub fn quant_params_from_shapes(
     scale_cols: usize,
     in_dim: usize,
 ) -> std::result::Result<QuantParams, String> {
-    let supported_bits = || SUPPORTED_BITS.iter().map(|b| b.to_string()).collect::<Vec<_>>().join(", ");
+    let supported_bits = || {
+        SUPPORTED_BITS
+            .iter()
+            .map(|b| b.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     if in_dim == 0 || (32 * packed_cols) % in_dim != 0 {
         return Err(format!(
             "{packed_cols} packed u32 columns for an input width of {in_dim} give 32*{packed_cols}/{in_dim} = {:.3} bits, \
@@ -117,13 +146,22 @@ fn unreachable_dtype<T>(path: &Path, name: &str, expected: &str) -> Result<T> {
 }
 
 /// Reads the packed matrix `{prefix}` (`rows` x `in_dim` logical values).
-pub fn read_quantized(file: &SafetensorsFile, prefix: &str, rows: usize, in_dim: usize) -> Result<QuantizedMatrix> {
+pub fn read_quantized(
+    file: &SafetensorsFile,
+    prefix: &str,
+    rows: usize,
+    in_dim: usize,
+) -> Result<QuantizedMatrix> {
     let p = derive_quant_params(file, prefix, rows, in_dim)?;
     let codes = words(file, &format!("{prefix}.weight"))?;
     let scales = halves(file, &format!("{prefix}.scales"))?;
     let biases = halves(file, &format!("{prefix}.biases"))?;
     QuantizedMatrix::new(rows, in_dim, p.bits, p.group_size, codes, scales, biases).map_err(|e| {
-        LoaderError::BadQuantized { path: file.path().to_path_buf(), name: prefix.to_string(), reason: e.to_string() }
+        LoaderError::BadQuantized {
+            path: file.path().to_path_buf(),
+            name: prefix.to_string(),
+            reason: e.to_string(),
+        }
     })
 }
 
@@ -132,7 +170,9 @@ fn rows_of(file: &SafetensorsFile, name: &str) -> Option<usize> {
 }
 
 fn width_of_norm(file: &SafetensorsFile, name: &str) -> Option<usize> {
-    file.tensors().get(name).and_then(|i| i.shape.last().copied())
+    file.tensors()
+        .get(name)
+        .and_then(|i| i.shape.last().copied())
 }
 
 /// The unpacked input width of MLX matrix `prefix`, from unquantized tensors of the same file:
@@ -149,7 +189,10 @@ pub fn infer_in_dim(file: &SafetensorsFile, prefix: &str) -> Option<usize> {
             if rest == format!("{k}.linear_in") {
                 Some(dim)
             } else {
-                width_of_norm(file, &format!("depformer.slices.{k}.transformer.layers.0.norm1.weight"))
+                width_of_norm(
+                    file,
+                    &format!("depformer.slices.{k}.transformer.layers.0.norm1.weight"),
+                )
             }
         }
         None => Some(dim),
@@ -158,10 +201,15 @@ pub fn infer_in_dim(file: &SafetensorsFile, prefix: &str) -> Option<usize> {
 
 /// The unpacked `[rows, in_dim]` and bits/group of packed matrix `prefix` as the file itself
 /// implies them (in_dim from [`infer_in_dim`]); `None` if the shapes give no valid pair.
-pub fn file_logical_shape(file: &SafetensorsFile, prefix: &str) -> Option<(Vec<usize>, QuantParams)> {
+pub fn file_logical_shape(
+    file: &SafetensorsFile,
+    prefix: &str,
+) -> Option<(Vec<usize>, QuantParams)> {
     let in_dim = infer_in_dim(file, prefix)?;
     let rows = file.tensors().get(&format!("{prefix}.weight"))?.shape[0];
-    derive_quant_params(file, prefix, rows, in_dim).ok().map(|p| (vec![rows, in_dim], p))
+    derive_quant_params(file, prefix, rows, in_dim)
+        .ok()
+        .map(|p| (vec![rows, in_dim], p))
 }
 
 #[cfg(test)]
@@ -170,19 +218,58 @@ mod tests {
 
     #[test]
     fn shapes_give_bits_and_group() {
-        assert_eq!(quant_params_from_shapes(32, 8, 256), Ok(QuantParams { bits: 4, group_size: 32 }));
-        assert_eq!(quant_params_from_shapes(64, 4, 256), Ok(QuantParams { bits: 8, group_size: 64 }));
-        assert_eq!(quant_params_from_shapes(176, 11, 704), Ok(QuantParams { bits: 8, group_size: 64 }));
+        assert_eq!(
+            quant_params_from_shapes(32, 8, 256),
+            Ok(QuantParams {
+                bits: 4,
+                group_size: 32
+            })
+        );
+        assert_eq!(
+            quant_params_from_shapes(64, 4, 256),
+            Ok(QuantParams {
+                bits: 8,
+                group_size: 64
+            })
+        );
+        assert_eq!(
+            quant_params_from_shapes(176, 11, 704),
+            Ok(QuantParams {
+                bits: 8,
+                group_size: 64
+            })
+        );
         // moshiko-mlx-q4 / -q8 (7B): text_emb [32001, 512] + scales [32001, 128]; FFN out width 11264.
-        assert_eq!(quant_params_from_shapes(512, 128, 4096), Ok(QuantParams { bits: 4, group_size: 32 }));
-        assert_eq!(quant_params_from_shapes(1408, 352, 11264), Ok(QuantParams { bits: 4, group_size: 32 }));
-        assert_eq!(quant_params_from_shapes(2816, 176, 11264), Ok(QuantParams { bits: 8, group_size: 64 }));
+        assert_eq!(
+            quant_params_from_shapes(512, 128, 4096),
+            Ok(QuantParams {
+                bits: 4,
+                group_size: 32
+            })
+        );
+        assert_eq!(
+            quant_params_from_shapes(1408, 352, 11264),
+            Ok(QuantParams {
+                bits: 4,
+                group_size: 32
+            })
+        );
+        assert_eq!(
+            quant_params_from_shapes(2816, 176, 11264),
+            Ok(QuantParams {
+                bits: 8,
+                group_size: 64
+            })
+        );
     }
 
     #[test]
     fn impossible_shapes_are_rejected_with_numbers() {
         let e = quant_params_from_shapes(30, 8, 256).unwrap_err();
-        assert!(e.contains("30 packed") && e.contains("256") && e.contains("3.750"), "{e}");
+        assert!(
+            e.contains("30 packed") && e.contains("256") && e.contains("3.750"),
+            "{e}"
+        );
         let e = quant_params_from_shapes(56, 8, 256).unwrap_err();
         assert!(e.contains("7 bits"), "{e}");
         let e = quant_params_from_shapes(32, 5, 256).unwrap_err();

@@ -57,7 +57,10 @@ impl SafetensorsFile {
         // SAFETY: the file is opened read-only; like every mmap-based loader we assume it is not
         // modified while mapped.
         let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| LoaderError::io(&path, e))?;
-        let bad = |reason: String| LoaderError::BadSafetensors { path: path.clone(), reason };
+        let bad = |reason: String| LoaderError::BadSafetensors {
+            path: path.clone(),
+            reason,
+        };
         if mmap.starts_with(b"GGUF") {
             return Err(bad(
                 "this is a GGUF file (such as kyutai/moshiko-candle-q8), which moshi-rs does not read; use the MLX q8 \
@@ -66,18 +69,29 @@ impl SafetensorsFile {
             ));
         }
         if mmap.len() < 8 {
-            return Err(bad(format!("file has {} bytes, less than the 8-byte header length", mmap.len())));
+            return Err(bad(format!(
+                "file has {} bytes, less than the 8-byte header length",
+                mmap.len()
+            )));
         }
         let header_len = u64::from_le_bytes(mmap[..8].try_into().expect("8 bytes")) as usize;
         if header_len > MAX_HEADER_BYTES {
-            return Err(bad(format!("header length {header_len} is implausible (limit {MAX_HEADER_BYTES})")));
+            return Err(bad(format!(
+                "header length {header_len} is implausible (limit {MAX_HEADER_BYTES})"
+            )));
         }
         if 8 + header_len > mmap.len() {
-            return Err(LoaderError::Truncated { path, expected: 8 + header_len, got: mmap.len() });
+            return Err(LoaderError::Truncated {
+                path,
+                expected: 8 + header_len,
+                got: mmap.len(),
+            });
         }
         let header: serde_json::Value = serde_json::from_slice(&mmap[8..8 + header_len])
             .map_err(|e| bad(format!("header is not valid JSON: {e}")))?;
-        let obj = header.as_object().ok_or_else(|| bad("header is not a JSON object".into()))?;
+        let obj = header
+            .as_object()
+            .ok_or_else(|| bad("header is not a JSON object".into()))?;
         let data_offset = 8 + header_len;
         let data_len = mmap.len() - data_offset;
         let mut tensors = BTreeMap::new();
@@ -97,8 +111,12 @@ impl SafetensorsFile {
                 name: name.clone(),
                 reason: format!("header entry {what}"),
             };
-            let dtype_str = value.get("dtype").and_then(|d| d.as_str()).ok_or_else(|| entry_err("has no dtype"))?;
-            let dtype = parse_dtype(dtype_str).ok_or_else(|| entry_err(&format!("has unsupported dtype {dtype_str}")))?;
+            let dtype_str = value
+                .get("dtype")
+                .and_then(|d| d.as_str())
+                .ok_or_else(|| entry_err("has no dtype"))?;
+            let dtype = parse_dtype(dtype_str)
+                .ok_or_else(|| entry_err(&format!("has unsupported dtype {dtype_str}")))?;
             let shape: Vec<usize> = value
                 .get("shape")
                 .and_then(|s| s.as_array())
@@ -112,8 +130,13 @@ impl SafetensorsFile {
                 .and_then(|o| o.as_array())
                 .filter(|o| o.len() == 2)
                 .ok_or_else(|| entry_err("has no data_offsets pair"))?;
-            let start = offsets[0].as_u64().ok_or_else(|| entry_err("has a bad start offset"))? as usize;
-            let end = offsets[1].as_u64().ok_or_else(|| entry_err("has a bad end offset"))? as usize;
+            let start = offsets[0]
+                .as_u64()
+                .ok_or_else(|| entry_err("has a bad start offset"))?
+                as usize;
+            let end = offsets[1]
+                .as_u64()
+                .ok_or_else(|| entry_err("has a bad end offset"))? as usize;
             let numel = shape
                 .iter()
                 .try_fold(1usize, |n, &d| n.checked_mul(d))
@@ -131,12 +154,30 @@ impl SafetensorsFile {
                 });
             }
             needed = needed.max(end);
-            tensors.insert(name.clone(), TensorInfo { dtype, shape, data_start: start, data_end: end });
+            tensors.insert(
+                name.clone(),
+                TensorInfo {
+                    dtype,
+                    shape,
+                    data_start: start,
+                    data_end: end,
+                },
+            );
         }
         if needed > data_len {
-            return Err(LoaderError::Truncated { path, expected: needed, got: data_len });
+            return Err(LoaderError::Truncated {
+                path,
+                expected: needed,
+                got: data_len,
+            });
         }
-        Ok(Self { path, mmap, data_offset, tensors, metadata })
+        Ok(Self {
+            path,
+            mmap,
+            data_offset,
+            tensors,
+            metadata,
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -156,7 +197,10 @@ impl SafetensorsFile {
     pub fn info(&self, name: &str) -> Result<&TensorInfo> {
         self.tensors
             .get(name)
-            .ok_or_else(|| LoaderError::MissingTensor { path: self.path.clone(), name: name.to_string() })
+            .ok_or_else(|| LoaderError::MissingTensor {
+                path: self.path.clone(),
+                name: name.to_string(),
+            })
     }
 
     pub fn contains(&self, name: &str) -> bool {
@@ -174,7 +218,9 @@ impl SafetensorsFile {
         let info = self.info(name)?.clone();
         let b = self.bytes(name)?;
         fn le<const N: usize, T>(b: &[u8], f: impl Fn([u8; N]) -> T) -> Vec<T> {
-            b.chunks_exact(N).map(|c| f(c.try_into().expect("chunk"))).collect()
+            b.chunks_exact(N)
+                .map(|c| f(c.try_into().expect("chunk")))
+                .collect()
         }
         let data = match info.dtype {
             DType::F32 => TensorData::F32(le(b, f32::from_le_bytes)),
@@ -186,7 +232,10 @@ impl SafetensorsFile {
             DType::U8 => TensorData::U8(b.to_vec()),
             DType::I8 => TensorData::I8(b.iter().map(|&x| x as i8).collect()),
         };
-        Ok(Tensor { shape: info.shape, data })
+        Ok(Tensor {
+            shape: info.shape,
+            data,
+        })
     }
 
     /// Reads a float tensor as f32, checking its shape.

@@ -130,27 +130,33 @@ impl<'a> Fields<'a> {
     fn varint(&mut self) -> std::result::Result<u64, String> {
         let mut value = 0u64;
         for shift in (0..64).step_by(7) {
-            let byte = *self
-                .buf
-                .get(self.pos)
-                .ok_or_else(|| format!("varint runs past the end at byte {}", self.base + self.pos))?;
+            let byte = *self.buf.get(self.pos).ok_or_else(|| {
+                format!("varint runs past the end at byte {}", self.base + self.pos)
+            })?;
             self.pos += 1;
             value |= u64::from(byte & 0x7f) << shift;
             if byte < 0x80 {
                 return Ok(value);
             }
         }
-        Err(format!("varint longer than 10 bytes at byte {}", self.base + self.pos))
+        Err(format!(
+            "varint longer than 10 bytes at byte {}",
+            self.base + self.pos
+        ))
     }
 
     fn take(&mut self, n: usize) -> std::result::Result<&'a [u8], String> {
-        let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len()).ok_or_else(|| {
-            format!(
+        let end = self
+            .pos
+            .checked_add(n)
+            .filter(|&e| e <= self.buf.len())
+            .ok_or_else(|| {
+                format!(
                 "field of {n} bytes at byte {} runs past the end of its message ({} bytes left)",
                 self.base + self.pos,
                 self.buf.len() - self.pos
             )
-        })?;
+            })?;
         let s = &self.buf[self.pos..end];
         self.pos = end;
         Ok(s)
@@ -169,21 +175,24 @@ impl<'a> Fields<'a> {
                 return Err(format!("field number 0 at byte {at}"));
             }
             let offset = self.base + self.pos;
-            let value = match wire {
-                0 => Value::Varint(self.varint()?),
-                1 => {
-                    self.take(8)?;
-                    Value::Fixed64
-                }
-                2 => {
-                    let n = self.varint()? as usize;
-                    Value::Bytes(self.take(n)?)
-                }
-                5 => Value::Fixed32(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes"))),
-                other => {
-                    return Err(format!("field {field} at byte {at} has wire type {other}, expected 0, 1, 2 or 5"))
-                }
-            };
+            let value =
+                match wire {
+                    0 => Value::Varint(self.varint()?),
+                    1 => {
+                        self.take(8)?;
+                        Value::Fixed64
+                    }
+                    2 => {
+                        let n = self.varint()? as usize;
+                        Value::Bytes(self.take(n)?)
+                    }
+                    5 => Value::Fixed32(u32::from_le_bytes(
+                        self.take(4)?.try_into().expect("4 bytes"),
+                    )),
+                    other => return Err(format!(
+                        "field {field} at byte {at} has wire type {other}, expected 0, 1, 2 or 5"
+                    )),
+                };
             Ok((field, value, offset))
         })())
     }
@@ -201,7 +210,11 @@ fn expect_varint(v: &Value<'_>, what: &str, at: usize) -> std::result::Result<u6
 }
 
 fn parse_piece(buf: &[u8], base: usize) -> std::result::Result<Piece, String> {
-    let mut piece = Piece { piece: String::new(), score: 0.0, kind: PieceType::Normal };
+    let mut piece = Piece {
+        piece: String::new(),
+        score: 0.0,
+        kind: PieceType::Normal,
+    };
     let mut has_text = false;
     let mut fields = Fields::new(buf, base);
     while let Some(f) = fields.next_field() {
@@ -213,10 +226,14 @@ fn parse_piece(buf: &[u8], base: usize) -> std::result::Result<Piece, String> {
             (2, Value::Fixed32(bits), _) => piece.score = f32::from_bits(bits),
             (3, v, at) => {
                 let t = expect_varint(&v, "piece type", at)?;
-                piece.kind =
-                    PieceType::from_wire(t).ok_or_else(|| format!("piece type {t} at byte {at}, expected 1..=6"))?;
+                piece.kind = PieceType::from_wire(t)
+                    .ok_or_else(|| format!("piece type {t} at byte {at}, expected 1..=6"))?;
             }
-            (n @ 1..=3, _, at) => return Err(format!("piece field {n} at byte {at} has the wrong wire type")),
+            (n @ 1..=3, _, at) => {
+                return Err(format!(
+                    "piece field {n} at byte {at} has the wrong wire type"
+                ))
+            }
             _ => {}
         }
     }
@@ -238,7 +255,9 @@ fn parse_trainer(buf: &[u8], base: usize) -> std::result::Result<TrainerSpec, St
                     2 => ModelType::Bpe,
                     3 => ModelType::Word,
                     4 => ModelType::Char,
-                    other => return Err(format!("model_type {other} at byte {at}, expected 1..=4")),
+                    other => {
+                        return Err(format!("model_type {other} at byte {at}, expected 1..=4"))
+                    }
                 }
             }
             4 => t.vocab_size = Some(expect_varint(&value, "vocab_size", at)? as u32),
@@ -266,9 +285,13 @@ fn parse_normalizer(buf: &[u8], base: usize) -> std::result::Result<NormalizerSp
             (1, Value::Bytes(b), at) => n.name = utf8(b, "normalizer name", at)?,
             (2, Value::Bytes(b), _) => n.precompiled_charsmap = b.to_vec(),
             (3, v, at) => n.add_dummy_prefix = expect_varint(&v, "add_dummy_prefix", at)? != 0,
-            (4, v, at) => n.remove_extra_whitespaces = expect_varint(&v, "remove_extra_whitespaces", at)? != 0,
+            (4, v, at) => {
+                n.remove_extra_whitespaces = expect_varint(&v, "remove_extra_whitespaces", at)? != 0
+            }
             (5, v, at) => n.escape_whitespaces = expect_varint(&v, "escape_whitespaces", at)? != 0,
-            (k @ 1..=2, _, at) => return Err(format!("normalizer field {k} at byte {at} is not a string")),
+            (k @ 1..=2, _, at) => {
+                return Err(format!("normalizer field {k} at byte {at} is not a string"))
+            }
             _ => {}
         }
     }
@@ -300,18 +323,32 @@ impl SentencePieceModel {
             }
         }
         if pieces.is_empty() {
-            return Err(bad(format!("{} bytes without a single vocabulary piece", bytes.len())));
+            return Err(bad(format!(
+                "{} bytes without a single vocabulary piece",
+                bytes.len()
+            )));
         }
-        let unk = usize::try_from(trainer.unk_id).ok().filter(|&u| u < pieces.len()).ok_or_else(|| {
-            bad(format!("unk_id {} is outside the vocabulary of {} pieces", trainer.unk_id, pieces.len()))
-        })?;
+        let unk = usize::try_from(trainer.unk_id)
+            .ok()
+            .filter(|&u| u < pieces.len())
+            .ok_or_else(|| {
+                bad(format!(
+                    "unk_id {} is outside the vocabulary of {} pieces",
+                    trainer.unk_id,
+                    pieces.len()
+                ))
+            })?;
         if pieces[unk].kind != PieceType::Unknown {
             return Err(bad(format!(
                 "unk_id {unk} names piece `{}` of type {:?}, expected type UNKNOWN",
                 pieces[unk].piece, pieces[unk].kind
             )));
         }
-        Ok(Self { pieces, trainer, normalizer })
+        Ok(Self {
+            pieces,
+            trainer,
+            normalizer,
+        })
     }
 
     /// The byte value of a BYTE piece `<0xNN>`.
@@ -320,6 +357,8 @@ impl SentencePieceModel {
             return None;
         }
         let hex = piece.piece.strip_prefix("<0x")?.strip_suffix('>')?;
-        (hex.len() == 2).then(|| u8::from_str_radix(hex, 16).ok()).flatten()
+        (hex.len() == 2)
+            .then(|| u8::from_str_radix(hex, 16).ok())
+            .flatten()
     }
 }

@@ -38,13 +38,19 @@ impl std::str::FromStr for LmVariant {
             "bf16" => Ok(LmVariant::Bf16),
             "q8" => Ok(LmVariant::Q8),
             "q4" => Ok(LmVariant::Q4),
-            other => Err(format!("unknown LM variant `{other}`, expected bf16, q8 or q4")),
+            other => Err(format!(
+                "unknown LM variant `{other}`, expected bf16, q8 or q4"
+            )),
         }
     }
 }
 
 /// LM file names in order of preference when nothing else decides.
-const LM_FILE_NAMES: [&str; 3] = ["model.safetensors", "model.q8.safetensors", "model.q4.safetensors"];
+const LM_FILE_NAMES: [&str; 3] = [
+    "model.safetensors",
+    "model.q8.safetensors",
+    "model.q4.safetensors",
+];
 
 /// Explicit choices that win over what is found in the folder or repo.
 #[derive(Clone, Debug, Default)]
@@ -86,7 +92,10 @@ impl ModelSource {
             return resolve_folder(path, overrides);
         }
         if path.is_file() {
-            let folder = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+            let folder = path
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new("."));
             let mut o = overrides.clone();
             if path.extension().is_some_and(|e| e == "json") {
                 o.lm_config.get_or_insert(path.to_path_buf());
@@ -103,7 +112,9 @@ impl ModelSource {
         }
         Err(LoaderError::NotFound {
             what: spec.to_string(),
-            reason: "no such file or folder, and not a Hugging Face repo id of the form `owner/name`".into(),
+            reason:
+                "no such file or folder, and not a Hugging Face repo id of the form `owner/name`"
+                    .into(),
         })
     }
 }
@@ -113,7 +124,8 @@ fn is_repo_id(spec: &str) -> bool {
     let ok = |s: Option<&str>| {
         s.is_some_and(|s| {
             !s.is_empty()
-                && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+                && s.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
                 && s != "."
                 && s != ".."
         })
@@ -182,19 +194,43 @@ fn choose_files(
         Some(v) => names.get(v.file_name()).cloned(),
         None => cfg
             .and_then(|c| named(&c.moshi_name))
-            .or_else(|| LM_FILE_NAMES.iter().find(|n| names.contains(**n)).map(|n| n.to_string()))
-            .or_else(|| safetensors().find(|n| matches!(kind_of(n), Some(CheckpointKind::Lm(_)))).cloned()),
+            .or_else(|| {
+                LM_FILE_NAMES
+                    .iter()
+                    .find(|n| names.contains(**n))
+                    .map(|n| n.to_string())
+            })
+            .or_else(|| {
+                safetensors()
+                    .find(|n| matches!(kind_of(n), Some(CheckpointKind::Lm(_))))
+                    .cloned()
+            }),
     };
     let mimi = cfg
         .and_then(|c| named(&c.mimi_name))
         .or_else(|| safetensors().find(|n| n.starts_with("tokenizer-")).cloned())
-        .or_else(|| safetensors().find(|n| kind_of(n) == Some(CheckpointKind::Mimi)).cloned());
+        .or_else(|| {
+            safetensors()
+                .find(|n| kind_of(n) == Some(CheckpointKind::Mimi))
+                .cloned()
+        });
     let models: Vec<&String> = names.iter().filter(|n| n.ends_with(".model")).collect();
-    let tokenizer = cfg
-        .and_then(|c| named(&c.tokenizer_name))
-        .or_else(|| models.iter().find(|n| n.contains("tokenizer")).or(models.first()).map(|n| n.to_string()));
-    let mimi_config = cfg.and_then(|c| named(&c.mimi_config_name)).or_else(|| names.get("mimi_config.json").cloned());
-    FileChoice { lm, mimi, tokenizer, mimi_config }
+    let tokenizer = cfg.and_then(|c| named(&c.tokenizer_name)).or_else(|| {
+        models
+            .iter()
+            .find(|n| n.contains("tokenizer"))
+            .or(models.first())
+            .map(|n| n.to_string())
+    });
+    let mimi_config = cfg
+        .and_then(|c| named(&c.mimi_config_name))
+        .or_else(|| names.get("mimi_config.json").cloned());
+    FileChoice {
+        lm,
+        mimi,
+        tokenizer,
+        mimi_config,
+    }
 }
 
 fn missing(what: &str, origin: &str, names: &BTreeSet<String>, hint: &str) -> LoaderError {
@@ -223,22 +259,49 @@ fn list_folder(folder: &Path) -> Result<BTreeSet<String>> {
 fn resolve_folder(folder: &Path, o: &SourceOverrides) -> Result<ResolvedModel> {
     let names = list_folder(folder)?;
     let origin = folder.display().to_string();
-    let config_path = o.lm_config.clone().or_else(|| names.contains("config.json").then(|| folder.join("config.json")));
+    let config_path = o.lm_config.clone().or_else(|| {
+        names
+            .contains("config.json")
+            .then(|| folder.join("config.json"))
+    });
     let (lm_config, lm_config_source) = load_lm_config(config_path.as_deref())?;
     let cfg_for_names = config_path.is_some().then_some(&lm_config);
-    let kind_of = |n: &str| SafetensorsFile::open(folder.join(n)).ok().and_then(|f| detect_kind(&f).ok());
+    let kind_of = |n: &str| {
+        SafetensorsFile::open(folder.join(n))
+            .ok()
+            .and_then(|f| detect_kind(&f).ok())
+    };
     let choice = choose_files(&names, cfg_for_names, o.variant, &kind_of);
     let lm_hint = match o.variant {
         Some(v) => format!("asked for `{}`", v.file_name()),
         None => "model.safetensors, model.q8.safetensors or model.q4.safetensors".into(),
     };
-    let pick = |over: &Option<PathBuf>, chosen: Option<String>, what: &str, hint: &str| -> Result<PathBuf> {
-        over.clone().or_else(|| chosen.map(|n| folder.join(n))).ok_or_else(|| missing(what, &origin, &names, hint))
+    let pick = |over: &Option<PathBuf>,
+                chosen: Option<String>,
+                what: &str,
+                hint: &str|
+     -> Result<PathBuf> {
+        over.clone()
+            .or_else(|| chosen.map(|n| folder.join(n)))
+            .ok_or_else(|| missing(what, &origin, &names, hint))
     };
     let lm_weights_path = pick(&o.lm_weights, choice.lm, "LM checkpoint", &lm_hint)?;
-    let mimi_weights_path = pick(&o.mimi_weights, choice.mimi, "Mimi checkpoint", "tokenizer-*.safetensors")?;
-    let tokenizer_path = pick(&o.tokenizer, choice.tokenizer, "text tokenizer", "a SentencePiece *.model file")?;
-    let mimi_config_path = o.mimi_config.clone().or_else(|| choice.mimi_config.map(|n| folder.join(n)));
+    let mimi_weights_path = pick(
+        &o.mimi_weights,
+        choice.mimi,
+        "Mimi checkpoint",
+        "tokenizer-*.safetensors",
+    )?;
+    let tokenizer_path = pick(
+        &o.tokenizer,
+        choice.tokenizer,
+        "text tokenizer",
+        "a SentencePiece *.model file",
+    )?;
+    let mimi_config_path = o
+        .mimi_config
+        .clone()
+        .or_else(|| choice.mimi_config.map(|n| folder.join(n)));
     let (mimi_config, mimi_config_source) = load_mimi_config(mimi_config_path.as_deref())?;
     let layout = match detect_kind(&SafetensorsFile::open(&lm_weights_path)?)? {
         CheckpointKind::Lm(l) => l,
@@ -262,7 +325,11 @@ fn resolve_folder(folder: &Path, o: &SourceOverrides) -> Result<ResolvedModel> {
 }
 
 /// Resolves a Hub repo: the cached snapshot when offline, otherwise the listed files, downloaded.
-fn resolve_hub(repo_id: &str, settings: &HubSettings, o: &SourceOverrides) -> Result<ResolvedModel> {
+fn resolve_hub(
+    repo_id: &str,
+    settings: &HubSettings,
+    o: &SourceOverrides,
+) -> Result<ResolvedModel> {
     let repo = HubRepo::new(repo_id, settings);
     if settings.offline {
         let snapshot = repo.cached_snapshot()?;
@@ -275,13 +342,37 @@ fn resolve_hub(repo_id: &str, settings: &HubSettings, o: &SourceOverrides) -> Re
         None => None,
     };
     let (lm_config, _) = load_lm_config(config_path.as_deref())?;
-    let choice = choose_files(&names, config_path.is_some().then_some(&lm_config), o.variant, &|_| None);
+    let choice = choose_files(
+        &names,
+        config_path.is_some().then_some(&lm_config),
+        o.variant,
+        &|_| None,
+    );
     let origin = format!("Hugging Face repo `{repo_id}`");
-    let mut downloaded = SourceOverrides { lm_config: config_path, variant: o.variant, ..SourceOverrides::default() };
+    let mut downloaded = SourceOverrides {
+        lm_config: config_path,
+        variant: o.variant,
+        ..SourceOverrides::default()
+    };
     for (over, chosen, slot, what) in [
-        (&o.lm_weights, choice.lm, &mut downloaded.lm_weights, "LM checkpoint"),
-        (&o.mimi_weights, choice.mimi, &mut downloaded.mimi_weights, "Mimi checkpoint"),
-        (&o.tokenizer, choice.tokenizer, &mut downloaded.tokenizer, "text tokenizer"),
+        (
+            &o.lm_weights,
+            choice.lm,
+            &mut downloaded.lm_weights,
+            "LM checkpoint",
+        ),
+        (
+            &o.mimi_weights,
+            choice.mimi,
+            &mut downloaded.mimi_weights,
+            "Mimi checkpoint",
+        ),
+        (
+            &o.tokenizer,
+            choice.tokenizer,
+            &mut downloaded.tokenizer,
+            "text tokenizer",
+        ),
     ] {
         *slot = Some(match (over, chosen) {
             (Some(p), _) => p.clone(),
@@ -318,6 +409,9 @@ mod tests {
         assert_eq!("q4".parse::<LmVariant>(), Ok(LmVariant::Q4));
         assert_eq!("Q8".parse::<LmVariant>(), Ok(LmVariant::Q8));
         assert_eq!("bf16".parse::<LmVariant>(), Ok(LmVariant::Bf16));
-        assert!("q3".parse::<LmVariant>().unwrap_err().contains("expected bf16, q8 or q4"));
+        assert!("q3"
+            .parse::<LmVariant>()
+            .unwrap_err()
+            .contains("expected bf16, q8 or q4"));
     }
 }

@@ -87,8 +87,16 @@ impl Tensor {
     pub fn to_f32(&self) -> Option<Vec<f32>> {
         match &self.data {
             TensorData::F32(v) => Some(v.clone()),
-            TensorData::BF16(v) => Some(v.iter().map(|&b| f32::from_bits((b as u32) << 16)).collect()),
-            TensorData::F16(v) => Some(v.iter().map(|&b| half::f16::from_bits(b).to_f32()).collect()),
+            TensorData::BF16(v) => Some(
+                v.iter()
+                    .map(|&b| f32::from_bits((b as u32) << 16))
+                    .collect(),
+            ),
+            TensorData::F16(v) => Some(
+                v.iter()
+                    .map(|&b| half::f16::from_bits(b).to_f32())
+                    .collect(),
+            ),
             _ => None,
         }
     }

@@ -40,7 +40,10 @@ impl PieceTable {
                 PieceType::Unknown => DecodePiece::Unknown,
                 PieceType::Byte => match SentencePieceModel::byte_of(p) {
                     Some(b) => DecodePiece::Byte(b),
-                    None => DecodePiece::Text { text: p.piece.replace(SPACE_SYMBOL, " "), leading_space: false },
+                    None => DecodePiece::Text {
+                        text: p.piece.replace(SPACE_SYMBOL, " "),
+                        leading_space: false,
+                    },
                 },
                 _ => DecodePiece::Text {
                     text: p.piece.replace(SPACE_SYMBOL, " "),
@@ -67,11 +70,10 @@ impl PieceTable {
     /// Surface of a non-byte piece given whether any text precedes it.
     fn surface(&self, id: usize, text_so_far_empty: bool) -> &str {
         match &self.pieces[id] {
-            DecodePiece::Text { text, leading_space }
-                if *leading_space && text_so_far_empty && self.strip_first_space =>
-            {
-                &text[1..]
-            }
+            DecodePiece::Text {
+                text,
+                leading_space,
+            } if *leading_space && text_so_far_empty && self.strip_first_space => &text[1..],
             DecodePiece::Text { text, .. } => text,
             DecodePiece::Unknown => &self.unk_surface,
             DecodePiece::Control | DecodePiece::Byte(_) => "",
@@ -137,7 +139,12 @@ impl IncrementalDecoder {
     }
 
     pub fn with_skip_ids(table: Arc<PieceTable>, skip_ids: &[u32]) -> Self {
-        Self { table, skip_ids: skip_ids.to_vec(), pending_bytes: Vec::new(), text_so_far_empty: true }
+        Self {
+            table,
+            skip_ids: skip_ids.to_vec(),
+            pending_bytes: Vec::new(),
+            text_so_far_empty: true,
+        }
     }
 
     /// Whether `id` is dropped without producing text.

@@ -31,7 +31,10 @@ pub struct TextTokenizer {
 
 impl std::fmt::Debug for TextTokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TextTokenizer").field("path", &self.path).field("vocab_size", &self.vocab_size()).finish()
+        f.debug_struct("TextTokenizer")
+            .field("path", &self.path)
+            .field("vocab_size", &self.vocab_size())
+            .finish()
     }
 }
 
@@ -57,7 +60,12 @@ impl TextTokenizer {
             None
         };
         let table = Arc::new(PieceTable::new(&model));
-        Ok(Self { path: path.to_path_buf(), model: Arc::new(model), table, hf })
+        Ok(Self {
+            path: path.to_path_buf(),
+            model: Arc::new(model),
+            table,
+            hf,
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -82,9 +90,14 @@ impl TextTokenizer {
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         let hf = self.hf.as_ref().ok_or_else(|| LoaderError::BadTokenizer {
             path: self.path.clone(),
-            reason: format!("encoding needs a UNIGRAM model, this one is {:?}", self.model.trainer.model_type),
+            reason: format!(
+                "encoding needs a UNIGRAM model, this one is {:?}",
+                self.model.trainer.model_type
+            ),
         })?;
-        let enc = hf.encode(text, false).map_err(|e| LoaderError::Tokenizer(e.to_string()))?;
+        let enc = hf
+            .encode(text, false)
+            .map_err(|e| LoaderError::Tokenizer(e.to_string()))?;
         Ok(enc.get_ids().to_vec())
     }
 
@@ -116,40 +129,60 @@ impl TextTokenizer {
     }
 }
 
-fn hf_err(path: &Path, what: &str) -> impl Fn(Box<dyn std::error::Error + Send + Sync>) -> LoaderError {
+fn hf_err(
+    path: &Path,
+    what: &str,
+) -> impl Fn(Box<dyn std::error::Error + Send + Sync>) -> LoaderError {
     let (path, what) = (path.to_path_buf(), what.to_string());
-    move |e| LoaderError::BadTokenizer { path: path.clone(), reason: format!("{what}: {e}") }
+    move |e| LoaderError::BadTokenizer {
+        path: path.clone(),
+        reason: format!("{what}: {e}"),
+    }
 }
 
 /// Builds the `tokenizers` pipeline equivalent to the SentencePiece model (as HF's converter does).
 fn build_hf_tokenizer(model: &SentencePieceModel, path: &Path) -> Result<Tokenizer> {
-    let vocab: Vec<(String, f64)> = model.pieces.iter().map(|p| (p.piece.clone(), f64::from(p.score))).collect();
+    let vocab: Vec<(String, f64)> = model
+        .pieces
+        .iter()
+        .map(|p| (p.piece.clone(), f64::from(p.score)))
+        .collect();
     let unk = usize::try_from(model.trainer.unk_id).ok();
-    let unigram = Unigram::from(vocab, unk, model.trainer.byte_fallback).map_err(hf_err(path, "unigram model"))?;
+    let unigram = Unigram::from(vocab, unk, model.trainer.byte_fallback)
+        .map_err(hf_err(path, "unigram model"))?;
     let mut tokenizer = Tokenizer::new(unigram);
 
     let spec = &model.normalizer;
     let mut normalizers: Vec<NormalizerWrapper> = Vec::new();
     if !spec.precompiled_charsmap.is_empty() {
-        let charsmap = Precompiled::from(&spec.precompiled_charsmap).map_err(|e| LoaderError::BadTokenizer {
-            path: path.to_path_buf(),
-            reason: format!(
-                "normalizer `{}`: bad precompiled_charsmap ({} bytes): {e}",
-                spec.name,
-                spec.precompiled_charsmap.len()
-            ),
+        let charsmap = Precompiled::from(&spec.precompiled_charsmap).map_err(|e| {
+            LoaderError::BadTokenizer {
+                path: path.to_path_buf(),
+                reason: format!(
+                    "normalizer `{}`: bad precompiled_charsmap ({} bytes): {e}",
+                    spec.name,
+                    spec.precompiled_charsmap.len()
+                ),
+            }
         })?;
         normalizers.push(charsmap.into());
     }
     if spec.remove_extra_whitespaces {
         normalizers.push(Strip::new(true, true).into());
-        let collapse = Replace::new(tokenizers::normalizers::replace::ReplacePattern::Regex(" {2,}".into()), " ")
-            .map_err(hf_err(path, "whitespace normalizer"))?;
+        let collapse = Replace::new(
+            tokenizers::normalizers::replace::ReplacePattern::Regex(" {2,}".into()),
+            " ",
+        )
+        .map_err(hf_err(path, "whitespace normalizer"))?;
         normalizers.push(collapse.into());
     }
     tokenizer.with_normalizer(Some(Sequence::new(normalizers)));
 
-    let prepend = if spec.add_dummy_prefix { PrependScheme::Always } else { PrependScheme::Never };
+    let prepend = if spec.add_dummy_prefix {
+        PrependScheme::Always
+    } else {
+        PrependScheme::Never
+    };
     tokenizer.with_pre_tokenizer(Some(Metaspace::new('\u{2581}', prepend, true)));
 
     let space = Replace::new("\u{2581}", " ").map_err(hf_err(path, "decoder"))?;

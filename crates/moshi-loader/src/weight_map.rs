@@ -29,7 +29,10 @@ impl Weight {
     pub fn to_f32(&self) -> Vec<f32> {
         match &self.data {
             WeightData::F32(v) => v.clone(),
-            WeightData::BF16(v) => v.iter().map(|&b| f32::from_bits((b as u32) << 16)).collect(),
+            WeightData::BF16(v) => v
+                .iter()
+                .map(|&b| f32::from_bits((b as u32) << 16))
+                .collect(),
             WeightData::Quantized(q) => q.dequantize_f32(),
         }
     }
@@ -44,7 +47,10 @@ pub struct WeightMap {
 
 impl WeightMap {
     pub fn new(source: impl Into<PathBuf>) -> Self {
-        Self { source: source.into(), map: BTreeMap::new() }
+        Self {
+            source: source.into(),
+            map: BTreeMap::new(),
+        }
     }
 
     pub fn source(&self) -> &Path {
@@ -80,7 +86,10 @@ impl WeightMap {
         let w = self
             .map
             .remove(name)
-            .ok_or_else(|| LoaderError::MissingTensor { path: self.source.clone(), name: name.to_string() })?;
+            .ok_or_else(|| LoaderError::MissingTensor {
+                path: self.source.clone(),
+                name: name.to_string(),
+            })?;
         if w.shape != expected_shape {
             return Err(LoaderError::ShapeMismatch {
                 path: self.source.clone(),

@@ -8,12 +8,17 @@ use std::path::Path;
 
 use common::{asset, copy_all, tiny_config, write_safetensors, RawTensor};
 use moshi_loader::tokenizer::TextTokenizer;
-use moshi_loader::{load_lm_weights, DType, LmConfig, LoaderError, MimiConfig, SafetensorsFile, WeightMode};
+use moshi_loader::{
+    load_lm_weights, DType, LmConfig, LoaderError, MimiConfig, SafetensorsFile, WeightMode,
+};
 
 fn load_err(path: &Path, cfg: &LmConfig) -> String {
     let err = load_lm_weights(path, cfg, WeightMode::Native).unwrap_err();
     let msg = err.to_string();
-    assert!(msg.contains(&path.display().to_string()), "error does not name the file: {msg}");
+    assert!(
+        msg.contains(&path.display().to_string()),
+        "error does not name the file: {msg}"
+    );
     msg
 }
 
@@ -34,14 +39,28 @@ fn truncated_safetensors() {
     let msg = load_err(&path, &tiny_config());
     assert_has(
         &msg,
-        &["truncated", &format!("{data_len} bytes"), &format!("holds {}", bytes.len() / 2 - 8 - header_len)],
+        &[
+            "truncated",
+            &format!("{data_len} bytes"),
+            &format!("holds {}", bytes.len() / 2 - 8 - header_len),
+        ],
     );
     // Cut inside the header itself.
     std::fs::write(&path, &bytes[..100]).unwrap();
     let msg = load_err(&path, &tiny_config());
-    assert_has(&msg, &["truncated", &format!("{} bytes", 8 + header_len), "holds 100"]);
+    assert_has(
+        &msg,
+        &[
+            "truncated",
+            &format!("{} bytes", 8 + header_len),
+            "holds 100",
+        ],
+    );
     std::fs::write(&path, &bytes[..5]).unwrap();
-    assert_has(&load_err(&path, &tiny_config()), &["5 bytes", "8-byte header"]);
+    assert_has(
+        &load_err(&path, &tiny_config()),
+        &["5 bytes", "8-byte header"],
+    );
 }
 
 #[test]
@@ -51,7 +70,10 @@ fn corrupt_header() {
     let path = dir.path().join("model.safetensors");
     bytes[8] = b'#';
     std::fs::write(&path, &bytes).unwrap();
-    assert_has(&load_err(&path, &tiny_config()), &["not a safetensors file", "not valid JSON"]);
+    assert_has(
+        &load_err(&path, &tiny_config()),
+        &["not a safetensors file", "not valid JSON"],
+    );
 
     // A header whose offsets disagree with the shape of a tensor.
     let header = r#"{"w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,20]}}"#;
@@ -60,7 +82,16 @@ fn corrupt_header() {
     raw.extend_from_slice(&[0u8; 24]);
     std::fs::write(&path, &raw).unwrap();
     let msg = SafetensorsFile::open(&path).err().unwrap().to_string();
-    assert_has(&msg, &[&path.display().to_string(), "`w`", "[2, 3]", "needs 24 bytes", "give 20"]);
+    assert_has(
+        &msg,
+        &[
+            &path.display().to_string(),
+            "`w`",
+            "[2, 3]",
+            "needs 24 bytes",
+            "give 20",
+        ],
+    );
 
     let header = r#"{"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,4]}}"#;
     let mut raw = (header.len() as u64).to_le_bytes().to_vec();
@@ -77,7 +108,10 @@ fn corrupt_header() {
     raw.extend_from_slice(header.as_bytes());
     raw.push(0);
     std::fs::write(&path, &raw).unwrap();
-    assert_has(&SafetensorsFile::open(&path).err().unwrap().to_string(), &["`w`", "unsupported dtype Q7"]);
+    assert_has(
+        &SafetensorsFile::open(&path).err().unwrap().to_string(),
+        &["`w`", "unsupported dtype Q7"],
+    );
 }
 
 #[test]
@@ -85,7 +119,12 @@ fn missing_tensor() {
     let dir = tempfile::tempdir().unwrap();
     let pt = SafetensorsFile::open(asset("model.safetensors")).unwrap();
     let path = dir.path().join("model.safetensors");
-    write_safetensors(&path, &copy_all(&pt, |n| (n != "transformer.layers.1.norm2.alpha").then(|| n.to_string())));
+    write_safetensors(
+        &path,
+        &copy_all(&pt, |n| {
+            (n != "transformer.layers.1.norm2.alpha").then(|| n.to_string())
+        }),
+    );
     let msg = load_err(&path, &tiny_config());
     assert_has(&msg, &["`transformer.layers.1.norm2.alpha`", "missing"]);
 }
@@ -96,10 +135,23 @@ fn wrong_shape() {
     let pt = SafetensorsFile::open(asset("model.safetensors")).unwrap();
     let path = dir.path().join("model.safetensors");
     let mut tensors = copy_all(&pt, |n| (n != "text_linear.weight").then(|| n.to_string()));
-    tensors.push(RawTensor::rows(&pt, "text_linear.weight", "text_linear.weight", 0, 383));
+    tensors.push(RawTensor::rows(
+        &pt,
+        "text_linear.weight",
+        "text_linear.weight",
+        0,
+        383,
+    ));
     write_safetensors(&path, &tensors);
     let msg = load_err(&path, &tiny_config());
-    assert_has(&msg, &["`text_linear.weight`", "shape [383, 256]", "expects [384, 256]"]);
+    assert_has(
+        &msg,
+        &[
+            "`text_linear.weight`",
+            "shape [383, 256]",
+            "expects [384, 256]",
+        ],
+    );
 }
 
 #[test]
@@ -115,14 +167,23 @@ fn wrong_dtype() {
         bytes: vec![0; 1024],
     });
     write_safetensors(&path, &tensors);
-    assert_has(&load_err(&path, &tiny_config()), &["`out_norm.alpha`", "dtype I32", "expected F32, BF16 or F16"]);
+    assert_has(
+        &load_err(&path, &tiny_config()),
+        &["`out_norm.alpha`", "dtype I32", "expected F32, BF16 or F16"],
+    );
 }
 
 /// The q4 file with `text_linear`'s packed words or scales cut or padded to `packed_cols` / `scale_cols` columns.
 fn q4_with_text_linear(dir: &Path, packed_cols: usize, scale_cols: usize) -> std::path::PathBuf {
     let q4 = SafetensorsFile::open(asset("model.q4.safetensors")).unwrap();
-    let mut tensors = copy_all(&q4, |n| (!n.starts_with("text_linear.")).then(|| n.to_string()));
-    for (part, cols) in [("weight", packed_cols), ("scales", scale_cols), ("biases", scale_cols)] {
+    let mut tensors = copy_all(&q4, |n| {
+        (!n.starts_with("text_linear.")).then(|| n.to_string())
+    });
+    for (part, cols) in [
+        ("weight", packed_cols),
+        ("scales", scale_cols),
+        ("biases", scale_cols),
+    ] {
         let name = format!("text_linear.{part}");
         let info = q4.info(&name).unwrap().clone();
         let esize = info.dtype.size_bytes();
@@ -131,9 +192,18 @@ fn q4_with_text_linear(dir: &Path, packed_cols: usize, scale_cols: usize) -> std
         // Cut each row, or pad it with zeros.
         let cut: Vec<u8> = bytes
             .chunks(row_bytes)
-            .flat_map(|row| (0..cols * esize).map(|i| row.get(i).copied().unwrap_or(0)).collect::<Vec<u8>>())
+            .flat_map(|row| {
+                (0..cols * esize)
+                    .map(|i| row.get(i).copied().unwrap_or(0))
+                    .collect::<Vec<u8>>()
+            })
             .collect();
-        tensors.push(RawTensor { name, dtype: info.dtype, shape: vec![info.shape[0], cols], bytes: cut });
+        tensors.push(RawTensor {
+            name,
+            dtype: info.dtype,
+            shape: vec![info.shape[0], cols],
+            bytes: cut,
+        });
     }
     let path = dir.join("model.q4.safetensors");
     write_safetensors(&path, &tensors);
@@ -147,19 +217,34 @@ fn quantized_shapes_without_valid_bits_or_group() {
     let path = q4_with_text_linear(dir.path(), 30, 8);
     assert_has(
         &load_err(&path, &tiny_config()),
-        &["quantized tensor `text_linear`", "30 packed", "input width of 256", "3.750 bits"],
+        &[
+            "quantized tensor `text_linear`",
+            "30 packed",
+            "input width of 256",
+            "3.750 bits",
+        ],
     );
     // 28 words = 3.5 bits.
     let path = q4_with_text_linear(dir.path(), 28, 8);
-    assert_has(&load_err(&path, &tiny_config()), &["`text_linear`", "3.500 bits"]);
+    assert_has(
+        &load_err(&path, &tiny_config()),
+        &["`text_linear`", "3.500 bits"],
+    );
     // 5 scale columns do not divide 256.
     let path = q4_with_text_linear(dir.path(), 32, 5);
-    assert_has(&load_err(&path, &tiny_config()), &["`text_linear`", "5 scale columns", "256"]);
+    assert_has(
+        &load_err(&path, &tiny_config()),
+        &["`text_linear`", "5 scale columns", "256"],
+    );
     // 16 scale columns give a group size of 16, which MLX does not produce.
     let path = q4_with_text_linear(dir.path(), 32, 16);
     assert_has(
         &load_err(&path, &tiny_config()),
-        &["`text_linear`", "group size of 16", "expected one of [32, 64, 128]"],
+        &[
+            "`text_linear`",
+            "group size of 16",
+            "expected one of [32, 64, 128]",
+        ],
     );
 }
 
@@ -173,7 +258,14 @@ fn config_with_a_wrong_type() {
     std::fs::write(&path, cfg.to_string()).unwrap();
     let err = LmConfig::from_file(&path).unwrap_err();
     assert!(matches!(err, LoaderError::BadConfig { .. }));
-    assert_has(&err.to_string(), &[&path.display().to_string(), "invalid type: string \"256\"", "expected usize"]);
+    assert_has(
+        &err.to_string(),
+        &[
+            &path.display().to_string(),
+            "invalid type: string \"256\"",
+            "expected usize",
+        ],
+    );
 
     let mut mimi: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(asset("mimi_config.json")).unwrap()).unwrap();
@@ -206,23 +298,38 @@ fn checkpoint_whose_dims_disagree_with_the_config() {
     }
     assert_has(
         &load_err(&asset("model.safetensors"), &cfg),
-        &["`text_emb.weight`", "shape [385, 256]", "expects [385, 512]"],
+        &[
+            "`text_emb.weight`",
+            "shape [385, 256]",
+            "expects [385, 512]",
+        ],
     );
     assert_has(
         &load_err(&asset("model.q8.safetensors"), &cfg),
-        &["packed tensor `text_emb`", "holds [385, 256] (8-bit, group size 64)", "expects [385, 512]"],
+        &[
+            "packed tensor `text_emb`",
+            "holds [385, 256] (8-bit, group size 64)",
+            "expects [385, 512]",
+        ],
     );
 
     let mut cfg = tiny_config();
     cfg.num_layers = 1;
     assert_has(
         &load_err(&asset("model.safetensors"), &cfg),
-        &["not used by the config", "transformer.layers.1.", "num_layers 1"],
+        &[
+            "not used by the config",
+            "transformer.layers.1.",
+            "num_layers 1",
+        ],
     );
     let mut cfg = tiny_config();
     cfg.n_q = 17;
     cfg.delays.push(1);
-    assert_has(&load_err(&asset("model.q4.safetensors"), &cfg), &["`audio_embs.16.weight`", "missing"]);
+    assert_has(
+        &load_err(&asset("model.q4.safetensors"), &cfg),
+        &["`audio_embs.16.weight`", "missing"],
+    );
 }
 
 #[test]
@@ -230,15 +337,26 @@ fn unsupported_release_formats_are_named() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("model.q8.gguf");
     std::fs::write(&path, b"GGUF\x03\x00\x00\x00rest-of-a-gguf-file").unwrap();
-    assert_has(&load_err(&path, &tiny_config()), &["GGUF", "kyutai/moshiko-mlx-q8"]);
+    assert_has(
+        &load_err(&path, &tiny_config()),
+        &["GGUF", "kyutai/moshiko-mlx-q8"],
+    );
 
     let pt = SafetensorsFile::open(asset("model.safetensors")).unwrap();
     let mut tensors = copy_all(&pt, |n| Some(n.to_string()));
     let scb = "transformer.layers.0.self_attn.in_proj_weight_scb";
-    tensors.push(RawTensor { name: scb.into(), dtype: DType::F32, shape: vec![768], bytes: vec![0; 768 * 4] });
+    tensors.push(RawTensor {
+        name: scb.into(),
+        dtype: DType::F32,
+        shape: vec![768],
+        bytes: vec![0; 768 * 4],
+    });
     let path = dir.path().join("model.q8.safetensors");
     write_safetensors(&path, &tensors);
-    assert_has(&load_err(&path, &tiny_config()), &[scb, "bitsandbytes int8"]);
+    assert_has(
+        &load_err(&path, &tiny_config()),
+        &[scb, "bitsandbytes int8"],
+    );
 }
 
 #[test]
@@ -252,19 +370,33 @@ fn mimi_checkpoint_given_as_the_lm() {
 #[test]
 fn tokenizer_file_that_is_not_sentencepiece() {
     let dir = tempfile::tempdir().unwrap();
-    let random: Vec<u8> = (0u32..4096).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    let random: Vec<u8> = (0u32..4096)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
     let cases: Vec<(&str, Vec<u8>)> = vec![
-        ("model.safetensors", std::fs::read(asset("model.safetensors")).unwrap()),
+        (
+            "model.safetensors",
+            std::fs::read(asset("model.safetensors")).unwrap(),
+        ),
         ("config.json", std::fs::read(asset("config.json")).unwrap()),
         ("empty.model", Vec::new()),
         ("random.model", random),
-        ("truncated.model", std::fs::read(asset("tokenizer.model")).unwrap()[..1000].to_vec()),
+        (
+            "truncated.model",
+            std::fs::read(asset("tokenizer.model")).unwrap()[..1000].to_vec(),
+        ),
     ];
     for (name, bytes) in cases {
         let path = dir.path().join(name);
         std::fs::write(&path, &bytes).unwrap();
         let err = TextTokenizer::from_file(&path).unwrap_err();
-        assert!(matches!(err, LoaderError::BadTokenizer { .. }), "{name}: {err}");
-        assert_has(&err.to_string(), &[&path.display().to_string(), "not a SentencePiece model"]);
+        assert!(
+            matches!(err, LoaderError::BadTokenizer { .. }),
+            "{name}: {err}"
+        );
+        assert_has(
+            &err.to_string(),
+            &[&path.display().to_string(), "not a SentencePiece model"],
+        );
     }
 }

@@ -16,21 +16,54 @@ fn check_quantize_on_load_equals_packed_file(file: &str, bits: u32, group_size: 
     let tensors = canonical_lm_tensors(&cfg);
     assert_eq!(quantized.len(), tensors.len());
     for t in tensors {
-        let (got, want) = (quantized.get(&t.name).unwrap(), packed.get(&t.name).unwrap());
+        let (got, want) = (
+            quantized.get(&t.name).unwrap(),
+            packed.get(&t.name).unwrap(),
+        );
         assert_eq!(got.shape, want.shape, "{file} {}", t.name);
         match (&got.data, &want.data, t.role) {
-            (WeightData::Quantized(g), WeightData::Quantized(w), TensorRole::Linear | TensorRole::Embedding) => {
+            (
+                WeightData::Quantized(g),
+                WeightData::Quantized(w),
+                TensorRole::Linear | TensorRole::Embedding,
+            ) => {
                 assert_eq!((g.bits(), g.group_size()), (bits, group_size), "{}", t.name);
-                assert_eq!((g.rows(), g.cols()), (w.rows(), w.cols()), "{file} {}", t.name);
-                assert!(g.codes() == w.codes(), "{file} {}: codes differ from MLX", t.name);
-                assert!(g.scales() == w.scales(), "{file} {}: scales differ from MLX", t.name);
-                assert!(g.biases() == w.biases(), "{file} {}: biases differ from MLX", t.name);
+                assert_eq!(
+                    (g.rows(), g.cols()),
+                    (w.rows(), w.cols()),
+                    "{file} {}",
+                    t.name
+                );
+                assert!(
+                    g.codes() == w.codes(),
+                    "{file} {}: codes differ from MLX",
+                    t.name
+                );
+                assert!(
+                    g.scales() == w.scales(),
+                    "{file} {}: scales differ from MLX",
+                    t.name
+                );
+                assert!(
+                    g.biases() == w.biases(),
+                    "{file} {}: biases differ from MLX",
+                    t.name
+                );
             }
             (WeightData::F32(g), WeightData::F32(w), TensorRole::Norm) => {
-                assert!(g.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits()), "{file} {}", t.name);
+                assert!(
+                    g.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{file} {}",
+                    t.name
+                );
             }
             (g, w, role) => {
-                panic!("{file} {} ({role:?}): quantize-on-load gave {}, the packed file {}", t.name, kind(g), kind(w))
+                panic!(
+                    "{file} {} ({role:?}): quantize-on-load gave {}, the packed file {}",
+                    t.name,
+                    kind(g),
+                    kind(w)
+                )
             }
         }
     }
@@ -57,12 +90,21 @@ fn quantize_q8_on_load_equals_mlx_q8_file() {
 #[test]
 fn packed_file_with_the_requested_parameters_loads_natively() {
     let cfg = tiny_config();
-    let a = load_lm_weights(&asset("model.q8.safetensors"), &cfg, WeightMode::Quantize { bits: 8, group_size: 64 })
-        .unwrap();
+    let a = load_lm_weights(
+        &asset("model.q8.safetensors"),
+        &cfg,
+        WeightMode::Quantize {
+            bits: 8,
+            group_size: 64,
+        },
+    )
+    .unwrap();
     let b = load_lm_weights(&asset("model.q8.safetensors"), &cfg, WeightMode::Native).unwrap();
     for t in canonical_lm_tensors(&cfg) {
         match (&a.get(&t.name).unwrap().data, &b.get(&t.name).unwrap().data) {
-            (WeightData::Quantized(x), WeightData::Quantized(y)) => assert!(x.codes() == y.codes(), "{}", t.name),
+            (WeightData::Quantized(x), WeightData::Quantized(y)) => {
+                assert!(x.codes() == y.codes(), "{}", t.name)
+            }
             (WeightData::F32(x), WeightData::F32(y)) => assert_eq!(x, y, "{}", t.name),
             _ => panic!("{}: different kinds", t.name),
         }
@@ -72,9 +114,16 @@ fn packed_file_with_the_requested_parameters_loads_natively() {
 #[test]
 fn packed_file_with_other_parameters_is_refused_naming_both() {
     let cfg = tiny_config();
-    let err = load_lm_weights(&asset("model.q8.safetensors"), &cfg, WeightMode::Quantize { bits: 4, group_size: 32 })
-        .unwrap_err()
-        .to_string();
+    let err = load_lm_weights(
+        &asset("model.q8.safetensors"),
+        &cfg,
+        WeightMode::Quantize {
+            bits: 4,
+            group_size: 32,
+        },
+    )
+    .unwrap_err()
+    .to_string();
     assert!(err.contains("model.q8.safetensors"), "{err}");
     assert!(err.contains("stored as 8-bit, group size 64"), "{err}");
     assert!(err.contains("requested 4-bit, group size 32"), "{err}");
@@ -83,10 +132,20 @@ fn packed_file_with_other_parameters_is_refused_naming_both() {
 #[test]
 fn unsupported_quantization_parameters_are_refused() {
     let cfg = tiny_config();
-    let err = load_lm_weights(&asset("model.safetensors"), &cfg, WeightMode::Quantize { bits: 4, group_size: 48 })
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("model.safetensors") && err.contains("group size 48"), "{err}");
+    let err = load_lm_weights(
+        &asset("model.safetensors"),
+        &cfg,
+        WeightMode::Quantize {
+            bits: 4,
+            group_size: 48,
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("model.safetensors") && err.contains("group size 48"),
+        "{err}"
+    );
 }
 
 #[test]

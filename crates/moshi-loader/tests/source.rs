@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 
 use common::asset;
 use moshi_loader::hub::HubSettings;
-use moshi_loader::{LmConfig, LmLayout, LmVariant, LoaderError, MimiConfig, ModelSource, SourceOverrides};
+use moshi_loader::{
+    LmConfig, LmLayout, LmVariant, LoaderError, MimiConfig, ModelSource, SourceOverrides,
+};
 
 fn copy(name: &str, to: &Path, as_name: &str) {
     std::fs::copy(asset(name), to.join(as_name)).unwrap();
@@ -19,7 +21,8 @@ fn tiny_a_dir() -> PathBuf {
 
 #[test]
 fn tiny_a_folder_resolves_from_its_config() {
-    let r = ModelSource::resolve(tiny_a_dir().to_str().unwrap(), &SourceOverrides::default()).unwrap();
+    let r =
+        ModelSource::resolve(tiny_a_dir().to_str().unwrap(), &SourceOverrides::default()).unwrap();
     assert_eq!(r.lm_config.dim, 256);
     assert!(r.lm_config_source.ends_with("config.json"));
     assert_eq!(r.lm_weights_path.file_name().unwrap(), "model.safetensors");
@@ -32,8 +35,14 @@ fn tiny_a_folder_resolves_from_its_config() {
 
 #[test]
 fn variant_picks_the_quantized_file() {
-    for (variant, file) in [(LmVariant::Q8, "model.q8.safetensors"), (LmVariant::Q4, "model.q4.safetensors")] {
-        let o = SourceOverrides { variant: Some(variant), ..Default::default() };
+    for (variant, file) in [
+        (LmVariant::Q8, "model.q8.safetensors"),
+        (LmVariant::Q4, "model.q4.safetensors"),
+    ] {
+        let o = SourceOverrides {
+            variant: Some(variant),
+            ..Default::default()
+        };
         let r = ModelSource::resolve(tiny_a_dir().to_str().unwrap(), &o).unwrap();
         assert_eq!(r.lm_weights_path.file_name().unwrap(), file);
         assert_eq!(r.layout, LmLayout::Mlx);
@@ -42,7 +51,11 @@ fn variant_picks_the_quantized_file() {
 
 #[test]
 fn explicit_checkpoint_file_takes_the_rest_from_its_folder() {
-    let r = ModelSource::resolve(asset("model.q8.safetensors").to_str().unwrap(), &SourceOverrides::default()).unwrap();
+    let r = ModelSource::resolve(
+        asset("model.q8.safetensors").to_str().unwrap(),
+        &SourceOverrides::default(),
+    )
+    .unwrap();
     assert_eq!(r.lm_weights_path, asset("model.q8.safetensors"));
     assert_eq!(r.layout, LmLayout::Mlx);
     assert_eq!(r.lm_config.dim, 256);
@@ -53,15 +66,26 @@ fn explicit_checkpoint_file_takes_the_rest_from_its_folder() {
 fn legacy_folder_without_configs_uses_the_built_in_ones() {
     let dir = tempfile::tempdir().unwrap();
     copy("model.q4.safetensors", dir.path(), "model.q4.safetensors");
-    copy("mimi.safetensors", dir.path(), "tokenizer-e351c8d8-checkpoint125.safetensors");
+    copy(
+        "mimi.safetensors",
+        dir.path(),
+        "tokenizer-e351c8d8-checkpoint125.safetensors",
+    );
     copy("tokenizer.model", dir.path(), "tokenizer_spm_32k_3.model");
-    let r = ModelSource::resolve(dir.path().to_str().unwrap(), &SourceOverrides::default()).unwrap();
+    let r =
+        ModelSource::resolve(dir.path().to_str().unwrap(), &SourceOverrides::default()).unwrap();
     assert_eq!(r.lm_config, LmConfig::moshiko_7b());
     assert_eq!(r.lm_config_source, "built-in moshiko-7b");
     assert_eq!(r.mimi_config, MimiConfig::v0_1());
     assert_eq!(r.layout, LmLayout::Mlx);
-    assert_eq!(r.mimi_weights_path.file_name().unwrap(), "tokenizer-e351c8d8-checkpoint125.safetensors");
-    assert_eq!(r.tokenizer_path.file_name().unwrap(), "tokenizer_spm_32k_3.model");
+    assert_eq!(
+        r.mimi_weights_path.file_name().unwrap(),
+        "tokenizer-e351c8d8-checkpoint125.safetensors"
+    );
+    assert_eq!(
+        r.tokenizer_path.file_name().unwrap(),
+        "tokenizer_spm_32k_3.model"
+    );
 }
 
 #[test]
@@ -73,28 +97,55 @@ fn files_are_recognised_by_content_and_unknown_config_keys_are_kept() {
     let mut cfg: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(asset("config.json")).unwrap()).unwrap();
     let obj = cfg.as_object_mut().unwrap();
-    for k in ["moshi_name", "mimi_name", "tokenizer_name", "mimi_config_name"] {
+    for k in [
+        "moshi_name",
+        "mimi_name",
+        "tokenizer_name",
+        "mimi_config_name",
+    ] {
         obj.remove(k);
     }
     obj.insert("some_future_key".into(), serde_json::json!({"x": 1}));
     std::fs::write(dir.path().join("config.json"), cfg.to_string()).unwrap();
-    let r = ModelSource::resolve(dir.path().to_str().unwrap(), &SourceOverrides::default()).unwrap();
-    assert_eq!(r.lm_weights_path.file_name().unwrap(), "weights-a.safetensors");
-    assert_eq!(r.mimi_weights_path.file_name().unwrap(), "codec.safetensors");
+    let r =
+        ModelSource::resolve(dir.path().to_str().unwrap(), &SourceOverrides::default()).unwrap();
+    assert_eq!(
+        r.lm_weights_path.file_name().unwrap(),
+        "weights-a.safetensors"
+    );
+    assert_eq!(
+        r.mimi_weights_path.file_name().unwrap(),
+        "codec.safetensors"
+    );
     assert_eq!(r.tokenizer_path.file_name().unwrap(), "spm.model");
-    assert_eq!(r.lm_config.unknown.get("some_future_key"), Some(&serde_json::json!({"x": 1})));
+    assert_eq!(
+        r.lm_config.unknown.get("some_future_key"),
+        Some(&serde_json::json!({"x": 1}))
+    );
 }
 
 #[test]
 fn missing_parts_are_named() {
     let dir = tempfile::tempdir().unwrap();
     copy("model.safetensors", dir.path(), "model.safetensors");
-    let err = ModelSource::resolve(dir.path().to_str().unwrap(), &SourceOverrides::default()).unwrap_err().to_string();
-    assert!(err.contains("Mimi checkpoint") && err.contains("model.safetensors"), "{err}");
-    let o = SourceOverrides { variant: Some(LmVariant::Q4), ..Default::default() };
-    let err = ModelSource::resolve(dir.path().to_str().unwrap(), &o).unwrap_err().to_string();
+    let err = ModelSource::resolve(dir.path().to_str().unwrap(), &SourceOverrides::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("Mimi checkpoint") && err.contains("model.safetensors"),
+        "{err}"
+    );
+    let o = SourceOverrides {
+        variant: Some(LmVariant::Q4),
+        ..Default::default()
+    };
+    let err = ModelSource::resolve(dir.path().to_str().unwrap(), &o)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("model.q4.safetensors"), "{err}");
-    let err = ModelSource::resolve("no/such/dir/x", &SourceOverrides::default()).unwrap_err().to_string();
+    let err = ModelSource::resolve("no/such/dir/x", &SourceOverrides::default())
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("not a Hugging Face repo id"), "{err}");
 }
 
@@ -117,26 +168,48 @@ fn hub_repo_resolves_offline_from_the_hf_cache() {
     std::fs::create_dir_all(&snapshot).unwrap();
     std::fs::create_dir_all(repo.join("refs")).unwrap();
     std::fs::write(repo.join("refs").join("main"), "0123abcd").unwrap();
-    for f in ["config.json", "mimi_config.json", "model.q4.safetensors", "mimi.safetensors", "tokenizer.model"] {
+    for f in [
+        "config.json",
+        "mimi_config.json",
+        "model.q4.safetensors",
+        "mimi.safetensors",
+        "tokenizer.model",
+    ] {
         copy(f, &snapshot, f);
     }
-    let o = SourceOverrides { hub: Some(hub_settings(cache.path(), true)), ..Default::default() };
+    let o = SourceOverrides {
+        hub: Some(hub_settings(cache.path(), true)),
+        ..Default::default()
+    };
     let r = ModelSource::resolve("kyutai/tiny-a", &o).unwrap();
     // config.json names model.safetensors, which this snapshot lacks: the q4 file is taken.
     assert_eq!(r.lm_weights_path, snapshot.join("model.q4.safetensors"));
     assert_eq!(r.layout, LmLayout::Mlx);
     assert_eq!(r.tokenizer_path, snapshot.join("tokenizer.model"));
 
-    let err = ModelSource::resolve("kyutai/not-cached", &o).unwrap_err().to_string();
-    assert!(err.contains("HF_HUB_OFFLINE") && err.contains("local folder"), "{err}");
+    let err = ModelSource::resolve("kyutai/not-cached", &o)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("HF_HUB_OFFLINE") && err.contains("local folder"),
+        "{err}"
+    );
 }
 
 #[test]
 fn hub_without_network_says_so_and_how_to_use_a_local_folder() {
     let cache = tempfile::tempdir().unwrap();
-    let o = SourceOverrides { hub: Some(hub_settings(cache.path(), false)), ..Default::default() };
+    let o = SourceOverrides {
+        hub: Some(hub_settings(cache.path(), false)),
+        ..Default::default()
+    };
     let err = ModelSource::resolve("kyutai/moshiko-mlx-q4", &o).unwrap_err();
     assert!(matches!(err, LoaderError::Download { .. }), "{err}");
     let msg = err.to_string();
-    assert!(msg.contains("kyutai/moshiko-mlx-q4") && msg.contains("no network") && msg.contains("folder"), "{msg}");
+    assert!(
+        msg.contains("kyutai/moshiko-mlx-q4")
+            && msg.contains("no network")
+            && msg.contains("folder"),
+        "{msg}"
+    );
 }

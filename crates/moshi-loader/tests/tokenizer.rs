@@ -8,7 +8,8 @@ use moshi_loader::tokenizer::TextTokenizer;
 use serde_json::Value;
 
 fn cases() -> Value {
-    serde_json::from_str(&std::fs::read_to_string(asset("ref/tokenizer_cases.json")).unwrap()).unwrap()
+    serde_json::from_str(&std::fs::read_to_string(asset("ref/tokenizer_cases.json")).unwrap())
+        .unwrap()
 }
 
 fn tokenizer() -> TextTokenizer {
@@ -16,21 +17,43 @@ fn tokenizer() -> TextTokenizer {
 }
 
 fn ids_of(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 fn strings_of(v: &Value) -> Vec<String> {
-    v.as_array().unwrap().iter().map(|x| x.as_str().unwrap().to_string()).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_str().unwrap().to_string())
+        .collect()
 }
 
 #[test]
 fn model_proto_fields_are_read() {
     let tok = tokenizer();
     let m = tok.model();
-    assert_eq!(m.pieces.len(), cases()["vocab_size"].as_u64().unwrap() as usize);
+    assert_eq!(
+        m.pieces.len(),
+        cases()["vocab_size"].as_u64().unwrap() as usize
+    );
     assert!(m.trainer.byte_fallback);
-    assert_eq!(m.trainer.model_type, moshi_loader::sentencepiece_proto::ModelType::Unigram);
-    assert_eq!((m.trainer.unk_id, m.trainer.bos_id, m.trainer.eos_id, m.trainer.pad_id), (0, 1, 2, 3));
+    assert_eq!(
+        m.trainer.model_type,
+        moshi_loader::sentencepiece_proto::ModelType::Unigram
+    );
+    assert_eq!(
+        (
+            m.trainer.unk_id,
+            m.trainer.bos_id,
+            m.trainer.eos_id,
+            m.trainer.pad_id
+        ),
+        (0, 1, 2, 3)
+    );
     assert_eq!(m.normalizer.name, "nmt_nfkc");
     assert!(m.normalizer.add_dummy_prefix && m.normalizer.remove_extra_whitespaces);
     assert!(!m.normalizer.precompiled_charsmap.is_empty());
@@ -54,7 +77,11 @@ fn decode_matches_sentencepiece() {
     let all = cases();
     for case in all["decode"].as_array().unwrap() {
         let ids = ids_of(&case["ids"]);
-        assert_eq!(tok.decode(&ids).unwrap(), case["text"].as_str().unwrap(), "decode {ids:?}");
+        assert_eq!(
+            tok.decode(&ids).unwrap(),
+            case["text"].as_str().unwrap(),
+            "decode {ids:?}"
+        );
         let pieces: Vec<String> = ids.iter().map(|&i| tok.id_to_piece(i).unwrap()).collect();
         assert_eq!(pieces, strings_of(&case["pieces"]));
     }
@@ -71,10 +98,18 @@ fn decode_matches_sentencepiece() {
 fn id_to_piece_matches_sentencepiece() {
     let tok = tokenizer();
     for (id, piece) in cases()["id_to_piece"].as_object().unwrap() {
-        assert_eq!(tok.id_to_piece(id.parse().unwrap()).as_deref(), piece.as_str(), "id {id}");
+        assert_eq!(
+            tok.id_to_piece(id.parse().unwrap()).as_deref(),
+            piece.as_str(),
+            "id {id}"
+        );
     }
     assert_eq!(tok.id_to_piece(384), None);
-    assert!(tok.decode(&[5, 384]).unwrap_err().to_string().contains("id 384 is outside the vocabulary of 384"));
+    assert!(tok
+        .decode(&[5, 384])
+        .unwrap_err()
+        .to_string()
+        .contains("id 384 is outside the vocabulary of 384"));
 }
 
 /// Feeds `ids` one by one; returns the concatenated increments.
@@ -86,7 +121,10 @@ fn incremental(tok: &TextTokenizer, ids: &[u32]) -> String {
 }
 
 fn skip_filtered(ids: &[u32]) -> Vec<u32> {
-    ids.iter().copied().filter(|&i| i != 0 && i != 3 && i < 384).collect()
+    ids.iter()
+        .copied()
+        .filter(|&i| i != 0 && i != 3 && i < 384)
+        .collect()
 }
 
 #[test]
@@ -95,7 +133,13 @@ fn incremental_decoding_concatenates_to_the_full_decode() {
     let all = cases();
     let mut streams: Vec<Vec<u32>> = Vec::new();
     for section in ["encode", "decode"] {
-        streams.extend(all[section].as_array().unwrap().iter().map(|c| ids_of(&c["ids"])));
+        streams.extend(
+            all[section]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| ids_of(&c["ids"])),
+        );
     }
     // Model-like streams: PAD/EPAD runs, the text start token 384, bytes split anywhere.
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
@@ -103,7 +147,9 @@ fn incremental_decoding_concatenates_to_the_full_decode() {
         let len = 1 + (state >> 60) as usize;
         let mut ids = Vec::new();
         for _ in 0..len * 4 {
-            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             let r = (state >> 33) as u32;
             ids.push(match r % 10 {
                 0 => 3,

@@ -36,7 +36,8 @@ fn input_tokens(cfg: &LmConfig, step: usize) -> Vec<u32> {
 fn lm_benches(c: &mut Criterion) {
     let cfg = config_7b(TEMPORAL_LAYERS);
     let t0 = std::time::Instant::now();
-    let mut model = LmModel::random(&cfg, 7, RandomWeightKind::BF16).expect("random 7B-shaped model");
+    let mut model =
+        LmModel::random(&cfg, 7, RandomWeightKind::BF16).expect("random 7B-shaped model");
     let bytes = model.weight_bytes();
     eprintln!(
         "random 7B-shaped model ({TEMPORAL_LAYERS} temporal layers, {} depformer layers) built in {:.1} s; \
@@ -53,7 +54,9 @@ fn lm_benches(c: &mut Criterion) {
     );
 
     let mut g = c.benchmark_group("lm_7b");
-    g.sample_size(10).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(4));
+    g.sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(4));
 
     // One temporal layer, short context (cache restarted every 64 positions).
     let layer_bytes = bytes.temporal_layers / TEMPORAL_LAYERS;
@@ -82,14 +85,18 @@ fn lm_benches(c: &mut Criterion) {
     }
 
     // A whole temporal step: embeddings + 2 layers + out_norm + text head.
-    g.throughput(Throughput::Bytes((bytes.temporal_layers + bytes.text_head) as u64));
+    g.throughput(Throughput::Bytes(
+        (bytes.temporal_layers + bytes.text_head) as u64,
+    ));
     let mut step = 0usize;
     g.bench_function(format!("temporal_step_{TEMPORAL_LAYERS}_layers"), |b| {
         b.iter(|| {
             if model.position() >= 64 {
                 model.reset();
             }
-            model.forward_text(&input_tokens(&cfg, step)).expect("valid tokens");
+            model
+                .forward_text(&input_tokens(&cfg, step))
+                .expect("valid tokens");
             step += 1;
             black_box(model.text_logits()[0]);
         })
@@ -125,7 +132,9 @@ fn lm_benches(c: &mut Criterion) {
         let mut out = vec![0f32; cfg.dim];
         let mut scratch = Default::default();
         let mut pos = cfg.context;
-        g.throughput(Throughput::Bytes((attn.weight_bytes() + 2 * cfg.context * cfg.dim * 4) as u64));
+        g.throughput(Throughput::Bytes(
+            (attn.weight_bytes() + 2 * cfg.context * cfg.dim * 4) as u64,
+        ));
         g.bench_function("attention_full_context_3000", |b| {
             b.iter(|| {
                 rope.rotation_into(pos, &mut rot);
@@ -141,11 +150,17 @@ fn lm_benches(c: &mut Criterion) {
 /// One temporal layer at 7B dims with MLX-packed weights (the `moshi-quant` kernels).
 fn quantized_layer_benches(c: &mut Criterion) {
     let mut g = c.benchmark_group("lm_7b_quantized");
-    g.sample_size(10).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(4));
-    for (name, bits, group_size) in [("temporal_layer_step_q8g64", 8, 64), ("temporal_layer_step_q4g32", 4, 32)] {
+    g.sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(4));
+    for (name, bits, group_size) in [
+        ("temporal_layer_step_q8g64", 8, 64),
+        ("temporal_layer_step_q4g32", 4, 32),
+    ] {
         let mut cfg = config_7b(1);
         cfg.depformer_num_layers = 0;
-        let model = LmModel::random(&cfg, 9, RandomWeightKind::Quantized { bits, group_size }).expect("random q model");
+        let model = LmModel::random(&cfg, 9, RandomWeightKind::Quantized { bits, group_size })
+            .expect("random q model");
         let layer = &model.temporal().layers()[0];
         g.throughput(Throughput::Bytes(layer.weight_bytes() as u64));
         let rope = Rope::new(cfg.dim / cfg.num_heads, cfg.max_period);
@@ -173,11 +188,15 @@ fn quantized_layer_benches(c: &mut Criterion) {
 fn kernel_benches(c: &mut Criterion) {
     // The largest temporal matrix: gating.linear_in [2 * 11264, 4096].
     let (n, k) = (2 * 11264, 4096);
-    let w: Vec<u16> = (0..n * k).map(|i| half::bf16::from_f32(((i % 977) as f32 * 0.01).sin()).to_bits()).collect();
+    let w: Vec<u16> = (0..n * k)
+        .map(|i| half::bf16::from_f32(((i % 977) as f32 * 0.01).sin()).to_bits())
+        .collect();
     let x: Vec<f32> = (0..k).map(|i| (i as f32 * 0.3).cos()).collect();
     let mut y = vec![0f32; n];
     let mut g = c.benchmark_group("matvec_bf16_22528x4096");
-    g.sample_size(10).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3));
+    g.sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3));
     g.throughput(Throughput::Bytes((n * k * 2) as u64));
     for (name, kernel, par) in [
         ("scalar_1thread", Kernel::Scalar, false),
@@ -187,7 +206,9 @@ fn kernel_benches(c: &mut Criterion) {
         ("avx512_threads", Kernel::Avx512, true),
     ] {
         if kernel.is_available() {
-            g.bench_function(name, |b| b.iter(|| matvec_bf16_with(&w, n, k, &x, &mut y, kernel, par)));
+            g.bench_function(name, |b| {
+                b.iter(|| matvec_bf16_with(&w, n, k, &x, &mut y, kernel, par))
+            });
         }
     }
     g.finish();
@@ -195,7 +216,9 @@ fn kernel_benches(c: &mut Criterion) {
     // Memory read bandwidth: a parallel sum over 1 GiB (the ceiling for weight streaming).
     let buf: Vec<u64> = (0..(1usize << 27)).map(|i| i as u64).collect();
     let mut g = c.benchmark_group("memory");
-    g.sample_size(10).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3));
+    g.sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3));
     g.throughput(Throughput::Bytes((buf.len() * 8) as u64));
     g.bench_function("read_1gib_all_threads", |b| {
         b.iter(|| {
@@ -206,7 +229,9 @@ fn kernel_benches(c: &mut Criterion) {
             )
         })
     });
-    g.bench_function("read_1gib_1thread", |b| b.iter(|| black_box(buf.iter().fold(0u64, |a, v| a.wrapping_add(*v)))));
+    g.bench_function("read_1gib_1thread", |b| {
+        b.iter(|| black_box(buf.iter().fold(0u64, |a, v| a.wrapping_add(*v))))
+    });
     g.finish();
 }
 

@@ -19,7 +19,9 @@ fn bench_precision(c: &mut Criterion, mode: MimiWeights) {
     mimi.set_weights(mode);
     let label = mode.name();
     let frame = mimi.frame_size_samples();
-    let pcm: Vec<f32> = (0..frame).map(|i| 0.1 * ((i as f32) * 0.05).sin() + 0.05 * ((i as f32) * 0.31).cos()).collect();
+    let pcm: Vec<f32> = (0..frame)
+        .map(|i| 0.1 * ((i as f32) * 0.05).sin() + 0.05 * ((i as f32) * 0.31).cos())
+        .collect();
     let mut codes = vec![0u32; mimi.num_codebooks()];
     let mut out = vec![0f32; frame];
     // Fill the transformer windows (context 250 steps = 125 frames) so the timing is steady state.
@@ -32,8 +34,12 @@ fn bench_precision(c: &mut Criterion, mode: MimiWeights) {
     group.sample_size(30);
     group.measurement_time(std::time::Duration::from_secs(4));
     group.warm_up_time(std::time::Duration::from_secs(1));
-    group.bench_function("encode_80ms_frame", |b| b.iter(|| mimi.encode_frame_into(&pcm, &mut codes).expect("encode")));
-    group.bench_function("decode_80ms_frame", |b| b.iter(|| mimi.decode_frame_into(&codes, &mut out).expect("decode")));
+    group.bench_function("encode_80ms_frame", |b| {
+        b.iter(|| mimi.encode_frame_into(&pcm, &mut codes).expect("encode"))
+    });
+    group.bench_function("decode_80ms_frame", |b| {
+        b.iter(|| mimi.decode_frame_into(&codes, &mut out).expect("decode"))
+    });
     group.finish();
 }
 
@@ -57,8 +63,16 @@ fn report_cpu_time(label: &str, mimi: &mut Mimi, pcm: &[f32], codes: &mut [u32],
     const FRAMES: u32 = 100;
     // "encode+decode": both halves per frame, as the live pipeline runs them (their weights then
     // compete for the caches, unlike back-to-back frames of one half).
-    for (name, encode, decode) in [("encode", true, false), ("decode", false, true), ("encode+decode", true, true)] {
-        let (cpu0, bytes0, t0) = (process_cpu_ns(), weight_bytes_read(), std::time::Instant::now());
+    for (name, encode, decode) in [
+        ("encode", true, false),
+        ("decode", false, true),
+        ("encode+decode", true, true),
+    ] {
+        let (cpu0, bytes0, t0) = (
+            process_cpu_ns(),
+            weight_bytes_read(),
+            std::time::Instant::now(),
+        );
         for _ in 0..FRAMES {
             if encode {
                 mimi.encode_frame_into(pcm, codes).expect("encode");
@@ -105,7 +119,10 @@ fn speech_like(samples: usize, sample_rate: f32) -> Vec<f32> {
 /// the SNR of the streaming decode of the exact codes.
 fn report_accuracy(cfg: &MimiConfig, frames: usize) {
     let mut exact = Mimi::random(cfg, 8, 42).expect("random Mimi");
-    let pcm = speech_like(frames * exact.frame_size_samples(), exact.sample_rate() as f32);
+    let pcm = speech_like(
+        frames * exact.frame_size_samples(),
+        exact.sample_rate() as f32,
+    );
     let codes = exact.encode_step(&pcm).expect("encode");
     let decoded = exact.decode_step(&codes).expect("decode");
     let signal: f64 = decoded.iter().map(|x| (*x as f64).powi(2)).sum();
@@ -115,10 +132,22 @@ fn report_accuracy(cfg: &MimiConfig, frames: usize) {
         mimi.set_weights(mode);
         let ours = mimi.encode_step(&pcm).expect("encode");
         let total: usize = codes.iter().map(Vec::len).sum();
-        let equal: usize = ours.iter().zip(&codes).map(|(a, b)| a.iter().zip(b).filter(|(x, y)| x == y).count()).sum();
-        let first_equal = ours[0].iter().zip(&codes[0]).filter(|(x, y)| x == y).count();
+        let equal: usize = ours
+            .iter()
+            .zip(&codes)
+            .map(|(a, b)| a.iter().zip(b).filter(|(x, y)| x == y).count())
+            .sum();
+        let first_equal = ours[0]
+            .iter()
+            .zip(&codes[0])
+            .filter(|(x, y)| x == y)
+            .count();
         let out = mimi.decode_step(&codes).expect("decode");
-        let noise: f64 = out.iter().zip(&decoded).map(|(a, b)| (*a as f64 - *b as f64).powi(2)).sum();
+        let noise: f64 = out
+            .iter()
+            .zip(&decoded)
+            .map(|(a, b)| (*a as f64 - *b as f64).powi(2))
+            .sum();
         let snr_db = 10.0 * (signal / noise.max(f64::MIN_POSITIVE)).log10();
         println!(
             "mimi_v0_1 accuracy {mode} vs f32 ({frames} frames, speech-like signal): codes equal {:.1}% (semantic codebook {first_equal}/{frames}), decoded SNR {snr_db:.1} dB",

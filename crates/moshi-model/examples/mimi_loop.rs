@@ -7,12 +7,17 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let what = args.get(1).map(String::as_str).unwrap_or("encode");
     let frames: usize = args.get(2).and_then(|v| v.parse().ok()).unwrap_or(200);
-    let mode: MimiWeights = args.get(3).map(|v| v.parse().expect("weight mode")).unwrap_or_default();
+    let mode: MimiWeights = args
+        .get(3)
+        .map(|v| v.parse().expect("weight mode"))
+        .unwrap_or_default();
     let cfg = MimiConfig::v0_1();
     let mut mimi = Mimi::random(&cfg, 8, 42).expect("random Mimi");
     mimi.set_weights(mode);
     let frame = mimi.frame_size_samples();
-    let pcm: Vec<f32> = (0..frame).map(|i| 0.1 * ((i as f32) * 0.05).sin()).collect();
+    let pcm: Vec<f32> = (0..frame)
+        .map(|i| 0.1 * ((i as f32) * 0.05).sin())
+        .collect();
     let mut codes = vec![0u32; mimi.num_codebooks()];
     let mut out = vec![0f32; frame];
     for _ in 0..130 {
@@ -27,5 +32,8 @@ fn main() {
             mimi.decode_frame_into(&codes, &mut out).unwrap();
         }
     }
-    println!("{what} {mode}: {:.2} ms/frame", t.elapsed().as_secs_f64() * 1e3 / frames as f64);
+    println!(
+        "{what} {mode}: {:.2} ms/frame",
+        t.elapsed().as_secs_f64() * 1e3 / frames as f64
+    );
 }

@@ -58,7 +58,10 @@ fn dot_scalar<T: WeightElem>(row: &[T], x: &[f32]) -> f32 {
     let blocks = k / LANES;
     let mut l = [0f32; LANES];
     for b in 0..blocks {
-        let (wr, xr) = (&row[b * LANES..(b + 1) * LANES], &x[b * LANES..(b + 1) * LANES]);
+        let (wr, xr) = (
+            &row[b * LANES..(b + 1) * LANES],
+            &x[b * LANES..(b + 1) * LANES],
+        );
         for j in 0..LANES {
             l[j] += wr[j].to_f32() * xr[j];
         }
@@ -154,7 +157,10 @@ mod avx2 {
                 for q in 0..4 {
                     let xq = _mm256_loadu_ps(xp.add(o + 8 * q));
                     for r in 0..R {
-                        acc[r][q] = _mm256_add_ps(acc[r][q], _mm256_mul_ps(E::load8(wp[r].add(o + 8 * q)), xq));
+                        acc[r][q] = _mm256_add_ps(
+                            acc[r][q],
+                            _mm256_mul_ps(E::load8(wp[r].add(o + 8 * q)), xq),
+                        );
                     }
                 }
             }
@@ -295,7 +301,9 @@ impl Kernel {
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx2 => std::is_x86_feature_detected!("avx2"),
             #[cfg(target_arch = "x86_64")]
-            Kernel::Avx512 => std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx2"),
+            Kernel::Avx512 => {
+                std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx2")
+            }
             #[cfg(not(target_arch = "x86_64"))]
             _ => false,
         }
@@ -351,10 +359,14 @@ fn rows_bf16(w: &[u16], k: usize, x: &[f32], y: &mut [f32], kernel: Kernel) {
     match kernel {
         // SAFETY (both arms): only reached for kernels checked available; rows hold k elements.
         Kernel::Avx512 => {
-            return rows_bf16_interleaved::<8>(w, k, x, y, kernel, |rows, x| unsafe { avx512::dotn(rows, x) })
+            return rows_bf16_interleaved::<8>(w, k, x, y, kernel, |rows, x| unsafe {
+                avx512::dotn(rows, x)
+            })
         }
         Kernel::Avx2 => {
-            return rows_bf16_interleaved::<4>(w, k, x, y, kernel, |rows, x| unsafe { avx2::dotn(rows, x) })
+            return rows_bf16_interleaved::<4>(w, k, x, y, kernel, |rows, x| unsafe {
+                avx2::dotn(rows, x)
+            })
         }
         Kernel::Scalar => {}
     }
@@ -380,7 +392,10 @@ fn rows_bf16_interleaved<const R: usize>(
         let rows: [&[u16]; R] = std::array::from_fn(|r| &wg[r * k..(r + 1) * k]);
         yg.copy_from_slice(&dotn(rows, x));
     }
-    for (row, yv) in w[groups * R * k..].chunks_exact(k).zip(y[groups * R..].iter_mut()) {
+    for (row, yv) in w[groups * R * k..]
+        .chunks_exact(k)
+        .zip(y[groups * R..].iter_mut())
+    {
         *yv = kernel.dot_bf16(row, x);
     }
 }
@@ -412,7 +427,10 @@ fn matvec_with<T: Sync>(
     parallel: bool,
     rows: impl Fn(&[T], usize, &[f32], &mut [f32], Kernel) + Sync,
 ) {
-    assert!(w.len() >= n * k && x.len() >= k && y.len() >= n, "{name}: bad lengths");
+    assert!(
+        w.len() >= n * k && x.len() >= k && y.len() >= n,
+        "{name}: bad lengths"
+    );
     let kernel = kernel.or_best();
     if k == 0 {
         y[..n].fill(0.0);
@@ -421,7 +439,9 @@ fn matvec_with<T: Sync>(
     let (w, y) = (&w[..n * k], &mut y[..n]);
     if parallel && n * k >= PARALLEL_MIN_ELEMENTS && n > 1 {
         let rows_per = rows_per_task(n);
-        w.par_chunks(rows_per * k).zip(y.par_chunks_mut(rows_per)).for_each(|(wc, yc)| rows(wc, k, x, yc, kernel));
+        w.par_chunks(rows_per * k)
+            .zip(y.par_chunks_mut(rows_per))
+            .for_each(|(wc, yc)| rows(wc, k, x, yc, kernel));
     } else {
         rows(w, k, x, y, kernel);
     }
@@ -430,12 +450,28 @@ fn matvec_with<T: Sync>(
 /// `y[n] = W[n, k] · x[k]`, bf16 weights, with an explicit choice of kernel (replaced by the
 /// best one if this CPU lacks it) and threading (for tests and benchmarks; [`matvec_bf16_auto`]
 /// picks both).
-pub fn matvec_bf16_with(w: &[u16], n: usize, k: usize, x: &[f32], y: &mut [f32], kernel: Kernel, parallel: bool) {
+pub fn matvec_bf16_with(
+    w: &[u16],
+    n: usize,
+    k: usize,
+    x: &[f32],
+    y: &mut [f32],
+    kernel: Kernel,
+    parallel: bool,
+) {
     matvec_with("matvec_bf16", w, n, k, x, y, kernel, parallel, rows_bf16)
 }
 
 /// `y[n] = W[n, k] · x[k]`, f32 weights, explicit kernel / threading choice.
-pub fn matvec_f32_with(w: &[f32], n: usize, k: usize, x: &[f32], y: &mut [f32], kernel: Kernel, parallel: bool) {
+pub fn matvec_f32_with(
+    w: &[f32],
+    n: usize,
+    k: usize,
+    x: &[f32],
+    y: &mut [f32],
+    kernel: Kernel,
+    parallel: bool,
+) {
     matvec_with("matvec_f32", w, n, k, x, y, kernel, parallel, rows_f32)
 }
 
@@ -462,8 +498,9 @@ mod tests {
     use super::*;
 
     fn data(n: usize, k: usize) -> (Vec<u16>, Vec<f32>, Vec<f32>) {
-        let w16: Vec<u16> =
-            (0..n * k).map(|i| half::bf16::from_f32(((i * 7919 % 1000) as f32 * 0.013).sin()).to_bits()).collect();
+        let w16: Vec<u16> = (0..n * k)
+            .map(|i| half::bf16::from_f32(((i * 7919 % 1000) as f32 * 0.013).sin()).to_bits())
+            .collect();
         let w32: Vec<f32> = w16.iter().map(|&b| bf16_to_f32(b)).collect();
         let x: Vec<f32> = (0..k).map(|i| (i as f32 * 0.71).cos()).collect();
         (w16, w32, x)
@@ -487,7 +524,9 @@ mod tests {
                 let mut y = vec![f32::NAN; n];
                 matvec_bf16_with(&w16, n, k, &x, &mut y, kernel, par);
                 assert!(
-                    y.iter().zip(&reference).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    y.iter()
+                        .zip(&reference)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
                     "bf16 n={n} k={k} {kernel:?} par={par}"
                 );
                 let d = dot_f32(&w32[..k], &x);
@@ -495,7 +534,9 @@ mod tests {
                 let mut y32 = vec![f32::NAN; n];
                 matvec_f32_with(&w32, n, k, &x, &mut y32, kernel, par);
                 assert!(
-                    y32.iter().zip(&reference).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    y32.iter()
+                        .zip(&reference)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
                     "f32 n={n} k={k} {kernel:?} par={par}"
                 );
             }
@@ -510,7 +551,11 @@ mod tests {
         matvec_bf16_auto(&w16, n, k, &x, &mut y);
         for r in 0..n {
             let exact: f64 = (0..k).map(|j| w32[r * k + j] as f64 * x[j] as f64).sum();
-            assert!((y[r] as f64 - exact).abs() < 1e-3, "row {r}: {} vs {exact}", y[r]);
+            assert!(
+                (y[r] as f64 - exact).abs() < 1e-3,
+                "row {r}: {} vs {exact}",
+                y[r]
+            );
         }
     }
 }

@@ -6,7 +6,15 @@ use moshi_quant::QuantizedMatrix;
 
 /// `out[m, n] = x[m, k] · w[n, k]ᵀ` (+ `out` if `accumulate`), with `w` row-major `[n, k]`
 /// as stored in PyTorch checkpoints.
-pub fn matmul_t(x: &[f32], m: usize, k: usize, w: &[f32], n: usize, out: &mut [f32], accumulate: bool) {
+pub fn matmul_t(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    w: &[f32],
+    n: usize,
+    out: &mut [f32],
+    accumulate: bool,
+) {
     debug_assert!(x.len() >= m * k && w.len() >= n * k && out.len() >= m * n);
     if m == 0 || n == 0 {
         return;
@@ -42,8 +50,16 @@ pub fn matmul_t(x: &[f32], m: usize, k: usize, w: &[f32], n: usize, out: &mut [f
 /// A linear layer without bias: dense f32, bf16 (upcast exactly at use) or MLX-packed.
 #[derive(Clone, Debug)]
 pub enum Linear {
-    F32 { weight: Vec<f32>, out_dim: usize, in_dim: usize },
-    BF16 { weight: Vec<u16>, out_dim: usize, in_dim: usize },
+    F32 {
+        weight: Vec<f32>,
+        out_dim: usize,
+        in_dim: usize,
+    },
+    BF16 {
+        weight: Vec<u16>,
+        out_dim: usize,
+        in_dim: usize,
+    },
     Quantized(QuantizedMatrix),
 }
 
@@ -52,8 +68,16 @@ impl Linear {
     pub fn from_weight(w: Weight) -> Self {
         let (out_dim, in_dim) = (w.shape[0], w.shape[1..].iter().product());
         match w.data {
-            WeightData::F32(weight) => Linear::F32 { weight, out_dim, in_dim },
-            WeightData::BF16(weight) => Linear::BF16 { weight, out_dim, in_dim },
+            WeightData::F32(weight) => Linear::F32 {
+                weight,
+                out_dim,
+                in_dim,
+            },
+            WeightData::BF16(weight) => Linear::BF16 {
+                weight,
+                out_dim,
+                in_dim,
+            },
             WeightData::Quantized(q) => Linear::Quantized(q),
         }
     }
@@ -88,7 +112,13 @@ impl Linear {
             Linear::F32 { weight, .. } => matmul_t(x, m, k, weight, n, out, false),
             Linear::BF16 { weight, .. } => {
                 for r in 0..m {
-                    matvec_bf16(weight, n, k, &x[r * k..(r + 1) * k], &mut out[r * n..(r + 1) * n]);
+                    matvec_bf16(
+                        weight,
+                        n,
+                        k,
+                        &x[r * k..(r + 1) * k],
+                        &mut out[r * n..(r + 1) * n],
+                    );
                 }
             }
             Linear::Quantized(q) => {
@@ -397,16 +427,43 @@ pub fn gemm_nt_strided(
         return;
     }
     assert!(a.len() >= (m - 1) * rs_a + k, "lhs slice too short");
-    assert!(w.len() > (n - 1) * rs_w + (k - 1) * cs_w, "weight slice too short");
+    assert!(
+        w.len() > (n - 1) * rs_w + (k - 1) * cs_w,
+        "weight slice too short"
+    );
     let macs = m * n * k;
     let threads = crate::team::threads();
     if macs < PARALLEL_MIN_MACS || threads < 2 {
         // SAFETY: bounds asserted above; `out` is a unique borrow so it cannot alias `a`/`w`.
-        unsafe { gemm_raw(m, k, n, a.as_ptr(), rs_a, w.as_ptr(), rs_w, cs_w, out.as_mut_ptr(), rs_out, accumulate) };
+        unsafe {
+            gemm_raw(
+                m,
+                k,
+                n,
+                a.as_ptr(),
+                rs_a,
+                w.as_ptr(),
+                rs_w,
+                cs_w,
+                out.as_mut_ptr(),
+                rs_out,
+                accumulate,
+            )
+        };
         return;
     }
-    let parts = threads.min(if m >= n { m.div_ceil(16) } else { n.div_ceil(16) }).max(1);
-    let (ap, wp, op) = (SendPtr(a.as_ptr() as *mut f32), SendPtr(w.as_ptr() as *mut f32), SendPtr(out.as_mut_ptr()));
+    let parts = threads
+        .min(if m >= n {
+            m.div_ceil(16)
+        } else {
+            n.div_ceil(16)
+        })
+        .max(1);
+    let (ap, wp, op) = (
+        SendPtr(a.as_ptr() as *mut f32),
+        SendPtr(w.as_ptr() as *mut f32),
+        SendPtr(out.as_mut_ptr()),
+    );
     let split_rows = m >= n;
     let total = if split_rows { m } else { n };
     par_ranges(0, total, parts, &|lo, hi| {
@@ -415,9 +472,33 @@ pub fn gemm_nt_strided(
         // the ranges asserted above.
         unsafe {
             if split_rows {
-                gemm_raw(hi - lo, k, n, ap.0.add(lo * rs_a), rs_a, wp.0, rs_w, cs_w, op.0.add(lo * rs_out), rs_out, accumulate);
+                gemm_raw(
+                    hi - lo,
+                    k,
+                    n,
+                    ap.0.add(lo * rs_a),
+                    rs_a,
+                    wp.0,
+                    rs_w,
+                    cs_w,
+                    op.0.add(lo * rs_out),
+                    rs_out,
+                    accumulate,
+                );
             } else {
-                gemm_raw(m, k, hi - lo, ap.0, rs_a, wp.0.add(lo * rs_w), rs_w, cs_w, op.0.add(lo), rs_out, accumulate);
+                gemm_raw(
+                    m,
+                    k,
+                    hi - lo,
+                    ap.0,
+                    rs_a,
+                    wp.0.add(lo * rs_w),
+                    rs_w,
+                    cs_w,
+                    op.0.add(lo),
+                    rs_out,
+                    accumulate,
+                );
             }
         }
     });
@@ -466,7 +547,22 @@ unsafe fn gemm_raw(
     let beta = if accumulate { 1.0 } else { 0.0 };
     // SAFETY: forwarded caller contract. B = wᵀ is [k, n] with strides (cs_w, rs_w).
     unsafe {
-        matrixmultiply::sgemm(m, k, n, 1.0, a, rs_a as isize, 1, w, cs_w as isize, rs_w as isize, beta, out, rs_out as isize, 1);
+        matrixmultiply::sgemm(
+            m,
+            k,
+            n,
+            1.0,
+            a,
+            rs_a as isize,
+            1,
+            w,
+            cs_w as isize,
+            rs_w as isize,
+            beta,
+            out,
+            rs_out as isize,
+            1,
+        );
     }
 }
 
@@ -516,26 +612,76 @@ pub fn f32_to_bf16_bits(x: f32) -> u16 {
 /// Like [`gemm_nt_strided`] with contiguous weight rows stored as bf16 bits, for at most
 /// [`SMALL_M`] left rows (the memory-bound per-frame case: half the weight bytes of f32).
 #[allow(clippy::too_many_arguments)]
-pub fn gemm_nt_bf16(m: usize, k: usize, n: usize, a: &[f32], rs_a: usize, w: &[u16], rs_w: usize, out: &mut [f32], rs_out: usize, accumulate: bool) {
-    assert!(m <= SMALL_M, "gemm_nt_bf16 takes at most {SMALL_M} rows, got {m}");
+pub fn gemm_nt_bf16(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[f32],
+    rs_a: usize,
+    w: &[u16],
+    rs_w: usize,
+    out: &mut [f32],
+    rs_out: usize,
+    accumulate: bool,
+) {
+    assert!(
+        m <= SMALL_M,
+        "gemm_nt_bf16 takes at most {SMALL_M} rows, got {m}"
+    );
     if m == 0 || n == 0 {
         return;
     }
-    assert!(rs_out >= n && out.len() >= (m - 1) * rs_out + n, "output slice too short");
-    assert!(k > 0 && a.len() >= (m - 1) * rs_a + k, "lhs slice too short");
+    assert!(
+        rs_out >= n && out.len() >= (m - 1) * rs_out + n,
+        "output slice too short"
+    );
+    assert!(
+        k > 0 && a.len() >= (m - 1) * rs_a + k,
+        "lhs slice too short"
+    );
     assert!(w.len() >= (n - 1) * rs_w + k, "weight slice too short");
     let threads = crate::team::threads();
     if m * n * k < PARALLEL_MIN_MACS || threads < 2 {
         // SAFETY: bounds asserted above.
-        unsafe { small_m_nt(m, k, n, a.as_ptr(), rs_a, w.as_ptr(), rs_w, out.as_mut_ptr(), rs_out, accumulate) };
+        unsafe {
+            small_m_nt(
+                m,
+                k,
+                n,
+                a.as_ptr(),
+                rs_a,
+                w.as_ptr(),
+                rs_w,
+                out.as_mut_ptr(),
+                rs_out,
+                accumulate,
+            )
+        };
         return;
     }
     let parts = threads.min(n.div_ceil(16));
-    let (ap, wp, op) = (SendPtr(a.as_ptr() as *mut f32), SendPtrU16(w.as_ptr() as *mut u16), SendPtr(out.as_mut_ptr()));
+    let (ap, wp, op) = (
+        SendPtr(a.as_ptr() as *mut f32),
+        SendPtrU16(w.as_ptr() as *mut u16),
+        SendPtr(out.as_mut_ptr()),
+    );
     par_ranges(0, n, parts, &|lo, hi| {
         let (ap, wp, op) = (ap, wp, op);
         // SAFETY: disjoint output columns per range, all in the asserted ranges.
-        unsafe { small_m_nt(m, k, hi - lo, ap.0, rs_a, wp.0.add(lo * rs_w), rs_w, op.0.add(lo), rs_out, accumulate) };
+        unsafe {
+            small_m_nt(
+                m,
+                k,
+                hi - lo,
+                ap.0,
+                rs_a,
+                wp.0.add(lo * rs_w),
+                rs_w,
+                op.0.add(lo),
+                rs_out,
+                accumulate,
+            )
+        };
     });
 }
 
@@ -554,7 +700,18 @@ const SMALL_M: usize = 4;
 /// # Safety
 /// Same contract as [`gemm_raw`], with `m <= SMALL_M` and contiguous weight rows.
 #[allow(clippy::too_many_arguments)]
-unsafe fn small_m_nt<W: WeightElem>(m: usize, k: usize, n: usize, a: *const f32, rs_a: usize, w: *const W, rs_w: usize, out: *mut f32, rs_out: usize, accumulate: bool) {
+unsafe fn small_m_nt<W: WeightElem>(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: *const f32,
+    rs_a: usize,
+    w: *const W,
+    rs_w: usize,
+    out: *mut f32,
+    rs_out: usize,
+    accumulate: bool,
+) {
     #[cfg(target_arch = "x86_64")]
     {
         if std::is_x86_feature_detected!("avx512f") {
@@ -575,7 +732,18 @@ unsafe fn small_m_nt<W: WeightElem>(m: usize, k: usize, n: usize, a: *const f32,
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn small_m_nt_avx512<W: WeightElem>(m: usize, k: usize, n: usize, a: *const f32, rs_a: usize, w: *const W, rs_w: usize, out: *mut f32, rs_out: usize, accumulate: bool) {
+unsafe fn small_m_nt_avx512<W: WeightElem>(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: *const f32,
+    rs_a: usize,
+    w: *const W,
+    rs_w: usize,
+    out: *mut f32,
+    rs_out: usize,
+    accumulate: bool,
+) {
     // SAFETY: caller contract forwarded.
     unsafe { small_m_nt_body::<W, true>(m, k, n, a, rs_a, w, rs_w, out, rs_out, accumulate) }
 }
@@ -583,7 +751,18 @@ unsafe fn small_m_nt_avx512<W: WeightElem>(m: usize, k: usize, n: usize, a: *con
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn small_m_nt_avx2<W: WeightElem>(m: usize, k: usize, n: usize, a: *const f32, rs_a: usize, w: *const W, rs_w: usize, out: *mut f32, rs_out: usize, accumulate: bool) {
+unsafe fn small_m_nt_avx2<W: WeightElem>(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: *const f32,
+    rs_a: usize,
+    w: *const W,
+    rs_w: usize,
+    out: *mut f32,
+    rs_out: usize,
+    accumulate: bool,
+) {
     // SAFETY: caller contract forwarded.
     unsafe { small_m_nt_body::<W, true>(m, k, n, a, rs_a, w, rs_w, out, rs_out, accumulate) }
 }
@@ -620,9 +799,17 @@ unsafe fn small_m_nt_body<W: WeightElem, const FMA: bool>(
 const NR: usize = 4;
 
 #[inline(always)]
-pub(crate) fn fma_lanes<const FMA: bool>(acc: &mut [f32; LANES], x: &[f32; LANES], w: &[f32; LANES]) {
+pub(crate) fn fma_lanes<const FMA: bool>(
+    acc: &mut [f32; LANES],
+    x: &[f32; LANES],
+    w: &[f32; LANES],
+) {
     for l in 0..LANES {
-        acc[l] = if FMA { x[l].mul_add(w[l], acc[l]) } else { acc[l] + x[l] * w[l] };
+        acc[l] = if FMA {
+            x[l].mul_add(w[l], acc[l])
+        } else {
+            acc[l] + x[l] * w[l]
+        };
     }
 }
 
@@ -727,11 +914,22 @@ mod tests {
     use super::*;
 
     #[allow(clippy::too_many_arguments)]
-    fn naive_strided(m: usize, k: usize, n: usize, a: &[f32], rs_a: usize, w: &[f32], rs_w: usize, cs_w: usize) -> Vec<f32> {
+    fn naive_strided(
+        m: usize,
+        k: usize,
+        n: usize,
+        a: &[f32],
+        rs_a: usize,
+        w: &[f32],
+        rs_w: usize,
+        cs_w: usize,
+    ) -> Vec<f32> {
         let mut out = vec![0f32; m * n];
         for i in 0..m {
             for j in 0..n {
-                out[i * n + j] = (0..k).map(|p| a[i * rs_a + p] as f64 * w[j * rs_w + p * cs_w] as f64).sum::<f64>() as f32;
+                out[i * n + j] = (0..k)
+                    .map(|p| a[i * rs_a + p] as f64 * w[j * rs_w + p * cs_w] as f64)
+                    .sum::<f64>() as f32;
             }
         }
         out
@@ -740,8 +938,22 @@ mod tests {
     #[test]
     fn gemm_nt_strided_matches_scalar_reference() {
         // small-m kernel, packed sgemm, overlapping lhs rows, strided weights, parallel split
-        for &(m, k, n, rs_a, cs_w) in &[(300, 448, 1, 64, 1), (2000, 448, 1, 64, 1), (1, 37, 5, 37, 1), (2, 64, 33, 64, 1), (4, 100, 7, 50, 1), (9, 24, 12, 6, 1), (3, 8, 5, 8, 3), (200, 96, 64, 48, 1), (2, 512, 1536, 512, 1), (3, 40, 9, 40, 1), (1, 300, 2051, 300, 1)] {
-            let a: Vec<f32> = (0..(m - 1) * rs_a + k).map(|i| (i as f32 * 0.13).sin()).collect();
+        for &(m, k, n, rs_a, cs_w) in &[
+            (300, 448, 1, 64, 1),
+            (2000, 448, 1, 64, 1),
+            (1, 37, 5, 37, 1),
+            (2, 64, 33, 64, 1),
+            (4, 100, 7, 50, 1),
+            (9, 24, 12, 6, 1),
+            (3, 8, 5, 8, 3),
+            (200, 96, 64, 48, 1),
+            (2, 512, 1536, 512, 1),
+            (3, 40, 9, 40, 1),
+            (1, 300, 2051, 300, 1),
+        ] {
+            let a: Vec<f32> = (0..(m - 1) * rs_a + k)
+                .map(|i| (i as f32 * 0.13).sin())
+                .collect();
             let rs_w = if cs_w == 1 { k } else { 1 };
             let wlen = (n - 1) * rs_w + (k - 1) * cs_w + 1;
             let w: Vec<f32> = (0..wlen).map(|i| (i as f32 * 0.071).cos()).collect();
@@ -761,7 +973,10 @@ mod tests {
 
     #[test]
     fn elu_slice_matches_libm() {
-        let xs: Vec<f32> = (0..200_000).map(|i| -30.0 + i as f32 * 0.00016).chain([0.0, -0.0, -1e-8, -1e-30, -87.9, -200.0, 5.0]).collect();
+        let xs: Vec<f32> = (0..200_000)
+            .map(|i| -30.0 + i as f32 * 0.00016)
+            .chain([0.0, -0.0, -1e-8, -1e-30, -87.9, -200.0, 5.0])
+            .collect();
         let mut out = vec![0f32; xs.len()];
         elu_slice(&mut out, &xs);
         for (&x, &y) in xs.iter().zip(&out) {
@@ -776,15 +991,22 @@ mod tests {
 
     #[test]
     fn gelu_slice_matches_libm() {
-        let xs: Vec<f32> = (0..1_200_000).map(|i| -6.0 + i as f32 * 1e-5).chain([0.0, -0.0, 1e-30, -1e-30, 10.0, -10.0, 1e6, -1e6]).collect();
+        let xs: Vec<f32> = (0..1_200_000)
+            .map(|i| -6.0 + i as f32 * 1e-5)
+            .chain([0.0, -0.0, 1e-30, -1e-30, 10.0, -10.0, 1e6, -1e6])
+            .collect();
         let (mut max_abs, mut max_ulp) = (0f64, 0f64);
         for &x in &xs {
             let exact = libm::erf(x as f64);
             let err = (erf_rational(x) as f64 - exact).abs();
             max_abs = max_abs.max(err);
-            max_ulp = max_ulp.max(err / ((exact as f32).abs() * f32::EPSILON).max(f32::MIN_POSITIVE) as f64);
+            max_ulp = max_ulp
+                .max(err / ((exact as f32).abs() * f32::EPSILON).max(f32::MIN_POSITIVE) as f64);
         }
-        assert!(max_abs <= 5e-7 && max_ulp <= 4.0, "erf: max abs error {max_abs:e}, {max_ulp:.2} ulp");
+        assert!(
+            max_abs <= 5e-7 && max_ulp <= 4.0,
+            "erf: max abs error {max_abs:e}, {max_ulp:.2} ulp"
+        );
         let mut gelu = xs.clone();
         gelu_slice(&mut gelu);
         for (&x, &g) in xs.iter().zip(&gelu) {
@@ -836,11 +1058,26 @@ mod tests {
     #[test]
     fn bf16_linear_equals_f32_linear_on_upcast_weights() {
         let (n, k) = (7, 19);
-        let w16: Vec<u16> = (0..n * k).map(|i| half::bf16::from_f32((i as f32 * 0.3).sin()).to_bits()).collect();
-        let w32: Vec<f32> = w16.iter().map(|&b| f32::from_bits((b as u32) << 16)).collect();
+        let w16: Vec<u16> = (0..n * k)
+            .map(|i| half::bf16::from_f32((i as f32 * 0.3).sin()).to_bits())
+            .collect();
+        let w32: Vec<f32> = w16
+            .iter()
+            .map(|&b| f32::from_bits((b as u32) << 16))
+            .collect();
         let x: Vec<f32> = (0..2 * k).map(|i| (i as f32 * 0.7).cos()).collect();
-        let a = Linear::BF16 { weight: w16, out_dim: n, in_dim: k }.forward(&x, 2);
-        let b = Linear::F32 { weight: w32, out_dim: n, in_dim: k }.forward(&x, 2);
+        let a = Linear::BF16 {
+            weight: w16,
+            out_dim: n,
+            in_dim: k,
+        }
+        .forward(&x, 2);
+        let b = Linear::F32 {
+            weight: w32,
+            out_dim: n,
+            in_dim: k,
+        }
+        .forward(&x, 2);
         for (p, q) in a.iter().zip(&b) {
             assert!((p - q).abs() < 1e-5, "{p} vs {q}");
         }

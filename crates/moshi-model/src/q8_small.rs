@@ -28,22 +28,51 @@ pub const Q8_GROUP_SIZES: [usize; 3] = [32, 64, 128];
 /// size, `1 <= m <= Q8_MAX_ROWS`, `col0` and `k` are multiples of the group size, the block is
 /// inside `w` and the slices cover the strided ranges.
 #[allow(clippy::too_many_arguments)]
-pub fn gemm_nt_q8(m: usize, k: usize, n: usize, a: &[f32], rs_a: usize, w: &QuantizedMatrix, row0: usize, col0: usize, out: &mut [f32], rs_out: usize, accumulate: bool) {
+pub fn gemm_nt_q8(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[f32],
+    rs_a: usize,
+    w: &QuantizedMatrix,
+    row0: usize,
+    col0: usize,
+    out: &mut [f32],
+    rs_out: usize,
+    accumulate: bool,
+) {
     let g = w.group_size();
     assert_eq!(w.bits(), 8, "gemm_nt_q8 needs 8-bit weights");
-    assert!(Q8_GROUP_SIZES.contains(&g), "gemm_nt_q8: group size {g} not supported");
-    assert!((1..=Q8_MAX_ROWS).contains(&m), "gemm_nt_q8 takes 1..={Q8_MAX_ROWS} rows, got {m}");
+    assert!(
+        Q8_GROUP_SIZES.contains(&g),
+        "gemm_nt_q8: group size {g} not supported"
+    );
+    assert!(
+        (1..=Q8_MAX_ROWS).contains(&m),
+        "gemm_nt_q8 takes 1..={Q8_MAX_ROWS} rows, got {m}"
+    );
     if n == 0 {
         return;
     }
-    assert!(k > 0 && k.is_multiple_of(g) && col0.is_multiple_of(g), "gemm_nt_q8: k {k} / col0 {col0} not multiples of the group {g}");
-    assert!(row0 + n <= w.rows() && col0 + k <= w.cols(), "gemm_nt_q8: block outside the matrix");
+    assert!(
+        k > 0 && k.is_multiple_of(g) && col0.is_multiple_of(g),
+        "gemm_nt_q8: k {k} / col0 {col0} not multiples of the group {g}"
+    );
+    assert!(
+        row0 + n <= w.rows() && col0 + k <= w.cols(),
+        "gemm_nt_q8: block outside the matrix"
+    );
     assert!(a.len() >= (m - 1) * rs_a + k, "lhs slice too short");
-    assert!(rs_out >= n && out.len() >= (m - 1) * rs_out + n, "output slice too short");
+    assert!(
+        rs_out >= n && out.len() >= (m - 1) * rs_out + n,
+        "output slice too short"
+    );
     let groups = k / g;
     XSUM.with(|cell| {
         let mut xsum = cell.borrow_mut();
-        gemm_with_xsum(m, k, n, a, rs_a, w, row0, col0, out, rs_out, accumulate, groups, &mut xsum);
+        gemm_with_xsum(
+            m, k, n, a, rs_a, w, row0, col0, out, rs_out, accumulate, groups, &mut xsum,
+        );
     });
 }
 
@@ -53,7 +82,21 @@ thread_local! {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn gemm_with_xsum(m: usize, k: usize, n: usize, a: &[f32], rs_a: usize, w: &QuantizedMatrix, row0: usize, col0: usize, out: &mut [f32], rs_out: usize, accumulate: bool, groups: usize, xsum: &mut Vec<f32>) {
+fn gemm_with_xsum(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[f32],
+    rs_a: usize,
+    w: &QuantizedMatrix,
+    row0: usize,
+    col0: usize,
+    out: &mut [f32],
+    rs_out: usize,
+    accumulate: bool,
+    groups: usize,
+    xsum: &mut Vec<f32>,
+) {
     let g = w.group_size();
     // Σ x per left row and group, shared by every weight row.
     xsum.clear();
@@ -65,7 +108,8 @@ fn gemm_with_xsum(m: usize, k: usize, n: usize, a: &[f32], rs_a: usize, w: &Quan
     }
     // SAFETY (u8 view): the code words are plain u32s; reading them as bytes is always valid, and
     // on little-endian targets byte `4 w + b` of the words is column `4 w + b` (MLX packing).
-    let codes: &[u8] = unsafe { std::slice::from_raw_parts(w.codes().as_ptr().cast::<u8>(), w.codes().len() * 4) };
+    let codes: &[u8] =
+        unsafe { std::slice::from_raw_parts(w.codes().as_ptr().cast::<u8>(), w.codes().len() * 4) };
     let (row_bytes, row_groups) = (w.cols(), w.cols() / g);
     let block = Q8Block {
         codes: codes[row0 * row_bytes + col0..].as_ptr(),
@@ -76,7 +120,15 @@ fn gemm_with_xsum(m: usize, k: usize, n: usize, a: &[f32], rs_a: usize, w: &Quan
         group: g,
         groups,
     };
-    let args = Q8Args { m, k, a: a.as_ptr(), rs_a, xsum: xsum.as_ptr(), rs_out, accumulate };
+    let args = Q8Args {
+        m,
+        k,
+        a: a.as_ptr(),
+        rs_a,
+        xsum: xsum.as_ptr(),
+        rs_out,
+        accumulate,
+    };
     let threads = crate::team::threads();
     if m * n * k < PARALLEL_MIN_MACS || threads < 2 {
         // SAFETY: bounds asserted above.
@@ -161,7 +213,13 @@ unsafe fn q8_avx2(args: &Q8Args, block: &Q8Block, lo: usize, hi: usize, out: *mu
 }
 
 #[inline(always)]
-unsafe fn q8_body<const FMA: bool>(args: &Q8Args, block: &Q8Block, lo: usize, hi: usize, out: *mut f32) {
+unsafe fn q8_body<const FMA: bool>(
+    args: &Q8Args,
+    block: &Q8Block,
+    lo: usize,
+    hi: usize,
+    out: *mut f32,
+) {
     // SAFETY (all arms): contract forwarded.
     unsafe {
         match block.group {
@@ -178,7 +236,13 @@ const MR: usize = 4;
 /// Weight rows `lo..hi` in tiles of 4 (1-2 left rows) or 2 weight rows; each tile is applied to
 /// all left rows, [`MR`] at a time, while it is hot in L1 (the weights are read from memory once).
 #[inline(always)]
-unsafe fn q8_rows<const G: usize, const FMA: bool>(args: &Q8Args, block: &Q8Block, lo: usize, hi: usize, out: *mut f32) {
+unsafe fn q8_rows<const G: usize, const FMA: bool>(
+    args: &Q8Args,
+    block: &Q8Block,
+    lo: usize,
+    hi: usize,
+    out: *mut f32,
+) {
     let m = args.m;
     let mut j = lo;
     while j < hi {
@@ -225,7 +289,11 @@ fn prefetch(p: *const u8, len: usize) {
         let mut off = 0;
         while off < len {
             // SAFETY: prefetch is a hint; it does not access memory architecturally.
-            unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.wrapping_add(off).cast()) };
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                    p.wrapping_add(off).cast(),
+                )
+            };
             off += 64;
         }
     }
@@ -236,7 +304,11 @@ fn prefetch(p: *const u8, len: usize) {
 #[inline(always)]
 fn scale_add<const FMA: bool>(total: &mut [f32; LANES], s: f32, v: &[f32; LANES]) {
     for l in 0..LANES {
-        total[l] = if FMA { s.mul_add(v[l], total[l]) } else { total[l] + s * v[l] };
+        total[l] = if FMA {
+            s.mul_add(v[l], total[l])
+        } else {
+            total[l] + s * v[l]
+        };
     }
 }
 
@@ -251,7 +323,13 @@ fn u8_lanes(c: &[u8; LANES]) -> [f32; LANES] {
 
 /// Weight rows `j..j + NR` against left rows `i0..i0 + M`.
 #[inline(always)]
-unsafe fn q8_tile<const M: usize, const NR: usize, const G: usize, const FMA: bool>(args: &Q8Args, block: &Q8Block, i0: usize, j: usize, out: *mut f32) {
+unsafe fn q8_tile<const M: usize, const NR: usize, const G: usize, const FMA: bool>(
+    args: &Q8Args,
+    block: &Q8Block,
+    i0: usize,
+    j: usize,
+    out: *mut f32,
+) {
     let k = args.k;
     let groups = block.groups;
     let mut x: [&[f32]; M] = [&[]; M];
@@ -270,8 +348,10 @@ unsafe fn q8_tile<const M: usize, const NR: usize, const G: usize, const FMA: bo
         // SAFETY: weight row j + r of the block holds k codes and `groups` scales/biases.
         unsafe {
             q[r] = std::slice::from_raw_parts(block.codes.add((j + r) * block.row_bytes), k);
-            sc[r] = std::slice::from_raw_parts(block.scales.add((j + r) * block.row_groups), groups);
-            bi[r] = std::slice::from_raw_parts(block.biases.add((j + r) * block.row_groups), groups);
+            sc[r] =
+                std::slice::from_raw_parts(block.scales.add((j + r) * block.row_groups), groups);
+            bi[r] =
+                std::slice::from_raw_parts(block.biases.add((j + r) * block.row_groups), groups);
         }
     }
     let mut total = [[[0f32; LANES]; NR]; M];
@@ -281,7 +361,11 @@ unsafe fn q8_tile<const M: usize, const NR: usize, const G: usize, const FMA: bo
         for row in &q {
             // The same columns of the rows PREFETCH_TILES tiles ahead (rows are contiguous when the
             // block spans whole rows; otherwise this is only a harmless hint).
-            prefetch(row.as_ptr().wrapping_add(base + PREFETCH_TILES * NR * block.row_bytes), G);
+            prefetch(
+                row.as_ptr()
+                    .wrapping_add(base + PREFETCH_TILES * NR * block.row_bytes),
+                G,
+            );
         }
         let mut acc = [[[0f32; LANES]; NR]; M];
         let mut p = base;
@@ -323,18 +407,31 @@ mod tests {
     use super::*;
 
     fn signal(n: usize, f: f32) -> Vec<f32> {
-        (0..n).map(|i| ((i as f32) * f).sin() + 0.3 * ((i as f32) * f * 3.7).cos()).collect()
+        (0..n)
+            .map(|i| ((i as f32) * f).sin() + 0.3 * ((i as f32) * f * 3.7).cos())
+            .collect()
     }
 
     /// Scalar f64 reference on the dequantized weights.
     #[allow(clippy::too_many_arguments)]
-    fn reference(m: usize, k: usize, n: usize, a: &[f32], rs_a: usize, w: &QuantizedMatrix, row0: usize, col0: usize) -> Vec<f32> {
+    fn reference(
+        m: usize,
+        k: usize,
+        n: usize,
+        a: &[f32],
+        rs_a: usize,
+        w: &QuantizedMatrix,
+        row0: usize,
+        col0: usize,
+    ) -> Vec<f32> {
         let deq = w.dequantize_f32();
         let mut out = vec![0f32; m * n];
         for i in 0..m {
             for j in 0..n {
                 let wr = &deq[(row0 + j) * w.cols() + col0..];
-                out[i * n + j] = (0..k).map(|p| a[i * rs_a + p] as f64 * wr[p] as f64).sum::<f64>() as f32;
+                out[i * n + j] = (0..k)
+                    .map(|p| a[i * rs_a + p] as f64 * wr[p] as f64)
+                    .sum::<f64>() as f32;
             }
         }
         out
@@ -364,11 +461,17 @@ mod tests {
             gemm_nt_q8(m, k, n, &a, rs_a, &w, row0, col0, &mut out, n, false);
             let tol = 1e-5 * k as f32;
             for (idx, (x, y)) in out.iter().zip(&expected).enumerate() {
-                assert!((x - y).abs() <= tol, "m{m} k{k} n{n} g{g} at {idx}: {x} vs {y}");
+                assert!(
+                    (x - y).abs() <= tol,
+                    "m{m} k{k} n{n} g{g} at {idx}: {x} vs {y}"
+                );
             }
             gemm_nt_q8(m, k, n, &a, rs_a, &w, row0, col0, &mut out, n, true);
             for (x, y) in out.iter().zip(&expected) {
-                assert!((x - 2.0 * y).abs() <= 2.0 * tol, "accumulate m{m} k{k} n{n}");
+                assert!(
+                    (x - 2.0 * y).abs() <= 2.0 * tol,
+                    "accumulate m{m} k{k} n{n}"
+                );
             }
         }
     }
@@ -386,9 +489,18 @@ mod tests {
         for i in 0..m {
             for j in 0..n {
                 let (x, y) = (out[i * rs_out + j], qmm[i * n + j]);
-                assert!((x - y).abs() <= 1e-4 * (1.0 + y.abs()), "({i}, {j}): {x} vs moshi-quant {y}");
+                assert!(
+                    (x - y).abs() <= 1e-4 * (1.0 + y.abs()),
+                    "({i}, {j}): {x} vs moshi-quant {y}"
+                );
             }
         }
-        assert!(out[n..rs_out].iter().chain(&out[rs_out + n..]).all(|&v| v == -3.0), "gaps untouched");
+        assert!(
+            out[n..rs_out]
+                .iter()
+                .chain(&out[rs_out + n..])
+                .all(|&v| v == -3.0),
+            "gaps untouched"
+        );
     }
 }

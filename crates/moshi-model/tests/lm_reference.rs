@@ -11,7 +11,9 @@ use moshi_model::lm::{LmModel, RandomWeightKind};
 use serde_json::Value;
 
 fn asset(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/tiny-a").join(rel)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../assets/tiny-a")
+        .join(rel)
 }
 
 fn tiny_config() -> LmConfig {
@@ -28,7 +30,9 @@ fn tiny_model(mode: WeightMode) -> LmModel {
 fn user_frames() -> Vec<Vec<u32>> {
     let codes = npy::read_i64(asset("ref/mimi_codes.npy")).unwrap();
     let (k, t) = (codes.shape[0], codes.shape[1]);
-    (0..t).map(|f| (0..k).map(|c| codes.data[c * t + f] as u32).collect()).collect()
+    (0..t)
+        .map(|f| (0..k).map(|c| codes.data[c * t + f] as u32).collect())
+        .collect()
 }
 
 /// The run_inference convention: frame 0 twice, then frames 1..T-1 (T + 1 steps).
@@ -40,39 +44,77 @@ fn fed_frames() -> Vec<Vec<u32>> {
 }
 
 fn u32s(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 fn run_greedy(model: LmModel, seed: u64) -> Vec<StepDetails> {
-    let mut g = Generator::new(model, SamplingConfig { seed, ..SamplingConfig::greedy() });
-    fed_frames().iter().map(|f| g.step_detailed(f).unwrap()).collect()
+    let mut g = Generator::new(
+        model,
+        SamplingConfig {
+            seed,
+            ..SamplingConfig::greedy()
+        },
+    );
+    fed_frames()
+        .iter()
+        .map(|f| g.step_detailed(f).unwrap())
+        .collect()
 }
 
 /// Checks every step of `steps` against lm_greedy.json and the logits fixtures.
 fn check_against_torch(steps: &[StepDetails]) {
     let reference: Value =
-        serde_json::from_str(&std::fs::read_to_string(asset("ref/lm_greedy.json")).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(asset("ref/lm_greedy.json")).unwrap())
+            .unwrap();
     let ref_steps = reference["steps"].as_array().unwrap();
     assert_eq!(steps.len(), ref_steps.len());
     let text_logits = npy::read_f32(asset("ref/lm_text_logits.npy")).unwrap();
     let audio_logits = npy::read_f32(asset("ref/lm_audio_logits.npy")).unwrap();
     let tout = npy::read_f32(asset("ref/lm_transformer_out.npy")).unwrap();
-    let (tc, dq, card, dim) = (text_logits.shape[1], audio_logits.shape[1], audio_logits.shape[2], tout.shape[1]);
+    let (tc, dq, card, dim) = (
+        text_logits.shape[1],
+        audio_logits.shape[1],
+        audio_logits.shape[2],
+        tout.shape[1],
+    );
     let mut returned = 0;
     let mut worst = [0f32; 3];
     for (s, (got, want)) in steps.iter().zip(ref_steps).enumerate() {
-        assert_eq!(got.model_input, u32s(&want["model_input"]), "model_input of step {s}");
-        assert_eq!(got.text_token, want["text_token"].as_u64().unwrap() as u32, "text token of step {s}");
-        assert_eq!(got.audio_tokens, u32s(&want["audio_tokens"]), "audio tokens of step {s}");
+        assert_eq!(
+            got.model_input,
+            u32s(&want["model_input"]),
+            "model_input of step {s}"
+        );
+        assert_eq!(
+            got.text_token,
+            want["text_token"].as_u64().unwrap() as u32,
+            "text token of step {s}"
+        );
+        assert_eq!(
+            got.audio_tokens,
+            u32s(&want["audio_tokens"]),
+            "audio tokens of step {s}"
+        );
         match (&got.frame, &want["returned"]) {
             (None, Value::Null) => {}
             (Some(f), r) if !r.is_null() => {
-                assert_eq!(f.text, r["text"].as_u64().unwrap() as u32, "returned text of step {s}");
+                assert_eq!(
+                    f.text,
+                    r["text"].as_u64().unwrap() as u32,
+                    "returned text of step {s}"
+                );
                 assert_eq!(f.audio, u32s(&r["audio"]), "returned audio of step {s}");
                 returned += 1;
             }
@@ -87,7 +129,10 @@ fn check_against_torch(steps: &[StepDetails]) {
         for k in 0..dq {
             let o = (s * dq + k) * card;
             let d = max_abs_diff(&got.audio_logits[k], &audio_logits.data[o..o + card]);
-            assert!(d < 1e-4, "audio logits of step {s} codebook {k} differ by {d}");
+            assert!(
+                d < 1e-4,
+                "audio logits of step {s} codebook {k} differ by {d}"
+            );
             worst[2] = worst[2].max(d);
         }
     }
@@ -100,8 +145,16 @@ fn check_against_torch(steps: &[StepDetails]) {
     assert_eq!(returned, frames.len());
     let out_text: Vec<u32> = frames.iter().map(|f| f.text).collect();
     assert_eq!(out_text, u32s(&reference["out_text_tokens"]));
-    let out_audio: Vec<Vec<u32>> = reference["out_audio_tokens"].as_array().unwrap().iter().map(u32s).collect();
-    assert_eq!(frames.iter().map(|f| f.audio.clone()).collect::<Vec<_>>(), out_audio);
+    let out_audio: Vec<Vec<u32>> = reference["out_audio_tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(u32s)
+        .collect();
+    assert_eq!(
+        frames.iter().map(|f| f.audio.clone()).collect::<Vec<_>>(),
+        out_audio
+    );
 }
 
 #[test]
@@ -119,21 +172,52 @@ fn greedy_f32_weights_reproduce_lmgen_tokens_and_logits() {
 
 #[test]
 fn greedy_tokens_do_not_depend_on_the_seed() {
-    let key = |d: StepDetails| (d.model_input, d.text_token, d.audio_tokens, d.frame, d.text_logits);
-    let a: Vec<_> = run_greedy(tiny_model(WeightMode::Native), 1).into_iter().map(key).collect();
-    let b: Vec<_> = run_greedy(tiny_model(WeightMode::Native), 987654321).into_iter().map(key).collect();
+    let key = |d: StepDetails| {
+        (
+            d.model_input,
+            d.text_token,
+            d.audio_tokens,
+            d.frame,
+            d.text_logits,
+        )
+    };
+    let a: Vec<_> = run_greedy(tiny_model(WeightMode::Native), 1)
+        .into_iter()
+        .map(key)
+        .collect();
+    let b: Vec<_> = run_greedy(tiny_model(WeightMode::Native), 987654321)
+        .into_iter()
+        .map(key)
+        .collect();
     assert_eq!(a, b);
     // Greedy text with sampled audio: the text tokens of the first step never depend on the seed.
-    let sampling = |seed| SamplingConfig { temp_text: 0.0, seed, ..SamplingConfig::default() };
+    let sampling = |seed| SamplingConfig {
+        temp_text: 0.0,
+        seed,
+        ..SamplingConfig::default()
+    };
     let mut g1 = Generator::new(tiny_model(WeightMode::Native), sampling(5));
     let mut g2 = Generator::new(tiny_model(WeightMode::Native), sampling(6));
     let frame = &user_frames()[0];
-    assert_eq!(g1.step_detailed(frame).unwrap().text_token, g2.step_detailed(frame).unwrap().text_token);
+    assert_eq!(
+        g1.step_detailed(frame).unwrap().text_token,
+        g2.step_detailed(frame).unwrap().text_token
+    );
 }
 
 fn sampled_tokens(seed: u64) -> Vec<(u32, Vec<u32>)> {
-    let mut g = Generator::new(tiny_model(WeightMode::Native), SamplingConfig { seed, ..SamplingConfig::default() });
-    fed_frames().iter().map(|f| g.step_detailed(f).unwrap()).map(|d| (d.text_token, d.audio_tokens)).collect()
+    let mut g = Generator::new(
+        tiny_model(WeightMode::Native),
+        SamplingConfig {
+            seed,
+            ..SamplingConfig::default()
+        },
+    );
+    fed_frames()
+        .iter()
+        .map(|f| g.step_detailed(f).unwrap())
+        .map(|d| (d.text_token, d.audio_tokens))
+        .collect()
 }
 
 #[test]
@@ -143,17 +227,27 @@ fn seeded_sampling_is_reproducible_and_seed_dependent() {
     let b = sampled_tokens(43);
     assert_ne!(a, b);
     // Sampling actually samples: it departs from the greedy run.
-    let greedy: Vec<(u32, Vec<u32>)> =
-        run_greedy(tiny_model(WeightMode::Native), 0).into_iter().map(|d| (d.text_token, d.audio_tokens)).collect();
+    let greedy: Vec<(u32, Vec<u32>)> = run_greedy(tiny_model(WeightMode::Native), 0)
+        .into_iter()
+        .map(|d| (d.text_token, d.audio_tokens))
+        .collect();
     assert_ne!(a, greedy);
     // Every sampled audio code is a real code (< card), every text token < text_card.
     let cfg = tiny_config();
-    assert!(a.iter().all(|(t, au)| (*t as usize) < cfg.text_card && au.iter().all(|&c| (c as usize) < cfg.card)));
+    assert!(a.iter().all(
+        |(t, au)| (*t as usize) < cfg.text_card && au.iter().all(|&c| (c as usize) < cfg.card)
+    ));
 }
 
 #[test]
 fn reset_restarts_the_session_exactly() {
-    let mut g = Generator::new(tiny_model(WeightMode::Native), SamplingConfig { seed: 3, ..SamplingConfig::default() });
+    let mut g = Generator::new(
+        tiny_model(WeightMode::Native),
+        SamplingConfig {
+            seed: 3,
+            ..SamplingConfig::default()
+        },
+    );
     let fed = fed_frames();
     let first: Vec<_> = fed.iter().take(20).map(|f| g.step(f).unwrap()).collect();
     g.reset();
@@ -173,12 +267,20 @@ fn long_sessions_keep_a_bounded_window() {
         let out = g.step(&frames[s % frames.len()]).unwrap();
         assert_eq!(out.is_some(), s >= cfg.max_delay());
         let lens = g.model().temporal_cache_lens();
-        assert_eq!(lens, vec![(s + 1).min(cfg.context); cfg.num_layers], "step {s}");
+        assert_eq!(
+            lens,
+            vec![(s + 1).min(cfg.context); cfg.num_layers],
+            "step {s}"
+        );
         if s + 1 == cfg.context {
             bytes_at_window = g.model().kv_cache_bytes();
         }
         if s + 1 >= cfg.context {
-            assert_eq!(g.model().kv_cache_bytes(), bytes_at_window, "KV memory grew at step {s}");
+            assert_eq!(
+                g.model().kv_cache_bytes(),
+                bytes_at_window,
+                "KV memory grew at step {s}"
+            );
         }
     }
     assert_eq!(g.model().position(), steps);
@@ -190,10 +292,20 @@ fn long_sessions_keep_a_bounded_window() {
 fn bad_delays_are_a_config_error() {
     let mut cfg = tiny_config();
     cfg.delays.pop();
-    let weights = load_lm_weights(&asset("model.safetensors"), &tiny_config(), WeightMode::Native).unwrap();
+    let weights = load_lm_weights(
+        &asset("model.safetensors"),
+        &tiny_config(),
+        WeightMode::Native,
+    )
+    .unwrap();
     let err = LmModel::load(&cfg, weights).unwrap_err().to_string();
-    assert!(err.contains("delays") && err.contains("16") && err.contains("17"), "{err}");
-    let err = LmModel::random(&cfg, 0, RandomWeightKind::F32).unwrap_err().to_string();
+    assert!(
+        err.contains("delays") && err.contains("16") && err.contains("17"),
+        "{err}"
+    );
+    let err = LmModel::random(&cfg, 0, RandomWeightKind::F32)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("delays"), "{err}");
 }
 
@@ -204,7 +316,10 @@ fn bad_user_codes_are_input_errors() {
     let mut frame = user_frames()[0].clone();
     frame[3] = cfg.card as u32;
     let err = g.step(&frame).unwrap_err().to_string();
-    assert!(err.contains("codebook 3") && err.contains(&cfg.card.to_string()), "{err}");
+    assert!(
+        err.contains("codebook 3") && err.contains(&cfg.card.to_string()),
+        "{err}"
+    );
     let err = g.step(&frame[..5]).unwrap_err().to_string();
     assert!(err.contains("expected 8") && err.contains("got 5"), "{err}");
     // Nothing was consumed by the failed calls.
@@ -213,16 +328,36 @@ fn bad_user_codes_are_input_errors() {
     let mut m = tiny_model(WeightMode::Native);
     let mut tokens = vec![cfg.card as u32; cfg.n_q + 1];
     tokens[0] = cfg.text_card as u32 + 1;
-    assert!(m.forward_text(&tokens).unwrap_err().to_string().contains("text token"));
+    assert!(m
+        .forward_text(&tokens)
+        .unwrap_err()
+        .to_string()
+        .contains("text token"));
     tokens[0] = 0;
     tokens[5] = cfg.card as u32 + 1;
-    assert!(m.forward_text(&tokens).unwrap_err().to_string().contains("stream 4"));
+    assert!(m
+        .forward_text(&tokens)
+        .unwrap_err()
+        .to_string()
+        .contains("stream 4"));
     // Depformer sub-steps run in order, with in-range previous tokens.
     m.depformer_reset();
-    assert!(m.depformer_step(1, 0).unwrap_err().to_string().contains("sub-step 1"));
-    assert!(m.depformer_step(0, cfg.text_card as u32 + 1).unwrap_err().to_string().contains("out of range"));
+    assert!(m
+        .depformer_step(1, 0)
+        .unwrap_err()
+        .to_string()
+        .contains("sub-step 1"));
+    assert!(m
+        .depformer_step(0, cfg.text_card as u32 + 1)
+        .unwrap_err()
+        .to_string()
+        .contains("out of range"));
     assert_eq!(m.depformer_step(0, 5).unwrap().len(), cfg.card);
-    assert!(m.depformer_step(1, cfg.card as u32 + 1).unwrap_err().to_string().contains("out of range"));
+    assert!(m
+        .depformer_step(1, cfg.card as u32 + 1)
+        .unwrap_err()
+        .to_string()
+        .contains("out of range"));
     assert_eq!(m.depformer_step(1, 7).unwrap().len(), cfg.card);
 }
 
@@ -231,27 +366,54 @@ fn checkpoint_of_another_config_is_rejected_with_the_tensor_name() {
     // Loader level: a config with more layers than the checkpoint.
     let mut cfg = tiny_config();
     cfg.num_layers = 3;
-    let err = load_lm_weights(&asset("model.safetensors"), &cfg, WeightMode::Native).unwrap_err().to_string();
+    let err = load_lm_weights(&asset("model.safetensors"), &cfg, WeightMode::Native)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("model.safetensors"), "{err}");
     // Model level: weights of the tiny config, model of a different width.
     let mut wide = tiny_config();
     wide.dim = 512;
     wide.num_heads = 8;
-    let weights = load_lm_weights(&asset("model.safetensors"), &tiny_config(), WeightMode::Native).unwrap();
+    let weights = load_lm_weights(
+        &asset("model.safetensors"),
+        &tiny_config(),
+        WeightMode::Native,
+    )
+    .unwrap();
     let err = LmModel::load(&wide, weights).unwrap_err().to_string();
-    assert!(err.contains("text_emb") && err.contains("512") && err.contains("256"), "{err}");
+    assert!(
+        err.contains("text_emb") && err.contains("512") && err.contains("256"),
+        "{err}"
+    );
     // Model level: leftover tensors (checkpoint with more layers than the config).
     let mut fewer = tiny_config();
     fewer.num_layers = 1;
-    let weights = load_lm_weights(&asset("model.safetensors"), &tiny_config(), WeightMode::Native).unwrap();
+    let weights = load_lm_weights(
+        &asset("model.safetensors"),
+        &tiny_config(),
+        WeightMode::Native,
+    )
+    .unwrap();
     let err = LmModel::load(&fewer, weights).unwrap_err().to_string();
-    assert!(err.contains("transformer.layers.1") && err.contains("not used"), "{err}");
+    assert!(
+        err.contains("transformer.layers.1") && err.contains("not used"),
+        "{err}"
+    );
     // A missing tensor is named.
-    let mut weights: WeightMap =
-        load_lm_weights(&asset("model.safetensors"), &tiny_config(), WeightMode::Native).unwrap();
+    let mut weights: WeightMap = load_lm_weights(
+        &asset("model.safetensors"),
+        &tiny_config(),
+        WeightMode::Native,
+    )
+    .unwrap();
     let _ = weights.take("depformer.3.linear_out", &[64, 64]).unwrap();
-    let err = LmModel::load(&tiny_config(), weights).unwrap_err().to_string();
-    assert!(err.contains("depformer.3.linear_out") && err.contains("missing"), "{err}");
+    let err = LmModel::load(&tiny_config(), weights)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("depformer.3.linear_out") && err.contains("missing"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -261,22 +423,35 @@ fn random_models_run_for_every_weight_kind() {
     for kind in [
         RandomWeightKind::F32,
         RandomWeightKind::BF16,
-        RandomWeightKind::Quantized { bits: 8, group_size: 64 },
-        RandomWeightKind::Quantized { bits: 4, group_size: 32 },
+        RandomWeightKind::Quantized {
+            bits: 8,
+            group_size: 64,
+        },
+        RandomWeightKind::Quantized {
+            bits: 4,
+            group_size: 32,
+        },
     ] {
         let m = LmModel::random(&cfg, 11, kind).unwrap();
         let again = LmModel::random(&cfg, 11, kind).unwrap();
         let mut g = Generator::new(m, SamplingConfig::greedy());
         let mut g2 = Generator::new(again, SamplingConfig::greedy());
         let frame = &user_frames()[0];
-        let (a, b) = (g.step_detailed(frame).unwrap(), g2.step_detailed(frame).unwrap());
-        assert_eq!(a.text_logits, b.text_logits, "{kind:?} is not deterministic");
+        let (a, b) = (
+            g.step_detailed(frame).unwrap(),
+            g2.step_detailed(frame).unwrap(),
+        );
+        assert_eq!(
+            a.text_logits, b.text_logits,
+            "{kind:?} is not deterministic"
+        );
         assert!(a.text_logits.iter().all(|v| v.is_finite()));
         first_text.push(a.text_logits);
     }
     // F32 and BF16 draws of the same seed are close (bf16 rounding only), quantized ones differ.
     assert!(
-        max_abs_diff(&first_text[0], &first_text[1]) < 0.05 * first_text[0].iter().fold(0f32, |m, v| m.max(v.abs()))
+        max_abs_diff(&first_text[0], &first_text[1])
+            < 0.05 * first_text[0].iter().fold(0f32, |m, v| m.max(v.abs()))
     );
 }
 
@@ -292,19 +467,32 @@ fn check_file_against_mlx_f32math(file: &str, bits: u32, mode: WeightMode) {
     let cfg = tiny_config();
     let weights = load_lm_weights(&asset(file), &cfg, mode).unwrap();
     let steps = run_greedy(LmModel::load(&cfg, weights).unwrap(), 0);
-    let reference: Value =
-        serde_json::from_str(&std::fs::read_to_string(asset(&format!("ref/mlx_q{bits}_f32math_greedy.json"))).unwrap())
-            .unwrap();
+    let reference: Value = serde_json::from_str(
+        &std::fs::read_to_string(asset(&format!("ref/mlx_q{bits}_f32math_greedy.json"))).unwrap(),
+    )
+    .unwrap();
     let logits = npy::read_f32(asset(&format!("ref/mlx_q{bits}_f32math_text_logits.npy"))).unwrap();
     let tc = logits.shape[1];
     let ref_steps = reference["steps"].as_array().unwrap();
     assert_eq!(steps.len(), ref_steps.len());
     let mut worst = 0f32;
     for (s, (got, want)) in steps.iter().zip(ref_steps).enumerate() {
-        assert_eq!(got.text_token, want["text_token"].as_u64().unwrap() as u32, "q{bits} text token of step {s}");
-        assert_eq!(got.audio_tokens, u32s(&want["audio_tokens"]), "q{bits} audio tokens of step {s}");
+        assert_eq!(
+            got.text_token,
+            want["text_token"].as_u64().unwrap() as u32,
+            "q{bits} text token of step {s}"
+        );
+        assert_eq!(
+            got.audio_tokens,
+            u32s(&want["audio_tokens"]),
+            "q{bits} audio tokens of step {s}"
+        );
         if let (Some(f), false) = (&got.frame, want["last_audio_tokens"].is_null()) {
-            assert_eq!(f.audio, u32s(&want["last_audio_tokens"]), "q{bits} returned audio of step {s}");
+            assert_eq!(
+                f.audio,
+                u32s(&want["last_audio_tokens"]),
+                "q{bits} returned audio of step {s}"
+            );
         }
         let d = max_abs_diff(&got.text_logits, &logits.data[s * tc..(s + 1) * tc]);
         assert!(d < 1e-4, "q{bits} text logits of step {s} differ by {d}");
@@ -327,8 +515,22 @@ fn q4_weights_in_f32_math_reproduce_mlx_f32_math() {
 
 #[test]
 fn bf16_weights_quantized_on_load_reproduce_mlx_q8_and_q4_tokens() {
-    check_file_against_mlx_f32math("model.safetensors", 8, WeightMode::Quantize { bits: 8, group_size: 64 });
-    check_file_against_mlx_f32math("model.safetensors", 4, WeightMode::Quantize { bits: 4, group_size: 32 });
+    check_file_against_mlx_f32math(
+        "model.safetensors",
+        8,
+        WeightMode::Quantize {
+            bits: 8,
+            group_size: 64,
+        },
+    );
+    check_file_against_mlx_f32math(
+        "model.safetensors",
+        4,
+        WeightMode::Quantize {
+            bits: 4,
+            group_size: 32,
+        },
+    );
 }
 
 /// Delays other than moshiko's (acoustic delay 2, a delayed text stream): inputs and returned
@@ -339,10 +541,22 @@ fn generator_follows_the_config_delays() {
     cfg.delays = vec![1, 0, 2, 2, 2, 2, 2, 2, 2, 0, 2, 2, 2, 2, 2, 2, 2];
     let max_delay = 2;
     let model = LmModel::random(&cfg, 5, RandomWeightKind::F32).unwrap();
-    let mut g = Generator::new(model, SamplingConfig { seed: 8, ..SamplingConfig::default() });
+    let mut g = Generator::new(
+        model,
+        SamplingConfig {
+            seed: 8,
+            ..SamplingConfig::default()
+        },
+    );
     let fed: Vec<Vec<u32>> = user_frames().into_iter().take(12).collect();
     let steps: Vec<StepDetails> = fed.iter().map(|f| g.step_detailed(f).unwrap()).collect();
-    let sampled = |s: usize, i: usize| if i == 0 { steps[s].text_token } else { steps[s].audio_tokens[i - 1] };
+    let sampled = |s: usize, i: usize| {
+        if i == 0 {
+            steps[s].text_token
+        } else {
+            steps[s].audio_tokens[i - 1]
+        }
+    };
     for (s, d) in steps.iter().enumerate() {
         for (i, &delay) in cfg.delays.iter().enumerate() {
             let expect = if s <= delay {
@@ -362,7 +576,11 @@ fn generator_follows_the_config_delays() {
             None => assert!(s < max_delay, "no frame at step {s}"),
             Some(f) => {
                 assert!(s >= max_delay);
-                assert_eq!(f.text, sampled(s - max_delay + cfg.delays[0], 0), "text of step {s}");
+                assert_eq!(
+                    f.text,
+                    sampled(s - max_delay + cfg.delays[0], 0),
+                    "text of step {s}"
+                );
                 for k in 0..cfg.dep_q {
                     let at = s - max_delay + cfg.delays[k + 1];
                     assert_eq!(f.audio[k], sampled(at, k + 1), "audio {k} of step {s}");

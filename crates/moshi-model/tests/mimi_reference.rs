@@ -7,7 +7,9 @@ use moshi_loader::{npy, MimiConfig};
 use moshi_model::mimi::{Mimi, MimiWeights};
 
 fn asset(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../assets/tiny-a").join(rel)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../assets/tiny-a")
+        .join(rel)
 }
 
 fn load_mimi() -> Mimi {
@@ -19,7 +21,10 @@ fn load_mimi() -> Mimi {
 fn input_pcm(frame: usize) -> Vec<f32> {
     let mut reader = hound::WavReader::open(asset("input.wav")).unwrap();
     assert_eq!(reader.spec().sample_rate, 24000);
-    let pcm: Vec<f32> = reader.samples::<i16>().map(|s| s.unwrap() as f32 / 32768.0).collect();
+    let pcm: Vec<f32> = reader
+        .samples::<i16>()
+        .map(|s| s.unwrap() as f32 / 32768.0)
+        .collect();
     let frames = pcm.len() / frame;
     pcm[..frames * frame].to_vec()
 }
@@ -28,7 +33,14 @@ fn reference_codes(name: &str) -> Vec<Vec<u32>> {
     let arr = npy::read_i64(asset(name)).unwrap();
     assert_eq!(arr.shape.len(), 2);
     let (k, t) = (arr.shape[0], arr.shape[1]);
-    (0..k).map(|q| arr.data[q * t..(q + 1) * t].iter().map(|&c| c as u32).collect()).collect()
+    (0..k)
+        .map(|q| {
+            arr.data[q * t..(q + 1) * t]
+                .iter()
+                .map(|&c| c as u32)
+                .collect()
+        })
+        .collect()
 }
 
 fn mismatches(a: &[Vec<u32>], b: &[Vec<u32>]) -> Vec<(usize, usize, u32, u32)> {
@@ -47,7 +59,10 @@ fn mismatches(a: &[Vec<u32>], b: &[Vec<u32>]) -> Vec<(usize, usize, u32, u32)> {
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "length");
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 #[test]
@@ -62,7 +77,11 @@ fn streaming_encode_matches_reference_exactly() {
         }
     }
     let expected = reference_codes("ref/mimi_codes.npy");
-    assert_eq!(mismatches(&codes, &expected), vec![], "streaming codes (codebook, frame, ours, reference)");
+    assert_eq!(
+        mismatches(&codes, &expected),
+        vec![],
+        "streaming codes (codebook, frame, ours, reference)"
+    );
 }
 
 #[test]
@@ -88,7 +107,11 @@ fn batch_encode_matches_reference_exactly() {
     let pcm = input_pcm(mimi.frame_size_samples());
     let codes = mimi.encode_batch(&pcm).unwrap();
     let expected = reference_codes("ref/mimi_codes_batch.npy");
-    assert_eq!(mismatches(&codes, &expected), vec![], "batch codes (codebook, frame, ours, reference)");
+    assert_eq!(
+        mismatches(&codes, &expected),
+        vec![],
+        "batch codes (codebook, frame, ours, reference)"
+    );
 }
 
 #[test]
@@ -114,12 +137,18 @@ fn streaming_decode_matches_reference() {
 #[test]
 fn resampled_16k_input_matches_reference_codes() {
     let mut mimi = load_mimi();
-    let pcm = npy::read_f32(asset("ref/input_16k_resampled.npy")).unwrap().data;
+    let pcm = npy::read_f32(asset("ref/input_16k_resampled.npy"))
+        .unwrap()
+        .data;
     let frame = mimi.frame_size_samples();
     let frames = pcm.len() / frame;
     let codes = mimi.encode_step(&pcm[..frames * frame]).unwrap();
     let expected = reference_codes("ref/mimi_codes_16k.npy");
-    assert_eq!(mismatches(&codes, &expected), vec![], "16 kHz codes (codebook, frame, ours, reference)");
+    assert_eq!(
+        mismatches(&codes, &expected),
+        vec![],
+        "16 kHz codes (codebook, frame, ours, reference)"
+    );
 }
 
 #[test]
@@ -131,20 +160,36 @@ fn bad_inputs_get_clear_errors() {
     assert!(err.contains("1921"), "{err}");
     let err = mimi.decode_frame(&[0, 1, 2]).unwrap_err().to_string();
     assert!(err.contains("8") && err.contains("3"), "{err}");
-    let err = mimi.decode_frame(&[0, 1, 2, 3, 64, 5, 6, 7]).unwrap_err().to_string();
-    assert!(err.contains("64") && err.contains("codebook 4") && err.contains("out of range"), "{err}");
+    let err = mimi
+        .decode_frame(&[0, 1, 2, 3, 64, 5, 6, 7])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("64") && err.contains("codebook 4") && err.contains("out of range"),
+        "{err}"
+    );
     let cfg = MimiConfig::from_file(asset("mimi_config.json")).unwrap();
-    let err = Mimi::load(&cfg, &asset("mimi.safetensors"), 13).unwrap_err().to_string();
+    let err = Mimi::load(&cfg, &asset("mimi.safetensors"), 13)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("13") && err.contains("12"), "{err}");
-    let err = Mimi::load(&MimiConfig::v0_1(), &asset("mimi.safetensors"), 8).unwrap_err().to_string();
-    assert!(err.contains("mimi.safetensors") && err.contains("shape"), "{err}");
+    let err = Mimi::load(&MimiConfig::v0_1(), &asset("mimi.safetensors"), 8)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("mimi.safetensors") && err.contains("shape"),
+        "{err}"
+    );
 }
 
 #[test]
 fn batch_decode_equals_streaming_decode_before_the_window_fills() {
     // 16 frames = 32 decoder-transformer steps = exactly the context: no key has left the ring.
     let mut mimi = load_mimi();
-    let codes: Vec<Vec<u32>> = reference_codes("ref/mimi_codes.npy").into_iter().map(|r| r[..16].to_vec()).collect();
+    let codes: Vec<Vec<u32>> = reference_codes("ref/mimi_codes.npy")
+        .into_iter()
+        .map(|r| r[..16].to_vec())
+        .collect();
     let streamed = mimi.decode_step(&codes).unwrap();
     let batch = mimi.decode_batch(&codes).unwrap();
     let diff = max_abs_diff(&streamed, &batch);
@@ -157,7 +202,11 @@ fn batch_decode_equals_streaming_decode_before_the_window_fills() {
 fn snr_db(ours: &[f32], reference: &[f32]) -> f64 {
     assert_eq!(ours.len(), reference.len(), "length");
     let signal: f64 = reference.iter().map(|x| (*x as f64).powi(2)).sum();
-    let noise: f64 = ours.iter().zip(reference).map(|(a, b)| (*a as f64 - *b as f64).powi(2)).sum();
+    let noise: f64 = ours
+        .iter()
+        .zip(reference)
+        .map(|(a, b)| (*a as f64 - *b as f64).powi(2))
+        .sum();
     10.0 * (signal / noise.max(f64::MIN_POSITIVE)).log10()
 }
 
@@ -171,7 +220,10 @@ fn reduced_precision_weight_modes_stay_close_to_the_f32_reference() {
     let reference = npy::read_f32(asset("ref/mimi_decoded.npy")).unwrap().data;
     let pcm = input_pcm(mimi.frame_size_samples());
     // (mode, minimum fraction of equal codes, minimum decoded SNR in dB)
-    for (mode, min_equal, min_snr_db) in [(MimiWeights::Bf16, 0.95, 42.0), (MimiWeights::Q8, 0.88, 30.0)] {
+    for (mode, min_equal, min_snr_db) in [
+        (MimiWeights::Bf16, 0.95, 42.0),
+        (MimiWeights::Q8, 0.88, 30.0),
+    ] {
         mimi.set_weights(mode);
         mimi.reset();
         assert_eq!(mimi.weights(), mode);
@@ -180,15 +232,30 @@ fn reduced_precision_weight_modes_stay_close_to_the_f32_reference() {
         let ours = mimi.encode_step(&pcm).unwrap();
         let total: usize = ours.iter().map(Vec::len).sum();
         let equal = (total - mismatches(&ours, &codes).len()) as f64 / total as f64;
-        let first_equal = ours[0].iter().zip(&codes[0]).filter(|(a, b)| a == b).count();
+        let first_equal = ours[0]
+            .iter()
+            .zip(&codes[0])
+            .filter(|(a, b)| a == b)
+            .count();
         eprintln!("{mode} weights: codes equal {:.1}% (semantic codebook {first_equal}/{}), decoded SNR {snr:.1} dB", 100.0 * equal, codes[0].len());
-        assert!(equal >= min_equal, "{mode}: only {:.1}% of codes equal", 100.0 * equal);
+        assert!(
+            equal >= min_equal,
+            "{mode}: only {:.1}% of codes equal",
+            100.0 * equal
+        );
         assert!(snr >= min_snr_db, "{mode}: decoded SNR {snr:.1} dB");
     }
     mimi.set_weights(MimiWeights::F32);
     mimi.reset();
-    assert!(max_abs_diff(&mimi.decode_step(&codes).unwrap(), &reference) < 1e-4, "f32 mode restored");
-    assert_eq!(mimi.encode_step(&pcm).unwrap(), codes, "f32 mode restored: exact codes");
+    assert!(
+        max_abs_diff(&mimi.decode_step(&codes).unwrap(), &reference) < 1e-4,
+        "f32 mode restored"
+    );
+    assert_eq!(
+        mimi.encode_step(&pcm).unwrap(),
+        codes,
+        "f32 mode restored: exact codes"
+    );
 }
 
 #[test]

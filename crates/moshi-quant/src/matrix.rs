@@ -23,7 +23,7 @@ pub(crate) fn check_layout(cols: usize, bits: u32, group_size: usize) -> Result<
     if !SUPPORTED_GROUP_SIZES.contains(&group_size) {
         return Err(QuantError::UnsupportedGroupSize { group_size });
     }
-    if cols % group_size != 0 || (cols * bits as usize) % 32 != 0 {
+    if !cols.is_multiple_of(group_size) || !(cols * bits as usize).is_multiple_of(32) {
         return Err(QuantError::ColsNotMultipleOfGroup { cols, group_size });
     }
     Ok(())

@@ -62,15 +62,23 @@ fn team() -> &'static Team {
         }));
         // Sized by the machine, not by the pool current at first use: each call is capped by its
         // own pool (see `threads`), and unused helpers just stay parked.
-        let wanted = std::thread::available_parallelism().map_or(1, |n| n.get()).saturating_sub(1);
+        let wanted = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .saturating_sub(1);
         let mut helpers = 0;
         for i in 0..wanted {
-            let spawned = std::thread::Builder::new().name(format!("moshi-team-{i}")).spawn(move || helper_loop(shared));
+            let spawned = std::thread::Builder::new()
+                .name(format!("moshi-team-{i}"))
+                .spawn(move || helper_loop(shared));
             if spawned.is_ok() {
                 helpers += 1;
             }
         }
-        Team { helpers, busy: Mutex::new(()), shared }
+        Team {
+            helpers,
+            busy: Mutex::new(()),
+            shared,
+        }
     })
 }
 
@@ -85,7 +93,11 @@ pub fn threads() -> usize {
 pub fn run(parts: usize, f: &(dyn Fn(usize) + Sync)) {
     assert!(parts <= MAX_PARTS, "team::run: {parts} parts > {MAX_PARTS}");
     let team = team();
-    let busy = if parts > 1 && threads() > 1 { team.busy.try_lock().ok() } else { None };
+    let busy = if parts > 1 && threads() > 1 {
+        team.busy.try_lock().ok()
+    } else {
+        None
+    };
     let Some(_busy) = busy else {
         (0..parts).for_each(f);
         return;
@@ -99,7 +111,9 @@ pub fn run(parts: usize, f: &(dyn Fn(usize) + Sync)) {
     shared.done.store(0, Ordering::Relaxed);
     let epoch = epoch_of(shared.claim.load(Ordering::Relaxed)) + 1;
     let epoch = epoch & 0xFFFF_FFFF;
-    shared.claim.store(epoch << 32 | (parts as u64) << 16, Ordering::SeqCst);
+    shared
+        .claim
+        .store(epoch << 32 | (parts as u64) << 16, Ordering::SeqCst);
     if shared.sleepers.load(Ordering::SeqCst) > 0 {
         let _guard = shared.sleep_lock.lock().unwrap_or_else(|e| e.into_inner());
         shared.wake.notify_all();
@@ -125,12 +139,19 @@ fn work(shared: &Shared, epoch: u64) {
         if epoch_of(claim) != epoch || next >= parts {
             return;
         }
-        match shared.claim.compare_exchange_weak(claim, claim + 1, Ordering::AcqRel, Ordering::Acquire) {
+        match shared.claim.compare_exchange_weak(
+            claim,
+            claim + 1,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
             Ok(_) => {
                 // SAFETY: part `next` of this region is claimed and not finished, so the caller
                 // is still inside `run` and the job it published (before the claim word) is alive.
                 let job = unsafe { &*shared.job.load(Ordering::Relaxed) };
-                let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (job.f)(next as usize)));
+                let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    (job.f)(next as usize)
+                }));
                 if outcome.is_err() {
                     // The caller would wait forever for this part: fail loudly instead.
                     std::process::abort();
@@ -196,7 +217,10 @@ mod tests {
             run(parts, &|i| {
                 hits[i].fetch_add(1, Ordering::Relaxed);
             });
-            assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1), "{parts} parts");
+            assert!(
+                hits.iter().all(|h| h.load(Ordering::Relaxed) == 1),
+                "{parts} parts"
+            );
         }
         let covered: Vec<AtomicU32> = (0..100).map(|_| AtomicU32::new(0)).collect();
         run_ranges(10, 97, 4, &|a, b| {
@@ -205,7 +229,11 @@ mod tests {
             }
         });
         for (i, c) in covered.iter().enumerate() {
-            assert_eq!(c.load(Ordering::Relaxed), u32::from((10..97).contains(&i)), "index {i}");
+            assert_eq!(
+                c.load(Ordering::Relaxed),
+                u32::from((10..97).contains(&i)),
+                "index {i}"
+            );
         }
     }
 

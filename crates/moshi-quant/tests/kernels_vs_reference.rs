@@ -75,8 +75,21 @@ fn worst_ratio(a: &[f32], b: &[f32], bounds: &[f32]) -> f32 {
 }
 
 fn check(rng: &mut Rng, rows: usize, cols: usize, bits: u32, group_size: usize, m: usize) {
-    let w = random_matrix(rng, rows, cols, bits, group_size);
     let x: Vec<f32> = (0..m * cols).map(|_| rng.uniform(-1.0, 1.0)).collect();
+    check_with(rng, rows, cols, bits, group_size, m, &x);
+}
+
+fn check_with(
+    rng: &mut Rng,
+    rows: usize,
+    cols: usize,
+    bits: u32,
+    group_size: usize,
+    m: usize,
+    x: &[f32],
+) {
+    let w = random_matrix(rng, rows, cols, bits, group_size);
+    let x = x.to_vec();
     let mut want = vec![0f32; m * rows];
     w.matmul_reference(&x, m, &mut want);
     let bounds = error_bounds(&w, &x, m);
@@ -116,6 +129,32 @@ fn every_kernel_matches_reference_on_shape_grid() {
                     }
                 }
             }
+        }
+    }
+}
+
+#[test]
+fn activations_of_every_magnitude_stay_within_the_bound() {
+    // The AVX-512 kernel pre-scales activations by powers of two down to 2^-28 and regroups the
+    // sum per group. Rows mixing magnitudes from 1e-29 to 1e29, and rows of tiny values only
+    // (where the bound is tiny too, so any precision lost to the pre-scaling would show), must
+    // stay as exact as the other kernels.
+    let mut rng = Rng(99);
+    for (bits, group_size) in [(4, 32), (8, 64), (4, 128), (8, 32)] {
+        let cols = 4 * 128 + group_size;
+        for (lo, hi) in [(-29.0, 29.0), (-29.0, -25.0)] {
+            let x: Vec<f32> = (0..2 * cols)
+                .map(|_| {
+                    let magnitude = 10f32.powf(rng.uniform(lo, hi));
+                    if rng.uniform(-1.0, 1.0) < 0.0 {
+                        -magnitude
+                    } else {
+                        magnitude
+                    }
+                })
+                .collect();
+            check_with(&mut rng, 9, cols, bits, group_size, 1, &x[..cols]);
+            check_with(&mut rng, 9, cols, bits, group_size, 2, &x);
         }
     }
 }
@@ -238,7 +277,10 @@ fn long_rows_match_reference_and_single_row_bits() {
                 w.matmul_with_kernel(kernel, x, 1, &mut single).unwrap();
                 let want = &five[i * 9..(i + 1) * 9];
                 assert!(
-                    single.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    single
+                        .iter()
+                        .zip(want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
                     "{} q{bits}g{group_size} cols {cols} row {i}: {single:?} vs {want:?}",
                     kernel.name()
                 );

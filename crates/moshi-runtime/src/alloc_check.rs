@@ -34,7 +34,11 @@ impl AudioCallbackGuard {
     /// Enters the audio-callback section.
     #[inline]
     pub fn enter() -> Self {
-        let previous = if ENABLED { IN_AUDIO_CALLBACK.with(|f| f.replace(true)) } else { false };
+        let previous = if ENABLED {
+            IN_AUDIO_CALLBACK.with(|f| f.replace(true))
+        } else {
+            false
+        };
         Self { previous }
     }
 }

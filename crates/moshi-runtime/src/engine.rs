@@ -60,7 +60,10 @@ pub struct StreamFormat {
 
 impl StreamFormat {
     /// 24 kHz mono: Moshi's own format (no conversion).
-    pub const MOSHI: StreamFormat = StreamFormat { sample_rate_hz: SAMPLE_RATE_HZ, channels: 1 };
+    pub const MOSHI: StreamFormat = StreamFormat {
+        sample_rate_hz: SAMPLE_RATE_HZ,
+        channels: 1,
+    };
 }
 
 /// What the engine does when it cannot keep up.
@@ -113,7 +116,11 @@ pub struct EngineIo {
 #[derive(Debug, Clone)]
 pub enum EngineEvent {
     /// A frame was processed.
-    Frame { record: FrameRecord, text: Option<String>, tokens: Option<FrameTokens> },
+    Frame {
+        record: FrameRecord,
+        text: Option<String>,
+        tokens: Option<FrameTokens>,
+    },
     /// Input frames were dropped because the engine was behind (count of this batch).
     Dropped { frames: u64 },
 }
@@ -162,7 +169,9 @@ impl EngineHandle {
         let ended = || RuntimeError::Engine("the engine thread has ended".into());
         let (ack_tx, ack_rx) = mpsc::channel();
         self.reconnect.send((r, ack_tx)).map_err(|_| ended())?;
-        ack_rx.recv_timeout(Duration::from_secs(10)).map_err(|_| ended())
+        ack_rx
+            .recv_timeout(Duration::from_secs(10))
+            .map_err(|_| ended())
     }
     /// Events (frames, drops) as they happen.
     pub fn events(&self) -> &mpsc::Receiver<EngineEvent> {
@@ -182,22 +191,42 @@ impl EngineHandle {
     }
     /// Waits for the thread and returns its report (or the processor's error).
     pub fn join(self) -> Result<EngineReport> {
-        self.thread.join().map_err(|_| RuntimeError::Engine("engine thread panicked".into()))?
+        self.thread
+            .join()
+            .map_err(|_| RuntimeError::Engine("engine thread panicked".into()))?
     }
 }
 
 /// Starts the engine thread.
-pub fn spawn_engine(processor: Box<dyn FrameProcessor>, config: EngineConfig, io: EngineIo) -> Result<EngineHandle> {
+pub fn spawn_engine(
+    processor: Box<dyn FrameProcessor>,
+    config: EngineConfig,
+    io: EngineIo,
+) -> Result<EngineHandle> {
     let stop = Arc::new(AtomicBool::new(false));
     let input_done = Arc::new(AtomicBool::new(false));
     let (tx, rx) = mpsc::channel();
     let (reconnect_tx, reconnect_rx) = mpsc::channel();
-    let mut state = EngineState::new(processor, config, io, stop.clone(), input_done.clone(), tx, reconnect_rx)?;
+    let mut state = EngineState::new(
+        processor,
+        config,
+        io,
+        stop.clone(),
+        input_done.clone(),
+        tx,
+        reconnect_rx,
+    )?;
     let thread = std::thread::Builder::new()
         .name("moshi-engine".into())
         .spawn(move || state.run())
         .map_err(|e| RuntimeError::Engine(format!("cannot start the engine thread: {e}")))?;
-    Ok(EngineHandle { thread, stop, input_done, events: rx, reconnect: reconnect_tx })
+    Ok(EngineHandle {
+        thread,
+        stop,
+        input_done,
+        events: rx,
+        reconnect: reconnect_tx,
+    })
 }
 
 struct EngineState {
@@ -233,14 +262,29 @@ impl EngineState {
     ) -> Result<Self> {
         for (side, f) in [("input", config.input), ("output", config.output)] {
             if f.channels == 0 || f.sample_rate_hz == 0 {
-                return Err(RuntimeError::Device(format!("{side} format {f:?}: need >= 1 channel and a rate > 0")));
+                return Err(RuntimeError::Device(format!(
+                    "{side} format {f:?}: need >= 1 channel and a rate > 0"
+                )));
             }
         }
         let mic_capacity = io.mic.buffer().capacity();
         let in_chunk = (config.input.sample_rate_hz as usize / 100).max(1); // 10 ms
-        let in_resampler = StreamResampler::new(config.input.sample_rate_hz, SAMPLE_RATE_HZ, in_chunk, mic_capacity + 4 * FRAME_SAMPLES)?;
-        let out_resampler = StreamResampler::new(SAMPLE_RATE_HZ, config.output.sample_rate_hz, OUT_RESAMPLER_CHUNK, 8 * FRAME_SAMPLES * (config.output.sample_rate_hz as usize / SAMPLE_RATE_HZ as usize + 1))?;
-        let out_frame_max = FRAME_SAMPLES * (config.output.sample_rate_hz as usize).div_ceil(SAMPLE_RATE_HZ as usize) * 4;
+        let in_resampler = StreamResampler::new(
+            config.input.sample_rate_hz,
+            SAMPLE_RATE_HZ,
+            in_chunk,
+            mic_capacity + 4 * FRAME_SAMPLES,
+        )?;
+        let out_resampler = StreamResampler::new(
+            SAMPLE_RATE_HZ,
+            config.output.sample_rate_hz,
+            OUT_RESAMPLER_CHUNK,
+            8 * FRAME_SAMPLES
+                * (config.output.sample_rate_hz as usize / SAMPLE_RATE_HZ as usize + 1),
+        )?;
+        let out_frame_max = FRAME_SAMPLES
+            * (config.output.sample_rate_hz as usize).div_ceil(SAMPLE_RATE_HZ as usize)
+            * 4;
         Ok(Self {
             processor,
             interleaved_in: Vec::with_capacity(mic_capacity),
@@ -291,7 +335,11 @@ impl EngineState {
         let mut config = self.config.clone();
         config.input = r.input;
         config.output = r.output;
-        let io = EngineIo { mic: r.mic, speaker: r.speaker, counters: self.io.counters.clone() };
+        let io = EngineIo {
+            mic: r.mic,
+            speaker: r.speaker,
+            counters: self.io.counters.clone(),
+        };
         let (tx, _) = mpsc::channel();
         let (_, rx) = mpsc::channel();
         let (stop, done) = (self.stop.clone(), self.input_done.clone());
@@ -309,7 +357,10 @@ impl EngineState {
         self.interleaved_out = fresh.interleaved_out;
         self.prefilled = false;
         self.drained_samples = 0;
-        self.io.counters.engine_input_consumed_samples.store(0, Ordering::Release);
+        self.io
+            .counters
+            .engine_input_consumed_samples
+            .store(0, Ordering::Release);
         self.report.reconnects += 1;
         Ok(())
     }
@@ -322,7 +373,11 @@ impl EngineState {
         if available == 0 {
             return Ok(false);
         }
-        let chunk = self.io.mic.read_chunk(available).map_err(|e| RuntimeError::Engine(e.to_string()))?;
+        let chunk = self
+            .io
+            .mic
+            .read_chunk(available)
+            .map_err(|e| RuntimeError::Engine(e.to_string()))?;
         self.drained_samples += available as u64;
         let (a, b) = chunk.as_slices();
         self.interleaved_in.clear();
@@ -334,7 +389,11 @@ impl EngineState {
             self.mono_in.extend_from_slice(&self.interleaved_in);
         } else {
             let inv = 1.0 / channels as f32;
-            self.mono_in.extend(self.interleaved_in.chunks_exact(channels).map(|f| f.iter().sum::<f32>() * inv));
+            self.mono_in.extend(
+                self.interleaved_in
+                    .chunks_exact(channels)
+                    .map(|f| f.iter().sum::<f32>() * inv),
+            );
         }
         self.in_resampler.push(&self.mono_in)?;
         Ok(true)
@@ -358,28 +417,38 @@ impl EngineState {
                     self.in_resampler.pop_into(&mut self.frame);
                     if self.config.record {
                         self.report.recorded_input.extend_from_slice(&self.frame);
-                        self.report.recorded_output.extend(std::iter::repeat_n(0.0, FRAME_SAMPLES));
+                        self.report
+                            .recorded_output
+                            .extend(std::iter::repeat_n(0.0, FRAME_SAMPLES));
                     }
                     self.report.frames_dropped += 1;
                     dropped_now += 1;
-                    self.io.counters.engine_frames_dropped.fetch_add(1, Ordering::Release);
+                    self.io
+                        .counters
+                        .engine_frames_dropped
+                        .fetch_add(1, Ordering::Release);
                     continue;
                 }
             }
             self.in_resampler.pop_into(&mut self.frame);
             let mic_backlog_samples = self.in_resampler.available() as f64
-                + (self.io.mic.slots() / self.config.input.channels as usize) as f64 * SAMPLE_RATE_HZ as f64
+                + (self.io.mic.slots() / self.config.input.channels as usize) as f64
+                    * SAMPLE_RATE_HZ as f64
                     / self.config.input.sample_rate_hz as f64;
             let t0 = Instant::now();
             let out = self.processor.process_frame(&self.frame)?;
             let total_ms = t0.elapsed().as_secs_f64() * 1e3;
             if out.pcm.len() != FRAME_SAMPLES {
-                return Err(RuntimeError::FrameSize { expected: FRAME_SAMPLES, got: out.pcm.len() });
+                return Err(RuntimeError::FrameSize {
+                    expected: FRAME_SAMPLES,
+                    got: out.pcm.len(),
+                });
             }
             let speaker_queue_ms = self.queued_output_ms();
             if !self.prefilled {
                 self.prefilled = true;
-                let prefill = (self.config.prefill_ms * SAMPLE_RATE_HZ as f64 / 1e3).round() as usize;
+                let prefill =
+                    (self.config.prefill_ms * SAMPLE_RATE_HZ as f64 / 1e3).round() as usize;
                 if prefill > 0 {
                     let silence = vec![0.0; prefill];
                     self.push_output(&silence)?;
@@ -392,7 +461,8 @@ impl EngineState {
             if let DropPolicy::RealTime { .. } = self.config.drop_policy {
                 if speaker_queue_ms > self.config.prefill_ms + MAX_EXTRA_OUTPUT_QUEUE_MS {
                     let excess_ms = speaker_queue_ms - self.config.prefill_ms;
-                    skip = ((excess_ms * SAMPLE_RATE_HZ as f64 / 1e3).round() as usize).min(FRAME_SAMPLES);
+                    skip = ((excess_ms * SAMPLE_RATE_HZ as f64 / 1e3).round() as usize)
+                        .min(FRAME_SAMPLES);
                     self.report.latency_trimmed_samples += skip as u64;
                 }
             }
@@ -411,15 +481,27 @@ impl EngineState {
                 speaker_queue_ms,
             };
             self.report.frames_processed += 1;
-            self.io.counters.engine_frames_processed.fetch_add(1, Ordering::Release);
+            self.io
+                .counters
+                .engine_frames_processed
+                .fetch_add(1, Ordering::Release);
             self.report.metrics.push(record.clone());
             // The receiver may be gone (nobody listening): not an error.
-            let _ = self.events.send(EngineEvent::Frame { record, text: out.text, tokens: out.tokens });
+            let _ = self.events.send(EngineEvent::Frame {
+                record,
+                text: out.text,
+                tokens: out.tokens,
+            });
         }
         if dropped_now > 0 {
-            let _ = self.events.send(EngineEvent::Dropped { frames: dropped_now });
+            let _ = self.events.send(EngineEvent::Dropped {
+                frames: dropped_now,
+            });
         }
-        self.io.counters.engine_input_consumed_samples.store(self.drained_samples, Ordering::Release);
+        self.io
+            .counters
+            .engine_input_consumed_samples
+            .store(self.drained_samples, Ordering::Release);
         Ok((got_input, any))
     }
 
@@ -427,7 +509,8 @@ impl EngineState {
     fn queued_output_ms(&self) -> f64 {
         let cap = self.io.speaker.buffer().capacity();
         let queued = cap - self.io.speaker.slots();
-        queued as f64 / self.config.output.channels as f64 * 1e3 / self.config.output.sample_rate_hz as f64
+        queued as f64 / self.config.output.channels as f64 * 1e3
+            / self.config.output.sample_rate_hz as f64
     }
 
     /// 24 kHz mono -> device rate and channels -> speaker ring.
@@ -502,7 +585,10 @@ pub fn run_offline(
         let o = processor.process_frame(frame)?;
         let total_ms = t0.elapsed().as_secs_f64() * 1e3;
         if o.pcm.len() != FRAME_SAMPLES {
-            return Err(RuntimeError::FrameSize { expected: FRAME_SAMPLES, got: o.pcm.len() });
+            return Err(RuntimeError::FrameSize {
+                expected: FRAME_SAMPLES,
+                got: o.pcm.len(),
+            });
         }
         out.extend_from_slice(&o.pcm);
         metrics.push(FrameRecord {

@@ -25,7 +25,11 @@ pub enum RuntimeError {
     #[error("{path} contains no audio samples")]
     EmptyWav { path: PathBuf },
     #[error("{path} is too short: {got_samples} samples at 24 kHz after resampling, need at least one {need_samples}-sample frame (80 ms)")]
-    TooShort { path: PathBuf, got_samples: usize, need_samples: usize },
+    TooShort {
+        path: PathBuf,
+        got_samples: usize,
+        need_samples: usize,
+    },
     #[error("cannot write {path}: {source}")]
     Write {
         path: PathBuf,
@@ -39,7 +43,11 @@ pub enum RuntimeError {
         source: hound::Error,
     },
     #[error("resampler {from_hz} Hz -> {to_hz} Hz: {detail}")]
-    Resample { from_hz: u32, to_hz: u32, detail: String },
+    Resample {
+        from_hz: u32,
+        to_hz: u32,
+        detail: String,
+    },
     #[error("audio device: {0}")]
     Device(String),
     #[error("frame processor expected {expected} samples per frame, got {got}")]

@@ -70,7 +70,8 @@ impl Percentiles {
         }
         let mut v = values.to_vec();
         v.sort_by(|a, b| a.total_cmp(b));
-        let rank = |p: f64| v[(((p / 100.0) * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
+        let rank =
+            |p: f64| v[(((p / 100.0) * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
         Self {
             min: v[0],
             p50: rank(50.0),
@@ -112,16 +113,28 @@ impl Metrics {
             .iter()
             .enumerate()
             .map(|(i, name)| {
-                let v: Vec<f64> = self.records.iter().map(|r| r.stages.stages()[i].1).collect();
+                let v: Vec<f64> = self
+                    .records
+                    .iter()
+                    .map(|r| r.stages.stages()[i].1)
+                    .collect();
                 (name.to_string(), Percentiles::of(&v))
             })
             .collect();
-        RunSummary { frames: self.records.len() as u64, total_ms, stages, real_time_factor: total_ms.mean / FRAME_MS }
+        RunSummary {
+            frames: self.records.len() as u64,
+            total_ms,
+            stages,
+            real_time_factor: total_ms.mean / FRAME_MS,
+        }
     }
 
     /// Writes every record as one JSON object per line, then a final `{"event":"summary",...}`.
     pub fn write_jsonl(&self, path: &Path) -> Result<()> {
-        let err = |source| RuntimeError::Write { path: path.to_path_buf(), source };
+        let err = |source| RuntimeError::Write {
+            path: path.to_path_buf(),
+            source,
+        };
         let file = std::fs::File::create(path).map_err(err)?;
         let mut w = std::io::BufWriter::new(file);
         for r in &self.records {
@@ -168,7 +181,10 @@ mod tests {
     fn nearest_rank_percentiles() {
         let v: Vec<f64> = (1..=100).map(f64::from).collect();
         let p = Percentiles::of(&v);
-        assert_eq!((p.min, p.p50, p.p95, p.p99, p.max), (1.0, 50.0, 95.0, 99.0, 100.0));
+        assert_eq!(
+            (p.min, p.p50, p.p95, p.p99, p.max),
+            (1.0, 50.0, 95.0, 99.0, 100.0)
+        );
         assert!((p.mean - 50.5).abs() < 1e-12);
         let p = Percentiles::of(&[3.0]);
         assert_eq!((p.min, p.p50, p.p99, p.max), (3.0, 3.0, 3.0, 3.0));
@@ -178,8 +194,18 @@ mod tests {
     fn summary_and_jsonl() {
         let mut m = Metrics::default();
         for i in 0..4 {
-            let stages = StageTimings { mimi_encode_ms: 1.0, lm_temporal_ms: 2.0 * i as f64, ..Default::default() };
-            m.push(FrameRecord { event: "frame", frame: i, total_ms: 40.0, stages, ..Default::default() });
+            let stages = StageTimings {
+                mimi_encode_ms: 1.0,
+                lm_temporal_ms: 2.0 * i as f64,
+                ..Default::default()
+            };
+            m.push(FrameRecord {
+                event: "frame",
+                frame: i,
+                total_ms: 40.0,
+                stages,
+                ..Default::default()
+            });
         }
         let s = m.summary();
         assert_eq!(s.frames, 4);
@@ -190,7 +216,10 @@ mod tests {
         let path = dir.path().join("p.jsonl");
         m.write_jsonl(&path).unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
-        let lines: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
         assert_eq!(lines.len(), 5);
         assert_eq!(lines[2]["lm_temporal_ms"], 4.0);
         assert_eq!(lines[4]["event"], "summary");

@@ -59,9 +59,18 @@ impl MoshiPipeline {
             )));
         }
         if mimi.frame_size_samples() != FRAME_SAMPLES {
-            return Err(RuntimeError::FrameSize { expected: FRAME_SAMPLES, got: mimi.frame_size_samples() });
+            return Err(RuntimeError::FrameSize {
+                expected: FRAME_SAMPLES,
+                got: mimi.frame_size_samples(),
+            });
         }
-        Ok(Self { mimi, generator, text: tokenizer.incremental_decoder(), user_codebooks, frames_in: 0 })
+        Ok(Self {
+            mimi,
+            generator,
+            text: tokenizer.incremental_decoder(),
+            user_codebooks,
+            frames_in: 0,
+        })
     }
 
     /// Weight precision of Mimi's per-frame products (see [`Mimi::set_weights`]).
@@ -86,7 +95,10 @@ impl MoshiPipeline {
 impl FrameProcessor for MoshiPipeline {
     fn process_frame(&mut self, pcm_in: &[f32]) -> Result<FrameOutput> {
         if pcm_in.len() != FRAME_SAMPLES {
-            return Err(RuntimeError::FrameSize { expected: FRAME_SAMPLES, got: pcm_in.len() });
+            return Err(RuntimeError::FrameSize {
+                expected: FRAME_SAMPLES,
+                got: pcm_in.len(),
+            });
         }
         let mut timings = StageTimings::default();
         let t0 = Instant::now();
@@ -105,7 +117,11 @@ impl FrameProcessor for MoshiPipeline {
         }
         self.frames_in += 1;
         let Some(frame) = generated else {
-            return Ok(FrameOutput { pcm: vec![0.0; FRAME_SAMPLES], timings, ..Default::default() });
+            return Ok(FrameOutput {
+                pcm: vec![0.0; FRAME_SAMPLES],
+                timings,
+                ..Default::default()
+            });
         };
         let t0 = Instant::now();
         let pcm = self.mimi.decode_frame(&frame.audio)?;
@@ -114,7 +130,10 @@ impl FrameProcessor for MoshiPipeline {
         Ok(FrameOutput {
             pcm,
             text: (!piece.is_empty()).then_some(piece),
-            tokens: Some(FrameTokens { text: frame.text, audio: frame.audio }),
+            tokens: Some(FrameTokens {
+                text: frame.text,
+                audio: frame.audio,
+            }),
             timings,
         })
     }

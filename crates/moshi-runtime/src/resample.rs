@@ -16,7 +16,11 @@ use crate::{Result, RuntimeError};
 pub const FILE_CHUNK_IN: usize = 1024;
 
 fn resample_error(from_hz: u32, to_hz: u32, e: impl std::fmt::Display) -> RuntimeError {
-    RuntimeError::Resample { from_hz, to_hz, detail: e.to_string() }
+    RuntimeError::Resample {
+        from_hz,
+        to_hz,
+        detail: e.to_string(),
+    }
 }
 
 /// Resamples a whole mono signal from `from_hz` to `to_hz`. Same rate: returns a copy.
@@ -27,9 +31,12 @@ pub fn resample_to(samples: &[f32], from_hz: u32, to_hz: u32) -> Result<Vec<f32>
     if from_hz == to_hz {
         return Ok(samples.to_vec());
     }
-    let mut resampler = FftFixedIn::<f32>::new(from_hz as usize, to_hz as usize, FILE_CHUNK_IN, 1, 1)
-        .map_err(|e| resample_error(from_hz, to_hz, e))?;
-    let mut out = Vec::with_capacity(samples.len() * to_hz as usize / from_hz as usize + 2 * resampler.output_frames_max());
+    let mut resampler =
+        FftFixedIn::<f32>::new(from_hz as usize, to_hz as usize, FILE_CHUNK_IN, 1, 1)
+            .map_err(|e| resample_error(from_hz, to_hz, e))?;
+    let mut out = Vec::with_capacity(
+        samples.len() * to_hz as usize / from_hz as usize + 2 * resampler.output_frames_max(),
+    );
     let mut chunk_out = resampler.output_buffer_allocate(true);
     let mut padded = vec![vec![0f32; FILE_CHUNK_IN]];
     for chunk in samples.chunks(FILE_CHUNK_IN) {
@@ -58,7 +65,12 @@ impl StreamResampler {
     /// A resampler from `from_hz` to `to_hz` taking input in chunks of `chunk_in` samples
     /// (pushes of any size are buffered). `max_pending_samples` bounds the output that may wait
     /// to be popped (buffers are sized for it, so no allocation happens later).
-    pub fn new(from_hz: u32, to_hz: u32, chunk_in: usize, max_pending_samples: usize) -> Result<Self> {
+    pub fn new(
+        from_hz: u32,
+        to_hz: u32,
+        chunk_in: usize,
+        max_pending_samples: usize,
+    ) -> Result<Self> {
         let chunk_in = chunk_in.max(1);
         let inner = if from_hz == to_hz {
             None
@@ -73,7 +85,10 @@ impl StreamResampler {
             chunk_in,
             pending_in: Vec::with_capacity(2 * chunk_in),
             in_buf: vec![vec![0.0; chunk_in]],
-            out_buf: inner.as_ref().map_or_else(|| vec![vec![0.0; chunk_in]], |r| r.output_buffer_allocate(true)),
+            out_buf: inner.as_ref().map_or_else(
+                || vec![vec![0.0; chunk_in]],
+                |r| r.output_buffer_allocate(true),
+            ),
             ready: Vec::with_capacity(max_pending_samples + 2 * out_max + chunk_in),
             ready_start: 0,
             inner,
@@ -102,7 +117,11 @@ impl StreamResampler {
                 let resampler = self.inner.as_mut().expect("checked above");
                 let (_, produced) = resampler
                     .process_into_buffer(&self.in_buf, &mut self.out_buf, None)
-                    .map_err(|e| RuntimeError::Resample { from_hz: 0, to_hz: 0, detail: e.to_string() })?;
+                    .map_err(|e| RuntimeError::Resample {
+                        from_hz: 0,
+                        to_hz: 0,
+                        detail: e.to_string(),
+                    })?;
                 self.compact();
                 self.ready.extend_from_slice(&self.out_buf[0][..produced]);
             }
@@ -158,12 +177,20 @@ mod tests {
     fn input_16k_matches_sphn_reference() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/tiny-a");
         let audio = crate::wav::read_mono(&root.join("input_16k.wav")).unwrap();
-        let reference = moshi_loader::npy::read_f32(root.join("ref/input_16k_resampled.npy")).unwrap();
+        let reference =
+            moshi_loader::npy::read_f32(root.join("ref/input_16k_resampled.npy")).unwrap();
         let ours = resample_to(&audio.samples, 16_000, 24_000).unwrap();
         let snr = snr_db(&reference.data, &ours);
-        eprintln!("16k->24k: ours {} samples, reference {} samples, SNR {snr:.2} dB", ours.len(), reference.data.len());
+        eprintln!(
+            "16k->24k: ours {} samples, reference {} samples, SNR {snr:.2} dB",
+            ours.len(),
+            reference.data.len()
+        );
         assert_eq!(ours.len(), reference.data.len());
-        assert!(snr >= MIN_SNR_DB_VS_SPHN, "SNR {snr:.2} dB < {MIN_SNR_DB_VS_SPHN} dB");
+        assert!(
+            snr >= MIN_SNR_DB_VS_SPHN,
+            "SNR {snr:.2} dB < {MIN_SNR_DB_VS_SPHN} dB"
+        );
     }
 }
 
@@ -179,27 +206,42 @@ mod stream_tests {
 
     #[test]
     fn stream_equals_batch_for_odd_pushes() {
-        let signal: Vec<f32> = (0..10_000).map(|i| ((i as f32) * 0.01).sin() * 0.5).collect();
-        for (from, to, chunk) in [(48_000u32, 24_000u32, 1024usize), (16_000, 24_000, 1024), (44_100, 24_000, 1024)] {
+        let signal: Vec<f32> = (0..10_000)
+            .map(|i| ((i as f32) * 0.01).sin() * 0.5)
+            .collect();
+        for (from, to, chunk) in [
+            (48_000u32, 24_000u32, 1024usize),
+            (16_000, 24_000, 1024),
+            (44_100, 24_000, 1024),
+        ] {
             let batch = resample_to(&signal, from, to).unwrap();
             let mut stream = StreamResampler::new(from, to, chunk, 8192).unwrap();
             let mut got = Vec::new();
             let mut buf = vec![0f32; 777];
             let mut i = 0;
             for step in [1usize, 2, 3, 500, 1023, 1024, 1025].iter().cycle() {
-                if i >= signal.len() { break; }
+                if i >= signal.len() {
+                    break;
+                }
                 let end = (i + step).min(signal.len());
                 stream.push(&signal[i..end]).unwrap();
                 i = end;
                 loop {
                     let n = stream.pop_into(&mut buf);
-                    if n == 0 { break; }
+                    if n == 0 {
+                        break;
+                    }
                     got.extend_from_slice(&buf[..n]);
                 }
             }
             // The stream holds back the incomplete last chunk that the batch zero-pads.
             let max_tail = stream_tail_bound(from, to, chunk);
-            assert!(got.len() <= batch.len() && got.len() + max_tail >= batch.len(), "{from}->{to}: {} vs {}", got.len(), batch.len());
+            assert!(
+                got.len() <= batch.len() && got.len() + max_tail >= batch.len(),
+                "{from}->{to}: {} vs {}",
+                got.len(),
+                batch.len()
+            );
             assert_eq!(&got[..], &batch[..got.len()], "{from}->{to}");
         }
         let mut same = StreamResampler::new(24_000, 24_000, 480, 4096).unwrap();

@@ -115,14 +115,20 @@ pub fn capture_callback(
 ) {
     let _guard = crate::alloc_check::AudioCallbackGuard::enter();
     counters.capture_callbacks.fetch_add(1, Ordering::Relaxed);
-    counters.captured_samples.fetch_add(input.len() as u64, Ordering::Relaxed);
+    counters
+        .captured_samples
+        .fetch_add(input.len() as u64, Ordering::Relaxed);
     let (_, rest) = mic.push_partial_slice(input);
     if !rest.is_empty() {
-        counters.overrun_samples.fetch_add(rest.len() as u64, Ordering::Relaxed);
+        counters
+            .overrun_samples
+            .fetch_add(rest.len() as u64, Ordering::Relaxed);
         counters.overrun_events.fetch_add(1, Ordering::Relaxed);
     }
     if let Some(us) = device_latency_us {
-        counters.input_device_latency_us.store(us, Ordering::Relaxed);
+        counters
+            .input_device_latency_us
+            .store(us, Ordering::Relaxed);
     }
 }
 
@@ -141,20 +147,28 @@ pub fn playback_callback(
     let got = filled.len();
     missing.fill(0.0);
     let missing_len = missing.len();
-    counters.played_samples.fetch_add(got as u64, Ordering::Relaxed);
+    counters
+        .played_samples
+        .fetch_add(got as u64, Ordering::Relaxed);
     if got > 0 {
         counters.playback_started.store(true, Ordering::Relaxed);
     }
     if missing_len > 0 {
         if counters.playback_started.load(Ordering::Relaxed) {
-            counters.underrun_samples.fetch_add(missing_len as u64, Ordering::Relaxed);
+            counters
+                .underrun_samples
+                .fetch_add(missing_len as u64, Ordering::Relaxed);
             counters.underrun_events.fetch_add(1, Ordering::Relaxed);
         } else {
-            counters.startup_silence_samples.fetch_add(missing_len as u64, Ordering::Relaxed);
+            counters
+                .startup_silence_samples
+                .fetch_add(missing_len as u64, Ordering::Relaxed);
         }
     }
     if let Some(us) = device_latency_us {
-        counters.output_device_latency_us.store(us, Ordering::Relaxed);
+        counters
+            .output_device_latency_us
+            .store(us, Ordering::Relaxed);
     }
 }
 
@@ -230,7 +244,10 @@ mod tests {
         capture_callback(&[0.5; 6], &mut mic_p, &counters, Some(1234));
         capture_callback(&[0.25; 6], &mut mic_p, &counters, None);
         let s = counters.snapshot();
-        assert_eq!((s.captured_samples, s.overrun_samples, s.overrun_events), (12, 2, 1));
+        assert_eq!(
+            (s.captured_samples, s.overrun_samples, s.overrun_events),
+            (12, 2, 1)
+        );
         assert_eq!(s.input_device_latency_us, 1234);
         assert_eq!(mic_c.slots(), 10);
 
@@ -244,7 +261,10 @@ mod tests {
         playback_callback(&mut out, &mut spk_c, &counters, None);
         assert_eq!(out, [1.0, 2.0, 3.0, 0.0]);
         let s = counters.snapshot();
-        assert_eq!((s.played_samples, s.underrun_samples, s.underrun_events), (3, 1, 1));
+        assert_eq!(
+            (s.played_samples, s.underrun_samples, s.underrun_events),
+            (3, 1, 1)
+        );
 
         let mut out16 = [7i16; 3];
         let mut scratch = [0f32; 2];

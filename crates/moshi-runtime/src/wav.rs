@@ -26,24 +26,44 @@ pub struct MonoAudio {
 /// format, no samples.
 pub fn read_mono(path: &Path) -> Result<MonoAudio> {
     if !path.exists() {
-        return Err(RuntimeError::MissingFile { path: path.to_path_buf() });
+        return Err(RuntimeError::MissingFile {
+            path: path.to_path_buf(),
+        });
     }
-    let file = File::open(path).map_err(|source| RuntimeError::Io { path: path.to_path_buf(), source })?;
-    let mut reader = hound::WavReader::new(std::io::BufReader::new(file))
-        .map_err(|source| RuntimeError::NotWav { path: path.to_path_buf(), source })?;
+    let file = File::open(path).map_err(|source| RuntimeError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let mut reader = hound::WavReader::new(std::io::BufReader::new(file)).map_err(|source| {
+        RuntimeError::NotWav {
+            path: path.to_path_buf(),
+            source,
+        }
+    })?;
     let spec = reader.spec();
     let channels = spec.channels as usize;
     if channels == 0 {
-        return Err(RuntimeError::UnsupportedWav { path: path.to_path_buf(), detail: "0 channels".into() });
+        return Err(RuntimeError::UnsupportedWav {
+            path: path.to_path_buf(),
+            detail: "0 channels".into(),
+        });
     }
     if spec.sample_rate == 0 {
-        return Err(RuntimeError::UnsupportedWav { path: path.to_path_buf(), detail: "sample rate 0 Hz".into() });
+        return Err(RuntimeError::UnsupportedWav {
+            path: path.to_path_buf(),
+            detail: "sample rate 0 Hz".into(),
+        });
     }
     let interleaved: Vec<f32> = match (spec.sample_format, spec.bits_per_sample) {
         (hound::SampleFormat::Float, 32) => collect(path, reader.samples::<f32>())?,
         (hound::SampleFormat::Int, bits @ (8 | 16 | 24 | 32)) => {
             let scale = 1.0 / (1u64 << (bits - 1)) as f64;
-            collect(path, reader.samples::<i32>().map(|s| s.map(|v| (v as f64 * scale) as f32)))?
+            collect(
+                path,
+                reader
+                    .samples::<i32>()
+                    .map(|s| s.map(|v| (v as f64 * scale) as f32)),
+            )?
         }
         (format, bits) => {
             return Err(RuntimeError::UnsupportedWav {
@@ -55,20 +75,32 @@ pub fn read_mono(path: &Path) -> Result<MonoAudio> {
         }
     };
     if interleaved.len() < channels {
-        return Err(RuntimeError::EmptyWav { path: path.to_path_buf() });
+        return Err(RuntimeError::EmptyWav {
+            path: path.to_path_buf(),
+        });
     }
     let samples = if channels == 1 {
         interleaved
     } else {
         let inv = 1.0 / channels as f32;
-        interleaved.chunks_exact(channels).map(|f| f.iter().sum::<f32>() * inv).collect()
+        interleaved
+            .chunks_exact(channels)
+            .map(|f| f.iter().sum::<f32>() * inv)
+            .collect()
     };
-    Ok(MonoAudio { samples, sample_rate_hz: spec.sample_rate, source_channels: spec.channels })
+    Ok(MonoAudio {
+        samples,
+        sample_rate_hz: spec.sample_rate,
+        source_channels: spec.channels,
+    })
 }
 
 fn collect(path: &Path, it: impl Iterator<Item = hound::Result<f32>>) -> Result<Vec<f32>> {
     it.collect::<hound::Result<Vec<f32>>>()
-        .map_err(|source| RuntimeError::NotWav { path: path.to_path_buf(), source })
+        .map_err(|source| RuntimeError::NotWav {
+            path: path.to_path_buf(),
+            source,
+        })
 }
 
 /// f32 -> int16 exactly as `sphn.write_wav` / moshi's run_inference.py: `trunc(x * 32767)`
@@ -90,7 +122,12 @@ pub fn write_mono_i16(path: &Path, samples: &[f32], sample_rate_hz: u32) -> Resu
 
 /// Writes a stereo int16 WAV atomically (`left[i]`, `right[i]` per frame; the shorter channel
 /// is padded with silence).
-pub fn write_stereo_i16(path: &Path, left: &[f32], right: &[f32], sample_rate_hz: u32) -> Result<()> {
+pub fn write_stereo_i16(
+    path: &Path,
+    left: &[f32],
+    right: &[f32],
+    sample_rate_hz: u32,
+) -> Result<()> {
     let n = left.len().max(right.len());
     write_atomic(path, 2, sample_rate_hz, |w| {
         for i in 0..n {
@@ -103,7 +140,10 @@ pub fn write_stereo_i16(path: &Path, left: &[f32], right: &[f32], sample_rate_hz
 
 /// The temporary path used while writing `path`: same folder, hidden, unique per process.
 fn temp_path_for(path: &Path) -> PathBuf {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "out.wav".into());
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "out.wav".into());
     let tmp_name = format!(".{name}.partial-{}", std::process::id());
     match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir.join(tmp_name),
@@ -130,7 +170,10 @@ fn write_atomic(
         bits_per_sample: 16,
         sample_format: hound::SampleFormat::Int,
     };
-    let file = File::create(&tmp).map_err(|source| RuntimeError::Write { path: path.to_path_buf(), source })?;
+    let file = File::create(&tmp).map_err(|source| RuntimeError::Write {
+        path: path.to_path_buf(),
+        source,
+    })?;
     let result = (|| -> hound::Result<()> {
         let mut writer = hound::WavWriter::new(BufWriter::new(file), spec)?;
         body(&mut writer)?;
@@ -138,11 +181,17 @@ fn write_atomic(
     })();
     if let Err(source) = result {
         let _ = std::fs::remove_file(&tmp);
-        return Err(RuntimeError::WavWrite { path: path.to_path_buf(), source });
+        return Err(RuntimeError::WavWrite {
+            path: path.to_path_buf(),
+            source,
+        });
     }
     std::fs::rename(&tmp, path).map_err(|source| {
         let _ = std::fs::remove_file(&tmp);
-        RuntimeError::Write { path: path.to_path_buf(), source }
+        RuntimeError::Write {
+            path: path.to_path_buf(),
+            source,
+        }
     })
 }
 
@@ -151,7 +200,9 @@ mod tests {
     use super::*;
 
     fn asset(name: &str) -> PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/tiny-a").join(name)
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../assets/tiny-a")
+            .join(name)
     }
 
     #[test]
@@ -176,7 +227,12 @@ mod tests {
             (hound::SampleFormat::Float, 32),
         ] {
             let path = dir.path().join(format!("{bits}{format:?}.wav"));
-            let spec = hound::WavSpec { channels: 2, sample_rate: 16_000, bits_per_sample: bits, sample_format: format };
+            let spec = hound::WavSpec {
+                channels: 2,
+                sample_rate: 16_000,
+                bits_per_sample: bits,
+                sample_format: format,
+            };
             let mut w = hound::WavWriter::create(&path, spec).unwrap();
             for &x in &frames {
                 // left = x, right = x/2 -> mono = 0.75 x
@@ -185,7 +241,11 @@ mod tests {
                         hound::SampleFormat::Float => w.write_sample(v).unwrap(),
                         hound::SampleFormat::Int => {
                             let q = (v as f64 * (1u64 << (bits - 1)) as f64) as i32;
-                            if bits == 8 { w.write_sample(q as i8).unwrap() } else { w.write_sample(q).unwrap() }
+                            if bits == 8 {
+                                w.write_sample(q as i8).unwrap()
+                            } else {
+                                w.write_sample(q).unwrap()
+                            }
                         }
                     }
                 }
@@ -197,7 +257,11 @@ mod tests {
             assert_eq!(audio.samples.len(), frames.len());
             for (got, x) in audio.samples.iter().zip(frames) {
                 let tol = 2.0 / (1u64 << (bits - 1)) as f32;
-                assert!((got - 0.75 * x).abs() <= tol, "{bits}-bit {format:?}: got {got}, want {}", 0.75 * x);
+                assert!(
+                    (got - 0.75 * x).abs() <= tol,
+                    "{bits}-bit {format:?}: got {got}, want {}",
+                    0.75 * x
+                );
             }
         }
     }
@@ -207,11 +271,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let missing = dir.path().join("nope.wav");
         let e = read_mono(&missing).unwrap_err().to_string();
-        assert!(e.contains("does not exist") && e.contains("nope.wav"), "{e}");
+        assert!(
+            e.contains("does not exist") && e.contains("nope.wav"),
+            "{e}"
+        );
         let not_wav = dir.path().join("text.wav");
         std::fs::write(&not_wav, b"hello, this is not a RIFF file").unwrap();
         let e = read_mono(&not_wav).unwrap_err().to_string();
-        assert!(e.contains("not a readable WAV") && e.contains("text.wav"), "{e}");
+        assert!(
+            e.contains("not a readable WAV") && e.contains("text.wav"),
+            "{e}"
+        );
         let empty = dir.path().join("empty.wav");
         write_mono_i16(&empty, &[], 24_000).unwrap();
         let e = read_mono(&empty).unwrap_err().to_string();
@@ -234,12 +304,19 @@ mod tests {
         assert_eq!(s, vec![16383, -16383, 8191, 0]);
         // unwritable destination: a folder that does not exist
         let bad = dir.path().join("no_such_dir").join("o.wav");
-        let e = write_mono_i16(&bad, &[0.1], 24_000).unwrap_err().to_string();
+        let e = write_mono_i16(&bad, &[0.1], 24_000)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("no_such_dir"), "{e}");
         // destination is a directory: error, and no temp file left behind
-        let e = write_mono_i16(dir.path(), &[0.1], 24_000).unwrap_err().to_string();
+        let e = write_mono_i16(dir.path(), &[0.1], 24_000)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("directory"), "{e}");
-        let leftovers: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
         assert_eq!(leftovers.len(), 1, "{leftovers:?}");
     }
 }

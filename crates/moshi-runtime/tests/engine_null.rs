@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use moshi_runtime::backend::null::{NullBackend, NullClock, NullConfig};
 use moshi_runtime::backend::{start_session, AudioBackend, RingSizes};
-use moshi_runtime::engine::{run_offline, DropPolicy, EngineEvent, FrameOutput, FrameProcessor, StreamFormat};
+use moshi_runtime::engine::{
+    run_offline, DropPolicy, EngineEvent, FrameOutput, FrameProcessor, StreamFormat,
+};
 use moshi_runtime::{wav, FRAME_SAMPLES};
 
 /// Test double: a stateful echo (output = 0.5 * input delayed by `delay` samples), plus a text
@@ -20,7 +22,11 @@ struct Echo {
 
 impl Echo {
     fn new(delay: usize, sleep: Duration) -> Self {
-        Self { history: vec![0.0; delay], frames: 0, sleep }
+        Self {
+            history: vec![0.0; delay],
+            frames: 0,
+            sleep,
+        }
     }
 }
 
@@ -31,11 +37,21 @@ impl FrameProcessor for Echo {
             std::thread::sleep(self.sleep);
         }
         self.history.extend_from_slice(pcm_in);
-        let pcm: Vec<f32> = self.history[..FRAME_SAMPLES].iter().map(|x| 0.5 * x).collect();
+        let pcm: Vec<f32> = self.history[..FRAME_SAMPLES]
+            .iter()
+            .map(|x| 0.5 * x)
+            .collect();
         self.history.drain(..FRAME_SAMPLES);
         self.frames += 1;
-        let text = self.frames.is_multiple_of(4).then(|| format!(" w{}", self.frames));
-        Ok(FrameOutput { pcm, text, ..Default::default() })
+        let text = self
+            .frames
+            .is_multiple_of(4)
+            .then(|| format!(" w{}", self.frames));
+        Ok(FrameOutput {
+            pcm,
+            text,
+            ..Default::default()
+        })
     }
 }
 
@@ -44,13 +60,27 @@ fn input_wav() -> Vec<f32> {
     wav::read_mono(&p).unwrap().samples
 }
 
-fn run_to_end(backend: &mut dyn AudioBackend, session: moshi_runtime::backend::Session) -> (Vec<f32>, moshi_runtime::engine::EngineReport, Vec<EngineEvent>) {
+fn run_to_end(
+    backend: &mut dyn AudioBackend,
+    session: moshi_runtime::backend::Session,
+) -> (
+    Vec<f32>,
+    moshi_runtime::engine::EngineReport,
+    Vec<EngineEvent>,
+) {
     while !backend.finished() {
         std::thread::sleep(Duration::from_millis(2));
     }
     session.engine.input_done();
     let played = backend.stop().unwrap();
-    let events: Vec<EngineEvent> = std::iter::from_fn(|| session.engine.events().recv_timeout(Duration::from_millis(1)).ok()).collect();
+    let events: Vec<EngineEvent> = std::iter::from_fn(|| {
+        session
+            .engine
+            .events()
+            .recv_timeout(Duration::from_millis(1))
+            .ok()
+    })
+    .collect();
     let mut rest = Vec::new();
     let report = session.engine.join().unwrap();
     rest.extend(events);
@@ -61,15 +91,19 @@ fn run_to_end(backend: &mut dyn AudioBackend, session: moshi_runtime::backend::S
 fn lockstep_output_equals_offline_output_and_frames_add_up() {
     let input = input_wav();
     let frames = input.len() / FRAME_SAMPLES;
-    let (offline, offline_metrics) = run_offline(&mut Echo::new(700, Duration::ZERO), &input, |_, _| {}).unwrap();
+    let (offline, offline_metrics) =
+        run_offline(&mut Echo::new(700, Duration::ZERO), &input, |_, _| {}).unwrap();
     assert_eq!(offline.len(), frames * FRAME_SAMPLES);
     assert_eq!(offline_metrics.records.len(), frames);
 
-    let mut backend = NullBackend::new(NullConfig::moshi(NullClock::Lockstep), input.clone()).unwrap();
+    let mut backend =
+        NullBackend::new(NullConfig::moshi(NullClock::Lockstep), input.clone()).unwrap();
     let session = start_session(
         &mut backend,
         Box::new(Echo::new(700, Duration::ZERO)),
-        DropPolicy::RealTime { max_backlog_frames: 1 },
+        DropPolicy::RealTime {
+            max_backlog_frames: 1,
+        },
         0.0,
         true,
         RingSizes::default(),
@@ -83,11 +117,18 @@ fn lockstep_output_equals_offline_output_and_frames_add_up() {
     assert_eq!(report.frames_dropped, 0);
     assert_eq!(c.captured_samples as usize, input.len());
     assert_eq!(c.overrun_samples, 0);
-    assert_eq!(c.underrun_samples, 0, "lockstep playback must never underrun");
+    assert_eq!(
+        c.underrun_samples, 0,
+        "lockstep playback must never underrun"
+    );
     assert_eq!(c.played_samples as usize, frames * FRAME_SAMPLES);
     // Speaker = startup silence, then exactly the offline output.
     let startup = c.startup_silence_samples as usize;
-    assert_eq!(startup, FRAME_SAMPLES - 480, "first frame completes on the 4th 480-sample callback");
+    assert_eq!(
+        startup,
+        FRAME_SAMPLES - 480,
+        "first frame completes on the 4th 480-sample callback"
+    );
     assert!(played[..startup].iter().all(|&s| s == 0.0));
     assert_eq!(&played[startup..startup + offline.len()], &offline[..]);
     // --record data: input and output frame-aligned.
@@ -111,7 +152,11 @@ fn slow_processor_drops_frames_keeps_backlog_bounded_and_accounts_for_every_fram
     let frames = (input.len() / FRAME_SAMPLES) as u64;
     // Virtual clock 8x real time: a frame arrives every 10 ms; the processor takes 40 ms,
     // i.e. 4x slower than (virtual) real time.
-    let mut backend = NullBackend::new(NullConfig::moshi(NullClock::Paced { speed: 8.0 }), input.clone()).unwrap();
+    let mut backend = NullBackend::new(
+        NullConfig::moshi(NullClock::Paced { speed: 8.0 }),
+        input.clone(),
+    )
+    .unwrap();
     let max_backlog_frames = 1;
     let session = start_session(
         &mut backend,
@@ -126,10 +171,31 @@ fn slow_processor_drops_frames_keeps_backlog_bounded_and_accounts_for_every_fram
     let (_played, report, events) = run_to_end(&mut backend, session);
     let c = counters.snapshot();
     assert_eq!(c.captured_samples as usize, input.len());
-    assert_eq!(c.overrun_samples, 0, "the engine drains the mic ring even when the model is slow");
-    eprintln!("processed {} dropped {} wall {:.3}s backlogs {:?}", report.frames_processed, report.frames_dropped, report.wall_s, report.metrics.records.iter().map(|r| r.mic_backlog_ms as i64).collect::<Vec<_>>());
-    assert!(report.frames_dropped > 0, "a 4x-too-slow processor must drop frames");
-    assert_eq!(report.frames_processed + report.frames_dropped, frames, "every complete frame is processed or dropped");
+    assert_eq!(
+        c.overrun_samples, 0,
+        "the engine drains the mic ring even when the model is slow"
+    );
+    eprintln!(
+        "processed {} dropped {} wall {:.3}s backlogs {:?}",
+        report.frames_processed,
+        report.frames_dropped,
+        report.wall_s,
+        report
+            .metrics
+            .records
+            .iter()
+            .map(|r| r.mic_backlog_ms as i64)
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        report.frames_dropped > 0,
+        "a 4x-too-slow processor must drop frames"
+    );
+    assert_eq!(
+        report.frames_processed + report.frames_dropped,
+        frames,
+        "every complete frame is processed or dropped"
+    );
     assert_eq!(c.engine_frames_dropped, report.frames_dropped);
     let dropped_events: u64 = events
         .iter()
@@ -142,10 +208,18 @@ fn slow_processor_drops_frames_keeps_backlog_bounded_and_accounts_for_every_fram
     // Backlog behind a frame when it is taken: at most max_backlog frames + one callback.
     let bound_ms = (max_backlog_frames as f64 + 1.0) * 80.0 + 20.0;
     for r in &report.metrics.records {
-        assert!(r.mic_backlog_ms <= bound_ms, "frame {}: backlog {} ms > {bound_ms} ms", r.frame, r.mic_backlog_ms);
+        assert!(
+            r.mic_backlog_ms <= bound_ms,
+            "frame {}: backlog {} ms > {bound_ms} ms",
+            r.frame,
+            r.mic_backlog_ms
+        );
     }
     // Recording keeps alignment: dropped frames are silence on the right channel.
-    assert_eq!(report.recorded_input.len() as u64, frames * FRAME_SAMPLES as u64);
+    assert_eq!(
+        report.recorded_input.len() as u64,
+        frames * FRAME_SAMPLES as u64
+    );
     assert_eq!(report.recorded_output.len(), report.recorded_input.len());
     // The speaker underran (the model is too slow), and that is counted.
     assert!(c.underrun_samples > 0);
@@ -159,10 +233,27 @@ fn device_formats_48k_stereo_round_trip_through_the_engine() {
     let input24 = input_wav();
     let up = moshi_runtime::resample::resample_to(&input24, 24_000, 48_000).unwrap();
     let stereo: Vec<f32> = up.iter().flat_map(|&s| [s, s]).collect();
-    let fmt = StreamFormat { sample_rate_hz: 48_000, channels: 2 };
-    let config = NullConfig { buffer_frames: 960, clock: NullClock::Lockstep, input_format: fmt, output_format: fmt, tail_ms: 500.0 };
+    let fmt = StreamFormat {
+        sample_rate_hz: 48_000,
+        channels: 2,
+    };
+    let config = NullConfig {
+        buffer_frames: 960,
+        clock: NullClock::Lockstep,
+        input_format: fmt,
+        output_format: fmt,
+        tail_ms: 500.0,
+    };
     let mut backend = NullBackend::new(config, stereo).unwrap();
-    let session = start_session(&mut backend, Box::new(Echo::new(0, Duration::ZERO)), DropPolicy::Lossless, 0.0, false, RingSizes::default()).unwrap();
+    let session = start_session(
+        &mut backend,
+        Box::new(Echo::new(0, Duration::ZERO)),
+        DropPolicy::Lossless,
+        0.0,
+        false,
+        RingSizes::default(),
+    )
+    .unwrap();
     let counters = session.counters.clone();
     let (played, report, _) = run_to_end(&mut backend, session);
     assert!(report.frames_processed >= (input24.len() / FRAME_SAMPLES) as u64 - 1);
@@ -207,8 +298,23 @@ fn stalled_playback_is_trimmed_back_to_bounded_latency() {
     let (spk_p, spk_c) = sample_ring(48_000);
     let counters = Arc::new(AudioCounters::default());
     let prefill_ms = 20.0;
-    let config = EngineConfig { drop_policy: DropPolicy::RealTime { max_backlog_frames: 100 }, prefill_ms, ..EngineConfig::lossless() };
-    let engine = spawn_engine(Box::new(Echo::new(0, Duration::ZERO)), config, EngineIo { mic: mic_c, speaker: spk_p, counters: counters.clone() }).unwrap();
+    let config = EngineConfig {
+        drop_policy: DropPolicy::RealTime {
+            max_backlog_frames: 100,
+        },
+        prefill_ms,
+        ..EngineConfig::lossless()
+    };
+    let engine = spawn_engine(
+        Box::new(Echo::new(0, Duration::ZERO)),
+        config,
+        EngineIo {
+            mic: mic_c,
+            speaker: spk_p,
+            counters: counters.clone(),
+        },
+    )
+    .unwrap();
     for _ in 0..20 {
         let _ = mic_p.push_partial_slice(&[0.1; FRAME_SAMPLES]);
         std::thread::sleep(Duration::from_millis(5));
@@ -219,7 +325,10 @@ fn stalled_playback_is_trimmed_back_to_bounded_latency() {
     assert!(report.latency_trimmed_samples > 0);
     // What waits in the speaker ring stays within the jitter margin + the allowance + one frame.
     let queued_ms = spk_c.slots() as f64 / 24.0;
-    assert!(queued_ms <= prefill_ms + MAX_EXTRA_OUTPUT_QUEUE_MS + 80.0, "queued {queued_ms} ms");
+    assert!(
+        queued_ms <= prefill_ms + MAX_EXTRA_OUTPUT_QUEUE_MS + 80.0,
+        "queued {queued_ms} ms"
+    );
     assert_eq!(
         spk_c.slots() as u64 + report.latency_trimmed_samples,
         20 * FRAME_SAMPLES as u64 + (prefill_ms * 24.0) as u64,
@@ -232,8 +341,19 @@ fn a_lost_device_is_replaced_and_the_conversation_goes_on() {
     // First device: 24 kHz mono, stopped after its input ends (as if it disappeared).
     let input = input_wav();
     let frames = (input.len() / FRAME_SAMPLES) as u64;
-    let mut first = NullBackend::new(NullConfig::moshi(NullClock::Lockstep), input.clone()).unwrap();
-    let session = start_session(&mut first, Box::new(Echo::new(0, Duration::ZERO)), DropPolicy::RealTime { max_backlog_frames: 2 }, 0.0, true, RingSizes::default()).unwrap();
+    let mut first =
+        NullBackend::new(NullConfig::moshi(NullClock::Lockstep), input.clone()).unwrap();
+    let session = start_session(
+        &mut first,
+        Box::new(Echo::new(0, Duration::ZERO)),
+        DropPolicy::RealTime {
+            max_backlog_frames: 2,
+        },
+        0.0,
+        true,
+        RingSizes::default(),
+    )
+    .unwrap();
     while !first.finished() {
         std::thread::sleep(Duration::from_millis(2));
     }
@@ -241,8 +361,17 @@ fn a_lost_device_is_replaced_and_the_conversation_goes_on() {
     // The replacement is a 48 kHz stereo device: the engine rebuilds its converters.
     let up = moshi_runtime::resample::resample_to(&input, 24_000, 48_000).unwrap();
     let stereo: Vec<f32> = up.iter().flat_map(|&s| [s, s]).collect();
-    let fmt = StreamFormat { sample_rate_hz: 48_000, channels: 2 };
-    let config = NullConfig { buffer_frames: 960, clock: NullClock::Lockstep, input_format: fmt, output_format: fmt, tail_ms: 500.0 };
+    let fmt = StreamFormat {
+        sample_rate_hz: 48_000,
+        channels: 2,
+    };
+    let config = NullConfig {
+        buffer_frames: 960,
+        clock: NullClock::Lockstep,
+        input_format: fmt,
+        output_format: fmt,
+        tail_ms: 500.0,
+    };
     let mut second = NullBackend::new(config, stereo).unwrap();
     moshi_runtime::backend::reconnect_session(&session, &mut second, RingSizes::default()).unwrap();
     while !second.finished() {
@@ -253,7 +382,11 @@ fn a_lost_device_is_replaced_and_the_conversation_goes_on() {
     let report = session.engine.join().unwrap();
     assert_eq!(report.reconnects, 1);
     assert_eq!(session.counters.snapshot().overrun_samples, 0);
-    assert!(report.frames_processed >= 2 * frames - 2, "{} frames over two devices", report.frames_processed);
+    assert!(
+        report.frames_processed >= 2 * frames - 2,
+        "{} frames over two devices",
+        report.frames_processed
+    );
     assert_eq!(report.frames_dropped, 0);
     let left: Vec<f32> = played.chunks_exact(2).map(|f| f[0]).collect();
     let back = moshi_runtime::resample::resample_to(&left, 48_000, 24_000).unwrap();

@@ -8,7 +8,9 @@ use moshi_runtime::alloc_check::{callback_allocations, AudioCallbackGuard, Count
 use moshi_runtime::backend::null::{NullBackend, NullClock, NullConfig};
 use moshi_runtime::backend::{start_session, AudioBackend, RingSizes};
 use moshi_runtime::engine::{DropPolicy, FrameOutput, FrameProcessor};
-use moshi_runtime::ring::{capture_callback_converting, playback_callback_converting, sample_ring, AudioCounters};
+use moshi_runtime::ring::{
+    capture_callback_converting, playback_callback_converting, sample_ring, AudioCounters,
+};
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
@@ -18,7 +20,11 @@ struct Allocating;
 
 impl FrameProcessor for Allocating {
     fn process_frame(&mut self, pcm_in: &[f32]) -> moshi_runtime::Result<FrameOutput> {
-        Ok(FrameOutput { pcm: pcm_in.iter().map(|x| -x).collect(), text: Some("x".repeat(3)), ..Default::default() })
+        Ok(FrameOutput {
+            pcm: pcm_in.iter().map(|x| -x).collect(),
+            text: Some("x".repeat(3)),
+            ..Default::default()
+        })
     }
 }
 
@@ -26,12 +32,26 @@ impl FrameProcessor for Allocating {
 fn audio_callbacks_never_allocate() {
     // Constant per build, on purpose: a release-mode test build must fail here, not pass silently.
     #[allow(clippy::assertions_on_constants)]
-    assert!(moshi_runtime::alloc_check::ENABLED, "run the tests in a debug/test profile with debug assertions");
-    let input: Vec<f32> = (0..24_000).map(|i| ((i as f32) * 0.05).sin() * 0.3).collect();
-    let mut backend = NullBackend::new(NullConfig::moshi(NullClock::Paced { speed: 20.0 }), input).unwrap();
-    let session =
-        start_session(&mut backend, Box::new(Allocating), DropPolicy::RealTime { max_backlog_frames: 1 }, 10.0, true, RingSizes::default())
-            .unwrap();
+    assert!(
+        moshi_runtime::alloc_check::ENABLED,
+        "run the tests in a debug/test profile with debug assertions"
+    );
+    let input: Vec<f32> = (0..24_000)
+        .map(|i| ((i as f32) * 0.05).sin() * 0.3)
+        .collect();
+    let mut backend =
+        NullBackend::new(NullConfig::moshi(NullClock::Paced { speed: 20.0 }), input).unwrap();
+    let session = start_session(
+        &mut backend,
+        Box::new(Allocating),
+        DropPolicy::RealTime {
+            max_backlog_frames: 1,
+        },
+        10.0,
+        true,
+        RingSizes::default(),
+    )
+    .unwrap();
     while !backend.finished() {
         std::thread::sleep(Duration::from_millis(2));
     }
@@ -48,11 +68,21 @@ fn audio_callbacks_never_allocate() {
     let (_spk_p, mut spk) = sample_ring(100);
     let mut scratch = vec![0f32; 64];
     let mut out16 = vec![0i16; 300];
-    capture_callback_converting(&vec![1000i16; 300], &mut scratch, &mut mic, &counters, Some(5));
+    capture_callback_converting(
+        &vec![1000i16; 300],
+        &mut scratch,
+        &mut mic,
+        &counters,
+        Some(5),
+    );
     playback_callback_converting(&mut out16, &mut scratch, &mut spk, &counters, Some(5));
     assert!(counters.snapshot().overrun_samples > 0);
 
-    assert_eq!(callback_allocations(), 0, "allocations inside audio callbacks");
+    assert_eq!(
+        callback_allocations(),
+        0,
+        "allocations inside audio callbacks"
+    );
 
     // The detector works: an allocation inside a guarded section is counted.
     {
@@ -60,5 +90,8 @@ fn audio_callbacks_never_allocate() {
         let v = std::hint::black_box(vec![1u8; 16]);
         drop(v);
     }
-    assert!(callback_allocations() >= 1, "the allocation check did not see a deliberate allocation");
+    assert!(
+        callback_allocations() >= 1,
+        "the allocation check did not see a deliberate allocation"
+    );
 }

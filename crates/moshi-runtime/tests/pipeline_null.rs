@@ -18,8 +18,12 @@ fn tiny() -> PathBuf {
 }
 
 fn pipeline(seed: u64) -> MoshiPipeline {
-    let model = ModelSource::resolve(tiny().to_str().unwrap(), &SourceOverrides::default()).unwrap();
-    let sampling = SamplingConfig { seed, ..SamplingConfig::default() };
+    let model =
+        ModelSource::resolve(tiny().to_str().unwrap(), &SourceOverrides::default()).unwrap();
+    let sampling = SamplingConfig {
+        seed,
+        ..SamplingConfig::default()
+    };
     MoshiPipeline::load(&model, sampling, WeightMode::Native).unwrap()
 }
 
@@ -36,14 +40,20 @@ fn live_engine_with_tiny_model_equals_file_mode() {
     .unwrap();
     // Sampling really is on: another seed gives other tokens.
     let mut other = pipeline(100);
-    let other_tokens: Vec<_> = input.chunks_exact(FRAME_SAMPLES).map(|f| other.process_frame(f).unwrap().tokens.unwrap()).collect();
+    let other_tokens: Vec<_> = input
+        .chunks_exact(FRAME_SAMPLES)
+        .map(|f| other.process_frame(f).unwrap().tokens.unwrap())
+        .collect();
     assert_ne!(other_tokens, file_tokens);
 
-    let mut backend = NullBackend::new(NullConfig::moshi(NullClock::Lockstep), input.clone()).unwrap();
+    let mut backend =
+        NullBackend::new(NullConfig::moshi(NullClock::Lockstep), input.clone()).unwrap();
     let session = start_session(
         &mut backend,
         Box::new(pipeline(99)),
-        DropPolicy::RealTime { max_backlog_frames: 2 },
+        DropPolicy::RealTime {
+            max_backlog_frames: 2,
+        },
         0.0,
         true,
         RingSizes::default(),
@@ -54,7 +64,8 @@ fn live_engine_with_tiny_model_equals_file_mode() {
     }
     session.engine.input_done();
     let played = backend.stop().unwrap();
-    let events: Vec<EngineEvent> = std::iter::from_fn(|| session.engine.events().try_recv().ok()).collect();
+    let events: Vec<EngineEvent> =
+        std::iter::from_fn(|| session.engine.events().try_recv().ok()).collect();
     let report = session.engine.join().unwrap();
     let c = session.counters.snapshot();
 
@@ -62,7 +73,11 @@ fn live_engine_with_tiny_model_equals_file_mode() {
     assert_eq!(report.frames_dropped, 0);
     assert_eq!((c.overrun_samples, c.underrun_samples), (0, 0));
     let startup = c.startup_silence_samples as usize;
-    assert_eq!(&played[startup..startup + file_out.len()], &file_out[..], "live output != file output");
+    assert_eq!(
+        &played[startup..startup + file_out.len()],
+        &file_out[..],
+        "live output != file output"
+    );
     assert_eq!(report.recorded_output, file_out);
     let mut live_tokens = Vec::new();
     let mut live_texts = Vec::new();
@@ -75,5 +90,9 @@ fn live_engine_with_tiny_model_equals_file_mode() {
     assert_eq!(live_tokens, file_tokens);
     assert_eq!(live_texts, file_texts);
     // Every frame carries stage timings.
-    assert!(report.metrics.records.iter().all(|r| r.stages.mimi_encode_ms > 0.0 && r.stages.lm_temporal_ms > 0.0));
+    assert!(report
+        .metrics
+        .records
+        .iter()
+        .all(|r| r.stages.mimi_encode_ms > 0.0 && r.stages.lm_temporal_ms > 0.0));
 }

@@ -16,7 +16,8 @@ use moshi_runtime::bench::extrapolate::extrapolate_to_full_depth;
 use moshi_runtime::bench::format::WeightFormat;
 use moshi_runtime::bench::memory::{peak_resident_bytes, reset_peak_resident};
 use moshi_runtime::bench::report::{
-    real_time_factor, BandwidthBound, BenchReport, MachineInfo, RunInfo, StageStats, WeightBytes, BENCH_SCHEMA_VERSION,
+    real_time_factor, BandwidthBound, BenchReport, MachineInfo, RunInfo, StageStats, WeightBytes,
+    BENCH_SCHEMA_VERSION,
 };
 use moshi_runtime::bench::runner::{run_frames, TEMPORAL_LAYER_SPAN};
 use moshi_runtime::bench::span_timer::{SpanTimerLayer, SpanTotals};
@@ -153,7 +154,9 @@ pub fn run(args: BenchArgs, log_filter: &str) -> Result<()> {
     let threads = match args.threads {
         Some(0) => bail!("--threads must be at least 1"),
         Some(n) => n,
-        None => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        None => std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
     };
     rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
@@ -165,18 +168,26 @@ pub fn run(args: BenchArgs, log_filter: &str) -> Result<()> {
     let (timer, totals) = SpanTimerLayer::new(&[TEMPORAL_LAYER_SPAN]);
     let (chrome, _flush_guard) = match &args.trace {
         Some(path) => {
-            let file =
-                std::fs::File::create(path).with_context(|| format!("cannot create trace file {}", path.display()))?;
-            let (layer, guard) = tracing_chrome::ChromeLayerBuilder::new().writer(file).include_args(true).build();
+            let file = std::fs::File::create(path)
+                .with_context(|| format!("cannot create trace file {}", path.display()))?;
+            let (layer, guard) = tracing_chrome::ChromeLayerBuilder::new()
+                .writer(file)
+                .include_args(true)
+                .build();
             (Some(layer), Some(guard))
         }
         None => (None, None),
     };
-    let stderr_log = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_filter(
-        tracing_subscriber::EnvFilter::try_new(log_filter)
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-    );
-    let subscriber = tracing_subscriber::registry().with(timer).with(chrome).with(stderr_log);
+    let stderr_log = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_filter(
+            tracing_subscriber::EnvFilter::try_new(log_filter)
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        );
+    let subscriber = tracing_subscriber::registry()
+        .with(timer)
+        .with(chrome)
+        .with(stderr_log);
     tracing::subscriber::with_default(subscriber, || bench(&args, threads, &totals))
 }
 
@@ -196,11 +207,22 @@ fn bench(args: &BenchArgs, threads: usize, totals: &SpanTotals) -> Result<()> {
     let mut probes = vec![probe_bandwidth(threads, args.bandwidth_buffer_mib)];
     // The probe's buffer is freed; do not let it count as the model's peak memory.
     if !reset_peak_resident() {
-        tracing::debug!("cannot reset the peak resident set; peak memory includes the bandwidth probe");
+        tracing::debug!(
+            "cannot reset the peak resident set; peak memory includes the bandwidth probe"
+        );
     }
     let loaded = load(args)?;
     let layers_run = loaded.cfg.num_layers;
-    let Loaded { lm, mut mimi, tokenizer, layers_config, config_origin, format, weights, .. } = loaded;
+    let Loaded {
+        lm,
+        mut mimi,
+        tokenizer,
+        layers_config,
+        config_origin,
+        format,
+        weights,
+        ..
+    } = loaded;
     if let Some(m) = mimi.as_mut() {
         m.set_weights(args.mimi_weights);
         eprintln!("Mimi weights: {}", args.mimi_weights);
@@ -209,17 +231,33 @@ fn bench(args: &BenchArgs, threads: usize, totals: &SpanTotals) -> Result<()> {
         StageArg::All => {
             let lm = lm.context("internal: the LM was not built")?;
             let mimi = mimi.context("internal: Mimi was not built")?;
-            let generator = Generator::new(lm, SamplingConfig { seed: args.seed, ..SamplingConfig::default() });
+            let generator = Generator::new(
+                lm,
+                SamplingConfig {
+                    seed: args.seed,
+                    ..SamplingConfig::default()
+                },
+            );
             let tokenizer = tokenizer.context("internal: the text tokenizer was not built")?;
             Box::new(MoshiPipeline::from_parts(mimi, generator, &tokenizer)?)
         }
-        StageArg::Mimi => Box::new(MimiStage::new(mimi.context("internal: Mimi was not built")?)),
+        StageArg::Mimi => Box::new(MimiStage::new(
+            mimi.context("internal: Mimi was not built")?,
+        )),
         StageArg::Lm => {
             let lm = lm.context("internal: the LM was not built")?;
-            let generator = Generator::new(lm, SamplingConfig { seed: args.seed, ..SamplingConfig::default() });
+            let generator = Generator::new(
+                lm,
+                SamplingConfig {
+                    seed: args.seed,
+                    ..SamplingConfig::default()
+                },
+            );
             Box::new(LmStage::new(generator, args.seed))
         }
-        StageArg::Depformer => Box::new(DepformerStage::new(lm.context("internal: the LM was not built")?)?),
+        StageArg::Depformer => Box::new(DepformerStage::new(
+            lm.context("internal: the LM was not built")?,
+        )?),
     };
 
     eprintln!(
@@ -229,7 +267,13 @@ fn bench(args: &BenchArgs, threads: usize, totals: &SpanTotals) -> Result<()> {
         format.name(),
         args.stage.name()
     );
-    let run = run_frames(processor.as_mut(), args.warmup, args.frames, args.seed, Some(totals))?;
+    let run = run_frames(
+        processor.as_mut(),
+        args.warmup,
+        args.frames,
+        args.seed,
+        Some(totals),
+    )?;
     drop(processor);
     // Read the peak before the bandwidth probe allocates its own buffer.
     let peak_memory_bytes = peak_resident_bytes();
@@ -238,9 +282,20 @@ fn bench(args: &BenchArgs, threads: usize, totals: &SpanTotals) -> Result<()> {
     let read_bandwidth_gbps = probes.iter().copied().fold(0.0, f64::max);
 
     let stats = StageStats::of(&run.records);
-    let bound = BandwidthBound::new(weights.read_per_frame_bytes, read_bandwidth_gbps, stats.lm_step_ms.p50);
+    let bound = BandwidthBound::new(
+        weights.read_per_frame_bytes,
+        read_bandwidth_gbps,
+        stats.lm_step_ms.p50,
+    );
     let extrapolated = if matches!(args.stage, StageArg::All | StageArg::Lm) {
-        extrapolate_to_full_depth(&stats, &run.layer_ms, &weights, layers_run, layers_config, read_bandwidth_gbps)
+        extrapolate_to_full_depth(
+            &stats,
+            &run.layer_ms,
+            &weights,
+            layers_run,
+            layers_config,
+            read_bandwidth_gbps,
+        )
     } else {
         None
     };
@@ -249,7 +304,12 @@ fn bench(args: &BenchArgs, threads: usize, totals: &SpanTotals) -> Result<()> {
         tool: "moshi-rs bench".into(),
         version: env!("CARGO_PKG_VERSION").into(),
         run: RunInfo {
-            weights: if args.random_weights { "random" } else { "checkpoint" }.into(),
+            weights: if args.random_weights {
+                "random"
+            } else {
+                "checkpoint"
+            }
+            .into(),
             model: args.model.clone(),
             config: config_origin,
             quant: format.name().into(),
@@ -264,7 +324,9 @@ fn bench(args: &BenchArgs, threads: usize, totals: &SpanTotals) -> Result<()> {
         machine: MachineInfo {
             os: std::env::consts::OS.into(),
             arch: std::env::consts::ARCH.into(),
-            logical_cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            logical_cpus: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
             read_bandwidth_gbps,
             read_bandwidth_probes_gbps: probes,
             peak_memory_bytes,
@@ -280,11 +342,15 @@ fn bench(args: &BenchArgs, threads: usize, totals: &SpanTotals) -> Result<()> {
     print!("{}", report.to_text());
     if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(&report).context("cannot serialise the report")?;
-        std::fs::write(path, text + "\n").with_context(|| format!("cannot write {}", path.display()))?;
+        std::fs::write(path, text + "\n")
+            .with_context(|| format!("cannot write {}", path.display()))?;
         eprintln!("report written to {}", path.display());
     }
     if let Some(path) = &args.trace {
-        eprintln!("Chrome trace written to {} (open in chrome://tracing or ui.perfetto.dev)", path.display());
+        eprintln!(
+            "Chrome trace written to {} (open in chrome://tracing or ui.perfetto.dev)",
+            path.display()
+        );
     }
     Ok(())
 }
@@ -296,7 +362,10 @@ fn with_layers(cfg: &LmConfig, layers: Option<usize>, origin: &str) -> Result<Lm
         None => {}
         Some(0) => bail!("--layers must be at least 1"),
         Some(n) if n > cfg.num_layers => {
-            bail!("--layers {n} is above the {} temporal layers of the config ({origin})", cfg.num_layers)
+            bail!(
+                "--layers {n} is above the {} temporal layers of the config ({origin})",
+                cfg.num_layers
+            )
         }
         Some(n) => out.num_layers = n,
     }
@@ -306,7 +375,10 @@ fn with_layers(cfg: &LmConfig, layers: Option<usize>, origin: &str) -> Result<Lm
 /// Weight byte counts of a built LM.
 fn weight_bytes_of(lm: &LmModel, stage: StageArg) -> WeightBytes {
     let b = lm.weight_bytes();
-    let per_layer = b.temporal_layers.checked_div(b.temporal_num_layers).unwrap_or(0);
+    let per_layer = b
+        .temporal_layers
+        .checked_div(b.temporal_num_layers)
+        .unwrap_or(0);
     let read = match stage {
         StageArg::All | StageArg::Lm => b.read_per_step(),
         StageArg::Depformer => b.depformer,
@@ -327,7 +399,8 @@ fn mimi_config_near(config_path: Option<&Path>, cfg: &LmConfig) -> Result<MimiCo
     if let (Some(path), Some(name)) = (config_path, cfg.mimi_config_name.as_deref()) {
         let candidate = path.parent().unwrap_or(Path::new(".")).join(name);
         if candidate.is_file() {
-            return MimiConfig::from_file(&candidate).with_context(|| format!("cannot read {}", candidate.display()));
+            return MimiConfig::from_file(&candidate)
+                .with_context(|| format!("cannot read {}", candidate.display()));
         }
     }
     Ok(MimiConfig::v0_1())
@@ -347,8 +420,14 @@ fn mimi_codebooks(cfg: &LmConfig) -> usize {
 }
 
 /// Builds the LM from `weights` and counts its weight bytes.
-fn build_lm(cfg: &LmConfig, weights: Option<WeightMap>, stage: StageArg) -> Result<(Option<LmModel>, WeightBytes)> {
-    let Some(w) = weights else { return Ok((None, WeightBytes::default())) };
+fn build_lm(
+    cfg: &LmConfig,
+    weights: Option<WeightMap>,
+    stage: StageArg,
+) -> Result<(Option<LmModel>, WeightBytes)> {
+    let Some(w) = weights else {
+        return Ok((None, WeightBytes::default()));
+    };
     let lm = LmModel::load(cfg, w)?;
     let bytes = weight_bytes_of(&lm, stage);
     Ok((Some(lm), bytes))
@@ -358,10 +437,16 @@ fn load_random(args: &BenchArgs) -> Result<Loaded> {
     let started = Instant::now();
     let (full, config_origin) = match &args.config {
         Some(p) => (LmConfig::from_file(p)?, p.display().to_string()),
-        None => (LmConfig::moshiko_7b(), "<built-in moshiko-7b (configs/moshiko-7b.json)>".to_string()),
+        None => (
+            LmConfig::moshiko_7b(),
+            "<built-in moshiko-7b (configs/moshiko-7b.json)>".to_string(),
+        ),
     };
     let cfg = with_layers(&full, args.layers, &config_origin)?;
-    let format = args.quant.map(WeightFormat::from).unwrap_or(WeightFormat::Q4);
+    let format = args
+        .quant
+        .map(WeightFormat::from)
+        .unwrap_or(WeightFormat::Q4);
     let weights = if args.stage.needs_lm() {
         eprintln!(
             "generating random {} weights: {} of {} temporal layers (dim {}) + depformer ...",
@@ -397,7 +482,10 @@ fn load_random(args: &BenchArgs) -> Result<Loaded> {
 
 fn load_checkpoint(args: &BenchArgs) -> Result<Loaded> {
     let started = Instant::now();
-    let spec = args.model.as_deref().context("--model or --random-weights is required")?;
+    let spec = args
+        .model
+        .as_deref()
+        .context("--model or --random-weights is required")?;
     let requested = args.quant.map(WeightFormat::from);
     let model = resolve_model(spec, args.config.as_deref(), requested)?;
     let full = model.lm_config.clone();
@@ -407,8 +495,15 @@ fn load_checkpoint(args: &BenchArgs) -> Result<Loaded> {
     let (weights, cfg, format) = load_checkpoint_lm(&model, requested, checked.num_layers)?;
     let (lm, weight_bytes) = build_lm(&cfg, args.stage.needs_lm().then_some(weights), args.stage)?;
     let (mimi, tokenizer) = if args.stage.needs_mimi() {
-        let mimi = Mimi::load(&model.mimi_config, &model.mimi_weights_path, mimi_codebooks(&cfg))?;
-        (Some(mimi), Some(TextTokenizer::from_file(&model.tokenizer_path)?))
+        let mimi = Mimi::load(
+            &model.mimi_config,
+            &model.mimi_weights_path,
+            mimi_codebooks(&cfg),
+        )?;
+        (
+            Some(mimi),
+            Some(TextTokenizer::from_file(&model.tokenizer_path)?),
+        )
     } else {
         (None, None)
     };

@@ -63,7 +63,10 @@ pub struct ChatArgs {
 /// capture device latency + input waiting behind the frame + output queued ahead of it
 /// (including the jitter margin) + playback device latency.
 fn added_latency_ms(r: &FrameRecord, c: &CounterSnapshot) -> f64 {
-    c.input_device_latency_us as f64 / 1e3 + r.mic_backlog_ms + r.speaker_queue_ms + c.output_device_latency_us as f64 / 1e3
+    c.input_device_latency_us as f64 / 1e3
+        + r.mic_backlog_ms
+        + r.speaker_queue_ms
+        + c.output_device_latency_us as f64 / 1e3
 }
 
 struct Console {
@@ -106,7 +109,9 @@ impl Console {
     fn status(&mut self, counters: &AudioCounters, rtf: f64, force: bool) {
         let c = counters.snapshot();
         // Device errors: counted in the callback, reported here at most every 5 s.
-        if c.device_errors > self.errors_reported && self.last_error_report.elapsed() >= Duration::from_secs(5) {
+        if c.device_errors > self.errors_reported
+            && self.last_error_report.elapsed() >= Duration::from_secs(5)
+        {
             let new = c.device_errors - self.errors_reported;
             self.errors_reported = c.device_errors;
             self.last_error_report = Instant::now();
@@ -115,12 +120,19 @@ impl Console {
             }
             eprintln!("audio device: {new} errors reported by the host since the last report (counted, the stream keeps going)");
         }
-        let every = if self.tty { Duration::from_millis(250) } else { Duration::from_secs(2) };
+        let every = if self.tty {
+            Duration::from_millis(250)
+        } else {
+            Duration::from_secs(2)
+        };
         if !force && self.last_status.elapsed() < every {
             return;
         }
         self.last_status = Instant::now();
-        let latency = self.latest.as_ref().map_or(0.0, |r| added_latency_ms(r, &c));
+        let latency = self
+            .latest
+            .as_ref()
+            .map_or(0.0, |r| added_latency_ms(r, &c));
         let status = format!(
             "[RTF {rtf:.2} | added latency {latency:.0} ms | underruns {} | dropped frames {} | device errors {}]",
             c.underrun_events, c.engine_frames_dropped, c.device_errors
@@ -133,7 +145,8 @@ impl Console {
     }
 
     fn frame(&mut self, record: FrameRecord, counters: &AudioCounters) {
-        self.latencies_ms.push(added_latency_ms(&record, &counters.snapshot()));
+        self.latencies_ms
+            .push(added_latency_ms(&record, &counters.snapshot()));
         self.latest = Some(record);
     }
 }
@@ -157,14 +170,26 @@ struct ChatStats {
 }
 
 pub fn run(args: ChatArgs) -> anyhow::Result<()> {
-    for (what, p) in [("--record", &args.record), ("--profile", &args.profile), ("--stats-json", &args.stats_json)] {
+    for (what, p) in [
+        ("--record", &args.record),
+        ("--profile", &args.profile),
+        ("--stats-json", &args.stats_json),
+    ] {
         if let Some(p) = p {
             check_writable(p, what)?;
         }
     }
-    anyhow::ensure!(args.buffer_ms >= 1 && args.buffer_ms <= 1000, "--buffer-ms {}: expected 1..=1000", args.buffer_ms);
+    anyhow::ensure!(
+        args.buffer_ms >= 1 && args.buffer_ms <= 1000,
+        "--buffer-ms {}: expected 1..=1000",
+        args.buffer_ms
+    );
     let (model, pipeline) = args.model.load_pipeline(args.sampling.config())?;
-    eprintln!("model: {} ({:?})", model.lm_weights_path.display(), model.layout);
+    eprintln!(
+        "model: {} ({:?})",
+        model.lm_weights_path.display(),
+        model.layout
+    );
     let mut backend = CpalBackend::open(&CpalOptions {
         input_device: args.input_device.clone(),
         output_device: args.output_device.clone(),
@@ -175,19 +200,34 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     let session = start_session(
         &mut backend,
         Box::new(pipeline),
-        DropPolicy::RealTime { max_backlog_frames: args.max_backlog_frames },
+        DropPolicy::RealTime {
+            max_backlog_frames: args.max_backlog_frames,
+        },
         jitter_ms,
         args.record.is_some(),
         RingSizes::default(),
     )?;
-    eprintln!("listening{} (Ctrl-C to stop)", args.duration_s.map_or(String::new(), |d| format!(" for {d} s")));
+    eprintln!(
+        "listening{} (Ctrl-C to stop)",
+        args.duration_s
+            .map_or(String::new(), |d| format!(" for {d} s"))
+    );
 
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting tokio")?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting tokio")?;
     let mut console = Console::new();
     let started = Instant::now();
     let mut steady_underruns_base: Option<u64> = None;
     let stop_reason = loop {
-        let reason = runtime.block_on(drive(&session, &args, &mut console, started, &mut steady_underruns_base));
+        let reason = runtime.block_on(drive(
+            &session,
+            &args,
+            &mut console,
+            started,
+            &mut steady_underruns_base,
+        ));
         if reason != DEVICE_LOST {
             break reason;
         }
@@ -217,13 +257,25 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     played_ok?;
     let report = report.context("the engine stopped with an error")?;
     eprintln!("stopped: {stop_reason}");
-    finish(&args, &counters, report, &console, started, steady_underruns_base, backend.describe())
+    finish(
+        &args,
+        &counters,
+        report,
+        &console,
+        started,
+        steady_underruns_base,
+        backend.describe(),
+    )
 }
 
 const DEVICE_LOST: &str = "an audio device disappeared";
 
 /// Retries opening the devices every 500 ms. `None`: Ctrl-C or the duration ended first.
-async fn reopen(args: &ChatArgs, session: &Session, started: Instant) -> anyhow::Result<Option<CpalBackend>> {
+async fn reopen(
+    args: &ChatArgs,
+    session: &Session,
+    started: Instant,
+) -> anyhow::Result<Option<CpalBackend>> {
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
     loop {
@@ -231,7 +283,10 @@ async fn reopen(args: &ChatArgs, session: &Session, started: Instant) -> anyhow:
             _ = &mut ctrl_c => return Ok(None),
             _ = tokio::time::sleep(Duration::from_millis(500)) => {}
         }
-        if args.duration_s.is_some_and(|d| started.elapsed().as_secs_f64() >= d) {
+        if args
+            .duration_s
+            .is_some_and(|d| started.elapsed().as_secs_f64() >= d)
+        {
             return Ok(None);
         }
         let options = CpalOptions {
@@ -283,10 +338,21 @@ async fn drive(
             }
         }
         // Steady state: underruns counted from 2 s after playback started.
-        if steady_base.is_none() && session.counters.playback_started.load(Ordering::Relaxed) && started.elapsed() > Duration::from_secs(2) {
+        if steady_base.is_none()
+            && session.counters.playback_started.load(Ordering::Relaxed)
+            && started.elapsed() > Duration::from_secs(2)
+        {
             *steady_base = Some(session.counters.underrun_events.load(Ordering::Relaxed));
         }
-        let rtf = metrics.records.iter().rev().take(25).map(|r| r.total_ms).sum::<f64>() / metrics.records.len().clamp(1, 25) as f64 / 80.0;
+        let rtf = metrics
+            .records
+            .iter()
+            .rev()
+            .take(25)
+            .map(|r| r.total_ms)
+            .sum::<f64>()
+            / metrics.records.len().clamp(1, 25) as f64
+            / 80.0;
         console.status(&session.counters, rtf, false);
         let callbacks = (
             session.counters.capture_callbacks.load(Ordering::Relaxed),
@@ -296,7 +362,9 @@ async fn drive(
             callbacks_seen = callbacks;
             last_progress = Instant::now();
         }
-        if session.counters.device_lost.load(Ordering::Relaxed) || last_progress.elapsed() > stall_limit {
+        if session.counters.device_lost.load(Ordering::Relaxed)
+            || last_progress.elapsed() > stall_limit
+        {
             return DEVICE_LOST.into();
         }
         if session.engine.is_finished() {
@@ -330,7 +398,8 @@ fn finish(
         speaker_overflow_samples: report.speaker_overflow_samples,
         latency_trimmed_samples: report.latency_trimmed_samples,
         added_latency_ms: Percentiles::of(&console.latencies_ms),
-        callback_allocations: moshi_runtime::alloc_check::ENABLED.then(moshi_runtime::alloc_check::callback_allocations),
+        callback_allocations: moshi_runtime::alloc_check::ENABLED
+            .then(moshi_runtime::alloc_check::callback_allocations),
         wall_s: started.elapsed().as_secs_f64(),
         backend,
     };
@@ -367,14 +436,24 @@ fn finish(
         );
     }
     if let Some(p) = &args.record {
-        wav::write_stereo_i16(p, &report.recorded_input, &report.recorded_output, SAMPLE_RATE_HZ)?;
-        eprintln!("recorded {} ({:.1} s, you left, Moshi right)", p.display(), report.recorded_input.len() as f64 / SAMPLE_RATE_HZ as f64);
+        wav::write_stereo_i16(
+            p,
+            &report.recorded_input,
+            &report.recorded_output,
+            SAMPLE_RATE_HZ,
+        )?;
+        eprintln!(
+            "recorded {} ({:.1} s, you left, Moshi right)",
+            p.display(),
+            report.recorded_input.len() as f64 / SAMPLE_RATE_HZ as f64
+        );
     }
     if let Some(p) = &args.profile {
         report.metrics.write_jsonl(p)?;
     }
     if let Some(p) = &args.stats_json {
-        std::fs::write(p, serde_json::to_string_pretty(&stats)?).with_context(|| format!("writing {}", p.display()))?;
+        std::fs::write(p, serde_json::to_string_pretty(&stats)?)
+            .with_context(|| format!("writing {}", p.display()))?;
     }
     Ok(())
 }

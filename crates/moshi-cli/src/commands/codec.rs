@@ -82,7 +82,9 @@ fn resolve(source: &MimiSource) -> Result<(PathBuf, MimiConfig)> {
     };
     let config = match (&source.mimi_config, &source.model) {
         (Some(file), _) => MimiConfig::from_file(file)?,
-        (None, Some(dir)) if dir.join("mimi_config.json").is_file() => MimiConfig::from_file(dir.join("mimi_config.json"))?,
+        (None, Some(dir)) if dir.join("mimi_config.json").is_file() => {
+            MimiConfig::from_file(dir.join("mimi_config.json"))?
+        }
         _ => MimiConfig::v0_1(),
     };
     Ok((weights, config))
@@ -100,20 +102,29 @@ fn find_mimi_in(dir: &Path) -> Result<PathBuf> {
         .with_context(|| format!("--model {}: cannot list the folder", dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
-            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("tokenizer-") && n.ends_with(".safetensors"))
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("tokenizer-") && n.ends_with(".safetensors"))
         })
         .collect();
     found.sort();
     match found.len() {
-        0 => bail!("--model {}: no mimi.safetensors or tokenizer-*.safetensors in the folder", dir.display()),
+        0 => bail!(
+            "--model {}: no mimi.safetensors or tokenizer-*.safetensors in the folder",
+            dir.display()
+        ),
         1 => Ok(found.remove(0)),
-        _ => bail!("--model {}: several Mimi checkpoints ({found:?}); pick one with --mimi", dir.display()),
+        _ => bail!(
+            "--model {}: several Mimi checkpoints ({found:?}); pick one with --mimi",
+            dir.display()
+        ),
     }
 }
 
 fn encode(args: EncodeArgs) -> Result<()> {
     let (weights, cfg) = resolve(&args.source)?;
-    let mut mimi = Mimi::load(&cfg, &weights, args.codebooks).with_context(|| format!("loading Mimi from {}", weights.display()))?;
+    let mut mimi = Mimi::load(&cfg, &weights, args.codebooks)
+        .with_context(|| format!("loading Mimi from {}", weights.display()))?;
     mimi.set_weights(args.source.mimi_weights);
     let frame = mimi.frame_size_samples();
     let audio = wav::read_mono(&args.input)?;
@@ -121,7 +132,11 @@ fn encode(args: EncodeArgs) -> Result<()> {
     let mut pcm = if audio.sample_rate_hz == rate {
         audio.samples
     } else {
-        tracing::info!("resampling {} from {} Hz to {rate} Hz", args.input.display(), audio.sample_rate_hz);
+        tracing::info!(
+            "resampling {} from {} Hz to {rate} Hz",
+            args.input.display(),
+            audio.sample_rate_hz
+        );
         resample_to(&audio.samples, audio.sample_rate_hz, rate)?
     };
     let partial = pcm.len() % frame;
@@ -134,27 +149,50 @@ fn encode(args: EncodeArgs) -> Result<()> {
         }
     }
     if pcm.is_empty() {
-        bail!("{}: shorter than one {frame}-sample frame ({partial} samples); nothing to encode", args.input.display());
+        bail!(
+            "{}: shorter than one {frame}-sample frame ({partial} samples); nothing to encode",
+            args.input.display()
+        );
     }
     let start = std::time::Instant::now();
     let codes = mimi.encode_step(&pcm)?;
     let frames = codes[0].len();
-    tracing::info!("encoded {frames} frames in {:.1} ms", start.elapsed().as_secs_f64() * 1e3);
-    let flat: Vec<i64> = codes.iter().flat_map(|row| row.iter().map(|&c| c as i64)).collect();
+    tracing::info!(
+        "encoded {frames} frames in {:.1} ms",
+        start.elapsed().as_secs_f64() * 1e3
+    );
+    let flat: Vec<i64> = codes
+        .iter()
+        .flat_map(|row| row.iter().map(|&c| c as i64))
+        .collect();
     npy::write_i64(&args.output, &[codes.len(), frames], &flat)?;
-    eprintln!("{}: {} codebooks x {frames} frames", args.output.display(), codes.len());
+    eprintln!(
+        "{}: {} codebooks x {frames} frames",
+        args.output.display(),
+        codes.len()
+    );
     Ok(())
 }
 
 fn decode(args: DecodeArgs) -> Result<()> {
-    let as_npy = match args.output.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
+    let as_npy = match args
+        .output
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase)
+        .as_deref()
+    {
         Some("npy") => true,
         Some("wav") => false,
         _ => bail!("{}: output must end in .wav or .npy", args.output.display()),
     };
     let arr = npy::read_i64(&args.input)?;
     if arr.shape.len() != 2 {
-        bail!("{}: codes must be a 2-D array [codebooks, frames], got shape {:?}", args.input.display(), arr.shape);
+        bail!(
+            "{}: codes must be a 2-D array [codebooks, frames], got shape {:?}",
+            args.input.display(),
+            arr.shape
+        );
     }
     let (k, frames) = (arr.shape[0], arr.shape[1]);
     if k == 0 || frames == 0 {
@@ -162,7 +200,10 @@ fn decode(args: DecodeArgs) -> Result<()> {
     }
     if let Some(expected) = args.codebooks {
         if expected != k {
-            bail!("{}: holds {k} codebooks, --codebooks says {expected}", args.input.display());
+            bail!(
+                "{}: holds {k} codebooks, --codebooks says {expected}",
+                args.input.display()
+            );
         }
     }
     let mut codes = Vec::with_capacity(k);
@@ -170,20 +211,32 @@ fn decode(args: DecodeArgs) -> Result<()> {
         let row = &arr.data[q * frames..(q + 1) * frames];
         let mut out = Vec::with_capacity(frames);
         for (t, &c) in row.iter().enumerate() {
-            let c = u32::try_from(c).map_err(|_| anyhow::anyhow!("{}: code {c} at codebook {q}, frame {t} is negative or too large", args.input.display()))?;
+            let c = u32::try_from(c).map_err(|_| {
+                anyhow::anyhow!(
+                    "{}: code {c} at codebook {q}, frame {t} is negative or too large",
+                    args.input.display()
+                )
+            })?;
             out.push(c);
         }
         codes.push(out);
     }
     let (weights, cfg) = resolve(&args.source)?;
-    let mut mimi = Mimi::load(&cfg, &weights, k).with_context(|| format!("loading Mimi from {}", weights.display()))?;
+    let mut mimi = Mimi::load(&cfg, &weights, k)
+        .with_context(|| format!("loading Mimi from {}", weights.display()))?;
     mimi.set_weights(args.source.mimi_weights);
-    let pcm = mimi.decode_step(&codes).with_context(|| format!("decoding {}", args.input.display()))?;
+    let pcm = mimi
+        .decode_step(&codes)
+        .with_context(|| format!("decoding {}", args.input.display()))?;
     if as_npy {
         npy::write_f32(&args.output, &[pcm.len()], &pcm)?;
     } else {
         wav::write_mono_i16(&args.output, &pcm, mimi.sample_rate() as u32)?;
     }
-    eprintln!("{}: {} samples ({frames} frames)", args.output.display(), pcm.len());
+    eprintln!(
+        "{}: {} samples ({frames} frames)",
+        args.output.display(),
+        pcm.len()
+    );
     Ok(())
 }

@@ -13,14 +13,25 @@ pub fn run(_args: DevicesArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     for is_input in [true, false] {
-        println!("{}:", if is_input { "input devices" } else { "output devices" });
+        println!(
+            "{}:",
+            if is_input {
+                "input devices"
+            } else {
+                "output devices"
+            }
+        );
         for d in devices.iter().filter(|d| d.is_input == is_input) {
             println!(
                 "  {}{}  [default config: {}; 24 kHz mono: {}]",
                 d.name,
                 if d.is_default { " (default)" } else { "" },
                 d.default_config,
-                if d.supports_24k_mono { "yes" } else { "no, resampled" }
+                if d.supports_24k_mono {
+                    "yes"
+                } else {
+                    "no, resampled"
+                }
             );
         }
     }

@@ -39,10 +39,24 @@ pub struct FileArgs {
 /// Fails early (before any compute) when `path` cannot be written: missing folder, a directory.
 pub fn check_writable(path: &Path, what: &str) -> anyhow::Result<()> {
     anyhow::ensure!(!path.is_dir(), "{what} {}: is a directory", path.display());
-    let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    anyhow::ensure!(parent.is_dir(), "{what} {}: folder {} does not exist", path.display(), parent.display());
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    anyhow::ensure!(
+        parent.is_dir(),
+        "{what} {}: folder {} does not exist",
+        path.display(),
+        parent.display()
+    );
     let probe = parent.join(format!(".moshi-rs-write-probe-{}", std::process::id()));
-    std::fs::File::create(&probe).with_context(|| format!("{what} {}: folder {} is not writable", path.display(), parent.display()))?;
+    std::fs::File::create(&probe).with_context(|| {
+        format!(
+            "{what} {}: folder {} is not writable",
+            path.display(),
+            parent.display()
+        )
+    })?;
     let _ = std::fs::remove_file(&probe);
     Ok(())
 }
@@ -52,7 +66,12 @@ pub fn read_input_24k(path: &Path) -> anyhow::Result<Vec<f32>> {
     let audio = wav::read_mono(path)?;
     let pcm = resample::resample_to(&audio.samples, audio.sample_rate_hz, SAMPLE_RATE_HZ)?;
     if pcm.len() < FRAME_SAMPLES {
-        return Err(RuntimeError::TooShort { path: path.to_path_buf(), got_samples: pcm.len(), need_samples: FRAME_SAMPLES }.into());
+        return Err(RuntimeError::TooShort {
+            path: path.to_path_buf(),
+            got_samples: pcm.len(),
+            need_samples: FRAME_SAMPLES,
+        }
+        .into());
     }
     Ok(pcm)
 }
@@ -60,7 +79,11 @@ pub fn read_input_24k(path: &Path) -> anyhow::Result<Vec<f32>> {
 pub fn run(args: FileArgs) -> anyhow::Result<()> {
     let pcm = read_input_24k(&args.input)?;
     check_writable(&args.output, "output")?;
-    for (what, p) in [("--transcript", &args.transcript), ("--tokens-out", &args.tokens_out), ("--profile", &args.profile)] {
+    for (what, p) in [
+        ("--transcript", &args.transcript),
+        ("--tokens-out", &args.tokens_out),
+        ("--profile", &args.profile),
+    ] {
         if let Some(p) = p {
             check_writable(p, what)?;
         }
@@ -81,10 +104,16 @@ pub fn run(args: FileArgs) -> anyhow::Result<()> {
         model.tokenizer_path.display(),
         load_started.elapsed().as_secs_f64()
     );
-    eprintln!("input: {} ({} frames, {:.2} s at 24 kHz)", args.input.display(), frames, pcm.len() as f64 / SAMPLE_RATE_HZ as f64);
+    eprintln!(
+        "input: {} ({} frames, {:.2} s at 24 kHz)",
+        args.input.display(),
+        frames,
+        pcm.len() as f64 / SAMPLE_RATE_HZ as f64
+    );
 
     let bar = indicatif::ProgressBar::new(frames as u64).with_style(
-        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} frames {msg}").expect("static template"),
+        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} frames {msg}")
+            .expect("static template"),
     );
     let mut tokens_jsonl = String::new();
     let mut transcript = Transcript::default();
@@ -92,7 +121,8 @@ pub fn run(args: FileArgs) -> anyhow::Result<()> {
     let mut stdout = std::io::stdout();
     let (out_pcm, metrics) = run_offline(&mut pipeline, &pcm, |i, o: &FrameOutput| {
         if let Some(t) = &o.tokens {
-            tokens_jsonl += &serde_json::json!({ "frame": i, "text": t.text, "audio": t.audio }).to_string();
+            tokens_jsonl +=
+                &serde_json::json!({ "frame": i, "text": t.text, "audio": t.audio }).to_string();
             tokens_jsonl.push('\n');
         }
         if let Some(text) = &o.text {
@@ -101,7 +131,10 @@ pub fn run(args: FileArgs) -> anyhow::Result<()> {
             let _ = stdout.flush();
         }
         let audio_s = (i + 1) as f64 * FRAME_SAMPLES as f64 / SAMPLE_RATE_HZ as f64;
-        bar.set_message(format!("real-time factor {:.2}", started.elapsed().as_secs_f64() / audio_s));
+        bar.set_message(format!(
+            "real-time factor {:.2}",
+            started.elapsed().as_secs_f64() / audio_s
+        ));
         bar.inc(1);
     })?;
     let tail = pipeline.finish_text();
@@ -113,12 +146,17 @@ pub fn run(args: FileArgs) -> anyhow::Result<()> {
     bar.finish_and_clear();
 
     wav::write_mono_i16(&args.output, &out_pcm, SAMPLE_RATE_HZ)?;
-    eprintln!("wrote {} ({} samples)", args.output.display(), out_pcm.len());
+    eprintln!(
+        "wrote {} ({} samples)",
+        args.output.display(),
+        out_pcm.len()
+    );
     if let Some(p) = &args.tokens_out {
         std::fs::write(p, &tokens_jsonl).with_context(|| format!("writing {}", p.display()))?;
     }
     if let Some(p) = &args.transcript {
-        std::fs::write(p, transcript.to_tsv()).with_context(|| format!("writing {}", p.display()))?;
+        std::fs::write(p, transcript.to_tsv())
+            .with_context(|| format!("writing {}", p.display()))?;
     }
     if let Some(p) = &args.profile {
         metrics.write_jsonl(p)?;

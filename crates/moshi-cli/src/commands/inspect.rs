@@ -7,7 +7,9 @@ use anyhow::{bail, Context};
 use moshi_loader::inspect::{inspect_checkpoint, CheckpointReport, ConfigRef};
 use moshi_loader::layout::detect_kind;
 use moshi_loader::tokenizer::TextTokenizer;
-use moshi_loader::{CheckpointKind, LmConfig, MimiConfig, ModelSource, SafetensorsFile, SourceOverrides};
+use moshi_loader::{
+    CheckpointKind, LmConfig, MimiConfig, ModelSource, SafetensorsFile, SourceOverrides,
+};
 use serde::Serialize;
 
 #[derive(clap::Args, Debug)]
@@ -105,7 +107,10 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
             Err(e) => tracing::warn!("{}: not a complete model folder: {e}", path.display()),
         }
         if out.checkpoints.is_empty() && out.tokenizers.is_empty() {
-            bail!("{}: no .safetensors checkpoint and no .model tokenizer in this folder", path.display());
+            bail!(
+                "{}: no .safetensors checkpoint and no .model tokenizer in this folder",
+                path.display()
+            );
         }
     } else {
         match path.extension().and_then(|e| e.to_str()) {
@@ -132,8 +137,10 @@ fn inspect_file(path: &Path, args: &InspectArgs) -> anyhow::Result<CheckpointEnt
     let config;
     match kind {
         CheckpointKind::Mimi => {
-            let cfg_path =
-                args.mimi_config.clone().or_else(|| Some(folder.join("mimi_config.json")).filter(|p| p.is_file()));
+            let cfg_path = args
+                .mimi_config
+                .clone()
+                .or_else(|| Some(folder.join("mimi_config.json")).filter(|p| p.is_file()));
             let (cfg, source) = match cfg_path {
                 Some(p) => (MimiConfig::from_file(&p)?, p.display().to_string()),
                 None => (MimiConfig::v0_1(), "built-in mimi-v0_1".to_string()),
@@ -142,7 +149,10 @@ fn inspect_file(path: &Path, args: &InspectArgs) -> anyhow::Result<CheckpointEnt
             config = source;
         }
         CheckpointKind::Lm(_) => {
-            let cfg_path = args.config.clone().or_else(|| Some(folder.join("config.json")).filter(|p| p.is_file()));
+            let cfg_path = args
+                .config
+                .clone()
+                .or_else(|| Some(folder.join("config.json")).filter(|p| p.is_file()));
             let (cfg, source) = match cfg_path {
                 Some(p) => (LmConfig::from_file(&p)?, p.display().to_string()),
                 None => (LmConfig::moshiko_7b(), "built-in moshiko-7b".to_string()),
@@ -167,7 +177,8 @@ fn inspect_tokenizer(path: &Path) -> anyhow::Result<TokenizerEntry> {
 }
 
 fn inspect_config(path: &Path) -> anyhow::Result<ConfigEntry> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let value: serde_json::Value =
         serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))?;
     // A Mimi config has a `seanet` section; anything else is read as an LM config.
@@ -182,14 +193,24 @@ fn inspect_config(path: &Path) -> anyhow::Result<ConfigEntry> {
             c.transformer.num_layers,
             c.frame_size_samples()
         );
-        Ok(ConfigEntry { path: path.into(), kind: "mimi", summary, unknown_keys: c.unknown.keys().cloned().collect() })
+        Ok(ConfigEntry {
+            path: path.into(),
+            kind: "mimi",
+            summary,
+            unknown_keys: c.unknown.keys().cloned().collect(),
+        })
     } else {
         let c = LmConfig::from_json_str(&text, path)?;
         let summary = format!(
             "LM: dim {} x {} layers ({} heads), text_card {}, card {}, n_q {}, dep_q {}, depformer {} x {} layers, context {}",
             c.dim, c.num_layers, c.num_heads, c.text_card, c.card, c.n_q, c.dep_q, c.depformer_dim, c.depformer_num_layers, c.context
         );
-        Ok(ConfigEntry { path: path.into(), kind: "lm", summary, unknown_keys: c.unknown.keys().cloned().collect() })
+        Ok(ConfigEntry {
+            path: path.into(),
+            kind: "lm",
+            summary,
+            unknown_keys: c.unknown.keys().cloned().collect(),
+        })
     }
 }
 
@@ -213,7 +234,10 @@ fn print_text(out: &InspectOutput) {
         let dtypes: Vec<String> = r.dtypes.iter().map(|(d, n)| format!("{d} x {n}")).collect();
         println!("  tensors     {} ({})", r.tensor_count, dtypes.join(", "));
         for q in &r.quantization {
-            println!("  quantized   {}-bit, group size {} ({} matrices)", q.bits, q.group_size, q.matrices);
+            println!(
+                "  quantized   {}-bit, group size {} ({} matrices)",
+                q.bits, q.group_size, q.matrices
+            );
         }
         println!("  parameters  {}", thousands(r.parameter_count));
         println!("  size        {:.2} MB", r.file_size_bytes as f64 / 1e6);
@@ -221,12 +245,16 @@ fn print_text(out: &InspectOutput) {
             println!("  note        {n}");
         }
         match &r.config_check {
-            Some(c) if c.is_clean() => println!("  config      {}: matches ({})", e.config, c.scope),
+            Some(c) if c.is_clean() => {
+                println!("  config      {}: matches ({})", e.config, c.scope)
+            }
             Some(c) => {
                 println!("  config      {}: DOES NOT MATCH ({})", e.config, c.scope);
-                for (label, list) in
-                    [("missing", &c.missing), ("unexpected", &c.unexpected), ("mismatched", &c.mismatched)]
-                {
+                for (label, list) in [
+                    ("missing", &c.missing),
+                    ("unexpected", &c.unexpected),
+                    ("mismatched", &c.mismatched),
+                ] {
                     if !list.is_empty() {
                         println!(
                             "  {label:<11} {} (first: {})",
@@ -255,8 +283,17 @@ fn print_text(out: &InspectOutput) {
     }
     if let Some(r) = &out.resolved {
         println!("model folder resolves to");
-        println!("  lm          {} ({}), config {}", r.lm_weights.display(), r.layout, r.lm_config);
-        println!("  mimi        {}, config {}", r.mimi_weights.display(), r.mimi_config);
+        println!(
+            "  lm          {} ({}), config {}",
+            r.lm_weights.display(),
+            r.layout,
+            r.lm_config
+        );
+        println!(
+            "  mimi        {}, config {}",
+            r.mimi_weights.display(),
+            r.mimi_config
+        );
         println!("  tokenizer   {}", r.tokenizer.display());
     }
 }

@@ -146,11 +146,15 @@ impl ModelArgs {
     }
 
     /// Resolves and loads the whole pipeline.
-    pub fn load_pipeline(&self, sampling: SamplingConfig) -> anyhow::Result<(ResolvedModel, MoshiPipeline)> {
+    pub fn load_pipeline(
+        &self,
+        sampling: SamplingConfig,
+    ) -> anyhow::Result<(ResolvedModel, MoshiPipeline)> {
         let mode = self.weight_mode()?;
         let model = self.resolve()?;
-        let mut pipeline = MoshiPipeline::load(&model, sampling, mode)
-            .with_context(|| format!("loading the model from {}", model.lm_weights_path.display()))?;
+        let mut pipeline = MoshiPipeline::load(&model, sampling, mode).with_context(|| {
+            format!("loading the model from {}", model.lm_weights_path.display())
+        })?;
         pipeline.set_mimi_weights(self.mimi_weights);
         Ok((model, pipeline))
     }

@@ -26,23 +26,41 @@ pub struct QuantizeArgs {
 }
 
 fn config_for(args: &QuantizeArgs) -> anyhow::Result<(LmConfig, String)> {
-    let sibling = args.input.parent().unwrap_or(Path::new(".")).join("config.json");
+    let sibling = args
+        .input
+        .parent()
+        .unwrap_or(Path::new("."))
+        .join("config.json");
     let path = match &args.config {
         Some(p) => p.clone(),
         None if sibling.is_file() => sibling,
         None => return Ok((LmConfig::moshiko_7b(), "built-in moshiko 7B".into())),
     };
-    let cfg = LmConfig::from_file(&path).with_context(|| format!("reading the LM config {}", path.display()))?;
+    let cfg = LmConfig::from_file(&path)
+        .with_context(|| format!("reading the LM config {}", path.display()))?;
     Ok((cfg, path.display().to_string()))
 }
 
 pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
     if args.bits != 4 && args.bits != 8 {
-        bail!("--bits {}: expected 4 or 8 (the MLX formats of the Kyutai releases)", args.bits);
+        bail!(
+            "--bits {}: expected 4 or 8 (the MLX formats of the Kyutai releases)",
+            args.bits
+        );
     }
-    let group_size = args.group_size.unwrap_or_else(|| WeightMode::default_group_size(args.bits));
-    if args.input.canonicalize().ok().is_some_and(|i| args.output.canonicalize().ok() == Some(i)) {
-        bail!("{}: output and input are the same file", args.output.display());
+    let group_size = args
+        .group_size
+        .unwrap_or_else(|| WeightMode::default_group_size(args.bits));
+    if args
+        .input
+        .canonicalize()
+        .ok()
+        .is_some_and(|i| args.output.canonicalize().ok() == Some(i))
+    {
+        bail!(
+            "{}: output and input are the same file",
+            args.output.display()
+        );
     }
     let (cfg, config_origin) = config_for(&args)?;
     let started = Instant::now();
@@ -51,9 +69,21 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
         args.input.display(),
         args.bits
     );
-    let weights = load_lm_weights(&args.input, &cfg, WeightMode::Quantize { bits: args.bits, group_size })
-        .with_context(|| format!("quantizing {}", args.input.display()))?;
-    write_mlx_quantized(&weights, &cfg, &args.output).with_context(|| format!("writing {}", args.output.display()))?;
-    eprintln!("wrote {} in {:.1} s", args.output.display(), started.elapsed().as_secs_f64());
+    let weights = load_lm_weights(
+        &args.input,
+        &cfg,
+        WeightMode::Quantize {
+            bits: args.bits,
+            group_size,
+        },
+    )
+    .with_context(|| format!("quantizing {}", args.input.display()))?;
+    write_mlx_quantized(&weights, &cfg, &args.output)
+        .with_context(|| format!("writing {}", args.output.display()))?;
+    eprintln!(
+        "wrote {} in {:.1} s",
+        args.output.display(),
+        started.elapsed().as_secs_f64()
+    );
     Ok(())
 }

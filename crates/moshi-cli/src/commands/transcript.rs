@@ -30,14 +30,22 @@ impl Transcript {
                     w.text.push_str(part);
                     w.last_frame = frame;
                 }
-                _ => self.words.push(Word { text: part.to_string(), first_frame: frame, last_frame: frame }),
+                _ => self.words.push(Word {
+                    text: part.to_string(),
+                    first_frame: frame,
+                    last_frame: frame,
+                }),
             }
         }
         // A trailing space ends the current word: the next piece starts a new one.
         if piece.ends_with(' ') {
             if let Some(w) = self.words.last() {
                 if !w.text.is_empty() {
-                    self.words.push(Word { text: String::new(), first_frame: frame, last_frame: frame });
+                    self.words.push(Word {
+                        text: String::new(),
+                        first_frame: frame,
+                        last_frame: frame,
+                    });
                 }
             }
         }
@@ -46,7 +54,12 @@ impl Transcript {
     /// The whole text.
     #[allow(dead_code)] // used by tests; the CLI prints pieces live
     pub fn text(&self) -> String {
-        self.words.iter().filter(|w| !w.text.is_empty()).map(|w| w.text.as_str()).collect::<Vec<_>>().join(" ")
+        self.words
+            .iter()
+            .filter(|w| !w.text.is_empty())
+            .map(|w| w.text.as_str())
+            .collect::<Vec<_>>()
+            .join(" ")
     }
 
     /// `start_s<TAB>end_s<TAB>word` per line; times are in the output audio.
@@ -56,8 +69,17 @@ impl Transcript {
             let start = w.first_frame as f64 * FRAME_MS / 1e3;
             let end = (w.last_frame + 1) as f64 * FRAME_MS / 1e3;
             // Control characters (a tab would break the columns) are written escaped.
-            let word: String =
-                w.text.chars().map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() }).collect();
+            let word: String = w
+                .text
+                .chars()
+                .map(|c| {
+                    if c.is_control() {
+                        c.escape_default().to_string()
+                    } else {
+                        c.to_string()
+                    }
+                })
+                .collect();
             s += &format!("{start:.2}\t{end:.2}\t{word}\n");
         }
         s
@@ -78,7 +100,10 @@ mod tests {
         t.push(6, " again ");
         t.push(7, "x");
         assert_eq!(t.text(), "Hello world again x");
-        assert_eq!(t.to_tsv(), "0.00\t0.16\tHello\n0.24\t0.40\tworld\n0.48\t0.56\tagain\n0.56\t0.64\tx\n");
+        assert_eq!(
+            t.to_tsv(),
+            "0.00\t0.16\tHello\n0.24\t0.40\tworld\n0.48\t0.56\tagain\n0.56\t0.64\tx\n"
+        );
         let mut t = Transcript::default();
         t.push(2, "a\tb");
         assert_eq!(t.to_tsv(), "0.16\t0.24\ta\\tb\n");

@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use moshi_loader::{DType, LmConfig, SafetensorsFile};
 
 pub fn asset(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../assets/tiny-a").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../assets/tiny-a")
+        .join(name)
 }
 
 pub fn tiny_config() -> LmConfig {
@@ -35,13 +37,25 @@ impl RawTensor {
     }
 
     /// Rows `[start, start + rows)` of the matrix `name` of `file`, stored under `new_name`.
-    pub fn rows(file: &SafetensorsFile, name: &str, new_name: &str, start: usize, rows: usize) -> Self {
+    pub fn rows(
+        file: &SafetensorsFile,
+        name: &str,
+        new_name: &str,
+        start: usize,
+        rows: usize,
+    ) -> Self {
         let info = file.info(name).unwrap();
         let row_bytes = info.shape[1..].iter().product::<usize>() * info.dtype.size_bytes();
-        let bytes = file.bytes(name).unwrap()[start * row_bytes..(start + rows) * row_bytes].to_vec();
+        let bytes =
+            file.bytes(name).unwrap()[start * row_bytes..(start + rows) * row_bytes].to_vec();
         let mut shape = info.shape.clone();
         shape[0] = rows;
-        Self { name: new_name.into(), dtype: info.dtype, shape, bytes }
+        Self {
+            name: new_name.into(),
+            dtype: info.dtype,
+            shape,
+            bytes,
+        }
     }
 }
 
@@ -65,7 +79,8 @@ pub fn write_safetensors(path: &Path, tensors: &[RawTensor]) {
         .map(|t| {
             (
                 t.name.clone(),
-                safetensors::tensor::TensorView::new(st_dtype(t.dtype), t.shape.clone(), &t.bytes).unwrap(),
+                safetensors::tensor::TensorView::new(st_dtype(t.dtype), t.shape.clone(), &t.bytes)
+                    .unwrap(),
             )
         })
         .collect();
@@ -74,5 +89,8 @@ pub fn write_safetensors(path: &Path, tensors: &[RawTensor]) {
 
 /// Every tensor of `file`, renamed by `rename` (which may also drop a tensor by returning None).
 pub fn copy_all(file: &SafetensorsFile, rename: impl Fn(&str) -> Option<String>) -> Vec<RawTensor> {
-    file.tensors().keys().filter_map(|n| rename(n).map(|new| RawTensor::copy(file, n, &new))).collect()
+    file.tensors()
+        .keys()
+        .filter_map(|n| rename(n).map(|new| RawTensor::copy(file, n, &new)))
+        .collect()
 }

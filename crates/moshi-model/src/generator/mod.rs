@@ -121,7 +121,9 @@ impl Generator {
     /// Whether a text token is shown to the user: not PAD, not EPAD, not the initial token.
     pub fn text_is_printable(&self, id: u32) -> bool {
         let cfg = self.model.config();
-        id != cfg.existing_text_padding_id && id != cfg.existing_text_end_padding_id && (id as usize) < cfg.text_card
+        id != cfg.existing_text_padding_id
+            && id != cfg.existing_text_end_padding_id
+            && (id as usize) < cfg.text_card
     }
 
     /// Back to step 0 (model caches emptied, RNG re-seeded).
@@ -153,8 +155,14 @@ impl Generator {
                 user_codes.len()
             )));
         }
-        if let Some((i, &c)) = user_codes.iter().enumerate().find(|(_, &c)| c as usize >= card) {
-            return Err(ModelError::Input(format!("user code {c} of codebook {i} is out of range (card {card})")));
+        if let Some((i, &c)) = user_codes
+            .iter()
+            .enumerate()
+            .find(|(_, &c)| c as usize >= card)
+        {
+            return Err(ModelError::Input(format!(
+                "user code {c} of codebook {i} is out of range (card {card})"
+            )));
         }
         let ring = self.sampled.len();
         self.user[s % ring].copy_from_slice(user_codes);
@@ -178,12 +186,20 @@ impl Generator {
         }
 
         let t0 = Instant::now();
-        tracing::trace_span!("lm_temporal", step = s).in_scope(|| self.model.forward_text(&self.input))?;
+        tracing::trace_span!("lm_temporal", step = s)
+            .in_scope(|| self.model.forward_text(&self.input))?;
         let t1 = Instant::now();
         let text_logits = self.model.text_logits();
         check_finite(text_logits, s, "text")?;
         let sc = &self.sampling;
-        let text = sample_token(text_logits, sc.greedy, sc.temp_text, sc.top_k_text, &mut self.rng, &mut self.scratch);
+        let text = sample_token(
+            text_logits,
+            sc.greedy,
+            sc.temp_text,
+            sc.top_k_text,
+            &mut self.rng,
+            &mut self.scratch,
+        );
         let mut sampling_s = t1.elapsed().as_secs_f64();
         let mut depformer_s = 0.0;
         let mut audio_logits = Vec::new();
@@ -193,7 +209,8 @@ impl Generator {
         let mut prev = text;
         for k in 0..dep_q {
             let ta = Instant::now();
-            let logits = tracing::trace_span!("lm_depformer", k).in_scope(|| self.model.depformer_step(k, prev))?;
+            let logits = tracing::trace_span!("lm_depformer", k)
+                .in_scope(|| self.model.depformer_step(k, prev))?;
             let tb = Instant::now();
             depformer_s += (tb - ta).as_secs_f64();
             check_finite(logits, s, "audio")?;
@@ -201,7 +218,14 @@ impl Generator {
                 audio_logits.push(logits.to_vec());
             }
             let sc = &self.sampling;
-            prev = sample_token(logits, sc.greedy, sc.temp_audio, sc.top_k_audio, &mut self.rng, &mut self.scratch);
+            prev = sample_token(
+                logits,
+                sc.greedy,
+                sc.temp_audio,
+                sc.top_k_audio,
+                &mut self.rng,
+                &mut self.scratch,
+            );
             frame[k + 1] = prev;
             sampling_s += tb.elapsed().as_secs_f64();
         }
@@ -211,7 +235,10 @@ impl Generator {
         let max_delay = cfg.max_delay();
         let out = (s + 1 > max_delay).then(|| {
             let at = |k: usize| self.sampled[(s + cfg.delays[k] - max_delay) % ring][k];
-            GeneratedFrame { text: at(0), audio: (1..=dep_q).map(at).collect() }
+            GeneratedFrame {
+                text: at(0),
+                audio: (1..=dep_q).map(at).collect(),
+            }
         });
         self.step += 1;
         self.last_timings = StepTimings {
@@ -221,12 +248,24 @@ impl Generator {
         };
         Ok(StepDetails {
             step: s,
-            model_input: if record { self.input.clone() } else { Vec::new() },
+            model_input: if record {
+                self.input.clone()
+            } else {
+                Vec::new()
+            },
             text_token: text,
             audio_tokens: frame[1..].to_vec(),
-            text_logits: if record { self.model.text_logits().to_vec() } else { Vec::new() },
+            text_logits: if record {
+                self.model.text_logits().to_vec()
+            } else {
+                Vec::new()
+            },
             audio_logits,
-            transformer_out: if record { self.model.transformer_out().to_vec() } else { Vec::new() },
+            transformer_out: if record {
+                self.model.transformer_out().to_vec()
+            } else {
+                Vec::new()
+            },
             frame: out,
             timings: self.last_timings,
         })

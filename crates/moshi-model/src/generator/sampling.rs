@@ -18,14 +18,24 @@ pub struct SamplingConfig {
 
 impl Default for SamplingConfig {
     fn default() -> Self {
-        Self { temp_text: 0.7, top_k_text: 25, temp_audio: 0.8, top_k_audio: 250, seed: 4242, greedy: false }
+        Self {
+            temp_text: 0.7,
+            top_k_text: 25,
+            temp_audio: 0.8,
+            top_k_audio: 250,
+            seed: 4242,
+            greedy: false,
+        }
     }
 }
 
 impl SamplingConfig {
     /// Argmax everywhere.
     pub fn greedy() -> Self {
-        Self { greedy: true, ..Self::default() }
+        Self {
+            greedy: true,
+            ..Self::default()
+        }
     }
 }
 
@@ -64,7 +74,12 @@ pub fn sample_token(
     // softmax(logits / T)
     let probs = &mut scratch.probs;
     probs.clear();
-    probs.extend(logits.iter().enumerate().map(|(i, &l)| (l / temperature, i as u32)));
+    probs.extend(
+        logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (l / temperature, i as u32)),
+    );
     let max = probs.iter().map(|p| p.0).fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0f32;
     for p in probs.iter_mut() {
@@ -103,8 +118,14 @@ mod tests {
         let mut rng = Rng::new(1);
         let before = rng.clone().next_u64();
         let mut s = SamplerScratch::default();
-        assert_eq!(sample_token(&[0.1, 3.0, 3.0, -1.0], true, 0.7, 25, &mut rng, &mut s), 1);
-        assert_eq!(sample_token(&[0.1, 3.0, 2.0], false, 0.0, 25, &mut rng, &mut s), 1);
+        assert_eq!(
+            sample_token(&[0.1, 3.0, 3.0, -1.0], true, 0.7, 25, &mut rng, &mut s),
+            1
+        );
+        assert_eq!(
+            sample_token(&[0.1, 3.0, 2.0], false, 0.0, 25, &mut rng, &mut s),
+            1
+        );
         assert_eq!(rng.next_u64(), before);
     }
 

@@ -31,7 +31,12 @@ pub struct AttentionScratch {
 impl Attention {
     pub fn new(in_proj: Linear, out_proj: Linear, num_heads: usize) -> Self {
         let dim = out_proj.out_dim();
-        Self { in_proj, out_proj, num_heads, head_dim: dim / num_heads }
+        Self {
+            in_proj,
+            out_proj,
+            num_heads,
+            head_dim: dim / num_heads,
+        }
     }
 
     pub fn dim(&self) -> usize {
@@ -82,14 +87,38 @@ impl Attention {
             // Contiguous groups of heads per thread; each group streams its part of every cached row.
             let groups = rayon::current_num_threads().clamp(1, self.num_heads);
             let heads_per_group = self.num_heads.div_ceil(groups);
-            scratch.attended.par_chunks_mut(heads_per_group * hd).enumerate().for_each(|(g, o)| {
-                let first = g * heads_per_group * hd;
-                let mut scores = vec![0f32; (o.len() / hd) * n];
-                attend_heads(&q[first..first + o.len()], keys, values, dim, first, hd, scale, &mut scores, o);
-            });
+            scratch
+                .attended
+                .par_chunks_mut(heads_per_group * hd)
+                .enumerate()
+                .for_each(|(g, o)| {
+                    let first = g * heads_per_group * hd;
+                    let mut scores = vec![0f32; (o.len() / hd) * n];
+                    attend_heads(
+                        &q[first..first + o.len()],
+                        keys,
+                        values,
+                        dim,
+                        first,
+                        hd,
+                        scale,
+                        &mut scores,
+                        o,
+                    );
+                });
         } else {
             scratch.scores.resize(self.num_heads * n, 0.0);
-            attend_heads(q, keys, values, dim, 0, hd, scale, &mut scratch.scores, &mut scratch.attended);
+            attend_heads(
+                q,
+                keys,
+                values,
+                dim,
+                0,
+                hd,
+                scale,
+                &mut scratch.scores,
+                &mut scratch.attended,
+            );
         }
         self.out_proj.matvec_into(&scratch.attended, out);
     }
@@ -116,7 +145,9 @@ fn attend_heads(
     for j in 0..n {
         let row = &keys[j * stride + offset..j * stride + offset + width];
         for h in 0..heads {
-            scores[h * n + j] = crate::matvec::dot_f32(&row[h * hd..(h + 1) * hd], &q[h * hd..(h + 1) * hd]) * scale;
+            scores[h * n + j] =
+                crate::matvec::dot_f32(&row[h * hd..(h + 1) * hd], &q[h * hd..(h + 1) * hd])
+                    * scale;
         }
     }
     for sh in scores.chunks_exact_mut(n) {
@@ -136,7 +167,10 @@ fn attend_heads(
         let row = &values[j * stride + offset..j * stride + offset + width];
         for h in 0..heads {
             let p = scores[h * n + j];
-            for (o, v) in out[h * hd..(h + 1) * hd].iter_mut().zip(&row[h * hd..(h + 1) * hd]) {
+            for (o, v) in out[h * hd..(h + 1) * hd]
+                .iter_mut()
+                .zip(&row[h * hd..(h + 1) * hd])
+            {
                 *o += p * v;
             }
         }
@@ -170,14 +204,27 @@ mod tests {
         in_w.extend(eye(dim).iter().map(|v| v * 0.5));
         in_w.extend(eye(dim).iter().map(|v| v * 2.0));
         let attn = Attention::new(
-            Linear::F32 { weight: in_w, out_dim: 3 * dim, in_dim: dim },
-            Linear::F32 { weight: eye(dim), out_dim: dim, in_dim: dim },
+            Linear::F32 {
+                weight: in_w,
+                out_dim: 3 * dim,
+                in_dim: dim,
+            },
+            Linear::F32 {
+                weight: eye(dim),
+                out_dim: dim,
+                in_dim: dim,
+            },
             heads,
         );
         let mut cache = KvCache::new(window, dim);
         let mut scratch = AttentionScratch::default();
-        let xs: Vec<Vec<f32>> =
-            (0..steps).map(|p| (0..dim).map(|i| ((p * dim + i) as f32 * 0.37).sin()).collect()).collect();
+        let xs: Vec<Vec<f32>> = (0..steps)
+            .map(|p| {
+                (0..dim)
+                    .map(|i| ((p * dim + i) as f32 * 0.37).sin())
+                    .collect()
+            })
+            .collect();
         for (p, x) in xs.iter().enumerate() {
             let mut out = vec![0f32; dim];
             attn.step(x, None, &mut cache, &mut scratch, &mut out);
@@ -187,16 +234,26 @@ mod tests {
                 let r = h * hd..(h + 1) * hd;
                 let scores: Vec<f64> = (first..=p)
                     .map(|j| {
-                        xs[p][r.clone()].iter().zip(&xs[j][r.clone()]).map(|(a, b)| (a * b * 0.5) as f64).sum::<f64>()
+                        xs[p][r.clone()]
+                            .iter()
+                            .zip(&xs[j][r.clone()])
+                            .map(|(a, b)| (a * b * 0.5) as f64)
+                            .sum::<f64>()
                             / (hd as f64).sqrt()
                     })
                     .collect();
                 let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let z: f64 = scores.iter().map(|s| (s - m).exp()).sum();
                 for (i, o) in r.clone().enumerate() {
-                    let expect: f64 =
-                        (first..=p).zip(&scores).map(|(j, s)| (s - m).exp() / z * 2.0 * xs[j][h * hd + i] as f64).sum();
-                    assert!((out[o] as f64 - expect).abs() < 1e-5, "pos {p} head {h}: {} vs {expect}", out[o]);
+                    let expect: f64 = (first..=p)
+                        .zip(&scores)
+                        .map(|(j, s)| (s - m).exp() / z * 2.0 * xs[j][h * hd + i] as f64)
+                        .sum();
+                    assert!(
+                        (out[o] as f64 - expect).abs() < 1e-5,
+                        "pos {p} head {h}: {} vs {expect}",
+                        out[o]
+                    );
                 }
             }
         }

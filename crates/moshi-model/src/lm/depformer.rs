@@ -23,7 +23,11 @@ impl DepformerSlice {
     /// Bytes of weights read by one sub-step (the embedding table excluded: one row is read).
     pub fn weight_bytes_read(&self) -> usize {
         self.linear_in.weight_bytes()
-            + self.layers.iter().map(TransformerLayer::weight_bytes).sum::<usize>()
+            + self
+                .layers
+                .iter()
+                .map(TransformerLayer::weight_bytes)
+                .sum::<usize>()
             + self.linear_out.weight_bytes()
     }
 }
@@ -60,7 +64,9 @@ impl Depformer {
         Self {
             slices,
             rope,
-            caches: (0..num_layers).map(|_| KvCache::new(steps.max(1), width)).collect(),
+            caches: (0..num_layers)
+                .map(|_| KvCache::new(steps.max(1), width))
+                .collect(),
             rotation: RopeRotation::default(),
             scratch: LayerScratch::default(),
             x: vec![0.0; dim],
@@ -80,7 +86,10 @@ impl Depformer {
 
     /// Bytes of weights read by one full pass (all sub-steps).
     pub fn weight_bytes_read_per_pass(&self) -> usize {
-        self.slices.iter().map(DepformerSlice::weight_bytes_read).sum()
+        self.slices
+            .iter()
+            .map(DepformerSlice::weight_bytes_read)
+            .sum()
     }
 
     /// Bytes of the per-sub-step embedding tables.
@@ -102,7 +111,9 @@ impl Depformer {
     pub fn step(&mut self, k: usize, prev_token: u32, transformer_out: &[f32]) -> &[f32] {
         let slice = &self.slices[k];
         slice.linear_in.matvec_into(transformer_out, &mut self.x);
-        slice.emb.add_into(prev_token as usize, &mut self.x, &mut self.row);
+        slice
+            .emb
+            .add_into(prev_token as usize, &mut self.x, &mut self.row);
         let rotation = match &self.rope {
             Some(rope) => {
                 rope.rotation_into(k, &mut self.rotation);

@@ -17,8 +17,18 @@ pub struct KvCache {
 
 impl KvCache {
     pub fn new(capacity: usize, width: usize) -> Self {
-        assert!(capacity > 0, "a KV cache needs room for at least the current position");
-        Self { capacity, width, keys: Vec::new(), values: Vec::new(), next_slot: 0, pushed: 0 }
+        assert!(
+            capacity > 0,
+            "a KV cache needs room for at least the current position"
+        );
+        Self {
+            capacity,
+            width,
+            keys: Vec::new(),
+            values: Vec::new(),
+            next_slot: 0,
+            pushed: 0,
+        }
     }
 
     /// Maximum number of positions kept.

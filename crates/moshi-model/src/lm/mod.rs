@@ -58,15 +58,21 @@ pub struct LmModel {
 fn check_supported(cfg: &LmConfig) -> Result<()> {
     cfg.validate(Path::new("<LM config>"))?;
     let bad = |m: String| Err(ModelError::Config(m));
-    for (what, v) in
-        [("positional_embedding", &cfg.positional_embedding), ("depformer_pos_emb", &cfg.depformer_pos_emb)]
-    {
+    for (what, v) in [
+        ("positional_embedding", &cfg.positional_embedding),
+        ("depformer_pos_emb", &cfg.depformer_pos_emb),
+    ] {
         if v != "rope" && v != "none" {
-            return bad(format!("{what} `{v}` is not supported (expected `rope` or `none`)"));
+            return bad(format!(
+                "{what} `{v}` is not supported (expected `rope` or `none`)"
+            ));
         }
     }
     if cfg.layer_scale.is_some() || cfg.depformer_layer_scale.is_some() {
-        return bad("layer_scale / depformer_layer_scale are not supported by the canonical LM weights".into());
+        return bad(
+            "layer_scale / depformer_layer_scale are not supported by the canonical LM weights"
+                .into(),
+        );
     }
     if cfg.context == 0 {
         return bad("context must be at least 1".into());
@@ -74,9 +80,16 @@ fn check_supported(cfg: &LmConfig) -> Result<()> {
     if cfg.dep_q == 0 {
         return bad("dep_q must be at least 1 (the depformer generates Moshi's audio)".into());
     }
-    let (hd, dhd) = (cfg.dim / cfg.num_heads, cfg.depformer_dim / cfg.depformer_num_heads);
-    if (cfg.positional_embedding == "rope" && hd % 2 != 0) || (cfg.depformer_pos_emb == "rope" && dhd % 2 != 0) {
-        return bad(format!("RoPE needs an even head dimension, got {hd} / {dhd}"));
+    let (hd, dhd) = (
+        cfg.dim / cfg.num_heads,
+        cfg.depformer_dim / cfg.depformer_num_heads,
+    );
+    if (cfg.positional_embedding == "rope" && hd % 2 != 0)
+        || (cfg.depformer_pos_emb == "rope" && dhd % 2 != 0)
+    {
+        return bad(format!(
+            "RoPE needs an even head dimension, got {hd} / {dhd}"
+        ));
     }
     Ok(())
 }
@@ -96,7 +109,14 @@ impl Take<'_> {
         Ok(RmsNorm::new(self.map.take_f32(name, &[dim])?, eps))
     }
     #[allow(clippy::too_many_arguments)]
-    fn layer(&mut self, prefix: &str, dim: usize, hidden: usize, heads: usize, eps: f32) -> Result<TransformerLayer> {
+    fn layer(
+        &mut self,
+        prefix: &str,
+        dim: usize,
+        hidden: usize,
+        heads: usize,
+        eps: f32,
+    ) -> Result<TransformerLayer> {
         let norm1 = self.norm(&format!("{prefix}.norm1"), dim, eps)?;
         let norm2 = self.norm(&format!("{prefix}.norm2"), dim, eps)?;
         let in_proj = self.linear(&format!("{prefix}.self_attn.in_proj"), 3 * dim, dim)?;
@@ -123,25 +143,55 @@ impl LmModel {
         let mut t = Take { map: &mut weights };
 
         let text_emb = t.embedding("text_emb", cfg.text_card + 1, dim)?;
-        let audio_embs =
-            (0..cfg.n_q).map(|i| t.embedding(&format!("emb.{i}"), cfg.card + 1, dim)).collect::<Result<Vec<_>>>()?;
+        let audio_embs = (0..cfg.n_q)
+            .map(|i| t.embedding(&format!("emb.{i}"), cfg.card + 1, dim))
+            .collect::<Result<Vec<_>>>()?;
         let text_linear = t.linear("text_linear", cfg.text_card, dim)?;
         let out_norm = t.norm("out_norm", dim, eps)?;
         let layers = (0..cfg.num_layers)
-            .map(|l| t.layer(&format!("transformer.layers.{l}"), dim, hidden, cfg.num_heads, eps))
+            .map(|l| {
+                t.layer(
+                    &format!("transformer.layers.{l}"),
+                    dim,
+                    hidden,
+                    cfg.num_heads,
+                    eps,
+                )
+            })
             .collect::<Result<Vec<_>>>()?;
-        let rope = (cfg.positional_embedding == "rope").then(|| Rope::new(dim / cfg.num_heads, cfg.max_period));
-        let temporal = TemporalTransformer::new(text_emb, audio_embs, layers, out_norm, text_linear, rope, cfg.context);
+        let rope = (cfg.positional_embedding == "rope")
+            .then(|| Rope::new(dim / cfg.num_heads, cfg.max_period));
+        let temporal = TemporalTransformer::new(
+            text_emb,
+            audio_embs,
+            layers,
+            out_norm,
+            text_linear,
+            rope,
+            cfg.context,
+        );
 
         let mut slices = Vec::with_capacity(cfg.dep_q);
         for k in 0..cfg.dep_q {
             let p = format!("depformer.{k}");
-            let emb_rows = if k == 0 { cfg.text_card + 1 } else { cfg.card + 1 };
+            let emb_rows = if k == 0 {
+                cfg.text_card + 1
+            } else {
+                cfg.card + 1
+            };
             slices.push(DepformerSlice {
                 linear_in: t.linear(&format!("{p}.linear_in"), ddim, dim)?,
                 emb: t.embedding(&format!("{p}.emb"), emb_rows, ddim)?,
                 layers: (0..cfg.depformer_num_layers)
-                    .map(|l| t.layer(&format!("{p}.layers.{l}"), ddim, dhidden, cfg.depformer_num_heads, eps))
+                    .map(|l| {
+                        t.layer(
+                            &format!("{p}.layers.{l}"),
+                            ddim,
+                            dhidden,
+                            cfg.depformer_num_heads,
+                            eps,
+                        )
+                    })
                     .collect::<Result<Vec<_>>>()?,
                 linear_out: t.linear(&format!("{p}.linear_out"), cfg.card, ddim)?,
             });
@@ -166,7 +216,11 @@ impl LmModel {
                 if left.len() > 5 { ", ..." } else { "" }
             )));
         }
-        Ok(Self { cfg: cfg.clone(), temporal, depformer })
+        Ok(Self {
+            cfg: cfg.clone(),
+            temporal,
+            depformer,
+        })
     }
 
     /// A model of `cfg`'s shapes with deterministic random weights (for benchmarks and tests).
@@ -207,7 +261,11 @@ impl LmModel {
                 tokens[0], cfg.text_card
             )));
         }
-        if let Some((i, &t)) = tokens[1..].iter().enumerate().find(|(_, &t)| t as usize > cfg.card) {
+        if let Some((i, &t)) = tokens[1..]
+            .iter()
+            .enumerate()
+            .find(|(_, &t)| t as usize > cfg.card)
+        {
             return Err(ModelError::Input(format!(
                 "audio token {t} of stream {i} is out of range (card {} is the largest allowed input, the initial token)",
                 cfg.card
@@ -250,7 +308,9 @@ impl LmModel {
                 "depformer sub-step {k}: previous token {prev_token} is out of range (max {limit})"
             )));
         }
-        Ok(self.depformer.step(k, prev_token, self.temporal.transformer_out()))
+        Ok(self
+            .depformer
+            .step(k, prev_token, self.temporal.transformer_out()))
     }
 
     /// Forgets the whole session (position 0, empty caches).
@@ -271,13 +331,22 @@ impl LmModel {
 
     /// Bytes currently allocated by the temporal KV caches.
     pub fn kv_cache_bytes(&self) -> usize {
-        self.temporal.caches().iter().map(|c| c.allocated_bytes()).sum()
+        self.temporal
+            .caches()
+            .iter()
+            .map(|c| c.allocated_bytes())
+            .sum()
     }
 
     /// Bytes of weights read per step, by part.
     pub fn weight_bytes(&self) -> LmWeightBytes {
         LmWeightBytes {
-            temporal_layers: self.temporal.layers().iter().map(TransformerLayer::weight_bytes).sum(),
+            temporal_layers: self
+                .temporal
+                .layers()
+                .iter()
+                .map(TransformerLayer::weight_bytes)
+                .sum(),
             temporal_num_layers: self.temporal.num_layers(),
             text_head: self.temporal.text_head_bytes(),
             depformer: self.depformer.weight_bytes_read_per_pass(),

@@ -43,7 +43,17 @@ pub fn canonical_lm_shapes(cfg: &LmConfig) -> Vec<(String, Vec<usize>)> {
     }
     for k in 0..cfg.dep_q {
         v.push((format!("depformer.{k}.linear_in"), vec![ddim, dim]));
-        v.push((format!("depformer.{k}.emb"), vec![if k == 0 { cfg.text_card + 1 } else { cfg.card + 1 }, ddim]));
+        v.push((
+            format!("depformer.{k}.emb"),
+            vec![
+                if k == 0 {
+                    cfg.text_card + 1
+                } else {
+                    cfg.card + 1
+                },
+                ddim,
+            ],
+        ));
         v.push((format!("depformer.{k}.linear_out"), vec![cfg.card, ddim]));
         for l in 0..cfg.depformer_num_layers {
             layer(&mut v, &format!("depformer.{k}.layers.{l}"), ddim, dhidden);
@@ -55,15 +65,23 @@ pub fn canonical_lm_shapes(cfg: &LmConfig) -> Vec<(String, Vec<usize>)> {
 /// Fills `out` with uniform values in `[-a, a)`, in parallel chunks seeded from `seed`.
 fn fill_uniform<T: Send>(out: &mut [T], seed: u64, a: f32, f: impl Fn(f32) -> T + Sync) {
     const CHUNK: usize = 1 << 16;
-    out.par_chunks_mut(CHUNK).enumerate().for_each(|(c, chunk)| {
-        let mut rng = Rng::new(seed ^ (c as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-        for o in chunk {
-            *o = f((rng.next_f32() * 2.0 - 1.0) * a);
-        }
-    });
+    out.par_chunks_mut(CHUNK)
+        .enumerate()
+        .for_each(|(c, chunk)| {
+            let mut rng = Rng::new(seed ^ (c as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            for o in chunk {
+                *o = f((rng.next_f32() * 2.0 - 1.0) * a);
+            }
+        });
 }
 
-fn random_matrix(rows: usize, cols: usize, seed: u64, kind: RandomWeightKind, std: f32) -> Result<WeightData> {
+fn random_matrix(
+    rows: usize,
+    cols: usize,
+    seed: u64,
+    kind: RandomWeightKind,
+    std: f32,
+) -> Result<WeightData> {
     let a = std * 3f32.sqrt();
     Ok(match kind {
         RandomWeightKind::F32 => {
@@ -80,10 +98,14 @@ fn random_matrix(rows: usize, cols: usize, seed: u64, kind: RandomWeightKind, st
             let words = rows * cols * bits as usize / 32;
             let groups = rows * (cols / group_size.max(1));
             let mut codes = vec![0u32; words];
-            codes.par_chunks_mut(1 << 16).enumerate().for_each(|(c, chunk)| {
-                let mut rng = Rng::new(seed ^ 0x5151 ^ (c as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-                chunk.iter_mut().for_each(|w| *w = rng.next_u32());
-            });
+            codes
+                .par_chunks_mut(1 << 16)
+                .enumerate()
+                .for_each(|(c, chunk)| {
+                    let mut rng =
+                        Rng::new(seed ^ 0x5151 ^ (c as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+                    chunk.iter_mut().for_each(|w| *w = rng.next_u32());
+                });
             let levels = ((1u32 << bits) - 1) as f32;
             let scales = vec![half::bf16::from_f32(2.0 * a / levels).to_bits(); groups];
             let biases = vec![half::bf16::from_f32(-a).to_bits(); groups];
@@ -98,13 +120,18 @@ fn random_matrix(rows: usize, cols: usize, seed: u64, kind: RandomWeightKind, st
 pub fn random_lm_weights(cfg: &LmConfig, seed: u64, kind: RandomWeightKind) -> Result<WeightMap> {
     let mut map = WeightMap::new(format!("<random weights, seed {seed}>"));
     for (i, (name, shape)) in canonical_lm_shapes(cfg).into_iter().enumerate() {
-        let s = seed.wrapping_mul(0x2545_F491_4F6C_DD1D) ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let s = seed.wrapping_mul(0x2545_F491_4F6C_DD1D)
+            ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         let data = if shape.len() == 1 {
             let mut rng = Rng::new(s);
             WeightData::F32((0..shape[0]).map(|_| 0.8 + 0.4 * rng.next_f32()).collect())
         } else {
             let is_embedding = name.ends_with("emb") || name.starts_with("emb.");
-            let std = if is_embedding { 1.0 } else { 1.0 / (shape[1] as f32).sqrt() };
+            let std = if is_embedding {
+                1.0
+            } else {
+                1.0 / (shape[1] as f32).sqrt()
+            };
             random_matrix(shape[0], shape[1], s, kind, std)
                 .map_err(|e| ModelError::Config(format!("random weight `{name}` {shape:?}: {e}")))?
         };

@@ -78,7 +78,10 @@ mod tests {
         // Pair 0 rotates by exactly `pos` radians (freq 1).
         let angle = x[1].atan2(x[0]) - x0[1].atan2(x0[0]);
         let wrapped = (angle - 37.0).rem_euclid(std::f32::consts::TAU);
-        assert!(!(1e-3..=std::f32::consts::TAU - 1e-3).contains(&wrapped), "{angle}");
+        assert!(
+            !(1e-3..=std::f32::consts::TAU - 1e-3).contains(&wrapped),
+            "{angle}"
+        );
     }
 
     #[test]

@@ -38,7 +38,10 @@ impl TemporalTransformer {
         context: usize,
     ) -> Self {
         let dim = text_emb.dim();
-        let caches = layers.iter().map(|l| KvCache::new(context.max(1), l.attention().dim())).collect();
+        let caches = layers
+            .iter()
+            .map(|l| KvCache::new(context.max(1), l.attention().dim()))
+            .collect();
         let text_card = text_linear.out_dim();
         Self {
             text_emb,
@@ -89,7 +92,12 @@ impl TemporalTransformer {
 
     /// Bytes of the embedding tables.
     pub fn embedding_bytes(&self) -> usize {
-        self.text_emb.weight_bytes() + self.audio_embs.iter().map(Embedding::weight_bytes).sum::<usize>()
+        self.text_emb.weight_bytes()
+            + self
+                .audio_embs
+                .iter()
+                .map(Embedding::weight_bytes)
+                .sum::<usize>()
     }
 
     /// Bytes of out_norm and the text head.
@@ -121,7 +129,8 @@ impl TemporalTransformer {
         }
         let _span = tracing::trace_span!("lm_text_head").entered();
         self.out_norm.forward(x, &mut self.transformer_out);
-        self.text_linear.matvec_into(&self.transformer_out, &mut self.text_logits);
+        self.text_linear
+            .matvec_into(&self.transformer_out, &mut self.text_logits);
         self.position += 1;
     }
 

@@ -47,7 +47,10 @@ pub struct Gating {
 
 impl Gating {
     pub fn new(linear_in: Linear, linear_out: Linear) -> Self {
-        Self { linear_in, linear_out }
+        Self {
+            linear_in,
+            linear_out,
+        }
     }
 
     pub fn hidden_dim(&self) -> usize {
@@ -91,7 +94,12 @@ pub struct TransformerLayer {
 
 impl TransformerLayer {
     pub fn new(norm1: RmsNorm, attention: Attention, norm2: RmsNorm, gating: Gating) -> Self {
-        Self { norm1, attention, norm2, gating }
+        Self {
+            norm1,
+            attention,
+            norm2,
+            gating,
+        }
     }
 
     pub fn attention(&self) -> &Attention {
@@ -100,7 +108,9 @@ impl TransformerLayer {
 
     /// Bytes of weights read per step (norms included).
     pub fn weight_bytes(&self) -> usize {
-        self.attention.weight_bytes() + self.gating.weight_bytes() + (self.norm1.dim() + self.norm2.dim()) * 4
+        self.attention.weight_bytes()
+            + self.gating.weight_bytes()
+            + (self.norm1.dim() + self.norm2.dim()) * 4
     }
 
     /// Updates the residual stream `x` (`[dim]`) for one new position.
@@ -115,7 +125,13 @@ impl TransformerLayer {
         scratch.normed.resize(dim, 0.0);
         scratch.branch.resize(dim, 0.0);
         self.norm1.forward(x, &mut scratch.normed);
-        self.attention.step(&scratch.normed, rotation, cache, &mut scratch.attention, &mut scratch.branch);
+        self.attention.step(
+            &scratch.normed,
+            rotation,
+            cache,
+            &mut scratch.attention,
+            &mut scratch.branch,
+        );
         for (a, b) in x.iter_mut().zip(&scratch.branch) {
             *a += b;
         }

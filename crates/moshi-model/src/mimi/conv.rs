@@ -8,7 +8,11 @@ use crate::ops::elu_slice_par;
 
 /// Copies a row-major `[d0][d1][d2]` array into a new one of the same size, element `(a, b, c)`
 /// going to index `dst_index(a, b, c)` (which must be a bijection onto `0..d0 * d1 * d2`).
-fn permute_3d(src: &[f32], [d0, d1, d2]: [usize; 3], dst_index: impl Fn(usize, usize, usize) -> usize) -> Vec<f32> {
+fn permute_3d(
+    src: &[f32],
+    [d0, d1, d2]: [usize; 3],
+    dst_index: impl Fn(usize, usize, usize) -> usize,
+) -> Vec<f32> {
     let mut dst = vec![0f32; src.len()];
     for a in 0..d0 {
         for b in 0..d1 {
@@ -79,16 +83,31 @@ impl StreamingConv1d {
         dilation: usize,
         replicate_pad: bool,
     ) -> Self {
-        assert_eq!(weight_pt.len(), out_channels * in_channels * kernel_size, "conv weight size");
+        assert_eq!(
+            weight_pt.len(),
+            out_channels * in_channels * kernel_size,
+            "conv weight size"
+        );
         assert!(stride >= 1 && dilation >= 1 && kernel_size >= 1);
         // PyTorch [out][in][tap] -> [out][tap][in].
-        let weight = permute_3d(weight_pt, [out_channels, in_channels, kernel_size], |o, i, j| {
-            (o * kernel_size + j) * in_channels + i
-        });
+        let weight = permute_3d(
+            weight_pt,
+            [out_channels, in_channels, kernel_size],
+            |o, i, j| (o * kernel_size + j) * in_channels + i,
+        );
         if let Some(b) = &bias {
             assert_eq!(b.len(), out_channels, "conv bias size");
         }
-        Self { in_channels, out_channels, kernel_size, stride, dilation, replicate_pad, weight: WeightMatrix::new(weight, out_channels, kernel_size * in_channels), bias }
+        Self {
+            in_channels,
+            out_channels,
+            kernel_size,
+            stride,
+            dilation,
+            replicate_pad,
+            weight: WeightMatrix::new(weight, out_channels, kernel_size * in_channels),
+            bias,
+        }
     }
 
     /// Weight precision of few-row products (see [`WeightMatrix`]).
@@ -116,11 +135,22 @@ impl StreamingConv1d {
     /// Convolves `t_in` new input rows (`x` is `[t_in][in]`, `t_in` a multiple of the stride) and
     /// writes `t_in / stride` rows of `[out]` into `out` (resized), or adds them to `out` when
     /// `accumulate` (then `out` must already hold that many rows). Returns the output row count.
-    pub fn forward(&self, st: &mut Conv1dState, x: &[f32], act: PreActivation, out: &mut Vec<f32>, accumulate: bool) -> usize {
+    pub fn forward(
+        &self,
+        st: &mut Conv1dState,
+        x: &[f32],
+        act: PreActivation,
+        out: &mut Vec<f32>,
+        accumulate: bool,
+    ) -> usize {
         let (cin, cout) = (self.in_channels, self.out_channels);
         assert_eq!(x.len() % cin, 0, "conv input is not a whole number of rows");
         let t_in = x.len() / cin;
-        assert!(t_in > 0 && t_in % self.stride == 0, "conv input length {t_in} is not a positive multiple of the stride {}", self.stride);
+        assert!(
+            t_in > 0 && t_in % self.stride == 0,
+            "conv input length {t_in} is not a positive multiple of the stride {}",
+            self.stride
+        );
         let hist = self.history();
         if !st.started {
             st.buf.clear();
@@ -137,7 +167,11 @@ impl StreamingConv1d {
         st.started = true;
         let t_out = t_in / self.stride;
         if accumulate {
-            assert_eq!(out.len(), t_out * cout, "accumulating conv output has the wrong size");
+            assert_eq!(
+                out.len(),
+                t_out * cout,
+                "accumulating conv output has the wrong size"
+            );
         } else {
             out.clear();
             out.resize(t_out * cout, 0.0);
@@ -152,11 +186,33 @@ impl StreamingConv1d {
         let (k, s, d) = (self.kernel_size, self.stride, self.dilation);
         if d == 1 {
             // Window of output t = rows [t*s, t*s + k) of the buffer: contiguous, read in place.
-            self.weight.gemm(t_out, k * cin, cout, &st.buf, s * cin, 0, k * cin, out, cout, true);
+            self.weight.gemm(
+                t_out,
+                k * cin,
+                cout,
+                &st.buf,
+                s * cin,
+                0,
+                k * cin,
+                out,
+                cout,
+                true,
+            );
         } else {
             for j in 0..k {
                 let a = &st.buf[j * d * cin..];
-                self.weight.gemm(t_out, cin, cout, a, s * cin, j * cin, k * cin, out, cout, true);
+                self.weight.gemm(
+                    t_out,
+                    cin,
+                    cout,
+                    a,
+                    s * cin,
+                    j * cin,
+                    k * cin,
+                    out,
+                    cout,
+                    true,
+                );
             }
         }
         if hist > 0 {
@@ -202,24 +258,60 @@ impl ConvTr1dState {
 
 impl StreamingConvTranspose1d {
     /// `weight_pt` is PyTorch's `[in, out / groups, kernel]`.
-    pub fn new(weight_pt: &[f32], bias: Option<Vec<f32>>, in_channels: usize, out_channels: usize, kernel_size: usize, stride: usize, depthwise: bool) -> Self {
-        assert!(kernel_size >= stride && stride >= 1, "transposed conv needs kernel >= stride");
+    pub fn new(
+        weight_pt: &[f32],
+        bias: Option<Vec<f32>>,
+        in_channels: usize,
+        out_channels: usize,
+        kernel_size: usize,
+        stride: usize,
+        depthwise: bool,
+    ) -> Self {
+        assert!(
+            kernel_size >= stride && stride >= 1,
+            "transposed conv needs kernel >= stride"
+        );
         let weight = if depthwise {
-            assert_eq!(in_channels, out_channels, "depthwise transposed conv keeps the channel count");
-            assert_eq!(weight_pt.len(), in_channels * kernel_size, "depthwise convtr weight size");
+            assert_eq!(
+                in_channels, out_channels,
+                "depthwise transposed conv keeps the channel count"
+            );
+            assert_eq!(
+                weight_pt.len(),
+                in_channels * kernel_size,
+                "depthwise convtr weight size"
+            );
             weight_pt.to_vec()
         } else {
-            assert_eq!(weight_pt.len(), in_channels * out_channels * kernel_size, "convtr weight size");
+            assert_eq!(
+                weight_pt.len(),
+                in_channels * out_channels * kernel_size,
+                "convtr weight size"
+            );
             // PyTorch [in][out][tap] -> [tap][out][in].
-            permute_3d(weight_pt, [in_channels, out_channels, kernel_size], |i, o, j| {
-                (j * out_channels + o) * in_channels + i
-            })
+            permute_3d(
+                weight_pt,
+                [in_channels, out_channels, kernel_size],
+                |i, o, j| (j * out_channels + o) * in_channels + i,
+            )
         };
         if let Some(b) = &bias {
             assert_eq!(b.len(), out_channels, "convtr bias size");
         }
-        let (rows, cols) = if depthwise { (in_channels, kernel_size) } else { (kernel_size * out_channels, in_channels) };
-        Self { in_channels, out_channels, kernel_size, stride, depthwise, weight: WeightMatrix::new(weight, rows, cols), bias }
+        let (rows, cols) = if depthwise {
+            (in_channels, kernel_size)
+        } else {
+            (kernel_size * out_channels, in_channels)
+        };
+        Self {
+            in_channels,
+            out_channels,
+            kernel_size,
+            stride,
+            depthwise,
+            weight: WeightMatrix::new(weight, rows, cols),
+            bias,
+        }
     }
 
     /// Weight precision of few-row products (groups 1 only; depthwise stays f32).
@@ -234,9 +326,24 @@ impl StreamingConvTranspose1d {
     }
 
     /// `x` is `[t_in][in]`; writes `t_in * stride` rows of `[out]` into `out` (resized).
-    pub fn forward(&self, st: &mut ConvTr1dState, x: &[f32], act: PreActivation, out: &mut Vec<f32>) -> usize {
-        let (cin, cout, k, s) = (self.in_channels, self.out_channels, self.kernel_size, self.stride);
-        assert_eq!(x.len() % cin, 0, "convtr input is not a whole number of rows");
+    pub fn forward(
+        &self,
+        st: &mut ConvTr1dState,
+        x: &[f32],
+        act: PreActivation,
+        out: &mut Vec<f32>,
+    ) -> usize {
+        let (cin, cout, k, s) = (
+            self.in_channels,
+            self.out_channels,
+            self.kernel_size,
+            self.stride,
+        );
+        assert_eq!(
+            x.len() % cin,
+            0,
+            "convtr input is not a whole number of rows"
+        );
         let t_in = x.len() / cin;
         let tail = k - s;
         let rows = t_in * s + tail;
@@ -271,7 +378,18 @@ impl StreamingConvTranspose1d {
             while j0 < k {
                 let j1 = (j0 + s).min(k);
                 let o = &mut st.acc[j0 * cout..];
-                self.weight.gemm(t_in, cin, (j1 - j0) * cout, &st.xbuf, cin, j0 * cout * cin, cin, o, s * cout, true);
+                self.weight.gemm(
+                    t_in,
+                    cin,
+                    (j1 - j0) * cout,
+                    &st.xbuf,
+                    cin,
+                    j0 * cout * cin,
+                    cin,
+                    o,
+                    s * cout,
+                    true,
+                );
                 j0 = j1;
             }
         }
@@ -309,7 +427,17 @@ mod tests {
 
     #[allow(clippy::too_many_arguments)]
     /// Direct PyTorch-semantics causal conv (`[out, in, k]` weights) over `[t][in]` input.
-    fn naive_conv(x: &[f32], cin: usize, w: &[f32], b: &[f32], cout: usize, k: usize, s: usize, d: usize, replicate: bool) -> Vec<f32> {
+    fn naive_conv(
+        x: &[f32],
+        cin: usize,
+        w: &[f32],
+        b: &[f32],
+        cout: usize,
+        k: usize,
+        s: usize,
+        d: usize,
+        replicate: bool,
+    ) -> Vec<f32> {
         let t = x.len() / cin;
         let pad = (k - 1) * d + 1 - s;
         let at = |i: isize, c: usize| -> f32 {
@@ -339,7 +467,16 @@ mod tests {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn naive_convtr(x: &[f32], cin: usize, w: &[f32], b: &[f32], cout: usize, k: usize, s: usize, depthwise: bool) -> Vec<f32> {
+    fn naive_convtr(
+        x: &[f32],
+        cin: usize,
+        w: &[f32],
+        b: &[f32],
+        cout: usize,
+        k: usize,
+        s: usize,
+        depthwise: bool,
+    ) -> Vec<f32> {
         let t = x.len() / cin;
         let mut y = vec![0f64; (t * s + k) * cout];
         for ti in 0..t {
@@ -348,24 +485,38 @@ mod tests {
                     let v = if depthwise {
                         (x[ti * cin + o] * w[o * k + j]) as f64
                     } else {
-                        (0..cin).map(|i| (x[ti * cin + i] * w[(i * cout + o) * k + j]) as f64).sum()
+                        (0..cin)
+                            .map(|i| (x[ti * cin + i] * w[(i * cout + o) * k + j]) as f64)
+                            .sum()
                     };
                     y[(ti * s + j) * cout + o] += v;
                 }
             }
         }
-        (0..t * s * cout).map(|i| (y[i] + b[i % cout] as f64) as f32).collect()
+        (0..t * s * cout)
+            .map(|i| (y[i] + b[i % cout] as f64) as f32)
+            .collect()
     }
 
     fn max_diff(a: &[f32], b: &[f32]) -> f32 {
         assert_eq!(a.len(), b.len());
-        a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f32::max)
     }
 
     #[test]
     fn conv1d_batch_matches_naive_and_stream_matches_batch() {
         // (kernel, stride, dilation, replicate)
-        for &(k, s, d, rep) in &[(7, 1, 1, false), (3, 1, 2, false), (8, 4, 1, false), (4, 2, 1, true), (1, 1, 1, false), (10, 5, 1, false)] {
+        for &(k, s, d, rep) in &[
+            (7, 1, 1, false),
+            (3, 1, 2, false),
+            (8, 4, 1, false),
+            (4, 2, 1, true),
+            (1, 1, 1, false),
+            (10, 5, 1, false),
+        ] {
             let (cin, cout) = (5, 6);
             let w = rand_vec(cout * cin * k, 1 + k as u64);
             let b = rand_vec(cout, 2);
@@ -373,9 +524,19 @@ mod tests {
             let t = s * 30;
             let x = rand_vec(t * cin, 3 + s as u64);
             let mut batch = Vec::new();
-            conv.forward(&mut Conv1dState::default(), &x, PreActivation::None, &mut batch, false);
+            conv.forward(
+                &mut Conv1dState::default(),
+                &x,
+                PreActivation::None,
+                &mut batch,
+                false,
+            );
             let reference = naive_conv(&x, cin, &w, &b, cout, k, s, d, rep);
-            assert!(max_diff(&batch, &reference) < 1e-5, "k{k} s{s} d{d}: batch vs naive {}", max_diff(&batch, &reference));
+            assert!(
+                max_diff(&batch, &reference) < 1e-5,
+                "k{k} s{s} d{d}: batch vs naive {}",
+                max_diff(&batch, &reference)
+            );
             for chunk_steps in [1, 2, 3, 7] {
                 let mut st = Conv1dState::default();
                 let mut streamed = Vec::new();
@@ -384,7 +545,10 @@ mod tests {
                     conv.forward(&mut st, chunk, PreActivation::None, &mut out, false);
                     streamed.extend_from_slice(&out);
                 }
-                assert!(max_diff(&streamed, &batch) < 1e-5, "k{k} s{s} d{d} chunk {chunk_steps}: stream vs batch");
+                assert!(
+                    max_diff(&streamed, &batch) < 1e-5,
+                    "k{k} s{s} d{d} chunk {chunk_steps}: stream vs batch"
+                );
                 // reset gives a fresh stream
                 st.reset();
                 conv.forward(&mut st, &x, PreActivation::None, &mut out, false);
@@ -402,28 +566,59 @@ mod tests {
         let x = rand_vec(20 * cin, 11);
         let xe: Vec<f32> = x.iter().map(|&v| elu(v)).collect();
         let mut y = Vec::new();
-        conv.forward(&mut Conv1dState::default(), &x, PreActivation::Elu, &mut y, false);
+        conv.forward(
+            &mut Conv1dState::default(),
+            &x,
+            PreActivation::Elu,
+            &mut y,
+            false,
+        );
         assert!(max_diff(&y, &naive_conv(&xe, cin, &w, &b, cout, k, 1, 1, false)) < 1e-5);
         let base = rand_vec(20 * cout, 12);
         let mut acc = base.clone();
-        conv.forward(&mut Conv1dState::default(), &x, PreActivation::Elu, &mut acc, true);
+        conv.forward(
+            &mut Conv1dState::default(),
+            &x,
+            PreActivation::Elu,
+            &mut acc,
+            true,
+        );
         let expected: Vec<f32> = base.iter().zip(&y).map(|(a, b)| a + b).collect();
         assert!(max_diff(&acc, &expected) < 1e-5);
     }
 
     #[test]
     fn conv_transpose_batch_matches_naive_and_stream_matches_batch() {
-        for &(s, depthwise) in &[(1, false), (2, false), (4, false), (5, false), (2, true), (3, true)] {
+        for &(s, depthwise) in &[
+            (1, false),
+            (2, false),
+            (4, false),
+            (5, false),
+            (2, true),
+            (3, true),
+        ] {
             let k = 2 * s;
             let (cin, cout) = if depthwise { (6, 6) } else { (5, 7) };
-            let w = rand_vec(if depthwise { cin * k } else { cin * cout * k }, 20 + s as u64);
+            let w = rand_vec(
+                if depthwise { cin * k } else { cin * cout * k },
+                20 + s as u64,
+            );
             let b = rand_vec(cout, 21);
-            let convtr = StreamingConvTranspose1d::new(&w, Some(b.clone()), cin, cout, k, s, depthwise);
+            let convtr =
+                StreamingConvTranspose1d::new(&w, Some(b.clone()), cin, cout, k, s, depthwise);
             let x = rand_vec(24 * cin, 22);
             let mut batch = Vec::new();
-            convtr.forward(&mut ConvTr1dState::default(), &x, PreActivation::None, &mut batch);
+            convtr.forward(
+                &mut ConvTr1dState::default(),
+                &x,
+                PreActivation::None,
+                &mut batch,
+            );
             let reference = naive_convtr(&x, cin, &w, &b, cout, k, s, depthwise);
-            assert!(max_diff(&batch, &reference) < 1e-5, "s{s} dw {depthwise}: batch vs naive");
+            assert!(
+                max_diff(&batch, &reference) < 1e-5,
+                "s{s} dw {depthwise}: batch vs naive"
+            );
             for chunk_steps in [1, 2, 5] {
                 let mut st = ConvTr1dState::default();
                 let (mut streamed, mut out) = (Vec::new(), Vec::new());
@@ -431,7 +626,10 @@ mod tests {
                     convtr.forward(&mut st, chunk, PreActivation::None, &mut out);
                     streamed.extend_from_slice(&out);
                 }
-                assert!(max_diff(&streamed, &batch) < 1e-5, "s{s} chunk {chunk_steps}: stream vs batch");
+                assert!(
+                    max_diff(&streamed, &batch) < 1e-5,
+                    "s{s} chunk {chunk_steps}: stream vs batch"
+                );
                 st.reset();
                 convtr.forward(&mut st, &x, PreActivation::None, &mut out);
                 assert_eq!(out, batch);

@@ -50,7 +50,9 @@ impl std::str::FromStr for MimiWeights {
         MimiWeights::ALL
             .into_iter()
             .find(|m| m.name() == s)
-            .ok_or_else(|| format!("unknown Mimi weight precision `{s}` (expected f32, bf16 or q8)"))
+            .ok_or_else(|| {
+                format!("unknown Mimi weight precision `{s}` (expected f32, bf16 or q8)")
+            })
     }
 }
 
@@ -95,7 +97,12 @@ pub struct WeightMatrix {
 impl WeightMatrix {
     pub fn new(values: Vec<f32>, rows: usize, cols: usize) -> Self {
         assert_eq!(values.len(), rows * cols, "weight matrix size");
-        Self { f32: values, rows, cols, few_rows: FewRowCopy::None }
+        Self {
+            f32: values,
+            rows,
+            cols,
+            few_rows: FewRowCopy::None,
+        }
     }
 
     pub fn values(&self) -> &[f32] {
@@ -121,7 +128,19 @@ impl WeightMatrix {
 
     /// `out[i * rs_out + j] (+)= Σ_p a[i * rs_a + p] · W[offset + j * rs_w + p]`.
     #[allow(clippy::too_many_arguments)]
-    pub fn gemm(&self, m: usize, k: usize, n: usize, a: &[f32], rs_a: usize, offset: usize, rs_w: usize, out: &mut [f32], rs_out: usize, accumulate: bool) {
+    pub fn gemm(
+        &self,
+        m: usize,
+        k: usize,
+        n: usize,
+        a: &[f32],
+        rs_a: usize,
+        offset: usize,
+        rs_w: usize,
+        out: &mut [f32],
+        rs_out: usize,
+        accumulate: bool,
+    ) {
         if m == 0 || n == 0 {
             return;
         }
@@ -130,14 +149,29 @@ impl WeightMatrix {
             FewRowCopy::Bf16(w) => {
                 if m <= BF16_MAX_ROWS {
                     count_bytes(n * k * 2);
-                    gemm_nt_bf16(m, k, n, a, rs_a, &w[offset..], rs_w, out, rs_out, accumulate);
+                    gemm_nt_bf16(
+                        m,
+                        k,
+                        n,
+                        a,
+                        rs_a,
+                        &w[offset..],
+                        rs_w,
+                        out,
+                        rs_out,
+                        accumulate,
+                    );
                     return;
                 }
             }
             FewRowCopy::Q8(q) => {
                 let g = q.group_size();
                 let (row0, col0) = (offset / self.cols, offset % self.cols);
-                if m <= Q8_MAX_ROWS && rs_w == self.cols && k.is_multiple_of(g) && col0.is_multiple_of(g) {
+                if m <= Q8_MAX_ROWS
+                    && rs_w == self.cols
+                    && k.is_multiple_of(g)
+                    && col0.is_multiple_of(g)
+                {
                     count_bytes(n * k + n * (k / g) * 4);
                     gemm_nt_q8(m, k, n, a, rs_a, q, row0, col0, out, rs_out, accumulate);
                     return;
@@ -145,7 +179,19 @@ impl WeightMatrix {
             }
         }
         count_bytes(n * k * 4);
-        gemm_nt_strided(m, k, n, a, rs_a, &self.f32[offset..], rs_w, 1, out, rs_out, accumulate);
+        gemm_nt_strided(
+            m,
+            k,
+            n,
+            a,
+            rs_a,
+            &self.f32[offset..],
+            rs_w,
+            1,
+            out,
+            rs_out,
+            accumulate,
+        );
     }
 }
 
@@ -159,14 +205,19 @@ mod tests {
             assert_eq!(m.name().parse::<MimiWeights>().unwrap(), m);
         }
         let err = "q4".parse::<MimiWeights>().unwrap_err();
-        assert!(err.contains("q4") && err.contains("f32, bf16 or q8"), "{err}");
+        assert!(
+            err.contains("q4") && err.contains("f32, bf16 or q8"),
+            "{err}"
+        );
         assert_eq!(MimiWeights::default(), MimiWeights::F32);
     }
 
     #[test]
     fn every_mode_computes_the_same_block_product_within_its_rounding() {
         let (rows, cols) = (12, 192);
-        let w: Vec<f32> = (0..rows * cols).map(|i| ((i as f32) * 0.37).sin()).collect();
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i as f32) * 0.37).sin())
+            .collect();
         let a: Vec<f32> = (0..2 * cols).map(|i| ((i as f32) * 0.11).cos()).collect();
         // rows 4..10, columns 64..192 of the matrix, 2 left rows.
         let (n, k, offset) = (6, 128, 4 * cols + 64);
@@ -175,7 +226,9 @@ mod tests {
         matrix.gemm(2, k, n, &a, cols, offset, cols, &mut exact, n, false);
         for i in 0..2 {
             for j in 0..n {
-                let r: f64 = (0..k).map(|p| a[i * cols + p] as f64 * w[offset + j * cols + p] as f64).sum();
+                let r: f64 = (0..k)
+                    .map(|p| a[i * cols + p] as f64 * w[offset + j * cols + p] as f64)
+                    .sum();
                 assert!((exact[i * n + j] as f64 - r).abs() < 1e-4, "f32 ({i}, {j})");
             }
         }
@@ -186,7 +239,11 @@ mod tests {
             let mut out = vec![0f32; 2 * n];
             matrix.gemm(2, k, n, &a, cols, offset, cols, &mut out, n, false);
             assert!(weight_bytes_read() > before);
-            let max = out.iter().zip(&exact).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+            let max = out
+                .iter()
+                .zip(&exact)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0f32, f32::max);
             assert!(max < tol && max > 0.0, "{mode}: max diff {max}");
         }
     }

@@ -90,32 +90,57 @@ impl Mimi {
 
     fn build(cfg: &MimiConfig, src: &mut dyn WeightSource, num_codebooks: usize) -> Result<Mimi> {
         if cfg.channels != 1 || cfg.seanet.channels != 1 {
-            return Err(ModelError::Config(format!("mimi: only mono is supported (channels {})", cfg.channels)));
+            return Err(ModelError::Config(format!(
+                "mimi: only mono is supported (channels {})",
+                cfg.channels
+            )));
         }
         let frame_size = cfg.frame_size_samples();
         let encoder = SeanetEncoder::load(src, "encoder", &cfg.seanet)?;
         let hop = encoder.hop();
         if frame_size == 0 || frame_size % hop != 0 {
-            return Err(ModelError::Config(format!("mimi: frame size {frame_size} is not a multiple of the SEANet hop {hop}")));
+            return Err(ModelError::Config(format!(
+                "mimi: frame size {frame_size} is not a multiple of the SEANet hop {hop}"
+            )));
         }
         let stride = frame_size / hop;
         let dim = cfg.seanet.dimension;
-        if cfg.transformer.d_model != dim || cfg.quantizer.input_dimension != dim || cfg.quantizer.output_dimension != dim {
+        if cfg.transformer.d_model != dim
+            || cfg.quantizer.input_dimension != dim
+            || cfg.quantizer.output_dimension != dim
+        {
             return Err(ModelError::Config(format!(
                 "mimi: SEANet dimension {dim} must equal the transformer d_model {} and the quantizer input/output dimensions {}/{}",
                 cfg.transformer.d_model, cfg.quantizer.input_dimension, cfg.quantizer.output_dimension
             )));
         }
-        let encoder_transformer = MimiTransformer::load(src, "encoder_transformer", &cfg.transformer)?;
+        let encoder_transformer =
+            MimiTransformer::load(src, "encoder_transformer", &cfg.transformer)?;
         let downsample = Downsample::load(src, dim, stride)?;
         let quantizer = SplitQuantizer::load(src, &cfg.quantizer, num_codebooks)?;
         let upsample = Upsample::load(src, dim, stride)?;
-        let decoder_transformer = MimiTransformer::load(src, "decoder_transformer", &cfg.transformer)?;
+        let decoder_transformer =
+            MimiTransformer::load(src, "decoder_transformer", &cfg.transformer)?;
         let decoder = SeanetDecoder::load(src, "decoder", &cfg.seanet)?;
-        let modules = MimiModules { encoder, encoder_transformer, downsample, quantizer, upsample, decoder_transformer, decoder };
+        let modules = MimiModules {
+            encoder,
+            encoder_transformer,
+            downsample,
+            quantizer,
+            upsample,
+            decoder_transformer,
+            decoder,
+        };
         let encoder_state = modules.new_encoder_state();
         let decoder_state = modules.new_decoder_state();
-        Ok(Mimi { modules, encoder_state, decoder_state, sample_rate: cfg.sample_rate, frame_size, weights: MimiWeights::F32 })
+        Ok(Mimi {
+            modules,
+            encoder_state,
+            decoder_state,
+            sample_rate: cfg.sample_rate,
+            frame_size,
+            weights: MimiWeights::F32,
+        })
     }
 
     /// Weight precision of the per-frame products (see [`MimiWeights`]). [`MimiWeights::F32`]
@@ -191,13 +216,22 @@ impl Mimi {
     /// Allocation-free variant of [`Mimi::encode_frame`]: `codes` must hold `num_codebooks` entries.
     pub fn encode_frame_into(&mut self, pcm: &[f32], codes: &mut [u32]) -> Result<()> {
         if pcm.len() != self.frame_size {
-            return Err(ModelError::Input(format!("mimi encode: a frame is {} samples, got {}", self.frame_size, pcm.len())));
+            return Err(ModelError::Input(format!(
+                "mimi encode: a frame is {} samples, got {}",
+                self.frame_size,
+                pcm.len()
+            )));
         }
         if codes.len() != self.num_codebooks() {
-            return Err(ModelError::Input(format!("mimi encode: codes buffer holds {}, expected {}", codes.len(), self.num_codebooks())));
+            return Err(ModelError::Input(format!(
+                "mimi encode: codes buffer holds {}, expected {}",
+                codes.len(),
+                self.num_codebooks()
+            )));
         }
         let _span = tracing::trace_span!("mimi_encode").entered();
-        self.modules.encode(&mut self.encoder_state, pcm, AttentionMode::Streaming);
+        self.modules
+            .encode(&mut self.encoder_state, pcm, AttentionMode::Streaming);
         codes.copy_from_slice(&self.encoder_state.codes);
         Ok(())
     }
@@ -249,14 +283,23 @@ impl Mimi {
     /// Allocation-free variant of [`Mimi::decode_frame`]: `pcm` must hold `frame_size` samples.
     pub fn decode_frame_into(&mut self, codes: &[u32], pcm: &mut [f32]) -> Result<()> {
         if codes.len() != self.num_codebooks() {
-            return Err(ModelError::Input(format!("mimi decode: a frame has {} codes, got {}", self.num_codebooks(), codes.len())));
+            return Err(ModelError::Input(format!(
+                "mimi decode: a frame has {} codes, got {}",
+                self.num_codebooks(),
+                codes.len()
+            )));
         }
         if pcm.len() != self.frame_size {
-            return Err(ModelError::Input(format!("mimi decode: output buffer holds {}, expected {}", pcm.len(), self.frame_size)));
+            return Err(ModelError::Input(format!(
+                "mimi decode: output buffer holds {}, expected {}",
+                pcm.len(),
+                self.frame_size
+            )));
         }
         self.modules.quantizer.check_codes(codes)?;
         let _span = tracing::trace_span!("mimi_decode").entered();
-        self.modules.decode(&mut self.decoder_state, codes, AttentionMode::Streaming);
+        self.modules
+            .decode(&mut self.decoder_state, codes, AttentionMode::Streaming);
         pcm.copy_from_slice(&self.decoder_state.pcm);
         Ok(())
     }
@@ -267,7 +310,11 @@ impl Mimi {
         let k = self.num_codebooks();
         let mut out = Vec::with_capacity(flat.len() / k * self.frame_size);
         for frame_codes in flat.chunks_exact(k) {
-            self.modules.decode(&mut self.decoder_state, frame_codes, AttentionMode::Streaming);
+            self.modules.decode(
+                &mut self.decoder_state,
+                frame_codes,
+                AttentionMode::Streaming,
+            );
             out.extend_from_slice(&self.decoder_state.pcm);
         }
         Ok(out)
@@ -285,11 +332,17 @@ impl Mimi {
     fn flatten_checked(&self, codes: &[Vec<u32>]) -> Result<Vec<u32>> {
         let k = self.num_codebooks();
         if codes.len() != k {
-            return Err(ModelError::Input(format!("mimi decode: got {} codebooks, expected {k}", codes.len())));
+            return Err(ModelError::Input(format!(
+                "mimi decode: got {} codebooks, expected {k}",
+                codes.len()
+            )));
         }
         let frames = codes[0].len();
         if let Some((q, row)) = codes.iter().enumerate().find(|(_, r)| r.len() != frames) {
-            return Err(ModelError::Input(format!("mimi decode: codebook {q} has {} frames, codebook 0 has {frames}", row.len())));
+            return Err(ModelError::Input(format!(
+                "mimi decode: codebook {q} has {} frames, codebook 0 has {frames}",
+                row.len()
+            )));
         }
         let mut flat = vec![0u32; frames * k];
         for (q, row) in codes.iter().enumerate() {
@@ -303,7 +356,9 @@ impl Mimi {
 }
 
 fn transpose_codes(frame_major: &[u32], frames: usize, k: usize) -> Vec<Vec<u32>> {
-    (0..k).map(|q| (0..frames).map(|t| frame_major[t * k + q]).collect()).collect()
+    (0..k)
+        .map(|q| (0..frames).map(|t| frame_major[t * k + q]).collect())
+        .collect()
 }
 
 impl MimiModules {
@@ -334,18 +389,25 @@ impl MimiModules {
     /// PCM (whole frames) -> `st.codes` (`[frame][codebook]`).
     fn encode(&self, st: &mut EncoderState, pcm: &[f32], mode: AttentionMode) {
         self.encoder.forward(&mut st.seanet, pcm, &mut st.latent25);
-        self.encoder_transformer.forward(&mut st.transformer, &mut st.latent25, mode);
-        self.downsample.forward(&mut st.downsample, &st.latent25, &mut st.latent12);
+        self.encoder_transformer
+            .forward(&mut st.transformer, &mut st.latent25, mode);
+        self.downsample
+            .forward(&mut st.downsample, &st.latent25, &mut st.latent12);
         let frames = st.latent12.len() / self.quantizer.input_dim();
         st.codes.resize(frames * self.quantizer.num_codebooks(), 0);
-        self.quantizer.encode(&st.latent12, &mut st.quantizer, &mut st.codes);
+        self.quantizer
+            .encode(&st.latent12, &mut st.quantizer, &mut st.codes);
     }
 
     /// Codes (`[frame][codebook]`, checked) -> `st.pcm`.
     fn decode(&self, st: &mut DecoderState, codes: &[u32], mode: AttentionMode) {
-        self.quantizer.decode(codes, &mut st.quantizer, &mut st.latent12);
-        self.upsample.forward(&mut st.upsample, &st.latent12, &mut st.latent25);
-        self.decoder_transformer.forward(&mut st.transformer, &mut st.latent25, mode);
-        self.decoder.forward(&mut st.seanet, &st.latent25, &mut st.pcm);
+        self.quantizer
+            .decode(codes, &mut st.quantizer, &mut st.latent12);
+        self.upsample
+            .forward(&mut st.upsample, &st.latent12, &mut st.latent25);
+        self.decoder_transformer
+            .forward(&mut st.transformer, &mut st.latent25, mode);
+        self.decoder
+            .forward(&mut st.seanet, &st.latent25, &mut st.pcm);
     }
 }

@@ -9,8 +9,8 @@
 
 use moshi_loader::config::QuantizerConfig;
 
-use super::weights::WeightSource;
 use super::matrix::{count_bytes, MimiWeights, WeightMatrix};
+use super::weights::WeightSource;
 use crate::ops::{f32_to_bf16_bits, gemm_nt_bf16, gemm_nt_strided};
 use crate::{ModelError, Result};
 
@@ -44,10 +44,18 @@ impl Codebook {
                 *v /= denom;
             }
         }
-        let norms2: Vec<f32> = vectors.chunks_exact(dim).map(|r| r.iter().map(|v| v * v).sum()).collect();
+        let norms2: Vec<f32> = vectors
+            .chunks_exact(dim)
+            .map(|r| r.iter().map(|v| v * v).sum())
+            .collect();
         let max_norm2 = norms2.iter().copied().fold(0f32, f32::max);
         let vectors_bf16 = vectors.iter().map(|&v| f32_to_bf16_bits(v)).collect();
-        Ok(Self { vectors, vectors_bf16, norms2, max_norm2 })
+        Ok(Self {
+            vectors,
+            vectors_bf16,
+            norms2,
+            max_norm2,
+        })
     }
 }
 
@@ -62,11 +70,24 @@ struct ResidualVq {
 }
 
 impl ResidualVq {
-    fn load(src: &mut dyn WeightSource, prefix: &str, cfg: &QuantizerConfig, n: usize) -> Result<Self> {
+    fn load(
+        src: &mut dyn WeightSource,
+        prefix: &str,
+        cfg: &QuantizerConfig,
+        n: usize,
+    ) -> Result<Self> {
         let d = cfg.dimension;
-        let input_proj = src.tensor(&format!("{prefix}.input_proj.weight"), &[d, cfg.input_dimension, 1])?;
-        let output_proj = src.tensor(&format!("{prefix}.output_proj.weight"), &[cfg.output_dimension, d, 1])?;
-        let codebooks = (0..n).map(|i| Codebook::load(src, &format!("{prefix}.vq.layers.{i}"), cfg.bins, d)).collect::<Result<_>>()?;
+        let input_proj = src.tensor(
+            &format!("{prefix}.input_proj.weight"),
+            &[d, cfg.input_dimension, 1],
+        )?;
+        let output_proj = src.tensor(
+            &format!("{prefix}.output_proj.weight"),
+            &[cfg.output_dimension, d, 1],
+        )?;
+        let codebooks = (0..n)
+            .map(|i| Codebook::load(src, &format!("{prefix}.vq.layers.{i}"), cfg.bins, d))
+            .collect::<Result<_>>()?;
         Ok(Self {
             input_proj: WeightMatrix::new(input_proj, d, cfg.input_dimension),
             output_proj: WeightMatrix::new(output_proj, cfg.output_dimension, d),
@@ -97,7 +118,11 @@ pub struct SplitQuantizer {
 }
 
 impl SplitQuantizer {
-    pub(crate) fn load(src: &mut dyn WeightSource, cfg: &QuantizerConfig, num_codebooks: usize) -> Result<Self> {
+    pub(crate) fn load(
+        src: &mut dyn WeightSource,
+        cfg: &QuantizerConfig,
+        num_codebooks: usize,
+    ) -> Result<Self> {
         if num_codebooks == 0 || num_codebooks > cfg.n_q {
             return Err(ModelError::Config(format!(
                 "mimi: {num_codebooks} codebooks requested, the quantizer has 1..={} (n_q)",
@@ -105,10 +130,22 @@ impl SplitQuantizer {
             )));
         }
         if cfg.bins == 0 || cfg.dimension == 0 {
-            return Err(ModelError::Config(format!("mimi quantizer: bins {} / dimension {} must be positive", cfg.bins, cfg.dimension)));
+            return Err(ModelError::Config(format!(
+                "mimi quantizer: bins {} / dimension {} must be positive",
+                cfg.bins, cfg.dimension
+            )));
         }
         let first = ResidualVq::load(src, "quantizer.rvq_first", cfg, 1)?;
-        let rest = if num_codebooks > 1 { Some(ResidualVq::load(src, "quantizer.rvq_rest", cfg, num_codebooks - 1)?) } else { None };
+        let rest = if num_codebooks > 1 {
+            Some(ResidualVq::load(
+                src,
+                "quantizer.rvq_rest",
+                cfg,
+                num_codebooks - 1,
+            )?)
+        } else {
+            None
+        };
         Ok(Self {
             first,
             rest,
@@ -153,19 +190,59 @@ impl SplitQuantizer {
         for group in std::iter::once(&self.first).chain(self.rest.as_ref()) {
             let d = self.dim;
             scratch.residual.resize(t * d, 0.0);
-            group.input_proj.gemm(t, self.in_dim, d, latent, self.in_dim, 0, self.in_dim, &mut scratch.residual, d, false);
+            group.input_proj.gemm(
+                t,
+                self.in_dim,
+                d,
+                latent,
+                self.in_dim,
+                0,
+                self.in_dim,
+                &mut scratch.residual,
+                d,
+                false,
+            );
             for cb in &group.codebooks {
                 scratch.scores.resize(t * self.bins, 0.0);
                 let bf16 = t <= BF16_SCORING_MAX_ROWS;
                 count_bytes(cb.vectors.len() * if bf16 { 2 } else { 4 });
                 if bf16 {
-                    gemm_nt_bf16(t, d, self.bins, &scratch.residual, d, &cb.vectors_bf16, d, &mut scratch.scores, self.bins, false);
+                    gemm_nt_bf16(
+                        t,
+                        d,
+                        self.bins,
+                        &scratch.residual,
+                        d,
+                        &cb.vectors_bf16,
+                        d,
+                        &mut scratch.scores,
+                        self.bins,
+                        false,
+                    );
                 } else {
-                    gemm_nt_strided(t, d, self.bins, &scratch.residual, d, &cb.vectors, d, 1, &mut scratch.scores, self.bins, false);
+                    gemm_nt_strided(
+                        t,
+                        d,
+                        self.bins,
+                        &scratch.residual,
+                        d,
+                        &cb.vectors,
+                        d,
+                        1,
+                        &mut scratch.scores,
+                        self.bins,
+                        false,
+                    );
                 }
                 for i in 0..t {
                     let x = &mut scratch.residual[i * d..(i + 1) * d];
-                    let code = nearest(cb, x, &scratch.scores[i * self.bins..(i + 1) * self.bins], d, bf16);
+                    let code = nearest(
+                        cb,
+                        x,
+                        &scratch.scores[i * self.bins..(i + 1) * self.bins],
+                        d,
+                        bf16,
+                    );
                     codes[i * k + offset] = code as u32;
                     for (v, c) in x.iter_mut().zip(&cb.vectors[code * d..(code + 1) * d]) {
                         *v -= c;
@@ -178,7 +255,11 @@ impl SplitQuantizer {
 
     /// Checks every code against the codebook size. `codes` is `[t][num_codebooks]`.
     pub fn check_codes(&self, codes: &[u32]) -> Result<()> {
-        if let Some((i, &c)) = codes.iter().enumerate().find(|(_, &c)| c as usize >= self.bins) {
+        if let Some((i, &c)) = codes
+            .iter()
+            .enumerate()
+            .find(|(_, &c)| c as usize >= self.bins)
+        {
             return Err(ModelError::Input(format!(
                 "mimi: code {c} of codebook {} at frame {} is out of range (codebook size {})",
                 i % self.num_codebooks,
@@ -203,14 +284,28 @@ impl SplitQuantizer {
             for (q, cb) in group.codebooks.iter().enumerate() {
                 for i in 0..t {
                     let code = codes[i * k + offset + q] as usize;
-                    for (s, c) in scratch.sum[i * d..(i + 1) * d].iter_mut().zip(&cb.vectors[code * d..(code + 1) * d]) {
+                    for (s, c) in scratch.sum[i * d..(i + 1) * d]
+                        .iter_mut()
+                        .zip(&cb.vectors[code * d..(code + 1) * d])
+                    {
                         *s += c;
                     }
                 }
             }
             offset += group.codebooks.len();
             scratch.out.resize(t * self.out_dim, 0.0);
-            group.output_proj.gemm(t, d, self.out_dim, &scratch.sum, d, 0, d, &mut scratch.out, self.out_dim, false);
+            group.output_proj.gemm(
+                t,
+                d,
+                self.out_dim,
+                &scratch.sum,
+                d,
+                0,
+                d,
+                &mut scratch.out,
+                self.out_dim,
+                false,
+            );
             for (l, o) in latent.iter_mut().zip(&scratch.out) {
                 *l += o;
             }
@@ -238,7 +333,11 @@ fn nearest(cb: &Codebook, x: &[f32], scores: &[f32], d: usize, bf16: bool) -> us
     for (j, (s, n2)) in scores.iter().zip(&cb.norms2).enumerate() {
         if n2 - 2.0 * s <= best + tol {
             let c = &cb.vectors[j * d..(j + 1) * d];
-            let exact: f64 = x.iter().zip(c).map(|(a, b)| (*a as f64 - *b as f64).powi(2)).sum();
+            let exact: f64 = x
+                .iter()
+                .zip(c)
+                .map(|(a, b)| (*a as f64 - *b as f64).powi(2))
+                .sum();
             if exact < best_exact {
                 best_exact = exact;
                 best_index = j;
@@ -260,10 +359,18 @@ mod tests {
     }
 
     fn codebook(vectors: Vec<f32>, d: usize) -> Codebook {
-        let norms2: Vec<f32> = vectors.chunks_exact(d).map(|r| r.iter().map(|v| v * v).sum()).collect();
+        let norms2: Vec<f32> = vectors
+            .chunks_exact(d)
+            .map(|r| r.iter().map(|v| v * v).sum())
+            .collect();
         let max_norm2 = norms2.iter().copied().fold(0f32, f32::max);
         let vectors_bf16 = vectors.iter().map(|&v| f32_to_bf16_bits(v)).collect();
-        Codebook { vectors, vectors_bf16, norms2, max_norm2 }
+        Codebook {
+            vectors,
+            vectors_bf16,
+            norms2,
+            max_norm2,
+        }
     }
 
     #[test]
@@ -274,12 +381,18 @@ mod tests {
         // Near-duplicates: entry 2k+1 is entry 2k plus a perturbation below bf16 resolution.
         for k in 0..bins / 2 {
             for c in 0..d {
-                vectors[(2 * k + 1) * d + c] = vectors[2 * k * d + c] * (1.0 + 1e-4 * uniform(&mut state));
+                vectors[(2 * k + 1) * d + c] =
+                    vectors[2 * k * d + c] * (1.0 + 1e-4 * uniform(&mut state));
             }
         }
         let cb = codebook(vectors, d);
         let exact_argmin = |x: &[f32]| -> usize {
-            let dist = |j: usize| x.iter().zip(&cb.vectors[j * d..(j + 1) * d]).map(|(a, b)| (*a as f64 - *b as f64).powi(2)).sum::<f64>();
+            let dist = |j: usize| {
+                x.iter()
+                    .zip(&cb.vectors[j * d..(j + 1) * d])
+                    .map(|(a, b)| (*a as f64 - *b as f64).powi(2))
+                    .sum::<f64>()
+            };
             (0..bins).fold(0, |best, j| if dist(j) < dist(best) { j } else { best })
         };
         let mut scores = vec![0f32; bins];
@@ -290,16 +403,39 @@ mod tests {
                 (0..d).map(|_| uniform(&mut state)).collect()
             } else {
                 let k = (trial / 2) % (bins / 2);
-                (0..d).map(|c| 0.5 * (cb.vectors[2 * k * d + c] + cb.vectors[(2 * k + 1) * d + c]) + 1e-6 * uniform(&mut state)).collect()
+                (0..d)
+                    .map(|c| {
+                        0.5 * (cb.vectors[2 * k * d + c] + cb.vectors[(2 * k + 1) * d + c])
+                            + 1e-6 * uniform(&mut state)
+                    })
+                    .collect()
             };
-            gemm_nt_bf16(1, d, bins, &x, d, &cb.vectors_bf16, d, &mut scores, bins, false);
+            gemm_nt_bf16(
+                1,
+                d,
+                bins,
+                &x,
+                d,
+                &cb.vectors_bf16,
+                d,
+                &mut scores,
+                bins,
+                false,
+            );
             let expected = exact_argmin(&x);
-            assert_eq!(nearest(&cb, &x, &scores, d, true), expected, "trial {trial}");
+            assert_eq!(
+                nearest(&cb, &x, &scores, d, true),
+                expected,
+                "trial {trial}"
+            );
             if nearest(&cb, &x, &scores, d, false) != expected {
                 disagreements_without_margin += 1;
             }
         }
         // The bf16 margin is what makes it exact: the f32 margin alone misses some near-ties.
-        assert!(disagreements_without_margin > 0, "the test must contain near-ties that bf16 scores get wrong");
+        assert!(
+            disagreements_without_margin > 0,
+            "the test must contain near-ties that bf16 scores get wrong"
+        );
     }
 }

@@ -2,8 +2,10 @@
 //! code rate: `ConvDownsample1d` (conv, kernel 2*stride, no bias, replicate padding of the first
 //! step) and `ConvTrUpsample1d` (depthwise transposed conv, kernel 2*stride, no bias).
 
+use super::conv::{
+    Conv1dState, ConvTr1dState, PreActivation, StreamingConv1d, StreamingConvTranspose1d,
+};
 use super::matrix::MimiWeights;
-use super::conv::{Conv1dState, ConvTr1dState, PreActivation, StreamingConv1d, StreamingConvTranspose1d};
 use super::weights::WeightSource;
 use crate::Result;
 
@@ -16,7 +18,9 @@ pub struct Downsample {
 impl Downsample {
     pub(crate) fn load(src: &mut dyn WeightSource, dim: usize, stride: usize) -> Result<Self> {
         let w = src.tensor("downsample.conv.conv.conv.weight", &[dim, dim, 2 * stride])?;
-        Ok(Self { conv: StreamingConv1d::new(&w, None, dim, dim, 2 * stride, stride, 1, true) })
+        Ok(Self {
+            conv: StreamingConv1d::new(&w, None, dim, dim, 2 * stride, stride, 1, true),
+        })
     }
 
     pub fn stride(&self) -> usize {
@@ -41,8 +45,13 @@ pub struct Upsample {
 
 impl Upsample {
     pub(crate) fn load(src: &mut dyn WeightSource, dim: usize, stride: usize) -> Result<Self> {
-        let w = src.tensor("upsample.convtr.convtr.convtr.weight", &[dim, 1, 2 * stride])?;
-        Ok(Self { convtr: StreamingConvTranspose1d::new(&w, None, dim, dim, 2 * stride, stride, true) })
+        let w = src.tensor(
+            "upsample.convtr.convtr.convtr.weight",
+            &[dim, 1, 2 * stride],
+        )?;
+        Ok(Self {
+            convtr: StreamingConvTranspose1d::new(&w, None, dim, dim, 2 * stride, stride, true),
+        })
     }
 
     /// `x` (`[t][dim]`) -> `out` (`[t * stride][dim]`).
@@ -57,7 +66,9 @@ mod tests {
     use crate::mimi::weights::RandomWeights;
 
     fn signal(t: usize, d: usize) -> Vec<f32> {
-        (0..t * d).map(|i| ((i as f32) * 0.23).sin() + 0.5).collect()
+        (0..t * d)
+            .map(|i| ((i as f32) * 0.23).sin() + 0.5)
+            .collect()
     }
 
     #[test]
@@ -71,8 +82,15 @@ mod tests {
         let w = raw_down_weight(d, stride);
         let window = [0usize, 0, 0, 1];
         for o in 0..d {
-            let y0: f32 = (0..d).flat_map(|i| (0..4).map(move |j| (i, j))).map(|(i, j)| w[(o * d + i) * 4 + j] * x[window[j] * d + i]).sum();
-            assert!((y0 - batch[o]).abs() < 1e-5, "channel {o}: {y0} vs {}", batch[o]);
+            let y0: f32 = (0..d)
+                .flat_map(|i| (0..4).map(move |j| (i, j)))
+                .map(|(i, j)| w[(o * d + i) * 4 + j] * x[window[j] * d + i])
+                .sum();
+            assert!(
+                (y0 - batch[o]).abs() < 1e-5,
+                "channel {o}: {y0} vs {}",
+                batch[o]
+            );
         }
         for chunk in [1, 2, 5] {
             let mut st = Conv1dState::default();
@@ -82,12 +100,20 @@ mod tests {
                 streamed.extend_from_slice(&out);
             }
             assert_eq!(streamed.len(), batch.len());
-            assert!(streamed.iter().zip(&batch).all(|(a, b)| (a - b).abs() < 1e-5), "chunk {chunk}");
+            assert!(
+                streamed
+                    .iter()
+                    .zip(&batch)
+                    .all(|(a, b)| (a - b).abs() < 1e-5),
+                "chunk {chunk}"
+            );
         }
     }
 
     fn raw_down_weight(d: usize, stride: usize) -> Vec<f32> {
-        RandomWeights::new(3).tensor("downsample.conv.conv.conv.weight", &[d, d, 2 * stride]).unwrap()
+        RandomWeights::new(3)
+            .tensor("downsample.conv.conv.conv.weight", &[d, d, 2 * stride])
+            .unwrap()
     }
 
     #[test]
@@ -105,7 +131,13 @@ mod tests {
                 up.forward(&mut st, part, &mut out);
                 streamed.extend_from_slice(&out);
             }
-            assert!(streamed.iter().zip(&batch).all(|(a, b)| (a - b).abs() < 1e-5), "chunk {chunk}");
+            assert!(
+                streamed
+                    .iter()
+                    .zip(&batch)
+                    .all(|(a, b)| (a - b).abs() < 1e-5),
+                "chunk {chunk}"
+            );
         }
     }
 }

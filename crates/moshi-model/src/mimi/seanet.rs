@@ -4,7 +4,9 @@
 
 use moshi_loader::config::SeanetConfig;
 
-use super::conv::{Conv1dState, ConvTr1dState, PreActivation, StreamingConv1d, StreamingConvTranspose1d};
+use super::conv::{
+    Conv1dState, ConvTr1dState, PreActivation, StreamingConv1d, StreamingConvTranspose1d,
+};
 use super::matrix::MimiWeights;
 use super::weights::WeightSource;
 use crate::{ModelError, Result};
@@ -15,19 +17,31 @@ fn check_config(cfg: &SeanetConfig) -> Result<()> {
         return bad("only causal SEANet is supported (causal = false)".into());
     }
     if cfg.activation != "ELU" {
-        return bad(format!("activation `{}` is not supported (expected ELU)", cfg.activation));
+        return bad(format!(
+            "activation `{}` is not supported (expected ELU)",
+            cfg.activation
+        ));
     }
     if !cfg.true_skip {
         return bad("only true_skip = true (identity residual shortcut) is supported".into());
     }
     if cfg.pad_mode != "constant" {
-        return bad(format!("pad_mode `{}` is not supported (expected constant)", cfg.pad_mode));
+        return bad(format!(
+            "pad_mode `{}` is not supported (expected constant)",
+            cfg.pad_mode
+        ));
     }
     if !(cfg.norm.is_empty() || cfg.norm == "none") {
-        return bad(format!("norm `{}` is not supported (weights must be plain, e.g. weight norm folded)", cfg.norm));
+        return bad(format!(
+            "norm `{}` is not supported (weights must be plain, e.g. weight norm folded)",
+            cfg.norm
+        ));
     }
     if cfg.ratios.is_empty() || cfg.ratios.contains(&0) || cfg.n_filters == 0 || cfg.compress == 0 {
-        return bad(format!("degenerate shape: ratios {:?}, n_filters {}, compress {}", cfg.ratios, cfg.n_filters, cfg.compress));
+        return bad(format!(
+            "degenerate shape: ratios {:?}, n_filters {}, compress {}",
+            cfg.ratios, cfg.n_filters, cfg.compress
+        ));
     }
     Ok(())
 }
@@ -43,7 +57,16 @@ fn load_conv(
 ) -> Result<StreamingConv1d> {
     let w = src.tensor(&format!("{prefix}.conv.conv.weight"), &[cout, cin, kernel])?;
     let b = src.tensor(&format!("{prefix}.conv.conv.bias"), &[cout])?;
-    Ok(StreamingConv1d::new(&w, Some(b), cin, cout, kernel, stride, dilation, false))
+    Ok(StreamingConv1d::new(
+        &w,
+        Some(b),
+        cin,
+        cout,
+        kernel,
+        stride,
+        dilation,
+        false,
+    ))
 }
 
 /// Residual unit: `x + conv_1x1(elu(conv_k(elu(x))))`.
@@ -66,18 +89,34 @@ impl ResidualBlock {
         self.conv_1.set_weights(mode);
     }
 
-    fn load(src: &mut dyn WeightSource, prefix: &str, dim: usize, cfg: &SeanetConfig, dilation: usize) -> Result<Self> {
+    fn load(
+        src: &mut dyn WeightSource,
+        prefix: &str,
+        dim: usize,
+        cfg: &SeanetConfig,
+        dilation: usize,
+    ) -> Result<Self> {
         let hidden = dim / cfg.compress;
         Ok(Self {
-            conv_k: load_conv(src, &format!("{prefix}.block.1"), dim, hidden, cfg.residual_kernel_size, 1, dilation)?,
+            conv_k: load_conv(
+                src,
+                &format!("{prefix}.block.1"),
+                dim,
+                hidden,
+                cfg.residual_kernel_size,
+                1,
+                dilation,
+            )?,
             conv_1: load_conv(src, &format!("{prefix}.block.3"), hidden, dim, 1, 1, 1)?,
         })
     }
 
     /// In place on `x` (`[t][dim]`).
     fn forward(&self, st: &mut ResidualState, x: &mut Vec<f32>) {
-        self.conv_k.forward(&mut st.conv_k, x, PreActivation::Elu, &mut st.hidden, false);
-        self.conv_1.forward(&mut st.conv_1, &st.hidden, PreActivation::Elu, x, true);
+        self.conv_k
+            .forward(&mut st.conv_k, x, PreActivation::Elu, &mut st.hidden, false);
+        self.conv_1
+            .forward(&mut st.conv_1, &st.hidden, PreActivation::Elu, x, true);
     }
 
     fn reset(st: &mut ResidualState) {
@@ -116,17 +155,32 @@ pub struct SeanetEncoderState {
 impl SeanetEncoderState {
     pub fn reset(&mut self) {
         self.input.reset();
-        self.residuals.iter_mut().flatten().for_each(ResidualBlock::reset);
+        self.residuals
+            .iter_mut()
+            .flatten()
+            .for_each(ResidualBlock::reset);
         self.downs.iter_mut().for_each(Conv1dState::reset);
         self.output.reset();
     }
 }
 
 impl SeanetEncoder {
-    pub(crate) fn load(src: &mut dyn WeightSource, prefix: &str, cfg: &SeanetConfig) -> Result<Self> {
+    pub(crate) fn load(
+        src: &mut dyn WeightSource,
+        prefix: &str,
+        cfg: &SeanetConfig,
+    ) -> Result<Self> {
         check_config(cfg)?;
         let nf = cfg.n_filters;
-        let input = load_conv(src, &format!("{prefix}.model.0"), cfg.channels, nf, cfg.kernel_size, 1, 1)?;
+        let input = load_conv(
+            src,
+            &format!("{prefix}.model.0"),
+            cfg.channels,
+            nf,
+            cfg.kernel_size,
+            1,
+            1,
+        )?;
         let mut idx = 1;
         let mut mult = 1;
         let mut stages = Vec::new();
@@ -134,18 +188,45 @@ impl SeanetEncoder {
             let dim = mult * nf;
             let mut residuals = Vec::new();
             for j in 0..cfg.n_residual_layers {
-                residuals.push(ResidualBlock::load(src, &format!("{prefix}.model.{idx}"), dim, cfg, cfg.dilation_base.pow(j as u32))?);
+                residuals.push(ResidualBlock::load(
+                    src,
+                    &format!("{prefix}.model.{idx}"),
+                    dim,
+                    cfg,
+                    cfg.dilation_base.pow(j as u32),
+                )?);
                 idx += 1;
             }
             idx += 1; // ELU
-            let down = load_conv(src, &format!("{prefix}.model.{idx}"), dim, 2 * dim, 2 * ratio, ratio, 1)?;
+            let down = load_conv(
+                src,
+                &format!("{prefix}.model.{idx}"),
+                dim,
+                2 * dim,
+                2 * ratio,
+                ratio,
+                1,
+            )?;
             idx += 1;
             stages.push(EncoderStage { residuals, down });
             mult *= 2;
         }
         idx += 1; // ELU
-        let output = load_conv(src, &format!("{prefix}.model.{idx}"), mult * nf, cfg.dimension, cfg.last_kernel_size, 1, 1)?;
-        Ok(Self { input, stages, output, hop: cfg.ratios.iter().product() })
+        let output = load_conv(
+            src,
+            &format!("{prefix}.model.{idx}"),
+            mult * nf,
+            cfg.dimension,
+            cfg.last_kernel_size,
+            1,
+            1,
+        )?;
+        Ok(Self {
+            input,
+            stages,
+            output,
+            hop: cfg.ratios.iter().product(),
+        })
     }
 
     /// Weight precision of few-row products.
@@ -165,7 +246,11 @@ impl SeanetEncoder {
 
     pub fn new_state(&self) -> SeanetEncoderState {
         SeanetEncoderState {
-            residuals: self.stages.iter().map(|s| vec![ResidualState::default(); s.residuals.len()]).collect(),
+            residuals: self
+                .stages
+                .iter()
+                .map(|s| vec![ResidualState::default(); s.residuals.len()])
+                .collect(),
             downs: vec![Conv1dState::default(); self.stages.len()],
             ..Default::default()
         }
@@ -173,16 +258,32 @@ impl SeanetEncoder {
 
     /// `pcm` (a multiple of the hop, channels-last) -> `out` (`[pcm / hop][dimension]`).
     pub fn forward(&self, st: &mut SeanetEncoderState, pcm: &[f32], out: &mut Vec<f32>) {
-        let SeanetEncoderState { input, residuals, downs, output, a, b } = st;
-        self.input.forward(input, pcm, PreActivation::None, a, false);
-        for ((stage, res_states), down_state) in self.stages.iter().zip(residuals.iter_mut()).zip(downs.iter_mut()) {
+        let SeanetEncoderState {
+            input,
+            residuals,
+            downs,
+            output,
+            a,
+            b,
+        } = st;
+        self.input
+            .forward(input, pcm, PreActivation::None, a, false);
+        for ((stage, res_states), down_state) in self
+            .stages
+            .iter()
+            .zip(residuals.iter_mut())
+            .zip(downs.iter_mut())
+        {
             for (block, rs) in stage.residuals.iter().zip(res_states.iter_mut()) {
                 block.forward(rs, a);
             }
-            stage.down.forward(down_state, a, PreActivation::Elu, b, false);
+            stage
+                .down
+                .forward(down_state, a, PreActivation::Elu, b, false);
             std::mem::swap(a, b);
         }
-        self.output.forward(output, a, PreActivation::Elu, out, false);
+        self.output
+            .forward(output, a, PreActivation::Elu, out, false);
     }
 }
 
@@ -216,17 +317,32 @@ impl SeanetDecoderState {
     pub fn reset(&mut self) {
         self.input.reset();
         self.ups.iter_mut().for_each(ConvTr1dState::reset);
-        self.residuals.iter_mut().flatten().for_each(ResidualBlock::reset);
+        self.residuals
+            .iter_mut()
+            .flatten()
+            .for_each(ResidualBlock::reset);
         self.output.reset();
     }
 }
 
 impl SeanetDecoder {
-    pub(crate) fn load(src: &mut dyn WeightSource, prefix: &str, cfg: &SeanetConfig) -> Result<Self> {
+    pub(crate) fn load(
+        src: &mut dyn WeightSource,
+        prefix: &str,
+        cfg: &SeanetConfig,
+    ) -> Result<Self> {
         check_config(cfg)?;
         let nf = cfg.n_filters;
         let mut mult = 1usize << cfg.ratios.len();
-        let input = load_conv(src, &format!("{prefix}.model.0"), cfg.dimension, mult * nf, cfg.kernel_size, 1, 1)?;
+        let input = load_conv(
+            src,
+            &format!("{prefix}.model.0"),
+            cfg.dimension,
+            mult * nf,
+            cfg.kernel_size,
+            1,
+            1,
+        )?;
         let mut idx = 1;
         let mut stages = Vec::new();
         for &ratio in &cfg.ratios {
@@ -235,19 +351,38 @@ impl SeanetDecoder {
             let name = format!("{prefix}.model.{idx}.convtr.convtr");
             let w = src.tensor(&format!("{name}.weight"), &[cin, cout, 2 * ratio])?;
             let bias = src.tensor(&format!("{name}.bias"), &[cout])?;
-            let up = StreamingConvTranspose1d::new(&w, Some(bias), cin, cout, 2 * ratio, ratio, false);
+            let up =
+                StreamingConvTranspose1d::new(&w, Some(bias), cin, cout, 2 * ratio, ratio, false);
             idx += 1;
             let mut residuals = Vec::new();
             for j in 0..cfg.n_residual_layers {
-                residuals.push(ResidualBlock::load(src, &format!("{prefix}.model.{idx}"), cout, cfg, cfg.dilation_base.pow(j as u32))?);
+                residuals.push(ResidualBlock::load(
+                    src,
+                    &format!("{prefix}.model.{idx}"),
+                    cout,
+                    cfg,
+                    cfg.dilation_base.pow(j as u32),
+                )?);
                 idx += 1;
             }
             stages.push(DecoderStage { up, residuals });
             mult /= 2;
         }
         idx += 1; // ELU
-        let output = load_conv(src, &format!("{prefix}.model.{idx}"), nf, cfg.channels, cfg.last_kernel_size, 1, 1)?;
-        Ok(Self { input, stages, output })
+        let output = load_conv(
+            src,
+            &format!("{prefix}.model.{idx}"),
+            nf,
+            cfg.channels,
+            cfg.last_kernel_size,
+            1,
+            1,
+        )?;
+        Ok(Self {
+            input,
+            stages,
+            output,
+        })
     }
 
     /// Weight precision of few-row products.
@@ -263,22 +398,40 @@ impl SeanetDecoder {
     pub fn new_state(&self) -> SeanetDecoderState {
         SeanetDecoderState {
             ups: vec![ConvTr1dState::default(); self.stages.len()],
-            residuals: self.stages.iter().map(|s| vec![ResidualState::default(); s.residuals.len()]).collect(),
+            residuals: self
+                .stages
+                .iter()
+                .map(|s| vec![ResidualState::default(); s.residuals.len()])
+                .collect(),
             ..Default::default()
         }
     }
 
     /// `latent` (`[t][dimension]`) -> `out` (`[t * hop][channels]`).
     pub fn forward(&self, st: &mut SeanetDecoderState, latent: &[f32], out: &mut Vec<f32>) {
-        let SeanetDecoderState { input, ups, residuals, output, a, b } = st;
-        self.input.forward(input, latent, PreActivation::None, a, false);
-        for ((stage, up_state), res_states) in self.stages.iter().zip(ups.iter_mut()).zip(residuals.iter_mut()) {
+        let SeanetDecoderState {
+            input,
+            ups,
+            residuals,
+            output,
+            a,
+            b,
+        } = st;
+        self.input
+            .forward(input, latent, PreActivation::None, a, false);
+        for ((stage, up_state), res_states) in self
+            .stages
+            .iter()
+            .zip(ups.iter_mut())
+            .zip(residuals.iter_mut())
+        {
             stage.up.forward(up_state, a, PreActivation::Elu, b);
             std::mem::swap(a, b);
             for (block, rs) in stage.residuals.iter().zip(res_states.iter_mut()) {
                 block.forward(rs, a);
             }
         }
-        self.output.forward(output, a, PreActivation::Elu, out, false);
+        self.output
+            .forward(output, a, PreActivation::Elu, out, false);
     }
 }

@@ -80,7 +80,11 @@ impl KvElem for u16 {
 /// up-to-date ring exists.
 fn take_ring<A: KvElem, B: KvElem>(ring: &mut Vec<A>, other: &mut Vec<B>, len: usize) {
     if ring.len() != len {
-        *ring = if other.len() == len { other.iter().map(|v| A::from_f32(v.to_f32())).collect() } else { vec![A::from_f32(0.0); len] };
+        *ring = if other.len() == len {
+            other.iter().map(|v| A::from_f32(v.to_f32())).collect()
+        } else {
+            vec![A::from_f32(0.0); len]
+        };
     }
     if !other.is_empty() {
         *other = Vec::new();
@@ -89,14 +93,28 @@ fn take_ring<A: KvElem, B: KvElem>(ring: &mut Vec<A>, other: &mut Vec<B>, len: u
 
 /// Writes rows `0..t` of the chunk's keys and values (columns `d..2d` and `2d..3d` of each qkv
 /// row) into their ring slots.
-fn write_ring<K: KvElem>(keys: &mut [K], values: &mut [K], qkv: &[f32], t: usize, d: usize, offset: usize, context: usize) {
+fn write_ring<K: KvElem>(
+    keys: &mut [K],
+    values: &mut [K],
+    qkv: &[f32],
+    t: usize,
+    d: usize,
+    offset: usize,
+    context: usize,
+) {
     for i in 0..t {
         let slot = (offset + i) % context;
         let row = &qkv[i * 3 * d..(i + 1) * 3 * d];
-        for (k, v) in keys[slot * d..(slot + 1) * d].iter_mut().zip(&row[d..2 * d]) {
+        for (k, v) in keys[slot * d..(slot + 1) * d]
+            .iter_mut()
+            .zip(&row[d..2 * d])
+        {
             *k = K::from_f32(*v);
         }
-        for (k, v) in values[slot * d..(slot + 1) * d].iter_mut().zip(&row[2 * d..]) {
+        for (k, v) in values[slot * d..(slot + 1) * d]
+            .iter_mut()
+            .zip(&row[2 * d..])
+        {
             *k = K::from_f32(*v);
         }
     }
@@ -126,28 +144,50 @@ impl TransformerState {
 }
 
 impl MimiTransformer {
-    pub(crate) fn load(src: &mut dyn WeightSource, prefix: &str, cfg: &MimiTransformerConfig) -> Result<Self> {
+    pub(crate) fn load(
+        src: &mut dyn WeightSource,
+        prefix: &str,
+        cfg: &MimiTransformerConfig,
+    ) -> Result<Self> {
         let bad = |what: String| Err(ModelError::Config(format!("mimi transformer: {what}")));
         if cfg.norm != "layer_norm" {
-            return bad(format!("norm `{}` is not supported (expected layer_norm)", cfg.norm));
+            return bad(format!(
+                "norm `{}` is not supported (expected layer_norm)",
+                cfg.norm
+            ));
         }
         if cfg.gating != "none" {
-            return bad(format!("gating `{}` is not supported (expected none)", cfg.gating));
+            return bad(format!(
+                "gating `{}` is not supported (expected none)",
+                cfg.gating
+            ));
         }
         if cfg.positional_embedding != "rope" {
-            return bad(format!("positional_embedding `{}` is not supported (expected rope)", cfg.positional_embedding));
+            return bad(format!(
+                "positional_embedding `{}` is not supported (expected rope)",
+                cfg.positional_embedding
+            ));
         }
         if !cfg.causal || !cfg.conv_layout {
             return bad("only causal transformers with conv_layout are supported".into());
         }
-        if cfg.input_dimension != cfg.d_model || cfg.output_dimensions.iter().any(|&d| d != cfg.d_model) || cfg.output_dimensions.len() != 1 {
+        if cfg.input_dimension != cfg.d_model
+            || cfg.output_dimensions.iter().any(|&d| d != cfg.d_model)
+            || cfg.output_dimensions.len() != 1
+        {
             return bad(format!(
                 "input/output projections are not supported (d_model {}, input {}, outputs {:?})",
                 cfg.d_model, cfg.input_dimension, cfg.output_dimensions
             ));
         }
-        if cfg.num_heads == 0 || cfg.d_model % cfg.num_heads != 0 || (cfg.d_model / cfg.num_heads) % 2 != 0 {
-            return bad(format!("d_model {} is not a multiple of 2 * num_heads {}", cfg.d_model, cfg.num_heads));
+        if cfg.num_heads == 0
+            || cfg.d_model % cfg.num_heads != 0
+            || (cfg.d_model / cfg.num_heads) % 2 != 0
+        {
+            return bad(format!(
+                "d_model {} is not a multiple of 2 * num_heads {}",
+                cfg.d_model, cfg.num_heads
+            ));
         }
         if cfg.context == 0 {
             return bad("context must be positive".into());
@@ -166,15 +206,31 @@ impl MimiTransformer {
                 norm2_b: t("norm2.bias", &[d])?,
                 linear1: WeightMatrix::new(t("linear1.weight", &[f, d])?, f, d),
                 linear2: WeightMatrix::new(t("linear2.weight", &[d, f])?, d, f),
-                scale1: if cfg.layer_scale.is_some() { t("layer_scale_1.scale", &[d])? } else { vec![1.0; d] },
-                scale2: if cfg.layer_scale.is_some() { t("layer_scale_2.scale", &[d])? } else { vec![1.0; d] },
+                scale1: if cfg.layer_scale.is_some() {
+                    t("layer_scale_1.scale", &[d])?
+                } else {
+                    vec![1.0; d]
+                },
+                scale2: if cfg.layer_scale.is_some() {
+                    t("layer_scale_2.scale", &[d])?
+                } else {
+                    vec![1.0; d]
+                },
             };
             layers.push(layer);
         }
         let head_dim = d / cfg.num_heads;
         let step = (-(cfg.max_period.ln()) * 2.0 / head_dim as f64) as f32;
         let inv_freq = (0..head_dim / 2).map(|i| (i as f32 * step).exp()).collect();
-        Ok(Self { layers, dim: d, num_heads: cfg.num_heads, ff_dim: f, context: cfg.context, inv_freq, kv_bf16: false })
+        Ok(Self {
+            layers,
+            dim: d,
+            num_heads: cfg.num_heads,
+            ff_dim: f,
+            context: cfg.context,
+            inv_freq,
+            kv_bf16: false,
+        })
     }
 
     pub fn dim(&self) -> usize {
@@ -186,7 +242,12 @@ impl MimiTransformer {
     pub fn set_weights(&mut self, mode: MimiWeights) {
         self.kv_bf16 = mode != MimiWeights::F32;
         for l in &mut self.layers {
-            for w in [&mut l.in_proj, &mut l.out_proj, &mut l.linear1, &mut l.linear2] {
+            for w in [
+                &mut l.in_proj,
+                &mut l.out_proj,
+                &mut l.linear1,
+                &mut l.linear2,
+            ] {
                 w.set_weights(mode);
             }
         }
@@ -197,26 +258,45 @@ impl MimiTransformer {
     }
 
     pub fn new_state(&self) -> TransformerState {
-        TransformerState { caches: vec![LayerCache::default(); self.layers.len()], ..Default::default() }
+        TransformerState {
+            caches: vec![LayerCache::default(); self.layers.len()],
+            ..Default::default()
+        }
     }
 
     /// Runs `x` (`[t][dim]`) through all layers in place. In streaming mode `t` must not exceed
     /// the context (Mimi feeds 2 steps per frame).
     pub fn forward(&self, st: &mut TransformerState, x: &mut [f32], mode: AttentionMode) {
         let d = self.dim;
-        assert_eq!(x.len() % d, 0, "transformer input is not a whole number of rows");
+        assert_eq!(
+            x.len() % d,
+            0,
+            "transformer input is not a whole number of rows"
+        );
         let t = x.len() / d;
         if t == 0 {
             return;
         }
         let offset = match mode {
             AttentionMode::Streaming => {
-                assert!(t <= self.context, "streaming chunk of {t} steps exceeds the context {}", self.context);
+                assert!(
+                    t <= self.context,
+                    "streaming chunk of {t} steps exceeds the context {}",
+                    self.context
+                );
                 st.offset
             }
             AttentionMode::Batch => 0,
         };
-        let TransformerState { caches, norm, qkv, attn, proj, hidden, .. } = st;
+        let TransformerState {
+            caches,
+            norm,
+            qkv,
+            attn,
+            proj,
+            hidden,
+            ..
+        } = st;
         norm.resize(t * d, 0.0);
         qkv.resize(t * 3 * d, 0.0);
         attn.resize(t * d, 0.0);
@@ -224,7 +304,9 @@ impl MimiTransformer {
         hidden.resize(t * self.ff_dim, 0.0);
         for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
             layer_norm(x, &layer.norm1_w, &layer.norm1_b, 1e-5, norm);
-            layer.in_proj.gemm(t, d, 3 * d, norm, d, 0, d, qkv, 3 * d, false);
+            layer
+                .in_proj
+                .gemm(t, d, 3 * d, norm, d, 0, d, qkv, 3 * d, false);
             self.rope(qkv, t, offset);
             match mode {
                 AttentionMode::Streaming => {
@@ -234,13 +316,47 @@ impl MimiTransformer {
                     if self.kv_bf16 {
                         take_ring(&mut cache.keys_bf16, &mut cache.keys, len);
                         take_ring(&mut cache.values_bf16, &mut cache.values, len);
-                        write_ring(&mut cache.keys_bf16, &mut cache.values_bf16, qkv, t, d, offset, context);
-                        self.attend(qkv, t, offset, oldest, row_of, &cache.keys_bf16, &cache.values_bf16, attn);
+                        write_ring(
+                            &mut cache.keys_bf16,
+                            &mut cache.values_bf16,
+                            qkv,
+                            t,
+                            d,
+                            offset,
+                            context,
+                        );
+                        self.attend(
+                            qkv,
+                            t,
+                            offset,
+                            oldest,
+                            row_of,
+                            &cache.keys_bf16,
+                            &cache.values_bf16,
+                            attn,
+                        );
                     } else {
                         take_ring(&mut cache.keys, &mut cache.keys_bf16, len);
                         take_ring(&mut cache.values, &mut cache.values_bf16, len);
-                        write_ring(&mut cache.keys, &mut cache.values, qkv, t, d, offset, context);
-                        self.attend(qkv, t, offset, oldest, row_of, &cache.keys, &cache.values, attn);
+                        write_ring(
+                            &mut cache.keys,
+                            &mut cache.values,
+                            qkv,
+                            t,
+                            d,
+                            offset,
+                            context,
+                        );
+                        self.attend(
+                            qkv,
+                            t,
+                            offset,
+                            oldest,
+                            row_of,
+                            &cache.keys,
+                            &cache.values,
+                            attn,
+                        );
                     }
                 }
                 AttentionMode::Batch => {
@@ -256,9 +372,22 @@ impl MimiTransformer {
                 }
             }
             layer_norm(x, &layer.norm2_w, &layer.norm2_b, 1e-5, norm);
-            layer.linear1.gemm(t, d, self.ff_dim, norm, d, 0, d, hidden, self.ff_dim, false);
+            layer
+                .linear1
+                .gemm(t, d, self.ff_dim, norm, d, 0, d, hidden, self.ff_dim, false);
             gelu_slice(hidden);
-            layer.linear2.gemm(t, self.ff_dim, d, hidden, self.ff_dim, 0, self.ff_dim, proj, d, false);
+            layer.linear2.gemm(
+                t,
+                self.ff_dim,
+                d,
+                hidden,
+                self.ff_dim,
+                0,
+                self.ff_dim,
+                proj,
+                d,
+                false,
+            );
             for (row, prow) in x.chunks_exact_mut(d).zip(proj.chunks_exact(d)) {
                 for ((v, p), s) in row.iter_mut().zip(prow).zip(&layer.scale2) {
                     *v += s * p;
@@ -296,9 +425,22 @@ impl MimiTransformer {
     /// Heads are independent parts on the [`crate::team`] (the window's keys and values are the
     /// memory traffic here); each head's arithmetic is the same whoever runs it.
     #[allow(clippy::too_many_arguments)]
-    fn attend<K: WeightElem>(&self, qkv: &[f32], t: usize, q0: usize, oldest: usize, row_of: impl Fn(usize) -> usize + Sync, keys: &[K], values: &[K], out: &mut [f32]) {
+    fn attend<K: WeightElem>(
+        &self,
+        qkv: &[f32],
+        t: usize,
+        q0: usize,
+        oldest: usize,
+        row_of: impl Fn(usize) -> usize + Sync,
+        keys: &[K],
+        values: &[K],
+        out: &mut [f32],
+    ) {
         let d = self.dim;
-        assert!(qkv.len() >= t * 3 * d && out.len() >= t * d, "attention buffers");
+        assert!(
+            qkv.len() >= t * 3 * d && out.len() >= t * d,
+            "attention buffers"
+        );
         let out_ptr = OutPtr(out.as_mut_ptr());
         let head = |h: usize| {
             let op = out_ptr;
@@ -316,33 +458,70 @@ impl MimiTransformer {
     /// # Safety
     /// `out` points at `t` rows of `dim` values; columns of head `h` are not accessed concurrently.
     #[allow(clippy::too_many_arguments)]
-    unsafe fn attend_head<K: WeightElem>(&self, h: usize, qkv: &[f32], t: usize, q0: usize, oldest: usize, row_of: &dyn Fn(usize) -> usize, keys: &[K], values: &[K], out: *mut f32) {
+    unsafe fn attend_head<K: WeightElem>(
+        &self,
+        h: usize,
+        qkv: &[f32],
+        t: usize,
+        q0: usize,
+        oldest: usize,
+        row_of: &dyn Fn(usize) -> usize,
+        keys: &[K],
+        values: &[K],
+        out: *mut f32,
+    ) {
         SCORES.with(|cell| {
             let scores = &mut *cell.borrow_mut();
             // SAFETY: caller contract forwarded.
-            unsafe { self.attend_head_with(h, qkv, t, q0, oldest, row_of, keys, values, out, scores) };
+            unsafe {
+                self.attend_head_with(h, qkv, t, q0, oldest, row_of, keys, values, out, scores)
+            };
         });
     }
 
     /// # Safety
     /// As [`MimiTransformer::attend_head`].
     #[allow(clippy::too_many_arguments)]
-    unsafe fn attend_head_with<K: WeightElem>(&self, h: usize, qkv: &[f32], t: usize, q0: usize, oldest: usize, row_of: &dyn Fn(usize) -> usize, keys: &[K], values: &[K], out: *mut f32, scores: &mut Vec<f32>) {
+    unsafe fn attend_head_with<K: WeightElem>(
+        &self,
+        h: usize,
+        qkv: &[f32],
+        t: usize,
+        q0: usize,
+        oldest: usize,
+        row_of: &dyn Fn(usize) -> usize,
+        keys: &[K],
+        values: &[K],
+        out: *mut f32,
+        scores: &mut Vec<f32>,
+    ) {
         #[cfg(target_arch = "x86_64")]
         {
             if std::is_x86_feature_detected!("avx512f") {
                 // SAFETY: feature checked at run time.
-                unsafe { attend_head_avx512(self, h, qkv, t, q0, oldest, row_of, keys, values, out, scores) };
+                unsafe {
+                    attend_head_avx512(
+                        self, h, qkv, t, q0, oldest, row_of, keys, values, out, scores,
+                    )
+                };
                 return;
             }
             if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
                 // SAFETY: as above.
-                unsafe { attend_head_avx2(self, h, qkv, t, q0, oldest, row_of, keys, values, out, scores) };
+                unsafe {
+                    attend_head_avx2(
+                        self, h, qkv, t, q0, oldest, row_of, keys, values, out, scores,
+                    )
+                };
                 return;
             }
         }
         // SAFETY: caller contract forwarded.
-        unsafe { attend_head_body(self, h, qkv, t, q0, oldest, row_of, keys, values, out, scores) };
+        unsafe {
+            attend_head_body(
+                self, h, qkv, t, q0, oldest, row_of, keys, values, out, scores,
+            )
+        };
     }
 }
 
@@ -358,7 +537,19 @@ unsafe impl Sync for OutPtr {}
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn attend_head_avx512<K: WeightElem>(tr: &MimiTransformer, h: usize, qkv: &[f32], t: usize, q0: usize, oldest: usize, row_of: &dyn Fn(usize) -> usize, keys: &[K], values: &[K], out: *mut f32, scores: &mut Vec<f32>) {
+unsafe fn attend_head_avx512<K: WeightElem>(
+    tr: &MimiTransformer,
+    h: usize,
+    qkv: &[f32],
+    t: usize,
+    q0: usize,
+    oldest: usize,
+    row_of: &dyn Fn(usize) -> usize,
+    keys: &[K],
+    values: &[K],
+    out: *mut f32,
+    scores: &mut Vec<f32>,
+) {
     // SAFETY: caller contract forwarded.
     unsafe { attend_head_body(tr, h, qkv, t, q0, oldest, row_of, keys, values, out, scores) }
 }
@@ -366,7 +557,19 @@ unsafe fn attend_head_avx512<K: WeightElem>(tr: &MimiTransformer, h: usize, qkv:
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn attend_head_avx2<K: WeightElem>(tr: &MimiTransformer, h: usize, qkv: &[f32], t: usize, q0: usize, oldest: usize, row_of: &dyn Fn(usize) -> usize, keys: &[K], values: &[K], out: *mut f32, scores: &mut Vec<f32>) {
+unsafe fn attend_head_avx2<K: WeightElem>(
+    tr: &MimiTransformer,
+    h: usize,
+    qkv: &[f32],
+    t: usize,
+    q0: usize,
+    oldest: usize,
+    row_of: &dyn Fn(usize) -> usize,
+    keys: &[K],
+    values: &[K],
+    out: *mut f32,
+    scores: &mut Vec<f32>,
+) {
     // SAFETY: caller contract forwarded.
     unsafe { attend_head_body(tr, h, qkv, t, q0, oldest, row_of, keys, values, out, scores) }
 }
@@ -463,14 +666,21 @@ mod tests {
         let x = input(12, 16);
         let mut batch = x.clone();
         tr.forward(&mut tr.new_state(), &mut batch, AttentionMode::Batch);
-        assert!(batch.iter().zip(&x).any(|(a, b)| (a - b).abs() > 1e-4), "transformer must change its input");
+        assert!(
+            batch.iter().zip(&x).any(|(a, b)| (a - b).abs() > 1e-4),
+            "transformer must change its input"
+        );
         for chunk in [1, 2, 3, 4] {
             let mut st = tr.new_state();
             let mut streamed = x.clone();
             for part in streamed.chunks_mut(chunk * 16) {
                 tr.forward(&mut st, part, AttentionMode::Streaming);
             }
-            let diff = streamed.iter().zip(&batch).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+            let diff = streamed
+                .iter()
+                .zip(&batch)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
             assert!(diff < 1e-5, "chunk {chunk}: stream vs batch {diff}");
             assert_eq!(st.offset(), 12);
             st.reset();
@@ -495,7 +705,13 @@ mod tests {
         run(&tr, &mut tr.new_state(), &mut exact);
         let mut reduced = tr.clone();
         reduced.set_weights(MimiWeights::Bf16);
-        let diff_from = |ys: &[f32], from_row: usize| ys[from_row * 16..].iter().zip(&exact[from_row * 16..]).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        let diff_from = |ys: &[f32], from_row: usize| {
+            ys[from_row * 16..]
+                .iter()
+                .zip(&exact[from_row * 16..])
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max)
+        };
         // Exact for 10 steps, then bf16 (the f32 ring is converted), then exact again.
         let mut st = tr.new_state();
         let mut mixed = x.clone();
@@ -514,7 +730,10 @@ mod tests {
         run(&reduced, &mut st_lost, &mut lost[10 * 16..16 * 16]);
         run(&tr, &mut st_lost, &mut lost[16 * 16..]);
         let lost_diff = diff_from(&lost, 10);
-        assert!(switched > 0.0 && switched * 20.0 < lost_diff, "switch diff {switched}, lost-history diff {lost_diff}");
+        assert!(
+            switched > 0.0 && switched * 20.0 < lost_diff,
+            "switch diff {switched}, lost-history diff {lost_diff}"
+        );
     }
 
     #[test]
@@ -531,11 +750,18 @@ mod tests {
         for part in streamed.chunks_mut(2 * 16) {
             tr.forward(&mut st, part, AttentionMode::Streaming);
         }
-        let row_diff = |r: usize| (0..16).map(|c| (streamed[r * 16 + c] - batch[r * 16 + c]).abs()).fold(0.0, f32::max);
+        let row_diff = |r: usize| {
+            (0..16)
+                .map(|c| (streamed[r * 16 + c] - batch[r * 16 + c]).abs())
+                .fold(0.0, f32::max)
+        };
         for r in 0..4 {
             assert!(row_diff(r) < 1e-5, "step {r} should match");
         }
-        assert!(row_diff(4) > 1e-6, "step 4 should see one key fewer in streaming");
+        assert!(
+            row_diff(4) > 1e-6,
+            "step 4 should see one key fewer in streaming"
+        );
         assert!(row_diff(5) < 1e-5, "step 5 sees a full window again");
     }
 }

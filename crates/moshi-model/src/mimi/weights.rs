@@ -19,7 +19,9 @@ pub(crate) struct FileWeights {
 
 impl FileWeights {
     pub(crate) fn open(path: &Path) -> Result<Self> {
-        Ok(Self { file: SafetensorsFile::open(path)? })
+        Ok(Self {
+            file: SafetensorsFile::open(path)?,
+        })
     }
 }
 
@@ -38,7 +40,9 @@ pub(crate) struct RandomWeights {
 
 impl RandomWeights {
     pub(crate) fn new(seed: u64) -> Self {
-        Self { state: seed ^ 0x9E37_79B9_7F4A_7C15 }
+        Self {
+            state: seed ^ 0x9E37_79B9_7F4A_7C15,
+        }
     }
 
     /// SplitMix64 step mapped to a uniform f32 in [-1, 1).

@@ -4,7 +4,8 @@
 //! A lane holds `32 / BITS` codes; code `k` of every lane is `(lane & mask << BITS·k)`, which
 //! `vcvtudq2ps` turns into `q · 2^(BITS·k)` exactly. The activations are pre-arranged once per
 //! product ([`arrange_activations`]) so that vector `k` of a block holds, for each lane, the
-//! column of that lane's code `k` times `2^-(BITS·k)` (exact), plus each group's activation sum.
+//! column of that lane's code `k` times `2^-(BITS·k)` (exact for activations above 2^-98 in
+//! magnitude), plus each group's activation sum.
 //! A row's dot product is then regrouped as MLX's own kernels do:
 //! `Σ_g scale_g · Σ_{j∈g} q_j x_j + bias_g · Σ_{j∈g} x_j`, f32 throughout: the exact
 //! dequantized product up to rounding order. Per 64 code bytes that is one AND, one convert and
@@ -63,7 +64,10 @@ pub(crate) fn arrange_activations(
             4 => arrange_row::<8>(row, dst),
             _ => arrange_row::<4>(row, dst),
         };
-        for (sum, group) in dst[blocks_len..].iter_mut().zip(row.chunks_exact(group_size)) {
+        for (sum, group) in dst[blocks_len..]
+            .iter_mut()
+            .zip(row.chunks_exact(group_size))
+        {
             *sum = group.iter().sum();
         }
     }
@@ -130,7 +134,7 @@ fn rows<const BITS: usize, const GROUP: usize>(
 /// `stride` floats whose group sums start at `sums_offset`; `scales.len() >= groups + LANES`.
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn prepare_row<const MR: usize>(
+unsafe fn prepare_row<const GROUP: usize, const MR: usize>(
     w: &QuantizedMatrix,
     r: usize,
     xs: *const f32,
@@ -138,7 +142,7 @@ unsafe fn prepare_row<const MR: usize>(
     sums_offset: usize,
     scales: &mut [f32],
 ) -> [f32; MR] {
-    let groups = w.cols() / w.group_size();
+    let groups = w.cols() / GROUP;
     let row_scales = &w.scales()[r * groups..(r + 1) * groups];
     let row_biases = &w.biases()[r * groups..(r + 1) * groups];
     // bf16 → f32: the bits shifted into the high half.
@@ -207,13 +211,17 @@ unsafe fn rows_impl<const BITS: usize, const GROUP: usize>(
     let padded = groups.next_multiple_of(LANES) + LANES;
     let nrows = out_t.len() / m;
     let mut scales = vec![0f32; MATVEC_ROWS * padded];
-    let prefetch_bytes = tune("MOSHI_QMV_PF", PREFETCH_BYTES);
     let mut local = 0;
-    if m == 1 && stride * 4 >= tune("MOSHI_QMV_MULTI", MULTI_ROW_MIN_ACTIVATION_BYTES) {
+    if m == 1 && stride * 4 >= MULTI_ROW_MIN_ACTIVATION_BYTES {
         while local + MATVEC_ROWS <= nrows {
             // SAFETY: rows row_start + local.. + MATVEC_ROWS exist; one arranged row.
             let d = unsafe {
-                tile::<BITS, GROUP, MATVEC_ROWS, 1, 1>(w, row_start + local, xs.as_ptr(), &mut scales, prefetch_bytes)
+                tile::<BITS, GROUP, MATVEC_ROWS, 1, 1>(
+                    w,
+                    row_start + local,
+                    xs.as_ptr(),
+                    &mut scales,
+                )
             };
             for (o, v) in out_t[local..local + MATVEC_ROWS].iter_mut().zip(d) {
                 *o = v[0];
@@ -228,15 +236,18 @@ unsafe fn rows_impl<const BITS: usize, const GROUP: usize>(
         // SAFETY (all calls): row r exists; activation rows i..i + MR < m are arranged rows.
         while i + MATMUL_ROWS <= m {
             let x = unsafe { xs.as_ptr().add(i * stride) };
-            let d = unsafe { tile::<BITS, GROUP, 1, MATMUL_ROWS, 1>(w, r, x, &mut scales, prefetch_bytes) };
+            let d = unsafe { tile::<BITS, GROUP, 1, MATMUL_ROWS, 1>(w, r, x, &mut scales) };
             out_row[i..i + MATMUL_ROWS].copy_from_slice(&d[0]);
             i += MATMUL_ROWS;
         }
         let x = unsafe { xs.as_ptr().add(i * stride) };
         match m - i {
-            3 => out_row[i..].copy_from_slice(&unsafe { tile::<BITS, GROUP, 1, 3, 2>(w, r, x, &mut scales, prefetch_bytes) }[0]),
-            2 => out_row[i..].copy_from_slice(&unsafe { tile::<BITS, GROUP, 1, 2, 2>(w, r, x, &mut scales, prefetch_bytes) }[0]),
-            1 => out_row[i..].copy_from_slice(&unsafe { tile::<BITS, GROUP, 1, 1, 4>(w, r, x, &mut scales, prefetch_bytes) }[0]),
+            3 => out_row[i..]
+                .copy_from_slice(&unsafe { tile::<BITS, GROUP, 1, 3, 2>(w, r, x, &mut scales) }[0]),
+            2 => out_row[i..]
+                .copy_from_slice(&unsafe { tile::<BITS, GROUP, 1, 2, 2>(w, r, x, &mut scales) }[0]),
+            1 => out_row[i..]
+                .copy_from_slice(&unsafe { tile::<BITS, GROUP, 1, 1, 4>(w, r, x, &mut scales) }[0]),
             _ => {}
         }
     }
@@ -261,7 +272,6 @@ unsafe fn tile<
     r0: usize,
     xs: *const f32,
     scales: &mut [f32],
-    prefetch_bytes: usize,
 ) -> [[f32; MR]; NR] {
     let per_lane = 32 / BITS;
     let bc = block_cols(BITS);
@@ -276,7 +286,7 @@ unsafe fn tile<
     for (r, terms) in bias_terms.iter_mut().enumerate() {
         // SAFETY: forwarded contract; row r0 + r exists; scales window r holds `padded` floats.
         *terms = unsafe {
-            prepare_row::<MR>(
+            prepare_row::<GROUP, MR>(
                 w,
                 r0 + r,
                 xs,
@@ -304,20 +314,19 @@ unsafe fn tile<
     while b + UNROLL <= full_blocks {
         // SAFETY: blocks b..b + UNROLL are whole blocks of every row of the tile.
         let parts = unsafe {
-            block_partials::<BITS, NR, MR, UNROLL>(
-                codes,
-                row_code_bytes,
-                b,
-                !0,
-                xs,
-                stride,
-                prefetch_bytes,
-            )
+            block_partials::<BITS, NR, MR, UNROLL>(codes, row_code_bytes, b, !0, xs, stride)
         };
         for (u, part) in parts.iter().enumerate() {
             // SAFETY: rows r < NR have `padded` scales each.
             unsafe {
-                accumulate_scaled::<BITS, GROUP, NR, MR>(&mut acc, part, scales, padded, b + u, lane_group)
+                accumulate_scaled::<BITS, GROUP, NR, MR>(
+                    &mut acc,
+                    part,
+                    scales,
+                    padded,
+                    b + u,
+                    lane_group,
+                )
             };
         }
         b += UNROLL;
@@ -330,18 +339,12 @@ unsafe fn tile<
         };
         // SAFETY: the masked lanes of block b lie inside every row of the tile.
         let [part] = unsafe {
-            block_partials::<BITS, NR, MR, 1>(
-                codes,
-                row_code_bytes,
-                b,
-                lane_mask,
-                xs,
-                stride,
-                prefetch_bytes,
-            )
+            block_partials::<BITS, NR, MR, 1>(codes, row_code_bytes, b, lane_mask, xs, stride)
         };
         // SAFETY: as above.
-        unsafe { accumulate_scaled::<BITS, GROUP, NR, MR>(&mut acc, &part, scales, padded, b, lane_group) };
+        unsafe {
+            accumulate_scaled::<BITS, GROUP, NR, MR>(&mut acc, &part, scales, padded, b, lane_group)
+        };
         b += 1;
     }
     let mut out = [[0f32; MR]; NR];
@@ -370,7 +373,6 @@ unsafe fn block_partials<const BITS: usize, const NR: usize, const MR: usize, co
     lane_mask: __mmask16,
     xs: *const f32,
     stride: usize,
-    prefetch_bytes: usize,
 ) -> [[[__m512; MR]; NR]; U] {
     let per_lane = 32 / BITS;
     let bc = block_cols(BITS);
@@ -380,7 +382,7 @@ unsafe fn block_partials<const BITS: usize, const NR: usize, const MR: usize, co
         for (r, d) in d.iter_mut().enumerate() {
             let p = codes.wrapping_add(r * row_code_bytes + (b + u) * 64);
             // A hint: never faults, so the address may run past the row.
-            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(prefetch_bytes) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_BYTES) as *const i8);
             // SAFETY: the masked lanes lie inside row r (caller's contract).
             *d = unsafe { _mm512_maskz_loadu_epi32(lane_mask, p as *const i32) };
         }
@@ -417,7 +419,12 @@ unsafe fn block_partials<const BITS: usize, const NR: usize, const MR: usize, co
 /// scales, zero-padded by one vector).
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn accumulate_scaled<const BITS: usize, const GROUP: usize, const NR: usize, const MR: usize>(
+unsafe fn accumulate_scaled<
+    const BITS: usize,
+    const GROUP: usize,
+    const NR: usize,
+    const MR: usize,
+>(
     acc: &mut [[__m512; MR]; NR],
     part: &[[__m512; MR]; NR],
     scales: &[f32],
@@ -441,8 +448,4 @@ unsafe fn accumulate_scaled<const BITS: usize, const GROUP: usize, const NR: usi
             acc[r][i] = _mm512_fmadd_ps(s, part[r][i], acc[r][i]);
         }
     }
-}
-
-fn tune(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }

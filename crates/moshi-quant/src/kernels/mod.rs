@@ -2,8 +2,10 @@
 //! run time), activation layout, and multi-threading over output rows.
 //!
 //! Every kernel computes, for a range of weight rows, `out_t[r, i] = Σ_j x[i, j] · w[r, j]` with
-//! `w = fma(q, scale, bias)` (or `q * scale + bias` in the portable kernel) and f32 accumulation:
-//! the exact dequantized matrix times f32 activations, up to summation order.
+//! `w = q * scale + bias` and f32 accumulation: the exact dequantized matrix times f32
+//! activations, up to rounding order. The AVX2 and portable kernels dequantize each weight
+//! (`fma(q, scale, bias)`); the AVX-512 one regroups the sum per quantization group as
+//! `scale · Σ q x + bias · Σ x`, as MLX's own kernels do (see `avx512`).
 
 /// `Some(rows::<BITS, GROUP>)` for the (bits, group size) pairs the specialised kernels cover
 /// (4 and 8 bits, groups of 32, 64 or 128), `None` otherwise. A macro because every kernel
@@ -31,7 +33,6 @@ mod portable;
 
 use std::borrow::Cow;
 use std::sync::OnceLock;
-
 
 use crate::{QuantError, QuantizedMatrix};
 

@@ -19,8 +19,8 @@ use cpal::traits::{DeviceTrait, HostTrait, StreamTrait};
 use super::AudioBackend;
 use crate::engine::StreamFormat;
 use crate::ring::{
-    capture_callback, capture_callback_converting, playback_callback, playback_callback_converting, AudioCounters,
-    SampleConsumer, SampleProducer,
+    capture_callback, capture_callback_converting, playback_callback, playback_callback_converting,
+    AudioCounters, SampleConsumer, SampleProducer,
 };
 use crate::{Result, RuntimeError, SAMPLE_RATE_HZ};
 
@@ -61,53 +61,99 @@ pub fn list_devices() -> Result<Vec<DeviceInfo>> {
     let default_out = host.default_output_device().and_then(|d| d.name().ok());
     let mut out = Vec::new();
     for (is_input, devices) in [
-        (true, host.input_devices().map_err(|e| device_error("listing input devices", e))?.collect::<Vec<_>>()),
-        (false, host.output_devices().map_err(|e| device_error("listing output devices", e))?.collect::<Vec<_>>()),
+        (
+            true,
+            host.input_devices()
+                .map_err(|e| device_error("listing input devices", e))?
+                .collect::<Vec<_>>(),
+        ),
+        (
+            false,
+            host.output_devices()
+                .map_err(|e| device_error("listing output devices", e))?
+                .collect::<Vec<_>>(),
+        ),
     ] {
         for d in devices {
             let name = d.name().unwrap_or_else(|_| "<unnamed>".into());
             let (default_config, supports_24k_mono) = if is_input {
                 (
-                    d.default_input_config().map(|c| describe_config(&c)).unwrap_or_else(|e| format!("unavailable ({e})")),
-                    d.supported_input_configs().map(|mut it| it.any(|r| offers_24k_mono(&r))).unwrap_or(false),
+                    d.default_input_config()
+                        .map(|c| describe_config(&c))
+                        .unwrap_or_else(|e| format!("unavailable ({e})")),
+                    d.supported_input_configs()
+                        .map(|mut it| it.any(|r| offers_24k_mono(&r)))
+                        .unwrap_or(false),
                 )
             } else {
                 (
-                    d.default_output_config().map(|c| describe_config(&c)).unwrap_or_else(|e| format!("unavailable ({e})")),
-                    d.supported_output_configs().map(|mut it| it.any(|r| offers_24k_mono(&r))).unwrap_or(false),
+                    d.default_output_config()
+                        .map(|c| describe_config(&c))
+                        .unwrap_or_else(|e| format!("unavailable ({e})")),
+                    d.supported_output_configs()
+                        .map(|mut it| it.any(|r| offers_24k_mono(&r)))
+                        .unwrap_or(false),
                 )
             };
-            let is_default = if is_input { default_in.as_ref() == Some(&name) } else { default_out.as_ref() == Some(&name) };
-            out.push(DeviceInfo { name, is_input, is_default, default_config, supports_24k_mono });
+            let is_default = if is_input {
+                default_in.as_ref() == Some(&name)
+            } else {
+                default_out.as_ref() == Some(&name)
+            };
+            out.push(DeviceInfo {
+                name,
+                is_input,
+                is_default,
+                default_config,
+                supports_24k_mono,
+            });
         }
     }
     Ok(out)
 }
 
 fn describe_config(c: &cpal::SupportedStreamConfig) -> String {
-    format!("{} ch, {} Hz, {}", c.channels(), c.sample_rate().0, c.sample_format())
+    format!(
+        "{} ch, {} Hz, {}",
+        c.channels(),
+        c.sample_rate().0,
+        c.sample_format()
+    )
 }
 
 fn offers_24k_mono(r: &cpal::SupportedStreamConfigRange) -> bool {
     r.channels() == 1
         && r.min_sample_rate().0 <= SAMPLE_RATE_HZ
         && r.max_sample_rate().0 >= SAMPLE_RATE_HZ
-        && matches!(r.sample_format(), cpal::SampleFormat::F32 | cpal::SampleFormat::I16)
+        && matches!(
+            r.sample_format(),
+            cpal::SampleFormat::F32 | cpal::SampleFormat::I16
+        )
 }
 
 fn find_device(host: &cpal::Host, wanted: Option<&str>, input: bool) -> Result<cpal::Device> {
     let kind = if input { "input" } else { "output" };
     match wanted {
         None => {
-            let d = if input { host.default_input_device() } else { host.default_output_device() };
-            d.ok_or_else(|| RuntimeError::Device(format!("no default {kind} device (run `moshi-rs devices`)")))
+            let d = if input {
+                host.default_input_device()
+            } else {
+                host.default_output_device()
+            };
+            d.ok_or_else(|| {
+                RuntimeError::Device(format!("no default {kind} device (run `moshi-rs devices`)"))
+            })
         }
         Some(name) => {
             let needle = name.to_lowercase();
             let devices: Vec<cpal::Device> = if input {
-                host.input_devices().map_err(|e| device_error("listing input devices", e))?.collect()
+                host.input_devices()
+                    .map_err(|e| device_error("listing input devices", e))?
+                    .collect()
             } else {
-                host.output_devices().map_err(|e| device_error("listing output devices", e))?.collect()
+                host.output_devices()
+                    .map_err(|e| device_error("listing output devices", e))?
+                    .collect()
             };
             let mut names = Vec::new();
             for d in devices {
@@ -117,7 +163,9 @@ fn find_device(host: &cpal::Host, wanted: Option<&str>, input: bool) -> Result<c
                 }
                 names.push(n);
             }
-            Err(RuntimeError::Device(format!("no {kind} device matching {name:?}; available: {names:?}")))
+            Err(RuntimeError::Device(format!(
+                "no {kind} device matching {name:?}; available: {names:?}"
+            )))
         }
     }
 }
@@ -132,20 +180,38 @@ struct ChosenConfig {
 fn choose_config(device: &cpal::Device, input: bool, buffer_ms: u32) -> Result<ChosenConfig> {
     let kind = if input { "input" } else { "output" };
     let ranges: Vec<cpal::SupportedStreamConfigRange> = if input {
-        device.supported_input_configs().map_err(|e| device_error(&format!("{kind} configs"), e))?.collect()
+        device
+            .supported_input_configs()
+            .map_err(|e| device_error(&format!("{kind} configs"), e))?
+            .collect()
     } else {
-        device.supported_output_configs().map_err(|e| device_error(&format!("{kind} configs"), e))?.collect()
+        device
+            .supported_output_configs()
+            .map_err(|e| device_error(&format!("{kind} configs"), e))?
+            .collect()
     };
     // Prefer 24 kHz mono f32, then 24 kHz mono i16, then the device default.
-    let preferred = [cpal::SampleFormat::F32, cpal::SampleFormat::I16].iter().find_map(|fmt| {
-        ranges.iter().find(|r| offers_24k_mono(r) && r.sample_format() == *fmt).map(|r| r.with_sample_rate(cpal::SampleRate(SAMPLE_RATE_HZ)))
-    });
+    let preferred = [cpal::SampleFormat::F32, cpal::SampleFormat::I16]
+        .iter()
+        .find_map(|fmt| {
+            ranges
+                .iter()
+                .find(|r| offers_24k_mono(r) && r.sample_format() == *fmt)
+                .map(|r| r.with_sample_rate(cpal::SampleRate(SAMPLE_RATE_HZ)))
+        });
     let supported = match preferred {
         Some(s) => s,
         None => {
-            let d = if input { device.default_input_config() } else { device.default_output_config() };
+            let d = if input {
+                device.default_input_config()
+            } else {
+                device.default_output_config()
+            };
             let d = d.map_err(|e| device_error(&format!("default {kind} config"), e))?;
-            if !matches!(d.sample_format(), cpal::SampleFormat::F32 | cpal::SampleFormat::I16) {
+            if !matches!(
+                d.sample_format(),
+                cpal::SampleFormat::F32 | cpal::SampleFormat::I16
+            ) {
                 return Err(RuntimeError::Device(format!(
                     "{kind} device offers neither 24 kHz mono nor an f32/i16 default (default: {})",
                     describe_config(&d)
@@ -161,7 +227,10 @@ fn choose_config(device: &cpal::Device, input: bool, buffer_ms: u32) -> Result<C
     }
     let mut config = supported.config();
     config.buffer_size = cpal::BufferSize::Fixed(frames);
-    Ok(ChosenConfig { config, sample_format: supported.sample_format() })
+    Ok(ChosenConfig {
+        config,
+        sample_format: supported.sample_format(),
+    })
 }
 
 /// Microseconds between two stream instants (no allocation).
@@ -203,7 +272,14 @@ impl CpalBackend {
             describe(&input_device, &input),
             describe(&output_device, &output)
         );
-        Ok(Self { input_device, output_device, input, output, streams: Vec::new(), description })
+        Ok(Self {
+            input_device,
+            output_device,
+            input,
+            output,
+            streams: Vec::new(),
+            description,
+        })
     }
 }
 
@@ -228,12 +304,23 @@ impl AudioBackend for CpalBackend {
         self.description.clone()
     }
     fn input_format(&self) -> StreamFormat {
-        StreamFormat { sample_rate_hz: self.input.config.sample_rate.0, channels: self.input.config.channels }
+        StreamFormat {
+            sample_rate_hz: self.input.config.sample_rate.0,
+            channels: self.input.config.channels,
+        }
     }
     fn output_format(&self) -> StreamFormat {
-        StreamFormat { sample_rate_hz: self.output.config.sample_rate.0, channels: self.output.config.channels }
+        StreamFormat {
+            sample_rate_hz: self.output.config.sample_rate.0,
+            channels: self.output.config.channels,
+        }
     }
-    fn start(&mut self, mut mic: SampleProducer, mut speaker: SampleConsumer, counters: Arc<AudioCounters>) -> Result<()> {
+    fn start(
+        &mut self,
+        mut mic: SampleProducer,
+        mut speaker: SampleConsumer,
+        counters: Arc<AudioCounters>,
+    ) -> Result<()> {
         let in_counters = counters.clone();
         let input_stream = match self.input.sample_format {
             cpal::SampleFormat::I16 => {
@@ -243,7 +330,13 @@ impl AudioBackend for CpalBackend {
                     move |data: &[i16], info: &cpal::InputCallbackInfo| {
                         let ts = info.timestamp();
                         let lat = micros_between(&ts.callback, &ts.capture);
-                        capture_callback_converting(data, &mut scratch, &mut mic, &in_counters, lat);
+                        capture_callback_converting(
+                            data,
+                            &mut scratch,
+                            &mut mic,
+                            &in_counters,
+                            lat,
+                        );
                     },
                     error_callback(counters.clone()),
                     None,
@@ -270,7 +363,13 @@ impl AudioBackend for CpalBackend {
                     move |data: &mut [i16], info: &cpal::OutputCallbackInfo| {
                         let ts = info.timestamp();
                         let lat = micros_between(&ts.playback, &ts.callback);
-                        playback_callback_converting(data, &mut scratch, &mut speaker, &out_counters, lat);
+                        playback_callback_converting(
+                            data,
+                            &mut scratch,
+                            &mut speaker,
+                            &out_counters,
+                            lat,
+                        );
                     },
                     error_callback(counters.clone()),
                     None,
@@ -288,8 +387,12 @@ impl AudioBackend for CpalBackend {
             ),
         }
         .map_err(|e| device_error("opening the output stream", e))?;
-        output_stream.play().map_err(|e| device_error("starting playback", e))?;
-        input_stream.play().map_err(|e| device_error("starting capture", e))?;
+        output_stream
+            .play()
+            .map_err(|e| device_error("starting playback", e))?;
+        input_stream
+            .play()
+            .map_err(|e| device_error("starting capture", e))?;
         self.streams = vec![input_stream, output_stream];
         Ok(())
     }

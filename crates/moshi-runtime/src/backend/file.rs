@@ -22,20 +22,38 @@ impl FileBackend {
     /// resampled here first.
     pub fn open(path: &Path, clock: NullClock, buffer_frames: usize) -> Result<Self> {
         let audio = wav::read_mono(path)?;
-        let (samples, rate) = if clock == NullClock::Lockstep && audio.sample_rate_hz != crate::SAMPLE_RATE_HZ {
-            (crate::resample::resample_to(&audio.samples, audio.sample_rate_hz, crate::SAMPLE_RATE_HZ)?, crate::SAMPLE_RATE_HZ)
-        } else {
-            (audio.samples, audio.sample_rate_hz)
-        };
+        let (samples, rate) =
+            if clock == NullClock::Lockstep && audio.sample_rate_hz != crate::SAMPLE_RATE_HZ {
+                (
+                    crate::resample::resample_to(
+                        &audio.samples,
+                        audio.sample_rate_hz,
+                        crate::SAMPLE_RATE_HZ,
+                    )?,
+                    crate::SAMPLE_RATE_HZ,
+                )
+            } else {
+                (audio.samples, audio.sample_rate_hz)
+            };
         let config = NullConfig {
             buffer_frames,
             clock,
-            input_format: StreamFormat { sample_rate_hz: rate, channels: 1 },
+            input_format: StreamFormat {
+                sample_rate_hz: rate,
+                channels: 1,
+            },
             output_format: StreamFormat::MOSHI,
             tail_ms: 500.0,
         };
-        let description = format!("file {} ({} Hz) as microphone, {clock:?}", path.display(), rate);
-        Ok(Self { inner: NullBackend::new(config, samples)?, description })
+        let description = format!(
+            "file {} ({} Hz) as microphone, {clock:?}",
+            path.display(),
+            rate
+        );
+        Ok(Self {
+            inner: NullBackend::new(config, samples)?,
+            description,
+        })
     }
 }
 
@@ -49,7 +67,12 @@ impl AudioBackend for FileBackend {
     fn output_format(&self) -> StreamFormat {
         self.inner.output_format()
     }
-    fn start(&mut self, mic: SampleProducer, speaker: SampleConsumer, counters: Arc<AudioCounters>) -> Result<()> {
+    fn start(
+        &mut self,
+        mic: SampleProducer,
+        speaker: SampleConsumer,
+        counters: Arc<AudioCounters>,
+    ) -> Result<()> {
         self.inner.start(mic, speaker, counters)
     }
     fn input_finished(&self) -> bool {

@@ -13,7 +13,10 @@ pub mod null;
 
 use std::sync::Arc;
 
-use crate::engine::{spawn_engine, DropPolicy, EngineConfig, EngineHandle, EngineIo, FrameProcessor, Reconnect, StreamFormat};
+use crate::engine::{
+    spawn_engine, DropPolicy, EngineConfig, EngineHandle, EngineIo, FrameProcessor, Reconnect,
+    StreamFormat,
+};
 use crate::ring::{sample_ring, AudioCounters, SampleConsumer, SampleProducer};
 use crate::Result;
 
@@ -26,7 +29,12 @@ pub trait AudioBackend {
     /// Format of the samples the backend pulls from the speaker ring.
     fn output_format(&self) -> StreamFormat;
     /// Starts capture and playback with these ring ends.
-    fn start(&mut self, mic: SampleProducer, speaker: SampleConsumer, counters: Arc<AudioCounters>) -> Result<()>;
+    fn start(
+        &mut self,
+        mic: SampleProducer,
+        speaker: SampleConsumer,
+        counters: Arc<AudioCounters>,
+    ) -> Result<()>;
     /// True once a finite input (file, test signal) has been fully captured. Live devices: never.
     fn input_finished(&self) -> bool;
     /// True once the backend has nothing more to play or record (finite backends only).
@@ -44,7 +52,10 @@ pub struct RingSizes {
 
 impl Default for RingSizes {
     fn default() -> Self {
-        Self { mic_ms: 2000, speaker_ms: 2000 }
+        Self {
+            mic_ms: 2000,
+            speaker_ms: 2000,
+        }
     }
 }
 
@@ -72,9 +83,24 @@ pub fn start_session(
     let (mic_p, mic_c) = sample_ring(ring_samples(input, rings.mic_ms));
     let (spk_p, spk_c) = sample_ring(ring_samples(output, rings.speaker_ms));
     let counters = Arc::new(AudioCounters::default());
-    let config = EngineConfig { input, output, drop_policy, prefill_ms, record, ..EngineConfig::lossless() };
+    let config = EngineConfig {
+        input,
+        output,
+        drop_policy,
+        prefill_ms,
+        record,
+        ..EngineConfig::lossless()
+    };
     // The engine starts first so that no captured sample waits for it.
-    let engine = spawn_engine(processor, config, EngineIo { mic: mic_c, speaker: spk_p, counters: counters.clone() })?;
+    let engine = spawn_engine(
+        processor,
+        config,
+        EngineIo {
+            mic: mic_c,
+            speaker: spk_p,
+            counters: counters.clone(),
+        },
+    )?;
     if let Err(e) = backend.start(mic_p, spk_c, counters.clone()) {
         engine.request_stop();
         let _ = engine.join();
@@ -85,13 +111,28 @@ pub fn start_session(
 
 /// Connects a new (reopened) backend to a running session: new rings for its formats, handed to
 /// the engine, then the backend is started. The old backend must be stopped first.
-pub fn reconnect_session(session: &Session, backend: &mut dyn AudioBackend, rings: RingSizes) -> Result<()> {
+pub fn reconnect_session(
+    session: &Session,
+    backend: &mut dyn AudioBackend,
+    rings: RingSizes,
+) -> Result<()> {
     let input = backend.input_format();
     let output = backend.output_format();
     let (mic_p, mic_c) = sample_ring(ring_samples(input, rings.mic_ms));
     let (spk_p, spk_c) = sample_ring(ring_samples(output, rings.speaker_ms));
-    session.counters.device_lost.store(false, std::sync::atomic::Ordering::Relaxed);
-    session.counters.playback_started.store(false, std::sync::atomic::Ordering::Relaxed);
-    session.engine.reconnect(Reconnect { mic: mic_c, speaker: spk_p, input, output })?;
+    session
+        .counters
+        .device_lost
+        .store(false, std::sync::atomic::Ordering::Relaxed);
+    session
+        .counters
+        .playback_started
+        .store(false, std::sync::atomic::Ordering::Relaxed);
+    session.engine.reconnect(Reconnect {
+        mic: mic_c,
+        speaker: spk_p,
+        input,
+        output,
+    })?;
     backend.start(mic_p, spk_c, session.counters.clone())
 }

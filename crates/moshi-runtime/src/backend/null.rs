@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 
 use super::AudioBackend;
 use crate::engine::StreamFormat;
-use crate::ring::{capture_callback, playback_callback, AudioCounters, SampleConsumer, SampleProducer};
+use crate::ring::{
+    capture_callback, playback_callback, AudioCounters, SampleConsumer, SampleProducer,
+};
 use crate::{Result, RuntimeError, SAMPLE_RATE_HZ};
 
 /// How the virtual clock advances.
@@ -65,7 +67,9 @@ pub struct NullBackend {
 impl NullBackend {
     pub fn new(config: NullConfig, input: Vec<f32>) -> Result<Self> {
         if config.buffer_frames == 0 {
-            return Err(RuntimeError::Device("null backend: buffer_frames must be > 0".into()));
+            return Err(RuntimeError::Device(
+                "null backend: buffer_frames must be > 0".into(),
+            ));
         }
         Ok(Self {
             config,
@@ -80,7 +84,10 @@ impl NullBackend {
 
 impl AudioBackend for NullBackend {
     fn describe(&self) -> String {
-        format!("null device ({:?}, {} frames per callback)", self.config.clock, self.config.buffer_frames)
+        format!(
+            "null device ({:?}, {} frames per callback)",
+            self.config.clock, self.config.buffer_frames
+        )
     }
     fn input_format(&self) -> StreamFormat {
         self.config.input_format
@@ -88,16 +95,27 @@ impl AudioBackend for NullBackend {
     fn output_format(&self) -> StreamFormat {
         self.config.output_format
     }
-    fn start(&mut self, mut mic: SampleProducer, mut speaker: SampleConsumer, counters: Arc<AudioCounters>) -> Result<()> {
+    fn start(
+        &mut self,
+        mut mic: SampleProducer,
+        mut speaker: SampleConsumer,
+        counters: Arc<AudioCounters>,
+    ) -> Result<()> {
         let config = self.config.clone();
         let input = self.input.clone();
-        let (stop, input_finished, finished) = (self.stop.clone(), self.input_finished.clone(), self.finished.clone());
+        let (stop, input_finished, finished) = (
+            self.stop.clone(),
+            self.input_finished.clone(),
+            self.finished.clone(),
+        );
         let thread = std::thread::Builder::new()
             .name("null-audio-device".into())
             .spawn(move || {
                 let in_step = config.buffer_frames * config.input_format.channels as usize;
                 let out_step = config.buffer_frames * config.output_format.channels as usize;
-                let tick = Duration::from_secs_f64(config.buffer_frames as f64 / config.output_format.sample_rate_hz as f64);
+                let tick = Duration::from_secs_f64(
+                    config.buffer_frames as f64 / config.output_format.sample_rate_hz as f64,
+                );
                 let mut out = vec![0f32; out_step];
                 let mut played = Vec::with_capacity(input.len() + 1);
                 let mut pos = 0usize;
@@ -115,7 +133,10 @@ impl AudioBackend for NullBackend {
                     }
                     if config.clock == NullClock::Lockstep {
                         // The engine must have handled everything captured so far before playback.
-                        while counters.engine_input_consumed_samples.load(Ordering::Acquire) < pos as u64
+                        while counters
+                            .engine_input_consumed_samples
+                            .load(Ordering::Acquire)
+                            < pos as u64
                             && !stop.load(Ordering::Relaxed)
                         {
                             std::thread::sleep(Duration::from_micros(200));
@@ -148,7 +169,9 @@ impl AudioBackend for NullBackend {
                 finished.store(true, Ordering::Release);
                 played
             })
-            .map_err(|e| RuntimeError::Device(format!("cannot start the null device thread: {e}")))?;
+            .map_err(|e| {
+                RuntimeError::Device(format!("cannot start the null device thread: {e}"))
+            })?;
         self.thread = Some(thread);
         Ok(())
     }
@@ -161,7 +184,9 @@ impl AudioBackend for NullBackend {
     fn stop(&mut self) -> Result<Vec<f32>> {
         self.stop.store(true, Ordering::Relaxed);
         match self.thread.take() {
-            Some(t) => t.join().map_err(|_| RuntimeError::Device("null device thread panicked".into())),
+            Some(t) => t
+                .join()
+                .map_err(|_| RuntimeError::Device("null device thread panicked".into())),
             None => Ok(Vec::new()),
         }
     }

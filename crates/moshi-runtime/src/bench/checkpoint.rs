@@ -3,7 +3,9 @@
 //! really are in the requested format, and keeps only the first `--layers` temporal layers.
 
 use moshi_loader::lm_weights::{load_lm_weights, WeightMode};
-use moshi_loader::{LmConfig, LmVariant, LoaderError, ModelSource, ResolvedModel, SourceOverrides, WeightMap};
+use moshi_loader::{
+    LmConfig, LmVariant, LoaderError, ModelSource, ResolvedModel, SourceOverrides, WeightMap,
+};
 
 use super::format::{stored_format, StoredFormat, WeightFormat};
 use super::BenchError;
@@ -34,9 +36,11 @@ pub fn resolve_model(
         ..SourceOverrides::default()
     };
     ModelSource::resolve(spec, &overrides).map_err(|e| match (format, &e) {
-        (Some(f), LoaderError::NotFound { what, .. }) if what == "LM checkpoint" => {
-            setup(format!("checkpoint `{spec}` cannot provide --quant {}: {e}{}", f.name(), quantize_hint(f)))
-        }
+        (Some(f), LoaderError::NotFound { what, .. }) if what == "LM checkpoint" => setup(format!(
+            "checkpoint `{spec}` cannot provide --quant {}: {e}{}",
+            f.name(),
+            quantize_hint(f)
+        )),
         _ => setup(format!("checkpoint `{spec}`: {e}")),
     })
 }
@@ -56,15 +60,16 @@ fn quantize_hint(format: WeightFormat) -> String {
 
 /// Which benchmark format a stored LM is, or an error naming what it holds.
 fn format_of(stored: StoredFormat, model: &ResolvedModel) -> Result<WeightFormat, BenchError> {
-    [WeightFormat::Bf16, WeightFormat::Q8, WeightFormat::Q4].into_iter().find(|f| stored.provides(*f)).ok_or_else(
-        || {
+    [WeightFormat::Bf16, WeightFormat::Q8, WeightFormat::Q4]
+        .into_iter()
+        .find(|f| stored.provides(*f))
+        .ok_or_else(|| {
             setup(format!(
                 "{} holds {} weights; bench measures bf16, q8 or q4 (pick one with --quant)",
                 model.lm_weights_path.display(),
                 stored.describe()
             ))
-        },
-    )
+        })
 }
 
 /// Loads the LM weights of `model` as stored, checks they are `format` (when given), and keeps
@@ -76,10 +81,13 @@ pub fn load_checkpoint_lm(
     layers: usize,
 ) -> Result<(WeightMap, LmConfig, WeightFormat), BenchError> {
     let full = &model.lm_config;
-    let mut weights =
-        load_lm_weights(&model.lm_weights_path, full, WeightMode::Native).map_err(|e| setup(e.to_string()))?;
+    let mut weights = load_lm_weights(&model.lm_weights_path, full, WeightMode::Native)
+        .map_err(|e| setup(e.to_string()))?;
     let stored = stored_format(&weights).ok_or_else(|| {
-        setup(format!("{}: no temporal layer 0 attention weights to benchmark", model.lm_weights_path.display()))
+        setup(format!(
+            "{}: no temporal layer 0 attention weights to benchmark",
+            model.lm_weights_path.display()
+        ))
     })?;
     let found = match format {
         Some(f) if !stored.provides(f) => {
@@ -107,8 +115,13 @@ pub fn load_checkpoint_lm(
             .map(str::to_string)
             .collect();
         for name in doomed {
-            let shape = weights.get(&name).map(|w| w.shape.clone()).unwrap_or_default();
-            weights.take(&name, &shape).map_err(|e| setup(e.to_string()))?;
+            let shape = weights
+                .get(&name)
+                .map(|w| w.shape.clone())
+                .unwrap_or_default();
+            weights
+                .take(&name, &shape)
+                .map_err(|e| setup(e.to_string()))?;
         }
         cfg.num_layers = layers;
     }
@@ -138,23 +151,50 @@ mod tests {
         }
         let model = resolve_model(&spec, None, None).unwrap();
         let (_, cfg, found) = load_checkpoint_lm(&model, None, 2).unwrap();
-        assert_eq!((found, cfg.num_layers), (WeightFormat::Bf16, 2), "default: the config's model.safetensors");
+        assert_eq!(
+            (found, cfg.num_layers),
+            (WeightFormat::Bf16, 2),
+            "default: the config's model.safetensors"
+        );
     }
 
     #[test]
     fn a_format_the_checkpoint_lacks_is_a_clear_error() {
         let dir = tempfile::tempdir().unwrap();
-        for f in ["config.json", "mimi_config.json", "mimi.safetensors", "tokenizer.model", "model.q8.safetensors"] {
+        for f in [
+            "config.json",
+            "mimi_config.json",
+            "mimi.safetensors",
+            "tokenizer.model",
+            "model.q8.safetensors",
+        ] {
             std::fs::copy(tiny_dir().join(f), dir.path().join(f)).unwrap();
         }
         let spec = dir.path().display().to_string();
-        let err = resolve_model(&spec, None, Some(WeightFormat::Q4)).unwrap_err().to_string();
-        assert!(err.contains("cannot provide --quant q4") && err.contains("model.q4.safetensors"), "{err}");
-        assert!(err.contains("moshi-rs quantize model.safetensors model.q4.safetensors --bits 4"), "{err}");
+        let err = resolve_model(&spec, None, Some(WeightFormat::Q4))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("cannot provide --quant q4") && err.contains("model.q4.safetensors"),
+            "{err}"
+        );
+        assert!(
+            err.contains("moshi-rs quantize model.safetensors model.q4.safetensors --bits 4"),
+            "{err}"
+        );
         // A bf16 request served by a file that actually holds 8-bit weights.
-        std::fs::rename(dir.path().join("model.q8.safetensors"), dir.path().join("model.safetensors")).unwrap();
+        std::fs::rename(
+            dir.path().join("model.q8.safetensors"),
+            dir.path().join("model.safetensors"),
+        )
+        .unwrap();
         let model = resolve_model(&spec, None, Some(WeightFormat::Bf16)).unwrap();
-        let err = load_checkpoint_lm(&model, Some(WeightFormat::Bf16), 2).unwrap_err().to_string();
-        assert!(err.contains("cannot provide --quant bf16") && err.contains("8-bit group 64"), "{err}");
+        let err = load_checkpoint_lm(&model, Some(WeightFormat::Bf16), 2)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("cannot provide --quant bf16") && err.contains("8-bit group 64"),
+            "{err}"
+        );
     }
 }

@@ -49,7 +49,14 @@ mod tests {
     use super::*;
 
     fn flat(v: f64) -> Percentiles {
-        Percentiles { min: v, p50: v, p95: v, p99: v, max: v, mean: v }
+        Percentiles {
+            min: v,
+            p50: v,
+            p95: v,
+            p99: v,
+            max: v,
+            mean: v,
+        }
     }
 
     #[test]
@@ -66,7 +73,8 @@ mod tests {
             temporal_layer_bytes: 500,
             ..Default::default()
         };
-        let x = extrapolate_to_full_depth(&stats, &[9.0, 10.0, 11.0], &weights, 2, 32, 1.0).unwrap();
+        let x =
+            extrapolate_to_full_depth(&stats, &[9.0, 10.0, 11.0], &weights, 2, 32, 1.0).unwrap();
         assert_eq!(x.layers, 32);
         assert_eq!(x.per_layer_p50_ms, 10.0);
         assert_eq!(x.lm_temporal_p50_ms, 30.0 + 300.0);

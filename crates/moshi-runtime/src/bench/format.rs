@@ -29,8 +29,14 @@ impl WeightFormat {
     pub fn random_kind(self) -> RandomWeightKind {
         match self {
             WeightFormat::Bf16 => RandomWeightKind::BF16,
-            WeightFormat::Q8 => RandomWeightKind::Quantized { bits: 8, group_size: 64 },
-            WeightFormat::Q4 => RandomWeightKind::Quantized { bits: 4, group_size: 32 },
+            WeightFormat::Q8 => RandomWeightKind::Quantized {
+                bits: 8,
+                group_size: 64,
+            },
+            WeightFormat::Q4 => RandomWeightKind::Quantized {
+                bits: 4,
+                group_size: 32,
+            },
         }
     }
 
@@ -80,6 +86,9 @@ pub fn stored_format(weights: &WeightMap) -> Option<StoredFormat> {
     Some(match &w.data {
         WeightData::F32(_) => StoredFormat::F32,
         WeightData::BF16(_) => StoredFormat::Bf16,
-        WeightData::Quantized(q) => StoredFormat::Packed { bits: q.bits(), group_size: q.group_size() },
+        WeightData::Quantized(q) => StoredFormat::Packed {
+            bits: q.bits(),
+            group_size: q.group_size(),
+        },
     })
 }

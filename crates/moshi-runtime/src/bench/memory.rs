@@ -57,7 +57,10 @@ mod tests {
         let current = current_resident_bytes().expect("VmRSS on Linux");
         let peak = peak_resident_bytes().expect("VmHWM on Linux");
         assert!(peak >= current, "peak {peak} < current {current}");
-        assert!(current >= block.len() as u64, "resident {current} below an 8 MiB live block");
+        assert!(
+            current >= block.len() as u64,
+            "resident {current} below an 8 MiB live block"
+        );
         drop(block);
     }
 
@@ -73,7 +76,13 @@ mod tests {
         }
         let peak = peak_resident_bytes().unwrap();
         let current = current_resident_bytes().unwrap();
-        assert!(peak < peak_with_block, "peak {peak} not reset below {peak_with_block}");
-        assert!(peak + (8 << 20) >= current, "peak {peak} far below current {current}");
+        assert!(
+            peak < peak_with_block,
+            "peak {peak} not reset below {peak_with_block}"
+        );
+        assert!(
+            peak + (8 << 20) >= current,
+            "peak {peak} far below current {current}"
+        );
     }
 }

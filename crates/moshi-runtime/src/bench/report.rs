@@ -73,7 +73,9 @@ pub struct StageStats {
 impl StageStats {
     /// Percentiles of every stage over `frames`.
     pub fn of(frames: &[FrameRecord]) -> Self {
-        let series = |f: &dyn Fn(&FrameRecord) -> f64| Percentiles::of(&frames.iter().map(f).collect::<Vec<_>>());
+        let series = |f: &dyn Fn(&FrameRecord) -> f64| {
+            Percentiles::of(&frames.iter().map(f).collect::<Vec<_>>())
+        };
         Self {
             mimi_encode_ms: series(&|r| r.stages.mimi_encode_ms),
             lm_temporal_ms: series(&|r| r.stages.lm_temporal_ms),
@@ -134,13 +136,32 @@ pub struct BandwidthBound {
 }
 
 impl BandwidthBound {
-    pub fn new(read_per_frame_bytes: u64, read_bandwidth_gbps: f64, lm_measured_p50_ms: f64) -> Self {
-        let lm_bound_ms =
-            if read_bandwidth_gbps > 0.0 { read_per_frame_bytes as f64 / (read_bandwidth_gbps * 1e6) } else { 0.0 };
-        let ratio_to_bound = if lm_bound_ms > 0.0 { lm_measured_p50_ms / lm_bound_ms } else { 0.0 };
-        let effective_gbps =
-            if lm_measured_p50_ms > 0.0 { read_per_frame_bytes as f64 / (lm_measured_p50_ms * 1e6) } else { 0.0 };
-        Self { lm_bound_ms, lm_measured_p50_ms, ratio_to_bound, effective_gbps }
+    pub fn new(
+        read_per_frame_bytes: u64,
+        read_bandwidth_gbps: f64,
+        lm_measured_p50_ms: f64,
+    ) -> Self {
+        let lm_bound_ms = if read_bandwidth_gbps > 0.0 {
+            read_per_frame_bytes as f64 / (read_bandwidth_gbps * 1e6)
+        } else {
+            0.0
+        };
+        let ratio_to_bound = if lm_bound_ms > 0.0 {
+            lm_measured_p50_ms / lm_bound_ms
+        } else {
+            0.0
+        };
+        let effective_gbps = if lm_measured_p50_ms > 0.0 {
+            read_per_frame_bytes as f64 / (lm_measured_p50_ms * 1e6)
+        } else {
+            0.0
+        };
+        Self {
+            lm_bound_ms,
+            lm_measured_p50_ms,
+            ratio_to_bound,
+            effective_gbps,
+        }
     }
 }
 

@@ -55,9 +55,13 @@ pub fn run_frames(
     seed: u64,
     spans: Option<&SpanTotals>,
 ) -> Result<FrameRun, BenchError> {
-    let inputs: Vec<Vec<f32>> = (0..warmup + frames).map(|i| bench_input_frame(i, seed)).collect();
+    let inputs: Vec<Vec<f32>> = (0..warmup + frames)
+        .map(|i| bench_input_frame(i, seed))
+        .collect();
     for (i, pcm) in inputs[..warmup].iter().enumerate() {
-        processor.process_frame(pcm).map_err(|source| BenchError::Frame { frame: i, source })?;
+        processor
+            .process_frame(pcm)
+            .map_err(|source| BenchError::Frame { frame: i, source })?;
     }
     if let Some(s) = spans {
         s.take();
@@ -67,7 +71,12 @@ pub fn run_frames(
     for (i, pcm) in inputs[warmup..].iter().enumerate() {
         let _span = tracing::trace_span!("frame", index = i).entered();
         let t0 = Instant::now();
-        let out = processor.process_frame(pcm).map_err(|source| BenchError::Frame { frame: warmup + i, source })?;
+        let out = processor
+            .process_frame(pcm)
+            .map_err(|source| BenchError::Frame {
+                frame: warmup + i,
+                source,
+            })?;
         let total_ms = t0.elapsed().as_secs_f64() * 1e3;
         run.records.push(FrameRecord {
             event: "frame",
@@ -79,7 +88,8 @@ pub fn run_frames(
         });
         if let Some(s) = spans {
             if let Some(layer) = s.take().get(TEMPORAL_LAYER_SPAN).filter(|t| t.count > 0) {
-                run.layer_ms.push(layer.busy.as_secs_f64() * 1e3 / layer.count as f64);
+                run.layer_ms
+                    .push(layer.busy.as_secs_f64() * 1e3 / layer.count as f64);
             }
         }
     }
@@ -101,8 +111,15 @@ mod tests {
         fn process_frame(&mut self, pcm_in: &[f32]) -> crate::Result<FrameOutput> {
             assert_eq!(pcm_in.len(), FRAME_SAMPLES);
             self.seen += 1;
-            let timings = StageTimings { mimi_encode_ms: self.seen as f64, ..Default::default() };
-            Ok(FrameOutput { pcm: vec![0.0; FRAME_SAMPLES], timings, ..Default::default() })
+            let timings = StageTimings {
+                mimi_encode_ms: self.seen as f64,
+                ..Default::default()
+            };
+            Ok(FrameOutput {
+                pcm: vec![0.0; FRAME_SAMPLES],
+                timings,
+                ..Default::default()
+            })
         }
     }
 
@@ -112,7 +129,11 @@ mod tests {
         let run = run_frames(&mut p, 2, 3, 1, None).unwrap();
         assert_eq!(p.seen, 5);
         assert_eq!(run.records.len(), 3);
-        let stage: Vec<f64> = run.records.iter().map(|r| r.stages.mimi_encode_ms).collect();
+        let stage: Vec<f64> = run
+            .records
+            .iter()
+            .map(|r| r.stages.mimi_encode_ms)
+            .collect();
         assert_eq!(stage, vec![3.0, 4.0, 5.0]);
         assert!(run.records.windows(2).all(|w| w[1].t_ms >= w[0].t_ms));
         assert!(run.layer_ms.is_empty());

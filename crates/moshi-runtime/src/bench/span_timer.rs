@@ -59,7 +59,13 @@ impl SpanTimerLayer {
     /// name comparison), and the handle to read its totals.
     pub fn new(watched: &[&'static str]) -> (Self, SpanTotals) {
         let totals = SpanTotals::default();
-        (Self { watched: watched.to_vec(), totals: totals.clone() }, totals)
+        (
+            Self {
+                watched: watched.to_vec(),
+                totals: totals.clone(),
+            },
+            totals,
+        )
     }
 
     fn watches(&self, name: &str) -> bool {
@@ -109,7 +115,11 @@ mod tests {
         let t = totals.take();
         let work = t.get("work").copied().expect("work spans were timed");
         assert_eq!(work.count, 3);
-        assert!(work.busy >= Duration::from_millis(6), "busy {:?}", work.busy);
+        assert!(
+            work.busy >= Duration::from_millis(6),
+            "busy {:?}",
+            work.busy
+        );
         assert!(!t.contains_key("other"));
         assert!(totals.take().is_empty(), "take() starts again from zero");
     }

@@ -34,8 +34,16 @@ impl FrameProcessor for MimiStage {
         let mimi_encode_ms = ms_since(t0);
         let t1 = Instant::now();
         let pcm = self.mimi.decode_frame(&codes)?;
-        let timings = StageTimings { mimi_encode_ms, mimi_decode_ms: ms_since(t1), ..Default::default() };
-        Ok(FrameOutput { pcm, timings, ..Default::default() })
+        let timings = StageTimings {
+            mimi_encode_ms,
+            mimi_decode_ms: ms_since(t1),
+            ..Default::default()
+        };
+        Ok(FrameOutput {
+            pcm,
+            timings,
+            ..Default::default()
+        })
     }
 }
 
@@ -63,7 +71,11 @@ pub struct LmStage {
 impl LmStage {
     pub fn new(generator: Generator, seed: u64) -> Self {
         let n = generator.model().config().user_codebooks();
-        Self { generator, rng: CodeRng(seed | 1), user_codes: vec![0; n] }
+        Self {
+            generator,
+            rng: CodeRng(seed | 1),
+            user_codes: vec![0; n],
+        }
     }
 }
 
@@ -81,7 +93,11 @@ impl FrameProcessor for LmStage {
             sampling_ms: t.sampling_ms,
             ..Default::default()
         };
-        Ok(FrameOutput { pcm: vec![0.0; FRAME_SAMPLES], timings, ..Default::default() })
+        Ok(FrameOutput {
+            pcm: vec![0.0; FRAME_SAMPLES],
+            timings,
+            ..Default::default()
+        })
     }
 }
 
@@ -110,13 +126,22 @@ impl FrameProcessor for DepformerStage {
         self.model.depformer_reset();
         for k in 0..dep_q {
             let t0 = Instant::now();
-            let logits = tracing::trace_span!("lm_depformer", k).in_scope(|| self.model.depformer_step(k, prev))?;
+            let logits = tracing::trace_span!("lm_depformer", k)
+                .in_scope(|| self.model.depformer_step(k, prev))?;
             depformer_ms += ms_since(t0);
             let t1 = Instant::now();
             prev = moshi_model::generator::sampling::argmax(logits);
             sampling_ms += ms_since(t1);
         }
-        let timings = StageTimings { lm_depformer_ms: depformer_ms, sampling_ms, ..Default::default() };
-        Ok(FrameOutput { pcm: vec![0.0; FRAME_SAMPLES], timings, ..Default::default() })
+        let timings = StageTimings {
+            lm_depformer_ms: depformer_ms,
+            sampling_ms,
+            ..Default::default()
+        };
+        Ok(FrameOutput {
+            pcm: vec![0.0; FRAME_SAMPLES],
+            timings,
+            ..Default::default()
+        })
     }
 }
