@@ -306,6 +306,7 @@ unsafe fn tile<
     // SAFETY: 16 i32.
     let lane_group = unsafe { _mm512_loadu_si512(lane_group.as_ptr() as *const _) };
     let full_blocks = cols / bc;
+    let prefetch = crate::kernels::software_prefetch();
     // Lanes of the last block that hold codes (all of them unless cols % block_cols != 0).
     let tail_lanes = (cols % bc) / per_lane;
     let codes = w.codes().as_ptr().wrapping_add(r0 * row_code_bytes / 4) as *const u8;
@@ -314,7 +315,15 @@ unsafe fn tile<
     while b + UNROLL <= full_blocks {
         // SAFETY: blocks b..b + UNROLL are whole blocks of every row of the tile.
         let parts = unsafe {
-            block_partials::<BITS, NR, MR, UNROLL>(codes, row_code_bytes, b, !0, xs, stride)
+            block_partials::<BITS, NR, MR, UNROLL>(
+                codes,
+                row_code_bytes,
+                b,
+                !0,
+                xs,
+                stride,
+                prefetch,
+            )
         };
         for (u, part) in parts.iter().enumerate() {
             // SAFETY: rows r < NR have `padded` scales each.
@@ -339,7 +348,15 @@ unsafe fn tile<
         };
         // SAFETY: the masked lanes of block b lie inside every row of the tile.
         let [part] = unsafe {
-            block_partials::<BITS, NR, MR, 1>(codes, row_code_bytes, b, lane_mask, xs, stride)
+            block_partials::<BITS, NR, MR, 1>(
+                codes,
+                row_code_bytes,
+                b,
+                lane_mask,
+                xs,
+                stride,
+                prefetch,
+            )
         };
         // SAFETY: as above.
         unsafe {
@@ -373,6 +390,7 @@ unsafe fn block_partials<const BITS: usize, const NR: usize, const MR: usize, co
     lane_mask: __mmask16,
     xs: *const f32,
     stride: usize,
+    prefetch: bool,
 ) -> [[[__m512; MR]; NR]; U] {
     let per_lane = 32 / BITS;
     let bc = block_cols(BITS);
@@ -381,10 +399,18 @@ unsafe fn block_partials<const BITS: usize, const NR: usize, const MR: usize, co
     for (u, d) in d.iter_mut().enumerate() {
         for (r, d) in d.iter_mut().enumerate() {
             let p = codes.wrapping_add(r * row_code_bytes + (b + u) * 64);
-            // A hint: never faults, so the address may run past the row.
-            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_BYTES) as *const i8);
+            if prefetch {
+                // A hint: never faults, so the address may run past the row.
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_BYTES) as *const i8);
+            }
             // SAFETY: the masked lanes lie inside row r (caller's contract).
-            *d = unsafe { _mm512_maskz_loadu_epi32(lane_mask, p as *const i32) };
+            *d = unsafe {
+                if lane_mask == !0 {
+                    _mm512_loadu_si512(p as *const _)
+                } else {
+                    _mm512_maskz_loadu_epi32(lane_mask, p as *const i32)
+                }
+            };
         }
     }
     let mut part = [[[_mm512_setzero_ps(); MR]; NR]; U];

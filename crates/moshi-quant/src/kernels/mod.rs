@@ -40,10 +40,24 @@ use crate::{QuantError, QuantizedMatrix};
 /// about what reading this much weight data takes).
 const MIN_TASK_WEIGHT_BYTES: usize = 128 * 1024;
 
-/// How far ahead of the current position the code stream is prefetched (x86 kernels; the hardware
-/// prefetcher alone left matrix-vector products at ~half the read bandwidth; 1 and 2 KiB
+/// How far ahead of the current position the code stream is prefetched (x86 kernels; 1 and 2 KiB
 /// measured the same).
 pub(crate) const PREFETCH_BYTES: usize = 1024;
+
+/// Whether the AVX-512 kernel prefetches its code stream in software. On an Intel Xeon (Sapphire
+/// Rapids class) guest the hardware prefetcher alone left matrix-vector products at about half the
+/// read bandwidth; on an AMD Zen 4 guest the software prefetch made them 10-15% slower (q4 and q8,
+/// back-to-back runs), since its L1 requests compete with the hardware stream prefetcher. So: on
+/// Intel CPUs only (detected once).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn software_prefetch() -> bool {
+    static INTEL: OnceLock<bool> = OnceLock::new();
+    *INTEL.get_or_init(|| {
+        let id = std::arch::x86_64::__cpuid(0);
+        // Vendor string "GenuineIntel" in ebx, edx, ecx.
+        (id.ebx, id.edx, id.ecx) == (0x756e_6547, 0x4965_6e69, 0x6c65_746e)
+    })
+}
 
 /// Tasks per rayon thread. Four (for work stealing around preempted threads) measured lower than
 /// one in back-to-back full benchmark runs on a loaded 2-core machine, so rows are split evenly.
