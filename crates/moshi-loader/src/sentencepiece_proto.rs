@@ -175,24 +175,25 @@ impl<'a> Fields<'a> {
                 return Err(format!("field number 0 at byte {at}"));
             }
             let offset = self.base + self.pos;
-            let value =
-                match wire {
-                    0 => Value::Varint(self.varint()?),
-                    1 => {
-                        self.take(8)?;
-                        Value::Fixed64
-                    }
-                    2 => {
-                        let n = self.varint()? as usize;
-                        Value::Bytes(self.take(n)?)
-                    }
-                    5 => Value::Fixed32(u32::from_le_bytes(
-                        self.take(4)?.try_into().expect("4 bytes"),
-                    )),
-                    other => return Err(format!(
+            let value = match wire {
+                0 => Value::Varint(self.varint()?),
+                1 => {
+                    self.take(8)?;
+                    Value::Fixed64
+                }
+                2 => {
+                    let n = self.varint()? as usize;
+                    Value::Bytes(self.take(n)?)
+                }
+                5 => Value::Fixed32(u32::from_le_bytes(
+                    self.take(4)?.try_into().expect("4 bytes"),
+                )),
+                other => {
+                    return Err(format!(
                         "field {field} at byte {at} has wire type {other}, expected 0, 1, 2 or 5"
-                    )),
-                };
+                    ))
+                }
+            };
             Ok((field, value, offset))
         })())
     }

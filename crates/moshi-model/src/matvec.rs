@@ -1,6 +1,6 @@
 //! Matrix-vector kernels for one-token-at-a-time inference: `y = W · x` with `W` row-major
 //! `[n, k]` in bf16 (upcast exactly) or f32, f32 accumulation, AVX-512 or AVX2 when the CPU has
-//! them, split over output rows with rayon for large matrices.
+//! them, split over output rows on the thread team for large matrices.
 //!
 //! Every kernel accumulates in one fixed order, so the SIMD and the portable paths give
 //! bit-identical results: element `j` of each 32-wide block goes to lane `j % 32`; the lanes
@@ -8,8 +8,6 @@
 //! `u[i] = t[i] + t[4+i]` (i < 4), `v[i] = u[i] + u[2+i]` (i < 2), `s = v[0] + v[1]`; the
 //! `k % 32` trailing elements are then added one by one. Products and sums are separate
 //! roundings (no fused multiply-add), as in the scalar reference.
-
-use rayon::prelude::*;
 
 /// Below this many weight elements a product runs on the calling thread.
 const PARALLEL_MIN_ELEMENTS: usize = 1 << 17;
@@ -407,14 +405,15 @@ fn rows_f32(w: &[f32], k: usize, x: &[f32], y: &mut [f32], kernel: Kernel) {
     }
 }
 
-/// Rows per rayon task: a few tasks per thread, never tiny.
-fn rows_per_task(n: usize) -> usize {
-    let tasks = rayon::current_num_threads().max(1) * 4;
-    n.div_ceil(tasks).max(8)
-}
+/// The output pointer handed to the team's parts (each writes a disjoint row range).
+struct SendMutPtr(*mut f32);
+// SAFETY: only used to give disjoint output ranges to the parts of one team region.
+unsafe impl Sync for SendMutPtr {}
 
 /// Checks lengths, then runs `rows` (one block of rows on one thread) over all of `W`, split
-/// over rayon tasks when `parallel` and the matrix is large.
+/// evenly over the threads of [`crate::team`] when `parallel` and the matrix is large (one part
+/// per thread, at least 8 rows each; the team's helpers spin between calls, so a call costs no
+/// futex wake-up). Each row's dot product does not depend on the split.
 #[allow(clippy::too_many_arguments)]
 fn matvec_with<T: Sync>(
     name: &str,
@@ -438,10 +437,18 @@ fn matvec_with<T: Sync>(
     }
     let (w, y) = (&w[..n * k], &mut y[..n]);
     if parallel && n * k >= PARALLEL_MIN_ELEMENTS && n > 1 {
-        let rows_per = rows_per_task(n);
-        w.par_chunks(rows_per * k)
-            .zip(y.par_chunks_mut(rows_per))
-            .for_each(|(wc, yc)| rows(wc, k, x, yc, kernel));
+        let parts = crate::team::threads().min(n.div_ceil(8)).max(1);
+        let rows_per = n.div_ceil(parts);
+        let y_ptr = SendMutPtr(y.as_mut_ptr());
+        crate::team::run(n.div_ceil(rows_per), &|t| {
+            let lo = t * rows_per;
+            let hi = (lo + rows_per).min(n);
+            let y_ptr = &y_ptr;
+            // SAFETY: each part writes only its own rows `lo..hi` of `y` (disjoint ranges inside
+            // `n`), and `y` outlives the region (`team::run` returns when all parts are done).
+            let yc = unsafe { std::slice::from_raw_parts_mut(y_ptr.0.add(lo), hi - lo) };
+            rows(&w[lo * k..hi * k], k, x, yc, kernel);
+        });
     } else {
         rows(w, k, x, y, kernel);
     }
