@@ -149,6 +149,7 @@ fn tiny_random_run_writes_a_consistent_report_and_trace() {
     assert_eq!(r["schema_version"], 1);
     assert_eq!(r["run"]["weights"], "random");
     assert_eq!(r["run"]["quant"], "q8");
+    assert_eq!(r["run"]["mimi_weights"], "f32");
     assert_eq!(r["run"]["stage"], "all");
     assert_eq!(
         (
@@ -323,7 +324,11 @@ fn fewer_layers_are_extrapolated_and_labelled() {
 #[test]
 fn tiny_checkpoint_runs_each_stage() {
     let model = tiny().display().to_string();
-    for (quant, stage) in [("q4", "depformer"), ("bf16", "mimi"), ("q8", "all")] {
+    for (quant, stage, mimi_weights) in [
+        ("q4", "depformer", "f32"),
+        ("bf16", "mimi", "q8"),
+        ("q8", "all", "bf16"),
+    ] {
         let dir = tempfile::tempdir().unwrap();
         let json = dir.path().join("bench.json");
         let out = bench(&[
@@ -333,6 +338,8 @@ fn tiny_checkpoint_runs_each_stage() {
             quant,
             "--stage",
             stage,
+            "--mimi-weights",
+            mimi_weights,
             "--frames",
             "2",
             "--json",
@@ -344,6 +351,7 @@ fn tiny_checkpoint_runs_each_stage() {
             (r["run"]["weights"].as_str(), r["run"]["quant"].as_str()),
             (Some("checkpoint"), Some(quant))
         );
+        assert_eq!(r["run"]["mimi_weights"], mimi_weights);
         assert_eq!(r["frames"].as_array().unwrap().len(), 2);
         let depformer = num(&r, "stages.lm_depformer_ms.p50");
         let mimi = num(&r, "stages.mimi_encode_ms.p50");

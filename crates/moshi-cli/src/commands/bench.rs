@@ -313,6 +313,7 @@ fn bench(args: &BenchArgs, threads: usize, totals: &SpanTotals) -> Result<()> {
             model: args.model.clone(),
             config: config_origin,
             quant: format.name().into(),
+            mimi_weights: args.mimi_weights.to_string(),
             stage: args.stage.name().into(),
             layers_run,
             layers_config,

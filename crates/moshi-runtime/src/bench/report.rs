@@ -23,6 +23,8 @@ pub struct RunInfo {
     pub config: String,
     /// `bf16`, `q8` or `q4`.
     pub quant: String,
+    /// Mimi's weight precision: `f32` (exact), `bf16` or `q8` (`--mimi-weights`).
+    pub mimi_weights: String,
     /// `all`, `mimi`, `lm` or `depformer`.
     pub stage: String,
     /// Temporal layers actually run.
@@ -234,8 +236,8 @@ impl BenchReport {
     pub fn to_text(&self) -> String {
         let r = &self.run;
         let mut s = format!(
-            "moshi-rs bench: {} weights, {}, stage {}, {} of {} temporal layers, {} frames after {} warm-up, {} threads\n",
-            r.weights, r.quant, r.stage, r.layers_run, r.layers_config, r.frames, r.warmup_frames, r.threads
+            "moshi-rs bench: {} weights, {}, Mimi {}, stage {}, {} of {} temporal layers, {} frames after {} warm-up, {} threads\n",
+            r.weights, r.quant, r.mimi_weights, r.stage, r.layers_run, r.layers_config, r.frames, r.warmup_frames, r.threads
         );
         s += &format!(
             "{:<13} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
