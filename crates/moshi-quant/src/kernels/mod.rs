@@ -44,19 +44,22 @@ const MIN_TASK_WEIGHT_BYTES: usize = 128 * 1024;
 /// measured the same).
 pub(crate) const PREFETCH_BYTES: usize = 1024;
 
-/// Whether the AVX-512 kernel prefetches its code stream in software. On an Intel Xeon (Sapphire
-/// Rapids class) guest the hardware prefetcher alone left matrix-vector products at about half the
-/// read bandwidth; on an AMD Zen 4 guest the software prefetch made them 10-15% slower (q4 and q8,
-/// back-to-back runs), since its L1 requests compete with the hardware stream prefetcher. So: on
-/// Intel CPUs only (detected once).
+/// Whether the AVX-512 kernel prefetches its code stream in software for `bits`-bit codes.
+/// - Intel: always. On an Intel Xeon (Sapphire Rapids class) guest the hardware prefetcher alone
+///   left matrix-vector products at about half the read bandwidth.
+/// - Elsewhere (measured on AMD Zen 4): only for 4-bit codes. In back-to-back runs of the 7B LM
+///   step (`moshi-rs bench`), the prefetch made the q4 step about 12% faster, as the decode keeps
+///   the core busy between loads. It made the q8 step about 12% slower, where the light decode
+///   leaves the stream to the hardware prefetcher, whose requests the software ones compete with.
 #[cfg(target_arch = "x86_64")]
-pub(crate) fn software_prefetch() -> bool {
+pub(crate) fn software_prefetch(bits: usize) -> bool {
     static INTEL: OnceLock<bool> = OnceLock::new();
-    *INTEL.get_or_init(|| {
-        let id = std::arch::x86_64::__cpuid(0);
-        // Vendor string "GenuineIntel" in ebx, edx, ecx.
-        (id.ebx, id.edx, id.ecx) == (0x756e_6547, 0x4965_6e69, 0x6c65_746e)
-    })
+    bits == 4
+        || *INTEL.get_or_init(|| {
+            let id = std::arch::x86_64::__cpuid(0);
+            // Vendor string "GenuineIntel" in ebx, edx, ecx.
+            (id.ebx, id.edx, id.ecx) == (0x756e_6547, 0x4965_6e69, 0x6c65_746e)
+        })
 }
 
 /// Tasks per rayon thread. Four (for work stealing around preempted threads) measured lower than
