@@ -3,9 +3,9 @@
 //!
 //! Every kernel computes, for a range of weight rows, `out_t[r, i] = Σ_j x[i, j] · w[r, j]` with
 //! `w = q * scale + bias` and f32 accumulation: the exact dequantized matrix times f32
-//! activations, up to rounding order. The AVX2 and portable kernels dequantize each weight
-//! (`fma(q, scale, bias)`); the AVX-512 one regroups the sum per quantization group as
-//! `scale · Σ q x + bias · Σ x`, as MLX's own kernels do (see `avx512`).
+//! activations, up to rounding order. The portable kernel dequantizes each weight; the AVX-512 and
+//! AVX2 lane kernels regroup the sum per quantization group as `scale · Σ q x + bias · Σ x`, as
+//! MLX's own kernels do (see `lanes`).
 
 /// `Some(rows::<BITS, GROUP>)` for the (bits, group size) pairs the specialised kernels cover
 /// (4 and 8 bits, groups of 32, 64 or 128), `None` otherwise. A macro because every kernel
@@ -24,6 +24,9 @@ macro_rules! select_specialised_rows {
     };
 }
 
+#[cfg(target_arch = "x86_64")]
+#[macro_use]
+mod lanes;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
@@ -127,13 +130,9 @@ pub(crate) type RowRangeFn = fn(&QuantizedMatrix, &[f32], usize, usize, &mut [f3
 enum Layout {
     /// Natural order.
     Natural,
-    /// Within each block of `n` columns, even columns first, then odd ones (matches the low/high
-    /// nibble split of 4-bit codes).
-    NibbleBlocks(usize),
-    /// The AVX-512 kernels' in-lane arrangement plus group sums
-    /// (`avx512::arrange_activations`).
+    /// The x86 lane kernels' arrangement plus group sums (`lanes::arrange_activations`).
     #[cfg(target_arch = "x86_64")]
-    Avx512Lanes,
+    Lanes { lanes: usize, top_unscaled: bool },
 }
 
 /// How a kernel wants the activations laid out, and which function computes a row range.
@@ -145,25 +144,23 @@ struct Plan {
 fn plan(kernel: Kernel, bits: u32, group_size: usize) -> Plan {
     #[cfg(target_arch = "x86_64")]
     {
-        if kernel == Kernel::Avx512 {
-            if let Some(rows_fn) = avx512::select(bits, group_size) {
-                return Plan {
-                    layout: Layout::Avx512Lanes,
-                    rows_fn,
-                };
+        let lane_kernel = match kernel {
+            Kernel::Avx512 => {
+                avx512::select(bits, group_size).map(|f| (f, avx512::LANES, avx512::TOP_UNSCALED))
             }
-        }
-        if kernel == Kernel::Avx2 {
-            if let Some(rows_fn) = avx2::select(bits, group_size) {
-                return Plan {
-                    layout: if bits == 4 {
-                        Layout::NibbleBlocks(avx2::NIBBLE_BLOCK)
-                    } else {
-                        Layout::Natural
-                    },
-                    rows_fn,
-                };
+            Kernel::Avx2 => {
+                avx2::select(bits, group_size).map(|f| (f, avx2::LANES, avx2::TOP_UNSCALED))
             }
+            Kernel::Portable => None,
+        };
+        if let Some((rows_fn, lanes, top_unscaled)) = lane_kernel {
+            return Plan {
+                layout: Layout::Lanes {
+                    lanes,
+                    top_unscaled,
+                },
+                rows_fn,
+            };
         }
     }
     let _ = kernel;
@@ -172,19 +169,6 @@ fn plan(kernel: Kernel, bits: u32, group_size: usize) -> Plan {
         layout: Layout::Natural,
         rows_fn,
     }
-}
-
-/// Reorders each block of `block` columns as [even columns, odd columns].
-fn split_nibble_blocks(x: &[f32], block: usize) -> Vec<f32> {
-    let half = block / 2;
-    let mut out = vec![0f32; x.len()];
-    for (src, dst) in x.chunks_exact(block).zip(out.chunks_exact_mut(block)) {
-        for j in 0..half {
-            dst[j] = src[2 * j];
-            dst[half + j] = src[2 * j + 1];
-        }
-    }
-    out
 }
 
 /// `y[m, rows] = x[m, cols] · dequant(W)ᵀ` with the given kernel, threaded over output rows on
@@ -221,14 +205,18 @@ pub fn qmm_with_kernel(
     let plan = plan(kernel, w.bits(), w.group_size());
     let xs: Cow<[f32]> = match plan.layout {
         Layout::Natural => Cow::Borrowed(x),
-        Layout::NibbleBlocks(block) => Cow::Owned(split_nibble_blocks(x, block)),
         #[cfg(target_arch = "x86_64")]
-        Layout::Avx512Lanes => Cow::Owned(avx512::arrange_activations(
+        Layout::Lanes {
+            lanes,
+            top_unscaled,
+        } => Cow::Owned(lanes::arrange_activations(
             x,
             m,
             cols,
             w.bits(),
             w.group_size(),
+            lanes,
+            top_unscaled,
         )),
     };
     if m == 1 {
@@ -283,16 +271,6 @@ unsafe impl Sync for SendMutPtr {}
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn nibble_block_split_puts_even_columns_first() {
-        let x: Vec<f32> = (0..32).map(|v| v as f32).collect();
-        let s = split_nibble_blocks(&x, 16);
-        assert_eq!(&s[..8], &[0., 2., 4., 6., 8., 10., 12., 14.]);
-        assert_eq!(&s[8..16], &[1., 3., 5., 7., 9., 11., 13., 15.]);
-        assert_eq!(s[16], 16.0);
-        assert_eq!(s[24], 17.0);
-    }
 
     #[test]
     fn detected_kernel_is_available() {

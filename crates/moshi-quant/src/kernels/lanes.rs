@@ -1,0 +1,505 @@
+//! The lane-blocked quantized kernel shared by the AVX-512 and AVX2 modules: 16 or 8 `u32` code
+//! lanes (64 or 32 code bytes) per step, each code masked in place and converted to f32 with no
+//! shuffle.
+//!
+//! A lane holds `32 / BITS` codes; code `k` of every lane is `lane & (mask << BITS·k)`, which a
+//! convert turns into `q · 2^(BITS·k)` exactly (AVX2 has no unsigned convert, so it shifts the top
+//! code down to `q` instead). The activations are pre-arranged once per product
+//! ([`arrange_activations`]) so that vector `k` of a block holds, for each lane, the column of that
+//! lane's code `k` times the inverse power of two (exact for activations above 2^-98 in magnitude),
+//! plus each group's activation sum. A row's dot product is then regrouped as MLX's own kernels do:
+//! `Σ_g scale_g · Σ_{j∈g} q_j x_j + bias_g · Σ_{j∈g} x_j`, f32 throughout: the exact dequantized
+//! product up to rounding order. Per block that is one AND (or shift), one convert and one FMA per
+//! lane-vector of codes plus one scale FMA; the former table lookup needed two shuffles and one
+//! more FMA per 32 codes, which capped 4-bit products at ~22 GB/s on two Zen 4 cores.
+//!
+//! [`lane_kernel!`] expands the kernel inside an instruction-set module, which provides `LANES`,
+//! `TOP_UNSCALED`, `PREFETCH_ALWAYS`, the vector types `F`/`I`, `available()` and the small
+//! `#[target_feature]` ops it calls (`fzero`, `izero`, `fload`, `fstore`, `fset1`, `fmul`, `ffma`,
+//! `fsum`, `fpermute`, `iload`, `iload_lanes`, `widen_bf16`, `decode`). A macro because the
+//! `target_feature` attribute, needed so every op inlines, differs per instruction set.
+
+/// Weight rows per pass of the matrix-vector kernel on long rows: each activation vector is
+/// loaded once for all of them.
+pub(crate) const MATVEC_ROWS: usize = 4;
+
+/// Arranged activation bytes from which the matrix-vector kernel takes [`MATVEC_ROWS`] weight rows
+/// per pass. Measured with weights streamed from DRAM (Zen 4, 32 KiB L1d): at 11264 columns
+/// (45 KiB of activations, out of L1) four rows per pass read 24-41% faster (q4 and q8); at 4096
+/// columns (16 KiB, in L1) one row per pass reads 40-50% faster, as the four interleaved code
+/// streams slow DRAM streaming more than the shared activation loads save.
+pub(crate) const MULTI_ROW_MIN_ACTIVATION_BYTES: usize = 24 * 1024;
+
+/// Activation rows per pass of the matrix-matrix kernel: each code block is decoded once for all
+/// of them.
+pub(crate) const MATMUL_ROWS: usize = 4;
+
+/// Columns covered by one block of `lanes` `u32` lanes of `bits`-bit codes.
+pub(crate) const fn block_cols(bits: usize, lanes: usize) -> usize {
+    lanes * (32 / bits)
+}
+
+/// Floats per activation row in the arranged layout: the blocks (the last one zero-padded), then
+/// the per-group sums zero-padded to a whole vector.
+pub(crate) fn arranged_row_len(cols: usize, bits: u32, group_size: usize, lanes: usize) -> usize {
+    let bc = block_cols(bits as usize, lanes);
+    cols.div_ceil(bc) * bc + (cols / group_size).next_multiple_of(lanes)
+}
+
+/// Lays out `m` rows of `cols` activations for a lane kernel of `lanes` lanes (see the module
+/// docs): within block `b`, element `k · lanes + lane` is column
+/// `b · block_cols + lane · (32 / bits) + k` times `2^-(bits · k)` (times 1 for the top code when
+/// `top_unscaled`); then the sum of each group's columns.
+pub(crate) fn arrange_activations(
+    x: &[f32],
+    m: usize,
+    cols: usize,
+    bits: u32,
+    group_size: usize,
+    lanes: usize,
+    top_unscaled: bool,
+) -> Vec<f32> {
+    let stride = arranged_row_len(cols, bits, group_size, lanes);
+    let mut out = vec![0f32; m * stride];
+    for (row, dst) in x.chunks_exact(cols).zip(out.chunks_exact_mut(stride)) {
+        let blocks_len = match bits {
+            4 => arrange_row::<8>(row, dst, lanes, top_unscaled),
+            _ => arrange_row::<4>(row, dst, lanes, top_unscaled),
+        };
+        for (sum, group) in dst[blocks_len..]
+            .iter_mut()
+            .zip(row.chunks_exact(group_size))
+        {
+            *sum = group.iter().sum();
+        }
+    }
+    out
+}
+
+/// The block part of [`arrange_activations`] for one row, `PER_LANE` codes per lane; returns
+/// its length (whole blocks, the last one zero-padded in `dst`).
+fn arrange_row<const PER_LANE: usize>(
+    row: &[f32],
+    dst: &mut [f32],
+    lanes: usize,
+    top_unscaled: bool,
+) -> usize {
+    let bc = lanes * PER_LANE;
+    let bits = 32 / PER_LANE;
+    // 2^-(bits k): exact powers of two (bits·k ≤ 28).
+    let unscale: [f32; PER_LANE] = std::array::from_fn(|k| {
+        if top_unscaled && k == PER_LANE - 1 {
+            1.0
+        } else {
+            f32::from_bits(((127 - bits * k) as u32) << 23)
+        }
+    });
+    let mut padded = [0f32; 128];
+    let mut len = 0;
+    for src in row.chunks(bc) {
+        let src = if src.len() == bc {
+            src
+        } else {
+            padded[..src.len()].copy_from_slice(src);
+            &padded[..bc]
+        };
+        let block = &mut dst[len..len + bc];
+        for (lane, codes) in src.chunks_exact(PER_LANE).enumerate() {
+            for (k, (&v, u)) in codes.iter().zip(unscale).enumerate() {
+                block[k * lanes + lane] = v * u;
+            }
+        }
+        len += bc;
+    }
+    len
+}
+
+/// Expands the lane kernel (`select` and its helpers) in an instruction-set module compiled with
+/// `$features` (see the module docs for what the module must provide).
+macro_rules! lane_kernel {
+    ($features:literal) => {
+        use crate::kernels::lanes::{
+            arranged_row_len, block_cols, MATMUL_ROWS, MATVEC_ROWS, MULTI_ROW_MIN_ACTIVATION_BYTES,
+        };
+        use crate::kernels::PREFETCH_BYTES;
+        use crate::QuantizedMatrix;
+
+        pub(crate) fn select(bits: u32, group_size: usize) -> Option<crate::kernels::RowRangeFn> {
+            select_specialised_rows!(rows, bits, group_size)
+        }
+
+        fn rows<const BITS: usize, const GROUP: usize>(
+            w: &QuantizedMatrix,
+            xs: &[f32],
+            m: usize,
+            row_start: usize,
+            out_t: &mut [f32],
+        ) {
+            assert!(
+                available(),
+                concat!("kernel for ", $features, " called on a CPU without it")
+            );
+            let nrows = out_t.len() / m;
+            let stride = arranged_row_len(w.cols(), BITS as u32, GROUP, LANES);
+            assert!(row_start + nrows <= w.rows() && xs.len() == m * stride);
+            // SAFETY: the CPU has the features (checked above); `rows_impl` only reads rows
+            // `row_start..row_start + nrows` of `w` (checked in range) and `m` arranged rows of
+            // `xs`.
+            unsafe { rows_impl::<BITS, GROUP>(w, xs, m, row_start, out_t) }
+        }
+
+        /// Writes row `r`'s scales into `scales` as f32, then zeros (so a block's window of LANES
+        /// scales can always be loaded whole), and returns its bias terms `Σ_g bias_g · Σ_{j∈g}
+        /// x_j` against `MR` arranged activation rows.
+        ///
+        /// # Safety
+        /// The CPU must have the module's features; `r < w.rows()`; `xs` must point to `MR`
+        /// arranged rows of `stride` floats whose group sums start at `sums_offset`; `scales.len()
+        /// >= groups + LANES`.
+        #[target_feature(enable = $features)]
+        #[inline]
+        unsafe fn prepare_row<const GROUP: usize, const MR: usize>(
+            w: &QuantizedMatrix,
+            r: usize,
+            xs: *const f32,
+            stride: usize,
+            sums_offset: usize,
+            scales: &mut [f32],
+        ) -> [f32; MR] {
+            let groups = w.cols() / GROUP;
+            let row_scales = &w.scales()[r * groups..(r + 1) * groups];
+            let row_biases = &w.biases()[r * groups..(r + 1) * groups];
+            let mut bias_acc = [fzero(); MR];
+            let mut g = 0;
+            while g < groups {
+                let (s, b) = if g + LANES <= groups {
+                    // SAFETY: LANES bf16 of each slice from g.
+                    unsafe {
+                        (
+                            widen_bf16(row_scales.as_ptr().add(g)),
+                            widen_bf16(row_biases.as_ptr().add(g)),
+                        )
+                    }
+                } else {
+                    let n = groups - g;
+                    let (mut s16, mut b16) = ([0u16; 16], [0u16; 16]);
+                    s16[..n].copy_from_slice(&row_scales[g..]);
+                    b16[..n].copy_from_slice(&row_biases[g..]);
+                    // SAFETY: 16 >= LANES u16 each.
+                    unsafe { (widen_bf16(s16.as_ptr()), widen_bf16(b16.as_ptr())) }
+                };
+                // SAFETY: g + LANES <= groups + LANES <= scales.len().
+                unsafe { fstore(scales.as_mut_ptr().add(g), s) };
+                for (i, acc) in bias_acc.iter_mut().enumerate() {
+                    // SAFETY: the group sums are zero-padded to a whole vector.
+                    let sums = unsafe { fload(xs.add(i * stride + sums_offset + g)) };
+                    *acc = ffma(b, sums, *acc);
+                }
+                g += LANES;
+            }
+            scales[g..g + LANES].fill(0.0);
+            let mut bias_terms = [0f32; MR];
+            for (t, acc) in bias_terms.iter_mut().zip(&bias_acc) {
+                *t = fsum(*acc);
+            }
+            bias_terms
+        }
+
+        /// Rows of `out_t` (`m` values each) for weight rows `row_start..`: on long rows of a
+        /// matrix-vector product [`MATVEC_ROWS`] weight rows per pass, otherwise one weight row
+        /// against up to [`MATMUL_ROWS`] activation rows. Every (weight row, activation row) pair
+        /// goes through the same arithmetic whatever the pass shape, so results are identical bit
+        /// for bit.
+        ///
+        /// # Safety
+        /// The CPU must have the module's features; rows `row_start..row_start + out_t.len() / m`
+        /// must exist in `w`; `xs` must hold `m` arranged rows.
+        #[target_feature(enable = $features)]
+        unsafe fn rows_impl<const BITS: usize, const GROUP: usize>(
+            w: &QuantizedMatrix,
+            xs: &[f32],
+            m: usize,
+            row_start: usize,
+            out_t: &mut [f32],
+        ) {
+            let cols = w.cols();
+            let stride = arranged_row_len(cols, BITS as u32, GROUP, LANES);
+            let groups = cols / GROUP;
+            let padded = groups.next_multiple_of(LANES) + LANES;
+            let nrows = out_t.len() / m;
+            let mut scales = vec![0f32; MATVEC_ROWS * padded];
+            let mut local = 0;
+            if m == 1 && stride * 4 >= MULTI_ROW_MIN_ACTIVATION_BYTES {
+                while local + MATVEC_ROWS <= nrows {
+                    // SAFETY: rows row_start + local.. + MATVEC_ROWS exist; one arranged row.
+                    let d = unsafe {
+                        tile::<BITS, GROUP, MATVEC_ROWS, 1, 1>(
+                            w,
+                            row_start + local,
+                            xs.as_ptr(),
+                            &mut scales,
+                        )
+                    };
+                    for (o, v) in out_t[local..local + MATVEC_ROWS].iter_mut().zip(d) {
+                        *o = v[0];
+                    }
+                    local += MATVEC_ROWS;
+                }
+            }
+            for local in local..nrows {
+                let r = row_start + local;
+                let out_row = &mut out_t[local * m..(local + 1) * m];
+                let mut i = 0;
+                // SAFETY (all calls): row r exists; activation rows i..i + MR < m are arranged
+                // rows.
+                while i + MATMUL_ROWS <= m {
+                    let x = unsafe { xs.as_ptr().add(i * stride) };
+                    let d = unsafe { tile::<BITS, GROUP, 1, MATMUL_ROWS, 1>(w, r, x, &mut scales) };
+                    out_row[i..i + MATMUL_ROWS].copy_from_slice(&d[0]);
+                    i += MATMUL_ROWS;
+                }
+                let x = unsafe { xs.as_ptr().add(i * stride) };
+                match m - i {
+                    3 => out_row[i..].copy_from_slice(
+                        &unsafe { tile::<BITS, GROUP, 1, 3, 2>(w, r, x, &mut scales) }[0],
+                    ),
+                    2 => out_row[i..].copy_from_slice(
+                        &unsafe { tile::<BITS, GROUP, 1, 2, 2>(w, r, x, &mut scales) }[0],
+                    ),
+                    1 => out_row[i..].copy_from_slice(
+                        &unsafe { tile::<BITS, GROUP, 1, 1, 4>(w, r, x, &mut scales) }[0],
+                    ),
+                    _ => {}
+                }
+            }
+        }
+
+        /// Dot products of weight rows `r0..r0 + NR` with `MR` arranged activation rows (`xs`, row
+        /// stride `arranged_row_len`).
+        ///
+        /// # Safety
+        /// The CPU must have the module's features; rows `r0..r0 + NR` must exist in `w`; `xs` must
+        /// point to `MR` arranged rows; `scales.len() >= NR * (groups padded to LANES + LANES)`.
+        #[target_feature(enable = $features)]
+        #[inline]
+        unsafe fn tile<
+            const BITS: usize,
+            const GROUP: usize,
+            const NR: usize,
+            const MR: usize,
+            const UNROLL: usize,
+        >(
+            w: &QuantizedMatrix,
+            r0: usize,
+            xs: *const f32,
+            scales: &mut [f32],
+        ) -> [[f32; MR]; NR] {
+            let per_lane = 32 / BITS;
+            let bc = block_cols(BITS, LANES);
+            let cols = w.cols();
+            let stride = arranged_row_len(cols, BITS as u32, GROUP, LANES);
+            let blocks = cols.div_ceil(bc);
+            let sums_offset = blocks * bc;
+            let groups = cols / GROUP;
+            let padded = groups.next_multiple_of(LANES) + LANES;
+            let row_code_bytes = cols * BITS / 8;
+            let mut bias_terms = [[0f32; MR]; NR];
+            for (r, terms) in bias_terms.iter_mut().enumerate() {
+                // SAFETY: forwarded contract; row r0 + r exists; scales window r holds `padded`
+                // floats.
+                *terms = unsafe {
+                    prepare_row::<GROUP, MR>(
+                        w,
+                        r0 + r,
+                        xs,
+                        stride,
+                        sums_offset,
+                        &mut scales[r * padded..(r + 1) * padded],
+                    )
+                };
+            }
+            // Which group each lane of a block belongs to, relative to the block's first group
+            // (blocks hold several groups when GROUP < block_cols).
+            let lanes_per_group = (GROUP / per_lane).min(LANES);
+            let mut lane_group = [0i32; LANES];
+            for (lane, g) in lane_group.iter_mut().enumerate() {
+                *g = (lane / lanes_per_group) as i32;
+            }
+            // SAFETY: 16 >= LANES i32.
+            let lane_group = unsafe { iload(lane_group.as_ptr()) };
+            let full_blocks = cols / bc;
+            // Several weight rows per pass are several code streams, which the software prefetch
+            // helps on every CPU (q8 `gating out` on Zen 4: +4-7% in 3 back-to-back rounds).
+            let prefetch = PREFETCH_ALWAYS || NR > 1 || crate::kernels::software_prefetch(BITS);
+            // Lanes of the last block that hold codes (all of them unless cols % block_cols != 0).
+            let tail_lanes = (cols % bc) / per_lane;
+            let codes = w.codes().as_ptr().wrapping_add(r0 * row_code_bytes / 4) as *const u8;
+            let mut acc = [[fzero(); MR]; NR];
+            let mut b = 0;
+            while b + UNROLL <= full_blocks {
+                // SAFETY: blocks b..b + UNROLL are whole blocks of every row of the tile.
+                let parts = unsafe {
+                    block_partials::<BITS, NR, MR, UNROLL>(
+                        codes,
+                        row_code_bytes,
+                        b,
+                        LANES,
+                        xs,
+                        stride,
+                        prefetch,
+                    )
+                };
+                for (u, part) in parts.iter().enumerate() {
+                    // SAFETY: rows r < NR have `padded` scales each.
+                    unsafe {
+                        accumulate_scaled::<BITS, GROUP, NR, MR>(
+                            &mut acc,
+                            part,
+                            scales,
+                            padded,
+                            b + u,
+                            lane_group,
+                        )
+                    };
+                }
+                b += UNROLL;
+            }
+            while b < blocks {
+                let valid_lanes = if b == full_blocks { tail_lanes } else { LANES };
+                // SAFETY: the masked lanes of block b lie inside every row of the tile.
+                let [part] = unsafe {
+                    block_partials::<BITS, NR, MR, 1>(
+                        codes,
+                        row_code_bytes,
+                        b,
+                        valid_lanes,
+                        xs,
+                        stride,
+                        prefetch,
+                    )
+                };
+                // SAFETY: as above.
+                unsafe {
+                    accumulate_scaled::<BITS, GROUP, NR, MR>(
+                        &mut acc, &part, scales, padded, b, lane_group,
+                    )
+                };
+                b += 1;
+            }
+            let mut out = [[0f32; MR]; NR];
+            for r in 0..NR {
+                for i in 0..MR {
+                    out[r][i] = fsum(acc[r][i]) + bias_terms[r][i];
+                }
+            }
+            out
+        }
+
+        /// The partial sums `Σ_k q_k · x_k` of blocks `b..b + U` (codes as `q · 2^(BITS·k)`,
+        /// activations pre-scaled by `2^-(BITS·k)`) for `NR` weight rows and `MR` arranged
+        /// activation rows; lanes from `valid_lanes` on read as zero codes. The `U · NR · MR`
+        /// chains are interleaved code by code, so their FMAs issue side by side.
+        ///
+        /// # Safety
+        /// The CPU must have the module's features; the first `valid_lanes` lanes of blocks `b..b +
+        /// U` of each of the `NR` rows (stride `row_code_bytes` from `codes`) must be readable;
+        /// `xs` must point to `MR` arranged rows.
+        #[target_feature(enable = $features)]
+        #[inline]
+        unsafe fn block_partials<
+            const BITS: usize,
+            const NR: usize,
+            const MR: usize,
+            const U: usize,
+        >(
+            codes: *const u8,
+            row_code_bytes: usize,
+            b: usize,
+            valid_lanes: usize,
+            xs: *const f32,
+            stride: usize,
+            prefetch: bool,
+        ) -> [[[F; MR]; NR]; U] {
+            let per_lane = 32 / BITS;
+            let bc = block_cols(BITS, LANES);
+            let mut d = [[izero(); NR]; U];
+            for (u, d) in d.iter_mut().enumerate() {
+                for (r, d) in d.iter_mut().enumerate() {
+                    let p = codes.wrapping_add(r * row_code_bytes + (b + u) * LANES * 4);
+                    if prefetch {
+                        // A hint: never faults, so the address may run past the row.
+                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_BYTES) as *const i8);
+                    }
+                    // SAFETY: the valid lanes lie inside row r (caller's contract).
+                    *d = unsafe {
+                        if valid_lanes == LANES {
+                            iload(p as *const i32)
+                        } else {
+                            iload_lanes(p as *const i32, valid_lanes)
+                        }
+                    };
+                }
+            }
+            let mut part = [[[fzero(); MR]; NR]; U];
+            for k in 0..per_lane {
+                for u in 0..U {
+                    let mut x = [fzero(); MR];
+                    for (i, x) in x.iter_mut().enumerate() {
+                        // SAFETY: vector k of block b + u of arranged row i.
+                        *x = unsafe { fload(xs.add(i * stride + (b + u) * bc + k * LANES)) };
+                    }
+                    for r in 0..NR {
+                        let q = decode::<BITS>(d[u][r], k);
+                        for i in 0..MR {
+                            part[u][r][i] = if k == 0 {
+                                fmul(q, x[i])
+                            } else {
+                                ffma(q, x[i], part[u][r][i])
+                            };
+                        }
+                    }
+                }
+            }
+            part
+        }
+
+        /// `acc += scale · part` for block `b`: each lane's scale is its group's (`lane_group` maps
+        /// lanes to groups when a block holds several).
+        ///
+        /// # Safety
+        /// The CPU must have the module's features; `scales` must hold `NR` windows of `padded`
+        /// floats (each row's scales, zero-padded by one vector).
+        #[target_feature(enable = $features)]
+        #[inline]
+        unsafe fn accumulate_scaled<
+            const BITS: usize,
+            const GROUP: usize,
+            const NR: usize,
+            const MR: usize,
+        >(
+            acc: &mut [[F; MR]; NR],
+            part: &[[F; MR]; NR],
+            scales: &[f32],
+            padded: usize,
+            b: usize,
+            lane_group: I,
+        ) {
+            let bc = block_cols(BITS, LANES);
+            let first_group = b * bc / GROUP;
+            for r in 0..NR {
+                let row_scales = scales.as_ptr().wrapping_add(r * padded + first_group);
+                // SAFETY: first_group < groups and each window is padded by one vector.
+                let s = unsafe {
+                    if GROUP >= bc {
+                        fset1(*row_scales)
+                    } else {
+                        fpermute(lane_group, fload(row_scales))
+                    }
+                };
+                for i in 0..MR {
+                    acc[r][i] = ffma(s, part[r][i], acc[r][i]);
+                }
+            }
+        }
+    };
+}
