@@ -405,11 +405,6 @@ fn rows_f32(w: &[f32], k: usize, x: &[f32], y: &mut [f32], kernel: Kernel) {
     }
 }
 
-/// The output pointer handed to the team's parts (each writes a disjoint row range).
-struct SendMutPtr(*mut f32);
-// SAFETY: only used to give disjoint output ranges to the parts of one team region.
-unsafe impl Sync for SendMutPtr {}
-
 /// Checks lengths, then runs `rows` (one block of rows on one thread) over all of `W`, split
 /// evenly over the threads of [`crate::team`] when `parallel` and the matrix is large (one part
 /// per thread, at least 8 rows each; the team's helpers spin between calls, so a call costs no
@@ -438,16 +433,8 @@ fn matvec_with<T: Sync>(
     let (w, y) = (&w[..n * k], &mut y[..n]);
     if parallel && n * k >= PARALLEL_MIN_ELEMENTS && n > 1 {
         let parts = crate::team::threads().min(n.div_ceil(8)).max(1);
-        let rows_per = n.div_ceil(parts);
-        let y_ptr = SendMutPtr(y.as_mut_ptr());
-        crate::team::run(n.div_ceil(rows_per), &|t| {
-            let lo = t * rows_per;
-            let hi = (lo + rows_per).min(n);
-            let y_ptr = &y_ptr;
-            // SAFETY: each part writes only its own rows `lo..hi` of `y` (disjoint ranges inside
-            // `n`), and `y` outlives the region (`team::run` returns when all parts are done).
-            let yc = unsafe { std::slice::from_raw_parts_mut(y_ptr.0.add(lo), hi - lo) };
-            rows(&w[lo * k..hi * k], k, x, yc, kernel);
+        crate::team::run_chunks_mut(y, n.div_ceil(parts), &|lo, yc| {
+            rows(&w[lo * k..(lo + yc.len()) * k], k, x, yc, kernel)
         });
     } else {
         rows(w, k, x, y, kernel);

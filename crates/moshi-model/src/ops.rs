@@ -288,14 +288,8 @@ pub fn elu_slice_par(dst: &mut [f32], src: &[f32]) {
         elu_slice(dst, src);
         return;
     }
-    let dst_ptr = SendPtr(dst.as_mut_ptr());
-    crate::team::run_ranges(0, len.div_ceil(LANES), threads, &|lo, hi| {
-        let dp = dst_ptr;
-        let (a, b) = (lo * LANES, (hi * LANES).min(len));
-        // SAFETY: each range owns the disjoint elements a..b of `dst` (in bounds: b <= len).
-        let d = unsafe { std::slice::from_raw_parts_mut(dp.0.add(a), b - a) };
-        elu_slice(d, &src[a..b]);
-    });
+    let chunk = len.div_ceil(LANES).div_ceil(threads) * LANES;
+    crate::team::run_chunks_mut(dst, chunk, &|a, d| elu_slice(d, &src[a..a + d.len()]));
 }
 
 /// `dst[i] = elu(src[i])` (alpha 1) over a slice, vectorized: `expm1` by range reduction

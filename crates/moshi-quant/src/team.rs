@@ -205,10 +205,50 @@ pub fn run_ranges(lo: usize, hi: usize, parts: usize, f: &(dyn Fn(usize, usize) 
     });
 }
 
+/// Runs `f(first, chunk)` on the team for each chunk of `out` cut every `chunk_len` values (the
+/// last one may be shorter), `first` being the chunk's offset in `out`. Each part gets its own
+/// disjoint chunk as a plain `&mut` slice, so callers need no raw pointers.
+pub fn run_chunks_mut(out: &mut [f32], chunk_len: usize, f: &(dyn Fn(usize, &mut [f32]) + Sync)) {
+    let len = out.len();
+    let chunk_len = chunk_len.max(1);
+    let base = OutBase(out.as_mut_ptr());
+    run(len.div_ceil(chunk_len), &|i| {
+        let base = &base;
+        let lo = i * chunk_len;
+        let hi = (lo + chunk_len).min(len);
+        // SAFETY: part `i` alone touches `lo..hi`, in bounds of `out`, which stays mutably
+        // borrowed until `run` returns, i.e. after every part has finished.
+        let chunk = unsafe { std::slice::from_raw_parts_mut(base.0.add(lo), hi - lo) };
+        f(lo, chunk);
+    });
+}
+
+/// The start of the slice [`run_chunks_mut`] hands out in disjoint chunks.
+struct OutBase(*mut f32);
+// SAFETY: only dereferenced through the disjoint chunks of `run_chunks_mut`.
+unsafe impl Sync for OutBase {}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicU32;
+
+    #[test]
+    fn chunks_tile_the_slice_with_their_offsets() {
+        for (len, chunk) in [(0, 4), (10, 3), (64, 16), (5, 100)] {
+            let mut out = vec![-1f32; len];
+            run_chunks_mut(&mut out, chunk, &|first, c| {
+                assert!(c.len() <= chunk && !c.is_empty());
+                for (j, v) in c.iter_mut().enumerate() {
+                    *v = (first + j) as f32;
+                }
+            });
+            assert!(
+                out.iter().enumerate().all(|(i, &v)| v == i as f32),
+                "{len} {chunk}"
+            );
+        }
+    }
 
     #[test]
     fn every_part_runs_exactly_once_and_ranges_tile() {

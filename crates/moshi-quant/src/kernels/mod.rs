@@ -248,25 +248,10 @@ fn run_threaded(w: &QuantizedMatrix, plan: &Plan, xs: &[f32], m: usize, out_t: &
         return;
     }
     let rows_per_task = rows.div_ceil(tasks);
-    let out_ptr = SendMutPtr(out_t.as_mut_ptr());
-    let total = out_t.len();
-    crate::team::run(rows.div_ceil(rows_per_task), &|t| {
-        let lo = t * rows_per_task;
-        let hi = (lo + rows_per_task).min(rows);
-        let out_ptr = &out_ptr;
-        debug_assert!(hi * m <= total);
-        // SAFETY: each part `t` writes only its own rows `lo..hi` of `out_t` (disjoint ranges
-        // inside `total`), and `out_t` outlives the region (`team::run` returns when all parts
-        // are done).
-        let chunk = unsafe { std::slice::from_raw_parts_mut(out_ptr.0.add(lo * m), (hi - lo) * m) };
-        (plan.rows_fn)(w, xs, m, lo, chunk);
+    crate::team::run_chunks_mut(out_t, rows_per_task * m, &|first, chunk| {
+        (plan.rows_fn)(w, xs, m, first / m, chunk)
     });
 }
-
-/// The output pointer handed to the team's parts (each writes a disjoint row range).
-struct SendMutPtr(*mut f32);
-// SAFETY: only used to give disjoint output ranges to the parts of one team region.
-unsafe impl Sync for SendMutPtr {}
 
 #[cfg(test)]
 mod tests {
