@@ -228,6 +228,7 @@ macro_rules! lane_kernel {
             let padded = groups.next_multiple_of(LANES) + LANES;
             let nrows = out_t.len() / m;
             let mut scales = vec![0f32; MATVEC_ROWS * padded];
+            let prefetch = PREFETCH_ALWAYS || crate::kernels::software_prefetch(BITS);
             let mut local = 0;
             if m == 1 && stride * 4 >= MULTI_ROW_MIN_ACTIVATION_BYTES {
                 while local + MATVEC_ROWS <= nrows {
@@ -238,6 +239,7 @@ macro_rules! lane_kernel {
                             row_start + local,
                             xs.as_ptr(),
                             &mut scales,
+                            prefetch,
                         )
                     };
                     for (o, v) in out_t[local..local + MATVEC_ROWS].iter_mut().zip(d) {
@@ -254,20 +256,22 @@ macro_rules! lane_kernel {
                 // rows.
                 while i + MATMUL_ROWS <= m {
                     let x = unsafe { xs.as_ptr().add(i * stride) };
-                    let d = unsafe { tile::<BITS, GROUP, 1, MATMUL_ROWS, 1>(w, r, x, &mut scales) };
+                    let d = unsafe {
+                        tile::<BITS, GROUP, 1, MATMUL_ROWS, 1>(w, r, x, &mut scales, prefetch)
+                    };
                     out_row[i..i + MATMUL_ROWS].copy_from_slice(&d[0]);
                     i += MATMUL_ROWS;
                 }
                 let x = unsafe { xs.as_ptr().add(i * stride) };
                 match m - i {
                     3 => out_row[i..].copy_from_slice(
-                        &unsafe { tile::<BITS, GROUP, 1, 3, 2>(w, r, x, &mut scales) }[0],
+                        &unsafe { tile::<BITS, GROUP, 1, 3, 2>(w, r, x, &mut scales, prefetch) }[0],
                     ),
                     2 => out_row[i..].copy_from_slice(
-                        &unsafe { tile::<BITS, GROUP, 1, 2, 2>(w, r, x, &mut scales) }[0],
+                        &unsafe { tile::<BITS, GROUP, 1, 2, 2>(w, r, x, &mut scales, prefetch) }[0],
                     ),
                     1 => out_row[i..].copy_from_slice(
-                        &unsafe { tile::<BITS, GROUP, 1, 1, 4>(w, r, x, &mut scales) }[0],
+                        &unsafe { tile::<BITS, GROUP, 1, 1, 4>(w, r, x, &mut scales, prefetch) }[0],
                     ),
                     _ => {}
                 }
@@ -293,6 +297,7 @@ macro_rules! lane_kernel {
             r0: usize,
             xs: *const f32,
             scales: &mut [f32],
+            prefetch: bool,
         ) -> [[f32; MR]; NR] {
             let per_lane = 32 / BITS;
             let bc = block_cols(BITS, LANES);
@@ -325,12 +330,12 @@ macro_rules! lane_kernel {
             for (lane, g) in lane_group.iter_mut().enumerate() {
                 *g = (lane / lanes_per_group) as i32;
             }
-            // SAFETY: 16 >= LANES i32.
+            // SAFETY: LANES i32.
             let lane_group = unsafe { iload(lane_group.as_ptr()) };
             let full_blocks = cols / bc;
             // Several weight rows per pass are several code streams, which the software prefetch
             // helps on every CPU (q8 `gating out` on Zen 4: +4-7% in 3 back-to-back rounds).
-            let prefetch = PREFETCH_ALWAYS || NR > 1 || crate::kernels::software_prefetch(BITS);
+            let prefetch = prefetch || NR > 1;
             // Lanes of the last block that hold codes (all of them unless cols % block_cols != 0).
             let tail_lanes = (cols % bc) / per_lane;
             let codes = w.codes().as_ptr().wrapping_add(r0 * row_code_bytes / 4) as *const u8;
@@ -366,7 +371,7 @@ macro_rules! lane_kernel {
             }
             while b < blocks {
                 let valid_lanes = if b == full_blocks { tail_lanes } else { LANES };
-                // SAFETY: the masked lanes of block b lie inside every row of the tile.
+                // SAFETY: the valid lanes of block b lie inside every row of the tile.
                 let [part] = unsafe {
                     block_partials::<BITS, NR, MR, 1>(
                         codes,
