@@ -234,8 +234,8 @@ pub fn qmm_with_kernel(
 }
 
 /// Splits the rows into at most [`TASKS_PER_THREAD`] tasks per thread of the [`crate::team`]
-/// (capped by the current rayon pool), run on the team (no futex wake-up per call), none smaller than
-/// [`MIN_TASK_WEIGHT_BYTES`] of weights.
+/// (capped by the current rayon pool), none smaller than [`MIN_TASK_WEIGHT_BYTES`] of weights, and
+/// runs them on the team (no futex wake-up per call), each on its own chunk of `out_t`.
 fn run_threaded(w: &QuantizedMatrix, plan: &Plan, xs: &[f32], m: usize, out_t: &mut [f32]) {
     let rows = w.rows();
     let max_tasks_by_size = (w.weight_bytes() / MIN_TASK_WEIGHT_BYTES).max(1);
