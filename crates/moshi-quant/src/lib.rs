@@ -20,5 +20,5 @@ mod reference;
 pub mod team;
 
 pub use error::QuantError;
-pub use kernels::Kernel;
+pub use kernels::{Kernel, KERNEL_ENV};
 pub use matrix::{bf16_bits_to_f32, QuantizedMatrix, SUPPORTED_BITS, SUPPORTED_GROUP_SIZES};

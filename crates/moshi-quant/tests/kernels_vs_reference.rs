@@ -288,3 +288,27 @@ fn long_rows_match_reference_and_single_row_bits() {
         }
     }
 }
+
+#[test]
+fn non_finite_activations_give_non_finite_outputs_in_every_kernel() {
+    // The VNNI kernel cannot hold NaN or infinities in fixed point and hands such products to
+    // the f32 kernel; every kernel must agree with the reference on which outputs are finite.
+    let mut rng = Rng(5);
+    for (bits, group_size) in [(4, 32), (8, 64)] {
+        let w = random_matrix(&mut rng, 6, 256, bits, group_size);
+        for bad in [f32::NAN, f32::INFINITY] {
+            let mut x: Vec<f32> = (0..2 * 256).map(|_| rng.uniform(-1.0, 1.0)).collect();
+            x[256 + 100] = bad;
+            let mut want = vec![0f32; 2 * 6];
+            w.matmul_reference(&x, 2, &mut want);
+            for kernel in Kernel::available() {
+                let mut got = vec![0f32; 2 * 6];
+                w.matmul_with_kernel(kernel, &x, 2, &mut got).unwrap();
+                let finite: Vec<bool> = got.iter().map(|v| v.is_finite()).collect();
+                let want_finite: Vec<bool> = want.iter().map(|v| v.is_finite()).collect();
+                assert_eq!(finite, want_finite, "{} q{bits} {bad}", kernel.name());
+                assert!(finite[..6].iter().all(|f| *f) && !finite[6..].iter().any(|f| *f));
+            }
+        }
+    }
+}

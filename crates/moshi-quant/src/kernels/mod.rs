@@ -33,6 +33,8 @@ mod avx2;
 mod avx512;
 mod generic;
 mod portable;
+#[cfg(target_arch = "x86_64")]
+mod vnni;
 
 use std::borrow::Cow;
 use std::sync::OnceLock;
@@ -65,6 +67,10 @@ pub(crate) fn software_prefetch(bits: usize) -> bool {
         })
 }
 
+/// Environment variable naming the kernel [`Kernel::detect`] returns (`portable`, `avx2`,
+/// `avx512`, `avx512vnni`).
+pub const KERNEL_ENV: &str = "MOSHI_QUANT_KERNEL";
+
 /// Tasks per rayon thread. Four (for work stealing around preempted threads) measured lower than
 /// one in back-to-back full benchmark runs on a loaded 2-core machine, so rows are split evenly.
 const TASKS_PER_THREAD: usize = 1;
@@ -78,18 +84,28 @@ pub enum Kernel {
     Avx2,
     /// x86-64 AVX-512F, 16 lanes.
     Avx512,
+    /// x86-64 AVX-512F + VNNI: integer dot products of the codes with 24-bit fixed-point
+    /// activations (see `kernels::vnni`); the f32 [`Kernel::Avx512`] kernel takes over for
+    /// activations it cannot hold (non-finite, or rows of only subnormal magnitudes).
+    Avx512Vnni,
 }
 
 impl Kernel {
     /// All variants, slowest first.
-    pub const ALL: [Kernel; 3] = [Kernel::Portable, Kernel::Avx2, Kernel::Avx512];
+    pub const ALL: [Kernel; 4] = [
+        Kernel::Portable,
+        Kernel::Avx2,
+        Kernel::Avx512,
+        Kernel::Avx512Vnni,
+    ];
 
-    /// Short name (`"portable"`, `"avx2"`, `"avx512"`).
+    /// Short name (`"portable"`, `"avx2"`, `"avx512"`, `"avx512vnni"`).
     pub fn name(self) -> &'static str {
         match self {
             Kernel::Portable => "portable",
             Kernel::Avx2 => "avx2",
             Kernel::Avx512 => "avx512",
+            Kernel::Avx512Vnni => "avx512vnni",
         }
     }
 
@@ -101,8 +117,10 @@ impl Kernel {
             Kernel::Avx2 => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"),
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx512 => is_x86_feature_detected!("avx512f"),
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512Vnni => vnni::available(),
             #[cfg(not(target_arch = "x86_64"))]
-            Kernel::Avx2 | Kernel::Avx512 => false,
+            Kernel::Avx2 | Kernel::Avx512 | Kernel::Avx512Vnni => false,
         }
     }
 
@@ -114,10 +132,42 @@ impl Kernel {
             .collect()
     }
 
-    /// The fastest variant this CPU can run (detected once).
+    /// The variant named `name` ([`Kernel::name`]), if any.
+    pub fn from_name(name: &str) -> Option<Kernel> {
+        Kernel::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    /// The kernel the products use (decided once): the one named by the environment variable
+    /// [`KERNEL_ENV`] where this CPU runs it (e.g. `avx512` for the f32 kernel on a VNNI
+    /// machine), otherwise the fastest variant this CPU can run. An unknown or unavailable name
+    /// is reported with a warning and ignored.
     pub fn detect() -> Kernel {
-        static BEST: OnceLock<Kernel> = OnceLock::new();
-        *BEST.get_or_init(|| *Kernel::available().last().unwrap_or(&Kernel::Portable))
+        static CHOSEN: OnceLock<Kernel> = OnceLock::new();
+        *CHOSEN.get_or_init(|| {
+            let fastest = *Kernel::available().last().unwrap_or(&Kernel::Portable);
+            let Ok(name) = std::env::var(KERNEL_ENV) else {
+                return fastest;
+            };
+            match Kernel::from_name(&name) {
+                Some(kernel) if kernel.is_available() => kernel,
+                Some(_) => {
+                    tracing::warn!(
+                        "{KERNEL_ENV}={name}: this CPU cannot run it; using {}",
+                        fastest.name()
+                    );
+                    fastest
+                }
+                None => {
+                    let names: Vec<&str> = Kernel::ALL.iter().map(|k| k.name()).collect();
+                    tracing::warn!(
+                        "{KERNEL_ENV}={name}: unknown kernel (expected one of {}); using {}",
+                        names.join(", "),
+                        fastest.name()
+                    );
+                    fastest
+                }
+            }
+        })
     }
 }
 
@@ -133,6 +183,9 @@ enum Layout {
     /// The x86 lane kernels' arrangement plus group sums (`lanes::arrange_activations`).
     #[cfg(target_arch = "x86_64")]
     Lanes { lanes: usize, top_unscaled: bool },
+    /// The VNNI kernel's fixed-point digits (`vnni::arrange_activations`).
+    #[cfg(target_arch = "x86_64")]
+    Digits,
 }
 
 /// How a kernel wants the activations laid out, and which function computes a row range.
@@ -150,6 +203,15 @@ fn plan(kernel: Kernel, bits: u32, group_size: usize) -> Plan {
             }
             Kernel::Avx2 => {
                 avx2::select(bits, group_size).map(|f| (f, avx2::LANES, avx2::TOP_UNSCALED))
+            }
+            Kernel::Avx512Vnni => {
+                if let Some(rows_fn) = vnni::select(bits, group_size) {
+                    return Plan {
+                        layout: Layout::Digits,
+                        rows_fn,
+                    };
+                }
+                None
             }
             Kernel::Portable => None,
         };
@@ -202,23 +264,7 @@ pub fn qmm_with_kernel(
     if m == 0 || rows == 0 {
         return Ok(());
     }
-    let plan = plan(kernel, w.bits(), w.group_size());
-    let xs: Cow<[f32]> = match plan.layout {
-        Layout::Natural => Cow::Borrowed(x),
-        #[cfg(target_arch = "x86_64")]
-        Layout::Lanes {
-            lanes,
-            top_unscaled,
-        } => Cow::Owned(lanes::arrange_activations(
-            x,
-            m,
-            cols,
-            w.bits(),
-            w.group_size(),
-            lanes,
-            top_unscaled,
-        )),
-    };
+    let (plan, xs) = arranged(kernel, w, x, m);
     if m == 1 {
         run_threaded(w, &plan, &xs, 1, y);
     } else {
@@ -231,6 +277,34 @@ pub fn qmm_with_kernel(
         }
     }
     Ok(())
+}
+
+/// The plan for `kernel` and the activations in its layout; activations the VNNI kernel cannot
+/// hold go to the f32 AVX-512 kernel.
+fn arranged<'x>(
+    kernel: Kernel,
+    w: &QuantizedMatrix,
+    x: &'x [f32],
+    m: usize,
+) -> (Plan, Cow<'x, [f32]>) {
+    let (bits, group_size, cols) = (w.bits(), w.group_size(), w.cols());
+    let plan = plan(kernel, bits, group_size);
+    match plan.layout {
+        Layout::Natural => (plan, Cow::Borrowed(x)),
+        #[cfg(target_arch = "x86_64")]
+        Layout::Lanes {
+            lanes,
+            top_unscaled,
+        } => {
+            let xs = lanes::arrange_activations(x, m, cols, bits, group_size, lanes, top_unscaled);
+            (plan, Cow::Owned(xs))
+        }
+        #[cfg(target_arch = "x86_64")]
+        Layout::Digits => match vnni::arrange_activations(x, m, cols, bits, group_size) {
+            Some(xs) => (plan, Cow::Owned(xs)),
+            None => arranged(Kernel::Avx512, w, x, m),
+        },
+    }
 }
 
 /// Splits the rows into at most [`TASKS_PER_THREAD`] tasks per thread of the [`crate::team`]

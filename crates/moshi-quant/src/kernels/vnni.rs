@@ -1,0 +1,785 @@
+//! AVX-512 VNNI kernel for 4- and 8-bit codes: codes and activations meet in integer dot products
+//! (`vpdpbusd`, 64 byte products per instruction), each activation held as a 24-bit fixed-point
+//! number of its quantization group, in three signed 8-bit digits.
+//!
+//! **Activations** ([`arrange_activations`], once per product). A row is scaled by the power of
+//! two `2^-e` that brings its largest magnitude into [1, 2). Each group `g` then gets a unit
+//! `u_g`: the power of two 22 binades below its largest scaled magnitude (one binade higher when
+//! that largest value would round past [`DIGITS_MAX`]), never below `2^MIN_UNIT_EXP`. Every value
+//! becomes the integer `n = round(x · 2^-e / u_g)`, `|n| ≤ 8355711`, split into three signed
+//! base-256 digits. So each activation is held to within half a unit: at most `2^-23` of its
+//! group's largest magnitude, the size of one f32 rounding of that value. Values with no more
+//! than 22 significant bits below their group's largest (small integers, for one) are exact.
+//! Rows holding a NaN, an infinity or only subnormal magnitudes are not arranged (`None`); the
+//! caller then uses the f32 AVX-512 kernel.
+//!
+//! **Per block** of 64 code bytes (16 `i32` lanes: 128 four-bit or 64 eight-bit columns) and
+//! weight row: 4-bit codes are split into their low and high nibbles (one AND, one shift and
+//! one AND give two vectors of bytes), and each lane's `Σ q · n` over its columns is built digit
+//! by digit, most significant first, the sum shifted up 8 bits between digits. Integer sums are
+//! exact and fit `i32`: a lane's 8 products of a 4-bit code and a digit (`|d| ≤ 128`) stay
+//! below 2^14, so the whole sum stays below 2^30. For 8-bit codes (4 products of up to 255 · 128)
+//! the last digit goes to a second sum, as a third shift would overflow. Each lane's sum is then
+//! converted to f32 and accumulated with the factor `scale_g · u_g` (prepared per weight row and
+//! activation row, exact: `u_g` is a power of two). A row's result is
+//! `2^e · Σ + Σ_g bias_g · Σ_{j∈g} x_j`, the bias part on f32 group sums as in the other kernels.
+//!
+//! Against the f32 lane kernel (`kernels::lanes`) this is 14 vector operations per 64 bytes of
+//! 4-bit codes instead of about 26, and six of them are integer dot products: enough to leave
+//! 4-bit products bound by memory rather than by arithmetic on two Zen 4 cores. The kernel tests
+//! hold it to the same error bound as the f32 kernels.
+
+use std::arch::x86_64::*;
+
+use crate::kernels::lanes::{MATMUL_ROWS, MATVEC_ROWS, MULTI_ROW_MIN_ACTIVATION_BYTES};
+use crate::kernels::{RowRangeFn, PREFETCH_BYTES};
+use crate::QuantizedMatrix;
+
+/// `i32` lanes per vector (and `u32` code words per block).
+const LANES: usize = 16;
+
+/// Code bytes per block (one vector).
+const BLOCK_BYTES: usize = 64;
+
+/// Signed 8-bit digits per activation.
+const DIGITS: usize = 3;
+
+/// Largest `|n|` three signed 8-bit digits hold: `127 · (2^16 + 2^8 + 1)`.
+const DIGITS_MAX: f32 = 8_355_711.0;
+
+/// Smallest group unit, as a power of two relative to the row's largest magnitude: groups whose
+/// largest value lies more than 2^-78 below the row's are held to within 2^-101 of it.
+const MIN_UNIT_EXP: i32 = -100;
+
+/// Whether this CPU has AVX-512F, BW (for the activation arrangement) and VNNI.
+pub(crate) fn available() -> bool {
+    is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vnni")
+}
+
+pub(crate) fn select(bits: u32, group_size: usize) -> Option<RowRangeFn> {
+    select_specialised_rows!(rows, bits, group_size)
+}
+
+/// Columns per block of `bits`-bit codes.
+const fn block_cols(bits: usize) -> usize {
+    BLOCK_BYTES * 8 / bits
+}
+
+/// Byte vectors per digit and block: the low and high nibbles of 4-bit codes, or the bytes of
+/// 8-bit ones.
+const fn planes(bits: usize) -> usize {
+    8 / bits
+}
+
+/// Digit bytes per block of arranged activations.
+const fn block_digit_bytes(bits: usize) -> usize {
+    DIGITS * planes(bits) * BLOCK_BYTES
+}
+
+/// Where the parts of one arranged activation row lie, in f32 slots: the digit blocks (bytes),
+/// then each group's unit, each group's f32 sum (both zero-padded to whole vectors), then the
+/// row's scale `2^e` (one vector, first lane used).
+#[derive(Clone, Copy)]
+struct RowLayout {
+    digits_len: usize,
+    units_offset: usize,
+    sums_offset: usize,
+    unscale_offset: usize,
+    stride: usize,
+}
+
+fn row_layout(cols: usize, bits: usize, group_size: usize) -> RowLayout {
+    let blocks = cols.div_ceil(block_cols(bits));
+    let digits_len = blocks * block_digit_bytes(bits) / 4;
+    let groups_padded = (cols / group_size).next_multiple_of(LANES);
+    let units_offset = digits_len;
+    let sums_offset = units_offset + groups_padded;
+    let unscale_offset = sums_offset + groups_padded;
+    RowLayout {
+        digits_len,
+        units_offset,
+        sums_offset,
+        unscale_offset,
+        stride: unscale_offset + LANES,
+    }
+}
+
+/// `2^e` as f32, for `-149 ≤ e ≤ 127` (subnormal below -126).
+fn pow2(e: i32) -> f32 {
+    debug_assert!((-149..=127).contains(&e));
+    if e >= -126 {
+        f32::from_bits(((e + 127) as u32) << 23)
+    } else {
+        f32::from_bits(1 << (e + 149))
+    }
+}
+
+/// The binade of a positive normal `v`: `v ∈ [2^e, 2^(e+1))`.
+fn binade(v: f32) -> i32 {
+    ((v.to_bits() >> 23) & 0xff) as i32 - 127
+}
+
+/// Lays out `m` rows of `cols` activations for this kernel (see the module docs), or `None` if a
+/// row holds a non-finite value or only subnormal magnitudes.
+///
+/// # Panics
+/// If the CPU lacks the features (callers pick this kernel only where [`available`]), or the
+/// group size is not a multiple of 16 dividing `cols`.
+pub(crate) fn arrange_activations(
+    x: &[f32],
+    m: usize,
+    cols: usize,
+    bits: u32,
+    group_size: usize,
+) -> Option<Vec<f32>> {
+    assert!(available(), "VNNI kernel called on a CPU without it");
+    assert!(group_size % 16 == 0 && cols % group_size == 0);
+    let layout = row_layout(cols, bits as usize, group_size);
+    let mut out = vec![0f32; m * layout.stride];
+    for (row, dst) in x
+        .chunks_exact(cols)
+        .zip(out.chunks_exact_mut(layout.stride))
+    {
+        // SAFETY: the CPU has the features (asserted above); rows of `cols`, a multiple of the
+        // group size (a multiple of 16 for every specialised kernel); `dst` laid out for them.
+        if !unsafe { arrange_row(row, dst, bits as usize, group_size, layout) } {
+            return None;
+        }
+    }
+    Some(out)
+}
+
+/// One row of [`arrange_activations`] into the zeroed `dst`; false if it cannot be arranged.
+/// Sixteen columns at a time (`group_size` is a multiple of 16).
+///
+/// # Safety
+/// The CPU must have AVX-512F and AVX-512BW; `row.len()` is a multiple of `group_size`, itself
+/// a multiple of 16; `dst` is laid out by `layout` for `row.len()` columns.
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn arrange_row(
+    row: &[f32],
+    dst: &mut [f32],
+    bits: usize,
+    group_size: usize,
+    layout: RowLayout,
+) -> bool {
+    debug_assert!(group_size % 16 == 0 && row.len() % group_size == 0);
+    let mut max = _mm512_setzero_ps();
+    let mut nan = 0u16;
+    for v in row.chunks_exact(16) {
+        // SAFETY: 16 floats.
+        let v = unsafe { _mm512_loadu_ps(v.as_ptr()) };
+        nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
+        max = _mm512_max_ps(max, _mm512_abs_ps(v));
+    }
+    let max = _mm512_reduce_max_ps(max);
+    if nan != 0 || max == f32::INFINITY {
+        return false;
+    }
+    dst[layout.unscale_offset] = 1.0;
+    if max == 0.0 {
+        return true;
+    }
+    if max < f32::MIN_POSITIVE {
+        return false;
+    }
+    let row_exp = binade(max);
+    let row_scale = _mm512_set1_ps(pow2(-row_exp));
+    dst[layout.unscale_offset] = pow2(row_exp);
+    let (digit_slots, tail) = dst.split_at_mut(layout.digits_len);
+    let (units, tail) = tail.split_at_mut(layout.sums_offset - layout.units_offset);
+    let sums = &mut tail[..layout.unscale_offset - layout.sums_offset];
+    let digits = digit_slots.as_mut_ptr() as *mut u8;
+    let (bc, digit_stride) = (block_cols(bits), planes(bits) * BLOCK_BYTES);
+    // Even columns first, then odd ones: the low- and high-nibble planes of 4-bit codes.
+    let even_odd = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    for (g, group) in row.chunks_exact(group_size).enumerate() {
+        let (mut sum, mut group_max) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        for v in group.chunks_exact(16) {
+            // SAFETY: 16 floats.
+            let v = unsafe { _mm512_loadu_ps(v.as_ptr()) };
+            sum = _mm512_add_ps(sum, v);
+            group_max = _mm512_max_ps(group_max, _mm512_abs_ps(v));
+        }
+        sums[g] = _mm512_reduce_add_ps(sum);
+        let group_max = _mm512_reduce_max_ps(group_max) * pow2(-row_exp);
+        let mut unit_exp = if group_max >= pow2(MIN_UNIT_EXP + 22) {
+            binade(group_max) - 22
+        } else {
+            MIN_UNIT_EXP
+        };
+        if (group_max * pow2(-unit_exp)).round_ties_even() > DIGITS_MAX {
+            unit_exp += 1;
+        }
+        units[g] = pow2(unit_exp);
+        let inverse_unit = _mm512_set1_ps(pow2(-unit_exp));
+        for (k, v) in group.chunks_exact(16).enumerate() {
+            // SAFETY: 16 floats.
+            let v = unsafe { _mm512_loadu_ps(v.as_ptr()) };
+            // Exact scalings by powers of two, then one rounding (to nearest even): |n| ≤
+            // DIGITS_MAX by the choice of the unit.
+            let n = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(v, row_scale), inverse_unit));
+            // Balanced base-256 digits: d0 = n's low byte as i8, n1 = (n - d0) / 256, ...
+            let n1 = _mm512_srai_epi32::<8>(_mm512_sub_epi32(
+                n,
+                _mm512_srai_epi32::<24>(_mm512_slli_epi32::<24>(n)),
+            ));
+            let n2 = _mm512_srai_epi32::<8>(_mm512_sub_epi32(
+                n1,
+                _mm512_srai_epi32::<24>(_mm512_slli_epi32::<24>(n1)),
+            ));
+            let col = g * group_size + k * 16;
+            let (block, c) = (col / bc, col % bc);
+            let block_at = block * block_digit_bytes(bits);
+            for (d, value) in [n2, n1, n].into_iter().enumerate() {
+                let bytes = _mm512_cvtepi32_epi8(value);
+                let at = block_at + d * digit_stride;
+                // SAFETY (stores): inside block `block` of the digit part (layout).
+                if bits == 4 {
+                    // Lanes c/8 and c/8 + 1: their codes' bytes are plane bytes c/2.. c/2 + 8.
+                    let split = _mm_shuffle_epi8(bytes, even_odd);
+                    unsafe {
+                        let low = digits.add(at + c / 2);
+                        _mm_storel_epi64(low as *mut __m128i, split);
+                        _mm_storel_epi64(
+                            low.add(BLOCK_BYTES) as *mut __m128i,
+                            _mm_unpackhi_epi64(split, split),
+                        );
+                    }
+                } else {
+                    unsafe { _mm_storeu_si128(digits.add(at + c) as *mut __m128i, bytes) };
+                }
+            }
+        }
+    }
+    true
+}
+
+fn rows<const BITS: usize, const GROUP: usize>(
+    w: &QuantizedMatrix,
+    xs: &[f32],
+    m: usize,
+    row_start: usize,
+    out_t: &mut [f32],
+) {
+    assert!(available(), "VNNI kernel called on a CPU without it");
+    let nrows = out_t.len() / m;
+    let layout = row_layout(w.cols(), BITS, GROUP);
+    assert!(row_start + nrows <= w.rows() && xs.len() == m * layout.stride);
+    // SAFETY: the CPU has the features (checked above); `rows_impl` only reads rows
+    // `row_start..row_start + nrows` of `w` (checked in range) and `m` arranged rows of `xs`.
+    unsafe { rows_impl::<BITS, GROUP>(w, xs, m, row_start, out_t, layout) }
+}
+
+/// Rows of `out_t` (`m` values each) for weight rows `row_start..`, in the same pass shapes as
+/// the lane kernel: [`MATVEC_ROWS`] weight rows per pass on long rows of a matrix-vector product,
+/// otherwise one weight row against up to [`MATMUL_ROWS`] activation rows. Every (weight row,
+/// activation row) pair goes through the same arithmetic in every pass shape.
+///
+/// # Safety
+/// The CPU must have AVX-512F and VNNI; rows `row_start..row_start + out_t.len() / m` must exist
+/// in `w`; `xs` must hold `m` arranged rows.
+#[target_feature(enable = "avx512f,avx512vnni")]
+unsafe fn rows_impl<const BITS: usize, const GROUP: usize>(
+    w: &QuantizedMatrix,
+    xs: &[f32],
+    m: usize,
+    row_start: usize,
+    out_t: &mut [f32],
+    layout: RowLayout,
+) {
+    let groups = w.cols() / GROUP;
+    let padded = groups.next_multiple_of(LANES) + LANES;
+    let nrows = out_t.len() / m;
+    let mut scales = vec![0f32; MATVEC_ROWS.max(MATMUL_ROWS) * padded];
+    let prefetch = crate::kernels::software_prefetch(BITS);
+    let mut local = 0;
+    if m == 1 && layout.stride * 4 >= MULTI_ROW_MIN_ACTIVATION_BYTES {
+        while local + MATVEC_ROWS <= nrows {
+            // SAFETY: rows row_start + local.. + MATVEC_ROWS exist; one arranged row.
+            let d = unsafe {
+                tile::<BITS, GROUP, MATVEC_ROWS, 1, 1>(
+                    w,
+                    row_start + local,
+                    xs.as_ptr(),
+                    layout,
+                    &mut scales,
+                    prefetch,
+                )
+            };
+            for (o, v) in out_t[local..local + MATVEC_ROWS].iter_mut().zip(d) {
+                *o = v[0];
+            }
+            local += MATVEC_ROWS;
+        }
+    }
+    for local in local..nrows {
+        let r = row_start + local;
+        let out_row = &mut out_t[local * m..(local + 1) * m];
+        let mut i = 0;
+        // SAFETY (all calls): row r exists; activation rows i..i + MR < m are arranged rows.
+        while i + MATMUL_ROWS <= m {
+            let x = unsafe { xs.as_ptr().add(i * layout.stride) };
+            let d = unsafe {
+                tile::<BITS, GROUP, 1, MATMUL_ROWS, 1>(w, r, x, layout, &mut scales, prefetch)
+            };
+            out_row[i..i + MATMUL_ROWS].copy_from_slice(&d[0]);
+            i += MATMUL_ROWS;
+        }
+        let x = unsafe { xs.as_ptr().add(i * layout.stride) };
+        let s = &mut scales;
+        match m - i {
+            3 => out_row[i..].copy_from_slice(
+                &unsafe { tile::<BITS, GROUP, 1, 3, 2>(w, r, x, layout, s, prefetch) }[0],
+            ),
+            2 => out_row[i..].copy_from_slice(
+                &unsafe { tile::<BITS, GROUP, 1, 2, 2>(w, r, x, layout, s, prefetch) }[0],
+            ),
+            1 => out_row[i..].copy_from_slice(
+                &unsafe { tile::<BITS, GROUP, 1, 1, 4>(w, r, x, layout, s, prefetch) }[0],
+            ),
+            _ => {}
+        }
+    }
+}
+
+/// 16 bf16 values as f32 (exact: the bits shifted into the high half).
+///
+/// # Safety
+/// The CPU must have AVX-512F; `p` must point to 16 readable `u16`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn widen_bf16(p: *const u16) -> __m512 {
+    // SAFETY: forwarded contract (32 bytes).
+    let h = unsafe { _mm256_loadu_si256(p as *const __m256i) };
+    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+}
+
+/// Writes, for each of the `MR` activation rows `i`, row `r`'s factors `scale_g · u_{i,g}` into
+/// window `i` of `scales` (`padded` floats each: the groups, then zeros), and returns the bias
+/// terms `Σ_g bias_g · Σ_{j∈g} x_{i,j}`.
+///
+/// # Safety
+/// The CPU must have AVX-512F; `r < w.rows()`; `xs` must point to `MR` arranged rows;
+/// `scales.len() >= MR * padded` with `padded = groups padded to LANES + LANES`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn prepare_row<const GROUP: usize, const MR: usize>(
+    w: &QuantizedMatrix,
+    r: usize,
+    xs: *const f32,
+    layout: RowLayout,
+    scales: &mut [f32],
+    padded: usize,
+) -> [f32; MR] {
+    let groups = w.cols() / GROUP;
+    let row_scales = &w.scales()[r * groups..(r + 1) * groups];
+    let row_biases = &w.biases()[r * groups..(r + 1) * groups];
+    let mut bias_acc = [_mm512_setzero_ps(); MR];
+    let mut g = 0;
+    while g < groups {
+        let (s, b) = if g + LANES <= groups {
+            // SAFETY: LANES bf16 of each slice from g.
+            unsafe {
+                (
+                    widen_bf16(row_scales.as_ptr().add(g)),
+                    widen_bf16(row_biases.as_ptr().add(g)),
+                )
+            }
+        } else {
+            let n = groups - g;
+            let (mut s16, mut b16) = ([0u16; LANES], [0u16; LANES]);
+            s16[..n].copy_from_slice(&row_scales[g..]);
+            b16[..n].copy_from_slice(&row_biases[g..]);
+            // SAFETY: LANES u16 each.
+            unsafe { (widen_bf16(s16.as_ptr()), widen_bf16(b16.as_ptr())) }
+        };
+        for (i, acc) in bias_acc.iter_mut().enumerate() {
+            // SAFETY: units and sums are zero-padded to whole vectors; window i holds
+            // `padded >= g + LANES` floats.
+            unsafe {
+                let row = xs.add(i * layout.stride);
+                let units = _mm512_loadu_ps(row.add(layout.units_offset + g));
+                let sums = _mm512_loadu_ps(row.add(layout.sums_offset + g));
+                _mm512_storeu_ps(
+                    scales.as_mut_ptr().add(i * padded + g),
+                    _mm512_mul_ps(s, units),
+                );
+                *acc = _mm512_fmadd_ps(b, sums, *acc);
+            }
+        }
+        g += LANES;
+    }
+    let mut bias_terms = [0f32; MR];
+    for (i, (t, acc)) in bias_terms.iter_mut().zip(&bias_acc).enumerate() {
+        scales[i * padded + g..(i + 1) * padded].fill(0.0);
+        *t = _mm512_reduce_add_ps(*acc);
+    }
+    bias_terms
+}
+
+/// Dot products of weight rows `r0..r0 + NR` with `MR` arranged activation rows (`xs`).
+///
+/// # Safety
+/// The CPU must have AVX-512F and VNNI; rows `r0..r0 + NR` must exist in `w`; `xs` must point
+/// to `MR` arranged rows of `layout`; `scales.len() >= NR * MR * (groups padded to LANES +
+/// LANES)`.
+#[target_feature(enable = "avx512f,avx512vnni")]
+#[inline]
+unsafe fn tile<
+    const BITS: usize,
+    const GROUP: usize,
+    const NR: usize,
+    const MR: usize,
+    const UNROLL: usize,
+>(
+    w: &QuantizedMatrix,
+    r0: usize,
+    xs: *const f32,
+    layout: RowLayout,
+    scales: &mut [f32],
+    prefetch: bool,
+) -> [[f32; MR]; NR] {
+    let per_lane = 32 / BITS;
+    let bc = block_cols(BITS);
+    let cols = w.cols();
+    let blocks = cols.div_ceil(bc);
+    let groups = cols / GROUP;
+    let padded = groups.next_multiple_of(LANES) + LANES;
+    let row_code_bytes = cols * BITS / 8;
+    let mut bias_terms = [[0f32; MR]; NR];
+    for (r, terms) in bias_terms.iter_mut().enumerate() {
+        // SAFETY: forwarded contract; windows r·MR.. of `padded` floats each.
+        *terms = unsafe {
+            prepare_row::<GROUP, MR>(
+                w,
+                r0 + r,
+                xs,
+                layout,
+                &mut scales[r * MR * padded..(r + 1) * MR * padded],
+                padded,
+            )
+        };
+    }
+    // Which group each lane of a block belongs to, relative to the block's first group.
+    let lanes_per_group = (GROUP / per_lane).min(LANES);
+    let lane_group = _mm512_set_epi32(
+        15 / lanes_per_group as i32,
+        14 / lanes_per_group as i32,
+        13 / lanes_per_group as i32,
+        12 / lanes_per_group as i32,
+        11 / lanes_per_group as i32,
+        10 / lanes_per_group as i32,
+        9 / lanes_per_group as i32,
+        8 / lanes_per_group as i32,
+        7 / lanes_per_group as i32,
+        6 / lanes_per_group as i32,
+        5 / lanes_per_group as i32,
+        4 / lanes_per_group as i32,
+        3 / lanes_per_group as i32,
+        2 / lanes_per_group as i32,
+        1 / lanes_per_group as i32,
+        0,
+    );
+    let full_blocks = cols / bc;
+    // Several weight rows per pass are several code streams, which the software prefetch helps.
+    let prefetch = prefetch || NR > 1;
+    let tail_lanes = (cols % bc) / per_lane;
+    let codes = w.codes().as_ptr().wrapping_add(r0 * row_code_bytes / 4) as *const u8;
+    let digits = xs as *const u8;
+    let stride_bytes = layout.stride * 4;
+    let mut acc = [[_mm512_setzero_ps(); MR]; NR];
+    let mut b = 0;
+    while b + UNROLL <= full_blocks {
+        // SAFETY (both calls): blocks b..b + UNROLL are whole blocks of every row of the tile;
+        // `scales` holds NR·MR windows.
+        let sums = unsafe {
+            block_sums::<BITS, NR, MR, UNROLL>(
+                codes,
+                row_code_bytes,
+                b,
+                LANES,
+                digits,
+                stride_bytes,
+                prefetch,
+            )
+        };
+        unsafe {
+            accumulate::<BITS, GROUP, NR, MR>(&mut acc, &sums, b, scales, padded, lane_group)
+        };
+        b += UNROLL;
+    }
+    while b < blocks {
+        let valid_lanes = if b == full_blocks { tail_lanes } else { LANES };
+        // SAFETY (both calls): the valid lanes of block b lie inside every row of the tile; as
+        // above.
+        let sums = unsafe {
+            block_sums::<BITS, NR, MR, 1>(
+                codes,
+                row_code_bytes,
+                b,
+                valid_lanes,
+                digits,
+                stride_bytes,
+                prefetch,
+            )
+        };
+        unsafe {
+            accumulate::<BITS, GROUP, NR, MR>(&mut acc, &sums, b, scales, padded, lane_group)
+        };
+        b += 1;
+    }
+    let mut out = [[0f32; MR]; NR];
+    for r in 0..NR {
+        for i in 0..MR {
+            // SAFETY: the row scale lies in arranged row i.
+            let unscale = unsafe { *xs.add(i * layout.stride + layout.unscale_offset) };
+            out[r][i] = _mm512_reduce_add_ps(acc[r][i]) * unscale + bias_terms[r][i];
+        }
+    }
+    out
+}
+
+/// `acc += factor · sum` for each block from `b` on: each lane's factor is its group's
+/// `scale_g · u_g` from the window of its (weight row, activation row) pair (`lane_group` maps
+/// lanes to groups when a block holds several).
+///
+/// # Safety
+/// The CPU must have AVX-512F; `scales` must hold `NR · MR` windows of `padded` floats (the
+/// groups' factors, then at least one vector of zeros).
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn accumulate<const BITS: usize, const GROUP: usize, const NR: usize, const MR: usize>(
+    acc: &mut [[__m512; MR]; NR],
+    sums: &[[[__m512; MR]; NR]],
+    b: usize,
+    scales: &[f32],
+    padded: usize,
+    lane_group: __m512i,
+) {
+    let bc = block_cols(BITS);
+    for (u, part) in sums.iter().enumerate() {
+        let first_group = (b + u) * bc / GROUP;
+        for r in 0..NR {
+            for i in 0..MR {
+                let window = scales
+                    .as_ptr()
+                    .wrapping_add((r * MR + i) * padded + first_group);
+                // SAFETY: first_group < groups and each window is padded by one vector.
+                let factor = unsafe {
+                    if GROUP >= bc {
+                        _mm512_set1_ps(*window)
+                    } else {
+                        _mm512_permutexvar_ps(lane_group, _mm512_loadu_ps(window))
+                    }
+                };
+                acc[r][i] = _mm512_fmadd_ps(factor, part[r][i], acc[r][i]);
+            }
+        }
+    }
+}
+
+/// Each lane's `Σ q · n` of blocks `b..b + U` as f32, for `NR` weight rows and `MR` arranged
+/// activation rows; lanes from `valid_lanes` on read as zero codes. The `U · NR · MR` chains are
+/// interleaved digit by digit.
+///
+/// # Safety
+/// The CPU must have AVX-512F and VNNI; the first `valid_lanes` lanes of blocks `b..b + U` of
+/// each of the `NR` rows (stride `row_code_bytes` from `codes`) must be readable; `digits` must
+/// point to `MR` arranged rows (`stride_bytes` apart).
+#[target_feature(enable = "avx512f,avx512vnni")]
+#[inline]
+unsafe fn block_sums<const BITS: usize, const NR: usize, const MR: usize, const U: usize>(
+    codes: *const u8,
+    row_code_bytes: usize,
+    b: usize,
+    valid_lanes: usize,
+    digits: *const u8,
+    stride_bytes: usize,
+    prefetch: bool,
+) -> [[[__m512; MR]; NR]; U] {
+    let nibble = _mm512_set1_epi8(0x0f);
+    let planes = planes(BITS);
+    let digit_stride = planes * BLOCK_BYTES;
+    // Code bytes per (block, row) and plane.
+    let mut q = [[[_mm512_setzero_si512(); 2]; NR]; U];
+    for (u, q) in q.iter_mut().enumerate() {
+        for (r, q) in q.iter_mut().enumerate() {
+            let p = codes.wrapping_add(r * row_code_bytes + (b + u) * BLOCK_BYTES);
+            if prefetch {
+                // A hint: never faults, so the address may run past the row.
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_BYTES) as *const i8);
+            }
+            // SAFETY: the valid lanes lie inside row r (caller's contract).
+            let d = unsafe {
+                if valid_lanes == LANES {
+                    _mm512_loadu_si512(p as *const _)
+                } else {
+                    _mm512_maskz_loadu_epi32(
+                        ((1u32 << valid_lanes) - 1) as __mmask16,
+                        p as *const _,
+                    )
+                }
+            };
+            if BITS == 4 {
+                q[0] = _mm512_and_si512(d, nibble);
+                q[1] = _mm512_and_si512(_mm512_srli_epi32::<4>(d), nibble);
+            } else {
+                q[0] = d;
+            }
+        }
+    }
+    // Digit sums: the most significant digits first, shifted up 8 bits before each next digit
+    // (all digits for 4-bit codes; 8-bit codes keep the last digit apart, see the module docs).
+    let chained = if BITS == 4 { DIGITS } else { DIGITS - 1 };
+    let mut high = [[[_mm512_setzero_si512(); MR]; NR]; U];
+    let mut low = [[[_mm512_setzero_si512(); MR]; NR]; U];
+    for digit in 0..DIGITS {
+        for u in 0..U {
+            for i in 0..MR {
+                let block = digits.wrapping_add(
+                    i * stride_bytes + (b + u) * block_digit_bytes(BITS) + digit * digit_stride,
+                );
+                let mut x = [_mm512_setzero_si512(); 2];
+                for (p, x) in x.iter_mut().enumerate().take(planes) {
+                    // SAFETY: plane p of digit `digit` of block b + u of arranged row i.
+                    *x = unsafe { _mm512_loadu_si512(block.add(p * BLOCK_BYTES) as *const _) };
+                }
+                for r in 0..NR {
+                    let sum = if digit < chained {
+                        &mut high[u][r][i]
+                    } else {
+                        &mut low[u][r][i]
+                    };
+                    if digit > 0 && digit < chained {
+                        *sum = _mm512_slli_epi32::<8>(*sum);
+                    }
+                    for p in 0..planes {
+                        *sum = _mm512_dpbusd_epi32(*sum, q[u][r][p], x[p]);
+                    }
+                }
+            }
+        }
+    }
+    let mut out = [[[_mm512_setzero_ps(); MR]; NR]; U];
+    for u in 0..U {
+        for r in 0..NR {
+            for i in 0..MR {
+                let high = _mm512_cvtepi32_ps(high[u][r][i]);
+                out[u][r][i] = if BITS == 4 {
+                    high
+                } else {
+                    _mm512_fmadd_ps(
+                        high,
+                        _mm512_set1_ps(256.0),
+                        _mm512_cvtepi32_ps(low[u][r][i]),
+                    )
+                };
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The activations an arranged row stands for: `n · u_g · 2^e` per column.
+    fn rebuild(arranged: &[f32], cols: usize, bits: usize, group_size: usize) -> Vec<f64> {
+        let layout = row_layout(cols, bits, group_size);
+        let bytes: Vec<u8> = arranged[..layout.digits_len]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let (bc, per_lane) = (block_cols(bits), 32 / bits);
+        let unscale = arranged[layout.unscale_offset] as f64;
+        (0..cols)
+            .map(|col| {
+                let (block, c) = (col / bc, col % bc);
+                let (lane, k) = (c / per_lane, c % per_lane);
+                let (plane, byte) = if bits == 4 { (k % 2, k / 2) } else { (0, k) };
+                let at = block * block_digit_bytes(bits) + plane * BLOCK_BYTES + lane * 4 + byte;
+                let digit_stride = planes(bits) * BLOCK_BYTES;
+                let n = (0..DIGITS).fold(0i64, |n, d| {
+                    n * 256 + bytes[at + d * digit_stride] as i8 as i64
+                });
+                let unit = arranged[layout.units_offset + col / group_size] as f64;
+                n as f64 * unit * unscale
+            })
+            .collect()
+    }
+
+    #[test]
+    fn arranged_activations_are_within_half_a_unit_of_at_most_2_pow_minus_23_of_the_group_max() {
+        if !available() {
+            return;
+        }
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut uniform = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 11) as f64 / (1u64 << 53) as f64
+        };
+        for (bits, group_size) in [(4, 32), (4, 128), (8, 64), (8, 32)] {
+            let cols = 3 * 128 + group_size;
+            // Magnitudes spread over 2^±40 within a row, so groups differ widely.
+            let x: Vec<f32> = (0..cols)
+                .map(|_| ((uniform() - 0.5) * 2f64.powf(80.0 * uniform() - 40.0)) as f32)
+                .collect();
+            let arranged = arrange_activations(&x, 1, cols, bits as u32, group_size).unwrap();
+            let layout = row_layout(cols, bits, group_size);
+            let unscale = arranged[layout.unscale_offset] as f64;
+            let got = rebuild(&arranged, cols, bits, group_size);
+            for (g, group) in x.chunks_exact(group_size).enumerate() {
+                let max = group.iter().fold(0f64, |m, v| m.max(v.abs() as f64));
+                let unit = arranged[layout.units_offset + g] as f64 * unscale;
+                assert!(
+                    unit < 2.0 * max / DIGITS_MAX as f64,
+                    "q{bits}g{group_size} group {g}"
+                );
+                for (j, &v) in group.iter().enumerate() {
+                    let err = (got[g * group_size + j] - v as f64).abs();
+                    assert!(
+                        err <= unit / 2.0,
+                        "q{bits}g{group_size} column {j}: {v} off by {err}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn small_integers_are_held_exactly() {
+        if !available() {
+            return;
+        }
+        let x: Vec<f32> = (0..256).map(|j| ((j * 37) % 201) as f32 - 100.0).collect();
+        for (bits, group_size) in [(4, 32), (8, 64)] {
+            let arranged = arrange_activations(&x, 1, 256, bits as u32, group_size).unwrap();
+            let got = rebuild(&arranged, 256, bits, group_size);
+            assert!(got.iter().zip(&x).all(|(a, b)| *a == *b as f64));
+        }
+    }
+
+    #[test]
+    fn rows_it_cannot_hold_are_refused_and_zero_rows_accepted() {
+        if !available() {
+            return;
+        }
+        let mut x = vec![0.5f32; 64];
+        assert!(arrange_activations(&x, 1, 64, 4, 32).is_some());
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            x[17] = bad;
+            assert!(arrange_activations(&x, 1, 64, 4, 32).is_none(), "{bad}");
+        }
+        let subnormal = vec![1e-40f32; 64];
+        assert!(arrange_activations(&subnormal, 1, 64, 4, 32).is_none());
+        let zeros = vec![0f32; 64];
+        let arranged = arrange_activations(&zeros, 1, 64, 4, 32).unwrap();
+        assert!(rebuild(&arranged, 64, 4, 32).iter().all(|v| *v == 0.0));
+    }
+}
