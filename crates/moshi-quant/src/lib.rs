@@ -7,9 +7,12 @@
 //! * value `w[r, j] = q * scale[r, j / group_size] + bias[r, j / group_size]`.
 //!
 //! Products `y = x · dequant(W)ᵀ` keep the weights packed: [`QuantizedMatrix::matvec`] /
-//! [`QuantizedMatrix::matmul`] pick the fastest [`Kernel`] for the CPU (AVX-512, AVX2+FMA or
-//! portable), threaded over output rows on the persistent spinning [`team`] (capped by the current
-//! rayon pool's thread count); activations and accumulation stay f32. [`QuantizedMatrix::matmul_reference`] is the scalar reference.
+//! [`QuantizedMatrix::matmul`] pick the fastest [`Kernel`] for the CPU (AVX-512 VNNI, AVX-512,
+//! AVX2+FMA or portable; [`KERNEL_ENV`] overrides), threaded over output rows on the persistent
+//! spinning [`team`] (capped by the current rayon pool's thread count). Accumulation is f32; the
+//! f32 kernels take the activations as they are, the VNNI kernel as 24-bit fixed point per
+//! quantization group (within 2^-23 of each group's largest value, the size of one f32 rounding
+//! of it). [`QuantizedMatrix::matmul_reference`] is the scalar reference.
 
 pub mod bandwidth;
 mod error;

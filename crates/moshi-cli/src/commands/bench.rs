@@ -227,6 +227,11 @@ fn bench(args: &BenchArgs, threads: usize, totals: &SpanTotals) -> Result<()> {
         m.set_weights(args.mimi_weights);
         eprintln!("Mimi weights: {}", args.mimi_weights);
     }
+    eprintln!(
+        "quantized kernel (q8/q4 products): {} (set {} to pick another)",
+        moshi_quant::Kernel::detect().name(),
+        moshi_quant::KERNEL_ENV
+    );
     let mut processor: Box<dyn FrameProcessor> = match args.stage {
         StageArg::All => {
             let lm = lm.context("internal: the LM was not built")?;
@@ -314,6 +319,7 @@ fn bench(args: &BenchArgs, threads: usize, totals: &SpanTotals) -> Result<()> {
             config: config_origin,
             quant: format.name().into(),
             mimi_weights: args.mimi_weights.to_string(),
+            quant_kernel: moshi_quant::Kernel::detect().name().into(),
             stage: args.stage.name().into(),
             layers_run,
             layers_config,

@@ -1,11 +1,13 @@
-//! Fast quantized matrix products: kernel selection (AVX-512 / AVX2+FMA / portable, chosen at
-//! run time), activation layout, and multi-threading over output rows.
+//! Fast quantized matrix products: kernel selection (AVX-512 VNNI / AVX-512 / AVX2+FMA /
+//! portable, chosen at run time), activation layout, and multi-threading over output rows.
 //!
 //! Every kernel computes, for a range of weight rows, `out_t[r, i] = Σ_j x[i, j] · w[r, j]` with
-//! `w = q * scale + bias` and f32 accumulation: the exact dequantized matrix times f32
-//! activations, up to rounding order. The portable kernel dequantizes each weight; the AVX-512 and
+//! `w = q * scale + bias` and f32 accumulation: the exact dequantized matrix times the
+//! activations, up to rounding. The portable kernel dequantizes each weight; the AVX-512 and
 //! AVX2 lane kernels regroup the sum per quantization group as `scale · Σ q x + bias · Σ x`, as
-//! MLX's own kernels do (see `lanes`).
+//! MLX's own kernels do (see `lanes`); the VNNI kernel does the same with `Σ q x` as exact
+//! integer dot products of the codes with 24-bit fixed-point activations (see `vnni`). All of
+//! them are held to the same error bound against the scalar reference in the kernel tests.
 
 /// `Some(rows::<BITS, GROUP>)` for the (bits, group size) pairs the specialised kernels cover
 /// (4 and 8 bits, groups of 32, 64 or 128), `None` otherwise. A macro because every kernel
