@@ -294,43 +294,42 @@ unsafe fn rows_impl<const BITS: usize, const GROUP: usize>(
     let groups = w.cols() / GROUP;
     let padded = groups.next_multiple_of(LANES) + LANES;
     let nrows = out_t.len() / m;
+    // One window of factors per (weight row, activation row) pair of the largest tile.
     let mut scales = vec![0f32; 4 * padded];
     let prefetch = crate::kernels::software_prefetch(BITS);
-    let mut local = 0;
-    if m == 1 {
-        // Weight rows per pass, taken from that many equal parts of the range so that their
-        // code streams lie far apart (see `rows_per_matvec_pass`).
-        let passes = rows_per_matvec_pass(BITS, layout.stride * 4);
-        let part = nrows / passes;
-        let x = xs.as_ptr();
+    // Weight rows per pass, taken from that many equal parts of the range so that their code
+    // streams lie far apart (see `rows_per_matvec_pass`).
+    let rows_per_pass = if m == 1 {
+        rows_per_matvec_pass(BITS, layout.stride * 4)
+    } else {
+        1
+    };
+    let part = nrows / rows_per_pass;
+    let x = xs.as_ptr();
+    let mut single_from = 0;
+    if rows_per_pass > 1 {
         for j in 0..part {
             let r = row_start + j;
-            // SAFETY: rows r + k·part (k < passes) exist; one arranged row.
-            match passes {
-                4 => {
-                    let d = unsafe {
-                        tile::<BITS, GROUP, 4, 1, 1>(w, r, x, layout, &mut scales, prefetch, part)
-                    };
-                    for (k, v) in d.iter().enumerate() {
-                        out_t[j + k * part] = v[0];
-                    }
+            // SAFETY (both calls): rows r + k·part (k < rows_per_pass) exist; one arranged row.
+            if rows_per_pass == 4 {
+                let d = unsafe {
+                    tile::<BITS, GROUP, 4, 1, 1>(w, r, x, layout, &mut scales, prefetch, part)
+                };
+                for (k, v) in d.iter().enumerate() {
+                    out_t[j + k * part] = v[0];
                 }
-                2 => {
-                    let d = unsafe {
-                        tile::<BITS, GROUP, 2, 1, 2>(w, r, x, layout, &mut scales, prefetch, part)
-                    };
-                    for (k, v) in d.iter().enumerate() {
-                        out_t[j + k * part] = v[0];
-                    }
+            } else {
+                let d = unsafe {
+                    tile::<BITS, GROUP, 2, 1, 2>(w, r, x, layout, &mut scales, prefetch, part)
+                };
+                for (k, v) in d.iter().enumerate() {
+                    out_t[j + k * part] = v[0];
                 }
-                _ => break,
             }
         }
-        if passes > 1 {
-            local = passes * part;
-        }
+        single_from = rows_per_pass * part;
     }
-    for local in local..nrows {
+    for local in single_from..nrows {
         let r = row_start + local;
         let out_row = &mut out_t[local * m..(local + 1) * m];
         let mut i = 0;
