@@ -135,7 +135,7 @@ pub(crate) fn arrange_activations(
     group_size: usize,
 ) -> Option<Vec<f32>> {
     assert!(available(), "VNNI kernel called on a CPU without it");
-    assert!(group_size % 16 == 0 && cols % group_size == 0);
+    assert!(group_size.is_multiple_of(16) && cols.is_multiple_of(group_size));
     let layout = row_layout(cols, bits as usize, group_size);
     let mut out = vec![0f32; m * layout.stride];
     for (row, dst) in x
@@ -165,7 +165,7 @@ unsafe fn arrange_row(
     group_size: usize,
     layout: RowLayout,
 ) -> bool {
-    debug_assert!(group_size % 16 == 0 && row.len() % group_size == 0);
+    debug_assert!(group_size.is_multiple_of(16) && row.len().is_multiple_of(group_size));
     let mut max = _mm512_setzero_ps();
     let mut nan = 0u16;
     for v in row.chunks_exact(16) {
@@ -359,25 +359,14 @@ unsafe fn rows_impl<const BITS: usize, const GROUP: usize>(
     }
 }
 
-/// 16 bf16 values as f32 (exact: the bits shifted into the high half).
-///
-/// # Safety
-/// The CPU must have AVX-512F; `p` must point to 16 readable `u16`.
-#[target_feature(enable = "avx512f")]
-#[inline]
-unsafe fn widen_bf16(p: *const u16) -> __m512 {
-    // SAFETY: forwarded contract (32 bytes).
-    let h = unsafe { _mm256_loadu_si256(p as *const __m256i) };
-    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
-}
-
 /// Writes, for each of the `MR` activation rows `i`, row `r`'s factors `scale_g · u_{i,g}` into
-/// window `i` of `scales` (`padded` floats each: the groups, then zeros), and returns the bias
-/// terms `Σ_g bias_g · Σ_{j∈g} x_{i,j}`.
+/// window `i` of `windows` (`padded` floats each: the groups, then zeros), and returns the bias
+/// terms `Σ_g bias_g · Σ_{j∈g} x_{i,j}`. The scales and bias terms come from the AVX-512 lane
+/// kernel's `prepare_row` (this layout keeps its group sums the same way).
 ///
 /// # Safety
 /// The CPU must have AVX-512F; `r < w.rows()`; `xs` must point to `MR` arranged rows;
-/// `scales.len() >= MR * padded` with `padded = groups padded to LANES + LANES`.
+/// `windows.len() >= MR * padded` with `padded = groups padded to LANES + LANES`.
 #[target_feature(enable = "avx512f")]
 #[inline]
 unsafe fn prepare_row<const GROUP: usize, const MR: usize>(
@@ -385,51 +374,34 @@ unsafe fn prepare_row<const GROUP: usize, const MR: usize>(
     r: usize,
     xs: *const f32,
     layout: RowLayout,
-    scales: &mut [f32],
+    windows: &mut [f32],
     padded: usize,
 ) -> [f32; MR] {
+    // SAFETY: forwarded contract; window 0 holds `padded` floats.
+    let bias_terms = unsafe {
+        crate::kernels::avx512::prepare_row::<GROUP, MR>(
+            w,
+            r,
+            xs,
+            layout.stride,
+            layout.sums_offset,
+            &mut windows[..padded],
+        )
+    };
     let groups = w.cols() / GROUP;
-    let row_scales = &w.scales()[r * groups..(r + 1) * groups];
-    let row_biases = &w.biases()[r * groups..(r + 1) * groups];
-    let mut bias_acc = [_mm512_setzero_ps(); MR];
-    let mut g = 0;
-    while g < groups {
-        let (s, b) = if g + LANES <= groups {
-            // SAFETY: LANES bf16 of each slice from g.
+    // Window 0 holds the scales until last.
+    for i in (0..MR).rev() {
+        for g in (0..groups).step_by(LANES) {
+            // SAFETY: groups and units are padded to whole vectors inside each window / row.
             unsafe {
-                (
-                    widen_bf16(row_scales.as_ptr().add(g)),
-                    widen_bf16(row_biases.as_ptr().add(g)),
-                )
-            }
-        } else {
-            let n = groups - g;
-            let (mut s16, mut b16) = ([0u16; LANES], [0u16; LANES]);
-            s16[..n].copy_from_slice(&row_scales[g..]);
-            b16[..n].copy_from_slice(&row_biases[g..]);
-            // SAFETY: LANES u16 each.
-            unsafe { (widen_bf16(s16.as_ptr()), widen_bf16(b16.as_ptr())) }
-        };
-        for (i, acc) in bias_acc.iter_mut().enumerate() {
-            // SAFETY: units and sums are zero-padded to whole vectors; window i holds
-            // `padded >= g + LANES` floats.
-            unsafe {
-                let row = xs.add(i * layout.stride);
-                let units = _mm512_loadu_ps(row.add(layout.units_offset + g));
-                let sums = _mm512_loadu_ps(row.add(layout.sums_offset + g));
+                let s = _mm512_loadu_ps(windows.as_ptr().add(g));
+                let units = _mm512_loadu_ps(xs.add(i * layout.stride + layout.units_offset + g));
                 _mm512_storeu_ps(
-                    scales.as_mut_ptr().add(i * padded + g),
+                    windows.as_mut_ptr().add(i * padded + g),
                     _mm512_mul_ps(s, units),
                 );
-                *acc = _mm512_fmadd_ps(b, sums, *acc);
             }
         }
-        g += LANES;
-    }
-    let mut bias_terms = [0f32; MR];
-    for (i, (t, acc)) in bias_terms.iter_mut().zip(&bias_acc).enumerate() {
-        scales[i * padded + g..(i + 1) * padded].fill(0.0);
-        *t = _mm512_reduce_add_ps(*acc);
     }
     bias_terms
 }
@@ -481,24 +453,12 @@ unsafe fn tile<
     }
     // Which group each lane of a block belongs to, relative to the block's first group.
     let lanes_per_group = (GROUP / per_lane).min(LANES);
-    let lane_group = _mm512_set_epi32(
-        15 / lanes_per_group as i32,
-        14 / lanes_per_group as i32,
-        13 / lanes_per_group as i32,
-        12 / lanes_per_group as i32,
-        11 / lanes_per_group as i32,
-        10 / lanes_per_group as i32,
-        9 / lanes_per_group as i32,
-        8 / lanes_per_group as i32,
-        7 / lanes_per_group as i32,
-        6 / lanes_per_group as i32,
-        5 / lanes_per_group as i32,
-        4 / lanes_per_group as i32,
-        3 / lanes_per_group as i32,
-        2 / lanes_per_group as i32,
-        1 / lanes_per_group as i32,
-        0,
-    );
+    let mut lane_group = [0i32; LANES];
+    for (lane, g) in lane_group.iter_mut().enumerate() {
+        *g = (lane / lanes_per_group) as i32;
+    }
+    // SAFETY: LANES i32.
+    let lane_group = unsafe { _mm512_loadu_si512(lane_group.as_ptr() as *const _) };
     let full_blocks = cols / bc;
     // Several weight rows per pass are several code streams, which the software prefetch helps.
     let prefetch = prefetch || NR > 1;
