@@ -660,6 +660,25 @@ unsafe fn block_sums<const BITS: usize, const NR: usize, const MR: usize, const 
     out
 }
 
+/// Weight rows per pass of a matrix-vector product, from two equal parts of the rows (2) or
+/// four (4), or 1. Several rows per pass share each activation load, which leaves 4-bit products
+/// bound by the code stream rather than by loads; taking the rows from far-apart parts keeps
+/// their code streams from slowing each other in DRAM, as adjacent rows did. Measured with
+/// weights streamed from DRAM (Zen 4, 2 threads, medians of 15 interleaved rounds, GB/s):
+/// - 4-bit, 4096 columns: 1 row 22.0, 2 far rows 26.2, 4 far rows 23.4;
+/// - 4-bit, 11264 columns (activations out of L1): 4 adjacent rows 19.9, 4 far rows 21.6;
+/// - 8-bit, 4096 columns: 1 row 30.6, 2 far rows 28.2 (where the single row streams unprefetched,
+///   see `kernels::software_prefetch`); 11264 columns: 4 adjacent 22.8, 4 far 24.4.
+fn rows_per_matvec_pass(bits: usize, arranged_row_bytes: usize) -> usize {
+    if arranged_row_bytes >= MULTI_ROW_MIN_ACTIVATION_BYTES {
+        4
+    } else if bits == 4 {
+        2
+    } else {
+        1
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -758,24 +777,5 @@ mod tests {
         let zeros = vec![0f32; 64];
         let arranged = arrange_activations(&zeros, 1, 64, 4, 32).unwrap();
         assert!(rebuild(&arranged, 64, 4, 32).iter().all(|v| *v == 0.0));
-    }
-}
-
-/// Weight rows per pass of a matrix-vector product, from two equal parts of the rows (2) or
-/// four (4), or 1. Several rows per pass share each activation load, which leaves 4-bit products
-/// bound by the code stream rather than by loads; taking the rows from far-apart parts keeps
-/// their code streams from slowing each other in DRAM, as adjacent rows did. Measured with
-/// weights streamed from DRAM (Zen 4, 2 threads, medians of 15 interleaved rounds, GB/s):
-/// - 4-bit, 4096 columns: 1 row 22.0, 2 far rows 26.2, 4 far rows 23.4;
-/// - 4-bit, 11264 columns (activations out of L1): 4 adjacent rows 19.9, 4 far rows 21.6;
-/// - 8-bit, 4096 columns: 1 row 30.6, 2 far rows 28.2 (where the single row streams unprefetched,
-///   see `kernels::software_prefetch`); 11264 columns: 4 adjacent 22.8, 4 far 24.4.
-fn rows_per_matvec_pass(bits: usize, arranged_row_bytes: usize) -> usize {
-    if arranged_row_bytes >= MULTI_ROW_MIN_ACTIVATION_BYTES {
-        4
-    } else if bits == 4 {
-        2
-    } else {
-        1
     }
 }
