@@ -295,7 +295,7 @@ unsafe fn rows_impl<const BITS: usize, const GROUP: usize>(
     let padded = groups.next_multiple_of(LANES) + LANES;
     let nrows = out_t.len() / m;
     // One window of factors per (weight row, activation row) pair of the largest tile.
-    let mut scales = vec![0f32; 4 * padded];
+    let mut scales = vec![0f32; 6 * padded];
     let prefetch = crate::kernels::software_prefetch(BITS);
     // Weight rows per pass, taken from that many equal parts of the range so that their code
     // streams lie far apart (see `rows_per_matvec_pass`).
@@ -308,23 +308,20 @@ unsafe fn rows_impl<const BITS: usize, const GROUP: usize>(
     let x = xs.as_ptr();
     let mut single_from = 0;
     if rows_per_pass > 1 {
+        // SAFETY (all calls): rows row_start + j + k·part (k < rows_per_pass) exist; one
+        // arranged row; `scales` holds rows_per_pass windows.
         for j in 0..part {
-            let r = row_start + j;
-            // SAFETY (both calls): rows r + k·part (k < rows_per_pass) exist; one arranged row.
-            if rows_per_pass == 4 {
-                let d = unsafe {
-                    tile::<BITS, GROUP, 4, 1, 1>(w, r, x, layout, &mut scales, prefetch, part)
-                };
-                for (k, v) in d.iter().enumerate() {
-                    out_t[j + k * part] = v[0];
-                }
-            } else {
-                let d = unsafe {
-                    tile::<BITS, GROUP, 2, 1, 2>(w, r, x, layout, &mut scales, prefetch, part)
-                };
-                for (k, v) in d.iter().enumerate() {
-                    out_t[j + k * part] = v[0];
-                }
+            let (s, o) = (&mut scales, &mut *out_t);
+            match rows_per_pass {
+                6 => unsafe {
+                    far_pass::<BITS, GROUP, 6, 1>(w, row_start, j, part, x, layout, s, prefetch, o)
+                },
+                4 => unsafe {
+                    far_pass::<BITS, GROUP, 4, 1>(w, row_start, j, part, x, layout, s, prefetch, o)
+                },
+                _ => unsafe {
+                    far_pass::<BITS, GROUP, 2, 2>(w, row_start, j, part, x, layout, s, prefetch, o)
+                },
             }
         }
         single_from = rows_per_pass * part;
@@ -356,6 +353,34 @@ unsafe fn rows_impl<const BITS: usize, const GROUP: usize>(
             ),
             _ => {}
         }
+    }
+}
+
+/// One pass of a matrix-vector product: weight rows `row_start + j + k · part` (`k < NR`) into
+/// `out_t[j + k · part]`.
+///
+/// # Safety
+/// As for [`tile`] with those rows, one arranged row in `x` and `MR = 1`.
+#[target_feature(enable = "avx512f,avx512vnni")]
+#[inline]
+#[allow(clippy::too_many_arguments)]
+unsafe fn far_pass<const BITS: usize, const GROUP: usize, const NR: usize, const UNROLL: usize>(
+    w: &QuantizedMatrix,
+    row_start: usize,
+    j: usize,
+    part: usize,
+    x: *const f32,
+    layout: RowLayout,
+    scales: &mut [f32],
+    prefetch: bool,
+    out_t: &mut [f32],
+) {
+    // SAFETY: forwarded contract.
+    let d = unsafe {
+        tile::<BITS, GROUP, NR, 1, UNROLL>(w, row_start + j, x, layout, scales, prefetch, part)
+    };
+    for (k, v) in d.iter().enumerate() {
+        out_t[j + k * part] = v[0];
     }
 }
 
@@ -660,22 +685,25 @@ unsafe fn block_sums<const BITS: usize, const NR: usize, const MR: usize, const 
     out
 }
 
-/// Weight rows per pass of a matrix-vector product, from two equal parts of the rows (2) or
-/// four (4), or 1. Several rows per pass share each activation load, which leaves 4-bit products
+/// Weight rows per pass of a matrix-vector product, taken from that many equal parts of the
+/// rows (or 1). Several rows per pass share each activation load, which leaves 4-bit products
 /// bound by the code stream rather than by loads; taking the rows from far-apart parts keeps
 /// their code streams from slowing each other in DRAM, as adjacent rows did. Measured with
-/// weights streamed from DRAM (Zen 4, 2 threads, medians of 15 interleaved rounds, GB/s):
-/// - 4-bit, 4096 columns: 1 row 22.0, 2 far rows 26.2, 4 far rows 23.4;
-/// - 4-bit, 11264 columns (activations out of L1): 4 adjacent rows 19.9, 4 far rows 21.6;
-/// - 8-bit, 4096 columns: 1 row 30.6, 2 far rows 28.2 (where the single row streams unprefetched,
-///   see `kernels::software_prefetch`); 11264 columns: 4 adjacent 22.8, 4 far 24.4.
+/// weights streamed from DRAM (Zen 4, 2 threads, GB/s):
+/// - 4-bit, 4096 columns (medians of 15 interleaved rounds): 1 row 22.0, 2 far rows 26.2, 4 far
+///   rows 23.4;
+/// - 4-bit, 11264 columns (activations out of L1): 4 adjacent rows 19.9, 4 far rows 21.6
+///   (medians of 15); 6 far rows 21.9 / 22.4 / 23.2 against 4 far rows 20.1 / 21.7 / 20.3 (3
+///   alternating `qmv` bench rounds);
+/// - 8-bit, 4096 columns: 1 row 30.6, 2 far rows 28.2 (where the single row streams
+///   unprefetched, see `kernels::software_prefetch`); 11264 columns: 4 adjacent 22.8, 4 far 24.4,
+///   6 far within noise of 4.
 fn rows_per_matvec_pass(bits: usize, arranged_row_bytes: usize) -> usize {
-    if arranged_row_bytes >= MULTI_ROW_MIN_ACTIVATION_BYTES {
-        4
-    } else if bits == 4 {
-        2
-    } else {
-        1
+    match (bits, arranged_row_bytes >= MULTI_ROW_MIN_ACTIVATION_BYTES) {
+        (4, true) => 6,
+        (_, true) => 4,
+        (4, false) => 2,
+        _ => 1,
     }
 }
 
