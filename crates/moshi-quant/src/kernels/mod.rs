@@ -86,9 +86,10 @@ pub enum Kernel {
     Avx2,
     /// x86-64 AVX-512F, 16 lanes.
     Avx512,
-    /// x86-64 AVX-512F + VNNI: integer dot products of the codes with 24-bit fixed-point
-    /// activations (see `kernels::vnni`); the f32 [`Kernel::Avx512`] kernel takes over for
-    /// activations it cannot hold (non-finite, or rows of only subnormal magnitudes).
+    /// x86-64 AVX-512F + VNNI: 4-bit products as integer dot products of the codes with 24-bit
+    /// fixed-point activations (see `kernels::vnni`). 8-bit products, and activations it cannot
+    /// hold (non-finite, or rows of only subnormal magnitudes), go to the f32
+    /// [`Kernel::Avx512`] kernel.
     Avx512Vnni,
 }
 
@@ -213,7 +214,8 @@ fn plan(kernel: Kernel, bits: u32, group_size: usize) -> Plan {
                         rows_fn,
                     };
                 }
-                None
+                // 8-bit codes: the f32 AVX-512 kernel (see `vnni`).
+                avx512::select(bits, group_size).map(|f| (f, avx512::LANES, avx512::TOP_UNSCALED))
             }
             Kernel::Portable => None,
         };
@@ -302,7 +304,7 @@ fn arranged<'x>(
             (plan, Cow::Owned(xs))
         }
         #[cfg(target_arch = "x86_64")]
-        Layout::Digits => match vnni::arrange_activations(x, m, cols, bits, group_size) {
+        Layout::Digits => match vnni::arrange_activations(x, m, cols, group_size) {
             Some(xs) => (plan, Cow::Owned(xs)),
             None => arranged(Kernel::Avx512, w, x, m),
         },

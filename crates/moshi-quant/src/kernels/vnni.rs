@@ -1,6 +1,8 @@
-//! AVX-512 VNNI kernel for 4- and 8-bit codes: codes and activations meet in integer dot products
+//! AVX-512 VNNI kernel for 4-bit codes: codes and activations meet in integer dot products
 //! (`vpdpbusd`, 64 byte products per instruction), each activation held as a 24-bit fixed-point
-//! number of its quantization group, in three signed 8-bit digits.
+//! number of its quantization group, in three signed 8-bit digits. (8-bit products are memory
+//! bound with the exact-f32 lane kernel already, and measured no faster here, so
+//! `Kernel::Avx512Vnni` leaves them to it.)
 //!
 //! **Activations** ([`arrange_activations`], once per product). A row is scaled by the power of
 //! two `2^-e` that brings its largest magnitude into [1, 2). Each group `g` then gets a unit
@@ -13,13 +15,12 @@
 //! Rows holding a NaN, an infinity or only subnormal magnitudes are not arranged (`None`); the
 //! caller then uses the f32 AVX-512 kernel.
 //!
-//! **Per block** of 64 code bytes (16 `i32` lanes: 128 four-bit or 64 eight-bit columns) and
-//! weight row: 4-bit codes are split into their low and high nibbles (one AND, one shift and
-//! one AND give two vectors of bytes), and each lane's `Σ q · n` over its columns is built digit
-//! by digit, most significant first, the sum shifted up 8 bits between digits. Integer sums are
-//! exact and fit `i32`: a lane's 8 products of a 4-bit code and a digit (`|d| ≤ 128`) stay
-//! below 2^14, so the whole sum stays below 2^30. For 8-bit codes (4 products of up to 255 · 128)
-//! the last digit goes to a second sum, as a third shift would overflow. Each lane's sum is then
+//! **Per block** of 64 code bytes (16 `i32` lanes: 128 columns) and weight row: the codes are
+//! split into their low and high nibbles (one AND, one shift and one AND give two vectors of
+//! bytes), and each lane's `Σ q · n` over its 8 columns is built digit by digit, most
+//! significant first, the sum shifted up 8 bits between digits. Integer sums are exact and fit
+//! `i32`: a lane's 8 products of a code and a digit (`|d| ≤ 128`) stay below 2^14, so the whole
+//! sum stays below 2^30. Each lane's sum is then
 //! converted to f32 and accumulated with the factor `scale_g · u_g` (prepared per weight row and
 //! activation row, exact: `u_g` is a power of two). A row's result is
 //! `2^e · Σ + Σ_g bias_g · Σ_{j∈g} x_j`, the bias part on f32 group sums as in the other kernels.
@@ -58,25 +59,27 @@ pub(crate) fn available() -> bool {
         && is_x86_feature_detected!("avx512vnni")
 }
 
+/// `Some` for 4-bit codes in groups of 32, 64 or 128.
 pub(crate) fn select(bits: u32, group_size: usize) -> Option<RowRangeFn> {
-    select_specialised_rows!(rows, bits, group_size)
+    match (bits, group_size) {
+        (4, 32) => Some(rows::<32> as RowRangeFn),
+        (4, 64) => Some(rows::<64>),
+        (4, 128) => Some(rows::<128>),
+        _ => None,
+    }
 }
 
-/// Columns per block of `bits`-bit codes.
-const fn block_cols(bits: usize) -> usize {
-    BLOCK_BYTES * 8 / bits
-}
+/// Columns per block (64 bytes of 4-bit codes).
+const BLOCK_COLS: usize = 128;
 
-/// Byte vectors per digit and block: the low and high nibbles of 4-bit codes, or the bytes of
-/// 8-bit ones.
-const fn planes(bits: usize) -> usize {
-    8 / bits
-}
+/// Codes per `u32` lane.
+const PER_LANE: usize = 8;
+
+/// Byte vectors per digit and block: the low and high nibbles of the codes.
+const PLANES: usize = 2;
 
 /// Digit bytes per block of arranged activations.
-const fn block_digit_bytes(bits: usize) -> usize {
-    DIGITS * planes(bits) * BLOCK_BYTES
-}
+const BLOCK_DIGIT_BYTES: usize = DIGITS * PLANES * BLOCK_BYTES;
 
 /// Where the parts of one arranged activation row lie, in f32 slots: the digit blocks (bytes),
 /// then each group's unit, each group's f32 sum (both zero-padded to whole vectors), then the
@@ -90,9 +93,9 @@ struct RowLayout {
     stride: usize,
 }
 
-fn row_layout(cols: usize, bits: usize, group_size: usize) -> RowLayout {
-    let blocks = cols.div_ceil(block_cols(bits));
-    let digits_len = blocks * block_digit_bytes(bits) / 4;
+fn row_layout(cols: usize, group_size: usize) -> RowLayout {
+    let blocks = cols.div_ceil(BLOCK_COLS);
+    let digits_len = blocks * BLOCK_DIGIT_BYTES / 4;
     let groups_padded = (cols / group_size).next_multiple_of(LANES);
     let units_offset = digits_len;
     let sums_offset = units_offset + groups_padded;
@@ -131,12 +134,11 @@ pub(crate) fn arrange_activations(
     x: &[f32],
     m: usize,
     cols: usize,
-    bits: u32,
     group_size: usize,
 ) -> Option<Vec<f32>> {
     assert!(available(), "VNNI kernel called on a CPU without it");
     assert!(group_size.is_multiple_of(16) && cols.is_multiple_of(group_size));
-    let layout = row_layout(cols, bits as usize, group_size);
+    let layout = row_layout(cols, group_size);
     let mut out = vec![0f32; m * layout.stride];
     for (row, dst) in x
         .chunks_exact(cols)
@@ -144,7 +146,7 @@ pub(crate) fn arrange_activations(
     {
         // SAFETY: the CPU has the features (asserted above); rows of `cols`, a multiple of the
         // group size (a multiple of 16 for every specialised kernel); `dst` laid out for them.
-        if !unsafe { arrange_row(row, dst, bits as usize, group_size, layout) } {
+        if !unsafe { arrange_row(row, dst, group_size, layout) } {
             return None;
         }
     }
@@ -158,13 +160,7 @@ pub(crate) fn arrange_activations(
 /// The CPU must have AVX-512F and AVX-512BW; `row.len()` is a multiple of `group_size`, itself
 /// a multiple of 16; `dst` is laid out by `layout` for `row.len()` columns.
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn arrange_row(
-    row: &[f32],
-    dst: &mut [f32],
-    bits: usize,
-    group_size: usize,
-    layout: RowLayout,
-) -> bool {
+unsafe fn arrange_row(row: &[f32], dst: &mut [f32], group_size: usize, layout: RowLayout) -> bool {
     debug_assert!(group_size.is_multiple_of(16) && row.len().is_multiple_of(group_size));
     let mut max = _mm512_setzero_ps();
     let mut nan = 0u16;
@@ -192,8 +188,8 @@ unsafe fn arrange_row(
     let (units, tail) = tail.split_at_mut(layout.sums_offset - layout.units_offset);
     let sums = &mut tail[..layout.unscale_offset - layout.sums_offset];
     let digits = digit_slots.as_mut_ptr() as *mut u8;
-    let (bc, digit_stride) = (block_cols(bits), planes(bits) * BLOCK_BYTES);
-    // Even columns first, then odd ones: the low- and high-nibble planes of 4-bit codes.
+    let digit_stride = PLANES * BLOCK_BYTES;
+    // Even columns first, then odd ones: the low- and high-nibble planes.
     let even_odd = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
     for (g, group) in row.chunks_exact(group_size).enumerate() {
         let (mut sum, mut group_max) = (_mm512_setzero_ps(), _mm512_setzero_ps());
@@ -231,25 +227,21 @@ unsafe fn arrange_row(
                 _mm512_srai_epi32::<24>(_mm512_slli_epi32::<24>(n1)),
             ));
             let col = g * group_size + k * 16;
-            let (block, c) = (col / bc, col % bc);
-            let block_at = block * block_digit_bytes(bits);
+            let (block, c) = (col / BLOCK_COLS, col % BLOCK_COLS);
+            let block_at = block * BLOCK_DIGIT_BYTES;
             for (d, value) in [n2, n1, n].into_iter().enumerate() {
                 let bytes = _mm512_cvtepi32_epi8(value);
                 let at = block_at + d * digit_stride;
-                // SAFETY (stores): inside block `block` of the digit part (layout).
-                if bits == 4 {
-                    // Lanes c/8 and c/8 + 1: their codes' bytes are plane bytes c/2.. c/2 + 8.
-                    let split = _mm_shuffle_epi8(bytes, even_odd);
-                    unsafe {
-                        let low = digits.add(at + c / 2);
-                        _mm_storel_epi64(low as *mut __m128i, split);
-                        _mm_storel_epi64(
-                            low.add(BLOCK_BYTES) as *mut __m128i,
-                            _mm_unpackhi_epi64(split, split),
-                        );
-                    }
-                } else {
-                    unsafe { _mm_storeu_si128(digits.add(at + c) as *mut __m128i, bytes) };
+                // Lanes c/8 and c/8 + 1: their codes' bytes are plane bytes c/2.. c/2 + 8.
+                let split = _mm_shuffle_epi8(bytes, even_odd);
+                // SAFETY: inside block `block` of the digit part (layout).
+                unsafe {
+                    let low = digits.add(at + c / 2);
+                    _mm_storel_epi64(low as *mut __m128i, split);
+                    _mm_storel_epi64(
+                        low.add(BLOCK_BYTES) as *mut __m128i,
+                        _mm_unpackhi_epi64(split, split),
+                    );
                 }
             }
         }
@@ -257,7 +249,7 @@ unsafe fn arrange_row(
     true
 }
 
-fn rows<const BITS: usize, const GROUP: usize>(
+fn rows<const GROUP: usize>(
     w: &QuantizedMatrix,
     xs: &[f32],
     m: usize,
@@ -266,11 +258,11 @@ fn rows<const BITS: usize, const GROUP: usize>(
 ) {
     assert!(available(), "VNNI kernel called on a CPU without it");
     let nrows = out_t.len() / m;
-    let layout = row_layout(w.cols(), BITS, GROUP);
+    let layout = row_layout(w.cols(), GROUP);
     assert!(row_start + nrows <= w.rows() && xs.len() == m * layout.stride);
     // SAFETY: the CPU has the features (checked above); `rows_impl` only reads rows
     // `row_start..row_start + nrows` of `w` (checked in range) and `m` arranged rows of `xs`.
-    unsafe { rows_impl::<BITS, GROUP>(w, xs, m, row_start, out_t, layout) }
+    unsafe { rows_impl::<GROUP>(w, xs, m, row_start, out_t, layout) }
 }
 
 /// Rows of `out_t` (`m` values each) for weight rows `row_start..`: in a matrix-vector product,
@@ -283,7 +275,7 @@ fn rows<const BITS: usize, const GROUP: usize>(
 /// The CPU must have AVX-512F and VNNI; rows `row_start..row_start + out_t.len() / m` must exist
 /// in `w`; `xs` must hold `m` arranged rows.
 #[target_feature(enable = "avx512f,avx512vnni")]
-unsafe fn rows_impl<const BITS: usize, const GROUP: usize>(
+unsafe fn rows_impl<const GROUP: usize>(
     w: &QuantizedMatrix,
     xs: &[f32],
     m: usize,
@@ -296,11 +288,11 @@ unsafe fn rows_impl<const BITS: usize, const GROUP: usize>(
     let nrows = out_t.len() / m;
     // One window of factors per (weight row, activation row) pair of the largest tile.
     let mut scales = vec![0f32; 6 * padded];
-    let prefetch = crate::kernels::software_prefetch(BITS);
+    let prefetch = crate::kernels::software_prefetch(4);
     // Weight rows per pass, taken from that many equal parts of the range so that their code
     // streams lie far apart (see `rows_per_matvec_pass`).
     let rows_per_pass = if m == 1 {
-        rows_per_matvec_pass(BITS, layout.stride * 4)
+        rows_per_matvec_pass(layout.stride * 4)
     } else {
         1
     };
@@ -314,13 +306,13 @@ unsafe fn rows_impl<const BITS: usize, const GROUP: usize>(
             let (s, o) = (&mut scales, &mut *out_t);
             match rows_per_pass {
                 6 => unsafe {
-                    far_pass::<BITS, GROUP, 6, 1>(w, row_start, j, part, x, layout, s, prefetch, o)
+                    far_pass::<GROUP, 6, 1>(w, row_start, j, part, x, layout, s, prefetch, o)
                 },
                 4 => unsafe {
-                    far_pass::<BITS, GROUP, 4, 1>(w, row_start, j, part, x, layout, s, prefetch, o)
+                    far_pass::<GROUP, 4, 1>(w, row_start, j, part, x, layout, s, prefetch, o)
                 },
                 _ => unsafe {
-                    far_pass::<BITS, GROUP, 2, 2>(w, row_start, j, part, x, layout, s, prefetch, o)
+                    far_pass::<GROUP, 2, 2>(w, row_start, j, part, x, layout, s, prefetch, o)
                 },
             }
         }
@@ -334,7 +326,7 @@ unsafe fn rows_impl<const BITS: usize, const GROUP: usize>(
         while i + MATMUL_ROWS <= m {
             let x = unsafe { xs.as_ptr().add(i * layout.stride) };
             let d = unsafe {
-                tile::<BITS, GROUP, 1, MATMUL_ROWS, 1>(w, r, x, layout, &mut scales, prefetch, 1)
+                tile::<GROUP, 1, MATMUL_ROWS, 1>(w, r, x, layout, &mut scales, prefetch, 1)
             };
             out_row[i..i + MATMUL_ROWS].copy_from_slice(&d[0]);
             i += MATMUL_ROWS;
@@ -343,13 +335,13 @@ unsafe fn rows_impl<const BITS: usize, const GROUP: usize>(
         let s = &mut scales;
         match m - i {
             3 => out_row[i..].copy_from_slice(
-                &unsafe { tile::<BITS, GROUP, 1, 3, 2>(w, r, x, layout, s, prefetch, 1) }[0],
+                &unsafe { tile::<GROUP, 1, 3, 2>(w, r, x, layout, s, prefetch, 1) }[0],
             ),
             2 => out_row[i..].copy_from_slice(
-                &unsafe { tile::<BITS, GROUP, 1, 2, 2>(w, r, x, layout, s, prefetch, 1) }[0],
+                &unsafe { tile::<GROUP, 1, 2, 2>(w, r, x, layout, s, prefetch, 1) }[0],
             ),
             1 => out_row[i..].copy_from_slice(
-                &unsafe { tile::<BITS, GROUP, 1, 1, 4>(w, r, x, layout, s, prefetch, 1) }[0],
+                &unsafe { tile::<GROUP, 1, 1, 4>(w, r, x, layout, s, prefetch, 1) }[0],
             ),
             _ => {}
         }
@@ -364,7 +356,7 @@ unsafe fn rows_impl<const BITS: usize, const GROUP: usize>(
 #[target_feature(enable = "avx512f,avx512vnni")]
 #[inline]
 #[allow(clippy::too_many_arguments)]
-unsafe fn far_pass<const BITS: usize, const GROUP: usize, const NR: usize, const UNROLL: usize>(
+unsafe fn far_pass<const GROUP: usize, const NR: usize, const UNROLL: usize>(
     w: &QuantizedMatrix,
     row_start: usize,
     j: usize,
@@ -377,7 +369,7 @@ unsafe fn far_pass<const BITS: usize, const GROUP: usize, const NR: usize, const
 ) {
     // SAFETY: forwarded contract.
     let d = unsafe {
-        tile::<BITS, GROUP, NR, 1, UNROLL>(w, row_start + j, x, layout, scales, prefetch, part)
+        tile::<GROUP, NR, 1, UNROLL>(w, row_start + j, x, layout, scales, prefetch, part)
     };
     for (k, v) in d.iter().enumerate() {
         out_t[j + k * part] = v[0];
@@ -440,13 +432,7 @@ unsafe fn prepare_row<const GROUP: usize, const MR: usize>(
 /// LANES)`.
 #[target_feature(enable = "avx512f,avx512vnni")]
 #[inline]
-unsafe fn tile<
-    const BITS: usize,
-    const GROUP: usize,
-    const NR: usize,
-    const MR: usize,
-    const UNROLL: usize,
->(
+unsafe fn tile<const GROUP: usize, const NR: usize, const MR: usize, const UNROLL: usize>(
     w: &QuantizedMatrix,
     r0: usize,
     xs: *const f32,
@@ -455,13 +441,11 @@ unsafe fn tile<
     prefetch: bool,
     row_step: usize,
 ) -> [[f32; MR]; NR] {
-    let per_lane = 32 / BITS;
-    let bc = block_cols(BITS);
     let cols = w.cols();
-    let blocks = cols.div_ceil(bc);
+    let blocks = cols.div_ceil(BLOCK_COLS);
     let groups = cols / GROUP;
     let padded = groups.next_multiple_of(LANES) + LANES;
-    let row_code_bytes = cols * BITS / 8;
+    let row_code_bytes = cols / 2;
     let mut bias_terms = [[0f32; MR]; NR];
     for (r, terms) in bias_terms.iter_mut().enumerate() {
         // SAFETY: forwarded contract; windows r·MR.. of `padded` floats each.
@@ -477,17 +461,17 @@ unsafe fn tile<
         };
     }
     // Which group each lane of a block belongs to, relative to the block's first group.
-    let lanes_per_group = (GROUP / per_lane).min(LANES);
+    let lanes_per_group = (GROUP / PER_LANE).min(LANES);
     let mut lane_group = [0i32; LANES];
     for (lane, g) in lane_group.iter_mut().enumerate() {
         *g = (lane / lanes_per_group) as i32;
     }
     // SAFETY: LANES i32.
     let lane_group = unsafe { _mm512_loadu_si512(lane_group.as_ptr() as *const _) };
-    let full_blocks = cols / bc;
+    let full_blocks = cols / BLOCK_COLS;
     // Several weight rows per pass are several code streams, which the software prefetch helps.
     let prefetch = prefetch || NR > 1;
-    let tail_lanes = (cols % bc) / per_lane;
+    let tail_lanes = (cols % BLOCK_COLS) / PER_LANE;
     let codes = w.codes().as_ptr().wrapping_add(r0 * row_code_bytes / 4) as *const u8;
     let row_code_bytes = row_code_bytes * row_step;
     let digits = xs as *const u8;
@@ -498,7 +482,7 @@ unsafe fn tile<
         // SAFETY (both calls): blocks b..b + UNROLL are whole blocks of every row of the tile;
         // `scales` holds NR·MR windows.
         let sums = unsafe {
-            block_sums::<BITS, NR, MR, UNROLL>(
+            block_sums::<NR, MR, UNROLL>(
                 codes,
                 row_code_bytes,
                 b,
@@ -508,9 +492,7 @@ unsafe fn tile<
                 prefetch,
             )
         };
-        unsafe {
-            accumulate::<BITS, GROUP, NR, MR>(&mut acc, &sums, b, scales, padded, lane_group)
-        };
+        unsafe { accumulate::<GROUP, NR, MR>(&mut acc, &sums, b, scales, padded, lane_group) };
         b += UNROLL;
     }
     while b < blocks {
@@ -518,7 +500,7 @@ unsafe fn tile<
         // SAFETY (both calls): the valid lanes of block b lie inside every row of the tile; as
         // above.
         let sums = unsafe {
-            block_sums::<BITS, NR, MR, 1>(
+            block_sums::<NR, MR, 1>(
                 codes,
                 row_code_bytes,
                 b,
@@ -528,9 +510,7 @@ unsafe fn tile<
                 prefetch,
             )
         };
-        unsafe {
-            accumulate::<BITS, GROUP, NR, MR>(&mut acc, &sums, b, scales, padded, lane_group)
-        };
+        unsafe { accumulate::<GROUP, NR, MR>(&mut acc, &sums, b, scales, padded, lane_group) };
         b += 1;
     }
     let mut out = [[0f32; MR]; NR];
@@ -553,7 +533,7 @@ unsafe fn tile<
 /// groups' factors, then at least one vector of zeros).
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn accumulate<const BITS: usize, const GROUP: usize, const NR: usize, const MR: usize>(
+unsafe fn accumulate<const GROUP: usize, const NR: usize, const MR: usize>(
     acc: &mut [[__m512; MR]; NR],
     sums: &[[[__m512; MR]; NR]],
     b: usize,
@@ -561,9 +541,8 @@ unsafe fn accumulate<const BITS: usize, const GROUP: usize, const NR: usize, con
     padded: usize,
     lane_group: __m512i,
 ) {
-    let bc = block_cols(BITS);
     for (u, part) in sums.iter().enumerate() {
-        let first_group = (b + u) * bc / GROUP;
+        let first_group = (b + u) * BLOCK_COLS / GROUP;
         for r in 0..NR {
             for i in 0..MR {
                 let window = scales
@@ -571,7 +550,7 @@ unsafe fn accumulate<const BITS: usize, const GROUP: usize, const NR: usize, con
                     .wrapping_add((r * MR + i) * padded + first_group);
                 // SAFETY: first_group < groups and each window is padded by one vector.
                 let factor = unsafe {
-                    if GROUP >= bc {
+                    if GROUP >= BLOCK_COLS {
                         _mm512_set1_ps(*window)
                     } else {
                         _mm512_permutexvar_ps(lane_group, _mm512_loadu_ps(window))
@@ -593,7 +572,8 @@ unsafe fn accumulate<const BITS: usize, const GROUP: usize, const NR: usize, con
 /// point to `MR` arranged rows (`stride_bytes` apart).
 #[target_feature(enable = "avx512f,avx512vnni")]
 #[inline]
-unsafe fn block_sums<const BITS: usize, const NR: usize, const MR: usize, const U: usize>(
+#[allow(clippy::needless_range_loop)] // `i` also addresses the activation rows
+unsafe fn block_sums<const NR: usize, const MR: usize, const U: usize>(
     codes: *const u8,
     row_code_bytes: usize,
     b: usize,
@@ -603,10 +583,9 @@ unsafe fn block_sums<const BITS: usize, const NR: usize, const MR: usize, const 
     prefetch: bool,
 ) -> [[[__m512; MR]; NR]; U] {
     let nibble = _mm512_set1_epi8(0x0f);
-    let planes = planes(BITS);
-    let digit_stride = planes * BLOCK_BYTES;
-    // Code bytes per (block, row) and plane.
-    let mut q = [[[_mm512_setzero_si512(); 2]; NR]; U];
+    let digit_stride = PLANES * BLOCK_BYTES;
+    // Low and high nibbles (as bytes) per (block, row).
+    let mut q = [[[_mm512_setzero_si512(); PLANES]; NR]; U];
     for (u, q) in q.iter_mut().enumerate() {
         for (r, q) in q.iter_mut().enumerate() {
             let p = codes.wrapping_add(r * row_code_bytes + (b + u) * BLOCK_BYTES);
@@ -625,40 +604,31 @@ unsafe fn block_sums<const BITS: usize, const NR: usize, const MR: usize, const 
                     )
                 }
             };
-            if BITS == 4 {
-                q[0] = _mm512_and_si512(d, nibble);
-                q[1] = _mm512_and_si512(_mm512_srli_epi32::<4>(d), nibble);
-            } else {
-                q[0] = d;
-            }
+            q[0] = _mm512_and_si512(d, nibble);
+            q[1] = _mm512_and_si512(_mm512_srli_epi32::<4>(d), nibble);
         }
     }
-    // Digit sums: the most significant digits first, shifted up 8 bits before each next digit
-    // (all digits for 4-bit codes; 8-bit codes keep the last digit apart, see the module docs).
-    let chained = if BITS == 4 { DIGITS } else { DIGITS - 1 };
-    let mut high = [[[_mm512_setzero_si512(); MR]; NR]; U];
-    let mut low = [[[_mm512_setzero_si512(); MR]; NR]; U];
+    // Digit sums: the most significant digit first, shifted up 8 bits before each next digit.
+    let mut sums = [[[_mm512_setzero_si512(); MR]; NR]; U];
     for digit in 0..DIGITS {
         for u in 0..U {
             for i in 0..MR {
                 let block = digits.wrapping_add(
-                    i * stride_bytes + (b + u) * block_digit_bytes(BITS) + digit * digit_stride,
+                    i * stride_bytes + (b + u) * BLOCK_DIGIT_BYTES + digit * digit_stride,
                 );
-                let mut x = [_mm512_setzero_si512(); 2];
-                for (p, x) in x.iter_mut().enumerate().take(planes) {
-                    // SAFETY: plane p of digit `digit` of block b + u of arranged row i.
-                    *x = unsafe { _mm512_loadu_si512(block.add(p * BLOCK_BYTES) as *const _) };
-                }
+                // SAFETY: both planes of digit `digit` of block b + u of arranged row i.
+                let x = unsafe {
+                    [
+                        _mm512_loadu_si512(block as *const _),
+                        _mm512_loadu_si512(block.add(BLOCK_BYTES) as *const _),
+                    ]
+                };
                 for r in 0..NR {
-                    let sum = if digit < chained {
-                        &mut high[u][r][i]
-                    } else {
-                        &mut low[u][r][i]
-                    };
-                    if digit > 0 && digit < chained {
+                    let sum = &mut sums[u][r][i];
+                    if digit > 0 {
                         *sum = _mm512_slli_epi32::<8>(*sum);
                     }
-                    for p in 0..planes {
+                    for p in 0..PLANES {
                         *sum = _mm512_dpbusd_epi32(*sum, q[u][r][p], x[p]);
                     }
                 }
@@ -666,28 +636,20 @@ unsafe fn block_sums<const BITS: usize, const NR: usize, const MR: usize, const 
         }
     }
     let mut out = [[[_mm512_setzero_ps(); MR]; NR]; U];
-    for u in 0..U {
-        for r in 0..NR {
-            for i in 0..MR {
-                let high = _mm512_cvtepi32_ps(high[u][r][i]);
-                out[u][r][i] = if BITS == 4 {
-                    high
-                } else {
-                    _mm512_fmadd_ps(
-                        high,
-                        _mm512_set1_ps(256.0),
-                        _mm512_cvtepi32_ps(low[u][r][i]),
-                    )
-                };
-            }
-        }
+    for (o, s) in out
+        .iter_mut()
+        .flatten()
+        .flatten()
+        .zip(sums.iter().flatten().flatten())
+    {
+        *o = _mm512_cvtepi32_ps(*s);
     }
     out
 }
 
 /// Weight rows per pass of a matrix-vector product, taken from that many equal parts of the
-/// rows (or 1). Several rows per pass share each activation load, which leaves 4-bit products
-/// bound by the code stream rather than by loads; taking the rows from far-apart parts keeps
+/// rows. Several rows per pass share each activation load, which leaves the products bound by
+/// the code stream rather than by loads; taking the rows from far-apart parts keeps
 /// their code streams from slowing each other in DRAM, as adjacent rows did. Measured with
 /// weights streamed from DRAM (Zen 4, 2 threads, GB/s):
 /// - 4-bit, 4096 columns (medians of 15 interleaved rounds): 1 row 22.0, 2 far rows 26.2, 4 far
@@ -695,15 +657,11 @@ unsafe fn block_sums<const BITS: usize, const NR: usize, const MR: usize, const 
 /// - 4-bit, 11264 columns (activations out of L1): 4 adjacent rows 19.9, 4 far rows 21.6
 ///   (medians of 15); 6 far rows 21.9 / 22.4 / 23.2 against 4 far rows 20.1 / 21.7 / 20.3 (3
 ///   alternating `qmv` bench rounds);
-/// - 8-bit, 4096 columns: 1 row 30.6, 2 far rows 28.2 (where the single row streams
-///   unprefetched, see `kernels::software_prefetch`); 11264 columns: 4 adjacent 22.8, 4 far 24.4,
-///   6 far within noise of 4.
-fn rows_per_matvec_pass(bits: usize, arranged_row_bytes: usize) -> usize {
-    match (bits, arranged_row_bytes >= MULTI_ROW_MIN_ACTIVATION_BYTES) {
-        (4, true) => 6,
-        (_, true) => 4,
-        (4, false) => 2,
-        _ => 1,
+fn rows_per_matvec_pass(arranged_row_bytes: usize) -> usize {
+    if arranged_row_bytes >= MULTI_ROW_MIN_ACTIVATION_BYTES {
+        6
+    } else {
+        2
     }
 }
 
@@ -712,21 +670,21 @@ mod tests {
     use super::*;
 
     /// The activations an arranged row stands for: `n · u_g · 2^e` per column.
-    fn rebuild(arranged: &[f32], cols: usize, bits: usize, group_size: usize) -> Vec<f64> {
-        let layout = row_layout(cols, bits, group_size);
+    fn rebuild(arranged: &[f32], cols: usize, group_size: usize) -> Vec<f64> {
+        let layout = row_layout(cols, group_size);
         let bytes: Vec<u8> = arranged[..layout.digits_len]
             .iter()
             .flat_map(|v| v.to_le_bytes())
             .collect();
-        let (bc, per_lane) = (block_cols(bits), 32 / bits);
         let unscale = arranged[layout.unscale_offset] as f64;
         (0..cols)
             .map(|col| {
-                let (block, c) = (col / bc, col % bc);
-                let (lane, k) = (c / per_lane, c % per_lane);
-                let (plane, byte) = if bits == 4 { (k % 2, k / 2) } else { (0, k) };
-                let at = block * block_digit_bytes(bits) + plane * BLOCK_BYTES + lane * 4 + byte;
-                let digit_stride = planes(bits) * BLOCK_BYTES;
+                let (block, c) = (col / BLOCK_COLS, col % BLOCK_COLS);
+                let (lane, k) = (c / PER_LANE, c % PER_LANE);
+                // Code k of a lane sits in byte k / 2: the low nibble (plane 0) for even k.
+                let (plane, byte) = (k % 2, k / 2);
+                let at = block * BLOCK_DIGIT_BYTES + plane * BLOCK_BYTES + lane * 4 + byte;
+                let digit_stride = PLANES * BLOCK_BYTES;
                 let n = (0..DIGITS).fold(0i64, |n, d| {
                     n * 256 + bytes[at + d * digit_stride] as i8 as i64
                 });
@@ -748,28 +706,28 @@ mod tests {
             state ^= state << 17;
             (state >> 11) as f64 / (1u64 << 53) as f64
         };
-        for (bits, group_size) in [(4, 32), (4, 128), (8, 64), (8, 32)] {
+        for group_size in [32, 64, 128] {
             let cols = 3 * 128 + group_size;
             // Magnitudes spread over 2^±40 within a row, so groups differ widely.
             let x: Vec<f32> = (0..cols)
                 .map(|_| ((uniform() - 0.5) * 2f64.powf(80.0 * uniform() - 40.0)) as f32)
                 .collect();
-            let arranged = arrange_activations(&x, 1, cols, bits as u32, group_size).unwrap();
-            let layout = row_layout(cols, bits, group_size);
+            let arranged = arrange_activations(&x, 1, cols, group_size).unwrap();
+            let layout = row_layout(cols, group_size);
             let unscale = arranged[layout.unscale_offset] as f64;
-            let got = rebuild(&arranged, cols, bits, group_size);
+            let got = rebuild(&arranged, cols, group_size);
             for (g, group) in x.chunks_exact(group_size).enumerate() {
                 let max = group.iter().fold(0f64, |m, v| m.max(v.abs() as f64));
                 let unit = arranged[layout.units_offset + g] as f64 * unscale;
                 assert!(
                     unit < 2.0 * max / DIGITS_MAX as f64,
-                    "q{bits}g{group_size} group {g}"
+                    "group size {group_size}, group {g}"
                 );
                 for (j, &v) in group.iter().enumerate() {
                     let err = (got[g * group_size + j] - v as f64).abs();
                     assert!(
                         err <= unit / 2.0,
-                        "q{bits}g{group_size} column {j}: {v} off by {err}"
+                        "group size {group_size}, column {j}: {v} off by {err}"
                     );
                 }
             }
@@ -782,9 +740,9 @@ mod tests {
             return;
         }
         let x: Vec<f32> = (0..256).map(|j| ((j * 37) % 201) as f32 - 100.0).collect();
-        for (bits, group_size) in [(4, 32), (8, 64)] {
-            let arranged = arrange_activations(&x, 1, 256, bits as u32, group_size).unwrap();
-            let got = rebuild(&arranged, 256, bits, group_size);
+        for group_size in [32, 128] {
+            let arranged = arrange_activations(&x, 1, 256, group_size).unwrap();
+            let got = rebuild(&arranged, 256, group_size);
             assert!(got.iter().zip(&x).all(|(a, b)| *a == *b as f64));
         }
     }
@@ -795,15 +753,15 @@ mod tests {
             return;
         }
         let mut x = vec![0.5f32; 64];
-        assert!(arrange_activations(&x, 1, 64, 4, 32).is_some());
+        assert!(arrange_activations(&x, 1, 64, 32).is_some());
         for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
             x[17] = bad;
-            assert!(arrange_activations(&x, 1, 64, 4, 32).is_none(), "{bad}");
+            assert!(arrange_activations(&x, 1, 64, 32).is_none(), "{bad}");
         }
         let subnormal = vec![1e-40f32; 64];
-        assert!(arrange_activations(&subnormal, 1, 64, 4, 32).is_none());
+        assert!(arrange_activations(&subnormal, 1, 64, 32).is_none());
         let zeros = vec![0f32; 64];
-        let arranged = arrange_activations(&zeros, 1, 64, 4, 32).unwrap();
-        assert!(rebuild(&arranged, 64, 4, 32).iter().all(|v| *v == 0.0));
+        let arranged = arrange_activations(&zeros, 1, 64, 32).unwrap();
+        assert!(rebuild(&arranged, 64, 32).iter().all(|v| *v == 0.0));
     }
 }
