@@ -227,9 +227,15 @@ fn bench(args: &BenchArgs, threads: usize, totals: &SpanTotals) -> Result<()> {
         m.set_weights(args.mimi_weights);
         eprintln!("Mimi weights: {}", args.mimi_weights);
     }
+    let kernel = moshi_quant::Kernel::detect();
+    let eight_bit = if kernel == moshi_quant::Kernel::Avx512Vnni {
+        "; 8-bit products on the f32 avx512 kernel"
+    } else {
+        ""
+    };
     eprintln!(
-        "quantized kernel (q8/q4 products): {} (set {} to pick another)",
-        moshi_quant::Kernel::detect().name(),
+        "quantized kernel: {}{eight_bit} (set {} to pick another)",
+        kernel.name(),
         moshi_quant::KERNEL_ENV
     );
     let mut processor: Box<dyn FrameProcessor> = match args.stage {
