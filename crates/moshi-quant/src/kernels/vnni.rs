@@ -288,7 +288,6 @@ unsafe fn rows_impl<const GROUP: usize>(
     let nrows = out_t.len() / m;
     // One window of factors per (weight row, activation row) pair of the largest tile.
     let mut scales = vec![0f32; 6 * padded];
-    let prefetch = crate::kernels::software_prefetch(4);
     // Weight rows per pass, taken from that many equal parts of the range so that their code
     // streams lie far apart (see `rows_per_matvec_pass`).
     let rows_per_pass = if m == 1 {
@@ -305,15 +304,8 @@ unsafe fn rows_impl<const GROUP: usize>(
         for j in 0..part {
             let (s, o) = (&mut scales, &mut *out_t);
             match rows_per_pass {
-                6 => unsafe {
-                    far_pass::<GROUP, 6, 1>(w, row_start, j, part, x, layout, s, prefetch, o)
-                },
-                4 => unsafe {
-                    far_pass::<GROUP, 4, 1>(w, row_start, j, part, x, layout, s, prefetch, o)
-                },
-                _ => unsafe {
-                    far_pass::<GROUP, 2, 2>(w, row_start, j, part, x, layout, s, prefetch, o)
-                },
+                6 => unsafe { far_pass::<GROUP, 6, 1>(w, row_start, j, part, x, layout, s, o) },
+                _ => unsafe { far_pass::<GROUP, 2, 2>(w, row_start, j, part, x, layout, s, o) },
             }
         }
         single_from = rows_per_pass * part;
@@ -325,24 +317,19 @@ unsafe fn rows_impl<const GROUP: usize>(
         // SAFETY (all calls): row r exists; activation rows i..i + MR < m are arranged rows.
         while i + MATMUL_ROWS <= m {
             let x = unsafe { xs.as_ptr().add(i * layout.stride) };
-            let d = unsafe {
-                tile::<GROUP, 1, MATMUL_ROWS, 1>(w, r, x, layout, &mut scales, prefetch, 1)
-            };
+            let d = unsafe { tile::<GROUP, 1, MATMUL_ROWS, 1>(w, r, x, layout, &mut scales, 1) };
             out_row[i..i + MATMUL_ROWS].copy_from_slice(&d[0]);
             i += MATMUL_ROWS;
         }
         let x = unsafe { xs.as_ptr().add(i * layout.stride) };
         let s = &mut scales;
         match m - i {
-            3 => out_row[i..].copy_from_slice(
-                &unsafe { tile::<GROUP, 1, 3, 2>(w, r, x, layout, s, prefetch, 1) }[0],
-            ),
-            2 => out_row[i..].copy_from_slice(
-                &unsafe { tile::<GROUP, 1, 2, 2>(w, r, x, layout, s, prefetch, 1) }[0],
-            ),
-            1 => out_row[i..].copy_from_slice(
-                &unsafe { tile::<GROUP, 1, 1, 4>(w, r, x, layout, s, prefetch, 1) }[0],
-            ),
+            3 => out_row[i..]
+                .copy_from_slice(&unsafe { tile::<GROUP, 1, 3, 2>(w, r, x, layout, s, 1) }[0]),
+            2 => out_row[i..]
+                .copy_from_slice(&unsafe { tile::<GROUP, 1, 2, 2>(w, r, x, layout, s, 1) }[0]),
+            1 => out_row[i..]
+                .copy_from_slice(&unsafe { tile::<GROUP, 1, 1, 4>(w, r, x, layout, s, 1) }[0]),
             _ => {}
         }
     }
@@ -364,13 +351,10 @@ unsafe fn far_pass<const GROUP: usize, const NR: usize, const UNROLL: usize>(
     x: *const f32,
     layout: RowLayout,
     scales: &mut [f32],
-    prefetch: bool,
     out_t: &mut [f32],
 ) {
     // SAFETY: forwarded contract.
-    let d = unsafe {
-        tile::<GROUP, NR, 1, UNROLL>(w, row_start + j, x, layout, scales, prefetch, part)
-    };
+    let d = unsafe { tile::<GROUP, NR, 1, UNROLL>(w, row_start + j, x, layout, scales, part) };
     for (k, v) in d.iter().enumerate() {
         out_t[j + k * part] = v[0];
     }
@@ -438,7 +422,6 @@ unsafe fn tile<const GROUP: usize, const NR: usize, const MR: usize, const UNROL
     xs: *const f32,
     layout: RowLayout,
     scales: &mut [f32],
-    prefetch: bool,
     row_step: usize,
 ) -> [[f32; MR]; NR] {
     let cols = w.cols();
@@ -469,8 +452,6 @@ unsafe fn tile<const GROUP: usize, const NR: usize, const MR: usize, const UNROL
     // SAFETY: LANES i32.
     let lane_group = unsafe { _mm512_loadu_si512(lane_group.as_ptr() as *const _) };
     let full_blocks = cols / BLOCK_COLS;
-    // Several weight rows per pass are several code streams, which the software prefetch helps.
-    let prefetch = prefetch || NR > 1;
     let tail_lanes = (cols % BLOCK_COLS) / PER_LANE;
     let codes = w.codes().as_ptr().wrapping_add(r0 * row_code_bytes / 4) as *const u8;
     let row_code_bytes = row_code_bytes * row_step;
@@ -482,15 +463,7 @@ unsafe fn tile<const GROUP: usize, const NR: usize, const MR: usize, const UNROL
         // SAFETY (both calls): blocks b..b + UNROLL are whole blocks of every row of the tile;
         // `scales` holds NR·MR windows.
         let sums = unsafe {
-            block_sums::<NR, MR, UNROLL>(
-                codes,
-                row_code_bytes,
-                b,
-                LANES,
-                digits,
-                stride_bytes,
-                prefetch,
-            )
+            block_sums::<NR, MR, UNROLL>(codes, row_code_bytes, b, LANES, digits, stride_bytes)
         };
         unsafe { accumulate::<GROUP, NR, MR>(&mut acc, &sums, b, scales, padded, lane_group) };
         b += UNROLL;
@@ -500,15 +473,7 @@ unsafe fn tile<const GROUP: usize, const NR: usize, const MR: usize, const UNROL
         // SAFETY (both calls): the valid lanes of block b lie inside every row of the tile; as
         // above.
         let sums = unsafe {
-            block_sums::<NR, MR, 1>(
-                codes,
-                row_code_bytes,
-                b,
-                valid_lanes,
-                digits,
-                stride_bytes,
-                prefetch,
-            )
+            block_sums::<NR, MR, 1>(codes, row_code_bytes, b, valid_lanes, digits, stride_bytes)
         };
         unsafe { accumulate::<GROUP, NR, MR>(&mut acc, &sums, b, scales, padded, lane_group) };
         b += 1;
@@ -580,7 +545,6 @@ unsafe fn block_sums<const NR: usize, const MR: usize, const U: usize>(
     valid_lanes: usize,
     digits: *const u8,
     stride_bytes: usize,
-    prefetch: bool,
 ) -> [[[__m512; MR]; NR]; U] {
     let nibble = _mm512_set1_epi8(0x0f);
     let digit_stride = PLANES * BLOCK_BYTES;
@@ -589,10 +553,9 @@ unsafe fn block_sums<const NR: usize, const MR: usize, const U: usize>(
     for (u, q) in q.iter_mut().enumerate() {
         for (r, q) in q.iter_mut().enumerate() {
             let p = codes.wrapping_add(r * row_code_bytes + (b + u) * BLOCK_BYTES);
-            if prefetch {
-                // A hint: never faults, so the address may run past the row.
-                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_BYTES) as *const i8);
-            }
+            // Always prefetched, as 4-bit codes are in the lane kernel (`kernels::software_prefetch`).
+            // A hint: never faults, so the address may run past the row.
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_BYTES) as *const i8);
             // SAFETY: the valid lanes lie inside row r (caller's contract).
             let d = unsafe {
                 if valid_lanes == LANES {
@@ -656,7 +619,7 @@ unsafe fn block_sums<const NR: usize, const MR: usize, const U: usize>(
 ///   rows 23.4;
 /// - 4-bit, 11264 columns (activations out of L1): 4 adjacent rows 19.9, 4 far rows 21.6
 ///   (medians of 15); 6 far rows 21.9 / 22.4 / 23.2 against 4 far rows 20.1 / 21.7 / 20.3 (3
-///   alternating `qmv` bench rounds);
+///   alternating `qmv` bench rounds).
 fn rows_per_matvec_pass(arranged_row_bytes: usize) -> usize {
     if arranged_row_bytes >= MULTI_ROW_MIN_ACTIVATION_BYTES {
         6
