@@ -465,7 +465,7 @@ unsafe fn tile<const GROUP: usize, const NR: usize, const MR: usize, const UNROL
         let sums = unsafe {
             block_sums::<NR, MR, UNROLL>(codes, row_code_bytes, b, LANES, digits, stride_bytes)
         };
-        unsafe { accumulate::<GROUP, NR, MR>(&mut acc, &sums, b, scales, padded, lane_group) };
+        unsafe { accumulate::<GROUP, NR, MR, UNROLL>(&mut acc, &sums, b, scales, padded, lane_group) };
         b += UNROLL;
     }
     while b < blocks {
@@ -475,7 +475,7 @@ unsafe fn tile<const GROUP: usize, const NR: usize, const MR: usize, const UNROL
         let sums = unsafe {
             block_sums::<NR, MR, 1>(codes, row_code_bytes, b, valid_lanes, digits, stride_bytes)
         };
-        unsafe { accumulate::<GROUP, NR, MR>(&mut acc, &sums, b, scales, padded, lane_group) };
+        unsafe { accumulate::<GROUP, NR, MR, 1>(&mut acc, &sums, b, scales, padded, lane_group) };
         b += 1;
     }
     let mut out = [[0f32; MR]; NR];
@@ -489,24 +489,25 @@ unsafe fn tile<const GROUP: usize, const NR: usize, const MR: usize, const UNROL
     out
 }
 
-/// `acc += factor · sum` for each block from `b` on: each lane's factor is its group's
-/// `scale_g · u_g` from the window of its (weight row, activation row) pair (`lane_group` maps
-/// lanes to groups when a block holds several).
+/// `acc += factor · sum` for each block from `b` on (the integer sums converted to f32): each
+/// lane's factor is its group's `scale_g · u_g` from the window of its (weight row, activation
+/// row) pair (`lane_group` maps lanes to groups when a block holds several).
 ///
 /// # Safety
 /// The CPU must have AVX-512F; `scales` must hold `NR · MR` windows of `padded` floats (the
 /// groups' factors, then at least one vector of zeros).
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn accumulate<const GROUP: usize, const NR: usize, const MR: usize>(
+#[allow(clippy::needless_range_loop)] // plain index loops keep the vectors in registers
+unsafe fn accumulate<const GROUP: usize, const NR: usize, const MR: usize, const U: usize>(
     acc: &mut [[__m512; MR]; NR],
-    sums: &[[[__m512; MR]; NR]],
+    sums: &[[[__m512i; MR]; NR]; U],
     b: usize,
     scales: &[f32],
     padded: usize,
     lane_group: __m512i,
 ) {
-    for (u, part) in sums.iter().enumerate() {
+    for u in 0..U {
         let first_group = (b + u) * BLOCK_COLS / GROUP;
         for r in 0..NR {
             for i in 0..MR {
@@ -521,13 +522,14 @@ unsafe fn accumulate<const GROUP: usize, const NR: usize, const MR: usize>(
                         _mm512_permutexvar_ps(lane_group, _mm512_loadu_ps(window))
                     }
                 };
-                acc[r][i] = _mm512_fmadd_ps(factor, part[r][i], acc[r][i]);
+                let sum = _mm512_cvtepi32_ps(sums[u][r][i]);
+                acc[r][i] = _mm512_fmadd_ps(factor, sum, acc[r][i]);
             }
         }
     }
 }
 
-/// Each lane's `Σ q · n` of blocks `b..b + U` as f32, for `NR` weight rows and `MR` arranged
+/// Each lane's `Σ q · n` of blocks `b..b + U` (exact `i32`), for `NR` weight rows and `MR` arranged
 /// activation rows; lanes from `valid_lanes` on read as zero codes. The `U · NR · MR` chains are
 /// interleaved digit by digit.
 ///
@@ -545,7 +547,7 @@ unsafe fn block_sums<const NR: usize, const MR: usize, const U: usize>(
     valid_lanes: usize,
     digits: *const u8,
     stride_bytes: usize,
-) -> [[[__m512; MR]; NR]; U] {
+) -> [[[__m512i; MR]; NR]; U] {
     let nibble = _mm512_set1_epi8(0x0f);
     let digit_stride = PLANES * BLOCK_BYTES;
     // Low and high nibbles (as bytes) per (block, row).
@@ -598,16 +600,7 @@ unsafe fn block_sums<const NR: usize, const MR: usize, const U: usize>(
             }
         }
     }
-    let mut out = [[[_mm512_setzero_ps(); MR]; NR]; U];
-    for (o, s) in out
-        .iter_mut()
-        .flatten()
-        .flatten()
-        .zip(sums.iter().flatten().flatten())
-    {
-        *o = _mm512_cvtepi32_ps(*s);
-    }
-    out
+    sums
 }
 
 /// Weight rows per pass of a matrix-vector product, taken from that many equal parts of the
