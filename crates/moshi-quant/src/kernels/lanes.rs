@@ -158,7 +158,7 @@ macro_rules! lane_kernel {
         /// >= groups + LANES`.
         #[target_feature(enable = $features)]
         #[inline]
-        pub(crate) unsafe fn prepare_row<const GROUP: usize, const MR: usize>(
+        unsafe fn prepare_row<const GROUP: usize, const MR: usize>(
             w: &QuantizedMatrix,
             r: usize,
             xs: *const f32,

@@ -362,12 +362,13 @@ unsafe fn far_pass<const GROUP: usize, const NR: usize, const UNROLL: usize>(
 
 /// Writes, for each of the `MR` activation rows `i`, row `r`'s factors `scale_g · u_{i,g}` into
 /// window `i` of `windows` (`padded` floats each: the groups, then zeros), and returns the bias
-/// terms `Σ_g bias_g · Σ_{j∈g} x_{i,j}`. The scales and bias terms come from the AVX-512 lane
-/// kernel's `prepare_row` (this layout keeps its group sums the same way).
+/// terms `Σ_g bias_g · Σ_{j∈g} x_{i,j}` (f32 group sums, summed group by group in 16 lanes as in
+/// the lane kernels). One pass over the row's bf16 scales and biases.
 ///
 /// # Safety
 /// The CPU must have AVX-512F; `r < w.rows()`; `xs` must point to `MR` arranged rows;
-/// `windows.len() >= MR * padded` with `padded = groups padded to LANES + LANES`.
+/// `windows.len() >= MR * padded` with `padded = groups padded to LANES + LANES`, zero past each
+/// window's groups.
 #[target_feature(enable = "avx512f")]
 #[inline]
 unsafe fn prepare_row<const GROUP: usize, const MR: usize>(
@@ -378,33 +379,51 @@ unsafe fn prepare_row<const GROUP: usize, const MR: usize>(
     windows: &mut [f32],
     padded: usize,
 ) -> [f32; MR] {
-    // SAFETY: forwarded contract; window 0 holds `padded` floats.
-    let bias_terms = unsafe {
-        crate::kernels::avx512::prepare_row::<GROUP, MR>(
-            w,
-            r,
-            xs,
-            layout.stride,
-            layout.sums_offset,
-            &mut windows[..padded],
-        )
-    };
     let groups = w.cols() / GROUP;
-    // Window 0 holds the scales until last.
-    for i in (0..MR).rev() {
-        for g in (0..groups).step_by(LANES) {
-            // SAFETY: groups and units are padded to whole vectors inside each window / row.
+    let row_scales = &w.scales()[r * groups..(r + 1) * groups];
+    let row_biases = &w.biases()[r * groups..(r + 1) * groups];
+    let mut bias_acc = [_mm512_setzero_ps(); MR];
+    for g in (0..groups).step_by(LANES) {
+        // bf16 → f32: the 16 bits as the high half of an f32. The last vector of a row may hold
+        // fewer groups: copied out, zero-padded (zero factors and bias terms).
+        let widen = |h: __m256i| _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)));
+        let (s, b) = if g + LANES <= groups {
+            // SAFETY: LANES bf16 of each slice from g.
             unsafe {
-                let s = _mm512_loadu_ps(windows.as_ptr().add(g));
-                let units = _mm512_loadu_ps(xs.add(i * layout.stride + layout.units_offset + g));
+                (
+                    _mm256_loadu_si256(row_scales.as_ptr().add(g) as *const __m256i),
+                    _mm256_loadu_si256(row_biases.as_ptr().add(g) as *const __m256i),
+                )
+            }
+        } else {
+            let (mut s16, mut b16) = ([0u16; LANES], [0u16; LANES]);
+            s16[..groups - g].copy_from_slice(&row_scales[g..]);
+            b16[..groups - g].copy_from_slice(&row_biases[g..]);
+            // SAFETY: LANES u16 each.
+            unsafe {
+                (
+                    _mm256_loadu_si256(s16.as_ptr() as *const __m256i),
+                    _mm256_loadu_si256(b16.as_ptr() as *const __m256i),
+                )
+            }
+        };
+        let (s, b) = (widen(s), widen(b));
+        for (i, acc) in bias_acc.iter_mut().enumerate() {
+            let row = xs.wrapping_add(i * layout.stride);
+            // SAFETY: units and group sums are zero-padded to whole vectors in each arranged row;
+            // window i holds `padded >= g + LANES` floats.
+            unsafe {
+                let units = _mm512_loadu_ps(row.add(layout.units_offset + g));
+                let sums = _mm512_loadu_ps(row.add(layout.sums_offset + g));
                 _mm512_storeu_ps(
                     windows.as_mut_ptr().add(i * padded + g),
                     _mm512_mul_ps(s, units),
                 );
+                *acc = _mm512_fmadd_ps(b, sums, *acc);
             }
         }
     }
-    bias_terms
+    bias_acc.map(|acc| _mm512_reduce_add_ps(acc))
 }
 
 /// Dot products of weight rows `r0 + k · row_step` (`k < NR`) with `MR` arranged activation rows
