@@ -14,7 +14,7 @@
 //! more FMA per 32 codes, which capped 4-bit products at ~22 GB/s on two Zen 4 cores.
 //!
 //! [`lane_kernel!`] expands the kernel inside an instruction-set module, which provides `LANES`,
-//! `TOP_UNSCALED`, `PREFETCH_ALWAYS`, the vector types `F`/`I`, `available()` and the small
+//! `TOP_UNSCALED`, the vector types `F`/`I`, `available()` and the small
 //! `#[target_feature]` ops it calls (`fzero`, `izero`, `fload`, `fstore`, `fset1`, `fmul`, `ffma`,
 //! `fsum`, `fpermute`, `iload`, `iload_lanes`, `widen_bf16`, `decode`). A macro because the
 //! `target_feature` attribute, needed so every op inlines, differs per instruction set.
@@ -121,7 +121,7 @@ macro_rules! lane_kernel {
         use crate::kernels::lanes::{
             arranged_row_len, block_cols, MATMUL_ROWS, MATVEC_ROWS, MULTI_ROW_MIN_ACTIVATION_BYTES,
         };
-        use crate::kernels::PREFETCH_BYTES;
+        use crate::kernels::CodePrefetch;
         use crate::QuantizedMatrix;
 
         pub(crate) fn select(bits: u32, group_size: usize) -> Option<crate::kernels::RowRangeFn> {
@@ -228,7 +228,7 @@ macro_rules! lane_kernel {
             let padded = groups.next_multiple_of(LANES) + LANES;
             let nrows = out_t.len() / m;
             let mut scales = vec![0f32; MATVEC_ROWS * padded];
-            let prefetch = PREFETCH_ALWAYS || crate::kernels::software_prefetch(BITS);
+            let prefetch = CodePrefetch::for_cpu();
             let mut local = 0;
             if m == 1 && stride * 4 >= MULTI_ROW_MIN_ACTIVATION_BYTES {
                 while local + MATVEC_ROWS <= nrows {
@@ -297,7 +297,7 @@ macro_rules! lane_kernel {
             r0: usize,
             xs: *const f32,
             scales: &mut [f32],
-            prefetch: bool,
+            prefetch: CodePrefetch,
         ) -> [[f32; MR]; NR] {
             let per_lane = 32 / BITS;
             let bc = block_cols(BITS, LANES);
@@ -333,9 +333,6 @@ macro_rules! lane_kernel {
             // SAFETY: LANES i32.
             let lane_group = unsafe { iload(lane_group.as_ptr()) };
             let full_blocks = cols / bc;
-            // Several weight rows per pass are several code streams, which the software prefetch
-            // helps on every CPU (q8 `gating out` on Zen 4: +4-7% in 3 back-to-back rounds).
-            let prefetch = prefetch || NR > 1;
             // Lanes of the last block that hold codes (all of them unless cols % block_cols != 0).
             let tail_lanes = (cols % bc) / per_lane;
             let codes = w.codes().as_ptr().wrapping_add(r0 * row_code_bytes / 4) as *const u8;
@@ -423,7 +420,7 @@ macro_rules! lane_kernel {
             valid_lanes: usize,
             xs: *const f32,
             stride: usize,
-            prefetch: bool,
+            prefetch: CodePrefetch,
         ) -> [[[F; MR]; NR]; U] {
             let per_lane = 32 / BITS;
             let bc = block_cols(BITS, LANES);
@@ -431,10 +428,7 @@ macro_rules! lane_kernel {
             for (u, d) in d.iter_mut().enumerate() {
                 for (r, d) in d.iter_mut().enumerate() {
                     let p = codes.wrapping_add(r * row_code_bytes + (b + u) * LANES * 4);
-                    if prefetch {
-                        // A hint: never faults, so the address may run past the row.
-                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_BYTES) as *const i8);
-                    }
+                    prefetch.ahead_of(p);
                     // SAFETY: the valid lanes lie inside row r (caller's contract).
                     *d = unsafe {
                         if valid_lanes == LANES {

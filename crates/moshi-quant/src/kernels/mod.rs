@@ -47,26 +47,61 @@ use crate::{QuantError, QuantizedMatrix};
 /// about what reading this much weight data takes).
 const MIN_TASK_WEIGHT_BYTES: usize = 128 * 1024;
 
-/// How far ahead of the current position the code stream is prefetched (x86 kernels; 1 and 2 KiB
-/// measured the same).
-pub(crate) const PREFETCH_BYTES: usize = 1024;
-
-/// Whether the AVX-512 kernel prefetches its code stream in software for `bits`-bit codes.
-/// - Intel: always. On an Intel Xeon (Sapphire Rapids class) guest the hardware prefetcher alone
-///   left matrix-vector products at about half the read bandwidth.
-/// - Elsewhere (measured on AMD Zen 4): only for 4-bit codes. In back-to-back runs of the 7B LM
-///   step (`moshi-rs bench`), the prefetch made the q4 step about 12% faster, as the decode keeps
-///   the core busy between loads. It made the q8 step about 12% slower, where the light decode
-///   leaves the stream to the hardware prefetcher, whose requests the software ones compete with.
+/// How the x86 kernels prefetch their code streams in software: one hint per 64 code bytes of
+/// each stream, a fixed distance ahead of the load. Chosen once per CPU ([`CodePrefetch::for_cpu`]).
 #[cfg(target_arch = "x86_64")]
-pub(crate) fn software_prefetch(bits: usize) -> bool {
-    static INTEL: OnceLock<bool> = OnceLock::new();
-    bits == 4
-        || *INTEL.get_or_init(|| {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CodePrefetch {
+    /// `prefetcht0` 1 KiB ahead, into L1: Intel. On an Intel Xeon (Sapphire Rapids class) guest
+    /// the hardware prefetcher alone left matrix-vector products at about half the read
+    /// bandwidth, and this prefetch closed the gap (1 and 2 KiB measured the same).
+    L1Near,
+    /// `prefetcht1` 4 KiB ahead, into L2: elsewhere. Measured on AMD Zen 4 (2 threads, weights
+    /// from DRAM, medians of 15 interleaved rounds, GB/s), against the earlier choice there
+    /// (`prefetcht0` 1 KiB ahead for 4-bit codes, none for single-row 8-bit passes):
+    /// - VNNI q4, 4096 columns: 29.7 / 30.1 (`prefetcht1` 4 KiB or `prefetcht0` 1 KiB plus
+    ///   `prefetcht1` 4 KiB) against 26.6; 1 thread 19.4 against 13.0-16.0; 11264 columns
+    ///   24.7-27.5 against 22.3-25.5;
+    /// - f32 AVX-512 kernel: q8 11264 columns 27.2-27.3 against 25.3-25.6, q8 4096 columns the
+    ///   same (29.3, 33.5 against 29.4, 32.6), q4 4096 columns 23.8-25.3 against 21.7-24.7;
+    /// - AVX2 kernel: q8 4096 columns 24.6-27.3 against 19.9-22.8, q4 17.8-18.6 against
+    ///   16.3-17.8.
+    ///
+    /// The hint lands in L2 early enough to cover DRAM latency while the decode keeps the core
+    /// busy; a `prefetcht0` that far ahead, or the hardware prefetcher alone, did not.
+    L2Far,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl CodePrefetch {
+    /// [`CodePrefetch::L1Near`] on Intel CPUs, [`CodePrefetch::L2Far`] elsewhere.
+    pub(crate) fn for_cpu() -> Self {
+        static INTEL: OnceLock<bool> = OnceLock::new();
+        let intel = *INTEL.get_or_init(|| {
             let id = std::arch::x86_64::__cpuid(0);
             // Vendor string "GenuineIntel" in ebx, edx, ecx.
             (id.ebx, id.edx, id.ecx) == (0x756e_6547, 0x4965_6e69, 0x6c65_746e)
-        })
+        });
+        if intel {
+            CodePrefetch::L1Near
+        } else {
+            CodePrefetch::L2Far
+        }
+    }
+
+    /// Prefetches the code line this choice's distance past `p`. A hint: it never faults, so
+    /// the address may run past the row or the matrix.
+    #[inline(always)]
+    pub(crate) fn ahead_of(self, p: *const u8) {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
+        // SAFETY: SSE is part of x86-64; a prefetch reads nothing.
+        unsafe {
+            match self {
+                CodePrefetch::L1Near => _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(1024).cast()),
+                CodePrefetch::L2Far => _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(4096).cast()),
+            }
+        }
+    }
 }
 
 /// Environment variable naming the kernel [`Kernel::detect`] returns (`portable`, `avx2`,

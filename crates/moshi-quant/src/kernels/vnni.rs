@@ -33,7 +33,7 @@
 use std::arch::x86_64::*;
 
 use crate::kernels::lanes::{MATMUL_ROWS, MULTI_ROW_MIN_ACTIVATION_BYTES};
-use crate::kernels::{RowRangeFn, PREFETCH_BYTES};
+use crate::kernels::{CodePrefetch, RowRangeFn};
 use crate::QuantizedMatrix;
 
 /// `i32` lanes per vector (and `u32` code words per block).
@@ -288,6 +288,7 @@ unsafe fn rows_impl<const GROUP: usize>(
     let nrows = out_t.len() / m;
     // One window of factors per (weight row, activation row) pair of the largest tile.
     let mut scales = vec![0f32; 6 * padded];
+    let prefetch = CodePrefetch::for_cpu();
     // Weight rows per pass, taken from that many equal parts of the range so that their code
     // streams lie far apart (see `rows_per_matvec_pass`).
     let rows_per_pass = if m == 1 {
@@ -304,8 +305,8 @@ unsafe fn rows_impl<const GROUP: usize>(
         for j in 0..part {
             let (s, o) = (&mut scales, &mut *out_t);
             match rows_per_pass {
-                6 => unsafe { far_pass::<GROUP, 6, 1>(w, row_start, j, part, x, layout, s, o) },
-                _ => unsafe { far_pass::<GROUP, 2, 2>(w, row_start, j, part, x, layout, s, o) },
+                6 => unsafe { far_pass::<GROUP, 6, 1>(w, row_start, j, part, x, layout, s, o, prefetch) },
+                _ => unsafe { far_pass::<GROUP, 2, 2>(w, row_start, j, part, x, layout, s, o, prefetch) },
             }
         }
         single_from = rows_per_pass * part;
@@ -317,7 +318,7 @@ unsafe fn rows_impl<const GROUP: usize>(
         // SAFETY (all calls): row r exists; activation rows i..i + MR < m are arranged rows.
         while i + MATMUL_ROWS <= m {
             let x = unsafe { xs.as_ptr().add(i * layout.stride) };
-            let d = unsafe { tile::<GROUP, 1, MATMUL_ROWS, 1>(w, r, x, layout, &mut scales, 1) };
+            let d = unsafe { tile::<GROUP, 1, MATMUL_ROWS, 1>(w, r, x, layout, &mut scales, 1, prefetch) };
             out_row[i..i + MATMUL_ROWS].copy_from_slice(&d[0]);
             i += MATMUL_ROWS;
         }
@@ -325,11 +326,11 @@ unsafe fn rows_impl<const GROUP: usize>(
         let s = &mut scales;
         match m - i {
             3 => out_row[i..]
-                .copy_from_slice(&unsafe { tile::<GROUP, 1, 3, 2>(w, r, x, layout, s, 1) }[0]),
+                .copy_from_slice(&unsafe { tile::<GROUP, 1, 3, 2>(w, r, x, layout, s, 1, prefetch) }[0]),
             2 => out_row[i..]
-                .copy_from_slice(&unsafe { tile::<GROUP, 1, 2, 2>(w, r, x, layout, s, 1) }[0]),
+                .copy_from_slice(&unsafe { tile::<GROUP, 1, 2, 2>(w, r, x, layout, s, 1, prefetch) }[0]),
             1 => out_row[i..]
-                .copy_from_slice(&unsafe { tile::<GROUP, 1, 1, 4>(w, r, x, layout, s, 1) }[0]),
+                .copy_from_slice(&unsafe { tile::<GROUP, 1, 1, 4>(w, r, x, layout, s, 1, prefetch) }[0]),
             _ => {}
         }
     }
@@ -352,9 +353,10 @@ unsafe fn far_pass<const GROUP: usize, const NR: usize, const UNROLL: usize>(
     layout: RowLayout,
     scales: &mut [f32],
     out_t: &mut [f32],
+    prefetch: CodePrefetch,
 ) {
     // SAFETY: forwarded contract.
-    let d = unsafe { tile::<GROUP, NR, 1, UNROLL>(w, row_start + j, x, layout, scales, part) };
+    let d = unsafe { tile::<GROUP, NR, 1, UNROLL>(w, row_start + j, x, layout, scales, part, prefetch) };
     for (k, v) in d.iter().enumerate() {
         out_t[j + k * part] = v[0];
     }
@@ -442,6 +444,7 @@ unsafe fn tile<const GROUP: usize, const NR: usize, const MR: usize, const UNROL
     layout: RowLayout,
     scales: &mut [f32],
     row_step: usize,
+    prefetch: CodePrefetch,
 ) -> [[f32; MR]; NR] {
     let cols = w.cols();
     let blocks = cols.div_ceil(BLOCK_COLS);
@@ -482,7 +485,7 @@ unsafe fn tile<const GROUP: usize, const NR: usize, const MR: usize, const UNROL
         // SAFETY (both calls): blocks b..b + UNROLL are whole blocks of every row of the tile;
         // `scales` holds NR·MR windows.
         let sums = unsafe {
-            block_sums::<NR, MR, UNROLL>(codes, row_code_bytes, b, LANES, digits, stride_bytes)
+            block_sums::<NR, MR, UNROLL>(codes, row_code_bytes, b, LANES, digits, stride_bytes, prefetch)
         };
         unsafe { accumulate::<GROUP, NR, MR, UNROLL>(&mut acc, &sums, b, scales, padded, lane_group) };
         b += UNROLL;
@@ -492,7 +495,7 @@ unsafe fn tile<const GROUP: usize, const NR: usize, const MR: usize, const UNROL
         // SAFETY (both calls): the valid lanes of block b lie inside every row of the tile; as
         // above.
         let sums = unsafe {
-            block_sums::<NR, MR, 1>(codes, row_code_bytes, b, valid_lanes, digits, stride_bytes)
+            block_sums::<NR, MR, 1>(codes, row_code_bytes, b, valid_lanes, digits, stride_bytes, prefetch)
         };
         unsafe { accumulate::<GROUP, NR, MR, 1>(&mut acc, &sums, b, scales, padded, lane_group) };
         b += 1;
@@ -566,6 +569,7 @@ unsafe fn block_sums<const NR: usize, const MR: usize, const U: usize>(
     valid_lanes: usize,
     digits: *const u8,
     stride_bytes: usize,
+    prefetch: CodePrefetch,
 ) -> [[[__m512i; MR]; NR]; U] {
     let nibble = _mm512_set1_epi8(0x0f);
     let digit_stride = PLANES * BLOCK_BYTES;
@@ -574,9 +578,7 @@ unsafe fn block_sums<const NR: usize, const MR: usize, const U: usize>(
     for (u, q) in q.iter_mut().enumerate() {
         for (r, q) in q.iter_mut().enumerate() {
             let p = codes.wrapping_add(r * row_code_bytes + (b + u) * BLOCK_BYTES);
-            // Always prefetched, as 4-bit codes are in the lane kernel (`kernels::software_prefetch`).
-            // A hint: never faults, so the address may run past the row.
-            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_BYTES) as *const i8);
+            prefetch.ahead_of(p);
             // SAFETY: the valid lanes lie inside row r (caller's contract).
             let d = unsafe {
                 if valid_lanes == LANES {
