@@ -20,14 +20,18 @@
 //! `target_feature` attribute, needed so every op inlines, differs per instruction set.
 
 /// Weight rows per pass of the matrix-vector kernel on long rows: each activation vector is
-/// loaded once for all of them.
+/// loaded once for all of them. They are taken from that many equal parts of the thread's rows,
+/// so their code streams lie far apart: at 11264 columns (Zen 4, 2 threads, weights from DRAM,
+/// medians of 15 interleaved rounds, GB/s) far rows read q4 19.6 / 26.4 against 17.6 / 21.5 for 4
+/// adjacent rows, q8 26.3 / 29.0 / 31.1 / 29.1 against 25.0 / 28.9 / 31.1 / 28.9, and q8 with
+/// the AVX2 kernel 28.4 / 28.0 against 25.8 / 25.1.
 pub(crate) const MATVEC_ROWS: usize = 4;
 
 /// Arranged activation bytes from which the matrix-vector kernel takes [`MATVEC_ROWS`] weight rows
-/// per pass. Measured with weights streamed from DRAM (Zen 4, 32 KiB L1d): at 11264 columns
-/// (45 KiB of activations, out of L1) four rows per pass read 24-41% faster (q4 and q8); at 4096
-/// columns (16 KiB, in L1) one row per pass reads 40-50% faster, as the four interleaved code
-/// streams slow DRAM streaming more than the shared activation loads save.
+/// per pass. Measured with weights streamed from DRAM (Zen 4, 32 KiB L1d), with adjacent rows: at
+/// 11264 columns (45 KiB of activations, out of L1) four rows per pass read 24-41% faster (q4 and
+/// q8); at 4096 columns (16 KiB, in L1) one row per pass reads 40-50% faster, as the four
+/// interleaved code streams slow DRAM streaming more than the shared activation loads save.
 pub(crate) const MULTI_ROW_MIN_ACTIVATION_BYTES: usize = 24 * 1024;
 
 /// Activation rows per pass of the matrix-matrix kernel: each code block is decoded once for all
@@ -206,7 +210,8 @@ macro_rules! lane_kernel {
         }
 
         /// Rows of `out_t` (`m` values each) for weight rows `row_start..`: on long rows of a
-        /// matrix-vector product [`MATVEC_ROWS`] weight rows per pass, otherwise one weight row
+        /// matrix-vector product [`MATVEC_ROWS`] far-apart weight rows per pass (the rows left
+        /// over one at a time), otherwise one weight row
         /// against up to [`MATMUL_ROWS`] activation rows. Every (weight row, activation row) pair
         /// goes through the same arithmetic whatever the pass shape, so results are identical bit
         /// for bit.
@@ -231,22 +236,26 @@ macro_rules! lane_kernel {
             let prefetch = CodePrefetch::for_cpu();
             let mut local = 0;
             if m == 1 && stride * 4 >= MULTI_ROW_MIN_ACTIVATION_BYTES {
-                while local + MATVEC_ROWS <= nrows {
-                    // SAFETY: rows row_start + local.. + MATVEC_ROWS exist; one arranged row.
+                // MATVEC_ROWS rows per pass, one from each of that many equal parts of the range.
+                let part = nrows / MATVEC_ROWS;
+                for j in 0..part {
+                    // SAFETY: rows row_start + j + k·part (k < MATVEC_ROWS) exist; one arranged
+                    // row.
                     let d = unsafe {
                         tile::<BITS, GROUP, MATVEC_ROWS, 1, 1>(
                             w,
-                            row_start + local,
+                            row_start + j,
                             xs.as_ptr(),
                             &mut scales,
                             prefetch,
+                            part,
                         )
                     };
-                    for (o, v) in out_t[local..local + MATVEC_ROWS].iter_mut().zip(d) {
-                        *o = v[0];
+                    for (k, v) in d.iter().enumerate() {
+                        out_t[j + k * part] = v[0];
                     }
-                    local += MATVEC_ROWS;
                 }
+                local = part * MATVEC_ROWS;
             }
             for local in local..nrows {
                 let r = row_start + local;
@@ -257,7 +266,7 @@ macro_rules! lane_kernel {
                 while i + MATMUL_ROWS <= m {
                     let x = unsafe { xs.as_ptr().add(i * stride) };
                     let d = unsafe {
-                        tile::<BITS, GROUP, 1, MATMUL_ROWS, 1>(w, r, x, &mut scales, prefetch)
+                        tile::<BITS, GROUP, 1, MATMUL_ROWS, 1>(w, r, x, &mut scales, prefetch, 1)
                     };
                     out_row[i..i + MATMUL_ROWS].copy_from_slice(&d[0]);
                     i += MATMUL_ROWS;
@@ -265,25 +274,26 @@ macro_rules! lane_kernel {
                 let x = unsafe { xs.as_ptr().add(i * stride) };
                 match m - i {
                     3 => out_row[i..].copy_from_slice(
-                        &unsafe { tile::<BITS, GROUP, 1, 3, 2>(w, r, x, &mut scales, prefetch) }[0],
+                        &unsafe { tile::<BITS, GROUP, 1, 3, 2>(w, r, x, &mut scales, prefetch, 1) }[0],
                     ),
                     2 => out_row[i..].copy_from_slice(
-                        &unsafe { tile::<BITS, GROUP, 1, 2, 2>(w, r, x, &mut scales, prefetch) }[0],
+                        &unsafe { tile::<BITS, GROUP, 1, 2, 2>(w, r, x, &mut scales, prefetch, 1) }[0],
                     ),
                     1 => out_row[i..].copy_from_slice(
-                        &unsafe { tile::<BITS, GROUP, 1, 1, 4>(w, r, x, &mut scales, prefetch) }[0],
+                        &unsafe { tile::<BITS, GROUP, 1, 1, 4>(w, r, x, &mut scales, prefetch, 1) }[0],
                     ),
                     _ => {}
                 }
             }
         }
 
-        /// Dot products of weight rows `r0..r0 + NR` with `MR` arranged activation rows (`xs`, row
-        /// stride `arranged_row_len`).
+        /// Dot products of weight rows `r0 + k · row_step` (`k < NR`) with `MR` arranged activation
+        /// rows (`xs`, row stride `arranged_row_len`).
         ///
         /// # Safety
-        /// The CPU must have the module's features; rows `r0..r0 + NR` must exist in `w`; `xs` must
-        /// point to `MR` arranged rows; `scales.len() >= NR * (groups padded to LANES + LANES)`.
+        /// The CPU must have the module's features; rows `r0 + k · row_step` (`k < NR`) must exist
+        /// in `w`; `xs` must point to `MR` arranged rows; `scales.len() >= NR * (groups padded to
+        /// LANES + LANES)`.
         #[target_feature(enable = $features)]
         #[inline]
         unsafe fn tile<
@@ -298,6 +308,7 @@ macro_rules! lane_kernel {
             xs: *const f32,
             scales: &mut [f32],
             prefetch: CodePrefetch,
+            row_step: usize,
         ) -> [[f32; MR]; NR] {
             let per_lane = 32 / BITS;
             let bc = block_cols(BITS, LANES);
@@ -315,7 +326,7 @@ macro_rules! lane_kernel {
                 *terms = unsafe {
                     prepare_row::<GROUP, MR>(
                         w,
-                        r0 + r,
+                        r0 + r * row_step,
                         xs,
                         stride,
                         sums_offset,
@@ -336,6 +347,7 @@ macro_rules! lane_kernel {
             // Lanes of the last block that hold codes (all of them unless cols % block_cols != 0).
             let tail_lanes = (cols % bc) / per_lane;
             let codes = w.codes().as_ptr().wrapping_add(r0 * row_code_bytes / 4) as *const u8;
+            let row_code_bytes = row_code_bytes * row_step;
             let mut acc = [[fzero(); MR]; NR];
             let mut b = 0;
             while b + UNROLL <= full_blocks {
