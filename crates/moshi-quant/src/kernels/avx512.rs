@@ -9,7 +9,6 @@ pub(crate) const LANES: usize = 16;
 /// The top code of a lane is converted in place (`q · 2^(BITS·(32/BITS - 1))`), like the others.
 pub(crate) const TOP_UNSCALED: bool = false;
 
-
 type F = __m512;
 type I = __m512i;
 

@@ -274,13 +274,16 @@ macro_rules! lane_kernel {
                 let x = unsafe { xs.as_ptr().add(i * stride) };
                 match m - i {
                     3 => out_row[i..].copy_from_slice(
-                        &unsafe { tile::<BITS, GROUP, 1, 3, 2>(w, r, x, &mut scales, prefetch, 1) }[0],
+                        &unsafe { tile::<BITS, GROUP, 1, 3, 2>(w, r, x, &mut scales, prefetch, 1) }
+                            [0],
                     ),
                     2 => out_row[i..].copy_from_slice(
-                        &unsafe { tile::<BITS, GROUP, 1, 2, 2>(w, r, x, &mut scales, prefetch, 1) }[0],
+                        &unsafe { tile::<BITS, GROUP, 1, 2, 2>(w, r, x, &mut scales, prefetch, 1) }
+                            [0],
                     ),
                     1 => out_row[i..].copy_from_slice(
-                        &unsafe { tile::<BITS, GROUP, 1, 1, 4>(w, r, x, &mut scales, prefetch, 1) }[0],
+                        &unsafe { tile::<BITS, GROUP, 1, 1, 4>(w, r, x, &mut scales, prefetch, 1) }
+                            [0],
                     ),
                     _ => {}
                 }

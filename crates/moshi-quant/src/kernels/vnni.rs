@@ -305,8 +305,12 @@ unsafe fn rows_impl<const GROUP: usize>(
         for j in 0..part {
             let (s, o) = (&mut scales, &mut *out_t);
             match rows_per_pass {
-                6 => unsafe { far_pass::<GROUP, 6, 1>(w, row_start, j, part, x, layout, s, o, prefetch) },
-                _ => unsafe { far_pass::<GROUP, 2, 2>(w, row_start, j, part, x, layout, s, o, prefetch) },
+                6 => unsafe {
+                    far_pass::<GROUP, 6, 1>(w, row_start, j, part, x, layout, s, o, prefetch)
+                },
+                _ => unsafe {
+                    far_pass::<GROUP, 2, 2>(w, row_start, j, part, x, layout, s, o, prefetch)
+                },
             }
         }
         single_from = rows_per_pass * part;
@@ -318,19 +322,24 @@ unsafe fn rows_impl<const GROUP: usize>(
         // SAFETY (all calls): row r exists; activation rows i..i + MR < m are arranged rows.
         while i + MATMUL_ROWS <= m {
             let x = unsafe { xs.as_ptr().add(i * layout.stride) };
-            let d = unsafe { tile::<GROUP, 1, MATMUL_ROWS, 1>(w, r, x, layout, &mut scales, 1, prefetch) };
+            let d = unsafe {
+                tile::<GROUP, 1, MATMUL_ROWS, 1>(w, r, x, layout, &mut scales, 1, prefetch)
+            };
             out_row[i..i + MATMUL_ROWS].copy_from_slice(&d[0]);
             i += MATMUL_ROWS;
         }
         let x = unsafe { xs.as_ptr().add(i * layout.stride) };
         let s = &mut scales;
         match m - i {
-            3 => out_row[i..]
-                .copy_from_slice(&unsafe { tile::<GROUP, 1, 3, 2>(w, r, x, layout, s, 1, prefetch) }[0]),
-            2 => out_row[i..]
-                .copy_from_slice(&unsafe { tile::<GROUP, 1, 2, 2>(w, r, x, layout, s, 1, prefetch) }[0]),
-            1 => out_row[i..]
-                .copy_from_slice(&unsafe { tile::<GROUP, 1, 1, 4>(w, r, x, layout, s, 1, prefetch) }[0]),
+            3 => out_row[i..].copy_from_slice(
+                &unsafe { tile::<GROUP, 1, 3, 2>(w, r, x, layout, s, 1, prefetch) }[0],
+            ),
+            2 => out_row[i..].copy_from_slice(
+                &unsafe { tile::<GROUP, 1, 2, 2>(w, r, x, layout, s, 1, prefetch) }[0],
+            ),
+            1 => out_row[i..].copy_from_slice(
+                &unsafe { tile::<GROUP, 1, 1, 4>(w, r, x, layout, s, 1, prefetch) }[0],
+            ),
             _ => {}
         }
     }
@@ -356,7 +365,9 @@ unsafe fn far_pass<const GROUP: usize, const NR: usize, const UNROLL: usize>(
     prefetch: CodePrefetch,
 ) {
     // SAFETY: forwarded contract.
-    let d = unsafe { tile::<GROUP, NR, 1, UNROLL>(w, row_start + j, x, layout, scales, part, prefetch) };
+    let d = unsafe {
+        tile::<GROUP, NR, 1, UNROLL>(w, row_start + j, x, layout, scales, part, prefetch)
+    };
     for (k, v) in d.iter().enumerate() {
         out_t[j + k * part] = v[0];
     }
@@ -388,7 +399,8 @@ unsafe fn prepare_row<const GROUP: usize, const MR: usize>(
     for g in (0..groups).step_by(LANES) {
         // bf16 → f32: the 16 bits as the high half of an f32. The last vector of a row may hold
         // fewer groups: copied out, zero-padded (zero factors and bias terms).
-        let widen = |h: __m256i| _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)));
+        let widen =
+            |h: __m256i| _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)));
         let (s, b) = if g + LANES <= groups {
             // SAFETY: LANES bf16 of each slice from g.
             unsafe {
@@ -485,9 +497,19 @@ unsafe fn tile<const GROUP: usize, const NR: usize, const MR: usize, const UNROL
         // SAFETY (both calls): blocks b..b + UNROLL are whole blocks of every row of the tile;
         // `scales` holds NR·MR windows.
         let sums = unsafe {
-            block_sums::<NR, MR, UNROLL>(codes, row_code_bytes, b, LANES, digits, stride_bytes, prefetch)
+            block_sums::<NR, MR, UNROLL>(
+                codes,
+                row_code_bytes,
+                b,
+                LANES,
+                digits,
+                stride_bytes,
+                prefetch,
+            )
         };
-        unsafe { accumulate::<GROUP, NR, MR, UNROLL>(&mut acc, &sums, b, scales, padded, lane_group) };
+        unsafe {
+            accumulate::<GROUP, NR, MR, UNROLL>(&mut acc, &sums, b, scales, padded, lane_group)
+        };
         b += UNROLL;
     }
     while b < blocks {
@@ -495,7 +517,15 @@ unsafe fn tile<const GROUP: usize, const NR: usize, const MR: usize, const UNROL
         // SAFETY (both calls): the valid lanes of block b lie inside every row of the tile; as
         // above.
         let sums = unsafe {
-            block_sums::<NR, MR, 1>(codes, row_code_bytes, b, valid_lanes, digits, stride_bytes, prefetch)
+            block_sums::<NR, MR, 1>(
+                codes,
+                row_code_bytes,
+                b,
+                valid_lanes,
+                digits,
+                stride_bytes,
+                prefetch,
+            )
         };
         unsafe { accumulate::<GROUP, NR, MR, 1>(&mut acc, &sums, b, scales, padded, lane_group) };
         b += 1;
