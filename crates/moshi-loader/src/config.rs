@@ -146,13 +146,15 @@ impl LmConfig {
                 self.dep_q, self.n_q
             ));
         }
-        if self.num_heads == 0 || self.dim % self.num_heads != 0 {
+        if self.num_heads == 0 || !self.dim.is_multiple_of(self.num_heads) {
             return bad(format!(
                 "dim {} is not divisible by num_heads {}",
                 self.dim, self.num_heads
             ));
         }
-        if self.depformer_num_heads == 0 || self.depformer_dim % self.depformer_num_heads != 0 {
+        if self.depformer_num_heads == 0
+            || !self.depformer_dim.is_multiple_of(self.depformer_num_heads)
+        {
             return bad(format!(
                 "depformer_dim {} is not divisible by depformer_num_heads {}",
                 self.depformer_dim, self.depformer_num_heads

@@ -87,7 +87,7 @@ pub fn quant_params_from_shapes(
             .collect::<Vec<_>>()
             .join(", ")
     };
-    if in_dim == 0 || (32 * packed_cols) % in_dim != 0 {
+    if in_dim == 0 || !(32 * packed_cols).is_multiple_of(in_dim) {
         return Err(format!(
             "{packed_cols} packed u32 columns for an input width of {in_dim} give 32*{packed_cols}/{in_dim} = {:.3} bits, \
              expected a whole number of bits in {{{}}}",
@@ -102,7 +102,7 @@ pub fn quant_params_from_shapes(
             supported_bits()
         ));
     }
-    if scale_cols == 0 || in_dim % scale_cols != 0 {
+    if scale_cols == 0 || !in_dim.is_multiple_of(scale_cols) {
         return Err(format!(
             "{scale_cols} scale columns do not divide the input width {in_dim}: expected in_dim / group_size with a group \
              size in {SUPPORTED_GROUP_SIZES:?}"

@@ -147,7 +147,7 @@ impl StreamingConv1d {
         assert_eq!(x.len() % cin, 0, "conv input is not a whole number of rows");
         let t_in = x.len() / cin;
         assert!(
-            t_in > 0 && t_in % self.stride == 0,
+            t_in > 0 && t_in.is_multiple_of(self.stride),
             "conv input length {t_in} is not a positive multiple of the stride {}",
             self.stride
         );

@@ -98,7 +98,7 @@ impl Mimi {
         let frame_size = cfg.frame_size_samples();
         let encoder = SeanetEncoder::load(src, "encoder", &cfg.seanet)?;
         let hop = encoder.hop();
-        if frame_size == 0 || frame_size % hop != 0 {
+        if frame_size == 0 || !frame_size.is_multiple_of(hop) {
             return Err(ModelError::Config(format!(
                 "mimi: frame size {frame_size} is not a multiple of the SEANet hop {hop}"
             )));
@@ -239,7 +239,7 @@ impl Mimi {
     /// Streaming encode of any whole number of frames (frame by frame, so the result does not
     /// depend on how the audio was chunked) -> codes `[codebook][frame]`.
     pub fn encode_step(&mut self, pcm: &[f32]) -> Result<Vec<Vec<u32>>> {
-        if pcm.len() % self.frame_size != 0 {
+        if !pcm.len().is_multiple_of(self.frame_size) {
             return Err(ModelError::Input(format!(
                 "mimi encode_step: {} samples is not a multiple of the {}-sample frame",
                 pcm.len(),

@@ -181,8 +181,8 @@ impl MimiTransformer {
             ));
         }
         if cfg.num_heads == 0
-            || cfg.d_model % cfg.num_heads != 0
-            || (cfg.d_model / cfg.num_heads) % 2 != 0
+            || !cfg.d_model.is_multiple_of(cfg.num_heads)
+            || !(cfg.d_model / cfg.num_heads).is_multiple_of(2)
         {
             return bad(format!(
                 "d_model {} is not a multiple of 2 * num_heads {}",
