@@ -72,6 +72,11 @@ pub(crate) enum CodePrefetch {
     L2Far,
 }
 
+/// How many rows ahead [`CodePrefetch::scales_of_row`] is asked for (within each far-apart part of
+/// a thread's rows).
+#[cfg(target_arch = "x86_64")]
+pub(crate) const SCALE_PREFETCH_ROWS: usize = 4;
+
 #[cfg(target_arch = "x86_64")]
 impl CodePrefetch {
     /// [`CodePrefetch::L1Near`] on Intel CPUs, [`CodePrefetch::L2Far`] elsewhere.
@@ -86,6 +91,30 @@ impl CodePrefetch {
             CodePrefetch::L1Near
         } else {
             CodePrefetch::L2Far
+        }
+    }
+
+    /// Prefetches the scale and bias lines of weight row `row` of `w`, a few rows before the
+    /// kernel reaches it ([`SCALE_PREFETCH_ROWS`]): `prefetcht1` under [`CodePrefetch::L2Far`],
+    /// nothing under [`CodePrefetch::L1Near`] (not measured there). A row's few lines of each
+    /// stream are read once at its start, and the hardware prefetcher did not fetch them in time:
+    /// with them prefetched 4 rows ahead the VNNI kernel read 4–8% faster in 4 interleaved
+    /// comparisons on Zen 4 (q4, 4096 and 11264 columns, 2 threads, from DRAM); 2 and 8 rows ahead
+    /// measured the same, `prefetcht0` and 1 row ahead no better than none. A hint: a row past the
+    /// matrix is harmless.
+    #[inline(always)]
+    pub(crate) fn scales_of_row(self, w: &QuantizedMatrix, row: usize) {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+        if self != CodePrefetch::L2Far {
+            return;
+        }
+        let groups = w.cols() / w.group_size();
+        for stream in [w.scales(), w.biases()] {
+            let at = stream.as_ptr().wrapping_add(row * groups).cast::<u8>();
+            for byte in (0..groups * 2).step_by(64) {
+                // SAFETY: SSE is part of x86-64; a prefetch reads nothing.
+                unsafe { _mm_prefetch::<_MM_HINT_T1>(at.wrapping_add(byte).cast()) };
+            }
         }
     }
 

@@ -33,7 +33,7 @@
 use std::arch::x86_64::*;
 
 use crate::kernels::lanes::{MATMUL_ROWS, MULTI_ROW_MIN_ACTIVATION_BYTES};
-use crate::kernels::{CodePrefetch, RowRangeFn};
+use crate::kernels::{CodePrefetch, RowRangeFn, SCALE_PREFETCH_ROWS};
 use crate::QuantizedMatrix;
 
 /// `i32` lanes per vector (and `u32` code words per block).
@@ -463,6 +463,9 @@ unsafe fn tile<const GROUP: usize, const NR: usize, const MR: usize, const UNROL
     let groups = cols / GROUP;
     let padded = groups.next_multiple_of(LANES) + LANES;
     let row_code_bytes = cols / 2;
+    for r in 0..NR {
+        prefetch.scales_of_row(w, r0 + r * row_step + SCALE_PREFETCH_ROWS);
+    }
     let mut bias_terms = [[0f32; MR]; NR];
     for (r, terms) in bias_terms.iter_mut().enumerate() {
         // SAFETY: forwarded contract; windows r·MR.. of `padded` floats each.
