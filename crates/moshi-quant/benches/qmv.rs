@@ -4,12 +4,12 @@
 //!
 //! Each case rotates over enough copies of the matrix to exceed 1 GiB, so weights come from
 //! DRAM as they do when a whole model is streamed every step. Threads: `MOSHI_BENCH_THREADS`
-//! (default 2); kernel: `MOSHI_BENCH_KERNEL=avx512vnni|avx512|avx2|portable` (default: detected). Prints a
-//! markdown summary table at the end: speeds from wall time (mean, and the fastest sample as
-//! STREAM reports its best pass), each against the read bandwidth measured right before that
-//! case (a shared host's bandwidth drifts between cases), and from process CPU time
-//! (`/proc/self/stat`; bytes per CPU-second × threads): on a loaded machine that one says what
-//! the kernels do with the cores they actually get.
+//! (default 2); kernel: `MOSHI_BENCH_KERNEL=avx512vnni|avx512|avx2|portable` (default:
+//! detected). Prints a markdown summary table at the end: speeds from wall time (mean, and the
+//! fastest sample as STREAM reports its best pass), each against the read bandwidth measured
+//! right before that case (a shared host's bandwidth drifts between cases), and from process CPU
+//! time (`/proc/self/stat`; bytes per CPU-second × threads): on a loaded machine that one says
+//! what the kernels do with the cores they actually get.
 //!
 //! `cargo bench -p moshi-quant --bench qmv`
 

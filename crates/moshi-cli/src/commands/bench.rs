@@ -325,7 +325,7 @@ fn bench(args: &BenchArgs, threads: usize, totals: &SpanTotals) -> Result<()> {
             config: config_origin,
             quant: format.name().into(),
             mimi_weights: args.mimi_weights.to_string(),
-            quant_kernel: moshi_quant::Kernel::detect().name().into(),
+            quant_kernel: kernel.name().into(),
             stage: args.stage.name().into(),
             layers_run,
             layers_config,
