@@ -371,3 +371,82 @@ fn tiny_checkpoint_runs_each_stage() {
         }
     }
 }
+
+#[test]
+fn random_group_size_is_labelled_and_shrinks_the_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = tiny_config();
+    let resident = |group: Option<&str>| {
+        let json = dir
+            .path()
+            .join(format!("g{}.json", group.unwrap_or("default")));
+        let mut args = vec![
+            "--random-weights",
+            "--config",
+            &config,
+            "--stage",
+            "lm",
+            "--frames",
+            "1",
+            "--json",
+            json.to_str().unwrap(),
+        ];
+        if let Some(g) = group {
+            args.extend(["--group-size", g]);
+        }
+        let out = bench(&args);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let r = read_json(&json);
+        (
+            r["run"]["quant"].as_str().unwrap().to_owned(),
+            num(&r, "weights.resident_bytes"),
+        )
+    };
+    let (label_32, bytes_32) = resident(None);
+    let (label_32_explicit, bytes_32_explicit) = resident(Some("32"));
+    let (label_64, bytes_64) = resident(Some("64"));
+    assert_eq!(
+        (label_32.as_str(), label_32_explicit.as_str()),
+        ("q4", "q4")
+    );
+    assert_eq!(label_64, "q4g64");
+    assert_eq!(bytes_32, bytes_32_explicit);
+    // Half as many bf16 scales and biases: 4.5 instead of 5 bits per packed weight.
+    assert!(bytes_64 < bytes_32, "{bytes_64} vs {bytes_32}");
+}
+
+#[test]
+fn a_group_size_that_cannot_apply_is_refused() {
+    let config = tiny_config();
+    let refused = |args: &[&str], expected: &[&str]| {
+        let out = bench(args);
+        assert!(!out.status.success(), "{args:?} should fail");
+        let err = stderr(&out);
+        assert!(expected.iter().all(|e| err.contains(e)), "{args:?}: {err}");
+    };
+    let tiny_random = ["--random-weights", "--config", &config, "--frames", "1"];
+    refused(
+        &[&tiny_random[..], &["--quant", "bf16", "--group-size", "64"]].concat(),
+        &["--group-size 64", "bf16 weights have no groups"],
+    );
+    refused(
+        &[&tiny_random[..], &["--group-size", "48"]].concat(),
+        &["--group-size 48", "[32, 64, 128]"],
+    );
+    // tiny-a's gating output is 704 wide: not a whole number of 128-wide groups.
+    refused(
+        &[&tiny_random[..], &["--group-size", "128"]].concat(),
+        &["gating.linear_out", "704", "group size 128"],
+    );
+    refused(
+        &[
+            "--model",
+            tiny().to_str().unwrap(),
+            "--group-size",
+            "64",
+            "--frames",
+            "1",
+        ],
+        &["--group-size 64 applies to --random-weights only"],
+    );
+}

@@ -8,9 +8,10 @@ use anyhow::{bail, Context, Result};
 use moshi_loader::tokenizer::TextTokenizer;
 use moshi_loader::{LmConfig, MimiConfig, WeightMap};
 use moshi_model::generator::{Generator, SamplingConfig};
-use moshi_model::lm::random::random_lm_weights;
+use moshi_model::lm::random::{random_lm_weights, RandomWeightKind};
 use moshi_model::lm::LmModel;
 use moshi_model::mimi::{Mimi, MimiWeights};
+use moshi_quant::SUPPORTED_GROUP_SIZES;
 use moshi_runtime::bench::checkpoint::{load_checkpoint_lm, resolve_model};
 use moshi_runtime::bench::extrapolate::extrapolate_to_full_depth;
 use moshi_runtime::bench::format::WeightFormat;
@@ -104,6 +105,11 @@ pub struct BenchArgs {
     /// for random weights, the config's `moshi_name` file (bf16) for a checkpoint.
     #[arg(long, value_enum)]
     quant: Option<QuantArg>,
+    /// Values per scale/bias group of random q4/q8 weights (32, 64 or 128; default: 32 for q4, 64
+    /// for q8, as in the Kyutai releases). MLX's own default, 64, gives q4 4.5 bits per weight
+    /// instead of 5. Only with --random-weights: a checkpoint's group size is read from its tensors.
+    #[arg(long, value_name = "N")]
+    group_size: Option<usize>,
     /// Timed frames (80 ms each).
     #[arg(long, default_value_t = 50)]
     frames: usize,
@@ -142,7 +148,9 @@ struct Loaded {
     cfg: LmConfig,
     layers_config: usize,
     config_origin: String,
-    format: WeightFormat,
+    /// Weight format for the reports: `bf16`, `q8`, `q4`, or with a group size other than the
+    /// release one, e.g. `q4g64`.
+    quant: String,
     weights: WeightBytes,
 }
 
@@ -219,7 +227,7 @@ fn bench(args: &BenchArgs, threads: usize, totals: &SpanTotals) -> Result<()> {
         tokenizer,
         layers_config,
         config_origin,
-        format,
+        quant,
         weights,
         ..
     } = loaded;
@@ -275,7 +283,7 @@ fn bench(args: &BenchArgs, threads: usize, totals: &SpanTotals) -> Result<()> {
         "running {} warm-up + {} timed frames ({}, stage {}) ...",
         args.warmup,
         args.frames,
-        format.name(),
+        quant,
         args.stage.name()
     );
     let run = run_frames(
@@ -323,7 +331,7 @@ fn bench(args: &BenchArgs, threads: usize, totals: &SpanTotals) -> Result<()> {
             .into(),
             model: args.model.clone(),
             config: config_origin,
-            quant: format.name().into(),
+            quant,
             mimi_weights: args.mimi_weights.to_string(),
             quant_kernel: kernel.name().into(),
             stage: args.stage.name().into(),
@@ -460,15 +468,13 @@ fn load_random(args: &BenchArgs) -> Result<Loaded> {
         .quant
         .map(WeightFormat::from)
         .unwrap_or(WeightFormat::Q4);
+    let (kind, quant) = random_kind_of(format, args.group_size)?;
     let weights = if args.stage.needs_lm() {
         eprintln!(
-            "generating random {} weights: {} of {} temporal layers (dim {}) + depformer ...",
-            format.name(),
-            cfg.num_layers,
-            full.num_layers,
-            cfg.dim
+            "generating random {quant} weights: {} of {} temporal layers (dim {}) + depformer ...",
+            cfg.num_layers, full.num_layers, cfg.dim
         );
-        Some(random_lm_weights(&cfg, args.seed, format.random_kind())?)
+        Some(random_lm_weights(&cfg, args.seed, kind)?)
     } else {
         None
     };
@@ -488,9 +494,41 @@ fn load_random(args: &BenchArgs) -> Result<Loaded> {
         layers_config: full.num_layers,
         cfg,
         config_origin,
-        format,
+        quant,
         weights: weight_bytes,
     })
+}
+
+/// The random weights' packing for `--quant` and `--group-size`, and its report label.
+fn random_kind_of(
+    format: WeightFormat,
+    group_size: Option<usize>,
+) -> Result<(RandomWeightKind, String)> {
+    let kind = format.random_kind();
+    let Some(wanted) = group_size else {
+        return Ok((kind, format.name().to_string()));
+    };
+    let RandomWeightKind::Quantized { bits, group_size } = kind else {
+        bail!(
+            "--group-size {wanted}: {} weights have no groups (use --quant q4 or q8)",
+            format.name()
+        );
+    };
+    if !SUPPORTED_GROUP_SIZES.contains(&wanted) {
+        bail!("--group-size {wanted}: supported group sizes are {SUPPORTED_GROUP_SIZES:?}");
+    }
+    let label = if wanted == group_size {
+        format.name().to_string()
+    } else {
+        format!("{}g{wanted}", format.name())
+    };
+    Ok((
+        RandomWeightKind::Quantized {
+            bits,
+            group_size: wanted,
+        },
+        label,
+    ))
 }
 
 fn load_checkpoint(args: &BenchArgs) -> Result<Loaded> {
@@ -499,6 +537,12 @@ fn load_checkpoint(args: &BenchArgs) -> Result<Loaded> {
         .model
         .as_deref()
         .context("--model or --random-weights is required")?;
+    if let Some(g) = args.group_size {
+        bail!(
+            "--group-size {g} applies to --random-weights only: a checkpoint's group size is read \
+             from its tensors (`moshi-rs quantize --group-size` writes one with another)"
+        );
+    }
     let requested = args.quant.map(WeightFormat::from);
     let model = resolve_model(spec, args.config.as_deref(), requested)?;
     let full = model.lm_config.clone();
@@ -528,7 +572,7 @@ fn load_checkpoint(args: &BenchArgs) -> Result<Loaded> {
         layers_config: full.num_layers,
         cfg,
         config_origin: model.lm_config_source.clone(),
-        format,
+        quant: format.name().into(),
         weights: weight_bytes,
     })
 }
