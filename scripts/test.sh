@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The project's test command: installs what is needed, then runs every test of the workspace.
+# The project's test command: installs what is needed, runs every test of the workspace, then
+# checks that the candle peer benchmark still compiles.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --audio-e2e
