@@ -178,6 +178,62 @@ fn file_with_quantize_q8_matches_the_packed_q8_file() {
 }
 
 #[test]
+fn file_with_quantize_q4g64_matches_the_quantize_command_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let bf16 = assets().join("model.safetensors");
+    let packed_path = dir.path().join("model.q4g64.safetensors");
+    let o = moshi(&[
+        "quantize",
+        s(&bf16),
+        s(&packed_path),
+        "--bits",
+        "4",
+        "--group-size",
+        "64",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // The file really holds 64-wide groups: half the scales of the group-32 release file.
+    let scales = |path: &Path| {
+        tensors(path)
+            .into_iter()
+            .filter(|(name, _)| name.ends_with(".scales"))
+            .map(|(_, (_, shape, _))| shape.iter().product::<usize>())
+            .sum::<usize>()
+    };
+    assert_eq!(
+        2 * scales(&packed_path),
+        scales(&assets().join("model.q4.safetensors"))
+    );
+    let quantized_on_load = file_tokens(&["--weights", s(&bf16), "--quantize", "q4g64"]);
+    let packed = file_tokens(&["--weights", s(&packed_path)]);
+    assert!(!packed.is_empty());
+    assert_eq!(quantized_on_load, packed);
+    // `--quantize q4g64` names exactly the packed file's format (a packed checkpoint runs only
+    // under its own), and not the group-32 one `--quantize q4` asks for.
+    let same_format = file_tokens(&["--weights", s(&packed_path), "--quantize", "q4g64"]);
+    assert_eq!(same_format, packed);
+    let out = dir.path().join("out.wav");
+    let o = moshi(&[
+        "file",
+        s(&assets().join("input.wav")),
+        s(&out),
+        "--model",
+        s(&assets()),
+        "--weights",
+        s(&packed_path),
+        "--quantize",
+        "q4",
+    ]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("stored as 4-bit, group size 64")
+            && err.contains("requested 4-bit, group size 32"),
+        "{err}"
+    );
+}
+
+#[test]
 fn contradictory_weight_flags_fail_clearly() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out.wav");

@@ -34,8 +34,10 @@ pub struct ModelArgs {
     #[arg(long, conflicts_with = "quantize")]
     pub dequantize: bool,
     /// Quantize a dense (bf16/f32) checkpoint at load, exactly as MLX's `nn.quantize`:
-    /// q4 (4-bit, group 32) or q8 (8-bit, group 64). A packed checkpoint must already be that format.
-    #[arg(long, value_enum, value_name = "q4|q8")]
+    /// q4 (4-bit, group 32) or q8 (8-bit, group 64), as in the Kyutai MLX releases, or q4g64
+    /// (4-bit, group 64: MLX's default, 4.5 bits per weight instead of 5). A packed checkpoint
+    /// must already be that format.
+    #[arg(long, value_enum, value_name = "q4|q8|q4g64")]
     pub quantize: Option<QuantizeLevel>,
     /// Mimi weight precision of the per-frame (memory-bound) products: f32 (exact, default),
     /// bf16 or q8 (MLX 8-bit affine, group 64). Activations stay f32.
@@ -43,18 +45,36 @@ pub struct ModelArgs {
     pub mimi_weights: MimiWeights,
 }
 
-/// `--quantize`: MLX affine quantization with the group size of the Kyutai MLX releases.
+/// `--quantize`: MLX affine quantization, with the group size of the Kyutai MLX releases (`q4`,
+/// `q8`) or MLX's default group size (`q4g64`).
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QuantizeLevel {
     Q4,
     Q8,
+    Q4g64,
 }
 
 impl QuantizeLevel {
     pub fn bits(self) -> u32 {
         match self {
-            QuantizeLevel::Q4 => 4,
+            QuantizeLevel::Q4 | QuantizeLevel::Q4g64 => 4,
             QuantizeLevel::Q8 => 8,
+        }
+    }
+
+    pub fn group_size(self) -> usize {
+        match self {
+            QuantizeLevel::Q4g64 => 64,
+            QuantizeLevel::Q4 | QuantizeLevel::Q8 => WeightMode::default_group_size(self.bits()),
+        }
+    }
+
+    /// The flag's value, as typed.
+    pub fn name(self) -> &'static str {
+        match self {
+            QuantizeLevel::Q4 => "q4",
+            QuantizeLevel::Q8 => "q8",
+            QuantizeLevel::Q4g64 => "q4g64",
         }
     }
 }
@@ -135,11 +155,11 @@ impl ModelArgs {
         match (self.dequantize, self.quantize) {
             (true, Some(q)) => anyhow::bail!(
                 "--dequantize and --quantize {} contradict each other: pick one (or neither to run the weights as stored)",
-                q.bits()
+                q.name()
             ),
             (true, None) => Ok(WeightMode::DequantizeF32),
             (false, Some(q)) => {
-                Ok(WeightMode::Quantize { bits: q.bits(), group_size: WeightMode::default_group_size(q.bits()) })
+                Ok(WeightMode::Quantize { bits: q.bits(), group_size: q.group_size() })
             }
             (false, None) => Ok(WeightMode::Native),
         }
