@@ -329,6 +329,27 @@ impl Kernel {
         }
     }
 
+    /// `R` f32 rows · x at once, each in the fixed order (the bits of [`dot_f32_scalar`] per
+    /// row); the kernel must be available.
+    ///
+    /// # Panics
+    /// If a row's length differs from `x`'s (caller bug).
+    #[inline]
+    pub(crate) fn dot_f32_rows<const R: usize>(self, rows: [&[f32]; R], x: &[f32]) -> [f32; R] {
+        assert!(
+            rows.iter().all(|r| r.len() == x.len()),
+            "dot_f32_rows: row and x lengths differ"
+        );
+        match self {
+            // SAFETY: callers only pass kernels checked with `is_available`; equal lengths.
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512 => unsafe { avx512::dotn(rows, x) },
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => unsafe { avx2::dotn(rows, x) },
+            _ => rows.map(|r| dot_f32_scalar(r, x)),
+        }
+    }
+
     /// One f32 row · x (`row.len() == x.len()`); the kernel must be available.
     #[inline]
     fn dot_f32(self, row: &[f32], x: &[f32]) -> f32 {
@@ -490,6 +511,22 @@ pub fn matvec_f32_auto(w: &[f32], n: usize, k: usize, x: &[f32], y: &mut [f32]) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Several f32 rows at once give each row's single-row bits, on every kernel this CPU has.
+    #[test]
+    fn f32_rows_at_once_equal_the_scalar_dot_bit_for_bit() {
+        for k in [0, 1, 31, 32, 33, 128, 130] {
+            let (_, w, x) = data(4, k);
+            let rows: [&[f32]; 4] = std::array::from_fn(|r| &w[r * k..(r + 1) * k]);
+            let expected = rows.map(|r| dot_f32_scalar(r, &x).to_bits());
+            for kernel in [Kernel::Scalar, Kernel::Avx2, Kernel::Avx512] {
+                if kernel.is_available() {
+                    let got = kernel.dot_f32_rows(rows, &x).map(f32::to_bits);
+                    assert_eq!(got, expected, "{kernel:?} k {k}");
+                }
+            }
+        }
+    }
 
     fn data(n: usize, k: usize) -> (Vec<u16>, Vec<f32>, Vec<f32>) {
         let w16: Vec<u16> = (0..n * k)

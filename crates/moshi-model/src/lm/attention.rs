@@ -2,14 +2,24 @@
 //! (`[3 * dim, dim]`, head-major rows as in PyTorch), optional RoPE, a ring KV cache and the
 //! output projection. No biases.
 
-use rayon::prelude::*;
+use std::cell::RefCell;
 
 use super::kv_cache::KvCache;
 use super::rope::RopeRotation;
+use crate::accumulate::accumulate_rows;
 use crate::ops::Linear;
 
 /// Above this many cached floats (keys of all heads), heads are processed on several threads.
 const PARALLEL_MIN_CACHE_FLOATS: usize = 1 << 16;
+
+/// Cached positions per step of both passes: each head's query is loaded once for this many key
+/// rows, and its output loaded and stored once for this many value rows.
+const POSITIONS_PER_STEP: usize = 4;
+
+thread_local! {
+    /// Scores of the heads a thread attends in the threaded path (reused across calls).
+    static GROUP_SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
 
 /// Weights of one attention block.
 #[derive(Clone, Debug)]
@@ -84,28 +94,31 @@ impl Attention {
         scratch.attended.resize(dim, 0.0);
         let q: &[f32] = q;
         if n * dim >= PARALLEL_MIN_CACHE_FLOATS && self.num_heads > 1 {
-            // Contiguous groups of heads per thread; each group streams its part of every cached row.
-            let groups = rayon::current_num_threads().clamp(1, self.num_heads);
+            // Contiguous groups of heads per thread of the team (no futex wake-up per call); each
+            // group streams its part of every cached row, with its scores in a buffer of the
+            // thread that runs it.
+            let groups = crate::team::threads().clamp(1, self.num_heads);
             let heads_per_group = self.num_heads.div_ceil(groups);
-            scratch
-                .attended
-                .par_chunks_mut(heads_per_group * hd)
-                .enumerate()
-                .for_each(|(g, o)| {
-                    let first = g * heads_per_group * hd;
-                    let mut scores = vec![0f32; (o.len() / hd) * n];
-                    attend_heads(
-                        &q[first..first + o.len()],
-                        keys,
-                        values,
-                        dim,
-                        first,
-                        hd,
-                        scale,
-                        &mut scores,
-                        o,
-                    );
-                });
+            crate::team::run_chunks_mut(
+                &mut scratch.attended,
+                heads_per_group * hd,
+                &|first, o| {
+                    GROUP_SCORES.with_borrow_mut(|scores| {
+                        scores.resize((o.len() / hd) * n, 0.0);
+                        attend_heads(
+                            &q[first..first + o.len()],
+                            keys,
+                            values,
+                            dim,
+                            first,
+                            hd,
+                            scale,
+                            scores,
+                            o,
+                        );
+                    });
+                },
+            );
         } else {
             scratch.scores.resize(self.num_heads * n, 0.0);
             attend_heads(
@@ -142,12 +155,25 @@ fn attend_heads(
     let width = q.len();
     let heads = width / hd;
     let n = scores.len() / heads.max(1);
-    for j in 0..n {
-        let row = &keys[j * stride + offset..j * stride + offset + width];
-        for h in 0..heads {
-            scores[h * n + j] =
-                crate::matvec::dot_f32(&row[h * hd..(h + 1) * hd], &q[h * hd..(h + 1) * hd])
-                    * scale;
+    // Scores: POSITIONS_PER_STEP cached keys per step, each head's dot products taken together
+    // (every dot product in the fixed order of `matvec`, as one at a time).
+    let kernel = crate::matvec::best_kernel();
+    let key = |j: usize| &keys[j * stride + offset..j * stride + offset + width];
+    let mut j = 0;
+    while j + POSITIONS_PER_STEP <= n {
+        let rows: [&[f32]; POSITIONS_PER_STEP] = std::array::from_fn(|r| key(j + r));
+        for (h, qh) in q.chunks_exact(hd).enumerate() {
+            let dots = kernel.dot_f32_rows(rows.map(|k| &k[h * hd..(h + 1) * hd]), qh);
+            for (r, d) in dots.iter().enumerate() {
+                scores[h * n + j + r] = d * scale;
+            }
+        }
+        j += POSITIONS_PER_STEP;
+    }
+    for j in j..n {
+        let k = key(j);
+        for (h, qh) in q.chunks_exact(hd).enumerate() {
+            scores[h * n + j] = kernel.dot_f32_rows([&k[h * hd..(h + 1) * hd]], qh)[0] * scale;
         }
     }
     for sh in scores.chunks_exact_mut(n) {
@@ -162,17 +188,27 @@ fn attend_heads(
             *s *= inv;
         }
     }
+    // out_h += p_hj · v_hj in position order, POSITIONS_PER_STEP positions per call (the same
+    // sums, in the same order, as one position at a time).
     out.fill(0.0);
-    for j in 0..n {
-        let row = &values[j * stride + offset..j * stride + offset + width];
-        for h in 0..heads {
-            let p = scores[h * n + j];
-            for (o, v) in out[h * hd..(h + 1) * hd]
-                .iter_mut()
-                .zip(&row[h * hd..(h + 1) * hd])
-            {
-                *o += p * v;
-            }
+    let row = |j: usize| &values[j * stride + offset..j * stride + offset + width];
+    let mut j = 0;
+    while j + POSITIONS_PER_STEP <= n {
+        let rows: [&[f32]; POSITIONS_PER_STEP] = std::array::from_fn(|r| row(j + r));
+        for (h, o) in out.chunks_exact_mut(hd).enumerate() {
+            accumulate_rows(
+                kernel,
+                o,
+                std::array::from_fn(|r| scores[h * n + j + r]),
+                rows.map(|v| &v[h * hd..(h + 1) * hd]),
+            );
+        }
+        j += POSITIONS_PER_STEP;
+    }
+    for j in j..n {
+        let v = row(j);
+        for (h, o) in out.chunks_exact_mut(hd).enumerate() {
+            accumulate_rows(kernel, o, [scores[h * n + j]], [&v[h * hd..(h + 1) * hd]]);
         }
     }
 }

@@ -1,0 +1,178 @@
+//! `y += c_0 · r_0 + c_1 · r_1 + …` over a few rows at once, in row order: the value pass of
+//! attention (`out_h += p_j · v_j` over the cached positions `j`). Every element is updated as
+//! `y = y + c_r · r[d]` for `r = 0, 1, …`, one product and one sum each (no fused multiply-add),
+//! so the SIMD kernels give the bits of the plain loop, whatever the number of rows per call.
+//! Several rows per call load and store `y` once for all of them.
+
+use crate::matvec::Kernel;
+
+/// `y[d] = (…((y[d] + coefs[0] · rows[0][d]) + coefs[1] · rows[1][d]) …)` for every `d`, with
+/// `kernel` (the best available one if this CPU lacks it).
+///
+/// # Panics
+/// If a row is shorter than `y` (caller bug).
+#[inline]
+pub fn accumulate_rows<const R: usize>(
+    kernel: Kernel,
+    y: &mut [f32],
+    coefs: [f32; R],
+    rows: [&[f32]; R],
+) {
+    assert!(
+        rows.iter().all(|r| r.len() >= y.len()),
+        "accumulate_rows: a row is shorter than the output"
+    );
+    match kernel {
+        // SAFETY (both arms): the kernel is available (checked); rows hold y.len() values.
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx512 if kernel.is_available() => unsafe { avx512::accumulate(y, coefs, rows) },
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx2 if kernel.is_available() => unsafe { avx2::accumulate(y, coefs, rows) },
+        _ => accumulate_scalar(y, 0, coefs, rows),
+    }
+}
+
+/// The plain loop from element `from` on.
+#[inline(always)]
+fn accumulate_scalar<const R: usize>(
+    y: &mut [f32],
+    from: usize,
+    coefs: [f32; R],
+    rows: [&[f32]; R],
+) {
+    for (d, v) in y.iter_mut().enumerate().skip(from) {
+        let mut acc = *v;
+        for r in 0..R {
+            acc += coefs[r] * rows[r][d];
+        }
+        *v = acc;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    /// 16 elements per step, the rest with the plain loop.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F; every row holds at least `y.len()` values.
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::needless_range_loop)] // plain index loops keep the vectors in registers
+    pub(super) unsafe fn accumulate<const R: usize>(
+        y: &mut [f32],
+        coefs: [f32; R],
+        rows: [&[f32]; R],
+    ) {
+        let mut c = [_mm512_setzero_ps(); R];
+        for r in 0..R {
+            c[r] = _mm512_set1_ps(coefs[r]);
+        }
+        let n = y.len();
+        let mut d = 0;
+        while d + 16 <= n {
+            // SAFETY: elements d..d + 16 lie inside y and every row (caller's contract).
+            unsafe {
+                let mut acc = _mm512_loadu_ps(y.as_ptr().add(d));
+                for r in 0..R {
+                    let v = _mm512_loadu_ps(rows[r].as_ptr().add(d));
+                    acc = _mm512_add_ps(acc, _mm512_mul_ps(c[r], v));
+                }
+                _mm512_storeu_ps(y.as_mut_ptr().add(d), acc);
+            }
+            d += 16;
+        }
+        super::accumulate_scalar(y, d, coefs, rows);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    /// 8 elements per step, the rest with the plain loop.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2; every row holds at least `y.len()` values.
+    #[target_feature(enable = "avx2")]
+    #[allow(clippy::needless_range_loop)] // plain index loops keep the vectors in registers
+    pub(super) unsafe fn accumulate<const R: usize>(
+        y: &mut [f32],
+        coefs: [f32; R],
+        rows: [&[f32]; R],
+    ) {
+        let mut c = [_mm256_setzero_ps(); R];
+        for r in 0..R {
+            c[r] = _mm256_set1_ps(coefs[r]);
+        }
+        let n = y.len();
+        let mut d = 0;
+        while d + 8 <= n {
+            // SAFETY: elements d..d + 8 lie inside y and every row (caller's contract).
+            unsafe {
+                let mut acc = _mm256_loadu_ps(y.as_ptr().add(d));
+                for r in 0..R {
+                    let v = _mm256_loadu_ps(rows[r].as_ptr().add(d));
+                    acc = _mm256_add_ps(acc, _mm256_mul_ps(c[r], v));
+                }
+                _mm256_storeu_ps(y.as_mut_ptr().add(d), acc);
+            }
+            d += 8;
+        }
+        super::accumulate_scalar(y, d, coefs, rows);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::Rng;
+
+    fn random(len: usize, rng: &mut Rng) -> Vec<f32> {
+        (0..len).map(|_| (rng.next_f32() - 0.5) * 3.0).collect()
+    }
+
+    /// Every kernel this CPU has gives the plain loop's bits, at lengths around the vector
+    /// widths and for 1 to 4 rows per call; 4 rows at once equal 4 calls of one row.
+    #[test]
+    fn kernels_equal_the_plain_loop_bit_for_bit() {
+        let mut rng = Rng::new(11);
+        for len in [0, 1, 7, 8, 9, 15, 16, 17, 33, 128, 130] {
+            let rows: Vec<Vec<f32>> = (0..4).map(|_| random(len + 3, &mut rng)).collect();
+            let coefs = [0.3f32, -1.7, 2.9e-3, 0.61];
+            let start = random(len, &mut rng);
+            let mut expected = start.clone();
+            for (c, row) in coefs.iter().zip(&rows) {
+                for (v, x) in expected.iter_mut().zip(row) {
+                    *v += c * x;
+                }
+            }
+            for kernel in [Kernel::Scalar, Kernel::Avx2, Kernel::Avx512] {
+                if !kernel.is_available() {
+                    continue;
+                }
+                let mut four = start.clone();
+                let refs: [&[f32]; 4] = std::array::from_fn(|r| &rows[r][..]);
+                accumulate_rows(kernel, &mut four, coefs, refs);
+                let mut one_by_one = start.clone();
+                for (c, row) in coefs.iter().zip(&rows) {
+                    accumulate_rows(kernel, &mut one_by_one, [*c], [&row[..]]);
+                }
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&four), bits(&expected), "{kernel:?} len {len}, 4 rows");
+                assert_eq!(
+                    bits(&one_by_one),
+                    bits(&expected),
+                    "{kernel:?} len {len}, 1 row"
+                );
+            }
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "shorter than the output")]
+    fn a_short_row_is_refused() {
+        let mut y = vec![0f32; 8];
+        accumulate_rows(Kernel::Scalar, &mut y, [1.0], [&[1.0; 4][..]]);
+    }
+}
