@@ -3,7 +3,8 @@
 
     python3 scripts/bench_table.py bf16.json q8.json q4.json
 
-Prints two tables: the measured run (p50 ms per stage, the bandwidth bound and the ratio to it)
+Prints two tables: the measured run (p50 ms per stage, the bytes read per frame by the LM weights
+and the temporal KV caches, the bandwidth bound over both and the ratio to it)
 and, for reports run with --layers below the config's, the figures extrapolated to full depth.
 Standard library only.
 """
@@ -15,15 +16,16 @@ import sys
 def load(path):
     with open(path, encoding="utf-8") as f:
         report = json.load(f)
-    if report.get("schema_version") != 1:
-        raise SystemExit(f"error: {path}: schema_version {report.get('schema_version')!r}, this script reads 1")
+    if report.get("schema_version") not in (1, 2):
+        raise SystemExit(f"error: {path}: schema_version {report.get('schema_version')!r}, this script reads 1 and 2")
     return report
 
 
 def measured_rows(reports):
     yield ("| quant | layers run | Mimi enc | temporal | depformer | sampling | Mimi dec | frame p50 | frame p99 "
-           "| RTF | LM GB read/frame | read GB/s | LM bound ms | LM p50 ms | ratio to bound | peak mem GB |")
-    yield "|" + "---|" * 16
+           "| RTF | LM GB read/frame | KV GB read/frame | read GB/s | LM bound ms | LM p50 ms | ratio to bound "
+           "| peak mem GB |")
+    yield "|" + "---|" * 17
     for r in reports:
         s, w, b, m = r["stages"], r["weights"], r["bound"], r["machine"]
         p = lambda k: s[k]["p50"]
@@ -31,18 +33,20 @@ def measured_rows(reports):
         yield (f"| {r['run']['quant']} | {r['run']['layers_run']}/{r['run']['layers_config']} | {p('mimi_encode_ms'):.1f} "
                f"| {p('lm_temporal_ms'):.1f} | {p('lm_depformer_ms'):.1f} | {p('sampling_ms'):.2f} | {p('mimi_decode_ms'):.1f} "
                f"| {p('total_ms'):.1f} | {s['total_ms']['p99']:.1f} | {r['real_time_factor']:.2f} "
-               f"| {w['read_per_frame_bytes'] / 1e9:.2f} | {m['read_bandwidth_gbps']:.2f} | {b['lm_bound_ms']:.0f} "
+               f"| {w['read_per_frame_bytes'] / 1e9:.2f} | {w.get('kv_cache_read_per_frame_bytes', 0) / 1e9:.2f} "
+               f"| {m['read_bandwidth_gbps']:.2f} | {b['lm_bound_ms']:.0f} "
                f"| {b['lm_measured_p50_ms']:.0f} | {b['ratio_to_bound']:.2f} | {'n/a' if peak is None else f'{peak / 1e9:.2f}'} |")
 
 
 def extrapolated_rows(reports):
-    yield ("| quant | per layer ms | temporal ms | LM step ms | frame ms | RTF | LM GB read/frame | LM bound ms "
-           "| ratio to bound | LM weights GB |")
-    yield "|" + "---|" * 10
+    yield ("| quant | per layer ms | temporal ms | LM step ms | frame ms | RTF | LM GB read/frame | KV GB read/frame "
+           "| LM bound ms | ratio to bound | LM weights GB |")
+    yield "|" + "---|" * 11
     for r in reports:
         x = r["extrapolated"]
         yield (f"| {r['run']['quant']} | {x['per_layer_p50_ms']:.1f} | {x['lm_temporal_p50_ms']:.0f} | {x['lm_step_p50_ms']:.0f} "
                f"| {x['total_p50_ms']:.0f} | {x['real_time_factor']:.1f} | {x['read_per_frame_bytes'] / 1e9:.2f} "
+               f"| {x.get('kv_cache_read_per_frame_bytes', 0) / 1e9:.2f} "
                f"| {x['bound']['lm_bound_ms']:.0f} | {x['bound']['ratio_to_bound']:.2f} | {x['resident_bytes'] / 1e9:.2f} |")
 
 

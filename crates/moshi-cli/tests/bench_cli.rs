@@ -146,7 +146,7 @@ fn tiny_random_run_writes_a_consistent_report_and_trace() {
     );
 
     let r = read_json(&json);
-    assert_eq!(r["schema_version"], 1);
+    assert_eq!(r["schema_version"], 2);
     assert_eq!(r["run"]["weights"], "random");
     assert_eq!(r["run"]["quant"], "q8");
     assert_eq!(r["run"]["mimi_weights"], "f32");
@@ -236,8 +236,16 @@ fn tiny_random_run_writes_a_consistent_report_and_trace() {
         (layer - (layer_weights * 8.5 / 8.0 + 2.0 * 4.0 * dim)).abs() < 1.0,
         "q8 layer bytes {layer}"
     );
+    // KV caches: after 1 warm-up frame (2 LM steps), the 3 timed frames attend over 3, 4 and 5
+    // positions (tiny-a's context is 16): mean 4 positions of 256 f32 keys and values per layer.
+    let kv_layer = num(w, "kv_cache_layer_read_bytes");
+    assert_eq!(kv_layer, 2.0 * 4.0 * dim * 4.0);
+    assert_eq!(num(w, "kv_cache_read_per_frame_bytes"), 2.0 * kv_layer);
     let bound = num(&r, "bound.lm_bound_ms");
-    assert!((bound - read / (num(&r, "machine.read_bandwidth_gbps") * 1e6)).abs() < 1e-9);
+    assert!(
+        (bound - (read + 2.0 * kv_layer) / (num(&r, "machine.read_bandwidth_gbps") * 1e6)).abs()
+            < 1e-9
+    );
     assert!(
         (num(&r, "bound.ratio_to_bound") - num(&r, "stages.lm_step_ms.p50") / bound).abs() < 1e-9
     );

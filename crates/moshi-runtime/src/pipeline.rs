@@ -20,6 +20,10 @@ use crate::engine::{FrameOutput, FrameProcessor, FrameTokens};
 use crate::metrics::StageTimings;
 use crate::{Result, RuntimeError, FRAME_SAMPLES};
 
+/// LM steps the first frame takes, as Kyutai's `run_inference.py` does: the first one only fills
+/// the acoustic delays. Every later frame takes one.
+pub const FIRST_FRAME_LM_STEPS: usize = 2;
+
 /// Moshi as a frame processor.
 pub struct MoshiPipeline {
     mimi: Mimi,
@@ -106,7 +110,11 @@ impl FrameProcessor for MoshiPipeline {
         timings.mimi_encode_ms = ms_since(t0);
         let user = &codes[..self.user_codebooks];
         // First frame twice (run_inference.py): step 0 only fills the delays.
-        let repeats = if self.frames_in == 0 { 2 } else { 1 };
+        let repeats = if self.frames_in == 0 {
+            FIRST_FRAME_LM_STEPS
+        } else {
+            1
+        };
         let mut generated = None;
         for _ in 0..repeats {
             generated = self.generator.step(user)?;

@@ -15,6 +15,7 @@ use moshi_quant::SUPPORTED_GROUP_SIZES;
 use moshi_runtime::bench::checkpoint::{load_checkpoint_lm, resolve_model};
 use moshi_runtime::bench::extrapolate::extrapolate_to_full_depth;
 use moshi_runtime::bench::format::WeightFormat;
+use moshi_runtime::bench::kv_traffic::kv_read_per_layer_bytes;
 use moshi_runtime::bench::memory::{peak_resident_bytes, reset_peak_resident};
 use moshi_runtime::bench::report::{
     real_time_factor, BandwidthBound, BenchReport, MachineInfo, RunInfo, StageStats, WeightBytes,
@@ -25,7 +26,7 @@ use moshi_runtime::bench::span_timer::{SpanTimerLayer, SpanTotals};
 use moshi_runtime::bench::stages::{DepformerStage, LmStage, MimiStage};
 use moshi_runtime::bench::synthetic_tokenizer::synthetic_tokenizer;
 use moshi_runtime::engine::FrameProcessor;
-use moshi_runtime::pipeline::MoshiPipeline;
+use moshi_runtime::pipeline::{MoshiPipeline, FIRST_FRAME_LM_STEPS};
 use moshi_runtime::FRAME_MS;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::Layer;
@@ -221,6 +222,25 @@ fn bench(args: &BenchArgs, threads: usize, totals: &SpanTotals) -> Result<()> {
     }
     let loaded = load(args)?;
     let layers_run = loaded.cfg.num_layers;
+    // The temporal KV caches grow by one position per LM step (warm-up included) up to the
+    // context; the pipeline's first frame steps twice (the first step only fills the delays).
+    let first_frame_steps = match args.stage {
+        StageArg::All => FIRST_FRAME_LM_STEPS,
+        StageArg::Lm => 1,
+        StageArg::Mimi | StageArg::Depformer => 0,
+    };
+    let kv_layer_bytes = if first_frame_steps > 0 {
+        let cfg = &loaded.cfg;
+        kv_read_per_layer_bytes(
+            cfg.dim,
+            cfg.context,
+            first_frame_steps,
+            args.warmup,
+            args.frames,
+        )
+    } else {
+        0
+    };
     let Loaded {
         lm,
         mut mimi,
@@ -228,9 +248,11 @@ fn bench(args: &BenchArgs, threads: usize, totals: &SpanTotals) -> Result<()> {
         layers_config,
         config_origin,
         quant,
-        weights,
+        mut weights,
         ..
     } = loaded;
+    weights.kv_cache_layer_read_bytes = kv_layer_bytes;
+    weights.kv_cache_read_per_frame_bytes = kv_layer_bytes * layers_run as u64;
     if let Some(m) = mimi.as_mut() {
         m.set_weights(args.mimi_weights);
         eprintln!("Mimi weights: {}", args.mimi_weights);
@@ -302,7 +324,7 @@ fn bench(args: &BenchArgs, threads: usize, totals: &SpanTotals) -> Result<()> {
 
     let stats = StageStats::of(&run.records);
     let bound = BandwidthBound::new(
-        weights.read_per_frame_bytes,
+        weights.lm_read_per_frame_bytes(),
         read_bandwidth_gbps,
         stats.lm_step_ms.p50,
     );
@@ -411,6 +433,9 @@ fn weight_bytes_of(lm: &LmModel, stage: StageArg) -> WeightBytes {
         temporal_layer_bytes: per_layer as u64,
         text_head_bytes: b.text_head as u64,
         depformer_bytes: b.depformer as u64,
+        // Set by the caller, which knows the frames to run.
+        kv_cache_layer_read_bytes: 0,
+        kv_cache_read_per_frame_bytes: 0,
     }
 }
 

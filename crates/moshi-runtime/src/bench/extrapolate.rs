@@ -1,5 +1,6 @@
 //! From a run with `N` temporal layers to the config's full depth: every missing layer adds the
-//! measured median time and the byte count of one layer. The result is labelled extrapolated.
+//! measured median time and the byte counts (weights, KV cache) of one layer. The result is
+//! labelled extrapolated.
 
 use crate::metrics::Percentiles;
 use crate::FRAME_MS;
@@ -24,13 +25,15 @@ pub fn extrapolate_to_full_depth(
     let per_layer = Percentiles::of(layer_ms);
     let add_ms = missing * per_layer.p50;
     let add_bytes = (full_layers - run_layers) as u64 * weights.temporal_layer_bytes;
+    let add_kv_bytes = (full_layers - run_layers) as u64 * weights.kv_cache_layer_read_bytes;
     let lm_step_p50_ms = stats.lm_step_ms.p50 + add_ms;
     let read_per_frame_bytes = weights.read_per_frame_bytes + add_bytes;
+    let kv_cache_read_per_frame_bytes = weights.kv_cache_read_per_frame_bytes + add_kv_bytes;
     Some(Extrapolation {
         note: format!(
             "extrapolated, not measured: {run_layers} of {full_layers} temporal layers were run; each missing layer \
-             adds the measured median layer time {:.3} ms and {} weight bytes",
-            per_layer.p50, weights.temporal_layer_bytes
+             adds the measured median layer time {:.3} ms, {} weight bytes and {} KV-cache bytes read",
+            per_layer.p50, weights.temporal_layer_bytes, weights.kv_cache_layer_read_bytes
         ),
         layers: full_layers,
         per_layer_p50_ms: per_layer.p50,
@@ -40,7 +43,12 @@ pub fn extrapolate_to_full_depth(
         real_time_factor: (stats.total_ms.mean + missing * per_layer.mean) / FRAME_MS,
         resident_bytes: weights.resident_bytes + add_bytes,
         read_per_frame_bytes,
-        bound: BandwidthBound::new(read_per_frame_bytes, read_bandwidth_gbps, lm_step_p50_ms),
+        kv_cache_read_per_frame_bytes,
+        bound: BandwidthBound::new(
+            read_per_frame_bytes + kv_cache_read_per_frame_bytes,
+            read_bandwidth_gbps,
+            lm_step_p50_ms,
+        ),
     })
 }
 
@@ -71,6 +79,8 @@ mod tests {
             resident_bytes: 3_000,
             read_per_frame_bytes: 2_000,
             temporal_layer_bytes: 500,
+            kv_cache_layer_read_bytes: 100,
+            kv_cache_read_per_frame_bytes: 200,
             ..Default::default()
         };
         let x =
@@ -82,10 +92,12 @@ mod tests {
         assert_eq!(x.total_p50_ms, 60.0 + 300.0);
         assert!((x.real_time_factor - 360.0 / 80.0).abs() < 1e-12);
         assert_eq!(x.read_per_frame_bytes, 2_000 + 30 * 500);
+        assert_eq!(x.kv_cache_read_per_frame_bytes, 200 + 30 * 100);
+        // The KV caches are read, not held beyond the run's: only weights add to the resident set.
         assert_eq!(x.resident_bytes, 3_000 + 30 * 500);
         assert!(x.note.contains("extrapolated"));
-        // 17 kB at 1 GB/s = 0.017 ms.
-        assert!((x.bound.lm_bound_ms - 0.017).abs() < 1e-12);
+        // 17 kB of weights + 3.2 kB of KV caches at 1 GB/s = 0.0202 ms.
+        assert!((x.bound.lm_bound_ms - 0.0202).abs() < 1e-12);
         assert!(extrapolate_to_full_depth(&stats, &[1.0], &weights, 32, 32, 1.0).is_none());
         assert!(extrapolate_to_full_depth(&stats, &[], &weights, 2, 32, 1.0).is_none());
     }

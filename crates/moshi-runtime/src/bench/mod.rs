@@ -4,6 +4,7 @@
 pub mod checkpoint;
 pub mod extrapolate;
 pub mod format;
+pub mod kv_traffic;
 pub mod memory;
 pub mod report;
 pub mod runner;

@@ -10,7 +10,7 @@ use crate::metrics::{FrameRecord, Percentiles};
 use crate::FRAME_MS;
 
 /// Version of the JSON layout written by `moshi-rs bench --json`.
-pub const BENCH_SCHEMA_VERSION: u32 = 1;
+pub const BENCH_SCHEMA_VERSION: u32 = 2;
 
 /// What was run.
 #[derive(Clone, Debug, Serialize)]
@@ -125,18 +125,32 @@ pub struct WeightBytes {
     pub text_head_bytes: u64,
     /// All depformer steps of a frame.
     pub depformer_bytes: u64,
+    /// Keys and values (f32) one temporal layer's attention reads per frame, mean over the timed
+    /// frames: frame `i` of the run (warm-up included) attends over `min(i + 1, context)`
+    /// positions. 0 when the temporal transformer does not run.
+    pub kv_cache_layer_read_bytes: u64,
+    /// The same for all temporal layers run. The bound counts it with the weights.
+    pub kv_cache_read_per_frame_bytes: u64,
+}
+
+impl WeightBytes {
+    /// Weights and KV caches read per frame: what the bound divides by the read bandwidth.
+    pub fn lm_read_per_frame_bytes(&self) -> u64 {
+        self.read_per_frame_bytes + self.kv_cache_read_per_frame_bytes
+    }
 }
 
 /// The measured LM time next to the memory-bandwidth lower bound.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct BandwidthBound {
-    /// `read_per_frame_bytes / read_bandwidth`: no implementation can be faster on this machine.
+    /// Bytes read per frame (LM weights + temporal KV caches) / read bandwidth: no
+    /// implementation can be faster on this machine.
     pub lm_bound_ms: f64,
     /// Median measured time of the LM stages run (temporal + depformer + sampling).
     pub lm_measured_p50_ms: f64,
     /// `lm_measured_p50_ms / lm_bound_ms` (1.0 = at the physical limit); 0 when nothing is read.
     pub ratio_to_bound: f64,
-    /// `read_per_frame_bytes / lm_measured_p50_ms`, GB/s.
+    /// Bytes read per frame / `lm_measured_p50_ms`, GB/s.
     pub effective_gbps: f64,
 }
 
@@ -192,6 +206,8 @@ pub struct Extrapolation {
     pub resident_bytes: u64,
     /// LM weights read per frame at full depth.
     pub read_per_frame_bytes: u64,
+    /// Temporal KV caches read per frame at full depth.
+    pub kv_cache_read_per_frame_bytes: u64,
     pub bound: BandwidthBound,
 }
 
@@ -259,9 +275,10 @@ impl BenchReport {
         let w = &self.weights;
         let b = &self.bound;
         s += &format!(
-            "LM weights: {} resident, {} read per frame -> {:.2} GB/s effective\n",
+            "LM weights: {} resident, {} read per frame; temporal KV caches: {} read per frame -> {:.2} GB/s effective\n",
             human_bytes(w.resident_bytes),
             human_bytes(w.read_per_frame_bytes),
+            human_bytes(w.kv_cache_read_per_frame_bytes),
             b.effective_gbps
         );
         s += &format!(
@@ -275,7 +292,8 @@ impl BenchReport {
         if let Some(x) = &self.extrapolated {
             s += &format!(
                 "EXTRAPOLATED to {} layers ({}): temporal p50 {:.2} ms, LM step p50 {:.2} ms, frame p50 {:.2} ms, \
-                 real-time factor {:.3}; {} read per frame, bound {:.2} ms = {:.2}x; {} resident\n",
+                 real-time factor {:.3}; {} of weights + {} of KV caches read per frame, bound {:.2} ms = {:.2}x; \
+                 {} resident\n",
                 x.layers,
                 x.note,
                 x.lm_temporal_p50_ms,
@@ -283,6 +301,7 @@ impl BenchReport {
                 x.total_p50_ms,
                 x.real_time_factor,
                 human_bytes(x.read_per_frame_bytes),
+                human_bytes(x.kv_cache_read_per_frame_bytes),
                 x.bound.lm_bound_ms,
                 x.bound.ratio_to_bound,
                 human_bytes(x.resident_bytes)
