@@ -25,19 +25,7 @@ use moshi_quant::{Kernel, QuantizedMatrix};
 const DEFAULT_ROTATION_MB: usize = 1024;
 
 /// (name, in_features, out_features).
-const SHAPES: [(&str, usize, usize); 11] = [
-    ("attn in_proj", 4096, 12288),
-    ("attn out_proj", 4096, 4096),
-    ("gating in", 4096, 22528),
-    ("gating out", 11264, 4096),
-    ("text head", 4096, 32000),
-    ("dep in_proj", 1024, 3072),
-    ("dep out_proj", 1024, 1024),
-    ("dep gating in", 1024, 5632),
-    ("dep gating out", 2816, 1024),
-    ("dep linear_in", 4096, 1024),
-    ("dep emb/head", 1024, 2048),
-];
+const SHAPES: [(&str, usize, usize); 11] = moshi_quant::shapes::MOSHI_7B_MATVEC_SHAPES;
 
 struct Row {
     case: String,

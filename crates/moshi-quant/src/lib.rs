@@ -20,6 +20,7 @@ mod kernels;
 mod matrix;
 mod quantize;
 mod reference;
+pub mod shapes;
 pub mod team;
 
 pub use error::QuantError;

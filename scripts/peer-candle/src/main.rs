@@ -23,18 +23,12 @@ use candle_core::quantized::ggml_file::qtensor_from_ggml;
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 use moshi_quant::bandwidth::ReadBuffer;
+use moshi_quant::shapes::{LARGE_SHAPES, MOSHI_7B_MATVEC_SHAPES};
 use moshi_quant::{Kernel, QuantizedMatrix};
 
-/// (name, in_features, out_features), as in `cargo bench -p moshi-quant --bench qmv`.
-const SHAPES: [(&str, usize, usize); 7] = [
-    ("attn in_proj", 4096, 12288),
-    ("attn out_proj", 4096, 4096),
-    ("gating in", 4096, 22528),
-    ("gating out", 11264, 4096),
-    ("text head", 4096, 32000),
-    ("dep in_proj", 1024, 3072),
-    ("dep out_proj", 1024, 1024),
-];
+/// (name, in_features, out_features): the 5 temporal-transformer shapes of `cargo bench -p
+/// moshi-quant --bench qmv` and its first 2 depformer ones.
+const SHAPES: &[(&str, usize, usize)] = MOSHI_7B_MATVEC_SHAPES.split_at(LARGE_SHAPES + 2).0;
 
 struct Options {
     threads: usize,
