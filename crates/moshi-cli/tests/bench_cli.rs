@@ -458,3 +458,47 @@ fn a_group_size_that_cannot_apply_is_refused() {
         &["--group-size 64 applies to --random-weights only"],
     );
 }
+
+#[test]
+fn kv_prefill_fills_the_window_and_is_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("prefill.json");
+    let config = tiny_config();
+    let out = bench(&[
+        "--random-weights",
+        "--config",
+        &config,
+        "--stage",
+        "lm",
+        "--kv-prefill",
+        "10",
+        "--frames",
+        "2",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let r = read_json(&json);
+    assert_eq!(r["run"]["kv_prefill_positions"], 10);
+    // 10 prefilled positions, then one LM step per frame: after 1 warm-up frame the 2 timed
+    // frames attend over 12 and 13 positions (tiny-a's context is 16).
+    let kv_layer = num(&r, "weights.kv_cache_layer_read_bytes");
+    assert_eq!(kv_layer, 2.0 * 4.0 * 256.0 * 12.5);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("prefilled with 10 random positions"));
+
+    let refused = |args: &[&str], expected: &str| {
+        let out = bench(args);
+        assert!(!out.status.success(), "{args:?} should fail");
+        let err = stderr(&out);
+        assert!(err.contains(expected), "{args:?}: {err}");
+    };
+    let tiny = ["--random-weights", "--config", &config, "--frames", "1"];
+    refused(
+        &[&tiny[..], &["--kv-prefill", "17"]].concat(),
+        "--kv-prefill 17 is above the config's context of 16 positions",
+    );
+    refused(
+        &[&tiny[..], &["--kv-prefill", "4", "--stage", "mimi"]].concat(),
+        "it needs --stage all or lm, not mimi",
+    );
+}

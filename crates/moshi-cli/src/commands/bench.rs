@@ -117,6 +117,11 @@ pub struct BenchArgs {
     /// Untimed frames run first.
     #[arg(long, default_value_t = 3)]
     warmup: usize,
+    /// Put N positions of random keys and values into every temporal KV cache before the warm-up
+    /// (at most the config's context: 3000 for moshiko, 4 minutes): attention over a long
+    /// conversation in seconds, without running it (`--warmup N` computes those steps instead).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    kv_prefill: usize,
     /// Compute threads (default: all logical CPUs).
     #[arg(long)]
     threads: Option<usize>,
@@ -229,12 +234,30 @@ fn bench(args: &BenchArgs, threads: usize, totals: &SpanTotals) -> Result<()> {
         StageArg::Lm => 1,
         StageArg::Mimi | StageArg::Depformer => 0,
     };
+    if args.kv_prefill > 0 {
+        if first_frame_steps == 0 {
+            bail!(
+                "--kv-prefill fills the temporal transformer's KV caches: it needs --stage all or lm, not {}",
+                args.stage.name()
+            );
+        }
+        if args.kv_prefill > loaded.cfg.context {
+            bail!(
+                "--kv-prefill {} is above the config's context of {} positions ({})",
+                args.kv_prefill,
+                loaded.cfg.context,
+                loaded.config_origin
+            );
+        }
+    }
     let kv_layer_bytes = if first_frame_steps > 0 {
         let cfg = &loaded.cfg;
+        // The prefilled positions count as LM steps taken before the first frame's.
+        let steps_by_first_frame = args.kv_prefill + first_frame_steps;
         kv_read_per_layer_bytes(
             cfg.dim,
             cfg.context,
-            first_frame_steps,
+            steps_by_first_frame,
             args.warmup,
             args.frames,
         )
@@ -242,7 +265,7 @@ fn bench(args: &BenchArgs, threads: usize, totals: &SpanTotals) -> Result<()> {
         0
     };
     let Loaded {
-        lm,
+        mut lm,
         mut mimi,
         tokenizer,
         layers_config,
@@ -251,6 +274,13 @@ fn bench(args: &BenchArgs, threads: usize, totals: &SpanTotals) -> Result<()> {
         mut weights,
         ..
     } = loaded;
+    if let Some(lm) = lm.as_mut().filter(|_| args.kv_prefill > 0) {
+        eprintln!(
+            "filling the temporal KV caches with {} random positions ...",
+            args.kv_prefill
+        );
+        lm.fill_temporal_caches_with_noise(args.kv_prefill, args.seed);
+    }
     weights.kv_cache_layer_read_bytes = kv_layer_bytes;
     weights.kv_cache_read_per_frame_bytes = kv_layer_bytes * layers_run as u64;
     if let Some(m) = mimi.as_mut() {
@@ -361,6 +391,7 @@ fn bench(args: &BenchArgs, threads: usize, totals: &SpanTotals) -> Result<()> {
             layers_config,
             frames: args.frames,
             warmup_frames: args.warmup,
+            kv_prefill_positions: args.kv_prefill,
             threads,
             seed: args.seed,
         },

@@ -319,6 +319,11 @@ impl LmModel {
         self.depformer.reset();
     }
 
+    /// [`TemporalTransformer::fill_caches_with_noise`]: for benchmarks of long conversations.
+    pub fn fill_temporal_caches_with_noise(&mut self, positions: usize, seed: u64) {
+        self.temporal.fill_caches_with_noise(positions, seed);
+    }
+
     /// Temporal steps run since the last reset.
     pub fn position(&self) -> usize {
         self.temporal.position()

@@ -140,4 +140,23 @@ impl TemporalTransformer {
         }
         self.position = 0;
     }
+
+    /// Pushes `positions` random keys and values (uniform in [-0.5, 0.5), from `seed`) into every
+    /// layer's cache and advances the position as if that many steps had run. For benchmarks:
+    /// attention over a filled window without computing the steps that would fill it. The caches
+    /// keep at most `context` positions, as always. No input leads to this state.
+    pub fn fill_caches_with_noise(&mut self, positions: usize, seed: u64) {
+        for (i, cache) in self.caches.iter_mut().enumerate() {
+            let mut rng =
+                crate::rng::Rng::new(seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            let width = self.layers[i].attention().dim();
+            let (mut key, mut value) = (vec![0f32; width], vec![0f32; width]);
+            for _ in 0..positions.min(cache.capacity()) {
+                key.iter_mut().for_each(|v| *v = rng.next_f32() - 0.5);
+                value.iter_mut().for_each(|v| *v = rng.next_f32() - 0.5);
+                cache.push(&key, &value);
+            }
+        }
+        self.position += positions;
+    }
 }

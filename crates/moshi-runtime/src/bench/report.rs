@@ -38,6 +38,8 @@ pub struct RunInfo {
     pub frames: usize,
     /// Untimed frames run first.
     pub warmup_frames: usize,
+    /// Random positions put into every temporal KV cache before the warm-up (`--kv-prefill`).
+    pub kv_prefill_positions: usize,
     /// Worker threads of the compute pool.
     pub threads: usize,
     /// Seed of the random weights, input and sampling.
@@ -258,6 +260,12 @@ impl BenchReport {
             "moshi-rs bench: {} weights, {}, Mimi {}, stage {}, {} of {} temporal layers, {} frames after {} warm-up, {} threads\n",
             r.weights, r.quant, r.mimi_weights, r.stage, r.layers_run, r.layers_config, r.frames, r.warmup_frames, r.threads
         );
+        if r.kv_prefill_positions > 0 {
+            s += &format!(
+                "temporal KV caches prefilled with {} random positions\n",
+                r.kv_prefill_positions
+            );
+        }
         s += &format!(
             "{:<13} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
             "stage (ms)", "min", "p50", "p95", "p99", "max", "mean"
