@@ -485,6 +485,28 @@ fn kv_prefill_fills_the_window_and_is_counted() {
     let kv_layer = num(&r, "weights.kv_cache_layer_read_bytes");
     assert_eq!(kv_layer, 2.0 * 4.0 * 256.0 * 12.5);
     assert!(String::from_utf8_lossy(&out.stdout).contains("prefilled with 10 random positions"));
+    assert_eq!(r["run"]["kv_cache"], "f32");
+
+    // bf16 caches: the same positions, half the bytes.
+    let out = bench(&[
+        "--random-weights",
+        "--config",
+        &config,
+        "--stage",
+        "lm",
+        "--kv-prefill",
+        "10",
+        "--kv-cache",
+        "bf16",
+        "--frames",
+        "2",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let r = read_json(&json);
+    assert_eq!(r["run"]["kv_cache"], "bf16");
+    assert_eq!(num(&r, "weights.kv_cache_layer_read_bytes"), kv_layer / 2.0);
 
     let refused = |args: &[&str], expected: &str| {
         let out = bench(args);

@@ -2,9 +2,85 @@
 //! attention (`out_h += p_j · v_j` over the cached positions `j`). Every element is updated as
 //! `y = y + c_r · r[d]` for `r = 0, 1, …`, one product and one sum each (no fused multiply-add),
 //! so the SIMD kernels give the bits of the plain loop, whatever the number of rows per call.
-//! Several rows per call load and store `y` once for all of them.
+//! Several rows per call load and store `y` once for all of them. Rows are f32 or bf16 bits
+//! (widened exactly).
 
 use crate::matvec::Kernel;
+
+/// A row element: f32, or bf16 bits (`u16`) widened exactly.
+pub trait RowElem: Copy {
+    fn to_f32(self) -> f32;
+}
+
+impl RowElem for f32 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+impl RowElem for u16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f32::from_bits((self as u32) << 16)
+    }
+}
+
+/// A row element the SIMD kernels can load (and widen) 16 or 8 at a time.
+#[cfg(target_arch = "x86_64")]
+pub trait SimdRowElem: RowElem {
+    /// # Safety
+    /// AVX-512F; 16 elements readable at `p`.
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512;
+    /// # Safety
+    /// AVX2; 8 elements readable at `p`.
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
+}
+
+/// A row element (no SIMD kernels on this architecture).
+#[cfg(not(target_arch = "x86_64"))]
+pub trait SimdRowElem: RowElem {}
+
+#[cfg(not(target_arch = "x86_64"))]
+impl<E: RowElem> SimdRowElem for E {}
+
+#[cfg(target_arch = "x86_64")]
+impl SimdRowElem for f32 {
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load16(p: *const f32) -> std::arch::x86_64::__m512 {
+        // SAFETY: caller's contract.
+        unsafe { std::arch::x86_64::_mm512_loadu_ps(p) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn load8(p: *const f32) -> std::arch::x86_64::__m256 {
+        // SAFETY: caller's contract.
+        unsafe { std::arch::x86_64::_mm256_loadu_ps(p) }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl SimdRowElem for u16 {
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load16(p: *const u16) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        // SAFETY: caller's contract: 16 u16 readable.
+        let h = unsafe { _mm256_loadu_si256(p as *const __m256i) };
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn load8(p: *const u16) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        // SAFETY: caller's contract: 8 u16 readable.
+        let h = unsafe { _mm_loadu_si128(p as *const __m128i) };
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+    }
+}
 
 /// `y[d] = (…((y[d] + coefs[0] · rows[0][d]) + coefs[1] · rows[1][d]) …)` for every `d`, with
 /// `kernel` (the best available one if this CPU lacks it).
@@ -12,11 +88,11 @@ use crate::matvec::Kernel;
 /// # Panics
 /// If a row is shorter than `y` (caller bug).
 #[inline]
-pub fn accumulate_rows<const R: usize>(
+pub fn accumulate_rows<const R: usize, E: SimdRowElem>(
     kernel: Kernel,
     y: &mut [f32],
     coefs: [f32; R],
-    rows: [&[f32]; R],
+    rows: [&[E]; R],
 ) {
     assert!(
         rows.iter().all(|r| r.len() >= y.len()),
@@ -34,16 +110,16 @@ pub fn accumulate_rows<const R: usize>(
 
 /// The plain loop from element `from` on.
 #[inline(always)]
-fn accumulate_scalar<const R: usize>(
+fn accumulate_scalar<const R: usize, E: RowElem>(
     y: &mut [f32],
     from: usize,
     coefs: [f32; R],
-    rows: [&[f32]; R],
+    rows: [&[E]; R],
 ) {
     for (d, v) in y.iter_mut().enumerate().skip(from) {
         let mut acc = *v;
         for r in 0..R {
-            acc += coefs[r] * rows[r][d];
+            acc += coefs[r] * rows[r][d].to_f32();
         }
         *v = acc;
     }
@@ -59,10 +135,10 @@ mod avx512 {
     /// The CPU must support AVX-512F; every row holds at least `y.len()` values.
     #[target_feature(enable = "avx512f")]
     #[allow(clippy::needless_range_loop)] // plain index loops keep the vectors in registers
-    pub(super) unsafe fn accumulate<const R: usize>(
+    pub(super) unsafe fn accumulate<const R: usize, E: super::SimdRowElem>(
         y: &mut [f32],
         coefs: [f32; R],
-        rows: [&[f32]; R],
+        rows: [&[E]; R],
     ) {
         let mut c = [_mm512_setzero_ps(); R];
         for r in 0..R {
@@ -75,7 +151,7 @@ mod avx512 {
             unsafe {
                 let mut acc = _mm512_loadu_ps(y.as_ptr().add(d));
                 for r in 0..R {
-                    let v = _mm512_loadu_ps(rows[r].as_ptr().add(d));
+                    let v = E::load16(rows[r].as_ptr().add(d));
                     acc = _mm512_add_ps(acc, _mm512_mul_ps(c[r], v));
                 }
                 _mm512_storeu_ps(y.as_mut_ptr().add(d), acc);
@@ -96,10 +172,10 @@ mod avx2 {
     /// The CPU must support AVX2; every row holds at least `y.len()` values.
     #[target_feature(enable = "avx2")]
     #[allow(clippy::needless_range_loop)] // plain index loops keep the vectors in registers
-    pub(super) unsafe fn accumulate<const R: usize>(
+    pub(super) unsafe fn accumulate<const R: usize, E: super::SimdRowElem>(
         y: &mut [f32],
         coefs: [f32; R],
-        rows: [&[f32]; R],
+        rows: [&[E]; R],
     ) {
         let mut c = [_mm256_setzero_ps(); R];
         for r in 0..R {
@@ -112,7 +188,7 @@ mod avx2 {
             unsafe {
                 let mut acc = _mm256_loadu_ps(y.as_ptr().add(d));
                 for r in 0..R {
-                    let v = _mm256_loadu_ps(rows[r].as_ptr().add(d));
+                    let v = E::load8(rows[r].as_ptr().add(d));
                     acc = _mm256_add_ps(acc, _mm256_mul_ps(c[r], v));
                 }
                 _mm256_storeu_ps(y.as_mut_ptr().add(d), acc);
@@ -169,10 +245,43 @@ mod tests {
         }
     }
 
+    /// bf16 rows: the kernels give the plain loop's bits over the exactly widened values.
+    #[test]
+    fn bf16_rows_equal_the_plain_loop_bit_for_bit() {
+        let mut rng = Rng::new(12);
+        for len in [0, 5, 8, 16, 23, 128] {
+            let rows: Vec<Vec<u16>> = (0..4)
+                .map(|_| {
+                    random(len, &mut rng)
+                        .iter()
+                        .map(|&v| half::bf16::from_f32(v).to_bits())
+                        .collect()
+                })
+                .collect();
+            let coefs = [1.5f32, -0.25, 3.3e-2, 0.9];
+            let start = random(len, &mut rng);
+            let mut expected = start.clone();
+            for (c, row) in coefs.iter().zip(&rows) {
+                for (v, &x) in expected.iter_mut().zip(row) {
+                    *v += c * f32::from_bits((x as u32) << 16);
+                }
+            }
+            for kernel in [Kernel::Scalar, Kernel::Avx2, Kernel::Avx512] {
+                if kernel.is_available() {
+                    let mut got = start.clone();
+                    let refs: [&[u16]; 4] = std::array::from_fn(|r| &rows[r][..]);
+                    accumulate_rows(kernel, &mut got, coefs, refs);
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got), bits(&expected), "{kernel:?} len {len}");
+                }
+            }
+        }
+    }
+
     #[test]
     #[should_panic(expected = "shorter than the output")]
     fn a_short_row_is_refused() {
         let mut y = vec![0f32; 8];
-        accumulate_rows(Kernel::Scalar, &mut y, [1.0], [&[1.0; 4][..]]);
+        accumulate_rows(Kernel::Scalar, &mut y, [1.0], [&[1.0f32; 4][..]]);
     }
 }

@@ -350,6 +350,27 @@ impl Kernel {
         }
     }
 
+    /// `R` bf16 rows · x at once, each in the fixed order (the bits of [`dot_bf16_scalar`] per
+    /// row); the kernel must be available.
+    ///
+    /// # Panics
+    /// If a row's length differs from `x`'s (caller bug).
+    #[inline]
+    pub(crate) fn dot_bf16_rows<const R: usize>(self, rows: [&[u16]; R], x: &[f32]) -> [f32; R] {
+        assert!(
+            rows.iter().all(|r| r.len() == x.len()),
+            "dot_bf16_rows: row and x lengths differ"
+        );
+        match self {
+            // SAFETY: callers only pass kernels checked with `is_available`; equal lengths.
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512 => unsafe { avx512::dotn(rows, x) },
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => unsafe { avx2::dotn(rows, x) },
+            _ => rows.map(|r| dot_bf16_scalar(r, x)),
+        }
+    }
+
     /// One f32 row · x (`row.len() == x.len()`); the kernel must be available.
     #[inline]
     fn dot_f32(self, row: &[f32], x: &[f32]) -> f32 {
@@ -512,17 +533,23 @@ pub fn matvec_f32_auto(w: &[f32], n: usize, k: usize, x: &[f32], y: &mut [f32]) 
 mod tests {
     use super::*;
 
-    /// Several f32 rows at once give each row's single-row bits, on every kernel this CPU has.
+    /// Several f32 or bf16 rows at once give each row's single-row bits, on every kernel this CPU
+    /// has.
     #[test]
     fn f32_rows_at_once_equal_the_scalar_dot_bit_for_bit() {
         for k in [0, 1, 31, 32, 33, 128, 130] {
             let (_, w, x) = data(4, k);
             let rows: [&[f32]; 4] = std::array::from_fn(|r| &w[r * k..(r + 1) * k]);
             let expected = rows.map(|r| dot_f32_scalar(r, &x).to_bits());
+            let (w16, _, _) = data(4, k);
+            let rows16: [&[u16]; 4] = std::array::from_fn(|r| &w16[r * k..(r + 1) * k]);
+            let expected16 = rows16.map(|r| dot_bf16_scalar(r, &x).to_bits());
             for kernel in [Kernel::Scalar, Kernel::Avx2, Kernel::Avx512] {
                 if kernel.is_available() {
                     let got = kernel.dot_f32_rows(rows, &x).map(f32::to_bits);
                     assert_eq!(got, expected, "{kernel:?} k {k}");
+                    let got16 = kernel.dot_bf16_rows(rows16, &x).map(f32::to_bits);
+                    assert_eq!(got16, expected16, "{kernel:?} k {k} bf16");
                 }
             }
         }

@@ -13,6 +13,7 @@ use std::time::Instant;
 use moshi_loader::tokenizer::{IncrementalDecoder, TextTokenizer};
 use moshi_loader::{load_lm_weights, ResolvedModel, WeightMode};
 use moshi_model::generator::{Generator, SamplingConfig};
+use moshi_model::lm::kv_cache::KvPrecision;
 use moshi_model::lm::LmModel;
 use moshi_model::mimi::{Mimi, MimiWeights};
 
@@ -80,6 +81,15 @@ impl MoshiPipeline {
     /// Weight precision of Mimi's per-frame products (see [`Mimi::set_weights`]).
     pub fn set_mimi_weights(&mut self, mode: MimiWeights) {
         self.mimi.set_weights(mode);
+    }
+
+    /// The LM's temporal KV caches in f32 (exact, default) or bf16 (half the memory and the
+    /// bytes read per frame late in a conversation). Changing it restarts the conversation.
+    pub fn set_kv_precision(&mut self, precision: KvPrecision) {
+        if precision != self.generator.model().temporal().kv_precision() {
+            self.generator.set_kv_precision(precision);
+            self.reset();
+        }
     }
 
     /// Back to the start of a conversation.

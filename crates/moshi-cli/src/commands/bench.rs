@@ -8,6 +8,7 @@ use anyhow::{bail, Context, Result};
 use moshi_loader::tokenizer::TextTokenizer;
 use moshi_loader::{LmConfig, MimiConfig, WeightMap};
 use moshi_model::generator::{Generator, SamplingConfig};
+use moshi_model::lm::kv_cache::KvPrecision;
 use moshi_model::lm::random::{random_lm_weights, RandomWeightKind};
 use moshi_model::lm::LmModel;
 use moshi_model::mimi::{Mimi, MimiWeights};
@@ -122,6 +123,9 @@ pub struct BenchArgs {
     /// conversation in seconds, without running it (`--warmup N` computes those steps instead).
     #[arg(long, value_name = "N", default_value_t = 0)]
     kv_prefill: usize,
+    /// Element type of the temporal KV caches: f32 (exact, default) or bf16 (half the bytes).
+    #[arg(long, value_name = "f32|bf16", default_value_t = KvPrecision::F32)]
+    kv_cache: KvPrecision,
     /// Compute threads (default: all logical CPUs).
     #[arg(long)]
     threads: Option<usize>,
@@ -255,6 +259,7 @@ fn bench(args: &BenchArgs, threads: usize, totals: &SpanTotals) -> Result<()> {
         // The prefilled positions count as LM steps taken before the first frame's.
         let steps_by_first_frame = args.kv_prefill + first_frame_steps;
         kv_read_per_layer_bytes(
+            args.kv_cache.bytes(),
             cfg.dim,
             cfg.context,
             steps_by_first_frame,
@@ -274,6 +279,9 @@ fn bench(args: &BenchArgs, threads: usize, totals: &SpanTotals) -> Result<()> {
         mut weights,
         ..
     } = loaded;
+    if let Some(lm) = lm.as_mut() {
+        lm.set_kv_precision(args.kv_cache);
+    }
     if let Some(lm) = lm.as_mut().filter(|_| args.kv_prefill > 0) {
         eprintln!(
             "filling the temporal KV caches with {} random positions ...",
@@ -392,6 +400,7 @@ fn bench(args: &BenchArgs, threads: usize, totals: &SpanTotals) -> Result<()> {
             frames: args.frames,
             warmup_frames: args.warmup,
             kv_prefill_positions: args.kv_prefill,
+            kv_cache: args.kv_cache.name().into(),
             threads,
             seed: args.seed,
         },

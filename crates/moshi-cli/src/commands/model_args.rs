@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use moshi_loader::{ModelSource, ResolvedModel, SourceOverrides, WeightMode};
 use moshi_model::generator::SamplingConfig;
+use moshi_model::lm::kv_cache::KvPrecision;
 use moshi_model::mimi::MimiWeights;
 use moshi_runtime::pipeline::MoshiPipeline;
 
@@ -43,6 +44,11 @@ pub struct ModelArgs {
     /// bf16 or q8 (MLX 8-bit affine, group 64). Activations stay f32.
     #[arg(long, value_name = "f32|bf16|q8", default_value_t = MimiWeights::F32)]
     pub mimi_weights: MimiWeights,
+    /// Element type of the LM's temporal KV caches: f32 (exact, default) or bf16 (rounded to
+    /// nearest even: half the memory, and half the bytes read per frame late in a conversation,
+    /// when a full 3000-position window is about as large as the q4 weights).
+    #[arg(long, value_name = "f32|bf16", default_value_t = KvPrecision::F32)]
+    pub kv_cache: KvPrecision,
 }
 
 /// `--quantize`: MLX affine quantization, with the group size of the Kyutai MLX releases (`q4`,
@@ -176,6 +182,7 @@ impl ModelArgs {
             format!("loading the model from {}", model.lm_weights_path.display())
         })?;
         pipeline.set_mimi_weights(self.mimi_weights);
+        pipeline.set_kv_precision(self.kv_cache);
         Ok((model, pipeline))
     }
 }

@@ -104,6 +104,14 @@ impl Generator {
         self.model
     }
 
+    /// The temporal KV caches' element type; changing it restarts the conversation.
+    pub fn set_kv_precision(&mut self, precision: crate::lm::kv_cache::KvPrecision) {
+        if precision != self.model.temporal().kv_precision() {
+            self.model.set_kv_precision(precision);
+            self.reset();
+        }
+    }
+
     pub fn sampling(&self) -> &SamplingConfig {
         &self.sampling
     }

@@ -4,9 +4,10 @@
 
 use std::cell::RefCell;
 
-use super::kv_cache::KvCache;
+use super::kv_cache::{KvCache, KvRows};
 use super::rope::RopeRotation;
-use crate::accumulate::accumulate_rows;
+use crate::accumulate::{accumulate_rows, SimdRowElem};
+use crate::matvec::Kernel;
 use crate::ops::Linear;
 
 /// Above this many cached floats (keys of all heads), heads are processed on several threads.
@@ -15,6 +16,26 @@ const PARALLEL_MIN_CACHE_FLOATS: usize = 1 << 16;
 /// Cached positions per step of both passes: each head's query is loaded once for this many key
 /// rows, and its output loaded and stored once for this many value rows.
 const POSITIONS_PER_STEP: usize = 4;
+
+/// A cached key/value element: f32, or bf16 bits (`u16`).
+trait CachedElem: SimdRowElem + Sync {
+    /// `R` rows · `x`, each in `matvec`'s fixed order.
+    fn dot_rows<const R: usize>(kernel: Kernel, rows: [&[Self]; R], x: &[f32]) -> [f32; R];
+}
+
+impl CachedElem for f32 {
+    #[inline]
+    fn dot_rows<const R: usize>(kernel: Kernel, rows: [&[f32]; R], x: &[f32]) -> [f32; R] {
+        kernel.dot_f32_rows(rows, x)
+    }
+}
+
+impl CachedElem for u16 {
+    #[inline]
+    fn dot_rows<const R: usize>(kernel: Kernel, rows: [&[u16]; R], x: &[f32]) -> [f32; R] {
+        kernel.dot_bf16_rows(rows, x)
+    }
+}
 
 thread_local! {
     /// Scores of the heads a thread attends in the threaded path (reused across calls).
@@ -88,52 +109,67 @@ impl Attention {
         cache.push(k, v);
 
         let n = cache.len();
-        let (keys, values) = (cache.keys(), cache.values());
+        scratch.attended.resize(dim, 0.0);
+        match cache.rows() {
+            KvRows::F32 { keys, values } => self.attend(
+                q,
+                keys,
+                values,
+                n,
+                &mut scratch.attended,
+                &mut scratch.scores,
+            ),
+            KvRows::Bf16 { keys, values } => self.attend(
+                q,
+                keys,
+                values,
+                n,
+                &mut scratch.attended,
+                &mut scratch.scores,
+            ),
+        }
+        self.out_proj.matvec_into(&scratch.attended, out);
+    }
+    /// `attended` (`[dim]`) = every head's attention from `q` over the `n` cached positions
+    /// (`keys`, `values`: `[n, dim]`, f32 or bf16 bits); `scores` is scratch space.
+    fn attend<E: CachedElem>(
+        &self,
+        q: &[f32],
+        keys: &[E],
+        values: &[E],
+        n: usize,
+        attended: &mut [f32],
+        scores: &mut Vec<f32>,
+    ) {
+        let dim = self.dim();
         let hd = self.head_dim;
         let scale = 1.0 / (hd as f32).sqrt();
-        scratch.attended.resize(dim, 0.0);
-        let q: &[f32] = q;
         if n * dim >= PARALLEL_MIN_CACHE_FLOATS && self.num_heads > 1 {
             // Contiguous groups of heads per thread of the team (no futex wake-up per call); each
             // group streams its part of every cached row, with its scores in a buffer of the
             // thread that runs it.
             let groups = crate::team::threads().clamp(1, self.num_heads);
             let heads_per_group = self.num_heads.div_ceil(groups);
-            crate::team::run_chunks_mut(
-                &mut scratch.attended,
-                heads_per_group * hd,
-                &|first, o| {
-                    GROUP_SCORES.with_borrow_mut(|scores| {
-                        scores.resize((o.len() / hd) * n, 0.0);
-                        attend_heads(
-                            &q[first..first + o.len()],
-                            keys,
-                            values,
-                            dim,
-                            first,
-                            hd,
-                            scale,
-                            scores,
-                            o,
-                        );
-                    });
-                },
-            );
+            crate::team::run_chunks_mut(attended, heads_per_group * hd, &|first, o| {
+                GROUP_SCORES.with_borrow_mut(|scores| {
+                    scores.resize((o.len() / hd) * n, 0.0);
+                    attend_heads(
+                        &q[first..first + o.len()],
+                        keys,
+                        values,
+                        dim,
+                        first,
+                        hd,
+                        scale,
+                        scores,
+                        o,
+                    );
+                });
+            });
         } else {
-            scratch.scores.resize(self.num_heads * n, 0.0);
-            attend_heads(
-                q,
-                keys,
-                values,
-                dim,
-                0,
-                hd,
-                scale,
-                &mut scratch.scores,
-                &mut scratch.attended,
-            );
+            scores.resize(self.num_heads * n, 0.0);
+            attend_heads(q, keys, values, dim, 0, hd, scale, scores, attended);
         }
-        self.out_proj.matvec_into(&scratch.attended, out);
     }
 }
 
@@ -141,10 +177,10 @@ impl Attention {
 /// over the `n = scores.len() / heads` cached positions. Rows are walked in order so every cached
 /// row is read once, contiguously, for all heads of the group.
 #[allow(clippy::too_many_arguments)]
-fn attend_heads(
+fn attend_heads<E: CachedElem>(
     q: &[f32],
-    keys: &[f32],
-    values: &[f32],
+    keys: &[E],
+    values: &[E],
     stride: usize,
     offset: usize,
     hd: usize,
@@ -161,9 +197,9 @@ fn attend_heads(
     let key = |j: usize| &keys[j * stride + offset..j * stride + offset + width];
     let mut j = 0;
     while j + POSITIONS_PER_STEP <= n {
-        let rows: [&[f32]; POSITIONS_PER_STEP] = std::array::from_fn(|r| key(j + r));
+        let rows: [&[E]; POSITIONS_PER_STEP] = std::array::from_fn(|r| key(j + r));
         for (h, qh) in q.chunks_exact(hd).enumerate() {
-            let dots = kernel.dot_f32_rows(rows.map(|k| &k[h * hd..(h + 1) * hd]), qh);
+            let dots = E::dot_rows(kernel, rows.map(|k| &k[h * hd..(h + 1) * hd]), qh);
             for (r, d) in dots.iter().enumerate() {
                 scores[h * n + j + r] = d * scale;
             }
@@ -173,7 +209,7 @@ fn attend_heads(
     for j in j..n {
         let k = key(j);
         for (h, qh) in q.chunks_exact(hd).enumerate() {
-            scores[h * n + j] = kernel.dot_f32_rows([&k[h * hd..(h + 1) * hd]], qh)[0] * scale;
+            scores[h * n + j] = E::dot_rows(kernel, [&k[h * hd..(h + 1) * hd]], qh)[0] * scale;
         }
     }
     for sh in scores.chunks_exact_mut(n) {
@@ -194,7 +230,7 @@ fn attend_heads(
     let row = |j: usize| &values[j * stride + offset..j * stride + offset + width];
     let mut j = 0;
     while j + POSITIONS_PER_STEP <= n {
-        let rows: [&[f32]; POSITIONS_PER_STEP] = std::array::from_fn(|r| row(j + r));
+        let rows: [&[E]; POSITIONS_PER_STEP] = std::array::from_fn(|r| row(j + r));
         for (h, o) in out.chunks_exact_mut(hd).enumerate() {
             accumulate_rows(
                 kernel,
@@ -216,18 +252,32 @@ fn attend_heads(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lm::kv_cache::KvPrecision;
 
     /// Small caches run on the calling thread, large ones split heads over threads: both must
-    /// equal a naive f64 attention over the explicit last `window` positions.
+    /// equal a naive f64 attention over the explicit last `window` positions, in f32 and in
+    /// bf16 caches (the naive attention then takes the keys and values rounded to bf16).
     #[test]
     fn ring_window_equals_explicit_last_positions() {
-        check_against_naive(8, 2, 4, 9);
-        // 256 * 300 cached floats >= PARALLEL_MIN_CACHE_FLOATS: the threaded path.
-        const { assert!(256 * 300 >= PARALLEL_MIN_CACHE_FLOATS) };
-        check_against_naive(256, 4, 300, 310);
+        for precision in [KvPrecision::F32, KvPrecision::Bf16] {
+            check_against_naive(8, 2, 4, 9, precision);
+            // 256 * 300 cached floats >= PARALLEL_MIN_CACHE_FLOATS: the threaded path.
+            const { assert!(256 * 300 >= PARALLEL_MIN_CACHE_FLOATS) };
+            check_against_naive(256, 4, 300, 310, precision);
+        }
     }
 
-    fn check_against_naive(dim: usize, heads: usize, window: usize, steps: usize) {
+    fn check_against_naive(
+        dim: usize,
+        heads: usize,
+        window: usize,
+        steps: usize,
+        precision: KvPrecision,
+    ) {
+        let stored = |v: f32| match precision {
+            KvPrecision::F32 => v,
+            KvPrecision::Bf16 => half::bf16::from_f32(v).to_f32(),
+        };
         let eye = |n: usize| {
             let mut w = vec![0f32; n * n];
             for i in 0..n {
@@ -252,7 +302,7 @@ mod tests {
             },
             heads,
         );
-        let mut cache = KvCache::new(window, dim);
+        let mut cache = KvCache::with_precision(window, dim, precision);
         let mut scratch = AttentionScratch::default();
         let xs: Vec<Vec<f32>> = (0..steps)
             .map(|p| {
@@ -273,7 +323,7 @@ mod tests {
                         xs[p][r.clone()]
                             .iter()
                             .zip(&xs[j][r.clone()])
-                            .map(|(a, b)| (a * b * 0.5) as f64)
+                            .map(|(a, b)| (a * stored(b * 0.5)) as f64)
                             .sum::<f64>()
                             / (hd as f64).sqrt()
                     })
@@ -283,11 +333,11 @@ mod tests {
                 for (i, o) in r.clone().enumerate() {
                     let expect: f64 = (first..=p)
                         .zip(&scores)
-                        .map(|(j, s)| (s - m).exp() / z * 2.0 * xs[j][h * hd + i] as f64)
+                        .map(|(j, s)| (s - m).exp() / z * stored(2.0 * xs[j][h * hd + i]) as f64)
                         .sum();
                     assert!(
                         (out[o] as f64 - expect).abs() < 1e-5,
-                        "pos {p} head {h}: {} vs {expect}",
+                        "{precision:?} pos {p} head {h}: {} vs {expect}",
                         out[o]
                     );
                 }

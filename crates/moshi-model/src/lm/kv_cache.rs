@@ -2,13 +2,143 @@
 //! window, current position included). Memory is bounded by `capacity` whatever the session
 //! length; storage grows lazily up to that bound.
 
-/// Keys and values of one attention layer, `width = heads * head_dim` floats per position.
+/// Element type of the cached keys and values.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvPrecision {
+    /// f32, exact (the default; what the exactness tests compare against the official runs).
+    #[default]
+    F32,
+    /// bf16, rounded to nearest even on push, as PyTorch's `.to(torch.bfloat16)`: half the memory
+    /// and half the bytes attention reads per step.
+    Bf16,
+}
+
+impl KvPrecision {
+    /// Bytes per cached element.
+    pub fn bytes(self) -> usize {
+        match self {
+            KvPrecision::F32 => 4,
+            KvPrecision::Bf16 => 2,
+        }
+    }
+
+    /// `f32` or `bf16` (command line and reports).
+    pub fn name(self) -> &'static str {
+        match self {
+            KvPrecision::F32 => "f32",
+            KvPrecision::Bf16 => "bf16",
+        }
+    }
+}
+
+impl std::fmt::Display for KvPrecision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for KvPrecision {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        [KvPrecision::F32, KvPrecision::Bf16]
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| format!("unknown KV cache precision `{s}` (expected f32 or bf16)"))
+    }
+}
+
+/// One of the two cached streams, in the cache's precision.
+#[derive(Clone, Debug)]
+enum Stream {
+    F32(Vec<f32>),
+    Bf16(Vec<u16>),
+}
+
+impl Stream {
+    fn new(precision: KvPrecision) -> Self {
+        match precision {
+            KvPrecision::F32 => Stream::F32(Vec::new()),
+            KvPrecision::Bf16 => Stream::Bf16(Vec::new()),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Stream::F32(v) => v.len(),
+            Stream::Bf16(v) => v.len(),
+        }
+    }
+
+    fn capacity(&self) -> usize {
+        match self {
+            Stream::F32(v) => v.capacity(),
+            Stream::Bf16(v) => v.capacity(),
+        }
+    }
+
+    fn allocated_bytes(&self) -> usize {
+        match self {
+            Stream::F32(v) => v.capacity() * 4,
+            Stream::Bf16(v) => v.capacity() * 2,
+        }
+    }
+
+    fn reserve_exact(&mut self, more: usize) {
+        match self {
+            Stream::F32(v) => v.reserve_exact(more),
+            Stream::Bf16(v) => v.reserve_exact(more),
+        }
+    }
+
+    fn push(&mut self, row: &[f32]) {
+        match self {
+            Stream::F32(v) => v.extend_from_slice(row),
+            Stream::Bf16(v) => v.extend(row.iter().map(|&x| half::bf16::from_f32(x).to_bits())),
+        }
+    }
+
+    fn overwrite(&mut self, at: usize, row: &[f32]) {
+        match self {
+            Stream::F32(v) => v[at..at + row.len()].copy_from_slice(row),
+            Stream::Bf16(v) => {
+                for (d, &x) in v[at..at + row.len()].iter_mut().zip(row) {
+                    *d = half::bf16::from_f32(x).to_bits();
+                }
+            }
+        }
+    }
+
+    fn clear(&mut self) {
+        match self {
+            Stream::F32(v) => v.clear(),
+            Stream::Bf16(v) => v.clear(),
+        }
+    }
+}
+
+/// The held keys and values, `[len, width]` each in slot order, in the cache's precision.
+#[derive(Clone, Copy, Debug)]
+pub enum KvRows<'a> {
+    F32 {
+        keys: &'a [f32],
+        values: &'a [f32],
+    },
+    /// bf16 bits.
+    Bf16 {
+        keys: &'a [u16],
+        values: &'a [u16],
+    },
+}
+
+/// Keys and values of one attention layer, `width = heads * head_dim` values per position.
 #[derive(Clone, Debug)]
 pub struct KvCache {
     capacity: usize,
     width: usize,
-    keys: Vec<f32>,
-    values: Vec<f32>,
+    precision: KvPrecision,
+    keys: Stream,
+    values: Stream,
     /// Slot written by the next `push` once the ring is full.
     next_slot: usize,
     /// Positions pushed since the last reset.
@@ -16,7 +146,12 @@ pub struct KvCache {
 }
 
 impl KvCache {
+    /// An f32 cache.
     pub fn new(capacity: usize, width: usize) -> Self {
+        Self::with_precision(capacity, width, KvPrecision::F32)
+    }
+
+    pub fn with_precision(capacity: usize, width: usize, precision: KvPrecision) -> Self {
         assert!(
             capacity > 0,
             "a KV cache needs room for at least the current position"
@@ -24,8 +159,9 @@ impl KvCache {
         Self {
             capacity,
             width,
-            keys: Vec::new(),
-            values: Vec::new(),
+            precision,
+            keys: Stream::new(precision),
+            values: Stream::new(precision),
             next_slot: 0,
             pushed: 0,
         }
@@ -34,6 +170,15 @@ impl KvCache {
     /// Maximum number of positions kept.
     pub fn capacity(&self) -> usize {
         self.capacity
+    }
+
+    pub fn precision(&self) -> KvPrecision {
+        self.precision
+    }
+
+    /// Values per position (keys, and values, each).
+    pub fn width(&self) -> usize {
+        self.width
     }
 
     /// Positions currently held (`min(pushed, capacity)`).
@@ -52,10 +197,11 @@ impl KvCache {
 
     /// Bytes of keys and values currently allocated.
     pub fn allocated_bytes(&self) -> usize {
-        (self.keys.capacity() + self.values.capacity()) * 4
+        self.keys.allocated_bytes() + self.values.allocated_bytes()
     }
 
-    /// Appends one position, overwriting the oldest one when full.
+    /// Appends one position (rounded to the cache's precision), overwriting the oldest one when
+    /// full.
     pub fn push(&mut self, key: &[f32], value: &[f32]) {
         debug_assert_eq!(key.len(), self.width);
         debug_assert_eq!(value.len(), self.width);
@@ -70,25 +216,24 @@ impl KvCache {
                 self.keys.reserve_exact(target - self.keys.len());
                 self.values.reserve_exact(target - self.values.len());
             }
-            self.keys.extend_from_slice(key);
-            self.values.extend_from_slice(value);
+            self.keys.push(key);
+            self.values.push(value);
         } else {
-            let range = self.next_slot * self.width..(self.next_slot + 1) * self.width;
-            self.keys[range.clone()].copy_from_slice(key);
-            self.values[range].copy_from_slice(value);
+            let at = self.next_slot * self.width;
+            self.keys.overwrite(at, key);
+            self.values.overwrite(at, value);
             self.next_slot = (self.next_slot + 1) % self.capacity;
         }
         self.pushed += 1;
     }
 
-    /// Keys of the held positions, `[len, width]` in slot order.
-    pub fn keys(&self) -> &[f32] {
-        &self.keys
-    }
-
-    /// Values of the held positions, `[len, width]` in slot order.
-    pub fn values(&self) -> &[f32] {
-        &self.values
+    /// Keys and values of the held positions.
+    pub fn rows(&self) -> KvRows<'_> {
+        match (&self.keys, &self.values) {
+            (Stream::F32(keys), Stream::F32(values)) => KvRows::F32 { keys, values },
+            (Stream::Bf16(keys), Stream::Bf16(values)) => KvRows::Bf16 { keys, values },
+            _ => unreachable!("keys and values share the cache's precision"),
+        }
     }
 
     /// Forgets every position (keeps the allocation).
@@ -112,12 +257,37 @@ mod tests {
             c.push(&[v, v], &[-v, -v]);
             assert_eq!(c.len(), (p + 1).min(3));
         }
-        let mut held: Vec<f32> = c.keys().chunks(2).map(|k| k[0]).collect();
+        let KvRows::F32 { keys, .. } = c.rows() else {
+            panic!("an f32 cache")
+        };
+        let mut held: Vec<f32> = keys.chunks(2).map(|k| k[0]).collect();
         held.sort_by(f32::total_cmp);
         assert_eq!(held, vec![7.0, 8.0, 9.0]);
         assert!(c.allocated_bytes() <= 2 * 3 * 2 * 4);
         assert_eq!(c.positions_seen(), 10);
         c.reset();
         assert!(c.is_empty());
+    }
+
+    #[test]
+    fn bf16_cache_rounds_to_nearest_even_and_halves_the_memory() {
+        let mut c = KvCache::with_precision(4, 3, KvPrecision::Bf16);
+        // 1 + 2^-8 is halfway between two bf16 values: it rounds to the even one, 1.0.
+        let key = [1.0 + 1.0 / 256.0, -3.140625, 1e-3];
+        let value = [0.5, 1.0 + 3.0 / 256.0, -7.0];
+        for _ in 0..6 {
+            c.push(&key, &value);
+        }
+        assert_eq!(c.len(), 4);
+        let KvRows::Bf16 { keys, values } = c.rows() else {
+            panic!("a bf16 cache")
+        };
+        let widen = |b: u16| f32::from_bits((b as u32) << 16);
+        assert_eq!(widen(keys[0]), 1.0);
+        assert_eq!(widen(keys[1]), -3.140625);
+        assert_eq!(keys[2], half::bf16::from_f32(1e-3).to_bits());
+        assert_eq!(widen(values[1]), 1.0 + 4.0 / 256.0);
+        assert_eq!(widen(values[2]), -7.0);
+        assert_eq!(c.allocated_bytes(), 2 * 4 * 3 * 2);
     }
 }

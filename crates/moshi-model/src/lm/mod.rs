@@ -319,6 +319,12 @@ impl LmModel {
         self.depformer.reset();
     }
 
+    /// [`TemporalTransformer::set_kv_precision`]: the temporal KV caches' element type (the
+    /// depformer's 8-position caches stay f32).
+    pub fn set_kv_precision(&mut self, precision: kv_cache::KvPrecision) {
+        self.temporal.set_kv_precision(precision);
+    }
+
     /// [`TemporalTransformer::fill_caches_with_noise`]: for benchmarks of long conversations.
     pub fn fill_temporal_caches_with_noise(&mut self, positions: usize, seed: u64) {
         self.temporal.fill_caches_with_noise(positions, seed);

@@ -2,7 +2,7 @@
 //! a sliding window of `context` positions, applies `out_norm` and the text head.
 
 use super::embedding::Embedding;
-use super::kv_cache::KvCache;
+use super::kv_cache::{KvCache, KvPrecision};
 use super::rope::{Rope, RopeRotation};
 use super::transformer::{LayerScratch, RmsNorm, TransformerLayer};
 use crate::ops::Linear;
@@ -137,6 +137,25 @@ impl TemporalTransformer {
     pub fn reset(&mut self) {
         for c in &mut self.caches {
             c.reset();
+        }
+        self.position = 0;
+    }
+
+    /// Element type of the KV caches (f32 unless set).
+    pub fn kv_precision(&self) -> KvPrecision {
+        self.caches
+            .first()
+            .map_or(KvPrecision::F32, KvCache::precision)
+    }
+
+    /// Stores keys and values as `precision` from now on. Changing it empties the caches and
+    /// restarts the positions (a new conversation); setting the current one changes nothing.
+    pub fn set_kv_precision(&mut self, precision: KvPrecision) {
+        if precision == self.kv_precision() {
+            return;
+        }
+        for c in &mut self.caches {
+            *c = KvCache::with_precision(c.capacity(), c.width(), precision);
         }
         self.position = 0;
     }

@@ -40,6 +40,8 @@ pub struct RunInfo {
     pub warmup_frames: usize,
     /// Random positions put into every temporal KV cache before the warm-up (`--kv-prefill`).
     pub kv_prefill_positions: usize,
+    /// Element type of the temporal KV caches: `f32` or `bf16` (`--kv-cache`).
+    pub kv_cache: String,
     /// Worker threads of the compute pool.
     pub threads: usize,
     /// Seed of the random weights, input and sampling.
@@ -260,10 +262,10 @@ impl BenchReport {
             "moshi-rs bench: {} weights, {}, Mimi {}, stage {}, {} of {} temporal layers, {} frames after {} warm-up, {} threads\n",
             r.weights, r.quant, r.mimi_weights, r.stage, r.layers_run, r.layers_config, r.frames, r.warmup_frames, r.threads
         );
-        if r.kv_prefill_positions > 0 {
+        if r.kv_prefill_positions > 0 || r.kv_cache != "f32" {
             s += &format!(
-                "temporal KV caches prefilled with {} random positions\n",
-                r.kv_prefill_positions
+                "temporal KV caches: {}, prefilled with {} random positions\n",
+                r.kv_cache, r.kv_prefill_positions
             );
         }
         s += &format!(
