@@ -464,47 +464,36 @@ fn kv_prefill_fills_the_window_and_is_counted() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("prefill.json");
     let config = tiny_config();
-    let out = bench(&[
-        "--random-weights",
-        "--config",
-        &config,
-        "--stage",
-        "lm",
-        "--kv-prefill",
-        "10",
-        "--frames",
-        "2",
-        "--json",
-        json.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let r = read_json(&json);
+    // 10 prefilled positions, 2 timed frames, with `kv_cache` caches: the report.
+    let prefilled = |kv_cache: &str| {
+        let out = bench(&[
+            "--random-weights",
+            "--config",
+            &config,
+            "--stage",
+            "lm",
+            "--kv-prefill",
+            "10",
+            "--kv-cache",
+            kv_cache,
+            "--frames",
+            "2",
+            "--json",
+            json.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert!(String::from_utf8_lossy(&out.stdout).contains("prefilled with 10 random positions"));
+        read_json(&json)
+    };
+    let r = prefilled("f32");
     assert_eq!(r["run"]["kv_prefill_positions"], 10);
+    assert_eq!(r["run"]["kv_cache"], "f32");
     // 10 prefilled positions, then one LM step per frame: after 1 warm-up frame the 2 timed
     // frames attend over 12 and 13 positions (tiny-a's context is 16).
     let kv_layer = num(&r, "weights.kv_cache_layer_read_bytes");
     assert_eq!(kv_layer, 2.0 * 4.0 * 256.0 * 12.5);
-    assert!(String::from_utf8_lossy(&out.stdout).contains("prefilled with 10 random positions"));
-    assert_eq!(r["run"]["kv_cache"], "f32");
-
     // bf16 caches: the same positions, half the bytes.
-    let out = bench(&[
-        "--random-weights",
-        "--config",
-        &config,
-        "--stage",
-        "lm",
-        "--kv-prefill",
-        "10",
-        "--kv-cache",
-        "bf16",
-        "--frames",
-        "2",
-        "--json",
-        json.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let r = read_json(&json);
+    let r = prefilled("bf16");
     assert_eq!(r["run"]["kv_cache"], "bf16");
     assert_eq!(num(&r, "weights.kv_cache_layer_read_bytes"), kv_layer / 2.0);
 
