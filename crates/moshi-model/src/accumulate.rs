@@ -5,82 +5,7 @@
 //! Several rows per call load and store `y` once for all of them. Rows are f32 or bf16 bits
 //! (widened exactly).
 
-use crate::matvec::Kernel;
-
-/// A row element: f32, or bf16 bits (`u16`) widened exactly.
-pub trait RowElem: Copy {
-    fn to_f32(self) -> f32;
-}
-
-impl RowElem for f32 {
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        self
-    }
-}
-
-impl RowElem for u16 {
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        f32::from_bits((self as u32) << 16)
-    }
-}
-
-/// A row element the SIMD kernels can load (and widen) 16 or 8 at a time.
-#[cfg(target_arch = "x86_64")]
-pub trait SimdRowElem: RowElem {
-    /// # Safety
-    /// AVX-512F; 16 elements readable at `p`.
-    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512;
-    /// # Safety
-    /// AVX2; 8 elements readable at `p`.
-    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
-}
-
-/// A row element (no SIMD kernels on this architecture).
-#[cfg(not(target_arch = "x86_64"))]
-pub trait SimdRowElem: RowElem {}
-
-#[cfg(not(target_arch = "x86_64"))]
-impl<E: RowElem> SimdRowElem for E {}
-
-#[cfg(target_arch = "x86_64")]
-impl SimdRowElem for f32 {
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn load16(p: *const f32) -> std::arch::x86_64::__m512 {
-        // SAFETY: caller's contract.
-        unsafe { std::arch::x86_64::_mm512_loadu_ps(p) }
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    unsafe fn load8(p: *const f32) -> std::arch::x86_64::__m256 {
-        // SAFETY: caller's contract.
-        unsafe { std::arch::x86_64::_mm256_loadu_ps(p) }
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-impl SimdRowElem for u16 {
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn load16(p: *const u16) -> std::arch::x86_64::__m512 {
-        use std::arch::x86_64::*;
-        // SAFETY: caller's contract: 16 u16 readable.
-        let h = unsafe { _mm256_loadu_si256(p as *const __m256i) };
-        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    unsafe fn load8(p: *const u16) -> std::arch::x86_64::__m256 {
-        use std::arch::x86_64::*;
-        // SAFETY: caller's contract: 8 u16 readable.
-        let h = unsafe { _mm_loadu_si128(p as *const __m128i) };
-        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
-    }
-}
+use crate::matvec::{Kernel, RowElem};
 
 /// `y[d] = (…((y[d] + coefs[0] · rows[0][d]) + coefs[1] · rows[1][d]) …)` for every `d`, with
 /// `kernel` (the best available one if this CPU lacks it).
@@ -88,7 +13,7 @@ impl SimdRowElem for u16 {
 /// # Panics
 /// If a row is shorter than `y` (caller bug).
 #[inline]
-pub fn accumulate_rows<const R: usize, E: SimdRowElem>(
+pub(crate) fn accumulate_rows<const R: usize, E: RowElem>(
     kernel: Kernel,
     y: &mut [f32],
     coefs: [f32; R],
@@ -132,10 +57,11 @@ mod avx512 {
     /// 16 elements per step, the rest with the plain loop.
     ///
     /// # Safety
-    /// The CPU must support AVX-512F; every row holds at least `y.len()` values.
-    #[target_feature(enable = "avx512f")]
+    /// The CPU must support AVX-512F and AVX2 (the row loaders of `matvec` use both); every row
+    /// holds at least `y.len()` values.
+    #[target_feature(enable = "avx512f,avx2")]
     #[allow(clippy::needless_range_loop)] // plain index loops keep the vectors in registers
-    pub(super) unsafe fn accumulate<const R: usize, E: super::SimdRowElem>(
+    pub(super) unsafe fn accumulate<const R: usize, E: super::RowElem>(
         y: &mut [f32],
         coefs: [f32; R],
         rows: [&[E]; R],
@@ -172,7 +98,7 @@ mod avx2 {
     /// The CPU must support AVX2; every row holds at least `y.len()` values.
     #[target_feature(enable = "avx2")]
     #[allow(clippy::needless_range_loop)] // plain index loops keep the vectors in registers
-    pub(super) unsafe fn accumulate<const R: usize, E: super::SimdRowElem>(
+    pub(super) unsafe fn accumulate<const R: usize, E: super::RowElem>(
         y: &mut [f32],
         coefs: [f32; R],
         rows: [&[E]; R],

@@ -2,7 +2,7 @@
 //! Mimi, the temporal LM and depformer, the generator). Pure and deterministic: no I/O
 //! beyond the weights handed over by `moshi-loader`, no audio devices, no async runtime.
 
-pub mod accumulate;
+mod accumulate;
 mod error;
 pub mod generator;
 pub mod lm;

@@ -20,9 +20,21 @@ fn bf16_to_f32(bits: u16) -> f32 {
 }
 
 /// A weight element type of the kernels (`u16` = bf16 bits, or `f32`), widened exactly to f32.
-trait WeightElem: Copy {
+pub(crate) trait WeightElem: Copy {
     fn to_f32(self) -> f32;
 }
+
+/// A row element every kernel of this CPU architecture can load: f32, or bf16 bits (`u16`).
+#[cfg(target_arch = "x86_64")]
+pub(crate) trait RowElem: WeightElem + avx2::Load8 + avx512::Load16 {}
+#[cfg(target_arch = "x86_64")]
+impl<T: WeightElem + avx2::Load8 + avx512::Load16> RowElem for T {}
+
+/// A row element every kernel of this CPU architecture can load: f32, or bf16 bits (`u16`).
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) trait RowElem: WeightElem {}
+#[cfg(not(target_arch = "x86_64"))]
+impl<T: WeightElem> RowElem for T {}
 
 impl WeightElem for u16 {
     #[inline(always)]
@@ -82,7 +94,7 @@ pub fn dot_f32_scalar(row: &[f32], x: &[f32]) -> f32 {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(crate) mod avx2 {
     use std::arch::x86_64::*;
 
     use super::LANES;
@@ -99,7 +111,7 @@ mod avx2 {
     }
 
     /// A weight element type the AVX2 kernels load 8 of at once, widened to f32.
-    pub(super) trait Load8: super::WeightElem {
+    pub(crate) trait Load8: super::WeightElem {
         /// # Safety
         /// The CPU must support AVX2; 8 elements must be readable at `p`.
         unsafe fn load8(p: *const Self) -> __m256;
@@ -176,7 +188,7 @@ mod avx2 {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
+pub(crate) mod avx512 {
     use std::arch::x86_64::*;
 
     use super::LANES;
@@ -196,7 +208,7 @@ mod avx512 {
     }
 
     /// A weight element type the AVX-512 kernels load 16 of at once, widened to f32.
-    pub(super) trait Load16: super::WeightElem {
+    pub(crate) trait Load16: super::WeightElem {
         /// # Safety
         /// The CPU must support AVX-512F; 16 elements must be readable at `p`.
         unsafe fn load16(p: *const Self) -> __m512;
@@ -329,16 +341,20 @@ impl Kernel {
         }
     }
 
-    /// `R` f32 rows · x at once, each in the fixed order (the bits of [`dot_f32_scalar`] per
-    /// row); the kernel must be available.
+    /// `R` rows (f32, or bf16 bits) · x at once, each in the fixed order (the bits of the scalar
+    /// dot product per row); the kernel must be available.
     ///
     /// # Panics
     /// If a row's length differs from `x`'s (caller bug).
     #[inline]
-    pub(crate) fn dot_f32_rows<const R: usize>(self, rows: [&[f32]; R], x: &[f32]) -> [f32; R] {
+    pub(crate) fn dot_rows<const R: usize, E: RowElem>(
+        self,
+        rows: [&[E]; R],
+        x: &[f32],
+    ) -> [f32; R] {
         assert!(
             rows.iter().all(|r| r.len() == x.len()),
-            "dot_f32_rows: row and x lengths differ"
+            "dot_rows: row and x lengths differ"
         );
         match self {
             // SAFETY: callers only pass kernels checked with `is_available`; equal lengths.
@@ -346,28 +362,7 @@ impl Kernel {
             Kernel::Avx512 => unsafe { avx512::dotn(rows, x) },
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx2 => unsafe { avx2::dotn(rows, x) },
-            _ => rows.map(|r| dot_f32_scalar(r, x)),
-        }
-    }
-
-    /// `R` bf16 rows · x at once, each in the fixed order (the bits of [`dot_bf16_scalar`] per
-    /// row); the kernel must be available.
-    ///
-    /// # Panics
-    /// If a row's length differs from `x`'s (caller bug).
-    #[inline]
-    pub(crate) fn dot_bf16_rows<const R: usize>(self, rows: [&[u16]; R], x: &[f32]) -> [f32; R] {
-        assert!(
-            rows.iter().all(|r| r.len() == x.len()),
-            "dot_bf16_rows: row and x lengths differ"
-        );
-        match self {
-            // SAFETY: callers only pass kernels checked with `is_available`; equal lengths.
-            #[cfg(target_arch = "x86_64")]
-            Kernel::Avx512 => unsafe { avx512::dotn(rows, x) },
-            #[cfg(target_arch = "x86_64")]
-            Kernel::Avx2 => unsafe { avx2::dotn(rows, x) },
-            _ => rows.map(|r| dot_bf16_scalar(r, x)),
+            _ => rows.map(|r| dot_scalar(r, x)),
         }
     }
 
@@ -546,9 +541,9 @@ mod tests {
             let expected16 = rows16.map(|r| dot_bf16_scalar(r, &x).to_bits());
             for kernel in [Kernel::Scalar, Kernel::Avx2, Kernel::Avx512] {
                 if kernel.is_available() {
-                    let got = kernel.dot_f32_rows(rows, &x).map(f32::to_bits);
+                    let got = kernel.dot_rows(rows, &x).map(f32::to_bits);
                     assert_eq!(got, expected, "{kernel:?} k {k}");
-                    let got16 = kernel.dot_bf16_rows(rows16, &x).map(f32::to_bits);
+                    let got16 = kernel.dot_rows(rows16, &x).map(f32::to_bits);
                     assert_eq!(got16, expected16, "{kernel:?} k {k} bf16");
                 }
             }

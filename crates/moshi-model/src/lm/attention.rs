@@ -6,8 +6,8 @@ use std::cell::RefCell;
 
 use super::kv_cache::{KvCache, KvRows};
 use super::rope::RopeRotation;
-use crate::accumulate::{accumulate_rows, SimdRowElem};
-use crate::matvec::Kernel;
+use crate::accumulate::accumulate_rows;
+use crate::matvec::RowElem;
 use crate::ops::Linear;
 
 /// Above this many cached floats (keys of all heads), heads are processed on several threads.
@@ -16,26 +16,6 @@ const PARALLEL_MIN_CACHE_FLOATS: usize = 1 << 16;
 /// Cached positions per step of both passes: each head's query is loaded once for this many key
 /// rows, and its output loaded and stored once for this many value rows.
 const POSITIONS_PER_STEP: usize = 4;
-
-/// A cached key/value element: f32, or bf16 bits (`u16`).
-trait CachedElem: SimdRowElem + Sync {
-    /// `R` rows · `x`, each in `matvec`'s fixed order.
-    fn dot_rows<const R: usize>(kernel: Kernel, rows: [&[Self]; R], x: &[f32]) -> [f32; R];
-}
-
-impl CachedElem for f32 {
-    #[inline]
-    fn dot_rows<const R: usize>(kernel: Kernel, rows: [&[f32]; R], x: &[f32]) -> [f32; R] {
-        kernel.dot_f32_rows(rows, x)
-    }
-}
-
-impl CachedElem for u16 {
-    #[inline]
-    fn dot_rows<const R: usize>(kernel: Kernel, rows: [&[u16]; R], x: &[f32]) -> [f32; R] {
-        kernel.dot_bf16_rows(rows, x)
-    }
-}
 
 thread_local! {
     /// Scores of the heads a thread attends in the threaded path (reused across calls).
@@ -132,7 +112,7 @@ impl Attention {
     }
     /// `attended` (`[dim]`) = every head's attention from `q` over the `n` cached positions
     /// (`keys`, `values`: `[n, dim]`, f32 or bf16 bits); `scores` is scratch space.
-    fn attend<E: CachedElem>(
+    fn attend<E: RowElem + Sync>(
         &self,
         q: &[f32],
         keys: &[E],
@@ -177,7 +157,7 @@ impl Attention {
 /// over the `n = scores.len() / heads` cached positions. Rows are walked in order so every cached
 /// row is read once, contiguously, for all heads of the group.
 #[allow(clippy::too_many_arguments)]
-fn attend_heads<E: CachedElem>(
+fn attend_heads<E: RowElem + Sync>(
     q: &[f32],
     keys: &[E],
     values: &[E],
@@ -199,7 +179,7 @@ fn attend_heads<E: CachedElem>(
     while j + POSITIONS_PER_STEP <= n {
         let rows: [&[E]; POSITIONS_PER_STEP] = std::array::from_fn(|r| key(j + r));
         for (h, qh) in q.chunks_exact(hd).enumerate() {
-            let dots = E::dot_rows(kernel, rows.map(|k| &k[h * hd..(h + 1) * hd]), qh);
+            let dots = kernel.dot_rows(rows.map(|k| &k[h * hd..(h + 1) * hd]), qh);
             for (r, d) in dots.iter().enumerate() {
                 scores[h * n + j + r] = d * scale;
             }
@@ -209,7 +189,7 @@ fn attend_heads<E: CachedElem>(
     for j in j..n {
         let k = key(j);
         for (h, qh) in q.chunks_exact(hd).enumerate() {
-            scores[h * n + j] = E::dot_rows(kernel, [&k[h * hd..(h + 1) * hd]], qh)[0] * scale;
+            scores[h * n + j] = kernel.dot_rows([&k[h * hd..(h + 1) * hd]], qh)[0] * scale;
         }
     }
     for sh in scores.chunks_exact_mut(n) {
