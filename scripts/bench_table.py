@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Markdown tables (the README "Performance" section) from `moshi-rs bench --json` reports.
+"""Markdown tables (docs/performance.md) from `moshi-rs bench --json` reports.
 
     python3 scripts/bench_table.py bf16.json q8.json q4.json
 

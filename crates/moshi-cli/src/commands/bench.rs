@@ -132,7 +132,7 @@ pub struct BenchArgs {
     /// What to run.
     #[arg(long, value_enum, default_value_t = StageArg::All)]
     stage: StageArg,
-    /// Write the report as JSON (schema: README, "Performance").
+    /// Write the report as JSON (schema: docs/performance.md, "moshi-rs bench --json").
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
     /// Write a Chrome trace (chrome://tracing, Perfetto) of the timed frames' spans.

@@ -1,5 +1,5 @@
-//! The `moshi-rs bench` report: a stable, versioned JSON document (schema in the README,
-//! "Performance" section) and its human-readable rendering.
+//! The `moshi-rs bench` report: a stable, versioned JSON document (schema in docs/performance.md,
+//! "moshi-rs bench --json") and its human-readable rendering.
 //!
 //! Bump [`BENCH_SCHEMA_VERSION`] whenever a field is renamed, removed or changes meaning; adding
 //! a field keeps the version.
