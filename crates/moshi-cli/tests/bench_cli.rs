@@ -152,7 +152,7 @@ fn tiny_random_run_writes_a_consistent_report_and_trace() {
     assert_eq!(r["run"]["mimi_weights"], "f32");
     let kernel = r["run"]["quant_kernel"].as_str().unwrap_or_default();
     assert!(
-        moshi_quant::Kernel::from_name(kernel).is_some_and(|k| k.is_available()),
+        moshi_kernels::Kernel::from_name(kernel).is_some_and(|k| k.is_available()),
         "quant_kernel {kernel:?}"
     );
     assert_eq!(r["run"]["stage"], "all");

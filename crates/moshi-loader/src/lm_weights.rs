@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use moshi_quant::QuantizedMatrix;
+use moshi_kernels::QuantizedMatrix;
 use rayon::prelude::*;
 
 use crate::layout::{detect_kind, CheckpointKind, LmLayout};

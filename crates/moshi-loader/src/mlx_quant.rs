@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use moshi_quant::{QuantizedMatrix, SUPPORTED_BITS, SUPPORTED_GROUP_SIZES};
+use moshi_kernels::{QuantizedMatrix, SUPPORTED_BITS, SUPPORTED_GROUP_SIZES};
 
 use crate::{DType, LoaderError, Result, SafetensorsFile, TensorData};
 

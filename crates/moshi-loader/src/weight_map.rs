@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use moshi_quant::QuantizedMatrix;
+use moshi_kernels::QuantizedMatrix;
 
 use crate::{LoaderError, Result};
 
@@ -13,7 +13,7 @@ pub enum WeightData {
     F32(Vec<f32>),
     /// Raw bf16 bits, kept as stored (upcast to f32 exactly at use).
     BF16(Vec<u16>),
-    /// MLX-affine packed matrix for `moshi-quant` kernels.
+    /// MLX-affine packed matrix for `moshi-kernels` kernels.
     Quantized(QuantizedMatrix),
 }
 

@@ -1,4 +1,4 @@
-//! Cross-checks of `moshi_quant` against the MLX fixtures of `assets/tiny-a`:
+//! Cross-checks of `moshi_kernels` against the MLX fixtures of `assets/tiny-a`:
 //! * quantizing the bf16 PyTorch weights of `model.safetensors` (as gen_mlx.py does: load,
 //!   bf16, `nn.quantize`) reproduces every packed tensor of `model.q4/q8.safetensors` bit for bit;
 //! * dequantization equals `ref/dequant.safetensors` (`dequant_f32` and MLX's native `dequant_bf16`);
@@ -6,8 +6,8 @@
 
 use std::path::PathBuf;
 
+use moshi_kernels::{Kernel, QuantizedMatrix};
 use moshi_loader::{SafetensorsFile, TensorData};
-use moshi_quant::{Kernel, QuantizedMatrix};
 
 /// tiny-a dimensions (MANIFEST.md): temporal layers, depformer layers, steps, codebooks.
 const LAYERS: usize = 2;

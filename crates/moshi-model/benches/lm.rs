@@ -147,7 +147,7 @@ fn lm_benches(c: &mut Criterion) {
     g.finish();
 }
 
-/// One temporal layer at 7B dims with MLX-packed weights (the `moshi-quant` kernels).
+/// One temporal layer at 7B dims with MLX-packed weights (the `moshi-kernels` kernels).
 fn quantized_layer_benches(c: &mut Criterion) {
     let mut g = c.benchmark_group("lm_7b_quantized");
     g.sample_size(10)

@@ -6,7 +6,7 @@ pub enum ModelError {
     #[error(transparent)]
     Loader(#[from] moshi_loader::LoaderError),
     #[error(transparent)]
-    Quant(#[from] moshi_quant::QuantError),
+    Quant(#[from] moshi_kernels::QuantError),
     #[error("bad config: {0}")]
     Config(String),
     #[error("bad input: {0}")]

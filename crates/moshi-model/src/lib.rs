@@ -11,7 +11,7 @@ pub mod mimi;
 pub mod ops;
 pub mod q8_small;
 pub mod rng;
-pub use moshi_quant::team;
+pub use moshi_kernels::team;
 
 pub use error::ModelError;
 

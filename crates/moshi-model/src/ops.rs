@@ -1,8 +1,8 @@
 //! Dense math kernels shared by Mimi and the LM: matrix products against row-major weights,
 //! norms and activations. All activations are f32.
 
+use moshi_kernels::QuantizedMatrix;
 use moshi_loader::{Weight, WeightData};
-use moshi_quant::QuantizedMatrix;
 
 /// `out[m, n] = x[m, k] · w[n, k]ᵀ` (+ `out` if `accumulate`), with `w` row-major `[n, k]`
 /// as stored in PyTorch checkpoints.

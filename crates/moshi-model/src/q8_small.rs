@@ -1,4 +1,4 @@
-//! Few-row products against MLX 8-bit affine weights (a moshi-quant `QuantizedMatrix` with 8 bits):
+//! Few-row products against MLX 8-bit affine weights (a moshi-kernels `QuantizedMatrix` with 8 bits):
 //! every packed weight row is streamed once for all left rows, activations and accumulation stay
 //! f32. This is Mimi's memory-bound per-frame case (1-16 left rows) at ~1.06 bytes per weight
 //! instead of 4, with strided left rows (overlapping convolution windows read in place), a
@@ -8,7 +8,7 @@
 //! dequantized `q · scale + bias` weights (f32 scale and bias from their bf16 bits), summed in a
 //! different order than a scalar loop (f32 rounding only).
 
-use moshi_quant::{bf16_bits_to_f32, QuantizedMatrix};
+use moshi_kernels::{bf16_bits_to_f32, QuantizedMatrix};
 
 use crate::ops::{fma_lanes, par_ranges, reduce_lanes, LANES, PARALLEL_MIN_MACS};
 
@@ -477,7 +477,7 @@ mod tests {
     }
 
     #[test]
-    fn q8_gemm_writes_only_its_strided_outputs_and_agrees_with_moshi_quant() {
+    fn q8_gemm_writes_only_its_strided_outputs_and_agrees_with_moshi_kernels() {
         let (m, k, n, rs_out) = (2, 128, 6, 10);
         let wf = signal(n * k, 0.05);
         let w = QuantizedMatrix::quantize(&wf, n, k, 8, 64).unwrap();
@@ -491,7 +491,7 @@ mod tests {
                 let (x, y) = (out[i * rs_out + j], qmm[i * n + j]);
                 assert!(
                     (x - y).abs() <= 1e-4 * (1.0 + y.abs()),
-                    "({i}, {j}): {x} vs moshi-quant {y}"
+                    "({i}, {j}): {x} vs moshi-kernels {y}"
                 );
             }
         }

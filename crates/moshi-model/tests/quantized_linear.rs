@@ -1,8 +1,8 @@
 //! `Linear::Quantized` runs the packed kernels and agrees with the scalar reference product and
 //! with a dense f32 layer built from the exactly dequantized weights.
 
+use moshi_kernels::QuantizedMatrix;
 use moshi_model::ops::Linear;
-use moshi_quant::QuantizedMatrix;
 
 fn pseudo_random(n: usize, seed: u32) -> Vec<f32> {
     (0..n)

@@ -1,18 +1,18 @@
-//! Peer benchmark: moshi-quant's matrix-vector products against candle's quantized matmul at the
+//! Peer benchmark: moshi-kernels's matrix-vector products against candle's quantized matmul at the
 //! Moshi 7B shapes, interleaved in one process so that both meet the same memory bandwidth.
 //!
 //! On a shared host the read bandwidth drifts by a factor of two between intervals of a few
 //! seconds, so separate runs of two benchmarks compare the intervals as much as the kernels.
-//! Here each round times one pass of candle and one of moshi-quant back to back (alternating
+//! Here each round times one pass of candle and one of moshi-kernels back to back (alternating
 //! which goes first), each pass rotating over ≥ `--rotation-mib` of copies of the matrix so the
 //! weights stream from DRAM as in a decode step. The per-round ratio cancels the drift; the
-//! table reports its median, its range and how many rounds moshi-quant won.
+//! table reports its median, its range and how many rounds moshi-kernels won.
 //!
 //! Pairs: MLX q4 (group 32, 5 bits per weight) against candle's `Q4K` (4.5 b/w, its best 4-bit
 //! k-quant) and `Q4_1` (5 b/w, the same layout as MLX q4g32); MLX q8 (group 64, 8.5 b/w) against
 //! `Q8_0` (8.5 b/w). Both sides quantize the same random matrix. Before timing, each side's
 //! output is checked against its own dequantized weights in f64, and the error printed: candle
-//! rounds the activations to 8 bits, moshi-quant keeps them f32 (VNNI: 24 bits per group).
+//! rounds the activations to 8 bits, moshi-kernels keeps them f32 (VNNI: 24 bits per group).
 //!
 //! `cd scripts/peer-candle && cargo run --release -- [--threads 2] [--rounds 21]
 //! [--rotation-mib 1024] [--formats q4,q8] [--shapes <substring>]`
@@ -22,12 +22,12 @@ use std::time::Instant;
 use candle_core::quantized::ggml_file::qtensor_from_ggml;
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
-use moshi_quant::bandwidth::ReadBuffer;
-use moshi_quant::shapes::{LARGE_SHAPES, MOSHI_7B_MATVEC_SHAPES};
-use moshi_quant::{Kernel, QuantizedMatrix};
+use moshi_kernels::bandwidth::ReadBuffer;
+use moshi_kernels::shapes::{LARGE_SHAPES, MOSHI_7B_MATVEC_SHAPES};
+use moshi_kernels::{Kernel, QuantizedMatrix};
 
 /// (name, in_features, out_features): the 5 temporal-transformer shapes of `cargo bench -p
-/// moshi-quant --bench qmv` and its first 2 depformer ones.
+/// moshi-kernels --bench qmv` and its first 2 depformer ones.
 const SHAPES: &[(&str, usize, usize)] = MOSHI_7B_MATVEC_SHAPES.split_at(LARGE_SHAPES + 2).0;
 
 struct Options {
@@ -122,16 +122,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ""
     };
     // Both run inside `pool`: candle's quantized matmul is a rayon parallel iterator, and
-    // moshi-quant's team takes at most the current pool's thread count.
+    // moshi-kernels's team takes at most the current pool's thread count.
     println!(
-        "moshi-quant kernel {}{eight_bit}; {} threads for both; {} rounds; rotation {} MiB",
+        "moshi-kernels kernel {}{eight_bit}; {} threads for both; {} rounds; rotation {} MiB",
         kernel.name(),
         options.threads,
         options.rounds,
         options.rotation_bytes >> 20
     );
     println!();
-    println!("| shape | candle | candle µs (GB/s) | moshi-quant | moshi-quant µs (GB/s) | ours / candle: median [range] | rounds ours faster | read BW GB/s | check: rel. error candle / ours |");
+    println!("| shape | candle | candle µs (GB/s) | moshi-kernels | moshi-kernels µs (GB/s) | ours / candle: median [range] | rounds ours faster | read BW GB/s | check: rel. error candle / ours |");
     println!("|---|---|---:|---|---:|---:|---:|---:|---|");
     let device = Device::Cpu;
     for format in &options.formats {

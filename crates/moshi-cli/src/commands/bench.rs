@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use moshi_kernels::SUPPORTED_GROUP_SIZES;
 use moshi_loader::tokenizer::TextTokenizer;
 use moshi_loader::{LmConfig, MimiConfig, WeightMap};
 use moshi_model::generator::{Generator, SamplingConfig};
@@ -12,7 +13,6 @@ use moshi_model::lm::kv_cache::KvPrecision;
 use moshi_model::lm::random::{random_lm_weights, RandomWeightKind};
 use moshi_model::lm::LmModel;
 use moshi_model::mimi::{Mimi, MimiWeights};
-use moshi_quant::SUPPORTED_GROUP_SIZES;
 use moshi_runtime::bench::checkpoint::{load_checkpoint_lm, resolve_model};
 use moshi_runtime::bench::extrapolate::extrapolate_to_full_depth;
 use moshi_runtime::bench::format::WeightFormat;
@@ -211,10 +211,10 @@ pub fn run(args: BenchArgs, log_filter: &str) -> Result<()> {
 
 /// One memory read-bandwidth probe of `buffer_mib` MiB with `threads` threads, GB/s.
 fn probe_bandwidth(threads: usize, buffer_mib: usize) -> f64 {
-    moshi_quant::bandwidth::measure_read_bandwidth_gbps_with(
+    moshi_kernels::bandwidth::measure_read_bandwidth_gbps_with(
         threads,
         buffer_mib.max(1) << 20,
-        moshi_quant::bandwidth::DEFAULT_PASSES,
+        moshi_kernels::bandwidth::DEFAULT_PASSES,
     )
 }
 
@@ -295,8 +295,8 @@ fn bench(args: &BenchArgs, threads: usize, totals: &SpanTotals) -> Result<()> {
         m.set_weights(args.mimi_weights);
         eprintln!("Mimi weights: {}", args.mimi_weights);
     }
-    let kernel = moshi_quant::Kernel::detect();
-    let eight_bit = if kernel == moshi_quant::Kernel::Avx512Vnni {
+    let kernel = moshi_kernels::Kernel::detect();
+    let eight_bit = if kernel == moshi_kernels::Kernel::Avx512Vnni {
         "; 8-bit products on the f32 avx512 kernel"
     } else {
         ""
@@ -304,7 +304,7 @@ fn bench(args: &BenchArgs, threads: usize, totals: &SpanTotals) -> Result<()> {
     eprintln!(
         "quantized kernel: {}{eight_bit} (set {} to pick another)",
         kernel.name(),
-        moshi_quant::KERNEL_ENV
+        moshi_kernels::KERNEL_ENV
     );
     let mut processor: Box<dyn FrameProcessor> = match args.stage {
         StageArg::All => {

@@ -1,7 +1,7 @@
 //! Token embedding tables (f32, bf16 or MLX-packed rows), looked up one token at a time.
 
+use moshi_kernels::QuantizedMatrix;
 use moshi_loader::{Weight, WeightData};
-use moshi_quant::QuantizedMatrix;
 
 #[derive(Clone, Debug)]
 enum Table {

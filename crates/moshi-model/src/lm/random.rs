@@ -1,8 +1,8 @@
 //! Deterministic random LM weights of a config's shapes, under the canonical names (for
 //! benchmarks at the real 7B dimensions and for tests that need no checkpoint).
 
+use moshi_kernels::QuantizedMatrix;
 use moshi_loader::{LmConfig, Weight, WeightData, WeightMap};
-use moshi_quant::QuantizedMatrix;
 use rayon::prelude::*;
 
 use crate::rng::Rng;

@@ -5,7 +5,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use moshi_quant::QuantizedMatrix;
+use moshi_kernels::QuantizedMatrix;
 
 use crate::ops::{f32_to_bf16_bits, gemm_nt_bf16, gemm_nt_strided};
 use crate::q8_small::{gemm_nt_q8, Q8_MAX_ROWS};

@@ -1,4 +1,4 @@
-//! moshi-quant: MLX-affine packed weight matrices and the quantized matrix kernels.
+//! moshi-kernels: MLX-affine packed weight matrices and the quantized matrix kernels.
 //!
 //! MLX "affine" quantization stores a `[rows, cols]` matrix as
 //! * `codes`: `u32` words, `cols * bits / 32` per row, element `j` of a row in bits

@@ -5,7 +5,7 @@
 //! orders (and the SIMD kernels round `q·s + b` once, with an FMA). The standard bound for
 //! recursive summation gives `|fast - ref| ≤ (cols + 4) · ε · Σ_j |x_j| (|q_j s| + |b|)`.
 
-use moshi_quant::{
+use moshi_kernels::{
     bf16_bits_to_f32, Kernel, QuantizedMatrix, SUPPORTED_BITS, SUPPORTED_GROUP_SIZES,
 };
 

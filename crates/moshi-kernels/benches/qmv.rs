@@ -11,21 +11,21 @@
 //! time (`/proc/self/stat`; bytes per CPU-second × threads): on a loaded machine that one says
 //! what the kernels do with the cores they actually get.
 //!
-//! `cargo bench -p moshi-quant --bench qmv`
+//! `cargo bench -p moshi-kernels --bench qmv`
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use criterion::{black_box, Criterion, Throughput};
-use moshi_quant::bandwidth::{ReadBuffer, DEFAULT_BUFFER_BYTES};
-use moshi_quant::{Kernel, QuantizedMatrix};
+use moshi_kernels::bandwidth::{ReadBuffer, DEFAULT_BUFFER_BYTES};
+use moshi_kernels::{Kernel, QuantizedMatrix};
 
 /// Bytes each case rotates over by default (well above the last-level cache);
 /// `MOSHI_BENCH_ROTATION_MB=0` keeps one copy (in-cache compute speed).
 const DEFAULT_ROTATION_MB: usize = 1024;
 
 /// (name, in_features, out_features).
-const SHAPES: [(&str, usize, usize); 11] = moshi_quant::shapes::MOSHI_7B_MATVEC_SHAPES;
+const SHAPES: [(&str, usize, usize); 11] = moshi_kernels::shapes::MOSHI_7B_MATVEC_SHAPES;
 
 struct Row {
     case: String,
