@@ -42,8 +42,16 @@ enum Command {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let filter = match tracing_subscriber::EnvFilter::try_new(&cli.log) {
+        Ok(filter) => filter,
+        Err(e) => {
+            eprintln!(
+                "error: --log `{}` is not a log filter ({e}); examples: `info`, `moshi_model=debug`",
+                cli.log
+            );
+            return std::process::ExitCode::from(2);
+        }
+    };
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -1,11 +1,110 @@
-//! Model configs in Kyutai's `config.json` (LM) and `mimi_config.json` (Mimi) formats.
+//! The LM config in Kyutai's `config.json` format, typed (enums for the kinds of gating, norm and
+//! positional embedding) and validated once at load: every size within this engine's limits
+//! ([`limits`]) and every relation the model relies on checked before anything is allocated.
+//! Mimi's config is in [`crate::mimi_config`].
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{LoaderError, Result};
+use crate::config_check::{parse_json, read_config_text, ConfigChecker};
+pub use crate::mimi_config::{
+    ConvNorm, MimiConfig, MimiTransformerConfig, PadMode, QuantizerConfig, SeanetActivation,
+    SeanetConfig, MIMI_V0_1_JSON,
+};
+use crate::Result;
+
+/// The largest values a config may give: generous for any Moshi-family model (the 7B uses a
+/// quarter of each or less), small enough that nothing a config asks for can exhaust memory by
+/// itself. One place for the numbers the LM and Mimi configs are checked against.
+pub mod limits {
+    /// Model width (`dim`, `depformer_dim`, Mimi `d_model`, codebook dimension).
+    pub const MAX_WIDTH: usize = 16_384;
+    /// Feed-forward hidden width.
+    pub const MAX_FEEDFORWARD: usize = 1 << 18;
+    /// Attention heads.
+    pub const MAX_HEADS: usize = 256;
+    /// Transformer layers.
+    pub const MAX_LAYERS: usize = 256;
+    /// Text vocabulary (`text_card`).
+    pub const MAX_TEXT_CARD: usize = 1 << 20;
+    /// Entries per audio codebook (`card`, Mimi `bins`).
+    pub const MAX_CARD: usize = 1 << 16;
+    /// Audio codebooks (`n_q`).
+    pub const MAX_CODEBOOKS: usize = 64;
+    /// Delay of one stream, in steps (80 ms each for Moshi: about 5.5 minutes).
+    pub const MAX_DELAY_STEPS: usize = 4096;
+    /// Attention window (`context`), in steps: 65536 LM steps are 87 minutes of conversation.
+    pub const MAX_CONTEXT_STEPS: usize = 1 << 16;
+    /// RoPE `max_period`.
+    pub const MAX_ROPE_PERIOD: f64 = 1e9;
+    /// `hidden_scale`.
+    pub const MAX_HIDDEN_SCALE: f64 = 64.0;
+    /// Parameters of the whole LM (the 7B has 7.7 billion).
+    pub const MAX_PARAMETERS: u64 = 64_000_000_000;
+    /// Bytes of the f32 KV caches at a full attention window, all layers (3.1 GB for the 7B).
+    pub const MAX_KV_CACHE_BYTES: u64 = 64 << 30;
+    /// Audio sample rate.
+    pub const MAX_SAMPLE_RATE_HZ: usize = 384_000;
+    /// Samples per codec frame (Mimi: 1920).
+    pub const MAX_FRAME_SAMPLES: usize = 1 << 20;
+    /// Convolution kernel size, in taps.
+    pub const MAX_KERNEL_SIZE: usize = 1024;
+    /// SEANet stride ratios and their count.
+    pub const MAX_SEANET_RATIO: usize = 64;
+    pub const MAX_SEANET_STAGES: usize = 16;
+    /// SEANet residual blocks per stage and the dilation growth between them.
+    pub const MAX_RESIDUAL_LAYERS: usize = 16;
+    pub const MAX_DILATION_BASE: usize = 16;
+    /// The largest dilated reach of one SEANet convolution (`(kernel - 1) x dilation`), in steps.
+    pub const MAX_CONV_REACH: u64 = 1 << 16;
+}
+
+use limits::*;
+
+/// `gating`: the feed-forward block of a transformer layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Gating {
+    /// SiLU-gated (SwiGLU): `linear_out(silu(a) * b)` with `[a, b] = linear_in(x)` (the LM's).
+    Silu,
+    /// No gating: `linear2(gelu(linear1(x)))` (Mimi's transformer).
+    None,
+}
+
+/// `norm`: the normalisation of a transformer layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NormKind {
+    /// RMSNorm, eps 1e-5.
+    RmsNorm,
+    /// RMSNorm computed in f32, eps 1e-8 (the 7B's).
+    RmsNormF32,
+    /// LayerNorm with bias, eps 1e-5 (Mimi's transformer).
+    LayerNorm,
+}
+
+impl NormKind {
+    /// The name in Kyutai's configs.
+    pub fn name(self) -> &'static str {
+        match self {
+            NormKind::RmsNorm => "rms_norm",
+            NormKind::RmsNormF32 => "rms_norm_f32",
+            NormKind::LayerNorm => "layer_norm",
+        }
+    }
+}
+
+/// `positional_embedding` / `depformer_pos_emb`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PositionalEmbedding {
+    /// Rotary embedding with interleaved pairs.
+    Rope,
+    /// None (the depformer's).
+    None,
+}
 
 /// The LM hyper-parameters (`loaders._lm_kwargs` keys) plus the repo file names.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -30,11 +129,11 @@ pub struct LmConfig {
     #[serde(default = "default_max_period")]
     pub max_period: f64,
     #[serde(default = "default_gating")]
-    pub gating: String,
+    pub gating: Gating,
     #[serde(default = "default_norm")]
-    pub norm: String,
+    pub norm: NormKind,
     #[serde(default = "default_pos_emb")]
-    pub positional_embedding: String,
+    pub positional_embedding: PositionalEmbedding,
     pub depformer_dim: usize,
     pub depformer_dim_feedforward: usize,
     pub depformer_num_heads: usize,
@@ -48,9 +147,9 @@ pub struct LmConfig {
     #[serde(default = "default_max_period")]
     pub depformer_max_period: f64,
     #[serde(default = "default_gating")]
-    pub depformer_gating: String,
+    pub depformer_gating: Gating,
     #[serde(default = "default_dep_pos_emb")]
-    pub depformer_pos_emb: String,
+    pub depformer_pos_emb: PositionalEmbedding,
     #[serde(default = "default_true")]
     pub depformer_weights_per_step: bool,
     pub delays: Vec<usize>,
@@ -78,101 +177,253 @@ fn default_true() -> bool {
 fn default_max_period() -> f64 {
     10000.0
 }
-fn default_gating() -> String {
-    "silu".into()
+fn default_gating() -> Gating {
+    Gating::Silu
 }
-fn default_norm() -> String {
-    "rms_norm_f32".into()
+fn default_norm() -> NormKind {
+    NormKind::RmsNormF32
 }
-fn default_pos_emb() -> String {
-    "rope".into()
+fn default_pos_emb() -> PositionalEmbedding {
+    PositionalEmbedding::Rope
 }
-fn default_dep_pos_emb() -> String {
-    "none".into()
+fn default_dep_pos_emb() -> PositionalEmbedding {
+    PositionalEmbedding::None
 }
 
 impl LmConfig {
     /// Hidden width of the temporal SiLU-gated FFN (11264 for the 7B): `2 * int(hidden_scale * dim) / 3`.
     pub fn hidden_dim(&self) -> usize {
-        2 * ((self.hidden_scale * self.dim as f64) as usize) / 3
+        ((self.hidden_scale * self.dim as f64) as usize).saturating_mul(2) / 3
     }
     /// Hidden width of the depformer FFN (2816 for the 7B): `2 * depformer_dim_feedforward / 3`.
     pub fn depformer_hidden_dim(&self) -> usize {
-        2 * self.depformer_dim_feedforward / 3
+        self.depformer_dim_feedforward.saturating_mul(2) / 3
     }
     /// Number of audio codebooks of the user stream (n_q - dep_q).
     pub fn user_codebooks(&self) -> usize {
-        self.n_q - self.dep_q
+        self.n_q.saturating_sub(self.dep_q)
     }
     pub fn max_delay(&self) -> usize {
         self.delays.iter().copied().max().unwrap_or(0)
     }
 
-    /// Parses a config from JSON text; `origin` names the file in errors.
+    /// Parses a config from JSON text and validates it; `origin` names the file in errors.
     pub fn from_json_str(text: &str, origin: &Path) -> Result<Self> {
-        let cfg: Self = serde_json::from_str(text).map_err(|e| LoaderError::BadConfig {
-            path: origin.to_path_buf(),
-            reason: e.to_string(),
-        })?;
+        let cfg: Self = parse_json(text, origin)?;
         cfg.validate(origin)?;
         Ok(cfg)
     }
 
-    /// Reads and validates a `config.json`.
+    /// Reads (at most [`crate::MAX_CONFIG_BYTES`]) and validates a `config.json`.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|e| LoaderError::io(path, e))?;
-        Self::from_json_str(&text, path)
+        Self::from_json_str(&read_config_text(path)?, path)
     }
 
-    /// Checks the relations between fields that the model relies on.
+    /// Checks every size against [`limits`] and every relation between keys the model relies
+    /// on, so that building the model from a config that passes allocates only what the config
+    /// plainly asks for. Errors name `origin`, the key, its value and the accepted range.
     pub fn validate(&self, origin: &Path) -> Result<()> {
-        let bad = |reason: String| {
-            Err(LoaderError::BadConfig {
-                path: origin.to_path_buf(),
-                reason,
-            })
-        };
-        if self.delays.len() != self.n_q + 1 {
-            return bad(format!(
+        let c = ConfigChecker::new(origin);
+        c.count("dim", self.dim, 1, MAX_WIDTH)?;
+        c.count("num_heads", self.num_heads, 1, MAX_HEADS)?;
+        c.count("num_layers", self.num_layers, 1, MAX_LAYERS)?;
+        c.real("hidden_scale", self.hidden_scale, 0.0, MAX_HIDDEN_SCALE)?;
+        c.count("text_card", self.text_card, 1, MAX_TEXT_CARD)?;
+        c.count("card", self.card, 1, MAX_CARD)?;
+        c.count("n_q", self.n_q, 1, MAX_CODEBOOKS)?;
+        c.count("dep_q", self.dep_q, 1, MAX_CODEBOOKS)?;
+        c.count("context", self.context, 1, MAX_CONTEXT_STEPS)?;
+        c.real("max_period", self.max_period, 1.0, MAX_ROPE_PERIOD)?;
+        c.count("depformer_dim", self.depformer_dim, 1, MAX_WIDTH)?;
+        c.count(
+            "depformer_num_heads",
+            self.depformer_num_heads,
+            1,
+            MAX_HEADS,
+        )?;
+        c.count(
+            "depformer_num_layers",
+            self.depformer_num_layers,
+            1,
+            MAX_LAYERS,
+        )?;
+        c.count(
+            "depformer_dim_feedforward",
+            self.depformer_dim_feedforward,
+            2,
+            MAX_FEEDFORWARD,
+        )?;
+        c.real(
+            "depformer_max_period",
+            self.depformer_max_period,
+            1.0,
+            MAX_ROPE_PERIOD,
+        )?;
+        if let Some(ctx) = self.depformer_context {
+            c.count("depformer_context", ctx, 0, MAX_CONTEXT_STEPS)?;
+        }
+        for (i, &d) in self.delays.iter().enumerate() {
+            c.count(&format!("delays[{i}]"), d, 0, MAX_DELAY_STEPS)?;
+        }
+        for (key, id) in [
+            ("existing_text_padding_id", self.existing_text_padding_id),
+            (
+                "existing_text_end_padding_id",
+                self.existing_text_end_padding_id,
+            ),
+        ] {
+            c.count(key, id as usize, 0, self.text_card - 1)?;
+        }
+
+        for (key, gating) in [
+            ("gating", self.gating),
+            ("depformer_gating", self.depformer_gating),
+        ] {
+            if gating != Gating::Silu {
+                return Err(c.unsupported(
+                    key,
+                    format!("{gating:?}").to_lowercase(),
+                    "the LM's feed-forward is SiLU-gated: silu",
+                ));
+            }
+        }
+        if !matches!(self.norm, NormKind::RmsNorm | NormKind::RmsNormF32) {
+            return Err(c.unsupported(
+                "norm",
+                self.norm.name().into(),
+                "the LM uses rms_norm or rms_norm_f32",
+            ));
+        }
+        for (key, scale) in [
+            ("layer_scale", self.layer_scale),
+            ("depformer_layer_scale", self.depformer_layer_scale),
+        ] {
+            if let Some(v) = scale {
+                return Err(c.unsupported(
+                    key,
+                    v.to_string(),
+                    "the LM's canonical weights have no layer scale: null",
+                ));
+            }
+        }
+        if !self.causal {
+            return Err(c.unsupported("causal", "false".into(), "a streaming LM is causal: true"));
+        }
+
+        c.ensure(self.delays.len() == self.n_q + 1, || {
+            format!(
                 "`delays` has {} entries, expected n_q + 1 = {}",
                 self.delays.len(),
                 self.n_q + 1
-            ));
+            )
+        })?;
+        c.ensure(self.dep_q <= self.n_q, || {
+            format!("dep_q {} is larger than n_q {}", self.dep_q, self.n_q)
+        })?;
+        for (dim_key, dim, heads_key, heads, pos) in [
+            (
+                "dim",
+                self.dim,
+                "num_heads",
+                self.num_heads,
+                self.positional_embedding,
+            ),
+            (
+                "depformer_dim",
+                self.depformer_dim,
+                "depformer_num_heads",
+                self.depformer_num_heads,
+                self.depformer_pos_emb,
+            ),
+        ] {
+            c.ensure(dim.is_multiple_of(heads), || {
+                format!("{dim_key} {dim} is not divisible by {heads_key} {heads}")
+            })?;
+            c.ensure(
+                pos != PositionalEmbedding::Rope || (dim / heads).is_multiple_of(2),
+                || {
+                    format!(
+                    "RoPE needs an even head dimension, {dim_key} {dim} / {heads_key} {heads} = {}",
+                    dim / heads
+                )
+                },
+            )?;
         }
-        if self.dep_q > self.n_q {
-            return bad(format!(
-                "dep_q {} is larger than n_q {}",
-                self.dep_q, self.n_q
-            ));
-        }
-        if self.num_heads == 0 || !self.dim.is_multiple_of(self.num_heads) {
-            return bad(format!(
-                "dim {} is not divisible by num_heads {}",
-                self.dim, self.num_heads
-            ));
-        }
-        if self.depformer_num_heads == 0
-            || !self.depformer_dim.is_multiple_of(self.depformer_num_heads)
-        {
-            return bad(format!(
-                "depformer_dim {} is not divisible by depformer_num_heads {}",
-                self.depformer_dim, self.depformer_num_heads
-            ));
-        }
-        if self.gating != "silu" || self.depformer_gating != "silu" {
-            return bad(format!(
-                "only silu gating is supported, got {} / {}",
-                self.gating, self.depformer_gating
-            ));
-        }
-        if !self.norm.starts_with("rms_norm") {
-            return bad(format!(
-                "only rms_norm / rms_norm_f32 is supported, got {}",
-                self.norm
-            ));
-        }
+        c.ensure(
+            (1..=MAX_FEEDFORWARD).contains(&self.hidden_dim()),
+            || {
+                format!(
+                    "hidden_scale {} x dim {} gives a feed-forward width of {}, expected 1 to {MAX_FEEDFORWARD}",
+                    self.hidden_scale,
+                    self.dim,
+                    self.hidden_dim()
+                )
+            },
+        )?;
+        // Every size is bounded above, so these products fit a u64.
+        let params = self.parameter_count();
+        c.ensure(params <= MAX_PARAMETERS, || {
+            format!(
+                "the config describes an LM of {params} parameters, above this engine's limit of {MAX_PARAMETERS}"
+            )
+        })?;
+        c.product(
+            "the f32 KV caches at a full window (context x dim x 2 x 4 bytes x num_layers)",
+            &[
+                self.context as u64,
+                self.dim as u64,
+                8,
+                self.num_layers as u64,
+            ],
+            MAX_KV_CACHE_BYTES,
+        )?;
         Ok(())
+    }
+
+    /// Parameters of the LM this config describes (temporal transformer, embeddings, text head,
+    /// depformer); saturates instead of overflowing for a config that did not pass
+    /// [`LmConfig::validate`].
+    pub fn parameter_count(&self) -> u64 {
+        let mul = |f: &[usize]| f.iter().fold(1u64, |acc, &x| acc.saturating_mul(x as u64));
+        let sum = |t: &[u64]| t.iter().fold(0u64, |acc, &x| acc.saturating_add(x));
+        // Attention (in_proj 3 d^2, out_proj d^2) and gated feed-forward (3 d hidden).
+        let layer = |d: usize, hidden: usize| sum(&[mul(&[4, d, d]), mul(&[3, d, hidden])]);
+        let (dim, ddim) = (self.dim, self.depformer_dim);
+        let (text_rows, audio_rows) = (
+            self.text_card.saturating_add(1),
+            self.card.saturating_add(1),
+        );
+        // Embeddings, text head, the layers with their two norms each, the output norm.
+        let temporal = sum(&[
+            mul(&[text_rows, dim]),
+            mul(&[self.n_q, audio_rows, dim]),
+            mul(&[self.text_card, dim]),
+            dim as u64,
+            mul(&[self.num_layers])
+                .saturating_mul(sum(&[layer(dim, self.hidden_dim()), mul(&[2, dim])])),
+        ]);
+        // Each depformer step: input projection, embedding, layers, output head; step 0 embeds
+        // the text token, the others the previous audio token. The layers' norms are shared by
+        // the steps (as the release stores them).
+        let step = |emb_rows: usize| {
+            sum(&[
+                mul(&[dim, ddim]),
+                mul(&[emb_rows, ddim]),
+                mul(&[self.depformer_num_layers])
+                    .saturating_mul(layer(ddim, self.depformer_hidden_dim())),
+                mul(&[self.card, ddim]),
+            ])
+        };
+        let depformer = match self.dep_q {
+            0 => 0,
+            n => sum(&[
+                step(text_rows),
+                mul(&[n - 1]).saturating_mul(step(audio_rows)),
+                mul(&[self.depformer_num_layers, 2, ddim]),
+            ]),
+        };
+        sum(&[temporal, depformer])
     }
 
     /// The built-in moshiko/moshika v0.1 7B config (`configs/moshiko-7b.json`).
@@ -184,96 +435,3 @@ impl LmConfig {
 
 /// The 7B config shipped in the repo, embedded.
 pub const MOSHIKO_7B_JSON: &str = include_str!("../../../configs/moshiko-7b.json");
-/// The real Mimi config shipped in the repo, embedded.
-pub const MIMI_V0_1_JSON: &str = include_str!("../../../configs/mimi-v0_1.json");
-
-/// SEANet part of the Mimi config.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct SeanetConfig {
-    pub channels: usize,
-    pub dimension: usize,
-    pub causal: bool,
-    pub n_filters: usize,
-    pub n_residual_layers: usize,
-    pub activation: String,
-    pub compress: usize,
-    pub dilation_base: usize,
-    #[serde(default)]
-    pub disable_norm_outer_blocks: usize,
-    pub kernel_size: usize,
-    pub residual_kernel_size: usize,
-    pub last_kernel_size: usize,
-    #[serde(default)]
-    pub norm: String,
-    pub pad_mode: String,
-    pub ratios: Vec<usize>,
-    pub true_skip: bool,
-}
-
-/// Split RVQ part of the Mimi config.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct QuantizerConfig {
-    pub dimension: usize,
-    pub n_q: usize,
-    pub bins: usize,
-    pub input_dimension: usize,
-    pub output_dimension: usize,
-}
-
-/// Transformer part of the Mimi config.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct MimiTransformerConfig {
-    pub d_model: usize,
-    pub num_heads: usize,
-    pub num_layers: usize,
-    pub causal: bool,
-    pub layer_scale: Option<f64>,
-    pub context: usize,
-    pub conv_layout: bool,
-    pub max_period: f64,
-    pub gating: String,
-    pub norm: String,
-    pub positional_embedding: String,
-    pub dim_feedforward: usize,
-    pub input_dimension: usize,
-    pub output_dimensions: Vec<usize>,
-}
-
-/// `mimi_config.json` (same dict shape as `loaders._mimi_config`).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct MimiConfig {
-    pub sample_rate: usize,
-    pub channels: usize,
-    pub frame_rate: f64,
-    pub seanet: SeanetConfig,
-    pub quantizer: QuantizerConfig,
-    pub transformer: MimiTransformerConfig,
-    #[serde(flatten)]
-    pub unknown: BTreeMap<String, serde_json::Value>,
-}
-
-impl MimiConfig {
-    /// Samples per codec frame (1920 at 24 kHz / 12.5 Hz).
-    pub fn frame_size_samples(&self) -> usize {
-        (self.sample_rate as f64 / self.frame_rate).round() as usize
-    }
-
-    pub fn from_json_str(text: &str, origin: &Path) -> Result<Self> {
-        serde_json::from_str(text).map_err(|e| LoaderError::BadConfig {
-            path: origin.to_path_buf(),
-            reason: e.to_string(),
-        })
-    }
-
-    pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
-        let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|e| LoaderError::io(path, e))?;
-        Self::from_json_str(&text, path)
-    }
-
-    /// The real Mimi (`tokenizer-e351c8d8-checkpoint125.safetensors`) config.
-    pub fn v0_1() -> Self {
-        Self::from_json_str(MIMI_V0_1_JSON, Path::new("<built-in mimi-v0_1>"))
-            .expect("built-in config is valid")
-    }
-}

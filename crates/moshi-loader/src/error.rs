@@ -3,12 +3,14 @@
 use std::path::PathBuf;
 
 /// Everything that can go wrong while finding or reading checkpoints, configs and tokenizers.
+/// An underlying I/O error is part of the message (`cause`), not a separate `source`, so that a
+/// printed chain says it once.
 #[derive(Debug, thiserror::Error)]
 pub enum LoaderError {
-    #[error("{path}: {source}")]
+    #[error("{path}: {cause}")]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     #[error("{path}: not a safetensors file: {reason}")]
     BadSafetensors { path: PathBuf, reason: String },
@@ -50,8 +52,43 @@ pub enum LoaderError {
     UnknownFormat { path: PathBuf, reason: String },
     #[error("{path}: bad config: {reason}")]
     BadConfig { path: PathBuf, reason: String },
+    #[error("{path}: config key `{key}`: {reason}")]
+    ConfigValue {
+        path: PathBuf,
+        key: String,
+        reason: String,
+    },
+    #[error("{path}: config key `{key}` is {value}, expected {expected}")]
+    ConfigOutOfRange {
+        path: PathBuf,
+        key: String,
+        value: String,
+        expected: String,
+    },
+    #[error(
+        "{path}: config key `{key}` is {value}, which this engine does not support ({supported})"
+    )]
+    ConfigUnsupported {
+        path: PathBuf,
+        key: String,
+        value: String,
+        supported: String,
+    },
     #[error("{path}: checkpoint does not match the config: {reason}")]
     ConfigMismatch { path: PathBuf, reason: String },
+    #[error("cannot write {path}: {cause}")]
+    Write {
+        path: PathBuf,
+        cause: std::io::Error,
+    },
+    #[error("{output}: is the same file as the input {input}; refusing to overwrite an input")]
+    OutputIsInput { output: PathBuf, input: PathBuf },
+    #[error("{path}: more than {limit_bytes} bytes, too large for {what}")]
+    InputTooLarge {
+        path: PathBuf,
+        what: &'static str,
+        limit_bytes: u64,
+    },
     #[error("{path}: bad .npy file: {reason}")]
     BadNpy { path: PathBuf, reason: String },
     #[error("{path}: bad tokenizer: {reason}")]
@@ -69,10 +106,10 @@ pub enum LoaderError {
 }
 
 impl LoaderError {
-    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+    pub(crate) fn io(path: impl Into<PathBuf>, cause: std::io::Error) -> Self {
         Self::Io {
             path: path.into(),
-            source,
+            cause,
         }
     }
 }

@@ -2,8 +2,8 @@
 //! Kyutai MLX releases (`model.q4/q8.safetensors`): packed U32 `.weight` + bf16 `.scales` /
 //! `.biases`, 1-D bf16 norms; names from the same table the loader reads MLX files with.
 
+use crate::output_file::OutputFile;
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::Path;
 
 use crate::layout::LmLayout;
@@ -109,9 +109,9 @@ fn entries<'a>(
     Ok(map)
 }
 
-/// Writes `weights` (every Linear/Embedding `Quantized`) to `out` in the MLX release layout.
-/// Atomic: the data goes to a temporary file in the same folder, renamed over `out` at the end;
-/// on any error nothing is left at `out`.
+/// Writes `weights` (every Linear/Embedding `Quantized`) to `out` in the MLX release layout,
+/// through [`OutputFile`]: complete or absent, mode 0666 minus the umask, a device written in
+/// place.
 pub fn write_mlx_quantized(weights: &WeightMap, cfg: &LmConfig, out: &Path) -> Result<()> {
     let entries = entries(weights, cfg, out)?;
     let mut header = serde_json::Map::new();
@@ -132,26 +132,12 @@ pub fn write_mlx_quantized(weights: &WeightMap, cfg: &LmConfig, out: &Path) -> R
     while !header_bytes.len().is_multiple_of(8) {
         header_bytes.push(b' ');
     }
-    let dir = out
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| LoaderError::io(dir, e))?;
-    {
-        let mut w = std::io::BufWriter::new(tmp.as_file());
-        let io = |e| LoaderError::io(out, e);
-        w.write_all(&(header_bytes.len() as u64).to_le_bytes())
-            .map_err(io)?;
-        w.write_all(&header_bytes).map_err(io)?;
-        for e in entries.values() {
-            w.write_all(&(e.bytes)()).map_err(io)?;
-        }
-        w.flush().map_err(io)?;
+    let mut file = OutputFile::create(out)?;
+    file.write_bytes(&(header_bytes.len() as u64).to_le_bytes())?;
+    file.write_bytes(&header_bytes)?;
+    for e in entries.values() {
+        file.write_bytes(&(e.bytes)())?;
     }
-    tmp.as_file()
-        .sync_all()
-        .map_err(|e| LoaderError::io(out, e))?;
-    tmp.persist(out)
-        .map_err(|e| LoaderError::io(out, e.error))?;
+    file.commit()?;
     Ok(())
 }

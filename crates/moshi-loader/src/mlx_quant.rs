@@ -14,12 +14,15 @@ pub struct QuantParams {
     pub group_size: usize,
 }
 
-/// True when `{prefix}.weight` is a packed MLX matrix (U32 with a `.scales` sibling).
+/// True when `{prefix}.weight` is a packed MLX matrix: U32 codes (a weight is never stored as
+/// U32 otherwise), or a `.scales` sibling. Its `.scales` and `.biases` may still be missing:
+/// [`derive_quant_params`] then names the missing tensor.
 pub fn is_packed(file: &SafetensorsFile, prefix: &str) -> bool {
     file.tensors()
         .get(&format!("{prefix}.weight"))
         .is_some_and(|i| i.dtype == DType::U32)
-        && file.contains(&format!("{prefix}.scales"))
+        || (file.contains(&format!("{prefix}.weight"))
+            && file.contains(&format!("{prefix}.scales")))
 }
 
 /// Derives bits (`32 * packed_cols / in_dim`) and group size (`in_dim / scale_cols`) of the packed

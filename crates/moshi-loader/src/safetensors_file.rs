@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use crate::input_file::{check_input_file, InputKind};
 use crate::{DType, LoaderError, Result, Tensor, TensorData};
 
 /// Largest header accepted (the format's own limit is 100 MB).
@@ -48,129 +49,179 @@ fn parse_dtype(s: &str) -> Option<DType> {
     })
 }
 
+/// What the header of a safetensors file says, validated against the file's size.
+struct ParsedHeader {
+    data_offset: usize,
+    tensors: BTreeMap<String, TensorInfo>,
+    metadata: BTreeMap<String, String>,
+}
+
+/// Parses and validates the header of the safetensors file `bytes` (the whole file): header
+/// length, JSON, dtypes, every tensor's bytes inside the data section, matching its shape and
+/// overlapping no other tensor's.
+fn parse_header(bytes: &[u8], path: &Path) -> Result<ParsedHeader> {
+    let bad = |reason: String| LoaderError::BadSafetensors {
+        path: path.to_path_buf(),
+        reason,
+    };
+    if bytes.starts_with(b"GGUF") {
+        return Err(bad(
+            "this is a GGUF file (such as kyutai/moshiko-candle-q8), which moshi-rs does not read; use the MLX q8 \
+             release (kyutai/moshiko-mlx-q8) or a safetensors checkpoint"
+                .into(),
+        ));
+    }
+    if bytes.len() < 8 {
+        return Err(bad(format!(
+            "file has {} bytes, less than the 8-byte header length",
+            bytes.len()
+        )));
+    }
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes"));
+    if header_len > MAX_HEADER_BYTES as u64 {
+        return Err(bad(format!(
+            "header length {header_len} is implausible (limit {MAX_HEADER_BYTES})"
+        )));
+    }
+    let header_len = header_len as usize;
+    if 8 + header_len > bytes.len() {
+        return Err(LoaderError::Truncated {
+            path: path.to_path_buf(),
+            expected: 8 + header_len,
+            got: bytes.len(),
+        });
+    }
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + header_len])
+        .map_err(|e| bad(format!("header is not valid JSON: {e}")))?;
+    let obj = header
+        .as_object()
+        .ok_or_else(|| bad("header is not a JSON object".into()))?;
+    let data_offset = 8 + header_len;
+    let data_len = bytes.len() - data_offset;
+    let mut tensors = BTreeMap::new();
+    let mut metadata = BTreeMap::new();
+    let mut needed = 0usize;
+    for (name, value) in obj {
+        if name == "__metadata__" {
+            if let Some(m) = value.as_object() {
+                for (k, v) in m {
+                    metadata.insert(k.clone(), v.as_str().unwrap_or_default().to_string());
+                }
+            }
+            continue;
+        }
+        let entry_err = |what: &str| LoaderError::BadTensor {
+            path: path.to_path_buf(),
+            name: name.clone(),
+            reason: format!("header entry {what}"),
+        };
+        let dtype_str = value
+            .get("dtype")
+            .and_then(|d| d.as_str())
+            .ok_or_else(|| entry_err("has no dtype"))?;
+        let dtype = parse_dtype(dtype_str)
+            .ok_or_else(|| entry_err(&format!("has unsupported dtype {dtype_str}")))?;
+        let shape: Vec<usize> = value
+            .get("shape")
+            .and_then(|s| s.as_array())
+            .ok_or_else(|| entry_err("has no shape"))?
+            .iter()
+            .map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok()))
+            .collect::<Option<_>>()
+            .ok_or_else(|| entry_err("has a non-integer dimension"))?;
+        let offsets = value
+            .get("data_offsets")
+            .and_then(|o| o.as_array())
+            .filter(|o| o.len() == 2)
+            .ok_or_else(|| entry_err("has no data_offsets pair"))?;
+        let offset = |i: usize, what: &str| {
+            offsets[i]
+                .as_u64()
+                .and_then(|o| usize::try_from(o).ok())
+                .ok_or_else(|| entry_err(what))
+        };
+        let start = offset(0, "has a bad start offset")?;
+        let end = offset(1, "has a bad end offset")?;
+        let nbytes = shape
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d))
+            .and_then(|n| n.checked_mul(dtype.size_bytes()))
+            .ok_or_else(|| entry_err(&format!("has shape {shape:?}, too large to address")))?;
+        if end < start || end - start != nbytes {
+            return Err(LoaderError::BadTensor {
+                path: path.to_path_buf(),
+                name: name.clone(),
+                reason: format!(
+                    "shape {shape:?} of {dtype} needs {nbytes} bytes, data_offsets give {}",
+                    end.saturating_sub(start)
+                ),
+            });
+        }
+        needed = needed.max(end);
+        tensors.insert(
+            name.clone(),
+            TensorInfo {
+                dtype,
+                shape,
+                data_start: start,
+                data_end: end,
+            },
+        );
+    }
+    if needed > data_len {
+        return Err(LoaderError::Truncated {
+            path: path.to_path_buf(),
+            expected: needed,
+            got: data_len,
+        });
+    }
+    check_no_overlap(&tensors, path)?;
+    Ok(ParsedHeader {
+        data_offset,
+        tensors,
+        metadata,
+    })
+}
+
+/// Fails when two tensors' byte ranges overlap (a tensor read would then see another's bytes).
+fn check_no_overlap(tensors: &BTreeMap<String, TensorInfo>, path: &Path) -> Result<()> {
+    let mut ranges: Vec<(&str, &TensorInfo)> = tensors
+        .iter()
+        .filter(|(_, t)| t.data_end > t.data_start)
+        .map(|(n, t)| (n.as_str(), t))
+        .collect();
+    ranges.sort_by_key(|(_, t)| (t.data_start, t.data_end));
+    for pair in ranges.windows(2) {
+        let ((a, ta), (b, tb)) = (pair[0], pair[1]);
+        if tb.data_start < ta.data_end {
+            return Err(LoaderError::BadTensor {
+                path: path.to_path_buf(),
+                name: b.to_string(),
+                reason: format!(
+                    "its data_offsets [{}, {}) overlap those of `{a}` [{}, {})",
+                    tb.data_start, tb.data_end, ta.data_start, ta.data_end
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 impl SafetensorsFile {
-    /// Opens and validates `path`: header length, JSON, dtypes, and that every tensor's bytes
-    /// lie inside the file and match its shape.
+    /// Opens and validates `path` (a regular file): header length, JSON, dtypes, and that every
+    /// tensor's bytes lie inside the file, match its shape and overlap no other tensor's.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
+        check_input_file(&path, InputKind::RegularFile)?;
         let file = std::fs::File::open(&path).map_err(|e| LoaderError::io(&path, e))?;
         // SAFETY: the file is opened read-only; like every mmap-based loader we assume it is not
         // modified while mapped.
         let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| LoaderError::io(&path, e))?;
-        let bad = |reason: String| LoaderError::BadSafetensors {
-            path: path.clone(),
-            reason,
-        };
-        if mmap.starts_with(b"GGUF") {
-            return Err(bad(
-                "this is a GGUF file (such as kyutai/moshiko-candle-q8), which moshi-rs does not read; use the MLX q8 \
-                 release (kyutai/moshiko-mlx-q8) or a safetensors checkpoint"
-                    .into(),
-            ));
-        }
-        if mmap.len() < 8 {
-            return Err(bad(format!(
-                "file has {} bytes, less than the 8-byte header length",
-                mmap.len()
-            )));
-        }
-        let header_len = u64::from_le_bytes(mmap[..8].try_into().expect("8 bytes")) as usize;
-        if header_len > MAX_HEADER_BYTES {
-            return Err(bad(format!(
-                "header length {header_len} is implausible (limit {MAX_HEADER_BYTES})"
-            )));
-        }
-        if 8 + header_len > mmap.len() {
-            return Err(LoaderError::Truncated {
-                path,
-                expected: 8 + header_len,
-                got: mmap.len(),
-            });
-        }
-        let header: serde_json::Value = serde_json::from_slice(&mmap[8..8 + header_len])
-            .map_err(|e| bad(format!("header is not valid JSON: {e}")))?;
-        let obj = header
-            .as_object()
-            .ok_or_else(|| bad("header is not a JSON object".into()))?;
-        let data_offset = 8 + header_len;
-        let data_len = mmap.len() - data_offset;
-        let mut tensors = BTreeMap::new();
-        let mut metadata = BTreeMap::new();
-        let mut needed = 0usize;
-        for (name, value) in obj {
-            if name == "__metadata__" {
-                if let Some(m) = value.as_object() {
-                    for (k, v) in m {
-                        metadata.insert(k.clone(), v.as_str().unwrap_or_default().to_string());
-                    }
-                }
-                continue;
-            }
-            let entry_err = |what: &str| LoaderError::BadTensor {
-                path: path.clone(),
-                name: name.clone(),
-                reason: format!("header entry {what}"),
-            };
-            let dtype_str = value
-                .get("dtype")
-                .and_then(|d| d.as_str())
-                .ok_or_else(|| entry_err("has no dtype"))?;
-            let dtype = parse_dtype(dtype_str)
-                .ok_or_else(|| entry_err(&format!("has unsupported dtype {dtype_str}")))?;
-            let shape: Vec<usize> = value
-                .get("shape")
-                .and_then(|s| s.as_array())
-                .ok_or_else(|| entry_err("has no shape"))?
-                .iter()
-                .map(|d| d.as_u64().map(|d| d as usize))
-                .collect::<Option<_>>()
-                .ok_or_else(|| entry_err("has a non-integer dimension"))?;
-            let offsets = value
-                .get("data_offsets")
-                .and_then(|o| o.as_array())
-                .filter(|o| o.len() == 2)
-                .ok_or_else(|| entry_err("has no data_offsets pair"))?;
-            let start = offsets[0]
-                .as_u64()
-                .ok_or_else(|| entry_err("has a bad start offset"))?
-                as usize;
-            let end = offsets[1]
-                .as_u64()
-                .ok_or_else(|| entry_err("has a bad end offset"))? as usize;
-            let numel = shape
-                .iter()
-                .try_fold(1usize, |n, &d| n.checked_mul(d))
-                .and_then(|n| n.checked_mul(dtype.size_bytes()).map(|_| n))
-                .ok_or_else(|| entry_err(&format!("has shape {shape:?}, too large to address")))?;
-            if end < start || end - start != numel * dtype.size_bytes() {
-                return Err(LoaderError::BadTensor {
-                    path: path.clone(),
-                    name: name.clone(),
-                    reason: format!(
-                        "shape {shape:?} of {dtype} needs {} bytes, data_offsets give {}",
-                        numel * dtype.size_bytes(),
-                        end.saturating_sub(start)
-                    ),
-                });
-            }
-            needed = needed.max(end);
-            tensors.insert(
-                name.clone(),
-                TensorInfo {
-                    dtype,
-                    shape,
-                    data_start: start,
-                    data_end: end,
-                },
-            );
-        }
-        if needed > data_len {
-            return Err(LoaderError::Truncated {
-                path,
-                expected: needed,
-                got: data_len,
-            });
-        }
+        let ParsedHeader {
+            data_offset,
+            tensors,
+            metadata,
+        } = parse_header(&mmap, &path)?;
         Ok(Self {
             path,
             mmap,
@@ -178,6 +229,12 @@ impl SafetensorsFile {
             tensors,
             metadata,
         })
+    }
+
+    /// Validates a whole safetensors file held in memory exactly as [`SafetensorsFile::open`]
+    /// does, returning its tensor count (fuzzing, tests); `origin` names it in errors.
+    pub fn validate_bytes(bytes: &[u8], origin: &Path) -> Result<usize> {
+        Ok(parse_header(bytes, origin)?.tensors.len())
     }
 
     pub fn path(&self) -> &Path {

@@ -15,9 +15,14 @@ use tokenizers::normalizers::{NormalizerWrapper, Precompiled, Replace, Sequence,
 use tokenizers::pre_tokenizers::metaspace::{Metaspace, PrependScheme};
 use tokenizers::Tokenizer;
 
+use crate::input_file::read_capped;
 use crate::sentencepiece_proto::{ModelType, SentencePieceModel};
 pub use crate::text_decode::{IncrementalDecoder, PieceTable};
 use crate::{LoaderError, Result};
+
+/// The largest tokenizer file read (Kyutai's 32k-piece model is 553 KB; the largest
+/// SentencePiece models are a few MB).
+pub const MAX_TOKENIZER_BYTES: u64 = 64 << 20;
 
 /// Kyutai's text tokenizer.
 #[derive(Clone)]
@@ -42,7 +47,7 @@ impl TextTokenizer {
     /// Reads a SentencePiece `.model` file.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let bytes = std::fs::read(path).map_err(|e| LoaderError::io(path, e))?;
+        let bytes = read_capped(path, MAX_TOKENIZER_BYTES, "a SentencePiece model")?;
         Self::from_bytes(&bytes, path)
     }
 

@@ -257,7 +257,10 @@ fn config_with_a_wrong_type() {
     let path = dir.path().join("config.json");
     std::fs::write(&path, cfg.to_string()).unwrap();
     let err = LmConfig::from_file(&path).unwrap_err();
-    assert!(matches!(err, LoaderError::BadConfig { .. }));
+    assert!(
+        matches!(&err, LoaderError::ConfigValue { key, .. } if key == "dim"),
+        "{err:?}"
+    );
     assert_has(
         &err.to_string(),
         &[
@@ -365,6 +368,17 @@ fn mimi_checkpoint_given_as_the_lm() {
         &load_err(&asset("mimi.safetensors"), &tiny_config()),
         &["Mimi codec checkpoint", "expected a Moshi LM"],
     );
+    let err = moshi_loader::load_mimi_weights(&asset("model.safetensors"), 8)
+        .unwrap_err()
+        .to_string();
+    assert_has(
+        &err,
+        &[
+            "model.safetensors",
+            "Moshi LM checkpoint",
+            "expected a Mimi codec",
+        ],
+    );
 }
 
 #[test]
@@ -399,4 +413,211 @@ fn tokenizer_file_that_is_not_sentencepiece() {
             &[&path.display().to_string(), "not a SentencePiece model"],
         );
     }
+}
+
+/// Issue #18 item 10: a packed tensor without its `.scales` (or `.biases`) is reported as the
+/// missing tensor, not as a shape mismatch of its codes.
+#[test]
+fn packed_tensor_missing_its_scales_names_the_missing_tensor() {
+    let dir = tempfile::tempdir().unwrap();
+    let q4 = SafetensorsFile::open(asset("model.q4.safetensors")).unwrap();
+    for missing in ["text_linear.scales", "text_linear.biases"] {
+        let tensors = copy_all(&q4, |n| (n != missing).then(|| n.to_string()));
+        let path = dir.path().join("model.q4.safetensors");
+        write_safetensors(&path, &tensors);
+        let msg = load_err(&path, &tiny_config());
+        assert_has(&msg, &[&format!("`{missing}`"), "missing"]);
+        assert!(!msg.contains("shape"), "{msg}");
+    }
+}
+
+/// Issue #18 items 1 and 10: a config's sizes are range-checked at load, before anything is
+/// allocated; the error names the file, the key, the value and the accepted range.
+#[test]
+fn config_values_out_of_range_name_key_value_and_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let base: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(asset("config.json")).unwrap()).unwrap();
+    let cases: Vec<(&str, serde_json::Value, &[&str])> = vec![
+        (
+            "delays",
+            serde_json::json!([
+                0,
+                1_000_000_000u64,
+                1,
+                1,
+                1,
+                1,
+                1,
+                1,
+                1,
+                0,
+                1,
+                1,
+                1,
+                1,
+                1,
+                1,
+                1
+            ]),
+            &["`delays[1]` is 1000000000", "expected 0 to 4096"],
+        ),
+        ("dim", 0.into(), &["`dim` is 0", "expected 1 to 16384"]),
+        (
+            "num_layers",
+            100_000.into(),
+            &["`num_layers` is 100000", "expected 1 to 256"],
+        ),
+        (
+            "max_period",
+            0.into(),
+            &["`max_period` is 0", "finite number from 1"],
+        ),
+        ("hidden_scale", (-1.0).into(), &["`hidden_scale` is -1"]),
+        (
+            "existing_text_padding_id",
+            384.into(),
+            &["`existing_text_padding_id` is 384", "expected 0 to 383"],
+        ),
+        (
+            "layer_scale",
+            0.01.into(),
+            &["`layer_scale` is 0.01", "does not support"],
+        ),
+        (
+            "norm",
+            "layer_norm".into(),
+            &["`norm` is layer_norm", "rms_norm"],
+        ),
+        (
+            "positional_embedding",
+            "sin".into(),
+            &["config key `positional_embedding`", "unknown variant `sin`"],
+        ),
+        (
+            "num_heads",
+            3.into(),
+            &["dim 256 is not divisible by num_heads 3"],
+        ),
+    ];
+    for (key, value, parts) in cases {
+        let mut cfg = base.clone();
+        cfg[key] = value;
+        let path = dir.path().join("config.json");
+        std::fs::write(&path, cfg.to_string()).unwrap();
+        let msg = LmConfig::from_file(&path).unwrap_err().to_string();
+        assert_has(&msg, &[&path.display().to_string()]);
+        assert_has(&msg, parts);
+    }
+    // The parameter count and the KV caches at a full window are bounded too.
+    let mut cfg = base.clone();
+    cfg["dim"] = 16384.into();
+    cfg["num_layers"] = 256.into();
+    cfg["num_heads"] = 128.into();
+    let path = dir.path().join("config.json");
+    std::fs::write(&path, cfg.to_string()).unwrap();
+    assert_has(
+        &LmConfig::from_file(&path).unwrap_err().to_string(),
+        &["parameters, above this engine's limit"],
+    );
+    // The 7B is well inside every limit; its parameter count is the known one.
+    assert_eq!(LmConfig::moshiko_7b().parameter_count(), 7_687_729_152);
+}
+
+/// Issue #18 items 1 and 10 for Mimi's config.
+#[test]
+fn mimi_config_values_out_of_range_name_key_value_and_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let base: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(asset("mimi_config.json")).unwrap()).unwrap();
+    type Edit = fn(&mut serde_json::Value);
+    let cases: Vec<(Edit, &[&str])> = vec![
+        (
+            |c| c["transformer"]["context"] = 1_000_000_000_000u64.into(),
+            &[
+                "`transformer.context` is 1000000000000",
+                "expected 1 to 65536",
+            ],
+        ),
+        (|c| c["frame_rate"] = 0.into(), &["`frame_rate` is 0"]),
+        (|c| c["channels"] = 2.into(), &["`channels` is 2", "mono"]),
+        (
+            |c| c["seanet"]["ratios"][0] = 0.into(),
+            &["`seanet.ratios[0]` is 0", "expected 1 to 64"],
+        ),
+        (
+            |c| c["seanet"]["ratios"][0] = 7.into(),
+            &["not a whole number of SEANet hops"],
+        ),
+        (
+            |c| c["seanet"]["activation"] = "GELU".into(),
+            &[
+                "config key `seanet.activation`",
+                "unknown variant `GELU`",
+                "`ELU`",
+            ],
+        ),
+        (
+            |c| c["seanet"]["compress"] = 0.into(),
+            &["`seanet.compress` is 0"],
+        ),
+        (
+            |c| c["quantizer"]["bins"] = 0.into(),
+            &["`quantizer.bins` is 0"],
+        ),
+        (
+            |c| c["transformer"]["num_heads"] = 3.into(),
+            &["not a multiple of 2 x transformer.num_heads 3"],
+        ),
+        (
+            |c| c["transformer"]["gating"] = "silu".into(),
+            &["`transformer.gating` is silu", "none"],
+        ),
+    ];
+    for (edit, parts) in cases {
+        let mut cfg = base.clone();
+        edit(&mut cfg);
+        let path = dir.path().join("mimi_config.json");
+        std::fs::write(&path, cfg.to_string()).unwrap();
+        let msg = MimiConfig::from_file(&path).unwrap_err().to_string();
+        assert_has(&msg, &[&path.display().to_string()]);
+        assert_has(&msg, parts);
+    }
+}
+
+/// Issue #18 item 11: tensors whose data ranges overlap are refused, naming both.
+#[test]
+fn overlapping_tensor_data_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("overlap.safetensors");
+    let header = r#"{"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}}"#;
+    let mut raw = (header.len() as u64).to_le_bytes().to_vec();
+    raw.extend_from_slice(header.as_bytes());
+    raw.extend_from_slice(&[0u8; 16]);
+    std::fs::write(&path, &raw).unwrap();
+    assert_has(
+        &SafetensorsFile::open(&path).err().unwrap().to_string(),
+        &[
+            &path.display().to_string(),
+            "`b`",
+            "[8, 16) overlap those of `a` [0, 16)",
+        ],
+    );
+    // Adjacent ranges (and empty tensors) are fine.
+    let header = r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]},"e":{"dtype":"F32","shape":[0],"data_offsets":[8,8]}}"#;
+    let mut raw = (header.len() as u64).to_le_bytes().to_vec();
+    raw.extend_from_slice(header.as_bytes());
+    raw.extend_from_slice(&[0u8; 16]);
+    assert_eq!(
+        SafetensorsFile::validate_bytes(&raw, Path::new("mem")).unwrap(),
+        3
+    );
+    // A device is not a checkpoint.
+    assert_has(
+        &SafetensorsFile::open("/dev/zero")
+            .err()
+            .unwrap()
+            .to_string(),
+        &["/dev/zero", "a character device, expected a regular file"],
+    );
 }

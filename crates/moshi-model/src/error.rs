@@ -1,4 +1,7 @@
-//! Model errors.
+//! Model errors: one variant per thing that can go wrong, each saying what was expected and what
+//! was found.
+
+use std::path::PathBuf;
 
 /// Errors raised while building or running the model.
 #[derive(Debug, thiserror::Error)]
@@ -7,10 +10,71 @@ pub enum ModelError {
     Loader(#[from] moshi_loader::LoaderError),
     #[error(transparent)]
     Quant(#[from] moshi_kernels::QuantError),
-    #[error("bad config: {0}")]
-    Config(String),
-    #[error("bad input: {0}")]
-    Input(String),
-    #[error("{0}")]
-    Other(String),
+    /// A buffer or a list handed to the model has the wrong length.
+    #[error("{what}: expected {expected}, got {got}")]
+    WrongLength {
+        what: &'static str,
+        expected: usize,
+        got: usize,
+    },
+    /// A token or code outside its vocabulary.
+    #[error("{what} {value}{at} is out of range (the largest allowed is {max}{note})")]
+    TokenOutOfRange {
+        /// The kind of token, e.g. `audio token`.
+        what: &'static str,
+        value: u32,
+        /// Where it was found, e.g. ` of stream 3`; may be empty.
+        at: String,
+        max: usize,
+        /// Extra context, e.g. `, the initial token`; may be empty.
+        note: &'static str,
+    },
+    /// Codes `[codebook][frame]` whose codebooks hold different numbers of frames.
+    #[error("mimi decode: codebook {codebook} has {frames} frames, codebook 0 has {first_frames}")]
+    RaggedCodes {
+        codebook: usize,
+        frames: usize,
+        first_frames: usize,
+    },
+    /// Mimi encode of an empty signal.
+    #[error("mimi encode_batch: empty signal")]
+    EmptySignal,
+    /// More codebooks asked of Mimi than its quantizer has.
+    #[error("mimi: {requested} codebooks requested, the quantizer has 1..={available} (n_q)")]
+    CodebooksUnavailable { requested: usize, available: usize },
+    /// Depformer sub-steps called out of order.
+    #[error("depformer sub-step {requested} requested after {done} sub-steps of this frame (dep_q {dep_q})")]
+    DepformerOrder {
+        requested: usize,
+        done: usize,
+        dep_q: usize,
+    },
+    /// The model produced a NaN or an infinity.
+    #[error("non-finite {what} logit at step {step} (index {index}: {value}); the weights or inputs are corrupt")]
+    NonFiniteLogits {
+        what: &'static str,
+        step: usize,
+        index: usize,
+        value: f32,
+    },
+    /// A checkpoint with tensors the config does not use (made for another config).
+    #[error("{path}: {count} tensors are not used by this config ({config}), the checkpoint was made for another config: {shown}")]
+    UnusedTensors {
+        path: PathBuf,
+        count: usize,
+        /// The config's sizes that decide which tensors exist.
+        config: String,
+        /// The first few unused names.
+        shown: String,
+    },
+    /// A sampling parameter that is not a finite number >= 0.
+    #[error("sampling: {what} is {value}, expected a finite number >= 0 (0 picks the most probable token)")]
+    BadSampling { what: &'static str, value: f32 },
+    /// Random weights of a shape the packing cannot hold.
+    #[error("random weight `{name}` {shape:?}: {cause}")]
+    RandomWeight {
+        name: String,
+        shape: Vec<usize>,
+        cause: moshi_kernels::QuantError,
+    },
 }

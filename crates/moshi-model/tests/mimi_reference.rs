@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use moshi_loader::{npy, MimiConfig};
+use moshi_loader::{load_mimi_weights, npy, MimiConfig, WeightMap};
 use moshi_model::mimi::{Mimi, MimiWeights};
 
 fn asset(rel: &str) -> PathBuf {
@@ -12,9 +12,14 @@ fn asset(rel: &str) -> PathBuf {
         .join(rel)
 }
 
+/// tiny-a's Mimi weights for `codebooks` codebooks, read by the loader.
+fn weights(codebooks: usize) -> WeightMap {
+    load_mimi_weights(&asset("mimi.safetensors"), codebooks).unwrap()
+}
+
 fn load_mimi() -> Mimi {
     let cfg = MimiConfig::from_file(asset("mimi_config.json")).unwrap();
-    Mimi::load(&cfg, &asset("mimi.safetensors"), 8).unwrap()
+    Mimi::load(&cfg, weights(8), 8).unwrap()
 }
 
 /// input.wav as int16 / 32768, full frames only (what the reference used).
@@ -169,15 +174,27 @@ fn bad_inputs_get_clear_errors() {
         "{err}"
     );
     let cfg = MimiConfig::from_file(asset("mimi_config.json")).unwrap();
-    let err = Mimi::load(&cfg, &asset("mimi.safetensors"), 13)
-        .unwrap_err()
-        .to_string();
+    let err = Mimi::load(&cfg, weights(13), 13).unwrap_err().to_string();
     assert!(err.contains("13") && err.contains("12"), "{err}");
-    let err = Mimi::load(&MimiConfig::v0_1(), &asset("mimi.safetensors"), 8)
+    let err = Mimi::load(&MimiConfig::v0_1(), weights(8), 8)
         .unwrap_err()
         .to_string();
     assert!(
         err.contains("mimi.safetensors") && err.contains("shape"),
+        "{err}"
+    );
+    // A tensor the config does not use: the checkpoint was made for another config.
+    let mut extra = weights(8);
+    extra.insert(
+        "encoder.model.99.conv.conv.weight",
+        moshi_loader::Weight {
+            shape: vec![1],
+            data: moshi_loader::WeightData::F32(vec![0.0]),
+        },
+    );
+    let err = Mimi::load(&cfg, extra, 8).unwrap_err().to_string();
+    assert!(
+        err.contains("1 tensors are not used") && err.contains("encoder.model.99."),
         "{err}"
     );
 }

@@ -166,7 +166,7 @@ impl EngineHandle {
     /// old device, rebuilds its converters for the new formats and queues the jitter margin again.
     /// Returns once the engine uses the new rings (so the device can start right after).
     pub fn reconnect(&self, r: Reconnect) -> Result<()> {
-        let ended = || RuntimeError::Engine("the engine thread has ended".into());
+        let ended = || RuntimeError::EngineEnded;
         let (ack_tx, ack_rx) = mpsc::channel();
         self.reconnect.send((r, ack_tx)).map_err(|_| ended())?;
         ack_rx
@@ -193,7 +193,7 @@ impl EngineHandle {
     pub fn join(self) -> Result<EngineReport> {
         self.thread
             .join()
-            .map_err(|_| RuntimeError::Engine("engine thread panicked".into()))?
+            .map_err(|_| RuntimeError::EnginePanicked)?
     }
 }
 
@@ -219,7 +219,7 @@ pub fn spawn_engine(
     let thread = std::thread::Builder::new()
         .name("moshi-engine".into())
         .spawn(move || state.run())
-        .map_err(|e| RuntimeError::Engine(format!("cannot start the engine thread: {e}")))?;
+        .map_err(|cause| RuntimeError::EngineSpawn { cause })?;
     Ok(EngineHandle {
         thread,
         stop,
@@ -377,7 +377,10 @@ impl EngineState {
             .io
             .mic
             .read_chunk(available)
-            .map_err(|e| RuntimeError::Engine(e.to_string()))?;
+            .map_err(|cause| RuntimeError::MicRing {
+                requested: available,
+                cause,
+            })?;
         self.drained_samples += available as u64;
         let (a, b) = chunk.as_slices();
         self.interleaved_in.clear();
@@ -564,7 +567,7 @@ struct Disconnected;
 
 impl FrameProcessor for Disconnected {
     fn process_frame(&mut self, _pcm_in: &[f32]) -> Result<FrameOutput> {
-        Err(RuntimeError::Engine("no processor".into()))
+        Err(RuntimeError::EngineEnded)
     }
 }
 

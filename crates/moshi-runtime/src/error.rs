@@ -3,23 +3,19 @@
 use std::path::PathBuf;
 
 /// Everything that can go wrong in moshi-runtime. Messages name the file or device and say
-/// what was expected and what was found.
+/// what was expected and what was found. An underlying I/O or WAV error is part of the message
+/// (`cause`), not a separate `source`, so that a printed chain says it once.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
     #[error("input file {path} does not exist")]
     MissingFile { path: PathBuf },
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}: {cause}")]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
-    #[error("{path} is not a readable WAV file: {source}")]
-    NotWav {
-        path: PathBuf,
-        #[source]
-        source: hound::Error,
-    },
+    #[error("{path} is not a readable WAV file: {cause}")]
+    NotWav { path: PathBuf, cause: hound::Error },
     #[error("{path}: unsupported WAV format: {detail}")]
     UnsupportedWav { path: PathBuf, detail: String },
     #[error("{path} contains no audio samples")]
@@ -30,17 +26,22 @@ pub enum RuntimeError {
         got_samples: usize,
         need_samples: usize,
     },
-    #[error("cannot write {path}: {source}")]
+    #[error("cannot write {path}: {cause}")]
     Write {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
-    #[error("cannot write WAV {path}: {source}")]
-    WavWrite {
+    #[error("{path}: {frames} frames of {channels} channels are too long for a WAV (at most 4 GiB of samples)")]
+    WavTooLong {
         path: PathBuf,
-        #[source]
-        source: hound::Error,
+        frames: u64,
+        channels: u16,
+    },
+    #[error("{path}: {written} frames written, the WAV header announced {announced}")]
+    WavLength {
+        path: PathBuf,
+        written: u64,
+        announced: u64,
     },
     #[error("resampler {from_hz} Hz -> {to_hz} Hz: {detail}")]
     Resample {
@@ -56,6 +57,23 @@ pub enum RuntimeError {
     Model(#[from] moshi_model::ModelError),
     #[error(transparent)]
     Loader(#[from] moshi_loader::LoaderError),
-    #[error("engine thread: {0}")]
-    Engine(String),
+    #[error("the engine thread has ended")]
+    EngineEnded,
+    #[error("the engine thread panicked")]
+    EnginePanicked,
+    #[error("cannot start the engine thread: {cause}")]
+    EngineSpawn { cause: std::io::Error },
+    #[error("engine: cannot read {requested} samples from the microphone ring: {cause}")]
+    MicRing {
+        requested: usize,
+        cause: rtrb::chunks::ChunkError,
+    },
+    #[error(
+        "Mimi has {mimi} codebooks, the LM needs {user} user and {generated} generated codebooks"
+    )]
+    CodebooksMismatch {
+        mimi: usize,
+        user: usize,
+        generated: usize,
+    },
 }

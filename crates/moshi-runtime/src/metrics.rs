@@ -131,9 +131,9 @@ impl Metrics {
 
     /// Writes every record as one JSON object per line, then a final `{"event":"summary",...}`.
     pub fn write_jsonl(&self, path: &Path) -> Result<()> {
-        let err = |source| RuntimeError::Write {
+        let err = |cause| RuntimeError::Write {
             path: path.to_path_buf(),
-            source,
+            cause,
         };
         let file = std::fs::File::create(path).map_err(err)?;
         let mut w = std::io::BufWriter::new(file);

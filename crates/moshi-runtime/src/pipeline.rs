@@ -11,7 +11,7 @@
 use std::time::Instant;
 
 use moshi_loader::tokenizer::{IncrementalDecoder, TextTokenizer};
-use moshi_loader::{load_lm_weights, ResolvedModel, WeightMode};
+use moshi_loader::{load_lm_weights, load_mimi_weights, ResolvedModel, WeightMode};
 use moshi_model::generator::{Generator, SamplingConfig};
 use moshi_model::lm::kv_cache::KvPrecision;
 use moshi_model::lm::LmModel;
@@ -42,11 +42,13 @@ fn ms_since(t0: Instant) -> f64 {
 impl MoshiPipeline {
     /// Loads Mimi, the LM and the tokenizer of a resolved model.
     pub fn load(model: &ResolvedModel, sampling: SamplingConfig, mode: WeightMode) -> Result<Self> {
+        sampling.validate()?;
         let cfg = &model.lm_config;
         let weights = load_lm_weights(&model.lm_weights_path, cfg, mode)?;
         let lm = LmModel::load(cfg, weights)?;
         let num_codebooks = cfg.dep_q.max(cfg.user_codebooks());
-        let mimi = Mimi::load(&model.mimi_config, &model.mimi_weights_path, num_codebooks)?;
+        let mimi_weights = load_mimi_weights(&model.mimi_weights_path, num_codebooks)?;
+        let mimi = Mimi::load(&model.mimi_config, mimi_weights, num_codebooks)?;
         let tokenizer = TextTokenizer::from_file(&model.tokenizer_path)?;
         Self::from_parts(mimi, Generator::new(lm, sampling), &tokenizer)
     }
@@ -56,12 +58,11 @@ impl MoshiPipeline {
         let cfg = generator.model().config();
         let user_codebooks = cfg.user_codebooks();
         if mimi.num_codebooks() < user_codebooks || mimi.num_codebooks() < cfg.dep_q {
-            return Err(RuntimeError::Engine(format!(
-                "Mimi has {} codebooks, the LM needs {} user and {} generated codebooks",
-                mimi.num_codebooks(),
-                user_codebooks,
-                cfg.dep_q
-            )));
+            return Err(RuntimeError::CodebooksMismatch {
+                mimi: mimi.num_codebooks(),
+                user: user_codebooks,
+                generated: cfg.dep_q,
+            });
         }
         if mimi.frame_size_samples() != FRAME_SAMPLES {
             return Err(RuntimeError::FrameSize {

@@ -1,15 +1,27 @@
 //! WAV input/output. Reads any PCM WAV (8/16/24/32-bit integer or 32-bit float, any channel
-//! count, any rate) as mono f32 (channels averaged); writes 24 kHz int16 mono or stereo WAVs
-//! atomically (temp file in the same folder, then rename: nothing half-written on error).
+//! count, a rate from [`MIN_SAMPLE_RATE_HZ`] to [`MAX_SAMPLE_RATE_HZ`]) as mono f32 (channels
+//! averaged), whole or chunk by chunk ([`MonoReader`]: memory flat whatever the length). Writes
+//! int16 mono or stereo WAVs of a length known up front, as they are produced ([`WavWriter`]),
+//! through `moshi_loader::output_file`: nothing half-written on error, devices and pipes
+//! written in place.
 //!
 //! Integer samples are scaled by 1/2^(bits-1) (i16 / 32768, as symphonia/sphn read them); output
 //! samples are `trunc(clamp(x, -1, 1) * 32767)`, as `sphn.write_wav` writes them.
 
 use std::fs::File;
-use std::io::BufWriter;
+use std::io::BufReader;
 use std::path::{Path, PathBuf};
 
+use moshi_loader::input_file::{check_input_file, InputKind};
+use moshi_loader::output_file::OutputFile;
+
 use crate::{Result, RuntimeError};
+
+/// The lowest input sample rate accepted: telephone speech. Lower rates carry no usable
+/// speech, and resampling a few samples at 1 Hz would make minutes of 24 kHz audio.
+pub const MIN_SAMPLE_RATE_HZ: u32 = 8_000;
+/// The highest input sample rate accepted.
+pub const MAX_SAMPLE_RATE_HZ: u32 = 384_000;
 
 /// A WAV file read into memory as mono f32 at its own sample rate.
 #[derive(Debug, Clone)]
@@ -22,85 +34,145 @@ pub struct MonoAudio {
     pub source_channels: u16,
 }
 
-/// Reads `path` as mono f32. Errors name the file: missing, not a WAV, unsupported sample
-/// format, no samples.
-pub fn read_mono(path: &Path) -> Result<MonoAudio> {
-    if !path.exists() {
-        return Err(RuntimeError::MissingFile {
-            path: path.to_path_buf(),
-        });
-    }
-    let file = File::open(path).map_err(|source| RuntimeError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let mut reader = hound::WavReader::new(std::io::BufReader::new(file)).map_err(|source| {
-        RuntimeError::NotWav {
-            path: path.to_path_buf(),
-            source,
-        }
-    })?;
-    let spec = reader.spec();
-    let channels = spec.channels as usize;
-    if channels == 0 {
-        return Err(RuntimeError::UnsupportedWav {
-            path: path.to_path_buf(),
-            detail: "0 channels".into(),
-        });
-    }
-    if spec.sample_rate == 0 {
-        return Err(RuntimeError::UnsupportedWav {
-            path: path.to_path_buf(),
-            detail: "sample rate 0 Hz".into(),
-        });
-    }
-    let interleaved: Vec<f32> = match (spec.sample_format, spec.bits_per_sample) {
-        (hound::SampleFormat::Float, 32) => collect(path, reader.samples::<f32>())?,
-        (hound::SampleFormat::Int, bits @ (8 | 16 | 24 | 32)) => {
-            let scale = 1.0 / (1u64 << (bits - 1)) as f64;
-            collect(
-                path,
-                reader
-                    .samples::<i32>()
-                    .map(|s| s.map(|v| (v as f64 * scale) as f32)),
-            )?
-        }
-        (format, bits) => {
-            return Err(RuntimeError::UnsupportedWav {
+/// How the file's samples become f32.
+#[derive(Clone, Copy, Debug)]
+enum SampleKind {
+    Float,
+    /// Integer samples scaled by this factor.
+    Int(f64),
+}
+
+/// A WAV file opened for reading as mono f32, a chunk at a time.
+pub struct MonoReader {
+    path: PathBuf,
+    reader: hound::WavReader<BufReader<File>>,
+    kind: SampleKind,
+    channels: usize,
+    sample_rate_hz: u32,
+    /// Interleaved samples of the current chunk.
+    interleaved: Vec<f32>,
+}
+
+impl MonoReader {
+    /// Opens `path` and checks its header. Errors name the file: missing, not a WAV, an
+    /// unsupported sample format, no channels, a sample rate out of range.
+    pub fn open(path: &Path) -> Result<Self> {
+        if !path.exists() && std::fs::symlink_metadata(path).is_err() {
+            return Err(RuntimeError::MissingFile {
                 path: path.to_path_buf(),
-                detail: format!(
-                    "{bits}-bit {format:?} samples; supported: 8/16/24/32-bit integer, 32-bit float"
-                ),
-            })
+            });
         }
-    };
-    if interleaved.len() < channels {
+        check_input_file(path, InputKind::Readable)?;
+        let file = File::open(path).map_err(|cause| RuntimeError::Io {
+            path: path.to_path_buf(),
+            cause,
+        })?;
+        let reader =
+            hound::WavReader::new(BufReader::new(file)).map_err(|cause| RuntimeError::NotWav {
+                path: path.to_path_buf(),
+                cause,
+            })?;
+        let spec = reader.spec();
+        let unsupported = |detail: String| RuntimeError::UnsupportedWav {
+            path: path.to_path_buf(),
+            detail,
+        };
+        if spec.channels == 0 {
+            return Err(unsupported("0 channels".into()));
+        }
+        if !(MIN_SAMPLE_RATE_HZ..=MAX_SAMPLE_RATE_HZ).contains(&spec.sample_rate) {
+            return Err(unsupported(format!(
+                "sample rate {} Hz; supported: {MIN_SAMPLE_RATE_HZ} to {MAX_SAMPLE_RATE_HZ} Hz",
+                spec.sample_rate
+            )));
+        }
+        let kind = match (spec.sample_format, spec.bits_per_sample) {
+            (hound::SampleFormat::Float, 32) => SampleKind::Float,
+            (hound::SampleFormat::Int, bits @ (8 | 16 | 24 | 32)) => {
+                SampleKind::Int(1.0 / (1u64 << (bits - 1)) as f64)
+            }
+            (format, bits) => {
+                return Err(unsupported(format!(
+                    "{bits}-bit {format:?} samples; supported: 8/16/24/32-bit integer, 32-bit float"
+                )))
+            }
+        };
+        Ok(Self {
+            path: path.to_path_buf(),
+            reader,
+            kind,
+            channels: spec.channels as usize,
+            sample_rate_hz: spec.sample_rate,
+            interleaved: Vec::new(),
+        })
+    }
+
+    pub fn sample_rate_hz(&self) -> u32 {
+        self.sample_rate_hz
+    }
+
+    pub fn source_channels(&self) -> u16 {
+        self.channels as u16
+    }
+
+    /// Mono samples the header announces (a truncated file delivers fewer: an error when read).
+    pub fn len_samples(&self) -> u64 {
+        self.reader.duration() as u64
+    }
+
+    /// Appends up to `max_samples` mono samples to `out`; returns how many (0 at the end).
+    pub fn read_chunk(&mut self, max_samples: usize, out: &mut Vec<f32>) -> Result<usize> {
+        let want = max_samples.saturating_mul(self.channels);
+        self.interleaved.clear();
+        let path = &self.path;
+        let not_wav = |cause| RuntimeError::NotWav {
+            path: path.clone(),
+            cause,
+        };
+        match self.kind {
+            SampleKind::Float => {
+                for s in self.reader.samples::<f32>().take(want) {
+                    self.interleaved.push(s.map_err(not_wav)?);
+                }
+            }
+            SampleKind::Int(scale) => {
+                for s in self.reader.samples::<i32>().take(want) {
+                    self.interleaved
+                        .push((s.map_err(not_wav)? as f64 * scale) as f32);
+                }
+            }
+        }
+        let whole = self.interleaved.len() / self.channels;
+        if self.channels == 1 {
+            out.extend_from_slice(&self.interleaved);
+        } else {
+            let inv = 1.0 / self.channels as f32;
+            out.extend(
+                self.interleaved
+                    .chunks_exact(self.channels)
+                    .map(|f| f.iter().sum::<f32>() * inv),
+            );
+        }
+        Ok(whole)
+    }
+}
+
+/// Reads `path` as mono f32. Errors name the file: missing, not a WAV, unsupported sample
+/// format or rate, no samples.
+pub fn read_mono(path: &Path) -> Result<MonoAudio> {
+    let mut reader = MonoReader::open(path)?;
+    let mut samples = Vec::new();
+    while reader.read_chunk(1 << 16, &mut samples)? > 0 {}
+    if samples.is_empty() {
         return Err(RuntimeError::EmptyWav {
             path: path.to_path_buf(),
         });
     }
-    let samples = if channels == 1 {
-        interleaved
-    } else {
-        let inv = 1.0 / channels as f32;
-        interleaved
-            .chunks_exact(channels)
-            .map(|f| f.iter().sum::<f32>() * inv)
-            .collect()
-    };
     Ok(MonoAudio {
         samples,
-        sample_rate_hz: spec.sample_rate,
-        source_channels: spec.channels,
+        sample_rate_hz: reader.sample_rate_hz(),
+        source_channels: reader.source_channels(),
     })
-}
-
-fn collect(path: &Path, it: impl Iterator<Item = hound::Result<f32>>) -> Result<Vec<f32>> {
-    it.collect::<hound::Result<Vec<f32>>>()
-        .map_err(|source| RuntimeError::NotWav {
-            path: path.to_path_buf(),
-            source,
-        })
 }
 
 /// f32 -> int16 exactly as `sphn.write_wav` / moshi's run_inference.py: `trunc(x * 32767)`
@@ -110,89 +182,121 @@ pub fn f32_to_i16(x: f32) -> i16 {
     (x * 32767.0).trunc() as i16
 }
 
-/// Writes a mono int16 WAV atomically.
-pub fn write_mono_i16(path: &Path, samples: &[f32], sample_rate_hz: u32) -> Result<()> {
-    write_atomic(path, 1, sample_rate_hz, |w| {
-        for &s in samples {
-            w.write_sample(f32_to_i16(s))?;
-        }
-        Ok(())
-    })
+/// A 16-bit PCM WAV output whose length is known up front, written as it is produced:
+/// the header first, then the samples; [`WavWriter::finish`] checks that exactly the announced
+/// frames were written before the output is committed.
+pub struct WavWriter {
+    out: OutputFile,
+    channels: u16,
+    expected_frames: u64,
+    written_frames: u64,
+    bytes: Vec<u8>,
 }
 
-/// Writes a stereo int16 WAV atomically (`left[i]`, `right[i]` per frame; the shorter channel
-/// is padded with silence).
+impl WavWriter {
+    /// Starts `path`: `frames` frames of `channels` channels at `sample_rate_hz`.
+    pub fn create(path: &Path, channels: u16, sample_rate_hz: u32, frames: u64) -> Result<Self> {
+        let data_bytes = frames
+            .checked_mul(channels as u64 * 2)
+            .filter(|&b| b <= u32::MAX as u64 - 36)
+            .ok_or_else(|| RuntimeError::WavTooLong {
+                path: path.to_path_buf(),
+                frames,
+                channels,
+            })? as u32;
+        let mut out = OutputFile::create(path)?;
+        let block_align = channels * 2;
+        let mut header = Vec::with_capacity(44);
+        header.extend_from_slice(b"RIFF");
+        header.extend_from_slice(&(36 + data_bytes).to_le_bytes());
+        header.extend_from_slice(b"WAVEfmt ");
+        header.extend_from_slice(&16u32.to_le_bytes());
+        header.extend_from_slice(&1u16.to_le_bytes()); // PCM
+        header.extend_from_slice(&channels.to_le_bytes());
+        header.extend_from_slice(&sample_rate_hz.to_le_bytes());
+        header.extend_from_slice(&(sample_rate_hz * block_align as u32).to_le_bytes());
+        header.extend_from_slice(&block_align.to_le_bytes());
+        header.extend_from_slice(&16u16.to_le_bytes());
+        header.extend_from_slice(b"data");
+        header.extend_from_slice(&data_bytes.to_le_bytes());
+        out.write_bytes(&header)?;
+        Ok(Self {
+            out,
+            channels,
+            expected_frames: frames,
+            written_frames: 0,
+            bytes: Vec::new(),
+        })
+    }
+
+    fn push(&mut self, frames: u64) -> Result<()> {
+        if self.written_frames + frames > self.expected_frames {
+            return Err(RuntimeError::WavLength {
+                path: self.out.path().to_path_buf(),
+                written: self.written_frames + frames,
+                announced: self.expected_frames,
+            });
+        }
+        self.out.write_bytes(&self.bytes)?;
+        self.written_frames += frames;
+        Ok(())
+    }
+
+    /// Appends mono samples (a mono output).
+    pub fn write_mono(&mut self, samples: &[f32]) -> Result<()> {
+        debug_assert_eq!(self.channels, 1);
+        self.bytes.clear();
+        self.bytes
+            .extend(samples.iter().flat_map(|&s| f32_to_i16(s).to_le_bytes()));
+        self.push(samples.len() as u64)
+    }
+
+    /// Appends stereo frames (`left[i]`, `right[i]`; the shorter channel padded with silence).
+    pub fn write_stereo(&mut self, left: &[f32], right: &[f32]) -> Result<()> {
+        debug_assert_eq!(self.channels, 2);
+        let n = left.len().max(right.len());
+        self.bytes.clear();
+        for i in 0..n {
+            for s in [left.get(i), right.get(i)] {
+                let v = f32_to_i16(s.copied().unwrap_or(0.0));
+                self.bytes.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        self.push(n as u64)
+    }
+
+    /// Checks the length and commits the output.
+    pub fn finish(self) -> Result<()> {
+        if self.written_frames != self.expected_frames {
+            return Err(RuntimeError::WavLength {
+                path: self.out.path().to_path_buf(),
+                written: self.written_frames,
+                announced: self.expected_frames,
+            });
+        }
+        Ok(self.out.commit()?)
+    }
+}
+
+/// Writes a mono int16 WAV (see [`WavWriter`]).
+pub fn write_mono_i16(path: &Path, samples: &[f32], sample_rate_hz: u32) -> Result<()> {
+    let mut w = WavWriter::create(path, 1, sample_rate_hz, samples.len() as u64)?;
+    w.write_mono(samples)?;
+    w.finish()
+}
+
+/// Writes a stereo int16 WAV (`left[i]`, `right[i]` per frame; the shorter channel is padded
+/// with silence).
 pub fn write_stereo_i16(
     path: &Path,
     left: &[f32],
     right: &[f32],
     sample_rate_hz: u32,
 ) -> Result<()> {
-    let n = left.len().max(right.len());
-    write_atomic(path, 2, sample_rate_hz, |w| {
-        for i in 0..n {
-            w.write_sample(f32_to_i16(left.get(i).copied().unwrap_or(0.0)))?;
-            w.write_sample(f32_to_i16(right.get(i).copied().unwrap_or(0.0)))?;
-        }
-        Ok(())
-    })
-}
-
-/// The temporary path used while writing `path`: same folder, hidden, unique per process.
-fn temp_path_for(path: &Path) -> PathBuf {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "out.wav".into());
-    let tmp_name = format!(".{name}.partial-{}", std::process::id());
-    match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir.join(tmp_name),
-        _ => PathBuf::from(tmp_name),
-    }
-}
-
-fn write_atomic(
-    path: &Path,
-    channels: u16,
-    sample_rate_hz: u32,
-    body: impl FnOnce(&mut hound::WavWriter<BufWriter<File>>) -> hound::Result<()>,
-) -> Result<()> {
-    if path.is_dir() {
-        return Err(RuntimeError::Write {
-            path: path.to_path_buf(),
-            source: std::io::Error::new(std::io::ErrorKind::IsADirectory, "is a directory"),
-        });
-    }
-    let tmp = temp_path_for(path);
-    let spec = hound::WavSpec {
-        channels,
-        sample_rate: sample_rate_hz,
-        bits_per_sample: 16,
-        sample_format: hound::SampleFormat::Int,
-    };
-    let file = File::create(&tmp).map_err(|source| RuntimeError::Write {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let result = (|| -> hound::Result<()> {
-        let mut writer = hound::WavWriter::new(BufWriter::new(file), spec)?;
-        body(&mut writer)?;
-        writer.finalize()
-    })();
-    if let Err(source) = result {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(RuntimeError::WavWrite {
-            path: path.to_path_buf(),
-            source,
-        });
-    }
-    std::fs::rename(&tmp, path).map_err(|source| {
-        let _ = std::fs::remove_file(&tmp);
-        RuntimeError::Write {
-            path: path.to_path_buf(),
-            source,
-        }
-    })
+    let frames = left.len().max(right.len()) as u64;
+    let mut w = WavWriter::create(path, 2, sample_rate_hz, frames)?;
+    w.write_stereo(left, right)?;
+    w.finish()
 }
 
 #[cfg(test)]
@@ -286,6 +390,65 @@ mod tests {
         write_mono_i16(&empty, &[], 24_000).unwrap();
         let e = read_mono(&empty).unwrap_err().to_string();
         assert!(e.contains("no audio samples"), "{e}");
+    }
+
+    #[test]
+    fn low_and_high_rates_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        for rate in [1u32, 7_999, 400_000] {
+            let path = dir.path().join(format!("{rate}.wav"));
+            let spec = hound::WavSpec {
+                channels: 1,
+                sample_rate: rate,
+                bits_per_sample: 16,
+                sample_format: hound::SampleFormat::Int,
+            };
+            let mut w = hound::WavWriter::create(&path, spec).unwrap();
+            for _ in 0..100 {
+                w.write_sample(1000i16).unwrap();
+            }
+            w.finalize().unwrap();
+            let e = read_mono(&path).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("sample rate {rate} Hz")) && e.contains("8000 to 384000 Hz"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn reads_in_chunks_what_it_reads_whole() {
+        let whole = read_mono(&asset("input.wav")).unwrap().samples;
+        let mut r = MonoReader::open(&asset("input.wav")).unwrap();
+        assert_eq!(r.len_samples(), whole.len() as u64);
+        let mut chunked = Vec::new();
+        while r.read_chunk(1000, &mut chunked).unwrap() > 0 {}
+        assert_eq!(chunked, whole);
+    }
+
+    #[test]
+    fn announced_lengths_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("o.wav");
+        let mut w = WavWriter::create(&out, 1, 24_000, 3).unwrap();
+        w.write_mono(&[0.1, 0.2]).unwrap();
+        assert!(w.write_mono(&[0.3, 0.4]).is_err());
+        let e = w.finish().unwrap_err().to_string();
+        assert!(
+            e.contains("2 frames written") && e.contains("announced 3"),
+            "{e}"
+        );
+        assert!(!out.exists());
+        let e = WavWriter::create(&out, 2, 24_000, 1 << 31)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("too long for a WAV"), "{e}");
+        // Our header reads back with hound, as every reader.
+        write_mono_i16(&out, &[0.5, -0.5], 16_000).unwrap();
+        let r = hound::WavReader::open(&out).unwrap();
+        assert_eq!(r.spec().sample_rate, 16_000);
+        assert_eq!(r.duration(), 2);
     }
 
     #[test]

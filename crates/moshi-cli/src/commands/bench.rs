@@ -7,7 +7,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use moshi_kernels::SUPPORTED_GROUP_SIZES;
 use moshi_loader::tokenizer::TextTokenizer;
-use moshi_loader::{LmConfig, MimiConfig, WeightMap};
+use moshi_loader::{load_mimi_weights, LmConfig, MimiConfig, WeightMap};
 use moshi_model::generator::{Generator, SamplingConfig};
 use moshi_model::lm::kv_cache::KvPrecision;
 use moshi_model::lm::random::{random_lm_weights, RandomWeightKind};
@@ -29,6 +29,8 @@ use moshi_runtime::bench::synthetic_tokenizer::synthetic_tokenizer;
 use moshi_runtime::engine::FrameProcessor;
 use moshi_runtime::pipeline::{MoshiPipeline, FIRST_FRAME_LM_STEPS};
 use moshi_runtime::FRAME_MS;
+
+use super::memory_budget::ensure_fits;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::Layer;
 
@@ -113,10 +115,10 @@ pub struct BenchArgs {
     #[arg(long, value_name = "N")]
     group_size: Option<usize>,
     /// Timed frames (80 ms each).
-    #[arg(long, default_value_t = 50)]
+    #[arg(long, default_value_t = 50, value_parser = super::flag_values::bench_frames)]
     frames: usize,
     /// Untimed frames run first.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = super::flag_values::warmup_frames)]
     warmup: usize,
     /// Put N positions of random keys and values into every temporal KV cache before the warm-up
     /// (at most the config's context: 3000 for moshiko, 4 minutes): attention over a long
@@ -126,8 +128,8 @@ pub struct BenchArgs {
     /// Element type of the temporal KV caches: f32 (exact, default) or bf16 (half the bytes).
     #[arg(long, value_name = "f32|bf16", default_value_t = KvPrecision::F32)]
     kv_cache: KvPrecision,
-    /// Compute threads (default: all logical CPUs).
-    #[arg(long)]
+    /// Compute threads, at most the logical CPUs (default: all of them).
+    #[arg(long, value_parser = super::flag_values::threads)]
     threads: Option<usize>,
     /// What to run.
     #[arg(long, value_enum, default_value_t = StageArg::All)]
@@ -146,7 +148,12 @@ pub struct BenchArgs {
     #[arg(long, value_name = "f32|bf16|q8", default_value_t = MimiWeights::F32)]
     mimi_weights: MimiWeights,
     /// Buffer of the memory read-bandwidth probe, MiB (keep it well above the last-level cache).
-    #[arg(long, default_value_t = 1024, value_name = "MIB")]
+    #[arg(
+        long,
+        default_value_t = 1024,
+        value_name = "MIB",
+        value_parser = super::flag_values::bandwidth_buffer_mib
+    )]
     bandwidth_buffer_mib: usize,
 }
 
@@ -221,6 +228,10 @@ fn probe_bandwidth(threads: usize, buffer_mib: usize) -> f64 {
 fn bench(args: &BenchArgs, threads: usize, totals: &SpanTotals) -> Result<()> {
     // Bandwidth is probed before the model is loaded and again after the timed frames; the best
     // probe is kept (a busy machine only ever makes a probe slower).
+    ensure_fits(
+        &format!("--bandwidth-buffer-mib {}", args.bandwidth_buffer_mib),
+        (args.bandwidth_buffer_mib as u64) << 20,
+    )?;
     eprintln!("measuring memory read bandwidth with {threads} threads ...");
     let mut probes = vec![probe_bandwidth(threads, args.bandwidth_buffer_mib)];
     // The probe's buffer is freed; do not let it count as the model's peak memory.
@@ -253,6 +264,23 @@ fn bench(args: &BenchArgs, threads: usize, totals: &SpanTotals) -> Result<()> {
                 loaded.config_origin
             );
         }
+        let cfg = &loaded.cfg;
+        ensure_fits(
+            &format!(
+                "--kv-prefill {} ({} layers of dim {}, {} KV cache)",
+                args.kv_prefill, cfg.num_layers, cfg.dim, args.kv_cache
+            ),
+            [
+                args.kv_prefill,
+                cfg.dim,
+                2,
+                args.kv_cache.bytes(),
+                cfg.num_layers,
+            ]
+            .iter()
+            .map(|&x| x as u64)
+            .product(),
+        )?;
     }
     let kv_layer_bytes = if first_frame_steps > 0 {
         let cfg = &loaded.cfg;
@@ -535,6 +563,14 @@ fn load_random(args: &BenchArgs) -> Result<Loaded> {
         .unwrap_or(WeightFormat::Q4);
     let (kind, quant) = random_kind_of(format, args.group_size)?;
     let weights = if args.stage.needs_lm() {
+        let bits = random_bits_per_weight(kind);
+        ensure_fits(
+            &format!(
+                "--random-weights ({quant}: {} parameters of {config_origin} at {bits} bits each)",
+                cfg.parameter_count()
+            ),
+            (cfg.parameter_count() as f64 * bits / 8.0) as u64,
+        )?;
         eprintln!(
             "generating random {quant} weights: {} of {} temporal layers (dim {}) + depformer ...",
             cfg.num_layers, full.num_layers, cfg.dim
@@ -562,6 +598,15 @@ fn load_random(args: &BenchArgs) -> Result<Loaded> {
         quant,
         weights: weight_bytes,
     })
+}
+
+/// Bits per weight of random weights of `kind` (MLX packing: a 16-bit scale and bias per group).
+fn random_bits_per_weight(kind: RandomWeightKind) -> f64 {
+    match kind {
+        RandomWeightKind::Quantized { bits, group_size } => bits as f64 + 32.0 / group_size as f64,
+        RandomWeightKind::BF16 => 16.0,
+        RandomWeightKind::F32 => 32.0,
+    }
 }
 
 /// The random weights' packing for `--quant` and `--group-size`, and its report label.
@@ -617,11 +662,9 @@ fn load_checkpoint(args: &BenchArgs) -> Result<Loaded> {
     let (weights, cfg, format) = load_checkpoint_lm(&model, requested, checked.num_layers)?;
     let (lm, weight_bytes) = build_lm(&cfg, args.stage.needs_lm().then_some(weights), args.stage)?;
     let (mimi, tokenizer) = if args.stage.needs_mimi() {
-        let mimi = Mimi::load(
-            &model.mimi_config,
-            &model.mimi_weights_path,
-            mimi_codebooks(&cfg),
-        )?;
+        let codebooks = mimi_codebooks(&cfg);
+        let mimi_weights = load_mimi_weights(&model.mimi_weights_path, codebooks)?;
+        let mimi = Mimi::load(&model.mimi_config, mimi_weights, codebooks)?;
         (
             Some(mimi),
             Some(TextTokenizer::from_file(&model.tokenizer_path)?),

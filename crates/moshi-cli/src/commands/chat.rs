@@ -40,16 +40,26 @@ pub struct ChatArgs {
     pub buffer_ms: u32,
     /// Silence queued ahead of Moshi's first frame so compute-time jitter never underruns the
     /// speaker (adds this much latency). Default: the device buffer.
-    #[arg(long, value_name = "MS")]
+    #[arg(
+        long,
+        value_name = "MS",
+        allow_negative_numbers = true,
+        value_parser = super::flag_values::jitter_ms
+    )]
     pub jitter_ms: Option<f64>,
     /// Input frames allowed to wait behind the one being processed before the oldest is dropped.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = super::flag_values::backlog_frames)]
     pub max_backlog_frames: usize,
     /// Save the conversation as a stereo WAV: you on the left, Moshi on the right (24 kHz).
     #[arg(long, value_name = "FILE")]
     pub record: Option<PathBuf>,
     /// Stop after this many seconds (default: until Ctrl-C).
-    #[arg(long, value_name = "SECONDS")]
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        allow_negative_numbers = true,
+        value_parser = super::flag_values::duration_s
+    )]
     pub duration_s: Option<f64>,
     /// Write per-frame timings as JSON Lines.
     #[arg(long, value_name = "FILE")]

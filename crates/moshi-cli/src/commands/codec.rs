@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use moshi_loader::{npy, MimiConfig};
+use moshi_loader::{load_mimi_weights, npy, MimiConfig};
 use moshi_model::mimi::{Mimi, MimiWeights};
 
 use moshi_runtime::{resample::resample_to, wav};
@@ -90,6 +90,12 @@ fn resolve(source: &MimiSource) -> Result<(PathBuf, MimiConfig)> {
     Ok((weights, config))
 }
 
+/// Reads the Mimi checkpoint at `weights` and builds Mimi with `codebooks` codebooks.
+fn load_mimi(cfg: &MimiConfig, weights: &Path, codebooks: usize) -> Result<Mimi> {
+    let map = load_mimi_weights(weights, codebooks)?;
+    Ok(Mimi::load(cfg, map, codebooks)?)
+}
+
 fn find_mimi_in(dir: &Path) -> Result<PathBuf> {
     if !dir.is_dir() {
         bail!("--model {}: not a directory", dir.display());
@@ -123,8 +129,7 @@ fn find_mimi_in(dir: &Path) -> Result<PathBuf> {
 
 fn encode(args: EncodeArgs) -> Result<()> {
     let (weights, cfg) = resolve(&args.source)?;
-    let mut mimi = Mimi::load(&cfg, &weights, args.codebooks)
-        .with_context(|| format!("loading Mimi from {}", weights.display()))?;
+    let mut mimi = load_mimi(&cfg, &weights, args.codebooks)?;
     mimi.set_weights(args.source.mimi_weights);
     let frame = mimi.frame_size_samples();
     let audio = wav::read_mono(&args.input)?;
@@ -222,8 +227,7 @@ fn decode(args: DecodeArgs) -> Result<()> {
         codes.push(out);
     }
     let (weights, cfg) = resolve(&args.source)?;
-    let mut mimi = Mimi::load(&cfg, &weights, k)
-        .with_context(|| format!("loading Mimi from {}", weights.display()))?;
+    let mut mimi = load_mimi(&cfg, &weights, k)?;
     mimi.set_weights(args.source.mimi_weights);
     let pcm = mimi
         .decode_step(&codes)

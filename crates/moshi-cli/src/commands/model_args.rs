@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
+use moshi_loader::input_file::{check_input_file, InputKind};
 use moshi_loader::{ModelSource, ResolvedModel, SourceOverrides, WeightMode};
 use moshi_model::generator::SamplingConfig;
 use moshi_model::lm::kv_cache::KvPrecision;
@@ -88,11 +89,21 @@ impl QuantizeLevel {
 /// Sampling options (defaults: the official ones).
 #[derive(clap::Args, Debug, Clone)]
 pub struct SamplingArgs {
-    /// Audio sampling temperature.
-    #[arg(long, default_value_t = 0.8)]
+    /// Audio sampling temperature (finite, >= 0; 0 picks the most probable code).
+    #[arg(
+        long,
+        default_value_t = 0.8,
+        allow_negative_numbers = true,
+        value_parser = super::flag_values::temperature
+    )]
     pub temp: f32,
-    /// Text sampling temperature.
-    #[arg(long, default_value_t = 0.7)]
+    /// Text sampling temperature (finite, >= 0; 0 picks the most probable token).
+    #[arg(
+        long,
+        default_value_t = 0.7,
+        allow_negative_numbers = true,
+        value_parser = super::flag_values::temperature
+    )]
     pub temp_text: f32,
     /// Audio top-k.
     #[arg(long, default_value_t = 250)]
@@ -133,14 +144,14 @@ impl ModelArgs {
             variant: None,
             hub: None,
         };
-        for (flag, path) in [
-            ("--weights", &self.weights),
-            ("--mimi", &self.mimi),
-            ("--tokenizer", &self.tokenizer),
-            ("--config", &self.config),
+        for (flag, path, kind) in [
+            ("--weights", &self.weights, InputKind::RegularFile),
+            ("--mimi", &self.mimi, InputKind::RegularFile),
+            ("--tokenizer", &self.tokenizer, InputKind::Readable),
+            ("--config", &self.config, InputKind::Readable),
         ] {
             if let Some(p) = path {
-                anyhow::ensure!(p.is_file(), "{flag} {}: no such file", p.display());
+                check_input_file(p, kind).with_context(|| flag.to_string())?;
             }
         }
         match &self.model {

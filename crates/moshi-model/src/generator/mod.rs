@@ -154,23 +154,29 @@ impl Generator {
     }
 
     fn step_inner(&mut self, user_codes: &[u32], record: bool) -> Result<StepDetails> {
+        // Public fields: checked where they are used (two comparisons per step).
+        self.sampling.validate()?;
         let cfg = self.model.config();
         let (dep_q, card, s) = (cfg.dep_q, cfg.card, self.step);
         if user_codes.len() != cfg.user_codebooks() {
-            return Err(ModelError::Input(format!(
-                "expected {} user audio codes per frame (n_q - dep_q), got {}",
-                cfg.user_codebooks(),
-                user_codes.len()
-            )));
+            return Err(ModelError::WrongLength {
+                what: "generator step: user audio codes per frame (n_q - dep_q)",
+                expected: cfg.user_codebooks(),
+                got: user_codes.len(),
+            });
         }
         if let Some((i, &c)) = user_codes
             .iter()
             .enumerate()
             .find(|(_, &c)| c as usize >= card)
         {
-            return Err(ModelError::Input(format!(
-                "user code {c} of codebook {i} is out of range (card {card})"
-            )));
+            return Err(ModelError::TokenOutOfRange {
+                what: "user code",
+                value: c,
+                at: format!(" of codebook {i}"),
+                max: card - 1,
+                note: ": card - 1",
+            });
         }
         let ring = self.sampled.len();
         self.user[s % ring].copy_from_slice(user_codes);
@@ -280,12 +286,14 @@ impl Generator {
     }
 }
 
-fn check_finite(logits: &[f32], step: usize, what: &str) -> Result<()> {
-    if let Some(i) = logits.iter().position(|v| !v.is_finite()) {
-        return Err(ModelError::Other(format!(
-            "non-finite {what} logit at step {step} (index {i}: {}); the weights or inputs are corrupt",
-            logits[i]
-        )));
+fn check_finite(logits: &[f32], step: usize, what: &'static str) -> Result<()> {
+    if let Some(index) = logits.iter().position(|v| !v.is_finite()) {
+        return Err(ModelError::NonFiniteLogits {
+            what,
+            step,
+            index,
+            value: logits[index],
+        });
     }
     Ok(())
 }

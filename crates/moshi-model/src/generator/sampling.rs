@@ -30,6 +30,21 @@ impl Default for SamplingConfig {
 }
 
 impl SamplingConfig {
+    /// Checks the temperatures: finite and at least 0 (a negative or NaN temperature would
+    /// silently change what is sampled). Top-k needs no check: 0 or more than the vocabulary
+    /// means the whole distribution.
+    pub fn validate(&self) -> crate::Result<()> {
+        for (what, value) in [
+            ("temp_text", self.temp_text),
+            ("temp_audio", self.temp_audio),
+        ] {
+            if !value.is_finite() || value < 0.0 {
+                return Err(crate::ModelError::BadSampling { what, value });
+            }
+        }
+        Ok(())
+    }
+
     /// Argmax everywhere.
     pub fn greedy() -> Self {
         Self {

@@ -12,7 +12,7 @@ pub mod transformer;
 
 use std::path::Path;
 
-use moshi_loader::{LmConfig, WeightMap};
+use moshi_loader::{LmConfig, PositionalEmbedding, WeightMap};
 
 use crate::ops::Linear;
 use crate::{ModelError, Result};
@@ -54,43 +54,10 @@ pub struct LmModel {
     depformer: Depformer,
 }
 
-/// Checks the parts of a config this implementation relies on beyond `LmConfig::validate`.
+/// Checks the config (a no-op for one read by `LmConfig::from_file`, which validated it; a config
+/// built or changed in code is checked here, before anything is allocated from it).
 fn check_supported(cfg: &LmConfig) -> Result<()> {
     cfg.validate(Path::new("<LM config>"))?;
-    let bad = |m: String| Err(ModelError::Config(m));
-    for (what, v) in [
-        ("positional_embedding", &cfg.positional_embedding),
-        ("depformer_pos_emb", &cfg.depformer_pos_emb),
-    ] {
-        if v != "rope" && v != "none" {
-            return bad(format!(
-                "{what} `{v}` is not supported (expected `rope` or `none`)"
-            ));
-        }
-    }
-    if cfg.layer_scale.is_some() || cfg.depformer_layer_scale.is_some() {
-        return bad(
-            "layer_scale / depformer_layer_scale are not supported by the canonical LM weights"
-                .into(),
-        );
-    }
-    if cfg.context == 0 {
-        return bad("context must be at least 1".into());
-    }
-    if cfg.dep_q == 0 {
-        return bad("dep_q must be at least 1 (the depformer generates Moshi's audio)".into());
-    }
-    let (hd, dhd) = (
-        cfg.dim / cfg.num_heads,
-        cfg.depformer_dim / cfg.depformer_num_heads,
-    );
-    if (cfg.positional_embedding == "rope" && hd % 2 != 0)
-        || (cfg.depformer_pos_emb == "rope" && dhd % 2 != 0)
-    {
-        return bad(format!(
-            "RoPE needs an even head dimension, got {hd} / {dhd}"
-        ));
-    }
     Ok(())
 }
 
@@ -137,7 +104,7 @@ impl LmModel {
     /// checked against `cfg`; a checkpoint made for another config is an error naming the tensor).
     pub fn load(cfg: &LmConfig, mut weights: WeightMap) -> Result<Self> {
         check_supported(cfg)?;
-        let eps = RmsNorm::eps_for(&cfg.norm);
+        let eps = RmsNorm::eps_for(cfg.norm);
         let (dim, ddim) = (cfg.dim, cfg.depformer_dim);
         let (hidden, dhidden) = (cfg.hidden_dim(), cfg.depformer_hidden_dim());
         let mut t = Take { map: &mut weights };
@@ -159,7 +126,7 @@ impl LmModel {
                 )
             })
             .collect::<Result<Vec<_>>>()?;
-        let rope = (cfg.positional_embedding == "rope")
+        let rope = (cfg.positional_embedding == PositionalEmbedding::Rope)
             .then(|| Rope::new(dim / cfg.num_heads, cfg.max_period));
         let temporal = TemporalTransformer::new(
             text_emb,
@@ -196,25 +163,26 @@ impl LmModel {
                 linear_out: t.linear(&format!("{p}.linear_out"), cfg.card, ddim)?,
             });
         }
-        let drope = (cfg.depformer_pos_emb == "rope")
+        let drope = (cfg.depformer_pos_emb == PositionalEmbedding::Rope)
             .then(|| Rope::new(ddim / cfg.depformer_num_heads, cfg.depformer_max_period));
         let depformer = Depformer::new(slices, drope);
 
         let left = weights.remaining();
         if !left.is_empty() {
             let shown: Vec<&str> = left.iter().take(5).map(String::as_str).collect();
-            return Err(ModelError::Config(format!(
-                "{}: {} tensors are not used by this config (num_layers {}, depformer_num_layers {}, n_q {}, dep_q {}), \
-                 the checkpoint was made for another config: {}{}",
-                weights.source().display(),
-                left.len(),
-                cfg.num_layers,
-                cfg.depformer_num_layers,
-                cfg.n_q,
-                cfg.dep_q,
-                shown.join(", "),
-                if left.len() > 5 { ", ..." } else { "" }
-            )));
+            return Err(ModelError::UnusedTensors {
+                path: weights.source().to_path_buf(),
+                count: left.len(),
+                config: format!(
+                    "num_layers {}, depformer_num_layers {}, n_q {}, dep_q {}",
+                    cfg.num_layers, cfg.depformer_num_layers, cfg.n_q, cfg.dep_q
+                ),
+                shown: format!(
+                    "{}{}",
+                    shown.join(", "),
+                    if left.len() > 5 { ", ..." } else { "" }
+                ),
+            });
         }
         Ok(Self {
             cfg: cfg.clone(),
@@ -249,27 +217,33 @@ impl LmModel {
     pub fn forward_text(&mut self, tokens: &[u32]) -> Result<()> {
         let cfg = &self.cfg;
         if tokens.len() != cfg.n_q + 1 {
-            return Err(ModelError::Input(format!(
-                "the LM takes 1 + n_q = {} tokens per step, got {}",
-                cfg.n_q + 1,
-                tokens.len()
-            )));
+            return Err(ModelError::WrongLength {
+                what: "LM step: tokens per step (1 + n_q)",
+                expected: cfg.n_q + 1,
+                got: tokens.len(),
+            });
         }
         if tokens[0] as usize > cfg.text_card {
-            return Err(ModelError::Input(format!(
-                "text token {} is out of range (text_card {} is the largest allowed input, the initial token)",
-                tokens[0], cfg.text_card
-            )));
+            return Err(ModelError::TokenOutOfRange {
+                what: "text token",
+                value: tokens[0],
+                at: String::new(),
+                max: cfg.text_card,
+                note: ": text_card, the initial token",
+            });
         }
         if let Some((i, &t)) = tokens[1..]
             .iter()
             .enumerate()
             .find(|(_, &t)| t as usize > cfg.card)
         {
-            return Err(ModelError::Input(format!(
-                "audio token {t} of stream {i} is out of range (card {} is the largest allowed input, the initial token)",
-                cfg.card
-            )));
+            return Err(ModelError::TokenOutOfRange {
+                what: "audio token",
+                value: t,
+                at: format!(" of stream {i}"),
+                max: cfg.card,
+                note: ": card, the initial token",
+            });
         }
         self.temporal.step(tokens);
         Ok(())
@@ -296,17 +270,21 @@ impl LmModel {
     pub fn depformer_step(&mut self, k: usize, prev_token: u32) -> Result<&[f32]> {
         let cfg = &self.cfg;
         if k >= cfg.dep_q || self.depformer.substeps_done() != k {
-            return Err(ModelError::Input(format!(
-                "depformer sub-step {k} requested after {} sub-steps of this frame (dep_q {})",
-                self.depformer.substeps_done(),
-                cfg.dep_q
-            )));
+            return Err(ModelError::DepformerOrder {
+                requested: k,
+                done: self.depformer.substeps_done(),
+                dep_q: cfg.dep_q,
+            });
         }
         let limit = if k == 0 { cfg.text_card } else { cfg.card };
         if prev_token as usize > limit {
-            return Err(ModelError::Input(format!(
-                "depformer sub-step {k}: previous token {prev_token} is out of range (max {limit})"
-            )));
+            return Err(ModelError::TokenOutOfRange {
+                what: "previous token",
+                value: prev_token,
+                at: format!(" of depformer sub-step {k}"),
+                max: limit,
+                note: "",
+            });
         }
         Ok(self
             .depformer

@@ -81,7 +81,7 @@ fn random_matrix(
     seed: u64,
     kind: RandomWeightKind,
     std: f32,
-) -> Result<WeightData> {
+) -> std::result::Result<WeightData, moshi_kernels::QuantError> {
     let a = std * 3f32.sqrt();
     Ok(match kind {
         RandomWeightKind::F32 => {
@@ -132,8 +132,13 @@ pub fn random_lm_weights(cfg: &LmConfig, seed: u64, kind: RandomWeightKind) -> R
             } else {
                 1.0 / (shape[1] as f32).sqrt()
             };
-            random_matrix(shape[0], shape[1], s, kind, std)
-                .map_err(|e| ModelError::Config(format!("random weight `{name}` {shape:?}: {e}")))?
+            random_matrix(shape[0], shape[1], s, kind, std).map_err(|cause| {
+                ModelError::RandomWeight {
+                    name: name.clone(),
+                    shape: shape.clone(),
+                    cause,
+                }
+            })?
         };
         map.insert(name, Weight { shape, data });
     }

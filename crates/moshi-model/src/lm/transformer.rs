@@ -5,6 +5,8 @@
 use super::attention::{Attention, AttentionScratch};
 use super::kv_cache::KvCache;
 use super::rope::RopeRotation;
+use moshi_loader::NormKind;
+
 use crate::ops::{rms_norm, silu, Linear};
 
 /// RMSNorm with a learnt gain (`alpha`, `[dim]`).
@@ -19,10 +21,10 @@ impl RmsNorm {
         Self { alpha, eps }
     }
 
-    /// Epsilon of a config `norm` string: `rms_norm_f32` 1e-8, `rms_norm` 1e-5 (as in the
+    /// Epsilon of a config `norm`: `rms_norm_f32` 1e-8, `rms_norm` 1e-5 (as in the
     /// official `create_norm_fn`).
-    pub fn eps_for(norm: &str) -> f32 {
-        if norm == "rms_norm_f32" {
+    pub fn eps_for(norm: NormKind) -> f32 {
+        if norm == NormKind::RmsNormF32 {
             1e-8
         } else {
             1e-5

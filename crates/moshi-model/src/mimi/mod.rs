@@ -16,14 +16,14 @@ pub use self::matrix::{weight_bytes_read, MimiWeights};
 
 use std::path::Path;
 
-use moshi_loader::MimiConfig;
+use moshi_loader::{MimiConfig, WeightMap};
 
 use self::conv::{Conv1dState, ConvTr1dState};
 use self::quantizer::{QuantizerScratch, SplitQuantizer};
 use self::resample::{Downsample, Upsample};
 use self::seanet::{SeanetDecoder, SeanetDecoderState, SeanetEncoder, SeanetEncoderState};
 use self::transformer::{AttentionMode, MimiTransformer, TransformerState};
-use self::weights::{FileWeights, RandomWeights, WeightSource};
+use self::weights::{RandomWeights, WeightSource};
 use crate::{ModelError, Result};
 
 /// The immutable part of Mimi: every module's weights and shapes.
@@ -74,11 +74,26 @@ pub struct Mimi {
 }
 
 impl Mimi {
-    /// Loads Mimi from a PyTorch-named safetensors checkpoint (f32; e.g.
-    /// `tokenizer-e351c8d8-checkpoint125.safetensors`), using the first `num_codebooks` codebooks.
-    pub fn load(cfg: &MimiConfig, weights: &Path, num_codebooks: usize) -> Result<Mimi> {
-        let mut src = FileWeights::open(weights)?;
-        Self::build(cfg, &mut src, num_codebooks)
+    /// Builds Mimi from the weights of a checkpoint (`moshi_loader::mimi_weights::load_mimi_weights`
+    /// of e.g. `tokenizer-e351c8d8-checkpoint125.safetensors`), using the first `num_codebooks`
+    /// codebooks. Every tensor's shape is checked against `cfg`, and a tensor left unused means
+    /// the checkpoint was made for another config: an error naming it.
+    pub fn load(cfg: &MimiConfig, mut weights: WeightMap, num_codebooks: usize) -> Result<Mimi> {
+        let mimi = Self::build(cfg, &mut weights, num_codebooks)?;
+        let left = weights.remaining();
+        if !left.is_empty() {
+            return Err(ModelError::UnusedTensors {
+                path: weights.source().to_path_buf(),
+                count: left.len(),
+                config: format!(
+                    "Mimi with {num_codebooks} codebooks, {} SEANet stages, {} transformer layers",
+                    cfg.seanet.ratios.len(),
+                    cfg.transformer.num_layers
+                ),
+                shown: left.iter().take(5).cloned().collect::<Vec<_>>().join(", "),
+            });
+        }
+        Ok(mimi)
     }
 
     /// A Mimi of the given shape with deterministic random weights (for benchmarks and tests of
@@ -89,31 +104,13 @@ impl Mimi {
     }
 
     fn build(cfg: &MimiConfig, src: &mut dyn WeightSource, num_codebooks: usize) -> Result<Mimi> {
-        if cfg.channels != 1 || cfg.seanet.channels != 1 {
-            return Err(ModelError::Config(format!(
-                "mimi: only mono is supported (channels {})",
-                cfg.channels
-            )));
-        }
+        // A no-op for a config read by `MimiConfig::from_file` (validated there); a config built
+        // or changed in code is checked before anything is allocated from it.
+        cfg.validate(Path::new("<Mimi config>"))?;
         let frame_size = cfg.frame_size_samples();
         let encoder = SeanetEncoder::load(src, "encoder", &cfg.seanet)?;
-        let hop = encoder.hop();
-        if frame_size == 0 || !frame_size.is_multiple_of(hop) {
-            return Err(ModelError::Config(format!(
-                "mimi: frame size {frame_size} is not a multiple of the SEANet hop {hop}"
-            )));
-        }
-        let stride = frame_size / hop;
+        let stride = frame_size / encoder.hop();
         let dim = cfg.seanet.dimension;
-        if cfg.transformer.d_model != dim
-            || cfg.quantizer.input_dimension != dim
-            || cfg.quantizer.output_dimension != dim
-        {
-            return Err(ModelError::Config(format!(
-                "mimi: SEANet dimension {dim} must equal the transformer d_model {} and the quantizer input/output dimensions {}/{}",
-                cfg.transformer.d_model, cfg.quantizer.input_dimension, cfg.quantizer.output_dimension
-            )));
-        }
         let encoder_transformer =
             MimiTransformer::load(src, "encoder_transformer", &cfg.transformer)?;
         let downsample = Downsample::load(src, dim, stride)?;
@@ -216,18 +213,18 @@ impl Mimi {
     /// Allocation-free variant of [`Mimi::encode_frame`]: `codes` must hold `num_codebooks` entries.
     pub fn encode_frame_into(&mut self, pcm: &[f32], codes: &mut [u32]) -> Result<()> {
         if pcm.len() != self.frame_size {
-            return Err(ModelError::Input(format!(
-                "mimi encode: a frame is {} samples, got {}",
-                self.frame_size,
-                pcm.len()
-            )));
+            return Err(ModelError::WrongLength {
+                what: "mimi encode: samples per frame",
+                expected: self.frame_size,
+                got: pcm.len(),
+            });
         }
         if codes.len() != self.num_codebooks() {
-            return Err(ModelError::Input(format!(
-                "mimi encode: codes buffer holds {}, expected {}",
-                codes.len(),
-                self.num_codebooks()
-            )));
+            return Err(ModelError::WrongLength {
+                what: "mimi encode: codes buffer (codebooks)",
+                expected: self.num_codebooks(),
+                got: codes.len(),
+            });
         }
         let _span = tracing::trace_span!("mimi_encode").entered();
         self.modules
@@ -240,11 +237,11 @@ impl Mimi {
     /// depend on how the audio was chunked) -> codes `[codebook][frame]`.
     pub fn encode_step(&mut self, pcm: &[f32]) -> Result<Vec<Vec<u32>>> {
         if !pcm.len().is_multiple_of(self.frame_size) {
-            return Err(ModelError::Input(format!(
-                "mimi encode_step: {} samples is not a multiple of the {}-sample frame",
-                pcm.len(),
-                self.frame_size
-            )));
+            return Err(ModelError::WrongLength {
+                what: "mimi encode_step: samples (a whole number of frames)",
+                expected: pcm.len() / self.frame_size * self.frame_size,
+                got: pcm.len(),
+            });
         }
         let k = self.num_codebooks();
         let frames = pcm.len() / self.frame_size;
@@ -263,7 +260,7 @@ impl Mimi {
     /// like PyTorch's `mimi.encode` outside `streaming()` -> codes `[codebook][frame]`.
     pub fn encode_batch(&self, pcm: &[f32]) -> Result<Vec<Vec<u32>>> {
         if pcm.is_empty() {
-            return Err(ModelError::Input("mimi encode_batch: empty signal".into()));
+            return Err(ModelError::EmptySignal);
         }
         let frames = pcm.len().div_ceil(self.frame_size);
         let mut padded = pcm.to_vec();
@@ -283,18 +280,18 @@ impl Mimi {
     /// Allocation-free variant of [`Mimi::decode_frame`]: `pcm` must hold `frame_size` samples.
     pub fn decode_frame_into(&mut self, codes: &[u32], pcm: &mut [f32]) -> Result<()> {
         if codes.len() != self.num_codebooks() {
-            return Err(ModelError::Input(format!(
-                "mimi decode: a frame has {} codes, got {}",
-                self.num_codebooks(),
-                codes.len()
-            )));
+            return Err(ModelError::WrongLength {
+                what: "mimi decode: codes per frame",
+                expected: self.num_codebooks(),
+                got: codes.len(),
+            });
         }
         if pcm.len() != self.frame_size {
-            return Err(ModelError::Input(format!(
-                "mimi decode: output buffer holds {}, expected {}",
-                pcm.len(),
-                self.frame_size
-            )));
+            return Err(ModelError::WrongLength {
+                what: "mimi decode: output buffer (samples)",
+                expected: self.frame_size,
+                got: pcm.len(),
+            });
         }
         self.modules.quantizer.check_codes(codes)?;
         let _span = tracing::trace_span!("mimi_decode").entered();
@@ -332,17 +329,19 @@ impl Mimi {
     fn flatten_checked(&self, codes: &[Vec<u32>]) -> Result<Vec<u32>> {
         let k = self.num_codebooks();
         if codes.len() != k {
-            return Err(ModelError::Input(format!(
-                "mimi decode: got {} codebooks, expected {k}",
-                codes.len()
-            )));
+            return Err(ModelError::WrongLength {
+                what: "mimi decode: codebooks",
+                expected: k,
+                got: codes.len(),
+            });
         }
         let frames = codes[0].len();
         if let Some((q, row)) = codes.iter().enumerate().find(|(_, r)| r.len() != frames) {
-            return Err(ModelError::Input(format!(
-                "mimi decode: codebook {q} has {} frames, codebook 0 has {frames}",
-                row.len()
-            )));
+            return Err(ModelError::RaggedCodes {
+                codebook: q,
+                frames: row.len(),
+                first_frames: frames,
+            });
         }
         let mut flat = vec![0u32; frames * k];
         for (q, row) in codes.iter().enumerate() {

@@ -124,16 +124,10 @@ impl SplitQuantizer {
         num_codebooks: usize,
     ) -> Result<Self> {
         if num_codebooks == 0 || num_codebooks > cfg.n_q {
-            return Err(ModelError::Config(format!(
-                "mimi: {num_codebooks} codebooks requested, the quantizer has 1..={} (n_q)",
-                cfg.n_q
-            )));
-        }
-        if cfg.bins == 0 || cfg.dimension == 0 {
-            return Err(ModelError::Config(format!(
-                "mimi quantizer: bins {} / dimension {} must be positive",
-                cfg.bins, cfg.dimension
-            )));
+            return Err(ModelError::CodebooksUnavailable {
+                requested: num_codebooks,
+                available: cfg.n_q,
+            });
         }
         let first = ResidualVq::load(src, "quantizer.rvq_first", cfg, 1)?;
         let rest = if num_codebooks > 1 {
@@ -260,12 +254,17 @@ impl SplitQuantizer {
             .enumerate()
             .find(|(_, &c)| c as usize >= self.bins)
         {
-            return Err(ModelError::Input(format!(
-                "mimi: code {c} of codebook {} at frame {} is out of range (codebook size {})",
-                i % self.num_codebooks,
-                i / self.num_codebooks,
-                self.bins
-            )));
+            return Err(ModelError::TokenOutOfRange {
+                what: "mimi: code",
+                value: c,
+                at: format!(
+                    " of codebook {} at frame {}",
+                    i % self.num_codebooks,
+                    i / self.num_codebooks
+                ),
+                max: self.bins - 1,
+                note: ": the codebook size - 1",
+            });
         }
         Ok(())
     }

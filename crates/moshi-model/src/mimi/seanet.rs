@@ -9,42 +9,7 @@ use super::conv::{
 };
 use super::matrix::MimiWeights;
 use super::weights::WeightSource;
-use crate::{ModelError, Result};
-
-fn check_config(cfg: &SeanetConfig) -> Result<()> {
-    let bad = |what: String| Err(ModelError::Config(format!("mimi seanet: {what}")));
-    if !cfg.causal {
-        return bad("only causal SEANet is supported (causal = false)".into());
-    }
-    if cfg.activation != "ELU" {
-        return bad(format!(
-            "activation `{}` is not supported (expected ELU)",
-            cfg.activation
-        ));
-    }
-    if !cfg.true_skip {
-        return bad("only true_skip = true (identity residual shortcut) is supported".into());
-    }
-    if cfg.pad_mode != "constant" {
-        return bad(format!(
-            "pad_mode `{}` is not supported (expected constant)",
-            cfg.pad_mode
-        ));
-    }
-    if !(cfg.norm.is_empty() || cfg.norm == "none") {
-        return bad(format!(
-            "norm `{}` is not supported (weights must be plain, e.g. weight norm folded)",
-            cfg.norm
-        ));
-    }
-    if cfg.ratios.is_empty() || cfg.ratios.contains(&0) || cfg.n_filters == 0 || cfg.compress == 0 {
-        return bad(format!(
-            "degenerate shape: ratios {:?}, n_filters {}, compress {}",
-            cfg.ratios, cfg.n_filters, cfg.compress
-        ));
-    }
-    Ok(())
-}
+use crate::Result;
 
 fn load_conv(
     src: &mut dyn WeightSource,
@@ -170,7 +135,6 @@ impl SeanetEncoder {
         prefix: &str,
         cfg: &SeanetConfig,
     ) -> Result<Self> {
-        check_config(cfg)?;
         let nf = cfg.n_filters;
         let input = load_conv(
             src,
@@ -331,7 +295,6 @@ impl SeanetDecoder {
         prefix: &str,
         cfg: &SeanetConfig,
     ) -> Result<Self> {
-        check_config(cfg)?;
         let nf = cfg.n_filters;
         let mut mult = 1usize << cfg.ratios.len();
         let input = load_conv(

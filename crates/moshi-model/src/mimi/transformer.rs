@@ -9,7 +9,7 @@ use moshi_loader::config::MimiTransformerConfig;
 use super::matrix::{MimiWeights, WeightMatrix};
 use super::weights::WeightSource;
 use crate::ops::{dot_elem, f32_to_bf16_bits, gelu_slice, layer_norm, WeightElem};
-use crate::{ModelError, Result};
+use crate::Result;
 
 #[derive(Clone, Debug)]
 struct Layer {
@@ -149,49 +149,6 @@ impl MimiTransformer {
         prefix: &str,
         cfg: &MimiTransformerConfig,
     ) -> Result<Self> {
-        let bad = |what: String| Err(ModelError::Config(format!("mimi transformer: {what}")));
-        if cfg.norm != "layer_norm" {
-            return bad(format!(
-                "norm `{}` is not supported (expected layer_norm)",
-                cfg.norm
-            ));
-        }
-        if cfg.gating != "none" {
-            return bad(format!(
-                "gating `{}` is not supported (expected none)",
-                cfg.gating
-            ));
-        }
-        if cfg.positional_embedding != "rope" {
-            return bad(format!(
-                "positional_embedding `{}` is not supported (expected rope)",
-                cfg.positional_embedding
-            ));
-        }
-        if !cfg.causal || !cfg.conv_layout {
-            return bad("only causal transformers with conv_layout are supported".into());
-        }
-        if cfg.input_dimension != cfg.d_model
-            || cfg.output_dimensions.iter().any(|&d| d != cfg.d_model)
-            || cfg.output_dimensions.len() != 1
-        {
-            return bad(format!(
-                "input/output projections are not supported (d_model {}, input {}, outputs {:?})",
-                cfg.d_model, cfg.input_dimension, cfg.output_dimensions
-            ));
-        }
-        if cfg.num_heads == 0
-            || !cfg.d_model.is_multiple_of(cfg.num_heads)
-            || !(cfg.d_model / cfg.num_heads).is_multiple_of(2)
-        {
-            return bad(format!(
-                "d_model {} is not a multiple of 2 * num_heads {}",
-                cfg.d_model, cfg.num_heads
-            ));
-        }
-        if cfg.context == 0 {
-            return bad("context must be positive".into());
-        }
         let (d, f) = (cfg.d_model, cfg.dim_feedforward);
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for l in 0..cfg.num_layers {
@@ -636,6 +593,7 @@ mod tests {
     use super::*;
     use crate::mimi::weights::RandomWeights;
     use crate::mimi::MimiWeights;
+    use moshi_loader::{Gating, NormKind, PositionalEmbedding};
 
     fn config(context: usize, num_layers: usize) -> MimiTransformerConfig {
         MimiTransformerConfig {
@@ -647,9 +605,9 @@ mod tests {
             context,
             conv_layout: true,
             max_period: 10000.0,
-            gating: "none".into(),
-            norm: "layer_norm".into(),
-            positional_embedding: "rope".into(),
+            gating: Gating::None,
+            norm: NormKind::LayerNorm,
+            positional_embedding: PositionalEmbedding::Rope,
             dim_feedforward: 32,
             input_dimension: 16,
             output_dimensions: vec![16],

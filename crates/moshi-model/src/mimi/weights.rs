@@ -1,9 +1,8 @@
-//! Where Mimi's tensors come from: a PyTorch-named safetensors checkpoint, or a deterministic
-//! random generator with the same names and shapes (benchmarks of the real shape without the file).
+//! Where Mimi's tensors come from: the weights `moshi_loader::mimi_weights` read from a
+//! checkpoint (PyTorch release names), or a deterministic random generator with the same names
+//! and shapes (benchmarks of the real shape without the file).
 
-use std::path::Path;
-
-use moshi_loader::SafetensorsFile;
+use moshi_loader::WeightMap;
 
 use crate::Result;
 
@@ -12,22 +11,10 @@ pub(crate) trait WeightSource {
     fn tensor(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>>;
 }
 
-/// Tensors read from a safetensors file (shapes checked by the loader).
-pub(crate) struct FileWeights {
-    file: SafetensorsFile,
-}
-
-impl FileWeights {
-    pub(crate) fn open(path: &Path) -> Result<Self> {
-        Ok(Self {
-            file: SafetensorsFile::open(path)?,
-        })
-    }
-}
-
-impl WeightSource for FileWeights {
+/// Tensors handed over by the loader: each taken once, its shape checked.
+impl WeightSource for WeightMap {
     fn tensor(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
-        Ok(self.file.read_f32(name, shape)?)
+        Ok(self.take_f32(name, shape)?)
     }
 }
 

@@ -1,0 +1,150 @@
+//! Parsers of numeric flag values with their ranges (clap `value_parser`s): a value out of range
+//! is refused before anything runs, and clap's message names the flag, the value and the range.
+
+use std::time::Duration;
+
+/// Most timed or warm-up frames `bench` runs (a day of audio at 80 ms per frame).
+pub const MAX_BENCH_FRAMES: usize = 1_080_000;
+/// Largest buffer of the memory-bandwidth probe, MiB.
+pub const MAX_BANDWIDTH_BUFFER_MIB: usize = 1 << 16;
+/// Largest jitter margin of `chat`, milliseconds.
+pub const MAX_JITTER_MS: f64 = 10_000.0;
+/// Longest `chat --duration-s` (one year).
+pub const MAX_DURATION_S: f64 = 365.0 * 24.0 * 3600.0;
+
+fn parse_f64(s: &str) -> Result<f64, String> {
+    s.trim()
+        .parse::<f64>()
+        .map_err(|_| format!("`{s}` is not a number"))
+}
+
+fn parse_usize(s: &str) -> Result<usize, String> {
+    s.trim()
+        .parse::<usize>()
+        .map_err(|_| format!("`{s}` is not a whole number >= 0"))
+}
+
+/// A sampling temperature: finite and at least 0 (0 picks the most probable token).
+pub fn temperature(s: &str) -> Result<f32, String> {
+    let refuse = || {
+        format!("{s}: a temperature must be a finite number >= 0 (0 picks the most probable token)")
+    };
+    let v = parse_f64(s).map_err(|_| refuse())?;
+    if !v.is_finite() || v < 0.0 || v > f32::MAX as f64 {
+        return Err(refuse());
+    }
+    Ok(v as f32)
+}
+
+/// A duration in seconds: finite, above 0, at most a year.
+pub fn duration_s(s: &str) -> Result<f64, String> {
+    let v = parse_f64(s)?;
+    if !(v.is_finite() && v > 0.0 && v <= MAX_DURATION_S) {
+        return Err(format!(
+            "{s}: expected a number of seconds above 0 and at most {MAX_DURATION_S} (a year)"
+        ));
+    }
+    Duration::try_from_secs_f64(v).map_err(|e| format!("{s}: {e}"))?;
+    Ok(v)
+}
+
+/// A jitter margin in milliseconds: finite, from 0 to [`MAX_JITTER_MS`].
+pub fn jitter_ms(s: &str) -> Result<f64, String> {
+    let v = parse_f64(s)?;
+    if !(v.is_finite() && (0.0..=MAX_JITTER_MS).contains(&v)) {
+        return Err(format!(
+            "{s}: expected milliseconds from 0 to {MAX_JITTER_MS}"
+        ));
+    }
+    Ok(v)
+}
+
+/// Compute threads: 1 to the machine's logical CPUs (the thread team spins while it waits, so
+/// more threads than CPUs only slow every frame down).
+pub fn threads(s: &str) -> Result<usize, String> {
+    let v = parse_usize(s)?;
+    let cpus = logical_cpus();
+    if !(1..=cpus).contains(&v) {
+        return Err(format!(
+            "{s}: expected 1 to {cpus} (this machine's logical CPUs)"
+        ));
+    }
+    Ok(v)
+}
+
+/// The machine's logical CPUs (1 when unknown).
+pub fn logical_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Timed frames of `bench`: 1 to [`MAX_BENCH_FRAMES`].
+pub fn bench_frames(s: &str) -> Result<usize, String> {
+    in_range(s, 1, MAX_BENCH_FRAMES)
+}
+
+/// Warm-up frames of `bench`: 0 to [`MAX_BENCH_FRAMES`].
+pub fn warmup_frames(s: &str) -> Result<usize, String> {
+    in_range(s, 0, MAX_BENCH_FRAMES)
+}
+
+/// Most input frames `chat` lets wait behind the one being processed (20 s).
+pub const MAX_BACKLOG_FRAMES: usize = 250;
+
+/// `chat --max-backlog-frames`: 0 to [`MAX_BACKLOG_FRAMES`].
+pub fn backlog_frames(s: &str) -> Result<usize, String> {
+    in_range(s, 0, MAX_BACKLOG_FRAMES)
+}
+
+/// The bandwidth probe's buffer: 1 to [`MAX_BANDWIDTH_BUFFER_MIB`] MiB.
+pub fn bandwidth_buffer_mib(s: &str) -> Result<usize, String> {
+    in_range(s, 1, MAX_BANDWIDTH_BUFFER_MIB)
+}
+
+fn in_range(s: &str, min: usize, max: usize) -> Result<usize, String> {
+    let v = parse_usize(s)?;
+    if !(min..=max).contains(&v) {
+        return Err(format!("{s}: expected {min} to {max}"));
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn temperatures_are_finite_and_non_negative() {
+        assert_eq!(temperature("0.8").unwrap(), 0.8);
+        assert_eq!(temperature("0").unwrap(), 0.0);
+        for bad in ["-1", "NaN", "nan", "inf", "-inf", "1e39", "hot"] {
+            let e = temperature(bad).unwrap_err();
+            assert!(e.contains(bad) && e.contains("temperature"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn durations_and_margins_are_bounded() {
+        assert_eq!(duration_s("2.5").unwrap(), 2.5);
+        for bad in ["0", "-1", "NaN", "inf", "1e300"] {
+            assert!(duration_s(bad).is_err(), "{bad}");
+        }
+        assert_eq!(jitter_ms("0").unwrap(), 0.0);
+        for bad in ["-0.5", "NaN", "1e12"] {
+            assert!(jitter_ms(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn counts_are_bounded() {
+        assert_eq!(threads("1").unwrap(), 1);
+        let e = threads("10000").unwrap_err();
+        assert!(e.contains("logical CPUs"), "{e}");
+        assert!(threads("0").is_err());
+        assert!(threads("-3").unwrap_err().contains("whole number"));
+        assert!(bench_frames("0").is_err());
+        assert_eq!(warmup_frames("0").unwrap(), 0);
+        assert!(bandwidth_buffer_mib("100000000")
+            .unwrap_err()
+            .contains("1 to 65536"));
+    }
+}

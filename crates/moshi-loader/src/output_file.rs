@@ -1,0 +1,353 @@
+//! The one way moshi-rs writes an output file. A regular file (or a new path) is written to a
+//! temporary file in the same folder, synced and renamed over the destination only when complete,
+//! so an error (a full disk, a bad input found half way) leaves the destination as it was and no
+//! partial file behind. A device, pipe or socket (`/dev/null`, `/dev/stdout`, a FIFO) is written
+//! directly, never replaced by a regular file, and its write errors are reported (`/dev/full`).
+//! A path that is one of the command's inputs is refused before anything is written. New files
+//! get mode 0666 minus the umask, as `File::create` gives.
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufWriter, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::{LoaderError, Result};
+
+/// How an [`OutputFile`] reaches its destination.
+#[derive(Debug)]
+enum Target {
+    /// A temporary file renamed over `dest` by [`OutputFile::commit`].
+    Replace { temp: PathBuf, dest: PathBuf },
+    /// Written in place (a device, pipe or socket).
+    Direct,
+}
+
+/// An output being written; see the module docs. Dropping it without [`OutputFile::commit`]
+/// removes the temporary file and leaves the destination untouched.
+#[derive(Debug)]
+pub struct OutputFile {
+    /// The path as given (for messages).
+    path: PathBuf,
+    target: Target,
+    writer: Option<BufWriter<File>>,
+}
+
+/// Distinguishes temporary files of one process.
+static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// Fails when `output` names the same file as one of `inputs` (also through links or another
+/// spelling of the path): writing it would destroy the input.
+pub fn ensure_not_an_input(output: &Path, inputs: &[&Path]) -> Result<()> {
+    let Ok(out_meta) = std::fs::metadata(output) else {
+        return Ok(()); // a new file cannot be an existing input
+    };
+    for input in inputs {
+        let Ok(in_meta) = std::fs::metadata(input) else {
+            continue;
+        };
+        if same_file(&out_meta, &in_meta) && out_meta.file_type().is_file() {
+            return Err(LoaderError::OutputIsInput {
+                output: output.to_path_buf(),
+                input: input.to_path_buf(),
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(unix)]
+fn same_file(a: &std::fs::Metadata, b: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    a.dev() == b.dev() && a.ino() == b.ino()
+}
+
+#[cfg(not(unix))]
+fn same_file(_a: &std::fs::Metadata, _b: &std::fs::Metadata) -> bool {
+    false
+}
+
+impl OutputFile {
+    /// Starts writing `path` (see the module docs). Fails, naming the path, when its folder
+    /// does not exist or cannot be written, or when it is a directory.
+    pub fn create(path: &Path) -> Result<Self> {
+        let err = |cause: std::io::Error| LoaderError::Write {
+            path: path.to_path_buf(),
+            cause,
+        };
+        // A symlink is written through: its target is the destination.
+        let dest = match std::fs::symlink_metadata(path) {
+            Ok(m) if m.file_type().is_symlink() => std::fs::canonicalize(path).map_err(err)?,
+            _ => path.to_path_buf(),
+        };
+        match std::fs::metadata(&dest) {
+            Ok(m) if m.is_dir() => Err(err(std::io::Error::new(
+                std::io::ErrorKind::IsADirectory,
+                "is a directory",
+            ))),
+            Ok(m) if !m.is_file() => {
+                // Devices, pipes, sockets: write in place, never truncate or replace the node.
+                let file = OpenOptions::new().write(true).open(&dest).map_err(err)?;
+                Ok(Self {
+                    path: path.to_path_buf(),
+                    target: Target::Direct,
+                    writer: Some(BufWriter::new(file)),
+                })
+            }
+            _ => {
+                let (temp, file) = create_temp_beside(&dest).map_err(err)?;
+                Ok(Self {
+                    path: path.to_path_buf(),
+                    target: Target::Replace { temp, dest },
+                    writer: Some(BufWriter::new(file)),
+                })
+            }
+        }
+    }
+
+    /// The path as given.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether the destination is a device, pipe or socket (written in place, not seekable).
+    pub fn is_direct(&self) -> bool {
+        matches!(self.target, Target::Direct)
+    }
+
+    fn writer(&mut self) -> &mut BufWriter<File> {
+        self.writer.as_mut().expect("present until commit")
+    }
+
+    /// Seeks the underlying file (a regular output only; a pipe cannot seek).
+    pub fn seek_to(&mut self, offset: u64) -> Result<()> {
+        let path = self.path.clone();
+        self.writer()
+            .seek(SeekFrom::Start(offset))
+            .map(|_| ())
+            .map_err(|cause| LoaderError::Write { path, cause })
+    }
+
+    /// Writes all of `bytes`; the error names the output.
+    pub fn write_bytes(&mut self, bytes: &[u8]) -> Result<()> {
+        let path = self.path.clone();
+        self.writer()
+            .write_all(bytes)
+            .map_err(|cause| LoaderError::Write { path, cause })
+    }
+
+    /// Finishes the output: flushes, syncs a regular file to disk (so that a full disk is an
+    /// error here, not lost data later) and renames it over the destination.
+    pub fn commit(mut self) -> Result<()> {
+        let err = |path: &Path, cause| LoaderError::Write {
+            path: path.to_path_buf(),
+            cause,
+        };
+        let writer = self.writer.take().expect("present until commit");
+        let file = writer
+            .into_inner()
+            .map_err(|e| err(&self.path, e.into_error()))?;
+        match &self.target {
+            Target::Direct => {
+                // fsync is meaningless (and refused) on most devices and pipes.
+                drop(file);
+                Ok(())
+            }
+            Target::Replace { temp, dest } => {
+                file.sync_all().map_err(|e| err(&self.path, e))?;
+                drop(file);
+                std::fs::rename(temp, dest).map_err(|e| err(&self.path, e))?;
+                self.target = Target::Direct; // nothing left to clean up
+                Ok(())
+            }
+        }
+    }
+}
+
+impl Write for OutputFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.writer().write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.writer().flush()
+    }
+}
+
+impl Drop for OutputFile {
+    fn drop(&mut self) {
+        if let Target::Replace { temp, .. } = &self.target {
+            drop(self.writer.take());
+            let _ = std::fs::remove_file(temp);
+        }
+    }
+}
+
+/// Creates a new, hidden temporary file in `dest`'s folder (mode 0666 minus the umask).
+fn create_temp_beside(dest: &Path) -> std::io::Result<(PathBuf, File)> {
+    let folder = match dest.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let name = dest
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "output".into());
+    loop {
+        let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+        let temp = folder.join(format!(".{name}.partial-{}-{n}", std::process::id()));
+        match OpenOptions::new().write(true).create_new(true).open(&temp) {
+            Ok(file) => return Ok((temp, file)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Checks, before any work, that `path` can be written as an output: its folder exists and takes
+/// a new file, and it is not a directory. Nothing is created or opened at `path` itself (a pipe
+/// is only opened when its output is written).
+pub fn check_output_path(path: &Path) -> Result<()> {
+    let err = |cause: std::io::Error| LoaderError::Write {
+        path: path.to_path_buf(),
+        cause,
+    };
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => Err(err(std::io::Error::new(
+            std::io::ErrorKind::IsADirectory,
+            "is a directory",
+        ))),
+        Ok(m) if !m.is_file() => Ok(()),
+        _ => {
+            let dest = match std::fs::symlink_metadata(path) {
+                Ok(m) if m.file_type().is_symlink() => std::fs::canonicalize(path).map_err(err)?,
+                _ => path.to_path_buf(),
+            };
+            let (temp, file) = create_temp_beside(&dest).map_err(err)?;
+            drop(file);
+            let _ = std::fs::remove_file(temp);
+            Ok(())
+        }
+    }
+}
+
+/// Writes `bytes` to `path` as one output (see the module docs).
+pub fn write_output(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut out = OutputFile::create(path)?;
+    out.write_bytes(bytes)?;
+    out.commit()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names_in(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn replaces_a_regular_file_only_when_committed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.bin");
+        std::fs::write(&path, b"old").unwrap();
+        let mut out = OutputFile::create(&path).unwrap();
+        out.write_bytes(b"new content").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"old");
+        drop(out); // an error half way: the old file stays, no temp file is left
+        assert_eq!(std::fs::read(&path).unwrap(), b"old");
+        assert_eq!(names_in(dir.path()), ["out.bin"]);
+
+        write_output(&path, b"new content").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"new content");
+        assert_eq!(names_in(dir.path()), ["out.bin"]);
+    }
+
+    #[test]
+    fn refuses_directories_and_missing_folders() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(check_output_path(dir.path()).is_err());
+        assert!(check_output_path(&dir.path().join("nope/out.wav")).is_err());
+        check_output_path(&dir.path().join("new.wav")).unwrap();
+        check_output_path(Path::new("/dev/null")).unwrap();
+        assert_eq!(names_in(dir.path()), Vec::<String>::new());
+        let e = OutputFile::create(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("is a directory"), "{e}");
+        let e = OutputFile::create(&dir.path().join("nope/out.wav"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("nope/out.wav") && e.contains("cannot write"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn writes_through_a_symlink_to_its_target() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("target.txt");
+        let link = dir.path().join("link.txt");
+        std::fs::write(&target, b"old").unwrap();
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        write_output(&link, b"new").unwrap();
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(std::fs::read(&target).unwrap(), b"new");
+    }
+
+    #[test]
+    fn devices_are_written_in_place_and_their_errors_reported() {
+        use std::os::unix::fs::FileTypeExt;
+        write_output(Path::new("/dev/null"), b"discarded").unwrap();
+        assert!(std::fs::metadata("/dev/null")
+            .unwrap()
+            .file_type()
+            .is_char_device());
+        let e = write_output(Path::new("/dev/full"), &[0u8; 1 << 16])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("/dev/full") && e.contains("No space left"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn an_input_is_never_an_output() {
+        let dir = tempfile::tempdir().unwrap();
+        let input = dir.path().join("in.wav");
+        std::fs::write(&input, b"input").unwrap();
+        let other = dir.path().join("./in.wav");
+        let e = ensure_not_an_input(&other, &[Path::new("x"), &input])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("in.wav") && e.contains("same file as the input"),
+            "{e}"
+        );
+        let hard = dir.path().join("hard.wav");
+        std::fs::hard_link(&input, &hard).unwrap();
+        assert!(ensure_not_an_input(&hard, &[&input]).is_err());
+        assert!(ensure_not_an_input(&dir.path().join("new.wav"), &[&input]).is_ok());
+        assert!(ensure_not_an_input(Path::new("/dev/null"), &[Path::new("/dev/null")]).is_ok());
+    }
+
+    #[test]
+    fn new_files_follow_the_umask() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.bin");
+        write_output(&path, b"x").unwrap();
+        // What File::create gives under the same umask.
+        let reference = dir.path().join("reference.bin");
+        std::fs::File::create(&reference).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&path), mode(&reference));
+    }
+}
