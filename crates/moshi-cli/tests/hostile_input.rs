@@ -54,6 +54,9 @@ fn fails_with(args: &[&str], parts: &[&str]) -> String {
     fails_quickly_with(args, parts, Duration::from_secs(60))
 }
 
+/// A change to a JSON config.
+type ConfigEdit = Box<dyn FnOnce(&mut Value)>;
+
 /// A copy of tiny-a in a temp folder with `edit` applied to `file` (a JSON config).
 fn model_with(file: &str, edit: impl FnOnce(&mut Value)) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
@@ -84,7 +87,7 @@ fn file_cmd_args<'a>(dir: &'a Path, out: &'a Path, extra: &[&'a str]) -> Vec<&'a
 /// error names the file, the key, the value and the limit.
 #[test]
 fn oversized_config_values_are_refused_before_allocating() {
-    let cases: Vec<(&str, Box<dyn FnOnce(&mut Value)>, Vec<&str>)> = vec![
+    let cases: Vec<(&str, ConfigEdit, Vec<&str>)> = vec![
         (
             "config.json",
             Box::new(|c| c["delays"][1] = 1_000_000_000u64.into()),
@@ -207,7 +210,7 @@ fn non_finite_and_negative_numbers_are_refused() {
 /// refused at load, naming the key.
 #[test]
 fn degenerate_config_values_name_their_key() {
-    let cases: Vec<(&str, Box<dyn FnOnce(&mut Value)>, Vec<&str>)> = vec![
+    let cases: Vec<(&str, ConfigEdit, Vec<&str>)> = vec![
         (
             "config.json",
             Box::new(|c| c["max_period"] = 0.into()),
