@@ -8,6 +8,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::conditioning::{validate_conditioning, ConditionerConfig, FuserConfig};
 use crate::config_check::{parse_json, read_config_text, ConfigChecker};
 pub use crate::mimi_config::{
     ConvNorm, MimiConfig, MimiTransformerConfig, PadMode, QuantizerConfig, SeanetActivation,
@@ -59,6 +60,11 @@ pub mod limits {
     pub const MAX_DILATION_BASE: usize = 16;
     /// The largest dilated reach of one SEANet convolution (`(kernel - 1) x dilation`), in steps.
     pub const MAX_CONV_REACH: u64 = 1 << 16;
+    /// Rows of a LUT conditioner's table (`n_bins`) and its width (`dim`).
+    pub const MAX_CONDITIONER_BINS: usize = 1 << 16;
+    pub const MAX_CONDITIONER_DIM: usize = 4096;
+    /// Classifier-free guidance coefficient (`lm_gen_config.cfg_coef`; Kyutai uses 1 to 4).
+    pub const MAX_CFG_COEF: f64 = 1000.0;
 }
 
 use limits::*;
@@ -153,6 +159,15 @@ pub struct LmConfig {
     #[serde(default = "default_true")]
     pub depformer_weights_per_step: bool,
     pub delays: Vec<usize>,
+    /// Conditioners by name (Hibiki: the LUT `description`); empty for Moshi.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub conditioners: BTreeMap<String, ConditionerConfig>,
+    /// How the conditioners enter the model (Hibiki: `{"sum": ["description"]}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fuser: Option<FuserConfig>,
+    /// `moshi` or `hibiki` (Kyutai's `model_type`); absent in Moshi's configs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_type: Option<String>,
     #[serde(default)]
     pub moshi_name: Option<String>,
     #[serde(default)]
@@ -205,6 +220,31 @@ impl LmConfig {
     }
     pub fn max_delay(&self) -> usize {
         self.delays.iter().copied().max().unwrap_or(0)
+    }
+
+    /// Whether the model takes conditions (Hibiki's `description`) summed into its input.
+    pub fn is_conditioned(&self) -> bool {
+        !self.conditioners.is_empty()
+    }
+
+    /// A speech translation model (Hibiki): `model_type` `hibiki`, or, without a `model_type`,
+    /// a conditioned model (Kyutai's `run_inference.py` runs conditioned models only as Hibiki).
+    /// Its input ends with an end-of-stream frame and it ends its output with EOS.
+    pub fn is_translation(&self) -> bool {
+        match self.model_type.as_deref() {
+            Some(t) => t == "hibiki",
+            None => self.is_conditioned(),
+        }
+    }
+
+    /// The guidance coefficient of `lm_gen_config.cfg_coef`, else 1.0 (no guidance: Kyutai's
+    /// default in `run_inference.py`, `moshi.server` and hibiki-rs).
+    pub fn default_cfg_coef(&self) -> f32 {
+        self.lm_gen_config
+            .as_ref()
+            .and_then(|g| g.get("cfg_coef"))
+            .and_then(serde_json::Value::as_f64)
+            .map_or(1.0, |c| c as f32)
     }
 
     /// Parses a config from JSON text and validates it; `origin` names the file in errors.
@@ -309,6 +349,18 @@ impl LmConfig {
         }
         if !self.causal {
             return Err(c.unsupported("causal", "false".into(), "a streaming LM is causal: true"));
+        }
+
+        if let Err(reason) = validate_conditioning(&self.conditioners, self.fuser.as_ref()) {
+            c.ensure(false, || reason)?;
+        }
+        if let Some(v) = self.lm_gen_config.as_ref().and_then(|g| g.get("cfg_coef")) {
+            match v.as_f64() {
+                Some(coef) => c.real("lm_gen_config.cfg_coef", coef, f64::MIN_POSITIVE, MAX_CFG_COEF)?,
+                None => c.ensure(false, || {
+                    format!("lm_gen_config.cfg_coef must be a number, got {v}")
+                })?,
+            }
         }
 
         c.ensure(self.delays.len() == self.n_q + 1, || {
@@ -423,7 +475,14 @@ impl LmConfig {
                 mul(&[self.depformer_num_layers, 2, ddim]),
             ]),
         };
-        sum(&[temporal, depformer])
+        // Conditioners: the LUT, its projection and the learnt padding.
+        let conditioners = sum(&self
+            .conditioners
+            .values()
+            .filter_map(|c| c.lut())
+            .map(|l| sum(&[mul(&[l.n_bins.saturating_add(1), l.dim]), mul(&[dim, l.dim]), dim as u64]))
+            .collect::<Vec<_>>());
+        sum(&[temporal, depformer, conditioners])
     }
 
     /// The built-in moshiko/moshika v0.1 7B config (`configs/moshiko-7b.json`).

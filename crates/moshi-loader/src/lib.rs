@@ -1,6 +1,7 @@
 //! moshi-loader: find Moshi/Mimi checkpoints, read their headers, detect the layout from names
 //! and shapes, map names onto one canonical set, and load configs and the text tokenizer.
 
+pub mod conditioning;
 pub mod config;
 mod config_check;
 mod error;

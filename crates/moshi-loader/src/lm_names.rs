@@ -11,6 +11,10 @@ pub enum TensorRole {
     Embedding,
     /// Linear layer weight `[out, in]`.
     Linear,
+    /// Part of a conditioner (`condition_provider.*`: LUT table, projection, learnt padding):
+    /// evaluated once at load, always handed over as f32 and never quantized (Kyutai keeps
+    /// the condition provider in float32).
+    Conditioner,
 }
 
 /// One tensor the LM expects, under its canonical name.
@@ -25,7 +29,8 @@ fn t(name: String, shape: Vec<usize>, role: TensorRole) -> CanonicalTensor {
     CanonicalTensor { name, shape, role }
 }
 
-/// Every canonical LM tensor for `cfg`, in a stable order (see COMMON.md for the names).
+/// Every canonical LM tensor for `cfg`, in a stable order (see COMMON.md for the names); the
+/// conditioners' tensors (Hibiki) come last.
 pub fn canonical_lm_tensors(cfg: &LmConfig) -> Vec<CanonicalTensor> {
     use TensorRole::*;
     let (dim, ddim) = (cfg.dim, cfg.depformer_dim);
@@ -95,8 +100,26 @@ pub fn canonical_lm_tensors(cfg: &LmConfig) -> Vec<CanonicalTensor> {
             ));
         }
     }
+    for (name, c) in &cfg.conditioners {
+        let Some(lut) = c.lut() else { continue };
+        let p = format!("{CONDITIONER_PREFIX}{name}");
+        out.push(t(
+            format!("{p}.embed"),
+            vec![lut.rows(), lut.dim],
+            Conditioner,
+        ));
+        out.push(t(
+            format!("{p}.output_proj"),
+            vec![dim, lut.dim],
+            Conditioner,
+        ));
+        out.push(t(format!("{p}.learnt_padding"), vec![dim], Conditioner));
+    }
     out
 }
+
+/// Prefix of the conditioner tensors (the same in the PyTorch, candle and MLX layouts).
+pub const CONDITIONER_PREFIX: &str = "condition_provider.conditioners.";
 
 #[cfg(test)]
 mod tests {

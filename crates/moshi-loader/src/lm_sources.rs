@@ -74,8 +74,26 @@ fn torch_like_name(c: &CanonicalTensor, base: &str) -> (String, Vec<usize>) {
     }
 }
 
+/// Conditioner tensors have the same names in every layout (Kyutai's MLX and candle loaders
+/// keep PyTorch's); `learnt_padding` is stored `[1, 1, dim]`.
+fn conditioner_source(c: CanonicalTensor) -> SourceSpec {
+    match c.name.strip_suffix(".learnt_padding") {
+        Some(_) => {
+            let (stored, shape) = (c.name.clone(), norm_shape(&c));
+            SourceSpec::whole(c, stored, shape)
+        }
+        None => {
+            let (stored, shape) = (format!("{}.weight", c.name), c.shape.clone());
+            SourceSpec::whole(c, stored, shape)
+        }
+    }
+}
+
 fn source_of(layout: LmLayout, cfg: &LmConfig, c: CanonicalTensor) -> SourceSpec {
     let name = c.name.clone();
+    if c.role == TensorRole::Conditioner {
+        return conditioner_source(c);
+    }
     match layout {
         LmLayout::PyTorch => pytorch_source(cfg, c, &name),
         LmLayout::Candle => {

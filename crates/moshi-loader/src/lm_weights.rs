@@ -174,7 +174,9 @@ fn materialize(
         {
             let q = read_quantized(file, prefix, shape[0], shape[1])?;
             let data = match (spec.canonical.role, mode) {
-                (TensorRole::Norm, _) | (_, WeightMode::DequantizeF32) => WeightData::F32(q.dequantize_f32()),
+                (TensorRole::Norm | TensorRole::Conditioner, _) | (_, WeightMode::DequantizeF32) => {
+                    WeightData::F32(q.dequantize_f32())
+                }
                 (_, WeightMode::DequantizeBf16) => WeightData::BF16(q.dequantize_bf16()),
                 (_, WeightMode::Quantize { bits, group_size }) if (bits, group_size) != (q.bits(), q.group_size()) => {
                     return Err(LoaderError::BadQuantized {
@@ -200,7 +202,10 @@ fn materialize(
     let esize = info.dtype.size_bytes();
     let start = spec.row_start * row_elems * esize;
     let bytes = &file.bytes(&spec.stored_name)?[start..start + numel * esize];
-    let as_f32 = spec.canonical.role == TensorRole::Norm || mode == WeightMode::DequantizeF32;
+    let as_f32 = matches!(
+        spec.canonical.role,
+        TensorRole::Norm | TensorRole::Conditioner
+    ) || mode == WeightMode::DequantizeF32;
     let u16s = || {
         bytes
             .chunks_exact(2)

@@ -1,6 +1,7 @@
 //! Writes a quantized LM `WeightMap` (canonical names) as a safetensors file in the layout of the
 //! Kyutai MLX releases (`model.q4/q8.safetensors`): packed U32 `.weight` + bf16 `.scales` /
-//! `.biases`, 1-D bf16 norms; names from the same table the loader reads MLX files with.
+//! `.biases`, 1-D bf16 norms, f32 conditioner tensors (Hibiki); names from the same table the
+//! loader reads MLX files with.
 
 use crate::output_file::OutputFile;
 use std::collections::BTreeMap;
@@ -48,13 +49,13 @@ fn entries<'a>(
                 path: weights.source().to_path_buf(),
                 name: name.clone(),
             })?;
-        let prefix = spec
-            .stored_name
-            .strip_suffix(".weight")
-            .expect("MLX names end in .weight")
-            .to_string();
         match (&w.data, spec.canonical.role) {
             (WeightData::Quantized(q), TensorRole::Linear | TensorRole::Embedding) => {
+                let prefix = spec
+                    .stored_name
+                    .strip_suffix(".weight")
+                    .expect("MLX names of matrices end in .weight")
+                    .to_string();
                 let groups = q.cols() / q.group_size();
                 let packed_cols = q.cols() * q.bits() as usize / 32;
                 map.insert(
@@ -93,6 +94,14 @@ fn entries<'a>(
                 map.insert(
                     spec.stored_name.clone(),
                     Entry { dtype: DType::BF16, shape: w.shape.clone(), bytes: Box::new(|| u16_bytes(v)) },
+                );
+            }
+            (WeightData::F32(v), TensorRole::Conditioner) => {
+                // Kept dense and exact, in the stored shape (`learnt_padding` is [1, 1, dim]).
+                let bytes = move || v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                map.insert(
+                    spec.stored_name.clone(),
+                    Entry { dtype: DType::F32, shape: spec.stored_shape.clone(), bytes: Box::new(bytes) },
                 );
             }
             (_, role) => {

@@ -123,6 +123,14 @@ impl TextTokenizer {
         Ok(self.table.decode(&ids))
     }
 
+    /// The end-of-sequence id (`</s>`, SentencePiece's `eos_id`), if the model has one: Hibiki
+    /// ends its translation with it.
+    pub fn eos_id(&self) -> Option<u32> {
+        u32::try_from(self.model.trainer.eos_id)
+            .ok()
+            .filter(|&id| (id as usize) < self.model.pieces.len())
+    }
+
     /// The piece string of `id` (e.g. `▁hello`, `<0x41>`, `<pad>`).
     pub fn id_to_piece(&self, id: u32) -> Option<String> {
         self.model.pieces.get(id as usize).map(|p| p.piece.clone())

@@ -1,17 +1,22 @@
-//! The candle release layout and the dense MLX layout, written from the PyTorch fixture with the
-//! official `safetensors` crate, load to values equal to the PyTorch ones.
+//! The candle release layout and the dense MLX layout, written from the PyTorch fixtures (tiny-a,
+//! and tiny-hibiki with its conditioner) with the official `safetensors` crate, load to values
+//! equal to the PyTorch ones.
 
 mod common;
 
-use common::{asset, copy_all, tiny_config, write_safetensors, RawTensor};
+use common::{
+    asset, copy_all, hibiki_asset, hibiki_config, tiny_config, write_safetensors, RawTensor,
+};
 use moshi_loader::inspect::{inspect_checkpoint, ConfigRef};
 use moshi_loader::layout::detect_kind;
 use moshi_loader::mlx_export::write_mlx_quantized;
-use moshi_loader::{load_lm_weights, CheckpointKind, LmLayout, SafetensorsFile, WeightMode};
+use moshi_loader::{
+    load_lm_weights, CheckpointKind, LmConfig, LmLayout, SafetensorsFile, WeightData, WeightMode,
+};
 
-/// Re-lays the PyTorch depformer per slice, as Kyutai's `import_rust.py` does.
-fn candle_tensors(pt: &SafetensorsFile) -> Vec<RawTensor> {
-    let cfg = tiny_config();
+/// Re-lays the PyTorch depformer per slice, as Kyutai's `import_rust.py` does (conditioner
+/// tensors keep their names).
+fn candle_tensors(pt: &SafetensorsFile, cfg: &LmConfig) -> Vec<RawTensor> {
     let ddim = cfg.depformer_dim;
     let mut out = copy_all(pt, |n| {
         let dep = n.starts_with("depformer") || n.starts_with("linears.");
@@ -108,7 +113,7 @@ fn candle_and_dense_mlx_layouts_load_to_the_pytorch_values() {
     let dir = tempfile::tempdir().unwrap();
     let candle_path = dir.path().join("candle.safetensors");
     let mlx_path = dir.path().join("mlx-bf16.safetensors");
-    let candle = candle_tensors(&pt);
+    let candle = candle_tensors(&pt, &cfg);
     write_safetensors(&candle_path, &candle);
     write_safetensors(&mlx_path, &mlx_dense_tensors(candle));
 
@@ -186,7 +191,7 @@ fn every_dense_layout_quantizes_and_exports_to_the_mlx_release_file() {
     let dir = tempfile::tempdir().unwrap();
     let candle_path = dir.path().join("candle.safetensors");
     let mlx_path = dir.path().join("mlx-bf16.safetensors");
-    let candle = candle_tensors(&pt);
+    let candle = candle_tensors(&pt, &cfg);
     write_safetensors(&candle_path, &candle);
     write_safetensors(&mlx_path, &mlx_dense_tensors(candle));
     for (release, bits, group_size) in [
@@ -241,5 +246,124 @@ fn exporting_unquantized_weights_is_refused_and_writes_nothing() {
         std::fs::read_dir(dir.path()).unwrap().count(),
         0,
         "nothing half-written"
+    );
+}
+
+#[test]
+fn hibiki_conditioner_loads_from_every_layout_and_stays_f32_when_quantized() {
+    let cfg = hibiki_config();
+    let pt_path = hibiki_asset("model.safetensors");
+    let pt = SafetensorsFile::open(&pt_path).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let candle_path = dir.path().join("candle.safetensors");
+    let mlx_path = dir.path().join("mlx-bf16.safetensors");
+    let candle = candle_tensors(&pt, &cfg);
+    write_safetensors(&candle_path, &candle);
+    write_safetensors(&mlx_path, &mlx_dense_tensors(candle));
+    let conditioner = [
+        "condition_provider.conditioners.description.embed",
+        "condition_provider.conditioners.description.output_proj",
+        "condition_provider.conditioners.description.learnt_padding",
+    ];
+    let want = load_lm_weights(&pt_path, &cfg, WeightMode::Native).unwrap();
+    for (name, shape) in conditioner
+        .iter()
+        .zip([vec![32, 16], vec![256, 16], vec![256]])
+    {
+        let w = want.get(name).unwrap();
+        assert_eq!(w.shape, shape, "{name}");
+        assert!(matches!(w.data, WeightData::F32(_)), "{name} is f32");
+    }
+    for (path, format) in [
+        (&pt_path, "pytorch"),
+        (&candle_path, "candle"),
+        (&mlx_path, "mlx"),
+    ] {
+        let report = inspect_checkpoint(path, Some(ConfigRef::Lm(&cfg))).unwrap();
+        assert_eq!(report.format, format);
+        let check = report.config_check.unwrap();
+        assert!(check.is_clean(), "{format}: {check:?}");
+        let got = load_lm_weights(path, &cfg, WeightMode::Native).unwrap();
+        assert_eq!(
+            got.names().collect::<Vec<_>>(),
+            want.names().collect::<Vec<_>>()
+        );
+        for name in want.names() {
+            assert_eq!(
+                want.get(name).unwrap().to_f32(),
+                got.get(name).unwrap().to_f32(),
+                "{format} {name}"
+            );
+        }
+    }
+
+    // Quantized at load: every matrix but the conditioner's; exported and read back as packed.
+    for (bits, group_size) in [(4, 32), (8, 64)] {
+        let mode = WeightMode::Quantize { bits, group_size };
+        let q = load_lm_weights(&mlx_path, &cfg, mode).unwrap();
+        for name in conditioner {
+            assert_eq!(
+                q.get(name).unwrap().to_f32(),
+                want.get(name).unwrap().to_f32(),
+                "{name}"
+            );
+            assert!(
+                matches!(q.get(name).unwrap().data, WeightData::F32(_)),
+                "{name}"
+            );
+        }
+        assert!(matches!(
+            q.get("text_emb").unwrap().data,
+            WeightData::Quantized(_)
+        ));
+        let out = dir.path().join(format!("model.q{bits}.safetensors"));
+        write_mlx_quantized(&q, &cfg, &out).unwrap();
+        let file = SafetensorsFile::open(&out).unwrap();
+        let padding = file
+            .info("condition_provider.conditioners.description.learnt_padding")
+            .unwrap();
+        assert_eq!(padding.shape, vec![1, 1, 256]);
+        let report = inspect_checkpoint(&out, Some(ConfigRef::Lm(&cfg))).unwrap();
+        assert!(report.config_check.unwrap().is_clean());
+        let back = load_lm_weights(&out, &cfg, WeightMode::Native).unwrap();
+        for name in q.names() {
+            assert_eq!(
+                back.get(name).unwrap().to_f32(),
+                q.get(name).unwrap().to_f32(),
+                "{name}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_conditioner_missing_from_the_checkpoint_or_the_config_is_an_error_naming_it() {
+    let hibiki = hibiki_config();
+    // The Moshi config has no conditioner: the checkpoint's conditioner tensors are unexpected.
+    let mut moshi_like = hibiki.clone();
+    moshi_like.conditioners.clear();
+    moshi_like.fuser = None;
+    let err = load_lm_weights(
+        &hibiki_asset("model.safetensors"),
+        &moshi_like,
+        WeightMode::Native,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("condition_provider"), "{err}");
+    // A conditioned config on a checkpoint without the tensors names the missing one.
+    let mut conditioned = tiny_config();
+    conditioned.conditioners = hibiki.conditioners.clone();
+    conditioned.fuser = hibiki.fuser.clone();
+    let err = load_lm_weights(
+        &asset("model.safetensors"),
+        &conditioned,
+        WeightMode::Native,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("condition_provider.conditioners.description."),
+        "{err}"
     );
 }

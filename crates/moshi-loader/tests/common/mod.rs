@@ -1,4 +1,5 @@
-//! Test helpers: tiny-a asset paths and writing safetensors files derived from the fixtures.
+//! Test helpers: tiny-a / tiny-hibiki asset paths and writing safetensors files derived from
+//! the fixtures.
 
 #![allow(dead_code)]
 
@@ -14,6 +15,17 @@ pub fn asset(name: &str) -> PathBuf {
 
 pub fn tiny_config() -> LmConfig {
     LmConfig::from_file(asset("config.json")).unwrap()
+}
+
+/// A file of the tiny-hibiki fixture (conditioned model, acoustic delay 2).
+pub fn hibiki_asset(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../assets/tiny-hibiki")
+        .join(name)
+}
+
+pub fn hibiki_config() -> LmConfig {
+    LmConfig::from_file(hibiki_asset("config.json")).unwrap()
 }
 
 /// A tensor to write: name, dtype, shape and raw little-endian bytes.

@@ -1,0 +1,213 @@
+//! The conditioning part of Kyutai's `config.json` (Hibiki): `conditioners` (LUT "description"
+//! conditioners: a value picks a row of `embed`, projected to the model width by `output_proj`)
+//! and `fuser` (`sum`: the conditioners' vectors are added to the temporal input at every step),
+//! checked once when the config is read.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// One entry of `conditioners`: `{"type": "lut", "lut": {...}}` (Kyutai's form: the options sit
+/// under a key named after the type).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ConditionerConfig {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lut: Option<LutConditionerConfig>,
+    /// Options of other conditioner types (refused by [`validate_conditioning`]).
+    #[serde(flatten)]
+    pub other: BTreeMap<String, serde_json::Value>,
+}
+
+/// A lookup-table conditioner (`moshi/conditioners/text.py` LUTConditioner, tokenizer "noop").
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct LutConditionerConfig {
+    /// Rows of `embed` are `n_bins + 1` (the last one is the padding index).
+    pub n_bins: usize,
+    /// Width of `embed` (the input of `output_proj`).
+    pub dim: usize,
+    pub tokenizer: String,
+    /// The values a condition may take; value `i` selects row `i` of `embed`.
+    #[serde(default)]
+    pub possible_values: Option<Vec<String>>,
+    /// Other options (`init_scale` is training-only); kept, never used.
+    #[serde(flatten)]
+    pub unknown: BTreeMap<String, serde_json::Value>,
+}
+
+/// `fuser`: how each conditioner enters the model. moshi-rs runs `sum` (Hibiki's only method).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct FuserConfig {
+    #[serde(default)]
+    pub sum: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cross: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prepend: Vec<String>,
+    #[serde(flatten)]
+    pub unknown: BTreeMap<String, serde_json::Value>,
+}
+
+impl ConditionerConfig {
+    /// The LUT options (present once the config is validated).
+    pub fn lut(&self) -> Option<&LutConditionerConfig> {
+        self.lut.as_ref()
+    }
+}
+
+impl LutConditionerConfig {
+    /// Rows of the `embed` table.
+    pub fn rows(&self) -> usize {
+        self.n_bins + 1
+    }
+
+    /// Row of `embed` selected by `value`, `None` when the value is not one of `possible_values`.
+    pub fn row_of(&self, value: &str) -> Option<usize> {
+        self.possible_values
+            .as_ref()?
+            .iter()
+            .position(|v| v == value)
+    }
+}
+
+/// Checks what the model relies on: every conditioner is a LUT with a `noop` tokenizer and its
+/// possible values, and is summed into the input; nothing else is fused. The reason names the key.
+pub fn validate_conditioning(
+    conditioners: &BTreeMap<String, ConditionerConfig>,
+    fuser: Option<&FuserConfig>,
+) -> std::result::Result<(), String> {
+    for (name, c) in conditioners {
+        if c.kind != "lut" {
+            return Err(format!(
+                "conditioners.{name}: type `{}` is not supported (expected `lut`, as in Kyutai's Hibiki configs)",
+                c.kind
+            ));
+        }
+        let Some(lut) = &c.lut else {
+            return Err(format!(
+                "conditioners.{name}: type `lut` needs its options under `lut` ({{\"n_bins\", \"dim\", \"tokenizer\", \"possible_values\"}})"
+            ));
+        };
+        if lut.tokenizer != "noop" {
+            return Err(format!(
+                "conditioners.{name}.lut.tokenizer: expected `noop`, got `{}`",
+                lut.tokenizer
+            ));
+        }
+        if lut.dim == 0 || lut.n_bins == 0 {
+            return Err(format!(
+                "conditioners.{name}.lut: n_bins {} and dim {} must both be at least 1",
+                lut.n_bins, lut.dim
+            ));
+        }
+        let Some(values) = &lut.possible_values else {
+            return Err(format!(
+                "conditioners.{name}.lut.possible_values is missing (hashed values are not supported)"
+            ));
+        };
+        if values.is_empty() || values.len() > lut.n_bins {
+            return Err(format!(
+                "conditioners.{name}.lut.possible_values has {} values, expected 1 to n_bins = {}",
+                values.len(),
+                lut.n_bins
+            ));
+        }
+        if let Some((i, v)) = values
+            .iter()
+            .enumerate()
+            .find(|(i, v)| values[..*i].contains(v))
+        {
+            return Err(format!(
+                "conditioners.{name}.lut.possible_values: value `{v}` (index {i}) appears twice"
+            ));
+        }
+    }
+    let empty = FuserConfig::default();
+    let fuser = fuser.unwrap_or(&empty);
+    for (method, names) in [("cross", &fuser.cross), ("prepend", &fuser.prepend)] {
+        if let Some(n) = names.first() {
+            return Err(format!(
+                "fuser.{method} [`{n}`]: only `sum` fusion is supported (Hibiki's)"
+            ));
+        }
+    }
+    if let Some(n) = fuser.sum.iter().find(|n| !conditioners.contains_key(*n)) {
+        return Err(format!(
+            "fuser.sum names `{n}`, which is not in `conditioners` ({:?})",
+            conditioners.keys().collect::<Vec<_>>()
+        ));
+    }
+    if let Some(n) = conditioners.keys().find(|n| !fuser.sum.contains(n)) {
+        return Err(format!(
+            "conditioner `{n}` is not in fuser.sum ({:?}): every conditioner must be summed into the input",
+            fuser.sum
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(conditioners: &str, fuser: &str) -> std::result::Result<(), String> {
+        let c: BTreeMap<String, ConditionerConfig> = serde_json::from_str(conditioners).unwrap();
+        let f: Option<FuserConfig> = serde_json::from_str(fuser).unwrap();
+        validate_conditioning(&c, f.as_ref())
+    }
+
+    const HIBIKI: &str = r#"{"description": {"type": "lut", "lut": {"n_bins": 31, "dim": 16,
+        "tokenizer": "noop", "possible_values": ["very_bad", "bad", "neutral", "good", "very_good"]}}}"#;
+
+    #[test]
+    fn hibiki_conditioning_is_accepted_and_values_map_to_rows() {
+        parse(HIBIKI, r#"{"sum": ["description"]}"#).unwrap();
+        let c: BTreeMap<String, ConditionerConfig> = serde_json::from_str(HIBIKI).unwrap();
+        let lut = c["description"].lut().unwrap();
+        assert_eq!(lut.rows(), 32);
+        assert_eq!(lut.row_of("very_good"), Some(4));
+        assert_eq!(lut.row_of("very_bad"), Some(0));
+        assert_eq!(lut.row_of("excellent"), None);
+    }
+
+    #[test]
+    fn unsupported_conditioning_is_refused_naming_the_key() {
+        let err = |c: &str, f: &str| parse(c, f).unwrap_err();
+        assert!(err(HIBIKI, "null").contains("not in fuser.sum"));
+        assert!(err(HIBIKI, r#"{"sum": ["description"], "cross": ["x"]}"#).contains("fuser.cross"));
+        assert!(err("{}", r#"{"sum": ["description"]}"#).contains("fuser.sum names `description`"));
+        assert!(err(
+            r#"{"d": {"type": "tensor", "tensor": {"dim": 4}}}"#,
+            r#"{"sum": ["d"]}"#
+        )
+        .contains("type `tensor`"));
+        assert!(err(r#"{"d": {"type": "lut"}}"#, r#"{"sum": ["d"]}"#).contains("under `lut`"));
+        let lut = |body: &str| format!(r#"{{"d": {{"type": "lut", "lut": {body}}}}}"#);
+        let sum = r#"{"sum": ["d"]}"#;
+        assert!(err(
+            &lut(r#"{"n_bins": 2, "dim": 4, "tokenizer": "whitespace", "possible_values": ["a"]}"#),
+            sum
+        )
+        .contains("tokenizer"));
+        assert!(
+            err(&lut(r#"{"n_bins": 2, "dim": 4, "tokenizer": "noop"}"#), sum)
+                .contains("possible_values is missing")
+        );
+        assert!(err(
+            &lut(r#"{"n_bins": 1, "dim": 4, "tokenizer": "noop", "possible_values": ["a", "b"]}"#),
+            sum
+        )
+        .contains("2 values"));
+        assert!(err(
+            &lut(r#"{"n_bins": 3, "dim": 4, "tokenizer": "noop", "possible_values": ["a", "a"]}"#),
+            sum
+        )
+        .contains("appears twice"));
+        assert!(err(
+            &lut(r#"{"n_bins": 3, "dim": 0, "tokenizer": "noop", "possible_values": ["a"]}"#),
+            sum
+        )
+        .contains("at least 1"));
+    }
+}
