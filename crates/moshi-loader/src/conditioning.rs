@@ -7,6 +7,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::config::limits::{MAX_CONDITIONER_BINS, MAX_CONDITIONER_DIM};
+
 /// One entry of `conditioners`: `{"type": "lut", "lut": {...}}` (Kyutai's form: the options sit
 /// under a key named after the type).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -95,11 +97,15 @@ pub fn validate_conditioning(
                 lut.tokenizer
             ));
         }
-        if lut.dim == 0 || lut.n_bins == 0 {
-            return Err(format!(
-                "conditioners.{name}.lut: n_bins {} and dim {} must both be at least 1",
-                lut.n_bins, lut.dim
-            ));
+        for (key, value, max) in [
+            ("n_bins", lut.n_bins, MAX_CONDITIONER_BINS),
+            ("dim", lut.dim, MAX_CONDITIONER_DIM),
+        ] {
+            if !(1..=max).contains(&value) {
+                return Err(format!(
+                    "conditioners.{name}.lut.{key} is {value}, expected 1 to {max}"
+                ));
+            }
         }
         let Some(values) = &lut.possible_values else {
             return Err(format!(
@@ -208,6 +214,6 @@ mod tests {
             &lut(r#"{"n_bins": 3, "dim": 0, "tokenizer": "noop", "possible_values": ["a"]}"#),
             sum
         )
-        .contains("at least 1"));
+        .contains("dim is 0, expected 1 to"));
     }
 }

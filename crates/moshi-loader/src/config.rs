@@ -356,7 +356,12 @@ impl LmConfig {
         }
         if let Some(v) = self.lm_gen_config.as_ref().and_then(|g| g.get("cfg_coef")) {
             match v.as_f64() {
-                Some(coef) => c.real("lm_gen_config.cfg_coef", coef, f64::MIN_POSITIVE, MAX_CFG_COEF)?,
+                Some(coef) => c.real(
+                    "lm_gen_config.cfg_coef",
+                    coef,
+                    f64::MIN_POSITIVE,
+                    MAX_CFG_COEF,
+                )?,
                 None => c.ensure(false, || {
                     format!("lm_gen_config.cfg_coef must be a number, got {v}")
                 })?,
@@ -480,7 +485,13 @@ impl LmConfig {
             .conditioners
             .values()
             .filter_map(|c| c.lut())
-            .map(|l| sum(&[mul(&[l.n_bins.saturating_add(1), l.dim]), mul(&[dim, l.dim]), dim as u64]))
+            .map(|l| {
+                sum(&[
+                    mul(&[l.n_bins.saturating_add(1), l.dim]),
+                    mul(&[dim, l.dim]),
+                    dim as u64,
+                ])
+            })
             .collect::<Vec<_>>());
         sum(&[temporal, depformer, conditioners])
     }

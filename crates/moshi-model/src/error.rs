@@ -70,6 +70,19 @@ pub enum ModelError {
     /// A sampling parameter that is not a finite number >= 0.
     #[error("sampling: {what} is {value}, expected a finite number >= 0 (0 picks the most probable token)")]
     BadSampling { what: &'static str, value: f32 },
+    /// A conditioner the model does not have (Hibiki's is `description`).
+    #[error("the model has no conditioner `{name}` (its conditioners: {known:?})")]
+    UnknownConditioner { name: String, known: Vec<String> },
+    /// A value a LUT conditioner does not know.
+    #[error("conditioner `{conditioner}`: value `{value}` is not one of {possible:?}")]
+    UnknownConditionValue {
+        conditioner: String,
+        value: String,
+        possible: Vec<String>,
+    },
+    /// A classifier-free guidance coefficient that cannot be applied.
+    #[error("classifier-free guidance coefficient {cfg_coef}: {reason}")]
+    BadGuidance { cfg_coef: f32, reason: &'static str },
     /// Random weights of a shape the packing cannot hold.
     #[error("random weight `{name}` {shape:?}: {cause}")]
     RandomWeight {

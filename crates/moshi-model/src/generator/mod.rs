@@ -2,12 +2,17 @@
 //! step, the 1 + n_q model inputs built with the config's delays and initial tokens, text and
 //! Moshi's audio sampled, and (once the delays are filled) one frame returned per step:
 //! `[text, audio_0 .. audio_{dep_q-1}]` with `stream k` taken from step `s - max_delay + delay_k`.
+//!
+//! With classifier-free guidance (`LMGen(cfg_coef, condition_tensors)`, Hibiki) a second,
+//! negatively conditioned row runs the temporal transformer and the depformer on the same tokens;
+//! the text logits and each codebook's logits are mixed as `null + (cond - null) * cfg_coef`,
+//! and the one sampled token is fed to both rows.
 
 pub mod sampling;
 
 use std::time::Instant;
 
-use crate::lm::LmModel;
+use crate::lm::{LmModel, LmRowState};
 use crate::rng::Rng;
 use crate::{ModelError, Result};
 pub use sampling::SamplingConfig;
@@ -59,10 +64,30 @@ pub struct StepDetails {
     pub timings: StepTimings,
 }
 
+/// The negative row of classifier-free guidance and the buffers of the mixed logits.
+#[derive(Clone, Debug)]
+struct Guidance {
+    cfg_coef: f32,
+    null_row: LmRowState,
+    text_logits: Vec<f32>,
+    audio_logits: Vec<f32>,
+}
+
+impl Guidance {
+    /// `mixed = null + (mixed - null) * cfg_coef`, elementwise in f32 (`mixed` holds the
+    /// conditioned logits on entry), as `LMGen` mixes them.
+    fn mix(cfg_coef: f32, mixed: &mut [f32], null: &[f32]) {
+        for (m, &n) in mixed.iter_mut().zip(null) {
+            *m = n + (*m - n) * cfg_coef;
+        }
+    }
+}
+
 /// Streaming generation state around an [`LmModel`].
 #[derive(Clone, Debug)]
 pub struct Generator {
     model: LmModel,
+    guidance: Option<Guidance>,
     sampling: SamplingConfig,
     rng: Rng,
     step: usize,
@@ -85,6 +110,7 @@ impl Generator {
         let rng = Rng::new(sampling.seed);
         Generator {
             model,
+            guidance: None,
             sampling,
             rng,
             step: 0,
@@ -104,12 +130,67 @@ impl Generator {
         self.model
     }
 
-    /// The temporal KV caches' element type; changing it restarts the conversation.
+    /// The temporal KV caches' element type (of both rows with guidance); changing it restarts
+    /// the conversation.
     pub fn set_kv_precision(&mut self, precision: crate::lm::kv_cache::KvPrecision) {
         if precision != self.model.temporal().kv_precision() {
             self.model.set_kv_precision(precision);
+            if let Some(g) = &mut self.guidance {
+                self.model.swap_row(&mut g.null_row);
+                self.model.set_kv_precision(precision);
+                self.model.swap_row(&mut g.null_row);
+            }
             self.reset();
         }
+    }
+
+    /// Conditions generation on `values` (`(conditioner, value)` pairs; Hibiki:
+    /// `[("description", "very_good")]`), the negative row of guidance on `negative`
+    /// (`[("description", "very_bad")]`), with guidance coefficient `cfg_coef` (1 = no guidance:
+    /// one row, `negative` unused). Conditioners not named take their learnt padding. Restarts
+    /// the conversation. Errors on a value the model does not know, on guidance for a model
+    /// without conditioners (both rows would be the same), or on a coefficient that is not a
+    /// positive number.
+    pub fn set_conditions(
+        &mut self,
+        values: &[(&str, &str)],
+        cfg_coef: f32,
+        negative: &[(&str, &str)],
+    ) -> Result<()> {
+        if !(cfg_coef.is_finite() && cfg_coef > 0.0) {
+            return Err(ModelError::BadGuidance {
+                cfg_coef,
+                reason: "expected a positive number (1 = no guidance)",
+            });
+        }
+        let guidance = if cfg_coef == 1.0 {
+            None
+        } else {
+            if self.model.conditions().is_empty() {
+                return Err(ModelError::BadGuidance {
+                    cfg_coef,
+                    reason:
+                        "guidance needs a conditioned model (Hibiki); this one has no conditioners \
+                             (use a coefficient of 1)",
+                });
+            }
+            let cfg = self.model.config();
+            Some(Guidance {
+                cfg_coef,
+                null_row: self.model.new_row(negative)?,
+                text_logits: vec![0.0; cfg.text_card],
+                audio_logits: vec![0.0; cfg.card],
+            })
+        };
+        self.model.set_conditions(values)?;
+        self.guidance = guidance;
+        self.reset();
+        Ok(())
+    }
+
+    /// The guidance coefficient (1 without guidance).
+    pub fn cfg_coef(&self) -> f32 {
+        self.guidance.as_ref().map_or(1.0, |g| g.cfg_coef)
     }
 
     pub fn sampling(&self) -> &SamplingConfig {
@@ -137,6 +218,11 @@ impl Generator {
     /// Back to step 0 (model caches emptied, RNG re-seeded).
     pub fn reset(&mut self) {
         self.model.reset();
+        if let Some(g) = &mut self.guidance {
+            self.model.swap_row(&mut g.null_row);
+            self.model.reset();
+            self.model.swap_row(&mut g.null_row);
+        }
         self.rng = Rng::new(self.sampling.seed);
         self.step = 0;
     }
@@ -145,19 +231,32 @@ impl Generator {
     /// the official `LMGen.step` returns (None while the delays fill, i.e. for the first
     /// `max_delay` steps).
     pub fn step(&mut self, user_codes: &[u32]) -> Result<Option<GeneratedFrame>> {
-        Ok(self.step_inner(user_codes, false)?.frame)
+        self.check_user_codes(user_codes)?;
+        Ok(self.run_step(user_codes, false)?.frame)
     }
 
     /// [`Generator::step`] with the model inputs, sampled tokens, logits and timings.
     pub fn step_detailed(&mut self, user_codes: &[u32]) -> Result<StepDetails> {
-        self.step_inner(user_codes, true)
+        self.check_user_codes(user_codes)?;
+        self.run_step(user_codes, true)
     }
 
-    fn step_inner(&mut self, user_codes: &[u32], record: bool) -> Result<StepDetails> {
-        // Public fields: checked where they are used (two comparisons per step).
-        self.sampling.validate()?;
+    /// Feeds the end-of-stream frame of a translation model (Hibiki): every user code equal to
+    /// `card` (`moshi/run_inference.py` after the last input frame). Then feed silence.
+    pub fn step_end_of_input(&mut self) -> Result<Option<GeneratedFrame>> {
+        Ok(self.step_end_of_input_detailed()?.frame)
+    }
+
+    /// [`Generator::step_end_of_input`] with details.
+    pub fn step_end_of_input_detailed(&mut self) -> Result<StepDetails> {
         let cfg = self.model.config();
-        let (dep_q, card, s) = (cfg.dep_q, cfg.card, self.step);
+        let codes = vec![cfg.card as u32; cfg.user_codebooks()];
+        self.run_step(&codes, true)
+    }
+
+    fn check_user_codes(&self, user_codes: &[u32]) -> Result<()> {
+        let cfg = self.model.config();
+        let card = cfg.card;
         if user_codes.len() != cfg.user_codebooks() {
             return Err(ModelError::WrongLength {
                 what: "generator step: user audio codes per frame (n_q - dep_q)",
@@ -178,6 +277,59 @@ impl Generator {
                 note: ": card - 1",
             });
         }
+        Ok(())
+    }
+
+    /// The temporal step of both rows (with guidance): leaves the text logits to sample in
+    /// the guidance buffer, else in the model.
+    fn temporal_step(&mut self) -> Result<()> {
+        let s = self.step;
+        tracing::trace_span!("lm_temporal", step = s)
+            .in_scope(|| self.model.forward_text(&self.input))?;
+        if let Some(g) = &mut self.guidance {
+            g.text_logits.copy_from_slice(self.model.text_logits());
+            self.model.swap_row(&mut g.null_row);
+            let null = tracing::trace_span!("lm_temporal_null", step = s)
+                .in_scope(|| self.model.forward_text(&self.input));
+            Guidance::mix(g.cfg_coef, &mut g.text_logits, self.model.text_logits());
+            self.model.swap_row(&mut g.null_row);
+            null?;
+        }
+        Ok(())
+    }
+
+    /// Depformer sub-step `k` of both rows (with guidance): leaves the logits to sample in the
+    /// guidance buffer, else in the model.
+    fn depformer_substep(&mut self, k: usize, prev: u32) -> Result<()> {
+        let cond = tracing::trace_span!("lm_depformer", k)
+            .in_scope(|| self.model.depformer_step(k, prev))?;
+        let Some(g) = &mut self.guidance else {
+            return Ok(());
+        };
+        g.audio_logits.copy_from_slice(cond);
+        self.model.swap_row(&mut g.null_row);
+        let null = tracing::trace_span!("lm_depformer_null", k)
+            .in_scope(|| self.model.depformer_step(k, prev))
+            .map(|null| Guidance::mix(g.cfg_coef, &mut g.audio_logits, null));
+        self.model.swap_row(&mut g.null_row);
+        null
+    }
+
+    fn depformer_reset(&mut self) {
+        self.model.depformer_reset();
+        if let Some(g) = &mut self.guidance {
+            self.model.swap_row(&mut g.null_row);
+            self.model.depformer_reset();
+            self.model.swap_row(&mut g.null_row);
+        }
+    }
+
+    /// One step on `user_codes` (already checked; `card` allowed for the end of the input).
+    fn run_step(&mut self, user_codes: &[u32], record: bool) -> Result<StepDetails> {
+        // Public fields: checked where they are used (two comparisons per step).
+        self.sampling.validate()?;
+        let cfg = self.model.config();
+        let (dep_q, card, s) = (cfg.dep_q, cfg.card, self.step);
         let ring = self.sampled.len();
         self.user[s % ring].copy_from_slice(user_codes);
 
@@ -200,11 +352,18 @@ impl Generator {
         }
 
         let t0 = Instant::now();
-        tracing::trace_span!("lm_temporal", step = s)
-            .in_scope(|| self.model.forward_text(&self.input))?;
+        self.temporal_step()?;
         let t1 = Instant::now();
-        let text_logits = self.model.text_logits();
+        let text_logits = match &self.guidance {
+            Some(g) => &g.text_logits,
+            None => self.model.text_logits(),
+        };
         check_finite(text_logits, s, "text")?;
+        let recorded_text_logits = if record {
+            text_logits.to_vec()
+        } else {
+            Vec::new()
+        };
         let sc = &self.sampling;
         let text = sample_token(
             text_logits,
@@ -219,14 +378,17 @@ impl Generator {
         let mut audio_logits = Vec::new();
         let mut frame = vec![0u32; dep_q + 1];
         frame[0] = text;
-        self.model.depformer_reset();
+        self.depformer_reset();
         let mut prev = text;
         for k in 0..dep_q {
             let ta = Instant::now();
-            let logits = tracing::trace_span!("lm_depformer", k)
-                .in_scope(|| self.model.depformer_step(k, prev))?;
+            self.depformer_substep(k, prev)?;
             let tb = Instant::now();
             depformer_s += (tb - ta).as_secs_f64();
+            let logits = match &self.guidance {
+                Some(g) => &g.audio_logits,
+                None => self.model.depformer_logits(),
+            };
             check_finite(logits, s, "audio")?;
             if record {
                 audio_logits.push(logits.to_vec());
@@ -269,11 +431,7 @@ impl Generator {
             },
             text_token: text,
             audio_tokens: frame[1..].to_vec(),
-            text_logits: if record {
-                self.model.text_logits().to_vec()
-            } else {
-                Vec::new()
-            },
+            text_logits: recorded_text_logits,
             audio_logits,
             transformer_out: if record {
                 self.model.transformer_out().to_vec()

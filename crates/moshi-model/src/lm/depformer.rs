@@ -32,11 +32,9 @@ impl DepformerSlice {
     }
 }
 
-/// Weights and per-frame state of the depformer.
+/// Per-frame state of the depformer for one batch row (caches, buffers, last logits).
 #[derive(Clone, Debug)]
-pub struct Depformer {
-    slices: Vec<DepformerSlice>,
-    rope: Option<Rope>,
+pub struct DepformerState {
     caches: Vec<KvCache>,
     rotation: RopeRotation,
     scratch: LayerScratch,
@@ -45,6 +43,14 @@ pub struct Depformer {
     logits: Vec<f32>,
     /// Sub-steps run since the last reset.
     substeps_done: usize,
+}
+
+/// Weights and per-frame state of the depformer.
+#[derive(Clone, Debug)]
+pub struct Depformer {
+    slices: Vec<DepformerSlice>,
+    rope: Option<Rope>,
+    state: DepformerState,
 }
 
 impl Depformer {
@@ -64,16 +70,33 @@ impl Depformer {
         Self {
             slices,
             rope,
-            caches: (0..num_layers)
-                .map(|_| KvCache::new(steps.max(1), width))
-                .collect(),
-            rotation: RopeRotation::default(),
-            scratch: LayerScratch::default(),
-            x: vec![0.0; dim],
-            row: vec![0.0; dim],
-            logits: vec![0.0; card],
-            substeps_done: 0,
+            state: DepformerState {
+                caches: (0..num_layers)
+                    .map(|_| KvCache::new(steps.max(1), width))
+                    .collect(),
+                rotation: RopeRotation::default(),
+                scratch: LayerScratch::default(),
+                x: vec![0.0; dim],
+                row: vec![0.0; dim],
+                logits: vec![0.0; card],
+                substeps_done: 0,
+            },
         }
+    }
+
+    /// A fresh state for another row over the same weights (empty caches).
+    pub fn new_state(&self) -> DepformerState {
+        let mut state = self.state.clone();
+        for c in &mut state.caches {
+            c.reset();
+        }
+        state.substeps_done = 0;
+        state
+    }
+
+    /// Exchanges the current row's state with `other` (buffers are moved, not copied).
+    pub fn swap_state(&mut self, other: &mut DepformerState) {
+        std::mem::swap(&mut self.state, other);
     }
 
     pub fn num_steps(&self) -> usize {
@@ -99,10 +122,10 @@ impl Depformer {
 
     /// Starts a new frame (empties the cache).
     pub fn reset(&mut self) {
-        for c in &mut self.caches {
+        for c in &mut self.state.caches {
             c.reset();
         }
-        self.substeps_done = 0;
+        self.state.substeps_done = 0;
     }
 
     /// Sub-step `k` of the current frame: input `linear_in[k](transformer_out) + emb[k](prev_token)`,
@@ -110,27 +133,33 @@ impl Depformer {
     /// 0, 1, .. after [`Depformer::reset`]; `prev_token` is range-checked by the caller.
     pub fn step(&mut self, k: usize, prev_token: u32, transformer_out: &[f32]) -> &[f32] {
         let slice = &self.slices[k];
-        slice.linear_in.matvec_into(transformer_out, &mut self.x);
+        let st = &mut self.state;
+        slice.linear_in.matvec_into(transformer_out, &mut st.x);
         slice
             .emb
-            .add_into(prev_token as usize, &mut self.x, &mut self.row);
+            .add_into(prev_token as usize, &mut st.x, &mut st.row);
         let rotation = match &self.rope {
             Some(rope) => {
-                rope.rotation_into(k, &mut self.rotation);
-                Some(&self.rotation)
+                rope.rotation_into(k, &mut st.rotation);
+                Some(&st.rotation)
             }
             None => None,
         };
-        for (layer, cache) in slice.layers.iter().zip(self.caches.iter_mut()) {
-            layer.step(&mut self.x, rotation, cache, &mut self.scratch);
+        for (layer, cache) in slice.layers.iter().zip(st.caches.iter_mut()) {
+            layer.step(&mut st.x, rotation, cache, &mut st.scratch);
         }
-        slice.linear_out.matvec_into(&self.x, &mut self.logits);
-        self.substeps_done += 1;
-        &self.logits
+        slice.linear_out.matvec_into(&st.x, &mut st.logits);
+        st.substeps_done += 1;
+        &st.logits
+    }
+
+    /// Logits of the last sub-step (`[card]`).
+    pub fn logits(&self) -> &[f32] {
+        &self.state.logits
     }
 
     /// Sub-steps run in this frame (since the last reset).
     pub fn substeps_done(&self) -> usize {
-        self.substeps_done
+        self.state.substeps_done
     }
 }

@@ -2,6 +2,7 @@
 //! weights (see `moshi_loader::lm_weights`), stepped one frame at a time.
 
 pub mod attention;
+pub mod conditioner;
 pub mod depformer;
 pub mod embedding;
 pub mod kv_cache;
@@ -17,11 +18,12 @@ use moshi_loader::{LmConfig, PositionalEmbedding, WeightMap};
 use crate::ops::Linear;
 use crate::{ModelError, Result};
 use attention::Attention;
-use depformer::{Depformer, DepformerSlice};
+use conditioner::ConditionProvider;
+use depformer::{Depformer, DepformerSlice, DepformerState};
 use embedding::Embedding;
 pub use random::RandomWeightKind;
 use rope::Rope;
-use temporal::TemporalTransformer;
+use temporal::{TemporalState, TemporalTransformer};
 use transformer::{Gating, RmsNorm, TransformerLayer};
 
 /// Bytes of weights by part (for memory and bandwidth estimates). Everything but
@@ -46,13 +48,34 @@ impl LmWeightBytes {
     }
 }
 
-/// The LM with its streaming state (temporal KV caches, current position).
+/// The LM with its streaming state (temporal KV caches, current position) for one batch row;
+/// more rows over the same weights are swapped in with [`LmModel::swap_row`].
 #[derive(Clone, Debug)]
 pub struct LmModel {
     cfg: LmConfig,
     temporal: TemporalTransformer,
     depformer: Depformer,
+    conditions: ConditionProvider,
 }
+
+/// The streaming state of one batch row (temporal caches and position, the depformer's frame,
+/// the row's condition): classifier-free guidance steps a second row over the same weights.
+#[derive(Clone, Debug)]
+pub struct LmRowState {
+    temporal: TemporalState,
+    depformer: DepformerState,
+}
+
+impl LmRowState {
+    /// The fused condition this row adds to its input, if any.
+    pub fn condition(&self) -> Option<&[f32]> {
+        self.temporal.condition()
+    }
+}
+
+/// Kyutai's loader reads a Hibiki model's EOS text input (2) with PAD's embedding row (3): an
+/// EOS sampled before the end of the input then acts as a pause (`loaders.get_moshi`).
+const HIBIKI_EOS_READS_AS_PAD: (u32, u32) = (2, 3);
 
 /// Checks the config (a no-op for one read by `LmConfig::from_file`, which validated it; a config
 /// built or changed in code is checked here, before anything is allocated from it).
@@ -166,6 +189,7 @@ impl LmModel {
         let drope = (cfg.depformer_pos_emb == PositionalEmbedding::Rope)
             .then(|| Rope::new(ddim / cfg.depformer_num_heads, cfg.depformer_max_period));
         let depformer = Depformer::new(slices, drope);
+        let conditions = ConditionProvider::load(cfg, &mut weights)?;
 
         let left = weights.remaining();
         if !left.is_empty() {
@@ -184,11 +208,19 @@ impl LmModel {
                 ),
             });
         }
-        Ok(Self {
+        let mut model = Self {
             cfg: cfg.clone(),
             temporal,
             depformer,
-        })
+            conditions,
+        };
+        if cfg.model_type.as_deref() == Some("hibiki") {
+            model.temporal.set_text_alias(Some(HIBIKI_EOS_READS_AS_PAD));
+        }
+        // Until told otherwise a conditioned model sees every conditioner's learnt padding (the
+        // official value of an absent attribute).
+        model.set_conditions(&[])?;
+        Ok(model)
     }
 
     /// A model of `cfg`'s shapes with deterministic random weights (for benchmarks and tests).
@@ -209,6 +241,37 @@ impl LmModel {
     /// The depformer (weights and per-frame state).
     pub fn depformer(&self) -> &Depformer {
         &self.depformer
+    }
+
+    /// The model's conditioners (empty for Moshi).
+    pub fn conditions(&self) -> &ConditionProvider {
+        &self.conditions
+    }
+
+    /// Conditions the current row on `values` (`(conditioner, value)` pairs, e.g.
+    /// `[("description", "very_good")]`); conditioners not named take their learnt padding.
+    /// A model without conditioners accepts only `&[]`.
+    pub fn set_conditions(&mut self, values: &[(&str, &str)]) -> Result<()> {
+        let fused = self.conditions.fused(values)?;
+        self.temporal.set_condition(fused);
+        Ok(())
+    }
+
+    /// A fresh row over the same weights: empty caches, position 0, conditioned on `values`.
+    pub fn new_row(&self, values: &[(&str, &str)]) -> Result<LmRowState> {
+        let mut temporal = self.temporal.new_state();
+        temporal.set_condition(self.conditions.fused(values)?);
+        Ok(LmRowState {
+            temporal,
+            depformer: self.depformer.new_state(),
+        })
+    }
+
+    /// Exchanges the current row's state with `row`: the following calls run on `row`'s caches
+    /// and outputs, over the same weights (cheap: buffers are moved, not copied).
+    pub fn swap_row(&mut self, row: &mut LmRowState) {
+        self.temporal.swap_state(&mut row.temporal);
+        self.depformer.swap_state(&mut row.depformer);
     }
 
     /// Runs the temporal transformer on one step's `1 + n_q` input tokens
@@ -289,6 +352,11 @@ impl LmModel {
         Ok(self
             .depformer
             .step(k, prev_token, self.temporal.transformer_out()))
+    }
+
+    /// Logits of the last depformer sub-step (`[card]`).
+    pub fn depformer_logits(&self) -> &[f32] {
+        self.depformer.logits()
     }
 
     /// Forgets the whole session (position 0, empty caches).

@@ -2,6 +2,7 @@
 //! benchmarks at the real 7B dimensions and for tests that need no checkpoint).
 
 use moshi_kernels::QuantizedMatrix;
+use moshi_loader::lm_names::{canonical_lm_tensors, TensorRole};
 use moshi_loader::{LmConfig, Weight, WeightData, WeightMap};
 use rayon::prelude::*;
 
@@ -141,6 +142,39 @@ pub fn random_lm_weights(cfg: &LmConfig, seed: u64, kind: RandomWeightKind) -> R
             })?
         };
         map.insert(name, Weight { shape, data });
+    }
+    // Conditioners (Hibiki): f32 as in checkpoints loaded by any mode. The projection is scaled
+    // so that a condition is about a tenth of a token embedding (as trained weights keep it);
+    // the learnt padding has Kyutai's init scale, 0.2.
+    let conditioner_tensors = canonical_lm_tensors(cfg)
+        .into_iter()
+        .filter(|t| t.role == TensorRole::Conditioner);
+    for (i, t) in conditioner_tensors.enumerate() {
+        let s = seed.wrapping_mul(0x2545_F491_4F6C_DD1D)
+            ^ 0xC0D1
+            ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let (rows, cols) = (t.shape[0], t.shape.get(1).copied().unwrap_or(1));
+        let std = if t.name.ends_with(".embed") {
+            1.0
+        } else if t.name.ends_with(".output_proj") {
+            0.1 / (cols as f32).sqrt()
+        } else {
+            0.2
+        };
+        let data = random_matrix(rows, cols, s, RandomWeightKind::F32, std).map_err(|cause| {
+            ModelError::RandomWeight {
+                name: t.name.clone(),
+                shape: t.shape.clone(),
+                cause,
+            }
+        })?;
+        map.insert(
+            t.name,
+            Weight {
+                shape: t.shape,
+                data,
+            },
+        );
     }
     Ok(map)
 }

@@ -1,0 +1,274 @@
+//! Hibiki (conditioner + classifier-free guidance) against the official PyTorch `LMGen(cfg_coef=3,
+//! condition_tensors)` run on the tiny-hibiki fixture (`assets/tiny-hibiki/ref/hibiki_greedy.json`,
+//! CFG-mixed logits `.npy`), fed as `run_inference.py` feeds a Hibiki model: frame 0 twice, the
+//! input frames, one end-of-stream frame, then silence frames.
+
+use std::path::{Path, PathBuf};
+
+use moshi_loader::lm_weights::{load_lm_weights, WeightMode};
+use moshi_loader::{npy, LmConfig};
+use moshi_model::generator::{Generator, SamplingConfig, StepDetails};
+use moshi_model::lm::LmModel;
+use serde_json::Value;
+
+const GOOD: &[(&str, &str)] = &[("description", "very_good")];
+const BAD: &[(&str, &str)] = &[("description", "very_bad")];
+
+fn asset(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../assets/tiny-hibiki")
+        .join(rel)
+}
+
+fn tiny_config() -> LmConfig {
+    LmConfig::from_file(asset("config.json")).unwrap()
+}
+
+fn tiny_model(mode: WeightMode) -> LmModel {
+    let cfg = tiny_config();
+    let weights = load_lm_weights(&asset("model.safetensors"), &cfg, mode).unwrap();
+    LmModel::load(&cfg, weights).unwrap()
+}
+
+fn reference() -> Value {
+    serde_json::from_str(&std::fs::read_to_string(asset("ref/hibiki_greedy.json")).unwrap())
+        .unwrap()
+}
+
+/// What each step is fed: `Some(codes)` or `None` for the end-of-stream frame. Built from
+/// `ref/mimi_codes_with_silence.npy` (input + silence encoded in one stream) and the number of
+/// input frames, as the fixture's generator builds it.
+fn feed() -> Vec<Option<Vec<u32>>> {
+    let codes = npy::read_i64(asset("ref/mimi_codes_with_silence.npy")).unwrap();
+    let (k, cols) = (codes.shape[0], codes.shape[1]);
+    let col = |f: usize| Some((0..k).map(|c| codes.data[c * cols + f] as u32).collect());
+    let frames = reference()["num_frames"].as_u64().unwrap() as usize;
+    let mut fed = vec![col(0)];
+    fed.extend((0..frames).map(col));
+    fed.push(None);
+    fed.extend((frames..cols).map(col));
+    fed
+}
+
+fn run(model: LmModel, cfg_coef: f32) -> Vec<StepDetails> {
+    let mut g = Generator::new(model, SamplingConfig::greedy());
+    g.set_conditions(GOOD, cfg_coef, BAD).unwrap();
+    feed()
+        .iter()
+        .map(|f| match f {
+            Some(codes) => g.step_detailed(codes).unwrap(),
+            None => g.step_end_of_input_detailed().unwrap(),
+        })
+        .collect()
+}
+
+fn u32s(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn guided_greedy_run_reproduces_official_tokens_and_mixed_logits() {
+    let steps = run(tiny_model(WeightMode::Native), 3.0);
+    let reference = reference();
+    let ref_steps = reference["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), ref_steps.len());
+    let text_logits = npy::read_f32(asset("ref/hibiki_text_logits.npy")).unwrap();
+    let audio_logits = npy::read_f32(asset("ref/hibiki_audio_logits.npy")).unwrap();
+    let (tc, dq, card) = (
+        text_logits.shape[1],
+        audio_logits.shape[1],
+        audio_logits.shape[2],
+    );
+    let (mut returned, mut worst_text, mut worst_audio) = (Vec::new(), 0f32, 0f32);
+    for (s, (got, want)) in steps.iter().zip(ref_steps).enumerate() {
+        // The user semantic stream (delay 0) reads the fed code from step 1 on (every stream
+        // takes its initial token at step 0).
+        let fed = u32s(&want["fed_user_codes"]);
+        if s > 0 {
+            assert_eq!(
+                got.model_input[9], fed[0],
+                "user semantic input of step {s}"
+            );
+        }
+        assert_eq!(
+            got.text_token,
+            want["text_token"].as_u64().unwrap() as u32,
+            "text token of step {s} ({})",
+            want["fed"]
+        );
+        assert_eq!(
+            got.audio_tokens,
+            u32s(&want["audio_tokens"]),
+            "audio tokens of step {s}"
+        );
+        match (&got.frame, &want["returned"]) {
+            (None, Value::Null) => {}
+            (Some(f), r) if !r.is_null() => {
+                assert_eq!(f.text, r["text"].as_u64().unwrap() as u32, "step {s}");
+                assert_eq!(f.audio, u32s(&r["audio"]), "returned audio of step {s}");
+                returned.push(f.clone());
+            }
+            (g, r) => panic!("step {s}: returned {g:?}, reference {r}"),
+        }
+        let d = max_abs_diff(&got.text_logits, &text_logits.data[s * tc..(s + 1) * tc]);
+        assert!(d < 1e-4, "mixed text logits of step {s} differ by {d}");
+        worst_text = worst_text.max(d);
+        for k in 0..dq {
+            let o = (s * dq + k) * card;
+            let d = max_abs_diff(&got.audio_logits[k], &audio_logits.data[o..o + card]);
+            assert!(
+                d < 1e-4,
+                "mixed audio logits of step {s} codebook {k} differ by {d}"
+            );
+            worst_audio = worst_audio.max(d);
+        }
+    }
+    eprintln!("max |diff| vs torch: mixed text logits {worst_text:.2e}, mixed audio logits {worst_audio:.2e}");
+    assert_eq!(returned.len(), 51);
+    let out_text = u32s(&reference["out_text_tokens"]);
+    assert_eq!(
+        returned.iter().map(|f| f.text).collect::<Vec<_>>(),
+        out_text
+    );
+    // The end-of-stream step fed `card` on every user codebook.
+    let eos = steps
+        .iter()
+        .skip(1)
+        .position(|s| s.model_input[9] == 64)
+        .unwrap()
+        + 1;
+    assert_eq!(ref_steps[eos]["fed"], "end of stream");
+}
+
+#[test]
+fn guidance_changes_the_output_and_one_row_is_the_plain_conditioned_model() {
+    let reference = reference();
+    let want: Vec<u32> = reference["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["text_token"].as_u64().unwrap() as u32)
+        .collect();
+    // Without guidance (one row, conditioned on very_good), most tokens differ (the fixture was
+    // made so that skipping or misapplying guidance fails token for token).
+    let plain = run(tiny_model(WeightMode::Native), 1.0);
+    let same = plain
+        .iter()
+        .zip(&want)
+        .filter(|(s, w)| s.text_token == **w)
+        .count();
+    assert!(
+        same <= 5,
+        "{same} of {} text tokens equal without guidance",
+        want.len()
+    );
+
+    // A coefficient of 1 with a negative row would mix to the conditioned logits: one row.
+    let mut g = Generator::new(tiny_model(WeightMode::Native), SamplingConfig::greedy());
+    g.set_conditions(GOOD, 1.0, BAD).unwrap();
+    assert_eq!(g.cfg_coef(), 1.0);
+}
+
+#[test]
+fn guided_runs_repeat_exactly_after_reset_and_on_quantized_weights_stay_close() {
+    let model = tiny_model(WeightMode::Native);
+    let mut g = Generator::new(model, SamplingConfig::greedy());
+    g.set_conditions(GOOD, 3.0, BAD).unwrap();
+    let fed = feed();
+    let mut first = Vec::new();
+    for round in 0..2 {
+        let tokens: Vec<u32> = fed
+            .iter()
+            .map(|f| match f {
+                Some(c) => g.step_detailed(c).unwrap().text_token,
+                None => g.step_end_of_input_detailed().unwrap().text_token,
+            })
+            .collect();
+        if round == 0 {
+            first = tokens;
+        } else {
+            assert_eq!(tokens, first, "the second run after reset differs");
+        }
+        g.reset();
+    }
+    // 8-bit weights (quantized at load, the conditioner kept f32) run the whole guided loop.
+    let q8 = run(
+        tiny_model(WeightMode::Quantize {
+            bits: 8,
+            group_size: 64,
+        }),
+        3.0,
+    );
+    assert_eq!(q8.len(), first.len());
+    assert!(q8
+        .iter()
+        .all(|s| s.text_logits.iter().all(|v| v.is_finite())));
+}
+
+#[test]
+fn bad_conditions_and_coefficients_are_errors() {
+    let mut g = Generator::new(tiny_model(WeightMode::Native), SamplingConfig::greedy());
+    let err = |r: moshi_model::Result<()>| r.unwrap_err().to_string();
+    let e = err(g.set_conditions(&[("description", "excellent")], 3.0, BAD));
+    assert!(e.contains("excellent") && e.contains("very_good"), "{e}");
+    let e = err(g.set_conditions(GOOD, 3.0, &[("genre", "jazz")]));
+    assert!(e.contains("no conditioner `genre`"), "{e}");
+    for c in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+        let e = err(g.set_conditions(GOOD, c, BAD));
+        assert!(e.contains("positive"), "{c}: {e}");
+    }
+    // After the errors the generator still runs (no half-applied state).
+    assert_eq!(g.cfg_coef(), 1.0);
+    let frame = feed()[0].clone().unwrap();
+    g.step(&frame).unwrap();
+    // The end-of-stream frame is `card`; ordinary frames may not carry it.
+    let e = g.step(&[64; 8]).unwrap_err().to_string();
+    assert!(e.contains("out of range"), "{e}");
+}
+
+#[test]
+fn conditioner_vectors_follow_the_lut_and_the_learnt_padding() {
+    let model = tiny_model(WeightMode::Native);
+    let provider = model.conditions();
+    assert_eq!(provider.conditioners().len(), 1);
+    let lut = &provider.conditioners()[0];
+    assert_eq!(lut.name(), "description");
+    let good = lut.vector(Some("very_good")).unwrap();
+    let bad = lut.vector(Some("very_bad")).unwrap();
+    let padding = lut.vector(None).unwrap();
+    assert_eq!(good.len(), 256);
+    assert_ne!(good, bad);
+    assert_ne!(good, padding);
+    // Without values every conditioner takes its learnt padding.
+    assert_eq!(provider.fused(&[]).unwrap().unwrap(), padding);
+    assert_eq!(provider.fused(GOOD).unwrap().unwrap(), good);
+    // output_proj · embed[4], checked in f64 against the stored tensors.
+    let cfg = tiny_config();
+    let w = load_lm_weights(&asset("model.safetensors"), &cfg, WeightMode::DequantizeF32).unwrap();
+    let embed = w
+        .get("condition_provider.conditioners.description.embed")
+        .unwrap()
+        .to_f32();
+    let proj = w
+        .get("condition_provider.conditioners.description.output_proj")
+        .unwrap()
+        .to_f32();
+    for (i, v) in good.iter().enumerate() {
+        let want: f64 = (0..16)
+            .map(|j| proj[i * 16 + j] as f64 * embed[4 * 16 + j] as f64)
+            .sum();
+        assert!((*v as f64 - want).abs() < 1e-6, "row {i}: {v} vs {want}");
+    }
+}
