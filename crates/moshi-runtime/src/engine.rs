@@ -584,25 +584,39 @@ pub fn run_offline(
     let mut metrics = Metrics::default();
     let started = Instant::now();
     for (i, frame) in pcm.chunks_exact(FRAME_SAMPLES).enumerate() {
-        let t0 = Instant::now();
-        let o = processor.process_frame(frame)?;
-        let total_ms = t0.elapsed().as_secs_f64() * 1e3;
-        if o.pcm.len() != FRAME_SAMPLES {
-            return Err(RuntimeError::FrameSize {
-                expected: FRAME_SAMPLES,
-                got: o.pcm.len(),
-            });
-        }
+        let o = timed_frame(&mut metrics, started, i as u64, || {
+            processor.process_frame(frame)
+        })?;
         out.extend_from_slice(&o.pcm);
-        metrics.push(FrameRecord {
-            event: "frame",
-            frame: i as u64,
-            t_ms: started.elapsed().as_secs_f64() * 1e3,
-            total_ms,
-            stages: o.timings,
-            ..Default::default()
-        });
         on_frame(i as u64, &o);
     }
     Ok((out, metrics))
+}
+
+/// Times one processor call of an offline run, checks its output size and records it in
+/// `metrics` as frame `frame` (`started`: when the run began).
+pub(crate) fn timed_frame(
+    metrics: &mut Metrics,
+    started: Instant,
+    frame: u64,
+    call: impl FnOnce() -> Result<FrameOutput>,
+) -> Result<FrameOutput> {
+    let t0 = Instant::now();
+    let o = call()?;
+    let total_ms = t0.elapsed().as_secs_f64() * 1e3;
+    if o.pcm.len() != FRAME_SAMPLES {
+        return Err(RuntimeError::FrameSize {
+            expected: FRAME_SAMPLES,
+            got: o.pcm.len(),
+        });
+    }
+    metrics.push(FrameRecord {
+        event: "frame",
+        frame,
+        t_ms: started.elapsed().as_secs_f64() * 1e3,
+        total_ms,
+        stages: o.timings,
+        ..Default::default()
+    });
+    Ok(o)
 }

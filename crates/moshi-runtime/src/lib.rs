@@ -1,7 +1,8 @@
 //! moshi-runtime: everything between the model and the outside world. WAV files, rubato
 //! resampling, lock-free rings with counters, audio backends (cpal, file, null/virtual clock),
 //! the real-time engine thread that runs one [`engine::FrameProcessor`] step per 80 ms frame,
-//! the Moshi pipeline (Mimi encode -> LM step -> Mimi decode) and latency metrics.
+//! the Moshi pipeline (Mimi encode -> LM step -> Mimi decode), file translation with Hibiki
+//! models and latency metrics.
 //!
 //! Units: Moshi works on 24 kHz mono f32 PCM in frames of [`FRAME_SAMPLES`] samples (80 ms).
 
@@ -14,6 +15,7 @@ pub mod metrics;
 pub mod pipeline;
 pub mod resample;
 pub mod ring;
+pub mod translate;
 pub mod wav;
 
 pub use error::RuntimeError;

@@ -7,12 +7,17 @@
 //! input frames 0..=i. Chat uses the same processor, so a live session reproduces file mode
 //! exactly for the same input and seed. With a config whose max delay is above 1, the first
 //! outputs are silence until the generator returns frames.
+//!
+//! A translation model (Hibiki) is conditioned as `run_inference.py` conditions it
+//! (`description` = `very_good`, guidance against `very_bad`); its end of input is one frame of
+//! user codes all equal to `card` ([`MoshiPipeline::process_end_of_input`]), then silence until
+//! it ends its text with EOS.
 
 use std::time::Instant;
 
 use moshi_loader::tokenizer::{IncrementalDecoder, TextTokenizer};
 use moshi_loader::{load_lm_weights, load_mimi_weights, ResolvedModel, WeightMode};
-use moshi_model::generator::{Generator, SamplingConfig};
+use moshi_model::generator::{GeneratedFrame, Generator, SamplingConfig};
 use moshi_model::lm::kv_cache::KvPrecision;
 use moshi_model::lm::LmModel;
 use moshi_model::mimi::{Mimi, MimiWeights};
@@ -25,6 +30,11 @@ use crate::{Result, RuntimeError, FRAME_SAMPLES};
 /// the acoustic delays. Every later frame takes one.
 pub const FIRST_FRAME_LM_STEPS: usize = 2;
 
+/// What a translation model (Hibiki) is conditioned on (`run_inference.py`, model_type "hibiki").
+pub const TRANSLATION_CONDITIONS: &[(&str, &str)] = &[("description", "very_good")];
+/// The negative row of guidance for a translation model.
+pub const TRANSLATION_NEGATIVE_CONDITIONS: &[(&str, &str)] = &[("description", "very_bad")];
+
 /// Moshi as a frame processor.
 pub struct MoshiPipeline {
     mimi: Mimi,
@@ -32,6 +42,8 @@ pub struct MoshiPipeline {
     text: IncrementalDecoder,
     user_codebooks: usize,
     frames_in: u64,
+    /// The tokenizer's end-of-sequence id (a translation model ends its text with it).
+    eos_text_id: Option<u32>,
 }
 
 /// Milliseconds since `t0`.
@@ -70,13 +82,54 @@ impl MoshiPipeline {
                 got: mimi.frame_size_samples(),
             });
         }
-        Ok(Self {
+        let mut pipeline = Self {
             mimi,
             generator,
             text: tokenizer.incremental_decoder(),
             user_codebooks,
             frames_in: 0,
-        })
+            eos_text_id: tokenizer.eos_id(),
+        };
+        let cfg_coef = pipeline.generator.model().config().default_cfg_coef();
+        pipeline.set_cfg_coef(cfg_coef)?;
+        Ok(pipeline)
+    }
+
+    /// Classifier-free guidance coefficient of a conditioned model (1 = none, the default unless
+    /// the config's `lm_gen_config.cfg_coef` says otherwise; Kyutai suggests 3 for Hibiki).
+    /// Conditions a translation model as `run_inference.py` does. Restarts the conversation.
+    /// Errors for a coefficient other than 1 on a model without conditioners.
+    pub fn set_cfg_coef(&mut self, cfg_coef: f32) -> Result<()> {
+        let conditioned = self.generator.model().config().is_conditioned();
+        let (values, negative) = if conditioned {
+            (TRANSLATION_CONDITIONS, TRANSLATION_NEGATIVE_CONDITIONS)
+        } else {
+            (&[][..], &[][..])
+        };
+        self.generator.set_conditions(values, cfg_coef, negative)?;
+        self.reset();
+        Ok(())
+    }
+
+    /// The guidance coefficient in use (1 without guidance).
+    pub fn cfg_coef(&self) -> f32 {
+        self.generator.cfg_coef()
+    }
+
+    /// Whether the model translates (Hibiki: its input ends with an end-of-stream frame, its
+    /// output with EOS); see [`moshi_loader::LmConfig::is_translation`].
+    pub fn is_translation(&self) -> bool {
+        self.generator.model().config().is_translation()
+    }
+
+    /// The text id that ends a translation (the tokenizer's EOS), if the tokenizer has one.
+    pub fn eos_text_id(&self) -> Option<u32> {
+        self.eos_text_id
+    }
+
+    /// The generator (model, sampling, step index).
+    pub fn generator(&self) -> &Generator {
+        &self.generator
     }
 
     /// Weight precision of Mimi's per-frame products (see [`Mimi::set_weights`]).
@@ -129,12 +182,31 @@ impl FrameProcessor for MoshiPipeline {
         let mut generated = None;
         for _ in 0..repeats {
             generated = self.generator.step(user)?;
-            let t = self.generator.last_timings();
-            timings.lm_temporal_ms += t.temporal_ms;
-            timings.lm_depformer_ms += t.depformer_ms;
-            timings.sampling_ms += t.sampling_ms;
+            add_lm_timings(&mut timings, &self.generator);
         }
         self.frames_in += 1;
+        self.output_of(generated, timings)
+    }
+}
+
+impl MoshiPipeline {
+    /// The end of a translated stream (`run_inference.py`, model_type "hibiki"): one LM step on
+    /// user codes all equal to `card`, no audio consumed. Feed silence frames after it through
+    /// [`FrameProcessor::process_frame`] until the returned text is [`MoshiPipeline::eos_text_id`].
+    pub fn process_end_of_input(&mut self) -> Result<FrameOutput> {
+        let mut timings = StageTimings::default();
+        let generated = self.generator.step_end_of_input()?;
+        add_lm_timings(&mut timings, &self.generator);
+        self.frames_in += 1;
+        self.output_of(generated, timings)
+    }
+
+    /// Decodes a generated frame (silence while the delays fill).
+    fn output_of(
+        &mut self,
+        generated: Option<GeneratedFrame>,
+        mut timings: StageTimings,
+    ) -> Result<FrameOutput> {
         let Some(frame) = generated else {
             return Ok(FrameOutput {
                 pcm: vec![0.0; FRAME_SAMPLES],
@@ -156,4 +228,12 @@ impl FrameProcessor for MoshiPipeline {
             timings,
         })
     }
+}
+
+/// Adds the generator's last step timings to `timings`.
+fn add_lm_timings(timings: &mut StageTimings, generator: &Generator) {
+    let t = generator.last_timings();
+    timings.lm_temporal_ms += t.temporal_ms;
+    timings.lm_depformer_ms += t.depformer_ms;
+    timings.sampling_ms += t.sampling_ms;
 }

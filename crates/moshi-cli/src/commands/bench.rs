@@ -27,7 +27,9 @@ use moshi_runtime::bench::span_timer::{SpanTimerLayer, SpanTotals};
 use moshi_runtime::bench::stages::{DepformerStage, LmStage, MimiStage};
 use moshi_runtime::bench::synthetic_tokenizer::synthetic_tokenizer;
 use moshi_runtime::engine::FrameProcessor;
-use moshi_runtime::pipeline::{MoshiPipeline, FIRST_FRAME_LM_STEPS};
+use moshi_runtime::pipeline::{
+    MoshiPipeline, FIRST_FRAME_LM_STEPS, TRANSLATION_CONDITIONS, TRANSLATION_NEGATIVE_CONDITIONS,
+};
 use moshi_runtime::FRAME_MS;
 
 use super::memory_budget::ensure_fits;
@@ -155,6 +157,11 @@ pub struct BenchArgs {
         value_parser = super::flag_values::bandwidth_buffer_mib
     )]
     bandwidth_buffer_mib: usize,
+    /// Classifier-free guidance of a conditioned config (Hibiki, e.g. `--config
+    /// configs/hibiki-m.json`): two LM rows per step, logits mixed with this coefficient. 1 = no
+    /// guidance. Default: the config's `lm_gen_config.cfg_coef`, else 1. Stages all and lm.
+    #[arg(long, value_name = "COEF")]
+    cfg_coef: Option<f32>,
 }
 
 /// The models a run needs, their config and where they came from.
@@ -242,6 +249,30 @@ fn bench(args: &BenchArgs, threads: usize, totals: &SpanTotals) -> Result<()> {
     }
     let loaded = load(args)?;
     let layers_run = loaded.cfg.num_layers;
+    let cfg_coef = args
+        .cfg_coef
+        .unwrap_or_else(|| loaded.cfg.default_cfg_coef());
+    if !(cfg_coef.is_finite() && cfg_coef > 0.0) {
+        bail!("--cfg-coef {cfg_coef}: expected a positive number (1 = no guidance)");
+    }
+    if cfg_coef != 1.0 {
+        if !loaded.cfg.is_conditioned() {
+            bail!(
+                "--cfg-coef {cfg_coef}: guidance needs a conditioned config (Hibiki: --config \
+                 configs/hibiki-m.json); {} has no conditioners",
+                loaded.config_origin
+            );
+        }
+        if !matches!(args.stage, StageArg::All | StageArg::Lm) {
+            bail!(
+                "--cfg-coef {cfg_coef} applies to --stage all or lm (the generator runs the two rows), not {}",
+                args.stage.name()
+            );
+        }
+    }
+    // Guidance runs a second row over the same weights, one after the other: the weights are
+    // read twice per frame and each row has its own KV caches.
+    let lm_rows: u64 = if cfg_coef != 1.0 { 2 } else { 1 };
     // The temporal KV caches grow by one position per LM step (warm-up included) up to the
     // context; the pipeline's first frame steps twice (the first step only fills the delays).
     let first_frame_steps = match args.stage {
@@ -317,8 +348,10 @@ fn bench(args: &BenchArgs, threads: usize, totals: &SpanTotals) -> Result<()> {
         );
         lm.fill_temporal_caches_with_noise(args.kv_prefill, args.seed);
     }
-    weights.kv_cache_layer_read_bytes = kv_layer_bytes;
-    weights.kv_cache_read_per_frame_bytes = kv_layer_bytes * layers_run as u64;
+    weights.kv_cache_layer_read_bytes = kv_layer_bytes * lm_rows;
+    weights.kv_cache_read_per_frame_bytes = kv_layer_bytes * lm_rows * layers_run as u64;
+    weights.weight_passes_per_frame = lm_rows;
+    weights.read_per_frame_bytes *= lm_rows;
     if let Some(m) = mimi.as_mut() {
         m.set_weights(args.mimi_weights);
         eprintln!("Mimi weights: {}", args.mimi_weights);
@@ -346,20 +379,30 @@ fn bench(args: &BenchArgs, threads: usize, totals: &SpanTotals) -> Result<()> {
                 },
             );
             let tokenizer = tokenizer.context("internal: the text tokenizer was not built")?;
-            Box::new(MoshiPipeline::from_parts(mimi, generator, &tokenizer)?)
+            let mut pipeline = MoshiPipeline::from_parts(mimi, generator, &tokenizer)?;
+            pipeline.set_cfg_coef(cfg_coef)?;
+            Box::new(pipeline)
         }
         StageArg::Mimi => Box::new(MimiStage::new(
             mimi.context("internal: Mimi was not built")?,
         )),
         StageArg::Lm => {
             let lm = lm.context("internal: the LM was not built")?;
-            let generator = Generator::new(
+            let conditioned = lm.config().is_conditioned();
+            let mut generator = Generator::new(
                 lm,
                 SamplingConfig {
                     seed: args.seed,
                     ..SamplingConfig::default()
                 },
             );
+            if conditioned {
+                generator.set_conditions(
+                    TRANSLATION_CONDITIONS,
+                    cfg_coef,
+                    TRANSLATION_NEGATIVE_CONDITIONS,
+                )?;
+            }
             Box::new(LmStage::new(generator, args.seed))
         }
         StageArg::Depformer => Box::new(DepformerStage::new(
@@ -431,6 +474,8 @@ fn bench(args: &BenchArgs, threads: usize, totals: &SpanTotals) -> Result<()> {
             kv_cache: args.kv_cache.name().into(),
             threads,
             seed: args.seed,
+            cfg_coef: cfg_coef as f64,
+            lm_rows: lm_rows as usize,
         },
         machine: MachineInfo {
             os: std::env::consts::OS.into(),
@@ -498,6 +543,8 @@ fn weight_bytes_of(lm: &LmModel, stage: StageArg) -> WeightBytes {
     WeightBytes {
         resident_bytes: (b.temporal_layers + b.text_head + b.depformer + b.embedding_tables) as u64,
         read_per_frame_bytes: read as u64,
+        // Set by the caller, which knows whether guidance runs a second row.
+        weight_passes_per_frame: 1,
         temporal_layer_bytes: per_layer as u64,
         text_head_bytes: b.text_head as u64,
         depformer_bytes: b.depformer as u64,

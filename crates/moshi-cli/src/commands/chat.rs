@@ -194,7 +194,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         "--buffer-ms {}: expected 1..=1000",
         args.buffer_ms
     );
-    let (model, pipeline) = args.model.load_pipeline(args.sampling.config())?;
+    let (model, pipeline) = args.model.load_pipeline(&args.sampling)?;
     eprintln!(
         "model: {} ({:?})",
         model.lm_weights_path.display(),

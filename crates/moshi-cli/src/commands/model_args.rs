@@ -117,6 +117,12 @@ pub struct SamplingArgs {
     /// Argmax everywhere (deterministic, ignores temperatures and seed).
     #[arg(long)]
     pub greedy: bool,
+    /// Classifier-free guidance of a conditioned model (Hibiki): logits mixed as
+    /// `null + (cond - null) * COEF` between rows conditioned on `very_good` and `very_bad`.
+    /// 1 = no guidance (one row). Default: the config's `lm_gen_config.cfg_coef`, else 1
+    /// (Kyutai's default; 3 is Kyutai's usual value for Hibiki).
+    #[arg(long, value_name = "COEF")]
+    pub cfg_coef: Option<f32>,
 }
 
 impl SamplingArgs {
@@ -182,16 +188,31 @@ impl ModelArgs {
         }
     }
 
-    /// Resolves and loads the whole pipeline.
+    /// Resolves and loads the whole pipeline with `sampling`'s settings (guidance included).
     pub fn load_pipeline(
         &self,
-        sampling: SamplingConfig,
+        sampling: &SamplingArgs,
     ) -> anyhow::Result<(ResolvedModel, MoshiPipeline)> {
         let mode = self.weight_mode()?;
+        if let Some(c) = sampling.cfg_coef {
+            anyhow::ensure!(
+                c.is_finite() && c > 0.0,
+                "--cfg-coef {c}: expected a positive number (1 = no guidance)"
+            );
+        }
         let model = self.resolve()?;
-        let mut pipeline = MoshiPipeline::load(&model, sampling, mode).with_context(|| {
-            format!("loading the model from {}", model.lm_weights_path.display())
-        })?;
+        let mut pipeline =
+            MoshiPipeline::load(&model, sampling.config(), mode).with_context(|| {
+                format!("loading the model from {}", model.lm_weights_path.display())
+            })?;
+        if let Some(c) = sampling.cfg_coef {
+            pipeline.set_cfg_coef(c).with_context(|| {
+                format!(
+                    "--cfg-coef {c} with the model {}",
+                    model.lm_weights_path.display()
+                )
+            })?;
+        }
         pipeline.set_mimi_weights(self.mimi_weights);
         pipeline.set_kv_precision(self.kv_cache);
         Ok((model, pipeline))

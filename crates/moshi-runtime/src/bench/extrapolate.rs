@@ -21,10 +21,13 @@ pub fn extrapolate_to_full_depth(
     if full_layers <= run_layers || layer_ms.is_empty() {
         return None;
     }
+    // With guidance each layer runs once per row (`weight_passes_per_frame` times a frame).
+    let passes = weights.weight_passes_per_frame.max(1);
     let missing = (full_layers - run_layers) as f64;
     let per_layer = Percentiles::of(layer_ms);
-    let add_ms = missing * per_layer.p50;
-    let add_bytes = (full_layers - run_layers) as u64 * weights.temporal_layer_bytes;
+    let add_ms = missing * passes as f64 * per_layer.p50;
+    let add_resident_bytes = (full_layers - run_layers) as u64 * weights.temporal_layer_bytes;
+    let add_bytes = passes * add_resident_bytes;
     let add_kv_bytes = (full_layers - run_layers) as u64 * weights.kv_cache_layer_read_bytes;
     let lm_step_p50_ms = stats.lm_step_ms.p50 + add_ms;
     let read_per_frame_bytes = weights.read_per_frame_bytes + add_bytes;
@@ -32,7 +35,7 @@ pub fn extrapolate_to_full_depth(
     Some(Extrapolation {
         note: format!(
             "extrapolated, not measured: {run_layers} of {full_layers} temporal layers were run; each missing layer \
-             adds the measured median layer time {:.3} ms, {} weight bytes and {} KV-cache bytes read",
+             adds {passes} x the measured median layer time {:.3} ms, {passes} x {} weight bytes and {} KV-cache bytes read",
             per_layer.p50, weights.temporal_layer_bytes, weights.kv_cache_layer_read_bytes
         ),
         layers: full_layers,
@@ -40,8 +43,8 @@ pub fn extrapolate_to_full_depth(
         lm_temporal_p50_ms: stats.lm_temporal_ms.p50 + add_ms,
         lm_step_p50_ms,
         total_p50_ms: stats.total_ms.p50 + add_ms,
-        real_time_factor: (stats.total_ms.mean + missing * per_layer.mean) / FRAME_MS,
-        resident_bytes: weights.resident_bytes + add_bytes,
+        real_time_factor: (stats.total_ms.mean + missing * passes as f64 * per_layer.mean) / FRAME_MS,
+        resident_bytes: weights.resident_bytes + add_resident_bytes,
         read_per_frame_bytes,
         kv_cache_read_per_frame_bytes,
         bound: BandwidthBound::new(
@@ -99,6 +102,16 @@ mod tests {
         // 17 kB of weights + 3.2 kB of KV caches at 1 GB/s = 0.0202 ms.
         assert!((x.bound.lm_bound_ms - 0.0202).abs() < 1e-12);
         assert!(extrapolate_to_full_depth(&stats, &[1.0], &weights, 32, 32, 1.0).is_none());
+        // Guidance: each layer runs (and is read) once per row; the weights are held once.
+        let guided = WeightBytes {
+            weight_passes_per_frame: 2,
+            ..weights.clone()
+        };
+        let x = extrapolate_to_full_depth(&stats, &[9.0, 10.0, 11.0], &guided, 2, 32, 1.0).unwrap();
+        assert_eq!(x.lm_step_p50_ms, 50.0 + 600.0);
+        assert_eq!(x.read_per_frame_bytes, 2_000 + 2 * 30 * 500);
+        assert_eq!(x.kv_cache_read_per_frame_bytes, 200 + 30 * 100);
+        assert_eq!(x.resident_bytes, 3_000 + 30 * 500);
         assert!(extrapolate_to_full_depth(&stats, &[], &weights, 2, 32, 1.0).is_none());
     }
 }

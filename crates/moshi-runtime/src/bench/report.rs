@@ -46,6 +46,10 @@ pub struct RunInfo {
     pub threads: usize,
     /// Seed of the random weights, input and sampling.
     pub seed: u64,
+    /// Classifier-free guidance coefficient (`--cfg-coef`; 1 = none).
+    pub cfg_coef: f64,
+    /// Rows the LM runs per step: 1, or 2 with guidance (conditioned and negative).
+    pub lm_rows: usize,
 }
 
 /// Where it ran.
@@ -121,8 +125,12 @@ pub struct WeightBytes {
     /// All LM weights in memory (whole embedding tables included).
     pub resident_bytes: u64,
     /// Read by one frame: every matrix of the stages run (embedding rows are negligible and not
-    /// counted). For `--stage mimi` this is 0 (Mimi's own weights are not counted).
+    /// counted), `weight_passes_per_frame` times. For `--stage mimi` this is 0 (Mimi's own
+    /// weights are not counted).
     pub read_per_frame_bytes: u64,
+    /// Times a frame reads the LM weights: 1, or 2 with guidance (its two rows run one after
+    /// the other over the same weights).
+    pub weight_passes_per_frame: u64,
     /// One temporal layer (mean over the layers present).
     pub temporal_layer_bytes: u64,
     /// `out_norm` + the text head.
@@ -130,8 +138,8 @@ pub struct WeightBytes {
     /// All depformer steps of a frame.
     pub depformer_bytes: u64,
     /// Keys and values (f32) one temporal layer's attention reads per frame, mean over the timed
-    /// frames: frame `i` of the run (warm-up included) attends over `min(i + 1, context)`
-    /// positions. 0 when the temporal transformer does not run.
+    /// frames, every row's cache: frame `i` of the run (warm-up included) attends over
+    /// `min(i + 1, context)` positions. 0 when the temporal transformer does not run.
     pub kv_cache_layer_read_bytes: u64,
     /// The same for all temporal layers run. The bound counts it with the weights.
     pub kv_cache_read_per_frame_bytes: u64,
@@ -262,6 +270,12 @@ impl BenchReport {
             "moshi-rs bench: {} weights, {}, Mimi {}, stage {}, {} of {} temporal layers, {} frames after {} warm-up, {} threads\n",
             r.weights, r.quant, r.mimi_weights, r.stage, r.layers_run, r.layers_config, r.frames, r.warmup_frames, r.threads
         );
+        if r.lm_rows > 1 {
+            s += &format!(
+                "classifier-free guidance {}: {} LM rows per step, weights read {} times per frame\n",
+                r.cfg_coef, r.lm_rows, self.weights.weight_passes_per_frame
+            );
+        }
         if r.kv_prefill_positions > 0 || r.kv_cache != "f32" {
             s += &format!(
                 "temporal KV caches: {}, prefilled with {} random positions\n",
