@@ -93,6 +93,7 @@ fn issue_command_reproduces_the_official_guided_translation() {
         max_lsb <= 2,
         "out.wav differs from the reference by {max_lsb} LSB"
     );
+    eprintln!("out.wav: max {max_lsb} LSB from ref/output.wav");
     // Random weights never end their text: the default cap (0.5 s: 6 frames) ends the run, and
     // the user is told the translation may be cut short.
     assert!(stderr.contains("guidance coefficient 3"), "{stderr}");

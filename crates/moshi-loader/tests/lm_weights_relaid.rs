@@ -4,6 +4,8 @@
 
 mod common;
 
+use std::path::{Path, PathBuf};
+
 use common::{
     asset, copy_all, hibiki_asset, hibiki_config, tiny_config, write_safetensors, RawTensor,
 };
@@ -105,20 +107,27 @@ fn mlx_dense_tensors(candle: Vec<RawTensor>) -> Vec<RawTensor> {
         .collect()
 }
 
+/// Writes the PyTorch checkpoint `pt_path` re-laid as the candle release and as the dense MLX
+/// release into `dir`; returns their paths.
+fn write_relaid(pt_path: &Path, cfg: &LmConfig, dir: &Path) -> (PathBuf, PathBuf) {
+    let pt = SafetensorsFile::open(pt_path).unwrap();
+    let candle_path = dir.join("candle.safetensors");
+    let mlx_path = dir.join("mlx-bf16.safetensors");
+    let candle = candle_tensors(&pt, cfg);
+    write_safetensors(&candle_path, &candle);
+    write_safetensors(&mlx_path, &mlx_dense_tensors(candle));
+    (candle_path, mlx_path)
+}
+
 #[test]
 fn candle_and_dense_mlx_layouts_load_to_the_pytorch_values() {
     let cfg = tiny_config();
     let pt_path = asset("model.safetensors");
-    let pt = SafetensorsFile::open(&pt_path).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let candle_path = dir.path().join("candle.safetensors");
-    let mlx_path = dir.path().join("mlx-bf16.safetensors");
-    let candle = candle_tensors(&pt, &cfg);
-    write_safetensors(&candle_path, &candle);
-    write_safetensors(&mlx_path, &mlx_dense_tensors(candle));
+    let (candle_path, mlx_path) = write_relaid(&pt_path, &cfg, dir.path());
 
     assert_eq!(
-        detect_kind(&pt).unwrap(),
+        detect_kind(&SafetensorsFile::open(&pt_path).unwrap()).unwrap(),
         CheckpointKind::Lm(LmLayout::PyTorch)
     );
     assert_eq!(
@@ -187,13 +196,8 @@ fn all_tensors(path: &std::path::Path) -> Vec<(String, String, Vec<usize>, Vec<u
 fn every_dense_layout_quantizes_and_exports_to_the_mlx_release_file() {
     let cfg = tiny_config();
     let pt_path = asset("model.safetensors");
-    let pt = SafetensorsFile::open(&pt_path).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let candle_path = dir.path().join("candle.safetensors");
-    let mlx_path = dir.path().join("mlx-bf16.safetensors");
-    let candle = candle_tensors(&pt, &cfg);
-    write_safetensors(&candle_path, &candle);
-    write_safetensors(&mlx_path, &mlx_dense_tensors(candle));
+    let (candle_path, mlx_path) = write_relaid(&pt_path, &cfg, dir.path());
     for (release, bits, group_size) in [
         ("model.q4.safetensors", 4, 32),
         ("model.q8.safetensors", 8, 64),
@@ -253,13 +257,8 @@ fn exporting_unquantized_weights_is_refused_and_writes_nothing() {
 fn hibiki_conditioner_loads_from_every_layout_and_stays_f32_when_quantized() {
     let cfg = hibiki_config();
     let pt_path = hibiki_asset("model.safetensors");
-    let pt = SafetensorsFile::open(&pt_path).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let candle_path = dir.path().join("candle.safetensors");
-    let mlx_path = dir.path().join("mlx-bf16.safetensors");
-    let candle = candle_tensors(&pt, &cfg);
-    write_safetensors(&candle_path, &candle);
-    write_safetensors(&mlx_path, &mlx_dense_tensors(candle));
+    let (candle_path, mlx_path) = write_relaid(&pt_path, &cfg, dir.path());
     let conditioner = [
         "condition_provider.conditioners.description.embed",
         "condition_provider.conditioners.description.output_proj",

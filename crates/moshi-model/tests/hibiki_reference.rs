@@ -3,7 +3,11 @@
 //! CFG-mixed logits `.npy`), fed as `run_inference.py` feeds a Hibiki model: frame 0 twice, the
 //! input frames, one end-of-stream frame, then silence frames.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::PathBuf;
+
+use common::{max_abs_diff, u32s};
 
 use moshi_loader::lm_weights::{load_lm_weights, WeightMode};
 use moshi_loader::{npy, LmConfig};
@@ -15,19 +19,15 @@ const GOOD: &[(&str, &str)] = &[("description", "very_good")];
 const BAD: &[(&str, &str)] = &[("description", "very_bad")];
 
 fn asset(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../assets/tiny-hibiki")
-        .join(rel)
+    common::fixture("tiny-hibiki", rel)
 }
 
 fn tiny_config() -> LmConfig {
-    LmConfig::from_file(asset("config.json")).unwrap()
+    common::fixture_config("tiny-hibiki")
 }
 
 fn tiny_model(mode: WeightMode) -> LmModel {
-    let cfg = tiny_config();
-    let weights = load_lm_weights(&asset("model.safetensors"), &cfg, mode).unwrap();
-    LmModel::load(&cfg, weights).unwrap()
+    common::fixture_model("tiny-hibiki", mode)
 }
 
 fn reference() -> Value {
@@ -60,22 +60,6 @@ fn run(model: LmModel, cfg_coef: f32) -> Vec<StepDetails> {
             None => g.step_end_of_input_detailed().unwrap(),
         })
         .collect()
-}
-
-fn u32s(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
 }
 
 #[test]

@@ -2,7 +2,11 @@
 //! (`assets/tiny-a/ref/lm_greedy.json`, logits `.npy`), plus sampling, long-session and
 //! bad-input behaviour.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::PathBuf;
+
+use common::{max_abs_diff, u32s};
 
 use moshi_loader::lm_weights::{load_lm_weights, WeightMode};
 use moshi_loader::{npy, LmConfig, WeightMap};
@@ -11,19 +15,15 @@ use moshi_model::lm::{LmModel, RandomWeightKind};
 use serde_json::Value;
 
 fn asset(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../assets/tiny-a")
-        .join(rel)
+    common::fixture("tiny-a", rel)
 }
 
 fn tiny_config() -> LmConfig {
-    LmConfig::from_file(asset("config.json")).unwrap()
+    common::fixture_config("tiny-a")
 }
 
 fn tiny_model(mode: WeightMode) -> LmModel {
-    let cfg = tiny_config();
-    let weights = load_lm_weights(&asset("model.safetensors"), &cfg, mode).unwrap();
-    LmModel::load(&cfg, weights).unwrap()
+    common::fixture_model("tiny-a", mode)
 }
 
 /// `ref/mimi_codes.npy` as frames `[T][8]`.
@@ -41,22 +41,6 @@ fn fed_frames() -> Vec<Vec<u32>> {
     let mut fed = vec![frames[0].clone()];
     fed.extend(frames.iter().cloned());
     fed
-}
-
-fn u32s(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
 }
 
 fn run_greedy(model: LmModel, seed: u64) -> Vec<StepDetails> {
