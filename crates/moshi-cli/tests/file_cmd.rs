@@ -2,33 +2,15 @@
 //! the official references (ref/lm_greedy.json, ref/output.wav), transcript/profile files, and
 //! clear failures (exit code != 0, nothing half-written) on bad input.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
+use std::path::{Path, PathBuf};
+
+use common::{assert_fails, jsonl, moshi, read_i16, s};
 use serde_json::Value;
 
 fn assets() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../assets/tiny-a")
-}
-
-fn moshi(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_moshi-rs"))
-        .args(args)
-        .env("HF_HUB_OFFLINE", "1")
-        .output()
-        .unwrap()
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-fn read_i16(path: &Path) -> Vec<i16> {
-    let mut r = hound::WavReader::open(path).unwrap();
-    assert_eq!(r.spec().sample_rate, 24_000);
-    assert_eq!(r.spec().channels, 1);
-    assert_eq!(r.spec().bits_per_sample, 16);
-    r.samples::<i16>().map(|x| x.unwrap()).collect()
+    common::asset_dir("tiny-a")
 }
 
 #[test]
@@ -60,11 +42,7 @@ fn greedy_file_mode_reproduces_official_tokens_and_audio() {
         &std::fs::read_to_string(assets().join("ref/lm_greedy.json")).unwrap(),
     )
     .unwrap();
-    let lines: Vec<Value> = std::fs::read_to_string(&tokens)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = jsonl(&tokens);
     let want_text = reference["out_text_tokens"].as_array().unwrap();
     let want_audio = reference["out_audio_tokens"].as_array().unwrap();
     assert_eq!(lines.len(), want_text.len());
@@ -105,11 +83,7 @@ fn greedy_file_mode_reproduces_official_tokens_and_audio() {
             && stderr.contains("mimi_decode"),
         "{stderr}"
     );
-    let prof: Vec<Value> = std::fs::read_to_string(&profile)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let prof = jsonl(&profile);
     assert_eq!(prof.len(), 44);
     assert_eq!(prof[43]["event"], "summary");
 }
@@ -146,18 +120,6 @@ fn bf16_kv_cache_runs_the_whole_file_and_a_bad_precision_is_refused() {
     let o = moshi(&[&base[..], &["--kv-cache", "f16"]].concat());
     assert_fails(&o, &["--kv-cache", "f16", "expected f32 or bf16"]);
     assert!(!out.exists());
-}
-
-fn assert_fails(o: &Output, needles: &[&str]) {
-    let stderr = String::from_utf8_lossy(&o.stderr);
-    assert!(
-        !o.status.success(),
-        "expected a failure, got success; stderr: {stderr}"
-    );
-    for n in needles {
-        assert!(stderr.contains(n), "stderr should mention {n:?}: {stderr}");
-    }
-    assert!(!stderr.contains("panicked"), "{stderr}");
 }
 
 fn dir_entries(dir: &Path) -> Vec<String> {

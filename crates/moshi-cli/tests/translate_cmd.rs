@@ -3,44 +3,32 @@
 //! audio (ref/output.wav) on the issue's command line, the tail cap, and clear errors for
 //! guidance or tail options a model cannot take.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use common::{assert_fails, jsonl, moshi, read_i16, s};
 use serde_json::Value;
 
 fn hibiki() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../assets/tiny-hibiki")
+    common::asset_dir("tiny-hibiki")
 }
 
-fn tiny_a() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../assets/tiny-a")
-}
-
-fn moshi(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_moshi-rs"))
-        .args(args)
-        .env("HF_HUB_OFFLINE", "1")
-        .output()
-        .unwrap()
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-fn read_i16(path: &Path) -> Vec<i16> {
-    let mut r = hound::WavReader::open(path).unwrap();
-    assert_eq!(r.spec().sample_rate, 24_000);
-    assert_eq!(r.spec().channels, 1);
-    r.samples::<i16>().map(|x| x.unwrap()).collect()
-}
-
-fn jsonl(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+/// `moshi-rs file` on the fixture's input with guidance 3, greedy, plus `extra`.
+fn translate(out: &Path, extra: &[&str]) -> Output {
+    let (input, model) = (hibiki().join("input.wav"), hibiki());
+    let base = [
+        "file",
+        s(&input),
+        s(out),
+        "--model",
+        s(&model),
+        "--greedy",
+        "--cfg-coef",
+        "3",
+    ];
+    moshi(&[&base[..], extra].concat())
 }
 
 #[test]
@@ -51,20 +39,10 @@ fn issue_command_reproduces_the_official_guided_translation() {
         dir.path().join("t.jsonl"),
         dir.path().join("p.jsonl"),
     );
-    let o = moshi(&[
-        "file",
-        s(&hibiki().join("input.wav")),
-        s(&out),
-        "--model",
-        s(&hibiki()),
-        "--greedy",
-        "--cfg-coef",
-        "3",
-        "--tokens-out",
-        s(&tokens),
-        "--profile",
-        s(&profile),
-    ]);
+    let o = translate(
+        &out,
+        &["--tokens-out", s(&tokens), "--profile", s(&profile)],
+    );
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "moshi-rs file failed: {stderr}");
     let reference: Value = serde_json::from_str(
@@ -111,20 +89,7 @@ fn issue_command_reproduces_the_official_guided_translation() {
 fn tail_flag_caps_the_silence_after_the_input() {
     let dir = tempfile::tempdir().unwrap();
     let (out, tokens) = (dir.path().join("out.wav"), dir.path().join("t.jsonl"));
-    let o = moshi(&[
-        "file",
-        s(&hibiki().join("input.wav")),
-        s(&out),
-        "--model",
-        s(&hibiki()),
-        "--greedy",
-        "--cfg-coef",
-        "3",
-        "--max-tail-s",
-        "0.16",
-        "--tokens-out",
-        s(&tokens),
-    ]);
+    let o = translate(&out, &["--max-tail-s", "0.16", "--tokens-out", s(&tokens)]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(jsonl(&tokens).len(), 44 + 1 + 2);
     assert_eq!(read_i16(&out).len(), 47 * 1920);
@@ -134,32 +99,39 @@ fn tail_flag_caps_the_silence_after_the_input() {
 fn guidance_and_tail_options_are_refused_where_they_cannot_apply() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out.wav");
-    let input = tiny_a().join("input.wav");
-    let run = |model: &Path, extra: &[&str]| {
-        let mut args = vec!["file", s(&input), s(&out), "--model", s(model), "--greedy"];
-        args.extend_from_slice(extra);
-        let o = moshi(&args);
-        assert!(!o.status.success(), "{extra:?} was accepted");
-        assert!(!out.exists(), "{extra:?}: output written");
-        String::from_utf8_lossy(&o.stderr).to_string()
+    let tiny_a = common::asset_dir("tiny-a");
+    let input = tiny_a.join("input.wav");
+    let moshi_file = |extra: &[&str]| {
+        let base = [
+            "file",
+            s(&input),
+            s(&out),
+            "--model",
+            s(&tiny_a),
+            "--greedy",
+        ];
+        moshi(&[&base[..], extra].concat())
     };
-    let e = run(&tiny_a(), &["--cfg-coef", "3"]);
-    assert!(
-        e.contains("--cfg-coef 3") && e.contains("no conditioners"),
-        "{e}"
+    assert_fails(
+        &moshi_file(&["--cfg-coef", "3"]),
+        &["--cfg-coef 3", "no conditioners"],
     );
-    let e = run(&tiny_a(), &["--max-tail-s", "2"]);
-    assert!(
-        e.contains("--max-tail-s") && e.contains("translation models"),
-        "{e}"
+    assert_fails(
+        &moshi_file(&["--max-tail-s", "2"]),
+        &["--max-tail-s", "translation models"],
     );
+    let (hibiki_input, hibiki_model) = (hibiki().join("input.wav"), hibiki());
     for bad in ["--cfg-coef=0", "--cfg-coef=-2", "--cfg-coef=nan"] {
-        let e = run(&hibiki(), &[bad]);
-        assert!(
-            e.contains("--cfg-coef") && e.contains("positive"),
-            "{bad}: {e}"
-        );
+        let args = [
+            "file",
+            s(&hibiki_input),
+            s(&out),
+            "--model",
+            s(&hibiki_model),
+            bad,
+        ];
+        assert_fails(&moshi(&args), &["--cfg-coef", "positive"]);
     }
-    let e = run(&hibiki(), &["--max-tail-s=-1"]);
-    assert!(e.contains("--max-tail-s"), "{e}");
+    assert_fails(&translate(&out, &["--max-tail-s=-1"]), &["--max-tail-s"]);
+    assert!(!out.exists(), "an output was written");
 }
