@@ -8,7 +8,9 @@
 # and measures the latency the runtime adds (mic sample in -> the speaker sample answering it,
 # minus the model's 80 ms frame and its compute time).
 # Usage: bash scripts/e2e-chat.sh [BUFFER_MS]   (env: MOSHI_RS = binary, default target/debug/moshi-rs;
-#        E2E_OUT = folder for the recordings, default a temp folder; MIN_NCC default 0.95)
+#        E2E_OUT = folder for the recordings, default a temp folder; MIN_NCC default 0.95;
+#        E2E_MODEL = model folder, default assets/tiny-a (assets/tiny-hibiki: live translation);
+#        E2E_CHAT_ARGS = extra chat options, e.g. "--cfg-coef 3")
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -20,7 +22,8 @@ mkdir -p "$OUT"
 export VA_DIR=${VA_DIR:-$OUT/va}
 export VA_RATE=24000
 VA="bash $ROOT/scripts/virtual-audio.sh"
-INPUT=$ROOT/assets/tiny-a/input.wav
+MODEL=${E2E_MODEL:-$ROOT/assets/tiny-a}
+INPUT=$MODEL/input.wav
 
 [ -x "$MOSHI_RS" ] || { echo "e2e: $MOSHI_RS not built (cargo build -p moshi-cli)" >&2; exit 2; }
 cleanup() { $VA stop >/dev/null 2>&1 || true; }
@@ -31,7 +34,8 @@ eval "$($VA env)"
 $VA record-start "$OUT/speaker.wav" 24000 va_speaker.monitor speaker
 $VA record-start "$OUT/mic.wav" 24000 va_micfeed.monitor mic
 sleep 0.3
-"$MOSHI_RS" chat --model "$ROOT/assets/tiny-a" --greedy --buffer-ms "$BUFFER_MS" --duration-s 6 ${JITTER_MS:+--jitter-ms $JITTER_MS} \
+# shellcheck disable=SC2086 # E2E_CHAT_ARGS holds several options
+"$MOSHI_RS" chat --model "$MODEL" --greedy --buffer-ms "$BUFFER_MS" --duration-s 6 ${JITTER_MS:+--jitter-ms $JITTER_MS} ${E2E_CHAT_ARGS:-} \
     --record "$OUT/record.wav" --stats-json "$OUT/stats.json" --profile "$OUT/profile.jsonl" \
     >"$OUT/chat.stdout" 2>"$OUT/chat.stderr" &
 CHAT=$!

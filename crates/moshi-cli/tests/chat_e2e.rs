@@ -1,8 +1,9 @@
 //! `moshi-rs chat` end to end on virtual audio devices: runs scripts/e2e-chat.sh (a private
 //! PulseAudio daemon with a virtual mic and speaker; see scripts/virtual-audio.sh), which plays
-//! assets/tiny-a/input.wav into the mic, runs chat with the tiny model, records the speaker and
-//! checks it against what the engine produced (ncc, every window found), with no steady-state
-//! underruns, no dropped frames and no allocation in the audio callbacks.
+//! the fixture's input.wav into the mic, runs chat with the tiny model (tiny-a; and tiny-hibiki
+//! with guidance: live translation), records the speaker and checks it against what the engine
+//! produced (ncc, every window found), with no steady-state underruns, no dropped frames and no
+//! allocation in the audio callbacks.
 //!
 //! Skipped (with the reason printed) only when PulseAudio is not installed; `scripts/setup.sh
 //! --audio-e2e` installs it (scripts/test.sh does). Real-time audio on a busy machine can glitch
@@ -10,6 +11,7 @@
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::Mutex;
 
 fn have(program: &str) -> bool {
     Command::new("sh")
@@ -22,6 +24,20 @@ fn have(program: &str) -> bool {
 
 #[test]
 fn chat_on_virtual_devices_plays_what_the_engine_produced() {
+    run_e2e("tiny-a", "");
+}
+
+#[test]
+fn live_translation_on_virtual_devices_plays_what_the_engine_produced() {
+    run_e2e("tiny-hibiki", "--cfg-coef 3");
+}
+
+/// One real-time session at a time: two at once on two cores would starve each other.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// scripts/e2e-chat.sh with the fixture `assets/<fixture>` and extra chat options.
+fn run_e2e(fixture: &str, chat_args: &str) {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let missing: Vec<&str> = ["pulseaudio", "parecord", "paplay", "pactl", "sox"]
         .into_iter()
         .filter(|p| !have(p))
@@ -38,6 +54,8 @@ fn chat_on_virtual_devices_plays_what_the_engine_produced() {
             .arg(root.join("scripts/e2e-chat.sh"))
             .env("MOSHI_RS", env!("CARGO_BIN_EXE_moshi-rs"))
             .env("E2E_OUT", out_dir.path())
+            .env("E2E_MODEL", root.join("assets").join(fixture))
+            .env("E2E_CHAT_ARGS", chat_args)
             .output()
             .unwrap();
         let text = format!(
@@ -61,5 +79,5 @@ fn chat_on_virtual_devices_plays_what_the_engine_produced() {
             return;
         }
     }
-    panic!("the virtual-device chat test failed three times:\n{log}");
+    panic!("the virtual-device chat test ({fixture}) failed three times:\n{log}");
 }
