@@ -256,3 +256,29 @@ fn conditioner_vectors_follow_the_lut_and_the_learnt_padding() {
         assert!((*v as f64 - want).abs() < 1e-6, "row {i}: {v} vs {want}");
     }
 }
+
+#[test]
+fn eos_input_reads_as_pad_for_model_type_hibiki_only() {
+    // Kyutai's loader copies PAD's text embedding row (3) over EOS's (2) for model_type "hibiki":
+    // an EOS sampled before the end of the input is fed back as a pause.
+    let text_logits_after = |model_type: Option<&str>, text: u32| {
+        let mut cfg = tiny_config();
+        cfg.model_type = model_type.map(str::to_string);
+        let weights =
+            load_lm_weights(&asset("model.safetensors"), &cfg, WeightMode::Native).unwrap();
+        let mut lm = LmModel::load(&cfg, weights).unwrap();
+        let mut tokens = vec![64u32; 17];
+        tokens[0] = text;
+        lm.forward_text(&tokens).unwrap();
+        lm.text_logits().to_vec()
+    };
+    assert_eq!(
+        text_logits_after(Some("hibiki"), 2),
+        text_logits_after(Some("hibiki"), 3)
+    );
+    assert_ne!(text_logits_after(None, 2), text_logits_after(None, 3));
+    assert_ne!(
+        text_logits_after(Some("hibiki"), 1),
+        text_logits_after(Some("hibiki"), 3)
+    );
+}
