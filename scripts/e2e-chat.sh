@@ -4,9 +4,13 @@
 # assets/tiny-a` runs, records the virtual speaker (and the microphone feed), then checks:
 #   - the speaker recording matches what the engine produced (right channel of --record):
 #     normalised cross-correlation >= MIN_NCC, every loud 250 ms window found;
+#   - no silent glitch: a clean path plays every window at one lag (within 2 samples) with
+#     window ncc >= 0.99; each lag jump (samples inserted or lost on the way to the speaker)
+#     must have been counted by the engine (`audible_glitch_events`);
 #   - no steady-state underruns, no dropped frames, no allocation in the audio callbacks;
 # and measures the latency the runtime adds (mic sample in -> the speaker sample answering it,
 # minus the model's 80 ms frame and its compute time).
+# Exit 0: clean; 3: glitched, and the engine counted every glitch; other: failure.
 # Usage: bash scripts/e2e-chat.sh [BUFFER_MS]   (env: MOSHI_RS = binary, default target/debug/moshi-rs;
 #        E2E_OUT = folder for the recordings, default a temp folder; MIN_NCC default 0.95;
 #        E2E_MODEL = model folder, default assets/tiny-a (assets/tiny-hibiki: live translation);
@@ -14,7 +18,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-BUFFER_MS=${1:-20}
+BUFFER_MS=${1:-40}
 MOSHI_RS=${MOSHI_RS:-$ROOT/target/debug/moshi-rs}
 MIN_NCC=${MIN_NCC:-0.95}
 OUT=${E2E_OUT:-$(mktemp -d /tmp/moshi-rs-e2e.XXXXXX)}
@@ -64,10 +68,12 @@ windows=$(sed -n 's/.*windows_ok=\([0-9]*\/[0-9]*\).*/\1/p' <<<"$speaker_cmp")
 [ "${windows%/*}" = "${windows#*/}" ] || { echo "e2e: not every window of the output was found on the speaker ($windows)" >&2; exit 1; }
 
 PY=$(command -v python3)
-"$PY" - "$OUT/stats.json" "$(kv lag "$speaker_cmp")" "$(kv lag "$mic_cmp")" "$(kv lag "$user_cmp")" "$BUFFER_MS" <<'PY'
+"$PY" - "$OUT/stats.json" "$(kv lag "$speaker_cmp")" "$(kv lag "$mic_cmp")" "$(kv lag "$user_cmp")" "$BUFFER_MS" \
+    "$(kv lag_jumps "$speaker_cmp")" "$(kv min_window_ncc "$speaker_cmp")" <<'PY'
 import json, sys
 stats = json.load(open(sys.argv[1]))
-s_lag, l_lag, r_lag, buffer_ms = (int(sys.argv[i]) for i in (2, 3, 4, 5))
+s_lag, l_lag, r_lag, buffer_ms, lag_jumps = (int(sys.argv[i]) for i in (2, 3, 4, 5, 6))
+min_window_ncc = float(sys.argv[7])
 # Engine sample k: heard at mic-recording time L + (k - R), played at speaker-recording time S + k.
 delay_ms = (s_lag + r_lag - l_lag) / 24.0
 compute_ms = stats["real_time_factor"] * 80.0
@@ -78,13 +84,22 @@ print(f"mic -> speaker delay {delay_ms:.1f} ms = 80 ms frame + {compute_ms:.1f} 
 print(f"frames {stats['frames_processed']} processed / {stats['frames_dropped']} dropped; underruns {c['underrun_events']} "
       f"({stats['steady_state_underrun_events']} steady state); device errors {c['device_errors']}; "
       f"callback allocations {stats['callback_allocations']}")
-print(json.dumps({"e2e_delay_ms": round(delay_ms, 1), "added_latency_ms": round(added_ms, 1), "buffer_ms": buffer_ms}))
+glitches = stats["audible_glitch_events"]
+print(f"speaker vs engine output: {lag_jumps} lag jumps, every window ncc >= {min_window_ncc:.4f}; "
+      f"glitches the engine counted: {glitches}")
+print(json.dumps({"e2e_delay_ms": round(delay_ms, 1), "added_latency_ms": round(added_ms, 1), "buffer_ms": buffer_ms,
+                  "lag_jumps": lag_jumps, "min_window_ncc": min_window_ncc, "audible_glitch_events": glitches}))
 fail = []
+if lag_jumps > glitches: fail.append(f"{lag_jumps} lag jumps on the speaker, only {glitches} glitches counted (a silent glitch)")
+if min_window_ncc < 0.99 and glitches == 0: fail.append(f"a window matched at ncc {min_window_ncc:.4f} < 0.99 with no glitch counted")
 if stats["steady_state_underrun_events"] != 0: fail.append("steady-state underruns")
 if stats["frames_dropped"] != 0: fail.append("dropped frames")
 if stats["callback_allocations"] not in (None, 0): fail.append("allocations in audio callbacks")
 if stats["frames_processed"] < 60: fail.append("too few frames processed")
 if fail:
     sys.exit("e2e: " + ", ".join(fail))
+if lag_jumps or glitches:
+    print(f"e2e chat: GLITCHED, every glitch counted ({lag_jumps} lag jumps, {glitches} counted)")
+    sys.exit(3)
 PY
 echo "e2e chat: OK (artifacts in $OUT)"

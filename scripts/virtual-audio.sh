@@ -144,7 +144,9 @@ numpy_python() {
 # Finds REF inside REC (FFT cross-correlation) and prints key=value pairs: lag (samples, REC
 # later than REF when > 0), ncc over the overlap, snr_db, dropouts_10ms (loud 10 ms blocks of REF
 # that are near-silent in REC), windows_ok (loud 250 ms windows that match after re-alignment
-# within +-250 ms) and shift_spread_ms. Exit 0 if ncc >= MIN_NCC.
+# within +-250 ms), shift_spread_ms, lag_jumps (consecutive matched windows whose lags differ by
+# more than 2 samples: inserted or lost samples), jump_samples (each jump, + = inserted) and
+# min_window_ncc. Exit 0 if ncc >= MIN_NCC.
 va_compare() {
     local py
     py=$(numpy_python) || return 2
@@ -180,7 +182,7 @@ for i in range(m // b):
     if er > 0.02:
         loud += 1
         drops += int(np.sqrt(np.mean(s[i*b:(i+1)*b] ** 2)) < 0.1 * er)
-W = rr // 4; wins = ok = 0; shifts = []
+W = rr // 4; wins = ok = 0; shifts = []; window_nccs = []
 for st in range(r0, r0 + m - W, W):
     seg = ref[st:st + W]
     if np.sqrt(np.mean(seg ** 2)) < 0.01:
@@ -192,11 +194,17 @@ for st in range(r0, r0 + m - W, W):
     cc = np.correlate(x, seg, mode="valid")
     en = np.sqrt(np.convolve(x ** 2, np.ones(W), mode="valid")) * np.linalg.norm(seg) + 1e-12
     k = int(np.argmax(cc / en))
+    window_nccs.append(float(cc[k] / en[k]))
     if cc[k] / en[k] >= 0.9:
         ok += 1; shifts.append(a0 + k - st - lag)
 spread = (max(shifts) - min(shifts)) if shifts else 0
+# A clean path plays every window at one lag: a change of more than 2 samples between
+# consecutive matched windows is a discontinuity (samples inserted or lost) a listener hears.
+jumps = [b - a for a, b in zip(shifts, shifts[1:]) if abs(b - a) > 2]
+min_wncc = min(window_nccs) if window_nccs else 0.0
 print(f"lag={lag} lag_ms={1000*lag/rr:.2f} ncc={ncc:.4f} gain={gain:.3f} snr_db={snr:.1f} "
-      f"dropouts_10ms={drops}/{loud} windows_ok={ok}/{wins} shift_spread_ms={1000*spread/rr:.1f}")
+      f"dropouts_10ms={drops}/{loud} windows_ok={ok}/{wins} shift_spread_ms={1000*spread/rr:.1f} "
+      f"lag_jumps={len(jumps)} jump_samples={','.join(map(str, jumps)) or 'none'} min_window_ncc={min_wncc:.4f}")
 sys.exit(0 if ncc >= thr else 1)
 PY
 }

@@ -2,12 +2,14 @@
 //! PulseAudio daemon with a virtual mic and speaker; see scripts/virtual-audio.sh), which plays
 //! the fixture's input.wav into the mic, runs chat with the tiny model (tiny-a; and tiny-hibiki
 //! with guidance: live translation), records the speaker and checks it against what the engine
-//! produced (ncc, every window found), with no steady-state underruns, no dropped frames and no
-//! allocation in the audio callbacks.
+//! produced: every window at one lag (no sample inserted or lost on the way), no steady-state
+//! underruns, no dropped frames, no allocation in the audio callbacks.
 //!
-//! Skipped (with the reason printed) only when PulseAudio is not installed; `scripts/setup.sh
-//! --audio-e2e` installs it (scripts/test.sh does). Real-time audio on a busy machine can glitch
-//! (the PulseAudio client stream starves): up to two retries, every attempt is printed.
+//! `E2E_RUNS` conversations (default 3), one after the other, none retried: a run may glitch on a
+//! busy machine only if the engine counted every glitch (exit 3 of the script), and at most a
+//! third of the runs may; any silent glitch or other failure fails the test. The summary line
+//! gives the runs with a glitch. Skipped (with the reason printed) only when PulseAudio is not
+//! installed; `scripts/setup.sh --audio-e2e` installs it (scripts/test.sh does).
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -46,9 +48,14 @@ fn run_e2e(fixture: &str, chat_args: &str) {
         eprintln!("SKIPPED chat_on_virtual_devices: {missing:?} not installed (run `bash scripts/setup.sh --audio-e2e`)");
         return;
     }
+    let runs: usize = std::env::var("E2E_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3)
+        .max(1);
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let mut log = String::new();
-    for attempt in 1..=3 {
+    let (mut clean, mut glitched, mut failed) = (0, Vec::new(), Vec::new());
+    for run in 1..=runs {
         let out_dir = tempfile::tempdir().unwrap();
         let o = Command::new("bash")
             .arg(root.join("scripts/e2e-chat.sh"))
@@ -58,26 +65,42 @@ fn run_e2e(fixture: &str, chat_args: &str) {
             .env("E2E_CHAT_ARGS", chat_args)
             .output()
             .unwrap();
-        let text = format!(
-            "--- attempt {attempt} (exit {:?})\n{}{}",
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        eprintln!(
+            "--- {fixture} run {run}/{runs} (exit {:?})\n{stdout}{}",
             o.status.code(),
-            String::from_utf8_lossy(&o.stdout),
             String::from_utf8_lossy(&o.stderr)
                 .lines()
                 .filter(|l| !l.starts_with("ALSA lib") && !l.starts_with("[RTF"))
                 .collect::<Vec<_>>()
                 .join("\n")
         );
-        eprintln!("{text}");
-        log += &text;
-        if o.status.success() {
-            let stdout = String::from_utf8_lossy(&o.stdout);
-            assert!(
-                stdout.contains("e2e chat: OK") && stdout.contains("added_latency_ms"),
-                "{stdout}"
-            );
-            return;
+        match o.status.code() {
+            Some(0) => {
+                assert!(
+                    stdout.contains("e2e chat: OK")
+                        && stdout.contains("\"lag_jumps\": 0")
+                        && stdout.contains("added_latency_ms"),
+                    "{stdout}"
+                );
+                clean += 1;
+            }
+            Some(3) => glitched.push(run),
+            code => failed.push((run, code)),
         }
     }
-    panic!("the virtual-device chat test ({fixture}) failed three times:\n{log}");
+    eprintln!(
+        "chat e2e ({fixture}): {runs} runs, {clean} clean, {} with a glitch the engine counted {glitched:?}, {} failed {failed:?}",
+        glitched.len(),
+        failed.len()
+    );
+    assert!(
+        failed.is_empty(),
+        "{fixture}: runs failed (a silent glitch or another failure): {failed:?}"
+    );
+    assert!(
+        glitched.len() * 3 <= runs,
+        "{fixture}: {} of {runs} runs glitched (counted): more than a third",
+        glitched.len()
+    );
 }

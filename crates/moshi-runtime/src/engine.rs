@@ -467,6 +467,10 @@ impl EngineState {
                     skip = ((excess_ms * SAMPLE_RATE_HZ as f64 / 1e3).round() as usize)
                         .min(FRAME_SAMPLES);
                     self.report.latency_trimmed_samples += skip as u64;
+                    self.io
+                        .counters
+                        .engine_output_trim_events
+                        .fetch_add(1, Ordering::Relaxed);
                 }
             }
             self.push_output(&out.pcm[skip..])?;

@@ -9,6 +9,7 @@
 pub mod alloc_check;
 pub mod backend;
 pub mod bench;
+pub mod continuity;
 pub mod engine;
 mod error;
 pub mod metrics;

@@ -58,6 +58,31 @@ pub struct AudioCounters {
     /// Written by the engine thread: device samples it has taken from the mic ring AND fully
     /// handled (every frame they completed has been processed or dropped).
     pub engine_input_consumed_samples: AtomicU64,
+    /// Written by the engine thread: times it skipped queued output to bring latency back
+    /// after playback fell behind (each one a skip a listener hears).
+    pub engine_output_trim_events: AtomicU64,
+    /// Discontinuities of the capture stream's clock (see `continuity::StreamContinuity`): the
+    /// device captured samples (frames, one
+    /// per channel set) that never reached the callback (an overrun below us, e.g. the host's
+    /// buffer overflowed while the callback thread was late).
+    pub input_lost_events: AtomicU64,
+    pub input_lost_frames: AtomicU64,
+    /// Discontinuities of the capture stream's clock the other way: frames delivered twice or
+    /// out of nowhere (the host rewound or re-synchronised the capture).
+    pub input_inserted_events: AtomicU64,
+    pub input_inserted_frames: AtomicU64,
+    /// Discontinuities of the playback stream's clock: the device played frames nobody wrote
+    /// (an underrun below us: silence inserted), or dropped frames that were written.
+    pub output_gap_events: AtomicU64,
+    pub output_gap_frames: AtomicU64,
+    pub output_discarded_events: AtomicU64,
+    pub output_discarded_frames: AtomicU64,
+    /// Playback callbacks that found the device buffer (nearly) drained, with no clock step
+    /// seen: the host ran out of samples for a moment too short to measure (a click).
+    pub output_buffer_drained_events: AtomicU64,
+    /// Capture callbacks that found the device buffer (nearly) full, with no clock step seen:
+    /// the host may have overwritten a few captured samples.
+    pub input_buffer_full_events: AtomicU64,
 }
 
 /// A plain copy of [`AudioCounters`] at one instant.
@@ -78,6 +103,35 @@ pub struct CounterSnapshot {
     pub engine_frames_processed: u64,
     pub engine_frames_dropped: u64,
     pub engine_input_consumed_samples: u64,
+    pub engine_output_trim_events: u64,
+    pub input_lost_events: u64,
+    pub input_lost_frames: u64,
+    pub input_inserted_events: u64,
+    pub input_inserted_frames: u64,
+    pub output_gap_events: u64,
+    pub output_gap_frames: u64,
+    pub output_discarded_events: u64,
+    pub output_discarded_frames: u64,
+    pub output_buffer_drained_events: u64,
+    pub input_buffer_full_events: u64,
+}
+
+impl CounterSnapshot {
+    /// Discontinuities a listener would hear as a click or a skip, wherever they happened:
+    /// underruns of the speaker ring, overruns of the mic ring, output the engine skipped to
+    /// bound latency, and the device streams' own lost, inserted or discarded samples. (Input
+    /// frames the engine drops because the model is slow are counted apart.)
+    pub fn audible_glitch_events(&self) -> u64 {
+        self.underrun_events
+            + self.overrun_events
+            + self.engine_output_trim_events
+            + self.input_lost_events
+            + self.input_inserted_events
+            + self.output_gap_events
+            + self.output_discarded_events
+            + self.output_buffer_drained_events
+            + self.input_buffer_full_events
+    }
 }
 
 impl AudioCounters {
@@ -100,6 +154,17 @@ impl AudioCounters {
             engine_frames_processed: r(&self.engine_frames_processed),
             engine_frames_dropped: r(&self.engine_frames_dropped),
             engine_input_consumed_samples: r(&self.engine_input_consumed_samples),
+            engine_output_trim_events: r(&self.engine_output_trim_events),
+            input_lost_events: r(&self.input_lost_events),
+            input_lost_frames: r(&self.input_lost_frames),
+            input_inserted_events: r(&self.input_inserted_events),
+            input_inserted_frames: r(&self.input_inserted_frames),
+            output_gap_events: r(&self.output_gap_events),
+            output_gap_frames: r(&self.output_gap_frames),
+            output_discarded_events: r(&self.output_discarded_events),
+            output_discarded_frames: r(&self.output_discarded_frames),
+            output_buffer_drained_events: r(&self.output_buffer_drained_events),
+            input_buffer_full_events: r(&self.input_buffer_full_events),
         }
     }
 }

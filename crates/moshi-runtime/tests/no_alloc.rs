@@ -7,6 +7,7 @@ use std::time::Duration;
 use moshi_runtime::alloc_check::{callback_allocations, AudioCallbackGuard, CountingAllocator};
 use moshi_runtime::backend::null::{NullBackend, NullClock, NullConfig};
 use moshi_runtime::backend::{start_session, AudioBackend, RingSizes};
+use moshi_runtime::continuity::{StreamContinuity, StreamSide};
 use moshi_runtime::engine::{DropPolicy, FrameOutput, FrameProcessor};
 use moshi_runtime::ring::{
     capture_callback_converting, playback_callback_converting, sample_ring, AudioCounters,
@@ -77,6 +78,19 @@ fn audio_callbacks_never_allocate() {
     );
     playback_callback_converting(&mut out16, &mut scratch, &mut spk, &counters, Some(5));
     assert!(counters.snapshot().overrun_samples > 0);
+
+    // The device-stream watch the cpal callbacks run (clock steps, exhausted buffers), through
+    // a glitch of each kind.
+    for side in [StreamSide::Capture, StreamSide::Playback] {
+        let mut watch = StreamContinuity::new(side, 24_000, 2.5, Some(480));
+        let _guard = AudioCallbackGuard::enter();
+        for i in 0..400u64 {
+            let late_ns = if i >= 200 { 10_000_000 } else { 0 };
+            let frames = if i == 200 || i == 300 { 480 } else { 120 };
+            watch.observe(i * 5_000_000 + late_ns, frames, &counters);
+        }
+    }
+    assert!(counters.snapshot().audible_glitch_events() >= 2);
 
     assert_eq!(
         callback_allocations(),

@@ -35,11 +35,13 @@ pub struct ChatArgs {
     /// Output device (substring of its name); default: the system default.
     #[arg(long, value_name = "NAME")]
     pub output_device: Option<String>,
-    /// Device buffer per callback, milliseconds.
+    /// Device buffer, milliseconds: what the audio host queues on each side, in 4 callback
+    /// periods. Smaller adds less latency, but on a busy machine the host runs dry while the
+    /// callback thread waits for a core, and the listener hears a click.
     #[arg(long, default_value_t = DEFAULT_BUFFER_MS)]
     pub buffer_ms: u32,
     /// Silence queued ahead of Moshi's first frame so compute-time jitter never underruns the
-    /// speaker (adds this much latency). Default: the device buffer.
+    /// speaker (adds this much latency). Default: half the device buffer (two callback periods).
     #[arg(
         long,
         value_name = "MS",
@@ -67,6 +69,13 @@ pub struct ChatArgs {
     /// Write the end-of-session statistics as JSON.
     #[arg(long, value_name = "FILE")]
     pub stats_json: Option<PathBuf>,
+}
+
+impl ChatArgs {
+    /// The jitter margin in force (`--jitter-ms`, else half the device buffer).
+    fn jitter_margin_ms(&self) -> f64 {
+        self.jitter_ms.unwrap_or(f64::from(self.buffer_ms) / 2.0)
+    }
 }
 
 /// Estimated latency the runtime adds to the model's own frame + compute time, per frame:
@@ -144,8 +153,11 @@ impl Console {
             .as_ref()
             .map_or(0.0, |r| added_latency_ms(r, &c));
         let status = format!(
-            "[RTF {rtf:.2} | added latency {latency:.0} ms | underruns {} | dropped frames {} | device errors {}]",
-            c.underrun_events, c.engine_frames_dropped, c.device_errors
+            "[RTF {rtf:.2} | added latency {latency:.0} ms | glitches {} (underruns {}) | dropped frames {} | device errors {}]",
+            c.audible_glitch_events(),
+            c.underrun_events,
+            c.engine_frames_dropped,
+            c.device_errors
         );
         if self.tty {
             eprint!("\r\x1b[2K{status} {}", self.line.trim_start());
@@ -170,6 +182,10 @@ struct ChatStats {
     counters: CounterSnapshot,
     /// Underrun events after the first 2 s of playback (steady state).
     steady_state_underrun_events: u64,
+    /// Every discontinuity a listener hears (see `CounterSnapshot::audible_glitch_events`):
+    /// ring underruns and overruns, output trimmed to bound latency, and samples the device
+    /// streams lost, inserted or discarded below the callbacks.
+    audible_glitch_events: u64,
     speaker_overflow_samples: u64,
     /// Output skipped to bring latency back after playback fell behind (24 kHz samples).
     latency_trimmed_samples: u64,
@@ -206,7 +222,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         buffer_ms: args.buffer_ms,
     })?;
     eprintln!("audio: {}", backend.describe());
-    let jitter_ms = args.jitter_ms.unwrap_or(args.buffer_ms as f64);
+    let jitter_ms = args.jitter_margin_ms();
     let session = start_session(
         &mut backend,
         Box::new(pipeline),
@@ -274,7 +290,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         &console,
         started,
         steady_underruns_base,
-        backend.describe(),
+        &backend,
     )
 }
 
@@ -395,9 +411,11 @@ fn finish(
     console: &Console,
     started: Instant,
     steady_base: Option<u64>,
-    backend: String,
+    backend: &CpalBackend,
 ) -> anyhow::Result<()> {
     let c = counters.snapshot();
+    let input_rate_hz = backend.input_format().sample_rate_hz;
+    let output_rate_hz = backend.output_format().sample_rate_hz;
     let summary = report.metrics.summary();
     let stats = ChatStats {
         frames_processed: report.frames_processed,
@@ -405,13 +423,14 @@ fn finish(
         real_time_factor: summary.real_time_factor,
         counters: c,
         steady_state_underrun_events: steady_base.map_or(0, |b| c.underrun_events - b),
+        audible_glitch_events: c.audible_glitch_events(),
         speaker_overflow_samples: report.speaker_overflow_samples,
         latency_trimmed_samples: report.latency_trimmed_samples,
         added_latency_ms: Percentiles::of(&console.latencies_ms),
         callback_allocations: moshi_runtime::alloc_check::ENABLED
             .then(moshi_runtime::alloc_check::callback_allocations),
         wall_s: started.elapsed().as_secs_f64(),
-        backend,
+        backend: backend.describe(),
     };
     eprint!("{}", summary.to_table());
     eprintln!(
@@ -427,10 +446,23 @@ fn finish(
         c.device_errors,
         report.latency_trimmed_samples as f64 * 1e3 / SAMPLE_RATE_HZ as f64
     );
+    let frames_ms = |frames: u64, rate: u32| frames as f64 * 1e3 / f64::from(rate.max(1));
+    eprintln!(
+        "glitches a listener hears: {} (device streams, below the callbacks: input lost {} ({:.0} ms), \
+         input inserted {}, output gaps {} ({:.0} ms of silence), output discarded {} ({:.0} ms))",
+        stats.audible_glitch_events,
+        c.input_lost_events,
+        frames_ms(c.input_lost_frames, input_rate_hz),
+        c.input_inserted_events,
+        c.output_gap_events,
+        frames_ms(c.output_gap_frames, output_rate_hz),
+        c.output_discarded_events,
+        frames_ms(c.output_discarded_frames, output_rate_hz),
+    );
     let l = stats.added_latency_ms;
     eprintln!(
         "added latency (device in + input wait + output queue incl. {:.0} ms jitter margin + device out): p50 {:.1} ms, p95 {:.1} ms, max {:.1} ms",
-        args.jitter_ms.unwrap_or(args.buffer_ms as f64),
+        args.jitter_margin_ms(),
         l.p50,
         l.p95,
         l.max

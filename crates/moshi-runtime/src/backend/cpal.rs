@@ -17,6 +17,7 @@ use std::sync::Arc;
 use cpal::traits::{DeviceTrait, HostTrait, StreamTrait};
 
 use super::AudioBackend;
+use crate::continuity::{StreamContinuity, StreamSide};
 use crate::engine::StreamFormat;
 use crate::ring::{
     capture_callback, capture_callback_converting, playback_callback, playback_callback_converting,
@@ -35,8 +36,10 @@ pub struct CpalOptions {
     pub buffer_ms: u32,
 }
 
-/// Default device buffer: 20 ms (480 frames at 24 kHz).
-pub const DEFAULT_BUFFER_MS: u32 = 20;
+/// Default device buffer: 40 ms (960 frames at 24 kHz, 4 periods of 10 ms). With 20 ms
+/// (5 ms periods) the host's buffer ran dry on a loaded 2-core machine in 2 of 10 conversations
+/// (10-50 ms of silence inserted below the callbacks); with 40 ms in none of 20 (docs/audio.md).
+pub const DEFAULT_BUFFER_MS: u32 = 40;
 
 /// One device as listed by `moshi-rs devices`.
 #[derive(Debug, Clone)]
@@ -238,6 +241,49 @@ fn micros_between(later: &cpal::StreamInstant, earlier: &cpal::StreamInstant) ->
     later.duration_since(earlier).map(|d| d.as_micros() as u64)
 }
 
+/// Stream-clock watch of one side: nanoseconds of each callback's first frame since the
+/// stream's first callback, checked by a [`StreamContinuity`] (no allocation).
+struct ClockWatch {
+    origin: Option<cpal::StreamInstant>,
+    continuity: StreamContinuity,
+}
+
+impl ClockWatch {
+    fn new(side: StreamSide, c: &ChosenConfig) -> Self {
+        let rate = c.config.sample_rate.0;
+        // Timestamp jitter tolerated: half a device period (cpal splits a fixed buffer in 4
+        // periods), at least 2 ms.
+        let (period_ms, buffer_frames) = match c.config.buffer_size {
+            cpal::BufferSize::Fixed(n) => (n as f64 * 1e3 / rate.max(1) as f64 / 4.0, Some(n)),
+            cpal::BufferSize::Default => (25.0, None),
+        };
+        Self {
+            origin: None,
+            continuity: StreamContinuity::new(
+                side,
+                rate,
+                (period_ms / 2.0).max(2.0),
+                buffer_frames,
+            ),
+        }
+    }
+
+    fn observe(
+        &mut self,
+        first_frame: cpal::StreamInstant,
+        samples: usize,
+        channels: u16,
+        counters: &AudioCounters,
+    ) {
+        let origin = *self.origin.get_or_insert(first_frame);
+        if let Some(d) = first_frame.duration_since(&origin) {
+            let frames = samples / usize::from(channels.max(1));
+            self.continuity
+                .observe(d.as_nanos() as u64, frames, counters);
+        }
+    }
+}
+
 /// Capture and playback on real devices.
 pub struct CpalBackend {
     input_device: cpal::Device,
@@ -322,13 +368,17 @@ impl AudioBackend for CpalBackend {
         counters: Arc<AudioCounters>,
     ) -> Result<()> {
         let in_counters = counters.clone();
+        let in_channels = self.input.config.channels;
+        let out_channels = self.output.config.channels;
         let input_stream = match self.input.sample_format {
             cpal::SampleFormat::I16 => {
                 let mut scratch = vec![0f32; scratch_len(&self.input)];
+                let mut watch = ClockWatch::new(StreamSide::Capture, &self.input);
                 self.input_device.build_input_stream(
                     &self.input.config,
                     move |data: &[i16], info: &cpal::InputCallbackInfo| {
                         let ts = info.timestamp();
+                        watch.observe(ts.capture, data.len(), in_channels, &in_counters);
                         let lat = micros_between(&ts.callback, &ts.capture);
                         capture_callback_converting(
                             data,
@@ -342,26 +392,32 @@ impl AudioBackend for CpalBackend {
                     None,
                 )
             }
-            _ => self.input_device.build_input_stream(
-                &self.input.config,
-                move |data: &[f32], info: &cpal::InputCallbackInfo| {
-                    let ts = info.timestamp();
-                    let lat = micros_between(&ts.callback, &ts.capture);
-                    capture_callback(data, &mut mic, &in_counters, lat);
-                },
-                error_callback(counters.clone()),
-                None,
-            ),
+            _ => {
+                let mut watch = ClockWatch::new(StreamSide::Capture, &self.input);
+                self.input_device.build_input_stream(
+                    &self.input.config,
+                    move |data: &[f32], info: &cpal::InputCallbackInfo| {
+                        let ts = info.timestamp();
+                        watch.observe(ts.capture, data.len(), in_channels, &in_counters);
+                        let lat = micros_between(&ts.callback, &ts.capture);
+                        capture_callback(data, &mut mic, &in_counters, lat);
+                    },
+                    error_callback(counters.clone()),
+                    None,
+                )
+            }
         }
         .map_err(|e| device_error("opening the input stream", e))?;
         let out_counters = counters.clone();
         let output_stream = match self.output.sample_format {
             cpal::SampleFormat::I16 => {
                 let mut scratch = vec![0f32; scratch_len(&self.output)];
+                let mut watch = ClockWatch::new(StreamSide::Playback, &self.output);
                 self.output_device.build_output_stream(
                     &self.output.config,
                     move |data: &mut [i16], info: &cpal::OutputCallbackInfo| {
                         let ts = info.timestamp();
+                        watch.observe(ts.playback, data.len(), out_channels, &out_counters);
                         let lat = micros_between(&ts.playback, &ts.callback);
                         playback_callback_converting(
                             data,
@@ -375,16 +431,20 @@ impl AudioBackend for CpalBackend {
                     None,
                 )
             }
-            _ => self.output_device.build_output_stream(
-                &self.output.config,
-                move |data: &mut [f32], info: &cpal::OutputCallbackInfo| {
-                    let ts = info.timestamp();
-                    let lat = micros_between(&ts.playback, &ts.callback);
-                    playback_callback(data, &mut speaker, &out_counters, lat);
-                },
-                error_callback(counters.clone()),
-                None,
-            ),
+            _ => {
+                let mut watch = ClockWatch::new(StreamSide::Playback, &self.output);
+                self.output_device.build_output_stream(
+                    &self.output.config,
+                    move |data: &mut [f32], info: &cpal::OutputCallbackInfo| {
+                        let ts = info.timestamp();
+                        watch.observe(ts.playback, data.len(), out_channels, &out_counters);
+                        let lat = micros_between(&ts.playback, &ts.callback);
+                        playback_callback(data, &mut speaker, &out_counters, lat);
+                    },
+                    error_callback(counters.clone()),
+                    None,
+                )
+            }
         }
         .map_err(|e| device_error("opening the output stream", e))?;
         output_stream
