@@ -151,7 +151,9 @@ pub fn run(args: FileArgs) -> anyhow::Result<()> {
         pcm.len() as f64 / SAMPLE_RATE_HZ as f64
     );
 
-    let bar = indicatif::ProgressBar::new(frames as u64).with_style(
+    // A translation returns up to the input's frames plus the silence after it.
+    let bar_len = frames + if translation { max_tail_frames } else { 0 };
+    let bar = indicatif::ProgressBar::new(bar_len as u64).with_style(
         indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} frames {msg}")
             .expect("static template"),
     );
