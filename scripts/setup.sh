@@ -2,7 +2,7 @@
 # Installs the system packages moshi-rs needs on Debian/Ubuntu (idempotent).
 # Usage: bash scripts/setup.sh [--audio-e2e]   (--audio-e2e adds PulseAudio for the virtual-device test)
 set -euo pipefail
-pkgs=(pkg-config libasound2-dev)
+pkgs=(pkg-config libasound2-dev libopus-dev)
 if [[ "${1:-}" == "--audio-e2e" ]]; then
   pkgs+=(pulseaudio pulseaudio-utils libasound2-plugins alsa-utils sox python3-numpy)
 fi

@@ -32,6 +32,8 @@ enum Command {
     File(commands::file::FileArgs),
     /// Live, full-duplex voice conversation on local audio devices.
     Chat(commands::chat::ChatArgs),
+    /// Websocket server of Kyutai's protocol (/api/chat) with a web UI: talk from a browser.
+    Serve(commands::serve::ServeArgs),
     /// List audio devices.
     Devices(commands::devices::DevicesArgs),
     /// Latency profiling against the 80 ms frame budget.
@@ -61,6 +63,7 @@ fn main() -> std::process::ExitCode {
         Command::Codec(a) => commands::codec::run(a),
         Command::File(a) => commands::file::run(a),
         Command::Chat(a) => commands::chat::run(a),
+        Command::Serve(a) => commands::serve::run(a),
         Command::Devices(a) => commands::devices::run(a),
         Command::Bench(a) => commands::bench::run(a, &cli.log),
         Command::Quantize(a) => commands::quantize::run(a),

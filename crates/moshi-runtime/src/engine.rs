@@ -76,6 +76,19 @@ pub enum DropPolicy {
     RealTime { max_backlog_frames: usize },
 }
 
+impl DropPolicy {
+    /// How many of the oldest frames to drop when `waiting_frames` complete input frames wait,
+    /// the one about to be processed included.
+    pub fn frames_to_drop(self, waiting_frames: usize) -> usize {
+        match self {
+            DropPolicy::Lossless => 0,
+            DropPolicy::RealTime { max_backlog_frames } => {
+                waiting_frames.saturating_sub(max_backlog_frames + 1)
+            }
+        }
+    }
+}
+
 /// Engine settings.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -414,24 +427,22 @@ impl EngineState {
                 break;
             }
             any = true;
-            if let DropPolicy::RealTime { max_backlog_frames } = self.config.drop_policy {
-                let waiting = self.in_resampler.available() / FRAME_SAMPLES;
-                if waiting > max_backlog_frames + 1 {
-                    self.in_resampler.pop_into(&mut self.frame);
-                    if self.config.record {
-                        self.report.recorded_input.extend_from_slice(&self.frame);
-                        self.report
-                            .recorded_output
-                            .extend(std::iter::repeat_n(0.0, FRAME_SAMPLES));
-                    }
-                    self.report.frames_dropped += 1;
-                    dropped_now += 1;
-                    self.io
-                        .counters
-                        .engine_frames_dropped
-                        .fetch_add(1, Ordering::Release);
-                    continue;
+            let waiting = self.in_resampler.available() / FRAME_SAMPLES;
+            if self.config.drop_policy.frames_to_drop(waiting) > 0 {
+                self.in_resampler.pop_into(&mut self.frame);
+                if self.config.record {
+                    self.report.recorded_input.extend_from_slice(&self.frame);
+                    self.report
+                        .recorded_output
+                        .extend(std::iter::repeat_n(0.0, FRAME_SAMPLES));
                 }
+                self.report.frames_dropped += 1;
+                dropped_now += 1;
+                self.io
+                    .counters
+                    .engine_frames_dropped
+                    .fetch_add(1, Ordering::Release);
+                continue;
             }
             self.in_resampler.pop_into(&mut self.frame);
             let mic_backlog_samples = self.in_resampler.available() as f64

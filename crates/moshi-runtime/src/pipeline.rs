@@ -35,7 +35,8 @@ pub const TRANSLATION_CONDITIONS: &[(&str, &str)] = &[("description", "very_good
 /// The negative row of guidance for a translation model.
 pub const TRANSLATION_NEGATIVE_CONDITIONS: &[(&str, &str)] = &[("description", "very_bad")];
 
-/// Moshi as a frame processor.
+/// Moshi as a frame processor. A clone is an independent copy (weights included).
+#[derive(Clone)]
 pub struct MoshiPipeline {
     mimi: Mimi,
     generator: Generator,
@@ -146,7 +147,18 @@ impl MoshiPipeline {
         }
     }
 
-    /// Back to the start of a conversation.
+    /// New sampling settings for the next conversation (restarts the conversation).
+    pub fn set_sampling(&mut self, sampling: SamplingConfig) {
+        self.generator.set_sampling(sampling);
+        self.reset();
+    }
+
+    /// The sampling settings in force.
+    pub fn sampling(&self) -> &SamplingConfig {
+        self.generator.sampling()
+    }
+
+    /// Back to the start of a conversation: behaves exactly as a freshly loaded pipeline.
     pub fn reset(&mut self) {
         self.mimi.reset();
         self.generator.reset();

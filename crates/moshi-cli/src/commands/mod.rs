@@ -10,4 +10,5 @@ pub mod inspect;
 pub mod memory_budget;
 pub mod model_args;
 pub mod quantize;
+pub mod serve;
 pub mod transcript;

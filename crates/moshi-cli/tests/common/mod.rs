@@ -58,3 +58,6 @@ pub fn assert_fails(o: &Output, needles: &[&str]) {
     }
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+/// Starting `moshi-rs serve` and checking what its clients got (the serve tests).
+pub mod serve;

@@ -197,6 +197,13 @@ impl Generator {
         &self.sampling
     }
 
+    /// New sampling settings (temperatures, top-k, seed, greedy); restarts the conversation so
+    /// the RNG starts from the new seed.
+    pub fn set_sampling(&mut self, sampling: SamplingConfig) {
+        self.sampling = sampling;
+        self.reset();
+    }
+
     /// Steps run since the start / last reset.
     pub fn step_index(&self) -> usize {
         self.step

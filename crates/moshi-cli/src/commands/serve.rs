@@ -1,0 +1,199 @@
+//! `moshi-rs serve`: the websocket server of Kyutai's protocol (`/api/chat`) with a web UI at
+//! `/`. This file only reads the flags, loads one pipeline per session slot and starts
+//! moshi-server; Ctrl-C closes the sessions cleanly.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use moshi_runtime::engine::{DropPolicy, FrameProcessor};
+use moshi_runtime::FRAME_SAMPLES;
+use moshi_server::pipeline_pool::PipelinePool;
+use moshi_server::tls::TlsFiles;
+use moshi_server::{Limits, ServerConfig, WebUi};
+
+use super::model_args::{ModelArgs, SamplingArgs};
+
+/// Most sessions `--max-sessions` accepts (each holds its own copy of the model today).
+const MAX_SESSIONS_LIMIT: usize = 64;
+
+/// How long to wait for Kyutai's web UI from the Hugging Face Hub before serving our own page.
+const KYUTAI_UI_TIMEOUT: Duration = Duration::from_secs(15);
+
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// Address to listen on: 127.0.0.1 (this machine only) unless told otherwise; 0.0.0.0 for
+    /// every interface (then use --tls-cert/--tls-key: browsers open the microphone only on
+    /// localhost or https).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: IpAddr,
+    /// Port to listen on (0: any free port, printed at start).
+    #[arg(long, default_value_t = 8998)]
+    pub port: u16,
+    /// Web UI at `/`: a built UI folder (e.g. Kyutai's client `dist/`), or `none` (API only).
+    /// Default: Kyutai's UI from the Hugging Face Hub (kyutai/moshi-artifacts, dist.tgz), and
+    /// the built-in page when that cannot be had (offline).
+    #[arg(long = "static", value_name = "DIR|none")]
+    pub static_ui: Option<String>,
+    /// Conversations at once; one more gets a "server busy" error. Each session holds its own
+    /// copy of the model.
+    #[arg(long, default_value_t = 1)]
+    pub max_sessions: usize,
+    /// TLS certificate chain (PEM), for https/wss.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Input frames allowed to wait behind the one being processed before the oldest is
+    /// dropped (compute slower than real time).
+    #[arg(long, default_value_t = 2)]
+    pub max_backlog_frames: usize,
+    /// Close a session after this many seconds without audio from its client.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
+    pub idle_timeout_s: f64,
+    /// Record every session into this folder: the input the model processed, the audio sent
+    /// (decoded) and the tokens (see docs/serve.md).
+    #[arg(long, value_name = "DIR")]
+    pub record: Option<PathBuf>,
+}
+
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        (1..=MAX_SESSIONS_LIMIT).contains(&args.max_sessions),
+        "--max-sessions {}: expected 1..={MAX_SESSIONS_LIMIT}",
+        args.max_sessions
+    );
+    anyhow::ensure!(
+        args.idle_timeout_s.is_finite() && (1.0..=86_400.0).contains(&args.idle_timeout_s),
+        "--idle-timeout-s {}: expected 1..=86400 seconds",
+        args.idle_timeout_s
+    );
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+        }),
+        _ => None,
+    };
+    if let Some(t) = &tls {
+        // Checked before the model loads: a typo should not cost a minute.
+        t.acceptor()?;
+    }
+    if let Some(dir) = &args.record {
+        moshi_server::check_writable_dir(dir, "--record")?;
+    }
+    let web_ui = match args.static_ui.as_deref() {
+        Some("none") => WebUi::None,
+        Some(dir) => WebUi::dir(std::path::Path::new(dir)).map_err(anyhow::Error::msg)?,
+        None => match moshi_server::web_ui::fetch_kyutai_ui(KYUTAI_UI_TIMEOUT) {
+            Ok(dir) => WebUi::Dir(dir),
+            Err(e) => {
+                eprintln!(
+                    "Kyutai's web UI ({} {}) is not available ({e}); serving the built-in page",
+                    moshi_server::web_ui::KYUTAI_UI_REPO,
+                    moshi_server::web_ui::KYUTAI_UI_FILE
+                );
+                WebUi::BuiltIn
+            }
+        },
+    };
+
+    let load_started = Instant::now();
+    let sampling = args.sampling.config();
+    let (model, mut pipeline) = args.model.load_pipeline(sampling.clone())?;
+    // Warm-up (first touch of the weights), then back to the freshly loaded state.
+    pipeline
+        .process_frame(&vec![0.0; FRAME_SAMPLES])
+        .context("warm-up frame")?;
+    pipeline.reset();
+    let mut pipelines = vec![pipeline];
+    while pipelines.len() < args.max_sessions {
+        pipelines.push(pipelines[0].clone());
+    }
+    eprintln!(
+        "model: {} ({:?}); {} session slot(s) ready in {:.1} s",
+        model.lm_weights_path.display(),
+        model.layout,
+        pipelines.len(),
+        load_started.elapsed().as_secs_f64()
+    );
+    let policy = DropPolicy::RealTime {
+        max_backlog_frames: args.max_backlog_frames,
+    };
+    let engine = PipelinePool::new(pipelines, policy, args.max_backlog_frames + 4)
+        .context("starting the session threads")?;
+
+    let mut config = ServerConfig::new(SocketAddr::new(args.host, args.port));
+    config.web_ui = web_ui.clone();
+    config.tls = tls;
+    config.record_dir = args.record.clone();
+    config.default_sampling = sampling.clone();
+    config.limits = Limits {
+        idle_timeout: Duration::from_secs_f64(args.idle_timeout_s),
+        ..Limits::default()
+    };
+    config.lm_model_file = model.lm_weights_path.display().to_string();
+    config.model_description = serde_json::json!({
+        "weights": model.lm_weights_path.display().to_string(),
+        "layout": format!("{:?}", model.layout),
+        "mimi": model.mimi_weights_path.display().to_string(),
+        "quantize": args.model.quantize.map(|q| q.name()),
+        "dequantize": args.model.dequantize,
+        "kv_cache": args.model.kv_cache.to_string(),
+        "mimi_weights": args.model.mimi_weights.to_string(),
+        "greedy": sampling.greedy,
+    });
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("moshi-serve-io")
+        .enable_all()
+        .build()
+        .context("starting tokio")?;
+    runtime.block_on(async move {
+        let server = moshi_server::start(config, std::sync::Arc::new(engine)).await?;
+        if args.host.is_unspecified() {
+            eprintln!(
+                "listening on every interface, port {}",
+                server.local_addr().port()
+            );
+        }
+        eprintln!(
+            "serving {} and the Moshi protocol at /api/chat; at most {} session(s) at once",
+            web_ui.describe(),
+            args.max_sessions
+        );
+        // The line to open (also read by scripts and tests).
+        println!("moshi-rs serve: open {}", server.url());
+        let signal = stop_signal().await?;
+        eprintln!("{signal}: closing {} session(s)", server.running_sessions());
+        server.shutdown(Duration::from_secs(3)).await;
+        anyhow::Ok(())
+    })
+}
+
+/// Waits for Ctrl-C (SIGINT) or, on Unix, SIGTERM; returns its name.
+async fn stop_signal() -> anyhow::Result<&'static str> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
+        tokio::select! {
+            r = tokio::signal::ctrl_c() => r.map(|_| "Ctrl-C").context("waiting for Ctrl-C"),
+            _ = term.recv() => Ok("SIGTERM"),
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        tokio::signal::ctrl_c()
+            .await
+            .context("waiting for Ctrl-C")?;
+        Ok("Ctrl-C")
+    }
+}

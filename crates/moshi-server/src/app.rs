@@ -1,0 +1,353 @@
+//! The server: binds, accepts connections (plain or TLS) and serves `/api/chat` plus the web
+//! UI; [`RunningServer::shutdown`] closes every session with a message and stops.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Extension, State, WebSocketUpgrade};
+use axum::http::Uri;
+use axum::response::Response;
+use axum::routing::get;
+use axum::Router;
+use hyper_util::rt::TokioIo;
+use hyper_util::service::TowerToHyperService;
+use moshi_model::generator::SamplingConfig;
+use serde_json::{json, Map, Value};
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Notify};
+
+use crate::query::SessionRequest;
+use crate::session;
+use crate::session_engine::SessionEngine;
+use crate::tls::TlsFiles;
+use crate::web_ui::{self, WebUi};
+use crate::ServerError;
+
+/// Bounds on what one client can make the server do.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Largest websocket message accepted (a client's audio message is a few hundred bytes).
+    pub max_message_bytes: usize,
+    /// A session without audio from its client for this long is closed.
+    pub idle_timeout: Duration,
+    /// A session whose client reads nothing for this long is closed.
+    pub not_reading_timeout: Duration,
+    /// Messages queued for a client before further ones are dropped.
+    pub outbox_messages: usize,
+    /// Most audio decoded from one message (24 kHz samples).
+    pub max_audio_per_message_samples: usize,
+    /// Audio may arrive this many times faster than real time ...
+    pub max_audio_speed: f64,
+    /// ... plus this much ahead.
+    pub max_audio_ahead: Duration,
+    /// Time allowed for a TLS handshake.
+    pub tls_handshake_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_message_bytes: 256 * 1024,
+            idle_timeout: Duration::from_secs(10),
+            not_reading_timeout: Duration::from_secs(10),
+            outbox_messages: 64,
+            max_audio_per_message_samples: 5 * moshi_runtime::SAMPLE_RATE_HZ as usize,
+            max_audio_speed: 4.0,
+            max_audio_ahead: Duration::from_secs(10),
+            tls_handshake_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Everything the server needs besides the engine.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Address to listen on (default 127.0.0.1:8998).
+    pub addr: SocketAddr,
+    pub web_ui: WebUi,
+    pub tls: Option<TlsFiles>,
+    pub limits: Limits,
+    /// `--record DIR`: per-session recordings (see [`crate::recorder`]).
+    pub record_dir: Option<PathBuf>,
+    /// The sampling defaults (sessions may change them through the query string).
+    pub default_sampling: SamplingConfig,
+    /// The LM weights file, shown by Kyutai's web UI.
+    pub lm_model_file: String,
+    /// A description of the model for the metadata message.
+    pub model_description: Value,
+}
+
+impl ServerConfig {
+    /// Defaults for `addr` and limits, built-in page, no TLS, no recording.
+    pub fn new(addr: SocketAddr) -> Self {
+        Self {
+            addr,
+            web_ui: WebUi::BuiltIn,
+            tls: None,
+            limits: Limits::default(),
+            record_dir: None,
+            default_sampling: SamplingConfig::default(),
+            lm_model_file: String::new(),
+            model_description: Value::Null,
+        }
+    }
+}
+
+/// State shared by every connection.
+pub struct AppState {
+    pub engine: Arc<dyn SessionEngine>,
+    pub limits: Limits,
+    pub record_dir: Option<PathBuf>,
+    /// Prefix of recording names (the server's start time), so runs never overwrite each other.
+    pub run_tag: String,
+    default_sampling: SamplingConfig,
+    lm_model_file: String,
+    model_description: Value,
+    next_session: AtomicU64,
+    running_sessions: AtomicUsize,
+    sessions_done: Notify,
+    shutdown: watch::Receiver<bool>,
+}
+
+/// Counts a running session; dropping it counts it out.
+pub struct RunningSession<'a>(&'a AppState);
+
+impl Drop for RunningSession<'_> {
+    fn drop(&mut self) {
+        if self.0.running_sessions.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.sessions_done.notify_waiters();
+        }
+    }
+}
+
+impl AppState {
+    pub fn next_session_id(&self) -> u64 {
+        self.next_session.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    pub fn session_started(&self) -> RunningSession<'_> {
+        self.running_sessions.fetch_add(1, Ordering::AcqRel);
+        RunningSession(self)
+    }
+
+    pub fn shutdown_signal(&self) -> watch::Receiver<bool> {
+        self.shutdown.clone()
+    }
+
+    /// The metadata message of a session: the fields Kyutai's web UI shows (settings, model
+    /// file, instance, build), then ours (model, settings in force, query parameters ignored).
+    pub fn metadata(&self, request: &SessionRequest, session_id: u64) -> Map<String, Value> {
+        let mut m = request.settings_json();
+        m.insert("lm_model_file".into(), json!(self.lm_model_file));
+        m.insert("instance_name".into(), json!("moshi-rs"));
+        let version = concat!("moshi-rs ", env!("CARGO_PKG_VERSION"));
+        m.insert(
+            "build_info".into(),
+            json!({
+                "build_timestamp": "", "build_date": "", "git_branch": "", "git_timestamp": "",
+                "git_date": "", "git_hash": "", "git_describe": version, "rustc_host_triple": "",
+                "rustc_version": "",
+                "cargo_target_triple": format!("{}-{}", std::env::consts::ARCH, std::env::consts::OS),
+            }),
+        );
+        m.insert("server".into(), json!(version));
+        m.insert("session".into(), json!(session_id));
+        m.insert("max_sessions".into(), json!(self.engine.max_sessions()));
+        m.insert("model".into(), self.model_description.clone());
+        m.insert("ignored_query_parameters".into(), json!(request.ignored));
+        m
+    }
+
+    /// The session settings for a query string (an error is a sentence for the client).
+    fn request(&self, uri: &Uri) -> Result<SessionRequest, String> {
+        let params: Vec<(String, String)> = axum::extract::Query::try_from_uri(uri)
+            .map(|q: axum::extract::Query<Vec<(String, String)>>| q.0)
+            .map_err(|e| format!("malformed query string: {e}"))?;
+        SessionRequest::from_query(&params, &self.default_sampling)
+    }
+}
+
+/// The client's address (set per connection).
+#[derive(Debug, Clone, Copy)]
+struct PeerAddr(SocketAddr);
+
+async fn chat(
+    ws: WebSocketUpgrade,
+    uri: Uri,
+    State(app): State<Arc<AppState>>,
+    Extension(PeerAddr(peer)): Extension<PeerAddr>,
+) -> Response {
+    let request = app.request(&uri);
+    let max = app.limits.max_message_bytes;
+    ws.max_message_size(max)
+        .max_frame_size(max)
+        .on_failed_upgrade(move |e| tracing::warn!(%peer, "websocket upgrade failed: {e}"))
+        .on_upgrade(move |socket| session::run(socket, app, request, peer))
+}
+
+/// A server accepting connections.
+pub struct RunningServer {
+    local_addr: SocketAddr,
+    tls: bool,
+    shutdown: watch::Sender<bool>,
+    state: Arc<AppState>,
+    accept_task: tokio::task::JoinHandle<()>,
+}
+
+impl RunningServer {
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The address to open in a browser.
+    pub fn url(&self) -> String {
+        let scheme = if self.tls { "https" } else { "http" };
+        let addr = self.local_addr;
+        let host = if addr.ip().is_unspecified() {
+            "127.0.0.1".to_string()
+        } else if addr.is_ipv6() {
+            format!("[{}]", addr.ip())
+        } else {
+            addr.ip().to_string()
+        };
+        format!("{scheme}://{host}:{}/", addr.port())
+    }
+
+    /// Sessions running now.
+    pub fn running_sessions(&self) -> usize {
+        self.state.running_sessions.load(Ordering::Acquire)
+    }
+
+    /// Stops accepting, tells every session to close (kind-5 "shutting down") and waits up to
+    /// `grace` for them.
+    pub async fn shutdown(self, grace: Duration) {
+        let _ = self.shutdown.send(true);
+        self.accept_task.abort();
+        let state = self.state;
+        let wait = async {
+            loop {
+                let done = state.sessions_done.notified();
+                if state.running_sessions.load(Ordering::Acquire) == 0 {
+                    return;
+                }
+                done.await;
+            }
+        };
+        if tokio::time::timeout(grace, wait).await.is_err() {
+            tracing::warn!(
+                sessions = state.running_sessions.load(Ordering::Acquire),
+                "sessions still closing after {} s; stopping anyway",
+                grace.as_secs()
+            );
+        }
+    }
+}
+
+/// Binds and starts serving on the current tokio runtime.
+pub async fn start(
+    config: ServerConfig,
+    engine: Arc<dyn SessionEngine>,
+) -> Result<RunningServer, ServerError> {
+    let tls = match &config.tls {
+        Some(files) => Some(files.acceptor()?),
+        None => None,
+    };
+    if let Some(dir) = &config.record_dir {
+        crate::check_writable_dir(dir, "--record")?;
+    }
+    let listener = TcpListener::bind(config.addr)
+        .await
+        .map_err(|source| ServerError::Bind {
+            addr: config.addr,
+            source,
+        })?;
+    let local_addr = listener.local_addr().map_err(|source| ServerError::Bind {
+        addr: config.addr,
+        source,
+    })?;
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let run_tag = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+        .to_string();
+    let state = Arc::new(AppState {
+        engine,
+        limits: config.limits.clone(),
+        record_dir: config.record_dir.clone(),
+        run_tag,
+        default_sampling: config.default_sampling.clone(),
+        lm_model_file: config.lm_model_file.clone(),
+        model_description: config.model_description.clone(),
+        next_session: AtomicU64::new(0),
+        running_sessions: AtomicUsize::new(0),
+        sessions_done: Notify::new(),
+        shutdown: shutdown_rx,
+    });
+    let router: Router = Router::new()
+        .route("/api/chat", get(chat))
+        .with_state(state.clone())
+        .merge(web_ui::routes(&config.web_ui));
+    let limits = config.limits.clone();
+    let accept_task = tokio::spawn(accept_loop(listener, router, tls, limits));
+    Ok(RunningServer {
+        local_addr,
+        tls: config.tls.is_some(),
+        shutdown: shutdown_tx,
+        state,
+        accept_task,
+    })
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    router: Router,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    limits: Limits,
+) {
+    loop {
+        let (tcp, peer) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                // Out of file descriptors and the like: wait instead of spinning.
+                tracing::warn!("accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        // Small messages every 20-80 ms: never wait for more bytes before sending.
+        let _ = tcp.set_nodelay(true);
+        let service = router.clone().layer(Extension(PeerAddr(peer)));
+        let tls = tls.clone();
+        let handshake_timeout = limits.tls_handshake_timeout;
+        tokio::spawn(async move {
+            match tls {
+                None => serve_connection(TokioIo::new(tcp), service, peer).await,
+                Some(acceptor) => {
+                    match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await {
+                        Ok(Ok(stream)) => {
+                            serve_connection(TokioIo::new(stream), service, peer).await
+                        }
+                        Ok(Err(e)) => tracing::info!(%peer, "TLS handshake failed: {e}"),
+                        Err(_) => tracing::info!(%peer, "TLS handshake timed out"),
+                    }
+                }
+            }
+        });
+    }
+}
+
+async fn serve_connection<I>(io: TokioIo<I>, service: Router, peer: SocketAddr)
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let result = hyper::server::conn::http1::Builder::new()
+        .serve_connection(io, TowerToHyperService::new(service))
+        .with_upgrades()
+        .await;
+    if let Err(e) = result {
+        tracing::debug!(%peer, "connection: {e}");
+    }
+}

@@ -1,0 +1,262 @@
+//! The seam between the protocol and the model: a [`SessionEngine`] opens conversations; each
+//! takes 1920-sample input frames (24 kHz mono) without ever blocking the caller and answers with
+//! [`SessionEvent`]s on a bounded channel. Compute runs on the engine's own threads, never on
+//! the async runtime. Today's engine is [`crate::pipeline_pool::PipelinePool`] (one pipeline per
+//! session slot); a batched scheduler (one step per 80 ms tick for all sessions) can replace it
+//! without touching the protocol code.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex};
+
+use moshi_model::generator::SamplingConfig;
+use moshi_runtime::engine::{DropPolicy, FrameTokens};
+
+/// What a session asks of the engine.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionSettings {
+    pub sampling: SamplingConfig,
+}
+
+/// One processed input frame.
+#[derive(Debug, Clone)]
+pub struct ProcessedFrame {
+    /// The input frame the model processed (24 kHz mono, 1920 samples), handed back.
+    pub input: Vec<f32>,
+    /// Moshi's answer (24 kHz mono, 1920 samples).
+    pub pcm: Vec<f32>,
+    /// Words decoded in this frame.
+    pub text: Option<String>,
+    pub tokens: Option<FrameTokens>,
+    /// Model time for this frame.
+    pub compute_ms: f64,
+}
+
+/// What the engine tells a session, in order.
+#[derive(Debug)]
+pub enum SessionEvent {
+    Frame(ProcessedFrame),
+    /// Input frames were dropped because compute fell behind real time (total so far).
+    InputDropped {
+        total_frames: u64,
+    },
+    /// The model failed; the session cannot go on.
+    Failed(String),
+}
+
+/// Why a session could not be opened.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OpenError {
+    #[error("the server is busy: all {max_sessions} session(s) are in use, try again later")]
+    Busy { max_sessions: usize },
+    #[error("the model is unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// Opens conversations.
+pub trait SessionEngine: Send + Sync + 'static {
+    /// Starts a conversation with its own state, or says why not. Never blocks for long.
+    fn open(&self, settings: SessionSettings) -> Result<EngineSession, OpenError>;
+    /// Most conversations at once.
+    fn max_sessions(&self) -> usize;
+    /// Conversations open now.
+    fn active_sessions(&self) -> usize;
+}
+
+/// An open conversation. Dropping it ends the conversation and frees its slot.
+pub struct EngineSession {
+    pub input: FrameInput,
+    pub events: tokio::sync::mpsc::Receiver<SessionEvent>,
+}
+
+/// Frames waiting for the model, shared by the session (producer) and the engine (consumer).
+pub struct InputQueue {
+    state: Mutex<QueueState>,
+    ready: Condvar,
+    policy: DropPolicy,
+    /// Hard bound on waiting frames, whatever the policy.
+    capacity_frames: usize,
+}
+
+struct QueueState {
+    frames: VecDeque<Vec<f32>>,
+    closed: bool,
+    dropped_frames: u64,
+}
+
+/// What [`InputQueue::pop`] hands the engine.
+pub struct NextFrame {
+    pub frame: Vec<f32>,
+    /// Frames dropped so far (by the policy or the bound), when that changed since the last pop.
+    pub newly_dropped_total: Option<u64>,
+}
+
+impl InputQueue {
+    /// A queue that applies `policy` when frames are taken and never holds more than
+    /// `capacity_frames` (the oldest are dropped and counted).
+    pub fn new(policy: DropPolicy, capacity_frames: usize) -> Arc<Self> {
+        Arc::new(Self {
+            state: Mutex::new(QueueState {
+                frames: VecDeque::with_capacity(capacity_frames.max(1)),
+                closed: false,
+                dropped_frames: 0,
+            }),
+            ready: Condvar::new(),
+            policy,
+            capacity_frames: capacity_frames.max(1),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, QueueState> {
+        // The state stays consistent whatever a panicking holder did (plain pushes and pops).
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Adds a frame (never blocks for long).
+    pub fn push(&self, frame: Vec<f32>) {
+        let mut s = self.lock();
+        if s.closed {
+            return;
+        }
+        s.frames.push_back(frame);
+        while s.frames.len() > self.capacity_frames {
+            s.frames.pop_front();
+            s.dropped_frames += 1;
+        }
+        drop(s);
+        self.ready.notify_one();
+    }
+
+    /// No more frames: wakes the engine, which then ends the conversation.
+    pub fn close(&self) {
+        let mut s = self.lock();
+        s.closed = true;
+        s.frames.clear();
+        drop(s);
+        self.ready.notify_all();
+    }
+
+    /// Waits for the next frame, dropping the oldest ones as the policy says. `None` once closed.
+    pub fn pop(&self, last_seen_dropped: u64) -> Option<NextFrame> {
+        let mut s = self.lock();
+        loop {
+            if s.closed {
+                return None;
+            }
+            if !s.frames.is_empty() {
+                break;
+            }
+            s = self.ready.wait(s).unwrap_or_else(|p| p.into_inner());
+        }
+        let drop_now = self.policy.frames_to_drop(s.frames.len());
+        for _ in 0..drop_now {
+            s.frames.pop_front();
+        }
+        s.dropped_frames += drop_now as u64;
+        let frame = s.frames.pop_front().expect("checked non-empty");
+        let newly_dropped_total =
+            (s.dropped_frames != last_seen_dropped).then_some(s.dropped_frames);
+        Some(NextFrame {
+            frame,
+            newly_dropped_total,
+        })
+    }
+
+    /// Frames dropped so far.
+    pub fn dropped_frames(&self) -> u64 {
+        self.lock().dropped_frames
+    }
+}
+
+/// The session's end of an [`InputQueue`]; dropping it closes the queue and runs `on_close`.
+pub struct FrameInput {
+    queue: Arc<InputQueue>,
+    on_close: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl FrameInput {
+    pub fn new(queue: Arc<InputQueue>, on_close: Box<dyn FnOnce() + Send>) -> Self {
+        Self {
+            queue,
+            on_close: Some(on_close),
+        }
+    }
+
+    /// Queues one 1920-sample frame for the model.
+    pub fn push(&self, frame: Vec<f32>) {
+        self.queue.push(frame);
+    }
+
+    /// Input frames dropped so far.
+    pub fn dropped_frames(&self) -> u64 {
+        self.queue.dropped_frames()
+    }
+}
+
+impl Drop for FrameInput {
+    fn drop(&mut self) {
+        self.queue.close();
+        if let Some(f) = self.on_close.take() {
+            f();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(v: f32) -> Vec<f32> {
+        vec![v; 4]
+    }
+
+    #[test]
+    fn real_time_policy_drops_the_oldest_and_counts() {
+        let q = InputQueue::new(
+            DropPolicy::RealTime {
+                max_backlog_frames: 1,
+            },
+            10,
+        );
+        for i in 0..5 {
+            q.push(frame(i as f32));
+        }
+        // 5 waiting, 1 may wait behind the next: frames 0..3 dropped, 3 processed, 4 left.
+        let next = q.pop(0).unwrap();
+        assert_eq!(next.frame[0], 3.0);
+        assert_eq!(next.newly_dropped_total, Some(3));
+        let next = q.pop(3).unwrap();
+        assert_eq!(next.frame[0], 4.0);
+        assert_eq!(next.newly_dropped_total, None);
+        assert_eq!(q.dropped_frames(), 3);
+    }
+
+    #[test]
+    fn lossless_policy_keeps_frames_up_to_the_bound() {
+        let q = InputQueue::new(DropPolicy::Lossless, 3);
+        for i in 0..5 {
+            q.push(frame(i as f32));
+        }
+        assert_eq!(q.dropped_frames(), 2);
+        let got: Vec<f32> = (0..3).map(|_| q.pop(2).unwrap().frame[0]).collect();
+        assert_eq!(got, vec![2.0, 3.0, 4.0]);
+    }
+
+    #[test]
+    fn closing_wakes_a_waiting_consumer() {
+        let q = InputQueue::new(DropPolicy::Lossless, 3);
+        let q2 = q.clone();
+        let waiter = std::thread::spawn(move || q2.pop(0).is_none());
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let on_close_ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = on_close_ran.clone();
+        let input = FrameInput::new(
+            q.clone(),
+            Box::new(move || flag.store(true, std::sync::atomic::Ordering::Relaxed)),
+        );
+        drop(input);
+        assert!(waiter.join().unwrap(), "the waiting consumer sees the end");
+        assert!(on_close_ran.load(std::sync::atomic::Ordering::Relaxed));
+        q.push(frame(1.0));
+        assert!(q.pop(0).is_none(), "a closed queue takes no more frames");
+    }
+}

@@ -1,0 +1,212 @@
+//! The session pool with the tiny model: a reset pipeline behaves exactly as a freshly loaded
+//! one (so a slot reused by the next session gives it a fresh conversation), a session's tokens
+//! equal an offline run's, sessions get their own sampling settings, and one session too many
+//! is refused as busy.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use moshi_loader::{ModelSource, SourceOverrides, WeightMode};
+use moshi_model::generator::SamplingConfig;
+use moshi_runtime::engine::{run_offline, DropPolicy, FrameOutput, FrameTokens};
+use moshi_runtime::pipeline::MoshiPipeline;
+use moshi_runtime::FRAME_SAMPLES;
+use moshi_server::pipeline_pool::PipelinePool;
+use moshi_server::session_engine::{OpenError, SessionEngine, SessionEvent, SessionSettings};
+
+fn tiny() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../assets/tiny-a")
+}
+
+fn load(sampling: SamplingConfig) -> MoshiPipeline {
+    let model =
+        ModelSource::resolve(tiny().to_str().unwrap(), &SourceOverrides::default()).unwrap();
+    MoshiPipeline::load(&model, sampling, WeightMode::Native).unwrap()
+}
+
+fn speech() -> Vec<f32> {
+    let audio = moshi_runtime::wav::read_mono(&tiny().join("input.wav")).unwrap();
+    audio.samples[..audio.samples.len() / FRAME_SAMPLES * FRAME_SAMPLES].to_vec()
+}
+
+fn noise(frames: usize) -> Vec<f32> {
+    let mut x = 12345u32;
+    (0..frames * FRAME_SAMPLES)
+        .map(|_| {
+            x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (x >> 8) as f32 / (1 << 24) as f32 - 0.5
+        })
+        .collect()
+}
+
+/// (pcm, tokens) of running `pipeline` over `pcm`.
+fn run(pipeline: &mut MoshiPipeline, pcm: &[f32]) -> (Vec<f32>, Vec<FrameTokens>) {
+    let mut tokens = Vec::new();
+    let (out, _) = run_offline(pipeline, pcm, |_, o: &FrameOutput| {
+        tokens.extend(o.tokens.clone())
+    })
+    .unwrap();
+    (out, tokens)
+}
+
+#[test]
+fn a_reset_pipeline_behaves_as_a_fresh_one() {
+    for sampling in [
+        SamplingConfig::greedy(),
+        SamplingConfig {
+            seed: 99,
+            ..SamplingConfig::default()
+        },
+    ] {
+        let input = speech();
+        let mut fresh = load(sampling.clone());
+        let mut cloned = fresh.clone();
+        let reference = run(&mut fresh, &input);
+        assert!(!reference.1.is_empty());
+        // A used pipeline, reset: same audio (bit for bit) and tokens.
+        run(&mut fresh, &noise(25));
+        fresh.reset();
+        assert_eq!(run(&mut fresh, &input), reference, "{sampling:?}");
+        // A clone of a fresh pipeline is a fresh pipeline.
+        assert_eq!(run(&mut cloned, &input), reference, "{sampling:?}");
+        // New settings, then back: the same conversation again.
+        fresh.set_sampling(SamplingConfig {
+            seed: 7,
+            ..SamplingConfig::default()
+        });
+        run(&mut fresh, &noise(5));
+        fresh.set_sampling(sampling.clone());
+        assert_eq!(run(&mut fresh, &input), reference, "{sampling:?}");
+    }
+}
+
+/// Tokens of one pool session fed `pcm` (every frame processed: lossless policy).
+fn session_tokens(pool: &PipelinePool, sampling: SamplingConfig, pcm: &[f32]) -> Vec<FrameTokens> {
+    let mut session = pool.open(SessionSettings { sampling }).unwrap();
+    let frames = pcm.len() / FRAME_SAMPLES;
+    for f in pcm.chunks_exact(FRAME_SAMPLES) {
+        session.input.push(f.to_vec());
+    }
+    let mut tokens = Vec::new();
+    while tokens.len() < frames {
+        match session.events.blocking_recv() {
+            Some(SessionEvent::Frame(f)) => {
+                assert_eq!(f.pcm.len(), FRAME_SAMPLES);
+                assert_eq!(f.input.len(), FRAME_SAMPLES);
+                tokens.push(f.tokens.unwrap());
+            }
+            other => panic!("unexpected event {other:?}"),
+        }
+    }
+    tokens
+}
+
+#[test]
+fn pool_sessions_are_fresh_conversations_with_their_own_settings() {
+    let input = speech();
+    let frames = input.len() / FRAME_SAMPLES;
+    let pool = PipelinePool::new(
+        vec![load(SamplingConfig::default())],
+        DropPolicy::Lossless,
+        frames + 1,
+    )
+    .unwrap();
+    let greedy = session_tokens(&pool, SamplingConfig::greedy(), &input);
+    let offline = run(&mut load(SamplingConfig::greedy()), &input).1;
+    assert_eq!(
+        greedy, offline,
+        "a session gives the tokens of an offline run"
+    );
+    // The next session on the same (reset) slot: the same conversation again.
+    assert_eq!(
+        session_tokens(&pool, SamplingConfig::greedy(), &input),
+        greedy
+    );
+    let seeded = |seed| SamplingConfig {
+        seed,
+        ..SamplingConfig::default()
+    };
+    let a = session_tokens(&pool, seeded(1), &input);
+    assert_eq!(a, run(&mut load(seeded(1)), &input).1);
+    assert_eq!(session_tokens(&pool, seeded(1), &input), a);
+    assert_ne!(
+        session_tokens(&pool, seeded(2), &input),
+        a,
+        "the seed is the session's"
+    );
+}
+
+#[test]
+fn one_session_too_many_is_busy_until_one_ends() {
+    let pool = PipelinePool::new(
+        vec![
+            load(SamplingConfig::greedy()),
+            load(SamplingConfig::greedy()),
+        ],
+        DropPolicy::RealTime {
+            max_backlog_frames: 2,
+        },
+        8,
+    )
+    .unwrap();
+    let settings = || SessionSettings {
+        sampling: SamplingConfig::greedy(),
+    };
+    let a = pool.open(settings()).unwrap();
+    let b = pool.open(settings()).unwrap();
+    assert_eq!(pool.active_sessions(), 2);
+    assert!(matches!(
+        pool.open(settings()),
+        Err(OpenError::Busy { max_sessions: 2 })
+    ));
+    drop(a);
+    let mut c = pool.open(settings()).expect("a slot is free again at once");
+    // The reused slot works (after its reset).
+    c.input.push(vec![0.0; FRAME_SAMPLES]);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let answered = matches!(c.events.blocking_recv(), Some(SessionEvent::Frame(_)));
+        let _ = tx.send(answered);
+    });
+    assert!(rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("no answer within 30 s"));
+    drop(b);
+}
+
+#[test]
+fn frames_beyond_the_backlog_are_dropped_and_reported() {
+    let pool = PipelinePool::new(
+        vec![load(SamplingConfig::greedy())],
+        DropPolicy::RealTime {
+            max_backlog_frames: 0,
+        },
+        4,
+    )
+    .unwrap();
+    let mut s = pool
+        .open(SessionSettings {
+            sampling: SamplingConfig::greedy(),
+        })
+        .unwrap();
+    // 40 frames at once: far more than the model takes at a time.
+    for f in noise(40).chunks_exact(FRAME_SAMPLES) {
+        s.input.push(f.to_vec());
+    }
+    let mut processed = 0;
+    let mut reported = 0;
+    while processed + reported < 40 {
+        match s.events.blocking_recv() {
+            Some(SessionEvent::Frame(_)) => processed += 1,
+            Some(SessionEvent::InputDropped { total_frames }) => reported = total_frames,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(reported > 0, "frames were dropped and reported");
+    assert_eq!(
+        processed + reported,
+        40,
+        "every frame is processed or counted"
+    );
+    assert_eq!(s.input.dropped_frames(), reported);
+}
