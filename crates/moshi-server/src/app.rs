@@ -33,7 +33,8 @@ pub struct Limits {
     pub max_message_bytes: usize,
     /// A session without audio from its client for this long is closed.
     pub idle_timeout: Duration,
-    /// A session whose client reads nothing for this long is closed.
+    /// A session whose client reads nothing for this long (an unanswered ping, or its
+    /// outgoing queue full) is closed.
     pub not_reading_timeout: Duration,
     /// Messages queued for a client before further ones are dropped.
     pub outbox_messages: usize,
@@ -45,6 +46,8 @@ pub struct Limits {
     pub max_audio_ahead: Duration,
     /// Time allowed for a TLS handshake.
     pub tls_handshake_timeout: Duration,
+    /// Kernel send buffer of each connection (about 2 s of Moshi's audio).
+    pub socket_send_buffer_bytes: usize,
 }
 
 impl Default for Limits {
@@ -58,6 +61,7 @@ impl Default for Limits {
             max_audio_speed: 4.0,
             max_audio_ahead: Duration::from_secs(10),
             tls_handshake_timeout: Duration::from_secs(10),
+            socket_send_buffer_bytes: 64 * 1024,
         }
     }
 }
@@ -319,6 +323,10 @@ async fn accept_loop(
         };
         // Small messages every 20-80 ms: never wait for more bytes before sending.
         let _ = tcp.set_nodelay(true);
+        // A bounded send buffer (instead of the kernel's autotuning up to megabytes): audio for
+        // a slow or absent reader backs up into the session's own bounded queue, where it is
+        // dropped and counted, instead of seconds of latency piling up in the kernel.
+        let _ = socket2::SockRef::from(&tcp).set_send_buffer_size(limits.socket_send_buffer_bytes);
         let service = router.clone().layer(Extension(PeerAddr(peer)));
         let tls = tls.clone();
         let handshake_timeout = limits.tls_handshake_timeout;

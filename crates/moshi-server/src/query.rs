@@ -14,6 +14,9 @@ use crate::session_engine::SessionSettings;
 #[derive(Debug, Clone, PartialEq)]
 pub struct SessionRequest {
     pub settings: SessionSettings,
+    /// `stats_s=S` (moshi-rs' own page): a metadata message with the session's counters every
+    /// S seconds. Without it, counters are sent only when audio is lost.
+    pub stats_every_s: Option<f64>,
     /// Parameters the engine cannot apply, with the reason.
     pub ignored: BTreeMap<String, String>,
 }
@@ -45,6 +48,7 @@ impl SessionRequest {
     ) -> Result<Self, String> {
         let mut sampling = defaults.clone();
         let mut ignored = BTreeMap::new();
+        let mut stats_every_s = None;
         let mut text_seed: Option<u64> = None;
         let mut audio_seed: Option<u64> = None;
         let last: BTreeMap<&str, &str> = params
@@ -96,6 +100,15 @@ impl SessionRequest {
                         );
                     }
                 }
+                "stats_s" => {
+                    let every: f64 = number(key, value, "seconds between statistics (0.5 to 60)")?;
+                    if !(0.5..=60.0).contains(&every) {
+                        return Err(format!(
+                            "query parameter {key}={value:?}: expected seconds between statistics (0.5 to 60)"
+                        ));
+                    }
+                    stats_every_s = Some(every);
+                }
                 "repetition_penalty_context" => {
                     number::<usize>(key, value, "a whole number >= 0")?;
                 }
@@ -119,6 +132,7 @@ impl SessionRequest {
         }
         Ok(Self {
             settings: SessionSettings { sampling },
+            stats_every_s,
             ignored,
         })
     }
@@ -231,6 +245,11 @@ mod tests {
                 "text_seed=\"1e3\": expected a whole number",
             ),
             ("pad_mult", "x", "pad_mult=\"x\": expected a number"),
+            (
+                "stats_s",
+                "0",
+                "stats_s=\"0\": expected seconds between statistics",
+            ),
         ] {
             let e = SessionRequest::from_query(&params(&[(k, v)]), &SamplingConfig::default())
                 .unwrap_err();

@@ -6,7 +6,8 @@
 //! - `<tag>-session-<id>-out.wav`: the audio stream sent to the client, decoded (32-bit float:
 //!   what a client plays, Opus included, sample-aligned with the stream);
 //! - `<tag>-session-<id>-tokens.jsonl`: one `{"frame", "text", "audio"}` object per processed
-//!   frame, as `moshi-rs file --tokens-out` writes.
+//!   frame, as `moshi-rs file --tokens-out` writes;
+//! - `<tag>-session-<id>-text.txt`: the words sent (the text messages, concatenated).
 //!
 //! Files are written under a `.part` name and renamed when the session ends, so a reader never
 //! sees a half-written recording under the final name.
@@ -28,6 +29,7 @@ pub struct SessionRecorder {
     input: WavWriter,
     output: WavWriter,
     tokens: BufWriter<File>,
+    text: BufWriter<File>,
     /// Decodes the pages sent, as a client does.
     mirror: OggOpusReader,
     mirror_pcm: Vec<f32>,
@@ -53,7 +55,7 @@ pub struct RecordError {
 }
 
 impl SessionRecorder {
-    /// Opens the three files of session `id` in `dir`.
+    /// Opens the files of session `id` in `dir`.
     pub fn create(dir: &Path, tag: &str, id: u64) -> Result<Self, RecordError> {
         let base = format!("{tag}-session-{id}");
         let path = |suffix: &str| dir.join(format!("{base}-{suffix}"));
@@ -66,14 +68,22 @@ impl SessionRecorder {
             path: p.to_path_buf(),
             detail: e.to_string(),
         };
-        let (in_path, out_path, tok_path) = (path("in.wav"), path("out.wav"), path("tokens.jsonl"));
+        let (in_path, out_path, tok_path, text_path) = (
+            path("in.wav"),
+            path("out.wav"),
+            path("tokens.jsonl"),
+            path("text.txt"),
+        );
         let input = WavWriter::create(part(&in_path), wav_spec()).map_err(|e| err(&in_path, &e))?;
         let output =
             WavWriter::create(part(&out_path), wav_spec()).map_err(|e| err(&out_path, &e))?;
         let tokens = File::create(part(&tok_path))
             .map(BufWriter::new)
             .map_err(|e| err(&tok_path, &e))?;
-        let renames = [in_path, out_path, tok_path]
+        let text = File::create(part(&text_path))
+            .map(BufWriter::new)
+            .map_err(|e| err(&text_path, &e))?;
+        let renames = [in_path, out_path, tok_path, text_path]
             .into_iter()
             .map(|p| (part(&p), p))
             .collect();
@@ -81,6 +91,7 @@ impl SessionRecorder {
             input,
             output,
             tokens,
+            text,
             mirror: OggOpusReader::new(PreSkip::Discard),
             mirror_pcm: Vec::new(),
             renames,
@@ -116,6 +127,14 @@ impl SessionRecorder {
                 })?;
             }
         }
+        if let Some(words) = &frame.text {
+            self.text
+                .write_all(words.as_bytes())
+                .map_err(|e| RecordError {
+                    path: path(3),
+                    detail: e.to_string(),
+                })?;
+        }
         if let Some(t) = &frame.tokens {
             let line = serde_json::json!({ "frame": index, "text": t.text, "audio": t.audio });
             writeln!(self.tokens, "{line}").map_err(|e| RecordError {
@@ -141,6 +160,7 @@ impl SessionRecorder {
         self.tokens
             .flush()
             .map_err(|e| err(&self.renames[2].0, &e))?;
+        self.text.flush().map_err(|e| err(&self.renames[3].0, &e))?;
         for (part, done) in &self.renames {
             std::fs::rename(part, done).map_err(|e| err(done, &e))?;
         }

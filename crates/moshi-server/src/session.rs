@@ -40,6 +40,10 @@ const CLOSING_GRACE: Duration = Duration::from_secs(2);
 /// Metadata updates (dropped-frame counts) at most this often.
 const METADATA_EVERY: Duration = Duration::from_secs(1);
 
+/// A websocket ping this often: a client that reads answers it (browsers and websocket
+/// libraries do so by themselves); one that does not is found out whatever the kernel buffers.
+const PING_EVERY: Duration = Duration::from_secs(1);
+
 /// Why a session ended.
 #[derive(Debug)]
 enum SessionEnd {
@@ -88,7 +92,7 @@ impl SessionEnd {
             Self::TooLarge(m) | Self::BadInput(m) => format!("bad input: {m}"),
             Self::Idle(d) => format!("no audio for {} s", d.as_secs()),
             Self::NotReading(d) => format!(
-                "the client read nothing for {} s (its answers were dropped)",
+                "the client read nothing for {} s (no answer to a ping, or its queue full)",
                 d.as_secs()
             ),
             Self::Engine(e) => format!("the model failed: {e}"),
@@ -139,9 +143,14 @@ impl Outbox {
         self.tx.capacity() >= n
     }
 
-    /// Queues a message; drops it (counted) if the queue is full. Returns whether it was queued.
+    /// Queues a protocol message; drops it (counted) if the queue is full. Returns whether it
+    /// was queued.
     fn push(&mut self, bytes: Vec<u8>) -> bool {
-        match self.tx.try_send(Message::Binary(bytes.into())) {
+        self.push_message(Message::Binary(bytes.into()))
+    }
+
+    fn push_message(&mut self, message: Message) -> bool {
+        match self.tx.try_send(message) {
             Ok(()) => {
                 self.full_since = None;
                 true
@@ -217,8 +226,12 @@ struct Session {
     metadata: Map<String, Value>,
     metadata_dirty: bool,
     last_metadata: Instant,
+    stats_every: Option<Duration>,
     started: Instant,
     last_audio: Instant,
+    /// When the ping now unanswered was queued.
+    ping_sent: Option<Instant>,
+    last_pong: Instant,
 }
 
 /// Runs one connection to its end.
@@ -297,8 +310,11 @@ pub async fn run(
         stats: SessionStats::default(),
         metadata_dirty: false,
         last_metadata: now,
+        stats_every: request.stats_every_s.map(Duration::from_secs_f64),
         started: now,
         last_audio: now,
+        ping_sent: None,
+        last_pong: now,
     };
     tracing::info!(
         session = id,
@@ -320,7 +336,7 @@ impl Session {
     async fn converse(&mut self, mut stream: SplitStream<WebSocket>) -> SessionEnd {
         let limits = self.app.limits.clone();
         let mut shutdown = self.app.shutdown_signal();
-        let mut check = tokio::time::interval(Duration::from_millis(250));
+        let mut check = tokio::time::interval(Duration::from_millis(200));
         loop {
             let idle_deadline = self.last_audio + limits.idle_timeout;
             tokio::select! {
@@ -350,6 +366,19 @@ impl Session {
                     return SessionEnd::NotReading(limits.not_reading_timeout);
                 }
             }
+            match self.ping_sent {
+                Some(sent) if sent.elapsed() >= limits.not_reading_timeout => {
+                    return SessionEnd::NotReading(limits.not_reading_timeout);
+                }
+                Some(_) => {}
+                None if self.last_pong.elapsed() >= PING_EVERY => {
+                    let payload = axum::body::Bytes::from_static(b"moshi-rs");
+                    if self.outbox.push_message(Message::Ping(payload)) {
+                        self.ping_sent = Some(Instant::now());
+                    }
+                }
+                None => {}
+            }
             if self.outbox.task.is_finished() {
                 return SessionEnd::ConnectionLost("the client stopped receiving".into());
             }
@@ -366,7 +395,12 @@ impl Session {
             Some(Err(e)) => return Err(transport_error(e, self.app.limits.max_message_bytes)),
             Some(Ok(Message::Binary(b))) => b,
             Some(Ok(Message::Close(_))) => return Err(SessionEnd::ClientClosed),
-            Some(Ok(Message::Ping(_) | Message::Pong(_))) => return Ok(()),
+            Some(Ok(Message::Pong(_))) => {
+                self.ping_sent = None;
+                self.last_pong = Instant::now();
+                return Ok(());
+            }
+            Some(Ok(Message::Ping(_))) => return Ok(()),
             Some(Ok(Message::Text(_))) => {
                 return Err(SessionEnd::BadInput(
                     "text websocket messages are not part of the protocol: send binary messages whose first byte is the kind (1 = audio)".into(),
@@ -454,9 +488,12 @@ impl Session {
     }
 
     fn maybe_send_metadata(&mut self) {
-        if !self.metadata_dirty || self.last_metadata.elapsed() < METADATA_EVERY {
+        let since = self.last_metadata.elapsed();
+        let periodic = self.stats_every.is_some_and(|every| since >= every);
+        if !(periodic || self.metadata_dirty && since >= METADATA_EVERY) {
             return;
         }
+        let lost_audio = self.metadata_dirty;
         self.metadata_dirty = false;
         self.last_metadata = Instant::now();
         let counters = self.counters_json();
@@ -465,14 +502,16 @@ impl Session {
             .outbox
             .push(protocol::metadata(&Value::Object(self.metadata.clone())))
         {
-            self.metadata_dirty = true;
+            self.metadata_dirty = lost_audio;
         }
-        tracing::info!(
-            session = self.id,
-            input_frames_dropped = self.stats.input_frames_dropped,
-            output_frames_dropped = self.stats.output_frames_dropped,
-            "the session is losing audio: compute behind real time, or a client not reading"
-        );
+        if lost_audio {
+            tracing::info!(
+                session = self.id,
+                input_frames_dropped = self.stats.input_frames_dropped,
+                output_frames_dropped = self.stats.output_frames_dropped,
+                "the session is losing audio: compute behind real time, or a client not reading"
+            );
+        }
     }
 
     fn counters_json(&self) -> Value {
@@ -528,7 +567,7 @@ impl Session {
 
 /// A read error as a session end; an oversized message gets its own sentence.
 fn transport_error(e: axum::Error, max_message_bytes: usize) -> SessionEnd {
-    use tungstenite::error::CapacityError;
+    use tungstenite::error::{CapacityError, ProtocolError};
     match e.into_inner().downcast::<tungstenite::Error>() {
         Ok(err) => match *err {
             tungstenite::Error::Capacity(CapacityError::MessageTooLong { size, .. }) => {
@@ -537,6 +576,9 @@ fn transport_error(e: axum::Error, max_message_bytes: usize) -> SessionEnd {
                 ))
             }
             tungstenite::Error::Capacity(c) => SessionEnd::TooLarge(c.to_string()),
+            tungstenite::Error::Protocol(ProtocolError::ResetWithoutClosingHandshake) => {
+                SessionEnd::ConnectionLost("the client vanished without closing".into())
+            }
             tungstenite::Error::Protocol(p) => SessionEnd::BadInput(format!("websocket: {p}")),
             other => SessionEnd::ConnectionLost(other.to_string()),
         },

@@ -73,9 +73,22 @@ pub fn fetch_kyutai_ui(timeout: Duration) -> Result<PathBuf, String> {
 fn fetch_and_unpack() -> Result<PathBuf, String> {
     let mut settings = HubSettings::from_env();
     settings.progress = false;
-    let tgz = HubRepo::new(KYUTAI_UI_REPO, &settings)
-        .download(KYUTAI_UI_FILE)
-        .map_err(|e| e.to_string())?;
+    let repo = HubRepo::new(KYUTAI_UI_REPO, &settings);
+    let tgz = if settings.offline {
+        let cached = repo
+            .cached_snapshot()
+            .map_err(|e| e.to_string())?
+            .join(KYUTAI_UI_FILE);
+        if !cached.is_file() {
+            return Err(format!(
+                "HF_HUB_OFFLINE is set and {} is not in the cached snapshot",
+                KYUTAI_UI_FILE
+            ));
+        }
+        cached
+    } else {
+        repo.download(KYUTAI_UI_FILE).map_err(|e| e.to_string())?
+    };
     let parent = tgz
         .parent()
         .ok_or_else(|| format!("{}: no parent folder", tgz.display()))?;

@@ -138,6 +138,32 @@ function opusTags() {
   return t;
 }
 
+/// Linear-interpolation resampler for the decoder's output (browsers may decode Opus at 48 kHz
+/// whatever rate was asked; the stream itself holds nothing above 12 kHz).
+class Resampler {
+  constructor(fromRate, toRate) {
+    this.step = fromRate / toRate;
+    this.pos = 0; // position of the next output sample, in input samples from `last`
+    this.last = 0;
+  }
+
+  process(input) {
+    const out = new Float32Array(Math.max(0, Math.ceil((input.length - this.pos) / this.step)));
+    let n = 0;
+    while (this.pos < input.length && n < out.length) {
+      const i = Math.floor(this.pos);
+      const f = this.pos - i;
+      const a = i === 0 ? this.last : input[i - 1];
+      const b = input[i];
+      out[n++] = a + (b - a) * f;
+      this.pos += this.step;
+    }
+    this.pos -= input.length;
+    this.last = input[input.length - 1];
+    return out.subarray(0, n);
+  }
+}
+
 // ---- the page ----------------------------------------------------------------------------
 
 const $ = (id) => document.getElementById(id);
@@ -204,7 +230,7 @@ class Conversation {
     });
 
     const proto = location.protocol === "https:" ? "wss" : "ws";
-    const query = new URLSearchParams();
+    const query = new URLSearchParams({ stats_s: "1" });
     for (const key of ["text_temperature", "text_topk", "audio_temperature", "audio_topk", "seed"]) {
       const v = ui.setting(key);
       if (v !== "") query.set(key, v);
@@ -311,8 +337,12 @@ class Conversation {
   }
 
   onDecoded(data) {
-    const pcm = new Float32Array(data.numberOfFrames);
+    let pcm = new Float32Array(data.numberOfFrames);
     data.copyTo(pcm, { planeIndex: 0, format: "f32-planar" });
+    if (data.sampleRate !== RATE) {
+      if (!this.resampler) this.resampler = new Resampler(data.sampleRate, RATE);
+      pcm = this.resampler.process(pcm).slice();
+    }
     data.close();
     this.playbackNode.port.postMessage(pcm, [pcm.buffer]);
   }

@@ -106,12 +106,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 
     let load_started = Instant::now();
     let sampling = args.sampling.config();
-    let (model, mut pipeline) = args.model.load_pipeline(sampling.clone())?;
+    let (model, mut pipeline) = args.model.load_pipeline(&args.sampling)?;
     // Warm-up (first touch of the weights), then back to the freshly loaded state.
     pipeline
         .process_frame(&vec![0.0; FRAME_SAMPLES])
         .context("warm-up frame")?;
     pipeline.reset();
+    let pipeline_cfg_coef = pipeline.cfg_coef();
     let mut pipelines = vec![pipeline];
     while pipelines.len() < args.max_sessions {
         pipelines.push(pipelines[0].clone());
@@ -148,6 +149,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         "kv_cache": args.model.kv_cache.to_string(),
         "mimi_weights": args.model.mimi_weights.to_string(),
         "greedy": sampling.greedy,
+        "cfg_coef": pipeline_cfg_coef,
     });
 
     let runtime = tokio::runtime::Builder::new_multi_thread()

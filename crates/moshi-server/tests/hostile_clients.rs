@@ -1,0 +1,448 @@
+//! The server against bad and hostile clients (tiny model, in process, short limits): an
+//! oversized message, malformed Ogg, malformed Opus, unknown kinds, text frames, a silent client,
+//! a client that never reads, an abrupt disconnect, one session too many. Each ends only its
+//! own session, with a kind-5 sentence while the socket is open, while a well-behaved session
+//! talks throughout and ends normally. Also: TLS, and Ctrl-C (shutdown) closing sessions with a
+//! message.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use moshi_loader::{ModelSource, SourceOverrides, WeightMode};
+use moshi_model::generator::SamplingConfig;
+use moshi_runtime::engine::DropPolicy;
+use moshi_runtime::pipeline::MoshiPipeline;
+use moshi_server::client::{self, ChatReceiver, Received};
+use moshi_server::ogg_opus::{OggOpusWriter, OpusPacketing};
+use moshi_server::pipeline_pool::PipelinePool;
+use moshi_server::{Limits, RunningServer, ServerConfig, WebUi};
+use tokio::io::{AsyncRead, AsyncWrite};
+
+fn tiny() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../assets/tiny-a")
+}
+
+fn pipeline() -> MoshiPipeline {
+    let model =
+        ModelSource::resolve(tiny().to_str().unwrap(), &SourceOverrides::default()).unwrap();
+    MoshiPipeline::load(&model, SamplingConfig::greedy(), WeightMode::Native).unwrap()
+}
+
+fn limits() -> Limits {
+    Limits {
+        idle_timeout: Duration::from_secs(2),
+        not_reading_timeout: Duration::from_secs(2),
+        ..Limits::default()
+    }
+}
+
+async fn start(max_sessions: usize, limits: Limits) -> RunningServer {
+    let mut config = ServerConfig::new("127.0.0.1:0".parse().unwrap());
+    config.web_ui = WebUi::None;
+    config.limits = limits;
+    config.default_sampling = SamplingConfig::greedy();
+    let pool = PipelinePool::new(
+        (0..max_sessions).map(|_| pipeline()).collect(),
+        DropPolicy::RealTime {
+            max_backlog_frames: 2,
+        },
+        8,
+    )
+    .unwrap();
+    moshi_server::start(config, Arc::new(pool)).await.unwrap()
+}
+
+fn url(addr: SocketAddr) -> String {
+    format!("ws://{addr}/api/chat")
+}
+
+/// 80 ms of a quiet tone.
+fn frame_pcm(i: usize) -> Vec<f32> {
+    (0..1920)
+        .map(|n| 0.1 * ((i * 1920 + n) as f32 * 0.05).sin())
+        .collect()
+}
+
+/// Waits for the first message that is not audio, text or metadata (an error or the close).
+async fn next_ending<S: AsyncRead + AsyncWrite + Unpin>(rx: &mut ChatReceiver<S>) -> Vec<Received> {
+    let mut seen = Vec::new();
+    loop {
+        let m = tokio::time::timeout(Duration::from_secs(20), rx.recv())
+            .await
+            .expect("no end within 20 s")
+            .unwrap_or(Received::Closed(None));
+        let done = matches!(m, Received::Closed(_));
+        if !matches!(
+            m,
+            Received::Audio(_) | Received::Text(_) | Received::Metadata(_)
+        ) {
+            seen.push(m);
+        }
+        if done {
+            return seen;
+        }
+    }
+}
+
+fn error_of(seen: &[Received]) -> String {
+    seen.iter()
+        .find_map(|m| match m {
+            Received::Error(e) => Some(e.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no kind-5 message: {seen:?}"))
+}
+
+fn close_code(seen: &[Received]) -> Option<u16> {
+    seen.iter().find_map(|m| match m {
+        Received::Closed(Some((code, _))) => Some(*code),
+        _ => None,
+    })
+}
+
+/// A well-behaved client talking at real pace for `seconds`; returns the audio frames it got.
+async fn good_session(addr: SocketAddr, seconds: f64) -> usize {
+    let (mut tx, mut rx) = client::connect(&url(addr), OpusPacketing::WEB_CLIENT)
+        .await
+        .unwrap();
+    let receiver = tokio::spawn(async move {
+        let mut samples = 0usize;
+        loop {
+            match rx.recv().await.unwrap() {
+                Received::Audio(pcm) => samples += pcm.len(),
+                Received::Closed(code) => return (samples, code),
+                Received::Error(e) => panic!("the good session got an error: {e}"),
+                _ => {}
+            }
+        }
+    });
+    let frames = (seconds / 0.08) as usize;
+    let start = tokio::time::Instant::now();
+    for i in 0..frames {
+        tokio::time::sleep_until(start + Duration::from_millis(80 * i as u64)).await;
+        tx.send_pcm(&frame_pcm(i)).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    tx.close().await.unwrap();
+    let (samples, code) = receiver.await.unwrap();
+    assert_eq!(
+        code.map(|c| c.0),
+        Some(1000),
+        "the good session ends normally"
+    );
+    samples / 1920
+}
+
+/// Sends `bytes` as one message on a fresh session and returns what ended it.
+async fn send_and_end(addr: SocketAddr, bytes: Vec<u8>) -> Vec<Received> {
+    let (mut tx, mut rx) = client::connect(&url(addr), OpusPacketing::WEB_CLIENT)
+        .await
+        .unwrap();
+    assert_eq!(rx.recv().await.unwrap(), Received::Handshake);
+    tx.send_raw(bytes).await.unwrap();
+    next_ending(&mut rx).await
+}
+
+/// Valid Ogg/Opus headers (pages 0 and 1) and one valid audio page.
+fn valid_stream_start() -> Vec<u8> {
+    let mut w = OggOpusWriter::new(1, OpusPacketing::SERVER).unwrap();
+    w.push(&frame_pcm(0)).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_clients_end_only_their_own_session() {
+    let server = start(2, limits()).await;
+    let addr = server.local_addr();
+    let good = tokio::spawn(good_session(addr, 14.0));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // Oversized message (the limit is 256 KiB).
+    let seen = send_and_end(addr, vec![1u8; 300 * 1024]).await;
+    let e = error_of(&seen);
+    assert!(e.contains("at most 262144"), "{e}");
+    assert_eq!(close_code(&seen), Some(1009));
+
+    // Not Ogg.
+    let seen = send_and_end(addr, b"\x01RIFF\x00\x00\x00\x00WAVEfmt ".to_vec()).await;
+    assert!(error_of(&seen).contains("capture pattern"), "{seen:?}");
+    assert_eq!(close_code(&seen), Some(1008));
+
+    // Ogg pages whose packets are not Opus.
+    let mut bytes = vec![1u8];
+    let start_pages = valid_stream_start();
+    bytes.extend_from_slice(&start_pages);
+    let mut garbage_page = ogg::writing::PacketWriter::new(Vec::new());
+    // Same serial as the writer's, the next sequence number.
+    garbage_page
+        .write_packet(
+            vec![0xffu8; 60],
+            1,
+            ogg::writing::PacketWriteEndInfo::EndPage,
+            0,
+        )
+        .unwrap();
+    let mut g = garbage_page.into_inner();
+    g[5] = 0; // not a first page
+    g[18..22].copy_from_slice(&4u32.to_le_bytes()); // after OpusHead, OpusTags, 2 audio pages
+    g[22..26].copy_from_slice(&[0; 4]);
+    let crc = ogg_crc(&g);
+    g[22..26].copy_from_slice(&crc.to_le_bytes());
+    bytes.extend_from_slice(&g);
+    let seen = send_and_end(addr, bytes).await;
+    assert!(error_of(&seen).contains("cannot be decoded"), "{seen:?}");
+
+    // Unknown kind, an empty message, a text frame.
+    let seen = send_and_end(addr, b"\x09hello".to_vec()).await;
+    assert!(error_of(&seen).contains("unknown kind 9"), "{seen:?}");
+    let seen = send_and_end(addr, Vec::new()).await;
+    assert!(error_of(&seen).contains("empty message"), "{seen:?}");
+    {
+        let (mut tx, mut rx) = client::connect(&url(addr), OpusPacketing::WEB_CLIENT)
+            .await
+            .unwrap();
+        tx.send_text("hello").await.unwrap();
+        let seen = next_ending(&mut rx).await;
+        assert!(
+            error_of(&seen).contains("text websocket messages"),
+            "{seen:?}"
+        );
+    }
+
+    // Kinds the protocol defines but a session does not use are discarded, not fatal.
+    {
+        let (mut tx, mut rx) = client::connect(&url(addr), OpusPacketing::WEB_CLIENT)
+            .await
+            .unwrap();
+        tx.send_raw(vec![3, 0]).await.unwrap(); // control: start
+        tx.send_raw(vec![6]).await.unwrap(); // ping
+        for i in 0..5 {
+            tx.send_pcm(&frame_pcm(i)).await.unwrap();
+        }
+        let mut audio = 0;
+        while audio < 2 {
+            match rx.recv().await.unwrap() {
+                Received::Audio(p) if !p.is_empty() => audio += 1,
+                Received::Error(e) => panic!("{e}"),
+                Received::Closed(c) => panic!("closed: {c:?}"),
+                _ => {}
+            }
+        }
+        tx.close().await.unwrap();
+        // The server frees the model slot before it answers the close: wait for the answer, or
+        // the next connection may find both slots taken.
+        let seen = next_ending(&mut rx).await;
+        assert_eq!(close_code(&seen), Some(1000), "{seen:?}");
+    }
+
+    // A silent client: closed after the idle timeout (2 s here).
+    {
+        let (_tx, mut rx) = client::connect(&url(addr), OpusPacketing::WEB_CLIENT)
+            .await
+            .unwrap();
+        let t0 = tokio::time::Instant::now();
+        let seen = next_ending(&mut rx).await;
+        assert!(
+            error_of(&seen).contains("no audio from the client for 2 s"),
+            "{seen:?}"
+        );
+        assert!(t0.elapsed() >= Duration::from_millis(1900));
+    }
+
+    // An abrupt disconnect mid-stream.
+    {
+        let (mut tx, rx) = client::connect(&url(addr), OpusPacketing::WEB_CLIENT)
+            .await
+            .unwrap();
+        for i in 0..5 {
+            tx.send_pcm(&frame_pcm(i)).await.unwrap();
+        }
+        drop(tx);
+        drop(rx);
+    }
+
+    let frames = good.await.unwrap();
+    assert!(
+        frames >= 150,
+        "the good session got {frames} frames in 14 s"
+    );
+    server.shutdown(Duration::from_secs(3)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_reads_is_dropped_without_unbounded_buffering() {
+    let server = start(2, limits()).await;
+    let addr = server.local_addr();
+    let good = tokio::spawn(good_session(addr, 8.0));
+
+    // A socket with a tiny receive window, and nobody reading it.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(2048).unwrap();
+    let tcp = socket.connect(addr).await.unwrap();
+    let (ws, _) = tokio_tungstenite::client_async(url(addr), tcp)
+        .await
+        .unwrap();
+    let (mut tx, rx) = client::split(ws, OpusPacketing::WEB_CLIENT).unwrap();
+    let start = tokio::time::Instant::now();
+    let mut ended = false;
+    for i in 0..400 {
+        // Talks at twice the real pace: the server answers every frame and nobody reads them.
+        tokio::time::sleep_until(start + Duration::from_millis(40 * i as u64)).await;
+        if tx.send_pcm(&frame_pcm(i)).await.is_err() {
+            ended = true;
+            break;
+        }
+    }
+    drop(rx);
+    assert!(ended, "the server never closed a client that does not read");
+    // An unanswered ping (sent within 1 s) for 2 s ends the session; the client's next writes fail.
+    eprintln!(
+        "the non-reading client was dropped after {:?}",
+        start.elapsed()
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(8),
+        "took {:?}",
+        start.elapsed()
+    );
+    let frames = good.await.unwrap();
+    assert!(frames >= 80, "the good session got {frames} frames in 8 s");
+    server.shutdown(Duration::from_secs(3)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_session_too_many_gets_busy_and_shutdown_says_goodbye() {
+    let server = start(1, limits()).await;
+    let addr = server.local_addr();
+    let (mut tx, mut rx) = client::connect(&url(addr), OpusPacketing::WEB_CLIENT)
+        .await
+        .unwrap();
+    assert_eq!(rx.recv().await.unwrap(), Received::Handshake);
+    tx.send_pcm(&frame_pcm(0)).await.unwrap();
+
+    let (_tx2, mut rx2) = client::connect(&url(addr), OpusPacketing::WEB_CLIENT)
+        .await
+        .unwrap();
+    let seen = next_ending(&mut rx2).await;
+    assert!(error_of(&seen).contains("busy"), "{seen:?}");
+    assert_eq!(close_code(&seen), Some(1013));
+
+    // Bad query parameters: refused with the parameter named.
+    let (_tx3, mut rx3) = client::connect(
+        &format!("{}?text_temperature=hot", url(addr)),
+        OpusPacketing::WEB_CLIENT,
+    )
+    .await
+    .unwrap();
+    let seen = next_ending(&mut rx3).await;
+    assert!(error_of(&seen).contains("text_temperature"), "{seen:?}");
+
+    let closing = tokio::spawn(async move { next_ending(&mut rx).await });
+    server.shutdown(Duration::from_secs(3)).await;
+    let seen = closing.await.unwrap();
+    assert!(error_of(&seen).contains("shutting down"), "{seen:?}");
+    assert_eq!(close_code(&seen), Some(1001));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_serves_wss() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    let o = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+        ])
+        .args(["-nodes", "-days", "1", "-subj", "/CN=localhost"])
+        .args(["-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"])
+        .args(["-addext", "basicConstraints=critical,CA:FALSE"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output();
+    match o {
+        Ok(o) if o.status.success() => {}
+        _ => {
+            eprintln!("SKIPPED tls_serves_wss: openssl cannot make a test certificate");
+            return;
+        }
+    }
+    let files = moshi_server::tls::TlsFiles {
+        cert: cert.clone(),
+        key: key.clone(),
+    };
+    // Bad files are named in the error.
+    let wrong = moshi_server::tls::TlsFiles {
+        cert: key.clone(),
+        key: cert.clone(),
+    };
+    let e = wrong.acceptor().err().unwrap().to_string();
+    assert!(e.contains("--tls-cert") && e.contains("key.pem"), "{e}");
+
+    let mut config = ServerConfig::new("127.0.0.1:0".parse().unwrap());
+    config.web_ui = WebUi::None;
+    config.tls = Some(files);
+    let pool = PipelinePool::new(vec![pipeline()], DropPolicy::Lossless, 8).unwrap();
+    let server = moshi_server::start(config, Arc::new(pool)).await.unwrap();
+    assert!(server.url().starts_with("https://127.0.0.1:"));
+
+    use tokio_rustls::rustls;
+    use tokio_rustls::rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(rustls::pki_types::CertificateDer::from_pem_file(&cert).unwrap())
+        .unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(server.local_addr())
+        .await
+        .unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let stream = tokio_rustls::TlsConnector::from(Arc::new(tls))
+        .connect(name, tcp)
+        .await
+        .unwrap();
+    let wss = format!("wss://localhost:{}/api/chat", server.local_addr().port());
+    let (ws, _) = tokio_tungstenite::client_async(wss, stream).await.unwrap();
+    let (mut tx, mut rx) = client::split(ws, OpusPacketing::WEB_CLIENT).unwrap();
+    assert_eq!(rx.recv().await.unwrap(), Received::Handshake);
+    assert!(matches!(rx.recv().await.unwrap(), Received::Metadata(_)));
+    for i in 0..4 {
+        tx.send_pcm(&frame_pcm(i)).await.unwrap();
+    }
+    loop {
+        match rx.recv().await.unwrap() {
+            Received::Audio(p) if !p.is_empty() => break,
+            Received::Error(e) => panic!("{e}"),
+            _ => {}
+        }
+    }
+    tx.close().await.unwrap();
+    server.shutdown(Duration::from_secs(3)).await;
+}
+
+/// Ogg's CRC-32 (polynomial 0x04c11db7, no reflection), for hand-made pages.
+fn ogg_crc(bytes: &[u8]) -> u32 {
+    let mut crc = 0u32;
+    for &b in bytes {
+        crc ^= (b as u32) << 24;
+        for _ in 0..8 {
+            crc = if crc & 0x8000_0000 != 0 {
+                (crc << 1) ^ 0x04c1_1db7
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
