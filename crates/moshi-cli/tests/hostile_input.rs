@@ -305,3 +305,556 @@ fn unparsable_log_filter_is_an_error() {
         &["--log", "moshi_model=loud", "not a log filter"],
     );
 }
+
+/// Runs `moshi-rs ARGS` through bash with `prelude` first (e.g. `ulimit -f 1`), SIGXFSZ
+/// ignored so that a write over the file-size limit fails with EFBIG as on a full disk.
+fn moshi_limited(prelude: &str, args: &[&str]) -> Output {
+    Command::new("bash")
+        .arg("-c")
+        .arg(format!("trap '' XFSZ; {prelude}; exec \"$0\" \"$@\""))
+        .arg(env!("CARGO_BIN_EXE_moshi-rs"))
+        .args(args)
+        .env("HF_HUB_OFFLINE", "1")
+        .output()
+        .unwrap()
+}
+
+/// Names in `dir`, sorted.
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// tiny-a's input copied into `dir` as `in.wav`.
+fn input_copy(dir: &Path) -> PathBuf {
+    let p = dir.join("in.wav");
+    std::fs::copy(&*INPUT, &p).unwrap();
+    p
+}
+
+/// Codes of tiny-a's input (`codec encode`) in `dir/codes.npy`.
+fn codes_of_input(dir: &Path) -> PathBuf {
+    let codes = dir.join("codes.npy");
+    let o = moshi(&[
+        "codec",
+        "encode",
+        s(&INPUT),
+        s(&codes),
+        "--model",
+        s(&assets()),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    codes
+}
+
+/// Issue #18 item 2: a trace written to a full device is an error (no panic, no "written").
+#[test]
+fn trace_to_a_full_device_is_an_error() {
+    let cfg = assets().join("config.json");
+    let err = fails_with(
+        &[
+            "bench",
+            "--random-weights",
+            "--config",
+            s(&cfg),
+            "--frames",
+            "2",
+            "--warmup",
+            "0",
+            "--threads",
+            "1",
+            "--bandwidth-buffer-mib",
+            "8",
+            "--trace",
+            "/dev/full",
+        ],
+        &["--trace", "/dev/full", "No space left on device"],
+    );
+    assert!(!err.contains("trace written"), "{err}");
+}
+
+/// Issue #18 item 4: an output that is one of the inputs is refused, the input untouched.
+#[test]
+fn an_input_is_never_overwritten() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = input_copy(dir.path());
+    let before = std::fs::read(&input).unwrap();
+    let same_spelled_differently = dir.path().join(".").join("in.wav");
+    let hard_link = dir.path().join("link.wav");
+    std::fs::hard_link(&input, &hard_link).unwrap();
+    for out in [&input, &same_spelled_differently, &hard_link] {
+        fails_with(
+            &["file", s(&input), s(out), "--model", s(&assets())],
+            &["same file as the input"],
+        );
+        fails_with(
+            &[
+                "codec",
+                "encode",
+                s(&input),
+                s(out),
+                "--model",
+                s(&assets()),
+            ],
+            &["same file as the input"],
+        );
+    }
+    let answer = dir.path().join("o.wav");
+    fails_with(
+        &[
+            "file",
+            s(&input),
+            s(&answer),
+            "--model",
+            s(&assets()),
+            "--transcript",
+            s(&input),
+        ],
+        &["--transcript", "same file as the input"],
+    );
+    assert!(!answer.exists());
+    assert_eq!(std::fs::read(&input).unwrap(), before);
+
+    let codes = codes_of_input(dir.path());
+    let codes_before = std::fs::read(&codes).unwrap();
+    fails_with(
+        &[
+            "codec",
+            "decode",
+            s(&codes),
+            s(&codes),
+            "--model",
+            s(&assets()),
+        ],
+        &["same file as the input"],
+    );
+    assert_eq!(std::fs::read(&codes).unwrap(), codes_before);
+
+    let weights = dir.path().join("model.safetensors");
+    std::fs::copy(assets().join("model.safetensors"), &weights).unwrap();
+    let weights_before = std::fs::read(&weights).unwrap();
+    fails_with(
+        &["quantize", s(&weights), s(&weights), "--bits", "8"],
+        &["same file as the input"],
+    );
+    assert_eq!(std::fs::read(&weights).unwrap(), weights_before);
+}
+
+/// A private character device with the numbers of `/dev/null` (1, 3) or `/dev/full` (1, 7) in
+/// `dir`, or `None` (with a message) where this process may not make or open one.
+fn device_node(dir: &Path, name: &str, minor: u32) -> Option<PathBuf> {
+    let path = dir.join(name);
+    let made = Command::new("mknod")
+        .arg(&path)
+        .args(["c", "1", &minor.to_string()])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !made || std::fs::OpenOptions::new().write(true).open(&path).is_err() {
+        eprintln!(
+            "skipped: cannot make or open a device node in {} (not root, or no mknod)",
+            dir.display()
+        );
+        return None;
+    }
+    Some(path)
+}
+
+fn assert_still_device(path: &Path, minor: u32) {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let m = std::fs::symlink_metadata(path).unwrap();
+    assert!(
+        m.file_type().is_char_device(),
+        "{} was replaced",
+        path.display()
+    );
+    assert_eq!(m.rdev(), (1 << 8) | minor as u64, "{}", path.display());
+}
+
+/// Issue #18 item 5: a device given as the output is written in place (never replaced by a
+/// regular file), and its write errors are reported.
+#[test]
+fn devices_as_outputs_stay_devices_and_report_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let (Some(null), Some(full)) = (
+        device_node(dir.path(), "null.wav", 3),
+        device_node(dir.path(), "full.wav", 7),
+    ) else {
+        return;
+    };
+    let codes = codes_of_input(dir.path());
+    let ok = |args: &[&str]| {
+        let o = moshi(args);
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+    };
+    ok(&file_cmd_args(&assets(), &null, &[]));
+    ok(&[
+        "codec",
+        "encode",
+        s(&INPUT),
+        s(&null),
+        "--model",
+        s(&assets()),
+    ]);
+    ok(&[
+        "codec",
+        "decode",
+        s(&codes),
+        s(&null),
+        "--model",
+        s(&assets()),
+    ]);
+    let weights = assets().join("model.safetensors");
+    ok(&["quantize", s(&weights), s(&null), "--bits", "8"]);
+    assert_still_device(&null, 3);
+
+    let no_space = "No space left on device";
+    fails_with(&file_cmd_args(&assets(), &full, &[]), &[s(&full), no_space]);
+    fails_with(
+        &[
+            "codec",
+            "encode",
+            s(&INPUT),
+            s(&full),
+            "--model",
+            s(&assets()),
+        ],
+        &[s(&full), no_space],
+    );
+    fails_with(
+        &[
+            "codec",
+            "decode",
+            s(&codes),
+            s(&full),
+            "--model",
+            s(&assets()),
+        ],
+        &[s(&full), no_space],
+    );
+    fails_with(
+        &["quantize", s(&weights), s(&full), "--bits", "8"],
+        &[s(&full), no_space],
+    );
+    assert_still_device(&full, 7);
+}
+
+/// Issue #18 item 6: when the disk fills (simulated with a file-size limit: writes past it
+/// fail with EFBIG as they would with ENOSPC), every output is either complete or absent: no
+/// partial or temporary file is left.
+#[test]
+fn a_full_disk_leaves_no_partial_outputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let codes = codes_of_input(dir.path());
+    let out = tempfile::tempdir().unwrap();
+    let o = |name: &str| out.path().join(name);
+    let cases: Vec<(&str, Vec<String>)> = vec![
+        (
+            "ulimit -f 64",
+            vec![
+                "file".into(),
+                s(&INPUT).into(),
+                s(&o("answer.wav")).into(),
+                "--model".into(),
+                s(&assets()).into(),
+                "--tokens-out".into(),
+                s(&o("tokens.jsonl")).into(),
+                "--transcript".into(),
+                s(&o("words.tsv")).into(),
+                "--profile".into(),
+                s(&o("profile.jsonl")).into(),
+            ],
+        ),
+        (
+            "ulimit -f 1",
+            vec![
+                "codec".into(),
+                "encode".into(),
+                s(&INPUT).into(),
+                s(&o("codes.npy")).into(),
+                "--model".into(),
+                s(&assets()).into(),
+            ],
+        ),
+        (
+            "ulimit -f 64",
+            vec![
+                "codec".into(),
+                "decode".into(),
+                s(&codes).into(),
+                s(&o("decoded.wav")).into(),
+                "--model".into(),
+                s(&assets()).into(),
+            ],
+        ),
+        (
+            "ulimit -f 1",
+            vec![
+                "bench".into(),
+                "--random-weights".into(),
+                "--config".into(),
+                s(&assets().join("config.json")).into(),
+                "--frames".into(),
+                "2".into(),
+                "--warmup".into(),
+                "0".into(),
+                "--threads".into(),
+                "1".into(),
+                "--bandwidth-buffer-mib".into(),
+                "8".into(),
+                "--json".into(),
+                s(&o("report.json")).into(),
+            ],
+        ),
+    ];
+    for (limit, args) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let run = moshi_limited(limit, &args);
+        let err = stderr(&run);
+        assert!(
+            !run.status.success(),
+            "{args:?} succeeded over `{limit}`: {err}"
+        );
+        assert!(err.contains("File too large"), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert_eq!(
+            names_in(out.path()),
+            Vec::<String>::new(),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+/// Peak resident memory (`VmHWM`) of a child process, polled until it exits, in bytes.
+fn peak_rss_of(mut cmd: Command) -> (std::process::ExitStatus, u64, String) {
+    let mut child = cmd
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let status_path = format!("/proc/{}/status", child.id());
+    let mut peak = 0u64;
+    let status = loop {
+        if let Ok(text) = std::fs::read_to_string(&status_path) {
+            if let Some(kb) = text
+                .lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse::<u64>().ok())
+            {
+                peak = peak.max(kb * 1024);
+            }
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let mut err = String::new();
+    use std::io::Read;
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    (status, peak, err)
+}
+
+/// A 24 kHz mono 16-bit WAV of `seconds` of speech-like noise.
+fn long_wav(path: &Path, seconds: usize) {
+    let spec = hound::WavSpec {
+        channels: 1,
+        sample_rate: 24_000,
+        bits_per_sample: 16,
+        sample_format: hound::SampleFormat::Int,
+    };
+    let mut w = hound::WavWriter::create(path, spec).unwrap();
+    let mut x = 0x1234_5678u32;
+    for i in 0..seconds * 24_000 {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        let envelope = ((i as f32 / 24_000.0) * 1.7).sin().abs();
+        w.write_sample(((x as i32 >> 20) as f32 * envelope) as i16)
+            .unwrap();
+    }
+    w.finalize().unwrap();
+}
+
+/// Issue #18 item 7: memory does not grow with the input's length: `file` and `codec encode`
+/// of a 6-minute input peak within 5 % (+ 2 MiB of allocator slack) of a 1-minute one.
+#[test]
+fn memory_is_flat_in_the_input_length() {
+    let dir = tempfile::tempdir().unwrap();
+    let short = dir.path().join("short.wav");
+    let long = dir.path().join("long.wav");
+    long_wav(&short, 60);
+    long_wav(&long, 360);
+    let peak = |args: &[&str]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_moshi-rs"));
+        cmd.args(args).env("HF_HUB_OFFLINE", "1");
+        let (status, peak, err) = peak_rss_of(cmd);
+        assert!(status.success(), "{args:?}: {err}");
+        peak
+    };
+    let out = dir.path().join("out.wav");
+    let codes = dir.path().join("codes.npy");
+    for (what, short_args, long_args) in [
+        (
+            "file",
+            vec!["file", s(&short), s(&out), "--model", s(&assets())],
+            vec!["file", s(&long), s(&out), "--model", s(&assets())],
+        ),
+        (
+            "codec encode",
+            vec![
+                "codec",
+                "encode",
+                s(&short),
+                s(&codes),
+                "--model",
+                s(&assets()),
+            ],
+            vec![
+                "codec",
+                "encode",
+                s(&long),
+                s(&codes),
+                "--model",
+                s(&assets()),
+            ],
+        ),
+    ] {
+        let (p_short, p_long) = (peak(&short_args), peak(&long_args));
+        eprintln!(
+            "{what}: peak resident memory {:.1} MiB for 1 minute, {:.1} MiB for 6 minutes",
+            p_short as f64 / (1 << 20) as f64,
+            p_long as f64 / (1 << 20) as f64
+        );
+        assert!(
+            p_long as f64 <= p_short as f64 * 1.05 + (2 << 20) as f64,
+            "{what}: {p_long} bytes for 6 minutes vs {p_short} for 1 minute"
+        );
+    }
+}
+
+/// Issue #18 item 8: a code file's header is checked before its data is read: a device or a
+/// header claiming more than the file holds fails at once.
+#[test]
+fn code_file_headers_are_capped() {
+    let dir = tempfile::tempdir().unwrap();
+    let decoded = dir.path().join("decoded.wav");
+    fails_quickly_with(
+        &[
+            "codec",
+            "decode",
+            "/dev/zero",
+            s(&decoded),
+            "--model",
+            s(&assets()),
+        ],
+        &["/dev/zero", "magic"],
+        Duration::from_secs(10),
+    );
+    let out = dir.path().join("out.wav");
+    for (frames, message) in [
+        (10_000_000u64, "need 640000000 bytes, have 64".to_string()),
+        (
+            100_000_000,
+            "more than the 4 GiB this reader accepts".to_string(),
+        ),
+    ] {
+        let liar = dir.path().join("liar.npy");
+        let header =
+            format!("{{'descr': '<i8', 'fortran_order': False, 'shape': (8, {frames}), }}");
+        let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+        bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
+        bytes.extend_from_slice(header.as_bytes());
+        bytes.extend_from_slice(&[0u8; 64]);
+        std::fs::write(&liar, &bytes).unwrap();
+        fails_quickly_with(
+            &[
+                "codec",
+                "decode",
+                s(&liar),
+                s(&out),
+                "--model",
+                s(&assets()),
+            ],
+            &["liar.npy", &message],
+            Duration::from_secs(10),
+        );
+        assert!(!out.exists());
+    }
+}
+
+/// Issue #18 item 9: low-rate WAVs are refused with the supported range (they used to become
+/// over a thousand seconds of output). At the lowest rate accepted, a 100-sample (12.5 ms) file
+/// gives one 80 ms frame: the resampler's zero-padded last chunk adds at most 1024 input
+/// samples (128 ms at 8 kHz), never minutes.
+#[test]
+fn low_rate_wavs_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, rate: u32, samples: usize| {
+        let path = dir.path().join(name);
+        let spec = hound::WavSpec {
+            channels: 1,
+            sample_rate: rate,
+            bits_per_sample: 16,
+            sample_format: hound::SampleFormat::Int,
+        };
+        let mut w = hound::WavWriter::create(&path, spec).unwrap();
+        for i in 0..samples {
+            w.write_sample((i as i16).wrapping_mul(97)).unwrap();
+        }
+        w.finalize().unwrap();
+        path
+    };
+    let out = dir.path().join("out.wav");
+    for samples in [100, 10] {
+        let one_hz = write("one_hz.wav", 1, samples);
+        fails_with(
+            &["file", s(&one_hz), s(&out), "--model", s(&assets())],
+            &["one_hz.wav", "sample rate 1 Hz", "8000 to 384000 Hz"],
+        );
+        fails_with(
+            &[
+                "codec",
+                "encode",
+                s(&one_hz),
+                s(&out),
+                "--model",
+                s(&assets()),
+            ],
+            &["one_hz.wav", "sample rate 1 Hz"],
+        );
+    }
+    assert!(!out.exists());
+    let short = write("short.wav", 8_000, 100);
+    let o = moshi(&["file", s(&short), s(&out), "--model", s(&assets())]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(hound::WavReader::open(&out).unwrap().duration(), 1920);
+}
+
+/// Issue #18 item 11: outputs get the mode `File::create` gives under the umask (quantize used
+/// to write 0600 whatever the umask).
+#[test]
+fn outputs_follow_the_umask() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let weights = assets().join("model.safetensors");
+    for (umask, mode) in [("022", 0o644), ("027", 0o640), ("002", 0o664)] {
+        let out = dir.path().join(format!("q8-{umask}.safetensors"));
+        let run = moshi_limited(
+            &format!("umask {umask}"),
+            &["quantize", s(&weights), s(&out), "--bits", "8"],
+        );
+        assert!(run.status.success(), "{}", stderr(&run));
+        let got = std::fs::metadata(&out).unwrap().permissions().mode() & 0o777;
+        assert_eq!(got, mode, "umask {umask}: mode {got:o}");
+    }
+}

@@ -9,7 +9,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::conditioning::{validate_conditioning, ConditionerConfig, FuserConfig};
-use crate::config_check::{parse_json, read_config_text, ConfigChecker};
+use crate::config_check::{config_from_file, config_from_json, ConfigChecker, ValidatedConfig};
 pub use crate::mimi_config::{
     ConvNorm, MimiConfig, MimiTransformerConfig, PadMode, QuantizerConfig, SeanetActivation,
     SeanetConfig, MIMI_V0_1_JSON,
@@ -249,15 +249,12 @@ impl LmConfig {
 
     /// Parses a config from JSON text and validates it; `origin` names the file in errors.
     pub fn from_json_str(text: &str, origin: &Path) -> Result<Self> {
-        let cfg: Self = parse_json(text, origin)?;
-        cfg.validate(origin)?;
-        Ok(cfg)
+        config_from_json(text, origin)
     }
 
     /// Reads (at most [`crate::MAX_CONFIG_BYTES`]) and validates a `config.json`.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
-        let path = path.as_ref();
-        Self::from_json_str(&read_config_text(path)?, path)
+        config_from_file(path.as_ref())
     }
 
     /// Checks every size against [`limits`] and every relation between keys the model relies
@@ -505,3 +502,9 @@ impl LmConfig {
 
 /// The 7B config shipped in the repo, embedded.
 pub const MOSHIKO_7B_JSON: &str = include_str!("../../../configs/moshiko-7b.json");
+
+impl ValidatedConfig for LmConfig {
+    fn check(&self, origin: &Path) -> Result<()> {
+        self.validate(origin)
+    }
+}

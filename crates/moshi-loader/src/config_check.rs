@@ -56,6 +56,23 @@ pub(crate) fn parse_json<T: DeserializeOwned>(text: &str, origin: &Path) -> Resu
     Ok(value)
 }
 
+/// A config read from JSON and validated once, at load.
+pub(crate) trait ValidatedConfig: DeserializeOwned {
+    fn check(&self, origin: &Path) -> Result<()>;
+}
+
+/// Parses `text` (JSON) and validates the result; `origin` names the file in errors.
+pub(crate) fn config_from_json<T: ValidatedConfig>(text: &str, origin: &Path) -> Result<T> {
+    let cfg: T = parse_json(text, origin)?;
+    cfg.check(origin)?;
+    Ok(cfg)
+}
+
+/// Reads (at most [`MAX_CONFIG_BYTES`]), parses and validates the config file `path`.
+pub(crate) fn config_from_file<T: ValidatedConfig>(path: &Path) -> Result<T> {
+    config_from_json(&read_config_text(path)?, path)
+}
+
 /// Range and consistency checks of one config file; errors name the file and the key.
 pub(crate) struct ConfigChecker {
     path: PathBuf,

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::limits::*;
 use crate::config::{Gating, NormKind, PositionalEmbedding};
-use crate::config_check::{parse_json, read_config_text, ConfigChecker};
+use crate::config_check::{config_from_file, config_from_json, ConfigChecker, ValidatedConfig};
 use crate::Result;
 
 /// The real Mimi config shipped in the repo, embedded.
@@ -123,15 +123,12 @@ impl MimiConfig {
 
     /// Parses and validates a config; `origin` names the file in errors.
     pub fn from_json_str(text: &str, origin: &Path) -> Result<Self> {
-        let cfg: Self = parse_json(text, origin)?;
-        cfg.validate(origin)?;
-        Ok(cfg)
+        config_from_json(text, origin)
     }
 
     /// Reads (at most [`crate::MAX_CONFIG_BYTES`]) and validates a `mimi_config.json`.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
-        let path = path.as_ref();
-        Self::from_json_str(&read_config_text(path)?, path)
+        config_from_file(path.as_ref())
     }
 
     /// The real Mimi (`tokenizer-e351c8d8-checkpoint125.safetensors`) config.
@@ -309,5 +306,11 @@ impl MimiConfig {
             MAX_KV_CACHE_BYTES,
         )?;
         Ok(())
+    }
+}
+
+impl ValidatedConfig for MimiConfig {
+    fn check(&self, origin: &Path) -> Result<()> {
+        self.validate(origin)
     }
 }

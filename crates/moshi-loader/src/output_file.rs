@@ -192,6 +192,12 @@ fn create_temp_beside(dest: &Path) -> std::io::Result<(PathBuf, File)> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "output".into());
+    if !folder.is_dir() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!("folder {} does not exist", folder.display()),
+        ));
+    }
     loop {
         let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
         let temp = folder.join(format!(".{name}.partial-{}-{n}", std::process::id()));

@@ -503,7 +503,7 @@ impl EngineState {
                 .counters
                 .engine_frames_processed
                 .fetch_add(1, Ordering::Release);
-            self.report.metrics.push(record.clone());
+            self.report.metrics.push(&record);
             // The receiver may be gone (nobody listening): not an error.
             let _ = self.events.send(EngineEvent::Frame {
                 record,
@@ -586,6 +586,80 @@ impl FrameProcessor for Disconnected {
     }
 }
 
+/// Runs frames through a processor one at a time with no rings (file mode), timing each and
+/// keeping the run's [`Metrics`] (bounded memory): the frame loop of [`run_offline`] and of
+/// streaming file processing.
+pub struct OfflineRunner {
+    started: Instant,
+    metrics: Metrics,
+}
+
+impl Default for OfflineRunner {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl OfflineRunner {
+    pub fn new() -> Self {
+        Self {
+            started: Instant::now(),
+            metrics: Metrics::default(),
+        }
+    }
+
+    /// Frames processed so far.
+    pub fn frames(&self) -> u64 {
+        self.metrics.frames()
+    }
+
+    /// Processes one 24 kHz frame; returns its timing record and the processor's output (whose
+    /// PCM is checked to be one frame).
+    pub fn process(
+        &mut self,
+        processor: &mut dyn FrameProcessor,
+        frame: &[f32],
+    ) -> Result<(FrameRecord, FrameOutput)> {
+        self.run(|| processor.process_frame(frame))
+    }
+
+    /// Times one processor call (a frame, or another step such as a translation model's
+    /// end-of-input step), checks its output is one frame and records it.
+    pub fn run(
+        &mut self,
+        call: impl FnOnce() -> Result<FrameOutput>,
+    ) -> Result<(FrameRecord, FrameOutput)> {
+        let index = self.metrics.frames();
+        let t0 = Instant::now();
+        let o = call()?;
+        let total_ms = t0.elapsed().as_secs_f64() * 1e3;
+        if o.pcm.len() != FRAME_SAMPLES {
+            return Err(RuntimeError::FrameSize {
+                expected: FRAME_SAMPLES,
+                got: o.pcm.len(),
+            });
+        }
+        let record = FrameRecord {
+            event: "frame",
+            frame: index,
+            t_ms: self.started.elapsed().as_secs_f64() * 1e3,
+            total_ms,
+            stages: o.timings,
+            ..Default::default()
+        };
+        self.metrics.push(&record);
+        Ok((record, o))
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    pub fn into_metrics(self) -> Metrics {
+        self.metrics
+    }
+}
+
 /// Runs `processor` over a whole 24 kHz mono signal, frame by frame, with no rings (file mode).
 /// Only whole frames are processed (T = len / 1920 frames in, T frames out). `on_frame` sees
 /// every frame's output as it is produced.
@@ -596,42 +670,11 @@ pub fn run_offline(
 ) -> Result<(Vec<f32>, Metrics)> {
     let frames = pcm.len() / FRAME_SAMPLES;
     let mut out = Vec::with_capacity(frames * FRAME_SAMPLES);
-    let mut metrics = Metrics::default();
-    let started = Instant::now();
+    let mut runner = OfflineRunner::new();
     for (i, frame) in pcm.chunks_exact(FRAME_SAMPLES).enumerate() {
-        let o = timed_frame(&mut metrics, started, i as u64, || {
-            processor.process_frame(frame)
-        })?;
+        let (_, o) = runner.process(processor, frame)?;
         out.extend_from_slice(&o.pcm);
         on_frame(i as u64, &o);
     }
-    Ok((out, metrics))
-}
-
-/// Times one processor call of an offline run, checks its output size and records it in
-/// `metrics` as frame `frame` (`started`: when the run began).
-pub(crate) fn timed_frame(
-    metrics: &mut Metrics,
-    started: Instant,
-    frame: u64,
-    call: impl FnOnce() -> Result<FrameOutput>,
-) -> Result<FrameOutput> {
-    let t0 = Instant::now();
-    let o = call()?;
-    let total_ms = t0.elapsed().as_secs_f64() * 1e3;
-    if o.pcm.len() != FRAME_SAMPLES {
-        return Err(RuntimeError::FrameSize {
-            expected: FRAME_SAMPLES,
-            got: o.pcm.len(),
-        });
-    }
-    metrics.push(FrameRecord {
-        event: "frame",
-        frame,
-        t_ms: started.elapsed().as_secs_f64() * 1e3,
-        total_ms,
-        stages: o.timings,
-        ..Default::default()
-    });
-    Ok(o)
+    Ok((out, runner.into_metrics()))
 }

@@ -18,6 +18,11 @@ pub enum RuntimeError {
     NotWav { path: PathBuf, cause: hound::Error },
     #[error("{path}: unsupported WAV format: {detail}")]
     UnsupportedWav { path: PathBuf, detail: String },
+    #[error("{path} ends before the {announced_samples} samples its header announces")]
+    TruncatedWav {
+        path: PathBuf,
+        announced_samples: u64,
+    },
     #[error("{path} contains no audio samples")]
     EmptyWav { path: PathBuf },
     #[error("{path} is too short: {got_samples} samples at 24 kHz after resampling, need at least one {need_samples}-sample frame (80 ms)")]

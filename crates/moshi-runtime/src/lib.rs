@@ -18,6 +18,7 @@ pub mod resample;
 pub mod ring;
 pub mod translate;
 pub mod wav;
+pub mod wav_frames;
 
 pub use error::RuntimeError;
 

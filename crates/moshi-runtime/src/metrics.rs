@@ -1,13 +1,16 @@
-//! Per-frame timing records, percentile summaries and the real-time factor, serialisable as
-//! JSON Lines (`--profile FILE`). One record per processed model frame; the summary splits the
-//! time by stage (Mimi encode, temporal LM, depformer, sampling, Mimi decode).
+//! Per-frame timing records, percentile summaries and the real-time factor. A run's [`Metrics`]
+//! take bounded memory whatever its length (an hour-long conversation included): exact count,
+//! mean, min and max, percentiles from fine log-spaced histograms. Records go to a
+//! [`ProfileWriter`] (JSON Lines, `--profile FILE`) as they are made. The summary splits the time
+//! by stage (Mimi encode, temporal LM, depformer, sampling, Mimi decode).
 
-use std::io::Write;
+use std::collections::BTreeMap;
 use std::path::Path;
 
+use moshi_loader::output_file::OutputFile;
 use serde::Serialize;
 
-use crate::{Result, RuntimeError, FRAME_MS};
+use crate::{Result, FRAME_MS};
 
 /// Time spent in each stage of one frame, milliseconds. Stages a processor does not have stay 0.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
@@ -93,58 +96,146 @@ pub struct RunSummary {
     pub real_time_factor: f64,
 }
 
-/// Accumulates [`FrameRecord`]s.
+/// Width of a histogram bin: values within 0.1 % of each other share a bin.
+const BIN_RATIO: f64 = 1.001;
+
+/// Statistics of one quantity over a run in bounded memory: exact count, mean, min and max;
+/// percentiles from a histogram of bins [`BIN_RATIO`] wide (at most a few thousand bins over
+/// any plausible range), so a percentile is within 0.1 % of the exact nearest-rank value.
+#[derive(Debug, Clone, Default)]
+pub struct LatencyStats {
+    count: u64,
+    sum: f64,
+    min: f64,
+    max: f64,
+    /// Bin index (log base [`BIN_RATIO`]; `i32::MIN` for values <= 0) -> count.
+    bins: BTreeMap<i32, u64>,
+}
+
+impl LatencyStats {
+    fn bin_of(v: f64) -> i32 {
+        if v > 0.0 && v.is_finite() {
+            (v.ln() / BIN_RATIO.ln()).floor() as i32
+        } else {
+            i32::MIN
+        }
+    }
+
+    /// Adds one value (non-finite values count as 0).
+    pub fn push(&mut self, v: f64) {
+        let v = if v.is_finite() { v } else { 0.0 };
+        if self.count == 0 {
+            (self.min, self.max) = (v, v);
+        } else {
+            self.min = self.min.min(v);
+            self.max = self.max.max(v);
+        }
+        self.count += 1;
+        self.sum += v;
+        *self.bins.entry(Self::bin_of(v)).or_insert(0) += 1;
+    }
+
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// Nearest-rank percentiles (each within 0.1 % of the exact value), exact min, max, mean.
+    pub fn percentiles(&self) -> Percentiles {
+        if self.count == 0 {
+            return Percentiles::default();
+        }
+        let rank = |p: f64| {
+            let want = ((p / 100.0 * self.count as f64).ceil() as u64).clamp(1, self.count);
+            let mut seen = 0;
+            for (&bin, &n) in &self.bins {
+                seen += n;
+                if seen >= want {
+                    if bin == i32::MIN {
+                        return self.min.min(0.0).max(self.min);
+                    }
+                    let center = ((bin as f64 + 0.5) * BIN_RATIO.ln()).exp();
+                    return center.clamp(self.min, self.max);
+                }
+            }
+            self.max
+        };
+        Percentiles {
+            min: self.min,
+            p50: rank(50.0),
+            p95: rank(95.0),
+            p99: rank(99.0),
+            max: self.max,
+            mean: self.sum / self.count as f64,
+        }
+    }
+}
+
+/// A run's frame timings: the whole frame and each stage, in bounded memory.
 #[derive(Debug, Default, Clone)]
 pub struct Metrics {
-    pub records: Vec<FrameRecord>,
+    total: LatencyStats,
+    stages: [LatencyStats; 5],
 }
 
 impl Metrics {
-    pub fn push(&mut self, record: FrameRecord) {
-        self.records.push(record);
+    pub fn push(&mut self, record: &FrameRecord) {
+        self.total.push(record.total_ms);
+        for (stats, (_, v)) in self.stages.iter_mut().zip(record.stages.stages()) {
+            stats.push(v);
+        }
+    }
+
+    /// Frames recorded.
+    pub fn frames(&self) -> u64 {
+        self.total.count()
     }
 
     /// Percentiles of every stage and of the whole frame, and the real-time factor.
     pub fn summary(&self) -> RunSummary {
-        let totals: Vec<f64> = self.records.iter().map(|r| r.total_ms).collect();
-        let total_ms = Percentiles::of(&totals);
+        let total_ms = self.total.percentiles();
         let names = StageTimings::default().stages().map(|(n, _)| n);
         let stages = names
             .iter()
-            .enumerate()
-            .map(|(i, name)| {
-                let v: Vec<f64> = self
-                    .records
-                    .iter()
-                    .map(|r| r.stages.stages()[i].1)
-                    .collect();
-                (name.to_string(), Percentiles::of(&v))
-            })
+            .zip(&self.stages)
+            .map(|(name, stats)| (name.to_string(), stats.percentiles()))
             .collect();
         RunSummary {
-            frames: self.records.len() as u64,
+            frames: self.frames(),
             total_ms,
             stages,
             real_time_factor: total_ms.mean / FRAME_MS,
         }
     }
+}
 
-    /// Writes every record as one JSON object per line, then a final `{"event":"summary",...}`.
-    pub fn write_jsonl(&self, path: &Path) -> Result<()> {
-        let err = |cause| RuntimeError::Write {
-            path: path.to_path_buf(),
-            cause,
-        };
-        let file = std::fs::File::create(path).map_err(err)?;
-        let mut w = std::io::BufWriter::new(file);
-        for r in &self.records {
-            serde_json::to_writer(&mut w, r).map_err(|e| err(e.into()))?;
-            w.write_all(b"\n").map_err(err)?;
-        }
-        let summary = serde_json::json!({ "event": "summary", "summary": self.summary() });
-        serde_json::to_writer(&mut w, &summary).map_err(|e| err(e.into()))?;
-        w.write_all(b"\n").map_err(err)?;
-        w.flush().map_err(err)
+/// `--profile FILE`: one JSON object per frame as it is processed, then `{"event": "summary",
+/// ...}`; written through `moshi_loader::output_file` (complete or absent).
+pub struct ProfileWriter {
+    out: OutputFile,
+}
+
+impl ProfileWriter {
+    pub fn create(path: &Path) -> Result<Self> {
+        Ok(Self {
+            out: OutputFile::create(path)?,
+        })
+    }
+
+    fn line(&mut self, value: &impl Serialize) -> Result<()> {
+        let mut line = serde_json::to_vec(value).expect("records serialise");
+        line.push(b'\n');
+        Ok(self.out.write_bytes(&line)?)
+    }
+
+    /// Appends one frame's record.
+    pub fn write(&mut self, record: &FrameRecord) -> Result<()> {
+        self.line(record)
+    }
+
+    /// Appends the summary line and commits the file.
+    pub fn finish(mut self, summary: &RunSummary) -> Result<()> {
+        self.line(&serde_json::json!({ "event": "summary", "summary": summary }))?;
+        Ok(self.out.commit()?)
     }
 }
 
@@ -190,22 +281,51 @@ mod tests {
         assert_eq!((p.min, p.p50, p.p99, p.max), (3.0, 3.0, 3.0, 3.0));
     }
 
+    /// The histogram percentiles stay within 0.1 % of the exact nearest-rank ones, min, max and
+    /// mean exact; memory is bounded by the bins, not the values.
+    #[test]
+    fn bounded_percentiles_match_exact_ones() {
+        let values: Vec<f64> = (0..100_000)
+            .map(|i| 20.0 + 15.0 * ((i as f64) * 0.37).sin().abs() + (i % 7) as f64 * 0.01)
+            .collect();
+        let mut stats = LatencyStats::default();
+        values.iter().for_each(|&v| stats.push(v));
+        let (got, exact) = (stats.percentiles(), Percentiles::of(&values));
+        assert_eq!((got.min, got.max), (exact.min, exact.max));
+        assert!((got.mean - exact.mean).abs() < 1e-9 * exact.mean);
+        for (g, e) in [
+            (got.p50, exact.p50),
+            (got.p95, exact.p95),
+            (got.p99, exact.p99),
+        ] {
+            assert!((g - e).abs() <= 1e-3 * e, "{g} vs {e}");
+        }
+        assert!(stats.bins.len() < 1000, "{} bins", stats.bins.len());
+        let mut zeros = LatencyStats::default();
+        zeros.push(0.0);
+        zeros.push(0.0);
+        assert_eq!(zeros.percentiles().p50, 0.0);
+    }
+
     #[test]
     fn summary_and_jsonl() {
         let mut m = Metrics::default();
+        let mut records = Vec::new();
         for i in 0..4 {
             let stages = StageTimings {
                 mimi_encode_ms: 1.0,
                 lm_temporal_ms: 2.0 * i as f64,
                 ..Default::default()
             };
-            m.push(FrameRecord {
+            let record = FrameRecord {
                 event: "frame",
                 frame: i,
                 total_ms: 40.0,
                 stages,
                 ..Default::default()
-            });
+            };
+            m.push(&record);
+            records.push(record);
         }
         let s = m.summary();
         assert_eq!(s.frames, 4);
@@ -214,7 +334,11 @@ mod tests {
         assert!(s.to_table().contains("real-time factor 0.500"));
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("p.jsonl");
-        m.write_jsonl(&path).unwrap();
+        let mut w = ProfileWriter::create(&path).unwrap();
+        for r in &records {
+            w.write(r).unwrap();
+        }
+        w.finish(&s).unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
         let lines: Vec<serde_json::Value> = text
             .lines()

@@ -166,6 +166,11 @@ impl MoshiPipeline {
         self.frames_in = 0;
     }
 
+    /// Bytes held by the LM's temporal KV caches (bounded by the attention window).
+    pub fn kv_cache_bytes(&self) -> usize {
+        self.generator.model().kv_cache_bytes()
+    }
+
     /// Text still held back by the incremental decoder (call at the end of a stream).
     pub fn finish_text(&mut self) -> String {
         self.text.finish()

@@ -26,28 +26,111 @@ fn resample_error(from_hz: u32, to_hz: u32, e: impl std::fmt::Display) -> Runtim
 /// Resamples a whole mono signal from `from_hz` to `to_hz`. Same rate: returns a copy.
 ///
 /// Output length = ceil(len / FILE_CHUNK_IN) whole output chunks (sphn's convention: the tail
-/// of the last zero-padded chunk is kept, the resampler delay is not trimmed).
+/// of the last zero-padded chunk is kept, the resampler delay is not trimmed): see
+/// [`resampled_len`].
 pub fn resample_to(samples: &[f32], from_hz: u32, to_hz: u32) -> Result<Vec<f32>> {
-    if from_hz == to_hz {
-        return Ok(samples.to_vec());
-    }
-    let mut resampler =
-        FftFixedIn::<f32>::new(from_hz as usize, to_hz as usize, FILE_CHUNK_IN, 1, 1)
-            .map_err(|e| resample_error(from_hz, to_hz, e))?;
-    let mut out = Vec::with_capacity(
-        samples.len() * to_hz as usize / from_hz as usize + 2 * resampler.output_frames_max(),
-    );
-    let mut chunk_out = resampler.output_buffer_allocate(true);
-    let mut padded = vec![vec![0f32; FILE_CHUNK_IN]];
-    for chunk in samples.chunks(FILE_CHUNK_IN) {
-        padded[0][..chunk.len()].copy_from_slice(chunk);
-        padded[0][chunk.len()..].fill(0.0);
-        let (_, produced) = resampler
-            .process_into_buffer(&padded, &mut chunk_out, None)
-            .map_err(|e| resample_error(from_hz, to_hz, e))?;
-        out.extend_from_slice(&chunk_out[0][..produced]);
-    }
+    let mut resampler = FileResampler::new(from_hz, to_hz)?;
+    let mut out = Vec::with_capacity(resampled_len(samples.len(), from_hz, to_hz));
+    resampler.push(samples, &mut out)?;
+    resampler.finish(&mut out)?;
     Ok(out)
+}
+
+/// Length of [`resample_to`]'s output for `len` input samples, without resampling: whole
+/// zero-padded input chunks of [`FILE_CHUNK_IN`], each FFT block of the resampler giving its
+/// fixed output block (rubato's `FftFixedIn` arithmetic; checked against `resample_to` by the
+/// tests).
+pub fn resampled_len(len: usize, from_hz: u32, to_hz: u32) -> usize {
+    if from_hz == to_hz || from_hz == 0 || to_hz == 0 {
+        return len;
+    }
+    let (from, to) = (from_hz as usize, to_hz as usize);
+    let gcd = gcd(from, to);
+    let min_chunk_in = from / gcd;
+    let fft_chunks = FILE_CHUNK_IN.div_ceil(min_chunk_in);
+    let (fft_in, fft_out) = (fft_chunks * from / gcd, fft_chunks * to / gcd);
+    let input = len.div_ceil(FILE_CHUNK_IN) * FILE_CHUNK_IN;
+    input / fft_in * fft_out
+}
+
+fn gcd(mut a: usize, mut b: usize) -> usize {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+/// The whole-file resampler fed a piece at a time: the same output as [`resample_to`] on the
+/// concatenated input, produced as the input arrives (chunks of [`FILE_CHUNK_IN`]).
+pub struct FileResampler {
+    inner: Option<FftFixedIn<f32>>,
+    from_hz: u32,
+    to_hz: u32,
+    chunk: Vec<Vec<f32>>,
+    filled: usize,
+    chunk_out: Vec<Vec<f32>>,
+}
+
+impl FileResampler {
+    pub fn new(from_hz: u32, to_hz: u32) -> Result<Self> {
+        let inner = if from_hz == to_hz {
+            None
+        } else {
+            Some(
+                FftFixedIn::<f32>::new(from_hz as usize, to_hz as usize, FILE_CHUNK_IN, 1, 1)
+                    .map_err(|e| resample_error(from_hz, to_hz, e))?,
+            )
+        };
+        let chunk_out = inner
+            .as_ref()
+            .map_or_else(Vec::new, |r| r.output_buffer_allocate(true));
+        Ok(Self {
+            inner,
+            from_hz,
+            to_hz,
+            chunk: vec![vec![0f32; FILE_CHUNK_IN]],
+            filled: 0,
+            chunk_out,
+        })
+    }
+
+    /// Feeds `input`; appends the output of every completed chunk to `out`.
+    pub fn push(&mut self, mut input: &[f32], out: &mut Vec<f32>) -> Result<()> {
+        if self.inner.is_none() {
+            out.extend_from_slice(input);
+            return Ok(());
+        }
+        while !input.is_empty() {
+            let take = (FILE_CHUNK_IN - self.filled).min(input.len());
+            self.chunk[0][self.filled..self.filled + take].copy_from_slice(&input[..take]);
+            self.filled += take;
+            input = &input[take..];
+            if self.filled == FILE_CHUNK_IN {
+                self.process(out)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends the input: a partial last chunk is zero-padded and resampled.
+    pub fn finish(&mut self, out: &mut Vec<f32>) -> Result<()> {
+        if self.inner.is_some() && self.filled > 0 {
+            self.chunk[0][self.filled..].fill(0.0);
+            self.process(out)?;
+        }
+        Ok(())
+    }
+
+    fn process(&mut self, out: &mut Vec<f32>) -> Result<()> {
+        let (from_hz, to_hz) = (self.from_hz, self.to_hz);
+        let resampler = self.inner.as_mut().expect("only called when resampling");
+        let (_, produced) = resampler
+            .process_into_buffer(&self.chunk, &mut self.chunk_out, None)
+            .map_err(|e| resample_error(from_hz, to_hz, e))?;
+        out.extend_from_slice(&self.chunk_out[0][..produced]);
+        self.filled = 0;
+        Ok(())
+    }
 }
 
 /// A streaming mono resampler with fixed internal buffers, usable on the engine thread.
@@ -172,6 +255,24 @@ mod tests {
     /// rounding: sphn uses the same FftFixedIn with 1024-sample chunks). A different rubato
     /// resampler (sinc, other chunking or trimmed delay) lands far below this floor.
     const MIN_SNR_DB_VS_SPHN: f64 = 120.0;
+
+    /// `resampled_len` predicts `resample_to`'s output length for every rate and length.
+    #[test]
+    fn resampled_len_is_exact() {
+        for from in [
+            8_000u32, 11_025, 16_000, 22_050, 24_000, 32_000, 44_100, 48_000, 96_000,
+        ] {
+            for len in [1usize, 100, 1023, 1024, 1025, 5000, 48_001] {
+                let signal: Vec<f32> = (0..len).map(|i| (i as f32 * 0.01).sin()).collect();
+                let got = resample_to(&signal, from, 24_000).unwrap().len();
+                assert_eq!(
+                    resampled_len(len, from, 24_000),
+                    got,
+                    "{from} Hz, {len} samples"
+                );
+            }
+        }
+    }
 
     #[test]
     fn input_16k_matches_sphn_reference() {

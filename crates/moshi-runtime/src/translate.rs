@@ -4,10 +4,8 @@
 //! its text with EOS, at most `max_tail_frames` silence frames. The output is every frame the
 //! model returns (none while its delays fill), up to and including the EOS frame.
 
-use std::time::Instant;
-
-use crate::engine::{timed_frame, FrameOutput, FrameProcessor};
-use crate::metrics::Metrics;
+use crate::engine::{FrameOutput, FrameProcessor, OfflineRunner};
+use crate::metrics::{FrameRecord, Metrics};
 use crate::pipeline::MoshiPipeline;
 use crate::{Result, FRAME_SAMPLES};
 
@@ -35,19 +33,20 @@ pub struct Translation {
 /// Translates a whole 24 kHz mono signal (whole frames only). The translation ends when the
 /// model returns `end_text_id` after the end of the input (normally
 /// [`MoshiPipeline::eos_text_id`]; `None`: after `max_tail_frames`). `on_frame(i, output)` sees
-/// each returned frame as it is produced, `i` counting returned frames.
+/// each returned frame as it is produced, `i` counting returned frames; `on_record` the timing
+/// record of every model call (`--profile`).
 pub fn translate_offline(
     pipeline: &mut MoshiPipeline,
     pcm: &[f32],
     end_text_id: Option<u32>,
     max_tail_frames: usize,
     mut on_frame: impl FnMut(u64, &FrameOutput),
+    mut on_record: impl FnMut(&FrameRecord),
 ) -> Result<Translation> {
     let eos = end_text_id;
     let mut out = Vec::with_capacity(pcm.len() + max_tail_frames * FRAME_SAMPLES);
-    let mut metrics = Metrics::default();
-    let started = Instant::now();
-    let (mut calls, mut frames_out) = (0u64, 0u64);
+    let mut runner = OfflineRunner::new();
+    let mut frames_out = 0u64;
     // Keeps a returned frame; true when it is EOS (only after the end of the input counts).
     let mut keep = |o: FrameOutput, after_input: bool| {
         let Some(tokens) = &o.tokens else {
@@ -59,24 +58,18 @@ pub fn translate_offline(
         after_input && Some(tokens.text) == eos
     };
     for frame in pcm.chunks_exact(FRAME_SAMPLES) {
-        let o = timed_frame(&mut metrics, started, calls, || {
-            pipeline.process_frame(frame)
-        })?;
-        calls += 1;
+        let (record, o) = runner.run(|| pipeline.process_frame(frame))?;
+        on_record(&record);
         keep(o, false);
     }
-    let o = timed_frame(&mut metrics, started, calls, || {
-        pipeline.process_end_of_input()
-    })?;
-    calls += 1;
+    let (record, o) = runner.run(|| pipeline.process_end_of_input())?;
+    on_record(&record);
     let mut ended = keep(o, true);
     let silence = vec![0f32; FRAME_SAMPLES];
     let mut tail_frames = 0;
     while !ended && tail_frames < max_tail_frames {
-        let o = timed_frame(&mut metrics, started, calls, || {
-            pipeline.process_frame(&silence)
-        })?;
-        calls += 1;
+        let (record, o) = runner.run(|| pipeline.process_frame(&silence))?;
+        on_record(&record);
         tail_frames += 1;
         ended = keep(o, true);
     }
@@ -87,7 +80,7 @@ pub fn translate_offline(
     };
     Ok(Translation {
         pcm: out,
-        metrics,
+        metrics: runner.into_metrics(),
         frames_out,
         end,
     })

@@ -9,7 +9,7 @@
 //! samples are `trunc(clamp(x, -1, 1) * 32767)`, as `sphn.write_wav` writes them.
 
 use std::fs::File;
-use std::io::BufReader;
+use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 
 use moshi_loader::input_file::{check_input_file, InputKind};
@@ -42,10 +42,13 @@ enum SampleKind {
     Int(f64),
 }
 
+/// What a [`MonoReader`] reads from: a file, or any byte stream.
+type Source = BufReader<Box<dyn Read + Send>>;
+
 /// A WAV file opened for reading as mono f32, a chunk at a time.
 pub struct MonoReader {
     path: PathBuf,
-    reader: hound::WavReader<BufReader<File>>,
+    reader: hound::WavReader<Source>,
     kind: SampleKind,
     channels: usize,
     sample_rate_hz: u32,
@@ -67,8 +70,14 @@ impl MonoReader {
             path: path.to_path_buf(),
             cause,
         })?;
+        Self::from_reader(file, path)
+    }
+
+    /// Reads a WAV from any byte stream; `path` names it in errors.
+    pub fn from_reader(source: impl Read + Send + 'static, path: &Path) -> Result<Self> {
+        let boxed: Box<dyn Read + Send> = Box::new(source);
         let reader =
-            hound::WavReader::new(BufReader::new(file)).map_err(|cause| RuntimeError::NotWav {
+            hound::WavReader::new(BufReader::new(boxed)).map_err(|cause| RuntimeError::NotWav {
                 path: path.to_path_buf(),
                 cause,
             })?;

@@ -10,6 +10,7 @@ use moshi_runtime::backend::{start_session, AudioBackend, RingSizes};
 use moshi_runtime::engine::{
     run_offline, DropPolicy, EngineEvent, FrameOutput, FrameProcessor, StreamFormat,
 };
+use moshi_runtime::metrics::FrameRecord;
 use moshi_runtime::{wav, FRAME_SAMPLES};
 
 /// Test double: a stateful echo (output = 0.5 * input delayed by `delay` samples), plus a text
@@ -60,6 +61,14 @@ fn input_wav() -> Vec<f32> {
     wav::read_mono(&p).unwrap().samples
 }
 
+/// The frame records among `events`.
+fn frame_records(events: &[EngineEvent]) -> impl Iterator<Item = &FrameRecord> {
+    events.iter().filter_map(|e| match e {
+        EngineEvent::Frame { record, .. } => Some(record),
+        _ => None,
+    })
+}
+
 fn run_to_end(
     backend: &mut dyn AudioBackend,
     session: moshi_runtime::backend::Session,
@@ -94,7 +103,7 @@ fn lockstep_output_equals_offline_output_and_frames_add_up() {
     let (offline, offline_metrics) =
         run_offline(&mut Echo::new(700, Duration::ZERO), &input, |_, _| {}).unwrap();
     assert_eq!(offline.len(), frames * FRAME_SAMPLES);
-    assert_eq!(offline_metrics.records.len(), frames);
+    assert_eq!(offline_metrics.frames(), frames as u64);
 
     let mut backend =
         NullBackend::new(NullConfig::moshi(NullClock::Lockstep), input.clone()).unwrap();
@@ -180,10 +189,7 @@ fn slow_processor_drops_frames_keeps_backlog_bounded_and_accounts_for_every_fram
         report.frames_processed,
         report.frames_dropped,
         report.wall_s,
-        report
-            .metrics
-            .records
-            .iter()
+        frame_records(&events)
             .map(|r| r.mic_backlog_ms as i64)
             .collect::<Vec<_>>()
     );
@@ -207,7 +213,8 @@ fn slow_processor_drops_frames_keeps_backlog_bounded_and_accounts_for_every_fram
     assert_eq!(dropped_events, report.frames_dropped);
     // Backlog behind a frame when it is taken: at most max_backlog frames + one callback.
     let bound_ms = (max_backlog_frames as f64 + 1.0) * 80.0 + 20.0;
-    for r in &report.metrics.records {
+    assert_eq!(report.metrics.frames(), report.frames_processed);
+    for r in frame_records(&events) {
         assert!(
             r.mic_backlog_ms <= bound_ms,
             "frame {}: backlog {} ms > {bound_ms} ms",
@@ -243,6 +250,8 @@ fn device_formats_48k_stereo_round_trip_through_the_engine() {
         input_format: fmt,
         output_format: fmt,
         tail_ms: 500.0,
+        input_loops: 1,
+        keep_played: true,
     };
     let mut backend = NullBackend::new(config, stereo).unwrap();
     let session = start_session(
@@ -371,6 +380,8 @@ fn a_lost_device_is_replaced_and_the_conversation_goes_on() {
         input_format: fmt,
         output_format: fmt,
         tail_ms: 500.0,
+        input_loops: 1,
+        keep_played: true,
     };
     let mut second = NullBackend::new(config, stereo).unwrap();
     moshi_runtime::backend::reconnect_session(&session, &mut second, RingSizes::default()).unwrap();

@@ -81,18 +81,24 @@ fn live_engine_with_tiny_model_equals_file_mode() {
     assert_eq!(report.recorded_output, file_out);
     let mut live_tokens = Vec::new();
     let mut live_texts = Vec::new();
+    let mut records = Vec::new();
     for e in events {
-        if let EngineEvent::Frame { tokens, text, .. } = e {
+        if let EngineEvent::Frame {
+            tokens,
+            text,
+            record,
+        } = e
+        {
             live_tokens.push(tokens.unwrap());
             live_texts.extend(text);
+            records.push(record);
         }
     }
     assert_eq!(live_tokens, file_tokens);
     assert_eq!(live_texts, file_texts);
     // Every frame carries stage timings.
-    assert!(report
-        .metrics
-        .records
+    assert_eq!(records.len() as u64, report.metrics.frames());
+    assert!(records
         .iter()
         .all(|r| r.stages.mimi_encode_ms > 0.0 && r.stages.lm_temporal_ms > 0.0));
 }

@@ -47,11 +47,23 @@ fn reference_text() -> Vec<u32> {
 fn translate(end_text_id: Option<u32>, max_tail_frames: usize) -> (Vec<u32>, TranslationEnd) {
     let mut p = pipeline(3.0);
     let mut text = Vec::new();
-    let t = translate_offline(&mut p, &input(), end_text_id, max_tail_frames, |i, o| {
-        assert_eq!(i as usize, text.len());
-        text.push(o.tokens.as_ref().unwrap().text);
-    })
+    let mut calls = 0u64;
+    let t = translate_offline(
+        &mut p,
+        &input(),
+        end_text_id,
+        max_tail_frames,
+        |i, o| {
+            assert_eq!(i as usize, text.len());
+            text.push(o.tokens.as_ref().unwrap().text);
+        },
+        |record| {
+            assert_eq!(record.frame, calls);
+            calls += 1;
+        },
+    )
     .unwrap();
+    assert_eq!(t.metrics.frames(), calls);
     assert_eq!(t.frames_out as usize, text.len());
     assert_eq!(t.pcm.len(), text.len() * FRAME_SAMPLES);
     (text, t.end)

@@ -31,6 +31,9 @@ use moshi_runtime::pipeline::{
     MoshiPipeline, FIRST_FRAME_LM_STEPS, TRANSLATION_CONDITIONS, TRANSLATION_NEGATIVE_CONDITIONS,
 };
 use moshi_runtime::FRAME_MS;
+use std::sync::{Arc, Mutex};
+
+use moshi_loader::output_file::{check_output_path, write_output, OutputFile};
 
 use super::memory_budget::ensure_fits;
 use tracing_subscriber::layer::SubscriberExt;
@@ -198,12 +201,17 @@ pub fn run(args: BenchArgs, log_filter: &str) -> Result<()> {
     // Our own subscriber for this command: the per-layer span timer, the optional Chrome trace,
     // and the usual stderr log filtered by --log.
     let (timer, totals) = SpanTimerLayer::new(&[TEMPORAL_LAYER_SPAN]);
-    let (chrome, _flush_guard) = match &args.trace {
-        Some(path) => {
-            let file = std::fs::File::create(path)
-                .with_context(|| format!("cannot create trace file {}", path.display()))?;
+    if let Some(path) = &args.json {
+        check_output_path(path).context("--json")?;
+    }
+    let trace = match &args.trace {
+        Some(path) => Some(TraceSink::create(path).context("--trace")?),
+        None => None,
+    };
+    let (chrome, flush_guard) = match &trace {
+        Some(sink) => {
             let (layer, guard) = tracing_chrome::ChromeLayerBuilder::new()
-                .writer(file)
+                .writer(sink.clone())
                 .include_args(true)
                 .build();
             (Some(layer), Some(guard))
@@ -220,7 +228,80 @@ pub fn run(args: BenchArgs, log_filter: &str) -> Result<()> {
         .with(timer)
         .with(chrome)
         .with(stderr_log);
-    tracing::subscriber::with_default(subscriber, || bench(&args, threads, &totals))
+    let result = tracing::subscriber::with_default(subscriber, || bench(&args, threads, &totals));
+    // Dropping the guard flushes the trace and ends tracing-chrome's writer thread.
+    drop(flush_guard);
+    result?;
+    if let (Some(sink), Some(path)) = (trace, &args.trace) {
+        sink.finish().context("--trace")?;
+        eprintln!(
+            "Chrome trace written to {} (open in chrome://tracing or ui.perfetto.dev)",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+/// The `--trace` file as tracing-chrome's writer. tracing-chrome writes from its own thread and
+/// panics on a write error, so none reaches it: the first error is kept, later writes are
+/// dropped, and [`TraceSink::finish`] reports it (the trace is then not committed: no partial
+/// file is left).
+#[derive(Clone)]
+struct TraceSink {
+    state: Arc<Mutex<TraceState>>,
+}
+
+struct TraceState {
+    out: Option<OutputFile>,
+    error: Option<std::io::Error>,
+}
+
+impl TraceSink {
+    fn create(path: &Path) -> Result<Self> {
+        Ok(Self {
+            state: Arc::new(Mutex::new(TraceState {
+                out: Some(OutputFile::create(path)?),
+                error: None,
+            })),
+        })
+    }
+
+    fn finish(self) -> Result<()> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let out = state.out.take().context("the trace was already finished")?;
+        if let Some(e) = state.error.take() {
+            return Err(moshi_loader::LoaderError::Write {
+                path: out.path().to_path_buf(),
+                cause: e,
+            }
+            .into());
+        }
+        Ok(out.commit()?)
+    }
+}
+
+impl std::io::Write for TraceSink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if state.error.is_none() {
+            if let Some(out) = state.out.as_mut() {
+                if let Err(e) = out.write_all(buf) {
+                    state.error = Some(e);
+                }
+            }
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if state.error.is_none() {
+            if let Some(Err(e)) = state.out.as_mut().map(|o| o.flush()) {
+                state.error = Some(e);
+            }
+        }
+        Ok(())
+    }
 }
 
 /// One memory read-bandwidth probe of `buffer_mib` MiB with `threads` threads, GB/s.
@@ -498,15 +579,8 @@ fn bench(args: &BenchArgs, threads: usize, totals: &SpanTotals) -> Result<()> {
     print!("{}", report.to_text());
     if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(&report).context("cannot serialise the report")?;
-        std::fs::write(path, text + "\n")
-            .with_context(|| format!("cannot write {}", path.display()))?;
+        write_output(path, (text + "\n").as_bytes()).context("--json")?;
         eprintln!("report written to {}", path.display());
-    }
-    if let Some(path) = &args.trace {
-        eprintln!(
-            "Chrome trace written to {} (open in chrome://tracing or ui.perfetto.dev)",
-            path.display()
-        );
     }
     Ok(())
 }

@@ -13,10 +13,11 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use moshi_loader::output_file::write_output;
 use moshi_runtime::backend::cpal::{CpalBackend, CpalOptions, DEFAULT_BUFFER_MS};
 use moshi_runtime::backend::{reconnect_session, start_session, AudioBackend, RingSizes, Session};
 use moshi_runtime::engine::{DropPolicy, EngineEvent, EngineReport};
-use moshi_runtime::metrics::{FrameRecord, Metrics, Percentiles};
+use moshi_runtime::metrics::{FrameRecord, LatencyStats, Percentiles, ProfileWriter, RunSummary};
 use moshi_runtime::ring::{AudioCounters, CounterSnapshot};
 use moshi_runtime::{wav, SAMPLE_RATE_HZ};
 
@@ -88,6 +89,37 @@ fn added_latency_ms(r: &FrameRecord, c: &CounterSnapshot) -> f64 {
         + c.output_device_latency_us as f64 / 1e3
 }
 
+/// `--profile`: records written as frames come; a write error stops the writing (not the
+/// conversation) and is reported at the end.
+struct Profile {
+    writer: Option<ProfileWriter>,
+    error: Option<moshi_runtime::RuntimeError>,
+}
+
+impl Profile {
+    fn write(&mut self, record: &FrameRecord) {
+        if let Some(w) = self.writer.as_mut() {
+            if let Err(e) = w.write(record) {
+                self.error = Some(e);
+                self.writer = None;
+            }
+        }
+    }
+
+    fn finish(self, summary: &RunSummary) -> anyhow::Result<()> {
+        if let Some(e) = self.error {
+            return Err(anyhow::Error::new(e).context("--profile"));
+        }
+        if let Some(w) = self.writer {
+            w.finish(summary).context("--profile")?;
+        }
+        Ok(())
+    }
+}
+
+/// Frames the status line's real-time factor averages.
+const RECENT_FRAMES: usize = 25;
+
 struct Console {
     tty: bool,
     line: String,
@@ -95,7 +127,9 @@ struct Console {
     last_error_report: Instant,
     errors_reported: u64,
     latest: Option<FrameRecord>,
-    latencies_ms: Vec<f64>,
+    latencies_ms: LatencyStats,
+    /// Compute time of the latest frames (for the real-time factor on the status line).
+    recent_total_ms: std::collections::VecDeque<f64>,
 }
 
 impl Console {
@@ -108,7 +142,8 @@ impl Console {
             last_error_report: long_ago,
             errors_reported: 0,
             latest: None,
-            latencies_ms: Vec::new(),
+            latencies_ms: LatencyStats::default(),
+            recent_total_ms: std::collections::VecDeque::with_capacity(RECENT_FRAMES),
         }
     }
 
@@ -169,7 +204,18 @@ impl Console {
     fn frame(&mut self, record: FrameRecord, counters: &AudioCounters) {
         self.latencies_ms
             .push(added_latency_ms(&record, &counters.snapshot()));
+        if self.recent_total_ms.len() == RECENT_FRAMES {
+            self.recent_total_ms.pop_front();
+        }
+        self.recent_total_ms.push_back(record.total_ms);
         self.latest = Some(record);
+    }
+
+    /// Real-time factor of the latest frames.
+    fn recent_rtf(&self) -> f64 {
+        self.recent_total_ms.iter().sum::<f64>()
+            / self.recent_total_ms.len().max(1) as f64
+            / moshi_runtime::FRAME_MS
     }
 }
 
@@ -202,7 +248,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         ("--stats-json", &args.stats_json),
     ] {
         if let Some(p) = p {
-            check_writable(p, what)?;
+            check_writable(p, what, &[])?;
         }
     }
     anyhow::ensure!(
@@ -246,6 +292,15 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     let mut console = Console::new();
     let started = Instant::now();
     let mut steady_underruns_base: Option<u64> = None;
+    let mut profile = Profile {
+        writer: args
+            .profile
+            .as_deref()
+            .map(ProfileWriter::create)
+            .transpose()
+            .context("--profile")?,
+        error: None,
+    };
     let stop_reason = loop {
         let reason = runtime.block_on(drive(
             &session,
@@ -253,6 +308,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
             &mut console,
             started,
             &mut steady_underruns_base,
+            &mut profile,
         ));
         if reason != DEVICE_LOST {
             break reason;
@@ -283,6 +339,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     played_ok?;
     let report = report.context("the engine stopped with an error")?;
     eprintln!("stopped: {stop_reason}");
+    profile.finish(&report.metrics.summary())?;
     finish(
         &args,
         &counters,
@@ -336,11 +393,11 @@ async fn drive(
     console: &mut Console,
     started: Instant,
     steady_base: &mut Option<u64>,
+    profile: &mut Profile,
 ) -> String {
     let mut tick = tokio::time::interval(Duration::from_millis(20));
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
-    let mut metrics = Metrics::default();
     // A device whose callbacks stop for this long is treated as gone (some hosts only report
     // generic I/O errors when a device or sound server disappears).
     let stall_limit = Duration::from_secs(2);
@@ -357,7 +414,7 @@ async fn drive(
                     if let Some(t) = text {
                         console.words(&t);
                     }
-                    metrics.push(record.clone());
+                    profile.write(&record);
                     console.frame(record, &session.counters);
                 }
                 EngineEvent::Dropped { .. } => {}
@@ -370,15 +427,7 @@ async fn drive(
         {
             *steady_base = Some(session.counters.underrun_events.load(Ordering::Relaxed));
         }
-        let rtf = metrics
-            .records
-            .iter()
-            .rev()
-            .take(25)
-            .map(|r| r.total_ms)
-            .sum::<f64>()
-            / metrics.records.len().clamp(1, 25) as f64
-            / 80.0;
+        let rtf = console.recent_rtf();
         console.status(&session.counters, rtf, false);
         let callbacks = (
             session.counters.capture_callbacks.load(Ordering::Relaxed),
@@ -426,7 +475,7 @@ fn finish(
         audible_glitch_events: c.audible_glitch_events(),
         speaker_overflow_samples: report.speaker_overflow_samples,
         latency_trimmed_samples: report.latency_trimmed_samples,
-        added_latency_ms: Percentiles::of(&console.latencies_ms),
+        added_latency_ms: console.latencies_ms.percentiles(),
         callback_allocations: moshi_runtime::alloc_check::ENABLED
             .then(moshi_runtime::alloc_check::callback_allocations),
         wall_s: started.elapsed().as_secs_f64(),
@@ -490,12 +539,9 @@ fn finish(
             report.recorded_input.len() as f64 / SAMPLE_RATE_HZ as f64
         );
     }
-    if let Some(p) = &args.profile {
-        report.metrics.write_jsonl(p)?;
-    }
     if let Some(p) = &args.stats_json {
-        std::fs::write(p, serde_json::to_string_pretty(&stats)?)
-            .with_context(|| format!("writing {}", p.display()))?;
+        write_output(p, serde_json::to_string_pretty(&stats)?.as_bytes())
+            .context("--stats-json")?;
     }
     Ok(())
 }

@@ -1,14 +1,18 @@
 //! `moshi-rs codec`: Mimi encode (WAV of any rate/channels -> mono 24 kHz -> codes .npy, int64
 //! `[codebooks, frames]`) and decode (codes .npy -> 24 kHz int16 WAV, or float32 PCM .npy), both
-//! through the streaming codec frame by frame, exactly as the live pipeline runs it.
+//! through the streaming codec frame by frame, exactly as the live pipeline runs it. Audio is
+//! read and written a frame at a time (memory flat whatever the length); outputs are complete
+//! or absent, devices and pipes are written in place, an input is never overwritten.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use moshi_loader::{load_mimi_weights, npy, MimiConfig};
+use moshi_loader::npy::{self, NpyWriter};
+use moshi_loader::output_file::{check_output_path, ensure_not_an_input};
+use moshi_loader::{load_mimi_weights, MimiConfig};
 use moshi_model::mimi::{Mimi, MimiWeights};
-
-use moshi_runtime::{resample::resample_to, wav};
+use moshi_runtime::wav::WavWriter;
+use moshi_runtime::wav_frames::{PartialFrame, WavFrames};
 
 #[derive(clap::Subcommand, Debug)]
 pub enum CodecCommand {
@@ -128,54 +132,57 @@ fn find_mimi_in(dir: &Path) -> Result<PathBuf> {
 }
 
 fn encode(args: EncodeArgs) -> Result<()> {
+    ensure_not_an_input(&args.output, &[&args.input]).context("codec encode")?;
+    check_output_path(&args.output)?;
     let (weights, cfg) = resolve(&args.source)?;
+    ensure_not_an_input(&args.output, &[&weights]).context("codec encode")?;
     let mut mimi = load_mimi(&cfg, &weights, args.codebooks)?;
     mimi.set_weights(args.source.mimi_weights);
     let frame = mimi.frame_size_samples();
-    let audio = wav::read_mono(&args.input)?;
-    let rate = mimi.sample_rate() as u32;
-    let mut pcm = if audio.sample_rate_hz == rate {
-        audio.samples
+    let partial = if args.pad_last_frame {
+        PartialFrame::Pad
     } else {
+        PartialFrame::Drop
+    };
+    let rate = mimi.sample_rate() as u32;
+    let mut frames_in = WavFrames::open(&args.input, rate, frame, partial)?;
+    if frames_in.source_rate_hz() != rate {
         tracing::info!(
             "resampling {} from {} Hz to {rate} Hz",
             args.input.display(),
-            audio.sample_rate_hz
+            frames_in.source_rate_hz()
         );
-        resample_to(&audio.samples, audio.sample_rate_hz, rate)?
-    };
-    let partial = pcm.len() % frame;
-    if partial != 0 {
-        if args.pad_last_frame {
-            pcm.resize(pcm.len() + frame - partial, 0.0);
-        } else {
-            tracing::info!("dropping the trailing {partial} samples (a partial frame; --pad-last-frame keeps them)");
-            pcm.truncate(pcm.len() - partial);
-        }
     }
-    if pcm.is_empty() {
+    let frames = frames_in.total_frames() as usize;
+    if frames == 0 {
         bail!(
-            "{}: shorter than one {frame}-sample frame ({partial} samples); nothing to encode",
+            "{}: shorter than one {frame}-sample frame at {rate} Hz; nothing to encode",
             args.input.display()
         );
     }
+    let k = mimi.num_codebooks();
     let start = std::time::Instant::now();
-    let codes = mimi.encode_step(&pcm)?;
-    let frames = codes[0].len();
+    // Codes are small (8 codebooks x 12.5 frames/s x 4 bytes: 1.4 MB per hour of audio); the
+    // audio itself is streamed.
+    let mut frame_major = Vec::with_capacity(frames * k);
+    let mut codes = vec![0u32; k];
+    while let Some(pcm) = frames_in.next_frame()? {
+        mimi.encode_frame_into(pcm, &mut codes)?;
+        frame_major.extend_from_slice(&codes);
+    }
     tracing::info!(
         "encoded {frames} frames in {:.1} ms",
         start.elapsed().as_secs_f64() * 1e3
     );
-    let flat: Vec<i64> = codes
-        .iter()
-        .flat_map(|row| row.iter().map(|&c| c as i64))
-        .collect();
-    npy::write_i64(&args.output, &[codes.len(), frames], &flat)?;
-    eprintln!(
-        "{}: {} codebooks x {frames} frames",
-        args.output.display(),
-        codes.len()
-    );
+    let mut writer = NpyWriter::create_i64(&args.output, &[k, frames])?;
+    let mut row = Vec::with_capacity(frames);
+    for q in 0..k {
+        row.clear();
+        row.extend(frame_major.iter().skip(q).step_by(k).map(|&c| c as i64));
+        writer.write_i64(&row)?;
+    }
+    writer.finish()?;
+    eprintln!("{}: {k} codebooks x {frames} frames", args.output.display());
     Ok(())
 }
 
@@ -191,6 +198,8 @@ fn decode(args: DecodeArgs) -> Result<()> {
         Some("wav") => false,
         _ => bail!("{}: output must end in .wav or .npy", args.output.display()),
     };
+    ensure_not_an_input(&args.output, &[&args.input]).context("codec decode")?;
+    check_output_path(&args.output)?;
     let arr = npy::read_i64(&args.input)?;
     if arr.shape.len() != 2 {
         bail!(
@@ -211,36 +220,51 @@ fn decode(args: DecodeArgs) -> Result<()> {
             );
         }
     }
-    let mut codes = Vec::with_capacity(k);
+    // Frame-major codes, checked: every one a u32 (the codebook range is Mimi's check).
+    let mut frame_major = vec![0u32; k * frames];
     for q in 0..k {
-        let row = &arr.data[q * frames..(q + 1) * frames];
-        let mut out = Vec::with_capacity(frames);
-        for (t, &c) in row.iter().enumerate() {
-            let c = u32::try_from(c).map_err(|_| {
+        for t in 0..frames {
+            let c = arr.data[q * frames + t];
+            frame_major[t * k + q] = u32::try_from(c).map_err(|_| {
                 anyhow::anyhow!(
                     "{}: code {c} at codebook {q}, frame {t} is negative or too large",
                     args.input.display()
                 )
             })?;
-            out.push(c);
         }
-        codes.push(out);
     }
+    drop(arr);
     let (weights, cfg) = resolve(&args.source)?;
+    ensure_not_an_input(&args.output, &[&weights]).context("codec decode")?;
     let mut mimi = load_mimi(&cfg, &weights, k)?;
     mimi.set_weights(args.source.mimi_weights);
-    let pcm = mimi
-        .decode_step(&codes)
+    mimi.check_codes(&frame_major)
         .with_context(|| format!("decoding {}", args.input.display()))?;
+    let frame = mimi.frame_size_samples();
+    let samples = frames as u64 * frame as u64;
+    let rate = mimi.sample_rate() as u32;
+    let mut pcm = vec![0f32; frame];
+    let decoding = || format!("decoding {}", args.input.display());
     if as_npy {
-        npy::write_f32(&args.output, &[pcm.len()], &pcm)?;
+        let mut out = NpyWriter::create_f32(&args.output, &[samples as usize])?;
+        for codes in frame_major.chunks_exact(k) {
+            mimi.decode_frame_into(codes, &mut pcm)
+                .with_context(decoding)?;
+            out.write_f32(&pcm)?;
+        }
+        out.finish()?;
     } else {
-        wav::write_mono_i16(&args.output, &pcm, mimi.sample_rate() as u32)?;
+        let mut out = WavWriter::create(&args.output, 1, rate, samples)?;
+        for codes in frame_major.chunks_exact(k) {
+            mimi.decode_frame_into(codes, &mut pcm)
+                .with_context(decoding)?;
+            out.write_mono(&pcm)?;
+        }
+        out.finish()?;
     }
     eprintln!(
-        "{}: {} samples ({frames} frames)",
-        args.output.display(),
-        pcm.len()
+        "{}: {samples} samples ({frames} frames)",
+        args.output.display()
     );
     Ok(())
 }

@@ -5,22 +5,32 @@
 //! frame split by stage and the real-time factor. With a translation model (Hibiki) the input is
 //! followed by its end-of-stream frame and silence until the model ends its text
 //! ([`moshi_runtime::translate`]); the output is the translation.
+//!
+//! Moshi's answer is read, resampled, answered and written one frame at a time (memory flat
+//! however long the input); a translation, whose length is known only at its end, is kept in
+//! memory and written then. Every output goes through `moshi_loader::output_file`: complete or
+//! absent, devices and pipes written in place, an input never overwritten.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Context;
-use moshi_runtime::engine::{run_offline, FrameOutput};
+use moshi_loader::output_file::{check_output_path, ensure_not_an_input, write_output, OutputFile};
+use moshi_runtime::engine::{FrameOutput, OfflineRunner};
+use moshi_runtime::metrics::{Metrics, ProfileWriter};
+use moshi_runtime::pipeline::MoshiPipeline;
 use moshi_runtime::translate::{translate_offline, TranslationEnd};
-use moshi_runtime::{resample, wav, RuntimeError, FRAME_SAMPLES, SAMPLE_RATE_HZ};
+use moshi_runtime::wav::{write_mono_i16, WavWriter};
+use moshi_runtime::wav_frames::{PartialFrame, WavFrames};
+use moshi_runtime::{RuntimeError, FRAME_SAMPLES, SAMPLE_RATE_HZ};
 
 use super::model_args::{ModelArgs, SamplingArgs};
 use super::transcript::Transcript;
 
 #[derive(clap::Args, Debug)]
 pub struct FileArgs {
-    /// Input WAV (any rate, channels, 8/16/24/32-bit integer or 32-bit float).
+    /// Input WAV (8 kHz or more, any channels, 8/16/24/32-bit integer or 32-bit float).
     pub input: PathBuf,
     /// Output WAV (24 kHz mono int16): as many samples as the input's whole 80 ms frames (Moshi),
     /// or every frame the model returns until it ends its text (translation models).
@@ -59,60 +69,50 @@ pub fn tail_frames(seconds: f64) -> anyhow::Result<usize> {
     Ok((seconds * 1e3 / moshi_runtime::FRAME_MS + 1e-9).floor() as usize)
 }
 
-/// Fails early (before any compute) when `path` cannot be written: missing folder, a directory.
-pub fn check_writable(path: &Path, what: &str) -> anyhow::Result<()> {
-    anyhow::ensure!(!path.is_dir(), "{what} {}: is a directory", path.display());
-    let parent = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    anyhow::ensure!(
-        parent.is_dir(),
-        "{what} {}: folder {} does not exist",
-        path.display(),
-        parent.display()
-    );
-    let probe = parent.join(format!(".moshi-rs-write-probe-{}", std::process::id()));
-    std::fs::File::create(&probe).with_context(|| {
-        format!(
-            "{what} {}: folder {} is not writable",
-            path.display(),
-            parent.display()
-        )
-    })?;
-    let _ = std::fs::remove_file(&probe);
+/// Fails early (before any compute) when `path` cannot be written: missing folder, a directory,
+/// one of the command's `inputs`.
+pub fn check_writable(path: &Path, what: &str, inputs: &[&Path]) -> anyhow::Result<()> {
+    ensure_not_an_input(path, inputs).with_context(|| what.to_string())?;
+    check_output_path(path).with_context(|| what.to_string())?;
     Ok(())
 }
 
-/// Reads a WAV and brings it to 24 kHz mono with at least one whole frame.
-pub fn read_input_24k(path: &Path) -> anyhow::Result<Vec<f32>> {
-    let audio = wav::read_mono(path)?;
-    let pcm = resample::resample_to(&audio.samples, audio.sample_rate_hz, SAMPLE_RATE_HZ)?;
-    if pcm.len() < FRAME_SAMPLES {
+/// Opens a WAV as 24 kHz frames (at least one whole frame).
+pub fn open_input_frames(path: &Path) -> anyhow::Result<WavFrames> {
+    let frames = WavFrames::open(path, SAMPLE_RATE_HZ, FRAME_SAMPLES, PartialFrame::Drop)?;
+    if frames.total_frames() == 0 {
         return Err(RuntimeError::TooShort {
             path: path.to_path_buf(),
-            got_samples: pcm.len(),
+            got_samples: moshi_runtime::resample::resampled_len(
+                frames.source_samples() as usize,
+                frames.source_rate_hz(),
+                SAMPLE_RATE_HZ,
+            ),
             need_samples: FRAME_SAMPLES,
         }
         .into());
     }
-    Ok(pcm)
+    Ok(frames)
 }
 
 pub fn run(args: FileArgs) -> anyhow::Result<()> {
-    let pcm = read_input_24k(&args.input)?;
-    check_writable(&args.output, "output")?;
+    let input: &Path = &args.input;
+    let mut outputs: Vec<(&str, &Path)> = vec![("output", &args.output)];
     for (what, p) in [
         ("--transcript", &args.transcript),
         ("--tokens-out", &args.tokens_out),
         ("--profile", &args.profile),
     ] {
         if let Some(p) = p {
-            check_writable(p, what)?;
+            outputs.push((what, p));
         }
     }
+    let mut frames_in = open_input_frames(input)?;
+    for (what, path) in &outputs {
+        check_writable(path, what, &[input])?;
+    }
     let max_tail_frames = tail_frames(args.max_tail_s.unwrap_or(DEFAULT_MAX_TAIL_S))?;
-    let frames = pcm.len() / FRAME_SAMPLES;
+    let frames = frames_in.total_frames();
 
     let load_started = Instant::now();
     let spinner = indicatif::ProgressBar::new_spinner().with_message("loading the model");
@@ -146,85 +146,202 @@ pub fn run(args: FileArgs) -> anyhow::Result<()> {
     }
     eprintln!(
         "input: {} ({} frames, {:.2} s at 24 kHz)",
-        args.input.display(),
+        input.display(),
         frames,
-        pcm.len() as f64 / SAMPLE_RATE_HZ as f64
+        (frames * FRAME_SAMPLES as u64) as f64 / SAMPLE_RATE_HZ as f64
     );
 
-    // A translation returns up to the input's frames plus the silence after it.
-    let bar_len = frames + if translation { max_tail_frames } else { 0 };
-    let bar = indicatif::ProgressBar::new(bar_len as u64).with_style(
-        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} frames {msg}")
-            .expect("static template"),
-    );
-    let mut tokens_jsonl = String::new();
-    let mut transcript = Transcript::default();
-    let started = Instant::now();
-    let mut stdout = std::io::stdout();
-    let mut frames_done = 0u64;
-    let on_frame = |i: u64, o: &FrameOutput| {
-        if let Some(t) = &o.tokens {
-            tokens_jsonl +=
-                &serde_json::json!({ "frame": i, "text": t.text, "audio": t.audio }).to_string();
-            tokens_jsonl.push('\n');
-        }
-        if let Some(text) = &o.text {
-            transcript.push(i, text);
-            let _ = write!(stdout, "{text}");
-            let _ = stdout.flush();
-        }
-        frames_done += 1;
-        let audio_s = frames_done as f64 * FRAME_SAMPLES as f64 / SAMPLE_RATE_HZ as f64;
-        bar.set_message(format!(
-            "real-time factor {:.2}",
-            started.elapsed().as_secs_f64() / audio_s
-        ));
-        bar.inc(1);
+    let mut outputs = Outputs {
+        tokens: args
+            .tokens_out
+            .as_deref()
+            .map(OutputFile::create)
+            .transpose()?,
+        profile: args
+            .profile
+            .as_deref()
+            .map(ProfileWriter::create)
+            .transpose()?,
+        transcript: Transcript::default(),
+        // A translation returns up to the input's frames plus the silence after it.
+        bar: indicatif::ProgressBar::new(
+            frames
+                + if translation {
+                    max_tail_frames as u64
+                } else {
+                    0
+                },
+        )
+        .with_style(
+            indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} frames {msg}")
+                .expect("static template"),
+        ),
+        started: Instant::now(),
+        frames_out: 0,
+        error: None,
     };
-    let eos = pipeline.eos_text_id();
-    let (out_pcm, metrics, end) = if translation {
-        let t = translate_offline(&mut pipeline, &pcm, eos, max_tail_frames, on_frame)?;
-        (t.pcm, t.metrics, Some(t.end))
+    let (frames_out, metrics) = if translation {
+        translate(
+            &mut pipeline,
+            &mut frames_in,
+            &args.output,
+            max_tail_frames,
+            &mut outputs,
+        )?
     } else {
-        let (pcm, metrics) = run_offline(&mut pipeline, &pcm, on_frame)?;
-        (pcm, metrics, None)
+        answer(
+            &mut pipeline,
+            &mut frames_in,
+            &args.output,
+            frames,
+            &mut outputs,
+        )?
     };
-    let frames_out = (out_pcm.len() / FRAME_SAMPLES) as u64;
     let tail = pipeline.finish_text();
     if !tail.is_empty() {
-        transcript.push(frames_out.saturating_sub(1), &tail);
+        outputs.transcript.push(frames_out.saturating_sub(1), &tail);
         print!("{tail}");
     }
     println!();
-    bar.finish_and_clear();
-    match end {
-        Some(TranslationEnd::Eos { tail_frames }) => eprintln!(
-            "the model ended its text after {tail_frames} silence frames ({frames_out} frames out)"
-        ),
-        Some(TranslationEnd::TailCapReached { tail_frames }) => eprintln!(
-            "warning: the model had not ended its text (no EOS) after {tail_frames} silence frames \
-             ({:.2} s, --max-tail-s); the translation may be cut short: raise --max-tail-s (e.g. 10)",
-            tail_frames as f64 * moshi_runtime::FRAME_MS / 1e3
-        ),
-        None => {}
-    }
-
-    wav::write_mono_i16(&args.output, &out_pcm, SAMPLE_RATE_HZ)?;
+    outputs.bar.finish_and_clear();
     eprintln!(
         "wrote {} ({} samples)",
         args.output.display(),
-        out_pcm.len()
+        frames_out * FRAME_SAMPLES as u64
     );
-    if let Some(p) = &args.tokens_out {
-        std::fs::write(p, &tokens_jsonl).with_context(|| format!("writing {}", p.display()))?;
+    if let Some(out) = outputs.tokens {
+        out.commit().context("--tokens-out")?;
     }
     if let Some(p) = &args.transcript {
-        std::fs::write(p, transcript.to_tsv())
-            .with_context(|| format!("writing {}", p.display()))?;
+        write_output(p, outputs.transcript.to_tsv().as_bytes()).context("--transcript")?;
     }
-    if let Some(p) = &args.profile {
-        metrics.write_jsonl(p)?;
+    if let Some(p) = outputs.profile {
+        p.finish(&metrics.summary()).context("--profile")?;
     }
     eprint!("{}", metrics.summary().to_table());
     Ok(())
+}
+
+/// What `file` writes besides the audio, fed one output frame at a time.
+struct Outputs {
+    tokens: Option<OutputFile>,
+    profile: Option<ProfileWriter>,
+    transcript: Transcript,
+    bar: indicatif::ProgressBar,
+    started: Instant,
+    /// Output frames seen.
+    frames_out: u64,
+    /// The first write error (the translation's callback cannot return one).
+    error: Option<anyhow::Error>,
+}
+
+impl Outputs {
+    /// Records output frame `i` (tokens, words, progress).
+    fn frame(&mut self, i: u64, o: &FrameOutput) {
+        if let (Some(out), Some(t), None) = (self.tokens.as_mut(), &o.tokens, &self.error) {
+            let mut line =
+                serde_json::json!({ "frame": i, "text": t.text, "audio": t.audio }).to_string();
+            line.push('\n');
+            if let Err(e) = out.write_bytes(line.as_bytes()) {
+                self.error = Some(anyhow::Error::new(e).context("--tokens-out"));
+            }
+        }
+        if let Some(text) = &o.text {
+            self.transcript.push(i, text);
+            let mut stdout = std::io::stdout();
+            let _ = write!(stdout, "{text}");
+            let _ = stdout.flush();
+        }
+        self.frames_out += 1;
+        let audio_s = self.frames_out as f64 * FRAME_SAMPLES as f64 / SAMPLE_RATE_HZ as f64;
+        self.bar.set_message(format!(
+            "real-time factor {:.2}",
+            self.started.elapsed().as_secs_f64() / audio_s
+        ));
+        self.bar.inc(1);
+    }
+
+    /// Appends a model call's timing record to `--profile`.
+    fn record(&mut self, record: &moshi_runtime::metrics::FrameRecord) -> anyhow::Result<()> {
+        if let Some(p) = self.profile.as_mut() {
+            p.write(record).context("--profile")?;
+        }
+        Ok(())
+    }
+
+    /// The first error a frame met, if any.
+    fn check(&mut self) -> anyhow::Result<()> {
+        self.error.take().map_or(Ok(()), Err)
+    }
+}
+
+/// Moshi answers the input frame by frame, each answer frame written as it comes (`frames` in,
+/// `frames` out). Returns the frames written and the run's metrics.
+fn answer(
+    pipeline: &mut MoshiPipeline,
+    frames_in: &mut WavFrames,
+    output: &Path,
+    frames: u64,
+    outputs: &mut Outputs,
+) -> anyhow::Result<(u64, Metrics)> {
+    let mut wav_out = WavWriter::create(output, 1, SAMPLE_RATE_HZ, frames * FRAME_SAMPLES as u64)?;
+    let mut runner = OfflineRunner::new();
+    while let Some(frame) = frames_in.next_frame()? {
+        let i = runner.frames();
+        let (record, o) = runner.process(pipeline, frame)?;
+        wav_out.write_mono(&o.pcm)?;
+        outputs.record(&record)?;
+        outputs.frame(i, &o);
+        outputs.check()?;
+    }
+    wav_out.finish()?;
+    Ok((frames, runner.into_metrics()))
+}
+
+/// A translation model translates the whole input (held in memory: the translation's length is
+/// known only when the model ends its text), then the translation is written.
+fn translate(
+    pipeline: &mut MoshiPipeline,
+    frames_in: &mut WavFrames,
+    output: &Path,
+    max_tail_frames: usize,
+    outputs: &mut Outputs,
+) -> anyhow::Result<(u64, Metrics)> {
+    let mut pcm = Vec::new();
+    while let Some(frame) = frames_in.next_frame()? {
+        pcm.extend_from_slice(frame);
+    }
+    let eos = pipeline.eos_text_id();
+    let mut profile_error = None;
+    let mut profile = outputs.profile.take();
+    let t = translate_offline(
+        pipeline,
+        &pcm,
+        eos,
+        max_tail_frames,
+        |i, o| outputs.frame(i, o),
+        |record| {
+            if let (Some(p), None) = (profile.as_mut(), &profile_error) {
+                profile_error = p.write(record).err();
+            }
+        },
+    )?;
+    outputs.profile = profile;
+    if let Some(e) = profile_error {
+        return Err(anyhow::Error::new(e).context("--profile"));
+    }
+    outputs.check()?;
+    match t.end {
+        TranslationEnd::Eos { tail_frames } => eprintln!(
+            "\nthe model ended its text after {tail_frames} silence frames ({} frames out)",
+            t.frames_out
+        ),
+        TranslationEnd::TailCapReached { tail_frames } => eprintln!(
+            "\nwarning: the model had not ended its text (no EOS) after {tail_frames} silence frames \
+             ({:.2} s, --max-tail-s); the translation may be cut short: raise --max-tail-s (e.g. 10)",
+            tail_frames as f64 * moshi_runtime::FRAME_MS / 1e3
+        ),
+    }
+    write_mono_i16(output, &t.pcm, SAMPLE_RATE_HZ)?;
+    Ok((t.frames_out, t.metrics))
 }

@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use moshi_loader::mlx_export::write_mlx_quantized;
+use moshi_loader::output_file::{check_output_path, ensure_not_an_input};
 use moshi_loader::{load_lm_weights, LmConfig, WeightMode};
 
 #[derive(clap::Args, Debug)]
@@ -51,18 +52,11 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
     let group_size = args
         .group_size
         .unwrap_or_else(|| WeightMode::default_group_size(args.bits));
-    if args
-        .input
-        .canonicalize()
-        .ok()
-        .is_some_and(|i| args.output.canonicalize().ok() == Some(i))
-    {
-        bail!(
-            "{}: output and input are the same file",
-            args.output.display()
-        );
-    }
     let (cfg, config_origin) = config_for(&args)?;
+    let mut inputs = vec![args.input.as_path()];
+    inputs.extend(args.config.as_deref());
+    ensure_not_an_input(&args.output, &inputs).context("quantize")?;
+    check_output_path(&args.output)?;
     let started = Instant::now();
     eprintln!(
         "quantizing {} to {}-bit, group size {group_size} (config: {config_origin}) ...",

@@ -301,6 +301,20 @@ impl Mimi {
         Ok(())
     }
 
+    /// Checks frame-major codes (`[frame][codebook]`, any number of whole frames) for range;
+    /// the error names the codebook and the frame of the first bad code.
+    pub fn check_codes(&self, frame_major: &[u32]) -> Result<()> {
+        let k = self.num_codebooks();
+        if !frame_major.len().is_multiple_of(k) {
+            return Err(ModelError::WrongLength {
+                what: "mimi: codes (a whole number of frames)",
+                expected: frame_major.len() / k * k,
+                got: frame_major.len(),
+            });
+        }
+        self.modules.quantizer.check_codes(frame_major)
+    }
+
     /// Streaming decode of codes `[codebook][frame]`, frame by frame -> PCM.
     pub fn decode_step(&mut self, codes: &[Vec<u32>]) -> Result<Vec<f32>> {
         let flat = self.flatten_checked(codes)?;

@@ -59,6 +59,7 @@ fn device_error(what: &str, e: impl std::fmt::Display) -> RuntimeError {
 
 /// Every input and output device of the default host.
 pub fn list_devices() -> Result<Vec<DeviceInfo>> {
+    let _quiet = QuietAlsa::new();
     let host = cpal::default_host();
     let default_in = host.default_input_device().and_then(|d| d.name().ok());
     let default_out = host.default_output_device().and_then(|d| d.name().ok());
@@ -284,6 +285,62 @@ impl ClockWatch {
     }
 }
 
+/// While alive, ALSA's own error lines (several per missing card or plugin, printed on stderr
+/// as cpal probes devices, before the error moshi-rs reports) are dropped; dropping the guard
+/// restores ALSA's default handler. Only device discovery and opening run under it, on the
+/// calling thread, never an audio callback.
+struct QuietAlsa;
+
+impl QuietAlsa {
+    fn new() -> Self {
+        #[cfg(target_os = "linux")]
+        quiet_alsa::set(true);
+        QuietAlsa
+    }
+}
+
+impl Drop for QuietAlsa {
+    fn drop(&mut self) {
+        #[cfg(target_os = "linux")]
+        quiet_alsa::set(false);
+    }
+}
+
+#[cfg(target_os = "linux")]
+mod quiet_alsa {
+    use std::os::raw::{c_char, c_int};
+
+    /// ALSA's error handler type: `(file, line, function, err, fmt, ...)`.
+    type Handler =
+        unsafe extern "C" fn(*const c_char, c_int, *const c_char, c_int, *const c_char, ...);
+
+    /// Takes the fixed arguments and ignores the printf ones.
+    unsafe extern "C" fn drop_message(
+        _file: *const c_char,
+        _line: c_int,
+        _function: *const c_char,
+        _err: c_int,
+        _fmt: *const c_char,
+    ) {
+    }
+
+    /// Installs the dropping handler (`true`) or ALSA's default one (`false`).
+    pub(super) fn set(quiet: bool) {
+        let handler: Option<Handler> = quiet.then(|| {
+            let f: unsafe extern "C" fn(*const c_char, c_int, *const c_char, c_int, *const c_char) =
+                drop_message;
+            // SAFETY: on the C ABIs of Linux (x86-64 SysV, AArch64 AAPCS64) a variadic call
+            // passes the fixed arguments exactly as a non-variadic one does, and a callee that
+            // never reads the variadic part may ignore it; the pointer types have one size.
+            unsafe { std::mem::transmute::<_, Handler>(f) }
+        });
+        // SAFETY: sets a process-wide function pointer in alsa-lib; `None` restores its default.
+        unsafe {
+            alsa_sys::snd_lib_error_set_handler(handler);
+        }
+    }
+}
+
 /// Capture and playback on real devices.
 pub struct CpalBackend {
     input_device: cpal::Device,
@@ -297,6 +354,7 @@ pub struct CpalBackend {
 impl CpalBackend {
     /// Finds the devices and picks their configs (nothing is started yet).
     pub fn open(options: &CpalOptions) -> Result<Self> {
+        let _quiet = QuietAlsa::new();
         let host = cpal::default_host();
         let input_device = find_device(&host, options.input_device.as_deref(), true)?;
         let output_device = find_device(&host, options.output_device.as_deref(), false)?;

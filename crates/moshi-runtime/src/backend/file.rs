@@ -44,6 +44,8 @@ impl FileBackend {
             },
             output_format: StreamFormat::MOSHI,
             tail_ms: 500.0,
+            input_loops: 1,
+            keep_played: true,
         };
         let description = format!(
             "file {} ({} Hz) as microphone, {clock:?}",

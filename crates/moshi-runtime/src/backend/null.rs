@@ -39,6 +39,11 @@ pub struct NullConfig {
     /// Paced clock: virtual time played after the input ends with an empty speaker ring
     /// before the backend declares itself finished.
     pub tail_ms: f64,
+    /// Times the input is played back to back (1: once). Long sessions from a short clip.
+    pub input_loops: u64,
+    /// Keep what the speaker played (returned by `stop`); off for long sessions, whose memory
+    /// must not grow with their length.
+    pub keep_played: bool,
 }
 
 impl NullConfig {
@@ -50,6 +55,8 @@ impl NullConfig {
             input_format: StreamFormat::MOSHI,
             output_format: StreamFormat::MOSHI,
             tail_ms: 500.0,
+            input_loops: 1,
+            keep_played: true,
         }
     }
 }
@@ -117,37 +124,53 @@ impl AudioBackend for NullBackend {
                     config.buffer_frames as f64 / config.output_format.sample_rate_hz as f64,
                 );
                 let mut out = vec![0f32; out_step];
-                let mut played = Vec::with_capacity(input.len() + 1);
+                let mut played = Vec::with_capacity(if config.keep_played {
+                    input.len() + 1
+                } else {
+                    0
+                });
+                // Position in the clip, loops started, samples captured in all.
                 let mut pos = 0usize;
+                let mut loops_done = 0u64;
+                let mut captured = 0u64;
+                let loops = config.input_loops.max(1);
                 let mut idle_ticks = 0usize;
                 let mut deadline = Instant::now();
                 let tail_ticks = (config.tail_ms / 1e3 / tick.as_secs_f64()).ceil() as usize;
                 while !stop.load(Ordering::Relaxed) {
+                    if pos == input.len() && loops_done + 1 < loops {
+                        pos = 0;
+                        loops_done += 1;
+                    }
                     if pos < input.len() {
                         let end = (pos + in_step).min(input.len());
                         capture_callback(&input[pos..end], &mut mic, &counters, None);
+                        captured += (end - pos) as u64;
                         pos = end;
-                        if pos == input.len() {
+                        if pos == input.len() && loops_done + 1 == loops {
                             input_finished.store(true, Ordering::Release);
                         }
                     }
+                    let all_captured = pos >= input.len() && loops_done + 1 >= loops;
                     if config.clock == NullClock::Lockstep {
                         // The engine must have handled everything captured so far before playback.
                         while counters
                             .engine_input_consumed_samples
                             .load(Ordering::Acquire)
-                            < pos as u64
+                            < captured
                             && !stop.load(Ordering::Relaxed)
                         {
                             std::thread::sleep(Duration::from_micros(200));
                         }
-                        if pos >= input.len() && speaker.slots() == 0 {
+                        if all_captured && speaker.slots() == 0 {
                             break;
                         }
                     }
                     playback_callback(&mut out, &mut speaker, &counters, None);
-                    played.extend_from_slice(&out);
-                    if pos >= input.len() && config.clock != NullClock::Lockstep {
+                    if config.keep_played {
+                        played.extend_from_slice(&out);
+                    }
+                    if all_captured && config.clock != NullClock::Lockstep {
                         if speaker.slots() == 0 {
                             idle_ticks += 1;
                             if idle_ticks > tail_ticks {
