@@ -6,5 +6,5 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh --audio-e2e
 cargo test --workspace 2>&1
 # The candle peer benchmark lives outside the workspace (candle is no dependency of moshi-rs);
-# it must keep compiling against moshi-kernels's API.
+# it must keep compiling against the APIs of moshi-kernels and moshi-bench (probe, shapes).
 cargo check --locked --manifest-path scripts/peer-candle/Cargo.toml 2>&1

@@ -2,46 +2,31 @@
 //! and a tiny checkpoint run write a report whose fields exist and are consistent (no timing
 //! thresholds); `--trace` writes a Chrome trace; the plot script reads the report.
 
-use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use moshi_test_support::{
+    copy_tiny_a_files, read_json, repo_root, run_binary, stderr_text, tiny_a, tiny_a_dir,
+};
 use serde_json::Value;
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn tiny() -> PathBuf {
-    repo_root().join("assets/tiny-a")
-}
 
 /// Runs `moshi-rs bench ARGS` with a small bandwidth probe and one compute thread.
 fn bench(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_moshi-rs"))
-        .arg("bench")
-        .args([
-            "--bandwidth-buffer-mib",
-            "32",
-            "--threads",
-            "1",
-            "--warmup",
-            "1",
-        ])
-        .args(args)
-        .output()
-        .expect("run moshi-rs")
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
+    let common = [
+        "--bandwidth-buffer-mib",
+        "32",
+        "--threads",
+        "1",
+        "--warmup",
+        "1",
+    ];
+    run_binary(
+        env!("CARGO_BIN_EXE_moshi-rs"),
+        &[&["bench"][..], &common, args].concat(),
+    )
 }
 
 fn tiny_config() -> String {
-    tiny().join("config.json").display().to_string()
-}
-
-fn read_json(path: &Path) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    tiny_a("config.json").display().to_string()
 }
 
 fn num(v: &Value, path: &str) -> f64 {
@@ -65,7 +50,7 @@ fn layers_above_the_config_are_refused() {
         "1",
     ]);
     assert!(!out.status.success());
-    let err = stderr(&out);
+    let err = stderr_text(&out);
     assert!(
         err.contains("--layers 3 is above the 2 temporal layers") && err.contains("config.json"),
         "{err}"
@@ -85,7 +70,7 @@ fn a_config_that_does_not_parse_is_refused_with_its_path() {
         "1",
     ]);
     assert!(!out.status.success());
-    let err = stderr(&out);
+    let err = stderr_text(&out);
     assert!(
         err.contains("broken-config.json") && err.to_lowercase().contains("config"),
         "{err}"
@@ -95,15 +80,16 @@ fn a_config_that_does_not_parse_is_refused_with_its_path() {
 #[test]
 fn a_quantization_the_checkpoint_lacks_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    for f in [
-        "config.json",
-        "mimi_config.json",
-        "mimi.safetensors",
-        "tokenizer.model",
-        "model.safetensors",
-    ] {
-        std::fs::copy(tiny().join(f), dir.path().join(f)).unwrap();
-    }
+    copy_tiny_a_files(
+        dir.path(),
+        &[
+            "config.json",
+            "mimi_config.json",
+            "mimi.safetensors",
+            "tokenizer.model",
+            "model.safetensors",
+        ],
+    );
     let out = bench(&[
         "--model",
         dir.path().to_str().unwrap(),
@@ -113,7 +99,7 @@ fn a_quantization_the_checkpoint_lacks_is_refused() {
         "1",
     ]);
     assert!(!out.status.success());
-    let err = stderr(&out);
+    let err = stderr_text(&out);
     assert!(
         err.contains("cannot provide --quant q4") && err.contains("model.q4.safetensors"),
         "{err}"
@@ -138,7 +124,7 @@ fn tiny_random_run_writes_a_consistent_report_and_trace() {
         "--trace",
         trace.to_str().unwrap(),
     ]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(out.status.success(), "{}", stderr_text(&out));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         stdout.contains("real-time factor") && stdout.contains("lower bound"),
@@ -250,8 +236,7 @@ fn tiny_random_run_writes_a_consistent_report_and_trace() {
         (num(&r, "bound.ratio_to_bound") - num(&r, "stages.lm_step_ms.p50") / bound).abs() < 1e-9
     );
 
-    let trace_events: Value =
-        serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    let trace_events = read_json(&trace);
     let names: Vec<&str> = trace_events
         .as_array()
         .unwrap()
@@ -310,7 +295,7 @@ fn fewer_layers_are_extrapolated_and_labelled() {
         "--json",
         json.to_str().unwrap(),
     ]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(out.status.success(), "{}", stderr_text(&out));
     assert!(String::from_utf8_lossy(&out.stdout).contains("EXTRAPOLATED to 2 layers"));
     let r = read_json(&json);
     assert_eq!(r["run"]["layers_run"], 1);
@@ -336,7 +321,7 @@ fn fewer_layers_are_extrapolated_and_labelled() {
 
 #[test]
 fn tiny_checkpoint_runs_each_stage() {
-    let model = tiny().display().to_string();
+    let model = tiny_a_dir().display().to_string();
     for (quant, stage, mimi_weights) in [
         ("q4", "depformer", "f32"),
         ("bf16", "mimi", "q8"),
@@ -358,7 +343,11 @@ fn tiny_checkpoint_runs_each_stage() {
             "--json",
             json.to_str().unwrap(),
         ]);
-        assert!(out.status.success(), "{quant} {stage}: {}", stderr(&out));
+        assert!(
+            out.status.success(),
+            "{quant} {stage}: {}",
+            stderr_text(&out)
+        );
         let r = read_json(&json);
         assert_eq!(
             (r["run"]["weights"].as_str(), r["run"]["quant"].as_str()),
@@ -403,7 +392,7 @@ fn random_group_size_is_labelled_and_shrinks_the_weights() {
             args.extend(["--group-size", g]);
         }
         let out = bench(&args);
-        assert!(out.status.success(), "{}", stderr(&out));
+        assert!(out.status.success(), "{}", stderr_text(&out));
         let r = read_json(&json);
         (
             r["run"]["quant"].as_str().unwrap().to_owned(),
@@ -429,7 +418,7 @@ fn a_group_size_that_cannot_apply_is_refused() {
     let refused = |args: &[&str], expected: &[&str]| {
         let out = bench(args);
         assert!(!out.status.success(), "{args:?} should fail");
-        let err = stderr(&out);
+        let err = stderr_text(&out);
         assert!(expected.iter().all(|e| err.contains(e)), "{args:?}: {err}");
     };
     let tiny_random = ["--random-weights", "--config", &config, "--frames", "1"];
@@ -449,7 +438,7 @@ fn a_group_size_that_cannot_apply_is_refused() {
     refused(
         &[
             "--model",
-            tiny().to_str().unwrap(),
+            tiny_a_dir().to_str().unwrap(),
             "--group-size",
             "64",
             "--frames",
@@ -481,7 +470,7 @@ fn kv_prefill_fills_the_window_and_is_counted() {
             "--json",
             json.to_str().unwrap(),
         ]);
-        assert!(out.status.success(), "{}", stderr(&out));
+        assert!(out.status.success(), "{}", stderr_text(&out));
         assert!(String::from_utf8_lossy(&out.stdout).contains("prefilled with 10 random positions"));
         read_json(&json)
     };
@@ -500,7 +489,7 @@ fn kv_prefill_fills_the_window_and_is_counted() {
     let refused = |args: &[&str], expected: &str| {
         let out = bench(args);
         assert!(!out.status.success(), "{args:?} should fail");
-        let err = stderr(&out);
+        let err = stderr_text(&out);
         assert!(err.contains(expected), "{args:?}: {err}");
     };
     let tiny = ["--random-weights", "--config", &config, "--frames", "1"];

@@ -11,9 +11,10 @@
 //! gives the runs with a glitch. Skipped (with the reason printed) only when PulseAudio is not
 //! installed; `scripts/setup.sh --audio-e2e` installs it (scripts/test.sh does).
 
-use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Mutex;
+
+use moshi_test_support::repo_root;
 
 fn have(program: &str) -> bool {
     Command::new("sh")
@@ -53,7 +54,7 @@ fn run_e2e(fixture: &str, chat_args: &str) {
         .and_then(|v| v.parse().ok())
         .unwrap_or(3)
         .max(1);
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let root = repo_root();
     let (mut clean, mut glitched, mut failed) = (0, Vec::new(), Vec::new());
     for run in 1..=runs {
         let out_dir = tempfile::tempdir().unwrap();

@@ -2,38 +2,22 @@
 //! streaming codes and decoded PCM, reads every supported WAV variant (any rate, resampled), and
 //! rejects bad input with clear errors.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
 use moshi_loader::npy;
-
-fn asset(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../assets/tiny-a")
-        .join(rel)
-}
+use moshi_test_support::{path_str, run_binary, stderr_text, tiny_a};
 
 fn moshi_rs(args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_moshi-rs"))
-        .args(args)
-        .output()
-        .expect("run moshi-rs");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn p(path: &Path) -> &str {
-    path.to_str().unwrap()
+    let out = run_binary(env!("CARGO_BIN_EXE_moshi-rs"), args);
+    (out.status.success(), stderr_text(&out))
 }
 
 fn mimi_args() -> Vec<String> {
     vec![
         "--mimi".into(),
-        asset("mimi.safetensors").to_str().unwrap().into(),
+        path_str(&tiny_a("mimi.safetensors")).into(),
         "--mimi-config".into(),
-        asset("mimi_config.json").to_str().unwrap().into(),
+        path_str(&tiny_a("mimi_config.json")).into(),
     ]
 }
 
@@ -41,14 +25,14 @@ fn mimi_args() -> Vec<String> {
 fn encode_reproduces_reference_codes() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("codes.npy");
-    let input = asset("input.wav");
-    let mut args = vec!["codec", "encode", p(&input), p(&out)];
+    let input = tiny_a("input.wav");
+    let mut args = vec!["codec", "encode", path_str(&input), path_str(&out)];
     let extra = mimi_args();
     args.extend(extra.iter().map(String::as_str));
     let (ok, err) = moshi_rs(&args);
     assert!(ok, "{err}");
     let ours = npy::read_i64(&out).unwrap();
-    let reference = npy::read_i64(asset("ref/mimi_codes.npy")).unwrap();
+    let reference = npy::read_i64(tiny_a("ref/mimi_codes.npy")).unwrap();
     assert_eq!(ours.shape, reference.shape);
     assert_eq!(ours.data, reference.data);
 }
@@ -57,12 +41,12 @@ fn encode_reproduces_reference_codes() {
 fn model_dir_finds_weights_and_config() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::copy(
-        asset("mimi.safetensors"),
+        tiny_a("mimi.safetensors"),
         dir.path().join("tokenizer-test.safetensors"),
     )
     .unwrap();
     std::fs::copy(
-        asset("mimi_config.json"),
+        tiny_a("mimi_config.json"),
         dir.path().join("mimi_config.json"),
     )
     .unwrap();
@@ -70,16 +54,16 @@ fn model_dir_finds_weights_and_config() {
     let (ok, err) = moshi_rs(&[
         "codec",
         "encode",
-        p(&asset("input.wav")),
-        p(&out),
+        path_str(&tiny_a("input.wav")),
+        path_str(&out),
         "--model",
-        p(dir.path()),
+        path_str(dir.path()),
         "--codebooks",
         "4",
     ]);
     assert!(ok, "{err}");
     let ours = npy::read_i64(&out).unwrap();
-    let reference = npy::read_i64(asset("ref/mimi_codes.npy")).unwrap();
+    let reference = npy::read_i64(tiny_a("ref/mimi_codes.npy")).unwrap();
     assert_eq!(ours.shape, vec![4, 43]);
     assert_eq!(
         ours.data[..],
@@ -92,14 +76,14 @@ fn model_dir_finds_weights_and_config() {
 fn decode_reproduces_reference_pcm_npy_and_wav() {
     let dir = tempfile::tempdir().unwrap();
     let out_npy = dir.path().join("pcm.npy");
-    let codes = asset("ref/mimi_codes.npy");
-    let mut args = vec!["codec", "decode", p(&codes), p(&out_npy)];
+    let codes = tiny_a("ref/mimi_codes.npy");
+    let mut args = vec!["codec", "decode", path_str(&codes), path_str(&out_npy)];
     let extra = mimi_args();
     args.extend(extra.iter().map(String::as_str));
     let (ok, err) = moshi_rs(&args);
     assert!(ok, "{err}");
     let ours = npy::read_f32(&out_npy).unwrap().data;
-    let reference = npy::read_f32(asset("ref/mimi_decoded.npy")).unwrap().data;
+    let reference = npy::read_f32(tiny_a("ref/mimi_decoded.npy")).unwrap().data;
     assert_eq!(ours.len(), reference.len());
     let diff = ours
         .iter()
@@ -109,7 +93,7 @@ fn decode_reproduces_reference_pcm_npy_and_wav() {
     assert!(diff < 1e-4, "max abs diff {diff}");
 
     let out_wav = dir.path().join("pcm.wav");
-    args[3] = p(&out_wav);
+    args[3] = path_str(&out_wav);
     let (ok, err) = moshi_rs(&args);
     assert!(ok, "{err}");
     let mut reader = hound::WavReader::open(&out_wav).unwrap();
@@ -157,7 +141,7 @@ fn wav_formats_and_bad_input() {
     let extra = mimi_args();
     let run_encode = |wav: &Path| {
         let out = dir.path().join("c.npy");
-        let mut args = vec!["codec", "encode", p(wav), p(&out)];
+        let mut args = vec!["codec", "encode", path_str(wav), path_str(&out)];
         args.extend(extra.iter().map(String::as_str));
         moshi_rs(&args)
     };
@@ -232,7 +216,7 @@ fn wav_formats_and_bad_input() {
     data[2 * 3 + 1] = 64;
     npy::write_i64(&codes, &[8, 3], &data).unwrap();
     let out = dir.path().join("x.npy");
-    let mut args = vec!["codec", "decode", p(&codes), p(&out)];
+    let mut args = vec!["codec", "decode", path_str(&codes), path_str(&out)];
     args.extend(extra.iter().map(String::as_str));
     let (ok, err) = moshi_rs(&args);
     assert!(
@@ -244,8 +228,8 @@ fn wav_formats_and_bad_input() {
 #[test]
 fn mimi_weights_flag_selects_the_precision_and_rejects_unknown_values() {
     let dir = tempfile::tempdir().unwrap();
-    let input = asset("input.wav");
-    let reference = npy::read_i64(asset("ref/mimi_codes.npy")).unwrap();
+    let input = tiny_a("input.wav");
+    let reference = npy::read_i64(tiny_a("ref/mimi_codes.npy")).unwrap();
     let extra = mimi_args();
     // (mode, minimum fraction of codes equal to the exact reference; see mimi_reference.rs)
     for (mode, min_equal) in [("f32", 1.0), ("bf16", 0.95), ("q8", 0.88)] {
@@ -253,8 +237,8 @@ fn mimi_weights_flag_selects_the_precision_and_rejects_unknown_values() {
         let mut args = vec![
             "codec",
             "encode",
-            p(&input),
-            p(&out),
+            path_str(&input),
+            path_str(&out),
             "--mimi-weights",
             mode,
         ];
@@ -280,8 +264,8 @@ fn mimi_weights_flag_selects_the_precision_and_rejects_unknown_values() {
     let mut args = vec![
         "codec",
         "encode",
-        p(&input),
-        p(&out),
+        path_str(&input),
+        path_str(&out),
         "--mimi-weights",
         "q4",
     ];

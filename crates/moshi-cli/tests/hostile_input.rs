@@ -7,26 +7,11 @@ use std::process::{Command, Output};
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
+use moshi_test_support::{path_str, run_binary, stderr_text, tiny_a, tiny_a_dir};
 use serde_json::Value;
 
-fn assets() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../assets/tiny-a")
-}
-
 fn moshi(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_moshi-rs"))
-        .args(args)
-        .env("HF_HUB_OFFLINE", "1")
-        .output()
-        .unwrap()
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
+    run_binary(env!("CARGO_BIN_EXE_moshi-rs"), args)
 }
 
 /// Runs `args`, expects a failure within `limit` whose stderr holds every one of `parts`.
@@ -34,7 +19,7 @@ fn fails_quickly_with(args: &[&str], parts: &[&str], limit: Duration) -> String 
     let started = Instant::now();
     let o = moshi(args);
     let took = started.elapsed();
-    let err = stderr(&o);
+    let err = stderr_text(&o);
     assert!(!o.status.success(), "{args:?} succeeded: {err}");
     assert!(
         !err.contains("panicked"),
@@ -60,7 +45,7 @@ type ConfigEdit = Box<dyn FnOnce(&mut Value)>;
 /// A copy of tiny-a in a temp folder with `edit` applied to `file` (a JSON config).
 fn model_with(file: &str, edit: impl FnOnce(&mut Value)) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    for entry in std::fs::read_dir(assets()).unwrap() {
+    for entry in std::fs::read_dir(tiny_a_dir()).unwrap() {
         let entry = entry.unwrap();
         if entry.file_type().unwrap().is_file() {
             std::fs::copy(entry.path(), dir.path().join(entry.file_name())).unwrap();
@@ -74,11 +59,17 @@ fn model_with(file: &str, edit: impl FnOnce(&mut Value)) -> tempfile::TempDir {
 }
 
 /// tiny-a's input WAV.
-static INPUT: LazyLock<PathBuf> = LazyLock::new(|| assets().join("input.wav"));
+static INPUT: LazyLock<PathBuf> = LazyLock::new(|| tiny_a("input.wav"));
 
 /// `moshi-rs file` on tiny-a's input with the model in `dir`.
 fn file_cmd_args<'a>(dir: &'a Path, out: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
-    let mut args = vec!["file", s(&INPUT), s(out), "--model", s(dir)];
+    let mut args = vec![
+        "file",
+        path_str(&INPUT),
+        path_str(out),
+        "--model",
+        path_str(dir),
+    ];
     args.extend_from_slice(extra);
     args
 }
@@ -117,7 +108,7 @@ fn oversized_config_values_are_refused_before_allocating() {
         let out = dir.path().join("out.wav");
         let mut want = parts.clone();
         let cfg_path = dir.path().join(file);
-        want.push(s(&cfg_path));
+        want.push(path_str(&cfg_path));
         fails_quickly_with(
             &file_cmd_args(dir.path(), &out, &[]),
             &want,
@@ -139,19 +130,19 @@ fn oversized_bench_flags_are_refused() {
             "bench",
             "--random-weights",
             "--config",
-            s(&cfg),
+            path_str(&cfg),
             "--kv-prefill",
             "100000000",
         ],
         &["`context` is 1000000000000", "expected 1 to 65536"],
     );
-    let tiny_cfg = assets().join("config.json");
+    let tiny_cfg = tiny_a("config.json");
     fails_with(
         &[
             "bench",
             "--random-weights",
             "--config",
-            s(&tiny_cfg),
+            path_str(&tiny_cfg),
             "--kv-prefill",
             "100000000",
         ],
@@ -188,20 +179,32 @@ fn non_finite_and_negative_numbers_are_refused() {
         ("--temp-text", "inf"),
     ] {
         fails_with(
-            &file_cmd_args(&assets(), &out, &[flag, value]),
+            &file_cmd_args(&tiny_a_dir(), &out, &[flag, value]),
             &[flag, value, "finite number >= 0"],
         );
         assert!(!out.exists());
     }
     for value in ["NaN", "-1", "0", "inf"] {
         fails_quickly_with(
-            &["chat", "--model", s(&assets()), "--duration-s", value],
+            &[
+                "chat",
+                "--model",
+                path_str(&tiny_a_dir()),
+                "--duration-s",
+                value,
+            ],
             &["--duration-s", value, "seconds above 0"],
             Duration::from_secs(30),
         );
     }
     fails_with(
-        &["chat", "--model", s(&assets()), "--jitter-ms", "NaN"],
+        &[
+            "chat",
+            "--model",
+            path_str(&tiny_a_dir()),
+            "--jitter-ms",
+            "NaN",
+        ],
         &["--jitter-ms", "NaN", "milliseconds from 0"],
     );
 }
@@ -241,7 +244,7 @@ fn degenerate_config_values_name_their_key() {
         let dir = model_with(file, edit);
         let out = dir.path().join("out.wav");
         let err = fails_with(&file_cmd_args(dir.path(), &out, &[]), &parts);
-        assert!(err.contains(s(&dir.path().join(file))), "{err}");
+        assert!(err.contains(path_str(&dir.path().join(file))), "{err}");
     }
 }
 
@@ -255,19 +258,19 @@ fn unreadable_model_paths_say_why() {
     std::os::unix::fs::symlink(&b, &a).unwrap();
     std::os::unix::fs::symlink(&a, &b).unwrap();
     let err = fails_with(
-        &file_cmd_args(&assets(), &out, &["--weights", s(&a)]),
-        &["--weights", s(&a), "ymbolic links"],
+        &file_cmd_args(&tiny_a_dir(), &out, &["--weights", path_str(&a)]),
+        &["--weights", path_str(&a), "ymbolic links"],
     );
     assert!(!err.contains("no such file"), "{err}");
 
     let err = fails_with(
-        &file_cmd_args(&assets(), &out, &["--config", "/dev/zero"]),
+        &file_cmd_args(&tiny_a_dir(), &out, &["--config", "/dev/zero"]),
         &["/dev/zero", "too large for a JSON config"],
     );
     assert!(!err.contains("no such file"), "{err}");
 
     fails_with(
-        &file_cmd_args(&assets(), &out, &["--weights", "/dev/zero"]),
+        &file_cmd_args(&tiny_a_dir(), &out, &["--weights", "/dev/zero"]),
         &[
             "--weights",
             "/dev/zero",
@@ -276,8 +279,8 @@ fn unreadable_model_paths_say_why() {
     );
     let missing = dir.path().join("missing.safetensors");
     fails_with(
-        &file_cmd_args(&assets(), &out, &["--weights", s(&missing)]),
-        &["--weights", s(&missing), "no such file"],
+        &file_cmd_args(&tiny_a_dir(), &out, &["--weights", path_str(&missing)]),
+        &["--weights", path_str(&missing), "no such file"],
     );
 }
 
@@ -289,7 +292,13 @@ fn causes_are_not_repeated() {
     let not_wav = dir.path().join("in.wav");
     std::fs::write(&not_wav, b"RIFF but not really a wave file at all").unwrap();
     let err = fails_with(
-        &["file", s(&not_wav), s(&out), "--model", s(&assets())],
+        &[
+            "file",
+            path_str(&not_wav),
+            path_str(&out),
+            "--model",
+            path_str(&tiny_a_dir()),
+        ],
         &["in.wav", "not a readable WAV"],
     );
     let line = err.lines().find(|l| l.starts_with("error:")).unwrap();
@@ -301,7 +310,12 @@ fn causes_are_not_repeated() {
 #[test]
 fn unparsable_log_filter_is_an_error() {
     fails_with(
-        &["--log", "moshi_model=loud", "inspect", s(&assets())],
+        &[
+            "--log",
+            "moshi_model=loud",
+            "inspect",
+            path_str(&tiny_a_dir()),
+        ],
         &["--log", "moshi_model=loud", "not a log filter"],
     );
 }
@@ -342,25 +356,25 @@ fn codes_of_input(dir: &Path) -> PathBuf {
     let o = moshi(&[
         "codec",
         "encode",
-        s(&INPUT),
-        s(&codes),
+        path_str(&INPUT),
+        path_str(&codes),
         "--model",
-        s(&assets()),
+        path_str(&tiny_a_dir()),
     ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(o.status.success(), "{}", stderr_text(&o));
     codes
 }
 
 /// Issue #18 item 2: a trace written to a full device is an error (no panic, no "written").
 #[test]
 fn trace_to_a_full_device_is_an_error() {
-    let cfg = assets().join("config.json");
+    let cfg = tiny_a_dir().join("config.json");
     let err = fails_with(
         &[
             "bench",
             "--random-weights",
             "--config",
-            s(&cfg),
+            path_str(&cfg),
             "--frames",
             "2",
             "--warmup",
@@ -388,17 +402,23 @@ fn an_input_is_never_overwritten() {
     std::fs::hard_link(&input, &hard_link).unwrap();
     for out in [&input, &same_spelled_differently, &hard_link] {
         fails_with(
-            &["file", s(&input), s(out), "--model", s(&assets())],
+            &[
+                "file",
+                path_str(&input),
+                path_str(out),
+                "--model",
+                path_str(&tiny_a_dir()),
+            ],
             &["same file as the input"],
         );
         fails_with(
             &[
                 "codec",
                 "encode",
-                s(&input),
-                s(out),
+                path_str(&input),
+                path_str(out),
                 "--model",
-                s(&assets()),
+                path_str(&tiny_a_dir()),
             ],
             &["same file as the input"],
         );
@@ -407,12 +427,12 @@ fn an_input_is_never_overwritten() {
     fails_with(
         &[
             "file",
-            s(&input),
-            s(&answer),
+            path_str(&input),
+            path_str(&answer),
             "--model",
-            s(&assets()),
+            path_str(&tiny_a_dir()),
             "--transcript",
-            s(&input),
+            path_str(&input),
         ],
         &["--transcript", "same file as the input"],
     );
@@ -425,20 +445,26 @@ fn an_input_is_never_overwritten() {
         &[
             "codec",
             "decode",
-            s(&codes),
-            s(&codes),
+            path_str(&codes),
+            path_str(&codes),
             "--model",
-            s(&assets()),
+            path_str(&tiny_a_dir()),
         ],
         &["same file as the input"],
     );
     assert_eq!(std::fs::read(&codes).unwrap(), codes_before);
 
     let weights = dir.path().join("model.safetensors");
-    std::fs::copy(assets().join("model.safetensors"), &weights).unwrap();
+    std::fs::copy(tiny_a_dir().join("model.safetensors"), &weights).unwrap();
     let weights_before = std::fs::read(&weights).unwrap();
     fails_with(
-        &["quantize", s(&weights), s(&weights), "--bits", "8"],
+        &[
+            "quantize",
+            path_str(&weights),
+            path_str(&weights),
+            "--bits",
+            "8",
+        ],
         &["same file as the input"],
     );
     assert_eq!(std::fs::read(&weights).unwrap(), weights_before);
@@ -488,56 +514,71 @@ fn devices_as_outputs_stay_devices_and_report_errors() {
     let codes = codes_of_input(dir.path());
     let ok = |args: &[&str]| {
         let o = moshi(args);
-        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+        assert!(o.status.success(), "{args:?}: {}", stderr_text(&o));
     };
-    ok(&file_cmd_args(&assets(), &null, &[]));
+    ok(&file_cmd_args(&tiny_a_dir(), &null, &[]));
     ok(&[
         "codec",
         "encode",
-        s(&INPUT),
-        s(&null),
+        path_str(&INPUT),
+        path_str(&null),
         "--model",
-        s(&assets()),
+        path_str(&tiny_a_dir()),
     ]);
     ok(&[
         "codec",
         "decode",
-        s(&codes),
-        s(&null),
+        path_str(&codes),
+        path_str(&null),
         "--model",
-        s(&assets()),
+        path_str(&tiny_a_dir()),
     ]);
-    let weights = assets().join("model.safetensors");
-    ok(&["quantize", s(&weights), s(&null), "--bits", "8"]);
+    let weights = tiny_a_dir().join("model.safetensors");
+    ok(&[
+        "quantize",
+        path_str(&weights),
+        path_str(&null),
+        "--bits",
+        "8",
+    ]);
     assert_still_device(&null, 3);
 
     let no_space = "No space left on device";
-    fails_with(&file_cmd_args(&assets(), &full, &[]), &[s(&full), no_space]);
+    fails_with(
+        &file_cmd_args(&tiny_a_dir(), &full, &[]),
+        &[path_str(&full), no_space],
+    );
     fails_with(
         &[
             "codec",
             "encode",
-            s(&INPUT),
-            s(&full),
+            path_str(&INPUT),
+            path_str(&full),
             "--model",
-            s(&assets()),
+            path_str(&tiny_a_dir()),
         ],
-        &[s(&full), no_space],
+        &[path_str(&full), no_space],
     );
     fails_with(
         &[
             "codec",
             "decode",
-            s(&codes),
-            s(&full),
+            path_str(&codes),
+            path_str(&full),
             "--model",
-            s(&assets()),
+            path_str(&tiny_a_dir()),
         ],
-        &[s(&full), no_space],
+        &[path_str(&full), no_space],
     );
     fails_with(
-        &["quantize", s(&weights), s(&full), "--bits", "8"],
-        &[s(&full), no_space],
+        &[
+            "quantize",
+            path_str(&weights),
+            path_str(&full),
+            "--bits",
+            "8",
+        ],
+        &[path_str(&full), no_space],
     );
     assert_still_device(&full, 7);
 }
@@ -556,16 +597,16 @@ fn a_full_disk_leaves_no_partial_outputs() {
             "ulimit -f 64",
             vec![
                 "file".into(),
-                s(&INPUT).into(),
-                s(&o("answer.wav")).into(),
+                path_str(&INPUT).into(),
+                path_str(&o("answer.wav")).into(),
                 "--model".into(),
-                s(&assets()).into(),
+                path_str(&tiny_a_dir()).into(),
                 "--tokens-out".into(),
-                s(&o("tokens.jsonl")).into(),
+                path_str(&o("tokens.jsonl")).into(),
                 "--transcript".into(),
-                s(&o("words.tsv")).into(),
+                path_str(&o("words.tsv")).into(),
                 "--profile".into(),
-                s(&o("profile.jsonl")).into(),
+                path_str(&o("profile.jsonl")).into(),
             ],
         ),
         (
@@ -573,10 +614,10 @@ fn a_full_disk_leaves_no_partial_outputs() {
             vec![
                 "codec".into(),
                 "encode".into(),
-                s(&INPUT).into(),
-                s(&o("codes.npy")).into(),
+                path_str(&INPUT).into(),
+                path_str(&o("codes.npy")).into(),
                 "--model".into(),
-                s(&assets()).into(),
+                path_str(&tiny_a_dir()).into(),
             ],
         ),
         (
@@ -584,10 +625,10 @@ fn a_full_disk_leaves_no_partial_outputs() {
             vec![
                 "codec".into(),
                 "decode".into(),
-                s(&codes).into(),
-                s(&o("decoded.wav")).into(),
+                path_str(&codes).into(),
+                path_str(&o("decoded.wav")).into(),
                 "--model".into(),
-                s(&assets()).into(),
+                path_str(&tiny_a_dir()).into(),
             ],
         ),
         (
@@ -596,7 +637,7 @@ fn a_full_disk_leaves_no_partial_outputs() {
                 "bench".into(),
                 "--random-weights".into(),
                 "--config".into(),
-                s(&assets().join("config.json")).into(),
+                path_str(&tiny_a_dir().join("config.json")).into(),
                 "--frames".into(),
                 "2".into(),
                 "--warmup".into(),
@@ -606,14 +647,14 @@ fn a_full_disk_leaves_no_partial_outputs() {
                 "--bandwidth-buffer-mib".into(),
                 "8".into(),
                 "--json".into(),
-                s(&o("report.json")).into(),
+                path_str(&o("report.json")).into(),
             ],
         ),
     ];
     for (limit, args) in cases {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let run = moshi_limited(limit, &args);
-        let err = stderr(&run);
+        let err = stderr_text(&run);
         assert!(
             !run.status.success(),
             "{args:?} succeeded over `{limit}`: {err}"
@@ -706,26 +747,38 @@ fn memory_is_flat_in_the_input_length() {
     for (what, short_args, long_args) in [
         (
             "file",
-            vec!["file", s(&short), s(&out), "--model", s(&assets())],
-            vec!["file", s(&long), s(&out), "--model", s(&assets())],
+            vec![
+                "file",
+                path_str(&short),
+                path_str(&out),
+                "--model",
+                path_str(&tiny_a_dir()),
+            ],
+            vec![
+                "file",
+                path_str(&long),
+                path_str(&out),
+                "--model",
+                path_str(&tiny_a_dir()),
+            ],
         ),
         (
             "codec encode",
             vec![
                 "codec",
                 "encode",
-                s(&short),
-                s(&codes),
+                path_str(&short),
+                path_str(&codes),
                 "--model",
-                s(&assets()),
+                path_str(&tiny_a_dir()),
             ],
             vec![
                 "codec",
                 "encode",
-                s(&long),
-                s(&codes),
+                path_str(&long),
+                path_str(&codes),
                 "--model",
-                s(&assets()),
+                path_str(&tiny_a_dir()),
             ],
         ),
     ] {
@@ -753,9 +806,9 @@ fn code_file_headers_are_capped() {
             "codec",
             "decode",
             "/dev/zero",
-            s(&decoded),
+            path_str(&decoded),
             "--model",
-            s(&assets()),
+            path_str(&tiny_a_dir()),
         ],
         &["/dev/zero", "magic"],
         Duration::from_secs(10),
@@ -780,10 +833,10 @@ fn code_file_headers_are_capped() {
             &[
                 "codec",
                 "decode",
-                s(&liar),
-                s(&out),
+                path_str(&liar),
+                path_str(&out),
                 "--model",
-                s(&assets()),
+                path_str(&tiny_a_dir()),
             ],
             &["liar.npy", &message],
             Duration::from_secs(10),
@@ -818,25 +871,37 @@ fn low_rate_wavs_are_refused() {
     for samples in [100, 10] {
         let one_hz = write("one_hz.wav", 1, samples);
         fails_with(
-            &["file", s(&one_hz), s(&out), "--model", s(&assets())],
+            &[
+                "file",
+                path_str(&one_hz),
+                path_str(&out),
+                "--model",
+                path_str(&tiny_a_dir()),
+            ],
             &["one_hz.wav", "sample rate 1 Hz", "8000 to 384000 Hz"],
         );
         fails_with(
             &[
                 "codec",
                 "encode",
-                s(&one_hz),
-                s(&out),
+                path_str(&one_hz),
+                path_str(&out),
                 "--model",
-                s(&assets()),
+                path_str(&tiny_a_dir()),
             ],
             &["one_hz.wav", "sample rate 1 Hz"],
         );
     }
     assert!(!out.exists());
     let short = write("short.wav", 8_000, 100);
-    let o = moshi(&["file", s(&short), s(&out), "--model", s(&assets())]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    let o = moshi(&[
+        "file",
+        path_str(&short),
+        path_str(&out),
+        "--model",
+        path_str(&tiny_a_dir()),
+    ]);
+    assert!(o.status.success(), "{}", stderr_text(&o));
     assert_eq!(hound::WavReader::open(&out).unwrap().duration(), 1920);
 }
 
@@ -846,14 +911,20 @@ fn low_rate_wavs_are_refused() {
 fn outputs_follow_the_umask() {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
-    let weights = assets().join("model.safetensors");
+    let weights = tiny_a_dir().join("model.safetensors");
     for (umask, mode) in [("022", 0o644), ("027", 0o640), ("002", 0o664)] {
         let out = dir.path().join(format!("q8-{umask}.safetensors"));
         let run = moshi_limited(
             &format!("umask {umask}"),
-            &["quantize", s(&weights), s(&out), "--bits", "8"],
+            &[
+                "quantize",
+                path_str(&weights),
+                path_str(&out),
+                "--bits",
+                "8",
+            ],
         );
-        assert!(run.status.success(), "{}", stderr(&run));
+        assert!(run.status.success(), "{}", stderr_text(&run));
         let got = std::fs::metadata(&out).unwrap().permissions().mode() & 0o777;
         assert_eq!(got, mode, "umask {umask}: mode {got:o}");
     }

@@ -1,20 +1,15 @@
 //! Runs the built `moshi-rs inspect` on every file of assets/tiny-a and on the folder.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
+use moshi_test_support::{path_str, read_json, run_binary, tiny_a, tiny_a_dir};
 use serde_json::Value;
 
-fn assets() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../assets/tiny-a")
-}
-
 fn inspect(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_moshi-rs"))
-        .arg("inspect")
-        .args(args)
-        .output()
-        .unwrap();
+    let out = run_binary(
+        env!("CARGO_BIN_EXE_moshi-rs"),
+        &[&["inspect"][..], args].concat(),
+    );
     (
         out.status.success(),
         String::from_utf8(out.stdout).unwrap(),
@@ -23,7 +18,7 @@ fn inspect(args: &[&str]) -> (bool, String, String) {
 }
 
 fn inspect_json(path: &Path, extra: &[&str]) -> Value {
-    let mut args = vec![path.to_str().unwrap(), "--json"];
+    let mut args = vec![path_str(path), "--json"];
     args.extend_from_slice(extra);
     let (ok, stdout, stderr) = inspect(&args);
     assert!(ok, "inspect {} failed: {stderr}", path.display());
@@ -46,7 +41,7 @@ fn assert_config_clean(c: &Value) {
 #[test]
 fn every_tiny_a_file_is_described() {
     let mut seen = 0;
-    for entry in std::fs::read_dir(assets()).unwrap() {
+    for entry in std::fs::read_dir(tiny_a_dir()).unwrap() {
         let path = entry.unwrap().path();
         if !path.is_file() {
             continue;
@@ -110,7 +105,7 @@ fn every_tiny_a_file_is_described() {
             }
             _ => {
                 // WAVs and the manifest are not model files: a clear error, not a panic.
-                let (ok, _, stderr) = inspect(&[path.to_str().unwrap()]);
+                let (ok, _, stderr) = inspect(&[path_str(&path)]);
                 assert!(!ok, "{name} should be rejected");
                 assert!(
                     stderr.contains(&name) && stderr.contains("not a safetensors file"),
@@ -126,7 +121,7 @@ fn every_tiny_a_file_is_described() {
 
 #[test]
 fn the_folder_is_described_and_resolved() {
-    let v = inspect_json(&assets(), &[]);
+    let v = inspect_json(&tiny_a_dir(), &[]);
     let formats: Vec<&str> = v["checkpoints"]
         .as_array()
         .unwrap()
@@ -150,7 +145,7 @@ fn the_folder_is_described_and_resolved() {
         .unwrap()
         .ends_with("tokenizer.model"));
 
-    let (ok, text, _) = inspect(&[assets().to_str().unwrap()]);
+    let (ok, text, _) = inspect(&[path_str(&tiny_a_dir())]);
     assert!(ok);
     assert!(
         text.contains("4-bit, group size 32")
@@ -164,7 +159,7 @@ fn the_folder_is_described_and_resolved() {
 fn a_config_that_does_not_fit_is_reported_and_bits_still_come_from_the_file() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::copy(
-        assets().join("model.q4.safetensors"),
+        tiny_a("model.q4.safetensors"),
         dir.path().join("model.q4.safetensors"),
     )
     .unwrap();
@@ -182,15 +177,13 @@ fn a_config_that_does_not_fit_is_reported_and_bits_still_come_from_the_file() {
     );
 
     // A config with an extra layer: that layer's tensors are missing.
-    let mut cfg: Value =
-        serde_json::from_str(&std::fs::read_to_string(assets().join("config.json")).unwrap())
-            .unwrap();
+    let mut cfg = read_json(&tiny_a("config.json"));
     cfg["num_layers"] = 3.into();
     let cfg_path = dir.path().join("three-layers.json");
     std::fs::write(&cfg_path, cfg.to_string()).unwrap();
     let v = inspect_json(
-        &assets().join("model.safetensors"),
-        &["--config", cfg_path.to_str().unwrap()],
+        &tiny_a("model.safetensors"),
+        &["--config", path_str(&cfg_path)],
     );
     let missing = the_checkpoint(&v)["config_check"]["missing"]
         .as_array()

@@ -3,25 +3,14 @@
 //! packed q8 file, and contradictory or impossible requests fail clearly without output.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
+use std::process::Output;
 
 use moshi_loader::SafetensorsFile;
-
-fn assets() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../assets/tiny-a")
-}
+use moshi_test_support::{path_str, run_binary, tiny_a, tiny_a_dir};
 
 fn moshi(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_moshi-rs"))
-        .args(args)
-        .env("HF_HUB_OFFLINE", "1")
-        .output()
-        .unwrap()
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
+    run_binary(env!("CARGO_BIN_EXE_moshi-rs"), args)
 }
 
 /// Every tensor of `path`: name -> (dtype, shape, raw little-endian bytes).
@@ -45,8 +34,8 @@ fn tensors(path: &Path) -> BTreeMap<String, (String, Vec<usize>, Vec<u8>)> {
 fn check_quantize_command_reproduces(reference: &str, bits: &str, extra: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out.safetensors");
-    let input = assets().join("model.safetensors");
-    let mut args = vec!["quantize", s(&input), s(&out), "--bits", bits];
+    let input = tiny_a("model.safetensors");
+    let mut args = vec!["quantize", path_str(&input), path_str(&out), "--bits", bits];
     args.extend_from_slice(extra);
     let o = moshi(&args);
     assert!(
@@ -54,7 +43,7 @@ fn check_quantize_command_reproduces(reference: &str, bits: &str, extra: &[&str]
         "moshi-rs quantize failed: {}",
         String::from_utf8_lossy(&o.stderr)
     );
-    let (got, want) = (tensors(&out), tensors(&assets().join(reference)));
+    let (got, want) = (tensors(&out), tensors(&tiny_a(reference)));
     assert_eq!(
         got.keys().collect::<Vec<_>>(),
         want.keys().collect::<Vec<_>>(),
@@ -78,11 +67,11 @@ fn quantize_command_reproduces_mlx_q4_file() {
 
 #[test]
 fn quantize_command_reproduces_mlx_q8_file() {
-    let config = assets().join("config.json");
+    let config = tiny_a("config.json");
     check_quantize_command_reproduces(
         "model.q8.safetensors",
         "8",
-        &["--group-size", "64", "--config", s(&config)],
+        &["--group-size", "64", "--config", path_str(&config)],
     );
 }
 
@@ -90,8 +79,8 @@ fn quantize_command_reproduces_mlx_q8_file() {
 fn quantize_command_refuses_bad_requests_and_leaves_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out.safetensors");
-    let input = assets().join("model.safetensors");
-    let o = moshi(&["quantize", s(&input), s(&out), "--bits", "6"]);
+    let input = tiny_a("model.safetensors");
+    let o = moshi(&["quantize", path_str(&input), path_str(&out), "--bits", "6"]);
     assert!(!o.status.success());
     assert!(
         String::from_utf8_lossy(&o.stderr).contains("expected 4 or 8"),
@@ -100,8 +89,8 @@ fn quantize_command_refuses_bad_requests_and_leaves_nothing() {
     );
     let o = moshi(&[
         "quantize",
-        s(&input),
-        s(&out),
+        path_str(&input),
+        path_str(&out),
         "--bits",
         "4",
         "--group-size",
@@ -116,7 +105,7 @@ fn quantize_command_refuses_bad_requests_and_leaves_nothing() {
     // A checkpoint that does not fit the config (the built-in 7B one: no config.json beside it).
     let copied = dir.path().join("model.safetensors");
     std::fs::copy(&input, &copied).unwrap();
-    let o = moshi(&["quantize", s(&copied), s(&out), "--bits", "4"]);
+    let o = moshi(&["quantize", path_str(&copied), path_str(&out), "--bits", "4"]);
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
@@ -138,17 +127,17 @@ fn quantize_command_refuses_bad_requests_and_leaves_nothing() {
 fn file_tokens(extra: &[&str]) -> Vec<String> {
     let dir = tempfile::tempdir().unwrap();
     let (out, tokens) = (dir.path().join("out.wav"), dir.path().join("t.jsonl"));
-    let input = assets().join("input.wav");
-    let model = assets();
+    let input = tiny_a("input.wav");
+    let model = tiny_a_dir();
     let mut args = vec![
         "file",
-        s(&input),
-        s(&out),
+        path_str(&input),
+        path_str(&out),
         "--model",
-        s(&model),
+        path_str(&model),
         "--greedy",
         "--tokens-out",
-        s(&tokens),
+        path_str(&tokens),
     ];
     args.extend_from_slice(extra);
     let o = moshi(&args);
@@ -166,26 +155,26 @@ fn file_tokens(extra: &[&str]) -> Vec<String> {
 
 #[test]
 fn file_with_quantize_q8_matches_the_packed_q8_file() {
-    let bf16 = assets().join("model.safetensors");
-    let q8 = assets().join("model.q8.safetensors");
-    let quantized = file_tokens(&["--weights", s(&bf16), "--quantize", "q8"]);
-    let packed = file_tokens(&["--weights", s(&q8)]);
+    let bf16 = tiny_a("model.safetensors");
+    let q8 = tiny_a("model.q8.safetensors");
+    let quantized = file_tokens(&["--weights", path_str(&bf16), "--quantize", "q8"]);
+    let packed = file_tokens(&["--weights", path_str(&q8)]);
     assert!(!packed.is_empty());
     assert_eq!(quantized, packed);
     // And the dequantized q8 file is the same model computed in f32: same tokens on tiny-a.
-    let dequantized = file_tokens(&["--weights", s(&q8), "--dequantize"]);
+    let dequantized = file_tokens(&["--weights", path_str(&q8), "--dequantize"]);
     assert_eq!(dequantized, packed);
 }
 
 #[test]
 fn file_with_quantize_q4g64_matches_the_quantize_command_output() {
     let dir = tempfile::tempdir().unwrap();
-    let bf16 = assets().join("model.safetensors");
+    let bf16 = tiny_a("model.safetensors");
     let packed_path = dir.path().join("model.q4g64.safetensors");
     let o = moshi(&[
         "quantize",
-        s(&bf16),
-        s(&packed_path),
+        path_str(&bf16),
+        path_str(&packed_path),
         "--bits",
         "4",
         "--group-size",
@@ -202,25 +191,25 @@ fn file_with_quantize_q4g64_matches_the_quantize_command_output() {
     };
     assert_eq!(
         2 * scales(&packed_path),
-        scales(&assets().join("model.q4.safetensors"))
+        scales(&tiny_a("model.q4.safetensors"))
     );
-    let quantized_on_load = file_tokens(&["--weights", s(&bf16), "--quantize", "q4g64"]);
-    let packed = file_tokens(&["--weights", s(&packed_path)]);
+    let quantized_on_load = file_tokens(&["--weights", path_str(&bf16), "--quantize", "q4g64"]);
+    let packed = file_tokens(&["--weights", path_str(&packed_path)]);
     assert!(!packed.is_empty());
     assert_eq!(quantized_on_load, packed);
     // `--quantize q4g64` names exactly the packed file's format (a packed checkpoint runs only
     // under its own), and not the group-32 one `--quantize q4` asks for.
-    let same_format = file_tokens(&["--weights", s(&packed_path), "--quantize", "q4g64"]);
+    let same_format = file_tokens(&["--weights", path_str(&packed_path), "--quantize", "q4g64"]);
     assert_eq!(same_format, packed);
     let out = dir.path().join("out.wav");
     let o = moshi(&[
         "file",
-        s(&assets().join("input.wav")),
-        s(&out),
+        path_str(&tiny_a("input.wav")),
+        path_str(&out),
         "--model",
-        s(&assets()),
+        path_str(&tiny_a_dir()),
         "--weights",
-        s(&packed_path),
+        path_str(&packed_path),
         "--quantize",
         "q4",
     ]);
@@ -237,9 +226,16 @@ fn file_with_quantize_q4g64_matches_the_quantize_command_output() {
 fn contradictory_weight_flags_fail_clearly() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out.wav");
-    let input = assets().join("input.wav");
-    let model = assets();
-    let base = ["file", s(&input), s(&out), "--model", s(&model), "--greedy"];
+    let input = tiny_a("input.wav");
+    let model = tiny_a_dir();
+    let base = [
+        "file",
+        path_str(&input),
+        path_str(&out),
+        "--model",
+        path_str(&model),
+        "--greedy",
+    ];
     let o = moshi(&[&base[..], &["--quantize", "q4", "--dequantize"]].concat());
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
@@ -248,8 +244,8 @@ fn contradictory_weight_flags_fail_clearly() {
         "{err}"
     );
     // A packed q8 file cannot be run as q4.
-    let q8 = assets().join("model.q8.safetensors");
-    let o = moshi(&[&base[..], &["--weights", s(&q8), "--quantize", "q4"]].concat());
+    let q8 = tiny_a("model.q8.safetensors");
+    let o = moshi(&[&base[..], &["--weights", path_str(&q8), "--quantize", "q4"]].concat());
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(

@@ -14,13 +14,11 @@
 //! quantization group (within 2^-23 of each group's largest value, the size of one f32 rounding
 //! of it). [`QuantizedMatrix::matmul_reference`] is the scalar reference.
 
-pub mod bandwidth;
 mod error;
 mod kernels;
 mod matrix;
 mod quantize;
 mod reference;
-pub mod shapes;
 pub mod team;
 
 pub use error::QuantError;

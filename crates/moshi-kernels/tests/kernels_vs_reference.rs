@@ -8,27 +8,14 @@
 use moshi_kernels::{
     bf16_bits_to_f32, Kernel, QuantizedMatrix, SUPPORTED_BITS, SUPPORTED_GROUP_SIZES,
 };
-
-/// Deterministic xorshift64* generator (no external crates needed).
-struct Rng(u64);
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
-        lo + (hi - lo) * ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32)
-    }
-}
+use moshi_test_support::XorShift64Star;
 
 fn bf16(v: f32) -> u16 {
     half::bf16::from_f32(v).to_bits()
 }
 
 fn random_matrix(
-    rng: &mut Rng,
+    rng: &mut XorShift64Star,
     rows: usize,
     cols: usize,
     bits: u32,
@@ -74,13 +61,20 @@ fn worst_ratio(a: &[f32], b: &[f32], bounds: &[f32]) -> f32 {
         .fold(0f32, f32::max)
 }
 
-fn check(rng: &mut Rng, rows: usize, cols: usize, bits: u32, group_size: usize, m: usize) {
+fn check(
+    rng: &mut XorShift64Star,
+    rows: usize,
+    cols: usize,
+    bits: u32,
+    group_size: usize,
+    m: usize,
+) {
     let x: Vec<f32> = (0..m * cols).map(|_| rng.uniform(-1.0, 1.0)).collect();
     check_with(rng, rows, cols, bits, group_size, m, &x);
 }
 
 fn check_with(
-    rng: &mut Rng,
+    rng: &mut XorShift64Star,
     rows: usize,
     cols: usize,
     bits: u32,
@@ -118,7 +112,7 @@ fn check_with(
 
 #[test]
 fn every_kernel_matches_reference_on_shape_grid() {
-    let mut rng = Rng(0x1234_5678_9abc_def1);
+    let mut rng = XorShift64Star::new(0x1234_5678_9abc_def1);
     for bits in SUPPORTED_BITS {
         for group_size in SUPPORTED_GROUP_SIZES {
             for rows in [1, 7, 33] {
@@ -139,7 +133,7 @@ fn activations_of_every_magnitude_stay_within_the_bound() {
     // sum per group. Rows mixing magnitudes from 1e-29 to 1e29, and rows of tiny values only
     // (where the bound is tiny too, so any precision lost to the pre-scaling would show), must
     // stay as exact as the other kernels.
-    let mut rng = Rng(99);
+    let mut rng = XorShift64Star::new(99);
     for (bits, group_size) in [(4, 32), (8, 64), (4, 128), (8, 32)] {
         let cols = 4 * 128 + group_size;
         for (lo, hi) in [(-29.0, 29.0), (-29.0, -25.0)] {
@@ -166,7 +160,7 @@ fn threaded_split_matches_reference() {
         .num_threads(3)
         .build()
         .unwrap();
-    let mut rng = Rng(42);
+    let mut rng = XorShift64Star::new(42);
     pool.install(|| {
         for (bits, group_size) in [(4, 32), (8, 64), (4, 128), (6, 64)] {
             for m in [1, 3] {
@@ -180,7 +174,7 @@ fn threaded_split_matches_reference() {
 fn bound_detects_a_single_wrong_code() {
     // The tolerance must be tight enough to catch one flipped code (the kind of bug a wrong
     // nibble order or group offset produces).
-    let mut rng = Rng(7);
+    let mut rng = XorShift64Star::new(7);
     let w = random_matrix(&mut rng, 5, 256, 4, 32);
     let x: Vec<f32> = (0..256).map(|_| rng.uniform(0.5, 1.0)).collect();
     let mut codes = w.codes().to_vec();
@@ -233,7 +227,7 @@ fn matvec_equals_dequantized_dot_on_exact_values() {
 fn matvec_is_bit_identical_to_each_row_of_a_matmul() {
     // The matrix-vector path handles several weight rows per pass; per row it must do exactly the
     // arithmetic of the matrix-matrix path, so a row of `x` gives the same bits either way.
-    let mut rng = Rng(7);
+    let mut rng = XorShift64Star::new(7);
     for (bits, group_size) in [(4, 32), (8, 64), (4, 64), (8, 32)] {
         for rows in [1, 5, 13, 64] {
             let cols = 5 * group_size;
@@ -262,7 +256,7 @@ fn long_rows_match_reference_and_single_row_bits() {
     // 11264 columns (the 7B gating-out width; its activations no longer fit in L1) and widths
     // whose chunk count is odd: every activation-row count matches the reference within the
     // bound and gives the same bits per row as the single-row product.
-    let mut rng = Rng(11);
+    let mut rng = XorShift64Star::new(11);
     for (bits, group_size, cols) in [(4, 32, 11264), (8, 64, 11264), (4, 64, 5056), (8, 32, 4128)] {
         for m in [1, 2, 5] {
             check(&mut rng, 9, cols, bits, group_size, m);
@@ -293,7 +287,7 @@ fn long_rows_match_reference_and_single_row_bits() {
 fn non_finite_activations_give_non_finite_outputs_in_every_kernel() {
     // The VNNI kernel cannot hold NaN or infinities in fixed point and hands such products to
     // the f32 kernel; every kernel must agree with the reference on which outputs are finite.
-    let mut rng = Rng(5);
+    let mut rng = XorShift64Star::new(5);
     for (bits, group_size) in [(4, 32), (8, 64)] {
         let w = random_matrix(&mut rng, 6, 256, bits, group_size);
         for bad in [f32::NAN, f32::INFINITY] {

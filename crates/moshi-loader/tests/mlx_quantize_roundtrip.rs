@@ -4,10 +4,9 @@
 //! * dequantization equals `ref/dequant.safetensors` (`dequant_f32` and MLX's native `dequant_bf16`);
 //! * every kernel reproduces the `quantized_matmul` pairs `{q4,q8}.qmm.x` -> `.y_f32`.
 
-use std::path::PathBuf;
-
 use moshi_kernels::{Kernel, QuantizedMatrix};
 use moshi_loader::{SafetensorsFile, TensorData};
+use moshi_test_support::tiny_a;
 
 /// tiny-a dimensions (MANIFEST.md): temporal layers, depformer layers, steps, codebooks.
 const LAYERS: usize = 2;
@@ -15,12 +14,6 @@ const DEP_LAYERS: usize = 2;
 const DEP_Q: usize = 8;
 const N_Q: usize = 16;
 const DEP_DIM: usize = 64;
-
-fn asset(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../assets/tiny-a")
-        .join(name)
-}
 
 /// An MLX packed tensor and where its unpacked values come from in the PyTorch checkpoint:
 /// (MLX prefix, PyTorch name, first row, row count or 0 for all rows).
@@ -141,8 +134,8 @@ fn load_packed(f: &SafetensorsFile, prefix: &str, bits: u32, group_size: usize) 
 }
 
 fn check_quantize_reproduces(file: &str, bits: u32, group_size: usize) {
-    let torch = SafetensorsFile::open(asset("model.safetensors")).unwrap();
-    let mlx = SafetensorsFile::open(asset(file)).unwrap();
+    let torch = SafetensorsFile::open(tiny_a("model.safetensors")).unwrap();
+    let mlx = SafetensorsFile::open(tiny_a(file)).unwrap();
     let table = name_table();
     let packed_in_file = mlx
         .tensors()
@@ -208,9 +201,9 @@ const QMM_WEIGHT: &str = "depformer.slices.0.transformer.layers.0.gating.linear_
 
 #[test]
 fn dequantization_matches_mlx_dequantize() {
-    let refs = SafetensorsFile::open(asset("ref/dequant.safetensors")).unwrap();
+    let refs = SafetensorsFile::open(tiny_a("ref/dequant.safetensors")).unwrap();
     for (q, bits, group_size) in [("q4", 4, 32), ("q8", 8, 64)] {
-        let mlx = SafetensorsFile::open(asset(&format!("model.{q}.safetensors"))).unwrap();
+        let mlx = SafetensorsFile::open(tiny_a(&format!("model.{q}.safetensors"))).unwrap();
         for name in [
             "depformer.slices.1.emb",
             "depformer.slices.0.linear_out",
@@ -238,9 +231,9 @@ fn dequantization_matches_mlx_dequantize() {
 
 #[test]
 fn kernels_match_mlx_quantized_matmul_f32() {
-    let refs = SafetensorsFile::open(asset("ref/dequant.safetensors")).unwrap();
+    let refs = SafetensorsFile::open(tiny_a("ref/dequant.safetensors")).unwrap();
     for (q, bits, group_size) in [("q4", 4, 32), ("q8", 8, 64)] {
-        let mlx = SafetensorsFile::open(asset(&format!("model.{q}.safetensors"))).unwrap();
+        let mlx = SafetensorsFile::open(tiny_a(&format!("model.{q}.safetensors"))).unwrap();
         let w = load_packed(&mlx, QMM_WEIGHT, bits, group_size);
         let m = 2;
         let x = refs

@@ -3,20 +3,17 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use common::asset;
 use moshi_loader::hub::HubSettings;
 use moshi_loader::{
     LmConfig, LmLayout, LmVariant, LoaderError, MimiConfig, ModelSource, SourceOverrides,
 };
+use moshi_test_support::tiny_a_dir;
 
 fn copy(name: &str, to: &Path, as_name: &str) {
     std::fs::copy(asset(name), to.join(as_name)).unwrap();
-}
-
-fn tiny_a_dir() -> PathBuf {
-    asset("")
 }
 
 #[test]

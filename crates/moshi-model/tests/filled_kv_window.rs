@@ -2,14 +2,12 @@
 //! cache holding `min(positions, context)` positions, advances the position by `positions`, and
 //! the model steps on from there with finite outputs.
 
-use std::path::Path;
-
 use moshi_loader::LmConfig;
 use moshi_model::lm::{LmModel, RandomWeightKind};
+use moshi_test_support::tiny_a;
 
 fn tiny_config() -> LmConfig {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/tiny-a/config.json");
-    LmConfig::from_file(&path).expect("tiny-a config")
+    LmConfig::from_file(tiny_a("config.json")).expect("tiny-a config")
 }
 
 #[test]

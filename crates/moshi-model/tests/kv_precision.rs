@@ -2,15 +2,13 @@
 //! difference is bf16 rounding of keys and values, not a different computation), the setting
 //! takes effect, and changing it restarts the conversation.
 
-use std::path::Path;
-
 use moshi_loader::LmConfig;
 use moshi_model::lm::kv_cache::KvPrecision;
 use moshi_model::lm::{LmModel, RandomWeightKind};
+use moshi_test_support::tiny_a;
 
 fn tiny_config() -> LmConfig {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/tiny-a/config.json");
-    LmConfig::from_file(&path).expect("tiny-a config")
+    LmConfig::from_file(tiny_a("config.json")).expect("tiny-a config")
 }
 
 /// Text logits of `steps` temporal steps over a fixed token sequence.

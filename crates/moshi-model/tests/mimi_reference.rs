@@ -1,30 +1,23 @@
 //! Mimi against the official PyTorch references of `assets/tiny-a` (streaming and batch encode,
 //! streaming decode, 16 kHz resampled input), plus reset and error behaviour.
 
-use std::path::PathBuf;
-
 use moshi_loader::{load_mimi_weights, npy, MimiConfig, WeightMap};
 use moshi_model::mimi::{Mimi, MimiWeights};
-
-fn asset(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../assets/tiny-a")
-        .join(rel)
-}
+use moshi_test_support::tiny_a;
 
 /// tiny-a's Mimi weights for `codebooks` codebooks, read by the loader.
 fn weights(codebooks: usize) -> WeightMap {
-    load_mimi_weights(&asset("mimi.safetensors"), codebooks).unwrap()
+    load_mimi_weights(&tiny_a("mimi.safetensors"), codebooks).unwrap()
 }
 
 fn load_mimi() -> Mimi {
-    let cfg = MimiConfig::from_file(asset("mimi_config.json")).unwrap();
+    let cfg = MimiConfig::from_file(tiny_a("mimi_config.json")).unwrap();
     Mimi::load(&cfg, weights(8), 8).unwrap()
 }
 
 /// input.wav as int16 / 32768, full frames only (what the reference used).
 fn input_pcm(frame: usize) -> Vec<f32> {
-    let mut reader = hound::WavReader::open(asset("input.wav")).unwrap();
+    let mut reader = hound::WavReader::open(tiny_a("input.wav")).unwrap();
     assert_eq!(reader.spec().sample_rate, 24000);
     let pcm: Vec<f32> = reader
         .samples::<i16>()
@@ -35,7 +28,7 @@ fn input_pcm(frame: usize) -> Vec<f32> {
 }
 
 fn reference_codes(name: &str) -> Vec<Vec<u32>> {
-    let arr = npy::read_i64(asset(name)).unwrap();
+    let arr = npy::read_i64(tiny_a(name)).unwrap();
     assert_eq!(arr.shape.len(), 2);
     let (k, t) = (arr.shape[0], arr.shape[1]);
     (0..k)
@@ -123,7 +116,7 @@ fn batch_encode_matches_reference_exactly() {
 fn streaming_decode_matches_reference() {
     let mut mimi = load_mimi();
     let codes = reference_codes("ref/mimi_codes.npy");
-    let expected = npy::read_f32(asset("ref/mimi_decoded.npy")).unwrap().data;
+    let expected = npy::read_f32(tiny_a("ref/mimi_decoded.npy")).unwrap().data;
     let pcm = mimi.decode_step(&codes).unwrap();
     let diff = max_abs_diff(&pcm, &expected);
     eprintln!("streaming decode max abs diff vs reference: {diff:e}");
@@ -142,7 +135,7 @@ fn streaming_decode_matches_reference() {
 #[test]
 fn resampled_16k_input_matches_reference_codes() {
     let mut mimi = load_mimi();
-    let pcm = npy::read_f32(asset("ref/input_16k_resampled.npy"))
+    let pcm = npy::read_f32(tiny_a("ref/input_16k_resampled.npy"))
         .unwrap()
         .data;
     let frame = mimi.frame_size_samples();
@@ -173,7 +166,7 @@ fn bad_inputs_get_clear_errors() {
         err.contains("64") && err.contains("codebook 4") && err.contains("out of range"),
         "{err}"
     );
-    let cfg = MimiConfig::from_file(asset("mimi_config.json")).unwrap();
+    let cfg = MimiConfig::from_file(tiny_a("mimi_config.json")).unwrap();
     let err = Mimi::load(&cfg, weights(13), 13).unwrap_err().to_string();
     assert!(err.contains("13") && err.contains("12"), "{err}");
     let err = Mimi::load(&MimiConfig::v0_1(), weights(8), 8)
@@ -211,7 +204,7 @@ fn batch_decode_equals_streaming_decode_before_the_window_fills() {
     let batch = mimi.decode_batch(&codes).unwrap();
     let diff = max_abs_diff(&streamed, &batch);
     assert!(diff < 1e-5, "batch vs streaming decode {diff}");
-    let reference = npy::read_f32(asset("ref/mimi_decoded.npy")).unwrap().data;
+    let reference = npy::read_f32(tiny_a("ref/mimi_decoded.npy")).unwrap().data;
     assert!(max_abs_diff(&batch, &reference[..batch.len()]) < 1e-4);
 }
 
@@ -234,7 +227,7 @@ fn snr_db(ours: &[f32], reference: &[f32]) -> f64 {
 fn reduced_precision_weight_modes_stay_close_to_the_f32_reference() {
     let mut mimi = load_mimi();
     let codes = reference_codes("ref/mimi_codes.npy");
-    let reference = npy::read_f32(asset("ref/mimi_decoded.npy")).unwrap().data;
+    let reference = npy::read_f32(tiny_a("ref/mimi_decoded.npy")).unwrap().data;
     let pcm = input_pcm(mimi.frame_size_samples());
     // (mode, minimum fraction of equal codes, minimum decoded SNR in dB)
     for (mode, min_equal, min_snr_db) in [
@@ -277,7 +270,7 @@ fn reduced_precision_weight_modes_stay_close_to_the_f32_reference() {
 
 #[test]
 fn random_weights_are_deterministic_and_keep_signals_bounded() {
-    let cfg = MimiConfig::from_file(asset("mimi_config.json")).unwrap();
+    let cfg = MimiConfig::from_file(tiny_a("mimi_config.json")).unwrap();
     let pcm = input_pcm(1920)[..4 * 1920].to_vec();
     let run = |seed: u64| {
         let mut mimi = Mimi::random(&cfg, 8, seed).unwrap();

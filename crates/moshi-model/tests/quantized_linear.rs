@@ -3,21 +3,12 @@
 
 use moshi_kernels::QuantizedMatrix;
 use moshi_model::ops::Linear;
-
-fn pseudo_random(n: usize, seed: u32) -> Vec<f32> {
-    (0..n)
-        .map(|i| {
-            ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8) as f32
-                / (1 << 24) as f32
-                - 0.5
-        })
-        .collect()
-}
+use moshi_test_support::hashed_uniform;
 
 #[test]
 fn quantized_linear_matches_reference_and_dense() {
     let (rows, cols) = (37, 256);
-    let dense = pseudo_random(rows * cols, 11);
+    let dense = hashed_uniform(rows * cols, 11);
     for (bits, group_size) in [(4, 32), (8, 64), (3, 128)] {
         let q = QuantizedMatrix::quantize(&dense, rows, cols, bits, group_size).unwrap();
         let dequantized = q.dequantize_f32();
@@ -28,7 +19,7 @@ fn quantized_linear_matches_reference_and_dense() {
             in_dim: cols,
         };
         for m in [1, 3] {
-            let x = pseudo_random(m * cols, 5 + m as u32);
+            let x = hashed_uniform(m * cols, 5 + m as u32);
             let got = lin.forward(&x, m);
             let mut want = vec![0f32; m * rows];
             q.matmul_reference(&x, m, &mut want);

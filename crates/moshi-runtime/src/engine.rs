@@ -631,7 +631,10 @@ impl OfflineRunner {
     ) -> Result<(FrameRecord, FrameOutput)> {
         let index = self.metrics.frames();
         let t0 = Instant::now();
-        let o = call()?;
+        let o = {
+            let _span = tracing::trace_span!("frame", index).entered();
+            call()?
+        };
         let total_ms = t0.elapsed().as_secs_f64() * 1e3;
         if o.pcm.len() != FRAME_SAMPLES {
             return Err(RuntimeError::FrameSize {
@@ -662,7 +665,8 @@ impl OfflineRunner {
 
 /// Runs `processor` over a whole 24 kHz mono signal, frame by frame, with no rings (file mode).
 /// Only whole frames are processed (T = len / 1920 frames in, T frames out). `on_frame` sees
-/// every frame's output as it is produced.
+/// every frame's output as it is produced (outside the frame's time). Each frame runs in a
+/// `frame` trace span ([`OfflineRunner`]). `moshi-rs bench` drives its frames through here too.
 pub fn run_offline(
     processor: &mut dyn FrameProcessor,
     pcm: &[f32],

@@ -8,7 +8,6 @@
 
 pub mod alloc_check;
 pub mod backend;
-pub mod bench;
 pub mod continuity;
 pub mod engine;
 mod error;

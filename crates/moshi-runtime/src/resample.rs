@@ -249,7 +249,7 @@ pub fn snr_db(reference: &[f32], got: &[f32]) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::Path;
+    use moshi_test_support::tiny_a;
 
     /// Floor for the SNR against sphn's output. Measured: 327.9 dB (identical up to f32
     /// rounding: sphn uses the same FftFixedIn with 1024-sample chunks). A different rubato
@@ -276,10 +276,8 @@ mod tests {
 
     #[test]
     fn input_16k_matches_sphn_reference() {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/tiny-a");
-        let audio = crate::wav::read_mono(&root.join("input_16k.wav")).unwrap();
-        let reference =
-            moshi_loader::npy::read_f32(root.join("ref/input_16k_resampled.npy")).unwrap();
+        let audio = crate::wav::read_mono(&tiny_a("input_16k.wav")).unwrap();
+        let reference = moshi_loader::npy::read_f32(tiny_a("ref/input_16k_resampled.npy")).unwrap();
         let ours = resample_to(&audio.samples, 16_000, 24_000).unwrap();
         let snr = snr_db(&reference.data, &ours);
         eprintln!(

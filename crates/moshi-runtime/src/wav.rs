@@ -311,16 +311,11 @@ pub fn write_stereo_i16(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn asset(name: &str) -> PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../assets/tiny-a")
-            .join(name)
-    }
+    use moshi_test_support::tiny_a;
 
     #[test]
     fn reads_fixture_as_i16_over_32768() {
-        let audio = read_mono(&asset("input.wav")).unwrap();
+        let audio = read_mono(&tiny_a("input.wav")).unwrap();
         assert_eq!(audio.sample_rate_hz, 24_000);
         assert_eq!(audio.samples.len(), 84354);
         // every sample is an exact multiple of 1/32768
@@ -427,8 +422,8 @@ mod tests {
 
     #[test]
     fn reads_in_chunks_what_it_reads_whole() {
-        let whole = read_mono(&asset("input.wav")).unwrap().samples;
-        let mut r = MonoReader::open(&asset("input.wav")).unwrap();
+        let whole = read_mono(&tiny_a("input.wav")).unwrap().samples;
+        let mut r = MonoReader::open(&tiny_a("input.wav")).unwrap();
         assert_eq!(r.len_samples(), whole.len() as u64);
         let mut chunked = Vec::new();
         while r.read_chunk(1000, &mut chunked).unwrap() > 0 {}

@@ -2,7 +2,6 @@
 //! frame accounting, lockstep output == offline output, deliberate frame dropping with bounded
 //! backlog under a slow processor, and device-format conversion (48 kHz stereo) round trips.
 
-use std::path::Path;
 use std::time::Duration;
 
 use moshi_runtime::backend::null::{NullBackend, NullClock, NullConfig};
@@ -12,6 +11,7 @@ use moshi_runtime::engine::{
 };
 use moshi_runtime::metrics::FrameRecord;
 use moshi_runtime::{wav, FRAME_SAMPLES};
+use moshi_test_support::tiny_a;
 
 /// Test double: a stateful echo (output = 0.5 * input delayed by `delay` samples), plus a text
 /// piece every 4 frames. Any lost, repeated or misaligned sample changes its output.
@@ -57,8 +57,7 @@ impl FrameProcessor for Echo {
 }
 
 fn input_wav() -> Vec<f32> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/tiny-a/input.wav");
-    wav::read_mono(&p).unwrap().samples
+    wav::read_mono(&tiny_a("input.wav")).unwrap().samples
 }
 
 /// The frame records among `events`.

@@ -2,7 +2,6 @@
 //! faster than real time: the speaker stream equals file mode's output for the same input and
 //! seed (sampling on, not greedy), with every frame accounted for.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use moshi_loader::{ModelSource, SourceOverrides, WeightMode};
@@ -12,14 +11,10 @@ use moshi_runtime::backend::{start_session, AudioBackend, RingSizes};
 use moshi_runtime::engine::{run_offline, DropPolicy, EngineEvent, FrameProcessor};
 use moshi_runtime::pipeline::MoshiPipeline;
 use moshi_runtime::{wav, FRAME_SAMPLES};
-
-fn tiny() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../assets/tiny-a")
-}
+use moshi_test_support::{path_str, tiny_a, tiny_a_dir};
 
 fn pipeline(seed: u64) -> MoshiPipeline {
-    let model =
-        ModelSource::resolve(tiny().to_str().unwrap(), &SourceOverrides::default()).unwrap();
+    let model = ModelSource::resolve(path_str(&tiny_a_dir()), &SourceOverrides::default()).unwrap();
     let sampling = SamplingConfig {
         seed,
         ..SamplingConfig::default()
@@ -29,7 +24,7 @@ fn pipeline(seed: u64) -> MoshiPipeline {
 
 #[test]
 fn live_engine_with_tiny_model_equals_file_mode() {
-    let input = wav::read_mono(&tiny().join("input.wav")).unwrap().samples;
+    let input = wav::read_mono(&tiny_a("input.wav")).unwrap().samples;
     let frames = input.len() / FRAME_SAMPLES;
     let mut file_texts = Vec::new();
     let mut file_tokens = Vec::new();

@@ -14,7 +14,7 @@ use moshi_runtime::{wav, FRAME_SAMPLES};
 use serde_json::Value;
 
 fn tiny() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../assets/tiny-hibiki")
+    moshi_test_support::fixture_dir("tiny-hibiki")
 }
 
 fn pipeline(cfg_coef: f32) -> MoshiPipeline {

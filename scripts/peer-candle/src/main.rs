@@ -22,12 +22,12 @@ use std::time::Instant;
 use candle_core::quantized::ggml_file::qtensor_from_ggml;
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
-use moshi_kernels::bandwidth::ReadBuffer;
-use moshi_kernels::shapes::{LARGE_SHAPES, MOSHI_7B_MATVEC_SHAPES};
+use moshi_bench::bandwidth::ReadBuffer;
+use moshi_bench::shapes::{LARGE_SHAPES, MOSHI_7B_MATVEC_SHAPES};
 use moshi_kernels::{Kernel, QuantizedMatrix};
 
 /// (name, in_features, out_features): the 5 temporal-transformer shapes of `cargo bench -p
-/// moshi-kernels --bench qmv` and its first 2 depformer ones.
+/// moshi-bench --bench qmv` and its first 2 depformer ones.
 const SHAPES: &[(&str, usize, usize)] = MOSHI_7B_MATVEC_SHAPES.split_at(LARGE_SHAPES + 2).0;
 
 struct Options {

@@ -2,40 +2,16 @@
 //! on random weights of the real shapes or on a checkpoint, next to the memory-bandwidth bound.
 
 use std::path::{Path, PathBuf};
-use std::time::Instant;
-
-use anyhow::{bail, Context, Result};
-use moshi_kernels::SUPPORTED_GROUP_SIZES;
-use moshi_loader::tokenizer::TextTokenizer;
-use moshi_loader::{load_mimi_weights, LmConfig, MimiConfig, WeightMap};
-use moshi_model::generator::{Generator, SamplingConfig};
-use moshi_model::lm::kv_cache::KvPrecision;
-use moshi_model::lm::random::{random_lm_weights, RandomWeightKind};
-use moshi_model::lm::LmModel;
-use moshi_model::mimi::{Mimi, MimiWeights};
-use moshi_runtime::bench::checkpoint::{load_checkpoint_lm, resolve_model};
-use moshi_runtime::bench::extrapolate::extrapolate_to_full_depth;
-use moshi_runtime::bench::format::WeightFormat;
-use moshi_runtime::bench::kv_traffic::kv_read_per_layer_bytes;
-use moshi_runtime::bench::memory::{peak_resident_bytes, reset_peak_resident};
-use moshi_runtime::bench::report::{
-    real_time_factor, BandwidthBound, BenchReport, MachineInfo, RunInfo, StageStats, WeightBytes,
-    BENCH_SCHEMA_VERSION,
-};
-use moshi_runtime::bench::runner::{run_frames, TEMPORAL_LAYER_SPAN};
-use moshi_runtime::bench::span_timer::{SpanTimerLayer, SpanTotals};
-use moshi_runtime::bench::stages::{DepformerStage, LmStage, MimiStage};
-use moshi_runtime::bench::synthetic_tokenizer::synthetic_tokenizer;
-use moshi_runtime::engine::FrameProcessor;
-use moshi_runtime::pipeline::{
-    MoshiPipeline, FIRST_FRAME_LM_STEPS, TRANSLATION_CONDITIONS, TRANSLATION_NEGATIVE_CONDITIONS,
-};
-use moshi_runtime::FRAME_MS;
 use std::sync::{Arc, Mutex};
 
+use anyhow::{bail, Context, Result};
+use moshi_bench::format::WeightFormat;
+use moshi_bench::frames::TEMPORAL_LAYER_SPAN;
+use moshi_bench::run::{run_bench, BenchOptions, Stage, WeightSource};
+use moshi_bench::span_timer::SpanTimerLayer;
 use moshi_loader::output_file::{check_output_path, write_output, OutputFile};
-
-use super::memory_budget::ensure_fits;
+use moshi_model::lm::kv_cache::KvPrecision;
+use moshi_model::mimi::MimiWeights;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::Layer;
 
@@ -70,20 +46,14 @@ pub enum StageArg {
     Depformer,
 }
 
-impl StageArg {
-    fn name(self) -> &'static str {
-        match self {
-            StageArg::All => "all",
-            StageArg::Mimi => "mimi",
-            StageArg::Lm => "lm",
-            StageArg::Depformer => "depformer",
+impl From<StageArg> for Stage {
+    fn from(s: StageArg) -> Self {
+        match s {
+            StageArg::All => Stage::All,
+            StageArg::Mimi => Stage::Mimi,
+            StageArg::Lm => Stage::Lm,
+            StageArg::Depformer => Stage::Depformer,
         }
-    }
-    fn needs_mimi(self) -> bool {
-        matches!(self, StageArg::All | StageArg::Mimi)
-    }
-    fn needs_lm(self) -> bool {
-        !matches!(self, StageArg::Mimi)
     }
 }
 
@@ -167,25 +137,8 @@ pub struct BenchArgs {
     cfg_coef: Option<f32>,
 }
 
-/// The models a run needs, their config and where they came from.
-struct Loaded {
-    lm: Option<LmModel>,
-    mimi: Option<Mimi>,
-    tokenizer: Option<TextTokenizer>,
-    cfg: LmConfig,
-    layers_config: usize,
-    config_origin: String,
-    /// Weight format for the reports: `bf16`, `q8`, `q4`, or with a group size other than the
-    /// release one, e.g. `q4g64`.
-    quant: String,
-    weights: WeightBytes,
-}
-
 /// Runs the benchmark; `log_filter` is the `--log` filter for messages on stderr.
 pub fn run(args: BenchArgs, log_filter: &str) -> Result<()> {
-    if args.frames == 0 {
-        bail!("--frames must be at least 1");
-    }
     let threads = match args.threads {
         Some(0) => bail!("--threads must be at least 1"),
         Some(n) => n,
@@ -228,10 +181,39 @@ pub fn run(args: BenchArgs, log_filter: &str) -> Result<()> {
         .with(timer)
         .with(chrome)
         .with(stderr_log);
-    let result = tracing::subscriber::with_default(subscriber, || bench(&args, threads, &totals));
+    let options = BenchOptions {
+        weights: match (args.random_weights, &args.model) {
+            (true, _) => WeightSource::Random,
+            (false, Some(spec)) => WeightSource::Checkpoint(spec.clone()),
+            (false, None) => bail!("--model or --random-weights is required"),
+        },
+        config: args.config.clone(),
+        layers: args.layers,
+        quant: args.quant.map(WeightFormat::from),
+        group_size: args.group_size,
+        frames: args.frames,
+        warmup: args.warmup,
+        kv_prefill: args.kv_prefill,
+        kv_cache: args.kv_cache,
+        threads,
+        stage: args.stage.into(),
+        seed: args.seed,
+        mimi_weights: args.mimi_weights,
+        bandwidth_buffer_mib: args.bandwidth_buffer_mib,
+        cfg_coef: args.cfg_coef,
+    };
+    let result = tracing::subscriber::with_default(subscriber, || {
+        run_bench(&options, Some(&totals), &mut |line| eprintln!("{line}"))
+    });
     // Dropping the guard flushes the trace and ends tracing-chrome's writer thread.
     drop(flush_guard);
-    result?;
+    let report = result?;
+    print!("{}", report.to_text());
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&report).context("cannot serialise the report")?;
+        write_output(path, (text + "\n").as_bytes()).context("--json")?;
+        eprintln!("report written to {}", path.display());
+    }
     if let (Some(sink), Some(path)) = (trace, &args.trace) {
         sink.finish().context("--trace")?;
         eprintln!(
@@ -241,7 +223,6 @@ pub fn run(args: BenchArgs, log_filter: &str) -> Result<()> {
     }
     Ok(())
 }
-
 /// The `--trace` file as tracing-chrome's writer. tracing-chrome writes from its own thread and
 /// panics on a write error, so none reaches it: the first error is kept, later writes are
 /// dropped, and [`TraceSink::finish`] reports it (the trace is then not committed: no partial
@@ -302,506 +283,4 @@ impl std::io::Write for TraceSink {
         }
         Ok(())
     }
-}
-
-/// One memory read-bandwidth probe of `buffer_mib` MiB with `threads` threads, GB/s.
-fn probe_bandwidth(threads: usize, buffer_mib: usize) -> f64 {
-    moshi_kernels::bandwidth::measure_read_bandwidth_gbps_with(
-        threads,
-        buffer_mib.max(1) << 20,
-        moshi_kernels::bandwidth::DEFAULT_PASSES,
-    )
-}
-
-fn bench(args: &BenchArgs, threads: usize, totals: &SpanTotals) -> Result<()> {
-    // Bandwidth is probed before the model is loaded and again after the timed frames; the best
-    // probe is kept (a busy machine only ever makes a probe slower).
-    ensure_fits(
-        &format!("--bandwidth-buffer-mib {}", args.bandwidth_buffer_mib),
-        (args.bandwidth_buffer_mib as u64) << 20,
-    )?;
-    eprintln!("measuring memory read bandwidth with {threads} threads ...");
-    let mut probes = vec![probe_bandwidth(threads, args.bandwidth_buffer_mib)];
-    // The probe's buffer is freed; do not let it count as the model's peak memory.
-    if !reset_peak_resident() {
-        tracing::debug!(
-            "cannot reset the peak resident set; peak memory includes the bandwidth probe"
-        );
-    }
-    let loaded = load(args)?;
-    let layers_run = loaded.cfg.num_layers;
-    let cfg_coef = args
-        .cfg_coef
-        .unwrap_or_else(|| loaded.cfg.default_cfg_coef());
-    if !(cfg_coef.is_finite() && cfg_coef > 0.0) {
-        bail!("--cfg-coef {cfg_coef}: expected a positive number (1 = no guidance)");
-    }
-    if cfg_coef != 1.0 {
-        if !loaded.cfg.is_conditioned() {
-            bail!(
-                "--cfg-coef {cfg_coef}: guidance needs a conditioned config (Hibiki: --config \
-                 configs/hibiki-m.json); {} has no conditioners",
-                loaded.config_origin
-            );
-        }
-        if !matches!(args.stage, StageArg::All | StageArg::Lm) {
-            bail!(
-                "--cfg-coef {cfg_coef} applies to --stage all or lm (the generator runs the two rows), not {}",
-                args.stage.name()
-            );
-        }
-    }
-    // Guidance runs a second row over the same weights, one after the other: the weights are
-    // read twice per frame and each row has its own KV caches.
-    let lm_rows: u64 = if cfg_coef != 1.0 { 2 } else { 1 };
-    // The temporal KV caches grow by one position per LM step (warm-up included) up to the
-    // context; the pipeline's first frame steps twice (the first step only fills the delays).
-    let first_frame_steps = match args.stage {
-        StageArg::All => FIRST_FRAME_LM_STEPS,
-        StageArg::Lm => 1,
-        StageArg::Mimi | StageArg::Depformer => 0,
-    };
-    if args.kv_prefill > 0 {
-        if first_frame_steps == 0 {
-            bail!(
-                "--kv-prefill fills the temporal transformer's KV caches: it needs --stage all or lm, not {}",
-                args.stage.name()
-            );
-        }
-        if args.kv_prefill > loaded.cfg.context {
-            bail!(
-                "--kv-prefill {} is above the config's context of {} positions ({})",
-                args.kv_prefill,
-                loaded.cfg.context,
-                loaded.config_origin
-            );
-        }
-        let cfg = &loaded.cfg;
-        ensure_fits(
-            &format!(
-                "--kv-prefill {} ({} layers of dim {}, {} KV cache)",
-                args.kv_prefill, cfg.num_layers, cfg.dim, args.kv_cache
-            ),
-            [
-                args.kv_prefill,
-                cfg.dim,
-                2,
-                args.kv_cache.bytes(),
-                cfg.num_layers,
-            ]
-            .iter()
-            .map(|&x| x as u64)
-            .product(),
-        )?;
-    }
-    let kv_layer_bytes = if first_frame_steps > 0 {
-        let cfg = &loaded.cfg;
-        // The prefilled positions count as LM steps taken before the first frame's.
-        let steps_by_first_frame = args.kv_prefill + first_frame_steps;
-        kv_read_per_layer_bytes(
-            args.kv_cache.bytes(),
-            cfg.dim,
-            cfg.context,
-            steps_by_first_frame,
-            args.warmup,
-            args.frames,
-        )
-    } else {
-        0
-    };
-    let Loaded {
-        mut lm,
-        mut mimi,
-        tokenizer,
-        layers_config,
-        config_origin,
-        quant,
-        mut weights,
-        ..
-    } = loaded;
-    if let Some(lm) = lm.as_mut() {
-        lm.set_kv_precision(args.kv_cache);
-    }
-    if let Some(lm) = lm.as_mut().filter(|_| args.kv_prefill > 0) {
-        eprintln!(
-            "filling the temporal KV caches with {} random positions ...",
-            args.kv_prefill
-        );
-        lm.fill_temporal_caches_with_noise(args.kv_prefill, args.seed);
-    }
-    weights.kv_cache_layer_read_bytes = kv_layer_bytes * lm_rows;
-    weights.kv_cache_read_per_frame_bytes = kv_layer_bytes * lm_rows * layers_run as u64;
-    weights.weight_passes_per_frame = lm_rows;
-    weights.read_per_frame_bytes *= lm_rows;
-    if let Some(m) = mimi.as_mut() {
-        m.set_weights(args.mimi_weights);
-        eprintln!("Mimi weights: {}", args.mimi_weights);
-    }
-    let kernel = moshi_kernels::Kernel::detect();
-    let eight_bit = if kernel == moshi_kernels::Kernel::Avx512Vnni {
-        "; 8-bit products on the f32 avx512 kernel"
-    } else {
-        ""
-    };
-    eprintln!(
-        "quantized kernel: {}{eight_bit} (set {} to pick another)",
-        kernel.name(),
-        moshi_kernels::KERNEL_ENV
-    );
-    let mut processor: Box<dyn FrameProcessor> = match args.stage {
-        StageArg::All => {
-            let lm = lm.context("internal: the LM was not built")?;
-            let mimi = mimi.context("internal: Mimi was not built")?;
-            let generator = Generator::new(
-                lm,
-                SamplingConfig {
-                    seed: args.seed,
-                    ..SamplingConfig::default()
-                },
-            );
-            let tokenizer = tokenizer.context("internal: the text tokenizer was not built")?;
-            let mut pipeline = MoshiPipeline::from_parts(mimi, generator, &tokenizer)?;
-            pipeline.set_cfg_coef(cfg_coef)?;
-            Box::new(pipeline)
-        }
-        StageArg::Mimi => Box::new(MimiStage::new(
-            mimi.context("internal: Mimi was not built")?,
-        )),
-        StageArg::Lm => {
-            let lm = lm.context("internal: the LM was not built")?;
-            let conditioned = lm.config().is_conditioned();
-            let mut generator = Generator::new(
-                lm,
-                SamplingConfig {
-                    seed: args.seed,
-                    ..SamplingConfig::default()
-                },
-            );
-            if conditioned {
-                generator.set_conditions(
-                    TRANSLATION_CONDITIONS,
-                    cfg_coef,
-                    TRANSLATION_NEGATIVE_CONDITIONS,
-                )?;
-            }
-            Box::new(LmStage::new(generator, args.seed))
-        }
-        StageArg::Depformer => Box::new(DepformerStage::new(
-            lm.context("internal: the LM was not built")?,
-        )?),
-    };
-
-    eprintln!(
-        "running {} warm-up + {} timed frames ({}, stage {}) ...",
-        args.warmup,
-        args.frames,
-        quant,
-        args.stage.name()
-    );
-    let run = run_frames(
-        processor.as_mut(),
-        args.warmup,
-        args.frames,
-        args.seed,
-        Some(totals),
-    )?;
-    drop(processor);
-    // Read the peak before the bandwidth probe allocates its own buffer.
-    let peak_memory_bytes = peak_resident_bytes();
-    eprintln!("measuring memory read bandwidth again ...");
-    probes.push(probe_bandwidth(threads, args.bandwidth_buffer_mib));
-    let read_bandwidth_gbps = probes.iter().copied().fold(0.0, f64::max);
-
-    let stats = StageStats::of(&run.records);
-    let bound = BandwidthBound::new(
-        weights.lm_read_per_frame_bytes(),
-        read_bandwidth_gbps,
-        stats.lm_step_ms.p50,
-    );
-    let extrapolated = if matches!(args.stage, StageArg::All | StageArg::Lm) {
-        extrapolate_to_full_depth(
-            &stats,
-            &run.layer_ms,
-            &weights,
-            layers_run,
-            layers_config,
-            read_bandwidth_gbps,
-        )
-    } else {
-        None
-    };
-    let report = BenchReport {
-        schema_version: BENCH_SCHEMA_VERSION,
-        tool: "moshi-rs bench".into(),
-        version: env!("CARGO_PKG_VERSION").into(),
-        run: RunInfo {
-            weights: if args.random_weights {
-                "random"
-            } else {
-                "checkpoint"
-            }
-            .into(),
-            model: args.model.clone(),
-            config: config_origin,
-            quant,
-            mimi_weights: args.mimi_weights.to_string(),
-            quant_kernel: kernel.name().into(),
-            stage: args.stage.name().into(),
-            layers_run,
-            layers_config,
-            frames: args.frames,
-            warmup_frames: args.warmup,
-            kv_prefill_positions: args.kv_prefill,
-            kv_cache: args.kv_cache.name().into(),
-            threads,
-            seed: args.seed,
-            cfg_coef: cfg_coef as f64,
-            lm_rows: lm_rows as usize,
-        },
-        machine: MachineInfo {
-            os: std::env::consts::OS.into(),
-            arch: std::env::consts::ARCH.into(),
-            logical_cpus: std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1),
-            read_bandwidth_gbps,
-            read_bandwidth_probes_gbps: probes,
-            peak_memory_bytes,
-        },
-        frame_budget_ms: FRAME_MS,
-        real_time_factor: real_time_factor(&stats),
-        stages: stats,
-        weights,
-        bound,
-        extrapolated,
-        frames: run.records,
-    };
-    print!("{}", report.to_text());
-    if let Some(path) = &args.json {
-        let text = serde_json::to_string_pretty(&report).context("cannot serialise the report")?;
-        write_output(path, (text + "\n").as_bytes()).context("--json")?;
-        eprintln!("report written to {}", path.display());
-    }
-    Ok(())
-}
-
-/// Applies `--layers` to a config: `N` must be between 1 and the config's `num_layers`.
-fn with_layers(cfg: &LmConfig, layers: Option<usize>, origin: &str) -> Result<LmConfig> {
-    let mut out = cfg.clone();
-    match layers {
-        None => {}
-        Some(0) => bail!("--layers must be at least 1"),
-        Some(n) if n > cfg.num_layers => {
-            bail!(
-                "--layers {n} is above the {} temporal layers of the config ({origin})",
-                cfg.num_layers
-            )
-        }
-        Some(n) => out.num_layers = n,
-    }
-    Ok(out)
-}
-
-/// Weight byte counts of a built LM.
-fn weight_bytes_of(lm: &LmModel, stage: StageArg) -> WeightBytes {
-    let b = lm.weight_bytes();
-    let per_layer = b
-        .temporal_layers
-        .checked_div(b.temporal_num_layers)
-        .unwrap_or(0);
-    let read = match stage {
-        StageArg::All | StageArg::Lm => b.read_per_step(),
-        StageArg::Depformer => b.depformer,
-        StageArg::Mimi => 0,
-    };
-    WeightBytes {
-        resident_bytes: (b.temporal_layers + b.text_head + b.depformer + b.embedding_tables) as u64,
-        read_per_frame_bytes: read as u64,
-        // Set by the caller, which knows whether guidance runs a second row.
-        weight_passes_per_frame: 1,
-        temporal_layer_bytes: per_layer as u64,
-        text_head_bytes: b.text_head as u64,
-        depformer_bytes: b.depformer as u64,
-        // Set by the caller, which knows the frames to run.
-        kv_cache_layer_read_bytes: 0,
-        kv_cache_read_per_frame_bytes: 0,
-    }
-}
-
-/// The Mimi config to pair with an LM config file: its `mimi_config_name` next to it, else the
-/// real Mimi's.
-fn mimi_config_near(config_path: Option<&Path>, cfg: &LmConfig) -> Result<MimiConfig> {
-    if let (Some(path), Some(name)) = (config_path, cfg.mimi_config_name.as_deref()) {
-        let candidate = path.parent().unwrap_or(Path::new(".")).join(name);
-        if candidate.is_file() {
-            return MimiConfig::from_file(&candidate)
-                .with_context(|| format!("cannot read {}", candidate.display()));
-        }
-    }
-    Ok(MimiConfig::v0_1())
-}
-
-fn load(args: &BenchArgs) -> Result<Loaded> {
-    if args.random_weights {
-        load_random(args)
-    } else {
-        load_checkpoint(args)
-    }
-}
-
-/// Number of Mimi codebooks the LM of `cfg` needs.
-fn mimi_codebooks(cfg: &LmConfig) -> usize {
-    cfg.dep_q.max(cfg.user_codebooks())
-}
-
-/// Builds the LM from `weights` and counts its weight bytes.
-fn build_lm(
-    cfg: &LmConfig,
-    weights: Option<WeightMap>,
-    stage: StageArg,
-) -> Result<(Option<LmModel>, WeightBytes)> {
-    let Some(w) = weights else {
-        return Ok((None, WeightBytes::default()));
-    };
-    let lm = LmModel::load(cfg, w)?;
-    let bytes = weight_bytes_of(&lm, stage);
-    Ok((Some(lm), bytes))
-}
-
-fn load_random(args: &BenchArgs) -> Result<Loaded> {
-    let started = Instant::now();
-    let (full, config_origin) = match &args.config {
-        Some(p) => (LmConfig::from_file(p)?, p.display().to_string()),
-        None => (
-            LmConfig::moshiko_7b(),
-            "<built-in moshiko-7b (configs/moshiko-7b.json)>".to_string(),
-        ),
-    };
-    let cfg = with_layers(&full, args.layers, &config_origin)?;
-    let format = args
-        .quant
-        .map(WeightFormat::from)
-        .unwrap_or(WeightFormat::Q4);
-    let (kind, quant) = random_kind_of(format, args.group_size)?;
-    let weights = if args.stage.needs_lm() {
-        let bits = random_bits_per_weight(kind);
-        ensure_fits(
-            &format!(
-                "--random-weights ({quant}: {} parameters of {config_origin} at {bits} bits each)",
-                cfg.parameter_count()
-            ),
-            (cfg.parameter_count() as f64 * bits / 8.0) as u64,
-        )?;
-        eprintln!(
-            "generating random {quant} weights: {} of {} temporal layers (dim {}) + depformer ...",
-            cfg.num_layers, full.num_layers, cfg.dim
-        );
-        Some(random_lm_weights(&cfg, args.seed, kind)?)
-    } else {
-        None
-    };
-    let (lm, weight_bytes) = build_lm(&cfg, weights, args.stage)?;
-    let (mimi, tokenizer) = if args.stage.needs_mimi() {
-        let mimi_cfg = mimi_config_near(args.config.as_deref(), &cfg)?;
-        let mimi = Mimi::random(&mimi_cfg, mimi_codebooks(&cfg), args.seed)?;
-        (Some(mimi), Some(synthetic_tokenizer(cfg.text_card)?))
-    } else {
-        (None, None)
-    };
-    eprintln!("models ready in {:.1} s", started.elapsed().as_secs_f64());
-    Ok(Loaded {
-        lm,
-        mimi,
-        tokenizer,
-        layers_config: full.num_layers,
-        cfg,
-        config_origin,
-        quant,
-        weights: weight_bytes,
-    })
-}
-
-/// Bits per weight of random weights of `kind` (MLX packing: a 16-bit scale and bias per group).
-fn random_bits_per_weight(kind: RandomWeightKind) -> f64 {
-    match kind {
-        RandomWeightKind::Quantized { bits, group_size } => bits as f64 + 32.0 / group_size as f64,
-        RandomWeightKind::BF16 => 16.0,
-        RandomWeightKind::F32 => 32.0,
-    }
-}
-
-/// The random weights' packing for `--quant` and `--group-size`, and its report label.
-fn random_kind_of(
-    format: WeightFormat,
-    group_size: Option<usize>,
-) -> Result<(RandomWeightKind, String)> {
-    let kind = format.random_kind();
-    let Some(wanted) = group_size else {
-        return Ok((kind, format.name().to_string()));
-    };
-    let RandomWeightKind::Quantized { bits, group_size } = kind else {
-        bail!(
-            "--group-size {wanted}: {} weights have no groups (use --quant q4 or q8)",
-            format.name()
-        );
-    };
-    if !SUPPORTED_GROUP_SIZES.contains(&wanted) {
-        bail!("--group-size {wanted}: supported group sizes are {SUPPORTED_GROUP_SIZES:?}");
-    }
-    let label = if wanted == group_size {
-        format.name().to_string()
-    } else {
-        format!("{}g{wanted}", format.name())
-    };
-    Ok((
-        RandomWeightKind::Quantized {
-            bits,
-            group_size: wanted,
-        },
-        label,
-    ))
-}
-
-fn load_checkpoint(args: &BenchArgs) -> Result<Loaded> {
-    let started = Instant::now();
-    let spec = args
-        .model
-        .as_deref()
-        .context("--model or --random-weights is required")?;
-    if let Some(g) = args.group_size {
-        bail!(
-            "--group-size {g} applies to --random-weights only: a checkpoint's group size is read \
-             from its tensors (`moshi-rs quantize --group-size` writes one with another)"
-        );
-    }
-    let requested = args.quant.map(WeightFormat::from);
-    let model = resolve_model(spec, args.config.as_deref(), requested)?;
-    let full = model.lm_config.clone();
-    let checked = with_layers(&full, args.layers, &model.lm_config_source)?;
-    eprintln!("loading {} ...", model.lm_weights_path.display());
-    // The weights are read even for `--stage mimi`: that is how the format is checked.
-    let (weights, cfg, format) = load_checkpoint_lm(&model, requested, checked.num_layers)?;
-    let (lm, weight_bytes) = build_lm(&cfg, args.stage.needs_lm().then_some(weights), args.stage)?;
-    let (mimi, tokenizer) = if args.stage.needs_mimi() {
-        let codebooks = mimi_codebooks(&cfg);
-        let mimi_weights = load_mimi_weights(&model.mimi_weights_path, codebooks)?;
-        let mimi = Mimi::load(&model.mimi_config, mimi_weights, codebooks)?;
-        (
-            Some(mimi),
-            Some(TextTokenizer::from_file(&model.tokenizer_path)?),
-        )
-    } else {
-        (None, None)
-    };
-    eprintln!("models ready in {:.1} s", started.elapsed().as_secs_f64());
-    Ok(Loaded {
-        lm,
-        mimi,
-        tokenizer,
-        layers_config: full.num_layers,
-        cfg,
-        config_origin: model.lm_config_source.clone(),
-        quant: format.name().into(),
-        weights: weight_bytes,
-    })
 }

@@ -7,7 +7,6 @@ pub mod devices;
 pub mod file;
 pub mod flag_values;
 pub mod inspect;
-pub mod memory_budget;
 pub mod model_args;
 pub mod quantize;
 pub mod serve;

@@ -3,29 +3,19 @@
 
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-use serde_json::Value;
+use std::path::Path;
+use std::process::Output;
 
 /// `assets/<fixture>` (`tiny-a`, `tiny-hibiki`).
-pub fn asset_dir(fixture: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../assets")
-        .join(fixture)
-}
+pub use moshi_test_support::fixture_dir as asset_dir;
+/// A path as `&str`.
+pub use moshi_test_support::path_str as s;
+/// One JSON value per line.
+pub use moshi_test_support::read_json_lines as jsonl;
 
 /// Runs `moshi-rs args` with the Hugging Face hub offline.
 pub fn moshi(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_moshi-rs"))
-        .args(args)
-        .env("HF_HUB_OFFLINE", "1")
-        .output()
-        .unwrap()
-}
-
-pub fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
+    moshi_test_support::run_binary(env!("CARGO_BIN_EXE_moshi-rs"), args)
 }
 
 /// The samples of a 24 kHz mono 16-bit WAV.
@@ -35,15 +25,6 @@ pub fn read_i16(path: &Path) -> Vec<i16> {
     assert_eq!(r.spec().channels, 1);
     assert_eq!(r.spec().bits_per_sample, 16);
     r.samples::<i16>().map(|x| x.unwrap()).collect()
-}
-
-/// One JSON value per line.
-pub fn jsonl(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
 }
 
 /// The command failed, without a panic, and its stderr names every one of `needles`.

@@ -1,17 +1,13 @@
-//! Test helpers: tiny-a / tiny-hibiki asset paths and writing safetensors files derived from
-//! the fixtures.
+//! Test helpers of the loader: the tiny-a and tiny-hibiki configs and writing safetensors files
+//! derived from the fixtures (paths from moshi-test-support).
 
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 
 use moshi_loader::{DType, LmConfig, SafetensorsFile};
-
-pub fn asset(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../assets/tiny-a")
-        .join(name)
-}
+/// A file of `assets/tiny-a`.
+pub use moshi_test_support::tiny_a as asset;
 
 pub fn tiny_config() -> LmConfig {
     LmConfig::from_file(asset("config.json")).unwrap()
@@ -19,9 +15,7 @@ pub fn tiny_config() -> LmConfig {
 
 /// A file of the tiny-hibiki fixture (conditioned model, acoustic delay 2).
 pub fn hibiki_asset(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../assets/tiny-hibiki")
-        .join(name)
+    moshi_test_support::fixture("tiny-hibiki", name)
 }
 
 pub fn hibiki_config() -> LmConfig {

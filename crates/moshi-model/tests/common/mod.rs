@@ -3,20 +3,13 @@
 
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
-
 use moshi_loader::lm_weights::{load_lm_weights, WeightMode};
 use moshi_loader::LmConfig;
 use moshi_model::lm::LmModel;
 use serde_json::Value;
 
 /// `assets/<fixture>/<rel>`.
-pub fn fixture(fixture: &str, rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../assets")
-        .join(fixture)
-        .join(rel)
-}
+pub use moshi_test_support::fixture;
 
 /// The fixture's `config.json`.
 pub fn fixture_config(name: &str) -> LmConfig {

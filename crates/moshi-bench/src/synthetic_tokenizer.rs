@@ -7,7 +7,7 @@ use std::path::Path;
 
 use moshi_loader::tokenizer::TextTokenizer;
 
-use super::BenchError;
+use crate::BenchError;
 
 fn varint(out: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
@@ -63,8 +63,11 @@ pub fn synthetic_model_bytes(vocab_size: usize) -> Vec<u8> {
 /// A tokenizer with `vocab_size` pieces (see the module docs).
 pub fn synthetic_tokenizer(vocab_size: usize) -> Result<TextTokenizer, BenchError> {
     let origin = format!("<synthetic {vocab_size}-piece tokenizer>");
-    TextTokenizer::from_bytes(&synthetic_model_bytes(vocab_size), Path::new(&origin))
-        .map_err(|e| BenchError::Setup(format!("cannot build the stand-in tokenizer: {e}")))
+    TextTokenizer::from_bytes(&synthetic_model_bytes(vocab_size), Path::new(&origin)).map_err(
+        |source| BenchError::StandInTokenizer {
+            source: Box::new(source),
+        },
+    )
 }
 
 #[cfg(test)]

@@ -4,12 +4,13 @@
 //! window, the bf16 matrix-vector kernel (scalar / AVX2, 1 thread / all threads) and the
 //! machine's memory read bandwidth (the bound for one-token inference).
 //!
-//! Run: `cargo bench -p moshi-model --bench lm`
+//! Run: `cargo bench -p moshi-bench --bench lm`
 
 use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use moshi_bench::bandwidth::{ReadBuffer, DEFAULT_BUFFER_BYTES};
 use moshi_loader::LmConfig;
 use moshi_model::lm::kv_cache::KvCache;
 use moshi_model::lm::rope::{Rope, RopeRotation};
@@ -17,7 +18,6 @@ use moshi_model::lm::transformer::LayerScratch;
 use moshi_model::lm::{LmModel, RandomWeightKind};
 use moshi_model::matvec::{matvec_bf16_with, Kernel};
 use moshi_model::rng::Rng;
-use rayon::prelude::*;
 
 const TEMPORAL_LAYERS: usize = 2;
 
@@ -213,25 +213,20 @@ fn kernel_benches(c: &mut Criterion) {
     }
     g.finish();
 
-    // Memory read bandwidth: a parallel sum over 1 GiB (the ceiling for weight streaming).
-    let buf: Vec<u64> = (0..(1usize << 27)).map(|i| i as u64).collect();
+    // Memory read bandwidth: the probe of `moshi-rs bench` over 1 GiB (the ceiling for weight
+    // streaming), with every rayon thread and with one.
     let mut g = c.benchmark_group("memory");
     g.sample_size(10)
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3));
-    g.throughput(Throughput::Bytes((buf.len() * 8) as u64));
-    g.bench_function("read_1gib_all_threads", |b| {
-        b.iter(|| {
-            black_box(
-                buf.par_chunks(1 << 16)
-                    .map(|c| c.iter().fold(0u64, |a, v| a.wrapping_add(*v)))
-                    .reduce(|| 0, u64::wrapping_add),
-            )
-        })
-    });
-    g.bench_function("read_1gib_1thread", |b| {
-        b.iter(|| black_box(buf.iter().fold(0u64, |a, v| a.wrapping_add(*v))))
-    });
+    for (name, threads) in [
+        ("read_1gib_all_threads", rayon::current_num_threads()),
+        ("read_1gib_1thread", 1),
+    ] {
+        let buffer = ReadBuffer::new(threads, DEFAULT_BUFFER_BYTES).expect("read buffer");
+        g.throughput(Throughput::Bytes(buffer.bytes() as u64));
+        g.bench_function(name, |b| b.iter(|| black_box(buffer.read_pass())));
+    }
     g.finish();
 }
 

@@ -6,8 +6,8 @@
 
 use serde::Serialize;
 
-use crate::metrics::{FrameRecord, Percentiles};
-use crate::FRAME_MS;
+use moshi_runtime::metrics::{FrameRecord, Percentiles};
+use moshi_runtime::FRAME_MS;
 
 /// Version of the JSON layout written by `moshi-rs bench --json`.
 pub const BENCH_SCHEMA_VERSION: u32 = 2;

@@ -1,14 +1,13 @@
-//! Drives a [`FrameProcessor`] through warm-up and timed frames of a deterministic input signal,
-//! recording one [`FrameRecord`] per timed frame and the time of one temporal layer per frame.
+//! The benchmark's input signal and its frame loop: warm-up and timed frames go through the
+//! engine's own offline driver ([`run_offline`], [`OfflineRunner`], as in `moshi-rs file`), recording one
+//! [`FrameRecord`] per timed frame and the time of one temporal layer per frame.
 
-use std::time::Instant;
+use moshi_runtime::engine::{run_offline, FrameProcessor, OfflineRunner};
+use moshi_runtime::metrics::FrameRecord;
+use moshi_runtime::{FRAME_SAMPLES, SAMPLE_RATE_HZ};
 
-use crate::engine::FrameProcessor;
-use crate::metrics::FrameRecord;
-use crate::{FRAME_SAMPLES, SAMPLE_RATE_HZ};
-
-use super::span_timer::SpanTotals;
-use super::BenchError;
+use crate::span_timer::SpanTotals;
+use crate::BenchError;
 
 /// Span wrapped around every temporal layer by the model.
 pub const TEMPORAL_LAYER_SPAN: &str = "lm_temporal_layer";
@@ -46,8 +45,8 @@ pub fn bench_input_frame(index: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-/// Runs `warmup` untimed then `frames` timed frames through `processor`. With `spans`, the
-/// [`TEMPORAL_LAYER_SPAN`] totals are read after every frame.
+/// Runs `warmup` untimed frames ([`run_offline`]) then `frames` timed ones ([`OfflineRunner`],
+/// each frame's record kept). With `spans`, the [`TEMPORAL_LAYER_SPAN`] totals are read after every frame.
 pub fn run_frames(
     processor: &mut dyn FrameProcessor,
     warmup: usize,
@@ -55,52 +54,47 @@ pub fn run_frames(
     seed: u64,
     spans: Option<&SpanTotals>,
 ) -> Result<FrameRun, BenchError> {
-    let inputs: Vec<Vec<f32>> = (0..warmup + frames)
-        .map(|i| bench_input_frame(i, seed))
+    let input: Vec<f32> = (0..warmup + frames)
+        .flat_map(|i| bench_input_frame(i, seed))
         .collect();
-    for (i, pcm) in inputs[..warmup].iter().enumerate() {
-        processor
-            .process_frame(pcm)
-            .map_err(|source| BenchError::Frame { frame: i, source })?;
-    }
+    let (warmup_pcm, timed_pcm) = input.split_at(warmup * FRAME_SAMPLES);
+    // `run_offline` names no frame in its errors: count the frames that completed.
+    let mut completed = 0;
+    run_offline(processor, warmup_pcm, |_, _| completed += 1).map_err(|source| {
+        BenchError::Frame {
+            frame: completed,
+            source,
+        }
+    })?;
     if let Some(s) = spans {
         s.take();
     }
-    let mut run = FrameRun::default();
-    let start = Instant::now();
-    for (i, pcm) in inputs[warmup..].iter().enumerate() {
-        let _span = tracing::trace_span!("frame", index = i).entered();
-        let t0 = Instant::now();
-        let out = processor
-            .process_frame(pcm)
+    // The timed frames through the engine's offline frame loop, keeping each frame's record.
+    let mut runner = OfflineRunner::new();
+    let mut records = Vec::with_capacity(frames);
+    let mut layer_ms = Vec::new();
+    for (i, frame) in timed_pcm.chunks_exact(FRAME_SAMPLES).enumerate() {
+        let (record, _) = runner
+            .process(processor, frame)
             .map_err(|source| BenchError::Frame {
                 frame: warmup + i,
                 source,
             })?;
-        let total_ms = t0.elapsed().as_secs_f64() * 1e3;
-        run.records.push(FrameRecord {
-            event: "frame",
-            frame: i as u64,
-            t_ms: start.elapsed().as_secs_f64() * 1e3,
-            total_ms,
-            stages: out.timings,
-            ..Default::default()
-        });
+        records.push(record);
         if let Some(s) = spans {
             if let Some(layer) = s.take().get(TEMPORAL_LAYER_SPAN).filter(|t| t.count > 0) {
-                run.layer_ms
-                    .push(layer.busy.as_secs_f64() * 1e3 / layer.count as f64);
+                layer_ms.push(layer.busy.as_secs_f64() * 1e3 / layer.count as f64);
             }
         }
     }
-    Ok(run)
+    Ok(FrameRun { records, layer_ms })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::FrameOutput;
-    use crate::metrics::StageTimings;
+    use moshi_runtime::engine::FrameOutput;
+    use moshi_runtime::metrics::StageTimings;
 
     /// Counts frames and checks every input is a full frame.
     struct Counter {
@@ -108,7 +102,7 @@ mod tests {
     }
 
     impl FrameProcessor for Counter {
-        fn process_frame(&mut self, pcm_in: &[f32]) -> crate::Result<FrameOutput> {
+        fn process_frame(&mut self, pcm_in: &[f32]) -> moshi_runtime::Result<FrameOutput> {
             assert_eq!(pcm_in.len(), FRAME_SAMPLES);
             self.seen += 1;
             let timings = StageTimings {

@@ -1,5 +1,6 @@
 //! Scratch profiling loop: streaming Mimi encode or decode at the real shape, for `perf record`.
-//! Usage: `mimi_loop encode|decode [frames] [f32|bf16|q8]`.
+//! Usage: `cargo run --release -p moshi-bench --example mimi_loop -- encode|decode [frames]
+//! [f32|bf16|q8]`.
 use moshi_loader::MimiConfig;
 use moshi_model::mimi::{Mimi, MimiWeights};
 

@@ -8,9 +8,9 @@ use moshi_model::generator::Generator;
 use moshi_model::lm::LmModel;
 use moshi_model::mimi::Mimi;
 
-use crate::engine::{FrameOutput, FrameProcessor};
-use crate::metrics::StageTimings;
-use crate::{Result, FRAME_SAMPLES};
+use moshi_runtime::engine::{FrameOutput, FrameProcessor};
+use moshi_runtime::metrics::StageTimings;
+use moshi_runtime::{Result, FRAME_SAMPLES};
 
 fn ms_since(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e3

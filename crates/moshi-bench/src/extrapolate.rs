@@ -2,10 +2,10 @@
 //! measured median time and the byte counts (weights, KV cache) of one layer. The result is
 //! labelled extrapolated.
 
-use crate::metrics::Percentiles;
-use crate::FRAME_MS;
+use moshi_runtime::metrics::Percentiles;
+use moshi_runtime::FRAME_MS;
 
-use super::report::{BandwidthBound, Extrapolation, StageStats, WeightBytes};
+use crate::report::{BandwidthBound, Extrapolation, StageStats, WeightBytes};
 
 /// Figures for `full_layers` temporal layers from a run of `run_layers` layers whose frames took
 /// `stats`, whose temporal layers took `layer_ms` each (one mean per frame), reading `weights`.

@@ -11,13 +11,13 @@
 //! time (`/proc/self/stat`; bytes per CPU-second × threads): on a loaded machine that one says
 //! what the kernels do with the cores they actually get.
 //!
-//! `cargo bench -p moshi-kernels --bench qmv`
+//! `cargo bench -p moshi-bench --bench qmv`
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use criterion::{black_box, Criterion, Throughput};
-use moshi_kernels::bandwidth::{ReadBuffer, DEFAULT_BUFFER_BYTES};
+use moshi_bench::bandwidth::{ReadBuffer, DEFAULT_BUFFER_BYTES};
 use moshi_kernels::{Kernel, QuantizedMatrix};
 
 /// Bytes each case rotates over by default (well above the last-level cache);
@@ -25,7 +25,7 @@ use moshi_kernels::{Kernel, QuantizedMatrix};
 const DEFAULT_ROTATION_MB: usize = 1024;
 
 /// (name, in_features, out_features).
-const SHAPES: [(&str, usize, usize); 11] = moshi_kernels::shapes::MOSHI_7B_MATVEC_SHAPES;
+const SHAPES: [(&str, usize, usize); 11] = moshi_bench::shapes::MOSHI_7B_MATVEC_SHAPES;
 
 struct Row {
     case: String,

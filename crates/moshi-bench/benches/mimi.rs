@@ -1,6 +1,8 @@
 //! Mimi at the real shape (configs/mimi-v0_1.json, random weights, 8 codebooks): time per 80 ms
 //! frame of streaming encode and of streaming decode, in steady state (transformer window full),
 //! in every weight mode (`MimiWeights`: exact f32, bf16, q8), plus the weight bytes read per frame.
+//!
+//! Run: `cargo bench -p moshi-bench --bench mimi`
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use moshi_loader::MimiConfig;

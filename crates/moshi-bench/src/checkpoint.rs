@@ -7,12 +7,8 @@ use moshi_loader::{
     LmConfig, LmVariant, LoaderError, ModelSource, ResolvedModel, SourceOverrides, WeightMap,
 };
 
-use super::format::{stored_format, StoredFormat, WeightFormat};
-use super::BenchError;
-
-fn setup(msg: String) -> BenchError {
-    BenchError::Setup(msg)
-}
+use crate::format::{stored_format, StoredFormat, WeightFormat};
+use crate::BenchError;
 
 /// The loader's file variant holding `format`.
 pub fn variant_of(format: WeightFormat) -> LmVariant {
@@ -35,27 +31,19 @@ pub fn resolve_model(
         variant: format.map(variant_of),
         ..SourceOverrides::default()
     };
-    ModelSource::resolve(spec, &overrides).map_err(|e| match (format, &e) {
-        (Some(f), LoaderError::NotFound { what, .. }) if what == "LM checkpoint" => setup(format!(
-            "checkpoint `{spec}` cannot provide --quant {}: {e}{}",
-            f.name(),
-            quantize_hint(f)
-        )),
-        _ => setup(format!("checkpoint `{spec}`: {e}")),
+    ModelSource::resolve(spec, &overrides).map_err(|source| match (format, &source) {
+        (Some(format), LoaderError::NotFound { what, .. }) if what == "LM checkpoint" => {
+            BenchError::FormatFileMissing {
+                spec: spec.to_string(),
+                format,
+                source: Box::new(source),
+            }
+        }
+        _ => BenchError::Checkpoint {
+            spec: spec.to_string(),
+            source: Box::new(source),
+        },
     })
-}
-
-/// How to get a quantized file when only dense weights exist (bench measures stored formats).
-fn quantize_hint(format: WeightFormat) -> String {
-    match format {
-        WeightFormat::Bf16 => String::new(),
-        f => format!(
-            " (bench measures the format as stored; write a {0} file from the bf16 one with \
-             `moshi-rs quantize model.safetensors model.{0}.safetensors --bits {1}`)",
-            f.name(),
-            if f == WeightFormat::Q4 { 4 } else { 8 }
-        ),
-    }
 }
 
 /// Which benchmark format a stored LM is, or an error naming what it holds.
@@ -63,12 +51,9 @@ fn format_of(stored: StoredFormat, model: &ResolvedModel) -> Result<WeightFormat
     [WeightFormat::Bf16, WeightFormat::Q8, WeightFormat::Q4]
         .into_iter()
         .find(|f| stored.provides(*f))
-        .ok_or_else(|| {
-            setup(format!(
-                "{} holds {} weights; bench measures bf16, q8 or q4 (pick one with --quant)",
-                model.lm_weights_path.display(),
-                stored.describe()
-            ))
+        .ok_or_else(|| BenchError::UnmeasuredFormat {
+            path: model.lm_weights_path.clone(),
+            stored: stored.describe(),
         })
 }
 
@@ -81,23 +66,17 @@ pub fn load_checkpoint_lm(
     layers: usize,
 ) -> Result<(WeightMap, LmConfig, WeightFormat), BenchError> {
     let full = &model.lm_config;
-    let mut weights = load_lm_weights(&model.lm_weights_path, full, WeightMode::Native)
-        .map_err(|e| setup(e.to_string()))?;
-    let stored = stored_format(&weights).ok_or_else(|| {
-        setup(format!(
-            "{}: no temporal layer 0 attention weights to benchmark",
-            model.lm_weights_path.display()
-        ))
+    let mut weights = load_lm_weights(&model.lm_weights_path, full, WeightMode::Native)?;
+    let stored = stored_format(&weights).ok_or_else(|| BenchError::NoTemporalLayer {
+        path: model.lm_weights_path.clone(),
     })?;
     let found = match format {
         Some(f) if !stored.provides(f) => {
-            return Err(setup(format!(
-                "checkpoint cannot provide --quant {}: {} holds {} weights{}",
-                f.name(),
-                model.lm_weights_path.display(),
-                stored.describe(),
-                quantize_hint(f)
-            )))
+            return Err(BenchError::FormatMismatch {
+                format: f,
+                path: model.lm_weights_path.clone(),
+                stored: stored.describe(),
+            })
         }
         Some(f) => f,
         None => format_of(stored, model)?,
@@ -119,9 +98,7 @@ pub fn load_checkpoint_lm(
                 .get(&name)
                 .map(|w| w.shape.clone())
                 .unwrap_or_default();
-            weights
-                .take(&name, &shape)
-                .map_err(|e| setup(e.to_string()))?;
+            weights.take(&name, &shape)?;
         }
         cfg.num_layers = layers;
     }
@@ -131,15 +108,11 @@ pub fn load_checkpoint_lm(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::{Path, PathBuf};
-
-    fn tiny_dir() -> PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/tiny-a")
-    }
+    use moshi_test_support::{copy_tiny_a_files, tiny_a_dir};
 
     #[test]
     fn loads_each_format_of_the_tiny_checkpoint_with_fewer_layers() {
-        let spec = tiny_dir().display().to_string();
+        let spec = tiny_a_dir().display().to_string();
         for format in [WeightFormat::Bf16, WeightFormat::Q8, WeightFormat::Q4] {
             let model = resolve_model(&spec, None, Some(format)).unwrap();
             let (weights, cfg, found) = load_checkpoint_lm(&model, Some(format), 1).unwrap();
@@ -161,15 +134,16 @@ mod tests {
     #[test]
     fn a_format_the_checkpoint_lacks_is_a_clear_error() {
         let dir = tempfile::tempdir().unwrap();
-        for f in [
-            "config.json",
-            "mimi_config.json",
-            "mimi.safetensors",
-            "tokenizer.model",
-            "model.q8.safetensors",
-        ] {
-            std::fs::copy(tiny_dir().join(f), dir.path().join(f)).unwrap();
-        }
+        copy_tiny_a_files(
+            dir.path(),
+            &[
+                "config.json",
+                "mimi_config.json",
+                "mimi.safetensors",
+                "tokenizer.model",
+                "model.q8.safetensors",
+            ],
+        );
         let spec = dir.path().display().to_string();
         let err = resolve_model(&spec, None, Some(WeightFormat::Q4))
             .unwrap_err()

@@ -1,27 +1,22 @@
 //! Loader and tokenizer speed on the tiny-a fixtures: checkpoint -> canonical WeightMap per layout
 //! and mode (reported in MB/s of file), and text decoding per token.
-
-use std::path::PathBuf;
+//!
+//! Run: `cargo bench -p moshi-bench --bench load`
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use moshi_loader::tokenizer::TextTokenizer;
 use moshi_loader::{load_lm_weights, LmConfig, WeightMode};
-
-fn asset(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../assets/tiny-a")
-        .join(name)
-}
+use moshi_test_support::tiny_a;
 
 fn bench_load(c: &mut Criterion) {
-    let cfg = LmConfig::from_file(asset("config.json")).unwrap();
+    let cfg = LmConfig::from_file(tiny_a("config.json")).unwrap();
     let mut group = c.benchmark_group("load_lm_weights");
     for file in [
         "model.safetensors",
         "model.q8.safetensors",
         "model.q4.safetensors",
     ] {
-        let path = asset(file);
+        let path = tiny_a(file);
         group.throughput(Throughput::Bytes(std::fs::metadata(&path).unwrap().len()));
         for (mode_name, mode) in [
             ("native", WeightMode::Native),
@@ -36,7 +31,7 @@ fn bench_load(c: &mut Criterion) {
 }
 
 fn bench_tokenizer(c: &mut Criterion) {
-    let tok = TextTokenizer::from_file(asset("tokenizer.model")).unwrap();
+    let tok = TextTokenizer::from_file(tiny_a("tokenizer.model")).unwrap();
     let ids: Vec<u32> = (0..1000u32).map(|i| (i * 7919) % 384).collect();
     let mut group = c.benchmark_group("tokenizer");
     group.throughput(Throughput::Elements(ids.len() as u64));

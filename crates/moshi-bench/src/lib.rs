@@ -1,0 +1,41 @@
+//! moshi-bench: how fast moshi-rs runs, kept out of the libraries. The `moshi-rs bench` run
+//! ([`run::run_bench`]: random weights of the real shapes or a checkpoint, one stage or the whole
+//! pipeline, driven frame by frame through the engine's own [`run_offline`]) and its versioned
+//! [`report`]; the memory read-bandwidth probe every speed is compared with ([`bandwidth`]);
+//! Moshi 7B's product shapes ([`shapes`], shared with `scripts/peer-candle`); and, under
+//! `benches/`, the criterion benches of the kernels, the LM, Mimi and the loader.
+//!
+//! Without the default `pipeline` feature only [`bandwidth`] and [`shapes`] are built.
+//!
+//! [`run_offline`]: moshi_runtime::engine::run_offline
+
+pub mod bandwidth;
+pub mod shapes;
+
+#[cfg(feature = "pipeline")]
+pub mod checkpoint;
+#[cfg(feature = "pipeline")]
+mod error;
+#[cfg(feature = "pipeline")]
+pub mod extrapolate;
+#[cfg(feature = "pipeline")]
+pub mod format;
+#[cfg(feature = "pipeline")]
+pub mod frames;
+#[cfg(feature = "pipeline")]
+pub mod kv_traffic;
+#[cfg(feature = "pipeline")]
+pub mod memory;
+#[cfg(feature = "pipeline")]
+pub mod report;
+#[cfg(feature = "pipeline")]
+pub mod run;
+#[cfg(feature = "pipeline")]
+pub mod span_timer;
+#[cfg(feature = "pipeline")]
+pub mod stages;
+#[cfg(feature = "pipeline")]
+pub mod synthetic_tokenizer;
+
+#[cfg(feature = "pipeline")]
+pub use error::BenchError;

@@ -1,0 +1,655 @@
+//! One `moshi-rs bench` run: builds the models a stage needs (random weights of a config's shapes,
+//! or a checkpoint as stored), runs warm-up and timed frames through them, probes the memory read
+//! bandwidth before and after, and assembles the [`BenchReport`] (measured figures, the bandwidth
+//! bound and, for a `--layers N` run, the extrapolation to the config's depth).
+//!
+//! The caller sets up the compute pool (`threads` workers), the tracing subscriber (with the
+//! [`SpanTimerLayer`](crate::span_timer::SpanTimerLayer) whose totals it passes in) and prints.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use moshi_kernels::{Kernel, KERNEL_ENV, SUPPORTED_GROUP_SIZES};
+use moshi_loader::tokenizer::TextTokenizer;
+use moshi_loader::{load_mimi_weights, LmConfig, MimiConfig, WeightMap};
+use moshi_model::generator::{Generator, SamplingConfig};
+use moshi_model::lm::kv_cache::KvPrecision;
+use moshi_model::lm::random::{random_lm_weights, RandomWeightKind};
+use moshi_model::lm::LmModel;
+use moshi_model::mimi::{Mimi, MimiWeights};
+use moshi_runtime::engine::FrameProcessor;
+use moshi_runtime::pipeline::{
+    MoshiPipeline, FIRST_FRAME_LM_STEPS, TRANSLATION_CONDITIONS, TRANSLATION_NEGATIVE_CONDITIONS,
+};
+use moshi_runtime::FRAME_MS;
+
+use crate::bandwidth::{measure_read_bandwidth_gbps_with, DEFAULT_PASSES};
+use crate::checkpoint::{load_checkpoint_lm, resolve_model};
+use crate::extrapolate::extrapolate_to_full_depth;
+use crate::format::WeightFormat;
+use crate::frames::run_frames;
+use crate::kv_traffic::kv_read_per_layer_bytes;
+use crate::memory::{ensure_fits, peak_resident_bytes, reset_peak_resident};
+use crate::report::{
+    real_time_factor, BandwidthBound, BenchReport, MachineInfo, RunInfo, StageStats, WeightBytes,
+    BENCH_SCHEMA_VERSION,
+};
+use crate::span_timer::SpanTotals;
+use crate::stages::{DepformerStage, LmStage, MimiStage};
+use crate::synthetic_tokenizer::synthetic_tokenizer;
+use crate::BenchError;
+
+/// What a run times (`--stage`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// Mimi encode -> LM step -> Mimi decode, as in `file` and `chat`.
+    All,
+    /// Mimi encode + decode only.
+    Mimi,
+    /// The LM step only (temporal transformer, depformer, sampling), random user codes.
+    Lm,
+    /// The depformer only (its sub-steps per frame).
+    Depformer,
+}
+
+impl Stage {
+    /// `all`, `mimi`, `lm` or `depformer` (command line and reports).
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::All => "all",
+            Stage::Mimi => "mimi",
+            Stage::Lm => "lm",
+            Stage::Depformer => "depformer",
+        }
+    }
+
+    fn needs_mimi(self) -> bool {
+        matches!(self, Stage::All | Stage::Mimi)
+    }
+
+    fn needs_lm(self) -> bool {
+        !matches!(self, Stage::Mimi)
+    }
+
+    /// LM steps the first frame takes: the temporal KV caches grow by one position per step
+    /// (warm-up included) up to the context; the pipeline's first frame steps twice.
+    fn first_frame_lm_steps(self) -> usize {
+        match self {
+            Stage::All => FIRST_FRAME_LM_STEPS,
+            Stage::Lm => 1,
+            Stage::Mimi | Stage::Depformer => 0,
+        }
+    }
+}
+
+/// Where the weights come from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WeightSource {
+    /// Random weights of the config's shapes (`--random-weights`).
+    Random,
+    /// A checkpoint folder, file or Hub repo id (`--model`).
+    Checkpoint(String),
+}
+
+/// Everything a run is told (the `moshi-rs bench` options).
+#[derive(Clone, Debug)]
+pub struct BenchOptions {
+    pub weights: WeightSource,
+    /// LM config file (default: the checkpoint's, or moshiko 7B for random weights).
+    pub config: Option<PathBuf>,
+    /// Run only the first N temporal layers (the rest is extrapolated).
+    pub layers: Option<usize>,
+    /// Weight format (default: q4 for random weights, the config's file for a checkpoint).
+    pub quant: Option<WeightFormat>,
+    /// Group size of random q4/q8 weights (default: the release's).
+    pub group_size: Option<usize>,
+    /// Timed frames.
+    pub frames: usize,
+    /// Untimed frames run first.
+    pub warmup: usize,
+    /// Random positions put into every temporal KV cache before the warm-up.
+    pub kv_prefill: usize,
+    pub kv_cache: KvPrecision,
+    /// Workers of the compute pool the caller set up; the bandwidth probe uses as many.
+    pub threads: usize,
+    pub stage: Stage,
+    /// Seed of the random weights, the input signal and sampling.
+    pub seed: u64,
+    pub mimi_weights: MimiWeights,
+    /// Buffer of the memory read-bandwidth probe, MiB.
+    pub bandwidth_buffer_mib: usize,
+    /// Classifier-free guidance coefficient of a conditioned config (Hibiki); `None`: the
+    /// config's default, else 1 (no guidance).
+    pub cfg_coef: Option<f32>,
+}
+
+/// The models a run needs, their config and where they came from.
+struct Loaded {
+    lm: Option<LmModel>,
+    /// Mimi and the text tokenizer (stages that run Mimi).
+    codec: Option<(Mimi, TextTokenizer)>,
+    cfg: LmConfig,
+    layers_config: usize,
+    config_origin: String,
+    /// Weight format for the reports: `bf16`, `q8`, `q4`, or with a group size other than the
+    /// release one, e.g. `q4g64`.
+    quant: String,
+    weights: WeightBytes,
+}
+
+/// One memory read-bandwidth probe of `buffer_mib` MiB with `threads` threads, GB/s.
+fn probe_bandwidth(threads: usize, buffer_mib: usize) -> f64 {
+    measure_read_bandwidth_gbps_with(threads, buffer_mib.max(1) << 20, DEFAULT_PASSES)
+}
+
+/// Runs the benchmark `options` describe. `spans` are the totals of the span timer installed by
+/// the caller (for the per-layer time of `--layers` runs); `progress` receives a line at each
+/// step (loading, warm-up, probes).
+pub fn run_bench(
+    options: &BenchOptions,
+    spans: Option<&SpanTotals>,
+    progress: &mut dyn FnMut(&str),
+) -> Result<BenchReport, BenchError> {
+    if options.frames == 0 {
+        return Err(BenchError::ZeroCount { flag: "--frames" });
+    }
+    let threads = options.threads;
+    // Bandwidth is probed before the model is loaded and again after the timed frames; the best
+    // probe is kept (a busy machine only ever makes a probe slower).
+    ensure_fits(
+        || format!("--bandwidth-buffer-mib {}", options.bandwidth_buffer_mib),
+        (options.bandwidth_buffer_mib as u64) << 20,
+    )?;
+    progress(&format!(
+        "measuring memory read bandwidth with {threads} threads ..."
+    ));
+    let mut probes = vec![probe_bandwidth(threads, options.bandwidth_buffer_mib)];
+    // The probe's buffer is freed; do not let it count as the model's peak memory.
+    if !reset_peak_resident() {
+        tracing::debug!(
+            "cannot reset the peak resident set; peak memory includes the bandwidth probe"
+        );
+    }
+    let loaded = load(options, progress)?;
+    let layers_run = loaded.cfg.num_layers;
+    let cfg_coef = options
+        .cfg_coef
+        .unwrap_or_else(|| loaded.cfg.default_cfg_coef());
+    check_guidance(cfg_coef, &loaded, options.stage)?;
+    // Guidance runs a second row over the same weights, one after the other: the weights are
+    // read twice per frame and each row has its own KV caches.
+    let lm_rows: u64 = if cfg_coef != 1.0 { 2 } else { 1 };
+    let first_frame_steps = options.stage.first_frame_lm_steps();
+    if options.kv_prefill > 0 {
+        if first_frame_steps == 0 {
+            return Err(BenchError::KvPrefillWithoutLm {
+                stage: options.stage.name(),
+            });
+        }
+        if options.kv_prefill > loaded.cfg.context {
+            return Err(BenchError::KvPrefillAboveContext {
+                positions: options.kv_prefill,
+                context: loaded.cfg.context,
+                config: loaded.config_origin,
+            });
+        }
+        let cfg = &loaded.cfg;
+        ensure_fits(
+            || {
+                format!(
+                    "--kv-prefill {} ({} layers of dim {}, {} KV cache)",
+                    options.kv_prefill, cfg.num_layers, cfg.dim, options.kv_cache
+                )
+            },
+            [
+                options.kv_prefill,
+                cfg.dim,
+                2,
+                options.kv_cache.bytes(),
+                cfg.num_layers,
+            ]
+            .iter()
+            .map(|&x| x as u64)
+            .product(),
+        )?;
+    }
+    let kv_layer_bytes = if first_frame_steps > 0 {
+        let cfg = &loaded.cfg;
+        // The prefilled positions count as LM steps taken before the first frame's.
+        let steps_by_first_frame = options.kv_prefill + first_frame_steps;
+        kv_read_per_layer_bytes(
+            options.kv_cache.bytes(),
+            cfg.dim,
+            cfg.context,
+            steps_by_first_frame,
+            options.warmup,
+            options.frames,
+        )
+    } else {
+        0
+    };
+    let Loaded {
+        mut lm,
+        mut codec,
+        layers_config,
+        config_origin,
+        quant,
+        mut weights,
+        ..
+    } = loaded;
+    if let Some(lm) = lm.as_mut() {
+        lm.set_kv_precision(options.kv_cache);
+    }
+    if let Some(lm) = lm.as_mut().filter(|_| options.kv_prefill > 0) {
+        progress(&format!(
+            "filling the temporal KV caches with {} random positions ...",
+            options.kv_prefill
+        ));
+        lm.fill_temporal_caches_with_noise(options.kv_prefill, options.seed);
+    }
+    weights.kv_cache_layer_read_bytes = kv_layer_bytes * lm_rows;
+    weights.kv_cache_read_per_frame_bytes = kv_layer_bytes * lm_rows * layers_run as u64;
+    weights.weight_passes_per_frame = lm_rows;
+    weights.read_per_frame_bytes *= lm_rows;
+    if let Some((mimi, _)) = codec.as_mut() {
+        mimi.set_weights(options.mimi_weights);
+        progress(&format!("Mimi weights: {}", options.mimi_weights));
+    }
+    let kernel = Kernel::detect();
+    let eight_bit = if kernel == Kernel::Avx512Vnni {
+        "; 8-bit products on the f32 avx512 kernel"
+    } else {
+        ""
+    };
+    progress(&format!(
+        "quantized kernel: {}{eight_bit} (set {KERNEL_ENV} to pick another)",
+        kernel.name(),
+    ));
+    let mut processor = stage_processor(options, cfg_coef, lm, codec)?;
+
+    progress(&format!(
+        "running {} warm-up + {} timed frames ({}, stage {}) ...",
+        options.warmup,
+        options.frames,
+        quant,
+        options.stage.name()
+    ));
+    let run = run_frames(
+        processor.as_mut(),
+        options.warmup,
+        options.frames,
+        options.seed,
+        spans,
+    )?;
+    drop(processor);
+    // Read the peak before the bandwidth probe allocates its own buffer.
+    let peak_memory_bytes = peak_resident_bytes();
+    progress("measuring memory read bandwidth again ...");
+    probes.push(probe_bandwidth(threads, options.bandwidth_buffer_mib));
+    let read_bandwidth_gbps = probes.iter().copied().fold(0.0, f64::max);
+
+    let stats = StageStats::of(&run.records);
+    let bound = BandwidthBound::new(
+        weights.lm_read_per_frame_bytes(),
+        read_bandwidth_gbps,
+        stats.lm_step_ms.p50,
+    );
+    let extrapolated = if matches!(options.stage, Stage::All | Stage::Lm) {
+        extrapolate_to_full_depth(
+            &stats,
+            &run.layer_ms,
+            &weights,
+            layers_run,
+            layers_config,
+            read_bandwidth_gbps,
+        )
+    } else {
+        None
+    };
+    let (weight_source, model) = match &options.weights {
+        WeightSource::Random => ("random", None),
+        WeightSource::Checkpoint(spec) => ("checkpoint", Some(spec.clone())),
+    };
+    Ok(BenchReport {
+        schema_version: BENCH_SCHEMA_VERSION,
+        tool: "moshi-rs bench".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        run: RunInfo {
+            weights: weight_source.into(),
+            model,
+            config: config_origin,
+            quant,
+            mimi_weights: options.mimi_weights.to_string(),
+            quant_kernel: kernel.name().into(),
+            stage: options.stage.name().into(),
+            layers_run,
+            layers_config,
+            frames: options.frames,
+            warmup_frames: options.warmup,
+            kv_prefill_positions: options.kv_prefill,
+            kv_cache: options.kv_cache.name().into(),
+            threads,
+            seed: options.seed,
+            cfg_coef: cfg_coef as f64,
+            lm_rows: lm_rows as usize,
+        },
+        machine: MachineInfo {
+            os: std::env::consts::OS.into(),
+            arch: std::env::consts::ARCH.into(),
+            logical_cpus: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
+            read_bandwidth_gbps,
+            read_bandwidth_probes_gbps: probes,
+            peak_memory_bytes,
+        },
+        frame_budget_ms: FRAME_MS,
+        real_time_factor: real_time_factor(&stats),
+        stages: stats,
+        weights,
+        bound,
+        extrapolated,
+        frames: run.records,
+    })
+}
+
+/// Checks `--cfg-coef` against the config and the stage: guidance needs a conditioned config and
+/// a stage that runs the generator.
+fn check_guidance(cfg_coef: f32, loaded: &Loaded, stage: Stage) -> Result<(), BenchError> {
+    if !(cfg_coef.is_finite() && cfg_coef > 0.0) {
+        return Err(BenchError::CfgCoefNotPositive { coef: cfg_coef });
+    }
+    if cfg_coef != 1.0 {
+        if !loaded.cfg.is_conditioned() {
+            return Err(BenchError::GuidanceWithoutConditioners {
+                coef: cfg_coef,
+                config: loaded.config_origin.clone(),
+            });
+        }
+        if !matches!(stage, Stage::All | Stage::Lm) {
+            return Err(BenchError::GuidanceStage {
+                coef: cfg_coef,
+                stage: stage.name(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The frame processor of `options.stage`, from the models loaded for it (`cfg_coef`: the
+/// guidance of a conditioned config).
+fn stage_processor(
+    options: &BenchOptions,
+    cfg_coef: f32,
+    lm: Option<LmModel>,
+    codec: Option<(Mimi, TextTokenizer)>,
+) -> Result<Box<dyn FrameProcessor>, BenchError> {
+    let generator = |lm| {
+        Generator::new(
+            lm,
+            SamplingConfig {
+                seed: options.seed,
+                ..SamplingConfig::default()
+            },
+        )
+    };
+    let stage = options.stage;
+    let missing = |part| BenchError::StageWithoutPart {
+        stage: stage.name(),
+        part,
+    };
+    Ok(match stage {
+        Stage::All => {
+            let lm = lm.ok_or_else(|| missing("LM"))?;
+            let (mimi, tokenizer) = codec.ok_or_else(|| missing("Mimi"))?;
+            let mut pipeline = MoshiPipeline::from_parts(mimi, generator(lm), &tokenizer)?;
+            pipeline.set_cfg_coef(cfg_coef)?;
+            Box::new(pipeline)
+        }
+        Stage::Mimi => Box::new(MimiStage::new(codec.ok_or_else(|| missing("Mimi"))?.0)),
+        Stage::Lm => {
+            let lm = lm.ok_or_else(|| missing("LM"))?;
+            let conditioned = lm.config().is_conditioned();
+            let mut generator = generator(lm);
+            if conditioned {
+                generator.set_conditions(
+                    TRANSLATION_CONDITIONS,
+                    cfg_coef,
+                    TRANSLATION_NEGATIVE_CONDITIONS,
+                )?;
+            }
+            Box::new(LmStage::new(generator, options.seed))
+        }
+        Stage::Depformer => Box::new(DepformerStage::new(lm.ok_or_else(|| missing("LM"))?)?),
+    })
+}
+
+/// Applies `--layers` to a config: `N` must be between 1 and the config's `num_layers`.
+fn with_layers(
+    cfg: &LmConfig,
+    layers: Option<usize>,
+    origin: &str,
+) -> Result<LmConfig, BenchError> {
+    let mut out = cfg.clone();
+    match layers {
+        None => {}
+        Some(0) => return Err(BenchError::ZeroCount { flag: "--layers" }),
+        Some(n) if n > cfg.num_layers => {
+            return Err(BenchError::LayersAboveConfig {
+                layers: n,
+                config_layers: cfg.num_layers,
+                config: origin.to_string(),
+            })
+        }
+        Some(n) => out.num_layers = n,
+    }
+    Ok(out)
+}
+
+/// Weight byte counts of a built LM.
+fn weight_bytes_of(lm: &LmModel, stage: Stage) -> WeightBytes {
+    let b = lm.weight_bytes();
+    let per_layer = b
+        .temporal_layers
+        .checked_div(b.temporal_num_layers)
+        .unwrap_or(0);
+    let read = match stage {
+        Stage::All | Stage::Lm => b.read_per_step(),
+        Stage::Depformer => b.depformer,
+        Stage::Mimi => 0,
+    };
+    WeightBytes {
+        resident_bytes: (b.temporal_layers + b.text_head + b.depformer + b.embedding_tables) as u64,
+        read_per_frame_bytes: read as u64,
+        // Set by the caller, which knows whether guidance runs a second row.
+        weight_passes_per_frame: 1,
+        temporal_layer_bytes: per_layer as u64,
+        text_head_bytes: b.text_head as u64,
+        depformer_bytes: b.depformer as u64,
+        // Set by the caller, which knows the frames to run.
+        kv_cache_layer_read_bytes: 0,
+        kv_cache_read_per_frame_bytes: 0,
+    }
+}
+
+/// The Mimi config to pair with an LM config file: its `mimi_config_name` next to it, else the
+/// real Mimi's.
+fn mimi_config_near(config_path: Option<&Path>, cfg: &LmConfig) -> Result<MimiConfig, BenchError> {
+    if let (Some(path), Some(name)) = (config_path, cfg.mimi_config_name.as_deref()) {
+        let candidate = path.parent().unwrap_or(Path::new(".")).join(name);
+        if candidate.is_file() {
+            return MimiConfig::from_file(&candidate).map_err(|source| BenchError::MimiConfig {
+                path: candidate,
+                source: Box::new(source),
+            });
+        }
+    }
+    Ok(MimiConfig::v0_1())
+}
+
+fn load(options: &BenchOptions, progress: &mut dyn FnMut(&str)) -> Result<Loaded, BenchError> {
+    let started = Instant::now();
+    let loaded = match &options.weights {
+        WeightSource::Random => load_random(options, progress),
+        WeightSource::Checkpoint(spec) => load_checkpoint(options, spec, progress),
+    }?;
+    progress(&format!(
+        "models ready in {:.1} s",
+        started.elapsed().as_secs_f64()
+    ));
+    Ok(loaded)
+}
+
+/// Number of Mimi codebooks the LM of `cfg` needs.
+fn mimi_codebooks(cfg: &LmConfig) -> usize {
+    cfg.dep_q.max(cfg.user_codebooks())
+}
+
+/// Builds the LM from `weights` and counts its weight bytes.
+fn build_lm(
+    cfg: &LmConfig,
+    weights: Option<WeightMap>,
+    stage: Stage,
+) -> Result<(Option<LmModel>, WeightBytes), BenchError> {
+    let Some(w) = weights else {
+        return Ok((None, WeightBytes::default()));
+    };
+    let lm = LmModel::load(cfg, w)?;
+    let bytes = weight_bytes_of(&lm, stage);
+    Ok((Some(lm), bytes))
+}
+
+fn load_random(
+    options: &BenchOptions,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Loaded, BenchError> {
+    let (full, config_origin) = match &options.config {
+        Some(p) => (LmConfig::from_file(p)?, p.display().to_string()),
+        None => (
+            LmConfig::moshiko_7b(),
+            "<built-in moshiko-7b (configs/moshiko-7b.json)>".to_string(),
+        ),
+    };
+    let cfg = with_layers(&full, options.layers, &config_origin)?;
+    let format = options.quant.unwrap_or(WeightFormat::Q4);
+    let (kind, quant) = random_kind_of(format, options.group_size)?;
+    let weights = if options.stage.needs_lm() {
+        let bits = random_bits_per_weight(kind);
+        ensure_fits(
+            || {
+                format!(
+                    "--random-weights ({quant}: {} parameters of {config_origin} at {bits} bits each)",
+                    cfg.parameter_count()
+                )
+            },
+            (cfg.parameter_count() as f64 * bits / 8.0) as u64,
+        )?;
+        progress(&format!(
+            "generating random {quant} weights: {} of {} temporal layers (dim {}) + depformer ...",
+            cfg.num_layers, full.num_layers, cfg.dim
+        ));
+        Some(random_lm_weights(&cfg, options.seed, kind)?)
+    } else {
+        None
+    };
+    let (lm, weight_bytes) = build_lm(&cfg, weights, options.stage)?;
+    let codec = if options.stage.needs_mimi() {
+        let mimi_cfg = mimi_config_near(options.config.as_deref(), &cfg)?;
+        let mimi = Mimi::random(&mimi_cfg, mimi_codebooks(&cfg), options.seed)?;
+        Some((mimi, synthetic_tokenizer(cfg.text_card)?))
+    } else {
+        None
+    };
+    Ok(Loaded {
+        lm,
+        codec,
+        layers_config: full.num_layers,
+        cfg,
+        config_origin,
+        quant,
+        weights: weight_bytes,
+    })
+}
+
+/// Bits per weight of random weights of `kind` (MLX packing: a 16-bit scale and bias per group).
+fn random_bits_per_weight(kind: RandomWeightKind) -> f64 {
+    match kind {
+        RandomWeightKind::Quantized { bits, group_size } => bits as f64 + 32.0 / group_size as f64,
+        RandomWeightKind::BF16 => 16.0,
+        RandomWeightKind::F32 => 32.0,
+    }
+}
+
+/// The random weights' packing for `--quant` and `--group-size`, and its report label.
+fn random_kind_of(
+    format: WeightFormat,
+    group_size: Option<usize>,
+) -> Result<(RandomWeightKind, String), BenchError> {
+    let kind = format.random_kind();
+    let Some(wanted) = group_size else {
+        return Ok((kind, format.name().to_string()));
+    };
+    let RandomWeightKind::Quantized { bits, group_size } = kind else {
+        return Err(BenchError::GroupSizeWithoutGroups {
+            group_size: wanted,
+            format,
+        });
+    };
+    if !SUPPORTED_GROUP_SIZES.contains(&wanted) {
+        return Err(BenchError::UnsupportedGroupSize {
+            group_size: wanted,
+            supported: &SUPPORTED_GROUP_SIZES,
+        });
+    }
+    let label = if wanted == group_size {
+        format.name().to_string()
+    } else {
+        format!("{}g{wanted}", format.name())
+    };
+    Ok((
+        RandomWeightKind::Quantized {
+            bits,
+            group_size: wanted,
+        },
+        label,
+    ))
+}
+
+fn load_checkpoint(
+    options: &BenchOptions,
+    spec: &str,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Loaded, BenchError> {
+    if let Some(group_size) = options.group_size {
+        return Err(BenchError::GroupSizeOfCheckpoint { group_size });
+    }
+    let requested = options.quant;
+    let model = resolve_model(spec, options.config.as_deref(), requested)?;
+    let full = model.lm_config.clone();
+    let checked = with_layers(&full, options.layers, &model.lm_config_source)?;
+    progress(&format!("loading {} ...", model.lm_weights_path.display()));
+    // The weights are read even for `--stage mimi`: that is how the format is checked.
+    let (weights, cfg, format) = load_checkpoint_lm(&model, requested, checked.num_layers)?;
+    let (lm, weight_bytes) = build_lm(
+        &cfg,
+        options.stage.needs_lm().then_some(weights),
+        options.stage,
+    )?;
+    let codec = if options.stage.needs_mimi() {
+        let codebooks = mimi_codebooks(&cfg);
+        let mimi_weights = load_mimi_weights(&model.mimi_weights_path, codebooks)?;
+        let mimi = Mimi::load(&model.mimi_config, mimi_weights, codebooks)?;
+        Some((mimi, TextTokenizer::from_file(&model.tokenizer_path)?))
+    } else {
+        None
+    };
+    Ok(Loaded {
+        lm,
+        codec,
+        layers_config: full.num_layers,
+        cfg,
+        config_origin: model.lm_config_source.clone(),
+        quant: format.name().into(),
+        weights: weight_bytes,
+    })
+}
