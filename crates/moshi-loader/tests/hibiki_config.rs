@@ -10,7 +10,7 @@ use common::hibiki_config;
 use moshi_loader::LmConfig;
 
 fn hibiki_m_path() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../configs/hibiki-m.json")
+    moshi_test_support::repo_root().join("configs/hibiki-m.json")
 }
 
 #[test]
