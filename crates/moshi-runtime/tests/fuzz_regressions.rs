@@ -2,14 +2,14 @@
 //! found, fixed since) through the targets' own code (`fuzz/src/lib.rs`): each must return, an
 //! error being a fine answer to bad input, never panic. Runs with every `cargo test`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 #[path = "../../../fuzz/src/lib.rs"]
 mod targets;
 
 fn inputs(kind: &str, target: &str) -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fuzz")
+    let dir = moshi_test_support::repo_root()
+        .join("fuzz")
         .join(kind)
         .join(target);
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)

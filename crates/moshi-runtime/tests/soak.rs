@@ -18,7 +18,7 @@ use moshi_runtime::pipeline::MoshiPipeline;
 use moshi_runtime::{wav, Result, FRAME_SAMPLES, SAMPLE_RATE_HZ};
 
 fn tiny() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../assets/tiny-a")
+    moshi_test_support::tiny_a_dir()
 }
 
 /// The pipeline, with the largest KV cache size it reached.
