@@ -1,7 +1,7 @@
 //! Helpers shared by the tests that run the built `moshi-rs` binary: fixture folders, running a
 //! command offline, reading its outputs, checking a clear failure.
 
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)] // each test binary uses its own subset
 
 use std::path::Path;
 use std::process::Output;
