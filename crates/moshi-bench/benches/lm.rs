@@ -1,7 +1,7 @@
 //! LM benchmarks at the real moshiko 7B dimensions (configs/moshiko-7b.json) from random bf16
 //! weights: one temporal layer step, a temporal step with 2 layers (+ embeddings, out_norm, text
 //! head), one full depformer pass (8 sub-steps x 6 layers), attention over a full 3000-position
-//! window, the bf16 matrix-vector kernel (scalar / AVX2, 1 thread / all threads) and the
+//! window, the bf16 matrix-vector kernel (portable / AVX2 / AVX-512, 1 thread / all threads) and the
 //! machine's memory read bandwidth (the bound for one-token inference).
 //!
 //! Run: `cargo bench -p moshi-bench --bench lm`
@@ -11,12 +11,13 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use moshi_bench::bandwidth::{ReadBuffer, DEFAULT_BUFFER_BYTES};
+use moshi_kernels::dense::matvec_with;
+use moshi_kernels::Kernel;
 use moshi_loader::LmConfig;
 use moshi_model::lm::kv_cache::KvCache;
 use moshi_model::lm::rope::{Rope, RopeRotation};
 use moshi_model::lm::transformer::LayerScratch;
 use moshi_model::lm::{LmModel, RandomWeightKind};
-use moshi_model::matvec::{matvec_bf16_with, Kernel};
 use moshi_model::rng::Rng;
 
 const TEMPORAL_LAYERS: usize = 2;
@@ -199,7 +200,7 @@ fn kernel_benches(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(3));
     g.throughput(Throughput::Bytes((n * k * 2) as u64));
     for (name, kernel, par) in [
-        ("scalar_1thread", Kernel::Scalar, false),
+        ("scalar_1thread", Kernel::Portable, false),
         ("avx2_1thread", Kernel::Avx2, false),
         ("avx512_1thread", Kernel::Avx512, false),
         ("avx2_threads", Kernel::Avx2, true),
@@ -207,7 +208,7 @@ fn kernel_benches(c: &mut Criterion) {
     ] {
         if kernel.is_available() {
             g.bench_function(name, |b| {
-                b.iter(|| matvec_bf16_with(&w, n, k, &x, &mut y, kernel, par))
+                b.iter(|| matvec_with(&w, n, k, &x, &mut y, kernel, par))
             });
         }
     }

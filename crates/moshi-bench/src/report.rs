@@ -26,7 +26,7 @@ pub struct RunInfo {
     /// Mimi's weight precision: `f32` (exact), `bf16` or `q8` (`--mimi-weights`).
     pub mimi_weights: String,
     /// The quantized-matrix kernel of q8/q4 products (`moshi_kernels::Kernel::name`, e.g.
-    /// `avx512vnni`; `MOSHI_QUANT_KERNEL` picks another).
+    /// `avx512vnni`; `MOSHI_KERNEL` picks another).
     pub quant_kernel: String,
     /// `all`, `mimi`, `lm` or `depformer`.
     pub stage: String,

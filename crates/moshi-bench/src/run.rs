@@ -262,7 +262,7 @@ pub fn run_bench(
         ""
     };
     progress(&format!(
-        "quantized kernel: {}{eight_bit} (set {KERNEL_ENV} to pick another)",
+        "kernels: {}{eight_bit} (set {KERNEL_ENV} to pick another)",
         kernel.name(),
     ));
     let mut processor = stage_processor(options, cfg_coef, lm, codec)?;

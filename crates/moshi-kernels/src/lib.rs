@@ -1,26 +1,39 @@
-//! moshi-kernels: MLX-affine packed weight matrices and the quantized matrix kernels.
+//! moshi-kernels: every compute kernel of moshi-rs, dense and quantized, with one CPU dispatch.
 //!
-//! MLX "affine" quantization stores a `[rows, cols]` matrix as
-//! * `codes`: `u32` words, `cols * bits / 32` per row, element `j` of a row in bits
-//!   `[(j % (32 / bits)) * bits, +bits)` of word `j / (32 / bits)` (least significant first);
-//! * `scales`, `biases`: bf16, `cols / group_size` per row;
-//! * value `w[r, j] = q * scale[r, j / group_size] + bias[r, j / group_size]`.
+//! * [`Kernel`]: the instruction-set variants (portable, AVX2+FMA, AVX-512, AVX-512 VNNI), which
+//!   of them this CPU runs, and the one choice every product follows ([`Kernel::detect`], decided
+//!   once; [`KERNEL_ENV`] overrides, [`LEGACY_KERNEL_ENV`] is still honoured).
+//! * [`dense`]: f32/bf16 matrix-vector products in one fixed summation order (every instruction
+//!   set gives the same bits), attention's value accumulation, Mimi's few- and many-row products,
+//!   activations.
+//! * Quantized: MLX "affine" packed matrices ([`QuantizedMatrix`]) and their products. A
+//!   `[rows, cols]` matrix is stored as
+//!   - `codes`: `u32` words, `cols * bits / 32` per row, element `j` of a row in bits
+//!     `[(j % (32 / bits)) * bits, +bits)` of word `j / (32 / bits)` (least significant first);
+//!   - `scales`, `biases`: bf16, `cols / group_size` per row;
+//!   - value `w[r, j] = q * scale[r, j / group_size] + bias[r, j / group_size]`.
 //!
-//! Products `y = x · dequant(W)ᵀ` keep the weights packed: [`QuantizedMatrix::matvec`] /
-//! [`QuantizedMatrix::matmul`] pick the fastest [`Kernel`] for the CPU (AVX-512 VNNI, AVX-512,
-//! AVX2+FMA or portable; [`KERNEL_ENV`] overrides), threaded over output rows on the persistent
-//! spinning [`team`] (capped by the current rayon pool's thread count). Accumulation is f32; the
-//! f32 kernels take the activations as they are, the VNNI kernel as 24-bit fixed point per
-//! quantization group (within 2^-23 of each group's largest value, the size of one f32 rounding
-//! of it). [`QuantizedMatrix::matmul_reference`] is the scalar reference.
+//!   Products `y = x · dequant(W)ᵀ` keep the weights packed: [`QuantizedMatrix::matvec`] /
+//!   [`QuantizedMatrix::matmul`] run the detected kernel, threaded over output rows on the
+//!   persistent spinning [`team`] (capped by the current rayon pool's thread count).
+//!   Accumulation is f32; the f32 kernels take the activations as they are, the VNNI kernel as
+//!   24-bit fixed point per quantization group (within 2^-23 of each group's largest value, the
+//!   size of one f32 rounding of it). [`QuantizedMatrix::matmul_reference`] is the scalar
+//!   reference. [`gemm_nt_q8`] is Mimi's few-row 8-bit product on a block of such a matrix.
+//! * [`team`]: the persistent thread team all threaded kernels run on.
 
+mod cpu;
+pub mod dense;
+mod elem;
 mod error;
-mod kernels;
 mod matrix;
+mod quant;
 mod quantize;
 mod reference;
 pub mod team;
 
+pub use cpu::{Kernel, KERNEL_ENV, LEGACY_KERNEL_ENV};
+pub use elem::{bf16_bits_to_f32, f32_to_bf16_bits, reduce_lanes, WeightElem, LANES};
 pub use error::QuantError;
-pub use kernels::{Kernel, KERNEL_ENV};
-pub use matrix::{bf16_bits_to_f32, QuantizedMatrix, SUPPORTED_BITS, SUPPORTED_GROUP_SIZES};
+pub use matrix::{QuantizedMatrix, SUPPORTED_BITS, SUPPORTED_GROUP_SIZES};
+pub use quant::q8_small::{gemm_nt_q8, Q8_GROUP_SIZES, Q8_MAX_ROWS};

@@ -1,18 +1,14 @@
 //! The packed MLX-affine matrix type and its scalar reference dequantization.
 
-use crate::kernels::{qmm_with_kernel, Kernel};
+use crate::elem::bf16_bits_to_f32;
+use crate::quant::qmm_with_kernel;
+use crate::Kernel;
 use crate::QuantError;
 
 /// Bit widths MLX can produce.
 pub const SUPPORTED_BITS: [u32; 6] = [2, 3, 4, 5, 6, 8];
 /// Group sizes MLX can produce.
 pub const SUPPORTED_GROUP_SIZES: [usize; 3] = [32, 64, 128];
-
-/// Converts bf16 bits to f32 (exact).
-#[inline(always)]
-pub fn bf16_bits_to_f32(bits: u16) -> f32 {
-    f32::from_bits((bits as u32) << 16)
-}
 
 /// Checks that MLX can produce this bit width and group size and that `cols` packs into whole
 /// groups and whole `u32` words.

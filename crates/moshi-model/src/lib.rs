@@ -2,14 +2,11 @@
 //! Mimi, the temporal LM and depformer, the generator). Pure and deterministic: no I/O
 //! beyond the weights handed over by `moshi-loader`, no audio devices, no async runtime.
 
-mod accumulate;
 mod error;
 pub mod generator;
 pub mod lm;
-pub mod matvec;
 pub mod mimi;
 pub mod ops;
-pub mod q8_small;
 pub mod rng;
 pub use moshi_kernels::team;
 

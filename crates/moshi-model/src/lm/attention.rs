@@ -6,8 +6,9 @@ use std::cell::RefCell;
 
 use super::kv_cache::{KvCache, KvRows};
 use super::rope::RopeRotation;
-use crate::accumulate::accumulate_rows;
-use crate::matvec::RowElem;
+use moshi_kernels::dense::{accumulate_rows, dot_rows};
+use moshi_kernels::{Kernel, WeightElem};
+
 use crate::ops::Linear;
 
 /// Above this many cached floats (keys of all heads), heads are processed on several threads.
@@ -112,7 +113,7 @@ impl Attention {
     }
     /// `attended` (`[dim]`) = every head's attention from `q` over the `n` cached positions
     /// (`keys`, `values`: `[n, dim]`, f32 or bf16 bits); `scores` is scratch space.
-    fn attend<E: RowElem + Sync>(
+    fn attend<E: WeightElem>(
         &self,
         q: &[f32],
         keys: &[E],
@@ -157,7 +158,7 @@ impl Attention {
 /// over the `n = scores.len() / heads` cached positions. Rows are walked in order so every cached
 /// row is read once, contiguously, for all heads of the group.
 #[allow(clippy::too_many_arguments)]
-fn attend_heads<E: RowElem + Sync>(
+fn attend_heads<E: WeightElem>(
     q: &[f32],
     keys: &[E],
     values: &[E],
@@ -172,14 +173,14 @@ fn attend_heads<E: RowElem + Sync>(
     let heads = width / hd;
     let n = scores.len() / heads.max(1);
     // Scores: POSITIONS_PER_STEP cached keys per step, each head's dot products taken together
-    // (every dot product in the fixed order of `matvec`, as one at a time).
-    let kernel = crate::matvec::best_kernel();
+    // (every dot product in the fixed order of `moshi_kernels::dense`, as one at a time).
+    let kernel = Kernel::detect();
     let key = |j: usize| &keys[j * stride + offset..j * stride + offset + width];
     let mut j = 0;
     while j + POSITIONS_PER_STEP <= n {
         let rows: [&[E]; POSITIONS_PER_STEP] = std::array::from_fn(|r| key(j + r));
         for (h, qh) in q.chunks_exact(hd).enumerate() {
-            let dots = kernel.dot_rows(rows.map(|k| &k[h * hd..(h + 1) * hd]), qh);
+            let dots = dot_rows(kernel, rows.map(|k| &k[h * hd..(h + 1) * hd]), qh);
             for (r, d) in dots.iter().enumerate() {
                 scores[h * n + j + r] = d * scale;
             }
@@ -189,7 +190,7 @@ fn attend_heads<E: RowElem + Sync>(
     for j in j..n {
         let k = key(j);
         for (h, qh) in q.chunks_exact(hd).enumerate() {
-            scores[h * n + j] = kernel.dot_rows([&k[h * hd..(h + 1) * hd]], qh)[0] * scale;
+            scores[h * n + j] = dot_rows(kernel, [&k[h * hd..(h + 1) * hd]], qh)[0] * scale;
         }
     }
     for sh in scores.chunks_exact_mut(n) {

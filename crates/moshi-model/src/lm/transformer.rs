@@ -5,9 +5,10 @@
 use super::attention::{Attention, AttentionScratch};
 use super::kv_cache::KvCache;
 use super::rope::RopeRotation;
+use moshi_kernels::dense::silu;
 use moshi_loader::NormKind;
 
-use crate::ops::{rms_norm, silu, Linear};
+use crate::ops::{rms_norm, Linear};
 
 /// RMSNorm with a learnt gain (`alpha`, `[dim]`).
 #[derive(Clone, Debug)]

@@ -3,8 +3,9 @@
 //! `StreamingConvTranspose1d` (overlapping tails kept as partial sums). Both run as one strided
 //! matrix product per call; a fresh state over the whole signal is the non-streaming forward.
 
+use moshi_kernels::dense::elu_slice_par;
+
 use super::matrix::{MimiWeights, WeightMatrix};
-use crate::ops::elu_slice_par;
 
 /// Copies a row-major `[d0][d1][d2]` array into a new one of the same size, element `(a, b, c)`
 /// going to index `dst_index(a, b, c)` (which must be a bijection onto `0..d0 * d1 * d2`).
@@ -411,7 +412,7 @@ impl StreamingConvTranspose1d {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::elu;
+    use moshi_kernels::dense::elu;
 
     fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
         let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;

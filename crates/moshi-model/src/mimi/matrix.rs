@@ -5,10 +5,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use moshi_kernels::QuantizedMatrix;
-
-use crate::ops::{f32_to_bf16_bits, gemm_nt_bf16, gemm_nt_strided};
-use crate::q8_small::{gemm_nt_q8, Q8_MAX_ROWS};
+use moshi_kernels::dense::{gemm_nt_bf16, gemm_nt_strided};
+use moshi_kernels::{f32_to_bf16_bits, gemm_nt_q8, QuantizedMatrix, Q8_MAX_ROWS};
 
 /// Weight precision of Mimi's few-row (memory-bound) products. Activations, accumulation and
 /// every many-row product stay f32 in all modes; codebooks and the depthwise upsampler stay f32.

@@ -7,11 +7,12 @@
 //! against a bf16 copy of the codebook (half the bytes; the candidate margin covers the bf16
 //! rounding, so the chosen code is still the exact argmin).
 
+use moshi_kernels::dense::{gemm_nt_bf16, gemm_nt_strided};
+use moshi_kernels::f32_to_bf16_bits;
 use moshi_loader::config::QuantizerConfig;
 
 use super::matrix::{count_bytes, MimiWeights, WeightMatrix};
 use super::weights::WeightSource;
-use crate::ops::{f32_to_bf16_bits, gemm_nt_bf16, gemm_nt_strided};
 use crate::{ModelError, Result};
 
 const CLUSTER_USAGE_EPSILON: f32 = 1e-5;

@@ -4,11 +4,13 @@
 //! keys are written first, then a query at position p sees the keys still in the ring with
 //! `p - context < p' <= p`. The non-streaming forward sees every key with `p - context < p' <= p`.
 
+use moshi_kernels::dense::{accumulate_rows, dot_rows, gelu_slice};
+use moshi_kernels::{f32_to_bf16_bits, Kernel, WeightElem};
 use moshi_loader::config::MimiTransformerConfig;
 
 use super::matrix::{MimiWeights, WeightMatrix};
 use super::weights::WeightSource;
-use crate::ops::{dot_elem, f32_to_bf16_bits, gelu_slice, layer_norm, WeightElem};
+use crate::ops::layer_norm;
 use crate::Result;
 
 #[derive(Clone, Debug)]
@@ -431,54 +433,11 @@ impl MimiTransformer {
             let scores = &mut *cell.borrow_mut();
             // SAFETY: caller contract forwarded.
             unsafe {
-                self.attend_head_with(h, qkv, t, q0, oldest, row_of, keys, values, out, scores)
+                attend_head_body(
+                    self, h, qkv, t, q0, oldest, row_of, keys, values, out, scores,
+                )
             };
         });
-    }
-
-    /// # Safety
-    /// As [`MimiTransformer::attend_head`].
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn attend_head_with<K: WeightElem>(
-        &self,
-        h: usize,
-        qkv: &[f32],
-        t: usize,
-        q0: usize,
-        oldest: usize,
-        row_of: &dyn Fn(usize) -> usize,
-        keys: &[K],
-        values: &[K],
-        out: *mut f32,
-        scores: &mut Vec<f32>,
-    ) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::is_x86_feature_detected!("avx512f") {
-                // SAFETY: feature checked at run time.
-                unsafe {
-                    attend_head_avx512(
-                        self, h, qkv, t, q0, oldest, row_of, keys, values, out, scores,
-                    )
-                };
-                return;
-            }
-            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-                // SAFETY: as above.
-                unsafe {
-                    attend_head_avx2(
-                        self, h, qkv, t, q0, oldest, row_of, keys, values, out, scores,
-                    )
-                };
-                return;
-            }
-        }
-        // SAFETY: caller contract forwarded.
-        unsafe {
-            attend_head_body(
-                self, h, qkv, t, q0, oldest, row_of, keys, values, out, scores,
-            )
-        };
     }
 }
 
@@ -491,56 +450,16 @@ struct OutPtr(*mut f32);
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn attend_head_avx512<K: WeightElem>(
-    tr: &MimiTransformer,
-    h: usize,
-    qkv: &[f32],
-    t: usize,
-    q0: usize,
-    oldest: usize,
-    row_of: &dyn Fn(usize) -> usize,
-    keys: &[K],
-    values: &[K],
-    out: *mut f32,
-    scores: &mut Vec<f32>,
-) {
-    // SAFETY: caller contract forwarded.
-    unsafe { attend_head_body(tr, h, qkv, t, q0, oldest, row_of, keys, values, out, scores) }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn attend_head_avx2<K: WeightElem>(
-    tr: &MimiTransformer,
-    h: usize,
-    qkv: &[f32],
-    t: usize,
-    q0: usize,
-    oldest: usize,
-    row_of: &dyn Fn(usize) -> usize,
-    keys: &[K],
-    values: &[K],
-    out: *mut f32,
-    scores: &mut Vec<f32>,
-) {
-    // SAFETY: caller contract forwarded.
-    unsafe { attend_head_body(tr, h, qkv, t, q0, oldest, row_of, keys, values, out, scores) }
-}
-
 thread_local! {
     /// Per-thread attention scores (no allocation per head in steady state).
     static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// One head of [`MimiTransformer::attend`] for all `t` queries.
+/// One head of [`MimiTransformer::attend`] for all `t` queries: scores in the fixed order of
+/// `moshi_kernels::dense`, values accumulated position by position.
 ///
 /// # Safety
 /// As [`MimiTransformer::attend_head`].
-#[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn attend_head_body<K: WeightElem>(
     tr: &MimiTransformer,
@@ -558,6 +477,7 @@ unsafe fn attend_head_body<K: WeightElem>(
     let d = tr.dim;
     let hd = d / tr.num_heads;
     let scale = 1.0 / (hd as f32).sqrt();
+    let kernel = Kernel::detect();
     for i in 0..t {
         let p = q0 + i;
         let first = oldest.max((p + 1).saturating_sub(tr.context));
@@ -566,7 +486,7 @@ unsafe fn attend_head_body<K: WeightElem>(
         let mut max = f32::NEG_INFINITY;
         for kp in first..=p {
             let k = &keys[row_of(kp) + h * hd..row_of(kp) + (h + 1) * hd];
-            let s = dot_elem(q, k) * scale;
+            let s = dot_rows(kernel, [k], q)[0] * scale;
             max = max.max(s);
             scores.push(s);
         }
@@ -581,9 +501,7 @@ unsafe fn attend_head_body<K: WeightElem>(
         for (j, kp) in (first..=p).enumerate() {
             let w = scores[j] / sum;
             let v = &values[row_of(kp) + h * hd..row_of(kp) + (h + 1) * hd];
-            for (ov, vv) in o.iter_mut().zip(v) {
-                *ov += w * vv.to_f32();
-            }
+            accumulate_rows(kernel, o, [w], [v]);
         }
     }
 }

@@ -1,4 +1,4 @@
-//! AVX-512F instruction set for the lane kernel (`kernels::lanes`): 16 `u32` code lanes (64 code
+//! AVX-512F instruction set for the lane kernel (`quant::lanes`): 16 `u32` code lanes (64 code
 //! bytes) per step; `vcvtudq2ps` converts every code, the top one included, in place.
 
 use std::arch::x86_64::*;

@@ -5,15 +5,16 @@
 //! Several rows per call load and store `y` once for all of them. Rows are f32 or bf16 bits
 //! (widened exactly).
 
-use crate::matvec::{Kernel, RowElem};
+use crate::elem::WeightElem;
+use crate::Kernel;
 
 /// `y[d] = (…((y[d] + coefs[0] · rows[0][d]) + coefs[1] · rows[1][d]) …)` for every `d`, with
-/// `kernel` (the best available one if this CPU lacks it).
+/// `kernel` ([`Kernel::detect`]'s choice if this CPU lacks it).
 ///
 /// # Panics
 /// If a row is shorter than `y` (caller bug).
 #[inline]
-pub(crate) fn accumulate_rows<const R: usize, E: RowElem>(
+pub fn accumulate_rows<const R: usize, E: WeightElem>(
     kernel: Kernel,
     y: &mut [f32],
     coefs: [f32; R],
@@ -23,19 +24,19 @@ pub(crate) fn accumulate_rows<const R: usize, E: RowElem>(
         rows.iter().all(|r| r.len() >= y.len()),
         "accumulate_rows: a row is shorter than the output"
     );
-    match kernel {
+    match kernel.or_detected() {
         // SAFETY (both arms): the kernel is available (checked); rows hold y.len() values.
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx512 if kernel.is_available() => unsafe { avx512::accumulate(y, coefs, rows) },
+        Kernel::Avx512 | Kernel::Avx512Vnni => unsafe { avx512::accumulate(y, coefs, rows) },
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx2 if kernel.is_available() => unsafe { avx2::accumulate(y, coefs, rows) },
+        Kernel::Avx2 => unsafe { avx2::accumulate(y, coefs, rows) },
         _ => accumulate_scalar(y, 0, coefs, rows),
     }
 }
 
 /// The plain loop from element `from` on.
 #[inline(always)]
-fn accumulate_scalar<const R: usize, E: RowElem>(
+fn accumulate_scalar<const R: usize, E: WeightElem>(
     y: &mut [f32],
     from: usize,
     coefs: [f32; R],
@@ -54,14 +55,16 @@ fn accumulate_scalar<const R: usize, E: RowElem>(
 mod avx512 {
     use std::arch::x86_64::*;
 
+    use crate::elem::WeightElem;
+
     /// 16 elements per step, the rest with the plain loop.
     ///
     /// # Safety
-    /// The CPU must support AVX-512F and AVX2 (the row loaders of `matvec` use both); every row
-    /// holds at least `y.len()` values.
+    /// The CPU must support AVX-512F and AVX2 (the row loaders use both); every row holds at
+    /// least `y.len()` values.
     #[target_feature(enable = "avx512f,avx2")]
     #[allow(clippy::needless_range_loop)] // plain index loops keep the vectors in registers
-    pub(super) unsafe fn accumulate<const R: usize, E: super::RowElem>(
+    pub(super) unsafe fn accumulate<const R: usize, E: WeightElem>(
         y: &mut [f32],
         coefs: [f32; R],
         rows: [&[E]; R],
@@ -92,13 +95,15 @@ mod avx512 {
 mod avx2 {
     use std::arch::x86_64::*;
 
+    use crate::elem::WeightElem;
+
     /// 8 elements per step, the rest with the plain loop.
     ///
     /// # Safety
     /// The CPU must support AVX2; every row holds at least `y.len()` values.
     #[target_feature(enable = "avx2")]
     #[allow(clippy::needless_range_loop)] // plain index loops keep the vectors in registers
-    pub(super) unsafe fn accumulate<const R: usize, E: super::RowElem>(
+    pub(super) unsafe fn accumulate<const R: usize, E: WeightElem>(
         y: &mut [f32],
         coefs: [f32; R],
         rows: [&[E]; R],
@@ -128,17 +133,25 @@ mod avx2 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rng::Rng;
+    use crate::elem::f32_to_bf16_bits;
 
-    fn random(len: usize, rng: &mut Rng) -> Vec<f32> {
-        (0..len).map(|_| (rng.next_f32() - 0.5) * 3.0).collect()
+    /// A small deterministic generator (xorshift) of values in [-1.5, 1.5).
+    fn random(len: usize, state: &mut u64) -> Vec<f32> {
+        (0..len)
+            .map(|_| {
+                *state ^= *state << 13;
+                *state ^= *state >> 7;
+                *state ^= *state << 17;
+                ((*state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 3.0
+            })
+            .collect()
     }
 
     /// Every kernel this CPU has gives the plain loop's bits, at lengths around the vector
     /// widths and for 1 to 4 rows per call; 4 rows at once equal 4 calls of one row.
     #[test]
     fn kernels_equal_the_plain_loop_bit_for_bit() {
-        let mut rng = Rng::new(11);
+        let mut rng = 11u64;
         for len in [0, 1, 7, 8, 9, 15, 16, 17, 33, 128, 130] {
             let rows: Vec<Vec<f32>> = (0..4).map(|_| random(len + 3, &mut rng)).collect();
             let coefs = [0.3f32, -1.7, 2.9e-3, 0.61];
@@ -149,10 +162,7 @@ mod tests {
                     *v += c * x;
                 }
             }
-            for kernel in [Kernel::Scalar, Kernel::Avx2, Kernel::Avx512] {
-                if !kernel.is_available() {
-                    continue;
-                }
+            for kernel in Kernel::available() {
                 let mut four = start.clone();
                 let refs: [&[f32]; 4] = std::array::from_fn(|r| &rows[r][..]);
                 accumulate_rows(kernel, &mut four, coefs, refs);
@@ -174,13 +184,13 @@ mod tests {
     /// bf16 rows: the kernels give the plain loop's bits over the exactly widened values.
     #[test]
     fn bf16_rows_equal_the_plain_loop_bit_for_bit() {
-        let mut rng = Rng::new(12);
+        let mut rng = 12u64;
         for len in [0, 5, 8, 16, 23, 128] {
             let rows: Vec<Vec<u16>> = (0..4)
                 .map(|_| {
                     random(len, &mut rng)
                         .iter()
-                        .map(|&v| half::bf16::from_f32(v).to_bits())
+                        .map(|&v| f32_to_bf16_bits(v))
                         .collect()
                 })
                 .collect();
@@ -192,14 +202,12 @@ mod tests {
                     *v += c * f32::from_bits((x as u32) << 16);
                 }
             }
-            for kernel in [Kernel::Scalar, Kernel::Avx2, Kernel::Avx512] {
-                if kernel.is_available() {
-                    let mut got = start.clone();
-                    let refs: [&[u16]; 4] = std::array::from_fn(|r| &rows[r][..]);
-                    accumulate_rows(kernel, &mut got, coefs, refs);
-                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                    assert_eq!(bits(&got), bits(&expected), "{kernel:?} len {len}");
-                }
+            for kernel in Kernel::available() {
+                let mut got = start.clone();
+                let refs: [&[u16]; 4] = std::array::from_fn(|r| &rows[r][..]);
+                accumulate_rows(kernel, &mut got, coefs, refs);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&expected), "{kernel:?} len {len}");
             }
         }
     }
@@ -208,6 +216,6 @@ mod tests {
     #[should_panic(expected = "shorter than the output")]
     fn a_short_row_is_refused() {
         let mut y = vec![0f32; 8];
-        accumulate_rows(Kernel::Scalar, &mut y, [1.0], [&[1.0f32; 4][..]]);
+        accumulate_rows(Kernel::Portable, &mut y, [1.0], [&[1.0f32; 4][..]]);
     }
 }

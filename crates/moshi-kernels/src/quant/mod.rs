@@ -15,7 +15,7 @@
 macro_rules! select_specialised_rows {
     ($rows:ident, $bits:expr, $group_size:expr) => {
         match ($bits, $group_size) {
-            (4, 32) => Some($rows::<4, 32> as crate::kernels::RowRangeFn),
+            (4, 32) => Some($rows::<4, 32> as crate::quant::RowRangeFn),
             (4, 64) => Some($rows::<4, 64>),
             (4, 128) => Some($rows::<4, 128>),
             (8, 32) => Some($rows::<8, 32>),
@@ -35,13 +35,15 @@ mod avx2;
 mod avx512;
 mod generic;
 mod portable;
+pub(crate) mod q8_small;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
 
 use std::borrow::Cow;
+#[cfg(target_arch = "x86_64")]
 use std::sync::OnceLock;
 
-use crate::{QuantError, QuantizedMatrix};
+use crate::{Kernel, QuantError, QuantizedMatrix};
 
 /// Weight bytes below which a task is not split further (thread wake-up costs several µs,
 /// about what reading this much weight data takes).
@@ -133,110 +135,9 @@ impl CodePrefetch {
     }
 }
 
-/// Environment variable naming the kernel [`Kernel::detect`] returns (`portable`, `avx2`,
-/// `avx512`, `avx512vnni`).
-pub const KERNEL_ENV: &str = "MOSHI_QUANT_KERNEL";
-
 /// Tasks per rayon thread. Four (for work stealing around preempted threads) measured lower than
 /// one in back-to-back full benchmark runs on a loaded 2-core machine, so rows are split evenly.
 const TASKS_PER_THREAD: usize = 1;
-
-/// An instruction-set variant of the kernels.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Kernel {
-    /// Plain Rust, any target (the compiler may still auto-vectorize it).
-    Portable,
-    /// x86-64 AVX2 + FMA, 8 lanes.
-    Avx2,
-    /// x86-64 AVX-512F, 16 lanes.
-    Avx512,
-    /// x86-64 AVX-512F + VNNI: 4-bit products as integer dot products of the codes with 24-bit
-    /// fixed-point activations (see `kernels::vnni`). 8-bit products, and activations it cannot
-    /// hold (non-finite, or rows of only subnormal magnitudes), go to the f32
-    /// [`Kernel::Avx512`] kernel.
-    Avx512Vnni,
-}
-
-impl Kernel {
-    /// All variants, slowest first.
-    pub const ALL: [Kernel; 4] = [
-        Kernel::Portable,
-        Kernel::Avx2,
-        Kernel::Avx512,
-        Kernel::Avx512Vnni,
-    ];
-
-    /// Short name (`"portable"`, `"avx2"`, `"avx512"`, `"avx512vnni"`).
-    pub fn name(self) -> &'static str {
-        match self {
-            Kernel::Portable => "portable",
-            Kernel::Avx2 => "avx2",
-            Kernel::Avx512 => "avx512",
-            Kernel::Avx512Vnni => "avx512vnni",
-        }
-    }
-
-    /// Whether this CPU can run the variant.
-    pub fn is_available(self) -> bool {
-        match self {
-            Kernel::Portable => true,
-            #[cfg(target_arch = "x86_64")]
-            Kernel::Avx2 => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"),
-            #[cfg(target_arch = "x86_64")]
-            Kernel::Avx512 => is_x86_feature_detected!("avx512f"),
-            #[cfg(target_arch = "x86_64")]
-            Kernel::Avx512Vnni => vnni::available(),
-            #[cfg(not(target_arch = "x86_64"))]
-            Kernel::Avx2 | Kernel::Avx512 | Kernel::Avx512Vnni => false,
-        }
-    }
-
-    /// The variants this CPU can run, slowest first.
-    pub fn available() -> Vec<Kernel> {
-        Kernel::ALL
-            .into_iter()
-            .filter(|k| k.is_available())
-            .collect()
-    }
-
-    /// The variant named `name` ([`Kernel::name`]), if any.
-    pub fn from_name(name: &str) -> Option<Kernel> {
-        Kernel::ALL.into_iter().find(|k| k.name() == name)
-    }
-
-    /// The kernel the products use (decided once): the one named by the environment variable
-    /// [`KERNEL_ENV`] where this CPU runs it (e.g. `avx512` for the f32 kernel on a VNNI
-    /// machine), otherwise the fastest variant this CPU can run. An unknown or unavailable name
-    /// is reported with a warning and ignored.
-    pub fn detect() -> Kernel {
-        static CHOSEN: OnceLock<Kernel> = OnceLock::new();
-        *CHOSEN.get_or_init(|| {
-            let fastest = *Kernel::available().last().unwrap_or(&Kernel::Portable);
-            let Ok(name) = std::env::var(KERNEL_ENV) else {
-                return fastest;
-            };
-            match Kernel::from_name(&name) {
-                Some(kernel) if kernel.is_available() => kernel,
-                Some(_) => {
-                    tracing::warn!(
-                        "{KERNEL_ENV}={name}: this CPU cannot run it; using {}",
-                        fastest.name()
-                    );
-                    fastest
-                }
-                None => {
-                    let names: Vec<&str> = Kernel::ALL.iter().map(|k| k.name()).collect();
-                    tracing::warn!(
-                        "{KERNEL_ENV}={name}: unknown kernel (expected one of {}); using {}",
-                        names.join(", "),
-                        fastest.name()
-                    );
-                    fastest
-                }
-            }
-        })
-    }
-}
 
 /// Computes `out_t[(r - row_start) * m + i]` for the rows `row_start..row_start + out_t.len() / m`,
 /// given the activations `xs` (`m` rows of `cols`, in the kernel's layout).
@@ -393,15 +294,4 @@ fn run_threaded(w: &QuantizedMatrix, plan: &Plan, xs: &[f32], m: usize, out_t: &
     crate::team::run_chunks_mut(out_t, rows_per_task * m, &|first, chunk| {
         (plan.rows_fn)(w, xs, m, first / m, chunk)
     });
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn detected_kernel_is_available() {
-        assert!(Kernel::detect().is_available());
-        assert!(Kernel::available().contains(&Kernel::Portable));
-    }
 }

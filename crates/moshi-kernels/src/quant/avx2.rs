@@ -1,4 +1,4 @@
-//! AVX2 + FMA instruction set for the lane kernel (`kernels::lanes`): 8 `u32` code lanes (32 code
+//! AVX2 + FMA instruction set for the lane kernel (`quant::lanes`): 8 `u32` code lanes (32 code
 //! bytes) per step. AVX2 converts signed integers only, so the top code of each lane (whose
 //! `q · 2^(BITS·k)` can reach 2^31) is shifted down to `q` instead, and its activations are left
 //! unscaled ([`TOP_UNSCALED`]).

@@ -25,15 +25,15 @@
 //! activation row, exact: `u_g` is a power of two). A row's result is
 //! `2^e · Σ + Σ_g bias_g · Σ_{j∈g} x_j`, the bias part on f32 group sums as in the other kernels.
 //!
-//! Against the f32 lane kernel (`kernels::lanes`) this is 14 vector operations per 64 bytes of
+//! Against the f32 lane kernel (`quant::lanes`) this is 14 vector operations per 64 bytes of
 //! 4-bit codes instead of about 26, and six of them are integer dot products: enough to leave
 //! 4-bit products bound by memory rather than by arithmetic on two Zen 4 cores. The kernel tests
 //! hold it to the same error bound as the f32 kernels.
 
 use std::arch::x86_64::*;
 
-use crate::kernels::lanes::{MATMUL_ROWS, MULTI_ROW_MIN_ACTIVATION_BYTES};
-use crate::kernels::{CodePrefetch, RowRangeFn, SCALE_PREFETCH_ROWS};
+use crate::quant::lanes::{MATMUL_ROWS, MULTI_ROW_MIN_ACTIVATION_BYTES};
+use crate::quant::{CodePrefetch, RowRangeFn, SCALE_PREFETCH_ROWS};
 use crate::QuantizedMatrix;
 
 /// `i32` lanes per vector (and `u32` code words per block).

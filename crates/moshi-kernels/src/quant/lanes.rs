@@ -122,13 +122,13 @@ fn arrange_row<const PER_LANE: usize>(
 /// `$features` (see the module docs for what the module must provide).
 macro_rules! lane_kernel {
     ($features:literal) => {
-        use crate::kernels::lanes::{
+        use crate::quant::lanes::{
             arranged_row_len, block_cols, MATMUL_ROWS, MATVEC_ROWS, MULTI_ROW_MIN_ACTIVATION_BYTES,
         };
-        use crate::kernels::CodePrefetch;
+        use crate::quant::CodePrefetch;
         use crate::QuantizedMatrix;
 
-        pub(crate) fn select(bits: u32, group_size: usize) -> Option<crate::kernels::RowRangeFn> {
+        pub(crate) fn select(bits: u32, group_size: usize) -> Option<crate::quant::RowRangeFn> {
             select_specialised_rows!(rows, bits, group_size)
         }
 

@@ -1,4 +1,4 @@
-//! Few-row products against MLX 8-bit affine weights (a moshi-kernels `QuantizedMatrix` with 8 bits):
+//! Few-row products against MLX 8-bit affine weights (a [`QuantizedMatrix`] with 8 bits):
 //! every packed weight row is streamed once for all left rows, activations and accumulation stay
 //! f32. This is Mimi's memory-bound per-frame case (1-16 left rows) at ~1.06 bytes per weight
 //! instead of 4, with strided left rows (overlapping convolution windows read in place), a
@@ -8,9 +8,9 @@
 //! dequantized `q · scale + bias` weights (f32 scale and bias from their bf16 bits), summed in a
 //! different order than a scalar loop (f32 rounding only).
 
-use moshi_kernels::{bf16_bits_to_f32, QuantizedMatrix};
-
-use crate::ops::{fma_lanes, par_ranges, reduce_lanes, LANES, PARALLEL_MIN_MACS};
+use crate::dense::gemm::{fma_lanes, par_ranges, PARALLEL_MIN_MACS};
+use crate::elem::{bf16_bits_to_f32, reduce_lanes, LANES};
+use crate::{Kernel, QuantizedMatrix};
 
 /// Left rows up to which [`gemm_nt_q8`] is used (the weight-streaming regime: each weight tile
 /// is read from memory once and applied to all left rows from L1).
@@ -181,21 +181,14 @@ unsafe impl Sync for Q8Args {}
 /// The pointers of `args`/`block` cover the ranges checked by [`gemm_nt_q8`]; `out` columns
 /// `lo..hi` of the `m` rows are not written concurrently by anyone else.
 unsafe fn q8_dispatch(args: &Q8Args, block: &Q8Block, lo: usize, hi: usize, out: *mut f32) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::is_x86_feature_detected!("avx512f") {
-            // SAFETY: feature checked at run time; contract forwarded.
-            unsafe { q8_avx512(args, block, lo, hi, out) };
-            return;
-        }
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-            // SAFETY: as above.
-            unsafe { q8_avx2(args, block, lo, hi, out) };
-            return;
-        }
+    match Kernel::detect() {
+        // SAFETY (all arms): the detected kernel runs on this CPU; contract forwarded.
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx512 | Kernel::Avx512Vnni => unsafe { q8_avx512(args, block, lo, hi, out) },
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx2 => unsafe { q8_avx2(args, block, lo, hi, out) },
+        _ => unsafe { q8_body::<false>(args, block, lo, hi, out) },
     }
-    // SAFETY: contract forwarded.
-    unsafe { q8_body::<false>(args, block, lo, hi, out) }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -477,7 +470,7 @@ mod tests {
     }
 
     #[test]
-    fn q8_gemm_writes_only_its_strided_outputs_and_agrees_with_moshi_kernels() {
+    fn q8_gemm_writes_only_its_strided_outputs_and_agrees_with_the_reference() {
         let (m, k, n, rs_out) = (2, 128, 6, 10);
         let wf = signal(n * k, 0.05);
         let w = QuantizedMatrix::quantize(&wf, n, k, 8, 64).unwrap();
@@ -491,7 +484,7 @@ mod tests {
                 let (x, y) = (out[i * rs_out + j], qmm[i * n + j]);
                 assert!(
                     (x - y).abs() <= 1e-4 * (1.0 + y.abs()),
-                    "({i}, {j}): {x} vs moshi-kernels {y}"
+                    "({i}, {j}): {x} vs reference {y}"
                 );
             }
         }

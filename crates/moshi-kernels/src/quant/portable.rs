@@ -2,7 +2,7 @@
 //! straight from the `u32` words (endianness-independent), `w = q * scale + bias`, 16
 //! accumulator lanes per activation row so the compiler can vectorize. Natural activation layout.
 
-use crate::kernels::RowRangeFn;
+use crate::quant::RowRangeFn;
 use crate::{bf16_bits_to_f32, QuantizedMatrix};
 
 const LANES: usize = 16;

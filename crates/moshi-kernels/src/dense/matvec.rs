@@ -1,0 +1,376 @@
+//! Matrix-vector kernels for one-token-at-a-time inference: `y = W · x` with `W` row-major
+//! `[n, k]` in bf16 (widened exactly) or f32, f32 accumulation, split over output rows on the
+//! thread team for large matrices.
+//!
+//! Every kernel accumulates in one fixed order, so the SIMD and the portable paths give
+//! bit-identical results: element `j` of each `2 * LANES`-wide block goes to lane `j % 32`; the
+//! lanes are reduced by [`reduce_lanes`] (halving), then the `k % 32` trailing elements are added
+//! one by one. Products and sums are separate roundings (no fused multiply-add), as in the scalar
+//! reference.
+
+use crate::elem::{reduce_lanes, WeightElem, LANES};
+use crate::Kernel;
+
+/// Below this many weight elements a product runs on the calling thread.
+const PARALLEL_MIN_ELEMENTS: usize = 1 << 17;
+/// Lanes of the fixed accumulation order.
+const BLOCK: usize = 2 * LANES;
+
+/// Portable reference: one row dotted with `x` in the fixed order.
+#[inline(always)]
+fn dot_scalar<T: WeightElem>(row: &[T], x: &[f32]) -> f32 {
+    let k = row.len().min(x.len());
+    let blocks = k / BLOCK;
+    let mut l = [0f32; BLOCK];
+    for b in 0..blocks {
+        let (wr, xr) = (
+            &row[b * BLOCK..(b + 1) * BLOCK],
+            &x[b * BLOCK..(b + 1) * BLOCK],
+        );
+        for j in 0..BLOCK {
+            l[j] += wr[j].to_f32() * xr[j];
+        }
+    }
+    let mut s = reduce_lanes(&l);
+    for j in blocks * BLOCK..k {
+        s += row[j].to_f32() * x[j];
+    }
+    s
+}
+
+/// Portable reference: one bf16 row dotted with `x` in the fixed order.
+pub fn dot_bf16_scalar(row: &[u16], x: &[f32]) -> f32 {
+    dot_scalar(row, x)
+}
+
+/// Portable reference: one f32 row dotted with `x` in the fixed order.
+pub fn dot_f32_scalar(row: &[f32], x: &[f32]) -> f32 {
+    dot_scalar(row, x)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::BLOCK;
+    use crate::elem::WeightElem;
+
+    /// Sums the four accumulators in the fixed order.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn reduce(a0: __m256, a1: __m256, a2: __m256, a3: __m256) -> f32 {
+        let t = _mm256_add_ps(_mm256_add_ps(a0, a2), _mm256_add_ps(a1, a3));
+        let u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+        let v = _mm_add_ps(u, _mm_movehl_ps(u, u));
+        let s = _mm_add_ss(v, _mm_shuffle_ps(v, v, 0b01));
+        _mm_cvtss_f32(s)
+    }
+
+    /// `R` rows at once, interleaving their weight streams; each row keeps the fixed
+    /// accumulation order (lanes `8q..8q + 8` of each block in `acc[r][q]`).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2; every row must have `x.len()` elements.
+    #[target_feature(enable = "avx2")]
+    #[allow(clippy::needless_range_loop)]
+    pub(super) unsafe fn dotn<const R: usize, E: WeightElem>(
+        rows: [&[E]; R],
+        x: &[f32],
+    ) -> [f32; R] {
+        let k = x.len();
+        let blocks = k / BLOCK;
+        let xp = x.as_ptr();
+        let wp = rows.map(|r| r.as_ptr());
+        let mut acc = [[_mm256_setzero_ps(); 4]; R];
+        for b in 0..blocks {
+            let o = b * BLOCK;
+            // SAFETY: o + 32 <= k for every block; every row and x hold k elements.
+            unsafe {
+                for q in 0..4 {
+                    let xq = _mm256_loadu_ps(xp.add(o + 8 * q));
+                    for r in 0..R {
+                        acc[r][q] = _mm256_add_ps(
+                            acc[r][q],
+                            _mm256_mul_ps(E::load8(wp[r].add(o + 8 * q)), xq),
+                        );
+                    }
+                }
+            }
+        }
+        let mut out = [0f32; R];
+        for r in 0..R {
+            let mut s = reduce(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+            for j in blocks * BLOCK..k {
+                s += rows[r][j].to_f32() * x[j];
+            }
+            out[r] = s;
+        }
+        out
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    use super::BLOCK;
+    use crate::elem::WeightElem;
+
+    /// Folds lanes 0..16 (+) 16..32 held as `lo`/`hi` into the fixed order, then reduces.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2")]
+    fn reduce(lo: __m512, hi: __m512) -> f32 {
+        // s[i] = l[i] + l[16+i]; t[i] = s[i] + s[8+i] = (l[i] + l[16+i]) + (l[8+i] + l[24+i]).
+        let s = _mm512_add_ps(lo, hi);
+        let s_lo = _mm512_castps512_ps256(s);
+        let s_hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1));
+        let t = _mm256_add_ps(s_lo, s_hi);
+        let u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+        let v = _mm_add_ps(u, _mm_movehl_ps(u, u));
+        _mm_cvtss_f32(_mm_add_ss(v, _mm_shuffle_ps(v, v, 0b01)))
+    }
+
+    /// `R` rows at once, interleaving their weight streams; each row keeps the fixed
+    /// accumulation order (lanes 0..16 of each block in `lo`, 16..32 in `hi`).
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F; every row must have `x.len()` elements.
+    #[target_feature(enable = "avx512f,avx2")]
+    #[allow(clippy::needless_range_loop)]
+    pub(super) unsafe fn dotn<const R: usize, E: WeightElem>(
+        rows: [&[E]; R],
+        x: &[f32],
+    ) -> [f32; R] {
+        let k = x.len();
+        let blocks = k / BLOCK;
+        let xp = x.as_ptr();
+        let wp = rows.map(|r| r.as_ptr());
+        let mut lo = [_mm512_setzero_ps(); R];
+        let mut hi = [_mm512_setzero_ps(); R];
+        for b in 0..blocks {
+            let o = b * BLOCK;
+            // SAFETY: o + 32 <= k for every block; every row and x hold k elements.
+            unsafe {
+                let (x0, x1) = (_mm512_loadu_ps(xp.add(o)), _mm512_loadu_ps(xp.add(o + 16)));
+                for r in 0..R {
+                    lo[r] = _mm512_add_ps(lo[r], _mm512_mul_ps(E::load16(wp[r].add(o)), x0));
+                    hi[r] = _mm512_add_ps(hi[r], _mm512_mul_ps(E::load16(wp[r].add(o + 16)), x1));
+                }
+            }
+        }
+        let mut out = [0f32; R];
+        for r in 0..R {
+            let mut s = reduce(lo[r], hi[r]);
+            for j in blocks * BLOCK..k {
+                s += rows[r][j].to_f32() * x[j];
+            }
+            out[r] = s;
+        }
+        out
+    }
+}
+
+/// `R` rows (f32, or bf16 bits) · x at once, each in the fixed order (the bits of the scalar dot
+/// product per row, whatever the kernel). The SIMD kernels interleave the rows' weight streams.
+/// A kernel this CPU lacks is replaced by [`Kernel::detect`]'s choice.
+///
+/// # Panics
+/// If a row's length differs from `x`'s (caller bug).
+#[inline]
+pub fn dot_rows<const R: usize, E: WeightElem>(
+    kernel: Kernel,
+    rows: [&[E]; R],
+    x: &[f32],
+) -> [f32; R] {
+    assert!(
+        rows.iter().all(|r| r.len() == x.len()),
+        "dot_rows: row and x lengths differ"
+    );
+    match kernel.or_detected() {
+        // SAFETY (both arms): the kernel is available (checked); equal lengths (asserted).
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx512 | Kernel::Avx512Vnni => unsafe { avx512::dotn(rows, x) },
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx2 => unsafe { avx2::dotn(rows, x) },
+        _ => rows.map(|r| dot_scalar(r, x)),
+    }
+}
+
+/// Rows per pass of the SIMD kernels in a matrix-vector product: several bf16 weight rows per
+/// pass (4 with AVX2, 8 with AVX-512) measured 1.3-1.6x faster than one row at a time on a
+/// 22528 x 4096 matrix.
+fn rows_per_pass(kernel: Kernel) -> usize {
+    match kernel {
+        Kernel::Avx512 | Kernel::Avx512Vnni => 8,
+        Kernel::Avx2 => 4,
+        Kernel::Portable => 1,
+    }
+}
+
+/// Output rows `y` of `w` (`y.len()` rows of `k`), several rows per pass where the kernel does so.
+fn rows_of<E: WeightElem>(w: &[E], k: usize, x: &[f32], y: &mut [f32], kernel: Kernel) {
+    let x = &x[..k];
+    match rows_per_pass(kernel) {
+        8 => rows_interleaved::<8, E>(w, k, x, y, kernel),
+        4 => rows_interleaved::<4, E>(w, k, x, y, kernel),
+        _ => rows_interleaved::<1, E>(w, k, x, y, kernel),
+    }
+}
+
+/// `R` rows per pass, the remaining rows one by one.
+#[inline(always)]
+fn rows_interleaved<const R: usize, E: WeightElem>(
+    w: &[E],
+    k: usize,
+    x: &[f32],
+    y: &mut [f32],
+    kernel: Kernel,
+) {
+    let groups = y.len() / R;
+    for (wg, yg) in w.chunks_exact(R * k).zip(y.chunks_exact_mut(R)) {
+        let rows: [&[E]; R] = std::array::from_fn(|r| &wg[r * k..(r + 1) * k]);
+        yg.copy_from_slice(&dot_rows(kernel, rows, x));
+    }
+    for (row, yv) in w[groups * R * k..]
+        .chunks_exact(k)
+        .zip(y[groups * R..].iter_mut())
+    {
+        *yv = dot_rows(kernel, [row], x)[0];
+    }
+}
+
+/// `y[n] = W[n, k] · x[k]` with an explicit choice of kernel (replaced by [`Kernel::detect`]'s
+/// if this CPU lacks it) and threading (for tests and benchmarks; [`matvec`] picks both). With
+/// `parallel`, large matrices are split evenly over the threads of [`crate::team`] (one part per
+/// thread, at least 8 rows each; the team's helpers spin between calls, so a call costs no futex
+/// wake-up). Each row's dot product does not depend on the split.
+///
+/// # Panics
+/// If `w`, `x` or `y` is shorter than `n * k`, `k`, `n` (caller bug).
+#[allow(clippy::too_many_arguments)]
+pub fn matvec_with<E: WeightElem>(
+    w: &[E],
+    n: usize,
+    k: usize,
+    x: &[f32],
+    y: &mut [f32],
+    kernel: Kernel,
+    parallel: bool,
+) {
+    assert!(
+        w.len() >= n * k && x.len() >= k && y.len() >= n,
+        "matvec: bad lengths"
+    );
+    let kernel = kernel.or_detected();
+    if k == 0 {
+        y[..n].fill(0.0);
+        return;
+    }
+    let (w, y) = (&w[..n * k], &mut y[..n]);
+    if parallel && n * k >= PARALLEL_MIN_ELEMENTS && n > 1 {
+        let parts = crate::team::threads().min(n.div_ceil(8)).max(1);
+        crate::team::run_chunks_mut(y, n.div_ceil(parts), &|lo, yc| {
+            rows_of(&w[lo * k..(lo + yc.len()) * k], k, x, yc, kernel)
+        });
+    } else {
+        rows_of(w, k, x, y, kernel);
+    }
+}
+
+/// `y[n] = W[n, k] · x[k]` (f32 or bf16 weights): [`Kernel::detect`]'s kernel, threads for large
+/// matrices.
+pub fn matvec<E: WeightElem>(w: &[E], n: usize, k: usize, x: &[f32], y: &mut [f32]) {
+    matvec_with(w, n, k, x, y, Kernel::detect(), true)
+}
+
+/// `a · b` in the fixed accumulation order ([`Kernel::detect`]'s kernel; bit-identical to
+/// [`dot_f32_scalar`]).
+#[inline]
+pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    let k = a.len().min(b.len());
+    dot_rows(Kernel::detect(), [&a[..k]], &b[..k])[0]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(n: usize, k: usize) -> (Vec<u16>, Vec<f32>, Vec<f32>) {
+        let w16: Vec<u16> = (0..n * k)
+            .map(|i| half::bf16::from_f32(((i * 7919 % 1000) as f32 * 0.013).sin()).to_bits())
+            .collect();
+        let w32: Vec<f32> = w16.iter().map(|&b| b.to_f32()).collect();
+        let x: Vec<f32> = (0..k).map(|i| (i as f32 * 0.71).cos()).collect();
+        (w16, w32, x)
+    }
+
+    /// Several f32 or bf16 rows at once give each row's single-row bits, on every kernel this CPU
+    /// has.
+    #[test]
+    fn f32_rows_at_once_equal_the_scalar_dot_bit_for_bit() {
+        for k in [0, 1, 31, 32, 33, 128, 130] {
+            let (w16, w, x) = data(4, k);
+            let rows: [&[f32]; 4] = std::array::from_fn(|r| &w[r * k..(r + 1) * k]);
+            let expected = rows.map(|r| dot_f32_scalar(r, &x).to_bits());
+            let rows16: [&[u16]; 4] = std::array::from_fn(|r| &w16[r * k..(r + 1) * k]);
+            let expected16 = rows16.map(|r| dot_bf16_scalar(r, &x).to_bits());
+            for kernel in Kernel::available() {
+                let got = dot_rows(kernel, rows, &x).map(f32::to_bits);
+                assert_eq!(got, expected, "{kernel:?} k {k}");
+                let got16 = dot_rows(kernel, rows16, &x).map(f32::to_bits);
+                assert_eq!(got16, expected16, "{kernel:?} k {k} bf16");
+            }
+        }
+    }
+
+    #[test]
+    fn simd_threaded_and_scalar_paths_are_bit_identical() {
+        // k covers: below one block, exact blocks, blocks + tail; n large enough to go parallel.
+        for &(n, k) in &[(3usize, 5usize), (17, 32), (9, 77), (1500, 96), (640, 1003)] {
+            let (w16, w32, x) = data(n, k);
+            let mut reference = vec![0f32; n];
+            for r in 0..n {
+                reference[r] = dot_bf16_scalar(&w16[r * k..(r + 1) * k], &x);
+            }
+            let runs = Kernel::available()
+                .into_iter()
+                .flat_map(|kr| [(kr, false), (kr, true)]);
+            for (kernel, par) in runs {
+                let mut y = vec![f32::NAN; n];
+                matvec_with(&w16, n, k, &x, &mut y, kernel, par);
+                assert!(
+                    y.iter()
+                        .zip(&reference)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "bf16 n={n} k={k} {kernel:?} par={par}"
+                );
+                let d = dot_f32(&w32[..k], &x);
+                assert_eq!(d.to_bits(), reference[0].to_bits(), "dot_f32 k={k}");
+                let mut y32 = vec![f32::NAN; n];
+                matvec_with(&w32, n, k, &x, &mut y32, kernel, par);
+                assert!(
+                    y32.iter()
+                        .zip(&reference)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "f32 n={n} k={k} {kernel:?} par={par}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn matches_f64_dot_product() {
+        let (n, k) = (33, 4096);
+        let (w16, w32, x) = data(n, k);
+        let mut y = vec![0f32; n];
+        matvec(&w16, n, k, &x, &mut y);
+        for r in 0..n {
+            let exact: f64 = (0..k).map(|j| w32[r * k + j] as f64 * x[j] as f64).sum();
+            assert!(
+                (y[r] as f64 - exact).abs() < 1e-3,
+                "row {r}: {} vs {exact}",
+                y[r]
+            );
+        }
+    }
+}
