@@ -306,3 +306,39 @@ fn non_finite_activations_give_non_finite_outputs_in_every_kernel() {
         }
     }
 }
+
+#[test]
+fn a_row_the_fixed_point_cannot_hold_leaves_the_other_rows_of_the_batch_alone() {
+    // Batched sessions share one product: a row with a NaN, an infinity or only subnormal values
+    // (which the VNNI kernel hands to the f32 kernel) must not change the bits of the other rows.
+    let mut rng = Rng(17);
+    let (rows, cols) = (11, 512);
+    for (bits, group_size) in [(4, 32), (4, 64), (8, 64)] {
+        let w = random_matrix(&mut rng, rows, cols, bits, group_size);
+        for bad in [f32::NAN, f32::INFINITY, 1e-40] {
+            let mut xs: Vec<f32> = (0..3 * cols).map(|_| rng.uniform(-1.0, 1.0)).collect();
+            if bad < 1.0 {
+                xs[cols..2 * cols].iter_mut().for_each(|v| *v *= bad);
+            } else {
+                xs[cols + 7] = bad;
+            }
+            for kernel in Kernel::available() {
+                let mut three = vec![0f32; 3 * rows];
+                w.matmul_with_kernel(kernel, &xs, 3, &mut three).unwrap();
+                for (i, x) in xs.chunks_exact(cols).enumerate() {
+                    let mut single = vec![f32::NAN; rows];
+                    w.matmul_with_kernel(kernel, x, 1, &mut single).unwrap();
+                    let want = &three[i * rows..(i + 1) * rows];
+                    assert!(
+                        single
+                            .iter()
+                            .zip(want)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{} q{bits}g{group_size} bad {bad} row {i}: {single:?} vs {want:?}",
+                        kernel.name()
+                    );
+                }
+            }
+        }
+    }
+}

@@ -207,46 +207,114 @@ fn rows_per_pass(kernel: Kernel) -> usize {
     }
 }
 
-/// Output rows `y` of `w` (`y.len()` rows of `k`), several rows per pass where the kernel does so.
-fn rows_of<E: WeightElem>(w: &[E], k: usize, x: &[f32], y: &mut [f32], kernel: Kernel) {
-    let x = &x[..k];
+/// Output rows of `w` (`out_t.len() / m` rows of `k`) against `m` activation rows `xs`:
+/// `out_t[r * m + i] = w[r] · xs[i]`, several weight rows per pass where the kernel does so, each
+/// pass applied to every activation row while its weight rows are in cache.
+fn rows_of<E: WeightElem>(
+    w: &[E],
+    k: usize,
+    xs: &[f32],
+    m: usize,
+    out_t: &mut [f32],
+    kernel: Kernel,
+) {
     match rows_per_pass(kernel) {
-        8 => rows_interleaved::<8, E>(w, k, x, y, kernel),
-        4 => rows_interleaved::<4, E>(w, k, x, y, kernel),
-        _ => rows_interleaved::<1, E>(w, k, x, y, kernel),
+        8 => rows_interleaved::<8, E>(w, k, xs, m, out_t, kernel),
+        4 => rows_interleaved::<4, E>(w, k, xs, m, out_t, kernel),
+        _ => rows_interleaved::<1, E>(w, k, xs, m, out_t, kernel),
     }
 }
 
-/// `R` rows per pass, the remaining rows one by one.
+/// `R` weight rows per pass, the remaining rows one by one.
 #[inline(always)]
 fn rows_interleaved<const R: usize, E: WeightElem>(
     w: &[E],
     k: usize,
-    x: &[f32],
-    y: &mut [f32],
+    xs: &[f32],
+    m: usize,
+    out_t: &mut [f32],
     kernel: Kernel,
 ) {
-    let groups = y.len() / R;
-    for (wg, yg) in w.chunks_exact(R * k).zip(y.chunks_exact_mut(R)) {
+    let n = out_t.len() / m;
+    let groups = n / R;
+    for (wg, og) in w.chunks_exact(R * k).zip(out_t.chunks_exact_mut(R * m)) {
         let rows: [&[E]; R] = std::array::from_fn(|r| &wg[r * k..(r + 1) * k]);
-        yg.copy_from_slice(&dot_rows(kernel, rows, x));
+        for (i, x) in xs.chunks_exact(k).enumerate() {
+            for (r, d) in dot_rows(kernel, rows, x).into_iter().enumerate() {
+                og[r * m + i] = d;
+            }
+        }
     }
-    for (row, yv) in w[groups * R * k..]
+    for (row, o) in w[groups * R * k..]
         .chunks_exact(k)
-        .zip(y[groups * R..].iter_mut())
+        .zip(out_t[groups * R * m..].chunks_exact_mut(m))
     {
-        *yv = dot_rows(kernel, [row], x)[0];
+        for (v, x) in o.iter_mut().zip(xs.chunks_exact(k)) {
+            *v = dot_rows(kernel, [row], x)[0];
+        }
     }
 }
 
-/// `y[n] = W[n, k] · x[k]` with an explicit choice of kernel (replaced by [`Kernel::detect`]'s
-/// if this CPU lacks it) and threading (for tests and benchmarks; [`matvec`] picks both). With
-/// `parallel`, large matrices are split evenly over the threads of [`crate::team`] (one part per
-/// thread, at least 8 rows each; the team's helpers spin between calls, so a call costs no futex
-/// wake-up). Each row's dot product does not depend on the split.
+/// `ys[m, n] = xs[m, k] · W[n, k]ᵀ` with an explicit choice of kernel (replaced by
+/// [`Kernel::detect`]'s if this CPU lacks it) and threading (for tests and benchmarks; [`matmul`]
+/// picks both). Every output is the fixed-order dot product of its weight row and activation row,
+/// so row `i` of `ys` has the bits of [`matvec_with`] on row `i` of `xs`, whatever `m`, the kernel
+/// or the split: the weights are read once for all `m` rows. With `parallel`, large matrices are
+/// split evenly over the threads of [`crate::team`] (one part per thread, at least 8 weight rows
+/// each; the team's helpers spin between calls, so a call costs no futex wake-up).
 ///
 /// # Panics
-/// If `w`, `x` or `y` is shorter than `n * k`, `k`, `n` (caller bug).
+/// If `w`, `xs` or `ys` is shorter than `n * k`, `m * k`, `m * n` (caller bug).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_with<E: WeightElem>(
+    w: &[E],
+    n: usize,
+    k: usize,
+    xs: &[f32],
+    m: usize,
+    ys: &mut [f32],
+    kernel: Kernel,
+    parallel: bool,
+) {
+    assert!(
+        w.len() >= n * k && xs.len() >= m * k && ys.len() >= m * n,
+        "matmul: bad lengths"
+    );
+    let kernel = kernel.or_detected();
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        ys[..m * n].fill(0.0);
+        return;
+    }
+    let (w, xs) = (&w[..n * k], &xs[..m * k]);
+    let mut transposed = Vec::new();
+    let out_t = if m == 1 {
+        &mut ys[..n]
+    } else {
+        transposed.resize(n * m, 0f32);
+        &mut transposed[..]
+    };
+    if parallel && n * k >= PARALLEL_MIN_ELEMENTS && n > 1 {
+        let parts = crate::team::threads().min(n.div_ceil(8)).max(1);
+        crate::team::run_chunks_mut(out_t, n.div_ceil(parts) * m, &|lo, oc| {
+            let (r0, r1) = (lo / m, (lo + oc.len()) / m);
+            rows_of(&w[r0 * k..r1 * k], k, xs, m, oc, kernel)
+        });
+    } else {
+        rows_of(w, k, xs, m, out_t, kernel);
+    }
+    if m > 1 {
+        for (r, vals) in transposed.chunks_exact(m).enumerate() {
+            for (i, v) in vals.iter().enumerate() {
+                ys[i * n + r] = *v;
+            }
+        }
+    }
+}
+
+/// `y[n] = W[n, k] · x[k]`: [`matmul_with`] with one activation row.
 #[allow(clippy::too_many_arguments)]
 pub fn matvec_with<E: WeightElem>(
     w: &[E],
@@ -257,24 +325,14 @@ pub fn matvec_with<E: WeightElem>(
     kernel: Kernel,
     parallel: bool,
 ) {
-    assert!(
-        w.len() >= n * k && x.len() >= k && y.len() >= n,
-        "matvec: bad lengths"
-    );
-    let kernel = kernel.or_detected();
-    if k == 0 {
-        y[..n].fill(0.0);
-        return;
-    }
-    let (w, y) = (&w[..n * k], &mut y[..n]);
-    if parallel && n * k >= PARALLEL_MIN_ELEMENTS && n > 1 {
-        let parts = crate::team::threads().min(n.div_ceil(8)).max(1);
-        crate::team::run_chunks_mut(y, n.div_ceil(parts), &|lo, yc| {
-            rows_of(&w[lo * k..(lo + yc.len()) * k], k, x, yc, kernel)
-        });
-    } else {
-        rows_of(w, k, x, y, kernel);
-    }
+    assert!(x.len() >= k && y.len() >= n, "matvec: bad lengths");
+    matmul_with(w, n, k, &x[..k], 1, &mut y[..n], kernel, parallel)
+}
+
+/// `ys[m, n] = xs[m, k] · W[n, k]ᵀ` (f32 or bf16 weights): [`Kernel::detect`]'s kernel, threads
+/// for large matrices; row `i` has the bits of [`matvec`] on row `i` of `xs`.
+pub fn matmul<E: WeightElem>(w: &[E], n: usize, k: usize, xs: &[f32], m: usize, ys: &mut [f32]) {
+    matmul_with(w, n, k, xs, m, ys, Kernel::detect(), true)
 }
 
 /// `y[n] = W[n, k] · x[k]` (f32 or bf16 weights): [`Kernel::detect`]'s kernel, threads for large
@@ -354,6 +412,39 @@ mod tests {
                         .all(|(a, b)| a.to_bits() == b.to_bits()),
                     "f32 n={n} k={k} {kernel:?} par={par}"
                 );
+            }
+        }
+    }
+
+    /// Each row of a many-row product has the bits of the one-row product of that row, for f32
+    /// and bf16 weights, every kernel, threaded or not, at sizes with and without leftover rows.
+    #[test]
+    fn every_row_of_a_matmul_equals_its_matvec_bit_for_bit() {
+        for &(n, k, m) in &[
+            (7usize, 40usize, 3usize),
+            (1500, 96, 5),
+            (641, 130, 2),
+            (9, 1, 4),
+        ] {
+            let (w16, w32, _) = data(n, k);
+            let xs: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.37).sin()).collect();
+            for kernel in Kernel::available() {
+                for par in [false, true] {
+                    let mut ys = vec![f32::NAN; m * n];
+                    matmul_with(&w16, n, k, &xs, m, &mut ys, kernel, par);
+                    let mut ys32 = vec![f32::NAN; m * n];
+                    matmul_with(&w32, n, k, &xs, m, &mut ys32, kernel, par);
+                    for i in 0..m {
+                        let x = &xs[i * k..(i + 1) * k];
+                        let mut y = vec![0f32; n];
+                        matvec_with(&w16, n, k, x, &mut y, Kernel::Portable, false);
+                        let bits = |v: &[f32]| v.iter().map(|a| a.to_bits()).collect::<Vec<_>>();
+                        let what = format!("n {n} k {k} m {m} row {i} {kernel:?} par {par}");
+                        assert_eq!(bits(&ys[i * n..(i + 1) * n]), bits(&y), "bf16 {what}");
+                        matvec_with(&w32, n, k, x, &mut y, Kernel::Portable, false);
+                        assert_eq!(bits(&ys32[i * n..(i + 1) * n]), bits(&y), "f32 {what}");
+                    }
+                }
             }
         }
     }

@@ -11,4 +11,6 @@ mod matvec;
 pub use accumulate::accumulate_rows;
 pub use activations::{elu, elu_slice, elu_slice_par, erf_rational, gelu_erf, gelu_slice, silu};
 pub use gemm::{gemm_nt_bf16, gemm_nt_strided, matmul_t};
-pub use matvec::{dot_bf16_scalar, dot_f32, dot_f32_scalar, dot_rows, matvec, matvec_with};
+pub use matvec::{
+    dot_bf16_scalar, dot_f32, dot_f32_scalar, dot_rows, matmul, matmul_with, matvec, matvec_with,
+};

@@ -233,6 +233,18 @@ pub fn qmm_with_kernel(
     if m == 0 || rows == 0 {
         return Ok(());
     }
+    #[cfg(target_arch = "x86_64")]
+    if m > 1
+        && plan(kernel, w.bits(), w.group_size()).layout == Layout::Digits
+        && !x.chunks_exact(cols).all(vnni::holds_row)
+    {
+        // A row the fixed point cannot hold goes to the f32 kernel on its own: every row gets
+        // the result it gets alone, whoever shares its product.
+        for (xr, yr) in x.chunks_exact(cols).zip(y.chunks_exact_mut(rows)) {
+            qmm_with_kernel(w, kernel, xr, 1, yr)?;
+        }
+        return Ok(());
+    }
     let (plan, xs) = arranged(kernel, w, x, m);
     if m == 1 {
         run_threaded(w, &plan, &xs, 1, y);

@@ -153,6 +153,16 @@ pub(crate) fn arrange_activations(
     Some(out)
 }
 
+/// Whether [`arrange_activations`] can hold `row`: finite values whose largest magnitude is zero
+/// or normal (the test `arrange_row` makes).
+pub(crate) fn holds_row(row: &[f32]) -> bool {
+    if row.iter().any(|v| !v.is_finite()) {
+        return false;
+    }
+    let max = row.iter().fold(0f32, |m, v| m.max(v.abs()));
+    max == 0.0 || max >= f32::MIN_POSITIVE
+}
+
 /// One row of [`arrange_activations`] into the zeroed `dst`; false if it cannot be arranged.
 /// Sixteen columns at a time (`group_size` is a multiple of 16).
 ///
