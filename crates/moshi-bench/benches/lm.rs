@@ -14,10 +14,9 @@ use moshi_bench::bandwidth::{ReadBuffer, DEFAULT_BUFFER_BYTES};
 use moshi_kernels::dense::matvec_with;
 use moshi_kernels::Kernel;
 use moshi_loader::LmConfig;
-use moshi_model::lm::kv_cache::KvCache;
-use moshi_model::lm::rope::{Rope, RopeRotation};
 use moshi_model::lm::transformer::LayerScratch;
 use moshi_model::lm::{LmModel, RandomWeightKind};
+use moshi_model::nn::{KvCache, Rope, RopeRotation};
 use moshi_model::rng::Rng;
 
 const TEMPORAL_LAYERS: usize = 2;
@@ -76,7 +75,13 @@ fn lm_benches(c: &mut Criterion) {
                     cache.reset();
                 }
                 rope.rotation_into(pos, &mut rot);
-                layer.step(&mut x, Some(&rot), &mut cache, &mut scratch);
+                layer.step_rows(
+                    &mut x,
+                    1,
+                    Some(std::slice::from_ref(&rot)),
+                    &mut [&mut cache],
+                    &mut scratch,
+                );
                 // Keep the residual bounded over many iterations.
                 let n = x.iter().map(|v| v * v).sum::<f32>().sqrt() / (cfg.dim as f32).sqrt();
                 x.iter_mut().for_each(|v| *v /= n.max(1e-6));
@@ -139,7 +144,14 @@ fn lm_benches(c: &mut Criterion) {
         g.bench_function("attention_full_context_3000", |b| {
             b.iter(|| {
                 rope.rotation_into(pos, &mut rot);
-                attn.step(&x, Some(&rot), &mut cache, &mut scratch, &mut out);
+                attn.step_rows(
+                    &x,
+                    1,
+                    Some(std::slice::from_ref(&rot)),
+                    &mut [&mut cache],
+                    &mut scratch,
+                    &mut out,
+                );
                 pos += 1;
                 black_box(out[0]);
             })
@@ -176,7 +188,13 @@ fn quantized_layer_benches(c: &mut Criterion) {
                     cache.reset();
                 }
                 rope.rotation_into(pos, &mut rot);
-                layer.step(&mut x, Some(&rot), &mut cache, &mut scratch);
+                layer.step_rows(
+                    &mut x,
+                    1,
+                    Some(std::slice::from_ref(&rot)),
+                    &mut [&mut cache],
+                    &mut scratch,
+                );
                 let n = x.iter().map(|v| v * v).sum::<f32>().sqrt() / (cfg.dim as f32).sqrt();
                 x.iter_mut().for_each(|v| *v /= n.max(1e-6));
                 pos += 1;

@@ -13,10 +13,10 @@ use moshi_kernels::{Kernel, KERNEL_ENV, SUPPORTED_GROUP_SIZES};
 use moshi_loader::tokenizer::TextTokenizer;
 use moshi_loader::{load_mimi_weights, LmConfig, MimiConfig, WeightMap};
 use moshi_model::generator::{Generator, SamplingConfig};
-use moshi_model::lm::kv_cache::KvPrecision;
 use moshi_model::lm::random::{random_lm_weights, RandomWeightKind};
 use moshi_model::lm::LmModel;
 use moshi_model::mimi::{Mimi, MimiWeights};
+use moshi_model::nn::KvPrecision;
 use moshi_runtime::engine::FrameProcessor;
 use moshi_runtime::pipeline::{
     MoshiPipeline, FIRST_FRAME_LM_STEPS, TRANSLATION_CONDITIONS, TRANSLATION_NEGATIVE_CONDITIONS,

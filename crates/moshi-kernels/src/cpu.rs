@@ -134,11 +134,13 @@ impl Kernel {
     }
 
     /// This kernel if this CPU runs it, else [`Kernel::detect`]'s choice.
+    #[inline]
     pub fn or_detected(self) -> Kernel {
-        if self.is_available() {
+        let detected = Kernel::detect();
+        if self == detected || self.is_available() {
             self
         } else {
-            Kernel::detect()
+            detected
         }
     }
 }

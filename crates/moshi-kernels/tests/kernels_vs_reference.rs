@@ -311,7 +311,7 @@ fn non_finite_activations_give_non_finite_outputs_in_every_kernel() {
 fn a_row_the_fixed_point_cannot_hold_leaves_the_other_rows_of_the_batch_alone() {
     // Batched sessions share one product: a row with a NaN, an infinity or only subnormal values
     // (which the VNNI kernel hands to the f32 kernel) must not change the bits of the other rows.
-    let mut rng = Rng(17);
+    let mut rng = XorShift64Star::new(17);
     let (rows, cols) = (11, 512);
     for (bits, group_size) in [(4, 32), (4, 64), (8, 64)] {
         let w = random_matrix(&mut rng, rows, cols, bits, group_size);

@@ -6,7 +6,7 @@ mod error;
 pub mod generator;
 pub mod lm;
 pub mod mimi;
-pub mod ops;
+pub mod nn;
 pub mod rng;
 pub use moshi_kernels::team;
 

@@ -3,8 +3,8 @@
 //! takes effect, and changing it restarts the conversation.
 
 use moshi_loader::LmConfig;
-use moshi_model::lm::kv_cache::KvPrecision;
 use moshi_model::lm::{LmModel, RandomWeightKind};
+use moshi_model::nn::KvPrecision;
 use moshi_test_support::tiny_a;
 
 fn tiny_config() -> LmConfig {

@@ -18,9 +18,9 @@ use std::time::Instant;
 use moshi_loader::tokenizer::{IncrementalDecoder, TextTokenizer};
 use moshi_loader::{load_lm_weights, load_mimi_weights, ResolvedModel, WeightMode};
 use moshi_model::generator::{GeneratedFrame, Generator, SamplingConfig};
-use moshi_model::lm::kv_cache::KvPrecision;
 use moshi_model::lm::LmModel;
 use moshi_model::mimi::{Mimi, MimiWeights};
+use moshi_model::nn::KvPrecision;
 
 use crate::engine::{FrameOutput, FrameProcessor, FrameTokens};
 use crate::metrics::StageTimings;

@@ -10,8 +10,8 @@ use moshi_bench::frames::TEMPORAL_LAYER_SPAN;
 use moshi_bench::run::{run_bench, BenchOptions, Stage, WeightSource};
 use moshi_bench::span_timer::SpanTimerLayer;
 use moshi_loader::output_file::{check_output_path, write_output, OutputFile};
-use moshi_model::lm::kv_cache::KvPrecision;
 use moshi_model::mimi::MimiWeights;
+use moshi_model::nn::KvPrecision;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::Layer;
 

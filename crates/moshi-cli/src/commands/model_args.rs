@@ -6,8 +6,8 @@ use anyhow::Context;
 use moshi_loader::input_file::{check_input_file, InputKind};
 use moshi_loader::{ModelSource, ResolvedModel, SourceOverrides, WeightMode};
 use moshi_model::generator::SamplingConfig;
-use moshi_model::lm::kv_cache::KvPrecision;
 use moshi_model::mimi::MimiWeights;
+use moshi_model::nn::KvPrecision;
 use moshi_runtime::pipeline::MoshiPipeline;
 
 /// The official Kyutai repo best suited to a CPU: 4-bit MLX weights (smallest, fastest to read).

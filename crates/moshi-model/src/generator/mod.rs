@@ -132,7 +132,7 @@ impl Generator {
 
     /// The temporal KV caches' element type (of both rows with guidance); changing it restarts
     /// the conversation.
-    pub fn set_kv_precision(&mut self, precision: crate::lm::kv_cache::KvPrecision) {
+    pub fn set_kv_precision(&mut self, precision: crate::nn::KvPrecision) {
         if precision != self.model.temporal().kv_precision() {
             self.model.set_kv_precision(precision);
             if let Some(g) = &mut self.guidance {

@@ -4,10 +4,8 @@
 //! checkpoint (copied per sub-step by the loader).
 
 use super::embedding::Embedding;
-use super::kv_cache::KvCache;
-use super::rope::{Rope, RopeRotation};
 use super::transformer::{LayerScratch, TransformerLayer};
-use crate::ops::Linear;
+use crate::nn::{KvCache, Linear, Rope, RopeRotation};
 
 /// Weights of one depformer sub-step.
 #[derive(Clone, Debug)]
@@ -134,7 +132,7 @@ impl Depformer {
     pub fn step(&mut self, k: usize, prev_token: u32, transformer_out: &[f32]) -> &[f32] {
         let slice = &self.slices[k];
         let st = &mut self.state;
-        slice.linear_in.matvec_into(transformer_out, &mut st.x);
+        slice.linear_in.forward(transformer_out, 1, &mut st.x);
         slice
             .emb
             .add_into(prev_token as usize, &mut st.x, &mut st.row);
@@ -146,9 +144,15 @@ impl Depformer {
             None => None,
         };
         for (layer, cache) in slice.layers.iter().zip(st.caches.iter_mut()) {
-            layer.step(&mut st.x, rotation, cache, &mut st.scratch);
+            layer.step_rows(
+                &mut st.x,
+                1,
+                rotation.map(std::slice::from_ref),
+                &mut [cache],
+                &mut st.scratch,
+            );
         }
-        slice.linear_out.matvec_into(&st.x, &mut st.logits);
+        slice.linear_out.forward(&st.x, 1, &mut st.logits);
         st.substeps_done += 1;
         &st.logits
     }

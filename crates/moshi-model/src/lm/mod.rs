@@ -1,13 +1,10 @@
 //! The Moshi language model: temporal transformer + depformer, built from canonically named
 //! weights (see `moshi_loader::lm_weights`), stepped one frame at a time.
 
-pub mod attention;
 pub mod conditioner;
 pub mod depformer;
 pub mod embedding;
-pub mod kv_cache;
 pub mod random;
-pub mod rope;
 pub mod temporal;
 pub mod transformer;
 
@@ -15,14 +12,12 @@ use std::path::Path;
 
 use moshi_loader::{LmConfig, PositionalEmbedding, WeightMap};
 
-use crate::ops::Linear;
+use crate::nn::{Attention, KvPrecision, Linear, Rope};
 use crate::{ModelError, Result};
-use attention::Attention;
 use conditioner::ConditionProvider;
 use depformer::{Depformer, DepformerSlice, DepformerState};
 use embedding::Embedding;
 pub use random::RandomWeightKind;
-use rope::Rope;
 use temporal::{TemporalState, TemporalTransformer};
 use transformer::{Gating, RmsNorm, TransformerLayer};
 
@@ -367,7 +362,7 @@ impl LmModel {
 
     /// [`TemporalTransformer::set_kv_precision`]: the temporal KV caches' element type (the
     /// depformer's 8-position caches stay f32).
-    pub fn set_kv_precision(&mut self, precision: kv_cache::KvPrecision) {
+    pub fn set_kv_precision(&mut self, precision: KvPrecision) {
         self.temporal.set_kv_precision(precision);
     }
 

@@ -2,10 +2,8 @@
 //! a sliding window of `context` positions, applies `out_norm` and the text head.
 
 use super::embedding::Embedding;
-use super::kv_cache::{KvCache, KvPrecision};
-use super::rope::{Rope, RopeRotation};
 use super::transformer::{LayerScratch, RmsNorm, TransformerLayer};
-use crate::ops::Linear;
+use crate::nn::{KvCache, KvPrecision, Linear, Rope, RopeRotation};
 
 /// Streaming state of the temporal transformer for one batch row: KV caches, position, buffers,
 /// the outputs of the last step and the row's condition (classifier-free guidance runs two rows
@@ -200,12 +198,18 @@ impl TemporalTransformer {
         for (i, (layer, cache)) in self.layers.iter().zip(st.caches.iter_mut()).enumerate() {
             // `moshi-rs bench` times this span to extrapolate `--layers N` runs to full depth.
             let _span = tracing::trace_span!("lm_temporal_layer", layer = i).entered();
-            layer.step(x, rotation, cache, &mut st.scratch);
+            layer.step_rows(
+                x,
+                1,
+                rotation.map(std::slice::from_ref),
+                &mut [cache],
+                &mut st.scratch,
+            );
         }
         let _span = tracing::trace_span!("lm_text_head").entered();
         self.out_norm.forward(x, &mut st.transformer_out);
         self.text_linear
-            .matvec_into(&st.transformer_out, &mut st.text_logits);
+            .forward(&st.transformer_out, 1, &mut st.text_logits);
         st.position += 1;
     }
 

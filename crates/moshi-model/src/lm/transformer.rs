@@ -2,13 +2,11 @@
 //! `x += attn(rms_norm1(x)); x += gating(rms_norm2(x))`, RMSNorm in f32 with gain `alpha`,
 //! SiLU-gated FFN `linear_out(silu(gate) * value)` where `linear_in(x) = [gate | value]`.
 
-use super::attention::{Attention, AttentionScratch};
-use super::kv_cache::KvCache;
-use super::rope::RopeRotation;
 use moshi_kernels::dense::silu;
 use moshi_loader::NormKind;
 
-use crate::ops::{rms_norm, Linear};
+use crate::nn::norm::rms_norm;
+use crate::nn::{Attention, AttentionScratch, KvCache, Linear, RopeRotation};
 
 /// RMSNorm with a learnt gain (`alpha`, `[dim]`).
 #[derive(Clone, Debug)]
@@ -64,16 +62,23 @@ impl Gating {
         self.linear_in.weight_bytes() + self.linear_out.weight_bytes()
     }
 
-    /// `out = linear_out(silu(gate) * value)` with `[gate | value] = linear_in(x)`.
-    pub fn forward(&self, x: &[f32], scratch: &mut LayerScratch, out: &mut [f32]) {
+    /// `out = linear_out(silu(gate) * value)` with `[gate | value] = linear_in(x)`, for `m` rows.
+    pub fn forward(&self, x: &[f32], m: usize, scratch: &mut LayerScratch, out: &mut [f32]) {
         let hidden = self.hidden_dim();
-        scratch.ff_in.resize(2 * hidden, 0.0);
-        self.linear_in.matvec_into(x, &mut scratch.ff_in);
-        let (gate, value) = scratch.ff_in.split_at_mut(hidden);
-        for (g, v) in gate.iter_mut().zip(value.iter()) {
-            *g = silu(*g) * v;
+        scratch.ff_in.resize(m * 2 * hidden, 0.0);
+        scratch.gated.resize(m * hidden, 0.0);
+        self.linear_in.forward(x, m, &mut scratch.ff_in);
+        for (row, gated) in scratch
+            .ff_in
+            .chunks_exact(2 * hidden)
+            .zip(scratch.gated.chunks_exact_mut(hidden))
+        {
+            let (gate, value) = row.split_at(hidden);
+            for ((o, g), v) in gated.iter_mut().zip(gate).zip(value) {
+                *o = silu(*g) * v;
+            }
         }
-        self.linear_out.matvec_into(gate, out);
+        self.linear_out.forward(&scratch.gated, m, out);
     }
 }
 
@@ -83,6 +88,7 @@ pub struct LayerScratch {
     normed: Vec<f32>,
     branch: Vec<f32>,
     ff_in: Vec<f32>,
+    gated: Vec<f32>,
     attention: AttentionScratch,
 }
 
@@ -116,33 +122,38 @@ impl TransformerLayer {
             + (self.norm1.dim() + self.norm2.dim()) * 4
     }
 
-    /// Updates the residual stream `x` (`[dim]`) for one new position.
-    pub fn step(
+    /// Updates the residual streams `xs` (`[m, dim]`), row `i` one new position of its own
+    /// stream (rotation `rotations[i]`, cache `caches[i]`). Row `i`'s result does not depend on
+    /// the other rows.
+    pub fn step_rows(
         &self,
-        x: &mut [f32],
-        rotation: Option<&RopeRotation>,
-        cache: &mut KvCache,
+        xs: &mut [f32],
+        m: usize,
+        rotations: Option<&[RopeRotation]>,
+        caches: &mut [&mut KvCache],
         scratch: &mut LayerScratch,
     ) {
-        let dim = x.len();
-        scratch.normed.resize(dim, 0.0);
-        scratch.branch.resize(dim, 0.0);
-        self.norm1.forward(x, &mut scratch.normed);
-        self.attention.step(
+        let dim = self.attention.dim();
+        let xs = &mut xs[..m * dim];
+        scratch.normed.resize(m * dim, 0.0);
+        scratch.branch.resize(m * dim, 0.0);
+        self.norm1.forward(xs, &mut scratch.normed);
+        self.attention.step_rows(
             &scratch.normed,
-            rotation,
-            cache,
+            m,
+            rotations,
+            caches,
             &mut scratch.attention,
             &mut scratch.branch,
         );
-        for (a, b) in x.iter_mut().zip(&scratch.branch) {
+        for (a, b) in xs.iter_mut().zip(&scratch.branch) {
             *a += b;
         }
-        self.norm2.forward(x, &mut scratch.normed);
+        self.norm2.forward(xs, &mut scratch.normed);
         let normed = std::mem::take(&mut scratch.normed);
         let mut branch = std::mem::take(&mut scratch.branch);
-        self.gating.forward(&normed, scratch, &mut branch);
-        for (a, b) in x.iter_mut().zip(&branch) {
+        self.gating.forward(&normed, m, scratch, &mut branch);
+        for (a, b) in xs.iter_mut().zip(&branch) {
             *a += b;
         }
         scratch.normed = normed;

@@ -5,7 +5,8 @@
 
 use moshi_kernels::dense::elu_slice_par;
 
-use super::matrix::{MimiWeights, WeightMatrix};
+use super::MimiWeights;
+use crate::nn::Linear;
 
 /// Copies a row-major `[d0][d1][d2]` array into a new one of the same size, element `(a, b, c)`
 /// going to index `dst_index(a, b, c)` (which must be a bijection onto `0..d0 * d1 * d2`).
@@ -52,7 +53,7 @@ pub struct StreamingConv1d {
     dilation: usize,
     replicate_pad: bool,
     /// `[out][kernel][in]`.
-    weight: WeightMatrix,
+    weight: Linear,
     bias: Option<Vec<f32>>,
 }
 
@@ -106,14 +107,14 @@ impl StreamingConv1d {
             stride,
             dilation,
             replicate_pad,
-            weight: WeightMatrix::new(weight, out_channels, kernel_size * in_channels),
+            weight: Linear::f32(weight, out_channels, kernel_size * in_channels),
             bias,
         }
     }
 
-    /// Weight precision of few-row products (see [`WeightMatrix`]).
+    /// Weight precision of few-row products (see [`Linear::set_few_row_precision`]).
     pub fn set_weights(&mut self, mode: MimiWeights) {
-        self.weight.set_weights(mode);
+        self.weight.set_few_row_precision(mode);
     }
 
     pub fn in_channels(&self) -> usize {
@@ -236,7 +237,7 @@ pub struct StreamingConvTranspose1d {
     depthwise: bool,
     /// groups 1: `[kernel][out][in]` (one contiguous weight row per output tap and channel);
     /// depthwise: `[channel][kernel]` as in PyTorch.
-    weight: WeightMatrix,
+    weight: Linear,
     bias: Option<Vec<f32>>,
 }
 
@@ -310,7 +311,7 @@ impl StreamingConvTranspose1d {
             kernel_size,
             stride,
             depthwise,
-            weight: WeightMatrix::new(weight, rows, cols),
+            weight: Linear::f32(weight, rows, cols),
             bias,
         }
     }
@@ -318,7 +319,7 @@ impl StreamingConvTranspose1d {
     /// Weight precision of few-row products (groups 1 only; depthwise stays f32).
     pub fn set_weights(&mut self, mode: MimiWeights) {
         if !self.depthwise {
-            self.weight.set_weights(mode);
+            self.weight.set_few_row_precision(mode);
         }
     }
 

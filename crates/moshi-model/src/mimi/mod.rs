@@ -5,14 +5,13 @@
 //! 1920-sample frame at a time, 2 transformer steps per frame as one chunk.
 
 pub mod conv;
-mod matrix;
 pub mod quantizer;
 pub mod resample;
 pub mod seanet;
 pub mod transformer;
 mod weights;
 
-pub use self::matrix::{weight_bytes_read, MimiWeights};
+pub use crate::nn::linear::{weight_bytes_read, FewRowPrecision as MimiWeights};
 
 use std::path::Path;
 

@@ -11,8 +11,10 @@ use moshi_kernels::dense::{gemm_nt_bf16, gemm_nt_strided};
 use moshi_kernels::f32_to_bf16_bits;
 use moshi_loader::config::QuantizerConfig;
 
-use super::matrix::{count_bytes, MimiWeights, WeightMatrix};
 use super::weights::WeightSource;
+use super::MimiWeights;
+use crate::nn::linear::count_bytes;
+use crate::nn::Linear;
 use crate::{ModelError, Result};
 
 const CLUSTER_USAGE_EPSILON: f32 = 1e-5;
@@ -64,9 +66,9 @@ impl Codebook {
 #[derive(Clone, Debug)]
 struct ResidualVq {
     /// `[dim][in]`.
-    input_proj: WeightMatrix,
+    input_proj: Linear,
     /// `[out][dim]`.
-    output_proj: WeightMatrix,
+    output_proj: Linear,
     codebooks: Vec<Codebook>,
 }
 
@@ -90,8 +92,8 @@ impl ResidualVq {
             .map(|i| Codebook::load(src, &format!("{prefix}.vq.layers.{i}"), cfg.bins, d))
             .collect::<Result<_>>()?;
         Ok(Self {
-            input_proj: WeightMatrix::new(input_proj, d, cfg.input_dimension),
-            output_proj: WeightMatrix::new(output_proj, cfg.output_dimension, d),
+            input_proj: Linear::f32(input_proj, d, cfg.input_dimension),
+            output_proj: Linear::f32(output_proj, cfg.output_dimension, d),
             codebooks,
         })
     }
@@ -159,8 +161,8 @@ impl SplitQuantizer {
     /// Weight precision of the projections' few-row products (codebooks stay f32).
     pub fn set_weights(&mut self, mode: MimiWeights) {
         for g in std::iter::once(&mut self.first).chain(self.rest.as_mut()) {
-            g.input_proj.set_weights(mode);
-            g.output_proj.set_weights(mode);
+            g.input_proj.set_few_row_precision(mode);
+            g.output_proj.set_few_row_precision(mode);
         }
     }
 

@@ -5,8 +5,8 @@
 use super::conv::{
     Conv1dState, ConvTr1dState, PreActivation, StreamingConv1d, StreamingConvTranspose1d,
 };
-use super::matrix::MimiWeights;
 use super::weights::WeightSource;
+use super::MimiWeights;
 use crate::Result;
 
 /// Learnt causal downsampling by `stride` (weights `downsample.conv.conv.conv.weight`).

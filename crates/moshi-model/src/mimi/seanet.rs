@@ -7,8 +7,8 @@ use moshi_loader::config::SeanetConfig;
 use super::conv::{
     Conv1dState, ConvTr1dState, PreActivation, StreamingConv1d, StreamingConvTranspose1d,
 };
-use super::matrix::MimiWeights;
 use super::weights::WeightSource;
+use super::MimiWeights;
 use crate::Result;
 
 fn load_conv(

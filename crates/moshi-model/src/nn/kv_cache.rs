@@ -1,5 +1,6 @@
 //! A ring buffer of keys and values holding at most `capacity` positions (the attention
-//! window, current position included). Memory is bounded by `capacity` whatever the session
+//! window, current position included), for the LM and Mimi alike. Position `p` (counted from the
+//! last reset) lives in slot `p % capacity`. Memory is bounded by `capacity` whatever the session
 //! length; storage grows lazily up to that bound.
 
 /// Element type of the cached keys and values.
@@ -106,6 +107,23 @@ impl Stream {
                     *d = half::bf16::from_f32(x).to_bits();
                 }
             }
+        }
+    }
+
+    /// The same values in `precision` (bf16 rounded to nearest even, f32 widened exactly).
+    fn converted(&self, precision: KvPrecision) -> Stream {
+        match (self, precision) {
+            (Stream::F32(v), KvPrecision::Bf16) => Stream::Bf16(
+                v.iter()
+                    .map(|&x| half::bf16::from_f32(x).to_bits())
+                    .collect(),
+            ),
+            (Stream::Bf16(v), KvPrecision::F32) => Stream::F32(
+                v.iter()
+                    .map(|&b| f32::from_bits((b as u32) << 16))
+                    .collect(),
+            ),
+            (same, _) => same.clone(),
         }
     }
 
@@ -227,6 +245,35 @@ impl KvCache {
         self.pushed += 1;
     }
 
+    /// The slots of positions `first..=last` (counted from the last reset), oldest first: one
+    /// range, or two where the positions wrap around the ring.
+    ///
+    /// # Panics
+    /// If a position is not held (caller bug).
+    pub fn slots(&self, first: usize, last: usize) -> [std::ops::Range<usize>; 2] {
+        let held = self.pushed - self.len()..self.pushed;
+        assert!(
+            first <= last && held.contains(&first) && held.contains(&last),
+            "positions {first}..={last} are not all held ({held:?})"
+        );
+        let (a, b) = (first % self.capacity, last % self.capacity);
+        if a <= b {
+            [a..b + 1, 0..0]
+        } else {
+            [a..self.capacity, 0..b + 1]
+        }
+    }
+
+    /// Stores the held positions as `precision` from now on, keeping them (rounded to bf16, or
+    /// widened exactly to f32).
+    pub fn convert(&mut self, precision: KvPrecision) {
+        if precision != self.precision {
+            self.keys = self.keys.converted(precision);
+            self.values = self.values.converted(precision);
+            self.precision = precision;
+        }
+    }
+
     /// Keys and values of the held positions.
     pub fn rows(&self) -> KvRows<'_> {
         match (&self.keys, &self.values) {
@@ -267,6 +314,32 @@ mod tests {
         assert_eq!(c.positions_seen(), 10);
         c.reset();
         assert!(c.is_empty());
+    }
+
+    #[test]
+    fn slots_follow_positions_around_the_ring_and_conversion_keeps_them() {
+        let mut c = KvCache::new(4, 1);
+        for p in 0..6 {
+            c.push(&[p as f32 + 0.1], &[-(p as f32)]);
+        }
+        // Positions 2..=5 are held, in slots 2, 3, 0, 1.
+        assert_eq!(c.slots(2, 5), [2..4, 0..2]);
+        assert_eq!(c.slots(4, 5), [0..2, 0..0]);
+        assert_eq!(c.slots(3, 3), [3..4, 0..0]);
+        let std::panic::AssertUnwindSafe(held) = std::panic::AssertUnwindSafe(&c);
+        assert!(std::panic::catch_unwind(|| held.slots(1, 5)).is_err());
+        c.convert(KvPrecision::Bf16);
+        let KvRows::Bf16 { keys, values } = c.rows() else {
+            panic!("converted to bf16")
+        };
+        assert_eq!(keys[0], half::bf16::from_f32(4.1).to_bits());
+        assert_eq!(values[3], half::bf16::from_f32(-3.0).to_bits());
+        c.convert(KvPrecision::F32);
+        let KvRows::F32 { keys, .. } = c.rows() else {
+            panic!("back to f32")
+        };
+        assert_eq!(keys[0], half::bf16::from_f32(4.1).to_f32());
+        assert_eq!(c.positions_seen(), 6);
     }
 
     #[test]

@@ -1,0 +1,582 @@
+//! Multi-head self-attention for the LM and Mimi: fused q/k/v projection (`[3 * dim, dim]`,
+//! head-major rows as in PyTorch), optional interleaved RoPE, a ring KV cache and the output
+//! projection, no biases. Two ways in:
+//! - [`Attention::step_rows`] (the LM): `m` rows, each one new position of its own stream over its
+//!   own cache: the sessions of a batch share the projections (weights read once) and attend
+//!   apart, each at its own position.
+//! - [`Attention::forward_chunk`] (Mimi): `t` consecutive positions of one stream, over a ring
+//!   cache (streaming, as PyTorch's `RingKVCache`: the chunk's keys are written first, then the
+//!   query at `p` sees the held keys with `p - context < p' <= p`) or over the chunk itself.
+//!
+//! Scores are dot products in the fixed order of `moshi_kernels::dense`, 4 cached positions per
+//! step; values are accumulated position by position in the order given. Heads are split over the
+//! thread team when the cache is large; each head's arithmetic is the same whoever runs it.
+
+use std::cell::RefCell;
+use std::ops::Range;
+
+use moshi_kernels::dense::{accumulate_rows, dot_rows};
+use moshi_kernels::{Kernel, WeightElem};
+
+use super::kv_cache::{KvCache, KvRows};
+use super::linear::Linear;
+use super::rope::RopeRotation;
+
+/// Above this many cached floats (keys of all heads), heads are processed on several threads.
+const PARALLEL_MIN_CACHE_FLOATS: usize = 1 << 16;
+
+/// Cached positions per step of both passes: each head's query is loaded once for this many key
+/// rows, and its output loaded and stored once for this many value rows.
+const POSITIONS_PER_STEP: usize = 4;
+
+thread_local! {
+    /// Scores of the heads a thread attends in the threaded path (reused across calls).
+    static GROUP_SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Weights of one attention block.
+#[derive(Clone, Debug)]
+pub struct Attention {
+    in_proj: Linear,
+    out_proj: Linear,
+    num_heads: usize,
+    head_dim: usize,
+}
+
+/// Reusable buffers of an attention block.
+#[derive(Clone, Debug, Default)]
+pub struct AttentionScratch {
+    qkv: Vec<f32>,
+    attended: Vec<f32>,
+    scores: Vec<f32>,
+}
+
+/// Where the keys and values a query attends over are: rows `segments` (in that order) of
+/// `keys`/`values`, row `j` at `j * stride`.
+struct Rows<'a, E> {
+    keys: &'a [E],
+    values: &'a [E],
+    stride: usize,
+    segments: [Range<usize>; 2],
+}
+
+impl<E> Rows<'_, E> {
+    fn len(&self) -> usize {
+        self.segments.iter().map(|s| s.len()).sum()
+    }
+}
+
+impl Attention {
+    pub fn new(in_proj: Linear, out_proj: Linear, num_heads: usize) -> Self {
+        let dim = out_proj.out_dim();
+        Self {
+            in_proj,
+            out_proj,
+            num_heads,
+            head_dim: dim / num_heads,
+        }
+    }
+
+    pub fn dim(&self) -> usize {
+        self.num_heads * self.head_dim
+    }
+
+    pub fn num_heads(&self) -> usize {
+        self.num_heads
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+    }
+
+    pub fn in_proj(&self) -> &Linear {
+        &self.in_proj
+    }
+
+    pub fn out_proj(&self) -> &Linear {
+        &self.out_proj
+    }
+
+    /// Mutable projections (Mimi sets their reduced copies).
+    pub fn projections_mut(&mut self) -> [&mut Linear; 2] {
+        [&mut self.in_proj, &mut self.out_proj]
+    }
+
+    /// Bytes of weights read per step (few rows).
+    pub fn weight_bytes(&self) -> usize {
+        self.in_proj.weight_bytes() + self.out_proj.weight_bytes()
+    }
+
+    /// `m` rows of `xs` (`[m, dim]`, already normalised), row `i` one new position of its own
+    /// stream: rotated by `rotations[i]` (if any), pushed into `caches[i]`, attending over that
+    /// cache. Writes the projected results into `out` (`[m, dim]`). Row `i`'s result does not
+    /// depend on the other rows.
+    ///
+    /// # Panics
+    /// If the slices disagree on `m` (caller bug).
+    pub fn step_rows(
+        &self,
+        xs: &[f32],
+        m: usize,
+        rotations: Option<&[RopeRotation]>,
+        caches: &mut [&mut KvCache],
+        scratch: &mut AttentionScratch,
+        out: &mut [f32],
+    ) {
+        let dim = self.dim();
+        assert!(
+            caches.len() == m && rotations.is_none_or(|r| r.len() == m),
+            "attention: {m} rows, {} caches",
+            caches.len()
+        );
+        scratch.qkv.resize(m * 3 * dim, 0.0);
+        scratch.attended.resize(m * dim, 0.0);
+        self.in_proj.forward(xs, m, &mut scratch.qkv);
+        for (i, (qkv, cache)) in scratch
+            .qkv
+            .chunks_exact_mut(3 * dim)
+            .zip(caches.iter_mut())
+            .enumerate()
+        {
+            let (q, kv) = qkv.split_at_mut(dim);
+            let (k, v) = kv.split_at_mut(dim);
+            if let Some(rot) = rotations.map(|r| &r[i]) {
+                rot.apply(q);
+                rot.apply(k);
+            }
+            cache.push(k, v);
+            let attended = &mut scratch.attended[i * dim..(i + 1) * dim];
+            let n = cache.len();
+            match cache.rows() {
+                KvRows::F32 { keys, values } => self.attend(
+                    q,
+                    &Rows {
+                        keys,
+                        values,
+                        stride: dim,
+                        segments: [0..n, 0..0],
+                    },
+                    attended,
+                    &mut scratch.scores,
+                ),
+                KvRows::Bf16 { keys, values } => self.attend(
+                    q,
+                    &Rows {
+                        keys,
+                        values,
+                        stride: dim,
+                        segments: [0..n, 0..0],
+                    },
+                    attended,
+                    &mut scratch.scores,
+                ),
+            }
+        }
+        self.out_proj.forward(&scratch.attended, m, out);
+    }
+
+    /// `t` rows of `xs` (`[t, dim]`, already normalised): positions `offset..offset + t` of one
+    /// stream, row `i` rotated by `rotations[i]` (if any). With a cache (streaming), the chunk's
+    /// keys and values are pushed first (`t <= cache.capacity()`, positions counted from the
+    /// cache's last reset) and the query at `p` attends over the held positions `p' > p - context`
+    /// (`context` = the cache's capacity); without one, the chunk is the whole sequence
+    /// (`offset` 0) and the query at `p` attends over rows `max(0, p + 1 - context)..=p`.
+    /// Writes the projected results into `out` (`[t, dim]`).
+    ///
+    /// # Panics
+    /// If the chunk does not fit the cache or the slices disagree on `t` (caller bug).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_chunk(
+        &self,
+        xs: &[f32],
+        t: usize,
+        rotations: Option<&[RopeRotation]>,
+        context: usize,
+        cache: Option<&mut KvCache>,
+        scratch: &mut AttentionScratch,
+        out: &mut [f32],
+    ) {
+        let dim = self.dim();
+        scratch.qkv.resize(t * 3 * dim, 0.0);
+        scratch.attended.resize(t * dim, 0.0);
+        self.in_proj.forward(xs, t, &mut scratch.qkv);
+        if let Some(rotations) = rotations {
+            assert_eq!(rotations.len(), t, "one rotation per row");
+            for (qkv, rot) in scratch.qkv.chunks_exact_mut(3 * dim).zip(rotations) {
+                let (q, kv) = qkv.split_at_mut(dim);
+                rot.apply(q);
+                rot.apply(&mut kv[..dim]);
+            }
+        }
+        let qkv = &scratch.qkv;
+        match cache {
+            Some(cache) => {
+                assert!(t <= cache.capacity(), "a chunk of {t} exceeds the context");
+                for row in qkv.chunks_exact(3 * dim) {
+                    cache.push(&row[dim..2 * dim], &row[2 * dim..]);
+                }
+                let last = cache.positions_seen();
+                let oldest = last - cache.len();
+                let context = cache.capacity();
+                for (i, attended) in scratch.attended.chunks_exact_mut(dim).enumerate() {
+                    let p = last - t + i;
+                    let segments = cache.slots(oldest.max((p + 1).saturating_sub(context)), p);
+                    let q = &qkv[i * 3 * dim..i * 3 * dim + dim];
+                    match cache.rows() {
+                        KvRows::F32 { keys, values } => self.attend(
+                            q,
+                            &Rows {
+                                keys,
+                                values,
+                                stride: dim,
+                                segments,
+                            },
+                            attended,
+                            &mut scratch.scores,
+                        ),
+                        KvRows::Bf16 { keys, values } => self.attend(
+                            q,
+                            &Rows {
+                                keys,
+                                values,
+                                stride: dim,
+                                segments,
+                            },
+                            attended,
+                            &mut scratch.scores,
+                        ),
+                    }
+                }
+            }
+            None => {
+                // Keys and values read in place from the qkv rows.
+                let (keys, values) = (&qkv[dim..], &qkv[2 * dim..]);
+                for (p, attended) in scratch.attended.chunks_exact_mut(dim).enumerate() {
+                    let rows = Rows {
+                        keys,
+                        values,
+                        stride: 3 * dim,
+                        segments: [(p + 1).saturating_sub(context)..p + 1, 0..0],
+                    };
+                    let q = &qkv[p * 3 * dim..p * 3 * dim + dim];
+                    self.attend(q, &rows, attended, &mut scratch.scores);
+                }
+            }
+        }
+        self.out_proj.forward(&scratch.attended, t, out);
+    }
+
+    /// `attended` (`[dim]`) = every head's attention from `q` over `rows`; `scores` is scratch.
+    fn attend<E: WeightElem>(
+        &self,
+        q: &[f32],
+        rows: &Rows<'_, E>,
+        attended: &mut [f32],
+        scores: &mut Vec<f32>,
+    ) {
+        let dim = self.dim();
+        let (hd, n) = (self.head_dim, rows.len());
+        let scale = 1.0 / (hd as f32).sqrt();
+        if n * dim >= PARALLEL_MIN_CACHE_FLOATS && self.num_heads > 1 {
+            // Contiguous groups of heads per thread of the team (no futex wake-up per call); each
+            // group streams its part of every cached row, with its scores in a buffer of the
+            // thread that runs it.
+            let groups = crate::team::threads().clamp(1, self.num_heads);
+            let heads_per_group = self.num_heads.div_ceil(groups);
+            crate::team::run_chunks_mut(attended, heads_per_group * hd, &|first, o| {
+                GROUP_SCORES.with_borrow_mut(|scores| {
+                    scores.resize((o.len() / hd) * n, 0.0);
+                    attend_heads(
+                        &q[first..first + o.len()],
+                        rows,
+                        first,
+                        hd,
+                        scale,
+                        scores,
+                        o,
+                    );
+                });
+            });
+        } else {
+            scores.resize(self.num_heads * n, 0.0);
+            attend_heads(q, rows, 0, hd, scale, scores, attended);
+        }
+    }
+}
+
+/// Heads `offset / hd ..` (as many as `q.len() / hd`): `out_h = softmax(q_h · K_hᵀ * scale) · V_h`
+/// over the rows of `rows` (`n = scores.len() / heads` of them), in segment order. Rows are walked
+/// in order so every cached row is read once, contiguously, for all heads of the group.
+fn attend_heads<E: WeightElem>(
+    q: &[f32],
+    rows: &Rows<'_, E>,
+    offset: usize,
+    hd: usize,
+    scale: f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
+    let width = q.len();
+    let heads = width / hd;
+    let n = scores.len() / heads.max(1);
+    let kernel = Kernel::detect();
+    let key = |j: usize| &rows.keys[j * rows.stride + offset..j * rows.stride + offset + width];
+    let value = |j: usize| &rows.values[j * rows.stride + offset..j * rows.stride + offset + width];
+    // Scores: POSITIONS_PER_STEP cached keys per step, each head's dot products taken together
+    // (every dot product in the fixed order, as one at a time).
+    let mut at = 0;
+    for segment in rows.segments.iter().cloned() {
+        let mut j = segment.start;
+        while j + POSITIONS_PER_STEP <= segment.end {
+            let ks: [&[E]; POSITIONS_PER_STEP] = std::array::from_fn(|r| key(j + r));
+            for (h, qh) in q.chunks_exact(hd).enumerate() {
+                let dots = dot_rows(kernel, ks.map(|k| &k[h * hd..(h + 1) * hd]), qh);
+                for (r, d) in dots.iter().enumerate() {
+                    scores[h * n + at + r] = d * scale;
+                }
+            }
+            j += POSITIONS_PER_STEP;
+            at += POSITIONS_PER_STEP;
+        }
+        for j in j..segment.end {
+            let k = key(j);
+            for (h, qh) in q.chunks_exact(hd).enumerate() {
+                scores[h * n + at] = dot_rows(kernel, [&k[h * hd..(h + 1) * hd]], qh)[0] * scale;
+            }
+            at += 1;
+        }
+    }
+    for sh in scores.chunks_exact_mut(n) {
+        let max = sh.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0f32;
+        for s in sh.iter_mut() {
+            *s = (*s - max).exp();
+            sum += *s;
+        }
+        let inv = 1.0 / sum;
+        for s in sh.iter_mut() {
+            *s *= inv;
+        }
+    }
+    // out_h += p_hj · v_hj in row order, POSITIONS_PER_STEP rows per call (the same sums, in the
+    // same order, as one row at a time).
+    out.fill(0.0);
+    let mut at = 0;
+    for segment in rows.segments.iter().cloned() {
+        let mut j = segment.start;
+        while j + POSITIONS_PER_STEP <= segment.end {
+            let vs: [&[E]; POSITIONS_PER_STEP] = std::array::from_fn(|r| value(j + r));
+            for (h, o) in out.chunks_exact_mut(hd).enumerate() {
+                accumulate_rows(
+                    kernel,
+                    o,
+                    std::array::from_fn(|r| scores[h * n + at + r]),
+                    vs.map(|v| &v[h * hd..(h + 1) * hd]),
+                );
+            }
+            j += POSITIONS_PER_STEP;
+            at += POSITIONS_PER_STEP;
+        }
+        for j in j..segment.end {
+            let v = value(j);
+            for (h, o) in out.chunks_exact_mut(hd).enumerate() {
+                accumulate_rows(kernel, o, [scores[h * n + at]], [&v[h * hd..(h + 1) * hd]]);
+            }
+            at += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nn::KvPrecision;
+
+    /// Small caches run on the calling thread, large ones split heads over threads: both must
+    /// equal a naive f64 attention over the explicit last `window` positions, in f32 and in
+    /// bf16 caches (the naive attention then takes the keys and values rounded to bf16).
+    #[test]
+    fn ring_window_equals_explicit_last_positions() {
+        for precision in [KvPrecision::F32, KvPrecision::Bf16] {
+            check_against_naive(8, 2, 4, 9, precision);
+            // 256 * 300 cached floats >= PARALLEL_MIN_CACHE_FLOATS: the threaded path.
+            const { assert!(256 * 300 >= PARALLEL_MIN_CACHE_FLOATS) };
+            check_against_naive(256, 4, 300, 310, precision);
+        }
+    }
+
+    fn check_against_naive(
+        dim: usize,
+        heads: usize,
+        window: usize,
+        steps: usize,
+        precision: KvPrecision,
+    ) {
+        let stored = |v: f32| match precision {
+            KvPrecision::F32 => v,
+            KvPrecision::Bf16 => half::bf16::from_f32(v).to_f32(),
+        };
+        let eye = |n: usize| {
+            let mut w = vec![0f32; n * n];
+            for i in 0..n {
+                w[i * n + i] = 1.0;
+            }
+            w
+        };
+        // in_proj = [I; 0.5 I; 2 I] so q = x, k = x/2, v = 2x; out_proj = I.
+        let mut in_w = eye(dim);
+        in_w.extend(eye(dim).iter().map(|v| v * 0.5));
+        in_w.extend(eye(dim).iter().map(|v| v * 2.0));
+        let attn = Attention::new(
+            Linear::f32(in_w, 3 * dim, dim),
+            Linear::f32(eye(dim), dim, dim),
+            heads,
+        );
+        let mut cache = KvCache::with_precision(window, dim, precision);
+        let mut scratch = AttentionScratch::default();
+        let xs: Vec<Vec<f32>> = (0..steps)
+            .map(|p| {
+                (0..dim)
+                    .map(|i| ((p * dim + i) as f32 * 0.37).sin())
+                    .collect()
+            })
+            .collect();
+        for (p, x) in xs.iter().enumerate() {
+            let mut out = vec![0f32; dim];
+            attn.step_rows(x, 1, None, &mut [&mut cache], &mut scratch, &mut out);
+            let hd = dim / heads;
+            let first = (p + 1).saturating_sub(window);
+            for h in 0..heads {
+                let r = h * hd..(h + 1) * hd;
+                let scores: Vec<f64> = (first..=p)
+                    .map(|j| {
+                        xs[p][r.clone()]
+                            .iter()
+                            .zip(&xs[j][r.clone()])
+                            .map(|(a, b)| (a * stored(b * 0.5)) as f64)
+                            .sum::<f64>()
+                            / (hd as f64).sqrt()
+                    })
+                    .collect();
+                let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let z: f64 = scores.iter().map(|s| (s - m).exp()).sum();
+                for (i, o) in r.clone().enumerate() {
+                    let expect: f64 = (first..=p)
+                        .zip(&scores)
+                        .map(|(j, s)| (s - m).exp() / z * stored(2.0 * xs[j][h * hd + i]) as f64)
+                        .sum();
+                    assert!(
+                        (out[o] as f64 - expect).abs() < 1e-5,
+                        "{precision:?} pos {p} head {h}: {} vs {expect}",
+                        out[o]
+                    );
+                }
+            }
+        }
+        assert_eq!(cache.len(), window);
+    }
+
+    fn random_attention(dim: usize, heads: usize, seed: u64) -> Attention {
+        let mut rng = crate::rng::Rng::new(seed);
+        let mut w = |n: usize| (0..n).map(|_| rng.next_f32() - 0.5).collect::<Vec<f32>>();
+        Attention::new(
+            Linear::f32(w(3 * dim * dim), 3 * dim, dim),
+            Linear::f32(w(dim * dim), dim, dim),
+            heads,
+        )
+    }
+
+    /// Rows of one batched step, each over its own cache at its own position, give the bits each
+    /// row gets alone.
+    #[test]
+    fn batched_rows_equal_each_row_alone_bit_for_bit() {
+        let (dim, heads) = (32, 4);
+        let attn = random_attention(dim, heads, 3);
+        let rope = crate::nn::Rope::new(dim / heads, 10000.0);
+        let history = [5usize, 0, 12];
+        let input = |s: usize, p: usize| -> Vec<f32> {
+            (0..dim)
+                .map(|i| ((s * 1000 + p * dim + i) as f32 * 0.29).sin())
+                .collect()
+        };
+        let mut alone: Vec<KvCache> = (0..3).map(|_| KvCache::new(8, dim)).collect();
+        let mut batched = alone.clone();
+        let mut scratch = AttentionScratch::default();
+        // Sessions at different positions: fill each cache with its own history first.
+        for (s, &len) in history.iter().enumerate() {
+            for p in 0..len {
+                let mut rot = crate::nn::RopeRotation::default();
+                rope.rotation_into(p, &mut rot);
+                let mut out = vec![0f32; dim];
+                let x = input(s, p);
+                for cache in [&mut alone[s], &mut batched[s]] {
+                    attn.step_rows(
+                        &x,
+                        1,
+                        Some(std::slice::from_ref(&rot)),
+                        &mut [cache],
+                        &mut scratch,
+                        &mut out,
+                    );
+                }
+            }
+        }
+        for step in 0..3 {
+            let rots: Vec<crate::nn::RopeRotation> = history
+                .iter()
+                .map(|&len| {
+                    let mut rot = crate::nn::RopeRotation::default();
+                    rope.rotation_into(len + step, &mut rot);
+                    rot
+                })
+                .collect();
+            let xs: Vec<f32> = (0..3).flat_map(|s| input(s, history[s] + step)).collect();
+            let mut out = vec![0f32; 3 * dim];
+            let mut caches: Vec<&mut KvCache> = batched.iter_mut().collect();
+            attn.step_rows(&xs, 3, Some(&rots), &mut caches, &mut scratch, &mut out);
+            for s in 0..3 {
+                let mut one = vec![0f32; dim];
+                attn.step_rows(
+                    &xs[s * dim..(s + 1) * dim],
+                    1,
+                    Some(&rots[s..s + 1]),
+                    &mut [&mut alone[s]],
+                    &mut scratch,
+                    &mut one,
+                );
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&out[s * dim..(s + 1) * dim]),
+                    bits(&one),
+                    "step {step} session {s}"
+                );
+            }
+        }
+    }
+
+    /// Streaming chunks over a ring equal the whole sequence at once until the ring drops a
+    /// position the whole-sequence window still holds (the first query of a chunk).
+    #[test]
+    fn chunks_over_a_ring_equal_the_whole_sequence_within_the_window() {
+        let (dim, heads, context) = (16, 2, 6);
+        let attn = random_attention(dim, heads, 9);
+        let t = 5;
+        let xs: Vec<f32> = (0..t * dim).map(|i| (i as f32 * 0.41).cos()).collect();
+        let mut scratch = AttentionScratch::default();
+        let mut whole = vec![0f32; t * dim];
+        attn.forward_chunk(&xs, t, None, context, None, &mut scratch, &mut whole);
+        let mut cache = KvCache::new(context, dim);
+        let mut streamed = vec![0f32; t * dim];
+        for (x, o) in xs.chunks(2 * dim).zip(streamed.chunks_mut(2 * dim)) {
+            let rows = x.len() / dim;
+            attn.forward_chunk(x, rows, None, context, Some(&mut cache), &mut scratch, o);
+        }
+        let diff = whole
+            .iter()
+            .zip(&streamed)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(diff < 1e-6, "stream vs whole {diff}");
+        assert_eq!(cache.positions_seen(), t);
+    }
+}

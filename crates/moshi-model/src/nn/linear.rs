@@ -1,0 +1,451 @@
+//! One linear layer (no bias) for the LM and Mimi: weights `[out_dim, in_dim]` row-major as in
+//! PyTorch checkpoints, kept as f32, bf16 (widened exactly at use) or MLX-packed, plus, for Mimi,
+//! an optional reduced copy (bf16 or MLX 8-bit) that few-row products read instead (the
+//! memory-bound streaming case). Every product runs in `moshi-kernels`.
+//!
+//! [`Linear::forward`] over up to [`EXACT_ROWS_MAX`] rows gives each row the bits it gets alone
+//! (dense weights: the fixed-order kernels; packed weights: the quantized kernels, exact per row),
+//! so sessions batched into one product do not depend on each other. [`Linear::gemm`] is Mimi's
+//! block view of f32 weights for convolutions.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use moshi_kernels::dense::{gemm_nt_bf16, gemm_nt_strided, matmul, matmul_t};
+use moshi_kernels::{f32_to_bf16_bits, gemm_nt_q8, QuantizedMatrix, Q8_MAX_ROWS};
+use moshi_loader::{Weight, WeightData};
+
+/// Rows up to which [`Linear::forward`] on dense weights uses the fixed-order kernels (each row
+/// the bits of its matrix-vector product, the weights read once); f32 products of more rows go to
+/// the packed sgemm (compute-bound, another summation order).
+pub const EXACT_ROWS_MAX: usize = 64;
+
+/// Left-operand rows up to which a bf16 reduced copy is used (the bf16 streaming kernel's limit).
+const BF16_COPY_MAX_ROWS: usize = 4;
+
+/// Group sizes tried for an 8-bit reduced copy, preferred first.
+const Q8_GROUPS: [usize; 2] = [64, 32];
+
+/// Precision of the copy a layer's few-row products read (Mimi's weight modes). Activations,
+/// accumulation and every many-row product stay f32 in all modes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum FewRowPrecision {
+    /// No copy: the layer's own weights (exact f32 for Mimi, the reference behaviour).
+    #[default]
+    F32,
+    /// bf16 copies (round to nearest even): half the bytes of f32.
+    Bf16,
+    /// MLX affine 8-bit, group 64 (group 32 where the columns are not a multiple of 64; bf16
+    /// where not a multiple of 32): ~1.06 bytes per weight.
+    Q8,
+}
+
+impl FewRowPrecision {
+    pub const ALL: [FewRowPrecision; 3] = [
+        FewRowPrecision::F32,
+        FewRowPrecision::Bf16,
+        FewRowPrecision::Q8,
+    ];
+
+    /// `"f32"`, `"bf16"` or `"q8"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            FewRowPrecision::F32 => "f32",
+            FewRowPrecision::Bf16 => "bf16",
+            FewRowPrecision::Q8 => "q8",
+        }
+    }
+}
+
+impl std::fmt::Display for FewRowPrecision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for FewRowPrecision {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        FewRowPrecision::ALL
+            .into_iter()
+            .find(|m| m.name() == s)
+            .ok_or_else(|| {
+                format!("unknown Mimi weight precision `{s}` (expected f32, bf16 or q8)")
+            })
+    }
+}
+
+/// Weight bytes read by the products that count their traffic (Mimi's: [`Linear::gemm`] and the
+/// callers of [`count_bytes`]), for benchmarks: bytes per frame.
+static WEIGHT_BYTES_READ: AtomicU64 = AtomicU64::new(0);
+
+/// Total weight bytes counted so far (all instances and threads; the difference over a frame is
+/// that frame's weight traffic).
+pub fn weight_bytes_read() -> u64 {
+    WEIGHT_BYTES_READ.load(Ordering::Relaxed)
+}
+
+/// Adds `bytes` to [`weight_bytes_read`].
+pub fn count_bytes(bytes: usize) {
+    WEIGHT_BYTES_READ.fetch_add(bytes as u64, Ordering::Relaxed);
+}
+
+/// The weights of a layer.
+#[derive(Clone, Debug)]
+pub enum LinearWeights {
+    F32(Vec<f32>),
+    /// bf16 bits.
+    Bf16(Vec<u16>),
+    Quantized(QuantizedMatrix),
+}
+
+/// The reduced copy few-row products read.
+#[derive(Clone, Debug, Default)]
+enum FewRowCopy {
+    #[default]
+    None,
+    Bf16(Vec<u16>),
+    Q8(QuantizedMatrix),
+}
+
+/// A linear layer without bias.
+#[derive(Clone, Debug)]
+pub struct Linear {
+    weights: LinearWeights,
+    out_dim: usize,
+    in_dim: usize,
+    few_rows: FewRowCopy,
+}
+
+impl Linear {
+    /// Builds a layer from a loader weight of logical shape `[out_dim, in_dim]`.
+    pub fn from_weight(w: Weight) -> Self {
+        let (out_dim, in_dim) = (w.shape[0], w.shape[1..].iter().product());
+        let weights = match w.data {
+            WeightData::F32(v) => LinearWeights::F32(v),
+            WeightData::BF16(v) => LinearWeights::Bf16(v),
+            WeightData::Quantized(q) => LinearWeights::Quantized(q),
+        };
+        Self::new(weights, out_dim, in_dim)
+    }
+
+    /// A layer of `out_dim` rows of `in_dim` weights.
+    ///
+    /// # Panics
+    /// If the weights do not hold `out_dim * in_dim` values (caller bug; loaders check shapes).
+    pub fn new(weights: LinearWeights, out_dim: usize, in_dim: usize) -> Self {
+        let len = match &weights {
+            LinearWeights::F32(v) => v.len(),
+            LinearWeights::Bf16(v) => v.len(),
+            LinearWeights::Quantized(q) => {
+                assert_eq!((q.rows(), q.cols()), (out_dim, in_dim), "linear shape");
+                out_dim * in_dim
+            }
+        };
+        assert_eq!(len, out_dim * in_dim, "linear weight count");
+        Self {
+            weights,
+            out_dim,
+            in_dim,
+            few_rows: FewRowCopy::None,
+        }
+    }
+
+    /// An f32 layer (Mimi's weights).
+    pub fn f32(values: Vec<f32>, out_dim: usize, in_dim: usize) -> Self {
+        Self::new(LinearWeights::F32(values), out_dim, in_dim)
+    }
+
+    pub fn out_dim(&self) -> usize {
+        self.out_dim
+    }
+
+    pub fn in_dim(&self) -> usize {
+        self.in_dim
+    }
+
+    pub fn weights(&self) -> &LinearWeights {
+        &self.weights
+    }
+
+    /// The f32 weights.
+    ///
+    /// # Panics
+    /// If the layer's weights are not f32 (Mimi's layers always are).
+    pub fn values(&self) -> &[f32] {
+        match &self.weights {
+            LinearWeights::F32(v) => v,
+            _ => panic!("an f32 layer was expected"),
+        }
+    }
+
+    /// Bytes of the layer's own weights (what one product of few rows reads without a copy).
+    pub fn weight_bytes(&self) -> usize {
+        match &self.weights {
+            LinearWeights::F32(v) => v.len() * 4,
+            LinearWeights::Bf16(v) => v.len() * 2,
+            LinearWeights::Quantized(q) => q.weight_bytes(),
+        }
+    }
+
+    /// Weight bytes a [`Linear::forward`] of `m` rows reads (the reduced copy where it applies).
+    pub fn forward_bytes(&self, m: usize) -> usize {
+        match &self.few_rows {
+            FewRowCopy::Bf16(w) if m <= BF16_COPY_MAX_ROWS => w.len() * 2,
+            FewRowCopy::Q8(q) if m <= Q8_MAX_ROWS => q.weight_bytes(),
+            _ => self.weight_bytes(),
+        }
+    }
+
+    /// Builds (or drops) the reduced copy few-row products read. Needs f32 weights (the copy is
+    /// made from them); other layers keep their weights and ignore the request.
+    pub fn set_few_row_precision(&mut self, precision: FewRowPrecision) {
+        let LinearWeights::F32(values) = &self.weights else {
+            return;
+        };
+        let bf16 = |v: &[f32]| FewRowCopy::Bf16(v.iter().map(|&x| f32_to_bf16_bits(x)).collect());
+        let (rows, cols) = (self.out_dim, self.in_dim);
+        self.few_rows = match precision {
+            FewRowPrecision::F32 => FewRowCopy::None,
+            FewRowPrecision::Bf16 => bf16(values),
+            FewRowPrecision::Q8 => match Q8_GROUPS.into_iter().find(|&g| cols.is_multiple_of(g)) {
+                // Quantization fails only on non-finite weights: such a matrix keeps a bf16 copy.
+                Some(g) => match QuantizedMatrix::quantize(values, rows, cols, 8, g) {
+                    Ok(q) => FewRowCopy::Q8(q),
+                    Err(_) => bf16(values),
+                },
+                None => bf16(values),
+            },
+        };
+    }
+
+    /// `out[m, out_dim] = x[m, in_dim] · Wᵀ`. Up to [`EXACT_ROWS_MAX`] rows, each output row has
+    /// the bits it gets in a product of that row alone (a reduced copy, where set, is read by
+    /// products of at most its few rows: bf16 4, q8 16).
+    ///
+    /// # Panics
+    /// If `x` or `out` is shorter than `m` rows (caller bug).
+    pub fn forward(&self, x: &[f32], m: usize, out: &mut [f32]) {
+        let (n, k) = (self.out_dim, self.in_dim);
+        assert!(
+            x.len() >= m * k && out.len() >= m * n,
+            "linear: {m} rows need {} inputs and {} outputs, got {} and {}",
+            m * k,
+            m * n,
+            x.len(),
+            out.len()
+        );
+        let (x, out) = (&x[..m * k], &mut out[..m * n]);
+        match &self.few_rows {
+            FewRowCopy::Bf16(w) if m <= BF16_COPY_MAX_ROWS => {
+                return gemm_nt_bf16(m, k, n, x, k, w, k, out, n, false);
+            }
+            FewRowCopy::Q8(q) if m <= Q8_MAX_ROWS && m > 0 => {
+                return gemm_nt_q8(m, k, n, x, k, q, 0, 0, out, n, false);
+            }
+            _ => {}
+        }
+        match &self.weights {
+            LinearWeights::F32(w) if m > EXACT_ROWS_MAX => matmul_t(x, m, k, w, n, out, false),
+            LinearWeights::F32(w) => matmul(w, n, k, x, m, out),
+            LinearWeights::Bf16(w) => matmul(w, n, k, x, m, out),
+            LinearWeights::Quantized(q) => q.matmul(x, m, out),
+        }
+    }
+
+    /// Allocating variant of [`Linear::forward`].
+    pub fn forward_vec(&self, x: &[f32], m: usize) -> Vec<f32> {
+        let mut out = vec![0f32; m * self.out_dim];
+        self.forward(x, m, &mut out);
+        out
+    }
+
+    /// Mimi's block view of f32 weights: `out[i * rs_out + j] (+)= Σ_p a[i * rs_a + p] ·
+    /// W[offset + j * rs_w + p]` for `i < m`, `j < n`, `p < k`, rows of `a` possibly overlapping
+    /// (convolution windows read in place). Reads the reduced copy for few rows where it covers
+    /// the block; counts its weight bytes in [`weight_bytes_read`].
+    ///
+    /// # Panics
+    /// If the weights are not f32, or the block or slices are out of range (caller bug).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm(
+        &self,
+        m: usize,
+        k: usize,
+        n: usize,
+        a: &[f32],
+        rs_a: usize,
+        offset: usize,
+        rs_w: usize,
+        out: &mut [f32],
+        rs_out: usize,
+        accumulate: bool,
+    ) {
+        if m == 0 || n == 0 {
+            return;
+        }
+        match &self.few_rows {
+            FewRowCopy::None => {}
+            FewRowCopy::Bf16(w) => {
+                if m <= BF16_COPY_MAX_ROWS {
+                    count_bytes(n * k * 2);
+                    gemm_nt_bf16(
+                        m,
+                        k,
+                        n,
+                        a,
+                        rs_a,
+                        &w[offset..],
+                        rs_w,
+                        out,
+                        rs_out,
+                        accumulate,
+                    );
+                    return;
+                }
+            }
+            FewRowCopy::Q8(q) => {
+                let g = q.group_size();
+                let (row0, col0) = (offset / self.in_dim, offset % self.in_dim);
+                if m <= Q8_MAX_ROWS
+                    && rs_w == self.in_dim
+                    && k.is_multiple_of(g)
+                    && col0.is_multiple_of(g)
+                {
+                    count_bytes(n * k + n * (k / g) * 4);
+                    gemm_nt_q8(m, k, n, a, rs_a, q, row0, col0, out, rs_out, accumulate);
+                    return;
+                }
+            }
+        }
+        count_bytes(n * k * 4);
+        gemm_nt_strided(
+            m,
+            k,
+            n,
+            a,
+            rs_a,
+            &self.values()[offset..],
+            rs_w,
+            1,
+            out,
+            rs_out,
+            accumulate,
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn precision_names_round_trip_and_reject_unknown() {
+        for m in FewRowPrecision::ALL {
+            assert_eq!(m.name().parse::<FewRowPrecision>().unwrap(), m);
+        }
+        let err = "q4".parse::<FewRowPrecision>().unwrap_err();
+        assert!(
+            err.contains("q4") && err.contains("f32, bf16 or q8"),
+            "{err}"
+        );
+        assert_eq!(FewRowPrecision::default(), FewRowPrecision::F32);
+    }
+
+    #[test]
+    fn every_mode_computes_the_same_block_product_within_its_rounding() {
+        let (rows, cols) = (12, 192);
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i as f32) * 0.37).sin())
+            .collect();
+        let a: Vec<f32> = (0..2 * cols).map(|i| ((i as f32) * 0.11).cos()).collect();
+        // rows 4..10, columns 64..192 of the matrix, 2 left rows.
+        let (n, k, offset) = (6, 128, 4 * cols + 64);
+        let mut exact = vec![0f32; 2 * n];
+        let mut matrix = Linear::f32(w.clone(), rows, cols);
+        matrix.gemm(2, k, n, &a, cols, offset, cols, &mut exact, n, false);
+        for i in 0..2 {
+            for j in 0..n {
+                let r: f64 = (0..k)
+                    .map(|p| a[i * cols + p] as f64 * w[offset + j * cols + p] as f64)
+                    .sum();
+                assert!((exact[i * n + j] as f64 - r).abs() < 1e-4, "f32 ({i}, {j})");
+            }
+        }
+        // bf16: relative weight error 2^-9; q8 group 64 over values in [-1, 1]: step ~2/255.
+        for (mode, tol) in [(FewRowPrecision::Bf16, 0.05), (FewRowPrecision::Q8, 0.1)] {
+            matrix.set_few_row_precision(mode);
+            let before = weight_bytes_read();
+            let mut out = vec![0f32; 2 * n];
+            matrix.gemm(2, k, n, &a, cols, offset, cols, &mut out, n, false);
+            assert!(weight_bytes_read() > before);
+            let max = out
+                .iter()
+                .zip(&exact)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0f32, f32::max);
+            assert!(max < tol && max > 0.0, "{mode}: max diff {max}");
+        }
+    }
+
+    #[test]
+    fn bf16_linear_equals_f32_linear_on_upcast_weights() {
+        let (n, k) = (7, 19);
+        let w16: Vec<u16> = (0..n * k)
+            .map(|i| f32_to_bf16_bits((i as f32 * 0.3).sin()))
+            .collect();
+        let w32: Vec<f32> = w16
+            .iter()
+            .map(|&b| f32::from_bits((b as u32) << 16))
+            .collect();
+        let x: Vec<f32> = (0..2 * k).map(|i| (i as f32 * 0.7).cos()).collect();
+        let a = Linear::new(LinearWeights::Bf16(w16), n, k).forward_vec(&x, 2);
+        let b = Linear::f32(w32, n, k).forward_vec(&x, 2);
+        assert_eq!(a, b, "the same fixed-order product of the same values");
+    }
+
+    /// Every row of a batched product has the bits of that row alone, for dense and packed
+    /// weights, up to `EXACT_ROWS_MAX` rows.
+    #[test]
+    fn batched_rows_equal_single_rows_bit_for_bit() {
+        let (n, k) = (70, 256);
+        let values: Vec<f32> = (0..n * k)
+            .map(|i| ((i * 31 % 997) as f32 * 0.01).sin())
+            .collect();
+        let layers = [
+            Linear::f32(values.clone(), n, k),
+            Linear::new(
+                LinearWeights::Bf16(values.iter().map(|&v| f32_to_bf16_bits(v)).collect()),
+                n,
+                k,
+            ),
+            Linear::new(
+                LinearWeights::Quantized(QuantizedMatrix::quantize(&values, n, k, 4, 32).unwrap()),
+                n,
+                k,
+            ),
+            Linear::new(
+                LinearWeights::Quantized(QuantizedMatrix::quantize(&values, n, k, 8, 64).unwrap()),
+                n,
+                k,
+            ),
+        ];
+        for m in [2, 5, EXACT_ROWS_MAX] {
+            let xs: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.23).cos()).collect();
+            for layer in &layers {
+                let batched = layer.forward_vec(&xs, m);
+                for (i, x) in xs.chunks_exact(k).enumerate() {
+                    let alone = layer.forward_vec(x, 1);
+                    let row = &batched[i * n..(i + 1) * n];
+                    assert!(
+                        row.iter()
+                            .zip(&alone)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{:?} m {m} row {i}",
+                        std::mem::discriminant(layer.weights())
+                    );
+                }
+            }
+        }
+    }
+}

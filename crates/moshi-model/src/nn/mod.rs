@@ -1,0 +1,14 @@
+//! The building blocks both the LM and Mimi are made of: one linear layer over dense or packed
+//! weights, RoPE, the ring KV cache, multi-head attention, norms. The products themselves run in
+//! `moshi-kernels`.
+
+pub mod attention;
+pub mod kv_cache;
+pub mod linear;
+pub mod norm;
+pub mod rope;
+
+pub use attention::{Attention, AttentionScratch};
+pub use kv_cache::{KvCache, KvPrecision};
+pub use linear::{FewRowPrecision, Linear, LinearWeights};
+pub use rope::{Rope, RopeRotation};

@@ -1,0 +1,26 @@
+//! Norms over rows of f32 activations: RMSNorm (the LM) and LayerNorm (Mimi).
+
+/// RMSNorm in f32: `x * alpha / sqrt(mean(x²) + eps)`, per row of width `alpha.len()`.
+pub fn rms_norm(x: &[f32], alpha: &[f32], eps: f32, out: &mut [f32]) {
+    let d = alpha.len();
+    for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+        let ms = xr.iter().map(|v| v * v).sum::<f32>() / d as f32;
+        let inv = 1.0 / (ms + eps).sqrt();
+        for ((o, v), a) in or.iter_mut().zip(xr).zip(alpha) {
+            *o = v * inv * a;
+        }
+    }
+}
+
+/// LayerNorm with affine weight and bias, per row of width `weight.len()`.
+pub fn layer_norm(x: &[f32], weight: &[f32], bias: &[f32], eps: f32, out: &mut [f32]) {
+    let d = weight.len();
+    for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+        let mean = xr.iter().sum::<f32>() / d as f32;
+        let var = xr.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / d as f32;
+        let inv = 1.0 / (var + eps).sqrt();
+        for (((o, v), w), b) in or.iter_mut().zip(xr).zip(weight).zip(bias) {
+            *o = (v - mean) * inv * w + b;
+        }
+    }
+}
