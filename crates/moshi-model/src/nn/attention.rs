@@ -146,31 +146,8 @@ impl Attention {
             }
             cache.push(k, v);
             let attended = &mut scratch.attended[i * dim..(i + 1) * dim];
-            let n = cache.len();
-            match cache.rows() {
-                KvRows::F32 { keys, values } => self.attend(
-                    q,
-                    &Rows {
-                        keys,
-                        values,
-                        stride: dim,
-                        segments: [0..n, 0..0],
-                    },
-                    attended,
-                    &mut scratch.scores,
-                ),
-                KvRows::Bf16 { keys, values } => self.attend(
-                    q,
-                    &Rows {
-                        keys,
-                        values,
-                        stride: dim,
-                        segments: [0..n, 0..0],
-                    },
-                    attended,
-                    &mut scratch.scores,
-                ),
-            }
+            let segments = [0..cache.len(), 0..0];
+            self.attend_cache(q, cache, segments, attended, &mut scratch.scores);
         }
         self.out_proj.forward(&scratch.attended, m, out);
     }
@@ -222,30 +199,7 @@ impl Attention {
                     let p = last - t + i;
                     let segments = cache.slots(oldest.max((p + 1).saturating_sub(context)), p);
                     let q = &qkv[i * 3 * dim..i * 3 * dim + dim];
-                    match cache.rows() {
-                        KvRows::F32 { keys, values } => self.attend(
-                            q,
-                            &Rows {
-                                keys,
-                                values,
-                                stride: dim,
-                                segments,
-                            },
-                            attended,
-                            &mut scratch.scores,
-                        ),
-                        KvRows::Bf16 { keys, values } => self.attend(
-                            q,
-                            &Rows {
-                                keys,
-                                values,
-                                stride: dim,
-                                segments,
-                            },
-                            attended,
-                            &mut scratch.scores,
-                        ),
-                    }
+                    self.attend_cache(q, cache, segments, attended, &mut scratch.scores);
                 }
             }
             None => {
@@ -264,6 +218,38 @@ impl Attention {
             }
         }
         self.out_proj.forward(&scratch.attended, t, out);
+    }
+
+    /// [`Attention::attend`] over the slots `segments` (in that order) of `cache`, f32 or bf16.
+    fn attend_cache(
+        &self,
+        q: &[f32],
+        cache: &KvCache,
+        segments: [Range<usize>; 2],
+        attended: &mut [f32],
+        scores: &mut Vec<f32>,
+    ) {
+        let stride = self.dim();
+        match cache.rows() {
+            KvRows::F32 { keys, values } => {
+                let rows = Rows {
+                    keys,
+                    values,
+                    stride,
+                    segments,
+                };
+                self.attend(q, &rows, attended, scores)
+            }
+            KvRows::Bf16 { keys, values } => {
+                let rows = Rows {
+                    keys,
+                    values,
+                    stride,
+                    segments,
+                };
+                self.attend(q, &rows, attended, scores)
+            }
+        }
     }
 
     /// `attended` (`[dim]`) = every head's attention from `q` over `rows`; `scores` is scratch.
