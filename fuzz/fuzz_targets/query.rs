@@ -1,0 +1,7 @@
+//! Fuzz target: `server::query` (fuzz/src/server.rs) on arbitrary bytes.
+#![no_main]
+
+#[path = "../src/server.rs"]
+mod server;
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| server::query(data));

@@ -1,0 +1,93 @@
+//! What the server's fuzz targets do with their input: what a websocket client can send to
+//! `moshi-rs serve` (binary messages, the Ogg/Opus stream inside them, the query string of
+//! `/api/chat`). Each returns normally for any input: an `Err` is the right answer to bad input
+//! (the server then ends that session with a kind-5 message); a panic, an abort, a hang or an
+//! allocation out of proportion to the input is a bug. Included by the server fuzz targets and
+//! by moshi-server's `fuzz_regressions` test, which replays the seeds and kept crashes.
+
+use moshi_model::generator::SamplingConfig;
+use moshi_server::app::Limits;
+use moshi_server::ogg_opus::{OggOpusReader, PreSkip};
+use moshi_server::protocol::{parse_client_message, ClientMessage};
+use moshi_server::query::SessionRequest;
+
+/// Decoded samples a session keeps before handing whole frames on (it never holds more than
+/// one message's worth plus a frame).
+fn consume_frames(pcm: &mut Vec<f32>) {
+    let whole = pcm.len() / moshi_runtime::FRAME_SAMPLES * moshi_runtime::FRAME_SAMPLES;
+    pcm.drain(..whole);
+}
+
+/// Feeds `stream` to a fresh reader in messages of `chunk_bytes` (the last one shorter), as the
+/// server does with a session's audio, with the server's per-message cap on decoded audio.
+fn read_stream(stream: &[u8], chunk_bytes: usize) {
+    let cap = Limits::default().max_audio_per_message_samples;
+    for pre_skip in [PreSkip::Keep, PreSkip::Discard] {
+        let mut reader = OggOpusReader::new(pre_skip);
+        let mut pcm = Vec::new();
+        for chunk in stream.chunks(chunk_bytes.max(1)) {
+            let before = pcm.len();
+            if reader.push(chunk, &mut pcm, cap).is_err() {
+                break;
+            }
+            assert!(
+                pcm.len() - before <= cap,
+                "one message decoded beyond the cap"
+            );
+            consume_frames(&mut pcm);
+        }
+    }
+}
+
+/// An Ogg/Opus stream as a client would send it: whole, then cut into small uneven messages
+/// (pages split across messages), the chunk size taken from the input's length.
+pub fn ogg_opus(data: &[u8]) {
+    read_stream(data, data.len());
+    read_stream(data, 1 + data.len() % 97);
+}
+
+/// A session's binary messages: the input is a sequence of (u16 little-endian length, message)
+/// records; each message is parsed as the server does (kind byte, payload) and audio payloads
+/// go through one session's Ogg/Opus reader. The first error ends the session.
+pub fn client_messages(data: &[u8]) {
+    let cap = Limits::default().max_audio_per_message_samples;
+    let mut reader = OggOpusReader::new(PreSkip::Keep);
+    let mut pcm = Vec::new();
+    let mut rest = data;
+    while rest.len() >= 2 {
+        let len = u16::from_le_bytes([rest[0], rest[1]]) as usize;
+        let end = (2 + len).min(rest.len());
+        let message = &rest[2..end];
+        rest = &rest[end..];
+        match parse_client_message(message) {
+            Ok(ClientMessage::Audio(ogg)) => {
+                if reader.push(ogg, &mut pcm, cap).is_err() {
+                    return;
+                }
+                consume_frames(&mut pcm);
+            }
+            Ok(ClientMessage::Unused(_)) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+/// The query string of `/api/chat` (`key=value&...`, as the web UI sends its settings), applied
+/// over sampling defaults and over a greedy server's.
+pub fn query(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let params: Vec<(String, String)> = text
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((k, v)) => (k.to_string(), v.to_string()),
+            None => (pair.to_string(), String::new()),
+        })
+        .collect();
+    for defaults in [SamplingConfig::default(), SamplingConfig::greedy()] {
+        if let Ok(request) = SessionRequest::from_query(&params, &defaults) {
+            let _ = request.settings_json();
+        }
+    }
+}
