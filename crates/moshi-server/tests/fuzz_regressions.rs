@@ -4,36 +4,13 @@
 //! client's Ogg/Opus stream, its messages and the web UI's query string; `write_seeds` (ignored)
 //! makes them again.
 
-use std::path::PathBuf;
-
 use moshi_server::ogg_opus::{OggOpusWriter, OpusPacketing};
 use moshi_server::protocol::MessageKind;
 
 #[path = "../../../fuzz/src/server.rs"]
 mod server;
 
-fn inputs(kind: &str, target: &str) -> Vec<PathBuf> {
-    let dir = moshi_test_support::repo_root()
-        .join("fuzz")
-        .join(kind)
-        .join(target);
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .map(|d| d.map(|e| e.unwrap().path()).collect())
-        .unwrap_or_default();
-    files.retain(|p| p.is_file() && p.file_name().is_some_and(|n| n != ".gitkeep"));
-    files.sort();
-    files
-}
-
-fn replay(target: &str, run: fn(&[u8])) {
-    let seeds = inputs("seeds", target);
-    assert!(!seeds.is_empty(), "no seeds for {target}");
-    for path in seeds.iter().chain(&inputs("regressions", target)) {
-        let bytes = std::fs::read(path).unwrap();
-        eprintln!("{target}: {}", path.display());
-        run(&bytes);
-    }
-}
+use moshi_test_support::replay_fuzz_inputs as replay;
 
 #[test]
 fn ogg_opus_inputs() {

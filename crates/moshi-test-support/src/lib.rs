@@ -70,6 +70,30 @@ pub fn read_json_lines(path: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// The files of `fuzz/<kind>/<target>` (`kind`: `seeds` or `regressions`), sorted, without the
+/// `.gitkeep` that keeps an empty folder in git.
+pub fn fuzz_inputs(kind: &str, target: &str) -> Vec<PathBuf> {
+    let dir = repo_root().join("fuzz").join(kind).join(target);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map(|d| d.map(|e| e.unwrap().path()).collect())
+        .unwrap_or_default();
+    files.retain(|p| p.is_file() && p.file_name().is_some_and(|n| n != ".gitkeep"));
+    files.sort();
+    files
+}
+
+/// Runs a fuzz target's code on each of its seeds (there must be one) and kept regression
+/// inputs; a panic fails the calling test.
+pub fn replay_fuzz_inputs(target: &str, run: fn(&[u8])) {
+    let seeds = fuzz_inputs("seeds", target);
+    assert!(!seeds.is_empty(), "no seeds for {target}");
+    for path in seeds.iter().chain(&fuzz_inputs("regressions", target)) {
+        let bytes = std::fs::read(path).unwrap();
+        eprintln!("{target}: {}", path.display());
+        run(&bytes);
+    }
+}
+
 /// Runs the built binary `program` (e.g. `env!("CARGO_BIN_EXE_moshi-rs")`) with `args`, offline
 /// (`HF_HUB_OFFLINE=1`: a test never downloads), and returns what it did.
 pub fn run_binary(program: &str, args: &[&str]) -> Output {
