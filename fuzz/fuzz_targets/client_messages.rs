@@ -1,6 +1,8 @@
 //! Fuzz target: `server::client_messages` (fuzz/src/server.rs) on arbitrary bytes.
 #![no_main]
 
+// Each target uses one of the module's functions.
+#[allow(dead_code)]
 #[path = "../src/server.rs"]
 mod server;
 
