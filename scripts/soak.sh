@@ -2,7 +2,7 @@
 # One hour of simulated conversation with the tiny model (assets/tiny-a) through the null
 # backend on a lockstep clock: resident memory flat after warm-up (within 5 %), the LM's KV
 # caches bounded by the attention window, no frame dropped. Prints resident memory per
-# simulated minute; the result is recorded in docs/soak.md. A 3-minute version of the same
+# simulated minute; the last result is recorded in docs/robustness.md (Soak). A 3-minute version of the same
 # test runs with every `cargo test`.
 # Usage: scripts/soak.sh
 set -euo pipefail
