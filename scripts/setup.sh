@@ -1,10 +1,28 @@
 #!/usr/bin/env bash
-# Installs the system packages moshi-rs needs on Debian/Ubuntu (idempotent).
-# Usage: bash scripts/setup.sh [--audio-e2e]   (--audio-e2e adds PulseAudio for the virtual-device test)
+# Installs what moshi-rs needs on Debian/Ubuntu (idempotent).
+# Usage: bash scripts/setup.sh [--audio-e2e] [--serve-e2e]
+#   --audio-e2e  PulseAudio and tools for the virtual-device tests (chat, Kyutai's Python client)
+#   --serve-e2e  what the `moshi-rs serve` client tests need: Chromium, Node and puppeteer-core
+#                (scripts/serve-clients/node_modules), PortAudio and a Python venv with Kyutai's
+#                client, moshi==0.2.13 from PyPI (target/serve-clients/venv)
 set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+audio=0
+serve=0
+for arg in "$@"; do
+  case "$arg" in
+    --audio-e2e) audio=1 ;;
+    --serve-e2e) serve=1 ;;
+    *) echo "setup.sh: unknown option $arg (expected --audio-e2e, --serve-e2e)" >&2; exit 2 ;;
+  esac
+done
 pkgs=(pkg-config libasound2-dev libopus-dev)
-if [[ "${1:-}" == "--audio-e2e" ]]; then
+if ((audio)); then
   pkgs+=(pulseaudio pulseaudio-utils libasound2-plugins alsa-utils sox python3-numpy)
+fi
+if ((serve)); then
+  pkgs+=(chromium libportaudio2 python3-venv)
+  command -v npm >/dev/null 2>&1 || pkgs+=(nodejs npm)
 fi
 missing=()
 for p in "${pkgs[@]}"; do
@@ -18,4 +36,19 @@ fi
 if ! command -v cargo >/dev/null 2>&1; then
   echo "error: cargo not found; install the Rust toolchain (https://rustup.rs) first" >&2
   exit 1
+fi
+if ((serve)); then
+  # Kyutai's Python client (unmodified moshi.client); --no-deps keeps torch out.
+  venv="$ROOT/target/serve-clients/venv"
+  if ! "$venv/bin/python" -c 'import sphn, sounddevice, aiohttp, numpy, importlib.metadata as m; assert m.version("moshi") == "0.2.13"' >/dev/null 2>&1; then
+    rm -rf "$venv"
+    mkdir -p "$(dirname "$venv")"
+    /usr/bin/python3 -m venv "$venv"
+    "$venv/bin/pip" install -q --disable-pip-version-check \
+      "sphn>=0.2,<0.3" "numpy>=1.26,<2.3" "aiohttp>=3.10.5,<3.12" "sounddevice==0.5"
+    "$venv/bin/pip" install -q --disable-pip-version-check --no-deps "moshi==0.2.13"
+  fi
+  if [ ! -d "$ROOT/scripts/serve-clients/node_modules/puppeteer-core" ]; then
+    (cd "$ROOT/scripts/serve-clients" && npm ci --no-audit --no-fund --loglevel=error)
+  fi
 fi

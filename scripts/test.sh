@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The project's test command: installs what is needed, runs every test of the workspace, then
-# checks that the candle peer benchmark still compiles.
+# The project's test command: installs what is needed (PulseAudio for the virtual-device tests;
+# Chromium, puppeteer-core and Kyutai's Python client for the `serve` client tests), runs every
+# test of the workspace, then checks that the candle peer benchmark still compiles.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh --audio-e2e
+bash scripts/setup.sh --audio-e2e --serve-e2e
 cargo test --workspace 2>&1
 # The candle peer benchmark lives outside the workspace (candle is no dependency of moshi-rs);
 # it must keep compiling against the APIs of moshi-kernels and moshi-bench (probe, shapes).

@@ -14,16 +14,7 @@
 use std::process::Command;
 use std::sync::Mutex;
 
-use moshi_test_support::repo_root;
-
-fn have(program: &str) -> bool {
-    Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {program}"))
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false)
-}
+use moshi_test_support::{command_exists as have, repo_root};
 
 #[test]
 fn chat_on_virtual_devices_plays_what_the_engine_produced() {

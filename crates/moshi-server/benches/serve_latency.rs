@@ -7,7 +7,6 @@
 //!
 //! `cargo bench -p moshi-server --bench serve_latency [-- --seconds 20 --json out.json]`
 
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -71,7 +70,7 @@ fn arg(name: &str) -> Option<String> {
 
 fn main() {
     let seconds: f64 = arg("--seconds").map_or(20.0, |s| s.parse().expect("--seconds"));
-    let tiny = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../assets/tiny-a");
+    let tiny = moshi_test_support::tiny_a_dir();
     let model = ModelSource::resolve(tiny.to_str().unwrap(), &SourceOverrides::default()).unwrap();
     let pipeline =
         MoshiPipeline::load(&model, SamplingConfig::greedy(), WeightMode::Native).unwrap();

@@ -195,13 +195,18 @@ fn converse<P: ConversationProcessor>(processor: &mut P, a: Assignment) {
         }
         let t0 = Instant::now();
         let event = match processor.process_frame(&next.frame) {
-            Ok(out) => SessionEvent::Frame(ProcessedFrame {
-                input: next.frame,
-                pcm: out.pcm,
-                text: out.text,
-                tokens: out.tokens,
-                compute_ms: t0.elapsed().as_secs_f64() * 1e3,
-            }),
+            Ok(out) => {
+                let compute_ms = t0.elapsed().as_secs_f64() * 1e3;
+                a.queue.record_compute_ms(compute_ms);
+                SessionEvent::Frame(ProcessedFrame {
+                    input: next.frame,
+                    pcm: out.pcm,
+                    text: out.text,
+                    tokens: out.tokens,
+                    compute_ms,
+                    input_complete_at: next.queued_at,
+                })
+            }
             Err(e) => {
                 send(SessionEvent::Failed(e.to_string()));
                 return;

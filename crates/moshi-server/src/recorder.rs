@@ -7,7 +7,9 @@
 //!   what a client plays, Opus included, sample-aligned with the stream);
 //! - `<tag>-session-<id>-tokens.jsonl`: one `{"frame", "text", "audio"}` object per processed
 //!   frame, as `moshi-rs file --tokens-out` writes;
-//! - `<tag>-session-<id>-text.txt`: the words sent (the text messages, concatenated).
+//! - `<tag>-session-<id>-text.txt`: the words sent (the text messages, concatenated);
+//! - `<tag>-session-<id>-stats.json`: the session's counters when it ended (as the metadata's
+//!   `moshi_rs_stats`, with `end` and `duration_s`).
 //!
 //! Files are written under a `.part` name and renamed when the session ends, so a reader never
 //! sees a half-written recording under the final name.
@@ -35,6 +37,8 @@ pub struct SessionRecorder {
     mirror_pcm: Vec<f32>,
     /// (.part path, final path) of each file.
     renames: Vec<(PathBuf, PathBuf)>,
+    /// (.part path, final path) of the statistics, written at the end.
+    stats_paths: (PathBuf, PathBuf),
 }
 
 fn wav_spec() -> hound::WavSpec {
@@ -87,6 +91,7 @@ impl SessionRecorder {
             .into_iter()
             .map(|p| (part(&p), p))
             .collect();
+        let stats_path = path("stats.json");
         Ok(Self {
             input,
             output,
@@ -95,6 +100,7 @@ impl SessionRecorder {
             mirror: OggOpusReader::new(PreSkip::Discard),
             mirror_pcm: Vec::new(),
             renames,
+            stats_paths: (part(&stats_path), stats_path),
         })
     }
 
@@ -145,8 +151,8 @@ impl SessionRecorder {
         Ok(())
     }
 
-    /// Completes the files and gives them their final names.
-    pub fn finish(mut self) -> Result<(), RecordError> {
+    /// Completes the files, writes `stats`, and gives them their final names.
+    pub fn finish(mut self, stats: &serde_json::Value) -> Result<(), RecordError> {
         let err = |p: &Path, e: &dyn std::fmt::Display| RecordError {
             path: p.to_path_buf(),
             detail: e.to_string(),
@@ -161,6 +167,10 @@ impl SessionRecorder {
             .flush()
             .map_err(|e| err(&self.renames[2].0, &e))?;
         self.text.flush().map_err(|e| err(&self.renames[3].0, &e))?;
+        let (stats_part, stats_path) = self.stats_paths.clone();
+        let json = serde_json::to_string_pretty(stats).map_err(|e| err(&stats_path, &e))?;
+        std::fs::write(&stats_part, json + "\n").map_err(|e| err(&stats_part, &e))?;
+        self.renames.push((stats_part, stats_path));
         for (part, done) in &self.renames {
             std::fs::rename(part, done).map_err(|e| err(done, &e))?;
         }

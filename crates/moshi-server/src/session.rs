@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
 use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
-use moshi_runtime::FRAME_SAMPLES;
+use moshi_runtime::{FRAME_MS, FRAME_SAMPLES};
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -206,10 +206,52 @@ fn truncate_utf8(s: &str, max: usize) -> String {
 #[derive(Debug, Default)]
 struct SessionStats {
     frames_processed: u64,
+    /// Input frames dropped because compute fell behind real time (counted apart, as `chat`
+    /// does: the model did not hear them, the client heard nothing wrong).
     input_frames_dropped: u64,
+    /// Output frames not sent because the client was not reading: each one a skip in what the
+    /// client plays.
     output_frames_dropped: u64,
+    /// Output frames queued more than one frame period (80 ms) after their input frame was
+    /// complete: a client whose jitter buffer is shorter than that ran dry before them.
+    late_output_frames: u64,
     compute_ms_total: f64,
+    /// Input frame complete -> its answer queued for the client (queue wait + compute + encode).
+    response_ms_total: f64,
+    response_ms_max: f64,
     audio_in_samples: u64,
+}
+
+impl SessionStats {
+    /// Discontinuities in the audio the client was sent (as `chat`'s `audible_glitch_events`
+    /// counts those of its speaker): frames the server did not send.
+    fn audible_glitch_events(&self) -> u64 {
+        self.output_frames_dropped
+    }
+
+    fn mean(total: f64, count: u64) -> f64 {
+        if count > 0 {
+            total / count as f64
+        } else {
+            0.0
+        }
+    }
+
+    /// The counters as the metadata's `moshi_rs_stats` (and `--record`'s `-stats.json`).
+    fn to_json(&self, messages_not_sent: u64) -> Value {
+        let s = self;
+        json!({
+            "frames_processed": s.frames_processed,
+            "input_frames_dropped": s.input_frames_dropped,
+            "output_frames_dropped": s.output_frames_dropped,
+            "audible_glitch_events": s.audible_glitch_events(),
+            "late_output_frames": s.late_output_frames,
+            "messages_not_sent": messages_not_sent,
+            "compute_ms_per_frame": SessionStats::mean(s.compute_ms_total, s.frames_processed),
+            "response_ms_mean": SessionStats::mean(s.response_ms_total, s.frames_processed),
+            "response_ms_max": s.response_ms_max,
+        })
+    }
 }
 
 struct Session {
@@ -465,6 +507,12 @@ impl Session {
             self.outbox.note_full();
             None
         };
+        let response_ms = frame.input_complete_at.elapsed().as_secs_f64() * 1e3;
+        self.stats.response_ms_total += response_ms;
+        self.stats.response_ms_max = self.stats.response_ms_max.max(response_ms);
+        if response_ms > FRAME_MS {
+            self.stats.late_output_frames += 1;
+        }
         match &pages {
             Some(p) if !p.is_empty() => {
                 self.outbox.push(protocol::audio(p));
@@ -496,7 +544,7 @@ impl Session {
         let lost_audio = self.metadata_dirty;
         self.metadata_dirty = false;
         self.last_metadata = Instant::now();
-        let counters = self.counters_json();
+        let counters = self.stats.to_json(self.outbox.dropped_messages);
         self.metadata.insert("moshi_rs_stats".into(), counters);
         if !self
             .outbox
@@ -514,16 +562,6 @@ impl Session {
         }
     }
 
-    fn counters_json(&self) -> Value {
-        let s = &self.stats;
-        json!({
-            "frames_processed": s.frames_processed,
-            "input_frames_dropped": s.input_frames_dropped,
-            "output_frames_dropped": s.output_frames_dropped,
-            "compute_ms_per_frame": if s.frames_processed > 0 { s.compute_ms_total / s.frames_processed as f64 } else { 0.0 },
-        })
-    }
-
     async fn finish(mut self, end: SessionEnd) {
         self.stats.input_frames_dropped = self
             .stats
@@ -532,20 +570,29 @@ impl Session {
         // Free the model slot first: the next conversation can start while this one closes.
         drop(self.engine);
         if let Some(rec) = self.recorder.take() {
-            if let Err(e) = rec.finish() {
+            let mut stats = self.stats.to_json(self.outbox.dropped_messages);
+            stats["end"] = Value::String(end.describe());
+            stats["duration_s"] = json!(self.started.elapsed().as_secs_f64());
+            if let Err(e) = rec.finish(&stats) {
                 tracing::error!(session = self.id, "--record: {e}");
             }
         }
         let s = &self.stats;
         let line = format!(
-            "session ended: {}; {:.1} s, {} frames processed, {} input frames dropped, {} output frames dropped, {} messages not sent, {:.1} ms compute per frame",
+            "session ended: {}; {:.1} s, {} frames processed, {} input frames dropped, {} output frames dropped \
+             (glitches the client hears: {}), {} messages not sent, {} answers later than 80 ms, \
+             response {:.1} ms mean / {:.1} ms max, {:.1} ms compute per frame",
             end.describe(),
             self.started.elapsed().as_secs_f64(),
             s.frames_processed,
             s.input_frames_dropped,
             s.output_frames_dropped,
+            s.audible_glitch_events(),
             self.outbox.dropped_messages,
-            if s.frames_processed > 0 { s.compute_ms_total / s.frames_processed as f64 } else { 0.0 },
+            s.late_output_frames,
+            SessionStats::mean(s.response_ms_total, s.frames_processed),
+            s.response_ms_max,
+            SessionStats::mean(s.compute_ms_total, s.frames_processed),
         );
         match end {
             SessionEnd::ClientClosed | SessionEnd::Shutdown => {

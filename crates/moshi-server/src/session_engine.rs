@@ -7,9 +7,14 @@
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
 
 use moshi_model::generator::SamplingConfig;
 use moshi_runtime::engine::{DropPolicy, FrameTokens};
+use moshi_runtime::FRAME_MS;
+
+/// Weight of the newest frame in the running estimate of the model's time per frame.
+const COMPUTE_ESTIMATE_WEIGHT: f64 = 0.25;
 
 /// What a session asks of the engine.
 #[derive(Debug, Clone, PartialEq)]
@@ -29,6 +34,8 @@ pub struct ProcessedFrame {
     pub tokens: Option<FrameTokens>,
     /// Model time for this frame.
     pub compute_ms: f64,
+    /// When the input frame was complete (its last sample queued for the model).
+    pub input_complete_at: Instant,
 }
 
 /// What the engine tells a session, in order.
@@ -69,6 +76,13 @@ pub struct EngineSession {
 }
 
 /// Frames waiting for the model, shared by the session (producer) and the engine (consumer).
+///
+/// With [`DropPolicy::RealTime`] `{ max_backlog_frames: B }` the backlog may add at most
+/// `(B + 1) * 80 ms` of latency: frames wait as long as the model, at its recent pace, gets
+/// through all of them within that time; beyond it the oldest are dropped and counted. When the
+/// model takes 80 ms or more per frame this is the engine's rule (B frames behind the one being
+/// processed); when it is faster, a burst of frames from the network (a client that stalled,
+/// then sent what it had) is caught up instead of dropped.
 pub struct InputQueue {
     state: Mutex<QueueState>,
     ready: Condvar,
@@ -78,14 +92,32 @@ pub struct InputQueue {
 }
 
 struct QueueState {
-    frames: VecDeque<Vec<f32>>,
+    /// Each frame with the moment it was queued.
+    frames: VecDeque<(Vec<f32>, Instant)>,
     closed: bool,
     dropped_frames: u64,
+    /// Running estimate of the model's time per frame (real time until measured).
+    compute_ms_estimate: f64,
+}
+
+/// How many of `waiting_frames` (the next one included) to drop under `policy` when the model
+/// takes about `compute_ms` a frame: see [`InputQueue`].
+pub fn frames_to_drop(policy: DropPolicy, waiting_frames: usize, compute_ms: f64) -> usize {
+    match policy {
+        DropPolicy::Lossless => 0,
+        DropPolicy::RealTime { max_backlog_frames } => {
+            let budget_ms = (max_backlog_frames + 1) as f64 * FRAME_MS;
+            let within_budget = (budget_ms / compute_ms.max(1.0)).floor() as usize;
+            waiting_frames.saturating_sub(within_budget.max(max_backlog_frames + 1))
+        }
+    }
 }
 
 /// What [`InputQueue::pop`] hands the engine.
 pub struct NextFrame {
     pub frame: Vec<f32>,
+    /// When it was queued (complete).
+    pub queued_at: Instant,
     /// Frames dropped so far (by the policy or the bound), when that changed since the last pop.
     pub newly_dropped_total: Option<u64>,
 }
@@ -99,6 +131,7 @@ impl InputQueue {
                 frames: VecDeque::with_capacity(capacity_frames.max(1)),
                 closed: false,
                 dropped_frames: 0,
+                compute_ms_estimate: FRAME_MS,
             }),
             ready: Condvar::new(),
             policy,
@@ -117,7 +150,7 @@ impl InputQueue {
         if s.closed {
             return;
         }
-        s.frames.push_back(frame);
+        s.frames.push_back((frame, Instant::now()));
         while s.frames.len() > self.capacity_frames {
             s.frames.pop_front();
             s.dropped_frames += 1;
@@ -147,16 +180,17 @@ impl InputQueue {
             }
             s = self.ready.wait(s).unwrap_or_else(|p| p.into_inner());
         }
-        let drop_now = self.policy.frames_to_drop(s.frames.len());
+        let drop_now = frames_to_drop(self.policy, s.frames.len(), s.compute_ms_estimate);
         for _ in 0..drop_now {
             s.frames.pop_front();
         }
         s.dropped_frames += drop_now as u64;
-        let frame = s.frames.pop_front().expect("checked non-empty");
+        let (frame, queued_at) = s.frames.pop_front().expect("checked non-empty");
         let newly_dropped_total =
             (s.dropped_frames != last_seen_dropped).then_some(s.dropped_frames);
         Some(NextFrame {
             frame,
+            queued_at,
             newly_dropped_total,
         })
     }
@@ -164,6 +198,12 @@ impl InputQueue {
     /// Frames dropped so far.
     pub fn dropped_frames(&self) -> u64 {
         self.lock().dropped_frames
+    }
+
+    /// The engine took `compute_ms` for the last frame (feeds the drop decision).
+    pub fn record_compute_ms(&self, compute_ms: f64) {
+        let mut s = self.lock();
+        s.compute_ms_estimate += COMPUTE_ESTIMATE_WEIGHT * (compute_ms - s.compute_ms_estimate);
     }
 }
 
@@ -228,6 +268,38 @@ mod tests {
         assert_eq!(next.frame[0], 4.0);
         assert_eq!(next.newly_dropped_total, None);
         assert_eq!(q.dropped_frames(), 3);
+    }
+
+    #[test]
+    fn a_burst_the_model_can_catch_up_with_is_kept() {
+        let policy = DropPolicy::RealTime {
+            max_backlog_frames: 2,
+        };
+        // 240 ms of backlog allowed: at 10 ms a frame, 24 frames fit; at 80 ms or more, 3.
+        assert_eq!(frames_to_drop(policy, 10, 10.0), 0);
+        assert_eq!(frames_to_drop(policy, 30, 10.0), 6);
+        assert_eq!(frames_to_drop(policy, 10, 60.0), 6);
+        assert_eq!(frames_to_drop(policy, 10, 80.0), 7);
+        assert_eq!(frames_to_drop(policy, 10, 500.0), 7);
+        assert_eq!(frames_to_drop(DropPolicy::Lossless, 10, 500.0), 0);
+
+        let q = InputQueue::new(policy, 16);
+        for _ in 0..20 {
+            q.record_compute_ms(10.0);
+        }
+        for i in 0..8 {
+            q.push(frame(i as f32));
+        }
+        let next = q.pop(0).unwrap();
+        assert_eq!(next.frame[0], 0.0, "nothing dropped");
+        assert_eq!(next.newly_dropped_total, None);
+        // The model slows down: the backlog is cut to what it can process in 240 ms.
+        for _ in 0..20 {
+            q.record_compute_ms(120.0);
+        }
+        let next = q.pop(0).unwrap();
+        assert_eq!(next.frame[0], 5.0, "7 waiting, 3 kept");
+        assert_eq!(next.newly_dropped_total, Some(4));
     }
 
     #[test]

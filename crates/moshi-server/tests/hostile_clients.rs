@@ -2,11 +2,10 @@
 //! oversized message, malformed Ogg, malformed Opus, unknown kinds, text frames, a silent client,
 //! a client that never reads, an abrupt disconnect, one session too many. Each ends only its
 //! own session, with a kind-5 sentence while the socket is open, while a well-behaved session
-//! talks throughout and ends normally. Also: TLS, and Ctrl-C (shutdown) closing sessions with a
-//! message.
+//! talks throughout and ends normally. Also: frames beyond real time dropped and reported, TLS,
+//! and Ctrl-C (shutdown) closing sessions with a message.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,15 +17,12 @@ use moshi_server::client::{self, ChatReceiver, Received};
 use moshi_server::ogg_opus::{OggOpusWriter, OpusPacketing};
 use moshi_server::pipeline_pool::PipelinePool;
 use moshi_server::{Limits, RunningServer, ServerConfig, WebUi};
+use moshi_test_support::tiny_a_dir;
 use tokio::io::{AsyncRead, AsyncWrite};
-
-fn tiny() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../assets/tiny-a")
-}
 
 fn pipeline() -> MoshiPipeline {
     let model =
-        ModelSource::resolve(tiny().to_str().unwrap(), &SourceOverrides::default()).unwrap();
+        ModelSource::resolve(tiny_a_dir().to_str().unwrap(), &SourceOverrides::default()).unwrap();
     MoshiPipeline::load(&model, SamplingConfig::greedy(), WeightMode::Native).unwrap()
 }
 
@@ -308,6 +304,37 @@ async fn a_client_that_never_reads_is_dropped_without_unbounded_buffering() {
     );
     let frames = good.await.unwrap();
     assert!(frames >= 80, "the good session got {frames} frames in 8 s");
+    server.shutdown(Duration::from_secs(3)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_beyond_real_time_are_dropped_counted_and_reported_to_the_client() {
+    let server = start(1, limits()).await;
+    let (mut tx, mut rx) = client::connect(&url(server.local_addr()), OpusPacketing::WEB_CLIENT)
+        .await
+        .unwrap();
+    // 4 s of audio at once: far more than the model takes while it works on one frame.
+    for i in 0..50 {
+        tx.send_pcm(&frame_pcm(i)).await.unwrap();
+    }
+    let dropped = loop {
+        match tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("no statistics within 10 s")
+            .unwrap()
+        {
+            Received::Metadata(m) if m.get("moshi_rs_stats").is_some() => {
+                break m["moshi_rs_stats"]["input_frames_dropped"]
+                    .as_u64()
+                    .unwrap();
+            }
+            Received::Error(e) => panic!("{e}"),
+            Received::Closed(c) => panic!("closed: {c:?}"),
+            _ => {}
+        }
+    };
+    assert!(dropped > 0, "frames were dropped and the client was told");
+    tx.close().await.unwrap();
     server.shutdown(Duration::from_secs(3)).await;
 }
 

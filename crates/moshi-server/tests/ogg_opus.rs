@@ -3,6 +3,7 @@
 //! malformed stream is an error that says what was wrong.
 
 use moshi_server::ogg_opus::{OggOpusError, OggOpusReader, OggOpusWriter, OpusPacketing, PreSkip};
+use moshi_test_support::ncc;
 use ogg::writing::{PacketWriteEndInfo, PacketWriter};
 
 const RATE: f32 = 24_000.0;
@@ -43,17 +44,6 @@ fn decode_all(messages: &[Vec<u8>]) -> Vec<f32> {
         r.push(m, &mut out, NO_LIMIT).unwrap();
     }
     out
-}
-
-fn ncc(a: &[f32], b: &[f32]) -> f64 {
-    let n = a.len().min(b.len());
-    let (mut ab, mut aa, mut bb) = (0f64, 0f64, 0f64);
-    for i in 0..n {
-        ab += a[i] as f64 * b[i] as f64;
-        aa += (a[i] as f64).powi(2);
-        bb += (b[i] as f64).powi(2);
-    }
-    ab / (aa.sqrt() * bb.sqrt()).max(1e-12)
 }
 
 /// ncc of `decoded` against `input` when `decoded` is `lag` samples later.

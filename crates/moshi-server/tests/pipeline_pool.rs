@@ -3,7 +3,6 @@
 //! equal an offline run's, sessions get their own sampling settings, and one session too many
 //! is refused as busy.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use moshi_loader::{ModelSource, SourceOverrides, WeightMode};
@@ -13,19 +12,16 @@ use moshi_runtime::pipeline::MoshiPipeline;
 use moshi_runtime::FRAME_SAMPLES;
 use moshi_server::pipeline_pool::PipelinePool;
 use moshi_server::session_engine::{OpenError, SessionEngine, SessionEvent, SessionSettings};
-
-fn tiny() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../assets/tiny-a")
-}
+use moshi_test_support::tiny_a_dir;
 
 fn load(sampling: SamplingConfig) -> MoshiPipeline {
     let model =
-        ModelSource::resolve(tiny().to_str().unwrap(), &SourceOverrides::default()).unwrap();
+        ModelSource::resolve(tiny_a_dir().to_str().unwrap(), &SourceOverrides::default()).unwrap();
     MoshiPipeline::load(&model, sampling, WeightMode::Native).unwrap()
 }
 
 fn speech() -> Vec<f32> {
-    let audio = moshi_runtime::wav::read_mono(&tiny().join("input.wav")).unwrap();
+    let audio = moshi_runtime::wav::read_mono(&tiny_a_dir().join("input.wav")).unwrap();
     audio.samples[..audio.samples.len() / FRAME_SAMPLES * FRAME_SAMPLES].to_vec()
 }
 

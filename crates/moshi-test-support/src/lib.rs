@@ -104,6 +104,29 @@ pub fn run_binary(program: &str, args: &[&str]) -> Output {
         .unwrap_or_else(|e| panic!("cannot run {program}: {e}"))
 }
 
+/// Whether `program` is on the PATH (for tests that skip, saying why, when a tool is missing).
+pub fn command_exists(program: &str) -> bool {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {program}"))
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+/// Normalised cross-correlation of `a` and `b` over their common length (1: the same signal up
+/// to a gain).
+pub fn ncc(a: &[f32], b: &[f32]) -> f64 {
+    let n = a.len().min(b.len());
+    let (mut ab, mut aa, mut bb) = (0f64, 0f64, 0f64);
+    for (&x, &y) in a[..n].iter().zip(&b[..n]) {
+        ab += f64::from(x) * f64::from(y);
+        aa += f64::from(x).powi(2);
+        bb += f64::from(y).powi(2);
+    }
+    ab / (aa.sqrt() * bb.sqrt()).max(1e-12)
+}
+
 /// What a finished command wrote to stderr, as text.
 pub fn stderr_text(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()

@@ -18,6 +18,10 @@ use super::model_args::{ModelArgs, SamplingArgs};
 /// Most sessions `--max-sessions` accepts (each holds its own copy of the model today).
 const MAX_SESSIONS_LIMIT: usize = 64;
 
+/// Input frames a session's queue holds at most, whatever the model's pace (2 s of audio): a
+/// client's burst beyond that is dropped and counted.
+const MAX_QUEUED_INPUT_FRAMES: usize = 25;
+
 /// How long to wait for Kyutai's web UI from the Hugging Face Hub before serving our own page.
 const KYUTAI_UI_TIMEOUT: Duration = Duration::from_secs(15);
 
@@ -50,9 +54,10 @@ pub struct ServeArgs {
     /// TLS private key (PEM).
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
-    /// Input frames allowed to wait behind the one being processed before the oldest is
-    /// dropped (compute slower than real time).
-    #[arg(long, default_value_t = 2)]
+    /// Latency the input backlog may add, in 80 ms frames beyond the one being processed: input
+    /// waits while the model, at its recent pace, gets through it within (N + 1) * 80 ms; beyond
+    /// that (compute slower than real time) the oldest frames are dropped and counted.
+    #[arg(long, default_value_t = 2, value_parser = super::flag_values::backlog_frames)]
     pub max_backlog_frames: usize,
     /// Close a session after this many seconds without audio from its client.
     #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
@@ -127,7 +132,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let policy = DropPolicy::RealTime {
         max_backlog_frames: args.max_backlog_frames,
     };
-    let engine = PipelinePool::new(pipelines, policy, args.max_backlog_frames + 4)
+    let queue_capacity_frames = MAX_QUEUED_INPUT_FRAMES.max(args.max_backlog_frames + 1);
+    let engine = PipelinePool::new(pipelines, policy, queue_capacity_frames)
         .context("starting the session threads")?;
 
     let mut config = ServerConfig::new(SocketAddr::new(args.host, args.port));

@@ -7,13 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-pub fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-pub fn tiny_model() -> PathBuf {
-    super::asset_dir("tiny-a")
-}
+pub use moshi_test_support::{repo_root as root, tiny_a_dir as tiny_model};
 
 /// `moshi-rs serve` running on a free port of 127.0.0.1.
 pub struct Server {
@@ -140,17 +134,7 @@ pub fn read_wav(path: &Path) -> Vec<f32> {
     audio.samples
 }
 
-/// Normalised cross-correlation of `a` and `b` over their common length.
-pub fn ncc(a: &[f32], b: &[f32]) -> f64 {
-    let n = a.len().min(b.len());
-    let (mut ab, mut aa, mut bb) = (0f64, 0f64, 0f64);
-    for i in 0..n {
-        ab += a[i] as f64 * b[i] as f64;
-        aa += (a[i] as f64).powi(2);
-        bb += (b[i] as f64).powi(2);
-    }
-    ab / (aa.sqrt() * bb.sqrt()).max(1e-12)
-}
+pub use moshi_test_support::ncc;
 
 /// (lag, ncc) of the best alignment of `later` against `earlier` (`later[i + lag] ~
 /// earlier[i]`) for lags in `0..=max_lag`.
