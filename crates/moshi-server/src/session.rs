@@ -117,15 +117,14 @@ impl Outbox {
         let (tx, mut rx) = mpsc::channel::<Message>(capacity.max(2));
         let task = tokio::spawn(async move {
             while let Some(m) = rx.recv().await {
-                if let Message::Close(_) = m {
-                    // When the client closed first, the websocket refuses a second close frame
-                    // but still has its automatic reply to write: flush it, then close.
-                    let _ = sink.send(m).await;
+                let is_close = matches!(m, Message::Close(_));
+                if sink.send(m).await.is_err() || is_close {
+                    // Once the client's close has been read, the websocket refuses every further
+                    // message, a second close frame included, but still owes its automatic
+                    // reply: flush it, then close. (On a dead connection these fail at once; on
+                    // a client that does not read, the session's close aborts the task.)
                     let _ = sink.flush().await;
                     let _ = sink.close().await;
-                    break;
-                }
-                if sink.send(m).await.is_err() {
                     break;
                 }
             }

@@ -266,6 +266,37 @@ async fn hostile_clients_end_only_their_own_session() {
     server.shutdown(Duration::from_secs(3)).await;
 }
 
+/// A client that closes while answers are still on their way gets the close handshake's reply
+/// every time: messages queued for it are refused once its close is read, and the reply the
+/// websocket owes is still written (before, the refused send ended the writer without it, so
+/// the client saw the connection drop without a close frame now and then).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_mid_stream_always_gets_the_close_reply() {
+    let server = start(1, limits()).await;
+    let addr = server.local_addr();
+    for round in 0..20 {
+        let (mut tx, mut rx) = client::connect(&url(addr), OpusPacketing::WEB_CLIENT)
+            .await
+            .unwrap();
+        // A burst: the server has answers queued when the close arrives.
+        for i in 0..12 {
+            tx.send_pcm(&frame_pcm(i)).await.unwrap();
+        }
+        loop {
+            match rx.recv().await.unwrap() {
+                Received::Audio(p) if !p.is_empty() => break,
+                Received::Error(e) => panic!("round {round}: {e}"),
+                Received::Closed(c) => panic!("round {round}: closed early: {c:?}"),
+                _ => {}
+            }
+        }
+        tx.close().await.unwrap();
+        let seen = next_ending(&mut rx).await;
+        assert_eq!(close_code(&seen), Some(1000), "round {round}: {seen:?}");
+    }
+    server.shutdown(Duration::from_secs(3)).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_never_reads_is_dropped_without_unbounded_buffering() {
     let server = start(2, limits()).await;
