@@ -137,17 +137,25 @@ impl AudioBackend for NullBackend {
                 let mut idle_ticks = 0usize;
                 let mut deadline = Instant::now();
                 let tail_ticks = (config.tail_ms / 1e3 / tick.as_secs_f64()).ceil() as usize;
+                // One device buffer of capture; a looping clip continues into its next loop
+                // within the buffer (a short buffer at each loop's end would make the device
+                // play more than it captured: an underrun a real device would not have).
+                let mut tick_in = Vec::with_capacity(in_step);
                 while !stop.load(Ordering::Relaxed) {
-                    if pos == input.len() && loops_done + 1 < loops {
-                        pos = 0;
-                        loops_done += 1;
-                    }
-                    if pos < input.len() {
-                        let end = (pos + in_step).min(input.len());
-                        capture_callback(&input[pos..end], &mut mic, &counters, None);
-                        captured += (end - pos) as u64;
+                    tick_in.clear();
+                    while tick_in.len() < in_step && pos < input.len() {
+                        let end = (pos + in_step - tick_in.len()).min(input.len());
+                        tick_in.extend_from_slice(&input[pos..end]);
                         pos = end;
-                        if pos == input.len() && loops_done + 1 == loops {
+                        if pos == input.len() && loops_done + 1 < loops {
+                            pos = 0;
+                            loops_done += 1;
+                        }
+                    }
+                    if !tick_in.is_empty() {
+                        capture_callback(&tick_in, &mut mic, &counters, None);
+                        captured += tick_in.len() as u64;
+                        if pos == input.len() {
                             input_finished.store(true, Ordering::Release);
                         }
                     }
