@@ -83,6 +83,9 @@ pub enum ModelError {
     /// A classifier-free guidance coefficient that cannot be applied.
     #[error("classifier-free guidance coefficient {cfg_coef}: {reason}")]
     BadGuidance { cfg_coef: f32, reason: &'static str },
+    /// A session handed to a batched step runs over other weights than the batch's.
+    #[error("a batched step takes sessions over one shared set of LM weights; this session has its own (step it alone or in a batch of its weights)")]
+    BatchWeightsDiffer,
     /// Random weights of a shape the packing cannot hold.
     #[error("random weight `{name}` {shape:?}: {cause}")]
     RandomWeight {

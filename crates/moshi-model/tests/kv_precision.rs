@@ -31,7 +31,7 @@ fn bf16_caches_stay_within_bf16_rounding_of_f32() {
     let mut lm = LmModel::random(&cfg, 3, RandomWeightKind::F32).unwrap();
     let exact = logits(&mut lm, &cfg, steps);
     lm.set_kv_precision(KvPrecision::Bf16);
-    assert_eq!(lm.temporal().kv_precision(), KvPrecision::Bf16);
+    assert_eq!(lm.kv_precision(), KvPrecision::Bf16);
     // Changing the precision restarts the conversation.
     assert_eq!(lm.position(), 0);
     assert_eq!(lm.temporal_cache_lens(), vec![0; cfg.num_layers]);

@@ -12,13 +12,17 @@
 //! (`description` = `very_good`, guidance against `very_bad`); its end of input is one frame of
 //! user codes all equal to `card` ([`MoshiPipeline::process_end_of_input`]), then silence until
 //! it ends its text with EOS.
+//!
+//! Sessions share weights: a clone is a new session over the same `Arc`'d LM and Mimi weights,
+//! and [`MoshiPipeline::process_frames`] runs one frame of several sessions with one batched LM
+//! step (the weights read once for all of them), each session's output the same as alone.
 
 use std::time::Instant;
 
 use moshi_loader::tokenizer::{IncrementalDecoder, TextTokenizer};
 use moshi_loader::{load_lm_weights, load_mimi_weights, ResolvedModel, WeightMode};
-use moshi_model::generator::{GeneratedFrame, Generator, SamplingConfig};
-use moshi_model::lm::LmModel;
+use moshi_model::generator::{GeneratedFrame, Generator, SamplingConfig, StepInput};
+use moshi_model::lm::{LmModel, LmScratch};
 use moshi_model::mimi::{Mimi, MimiWeights};
 use moshi_model::nn::KvPrecision;
 
@@ -35,7 +39,8 @@ pub const TRANSLATION_CONDITIONS: &[(&str, &str)] = &[("description", "very_good
 /// The negative row of guidance for a translation model.
 pub const TRANSLATION_NEGATIVE_CONDITIONS: &[(&str, &str)] = &[("description", "very_bad")];
 
-/// Moshi as a frame processor. A clone is an independent copy (weights included).
+/// Moshi as a frame processor. A clone is another session over the same weights (its own
+/// streaming state, the LM and Mimi weights shared).
 #[derive(Clone)]
 pub struct MoshiPipeline {
     mimi: Mimi,
@@ -45,6 +50,8 @@ pub struct MoshiPipeline {
     frames_in: u64,
     /// The tokenizer's end-of-sequence id (a translation model ends its text with it).
     eos_text_id: Option<u32>,
+    /// Buffers of this session's LM steps when it steps alone.
+    lm_scratch: LmScratch,
 }
 
 /// Milliseconds since `t0`.
@@ -90,6 +97,7 @@ impl MoshiPipeline {
             user_codebooks,
             frames_in: 0,
             eos_text_id: tokenizer.eos_id(),
+            lm_scratch: LmScratch::default(),
         };
         let cfg_coef = pipeline.generator.model().config().default_cfg_coef();
         pipeline.set_cfg_coef(cfg_coef)?;
@@ -141,7 +149,7 @@ impl MoshiPipeline {
     /// The LM's temporal KV caches in f32 (exact, default) or bf16 (half the memory and the
     /// bytes read per frame late in a conversation). Changing it restarts the conversation.
     pub fn set_kv_precision(&mut self, precision: KvPrecision) {
-        if precision != self.generator.model().temporal().kv_precision() {
+        if precision != self.generator.model().kv_precision() {
             self.generator.set_kv_precision(precision);
             self.reset();
         }
@@ -179,31 +187,107 @@ impl MoshiPipeline {
 
 impl FrameProcessor for MoshiPipeline {
     fn process_frame(&mut self, pcm_in: &[f32]) -> Result<FrameOutput> {
-        if pcm_in.len() != FRAME_SAMPLES {
-            return Err(RuntimeError::FrameSize {
-                expected: FRAME_SAMPLES,
-                got: pcm_in.len(),
-            });
-        }
-        let mut timings = StageTimings::default();
-        let t0 = Instant::now();
-        let codes = self.mimi.encode_frame(pcm_in)?;
-        timings.mimi_encode_ms = ms_since(t0);
-        let user = &codes[..self.user_codebooks];
-        // First frame twice (run_inference.py): step 0 only fills the delays.
-        let repeats = if self.frames_in == 0 {
-            FIRST_FRAME_LM_STEPS
-        } else {
-            1
-        };
-        let mut generated = None;
-        for _ in 0..repeats {
-            generated = self.generator.step(user)?;
-            add_lm_timings(&mut timings, &self.generator);
-        }
-        self.frames_in += 1;
-        self.output_of(generated, timings)
+        let mut scratch = std::mem::take(&mut self.lm_scratch);
+        let out = Self::process_frames(&mut [&mut *self], &[pcm_in], &mut scratch).pop();
+        self.lm_scratch = scratch;
+        out.expect("one session in, one output out")
     }
+}
+
+impl MoshiPipeline {
+    /// One input frame (1920 samples at 24 kHz) for each of `pipelines` together: each session's
+    /// Mimi encode, one batched LM step for all of them (sessions at their first frame step
+    /// twice, as [`FIRST_FRAME_LM_STEPS`] says: first those alone, then everyone), each
+    /// session's Mimi decode. Session `i` gets what [`FrameProcessor::process_frame`] gives it
+    /// alone, bit for bit; its error (a wrong frame size, weights it does not share) is its own.
+    /// The LM stage timings of every output are the batch's. `scratch` holds the LM's buffers.
+    ///
+    /// # Panics
+    /// If `frames` and `pipelines` differ in length (caller bug).
+    pub fn process_frames(
+        pipelines: &mut [&mut MoshiPipeline],
+        frames: &[&[f32]],
+        scratch: &mut LmScratch,
+    ) -> Vec<Result<FrameOutput>> {
+        assert_eq!(pipelines.len(), frames.len(), "one frame per session");
+        let mut timings = vec![StageTimings::default(); pipelines.len()];
+        let mut codes: Vec<Result<Vec<u32>>> = pipelines
+            .iter_mut()
+            .zip(frames)
+            .zip(&mut timings)
+            .map(|((p, pcm), t)| {
+                if pcm.len() != FRAME_SAMPLES {
+                    return Err(RuntimeError::FrameSize {
+                        expected: FRAME_SAMPLES,
+                        got: pcm.len(),
+                    });
+                }
+                let t0 = Instant::now();
+                let mut codes = p.mimi.encode_frame(pcm)?;
+                t.mimi_encode_ms = ms_since(t0);
+                codes.truncate(p.user_codebooks);
+                Ok(codes)
+            })
+            .collect();
+        // First frame twice (run_inference.py): step 0 only fills the delays. Sessions at
+        // their first frame take that step alone, then every session takes one.
+        let first: Vec<bool> = pipelines.iter().map(|p| p.frames_in == 0).collect();
+        let mut generated: Vec<Option<GeneratedFrame>> = vec![None; pipelines.len()];
+        for pass in 0..FIRST_FRAME_LM_STEPS {
+            let last = pass + 1 == FIRST_FRAME_LM_STEPS;
+            let stepping: Vec<bool> = first.iter().map(|&f| f || last).collect();
+            let results = lm_step(pipelines, &codes, &stepping, &mut timings, scratch);
+            for ((c, g), r) in codes.iter_mut().zip(&mut generated).zip(results) {
+                match r {
+                    Some(Ok(frame)) => *g = frame,
+                    Some(Err(e)) => *c = Err(e.into()),
+                    None => {}
+                }
+            }
+        }
+        pipelines
+            .iter_mut()
+            .zip(codes)
+            .zip(generated)
+            .zip(timings)
+            .map(|(((p, c), g), t)| {
+                c?;
+                p.frames_in += 1;
+                p.output_of(g, t)
+            })
+            .collect()
+    }
+}
+
+/// One batched generator step of the sessions marked in `stepping` whose frame was encoded, on
+/// their user codes; adds the step's timings to theirs. `None` for a session that did not step.
+fn lm_step(
+    pipelines: &mut [&mut MoshiPipeline],
+    codes: &[Result<Vec<u32>>],
+    stepping: &[bool],
+    timings: &mut [StageTimings],
+    scratch: &mut LmScratch,
+) -> Vec<Option<moshi_model::Result<Option<GeneratedFrame>>>> {
+    let mut out: Vec<Option<_>> = (0..pipelines.len()).map(|_| None).collect();
+    let mut gens = Vec::new();
+    let mut inputs = Vec::new();
+    let mut index = Vec::new();
+    for (i, ((p, c), &s)) in pipelines.iter_mut().zip(codes).zip(stepping).enumerate() {
+        if let (true, Ok(c)) = (s, c) {
+            gens.push(&mut p.generator);
+            inputs.push(StepInput::UserCodes(c));
+            index.push(i);
+        }
+    }
+    if gens.is_empty() {
+        return out;
+    }
+    let results = Generator::step_batch(&mut gens, &inputs, scratch);
+    for (i, r) in index.into_iter().zip(results) {
+        add_lm_timings(&mut timings[i], &pipelines[i].generator);
+        out[i] = Some(r);
+    }
+    out
 }
 
 impl MoshiPipeline {

@@ -7,12 +7,20 @@
 //! negatively conditioned row runs the temporal transformer and the depformer on the same tokens;
 //! the text logits and each codebook's logits are mixed as `null + (cond - null) * cfg_coef`,
 //! and the one sampled token is fed to both rows.
+//!
+//! Several sessions over the same weights step together ([`Generator::step_batch`]): one
+//! temporal step and, per depformer sub-step, one pass for all their rows (a session with
+//! guidance brings two), every linear layer one product over all rows, so the weights are read
+//! once per frame whoever shares it. Each session keeps its own caches, position, delays, token
+//! history, sampling settings and RNG; its tokens and logits have the bits it gets alone.
+//! [`Generator::step`] is the batch of one.
 
 pub mod sampling;
 
+use std::sync::Arc;
 use std::time::Instant;
 
-use crate::lm::{LmModel, LmRowState};
+use crate::lm::{LmModel, LmRowState, LmScratch, LmWeights};
 use crate::rng::Rng;
 use crate::{ModelError, Result};
 pub use sampling::SamplingConfig;
@@ -62,6 +70,16 @@ pub struct StepDetails {
     /// What [`Generator::step`] returns for this step.
     pub frame: Option<GeneratedFrame>,
     pub timings: StepTimings,
+}
+
+/// What a session feeds one step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepInput<'a> {
+    /// One frame of user codes (`n_q - dep_q` codes, each `< card`).
+    UserCodes(&'a [u32]),
+    /// The end-of-stream frame of a translation model: every user code equal to `card`
+    /// (`moshi/run_inference.py` after the last input frame).
+    EndOfInput,
 }
 
 /// The negative row of classifier-free guidance and the buffers of the mixed logits.
@@ -133,12 +151,10 @@ impl Generator {
     /// The temporal KV caches' element type (of both rows with guidance); changing it restarts
     /// the conversation.
     pub fn set_kv_precision(&mut self, precision: crate::nn::KvPrecision) {
-        if precision != self.model.temporal().kv_precision() {
+        if precision != self.model.kv_precision() {
             self.model.set_kv_precision(precision);
             if let Some(g) = &mut self.guidance {
-                self.model.swap_row(&mut g.null_row);
-                self.model.set_kv_precision(precision);
-                self.model.swap_row(&mut g.null_row);
+                g.null_row.set_kv_precision(precision);
             }
             self.reset();
         }
@@ -226,9 +242,7 @@ impl Generator {
     pub fn reset(&mut self) {
         self.model.reset();
         if let Some(g) = &mut self.guidance {
-            self.model.swap_row(&mut g.null_row);
-            self.model.reset();
-            self.model.swap_row(&mut g.null_row);
+            g.null_row.reset();
         }
         self.rng = Rng::new(self.sampling.seed);
         self.step = 0;
@@ -238,27 +252,64 @@ impl Generator {
     /// the official `LMGen.step` returns (None while the delays fill, i.e. for the first
     /// `max_delay` steps).
     pub fn step(&mut self, user_codes: &[u32]) -> Result<Option<GeneratedFrame>> {
-        self.check_user_codes(user_codes)?;
-        Ok(self.run_step(user_codes, false)?.frame)
+        Ok(self
+            .step_alone(StepInput::UserCodes(user_codes), false)?
+            .frame)
     }
 
     /// [`Generator::step`] with the model inputs, sampled tokens, logits and timings.
     pub fn step_detailed(&mut self, user_codes: &[u32]) -> Result<StepDetails> {
-        self.check_user_codes(user_codes)?;
-        self.run_step(user_codes, true)
+        self.step_alone(StepInput::UserCodes(user_codes), true)
     }
 
     /// Feeds the end-of-stream frame of a translation model (Hibiki): every user code equal to
     /// `card` (`moshi/run_inference.py` after the last input frame). Then feed silence.
     pub fn step_end_of_input(&mut self) -> Result<Option<GeneratedFrame>> {
-        Ok(self.step_end_of_input_detailed()?.frame)
+        Ok(self.step_alone(StepInput::EndOfInput, false)?.frame)
     }
 
     /// [`Generator::step_end_of_input`] with details.
     pub fn step_end_of_input_detailed(&mut self) -> Result<StepDetails> {
-        let cfg = self.model.config();
-        let codes = vec![cfg.card as u32; cfg.user_codebooks()];
-        self.run_step(&codes, true)
+        self.step_alone(StepInput::EndOfInput, true)
+    }
+
+    /// One step of `gens` together, session `i` fed `inputs[i]`: the result of each is what
+    /// [`Generator::step`] (or [`Generator::step_end_of_input`]) returns for it alone, bit for
+    /// bit; a session's error (a bad input, non-finite logits, weights other than the first
+    /// session's) is its own and leaves the others stepping. Every session must run over the same
+    /// [`LmWeights`] (`Arc`); `scratch` holds the buffers of the batch.
+    ///
+    /// # Panics
+    /// If `inputs` and `gens` differ in length (caller bug).
+    pub fn step_batch(
+        gens: &mut [&mut Generator],
+        inputs: &[StepInput<'_>],
+        scratch: &mut LmScratch,
+    ) -> Vec<Result<Option<GeneratedFrame>>> {
+        run_steps(gens, inputs, false, scratch)
+            .into_iter()
+            .map(|r| r.map(|d| d.frame))
+            .collect()
+    }
+
+    /// [`Generator::step_batch`] with each session's details.
+    ///
+    /// # Panics
+    /// If `inputs` and `gens` differ in length (caller bug).
+    pub fn step_batch_detailed(
+        gens: &mut [&mut Generator],
+        inputs: &[StepInput<'_>],
+        scratch: &mut LmScratch,
+    ) -> Vec<Result<StepDetails>> {
+        run_steps(gens, inputs, true, scratch)
+    }
+
+    /// A batch of one over this session's own scratch buffers.
+    fn step_alone(&mut self, input: StepInput<'_>, record: bool) -> Result<StepDetails> {
+        let mut scratch = std::mem::take(&mut self.model.scratch);
+        let result = run_steps(&mut [&mut *self], &[input], record, &mut scratch).pop();
+        self.model.scratch = scratch;
+        result.expect("one session in, one result out")
     }
 
     fn check_user_codes(&self, user_codes: &[u32]) -> Result<()> {
@@ -287,61 +338,25 @@ impl Generator {
         Ok(())
     }
 
-    /// The temporal step of both rows (with guidance): leaves the text logits to sample in
-    /// the guidance buffer, else in the model.
-    fn temporal_step(&mut self) -> Result<()> {
-        let s = self.step;
-        tracing::trace_span!("lm_temporal", step = s)
-            .in_scope(|| self.model.forward_text(&self.input))?;
-        if let Some(g) = &mut self.guidance {
-            g.text_logits.copy_from_slice(self.model.text_logits());
-            self.model.swap_row(&mut g.null_row);
-            let null = tracing::trace_span!("lm_temporal_null", step = s)
-                .in_scope(|| self.model.forward_text(&self.input));
-            Guidance::mix(g.cfg_coef, &mut g.text_logits, self.model.text_logits());
-            self.model.swap_row(&mut g.null_row);
-            null?;
+    /// Checks `input` and the settings, stores the user frame and builds this step's `1 + n_q`
+    /// model inputs (stream i with delay d takes its initial token while s <= d; generated
+    /// streams then read the token sampled at s - 1, user streams the frame fed at s - d).
+    fn prepare_step(&mut self, weights: &Arc<LmWeights>, input: StepInput<'_>) -> Result<()> {
+        if !Arc::ptr_eq(self.model.weights(), weights) {
+            return Err(ModelError::BatchWeightsDiffer);
         }
-        Ok(())
-    }
-
-    /// Depformer sub-step `k` of both rows (with guidance): leaves the logits to sample in the
-    /// guidance buffer, else in the model.
-    fn depformer_substep(&mut self, k: usize, prev: u32) -> Result<()> {
-        let cond = tracing::trace_span!("lm_depformer", k)
-            .in_scope(|| self.model.depformer_step(k, prev))?;
-        let Some(g) = &mut self.guidance else {
-            return Ok(());
-        };
-        g.audio_logits.copy_from_slice(cond);
-        self.model.swap_row(&mut g.null_row);
-        let null = tracing::trace_span!("lm_depformer_null", k)
-            .in_scope(|| self.model.depformer_step(k, prev))
-            .map(|null| Guidance::mix(g.cfg_coef, &mut g.audio_logits, null));
-        self.model.swap_row(&mut g.null_row);
-        null
-    }
-
-    fn depformer_reset(&mut self) {
-        self.model.depformer_reset();
-        if let Some(g) = &mut self.guidance {
-            self.model.swap_row(&mut g.null_row);
-            self.model.depformer_reset();
-            self.model.swap_row(&mut g.null_row);
+        if let StepInput::UserCodes(codes) = input {
+            self.check_user_codes(codes)?;
         }
-    }
-
-    /// One step on `user_codes` (already checked; `card` allowed for the end of the input).
-    fn run_step(&mut self, user_codes: &[u32], record: bool) -> Result<StepDetails> {
         // Public fields: checked where they are used (two comparisons per step).
         self.sampling.validate()?;
         let cfg = self.model.config();
         let (dep_q, card, s) = (cfg.dep_q, cfg.card, self.step);
         let ring = self.sampled.len();
-        self.user[s % ring].copy_from_slice(user_codes);
-
-        // Inputs: stream i with delay d takes its initial token while s <= d; generated streams
-        // then read the token sampled at s - 1, user streams the frame fed at s - d.
+        match input {
+            StepInput::UserCodes(codes) => self.user[s % ring].copy_from_slice(codes),
+            StepInput::EndOfInput => self.user[s % ring].fill(card as u32),
+        }
         let delays = &cfg.delays;
         for (i, inp) in self.input.iter_mut().enumerate() {
             let d = delays[i];
@@ -357,89 +372,239 @@ impl Generator {
                 self.user[(s - d) % ring][i - dep_q - 1]
             };
         }
+        weights.check_step_tokens(&self.input)
+    }
 
-        let t0 = Instant::now();
-        self.temporal_step()?;
-        let t1 = Instant::now();
-        let text_logits = match &self.guidance {
-            Some(g) => &g.text_logits,
-            None => self.model.text_logits(),
-        };
-        check_finite(text_logits, s, "text")?;
-        let recorded_text_logits = if record {
-            text_logits.to_vec()
-        } else {
-            Vec::new()
-        };
-        let sc = &self.sampling;
-        let text = sample_token(
-            text_logits,
-            sc.greedy,
-            sc.temp_text,
-            sc.top_k_text,
-            &mut self.rng,
-            &mut self.scratch,
-        );
-        let mut sampling_s = t1.elapsed().as_secs_f64();
-        let mut depformer_s = 0.0;
-        let mut audio_logits = Vec::new();
-        let mut frame = vec![0u32; dep_q + 1];
-        frame[0] = text;
-        self.depformer_reset();
-        let mut prev = text;
-        for k in 0..dep_q {
-            let ta = Instant::now();
-            self.depformer_substep(k, prev)?;
-            let tb = Instant::now();
-            depformer_s += (tb - ta).as_secs_f64();
-            let logits = match &self.guidance {
-                Some(g) => &g.audio_logits,
-                None => self.model.depformer_logits(),
-            };
-            check_finite(logits, s, "audio")?;
-            if record {
-                audio_logits.push(logits.to_vec());
+    /// The logits to sample after the temporal step (mixed with guidance) into the guidance
+    /// buffer, or this row's own.
+    fn text_logits(&mut self) -> &[f32] {
+        match &mut self.guidance {
+            Some(g) => {
+                g.text_logits
+                    .copy_from_slice(self.model.row().text_logits());
+                Guidance::mix(g.cfg_coef, &mut g.text_logits, g.null_row.text_logits());
+                &g.text_logits
             }
-            let sc = &self.sampling;
-            prev = sample_token(
-                logits,
-                sc.greedy,
-                sc.temp_audio,
-                sc.top_k_audio,
-                &mut self.rng,
-                &mut self.scratch,
-            );
-            frame[k + 1] = prev;
-            sampling_s += tb.elapsed().as_secs_f64();
+            None => self.model.row().text_logits(),
         }
-        self.sampled[s % ring].copy_from_slice(&frame);
+    }
 
+    /// The logits to sample after a depformer sub-step (mixed with guidance).
+    fn audio_logits(&mut self) -> &[f32] {
+        match &mut self.guidance {
+            Some(g) => {
+                g.audio_logits
+                    .copy_from_slice(self.model.row().depformer_logits());
+                Guidance::mix(
+                    g.cfg_coef,
+                    &mut g.audio_logits,
+                    g.null_row.depformer_logits(),
+                );
+                &g.audio_logits
+            }
+            None => self.model.row().depformer_logits(),
+        }
+    }
+
+    /// This session's rows (its own, and the negative one with guidance).
+    fn rows_mut(&mut self) -> impl Iterator<Item = &mut LmRowState> {
+        std::iter::once(self.model.row_mut()).chain(self.guidance.as_mut().map(|g| &mut g.null_row))
+    }
+}
+
+/// What one session of a batched step has sampled so far.
+struct SessionStep {
+    /// `[text, audio_0 .. audio_{dep_q-1}]`.
+    frame: Vec<u32>,
+    text_logits: Vec<f32>,
+    audio_logits: Vec<Vec<f32>>,
+    sampling_s: f64,
+    error: Option<ModelError>,
+}
+
+/// One step of `gens` (see [`Generator::step_batch`]).
+fn run_steps(
+    gens: &mut [&mut Generator],
+    inputs: &[StepInput<'_>],
+    record: bool,
+    scratch: &mut LmScratch,
+) -> Vec<Result<StepDetails>> {
+    assert_eq!(gens.len(), inputs.len(), "one input per session");
+    let Some(weights) = gens.first().map(|g| g.model.weights().clone()) else {
+        return Vec::new();
+    };
+    let dep_q = weights.config().dep_q;
+    let mut steps: Vec<SessionStep> = gens
+        .iter_mut()
+        .zip(inputs)
+        .map(|(g, &input)| SessionStep {
+            frame: vec![0; dep_q + 1],
+            text_logits: Vec::new(),
+            audio_logits: Vec::new(),
+            sampling_s: 0.0,
+            error: g.prepare_step(&weights, input).err(),
+        })
+        .collect();
+
+    // The temporal step of every row (inputs checked above).
+    let t0 = Instant::now();
+    {
+        let mut rows = Vec::with_capacity(2 * gens.len());
+        let mut tokens = Vec::with_capacity(2 * gens.len() * (weights.config().n_q + 1));
+        for (g, st) in gens.iter_mut().zip(&steps) {
+            if st.error.is_none() {
+                for _ in 0..1 + usize::from(g.guidance.is_some()) {
+                    tokens.extend_from_slice(&g.input);
+                }
+                rows.extend(g.rows_mut());
+            }
+        }
+        let _span = tracing::trace_span!("lm_temporal", rows = rows.len()).entered();
+        weights.step_temporal_rows(&mut rows, &tokens, scratch);
+    }
+    let temporal_s = t0.elapsed().as_secs_f64();
+    for (g, st) in gens.iter_mut().zip(steps.iter_mut()) {
+        if st.error.is_some() {
+            continue;
+        }
+        let ts = Instant::now();
+        let s = g.step;
+        let logits = g.text_logits();
+        if let Err(e) = check_finite(logits, s, "text") {
+            st.error = Some(e);
+            continue;
+        }
+        if record {
+            st.text_logits = logits.to_vec();
+        }
+        let sc = &g.sampling;
+        let (greedy, temp, top_k) = (sc.greedy, sc.temp_text, sc.top_k_text);
+        // The logits live in `g`: sample from a copy-free borrow of the right buffer.
+        let text = sample_from(g, greedy, temp, top_k, Logits::Text);
+        st.frame[0] = text;
+        st.sampling_s += ts.elapsed().as_secs_f64();
+    }
+
+    // The depformer, one pass of every row per sub-step.
+    let mut depformer_s = 0.0;
+    for (g, st) in gens.iter_mut().zip(&steps) {
+        if st.error.is_none() {
+            g.rows_mut().for_each(LmRowState::depformer_reset);
+        }
+    }
+    for k in 0..dep_q {
+        let ta = Instant::now();
+        {
+            let mut rows = Vec::with_capacity(2 * gens.len());
+            let mut prev = Vec::with_capacity(2 * gens.len());
+            for (g, st) in gens.iter_mut().zip(&steps) {
+                if st.error.is_none() {
+                    for row in g.rows_mut() {
+                        rows.push(row);
+                        prev.push(st.frame[k]);
+                    }
+                }
+            }
+            let _span = tracing::trace_span!("lm_depformer", k, rows = rows.len()).entered();
+            weights.step_depformer_rows(k, &mut rows, &prev, scratch);
+        }
+        depformer_s += ta.elapsed().as_secs_f64();
+        for (g, st) in gens.iter_mut().zip(steps.iter_mut()) {
+            if st.error.is_some() {
+                continue;
+            }
+            let tb = Instant::now();
+            let s = g.step;
+            let logits = g.audio_logits();
+            if let Err(e) = check_finite(logits, s, "audio") {
+                st.error = Some(e);
+                continue;
+            }
+            if record {
+                st.audio_logits.push(logits.to_vec());
+            }
+            let sc = &g.sampling;
+            let (greedy, temp, top_k) = (sc.greedy, sc.temp_audio, sc.top_k_audio);
+            st.frame[k + 1] = sample_from(g, greedy, temp, top_k, Logits::Audio);
+            st.sampling_s += tb.elapsed().as_secs_f64();
+        }
+    }
+
+    gens.iter_mut()
+        .zip(steps)
+        .map(|(g, st)| match st.error {
+            Some(e) => Err(e),
+            None => Ok(g.finish_step(st, temporal_s, depformer_s, record)),
+        })
+        .collect()
+}
+
+/// Which logits [`sample_from`] samples.
+enum Logits {
+    Text,
+    Audio,
+}
+
+/// Samples one token from `g`'s (already mixed) text or audio logits with `g`'s RNG.
+fn sample_from(
+    g: &mut Generator,
+    greedy: bool,
+    temperature: f32,
+    top_k: usize,
+    which: Logits,
+) -> u32 {
+    let logits = match (&g.guidance, which) {
+        (Some(gd), Logits::Text) => &gd.text_logits,
+        (Some(gd), Logits::Audio) => &gd.audio_logits,
+        (None, Logits::Text) => g.model.row().text_logits(),
+        (None, Logits::Audio) => g.model.row().depformer_logits(),
+    };
+    sample_token(
+        logits,
+        greedy,
+        temperature,
+        top_k,
+        &mut g.rng,
+        &mut g.scratch,
+    )
+}
+
+impl Generator {
+    /// Stores the sampled frame, advances the step and returns what the step returns.
+    fn finish_step(
+        &mut self,
+        st: SessionStep,
+        temporal_s: f64,
+        depformer_s: f64,
+        record: bool,
+    ) -> StepDetails {
         let cfg = self.model.config();
-        let max_delay = cfg.max_delay();
+        let (s, ring, max_delay) = (self.step, self.sampled.len(), cfg.max_delay());
+        self.sampled[s % ring].copy_from_slice(&st.frame);
         let out = (s + 1 > max_delay).then(|| {
             let at = |k: usize| self.sampled[(s + cfg.delays[k] - max_delay) % ring][k];
             GeneratedFrame {
                 text: at(0),
-                audio: (1..=dep_q).map(at).collect(),
+                audio: (1..=cfg.dep_q).map(at).collect(),
             }
         });
         self.step += 1;
         self.last_timings = StepTimings {
-            temporal_ms: (t1 - t0).as_secs_f64() * 1e3,
+            temporal_ms: temporal_s * 1e3,
             depformer_ms: depformer_s * 1e3,
-            sampling_ms: sampling_s * 1e3,
+            sampling_ms: st.sampling_s * 1e3,
         };
-        Ok(StepDetails {
+        StepDetails {
             step: s,
             model_input: if record {
                 self.input.clone()
             } else {
                 Vec::new()
             },
-            text_token: text,
-            audio_tokens: frame[1..].to_vec(),
-            text_logits: recorded_text_logits,
-            audio_logits,
+            text_token: st.frame[0],
+            audio_tokens: st.frame[1..].to_vec(),
+            text_logits: st.text_logits,
+            audio_logits: st.audio_logits,
             transformer_out: if record {
                 self.model.transformer_out().to_vec()
             } else {
@@ -447,7 +612,7 @@ impl Generator {
             },
             frame: out,
             timings: self.last_timings,
-        })
+        }
     }
 }
 

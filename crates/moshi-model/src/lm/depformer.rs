@@ -2,6 +2,9 @@
 //! position each, over a cache that is fresh every frame. Sub-step k has its own input
 //! projection, token embedding, layer weights and output head; norms are shared in the
 //! checkpoint (copied per sub-step by the loader).
+//!
+//! The weights ([`Depformer`]) are apart from the per-frame state of a row ([`DepformerState`]);
+//! a sub-step runs `m` rows together ([`Depformer::step_rows`]), each row the bits it gets alone.
 
 use super::embedding::Embedding;
 use super::transformer::{LayerScratch, TransformerLayer};
@@ -30,71 +33,79 @@ impl DepformerSlice {
     }
 }
 
-/// Per-frame state of the depformer for one batch row (caches, buffers, last logits).
+/// Per-frame state of the depformer for one row (caches, last logits).
 #[derive(Clone, Debug)]
 pub struct DepformerState {
     caches: Vec<KvCache>,
-    rotation: RopeRotation,
-    scratch: LayerScratch,
-    x: Vec<f32>,
-    row: Vec<f32>,
     logits: Vec<f32>,
     /// Sub-steps run since the last reset.
     substeps_done: usize,
 }
 
-/// Weights and per-frame state of the depformer.
+impl DepformerState {
+    /// Starts a new frame (empties the caches).
+    pub fn reset(&mut self) {
+        for c in &mut self.caches {
+            c.reset();
+        }
+        self.substeps_done = 0;
+    }
+
+    /// Logits of the last sub-step (`[card]`).
+    pub fn logits(&self) -> &[f32] {
+        &self.logits
+    }
+
+    /// Sub-steps run in this frame (since the last reset).
+    pub fn substeps_done(&self) -> usize {
+        self.substeps_done
+    }
+}
+
+/// Buffers of a sub-step over `m` rows, reused across calls.
+#[derive(Clone, Debug, Default)]
+pub struct DepformerScratch {
+    /// `[m, depformer dim]`.
+    x: Vec<f32>,
+    row: Vec<f32>,
+    rotations: Vec<RopeRotation>,
+    layer: LayerScratch,
+    /// `[m, card]`.
+    logits: Vec<f32>,
+}
+
+/// The weights of the depformer.
 #[derive(Clone, Debug)]
 pub struct Depformer {
     slices: Vec<DepformerSlice>,
     rope: Option<Rope>,
-    state: DepformerState,
 }
 
 impl Depformer {
     pub fn new(slices: Vec<DepformerSlice>, rope: Option<Rope>) -> Self {
-        let steps = slices.len();
-        let (num_layers, dim, width, card) = slices
+        Self { slices, rope }
+    }
+
+    /// A fresh per-frame state for a row.
+    pub fn new_state(&self) -> DepformerState {
+        let (num_layers, width, card) = self
+            .slices
             .first()
             .map(|s| {
                 (
                     s.layers.len(),
-                    s.linear_in.out_dim(),
                     s.layers.first().map_or(0, |l| l.attention().dim()),
                     s.linear_out.out_dim(),
                 )
             })
-            .unwrap_or((0, 0, 0, 0));
-        Self {
-            slices,
-            rope,
-            state: DepformerState {
-                caches: (0..num_layers)
-                    .map(|_| KvCache::new(steps.max(1), width))
-                    .collect(),
-                rotation: RopeRotation::default(),
-                scratch: LayerScratch::default(),
-                x: vec![0.0; dim],
-                row: vec![0.0; dim],
-                logits: vec![0.0; card],
-                substeps_done: 0,
-            },
+            .unwrap_or((0, 0, 0));
+        DepformerState {
+            caches: (0..num_layers)
+                .map(|_| KvCache::new(self.slices.len().max(1), width))
+                .collect(),
+            logits: vec![0.0; card],
+            substeps_done: 0,
         }
-    }
-
-    /// A fresh state for another row over the same weights (empty caches).
-    pub fn new_state(&self) -> DepformerState {
-        let mut state = self.state.clone();
-        for c in &mut state.caches {
-            c.reset();
-        }
-        state.substeps_done = 0;
-        state
-    }
-
-    /// Exchanges the current row's state with `other` (buffers are moved, not copied).
-    pub fn swap_state(&mut self, other: &mut DepformerState) {
-        std::mem::swap(&mut self.state, other);
     }
 
     pub fn num_steps(&self) -> usize {
@@ -118,52 +129,55 @@ impl Depformer {
         self.slices.iter().map(|s| s.emb.weight_bytes()).sum()
     }
 
-    /// Starts a new frame (empties the cache).
-    pub fn reset(&mut self) {
-        for c in &mut self.state.caches {
-            c.reset();
+    /// Sub-step `k` of the current frame for `rows.len()` rows: row `i`'s input is
+    /// `linear_in[k](transformer_outs[i]) + emb[k](prev_tokens[i])`, its logits over the codes of
+    /// codebook k land in its state. Sub-steps must be run in order 0, 1, .. after
+    /// [`DepformerState::reset`]; tokens are range-checked by the caller.
+    ///
+    /// # Panics
+    /// If the slices disagree on the number of rows (caller bug).
+    pub fn step_rows(
+        &self,
+        k: usize,
+        rows: &mut [&mut DepformerState],
+        prev_tokens: &[u32],
+        transformer_outs: &[f32],
+        scratch: &mut DepformerScratch,
+    ) {
+        let m = rows.len();
+        assert_eq!(prev_tokens.len(), m, "depformer step: one token per row");
+        if m == 0 {
+            return;
         }
-        self.state.substeps_done = 0;
-    }
-
-    /// Sub-step `k` of the current frame: input `linear_in[k](transformer_out) + emb[k](prev_token)`,
-    /// returns the logits over the audio codes of codebook k. Sub-steps must be run in order
-    /// 0, 1, .. after [`Depformer::reset`]; `prev_token` is range-checked by the caller.
-    pub fn step(&mut self, k: usize, prev_token: u32, transformer_out: &[f32]) -> &[f32] {
         let slice = &self.slices[k];
-        let st = &mut self.state;
-        slice.linear_in.forward(transformer_out, 1, &mut st.x);
-        slice
-            .emb
-            .add_into(prev_token as usize, &mut st.x, &mut st.row);
-        let rotation = match &self.rope {
+        let st = scratch;
+        let dim = slice.linear_in.out_dim();
+        st.x.resize(m * dim, 0.0);
+        st.row.resize(dim, 0.0);
+        slice.linear_in.forward(transformer_outs, m, &mut st.x);
+        for (x, &t) in st.x.chunks_exact_mut(dim).zip(prev_tokens) {
+            slice.emb.add_into(t as usize, x, &mut st.row);
+        }
+        let rotations = match &self.rope {
             Some(rope) => {
-                rope.rotation_into(k, &mut st.rotation);
-                Some(&st.rotation)
+                st.rotations.resize_with(m, RopeRotation::default);
+                for rot in st.rotations.iter_mut() {
+                    rope.rotation_into(k, rot);
+                }
+                Some(&st.rotations[..m])
             }
             None => None,
         };
-        for (layer, cache) in slice.layers.iter().zip(st.caches.iter_mut()) {
-            layer.step_rows(
-                &mut st.x,
-                1,
-                rotation.map(std::slice::from_ref),
-                &mut [cache],
-                &mut st.scratch,
-            );
+        for (i, layer) in slice.layers.iter().enumerate() {
+            let mut caches: Vec<&mut KvCache> = rows.iter_mut().map(|r| &mut r.caches[i]).collect();
+            layer.step_rows(&mut st.x, m, rotations, &mut caches, &mut st.layer);
         }
-        slice.linear_out.forward(&st.x, 1, &mut st.logits);
-        st.substeps_done += 1;
-        &st.logits
-    }
-
-    /// Logits of the last sub-step (`[card]`).
-    pub fn logits(&self) -> &[f32] {
-        &self.state.logits
-    }
-
-    /// Sub-steps run in this frame (since the last reset).
-    pub fn substeps_done(&self) -> usize {
-        self.state.substeps_done
+        let card = slice.linear_out.out_dim();
+        st.logits.resize(m * card, 0.0);
+        slice.linear_out.forward(&st.x, m, &mut st.logits);
+        for (row, logits) in rows.iter_mut().zip(st.logits.chunks_exact(card)) {
+            row.logits.copy_from_slice(logits);
+            row.substeps_done += 1;
+        }
     }
 }

@@ -1,25 +1,26 @@
 //! The temporal (Helium) transformer: embeds the 1 + n_q tokens of a step, runs the layers over
 //! a sliding window of `context` positions, applies `out_norm` and the text head.
+//!
+//! The weights ([`TemporalTransformer`]) are apart from the streaming state of a row
+//! ([`TemporalState`]: KV caches, position, condition, last outputs): one step runs `m` rows
+//! together ([`TemporalTransformer::step_rows`]), every linear layer one `m`-row product (the
+//! weights read once), each row attending over its own caches at its own position. A row's
+//! results have the bits it gets alone.
 
 use super::embedding::Embedding;
 use super::transformer::{LayerScratch, RmsNorm, TransformerLayer};
 use crate::nn::{KvCache, KvPrecision, Linear, Rope, RopeRotation};
 
-/// Streaming state of the temporal transformer for one batch row: KV caches, position, buffers,
-/// the outputs of the last step and the row's condition (classifier-free guidance runs two rows
-/// over the same weights; see [`TemporalTransformer::swap_state`]).
+/// Streaming state of the temporal transformer for one row (a session, or a guidance row): KV
+/// caches, position, the row's condition and the outputs of its last step.
 #[derive(Clone, Debug)]
 pub struct TemporalState {
     caches: Vec<KvCache>,
-    rotation: RopeRotation,
-    scratch: LayerScratch,
-    residual: Vec<f32>,
-    row: Vec<f32>,
-    transformer_out: Vec<f32>,
-    text_logits: Vec<f32>,
     position: usize,
     /// Added to the input embedding at every step (the fused conditioners' sum, `[dim]`).
     condition: Option<Vec<f32>>,
+    transformer_out: Vec<f32>,
+    text_logits: Vec<f32>,
 }
 
 impl TemporalState {
@@ -32,12 +33,92 @@ impl TemporalState {
     pub fn set_condition(&mut self, condition: Option<Vec<f32>>) {
         debug_assert!(condition
             .as_ref()
-            .is_none_or(|c| c.len() == self.residual.len()));
+            .is_none_or(|c| c.len() == self.transformer_out.len()));
         self.condition = condition;
+    }
+
+    /// Positions processed since the last reset.
+    pub fn position(&self) -> usize {
+        self.position
+    }
+
+    pub fn caches(&self) -> &[KvCache] {
+        &self.caches
+    }
+
+    /// Output of the last step after `out_norm` (`[dim]`).
+    pub fn transformer_out(&self) -> &[f32] {
+        &self.transformer_out
+    }
+
+    /// Text logits of the last step (`[text_card]`).
+    pub fn text_logits(&self) -> &[f32] {
+        &self.text_logits
+    }
+
+    /// Forgets every position (keeps the condition and the caches' allocations).
+    pub fn reset(&mut self) {
+        for c in &mut self.caches {
+            c.reset();
+        }
+        self.position = 0;
+    }
+
+    /// Element type of the KV caches (f32 unless set).
+    pub fn kv_precision(&self) -> KvPrecision {
+        self.caches
+            .first()
+            .map_or(KvPrecision::F32, KvCache::precision)
+    }
+
+    /// Stores keys and values as `precision` from now on. Changing it empties the caches and
+    /// restarts the positions (a new conversation); setting the current one changes nothing.
+    pub fn set_kv_precision(&mut self, precision: KvPrecision) {
+        if precision == self.kv_precision() {
+            return;
+        }
+        for c in &mut self.caches {
+            *c = KvCache::with_precision(c.capacity(), c.width(), precision);
+        }
+        self.position = 0;
+    }
+
+    /// Pushes `positions` random keys and values (uniform in [-0.5, 0.5), from `seed`) into every
+    /// layer's cache and advances the position as if that many steps had run. For benchmarks:
+    /// attention over a filled window without computing the steps that would fill it. The caches
+    /// keep at most `context` positions, as always. No input leads to this state.
+    pub fn fill_caches_with_noise(&mut self, positions: usize, seed: u64) {
+        for (i, cache) in self.caches.iter_mut().enumerate() {
+            let mut rng =
+                crate::rng::Rng::new(seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            let width = cache.width();
+            let (mut key, mut value) = (vec![0f32; width], vec![0f32; width]);
+            for _ in 0..positions.min(cache.capacity()) {
+                key.iter_mut().for_each(|v| *v = rng.next_f32() - 0.5);
+                value.iter_mut().for_each(|v| *v = rng.next_f32() - 0.5);
+                cache.push(&key, &value);
+            }
+        }
+        self.position += positions;
     }
 }
 
-/// Weights and streaming state of the temporal transformer.
+/// Buffers of a step over `m` rows, reused across steps (one per caller that steps rows).
+#[derive(Clone, Debug, Default)]
+pub struct TemporalScratch {
+    /// `[m, dim]` residual streams.
+    residual: Vec<f32>,
+    /// One embedding row.
+    row: Vec<f32>,
+    rotations: Vec<RopeRotation>,
+    layer: LayerScratch,
+    /// `[m, dim]` after `out_norm`.
+    normed: Vec<f32>,
+    /// `[m, text_card]`.
+    logits: Vec<f32>,
+}
+
+/// The weights of the temporal transformer.
 #[derive(Clone, Debug)]
 pub struct TemporalTransformer {
     text_emb: Embedding,
@@ -46,9 +127,10 @@ pub struct TemporalTransformer {
     out_norm: RmsNorm,
     text_linear: Linear,
     rope: Option<Rope>,
+    /// Attention window in positions, current one included.
+    context: usize,
     /// Text input token read with another token's embedding row (Hibiki: EOS reads as PAD).
     text_alias: Option<(u32, u32)>,
-    state: TemporalState,
 }
 
 impl TemporalTransformer {
@@ -62,12 +144,6 @@ impl TemporalTransformer {
         rope: Option<Rope>,
         context: usize,
     ) -> Self {
-        let dim = text_emb.dim();
-        let caches = layers
-            .iter()
-            .map(|l| KvCache::new(context.max(1), l.attention().dim()))
-            .collect();
-        let text_card = text_linear.out_dim();
         Self {
             text_emb,
             audio_embs,
@@ -75,46 +151,24 @@ impl TemporalTransformer {
             out_norm,
             text_linear,
             rope,
+            context: context.max(1),
             text_alias: None,
-            state: TemporalState {
-                caches,
-                rotation: RopeRotation::default(),
-                scratch: LayerScratch::default(),
-                residual: vec![0.0; dim],
-                row: vec![0.0; dim],
-                transformer_out: vec![0.0; dim],
-                text_logits: vec![0.0; text_card],
-                position: 0,
-                condition: None,
-            },
         }
     }
 
-    /// A fresh state for another row over the same weights: empty caches of the same window and
-    /// precision, position 0, no condition.
-    pub fn new_state(&self) -> TemporalState {
-        let mut state = self.state.clone();
-        for c in &mut state.caches {
-            *c = KvCache::with_precision(c.capacity(), c.width(), c.precision());
+    /// A fresh row: empty caches of `precision`, position 0, no condition.
+    pub fn new_state(&self, precision: KvPrecision) -> TemporalState {
+        TemporalState {
+            caches: self
+                .layers
+                .iter()
+                .map(|l| KvCache::with_precision(self.context, l.attention().dim(), precision))
+                .collect(),
+            position: 0,
+            condition: None,
+            transformer_out: vec![0.0; self.dim()],
+            text_logits: vec![0.0; self.text_linear.out_dim()],
         }
-        state.position = 0;
-        state.condition = None;
-        state
-    }
-
-    /// Exchanges the current row's state with `other` (cheap: buffers are moved, not copied).
-    pub fn swap_state(&mut self, other: &mut TemporalState) {
-        std::mem::swap(&mut self.state, other);
-    }
-
-    /// Sets the condition added to the input embedding at every step (`[dim]`), or none.
-    pub fn set_condition(&mut self, condition: Option<Vec<f32>>) {
-        self.state.set_condition(condition);
-    }
-
-    /// The current row's condition.
-    pub fn condition(&self) -> Option<&[f32]> {
-        self.state.condition()
     }
 
     /// Reads text input token `from` with the embedding row of `to` (Kyutai's loader does this
@@ -124,7 +178,7 @@ impl TemporalTransformer {
     }
 
     pub fn dim(&self) -> usize {
-        self.state.residual.len()
+        self.text_emb.dim()
     }
 
     pub fn num_layers(&self) -> usize {
@@ -133,23 +187,6 @@ impl TemporalTransformer {
 
     pub fn layers(&self) -> &[TransformerLayer] {
         &self.layers
-    }
-
-    /// Positions processed since the last reset.
-    pub fn position(&self) -> usize {
-        self.state.position
-    }
-
-    pub fn caches(&self) -> &[KvCache] {
-        &self.state.caches
-    }
-
-    pub fn transformer_out(&self) -> &[f32] {
-        &self.state.transformer_out
-    }
-
-    pub fn text_logits(&self) -> &[f32] {
-        &self.state.text_logits
     }
 
     /// Bytes of the embedding tables.
@@ -167,95 +204,80 @@ impl TemporalTransformer {
         self.text_linear.weight_bytes() + self.out_norm.dim() * 4
     }
 
-    /// One step: `tokens` = `[text, audio_0 .. audio_{n_q-1}]`, already range-checked.
-    pub fn step(&mut self, tokens: &[u32]) {
-        let st = &mut self.state;
-        // Sum order of the reference: audio embeddings first, then the text embedding, then the
-        // condition (`LMModel.forward_text`).
-        let x = &mut st.residual;
-        x.fill(0.0);
-        for (emb, &t) in self.audio_embs.iter().zip(&tokens[1..]) {
-            emb.add_into(t as usize, x, &mut st.row);
+    /// One step of `rows.len()` rows: row `i` takes the tokens `tokens[i * (1 + n_q)..]`
+    /// (`[text, audio_0 .. audio_{n_q-1}]`, already range-checked), at its own position, over
+    /// its own caches; its outputs land in its state.
+    ///
+    /// # Panics
+    /// If `tokens` does not hold `1 + n_q` tokens per row (caller bug).
+    pub fn step_rows(
+        &self,
+        rows: &mut [&mut TemporalState],
+        tokens: &[u32],
+        scratch: &mut TemporalScratch,
+    ) {
+        let m = rows.len();
+        let (dim, per_row) = (self.dim(), 1 + self.audio_embs.len());
+        assert_eq!(tokens.len(), m * per_row, "temporal step: tokens per row");
+        if m == 0 {
+            return;
         }
-        let text = match self.text_alias {
-            Some((from, to)) if tokens[0] == from => to,
-            _ => tokens[0],
-        };
-        self.text_emb.add_into(text as usize, x, &mut st.row);
-        if let Some(c) = &st.condition {
-            for (a, v) in x.iter_mut().zip(c) {
-                *a += v;
+        let st = scratch;
+        st.residual.resize(m * dim, 0.0);
+        st.row.resize(dim, 0.0);
+        for ((x, row_tokens), row) in st
+            .residual
+            .chunks_exact_mut(dim)
+            .zip(tokens.chunks_exact(per_row))
+            .zip(rows.iter())
+        {
+            // Sum order of the reference: audio embeddings first, then the text embedding, then
+            // the condition (`LMModel.forward_text`).
+            x.fill(0.0);
+            for (emb, &t) in self.audio_embs.iter().zip(&row_tokens[1..]) {
+                emb.add_into(t as usize, x, &mut st.row);
+            }
+            let text = match self.text_alias {
+                Some((from, to)) if row_tokens[0] == from => to,
+                _ => row_tokens[0],
+            };
+            self.text_emb.add_into(text as usize, x, &mut st.row);
+            if let Some(c) = &row.condition {
+                for (a, v) in x.iter_mut().zip(c) {
+                    *a += v;
+                }
             }
         }
-
-        let rotation = match &self.rope {
+        let rotations = match &self.rope {
             Some(rope) => {
-                rope.rotation_into(st.position, &mut st.rotation);
-                Some(&st.rotation)
+                st.rotations.resize_with(m, RopeRotation::default);
+                for (rot, row) in st.rotations.iter_mut().zip(rows.iter()) {
+                    rope.rotation_into(row.position, rot);
+                }
+                Some(&st.rotations[..m])
             }
             None => None,
         };
-        for (i, (layer, cache)) in self.layers.iter().zip(st.caches.iter_mut()).enumerate() {
+        for (i, layer) in self.layers.iter().enumerate() {
             // `moshi-rs bench` times this span to extrapolate `--layers N` runs to full depth.
             let _span = tracing::trace_span!("lm_temporal_layer", layer = i).entered();
-            layer.step_rows(
-                x,
-                1,
-                rotation.map(std::slice::from_ref),
-                &mut [cache],
-                &mut st.scratch,
-            );
+            let mut caches: Vec<&mut KvCache> = rows.iter_mut().map(|r| &mut r.caches[i]).collect();
+            layer.step_rows(&mut st.residual, m, rotations, &mut caches, &mut st.layer);
         }
         let _span = tracing::trace_span!("lm_text_head").entered();
-        self.out_norm.forward(x, &mut st.transformer_out);
-        self.text_linear
-            .forward(&st.transformer_out, 1, &mut st.text_logits);
-        st.position += 1;
-    }
-
-    pub fn reset(&mut self) {
-        for c in &mut self.state.caches {
-            c.reset();
+        let card = self.text_linear.out_dim();
+        st.normed.resize(m * dim, 0.0);
+        st.logits.resize(m * card, 0.0);
+        self.out_norm.forward(&st.residual, &mut st.normed);
+        self.text_linear.forward(&st.normed, m, &mut st.logits);
+        for ((row, out), logits) in rows
+            .iter_mut()
+            .zip(st.normed.chunks_exact(dim))
+            .zip(st.logits.chunks_exact(card))
+        {
+            row.transformer_out.copy_from_slice(out);
+            row.text_logits.copy_from_slice(logits);
+            row.position += 1;
         }
-        self.state.position = 0;
-    }
-
-    /// Element type of the KV caches (f32 unless set).
-    pub fn kv_precision(&self) -> KvPrecision {
-        self.state
-            .caches
-            .first()
-            .map_or(KvPrecision::F32, KvCache::precision)
-    }
-
-    /// Stores keys and values as `precision` from now on. Changing it empties the caches and
-    /// restarts the positions (a new conversation); setting the current one changes nothing.
-    pub fn set_kv_precision(&mut self, precision: KvPrecision) {
-        if precision == self.kv_precision() {
-            return;
-        }
-        for c in &mut self.state.caches {
-            *c = KvCache::with_precision(c.capacity(), c.width(), precision);
-        }
-        self.state.position = 0;
-    }
-
-    /// Pushes `positions` random keys and values (uniform in [-0.5, 0.5), from `seed`) into every
-    /// layer's cache and advances the position as if that many steps had run. For benchmarks:
-    /// attention over a filled window without computing the steps that would fill it. The caches
-    /// keep at most `context` positions, as always. No input leads to this state.
-    pub fn fill_caches_with_noise(&mut self, positions: usize, seed: u64) {
-        for (i, cache) in self.state.caches.iter_mut().enumerate() {
-            let mut rng =
-                crate::rng::Rng::new(seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-            let width = self.layers[i].attention().dim();
-            let (mut key, mut value) = (vec![0f32; width], vec![0f32; width]);
-            for _ in 0..positions.min(cache.capacity()) {
-                key.iter_mut().for_each(|v| *v = rng.next_f32() - 0.5);
-                value.iter_mut().for_each(|v| *v = rng.next_f32() - 0.5);
-                cache.push(&key, &value);
-            }
-        }
-        self.state.position += positions;
     }
 }

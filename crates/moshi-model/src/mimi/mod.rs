@@ -14,6 +14,7 @@ mod weights;
 pub use crate::nn::linear::{weight_bytes_read, FewRowPrecision as MimiWeights};
 
 use std::path::Path;
+use std::sync::Arc;
 
 use moshi_loader::{MimiConfig, WeightMap};
 
@@ -61,10 +62,11 @@ struct DecoderState {
     pcm: Vec<f32>,
 }
 
-/// The Mimi codec with its streaming encoder and decoder states.
+/// The Mimi codec with its streaming encoder and decoder states. The weights are shared: a
+/// clone is another stream (its own states) over the same weights.
 #[derive(Clone, Debug)]
 pub struct Mimi {
-    modules: MimiModules,
+    modules: Arc<MimiModules>,
     encoder_state: EncoderState,
     decoder_state: DecoderState,
     sample_rate: usize,
@@ -130,7 +132,7 @@ impl Mimi {
         let encoder_state = modules.new_encoder_state();
         let decoder_state = modules.new_decoder_state();
         Ok(Mimi {
-            modules,
+            modules: Arc::new(modules),
             encoder_state,
             decoder_state,
             sample_rate: cfg.sample_rate,
@@ -147,8 +149,12 @@ impl Mimi {
     /// bandwidth, so fewer bytes are less time. Activations and accumulation stay f32; the
     /// codebooks (whose streaming scoring is exact in every mode), the depthwise upsampler and
     /// the many-row 24 kHz-side convolutions stay f32. Costs the memory of the reduced copies.
+    /// Weights shared with clones are copied first (set the mode before cloning streams).
     pub fn set_weights(&mut self, mode: MimiWeights) {
-        let m = &mut self.modules;
+        if mode == self.weights {
+            return;
+        }
+        let m = Arc::make_mut(&mut self.modules);
         m.encoder.set_weights(mode);
         m.encoder_transformer.set_weights(mode);
         m.downsample.set_weights(mode);
