@@ -1,19 +1,27 @@
 #!/usr/bin/env bash
 # Installs what moshi-rs needs on Debian/Ubuntu (idempotent).
-# Usage: bash scripts/setup.sh [--audio-e2e] [--serve-e2e]
+# Usage: bash scripts/setup.sh [--audio-e2e] [--serve-e2e] [--aarch64]
 #   --audio-e2e  PulseAudio and tools for the virtual-device tests (chat, Kyutai's Python client)
 #   --serve-e2e  what the `moshi-rs serve` client tests need: Chromium, Node and puppeteer-core
 #                (scripts/serve-clients/node_modules), PortAudio and a Python venv with Kyutai's
 #                client, moshi==0.2.13 from PyPI (target/serve-clients/venv)
+#   --aarch64    what the emulated aarch64 suite (scripts/test-aarch64.sh) needs: Debian's rustc
+#                (rustc-web) with its arm64 standard library (the arm64 architecture is added to
+#                dpkg for it), the aarch64 cross linker and libc, and qemu's user-mode emulator.
+#                Debian's packages, not rustup's: CI reaches Debian's archive but need not reach
+#                rustup's download server. Debian's cargo is not installed (rustup's cargo drives
+#                Debian's rustc through RUSTC), so nothing shadows rustup's toolchain on PATH.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 audio=0
 serve=0
+aarch64=0
 for arg in "$@"; do
   case "$arg" in
     --audio-e2e) audio=1 ;;
     --serve-e2e) serve=1 ;;
-    *) echo "setup.sh: unknown option $arg (expected --audio-e2e, --serve-e2e)" >&2; exit 2 ;;
+    --aarch64) aarch64=1 ;;
+    *) echo "setup.sh: unknown option $arg (expected --audio-e2e, --serve-e2e, --aarch64)" >&2; exit 2 ;;
   esac
 done
 pkgs=(pkg-config libasound2-dev libopus-dev)
@@ -24,13 +32,22 @@ if ((serve)); then
   pkgs+=(chromium libportaudio2 python3-venv)
   command -v npm >/dev/null 2>&1 || pkgs+=(nodejs npm)
 fi
+SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"
+updated=0
+if ((aarch64)); then
+  pkgs+=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user rustc-web libstd-rust-web-dev:arm64)
+  if ! dpkg --print-foreign-architectures | grep -qx arm64; then
+    $SUDO dpkg --add-architecture arm64
+    $SUDO apt-get update -qq
+    updated=1
+  fi
+fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if ((${#missing[@]})); then
-  SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"
-  $SUDO apt-get update -qq
+  ((updated)) || $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 if ! command -v cargo >/dev/null 2>&1; then

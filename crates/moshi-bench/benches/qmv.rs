@@ -4,7 +4,7 @@
 //!
 //! Each case rotates over enough copies of the matrix to exceed 1 GiB, so weights come from
 //! DRAM as they do when a whole model is streamed every step. Threads: `MOSHI_BENCH_THREADS`
-//! (default 2); kernel: `MOSHI_BENCH_KERNEL=avx512vnni|avx512|avx2|portable` (default:
+//! (default 2); kernel: `MOSHI_BENCH_KERNEL=avx512vnni|avx512|avx2|neondot|neon|portable` (default:
 //! detected). Prints a markdown summary table at the end: speeds from wall time (mean, and the
 //! fastest sample as STREAM reports its best pass), each against the read bandwidth measured
 //! right before that case (a shared host's bandwidth drifts between cases), and from process CPU
@@ -193,7 +193,7 @@ fn main() {
     );
     let kernel = match std::env::var("MOSHI_BENCH_KERNEL") {
         Ok(name) => Kernel::from_name(&name)
-            .expect("MOSHI_BENCH_KERNEL: avx512vnni, avx512, avx2 or portable"),
+            .expect("MOSHI_BENCH_KERNEL: avx512vnni, avx512, avx2, neondot, neon or portable"),
         Err(_) => Kernel::detect(),
     };
     assert!(

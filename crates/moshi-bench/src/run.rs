@@ -256,10 +256,10 @@ pub fn run_bench(
         progress(&format!("Mimi weights: {}", options.mimi_weights));
     }
     let kernel = Kernel::detect();
-    let eight_bit = if kernel == Kernel::Avx512Vnni {
-        "; 8-bit products on the f32 avx512 kernel"
-    } else {
-        ""
+    let eight_bit = match kernel {
+        Kernel::Avx512Vnni => "; 8-bit products on the f32 avx512 kernel",
+        Kernel::NeonDot => "; 8-bit products on the f32 neon kernel",
+        _ => "",
     };
     progress(&format!(
         "kernels: {}{eight_bit} (set {KERNEL_ENV} to pick another)",

@@ -10,14 +10,16 @@
 use std::sync::OnceLock;
 
 /// Environment variable naming the kernel [`Kernel::detect`] returns (`portable`, `avx2`,
-/// `avx512`, `avx512vnni`).
+/// `avx512`, `avx512vnni`, `neon`, `neondot`).
 pub const KERNEL_ENV: &str = "MOSHI_KERNEL";
 
 /// The variable's former name (when the crate held only the quantized kernels), still honoured
 /// when [`KERNEL_ENV`] is not set.
 pub const LEGACY_KERNEL_ENV: &str = "MOSHI_QUANT_KERNEL";
 
-/// An instruction-set variant of the kernels.
+/// An instruction-set variant of the kernels. Every variant exists on every target (so names
+/// parse and print anywhere); only the current architecture's can be available, and only its
+/// code is compiled in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kernel {
     /// Plain Rust, any target (the compiler may still auto-vectorize it).
@@ -30,24 +32,35 @@ pub enum Kernel {
     /// 24-bit fixed-point activations (see `quant::vnni`). Everything else (8-bit products, dense
     /// products, activations the fixed point cannot hold) runs the [`Kernel::Avx512`] code.
     Avx512Vnni,
+    /// aarch64 Advanced SIMD (NEON, part of every aarch64 CPU), 4 lanes.
+    Neon,
+    /// [`Kernel::Neon`] plus the dot-product extension (`sdot`; Armv8.4, optional from Armv8.2,
+    /// every Apple M-series core): 4-bit products as integer dot products of the codes with
+    /// 24-bit fixed-point activations (see `quant::dotprod`), like [`Kernel::Avx512Vnni`].
+    /// Everything else runs the [`Kernel::Neon`] code.
+    NeonDot,
 }
 
 impl Kernel {
-    /// All variants, slowest first.
-    pub const ALL: [Kernel; 4] = [
+    /// All variants; within each architecture, slowest first.
+    pub const ALL: [Kernel; 6] = [
         Kernel::Portable,
         Kernel::Avx2,
         Kernel::Avx512,
         Kernel::Avx512Vnni,
+        Kernel::Neon,
+        Kernel::NeonDot,
     ];
 
-    /// Short name (`"portable"`, `"avx2"`, `"avx512"`, `"avx512vnni"`).
+    /// Short name (`"portable"`, `"avx2"`, `"avx512"`, `"avx512vnni"`, `"neon"`, `"neondot"`).
     pub fn name(self) -> &'static str {
         match self {
             Kernel::Portable => "portable",
             Kernel::Avx2 => "avx2",
             Kernel::Avx512 => "avx512",
             Kernel::Avx512Vnni => "avx512vnni",
+            Kernel::Neon => "neon",
+            Kernel::NeonDot => "neondot",
         }
     }
 
@@ -70,6 +83,14 @@ impl Kernel {
             }
             #[cfg(not(target_arch = "x86_64"))]
             Kernel::Avx2 | Kernel::Avx512 | Kernel::Avx512Vnni => false,
+            #[cfg(target_arch = "aarch64")]
+            Kernel::Neon => std::arch::is_aarch64_feature_detected!("neon"),
+            #[cfg(target_arch = "aarch64")]
+            Kernel::NeonDot => {
+                Kernel::Neon.is_available() && std::arch::is_aarch64_feature_detected!("dotprod")
+            }
+            #[cfg(not(target_arch = "aarch64"))]
+            Kernel::Neon | Kernel::NeonDot => false,
         }
     }
 
@@ -164,12 +185,33 @@ mod tests {
     }
 
     #[test]
-    fn every_variant_implies_the_ones_before_it() {
+    fn every_variant_implies_the_ones_before_it_on_its_architecture() {
+        // 0: any target; 1: x86-64; 2: aarch64.
+        let architecture = |k: Kernel| match k {
+            Kernel::Portable => 0,
+            Kernel::Avx2 | Kernel::Avx512 | Kernel::Avx512Vnni => 1,
+            Kernel::Neon | Kernel::NeonDot => 2,
+        };
         let available = Kernel::available();
-        for (i, k) in Kernel::ALL.iter().enumerate() {
-            if available.contains(k) {
-                assert!(Kernel::ALL[..i].iter().all(|k| k.is_available()), "{k:?}");
+        for (i, &k) in Kernel::ALL.iter().enumerate() {
+            if available.contains(&k) {
+                assert!(
+                    Kernel::ALL[..i]
+                        .iter()
+                        .filter(|e| [0, architecture(k)].contains(&architecture(**e)))
+                        .all(|e| e.is_available()),
+                    "{k:?}"
+                );
             }
         }
+        #[cfg(target_arch = "aarch64")]
+        assert!(
+            Kernel::Neon.is_available(),
+            "NEON is part of every aarch64 CPU"
+        );
+        #[cfg(target_arch = "x86_64")]
+        assert!(!Kernel::Neon.is_available() && !Kernel::NeonDot.is_available());
+        #[cfg(target_arch = "aarch64")]
+        assert!(Kernel::available().iter().all(|k| architecture(*k) != 1));
     }
 }

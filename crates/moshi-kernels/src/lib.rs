@@ -1,7 +1,7 @@
 //! moshi-kernels: every compute kernel of moshi-rs, dense and quantized, with one CPU dispatch.
 //!
-//! * [`Kernel`]: the instruction-set variants (portable, AVX2+FMA, AVX-512, AVX-512 VNNI), which
-//!   of them this CPU runs, and the one choice every product follows ([`Kernel::detect`], decided
+//! * [`Kernel`]: the instruction-set variants (portable; AVX2+FMA, AVX-512, AVX-512 VNNI on
+//!   x86-64; NEON, NEON with the dot product on aarch64), which of them this CPU runs, and the one choice every product follows ([`Kernel::detect`], decided
 //!   once; [`KERNEL_ENV`] overrides, [`LEGACY_KERNEL_ENV`] is still honoured).
 //! * [`dense`]: f32/bf16 matrix-vector products in one fixed summation order (every instruction
 //!   set gives the same bits), attention's value accumulation, Mimi's few- and many-row products,
@@ -16,10 +16,11 @@
 //!   Products `y = x · dequant(W)ᵀ` keep the weights packed: [`QuantizedMatrix::matvec`] /
 //!   [`QuantizedMatrix::matmul`] run the detected kernel, threaded over output rows on the
 //!   persistent spinning [`team`] (capped by the current rayon pool's thread count).
-//!   Accumulation is f32; the f32 kernels take the activations as they are, the VNNI kernel as
-//!   24-bit fixed point per quantization group (within 2^-23 of each group's largest value, the
-//!   size of one f32 rounding of it). [`QuantizedMatrix::matmul_reference`] is the scalar
-//!   reference. [`gemm_nt_q8`] is Mimi's few-row 8-bit product on a block of such a matrix.
+//!   Accumulation is f32; the f32 kernels take the activations as they are, the VNNI and NEON
+//!   dot-product kernels as 24-bit fixed point per quantization group (within 2^-23 of each
+//!   group's largest value, the size of one f32 rounding of it).
+//!   [`QuantizedMatrix::matmul_reference`] is the scalar reference. [`gemm_nt_q8`] is Mimi's
+//!   few-row 8-bit product on a block of such a matrix.
 //! * [`team`]: the persistent thread team all threaded kernels run on.
 
 mod cpu;

@@ -116,10 +116,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .num_threads(options.threads)
         .build()?;
     let kernel = Kernel::detect();
-    let eight_bit = if kernel == Kernel::Avx512Vnni {
-        " (8-bit products on the f32 avx512 kernel)"
-    } else {
-        ""
+    let eight_bit = match kernel {
+        Kernel::Avx512Vnni => " (8-bit products on the f32 avx512 kernel)",
+        Kernel::NeonDot => " (8-bit products on the f32 neon kernel)",
+        _ => "",
     };
     // Both run inside `pool`: candle's quantized matmul is a rayon parallel iterator, and
     // moshi-kernels's team takes at most the current pool's thread count.

@@ -203,7 +203,7 @@ fn rows_per_pass(kernel: Kernel) -> usize {
     match kernel {
         Kernel::Avx512 | Kernel::Avx512Vnni => 8,
         Kernel::Avx2 => 4,
-        Kernel::Portable => 1,
+        Kernel::Portable | Kernel::Neon | Kernel::NeonDot => 1,
     }
 }
 

@@ -1,6 +1,6 @@
-//! The lane-blocked quantized kernel shared by the AVX-512 and AVX2 modules: 16 or 8 `u32` code
-//! lanes (64 or 32 code bytes) per step, each code masked in place and converted to f32 with no
-//! shuffle.
+//! The lane-blocked quantized kernel shared by the AVX-512, AVX2 and NEON modules: 16, 8 or 4
+//! `u32` code lanes (64, 32 or 16 code bytes) per step, each code masked in place and converted to
+//! f32 with no shuffle.
 //!
 //! A lane holds `32 / BITS` codes; code `k` of every lane is `lane & (mask << BITS·k)`, which a
 //! convert turns into `q · 2^(BITS·k)` exactly (AVX2 has no unsigned convert, so it shifts the top

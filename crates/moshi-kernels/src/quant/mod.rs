@@ -1,13 +1,15 @@
-//! Fast quantized matrix products: kernel selection (AVX-512 VNNI / AVX-512 / AVX2+FMA /
-//! portable, chosen at run time), activation layout, and multi-threading over output rows.
+//! Fast quantized matrix products: kernel selection (AVX-512 VNNI / AVX-512 / AVX2+FMA on
+//! x86-64, NEON dot product / NEON on aarch64, portable anywhere; chosen at run time),
+//! activation layout, and multi-threading over output rows.
 //!
 //! Every kernel computes, for a range of weight rows, `out_t[r, i] = Σ_j x[i, j] · w[r, j]` with
 //! `w = q * scale + bias` and f32 accumulation: the exact dequantized matrix times the
-//! activations, up to rounding. The portable kernel dequantizes each weight; the AVX-512 and
-//! AVX2 lane kernels regroup the sum per quantization group as `scale · Σ q x + bias · Σ x`, as
-//! MLX's own kernels do (see `lanes`); the VNNI kernel does the same with `Σ q x` as exact
-//! integer dot products of the codes with 24-bit fixed-point activations (see `vnni`). All of
-//! them are held to the same error bound against the scalar reference in the kernel tests.
+//! activations, up to rounding. The portable kernel dequantizes each weight; the AVX-512, AVX2
+//! and NEON lane kernels regroup the sum per quantization group as `scale · Σ q x + bias · Σ x`,
+//! as MLX's own kernels do (see `lanes`); the VNNI and NEON dot-product kernels do the same with
+//! `Σ q x` as exact integer dot products of the codes with 24-bit fixed-point activations (see
+//! `vnni`, `dotprod` and `fixed_point`). All of them are held to the same error bound against the
+//! scalar reference in the kernel tests.
 
 /// `Some(rows::<BITS, GROUP>)` for the (bits, group size) pairs the specialised kernels cover
 /// (4 and 8 bits, groups of 32, 64 or 128), `None` otherwise. A macro because every kernel
@@ -26,14 +28,20 @@ macro_rules! select_specialised_rows {
     };
 }
 
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 #[macro_use]
 mod lanes;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "aarch64")]
+mod dotprod;
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+mod fixed_point;
 mod generic;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 mod portable;
 pub(crate) mod q8_small;
 #[cfg(target_arch = "x86_64")]
@@ -135,6 +143,38 @@ impl CodePrefetch {
     }
 }
 
+/// How the aarch64 kernels prefetch their code streams: not in software. Apple's M-series and
+/// Arm's Neoverse cores detect sequential streams in hardware and fetch ahead on their own; no
+/// software hint has been measured on an aarch64 machine yet (see `docs/performance.md`), so none
+/// is issued rather than one whose effect nobody has seen. The interface is the x86 one, so the
+/// shared lane kernel calls it the same way.
+#[cfg(target_arch = "aarch64")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CodePrefetch {
+    /// The hardware prefetchers alone.
+    Hardware,
+}
+
+/// How many rows ahead [`CodePrefetch::scales_of_row`] is asked for.
+#[cfg(target_arch = "aarch64")]
+pub(crate) const SCALE_PREFETCH_ROWS: usize = 4;
+
+#[cfg(target_arch = "aarch64")]
+impl CodePrefetch {
+    /// [`CodePrefetch::Hardware`] on every aarch64 CPU.
+    pub(crate) fn for_cpu() -> Self {
+        CodePrefetch::Hardware
+    }
+
+    /// Nothing under [`CodePrefetch::Hardware`].
+    #[inline(always)]
+    pub(crate) fn scales_of_row(self, _w: &QuantizedMatrix, _row: usize) {}
+
+    /// Nothing under [`CodePrefetch::Hardware`].
+    #[inline(always)]
+    pub(crate) fn ahead_of(self, _p: *const u8) {}
+}
+
 /// Tasks per rayon thread. Four (for work stealing around preempted threads) measured lower than
 /// one in back-to-back full benchmark runs on a loaded 2-core machine, so rows are split evenly.
 const TASKS_PER_THREAD: usize = 1;
@@ -148,11 +188,12 @@ pub(crate) type RowRangeFn = fn(&QuantizedMatrix, &[f32], usize, usize, &mut [f3
 enum Layout {
     /// Natural order.
     Natural,
-    /// The x86 lane kernels' arrangement plus group sums (`lanes::arrange_activations`).
-    #[cfg(target_arch = "x86_64")]
+    /// The lane kernels' arrangement plus group sums (`lanes::arrange_activations`).
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     Lanes { lanes: usize, top_unscaled: bool },
-    /// The VNNI kernel's fixed-point digits (`vnni::arrange_activations`).
-    #[cfg(target_arch = "x86_64")]
+    /// The integer kernel's fixed-point digits (`vnni::arrange_activations` on x86-64,
+    /// `dotprod::arrange_activations` on aarch64).
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     Digits,
 }
 
@@ -182,7 +223,7 @@ fn plan(kernel: Kernel, bits: u32, group_size: usize) -> Plan {
                 // 8-bit codes: the f32 AVX-512 kernel (see `vnni`).
                 avx512::select(bits, group_size).map(|f| (f, avx512::LANES, avx512::TOP_UNSCALED))
             }
-            Kernel::Portable => None,
+            Kernel::Portable | Kernel::Neon | Kernel::NeonDot => None,
         };
         if let Some((rows_fn, lanes, top_unscaled)) = lane_kernel {
             return Plan {
@@ -192,6 +233,30 @@ fn plan(kernel: Kernel, bits: u32, group_size: usize) -> Plan {
                 },
                 rows_fn,
             };
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        if kernel == Kernel::NeonDot {
+            if let Some(rows_fn) = dotprod::select(bits, group_size) {
+                return Plan {
+                    layout: Layout::Digits,
+                    rows_fn,
+                };
+            }
+        }
+        // The f32 lane kernel for `Neon`, and for the products `NeonDot` leaves to it (see
+        // `dotprod`).
+        if matches!(kernel, Kernel::Neon | Kernel::NeonDot) {
+            if let Some(rows_fn) = neon::select(bits, group_size) {
+                return Plan {
+                    layout: Layout::Lanes {
+                        lanes: neon::LANES,
+                        top_unscaled: neon::TOP_UNSCALED,
+                    },
+                    rows_fn,
+                };
+            }
         }
     }
     let _ = kernel;
@@ -233,10 +298,10 @@ pub fn qmm_with_kernel(
     if m == 0 || rows == 0 {
         return Ok(());
     }
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     if m > 1
         && plan(kernel, w.bits(), w.group_size()).layout == Layout::Digits
-        && !x.chunks_exact(cols).all(vnni::holds_row)
+        && !x.chunks_exact(cols).all(fixed_point::holds_row)
     {
         // A row the fixed point cannot hold goes to the f32 kernel on its own: every row gets
         // the result it gets alone, whoever shares its product.
@@ -260,8 +325,8 @@ pub fn qmm_with_kernel(
     Ok(())
 }
 
-/// The plan for `kernel` and the activations in its layout; activations the VNNI kernel cannot
-/// hold go to the f32 AVX-512 kernel.
+/// The plan for `kernel` and the activations in its layout; activations the integer kernels cannot
+/// hold go to the f32 kernel of their instruction set (AVX-512, NEON).
 fn arranged<'x>(
     kernel: Kernel,
     w: &QuantizedMatrix,
@@ -272,7 +337,7 @@ fn arranged<'x>(
     let plan = plan(kernel, bits, group_size);
     match plan.layout {
         Layout::Natural => (plan, Cow::Borrowed(x)),
-        #[cfg(target_arch = "x86_64")]
+        #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
         Layout::Lanes {
             lanes,
             top_unscaled,
@@ -284,6 +349,11 @@ fn arranged<'x>(
         Layout::Digits => match vnni::arrange_activations(x, m, cols, group_size) {
             Some(xs) => (plan, Cow::Owned(xs)),
             None => arranged(Kernel::Avx512, w, x, m),
+        },
+        #[cfg(target_arch = "aarch64")]
+        Layout::Digits => match dotprod::arrange_activations(x, m, cols, group_size) {
+            Some(xs) => (plan, Cow::Owned(xs)),
+            None => arranged(Kernel::Neon, w, x, m),
         },
     }
 }

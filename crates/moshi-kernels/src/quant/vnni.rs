@@ -4,10 +4,11 @@
 //! bound with the exact-f32 lane kernel already, and measured no faster here, so
 //! `Kernel::Avx512Vnni` leaves them to it.)
 //!
-//! **Activations** ([`arrange_activations`], once per product). A row is scaled by the power of
+//! **Activations** ([`arrange_activations`], once per product), in the fixed point of
+//! `quant::fixed_point`. A row is scaled by the power of
 //! two `2^-e` that brings its largest magnitude into [1, 2). Each group `g` then gets a unit
 //! `u_g`: the power of two 22 binades below its largest scaled magnitude (one binade higher when
-//! that largest value would round past [`DIGITS_MAX`]), never below `2^MIN_UNIT_EXP`. Every value
+//! that largest value would round past `DIGITS_MAX`), never below `2^MIN_UNIT_EXP`. Every value
 //! becomes the integer `n = round(x · 2^-e / u_g)`, `|n| ≤ 8355711`, split into three signed
 //! base-256 digits. So each activation is held to within half a unit: at most `2^-23` of its
 //! group's largest magnitude, the size of one f32 rounding of that value. Values with no more
@@ -32,6 +33,7 @@
 
 use std::arch::x86_64::*;
 
+use crate::quant::fixed_point::{group_unit_exp, pow2, RowScale, DIGITS};
 use crate::quant::lanes::{MATMUL_ROWS, MULTI_ROW_MIN_ACTIVATION_BYTES};
 use crate::quant::{CodePrefetch, RowRangeFn, SCALE_PREFETCH_ROWS};
 use crate::QuantizedMatrix;
@@ -41,16 +43,6 @@ const LANES: usize = 16;
 
 /// Code bytes per block (one vector).
 const BLOCK_BYTES: usize = 64;
-
-/// Signed 8-bit digits per activation.
-const DIGITS: usize = 3;
-
-/// Largest `|n|` three signed 8-bit digits hold: `127 · (2^16 + 2^8 + 1)`.
-const DIGITS_MAX: f32 = 8_355_711.0;
-
-/// Smallest group unit, as a power of two relative to the row's largest magnitude: groups whose
-/// largest value lies more than 2^-78 below the row's are held to within 2^-101 of it.
-const MIN_UNIT_EXP: i32 = -100;
 
 /// Whether this CPU has AVX-512F, BW (for the activation arrangement) and VNNI.
 pub(crate) fn available() -> bool {
@@ -109,21 +101,6 @@ fn row_layout(cols: usize, group_size: usize) -> RowLayout {
     }
 }
 
-/// `2^e` as f32, for `-149 ≤ e ≤ 127` (subnormal below -126).
-fn pow2(e: i32) -> f32 {
-    debug_assert!((-149..=127).contains(&e));
-    if e >= -126 {
-        f32::from_bits(((e + 127) as u32) << 23)
-    } else {
-        f32::from_bits(1 << (e + 149))
-    }
-}
-
-/// The binade of a positive normal `v`: `v ∈ [2^e, 2^(e+1))`.
-fn binade(v: f32) -> i32 {
-    ((v.to_bits() >> 23) & 0xff) as i32 - 127
-}
-
 /// Lays out `m` rows of `cols` activations for this kernel (see the module docs), or `None` if a
 /// row holds a non-finite value or only subnormal magnitudes.
 ///
@@ -153,16 +130,6 @@ pub(crate) fn arrange_activations(
     Some(out)
 }
 
-/// Whether [`arrange_activations`] can hold `row`: finite values whose largest magnitude is zero
-/// or normal (the test `arrange_row` makes).
-pub(crate) fn holds_row(row: &[f32]) -> bool {
-    if row.iter().any(|v| !v.is_finite()) {
-        return false;
-    }
-    let max = row.iter().fold(0f32, |m, v| m.max(v.abs()));
-    max == 0.0 || max >= f32::MIN_POSITIVE
-}
-
 /// One row of [`arrange_activations`] into the zeroed `dst`; false if it cannot be arranged.
 /// Sixteen columns at a time (`group_size` is a multiple of 16).
 ///
@@ -180,18 +147,14 @@ unsafe fn arrange_row(row: &[f32], dst: &mut [f32], group_size: usize, layout: R
         nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
         max = _mm512_max_ps(max, _mm512_abs_ps(v));
     }
-    let max = _mm512_reduce_max_ps(max);
-    if nan != 0 || max == f32::INFINITY {
-        return false;
-    }
-    dst[layout.unscale_offset] = 1.0;
-    if max == 0.0 {
-        return true;
-    }
-    if max < f32::MIN_POSITIVE {
-        return false;
-    }
-    let row_exp = binade(max);
+    let row_exp = match RowScale::of_row(_mm512_reduce_max_ps(max), nan != 0) {
+        None => return false,
+        Some(RowScale::Zero) => {
+            dst[layout.unscale_offset] = 1.0;
+            return true;
+        }
+        Some(RowScale::Exponent(e)) => e,
+    };
     let row_scale = _mm512_set1_ps(pow2(-row_exp));
     dst[layout.unscale_offset] = pow2(row_exp);
     let (digit_slots, tail) = dst.split_at_mut(layout.digits_len);
@@ -210,15 +173,7 @@ unsafe fn arrange_row(row: &[f32], dst: &mut [f32], group_size: usize, layout: R
             group_max = _mm512_max_ps(group_max, _mm512_abs_ps(v));
         }
         sums[g] = _mm512_reduce_add_ps(sum);
-        let group_max = _mm512_reduce_max_ps(group_max) * pow2(-row_exp);
-        let mut unit_exp = if group_max >= pow2(MIN_UNIT_EXP + 22) {
-            binade(group_max) - 22
-        } else {
-            MIN_UNIT_EXP
-        };
-        if (group_max * pow2(-unit_exp)).round_ties_even() > DIGITS_MAX {
-            unit_exp += 1;
-        }
+        let unit_exp = group_unit_exp(_mm512_reduce_max_ps(group_max) * pow2(-row_exp));
         units[g] = pow2(unit_exp);
         let inverse_unit = _mm512_set1_ps(pow2(-unit_exp));
         for (k, v) in group.chunks_exact(16).enumerate() {
@@ -688,6 +643,7 @@ fn rows_per_matvec_pass(arranged_row_bytes: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::quant::fixed_point::DIGITS_MAX;
 
     /// The activations an arranged row stands for: `n · u_g · 2^e` per column.
     fn rebuild(arranged: &[f32], cols: usize, group_size: usize) -> Vec<f64> {

@@ -1,0 +1,629 @@
+//! aarch64 NEON dot-product kernel for 4-bit codes: codes and activations meet in integer dot
+//! products (`sdot`, 16 byte products into 4 `i32` lanes per instruction), each activation held
+//! in the 24-bit fixed point of `quant::fixed_point` as three signed 8-bit digits: the aarch64
+//! sibling of the x86-64 VNNI kernel (`quant::vnni`), with the same arithmetic and so the same
+//! accuracy. (8-bit products go to the f32 NEON lane kernel, as VNNI leaves them to the f32
+//! AVX-512 one: with one code per byte there is no unpacking to save, and `sdot` multiplies signed
+//! bytes, which codes up to 255 are not.) `sdot` is written as inline assembly: its intrinsic
+//! `vdotq_s32` is not stable Rust yet.
+//!
+//! **Activations** ([`arrange_activations`], once per product, NEON): the row's scale, each
+//! group's unit and f32 sum, and the digits, laid out per block of 32 columns as six 16-byte
+//! vectors: for each digit (most significant first) the digits of the block's even columns, then
+//! of its odd ones. Rows the fixed point cannot hold (a NaN, an infinity, only subnormal
+//! magnitudes) are not arranged (`None`); the caller then uses the f32 NEON kernel.
+//!
+//! **Per block** of 16 code bytes (4 `i32` lanes: 32 columns, all of one quantization group, the
+//! smallest being 32) and weight row: one AND and one shift split the codes into their low
+//! (even columns) and high (odd columns) nibbles as bytes, and each lane's `Σ q · n` over its 8
+//! columns is built digit by digit with two `sdot`s per digit, most significant first, the sum
+//! shifted up 8 bits between digits. Integer sums are exact and fit `i32`: 8 products of a code
+//! and a digit stay below 2^14, so the whole sum stays below 2^30. The lane sums are converted to
+//! f32 and accumulated with the group's factor `scale_g · u_g` (exact: `u_g` is a power of two).
+//! A row's result is `2^e · Σ + Σ_g bias_g · Σ_{j∈g} x_j`, the bias part on f32 group sums.
+//!
+//! Per 64 bytes of 4-bit codes and (weight row, activation row) pair that is 52 vector
+//! operations (24 of them `sdot`) against about 104 for the f32 NEON lane kernel; see
+//! `docs/performance.md` for what that means on Apple M-series cores (not measured).
+
+use std::arch::aarch64::*;
+use std::arch::asm;
+
+use crate::quant::fixed_point::{group_unit_exp, pow2, RowScale, DIGITS};
+use crate::quant::lanes::MATMUL_ROWS;
+use crate::quant::{CodePrefetch, RowRangeFn, SCALE_PREFETCH_ROWS};
+use crate::QuantizedMatrix;
+
+/// `i32` lanes per vector (and `u32` code words per block).
+const LANES: usize = 4;
+
+/// Code bytes per block (one vector).
+const BLOCK_BYTES: usize = 16;
+
+/// Columns per block (16 bytes of 4-bit codes).
+const BLOCK_COLS: usize = 32;
+
+/// Byte vectors per digit and block: the low and high nibbles of the codes.
+const PLANES: usize = 2;
+
+/// Digit bytes per block of arranged activations.
+const BLOCK_DIGIT_BYTES: usize = DIGITS * PLANES * BLOCK_BYTES;
+
+/// Weight rows per pass of a matrix-vector product, taken from that many equal parts of the rows
+/// so that their code streams lie far apart, each digit load shared by them. Two, as the VNNI
+/// kernel measured best for rows whose activations stay in L1 (which on Apple's 128 KiB L1d is
+/// every Moshi width); not measured on an aarch64 machine.
+const MATVEC_ROWS: usize = 2;
+
+/// Whether this CPU has the dot-product extension (NEON itself is part of every aarch64 CPU).
+fn available() -> bool {
+    crate::Kernel::NeonDot.is_available()
+}
+
+/// `Some` for 4-bit codes in groups of 32, 64 or 128.
+pub(crate) fn select(bits: u32, group_size: usize) -> Option<RowRangeFn> {
+    match (bits, group_size) {
+        (4, 32) => Some(rows::<32> as RowRangeFn),
+        (4, 64) => Some(rows::<64>),
+        (4, 128) => Some(rows::<128>),
+        _ => None,
+    }
+}
+
+/// Where the parts of one arranged activation row lie, in f32 slots: the digit blocks (bytes),
+/// then each group's unit, each group's f32 sum (both zero-padded to whole vectors), then the
+/// row's scale `2^e` (one vector, first lane used).
+#[derive(Clone, Copy)]
+struct RowLayout {
+    digits_len: usize,
+    units_offset: usize,
+    sums_offset: usize,
+    unscale_offset: usize,
+    stride: usize,
+}
+
+fn row_layout(cols: usize, group_size: usize) -> RowLayout {
+    let digits_len = cols / BLOCK_COLS * BLOCK_DIGIT_BYTES / 4;
+    let groups_padded = (cols / group_size).next_multiple_of(LANES);
+    let units_offset = digits_len;
+    let sums_offset = units_offset + groups_padded;
+    let unscale_offset = sums_offset + groups_padded;
+    RowLayout {
+        digits_len,
+        units_offset,
+        sums_offset,
+        unscale_offset,
+        stride: unscale_offset + LANES,
+    }
+}
+
+/// Lays out `m` rows of `cols` activations for this kernel (see the module docs), or `None` if a
+/// row holds a non-finite value or only subnormal magnitudes.
+///
+/// # Panics
+/// If the CPU lacks the dot product (callers pick this kernel only where [`available`]), or the
+/// group size is not a multiple of 32 dividing `cols`.
+pub(crate) fn arrange_activations(
+    x: &[f32],
+    m: usize,
+    cols: usize,
+    group_size: usize,
+) -> Option<Vec<f32>> {
+    assert!(
+        available(),
+        "NEON dot-product kernel called on a CPU without it"
+    );
+    assert!(group_size.is_multiple_of(BLOCK_COLS) && cols.is_multiple_of(group_size));
+    let layout = row_layout(cols, group_size);
+    let mut out = vec![0f32; m * layout.stride];
+    for (row, dst) in x
+        .chunks_exact(cols)
+        .zip(out.chunks_exact_mut(layout.stride))
+    {
+        // SAFETY: NEON is part of aarch64; rows of `cols`, a multiple of the group size (a
+        // multiple of 32); `dst` laid out for them.
+        if !unsafe { arrange_row(row, dst, group_size, layout) } {
+            return None;
+        }
+    }
+    Some(out)
+}
+
+/// The low bytes of 16 `i32` (4 vectors, in order) as 16 `i8`.
+#[target_feature(enable = "neon")]
+#[inline]
+fn low_bytes(v: [int32x4_t; 4]) -> int8x16_t {
+    let h0 = vmovn_high_s32(vmovn_s32(v[0]), v[1]);
+    let h1 = vmovn_high_s32(vmovn_s32(v[2]), v[3]);
+    vmovn_high_s16(vmovn_s16(h0), h1)
+}
+
+/// `(n - sext8(n)) >> 8`: what is left of `n` above its balanced low digit (exact).
+#[target_feature(enable = "neon")]
+#[inline]
+fn above_low_digit(n: int32x4_t) -> int32x4_t {
+    vshrq_n_s32::<8>(vsubq_s32(n, vshrq_n_s32::<24>(vshlq_n_s32::<24>(n))))
+}
+
+/// One row of [`arrange_activations`] into the zeroed `dst`; false if it cannot be arranged.
+/// Sixteen columns at a time (`group_size` is a multiple of 32).
+///
+/// # Safety
+/// `row.len()` is a multiple of `group_size`, itself a multiple of 32; `dst` is laid out by
+/// `layout` for `row.len()` columns.
+#[target_feature(enable = "neon")]
+unsafe fn arrange_row(row: &[f32], dst: &mut [f32], group_size: usize, layout: RowLayout) -> bool {
+    debug_assert!(group_size.is_multiple_of(BLOCK_COLS) && row.len().is_multiple_of(group_size));
+    let (mut max, mut nan) = (vdupq_n_f32(0.0), vdupq_n_u32(0));
+    for v in row.chunks_exact(4) {
+        // SAFETY: 4 floats.
+        let v = unsafe { vld1q_f32(v.as_ptr()) };
+        nan = vorrq_u32(nan, vmvnq_u32(vceqq_f32(v, v)));
+        max = vmaxq_f32(max, vabsq_f32(v));
+    }
+    let row_exp = match RowScale::of_row(vmaxvq_f32(max), vmaxvq_u32(nan) != 0) {
+        None => return false,
+        Some(RowScale::Zero) => {
+            dst[layout.unscale_offset] = 1.0;
+            return true;
+        }
+        Some(RowScale::Exponent(e)) => e,
+    };
+    let row_scale = vdupq_n_f32(pow2(-row_exp));
+    dst[layout.unscale_offset] = pow2(row_exp);
+    let (digit_slots, tail) = dst.split_at_mut(layout.digits_len);
+    let (units, tail) = tail.split_at_mut(layout.sums_offset - layout.units_offset);
+    let sums = &mut tail[..layout.unscale_offset - layout.sums_offset];
+    let digits = digit_slots.as_mut_ptr() as *mut i8;
+    let plane_stride = PLANES * BLOCK_BYTES;
+    for (g, group) in row.chunks_exact(group_size).enumerate() {
+        // The f32 group sum in column order, as the lane kernels' arrangement takes it.
+        sums[g] = group.iter().sum();
+        let mut group_max = vdupq_n_f32(0.0);
+        for v in group.chunks_exact(4) {
+            // SAFETY: 4 floats.
+            group_max = vmaxq_f32(group_max, vabsq_f32(unsafe { vld1q_f32(v.as_ptr()) }));
+        }
+        let unit_exp = group_unit_exp(vmaxvq_f32(group_max) * pow2(-row_exp));
+        units[g] = pow2(unit_exp);
+        let inverse_unit = vdupq_n_f32(pow2(-unit_exp));
+        for (k, sixteen) in group.chunks_exact(16).enumerate() {
+            // Exact scalings by powers of two, then one rounding (to nearest even): |n| ≤
+            // DIGITS_MAX by the choice of the unit.
+            let n: [int32x4_t; 4] = std::array::from_fn(|q| {
+                // SAFETY: 4 of the 16 floats.
+                let v = unsafe { vld1q_f32(sixteen.as_ptr().add(4 * q)) };
+                vcvtnq_s32_f32(vmulq_f32(vmulq_f32(v, row_scale), inverse_unit))
+            });
+            let n1 = n.map(|n| above_low_digit(n));
+            let n2 = n1.map(|n| above_low_digit(n));
+            let col = g * group_size + k * 16;
+            let (block, c) = (col / BLOCK_COLS, col % BLOCK_COLS);
+            for (d, value) in [n2, n1, n].into_iter().enumerate() {
+                let bytes = low_bytes(value);
+                let at = block * BLOCK_DIGIT_BYTES + d * plane_stride + c / 2;
+                // SAFETY: inside block `block` of the digit part (layout): bytes c/2..c/2 + 8 of
+                // both planes of digit d.
+                unsafe {
+                    vst1_s8(digits.add(at), vget_low_s8(vuzp1q_s8(bytes, bytes)));
+                    vst1_s8(
+                        digits.add(at + BLOCK_BYTES),
+                        vget_low_s8(vuzp2q_s8(bytes, bytes)),
+                    );
+                }
+            }
+        }
+    }
+    true
+}
+
+fn rows<const GROUP: usize>(
+    w: &QuantizedMatrix,
+    xs: &[f32],
+    m: usize,
+    row_start: usize,
+    out_t: &mut [f32],
+) {
+    assert!(
+        available(),
+        "NEON dot-product kernel called on a CPU without it"
+    );
+    let nrows = out_t.len() / m;
+    let layout = row_layout(w.cols(), GROUP);
+    assert!(row_start + nrows <= w.rows() && xs.len() == m * layout.stride);
+    // SAFETY: the CPU has the dot product (checked above); `rows_impl` only reads rows
+    // `row_start..row_start + nrows` of `w` (checked in range) and `m` arranged rows of `xs`.
+    unsafe { rows_impl::<GROUP>(w, xs, m, row_start, out_t, layout) }
+}
+
+/// Rows of `out_t` (`m` values each) for weight rows `row_start..`: in a matrix-vector product,
+/// [`MATVEC_ROWS`] weight rows per pass from far-apart parts of the range; otherwise (and for the
+/// rows left over) one weight row against up to [`MATMUL_ROWS`] activation rows. Every (weight
+/// row, activation row) pair goes through the same arithmetic in every pass shape, so results are
+/// identical bit for bit.
+///
+/// # Safety
+/// The CPU must have the dot product; rows `row_start..row_start + out_t.len() / m` must exist
+/// in `w`; `xs` must hold `m` arranged rows.
+#[target_feature(enable = "neon,dotprod")]
+unsafe fn rows_impl<const GROUP: usize>(
+    w: &QuantizedMatrix,
+    xs: &[f32],
+    m: usize,
+    row_start: usize,
+    out_t: &mut [f32],
+    layout: RowLayout,
+) {
+    let groups = w.cols() / GROUP;
+    let nrows = out_t.len() / m;
+    // One window of factors per (weight row, activation row) pair of the largest tile.
+    let mut factors = vec![0f32; MATMUL_ROWS.max(MATVEC_ROWS) * groups];
+    let prefetch = CodePrefetch::for_cpu();
+    let x = xs.as_ptr();
+    let mut single_from = 0;
+    if m == 1 {
+        let part = nrows / MATVEC_ROWS;
+        for j in 0..part {
+            // SAFETY: rows row_start + j + k·part (k < MATVEC_ROWS) exist; one arranged row;
+            // `factors` holds MATVEC_ROWS windows.
+            let d = unsafe {
+                tile::<GROUP, MATVEC_ROWS, 1, 2>(
+                    w,
+                    row_start + j,
+                    x,
+                    layout,
+                    &mut factors,
+                    part,
+                    prefetch,
+                )
+            };
+            for (k, v) in d.iter().enumerate() {
+                out_t[j + k * part] = v[0];
+            }
+        }
+        single_from = MATVEC_ROWS * part;
+    }
+    for local in single_from..nrows {
+        let r = row_start + local;
+        let out_row = &mut out_t[local * m..(local + 1) * m];
+        let mut i = 0;
+        let f = &mut factors;
+        // SAFETY (all calls): row r exists; activation rows i..i + MR < m are arranged rows.
+        while i + MATMUL_ROWS <= m {
+            let x = unsafe { x.add(i * layout.stride) };
+            let d = unsafe { tile::<GROUP, 1, MATMUL_ROWS, 1>(w, r, x, layout, f, 1, prefetch) };
+            out_row[i..i + MATMUL_ROWS].copy_from_slice(&d[0]);
+            i += MATMUL_ROWS;
+        }
+        let x = unsafe { x.add(i * layout.stride) };
+        match m - i {
+            3 => out_row[i..].copy_from_slice(
+                &unsafe { tile::<GROUP, 1, 3, 1>(w, r, x, layout, f, 1, prefetch) }[0],
+            ),
+            2 => out_row[i..].copy_from_slice(
+                &unsafe { tile::<GROUP, 1, 2, 2>(w, r, x, layout, f, 1, prefetch) }[0],
+            ),
+            1 => out_row[i..].copy_from_slice(
+                &unsafe { tile::<GROUP, 1, 1, 4>(w, r, x, layout, f, 1, prefetch) }[0],
+            ),
+            _ => {}
+        }
+    }
+}
+
+/// Writes, for each of the `MR` activation rows `i`, row `r`'s factors `scale_g · u_{i,g}` into
+/// window `i` of `windows` (`groups` floats each), and returns the bias terms
+/// `Σ_g bias_g · Σ_{j∈g} x_{i,j}` (f32 group sums, summed group by group in 4 lanes). One pass
+/// over the row's bf16 scales and biases.
+///
+/// # Safety
+/// `r < w.rows()`; `xs` must point to `MR` arranged rows; `windows.len() >= MR * groups`.
+#[target_feature(enable = "neon")]
+#[inline]
+unsafe fn prepare_row<const GROUP: usize, const MR: usize>(
+    w: &QuantizedMatrix,
+    r: usize,
+    xs: *const f32,
+    layout: RowLayout,
+    windows: &mut [f32],
+) -> [f32; MR] {
+    let groups = w.cols() / GROUP;
+    let row_scales = &w.scales()[r * groups..(r + 1) * groups];
+    let row_biases = &w.biases()[r * groups..(r + 1) * groups];
+    let mut bias_acc = [vdupq_n_f32(0.0); MR];
+    for g in (0..groups).step_by(LANES) {
+        // bf16 → f32: the 16 bits as the high half of an f32. The last vector of a row may hold
+        // fewer groups: copied out, zero-padded (zero factors and bias terms).
+        let n = (groups - g).min(LANES);
+        let (mut s16, mut b16) = ([0u16; LANES], [0u16; LANES]);
+        s16[..n].copy_from_slice(&row_scales[g..g + n]);
+        b16[..n].copy_from_slice(&row_biases[g..g + n]);
+        // SAFETY: LANES u16 each.
+        let (s, b) = unsafe {
+            (
+                vreinterpretq_f32_u32(vshll_n_u16::<16>(vld1_u16(s16.as_ptr()))),
+                vreinterpretq_f32_u32(vshll_n_u16::<16>(vld1_u16(b16.as_ptr()))),
+            )
+        };
+        for (i, acc) in bias_acc.iter_mut().enumerate() {
+            let row = xs.wrapping_add(i * layout.stride);
+            // SAFETY: units and group sums are zero-padded to whole vectors in each arranged row.
+            let (units, sums) = unsafe {
+                (
+                    vld1q_f32(row.add(layout.units_offset + g)),
+                    vld1q_f32(row.add(layout.sums_offset + g)),
+                )
+            };
+            let mut factors = [0f32; LANES];
+            // SAFETY: LANES floats.
+            unsafe { vst1q_f32(factors.as_mut_ptr(), vmulq_f32(s, units)) };
+            windows[i * groups + g..i * groups + g + n].copy_from_slice(&factors[..n]);
+            *acc = vfmaq_f32(*acc, b, sums);
+        }
+    }
+    bias_acc.map(|acc| vaddvq_f32(acc))
+}
+
+/// Dot products of weight rows `r0 + k · row_step` (`k < NR`) with `MR` arranged activation rows
+/// (`xs`), `U` blocks per step.
+///
+/// # Safety
+/// The CPU must have the dot product; rows `r0 + k · row_step` must exist in `w`; `xs` must point
+/// to `MR` arranged rows of `layout`; `factors.len() >= NR * MR * groups`.
+#[target_feature(enable = "neon,dotprod")]
+#[inline]
+unsafe fn tile<const GROUP: usize, const NR: usize, const MR: usize, const U: usize>(
+    w: &QuantizedMatrix,
+    r0: usize,
+    xs: *const f32,
+    layout: RowLayout,
+    factors: &mut [f32],
+    row_step: usize,
+    prefetch: CodePrefetch,
+) -> [[f32; MR]; NR] {
+    let cols = w.cols();
+    let blocks = cols / BLOCK_COLS;
+    let groups = cols / GROUP;
+    let row_code_bytes = cols / 2;
+    for r in 0..NR {
+        prefetch.scales_of_row(w, r0 + r * row_step + SCALE_PREFETCH_ROWS);
+    }
+    let mut bias_terms = [[0f32; MR]; NR];
+    for (r, terms) in bias_terms.iter_mut().enumerate() {
+        // SAFETY: forwarded contract; windows r·MR.. of `groups` floats each.
+        *terms = unsafe {
+            prepare_row::<GROUP, MR>(
+                w,
+                r0 + r * row_step,
+                xs,
+                layout,
+                &mut factors[r * MR * groups..(r + 1) * MR * groups],
+            )
+        };
+    }
+    let codes = w.codes().as_ptr().wrapping_add(r0 * row_code_bytes / 4) as *const u8;
+    let row_code_bytes = row_code_bytes * row_step;
+    let digits = xs as *const i8;
+    let stride_bytes = layout.stride * 4;
+    let mut acc = [[vdupq_n_f32(0.0); MR]; NR];
+    let mut b = 0;
+    while b + U <= blocks {
+        // SAFETY (both calls): blocks b..b + U lie inside every row of the tile; `factors`
+        // holds NR·MR windows.
+        let sums = unsafe {
+            block_sums::<NR, MR, U>(codes, row_code_bytes, b, digits, stride_bytes, prefetch)
+        };
+        accumulate::<GROUP, NR, MR, U>(&mut acc, &sums, b, factors, groups);
+        b += U;
+    }
+    while b < blocks {
+        // SAFETY: as above, one block.
+        let sums = unsafe {
+            block_sums::<NR, MR, 1>(codes, row_code_bytes, b, digits, stride_bytes, prefetch)
+        };
+        accumulate::<GROUP, NR, MR, 1>(&mut acc, &sums, b, factors, groups);
+        b += 1;
+    }
+    let mut out = [[0f32; MR]; NR];
+    for r in 0..NR {
+        for i in 0..MR {
+            // SAFETY: the row scale lies in arranged row i.
+            let unscale = unsafe { *xs.add(i * layout.stride + layout.unscale_offset) };
+            out[r][i] = vaddvq_f32(acc[r][i]) * unscale + bias_terms[r][i];
+        }
+    }
+    out
+}
+
+/// `acc += factor · sum` for each block from `b` on (the integer sums converted to f32): the
+/// factor `scale_g · u_g` of the block's group, from the window of its (weight row, activation
+/// row) pair (a block lies inside one group).
+#[target_feature(enable = "neon")]
+#[inline]
+#[allow(clippy::needless_range_loop)] // plain index loops keep the vectors in registers
+fn accumulate<const GROUP: usize, const NR: usize, const MR: usize, const U: usize>(
+    acc: &mut [[float32x4_t; MR]; NR],
+    sums: &[[[int32x4_t; MR]; NR]; U],
+    b: usize,
+    factors: &[f32],
+    groups: usize,
+) {
+    for u in 0..U {
+        let group = (b + u) * BLOCK_COLS / GROUP;
+        for r in 0..NR {
+            for i in 0..MR {
+                let factor = factors[(r * MR + i) * groups + group];
+                acc[r][i] = vfmaq_n_f32(acc[r][i], vcvtq_f32_s32(sums[u][r][i]), factor);
+            }
+        }
+    }
+}
+
+/// `acc + Σ` of the products of the 4 bytes of `a` and `b` in each lane (signed, exact).
+#[target_feature(enable = "neon,dotprod")]
+#[inline]
+fn sdot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+    let mut acc = acc;
+    // SAFETY: `sdot` reads and writes these registers only; the CPU has the dot product (this
+    // function's target feature).
+    unsafe {
+        asm!(
+            "sdot {acc:v}.4s, {a:v}.16b, {b:v}.16b",
+            acc = inout(vreg) acc,
+            a = in(vreg) a,
+            b = in(vreg) b,
+            options(pure, nomem, nostack, preserves_flags),
+        )
+    };
+    acc
+}
+
+/// Each lane's `Σ q · n` of blocks `b..b + U` (exact `i32`), for `NR` weight rows and `MR` arranged
+/// activation rows. The `U · NR · MR` chains are interleaved digit by digit.
+///
+/// # Safety
+/// The CPU must have the dot product; blocks `b..b + U` of each of the `NR` rows (stride
+/// `row_code_bytes` from `codes`) must be readable; `digits` must point to `MR` arranged rows
+/// (`stride_bytes` apart).
+#[target_feature(enable = "neon,dotprod")]
+#[inline]
+#[allow(clippy::needless_range_loop)] // `i` also addresses the activation rows
+unsafe fn block_sums<const NR: usize, const MR: usize, const U: usize>(
+    codes: *const u8,
+    row_code_bytes: usize,
+    b: usize,
+    digits: *const i8,
+    stride_bytes: usize,
+    prefetch: CodePrefetch,
+) -> [[[int32x4_t; MR]; NR]; U] {
+    let nibble = vdupq_n_u8(0x0f);
+    let plane_stride = PLANES * BLOCK_BYTES;
+    // Low and high nibbles (as bytes) per (block, row).
+    let mut q = [[[vdupq_n_s8(0); PLANES]; NR]; U];
+    for (u, q) in q.iter_mut().enumerate() {
+        for (r, q) in q.iter_mut().enumerate() {
+            let p = codes.wrapping_add(r * row_code_bytes + (b + u) * BLOCK_BYTES);
+            prefetch.ahead_of(p);
+            // SAFETY: block b + u lies inside row r (caller's contract).
+            let d = unsafe { vld1q_u8(p) };
+            q[0] = vreinterpretq_s8_u8(vandq_u8(d, nibble));
+            q[1] = vreinterpretq_s8_u8(vshrq_n_u8::<4>(d));
+        }
+    }
+    // Digit sums: the most significant digit first, shifted up 8 bits before each next digit.
+    let mut sums = [[[vdupq_n_s32(0); MR]; NR]; U];
+    for digit in 0..DIGITS {
+        for u in 0..U {
+            for i in 0..MR {
+                let block = digits.wrapping_add(
+                    i * stride_bytes + (b + u) * BLOCK_DIGIT_BYTES + digit * plane_stride,
+                );
+                // SAFETY: both planes of digit `digit` of block b + u of arranged row i.
+                let x = unsafe { [vld1q_s8(block), vld1q_s8(block.add(BLOCK_BYTES))] };
+                for r in 0..NR {
+                    let sum = &mut sums[u][r][i];
+                    if digit > 0 {
+                        *sum = vshlq_n_s32::<8>(*sum);
+                    }
+                    for p in 0..PLANES {
+                        *sum = sdot(*sum, q[u][r][p], x[p]);
+                    }
+                }
+            }
+        }
+    }
+    sums
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::fixed_point::{binade, digits, fixed};
+
+    /// Each column's three digits, read back from an arranged row.
+    fn digits_of(arranged: &[f32], cols: usize, group_size: usize) -> Vec<[i8; DIGITS]> {
+        let layout = row_layout(cols, group_size);
+        let bytes: Vec<i8> = arranged[..layout.digits_len]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .map(|b| b as i8)
+            .collect();
+        (0..cols)
+            .map(|col| {
+                let (block, c) = (col / BLOCK_COLS, col % BLOCK_COLS);
+                // Even columns in the first plane, odd ones in the second, at byte c / 2.
+                let at = block * BLOCK_DIGIT_BYTES + (c % 2) * BLOCK_BYTES + c / 2;
+                std::array::from_fn(|d| bytes[at + d * PLANES * BLOCK_BYTES])
+            })
+            .collect()
+    }
+
+    #[test]
+    fn arranged_activations_are_the_fixed_point_rule_digit_for_digit() {
+        if !available() {
+            return;
+        }
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut uniform = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 11) as f64 / (1u64 << 53) as f64
+        };
+        for group_size in [32, 64, 128] {
+            let cols = 3 * 128 + group_size;
+            // Magnitudes spread over 2^±40 within a row, so groups differ widely; two rows.
+            let x: Vec<f32> = (0..2 * cols)
+                .map(|_| ((uniform() - 0.5) * 2f64.powf(80.0 * uniform() - 40.0)) as f32)
+                .collect();
+            let arranged = arrange_activations(&x, 2, cols, group_size).unwrap();
+            let layout = row_layout(cols, group_size);
+            for (row, arranged) in x
+                .chunks_exact(cols)
+                .zip(arranged.chunks_exact(layout.stride))
+            {
+                let max = row.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let row_exp = binade(max);
+                assert_eq!(arranged[layout.unscale_offset], pow2(row_exp));
+                let got = digits_of(arranged, cols, group_size);
+                for (g, group) in row.chunks_exact(group_size).enumerate() {
+                    let group_max = group.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    let unit_exp = group_unit_exp(group_max * pow2(-row_exp));
+                    assert_eq!(arranged[layout.units_offset + g], pow2(unit_exp));
+                    assert_eq!(
+                        arranged[layout.sums_offset + g],
+                        group.iter().sum::<f32>(),
+                        "group size {group_size}, group {g}"
+                    );
+                    for (j, &v) in group.iter().enumerate() {
+                        let want = digits(fixed(v, row_exp, unit_exp));
+                        assert_eq!(
+                            got[g * group_size + j],
+                            want,
+                            "column {j} of group {g}: {v}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn rows_it_cannot_hold_are_refused_and_zero_rows_accepted() {
+        if !available() {
+            return;
+        }
+        let mut x = vec![0.5f32; 64];
+        assert!(arrange_activations(&x, 1, 64, 32).is_some());
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            x[17] = bad;
+            assert!(arrange_activations(&x, 1, 64, 32).is_none(), "{bad}");
+        }
+        let subnormal = vec![1e-40f32; 64];
+        assert!(arrange_activations(&subnormal, 1, 64, 32).is_none());
+        let zeros = vec![0f32; 64];
+        let arranged = arrange_activations(&zeros, 1, 64, 32).unwrap();
+        assert!(digits_of(&arranged, 64, 32).iter().all(|d| *d == [0; 3]));
+        assert_eq!(arranged[row_layout(64, 32).unscale_offset], 1.0);
+    }
+}
