@@ -58,6 +58,19 @@ fn main() -> std::process::ExitCode {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
+    // Compute threads: the performance cores of a big/little CPU, else every CPU
+    // (moshi_kernels::cores), unless RAYON_NUM_THREADS says otherwise; `bench` sets its own
+    // (--threads).
+    if !matches!(cli.command, Command::Bench(_)) && std::env::var_os("RAYON_NUM_THREADS").is_none()
+    {
+        let threads = moshi_kernels::cores::default_compute_threads();
+        if let Err(e) = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build_global()
+        {
+            tracing::warn!("cannot size the compute thread pool to {threads} threads: {e}");
+        }
+    }
     let result = match cli.command {
         Command::Inspect(a) => commands::inspect::run(a),
         Command::Codec(a) => commands::codec::run(a),

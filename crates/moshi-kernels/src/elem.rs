@@ -66,6 +66,14 @@ pub trait WeightElem: Copy + Send + Sync + sealed::Sealed + 'static {
     #[cfg(target_arch = "x86_64")]
     #[doc(hidden)]
     unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512;
+
+    /// 4 elements at `p`, widened (NEON).
+    ///
+    /// # Safety
+    /// 4 elements must be readable at `p` (NEON is part of every aarch64 CPU).
+    #[cfg(target_arch = "aarch64")]
+    #[doc(hidden)]
+    unsafe fn load4(p: *const Self) -> std::arch::aarch64::float32x4_t;
 }
 
 mod sealed {
@@ -100,6 +108,14 @@ impl WeightElem for f32 {
         // SAFETY: the caller guarantees 16 readable f32 at `p`.
         unsafe { std::arch::x86_64::_mm512_loadu_ps(p) }
     }
+
+    #[cfg(target_arch = "aarch64")]
+    #[inline]
+    #[target_feature(enable = "neon")]
+    unsafe fn load4(p: *const f32) -> std::arch::aarch64::float32x4_t {
+        // SAFETY: the caller guarantees 4 readable f32 at `p`.
+        unsafe { std::arch::aarch64::vld1q_f32(p) }
+    }
 }
 
 impl WeightElem for u16 {
@@ -126,6 +142,16 @@ impl WeightElem for u16 {
         // SAFETY: the caller guarantees 16 readable u16 at `p`.
         let h = unsafe { _mm256_loadu_si256(p as *const __m256i) };
         _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
+    }
+
+    #[cfg(target_arch = "aarch64")]
+    #[inline]
+    #[target_feature(enable = "neon")]
+    unsafe fn load4(p: *const u16) -> std::arch::aarch64::float32x4_t {
+        use std::arch::aarch64::*;
+        // SAFETY: the caller guarantees 4 readable u16 at `p`.
+        let h = unsafe { vld1_u16(p) };
+        vreinterpretq_f32_u32(vshll_n_u16::<16>(h))
     }
 }
 

@@ -21,8 +21,10 @@
 //!   group's largest value, the size of one f32 rounding of it).
 //!   [`QuantizedMatrix::matmul_reference`] is the scalar reference. [`gemm_nt_q8`] is Mimi's
 //!   few-row 8-bit product on a block of such a matrix.
-//! * [`team`]: the persistent thread team all threaded kernels run on.
+//! * [`team`]: the persistent thread team all threaded kernels run on; [`cores`]: how many
+//!   threads to run by default (the performance cores of a big/little CPU).
 
+pub mod cores;
 mod cpu;
 pub mod dense;
 mod elem;

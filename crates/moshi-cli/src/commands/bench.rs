@@ -103,7 +103,8 @@ pub struct BenchArgs {
     /// Element type of the temporal KV caches: f32 (exact, default) or bf16 (half the bytes).
     #[arg(long, value_name = "f32|bf16", default_value_t = KvPrecision::F32)]
     kv_cache: KvPrecision,
-    /// Compute threads, at most the logical CPUs (default: all of them).
+    /// Compute threads, at most the logical CPUs (default: the performance cores of a big/little
+    /// CPU, else all of them).
     #[arg(long, value_parser = super::flag_values::threads)]
     threads: Option<usize>,
     /// What to run.
@@ -142,9 +143,7 @@ pub fn run(args: BenchArgs, log_filter: &str) -> Result<()> {
     let threads = match args.threads {
         Some(0) => bail!("--threads must be at least 1"),
         Some(n) => n,
-        None => std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1),
+        None => moshi_kernels::cores::default_compute_threads(),
     };
     rayon::ThreadPoolBuilder::new()
         .num_threads(threads)

@@ -25,11 +25,13 @@ pub fn accumulate_rows<const R: usize, E: WeightElem>(
         "accumulate_rows: a row is shorter than the output"
     );
     match kernel.or_detected() {
-        // SAFETY (both arms): the kernel is available (checked); rows hold y.len() values.
+        // SAFETY (all arms): the kernel is available (checked); rows hold y.len() values.
         #[cfg(target_arch = "x86_64")]
         Kernel::Avx512 | Kernel::Avx512Vnni => unsafe { avx512::accumulate(y, coefs, rows) },
         #[cfg(target_arch = "x86_64")]
         Kernel::Avx2 => unsafe { avx2::accumulate(y, coefs, rows) },
+        #[cfg(target_arch = "aarch64")]
+        Kernel::Neon | Kernel::NeonDot => unsafe { neon::accumulate(y, coefs, rows) },
         _ => accumulate_scalar(y, 0, coefs, rows),
     }
 }
@@ -125,6 +127,45 @@ mod avx2 {
                 _mm256_storeu_ps(y.as_mut_ptr().add(d), acc);
             }
             d += 8;
+        }
+        super::accumulate_scalar(y, d, coefs, rows);
+    }
+}
+
+#[cfg(target_arch = "aarch64")]
+mod neon {
+    use std::arch::aarch64::*;
+
+    use crate::elem::WeightElem;
+
+    /// 4 elements per step, the rest with the plain loop.
+    ///
+    /// # Safety
+    /// Every row holds at least `y.len()` values (NEON is part of every aarch64 CPU).
+    #[target_feature(enable = "neon")]
+    #[allow(clippy::needless_range_loop)] // plain index loops keep the vectors in registers
+    pub(super) unsafe fn accumulate<const R: usize, E: WeightElem>(
+        y: &mut [f32],
+        coefs: [f32; R],
+        rows: [&[E]; R],
+    ) {
+        let mut c = [vdupq_n_f32(0.0); R];
+        for r in 0..R {
+            c[r] = vdupq_n_f32(coefs[r]);
+        }
+        let n = y.len();
+        let mut d = 0;
+        while d + 4 <= n {
+            // SAFETY: elements d..d + 4 lie inside y and every row (caller's contract).
+            unsafe {
+                let mut acc = vld1q_f32(y.as_ptr().add(d));
+                for r in 0..R {
+                    let v = E::load4(rows[r].as_ptr().add(d));
+                    acc = vaddq_f32(acc, vmulq_f32(c[r], v));
+                }
+                vst1q_f32(y.as_mut_ptr().add(d), acc);
+            }
+            d += 4;
         }
         super::accumulate_scalar(y, d, coefs, rows);
     }

@@ -338,6 +338,11 @@ unsafe fn small_m_nt<W: WeightElem>(
         Kernel::Avx2 => unsafe {
             small_m_nt_avx2(m, k, n, a, rs_a, w, rs_w, out, rs_out, accumulate)
         },
+        // NEON and FMA are part of every aarch64 CPU: the fused body, vectorized by the compiler.
+        #[cfg(target_arch = "aarch64")]
+        Kernel::Neon | Kernel::NeonDot => unsafe {
+            small_m_nt_body::<W, true>(m, k, n, a, rs_a, w, rs_w, out, rs_out, accumulate)
+        },
         _ => unsafe {
             small_m_nt_body::<W, false>(m, k, n, a, rs_a, w, rs_w, out, rs_out, accumulate)
         },
