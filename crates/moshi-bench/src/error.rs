@@ -116,6 +116,13 @@ pub enum BenchError {
     GuidanceWithoutConditioners { coef: f32, config: String },
     #[error("--cfg-coef {coef} applies to --stage all or lm (the generator runs the two rows), not {stage}")]
     GuidanceStage { coef: f32, stage: &'static str },
+    #[error("--sessions {sessions}: expected 1..={max}")]
+    SessionsOutOfRange { sessions: usize, max: usize },
+    #[error("--sessions {sessions} steps several conversations through the generator: it needs --stage all or lm, not {stage}")]
+    SessionsStage {
+        sessions: usize,
+        stage: &'static str,
+    },
     #[error("internal: --stage {stage} was set up without the {part} it runs")]
     StageWithoutPart {
         stage: &'static str,

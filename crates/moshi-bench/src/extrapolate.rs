@@ -21,7 +21,8 @@ pub fn extrapolate_to_full_depth(
     if full_layers <= run_layers || layer_ms.is_empty() {
         return None;
     }
-    // With guidance each layer runs once per row (`weight_passes_per_frame` times a frame).
+    // Each layer runs `weight_passes_per_frame` times a frame (1: all rows of all sessions in
+    // one batched step; the measured layer time is that step's).
     let passes = weights.weight_passes_per_frame.max(1);
     let missing = (full_layers - run_layers) as f64;
     let per_layer = Percentiles::of(layer_ms);

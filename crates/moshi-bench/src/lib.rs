@@ -31,6 +31,8 @@ pub mod report;
 #[cfg(feature = "pipeline")]
 pub mod run;
 #[cfg(feature = "pipeline")]
+pub mod sessions;
+#[cfg(feature = "pipeline")]
 pub mod span_timer;
 #[cfg(feature = "pipeline")]
 pub mod stages;

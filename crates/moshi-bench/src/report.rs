@@ -10,7 +10,7 @@ use moshi_runtime::metrics::{FrameRecord, Percentiles};
 use moshi_runtime::FRAME_MS;
 
 /// Version of the JSON layout written by `moshi-rs bench --json`.
-pub const BENCH_SCHEMA_VERSION: u32 = 2;
+pub const BENCH_SCHEMA_VERSION: u32 = 3;
 
 /// What was run.
 #[derive(Clone, Debug, Serialize)]
@@ -48,8 +48,11 @@ pub struct RunInfo {
     pub seed: u64,
     /// Classifier-free guidance coefficient (`--cfg-coef`; 1 = none).
     pub cfg_coef: f64,
-    /// Rows the LM runs per step: 1, or 2 with guidance (conditioned and negative).
+    /// Rows the LM runs per step and session: 1, or 2 with guidance (conditioned and negative).
     pub lm_rows: usize,
+    /// Conversations stepped together over one set of weights (`--sessions`): every frame is one
+    /// batched step of all of them, and the stage times are that step's.
+    pub sessions: usize,
 }
 
 /// Where it ran.
@@ -128,8 +131,8 @@ pub struct WeightBytes {
     /// counted), `weight_passes_per_frame` times. For `--stage mimi` this is 0 (Mimi's own
     /// weights are not counted).
     pub read_per_frame_bytes: u64,
-    /// Times a frame reads the LM weights: 1, or 2 with guidance (its two rows run one after
-    /// the other over the same weights).
+    /// Times a frame reads the LM weights: 1 (every row of every session, guidance's second
+    /// rows included, runs in one batched step over the weights).
     pub weight_passes_per_frame: u64,
     /// One temporal layer (mean over the layers present).
     pub temporal_layer_bytes: u64,
@@ -137,8 +140,8 @@ pub struct WeightBytes {
     pub text_head_bytes: u64,
     /// All depformer steps of a frame.
     pub depformer_bytes: u64,
-    /// Keys and values (f32) one temporal layer's attention reads per frame, mean over the timed
-    /// frames, every row's cache: frame `i` of the run (warm-up included) attends over
+    /// Keys and values (of the `--kv-cache` element type) one temporal layer's attention reads
+    /// per frame, mean over the timed frames, every row's cache of every session: frame `i` of the run (warm-up included) attends over
     /// `min(i + 1, context)` positions. 0 when the temporal transformer does not run.
     pub kv_cache_layer_read_bytes: u64,
     /// The same for all temporal layers run. The bound counts it with the weights.
@@ -238,12 +241,24 @@ pub struct BenchReport {
     pub stages: StageStats,
     /// Mean frame time / 80 ms; below 1 is faster than real time.
     pub real_time_factor: f64,
+    /// Conversation frames computed per second: sessions x 1000 / frame p50 ms (80 ms frames:
+    /// 12.5 per second and session keep real time).
+    pub aggregate_frames_per_s: f64,
     pub weights: WeightBytes,
     pub bound: BandwidthBound,
     /// Present only when `layers_run < layers_config`.
     pub extrapolated: Option<Extrapolation>,
     /// Every timed frame, as in the `--profile` JSON Lines files.
     pub frames: Vec<FrameRecord>,
+}
+
+/// `sessions` frames per frame time p50, per second.
+pub fn aggregate_frames_per_s(stats: &StageStats, sessions: usize) -> f64 {
+    if stats.total_ms.p50 > 0.0 {
+        sessions as f64 * 1e3 / stats.total_ms.p50
+    } else {
+        0.0
+    }
 }
 
 /// Mean total / 80 ms.
@@ -270,9 +285,15 @@ impl BenchReport {
             "moshi-rs bench: {} weights, {}, Mimi {}, stage {}, {} of {} temporal layers, {} frames after {} warm-up, {} threads\n",
             r.weights, r.quant, r.mimi_weights, r.stage, r.layers_run, r.layers_config, r.frames, r.warmup_frames, r.threads
         );
+        if r.sessions > 1 {
+            s += &format!(
+                "{} sessions in one batched step per frame (weights read once for all): {:.1} conversation frames/s (12.5 per session keep real time)\n",
+                r.sessions, self.aggregate_frames_per_s
+            );
+        }
         if r.lm_rows > 1 {
             s += &format!(
-                "classifier-free guidance {}: {} LM rows per step, weights read {} times per frame\n",
+                "classifier-free guidance {}: {} LM rows per session in one batched step, weights read {} time(s) per frame\n",
                 r.cfg_coef, r.lm_rows, self.weights.weight_passes_per_frame
             );
         }

@@ -31,11 +31,12 @@ use crate::frames::run_frames;
 use crate::kv_traffic::kv_read_per_layer_bytes;
 use crate::memory::{ensure_fits, peak_resident_bytes, reset_peak_resident};
 use crate::report::{
-    real_time_factor, BandwidthBound, BenchReport, MachineInfo, RunInfo, StageStats, WeightBytes,
-    BENCH_SCHEMA_VERSION,
+    aggregate_frames_per_s, real_time_factor, BandwidthBound, BenchReport, MachineInfo, RunInfo,
+    StageStats, WeightBytes, BENCH_SCHEMA_VERSION,
 };
+use crate::sessions::{LmStage, SessionsPipeline};
 use crate::span_timer::SpanTotals;
-use crate::stages::{DepformerStage, LmStage, MimiStage};
+use crate::stages::{DepformerStage, MimiStage};
 use crate::synthetic_tokenizer::synthetic_tokenizer;
 use crate::BenchError;
 
@@ -121,7 +122,12 @@ pub struct BenchOptions {
     /// Classifier-free guidance coefficient of a conditioned config (Hibiki); `None`: the
     /// config's default, else 1 (no guidance).
     pub cfg_coef: Option<f32>,
+    /// Conversations stepped together over one set of weights (`--sessions`, stages all and lm).
+    pub sessions: usize,
 }
+
+/// Most sessions `--sessions` accepts (as `serve --max-sessions`).
+pub const MAX_SESSIONS: usize = 64;
 
 /// The models a run needs, their config and where they came from.
 struct Loaded {
@@ -170,14 +176,16 @@ pub fn run_bench(
             "cannot reset the peak resident set; peak memory includes the bandwidth probe"
         );
     }
+    check_sessions(options)?;
+    let sessions = options.sessions as u64;
     let loaded = load(options, progress)?;
     let layers_run = loaded.cfg.num_layers;
     let cfg_coef = options
         .cfg_coef
         .unwrap_or_else(|| loaded.cfg.default_cfg_coef());
     check_guidance(cfg_coef, &loaded, options.stage)?;
-    // Guidance runs a second row over the same weights, one after the other: the weights are
-    // read twice per frame and each row has its own KV caches.
+    // Guidance runs a second row per session over the same weights, in the same batched step
+    // (the weights are read once per frame); each row has its own KV caches.
     let lm_rows: u64 = if cfg_coef != 1.0 { 2 } else { 1 };
     let first_frame_steps = options.stage.first_frame_lm_steps();
     if options.kv_prefill > 0 {
@@ -197,11 +205,16 @@ pub fn run_bench(
         ensure_fits(
             || {
                 format!(
-                    "--kv-prefill {} ({} layers of dim {}, {} KV cache)",
-                    options.kv_prefill, cfg.num_layers, cfg.dim, options.kv_cache
+                    "--kv-prefill {} ({} layers of dim {}, {} KV cache, {} LM rows)",
+                    options.kv_prefill,
+                    cfg.num_layers,
+                    cfg.dim,
+                    options.kv_cache,
+                    lm_rows * sessions
                 )
             },
             [
+                lm_rows as usize * options.sessions,
                 options.kv_prefill,
                 cfg.dim,
                 2,
@@ -229,7 +242,7 @@ pub fn run_bench(
         0
     };
     let Loaded {
-        mut lm,
+        lm,
         mut codec,
         layers_config,
         config_origin,
@@ -237,20 +250,10 @@ pub fn run_bench(
         mut weights,
         ..
     } = loaded;
-    if let Some(lm) = lm.as_mut() {
-        lm.set_kv_precision(options.kv_cache);
-    }
-    if let Some(lm) = lm.as_mut().filter(|_| options.kv_prefill > 0) {
-        progress(&format!(
-            "filling the temporal KV caches with {} random positions ...",
-            options.kv_prefill
-        ));
-        lm.fill_temporal_caches_with_noise(options.kv_prefill, options.seed);
-    }
-    weights.kv_cache_layer_read_bytes = kv_layer_bytes * lm_rows;
-    weights.kv_cache_read_per_frame_bytes = kv_layer_bytes * lm_rows * layers_run as u64;
-    weights.weight_passes_per_frame = lm_rows;
-    weights.read_per_frame_bytes *= lm_rows;
+    let kv_rows = lm_rows * sessions;
+    weights.kv_cache_layer_read_bytes = kv_layer_bytes * kv_rows;
+    weights.kv_cache_read_per_frame_bytes = kv_layer_bytes * kv_rows * layers_run as u64;
+    weights.weight_passes_per_frame = 1;
     if let Some((mimi, _)) = codec.as_mut() {
         mimi.set_weights(options.mimi_weights);
         progress(&format!("Mimi weights: {}", options.mimi_weights));
@@ -265,6 +268,12 @@ pub fn run_bench(
         "kernels: {}{eight_bit} (set {KERNEL_ENV} to pick another)",
         kernel.name(),
     ));
+    if options.kv_prefill > 0 {
+        progress(&format!(
+            "filling the temporal KV caches with {} random positions ...",
+            options.kv_prefill
+        ));
+    }
     let mut processor = stage_processor(options, cfg_coef, lm, codec)?;
 
     progress(&format!(
@@ -332,6 +341,7 @@ pub fn run_bench(
             seed: options.seed,
             cfg_coef: cfg_coef as f64,
             lm_rows: lm_rows as usize,
+            sessions: options.sessions,
         },
         machine: MachineInfo {
             os: std::env::consts::OS.into(),
@@ -345,6 +355,7 @@ pub fn run_bench(
         },
         frame_budget_ms: FRAME_MS,
         real_time_factor: real_time_factor(&stats),
+        aggregate_frames_per_s: aggregate_frames_per_s(&stats, options.sessions),
         stages: stats,
         weights,
         bound,
@@ -376,41 +387,70 @@ fn check_guidance(cfg_coef: f32, loaded: &Loaded, stage: Stage) -> Result<(), Be
     Ok(())
 }
 
+/// Checks `--sessions` against its range and the stage: several sessions need a stage that runs
+/// the generator.
+fn check_sessions(options: &BenchOptions) -> Result<(), BenchError> {
+    if !(1..=MAX_SESSIONS).contains(&options.sessions) {
+        return Err(BenchError::SessionsOutOfRange {
+            sessions: options.sessions,
+            max: MAX_SESSIONS,
+        });
+    }
+    if options.sessions > 1 && !matches!(options.stage, Stage::All | Stage::Lm) {
+        return Err(BenchError::SessionsStage {
+            sessions: options.sessions,
+            stage: options.stage.name(),
+        });
+    }
+    Ok(())
+}
+
 /// The frame processor of `options.stage`, from the models loaded for it (`cfg_coef`: the
-/// guidance of a conditioned config).
+/// guidance of a conditioned config): `options.sessions` sessions over the one set of weights,
+/// with the KV precision and the prefilled positions asked for (every row of every session).
 fn stage_processor(
     options: &BenchOptions,
     cfg_coef: f32,
     lm: Option<LmModel>,
     codec: Option<(Mimi, TextTokenizer)>,
 ) -> Result<Box<dyn FrameProcessor>, BenchError> {
-    let generator = |lm| {
-        Generator::new(
-            lm,
-            SamplingConfig {
-                seed: options.seed,
-                ..SamplingConfig::default()
-            },
-        )
-    };
     let stage = options.stage;
     let missing = |part| BenchError::StageWithoutPart {
         stage: stage.name(),
         part,
     };
+    let sampling = |i: usize| SamplingConfig {
+        seed: options.seed.wrapping_add(i as u64),
+        ..SamplingConfig::default()
+    };
     Ok(match stage {
         Stage::All => {
             let lm = lm.ok_or_else(|| missing("LM"))?;
             let (mimi, tokenizer) = codec.ok_or_else(|| missing("Mimi"))?;
-            let mut pipeline = MoshiPipeline::from_parts(mimi, generator(lm), &tokenizer)?;
+            let mut pipeline =
+                MoshiPipeline::from_parts(mimi, Generator::new(lm, sampling(0)), &tokenizer)?;
             pipeline.set_cfg_coef(cfg_coef)?;
-            Box::new(pipeline)
+            pipeline.set_kv_precision(options.kv_cache);
+            let sessions = (0..options.sessions)
+                .map(|i| {
+                    let mut p = pipeline.clone();
+                    p.set_sampling(sampling(i));
+                    if options.kv_prefill > 0 {
+                        p.fill_temporal_caches_with_noise(
+                            options.kv_prefill,
+                            options.seed.wrapping_add(i as u64),
+                        );
+                    }
+                    p
+                })
+                .collect();
+            Box::new(SessionsPipeline::new(sessions))
         }
         Stage::Mimi => Box::new(MimiStage::new(codec.ok_or_else(|| missing("Mimi"))?.0)),
         Stage::Lm => {
             let lm = lm.ok_or_else(|| missing("LM"))?;
             let conditioned = lm.config().is_conditioned();
-            let mut generator = generator(lm);
+            let mut generator = Generator::new(lm, sampling(0));
             if conditioned {
                 generator.set_conditions(
                     TRANSLATION_CONDITIONS,
@@ -418,7 +458,22 @@ fn stage_processor(
                     TRANSLATION_NEGATIVE_CONDITIONS,
                 )?;
             }
-            Box::new(LmStage::new(generator, options.seed))
+            generator.set_kv_precision(options.kv_cache);
+            let generators = (0..options.sessions)
+                .map(|i| {
+                    let mut g = generator.clone();
+                    g.set_sampling(sampling(i));
+                    if options.kv_prefill > 0 {
+                        // Session i's caches get their own noise.
+                        g.fill_temporal_caches_with_noise(
+                            options.kv_prefill,
+                            options.seed.wrapping_add(i as u64),
+                        );
+                    }
+                    g
+                })
+                .collect();
+            Box::new(LmStage::new(generators, options.seed))
         }
         Stage::Depformer => Box::new(DepformerStage::new(lm.ok_or_else(|| missing("LM"))?)?),
     })

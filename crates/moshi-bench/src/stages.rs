@@ -1,10 +1,9 @@
 //! Frame processors that run one stage of the pipeline alone (`moshi-rs bench --stage`): Mimi
-//! (encode + decode), the LM step (temporal + depformer + sampling) and the depformer alone.
+//! (encode + decode) and the depformer alone (the LM step alone is `sessions::LmStage`).
 //! Each fills the [`StageTimings`] of the parts it runs; the others stay 0.
 
 use std::time::Instant;
 
-use moshi_model::generator::Generator;
 use moshi_model::lm::LmModel;
 use moshi_model::mimi::Mimi;
 
@@ -47,60 +46,6 @@ impl FrameProcessor for MimiStage {
     }
 }
 
-/// A small xorshift generator for synthetic user codes.
-#[derive(Clone, Debug)]
-struct CodeRng(u64);
-
-impl CodeRng {
-    fn next_below(&mut self, n: usize) -> u32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        ((self.0 >> 33) % n as u64) as u32
-    }
-}
-
-/// The LM step alone: the generator fed pseudo-random user codes (the input audio is not
-/// encoded); times temporal transformer, depformer and sampling.
-pub struct LmStage {
-    generator: Generator,
-    rng: CodeRng,
-    user_codes: Vec<u32>,
-}
-
-impl LmStage {
-    pub fn new(generator: Generator, seed: u64) -> Self {
-        let n = generator.model().config().user_codebooks();
-        Self {
-            generator,
-            rng: CodeRng(seed | 1),
-            user_codes: vec![0; n],
-        }
-    }
-}
-
-impl FrameProcessor for LmStage {
-    fn process_frame(&mut self, _pcm_in: &[f32]) -> Result<FrameOutput> {
-        let card = self.generator.model().config().card;
-        for c in &mut self.user_codes {
-            *c = self.rng.next_below(card);
-        }
-        self.generator.step(&self.user_codes)?;
-        let t = self.generator.last_timings();
-        let timings = StageTimings {
-            lm_temporal_ms: t.temporal_ms,
-            lm_depformer_ms: t.depformer_ms,
-            sampling_ms: t.sampling_ms,
-            ..Default::default()
-        };
-        Ok(FrameOutput {
-            pcm: vec![0.0; FRAME_SAMPLES],
-            timings,
-            ..Default::default()
-        })
-    }
-}
-
 /// The depformer alone: one temporal step is run at construction, then every frame runs the
 /// `dep_q` depformer sub-steps on its output, each fed the argmax of the previous one.
 pub struct DepformerStage {
@@ -133,15 +78,19 @@ impl FrameProcessor for DepformerStage {
             prev = moshi_model::generator::sampling::argmax(logits);
             sampling_ms += ms_since(t1);
         }
-        let timings = StageTimings {
+        Ok(lm_only_output(StageTimings {
             lm_depformer_ms: depformer_ms,
             sampling_ms,
             ..Default::default()
-        };
-        Ok(FrameOutput {
-            pcm: vec![0.0; FRAME_SAMPLES],
-            timings,
-            ..Default::default()
-        })
+        }))
+    }
+}
+
+/// The output of a stage that runs LM parts only: a silent frame and `timings`.
+pub(crate) fn lm_only_output(timings: StageTimings) -> FrameOutput {
+    FrameOutput {
+        pcm: vec![0.0; FRAME_SAMPLES],
+        timings,
+        ..Default::default()
     }
 }

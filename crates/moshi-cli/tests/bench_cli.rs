@@ -25,6 +25,14 @@ fn bench(args: &[&str]) -> Output {
     )
 }
 
+/// `moshi-rs bench ARGS` fails and its error says `expected`.
+fn refused(args: &[&str], expected: &str) {
+    let out = bench(args);
+    assert!(!out.status.success(), "{args:?} should fail");
+    let err = stderr_text(&out);
+    assert!(err.contains(expected), "{args:?}: {err}");
+}
+
 fn tiny_config() -> String {
     tiny_a("config.json").display().to_string()
 }
@@ -132,7 +140,7 @@ fn tiny_random_run_writes_a_consistent_report_and_trace() {
     );
 
     let r = read_json(&json);
-    assert_eq!(r["schema_version"], 2);
+    assert_eq!(r["schema_version"], 3);
     assert_eq!(r["run"]["weights"], "random");
     assert_eq!(r["run"]["quant"], "q8");
     assert_eq!(r["run"]["mimi_weights"], "f32");
@@ -486,12 +494,6 @@ fn kv_prefill_fills_the_window_and_is_counted() {
     assert_eq!(r["run"]["kv_cache"], "bf16");
     assert_eq!(num(&r, "weights.kv_cache_layer_read_bytes"), kv_layer / 2.0);
 
-    let refused = |args: &[&str], expected: &str| {
-        let out = bench(args);
-        assert!(!out.status.success(), "{args:?} should fail");
-        let err = stderr_text(&out);
-        assert!(err.contains(expected), "{args:?}: {err}");
-    };
     let tiny = ["--random-weights", "--config", &config, "--frames", "1"];
     refused(
         &[&tiny[..], &["--kv-prefill", "17"]].concat(),
@@ -499,6 +501,79 @@ fn kv_prefill_fills_the_window_and_is_counted() {
     );
     refused(
         &[&tiny[..], &["--kv-prefill", "4", "--stage", "mimi"]].concat(),
+        "it needs --stage all or lm, not mimi",
+    );
+}
+
+#[test]
+fn sessions_share_one_weight_pass_and_count_their_caches() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = tiny_config();
+    // `sessions` sessions, 10 prefilled positions each, 2 timed frames at `stage`: the report.
+    let run = |sessions: &str, stage: &str| {
+        let json = dir.path().join(format!("sessions-{sessions}-{stage}.json"));
+        let out = bench(&[
+            "--random-weights",
+            "--config",
+            &config,
+            "--stage",
+            stage,
+            "--sessions",
+            sessions,
+            "--kv-prefill",
+            "10",
+            "--frames",
+            "2",
+            "--json",
+            json.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{}", stderr_text(&out));
+        read_json(&json)
+    };
+    let one = run("1", "lm");
+    let three = run("3", "lm");
+    assert_eq!(one["schema_version"], 3);
+    assert_eq!(one["run"]["sessions"], 1);
+    assert_eq!(three["run"]["sessions"], 3);
+    // The weights are read once for all sessions; each session's caches are read.
+    assert_eq!(num(&three, "weights.weight_passes_per_frame"), 1.0);
+    assert_eq!(
+        num(&three, "weights.read_per_frame_bytes"),
+        num(&one, "weights.read_per_frame_bytes")
+    );
+    // After 1 warm-up frame the 2 timed frames attend over 12 and 13 positions (f32 caches).
+    let kv_layer_one_session = 2.0 * 4.0 * 256.0 * 12.5;
+    assert_eq!(
+        num(&one, "weights.kv_cache_layer_read_bytes"),
+        kv_layer_one_session
+    );
+    assert_eq!(
+        num(&three, "weights.kv_cache_layer_read_bytes"),
+        3.0 * kv_layer_one_session
+    );
+    // Sessions x 1000 / frame p50 (to the last bits JSON's decimal form keeps).
+    let aggregate = num(&three, "aggregate_frames_per_s");
+    let expected = 3.0 * 1e3 / num(&three, "stages.total_ms.p50");
+    assert!(
+        (aggregate - expected).abs() <= 1e-12 * expected,
+        "{aggregate} vs {expected}"
+    );
+    // The whole pipeline: every session's Mimi runs too.
+    let all = run("2", "all");
+    assert_eq!(all["run"]["sessions"], 2);
+    assert!(num(&all, "stages.mimi_encode_ms.p50") > 0.0);
+
+    let tiny = ["--random-weights", "--config", &config, "--frames", "1"];
+    refused(
+        &[&tiny[..], &["--sessions", "0"]].concat(),
+        "--sessions 0: expected 1..=64",
+    );
+    refused(
+        &[&tiny[..], &["--sessions", "65"]].concat(),
+        "--sessions 65: expected 1..=64",
+    );
+    refused(
+        &[&tiny[..], &["--sessions", "2", "--stage", "mimi"]].concat(),
         "it needs --stage all or lm, not mimi",
     );
 }

@@ -157,7 +157,8 @@ fn a_real_pace_client_gets_the_tokens_of_file_mode() {
     // One 1920-sample frame out per frame in (minus the encoder's pre-skip).
     assert!(sent.len() <= frames * 1920 && sent.len() + 1920 > frames * 1920);
 
-    // Greedy: `moshi-rs file` on what the server heard gives the same tokens and text.
+    // Greedy: `moshi-rs file` on what the server heard gives the same tokens and text (with the
+    // server's default bf16 KV caches; file's default is f32).
     let dir = tempfile::tempdir().unwrap();
     let file_tokens = dir.path().join("t.jsonl");
     let heard_path = wait_for_file(record.path(), "-in.wav");
@@ -165,6 +166,7 @@ fn a_real_pace_client_gets_the_tokens_of_file_mode() {
         .args(["file", heard_path.to_str().unwrap()])
         .arg(dir.path().join("out.wav"))
         .args(["--model", tiny_model().to_str().unwrap(), "--greedy"])
+        .args(["--kv-cache", "bf16"])
         .arg("--tokens-out")
         .arg(&file_tokens)
         .env("HF_HUB_OFFLINE", "1")

@@ -155,6 +155,13 @@ impl MoshiPipeline {
         }
     }
 
+    /// [`Generator::fill_temporal_caches_with_noise`]: a long conversation's KV caches without
+    /// running it, for benchmarks (no input leads to this state).
+    pub fn fill_temporal_caches_with_noise(&mut self, positions: usize, seed: u64) {
+        self.generator
+            .fill_temporal_caches_with_noise(positions, seed);
+    }
+
     /// New sampling settings for the next conversation (restarts the conversation).
     pub fn set_sampling(&mut self, sampling: SamplingConfig) {
         self.generator.set_sampling(sampling);

@@ -16,17 +16,17 @@ use moshi_runtime::engine::DropPolicy;
 use moshi_runtime::metrics::Percentiles;
 use moshi_runtime::pipeline::MoshiPipeline;
 use moshi_runtime::SAMPLE_RATE_HZ;
+use moshi_server::batch_engine::BatchEngine;
 use moshi_server::client::{self, Received};
 use moshi_server::ogg_opus::{OggOpusWriter, OpusPacketing};
-use moshi_server::pipeline_pool::PipelinePool;
 use moshi_server::session_engine::{
     EngineSession, OpenError, SessionEngine, SessionEvent, SessionSettings,
 };
 use moshi_server::{ServerConfig, WebUi};
 
-/// The pool, with the compute time of every frame noted as it passes to the session.
+/// The engine, with the compute time of every frame noted as it passes to the session.
 struct Timed {
-    pool: PipelinePool,
+    pool: BatchEngine,
     compute_ms: Arc<Mutex<Vec<f64>>>,
 }
 
@@ -76,8 +76,9 @@ fn main() {
         MoshiPipeline::load(&model, SamplingConfig::greedy(), WeightMode::Native).unwrap();
     let compute_ms = Arc::new(Mutex::new(Vec::new()));
     let engine = Timed {
-        pool: PipelinePool::new(
-            vec![pipeline],
+        pool: BatchEngine::new(
+            pipeline,
+            1,
             DropPolicy::RealTime {
                 max_backlog_frames: 2,
             },

@@ -1,9 +1,9 @@
 //! The seam between the protocol and the model: a [`SessionEngine`] opens conversations; each
 //! takes 1920-sample input frames (24 kHz mono) without ever blocking the caller and answers with
 //! [`SessionEvent`]s on a bounded channel. Compute runs on the engine's own threads, never on
-//! the async runtime. Today's engine is [`crate::pipeline_pool::PipelinePool`] (one pipeline per
-//! session slot); a batched scheduler (one step per 80 ms tick for all sessions) can replace it
-//! without touching the protocol code.
+//! the async runtime. The engine is [`crate::batch_engine::BatchEngine`]: every session's state
+//! over one shared set of weights, one batched step per 80 ms tick for the sessions with a frame
+//! waiting.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex};
@@ -75,6 +75,32 @@ pub struct EngineSession {
     pub events: tokio::sync::mpsc::Receiver<SessionEvent>,
 }
 
+/// Wakes an engine's thread when one of its sessions has news (a frame, or its end), so one
+/// thread can wait on many queues.
+#[derive(Debug, Default)]
+pub struct Doorbell {
+    rung: Mutex<bool>,
+    wake: Condvar,
+}
+
+impl Doorbell {
+    pub fn ring(&self) {
+        *self.rung.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.wake.notify_all();
+    }
+
+    /// Waits until the bell rings (at once if it rang since the last wait) or `timeout` passes;
+    /// true if it rang.
+    pub fn wait(&self, timeout: std::time::Duration) -> bool {
+        let rung = self.rung.lock().unwrap_or_else(|p| p.into_inner());
+        let (mut rung, _) = self
+            .wake
+            .wait_timeout_while(rung, timeout, |r| !*r)
+            .unwrap_or_else(|p| p.into_inner());
+        std::mem::take(&mut *rung)
+    }
+}
+
 /// Frames waiting for the model, shared by the session (producer) and the engine (consumer).
 ///
 /// With [`DropPolicy::RealTime`] `{ max_backlog_frames: B }` the backlog may add at most
@@ -89,6 +115,8 @@ pub struct InputQueue {
     policy: DropPolicy,
     /// Hard bound on waiting frames, whatever the policy.
     capacity_frames: usize,
+    /// Rung on every push and on close.
+    doorbell: Option<Arc<Doorbell>>,
 }
 
 struct QueueState {
@@ -113,6 +141,15 @@ pub fn frames_to_drop(policy: DropPolicy, waiting_frames: usize, compute_ms: f64
     }
 }
 
+/// What [`InputQueue::try_pop`] finds.
+pub enum TryPop {
+    Frame(NextFrame),
+    /// Nothing waiting now.
+    Empty,
+    /// The session has ended: no more frames.
+    Closed,
+}
+
 /// What [`InputQueue::pop`] hands the engine.
 pub struct NextFrame {
     pub frame: Vec<f32>,
@@ -126,6 +163,23 @@ impl InputQueue {
     /// A queue that applies `policy` when frames are taken and never holds more than
     /// `capacity_frames` (the oldest are dropped and counted).
     pub fn new(policy: DropPolicy, capacity_frames: usize) -> Arc<Self> {
+        Self::build(policy, capacity_frames, None)
+    }
+
+    /// [`InputQueue::new`] that also rings `doorbell` on every push and on close.
+    pub fn with_doorbell(
+        policy: DropPolicy,
+        capacity_frames: usize,
+        doorbell: Arc<Doorbell>,
+    ) -> Arc<Self> {
+        Self::build(policy, capacity_frames, Some(doorbell))
+    }
+
+    fn build(
+        policy: DropPolicy,
+        capacity_frames: usize,
+        doorbell: Option<Arc<Doorbell>>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             state: Mutex::new(QueueState {
                 frames: VecDeque::with_capacity(capacity_frames.max(1)),
@@ -136,7 +190,14 @@ impl InputQueue {
             ready: Condvar::new(),
             policy,
             capacity_frames: capacity_frames.max(1),
+            doorbell,
         })
+    }
+
+    fn ring(&self) {
+        if let Some(bell) = &self.doorbell {
+            bell.ring();
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, QueueState> {
@@ -157,6 +218,7 @@ impl InputQueue {
         }
         drop(s);
         self.ready.notify_one();
+        self.ring();
     }
 
     /// No more frames: wakes the engine, which then ends the conversation.
@@ -166,6 +228,7 @@ impl InputQueue {
         s.frames.clear();
         drop(s);
         self.ready.notify_all();
+        self.ring();
     }
 
     /// Waits for the next frame, dropping the oldest ones as the policy says. `None` once closed.
@@ -180,6 +243,23 @@ impl InputQueue {
             }
             s = self.ready.wait(s).unwrap_or_else(|p| p.into_inner());
         }
+        Some(self.take_next(&mut s, last_seen_dropped))
+    }
+
+    /// [`InputQueue::pop`] without waiting.
+    pub fn try_pop(&self, last_seen_dropped: u64) -> TryPop {
+        let mut s = self.lock();
+        if s.closed {
+            TryPop::Closed
+        } else if s.frames.is_empty() {
+            TryPop::Empty
+        } else {
+            TryPop::Frame(self.take_next(&mut s, last_seen_dropped))
+        }
+    }
+
+    /// Drops the oldest frames as the policy says and takes the next one (`s.frames` non-empty).
+    fn take_next(&self, s: &mut QueueState, last_seen_dropped: u64) -> NextFrame {
         let drop_now = frames_to_drop(self.policy, s.frames.len(), s.compute_ms_estimate);
         for _ in 0..drop_now {
             s.frames.pop_front();
@@ -188,11 +268,11 @@ impl InputQueue {
         let (frame, queued_at) = s.frames.pop_front().expect("checked non-empty");
         let newly_dropped_total =
             (s.dropped_frames != last_seen_dropped).then_some(s.dropped_frames);
-        Some(NextFrame {
+        NextFrame {
             frame,
             queued_at,
             newly_dropped_total,
-        })
+        }
     }
 
     /// Frames dropped so far.

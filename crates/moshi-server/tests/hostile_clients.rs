@@ -13,9 +13,9 @@ use moshi_loader::{ModelSource, SourceOverrides, WeightMode};
 use moshi_model::generator::SamplingConfig;
 use moshi_runtime::engine::DropPolicy;
 use moshi_runtime::pipeline::MoshiPipeline;
+use moshi_server::batch_engine::BatchEngine;
 use moshi_server::client::{self, ChatReceiver, Received};
 use moshi_server::ogg_opus::{OggOpusWriter, OpusPacketing};
-use moshi_server::pipeline_pool::PipelinePool;
 use moshi_server::{Limits, RunningServer, ServerConfig, WebUi};
 use moshi_test_support::tiny_a_dir;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -39,8 +39,9 @@ async fn start(max_sessions: usize, limits: Limits) -> RunningServer {
     config.web_ui = WebUi::None;
     config.limits = limits;
     config.default_sampling = SamplingConfig::greedy();
-    let pool = PipelinePool::new(
-        (0..max_sessions).map(|_| pipeline()).collect(),
+    let pool = BatchEngine::new(
+        pipeline(),
+        max_sessions,
         DropPolicy::RealTime {
             max_backlog_frames: 2,
         },
@@ -446,7 +447,7 @@ async fn tls_serves_wss() {
     let mut config = ServerConfig::new("127.0.0.1:0".parse().unwrap());
     config.web_ui = WebUi::None;
     config.tls = Some(files);
-    let pool = PipelinePool::new(vec![pipeline()], DropPolicy::Lossless, 8).unwrap();
+    let pool = BatchEngine::new(pipeline(), 1, DropPolicy::Lossless, 8).unwrap();
     let server = moshi_server::start(config, Arc::new(pool)).await.unwrap();
     assert!(server.url().starts_with("https://127.0.0.1:"));
 

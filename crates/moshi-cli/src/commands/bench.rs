@@ -103,6 +103,11 @@ pub struct BenchArgs {
     /// Element type of the temporal KV caches: f32 (exact, default) or bf16 (half the bytes).
     #[arg(long, value_name = "f32|bf16", default_value_t = KvPrecision::F32)]
     kv_cache: KvPrecision,
+    /// Conversations stepped together over one set of weights, as `serve` runs them: every
+    /// frame is one batched step of all of them (stages all and lm). The report gives the
+    /// frame time of the whole step and the conversation frames per second.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    sessions: usize,
     /// Compute threads, at most the logical CPUs (default: the performance cores of a big/little
     /// CPU, else all of them).
     #[arg(long, value_parser = super::flag_values::threads)]
@@ -200,6 +205,7 @@ pub fn run(args: BenchArgs, log_filter: &str) -> Result<()> {
         mimi_weights: args.mimi_weights,
         bandwidth_buffer_mib: args.bandwidth_buffer_mib,
         cfg_coef: args.cfg_coef,
+        sessions: args.sessions,
     };
     let result = tracing::subscriber::with_default(subscriber, || {
         run_bench(&options, Some(&totals), &mut |line| eprintln!("{line}"))

@@ -22,7 +22,7 @@ use moshi_runtime::ring::{AudioCounters, CounterSnapshot};
 use moshi_runtime::{wav, SAMPLE_RATE_HZ};
 
 use super::file::check_writable;
-use super::model_args::{ModelArgs, SamplingArgs};
+use super::model_args::{ModelArgs, SamplingArgs, LIVE_KV_CACHE};
 
 #[derive(clap::Args, Debug)]
 pub struct ChatArgs {
@@ -256,7 +256,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         "--buffer-ms {}: expected 1..=1000",
         args.buffer_ms
     );
-    let (model, pipeline) = args.model.load_pipeline(&args.sampling)?;
+    let (model, pipeline) = args.model.load_pipeline(&args.sampling, LIVE_KV_CACHE)?;
     eprintln!(
         "model: {} ({:?})",
         model.lm_weights_path.display(),

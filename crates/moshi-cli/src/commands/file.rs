@@ -25,7 +25,7 @@ use moshi_runtime::wav::{write_mono_i16, WavWriter};
 use moshi_runtime::wav_frames::{PartialFrame, WavFrames};
 use moshi_runtime::{RuntimeError, FRAME_SAMPLES, SAMPLE_RATE_HZ};
 
-use super::model_args::{ModelArgs, SamplingArgs};
+use super::model_args::{ModelArgs, SamplingArgs, FILE_KV_CACHE};
 use super::transcript::Transcript;
 
 #[derive(clap::Args, Debug)]
@@ -117,7 +117,7 @@ pub fn run(args: FileArgs) -> anyhow::Result<()> {
     let load_started = Instant::now();
     let spinner = indicatif::ProgressBar::new_spinner().with_message("loading the model");
     spinner.enable_steady_tick(std::time::Duration::from_millis(120));
-    let loaded = args.model.load_pipeline(&args.sampling);
+    let loaded = args.model.load_pipeline(&args.sampling, FILE_KV_CACHE);
     spinner.finish_and_clear();
     let (model, mut pipeline) = loaded?;
     let translation = pipeline.is_translation();

@@ -45,12 +45,18 @@ pub struct ModelArgs {
     /// bf16 or q8 (MLX 8-bit affine, group 64). Activations stay f32.
     #[arg(long, value_name = "f32|bf16|q8", default_value_t = MimiWeights::F32)]
     pub mimi_weights: MimiWeights,
-    /// Element type of the LM's temporal KV caches: f32 (exact, default) or bf16 (rounded to
-    /// nearest even: half the memory, and half the bytes read per frame late in a conversation,
-    /// when a full 3000-position window is about as large as the q4 weights).
-    #[arg(long, value_name = "f32|bf16", default_value_t = KvPrecision::F32)]
-    pub kv_cache: KvPrecision,
+    /// Element type of the LM's temporal KV caches: f32 (exact) or bf16 (rounded to nearest
+    /// even: half the memory, and half the bytes read per frame late in a conversation, when a
+    /// full 3000-position window is about as large as the q4 weights). Default: bf16 for the
+    /// live commands (chat, serve), as Kyutai's own runtimes do; f32 for file.
+    #[arg(long, value_name = "f32|bf16")]
+    pub kv_cache: Option<KvPrecision>,
 }
+
+/// KV cache precision of the live commands (`chat`, `serve`) unless `--kv-cache` says otherwise.
+pub const LIVE_KV_CACHE: KvPrecision = KvPrecision::Bf16;
+/// KV cache precision of `file` unless `--kv-cache` says otherwise (exact).
+pub const FILE_KV_CACHE: KvPrecision = KvPrecision::F32;
 
 /// `--quantize`: MLX affine quantization, with the group size of the Kyutai MLX releases (`q4`,
 /// `q8`) or MLX's default group size (`q4g64`).
@@ -188,10 +194,17 @@ impl ModelArgs {
         }
     }
 
-    /// Resolves and loads the whole pipeline with `sampling`'s settings (guidance included).
+    /// `--kv-cache`, else the command's `default`.
+    pub fn kv_cache_or(&self, default: KvPrecision) -> KvPrecision {
+        self.kv_cache.unwrap_or(default)
+    }
+
+    /// Resolves and loads the whole pipeline with `sampling`'s settings (guidance included) and
+    /// `--kv-cache` or the command's `default_kv_cache`.
     pub fn load_pipeline(
         &self,
         sampling: &SamplingArgs,
+        default_kv_cache: KvPrecision,
     ) -> anyhow::Result<(ResolvedModel, MoshiPipeline)> {
         let mode = self.weight_mode()?;
         if let Some(c) = sampling.cfg_coef {
@@ -214,7 +227,7 @@ impl ModelArgs {
             })?;
         }
         pipeline.set_mimi_weights(self.mimi_weights);
-        pipeline.set_kv_precision(self.kv_cache);
+        pipeline.set_kv_precision(self.kv_cache_or(default_kv_cache));
         Ok((model, pipeline))
     }
 }

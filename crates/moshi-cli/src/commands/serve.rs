@@ -1,6 +1,6 @@
 //! `moshi-rs serve`: the websocket server of Kyutai's protocol (`/api/chat`) with a web UI at
-//! `/`. This file only reads the flags, loads one pipeline per session slot and starts
-//! moshi-server; Ctrl-C closes the sessions cleanly.
+//! `/`. This file only reads the flags, loads the model once and starts moshi-server, whose
+//! batched engine runs every session over those weights; Ctrl-C closes the sessions cleanly.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -9,13 +9,14 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use moshi_runtime::engine::{DropPolicy, FrameProcessor};
 use moshi_runtime::FRAME_SAMPLES;
-use moshi_server::pipeline_pool::PipelinePool;
+use moshi_server::batch_engine::BatchEngine;
 use moshi_server::tls::TlsFiles;
 use moshi_server::{Limits, ServerConfig, WebUi};
 
-use super::model_args::{ModelArgs, SamplingArgs};
+use super::model_args::{ModelArgs, SamplingArgs, LIVE_KV_CACHE};
 
-/// Most sessions `--max-sessions` accepts (each holds its own copy of the model today).
+/// Most sessions `--max-sessions` accepts (each holds its own KV caches: up to 1.5 GB for the
+/// 7B at a full window with bf16 caches).
 const MAX_SESSIONS_LIMIT: usize = 64;
 
 /// Input frames a session's queue holds at most, whatever the model's pace (2 s of audio): a
@@ -44,8 +45,9 @@ pub struct ServeArgs {
     /// the built-in page when that cannot be had (offline).
     #[arg(long = "static", value_name = "DIR|none")]
     pub static_ui: Option<String>,
-    /// Conversations at once; one more gets a "server busy" error. Each session holds its own
-    /// copy of the model.
+    /// Conversations at once; one more gets a "server busy" error. They share the weights and
+    /// run in batched steps (one weight pass per frame for all of them); each holds its own
+    /// state (KV caches, Mimi's streams).
     #[arg(long, default_value_t = 1)]
     pub max_sessions: usize,
     /// TLS certificate chain (PEM), for https/wss.
@@ -111,30 +113,26 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 
     let load_started = Instant::now();
     let sampling = args.sampling.config();
-    let (model, mut pipeline) = args.model.load_pipeline(&args.sampling)?;
+    let (model, mut pipeline) = args.model.load_pipeline(&args.sampling, LIVE_KV_CACHE)?;
     // Warm-up (first touch of the weights), then back to the freshly loaded state.
     pipeline
         .process_frame(&vec![0.0; FRAME_SAMPLES])
         .context("warm-up frame")?;
     pipeline.reset();
     let pipeline_cfg_coef = pipeline.cfg_coef();
-    let mut pipelines = vec![pipeline];
-    while pipelines.len() < args.max_sessions {
-        pipelines.push(pipelines[0].clone());
-    }
     eprintln!(
-        "model: {} ({:?}); {} session slot(s) ready in {:.1} s",
+        "model: {} ({:?}); ready in {:.1} s for up to {} session(s) in batched steps",
         model.lm_weights_path.display(),
         model.layout,
-        pipelines.len(),
-        load_started.elapsed().as_secs_f64()
+        load_started.elapsed().as_secs_f64(),
+        args.max_sessions
     );
     let policy = DropPolicy::RealTime {
         max_backlog_frames: args.max_backlog_frames,
     };
     let queue_capacity_frames = MAX_QUEUED_INPUT_FRAMES.max(args.max_backlog_frames + 1);
-    let engine = PipelinePool::new(pipelines, policy, queue_capacity_frames)
-        .context("starting the session threads")?;
+    let engine = BatchEngine::new(pipeline, args.max_sessions, policy, queue_capacity_frames)
+        .context("starting the compute thread")?;
 
     let mut config = ServerConfig::new(SocketAddr::new(args.host, args.port));
     config.web_ui = web_ui.clone();
@@ -152,7 +150,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         "mimi": model.mimi_weights_path.display().to_string(),
         "quantize": args.model.quantize.map(|q| q.name()),
         "dequantize": args.model.dequantize,
-        "kv_cache": args.model.kv_cache.to_string(),
+        "kv_cache": args.model.kv_cache_or(LIVE_KV_CACHE).to_string(),
         "mimi_weights": args.model.mimi_weights.to_string(),
         "greedy": sampling.greedy,
         "cfg_coef": pipeline_cfg_coef,

@@ -238,6 +238,16 @@ impl Generator {
             && (id as usize) < cfg.text_card
     }
 
+    /// [`crate::lm::LmModel::fill_temporal_caches_with_noise`] for every row (both with
+    /// guidance): for benchmarks of long conversations.
+    pub fn fill_temporal_caches_with_noise(&mut self, positions: usize, seed: u64) {
+        self.model.fill_temporal_caches_with_noise(positions, seed);
+        if let Some(g) = &mut self.guidance {
+            g.null_row
+                .fill_temporal_caches_with_noise(positions, seed ^ 0x5EED);
+        }
+    }
+
     /// Back to step 0 (model caches emptied, RNG re-seeded).
     pub fn reset(&mut self) {
         self.model.reset();

@@ -123,6 +123,11 @@ impl LmRowState {
         self.depformer.reset();
     }
 
+    /// [`TemporalState::fill_caches_with_noise`]: for benchmarks of long conversations.
+    pub fn fill_temporal_caches_with_noise(&mut self, positions: usize, seed: u64) {
+        self.temporal.fill_caches_with_noise(positions, seed);
+    }
+
     /// Bytes currently allocated by the temporal KV caches.
     pub fn kv_cache_bytes(&self) -> usize {
         self.temporal
@@ -639,7 +644,7 @@ impl LmModel {
 
     /// [`TemporalState::fill_caches_with_noise`]: for benchmarks of long conversations.
     pub fn fill_temporal_caches_with_noise(&mut self, positions: usize, seed: u64) {
-        self.row.temporal.fill_caches_with_noise(positions, seed);
+        self.row.fill_temporal_caches_with_noise(positions, seed);
     }
 
     /// Temporal steps run since the last reset.

@@ -1,7 +1,8 @@
-//! The session pool with the tiny model: a reset pipeline behaves exactly as a freshly loaded
-//! one (so a slot reused by the next session gives it a fresh conversation), a session's tokens
-//! equal an offline run's, sessions get their own sampling settings, and one session too many
-//! is refused as busy.
+//! The batched session engine with the tiny model: a reset pipeline behaves exactly as a freshly
+//! loaded one and a clone of a fresh one is fresh (every session starts as such a clone), a
+//! session's tokens equal an offline run's whether it runs alone or batched with others that
+//! join and leave, sessions get their own sampling settings, one session too many is refused as
+//! busy, and frames beyond the backlog are dropped and reported.
 
 use std::time::Duration;
 
@@ -10,7 +11,7 @@ use moshi_model::generator::SamplingConfig;
 use moshi_runtime::engine::{run_offline, DropPolicy, FrameOutput, FrameTokens};
 use moshi_runtime::pipeline::MoshiPipeline;
 use moshi_runtime::FRAME_SAMPLES;
-use moshi_server::pipeline_pool::PipelinePool;
+use moshi_server::batch_engine::BatchEngine;
 use moshi_server::session_engine::{OpenError, SessionEngine, SessionEvent, SessionSettings};
 use moshi_test_support::tiny_a_dir;
 
@@ -76,8 +77,8 @@ fn a_reset_pipeline_behaves_as_a_fresh_one() {
     }
 }
 
-/// Tokens of one pool session fed `pcm` (every frame processed: lossless policy).
-fn session_tokens(pool: &PipelinePool, sampling: SamplingConfig, pcm: &[f32]) -> Vec<FrameTokens> {
+/// Tokens of one session fed `pcm` (every frame processed: lossless policy).
+fn session_tokens(pool: &BatchEngine, sampling: SamplingConfig, pcm: &[f32]) -> Vec<FrameTokens> {
     let mut session = pool.open(SessionSettings { sampling }).unwrap();
     let frames = pcm.len() / FRAME_SAMPLES;
     for f in pcm.chunks_exact(FRAME_SAMPLES) {
@@ -98,11 +99,12 @@ fn session_tokens(pool: &PipelinePool, sampling: SamplingConfig, pcm: &[f32]) ->
 }
 
 #[test]
-fn pool_sessions_are_fresh_conversations_with_their_own_settings() {
+fn sessions_are_fresh_conversations_with_their_own_settings() {
     let input = speech();
     let frames = input.len() / FRAME_SAMPLES;
-    let pool = PipelinePool::new(
-        vec![load(SamplingConfig::default())],
+    let pool = BatchEngine::new(
+        load(SamplingConfig::default()),
+        1,
         DropPolicy::Lossless,
         frames + 1,
     )
@@ -113,7 +115,7 @@ fn pool_sessions_are_fresh_conversations_with_their_own_settings() {
         greedy, offline,
         "a session gives the tokens of an offline run"
     );
-    // The next session on the same (reset) slot: the same conversation again.
+    // The next session: the same conversation again.
     assert_eq!(
         session_tokens(&pool, SamplingConfig::greedy(), &input),
         greedy
@@ -134,11 +136,9 @@ fn pool_sessions_are_fresh_conversations_with_their_own_settings() {
 
 #[test]
 fn one_session_too_many_is_busy_until_one_ends() {
-    let pool = PipelinePool::new(
-        vec![
-            load(SamplingConfig::greedy()),
-            load(SamplingConfig::greedy()),
-        ],
+    let pool = BatchEngine::new(
+        load(SamplingConfig::greedy()),
+        2,
         DropPolicy::RealTime {
             max_backlog_frames: 2,
         },
@@ -157,7 +157,7 @@ fn one_session_too_many_is_busy_until_one_ends() {
     ));
     drop(a);
     let mut c = pool.open(settings()).expect("a slot is free again at once");
-    // The reused slot works (after its reset).
+    // The new session works.
     c.input.push(vec![0.0; FRAME_SAMPLES]);
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -172,8 +172,9 @@ fn one_session_too_many_is_busy_until_one_ends() {
 
 #[test]
 fn frames_beyond_the_backlog_are_dropped_and_reported() {
-    let pool = PipelinePool::new(
-        vec![load(SamplingConfig::greedy())],
+    let pool = BatchEngine::new(
+        load(SamplingConfig::greedy()),
+        1,
         DropPolicy::RealTime {
             max_backlog_frames: 0,
         },
@@ -205,4 +206,113 @@ fn frames_beyond_the_backlog_are_dropped_and_reported() {
         "every frame is processed or counted"
     );
     assert_eq!(s.input.dropped_frames(), reported);
+}
+
+#[test]
+fn sessions_at_once_each_get_their_offline_tokens() {
+    // Four conversations on one engine, started one after another (so at different positions
+    // when they share steps), each fed its whole input at once: every frame is processed in
+    // batched steps with whoever has a frame waiting, and each session's tokens are its own
+    // offline run's.
+    let input = speech();
+    let frames = input.len() / FRAME_SAMPLES;
+    let engine = std::sync::Arc::new(
+        BatchEngine::new(
+            load(SamplingConfig::greedy()),
+            4,
+            DropPolicy::Lossless,
+            frames + 1,
+        )
+        .unwrap(),
+    );
+    let seeded = |seed| SamplingConfig {
+        seed,
+        ..SamplingConfig::default()
+    };
+    let settings = [
+        SamplingConfig::greedy(),
+        seeded(1),
+        seeded(2),
+        SamplingConfig::greedy(),
+    ];
+    let sessions: Vec<_> = settings
+        .iter()
+        .enumerate()
+        .map(|(i, sampling)| {
+            let engine = engine.clone();
+            let sampling = sampling.clone();
+            let pcm = if i % 2 == 0 {
+                input.clone()
+            } else {
+                noise(frames)
+            };
+            let handle = std::thread::spawn({
+                let pcm = pcm.clone();
+                move || session_tokens(&engine, sampling, &pcm)
+            });
+            std::thread::sleep(Duration::from_millis(150));
+            (handle, pcm)
+        })
+        .collect();
+    for ((handle, pcm), sampling) in sessions.into_iter().zip(settings) {
+        let got = handle.join().unwrap();
+        assert_eq!(
+            got,
+            run(&mut load(sampling.clone()), &pcm).1,
+            "{sampling:?}"
+        );
+    }
+    assert_eq!(engine.active_sessions(), 0, "every session has ended");
+}
+
+#[test]
+fn sessions_with_frames_waiting_share_one_step() {
+    // Three sessions whose frames all arrive within microseconds: the engine steps them
+    // together (far fewer steps than session frames), and each gets an answer for every frame.
+    let frames = 12;
+    let engine = BatchEngine::new(
+        load(SamplingConfig::greedy()),
+        3,
+        DropPolicy::Lossless,
+        frames + 1,
+    )
+    .unwrap();
+    let mut sessions: Vec<_> = (0..3)
+        .map(|_| {
+            engine
+                .open(SessionSettings {
+                    sampling: SamplingConfig::greedy(),
+                })
+                .unwrap()
+        })
+        .collect();
+    let input = noise(frames);
+    for f in input.chunks_exact(FRAME_SAMPLES) {
+        for s in &sessions {
+            s.input.push(f.to_vec());
+        }
+    }
+    let mut answers = Vec::new();
+    for s in &mut sessions {
+        let mut tokens = Vec::new();
+        while tokens.len() < frames {
+            match s.events.blocking_recv() {
+                Some(SessionEvent::Frame(f)) => tokens.push(f.tokens.unwrap()),
+                other => panic!("unexpected event {other:?}"),
+            }
+        }
+        answers.push(tokens);
+    }
+    assert!(
+        answers.iter().all(|a| *a == answers[0]),
+        "the same input gives the same tokens in every session"
+    );
+    let counters = engine.counters();
+    assert_eq!(counters.session_frames(), 3 * frames as u64);
+    assert!(
+        counters.steps() < counters.session_frames(),
+        "{} steps for {} session frames: the sessions were not batched",
+        counters.steps(),
+        counters.session_frames()
+    );
 }
