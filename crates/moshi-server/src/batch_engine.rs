@@ -120,7 +120,7 @@ impl SessionEngine for BatchEngine {
         let on_close = Box::new(move || {
             active.fetch_sub(1, Ordering::AcqRel);
         });
-        let queue = InputQueue::with_doorbell(
+        let queue = InputQueue::new(
             self.policy,
             self.queue_capacity_frames,
             self.doorbell.clone(),

@@ -111,12 +111,11 @@ impl Doorbell {
 /// then sent what it had) is caught up instead of dropped.
 pub struct InputQueue {
     state: Mutex<QueueState>,
-    ready: Condvar,
     policy: DropPolicy,
     /// Hard bound on waiting frames, whatever the policy.
     capacity_frames: usize,
     /// Rung on every push and on close.
-    doorbell: Option<Arc<Doorbell>>,
+    doorbell: Arc<Doorbell>,
 }
 
 struct QueueState {
@@ -150,7 +149,7 @@ pub enum TryPop {
     Closed,
 }
 
-/// What [`InputQueue::pop`] hands the engine.
+/// What [`InputQueue::try_pop`] hands the engine.
 pub struct NextFrame {
     pub frame: Vec<f32>,
     /// When it was queued (complete).
@@ -160,26 +159,10 @@ pub struct NextFrame {
 }
 
 impl InputQueue {
-    /// A queue that applies `policy` when frames are taken and never holds more than
-    /// `capacity_frames` (the oldest are dropped and counted).
-    pub fn new(policy: DropPolicy, capacity_frames: usize) -> Arc<Self> {
-        Self::build(policy, capacity_frames, None)
-    }
-
-    /// [`InputQueue::new`] that also rings `doorbell` on every push and on close.
-    pub fn with_doorbell(
-        policy: DropPolicy,
-        capacity_frames: usize,
-        doorbell: Arc<Doorbell>,
-    ) -> Arc<Self> {
-        Self::build(policy, capacity_frames, Some(doorbell))
-    }
-
-    fn build(
-        policy: DropPolicy,
-        capacity_frames: usize,
-        doorbell: Option<Arc<Doorbell>>,
-    ) -> Arc<Self> {
+    /// A queue that applies `policy` when frames are taken, never holds more than
+    /// `capacity_frames` (the oldest are dropped and counted), and rings `doorbell` on every push
+    /// and on close (the engine's thread waits on the bell of all its sessions).
+    pub fn new(policy: DropPolicy, capacity_frames: usize, doorbell: Arc<Doorbell>) -> Arc<Self> {
         Arc::new(Self {
             state: Mutex::new(QueueState {
                 frames: VecDeque::with_capacity(capacity_frames.max(1)),
@@ -187,17 +170,10 @@ impl InputQueue {
                 dropped_frames: 0,
                 compute_ms_estimate: FRAME_MS,
             }),
-            ready: Condvar::new(),
             policy,
             capacity_frames: capacity_frames.max(1),
             doorbell,
         })
-    }
-
-    fn ring(&self) {
-        if let Some(bell) = &self.doorbell {
-            bell.ring();
-        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, QueueState> {
@@ -217,8 +193,7 @@ impl InputQueue {
             s.dropped_frames += 1;
         }
         drop(s);
-        self.ready.notify_one();
-        self.ring();
+        self.doorbell.ring();
     }
 
     /// No more frames: wakes the engine, which then ends the conversation.
@@ -227,26 +202,10 @@ impl InputQueue {
         s.closed = true;
         s.frames.clear();
         drop(s);
-        self.ready.notify_all();
-        self.ring();
+        self.doorbell.ring();
     }
 
-    /// Waits for the next frame, dropping the oldest ones as the policy says. `None` once closed.
-    pub fn pop(&self, last_seen_dropped: u64) -> Option<NextFrame> {
-        let mut s = self.lock();
-        loop {
-            if s.closed {
-                return None;
-            }
-            if !s.frames.is_empty() {
-                break;
-            }
-            s = self.ready.wait(s).unwrap_or_else(|p| p.into_inner());
-        }
-        Some(self.take_next(&mut s, last_seen_dropped))
-    }
-
-    /// [`InputQueue::pop`] without waiting.
+    /// The next frame if one waits, after dropping the oldest ones as the policy says.
     pub fn try_pop(&self, last_seen_dropped: u64) -> TryPop {
         let mut s = self.lock();
         if s.closed {
@@ -329,9 +288,22 @@ mod tests {
         vec![v; 4]
     }
 
+    fn queue(policy: DropPolicy, capacity_frames: usize) -> Arc<InputQueue> {
+        InputQueue::new(policy, capacity_frames, Arc::new(Doorbell::default()))
+    }
+
+    /// The next frame, which the test knows is waiting.
+    fn pop(q: &InputQueue, last_seen_dropped: u64) -> NextFrame {
+        match q.try_pop(last_seen_dropped) {
+            TryPop::Frame(next) => next,
+            TryPop::Empty => panic!("no frame waiting"),
+            TryPop::Closed => panic!("the queue is closed"),
+        }
+    }
+
     #[test]
     fn real_time_policy_drops_the_oldest_and_counts() {
-        let q = InputQueue::new(
+        let q = queue(
             DropPolicy::RealTime {
                 max_backlog_frames: 1,
             },
@@ -341,10 +313,10 @@ mod tests {
             q.push(frame(i as f32));
         }
         // 5 waiting, 1 may wait behind the next: frames 0..3 dropped, 3 processed, 4 left.
-        let next = q.pop(0).unwrap();
+        let next = pop(&q, 0);
         assert_eq!(next.frame[0], 3.0);
         assert_eq!(next.newly_dropped_total, Some(3));
-        let next = q.pop(3).unwrap();
+        let next = pop(&q, 3);
         assert_eq!(next.frame[0], 4.0);
         assert_eq!(next.newly_dropped_total, None);
         assert_eq!(q.dropped_frames(), 3);
@@ -363,41 +335,52 @@ mod tests {
         assert_eq!(frames_to_drop(policy, 10, 500.0), 7);
         assert_eq!(frames_to_drop(DropPolicy::Lossless, 10, 500.0), 0);
 
-        let q = InputQueue::new(policy, 16);
+        let q = queue(policy, 16);
         for _ in 0..20 {
             q.record_compute_ms(10.0);
         }
         for i in 0..8 {
             q.push(frame(i as f32));
         }
-        let next = q.pop(0).unwrap();
+        let next = pop(&q, 0);
         assert_eq!(next.frame[0], 0.0, "nothing dropped");
         assert_eq!(next.newly_dropped_total, None);
         // The model slows down: the backlog is cut to what it can process in 240 ms.
         for _ in 0..20 {
             q.record_compute_ms(120.0);
         }
-        let next = q.pop(0).unwrap();
+        let next = pop(&q, 0);
         assert_eq!(next.frame[0], 5.0, "7 waiting, 3 kept");
         assert_eq!(next.newly_dropped_total, Some(4));
     }
 
     #[test]
     fn lossless_policy_keeps_frames_up_to_the_bound() {
-        let q = InputQueue::new(DropPolicy::Lossless, 3);
+        let q = queue(DropPolicy::Lossless, 3);
         for i in 0..5 {
             q.push(frame(i as f32));
         }
         assert_eq!(q.dropped_frames(), 2);
-        let got: Vec<f32> = (0..3).map(|_| q.pop(2).unwrap().frame[0]).collect();
+        let got: Vec<f32> = (0..3).map(|_| pop(&q, 2).frame[0]).collect();
         assert_eq!(got, vec![2.0, 3.0, 4.0]);
     }
 
     #[test]
-    fn closing_wakes_a_waiting_consumer() {
-        let q = InputQueue::new(DropPolicy::Lossless, 3);
-        let q2 = q.clone();
-        let waiter = std::thread::spawn(move || q2.pop(0).is_none());
+    fn pushes_and_closing_ring_the_doorbell() {
+        let bell = Arc::new(Doorbell::default());
+        let q = InputQueue::new(DropPolicy::Lossless, 3, bell.clone());
+        assert!(
+            !bell.wait(std::time::Duration::from_millis(10)),
+            "nothing happened yet"
+        );
+        assert!(matches!(q.try_pop(0), TryPop::Empty));
+        q.push(frame(1.0));
+        assert!(bell.wait(std::time::Duration::ZERO), "a push rings");
+        assert_eq!(pop(&q, 0).frame[0], 1.0);
+        // A waiting engine thread is woken when the session's input is dropped.
+        let waiter_bell = bell.clone();
+        let waiter =
+            std::thread::spawn(move || waiter_bell.wait(std::time::Duration::from_secs(30)));
         std::thread::sleep(std::time::Duration::from_millis(50));
         let on_close_ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = on_close_ran.clone();
@@ -405,10 +388,15 @@ mod tests {
             q.clone(),
             Box::new(move || flag.store(true, std::sync::atomic::Ordering::Relaxed)),
         );
+        let woken_at = std::time::Instant::now();
         drop(input);
-        assert!(waiter.join().unwrap(), "the waiting consumer sees the end");
+        assert!(waiter.join().unwrap(), "closing rings");
+        assert!(woken_at.elapsed() < std::time::Duration::from_secs(20));
         assert!(on_close_ran.load(std::sync::atomic::Ordering::Relaxed));
-        q.push(frame(1.0));
-        assert!(q.pop(0).is_none(), "a closed queue takes no more frames");
+        q.push(frame(2.0));
+        assert!(
+            matches!(q.try_pop(0), TryPop::Closed),
+            "a closed queue takes no more frames"
+        );
     }
 }
