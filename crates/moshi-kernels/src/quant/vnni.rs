@@ -231,8 +231,9 @@ fn rows<const GROUP: usize>(
 }
 
 /// Rows of `out_t` (`m` values each) for weight rows `row_start..`: in a matrix-vector product,
-/// [`rows_per_matvec_pass`] weight rows per pass from far-apart parts of the range; otherwise
-/// (and for the rows left over) one weight row against up to [`MATMUL_ROWS`] activation rows.
+/// [`rows_per_matvec_pass`] weight rows per pass from far-apart parts of the range; in a
+/// matrix-matrix product [`MATMUL_WEIGHT_ROWS`] adjacent weight rows against up to
+/// [`MATMUL_ROWS`] activation rows; otherwise (and for the rows left over) one weight row.
 /// Every (weight row, activation row) pair goes through the same arithmetic in every pass shape,
 /// so results are identical bit for bit.
 ///
@@ -252,7 +253,7 @@ unsafe fn rows_impl<const GROUP: usize>(
     let padded = groups.next_multiple_of(LANES) + LANES;
     let nrows = out_t.len() / m;
     // One window of factors per (weight row, activation row) pair of the largest tile.
-    let mut scales = vec![0f32; 6 * padded];
+    let mut scales = vec![0f32; (MATMUL_WEIGHT_ROWS * MATMUL_ROWS).max(6) * padded];
     let prefetch = CodePrefetch::for_cpu();
     // Weight rows per pass, taken from that many equal parts of the range so that their code
     // streams lie far apart (see `rows_per_matvec_pass`).
@@ -280,7 +281,28 @@ unsafe fn rows_impl<const GROUP: usize>(
         }
         single_from = rows_per_pass * part;
     }
-    for local in single_from..nrows {
+    let mut local = single_from;
+    if m > 1 {
+        while local + MATMUL_WEIGHT_ROWS <= nrows {
+            let out_rows = &mut out_t[local * m..(local + MATMUL_WEIGHT_ROWS) * m];
+            // SAFETY: rows row_start + local and the next exist; `m` arranged rows; `scales` holds
+            // MATMUL_WEIGHT_ROWS · MATMUL_ROWS windows.
+            unsafe {
+                weight_row_pair::<GROUP>(
+                    w,
+                    row_start + local,
+                    xs,
+                    m,
+                    layout,
+                    &mut scales,
+                    out_rows,
+                    prefetch,
+                )
+            };
+            local += MATMUL_WEIGHT_ROWS;
+        }
+    }
+    for local in local..nrows {
         let r = row_start + local;
         let out_row = &mut out_t[local * m..(local + 1) * m];
         let mut i = 0;
@@ -307,6 +329,70 @@ unsafe fn rows_impl<const GROUP: usize>(
             ),
             _ => {}
         }
+    }
+}
+
+/// Weight rows a matrix-matrix tile takes at once. Each block's activation digits (6 vectors per
+/// activation row) are then loaded once for both weight rows: with several activation rows of
+/// the 7B's widths they outgrow L1, and reloading them for every weight row made the loads, not
+/// the dot products, set a batched step's pace (measured: `moshi-rs bench --sessions 2|4`, q4,
+/// LM step 0.65-0.73x of one weight row per tile; docs/performance.md).
+const MATMUL_WEIGHT_ROWS: usize = 2;
+
+/// Weight rows `r` and `r + 1` against all `m` arranged activation rows, [`MATMUL_ROWS`] at a
+/// time: `out_rows` is their two rows of `out_t` (`m` values each).
+///
+/// # Safety
+/// The CPU must have AVX-512F and VNNI; rows `r` and `r + 1` must exist in `w`; `xs` must hold
+/// `m` arranged rows of `layout`; `scales` must hold `MATMUL_WEIGHT_ROWS · MATMUL_ROWS` windows.
+#[target_feature(enable = "avx512f,avx512vnni")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn weight_row_pair<const GROUP: usize>(
+    w: &QuantizedMatrix,
+    r: usize,
+    xs: &[f32],
+    m: usize,
+    layout: RowLayout,
+    scales: &mut [f32],
+    out_rows: &mut [f32],
+    prefetch: CodePrefetch,
+) {
+    const NR: usize = MATMUL_WEIGHT_ROWS;
+    let mut i = 0;
+    while i < m {
+        let mr = (m - i).min(MATMUL_ROWS);
+        // SAFETY (all arms): forwarded contract; activation rows i..i + mr are arranged rows.
+        let x = unsafe { xs.as_ptr().add(i * layout.stride) };
+        let s = &mut *scales;
+        // SAFETY (all arms): as above.
+        match mr {
+            4 => store(out_rows, m, i, unsafe {
+                tile::<GROUP, NR, 4, 1>(w, r, x, layout, s, 1, prefetch)
+            }),
+            3 => store(out_rows, m, i, unsafe {
+                tile::<GROUP, NR, 3, 1>(w, r, x, layout, s, 1, prefetch)
+            }),
+            2 => store(out_rows, m, i, unsafe {
+                tile::<GROUP, NR, 2, 2>(w, r, x, layout, s, 1, prefetch)
+            }),
+            _ => store(out_rows, m, i, unsafe {
+                tile::<GROUP, NR, 1, 2>(w, r, x, layout, s, 1, prefetch)
+            }),
+        }
+        i += mr;
+    }
+}
+
+/// Writes a tile's results: weight row `k` of the tile, activation rows `i..i + MR`, into row `k`
+/// of `out_rows` (`m` values each).
+fn store<const NR: usize, const MR: usize>(
+    out_rows: &mut [f32],
+    m: usize,
+    i: usize,
+    tile: [[f32; MR]; NR],
+) {
+    for (k, values) in tile.iter().enumerate() {
+        out_rows[k * m + i..k * m + i + MR].copy_from_slice(values);
     }
 }
 
