@@ -5,6 +5,10 @@
 
 use std::arch::x86_64::*;
 
+/// Weight rows per matrix-matrix tile of the lane kernel: one (16 registers cannot hold the
+/// partial sums of two).
+pub(crate) const MATMUL_WEIGHT_ROWS: usize = 1;
+
 /// f32 lanes per vector (and `u32` code words per block).
 pub(crate) const LANES: usize = 8;
 

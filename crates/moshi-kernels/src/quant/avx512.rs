@@ -3,6 +3,10 @@
 
 use std::arch::x86_64::*;
 
+/// Weight rows per matrix-matrix tile of the lane kernel: two, each activation vector loaded
+/// once for both (32 registers hold the 2 x 4 accumulators and partial sums).
+pub(crate) const MATMUL_WEIGHT_ROWS: usize = 2;
+
 /// f32 lanes per vector (and `u32` code words per block).
 pub(crate) const LANES: usize = 16;
 

@@ -14,9 +14,9 @@
 //! more FMA per 32 codes, which capped 4-bit products at ~22 GB/s on two Zen 4 cores.
 //!
 //! [`lane_kernel!`] expands the kernel inside an instruction-set module, which provides `LANES`,
-//! `TOP_UNSCALED`, the vector types `F`/`I`, `available()` and the small
-//! `#[target_feature]` ops it calls (`fzero`, `izero`, `fload`, `fstore`, `fset1`, `fmul`, `ffma`,
-//! `fsum`, `fpermute`, `iload`, `iload_lanes`, `widen_bf16`, `decode`). A macro because the
+//! `TOP_UNSCALED`, `MATMUL_WEIGHT_ROWS` (1 or 2), the vector types `F`/`I`, `available()` and the
+//! small `#[target_feature]` ops it calls (`fzero`, `izero`, `fload`, `fstore`, `fset1`, `fmul`,
+//! `ffma`, `fsum`, `fpermute`, `iload`, `iload_lanes`, `widen_bf16`, `decode`). A macro because the
 //! `target_feature` attribute, needed so every op inlines, differs per instruction set.
 
 /// Weight rows per pass of the matrix-vector kernel on long rows: each activation vector is
@@ -37,6 +37,19 @@ pub(crate) const MULTI_ROW_MIN_ACTIVATION_BYTES: usize = 24 * 1024;
 /// Activation rows per pass of the matrix-matrix kernel: each code block is decoded once for all
 /// of them.
 pub(crate) const MATMUL_ROWS: usize = 4;
+
+/// Writes a matrix-matrix tile's results: weight row `k` of the tile, activation rows
+/// `i..i + MR`, into row `k` of `out_rows` (`m` values each).
+pub(crate) fn store<const NR: usize, const MR: usize>(
+    out_rows: &mut [f32],
+    m: usize,
+    i: usize,
+    tile: [[f32; MR]; NR],
+) {
+    for (k, values) in tile.iter().enumerate() {
+        out_rows[k * m + i..k * m + i + MR].copy_from_slice(values);
+    }
+}
 
 /// Columns covered by one block of `lanes` `u32` lanes of `bits`-bit codes.
 pub(crate) const fn block_cols(bits: usize, lanes: usize) -> usize {
@@ -211,8 +224,9 @@ macro_rules! lane_kernel {
 
         /// Rows of `out_t` (`m` values each) for weight rows `row_start..`: on long rows of a
         /// matrix-vector product [`MATVEC_ROWS`] far-apart weight rows per pass (the rows left
-        /// over one at a time), otherwise one weight row
-        /// against up to [`MATMUL_ROWS`] activation rows. Every (weight row, activation row) pair
+        /// over one at a time); in a matrix-matrix product `MATMUL_WEIGHT_ROWS` (the module's:
+        /// 2 where registers allow) adjacent weight rows against up to [`MATMUL_ROWS`]
+        /// activation rows; otherwise one weight row. Every (weight row, activation row) pair
         /// goes through the same arithmetic whatever the pass shape, so results are identical bit
         /// for bit.
         ///
@@ -256,6 +270,39 @@ macro_rules! lane_kernel {
                     }
                 }
                 local = part * MATVEC_ROWS;
+            }
+            // Two weight rows per tile from 3 activation rows on (measured, 7B `bench
+            // --sessions N`, q8, LM step against one weight row per tile: 0.80-0.97x at 4
+            // sessions, 0.71-0.85x at 8, no gain at 2, where q8 is still bound by the code stream).
+            if m >= 3 && MATMUL_WEIGHT_ROWS == 2 {
+                while local + 2 <= nrows {
+                    let r = row_start + local;
+                    let out_rows = &mut out_t[local * m..(local + 2) * m];
+                    let mut i = 0;
+                    while i < m {
+                        let mr = (m - i).min(MATMUL_ROWS);
+                        // SAFETY (all calls): rows r and r + 1 exist; activation rows i..i + mr
+                        // are arranged rows; `scales` holds MATVEC_ROWS >= 2 windows.
+                        let x = unsafe { xs.as_ptr().add(i * stride) };
+                        let s = &mut scales;
+                        match mr {
+                            4 => crate::quant::lanes::store(out_rows, m, i, unsafe {
+                                tile::<BITS, GROUP, 2, 4, 1>(w, r, x, s, prefetch, 1)
+                            }),
+                            3 => crate::quant::lanes::store(out_rows, m, i, unsafe {
+                                tile::<BITS, GROUP, 2, 3, 1>(w, r, x, s, prefetch, 1)
+                            }),
+                            2 => crate::quant::lanes::store(out_rows, m, i, unsafe {
+                                tile::<BITS, GROUP, 2, 2, 2>(w, r, x, s, prefetch, 1)
+                            }),
+                            _ => crate::quant::lanes::store(out_rows, m, i, unsafe {
+                                tile::<BITS, GROUP, 2, 1, 2>(w, r, x, s, prefetch, 1)
+                            }),
+                        }
+                        i += mr;
+                    }
+                    local += 2;
+                }
             }
             for local in local..nrows {
                 let r = row_start + local;

@@ -4,6 +4,10 @@
 
 use std::arch::aarch64::*;
 
+/// Weight rows per matrix-matrix tile of the lane kernel: one (two not measured on an
+/// aarch64 machine).
+pub(crate) const MATMUL_WEIGHT_ROWS: usize = 1;
+
 /// f32 lanes per vector (and `u32` code words per block).
 pub(crate) const LANES: usize = 4;
 

@@ -34,7 +34,7 @@
 use std::arch::x86_64::*;
 
 use crate::quant::fixed_point::{group_unit_exp, pow2, RowScale, DIGITS};
-use crate::quant::lanes::{MATMUL_ROWS, MULTI_ROW_MIN_ACTIVATION_BYTES};
+use crate::quant::lanes::{store, MATMUL_ROWS, MULTI_ROW_MIN_ACTIVATION_BYTES};
 use crate::quant::{CodePrefetch, RowRangeFn, SCALE_PREFETCH_ROWS};
 use crate::QuantizedMatrix;
 
@@ -380,19 +380,6 @@ unsafe fn weight_row_pair<const GROUP: usize>(
             }),
         }
         i += mr;
-    }
-}
-
-/// Writes a tile's results: weight row `k` of the tile, activation rows `i..i + MR`, into row `k`
-/// of `out_rows` (`m` values each).
-fn store<const NR: usize, const MR: usize>(
-    out_rows: &mut [f32],
-    m: usize,
-    i: usize,
-    tile: [[f32; MR]; NR],
-) {
-    for (k, values) in tile.iter().enumerate() {
-        out_rows[k * m + i..k * m + i + MR].copy_from_slice(values);
     }
 }
 
