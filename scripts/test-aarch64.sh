@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# The emulated aarch64 suite: builds moshi-kernels for aarch64-unknown-linux-gnu (Debian's rustc
-# with its arm64 standard library, from `bash scripts/setup.sh --aarch64`) and runs its unit and
-# integration tests under qemu's user-mode emulator (doc tests run in the x86-64 suite):
-#   1. on qemu's `max` CPU (NEON and the dot product): the portable, `neon` and `neondot` kernels
-#      each against the scalar reference on the x86 grids, matrix-vector == matrix-matrix bit for
-#      bit, non-finite rows, the fixed-point arrangement digit for digit;
-#   2. on a Cortex-A53 (no dot product): `neondot` unavailable, `neon` detected, the same tests.
+# The emulated aarch64 suite: builds moshi-kernels and moshi-model for aarch64-unknown-linux-gnu
+# (Debian's rustc with its arm64 standard library, from `bash scripts/setup.sh --aarch64`) and runs
+# their tests under qemu's user-mode emulator (doc tests run in the x86-64 suite):
+#   1. on qemu's `max` CPU (NEON and the dot product): moshi-kernels' unit and integration tests:
+#      the portable, `neon` and `neondot` kernels each against the scalar reference on the x86
+#      grids, matrix-vector == matrix-matrix bit for bit, non-finite rows, the fixed-point
+#      arrangement digit for digit, the dense and Mimi products, the big/little core count;
+#   2. on a Cortex-A53 (no dot product): `neondot` unavailable, `neon` detected, the same tests;
+#   3. the end-to-end greedy runs on `max` (detected kernel `neondot`): tiny-a's LM tokens and
+#      logits against Kyutai's LMGen (f32 and bf16 weights), MLX q4/q8 f32-math tokens, Mimi's
+#      streaming codes; the q4 and q8 runs again on the Cortex-A53 (`neon` detected).
 # Usage: bash scripts/test-aarch64.sh     (called by test.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,7 +45,12 @@ emulated() {
 }
 echo "== aarch64: building the tests"
 start=$SECONDS
+model_tests=(-p moshi-model --test lm_reference --test mimi_reference)
 cargo test --locked --target "$target" -p moshi-kernels --lib --tests --no-run 2>&1
+cargo test --locked --target "$target" "${model_tests[@]}" --no-run 2>&1
 echo "== aarch64: built in $((SECONDS - start)) s"
 emulated max -p moshi-kernels --lib --tests
 emulated cortex-a53 -p moshi-kernels --lib --tests
+emulated max -p moshi-model --test lm_reference -- greedy_ f32_math
+emulated max -p moshi-model --test mimi_reference -- streaming_encode_matches_reference_exactly
+emulated cortex-a53 -p moshi-model --test lm_reference -- f32_math
