@@ -7,7 +7,9 @@
 #                client, moshi==0.2.13 from PyPI (target/serve-clients/venv)
 #   --aarch64    what the emulated aarch64 suite (scripts/test-aarch64.sh) needs: Debian's rustc
 #                (rustc-web) with its arm64 standard library (the arm64 architecture is added to
-#                dpkg for it), the aarch64 cross linker and libc, and qemu's user-mode emulator.
+#                dpkg for it), the aarch64 cross linker and libc, qemu's user-mode emulator, and
+#                Debian's Rust source (rust-web-src) from which scripts/check-darwin.sh builds the
+#                standard library for its aarch64-apple-darwin check.
 #                Debian's packages, not rustup's: CI reaches Debian's archive but need not reach
 #                rustup's download server. Debian's cargo is not installed (rustup's cargo drives
 #                Debian's rustc through RUSTC), so nothing shadows rustup's toolchain on PATH.
@@ -35,7 +37,8 @@ fi
 SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"
 updated=0
 if ((aarch64)); then
-  pkgs+=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user rustc-web libstd-rust-web-dev:arm64)
+  pkgs+=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user rustc-web libstd-rust-web-dev:arm64
+    rust-web-src)
   if ! dpkg --print-foreign-architectures | grep -qx arm64; then
     $SUDO dpkg --add-architecture arm64
     $SUDO apt-get update -qq

@@ -2,7 +2,8 @@
 # The project's test command: installs what is needed (PulseAudio for the virtual-device tests;
 # Chromium, puppeteer-core and Kyutai's Python client for the `serve` client tests), runs every
 # test of the workspace, checks that the candle peer benchmark still compiles, then runs the
-# emulated aarch64 suite (Debian's rustc with the arm64 standard library, qemu; setup.sh --aarch64).
+# emulated aarch64 suite (Debian's rustc with the arm64 standard library, qemu; setup.sh --aarch64)
+# and the aarch64-apple-darwin type check of moshi-kernels.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --audio-e2e --serve-e2e --aarch64
@@ -12,3 +13,5 @@ cargo test --workspace 2>&1
 cargo check --locked --manifest-path scripts/peer-candle/Cargo.toml 2>&1
 # The NEON kernels, built for aarch64 and run under qemu (scripts/test-aarch64.sh).
 bash scripts/test-aarch64.sh
+# moshi-kernels type-checked for Apple silicon (scripts/check-darwin.sh: no SDK, so no linking).
+bash scripts/check-darwin.sh
