@@ -5,9 +5,8 @@
 
 use std::arch::x86_64::*;
 
-/// Weight rows per matrix-matrix tile of the lane kernel: one (16 registers cannot hold the
-/// partial sums of two).
-pub(crate) const MATMUL_WEIGHT_ROWS: usize = 1;
+/// Two weight rows per matrix-matrix tile of the lane kernel (`quant::passes`): never (16 registers cannot hold the partial sums of two).
+pub(crate) const PAIRED_FROM_M: usize = usize::MAX;
 
 /// f32 lanes per vector (and `u32` code words per block).
 pub(crate) const LANES: usize = 8;

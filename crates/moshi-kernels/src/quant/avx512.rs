@@ -3,9 +3,10 @@
 
 use std::arch::x86_64::*;
 
-/// Weight rows per matrix-matrix tile of the lane kernel: two, each activation vector loaded
-/// once for both (32 registers hold the 2 x 4 accumulators and partial sums).
-pub(crate) const MATMUL_WEIGHT_ROWS: usize = 2;
+/// Two weight rows per matrix-matrix tile of the lane kernel (`quant::passes`): from 3 activation rows on, each activation vector loaded once for both (measured, 7B `bench --sessions N`, q8, LM step
+/// against one weight row: 0.80-0.97x at 4 sessions, 0.71-0.85x at 8; no gain at 2, where q8 is
+/// still bound by the code stream).
+pub(crate) const PAIRED_FROM_M: usize = 3;
 
 /// f32 lanes per vector (and `u32` code words per block).
 pub(crate) const LANES: usize = 16;

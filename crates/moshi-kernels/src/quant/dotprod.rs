@@ -22,15 +22,18 @@
 //! f32 and accumulated with the group's factor `scale_g · u_g` (exact: `u_g` is a power of two).
 //! A row's result is `2^e · Σ + Σ_g bias_g · Σ_{j∈g} x_j`, the bias part on f32 group sums.
 //!
-//! Per 64 bytes of 4-bit codes and (weight row, activation row) pair that is 52 vector
-//! operations (24 of them `sdot`) against about 104 for the f32 NEON lane kernel; see
-//! `docs/performance.md` for what that means on Apple M-series cores (not measured).
+//! Per 64 bytes of 4-bit codes and (weight row, activation row) pair that is 48 vector
+//! operations (24 of them `sdot`) and 32 loads against 100 and 40 for the f32 NEON lane kernel
+//! (counted as in `docs/performance.md`, which says what that means on Apple M-series cores; not
+//! measured).
 
 use std::arch::aarch64::*;
 use std::arch::asm;
 
-use crate::quant::fixed_point::{group_unit_exp, pow2, RowScale, DIGITS};
-use crate::quant::lanes::MATMUL_ROWS;
+use crate::quant::fixed_point::{
+    arrange_rows, group_unit_exp, pow2, DigitTile, DigitTiles, RowLayout, RowScale, DIGITS,
+};
+use crate::quant::passes::run_passes;
 use crate::quant::{CodePrefetch, RowRangeFn, SCALE_PREFETCH_ROWS};
 use crate::QuantizedMatrix;
 
@@ -70,31 +73,8 @@ pub(crate) fn select(bits: u32, group_size: usize) -> Option<RowRangeFn> {
     }
 }
 
-/// Where the parts of one arranged activation row lie, in f32 slots: the digit blocks (bytes),
-/// then each group's unit, each group's f32 sum (both zero-padded to whole vectors), then the
-/// row's scale `2^e` (one vector, first lane used).
-#[derive(Clone, Copy)]
-struct RowLayout {
-    digits_len: usize,
-    units_offset: usize,
-    sums_offset: usize,
-    unscale_offset: usize,
-    stride: usize,
-}
-
 fn row_layout(cols: usize, group_size: usize) -> RowLayout {
-    let digits_len = cols / BLOCK_COLS * BLOCK_DIGIT_BYTES / 4;
-    let groups_padded = (cols / group_size).next_multiple_of(LANES);
-    let units_offset = digits_len;
-    let sums_offset = units_offset + groups_padded;
-    let unscale_offset = sums_offset + groups_padded;
-    RowLayout {
-        digits_len,
-        units_offset,
-        sums_offset,
-        unscale_offset,
-        stride: unscale_offset + LANES,
-    }
+    RowLayout::new(cols, group_size, BLOCK_COLS, LANES)
 }
 
 /// Lays out `m` rows of `cols` activations for this kernel (see the module docs), or `None` if a
@@ -115,18 +95,11 @@ pub(crate) fn arrange_activations(
     );
     assert!(group_size.is_multiple_of(BLOCK_COLS) && cols.is_multiple_of(group_size));
     let layout = row_layout(cols, group_size);
-    let mut out = vec![0f32; m * layout.stride];
-    for (row, dst) in x
-        .chunks_exact(cols)
-        .zip(out.chunks_exact_mut(layout.stride))
-    {
+    arrange_rows(x, m, cols, layout, |row, dst| {
         // SAFETY: NEON is part of aarch64; rows of `cols`, a multiple of the group size (a
         // multiple of 32); `dst` laid out for them.
-        if !unsafe { arrange_row(row, dst, group_size, layout) } {
-            return None;
-        }
-    }
-    Some(out)
+        unsafe { arrange_row(row, dst, group_size, layout) }
+    })
 }
 
 /// The low bytes of 16 `i32` (4 vectors, in order) as 16 `i8`.
@@ -231,83 +204,84 @@ fn rows<const GROUP: usize>(
     let nrows = out_t.len() / m;
     let layout = row_layout(w.cols(), GROUP);
     assert!(row_start + nrows <= w.rows() && xs.len() == m * layout.stride);
-    // SAFETY: the CPU has the dot product (checked above); `rows_impl` only reads rows
+    // SAFETY (both): the CPU has the dot product (checked above); the tiles only read rows
     // `row_start..row_start + nrows` of `w` (checked in range) and `m` arranged rows of `xs`.
-    unsafe { rows_impl::<GROUP>(w, xs, m, row_start, out_t, layout) }
+    let mut tiles = unsafe { DigitTiles::<NeonDot, GROUP, MATVEC_ROWS>::new(w, xs, layout) };
+    unsafe { run_passes(&mut tiles, m, row_start, out_t) }
 }
 
-/// Rows of `out_t` (`m` values each) for weight rows `row_start..`: in a matrix-vector product,
-/// [`MATVEC_ROWS`] weight rows per pass from far-apart parts of the range; otherwise (and for the
-/// rows left over) one weight row against up to [`MATMUL_ROWS`] activation rows. Every (weight
-/// row, activation row) pair goes through the same arithmetic in every pass shape, so results are
-/// identical bit for bit.
-///
-/// # Safety
-/// The CPU must have the dot product; rows `row_start..row_start + out_t.len() / m` must exist
-/// in `w`; `xs` must hold `m` arranged rows.
-#[target_feature(enable = "neon,dotprod")]
-unsafe fn rows_impl<const GROUP: usize>(
-    w: &QuantizedMatrix,
-    xs: &[f32],
-    m: usize,
-    row_start: usize,
-    out_t: &mut [f32],
-    layout: RowLayout,
-) {
-    let groups = w.cols() / GROUP;
-    let nrows = out_t.len() / m;
-    // One window of factors per (weight row, activation row) pair of the largest tile.
-    let mut factors = vec![0f32; MATMUL_ROWS.max(MATVEC_ROWS) * groups];
-    let prefetch = CodePrefetch::for_cpu();
-    let x = xs.as_ptr();
-    let mut single_from = 0;
-    if m == 1 {
-        let part = nrows / MATVEC_ROWS;
-        for j in 0..part {
-            // SAFETY: rows row_start + j + k·part (k < MATVEC_ROWS) exist; one arranged row;
-            // `factors` holds MATVEC_ROWS windows.
-            let d = unsafe {
-                tile::<GROUP, MATVEC_ROWS, 1, 2>(
+/// The NEON dot-product kernel's tile, for [`DigitTiles`].
+struct NeonDot;
+
+impl DigitTile for NeonDot {
+    const LANES: usize = LANES;
+    // One weight row per matrix-matrix tile (two, as on x86, not measured on an aarch64 machine).
+    const PAIRED_FROM_M: usize = usize::MAX;
+
+    /// The tile of [`DigitTile::tile`] in NEON with `sdot` (per block: see the module docs).
+    #[target_feature(enable = "neon,dotprod")]
+    #[inline]
+    unsafe fn tile<const GROUP: usize, const NR: usize, const MR: usize, const U: usize>(
+        w: &QuantizedMatrix,
+        r0: usize,
+        xs: *const f32,
+        layout: RowLayout,
+        factors: &mut [f32],
+        row_step: usize,
+        prefetch: CodePrefetch,
+    ) -> [[f32; MR]; NR] {
+        let cols = w.cols();
+        let blocks = cols / BLOCK_COLS;
+        let groups = cols / GROUP;
+        let row_code_bytes = cols / 2;
+        for r in 0..NR {
+            prefetch.scales_of_row(w, r0 + r * row_step + SCALE_PREFETCH_ROWS);
+        }
+        let mut bias_terms = [[0f32; MR]; NR];
+        for (r, terms) in bias_terms.iter_mut().enumerate() {
+            // SAFETY: forwarded contract; windows r·MR.. of `groups` floats each.
+            *terms = unsafe {
+                prepare_row::<GROUP, MR>(
                     w,
-                    row_start + j,
-                    x,
+                    r0 + r * row_step,
+                    xs,
                     layout,
-                    &mut factors,
-                    part,
-                    prefetch,
+                    &mut factors[r * MR * groups..(r + 1) * MR * groups],
                 )
             };
-            for (k, v) in d.iter().enumerate() {
-                out_t[j + k * part] = v[0];
+        }
+        let codes = w.codes().as_ptr().wrapping_add(r0 * row_code_bytes / 4) as *const u8;
+        let row_code_bytes = row_code_bytes * row_step;
+        let digits = xs as *const i8;
+        let stride_bytes = layout.stride * 4;
+        let mut acc = [[vdupq_n_f32(0.0); MR]; NR];
+        let mut b = 0;
+        while b + U <= blocks {
+            // SAFETY (both calls): blocks b..b + U lie inside every row of the tile; `factors`
+            // holds NR·MR windows.
+            let sums = unsafe {
+                block_sums::<NR, MR, U>(codes, row_code_bytes, b, digits, stride_bytes, prefetch)
+            };
+            accumulate::<GROUP, NR, MR, U>(&mut acc, &sums, b, factors, groups);
+            b += U;
+        }
+        while b < blocks {
+            // SAFETY: as above, one block.
+            let sums = unsafe {
+                block_sums::<NR, MR, 1>(codes, row_code_bytes, b, digits, stride_bytes, prefetch)
+            };
+            accumulate::<GROUP, NR, MR, 1>(&mut acc, &sums, b, factors, groups);
+            b += 1;
+        }
+        let mut out = [[0f32; MR]; NR];
+        for r in 0..NR {
+            for i in 0..MR {
+                // SAFETY: the row scale lies in arranged row i.
+                let unscale = unsafe { *xs.add(i * layout.stride + layout.unscale_offset) };
+                out[r][i] = vaddvq_f32(acc[r][i]) * unscale + bias_terms[r][i];
             }
         }
-        single_from = MATVEC_ROWS * part;
-    }
-    for local in single_from..nrows {
-        let r = row_start + local;
-        let out_row = &mut out_t[local * m..(local + 1) * m];
-        let mut i = 0;
-        let f = &mut factors;
-        // SAFETY (all calls): row r exists; activation rows i..i + MR < m are arranged rows.
-        while i + MATMUL_ROWS <= m {
-            let x = unsafe { x.add(i * layout.stride) };
-            let d = unsafe { tile::<GROUP, 1, MATMUL_ROWS, 1>(w, r, x, layout, f, 1, prefetch) };
-            out_row[i..i + MATMUL_ROWS].copy_from_slice(&d[0]);
-            i += MATMUL_ROWS;
-        }
-        let x = unsafe { x.add(i * layout.stride) };
-        match m - i {
-            3 => out_row[i..].copy_from_slice(
-                &unsafe { tile::<GROUP, 1, 3, 1>(w, r, x, layout, f, 1, prefetch) }[0],
-            ),
-            2 => out_row[i..].copy_from_slice(
-                &unsafe { tile::<GROUP, 1, 2, 2>(w, r, x, layout, f, 1, prefetch) }[0],
-            ),
-            1 => out_row[i..].copy_from_slice(
-                &unsafe { tile::<GROUP, 1, 1, 4>(w, r, x, layout, f, 1, prefetch) }[0],
-            ),
-            _ => {}
-        }
+        out
     }
 }
 
@@ -362,77 +336,6 @@ unsafe fn prepare_row<const GROUP: usize, const MR: usize>(
         }
     }
     bias_acc.map(|acc| vaddvq_f32(acc))
-}
-
-/// Dot products of weight rows `r0 + k · row_step` (`k < NR`) with `MR` arranged activation rows
-/// (`xs`), `U` blocks per step.
-///
-/// # Safety
-/// The CPU must have the dot product; rows `r0 + k · row_step` must exist in `w`; `xs` must point
-/// to `MR` arranged rows of `layout`; `factors.len() >= NR * MR * groups`.
-#[target_feature(enable = "neon,dotprod")]
-#[inline]
-unsafe fn tile<const GROUP: usize, const NR: usize, const MR: usize, const U: usize>(
-    w: &QuantizedMatrix,
-    r0: usize,
-    xs: *const f32,
-    layout: RowLayout,
-    factors: &mut [f32],
-    row_step: usize,
-    prefetch: CodePrefetch,
-) -> [[f32; MR]; NR] {
-    let cols = w.cols();
-    let blocks = cols / BLOCK_COLS;
-    let groups = cols / GROUP;
-    let row_code_bytes = cols / 2;
-    for r in 0..NR {
-        prefetch.scales_of_row(w, r0 + r * row_step + SCALE_PREFETCH_ROWS);
-    }
-    let mut bias_terms = [[0f32; MR]; NR];
-    for (r, terms) in bias_terms.iter_mut().enumerate() {
-        // SAFETY: forwarded contract; windows r·MR.. of `groups` floats each.
-        *terms = unsafe {
-            prepare_row::<GROUP, MR>(
-                w,
-                r0 + r * row_step,
-                xs,
-                layout,
-                &mut factors[r * MR * groups..(r + 1) * MR * groups],
-            )
-        };
-    }
-    let codes = w.codes().as_ptr().wrapping_add(r0 * row_code_bytes / 4) as *const u8;
-    let row_code_bytes = row_code_bytes * row_step;
-    let digits = xs as *const i8;
-    let stride_bytes = layout.stride * 4;
-    let mut acc = [[vdupq_n_f32(0.0); MR]; NR];
-    let mut b = 0;
-    while b + U <= blocks {
-        // SAFETY (both calls): blocks b..b + U lie inside every row of the tile; `factors`
-        // holds NR·MR windows.
-        let sums = unsafe {
-            block_sums::<NR, MR, U>(codes, row_code_bytes, b, digits, stride_bytes, prefetch)
-        };
-        accumulate::<GROUP, NR, MR, U>(&mut acc, &sums, b, factors, groups);
-        b += U;
-    }
-    while b < blocks {
-        // SAFETY: as above, one block.
-        let sums = unsafe {
-            block_sums::<NR, MR, 1>(codes, row_code_bytes, b, digits, stride_bytes, prefetch)
-        };
-        accumulate::<GROUP, NR, MR, 1>(&mut acc, &sums, b, factors, groups);
-        b += 1;
-    }
-    let mut out = [[0f32; MR]; NR];
-    for r in 0..NR {
-        for i in 0..MR {
-            // SAFETY: the row scale lies in arranged row i.
-            let unscale = unsafe { *xs.add(i * layout.stride + layout.unscale_offset) };
-            out[r][i] = vaddvq_f32(acc[r][i]) * unscale + bias_terms[r][i];
-        }
-    }
-    out
 }
 
 /// `acc += factor · sum` for each block from `b` on (the integer sums converted to f32): the

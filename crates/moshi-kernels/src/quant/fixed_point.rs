@@ -9,7 +9,15 @@
 //! or only subnormal magnitudes cannot be held (the kernels then use their f32 sibling).
 //!
 //! Each kernel arranges the digits in its own vector layout; this module is the rule itself,
-//! in scalar form, which the kernels' arrangement tests check their layouts against.
+//! in scalar form, which the kernels' arrangement tests check their layouts against, and what
+//! the two kernels share around their vector code: the arranged row's layout ([`RowLayout`],
+//! [`arrange_rows`]) and their tiles' state ([`DigitTiles`], over each kernel's [`DigitTile`]).
+
+use std::marker::PhantomData;
+
+use crate::quant::passes::{Tiles, MATMUL_ROWS};
+use crate::quant::CodePrefetch;
+use crate::QuantizedMatrix;
 
 /// Signed 8-bit digits per activation.
 pub(crate) const DIGITS: usize = 3;
@@ -81,6 +89,146 @@ pub(crate) fn group_unit_exp(scaled_group_max: f32) -> i32 {
         unit_exp += 1;
     }
     unit_exp
+}
+
+/// Where the parts of one arranged activation row of an integer kernel lie, in f32 slots: the
+/// digit blocks (bytes, `DIGITS` per column, in the kernel's own order within a block), then each
+/// group's unit, each group's f32 sum (both zero-padded to whole vectors), then the row's scale
+/// `2^e` (one vector, first lane used).
+#[derive(Clone, Copy)]
+pub(crate) struct RowLayout {
+    pub(crate) digits_len: usize,
+    pub(crate) units_offset: usize,
+    pub(crate) sums_offset: usize,
+    pub(crate) unscale_offset: usize,
+    pub(crate) stride: usize,
+}
+
+impl RowLayout {
+    /// The layout of a row of `cols` activations in groups of `group_size`, for a kernel whose
+    /// blocks cover `block_cols` columns (the last one zero-padded) and whose vectors hold `lanes`
+    /// f32.
+    pub(crate) fn new(cols: usize, group_size: usize, block_cols: usize, lanes: usize) -> Self {
+        let digits_len = cols.div_ceil(block_cols) * block_cols * DIGITS / 4;
+        let groups_padded = (cols / group_size).next_multiple_of(lanes);
+        let units_offset = digits_len;
+        let sums_offset = units_offset + groups_padded;
+        let unscale_offset = sums_offset + groups_padded;
+        RowLayout {
+            digits_len,
+            units_offset,
+            sums_offset,
+            unscale_offset,
+            stride: unscale_offset + lanes,
+        }
+    }
+}
+
+/// `m` rows of `cols` activations arranged by `arrange_row` (a row and its zeroed `layout.stride`
+/// floats; false if the fixed point cannot hold the row), or `None` if a row could not be.
+pub(crate) fn arrange_rows(
+    x: &[f32],
+    m: usize,
+    cols: usize,
+    layout: RowLayout,
+    mut arrange_row: impl FnMut(&[f32], &mut [f32]) -> bool,
+) -> Option<Vec<f32>> {
+    let mut out = vec![0f32; m * layout.stride];
+    for (row, dst) in x
+        .chunks_exact(cols)
+        .zip(out.chunks_exact_mut(layout.stride))
+    {
+        if !arrange_row(row, dst) {
+            return None;
+        }
+    }
+    Some(out)
+}
+
+/// One integer kernel's tile (`vnni`, `dotprod`): dot products of weight rows `r0 + k · row_step`
+/// (`k < NR`) with the `MR` arranged activation rows at `xs`, `U` code blocks a step, using
+/// `windows` for the factors of each (weight row, activation row) pair.
+pub(crate) trait DigitTile {
+    /// f32 lanes per vector: each factor window is the row's groups padded to whole vectors, plus
+    /// one vector.
+    const LANES: usize;
+
+    /// [`crate::quant::passes::Tiles::PAIRED_FROM_M`] for this kernel.
+    const PAIRED_FROM_M: usize;
+
+    /// # Safety
+    /// The CPU must have the kernel's features; rows `r0 + k · row_step` must exist in `w`; `xs`
+    /// must point to `MR` arranged rows of `layout`; `windows` must hold `NR · MR` windows.
+    unsafe fn tile<const GROUP: usize, const NR: usize, const MR: usize, const U: usize>(
+        w: &QuantizedMatrix,
+        r0: usize,
+        xs: *const f32,
+        layout: RowLayout,
+        windows: &mut [f32],
+        row_step: usize,
+        prefetch: CodePrefetch,
+    ) -> [[f32; MR]; NR];
+}
+
+/// An integer kernel's tiles for one product (see `quant::passes`), `MATVEC` weight rows per
+/// matrix-vector pass.
+pub(crate) struct DigitTiles<'a, K, const GROUP: usize, const MATVEC: usize> {
+    w: &'a QuantizedMatrix,
+    /// The arranged activation rows.
+    xs: &'a [f32],
+    layout: RowLayout,
+    /// The factor windows of the largest tile.
+    windows: Vec<f32>,
+    prefetch: CodePrefetch,
+    kernel: PhantomData<K>,
+}
+
+impl<'a, K: DigitTile, const GROUP: usize, const MATVEC: usize> DigitTiles<'a, K, GROUP, MATVEC> {
+    /// The tiles of `w` against the rows of `xs`, arranged by `layout`.
+    ///
+    /// # Safety
+    /// The CPU must have the kernel's features (every tile runs them).
+    pub(crate) unsafe fn new(w: &'a QuantizedMatrix, xs: &'a [f32], layout: RowLayout) -> Self {
+        let window = (w.cols() / GROUP).next_multiple_of(K::LANES) + K::LANES;
+        DigitTiles {
+            w,
+            xs,
+            layout,
+            windows: vec![0f32; MATVEC.max(2 * MATMUL_ROWS) * window],
+            prefetch: CodePrefetch::for_cpu(),
+            kernel: PhantomData,
+        }
+    }
+}
+
+impl<K: DigitTile, const GROUP: usize, const MATVEC: usize> Tiles
+    for DigitTiles<'_, K, GROUP, MATVEC>
+{
+    const MATVEC_ROWS: usize = MATVEC;
+    const PAIRED_FROM_M: usize = K::PAIRED_FROM_M;
+
+    unsafe fn tile<const NR: usize, const MR: usize, const U: usize>(
+        &mut self,
+        r0: usize,
+        row_step: usize,
+        first: usize,
+    ) -> [[f32; MR]; NR] {
+        let layout = self.layout;
+        // SAFETY: the CPU has the features (`new`'s contract); forwarded contract (activation row
+        // `first` exists; the windows are sized for the largest tile).
+        unsafe {
+            let x = self.xs.as_ptr().add(first * layout.stride);
+            K::tile::<GROUP, NR, MR, U>(
+                self.w,
+                r0,
+                x,
+                layout,
+                &mut self.windows,
+                row_step,
+                self.prefetch,
+            )
+        }
+    }
 }
 
 /// The integer `n` that holds `v` in a row of exponent `row_exp` and a group of unit

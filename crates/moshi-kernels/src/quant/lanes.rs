@@ -14,9 +14,9 @@
 //! more FMA per 32 codes, which capped 4-bit products at ~22 GB/s on two Zen 4 cores.
 //!
 //! [`lane_kernel!`] expands the kernel inside an instruction-set module, which provides `LANES`,
-//! `TOP_UNSCALED`, `MATMUL_WEIGHT_ROWS` (1 or 2), the vector types `F`/`I`, `available()` and the
-//! small `#[target_feature]` ops it calls (`fzero`, `izero`, `fload`, `fstore`, `fset1`, `fmul`,
-//! `ffma`, `fsum`, `fpermute`, `iload`, `iload_lanes`, `widen_bf16`, `decode`). A macro because the
+//! `TOP_UNSCALED`, `PAIRED_FROM_M`, the vector types `F`/`I`, `available()` and the small
+//! `#[target_feature]` ops it calls (`fzero`, `izero`, `fload`, `fstore`, `fset1`, `fmul`, `ffma`,
+//! `fsum`, `fpermute`, `iload`, `iload_lanes`, `widen_bf16`, `decode`). A macro because the
 //! `target_feature` attribute, needed so every op inlines, differs per instruction set.
 
 /// Weight rows per pass of the matrix-vector kernel on long rows: each activation vector is
@@ -33,23 +33,6 @@ pub(crate) const MATVEC_ROWS: usize = 4;
 /// q8); at 4096 columns (16 KiB, in L1) one row per pass reads 40-50% faster, as the four
 /// interleaved code streams slow DRAM streaming more than the shared activation loads save.
 pub(crate) const MULTI_ROW_MIN_ACTIVATION_BYTES: usize = 24 * 1024;
-
-/// Activation rows per pass of the matrix-matrix kernel: each code block is decoded once for all
-/// of them.
-pub(crate) const MATMUL_ROWS: usize = 4;
-
-/// Writes a matrix-matrix tile's results: weight row `k` of the tile, activation rows
-/// `i..i + MR`, into row `k` of `out_rows` (`m` values each).
-pub(crate) fn store<const NR: usize, const MR: usize>(
-    out_rows: &mut [f32],
-    m: usize,
-    i: usize,
-    tile: [[f32; MR]; NR],
-) {
-    for (k, values) in tile.iter().enumerate() {
-        out_rows[k * m + i..k * m + i + MR].copy_from_slice(values);
-    }
-}
 
 /// Columns covered by one block of `lanes` `u32` lanes of `bits`-bit codes.
 pub(crate) const fn block_cols(bits: usize, lanes: usize) -> usize {
@@ -136,8 +119,9 @@ fn arrange_row<const PER_LANE: usize>(
 macro_rules! lane_kernel {
     ($features:literal) => {
         use crate::quant::lanes::{
-            arranged_row_len, block_cols, MATMUL_ROWS, MATVEC_ROWS, MULTI_ROW_MIN_ACTIVATION_BYTES,
+            arranged_row_len, block_cols, MATVEC_ROWS, MULTI_ROW_MIN_ACTIVATION_BYTES,
         };
+        use crate::quant::passes::{run_passes, Tiles};
         use crate::quant::CodePrefetch;
         use crate::QuantizedMatrix;
 
@@ -156,13 +140,75 @@ macro_rules! lane_kernel {
                 available(),
                 concat!("kernel for ", $features, " called on a CPU without it")
             );
+            let cols = w.cols();
             let nrows = out_t.len() / m;
-            let stride = arranged_row_len(w.cols(), BITS as u32, GROUP, LANES);
+            let stride = arranged_row_len(cols, BITS as u32, GROUP, LANES);
             assert!(row_start + nrows <= w.rows() && xs.len() == m * stride);
-            // SAFETY: the CPU has the features (checked above); `rows_impl` only reads rows
+            // SAFETY (both): the CPU has the features (checked above); the tiles only read rows
             // `row_start..row_start + nrows` of `w` (checked in range) and `m` arranged rows of
             // `xs`.
-            unsafe { rows_impl::<BITS, GROUP>(w, xs, m, row_start, out_t) }
+            if stride * 4 >= MULTI_ROW_MIN_ACTIVATION_BYTES {
+                let mut tiles = LaneTiles::<BITS, GROUP, MATVEC_ROWS>::new(w, xs, stride);
+                unsafe { run_passes(&mut tiles, m, row_start, out_t) }
+            } else {
+                let mut tiles = LaneTiles::<BITS, GROUP, 1>::new(w, xs, stride);
+                unsafe { run_passes(&mut tiles, m, row_start, out_t) }
+            }
+        }
+
+        /// The lane kernel's tiles for one product (see `quant::passes`): `MATVEC` weight rows
+        /// per matrix-vector pass ([`MATVEC_ROWS`] on long rows, else 1).
+        struct LaneTiles<'a, const BITS: usize, const GROUP: usize, const MATVEC: usize> {
+            w: &'a QuantizedMatrix,
+            /// The arranged activation rows, `stride` floats each.
+            xs: &'a [f32],
+            stride: usize,
+            /// Room for the scales of [`MATVEC_ROWS`] weight rows (see [`prepare_row`]).
+            scales: Vec<f32>,
+            prefetch: CodePrefetch,
+        }
+
+        impl<'a, const BITS: usize, const GROUP: usize, const MATVEC: usize>
+            LaneTiles<'a, BITS, GROUP, MATVEC>
+        {
+            fn new(w: &'a QuantizedMatrix, xs: &'a [f32], stride: usize) -> Self {
+                let padded = (w.cols() / GROUP).next_multiple_of(LANES) + LANES;
+                LaneTiles {
+                    w,
+                    xs,
+                    stride,
+                    scales: vec![0f32; MATVEC_ROWS * padded],
+                    prefetch: CodePrefetch::for_cpu(),
+                }
+            }
+        }
+
+        impl<const BITS: usize, const GROUP: usize, const MATVEC: usize> Tiles
+            for LaneTiles<'_, BITS, GROUP, MATVEC>
+        {
+            const MATVEC_ROWS: usize = MATVEC;
+            const PAIRED_FROM_M: usize = PAIRED_FROM_M;
+
+            unsafe fn tile<const NR: usize, const MR: usize, const U: usize>(
+                &mut self,
+                r0: usize,
+                row_step: usize,
+                first: usize,
+            ) -> [[f32; MR]; NR] {
+                // SAFETY: the CPU has the features (checked before the passes); forwarded
+                // contract (activation row `first` exists).
+                unsafe {
+                    let x = self.xs.as_ptr().add(first * self.stride);
+                    tile::<BITS, GROUP, NR, MR, U>(
+                        self.w,
+                        r0,
+                        x,
+                        &mut self.scales,
+                        self.prefetch,
+                        row_step,
+                    )
+                }
+            }
         }
 
         /// Writes row `r`'s scales into `scales` as f32, then zeros (so a block's window of LANES
@@ -220,121 +266,6 @@ macro_rules! lane_kernel {
                 *t = fsum(*acc);
             }
             bias_terms
-        }
-
-        /// Rows of `out_t` (`m` values each) for weight rows `row_start..`: on long rows of a
-        /// matrix-vector product [`MATVEC_ROWS`] far-apart weight rows per pass (the rows left
-        /// over one at a time); in a matrix-matrix product `MATMUL_WEIGHT_ROWS` (the module's:
-        /// 2 where registers allow) adjacent weight rows against up to [`MATMUL_ROWS`]
-        /// activation rows; otherwise one weight row. Every (weight row, activation row) pair
-        /// goes through the same arithmetic whatever the pass shape, so results are identical bit
-        /// for bit.
-        ///
-        /// # Safety
-        /// The CPU must have the module's features; rows `row_start..row_start + out_t.len() / m`
-        /// must exist in `w`; `xs` must hold `m` arranged rows.
-        #[target_feature(enable = $features)]
-        unsafe fn rows_impl<const BITS: usize, const GROUP: usize>(
-            w: &QuantizedMatrix,
-            xs: &[f32],
-            m: usize,
-            row_start: usize,
-            out_t: &mut [f32],
-        ) {
-            let cols = w.cols();
-            let stride = arranged_row_len(cols, BITS as u32, GROUP, LANES);
-            let groups = cols / GROUP;
-            let padded = groups.next_multiple_of(LANES) + LANES;
-            let nrows = out_t.len() / m;
-            let mut scales = vec![0f32; MATVEC_ROWS * padded];
-            let prefetch = CodePrefetch::for_cpu();
-            let mut local = 0;
-            if m == 1 && stride * 4 >= MULTI_ROW_MIN_ACTIVATION_BYTES {
-                // MATVEC_ROWS rows per pass, one from each of that many equal parts of the range.
-                let part = nrows / MATVEC_ROWS;
-                for j in 0..part {
-                    // SAFETY: rows row_start + j + k·part (k < MATVEC_ROWS) exist; one arranged
-                    // row.
-                    let d = unsafe {
-                        tile::<BITS, GROUP, MATVEC_ROWS, 1, 1>(
-                            w,
-                            row_start + j,
-                            xs.as_ptr(),
-                            &mut scales,
-                            prefetch,
-                            part,
-                        )
-                    };
-                    for (k, v) in d.iter().enumerate() {
-                        out_t[j + k * part] = v[0];
-                    }
-                }
-                local = part * MATVEC_ROWS;
-            }
-            // Two weight rows per tile from 3 activation rows on (measured, 7B `bench
-            // --sessions N`, q8, LM step against one weight row per tile: 0.80-0.97x at 4
-            // sessions, 0.71-0.85x at 8, no gain at 2, where q8 is still bound by the code stream).
-            if m >= 3 && MATMUL_WEIGHT_ROWS == 2 {
-                while local + 2 <= nrows {
-                    let r = row_start + local;
-                    let out_rows = &mut out_t[local * m..(local + 2) * m];
-                    let mut i = 0;
-                    while i < m {
-                        let mr = (m - i).min(MATMUL_ROWS);
-                        // SAFETY (all calls): rows r and r + 1 exist; activation rows i..i + mr
-                        // are arranged rows; `scales` holds MATVEC_ROWS >= 2 windows.
-                        let x = unsafe { xs.as_ptr().add(i * stride) };
-                        let s = &mut scales;
-                        match mr {
-                            4 => crate::quant::lanes::store(out_rows, m, i, unsafe {
-                                tile::<BITS, GROUP, 2, 4, 1>(w, r, x, s, prefetch, 1)
-                            }),
-                            3 => crate::quant::lanes::store(out_rows, m, i, unsafe {
-                                tile::<BITS, GROUP, 2, 3, 1>(w, r, x, s, prefetch, 1)
-                            }),
-                            2 => crate::quant::lanes::store(out_rows, m, i, unsafe {
-                                tile::<BITS, GROUP, 2, 2, 2>(w, r, x, s, prefetch, 1)
-                            }),
-                            _ => crate::quant::lanes::store(out_rows, m, i, unsafe {
-                                tile::<BITS, GROUP, 2, 1, 2>(w, r, x, s, prefetch, 1)
-                            }),
-                        }
-                        i += mr;
-                    }
-                    local += 2;
-                }
-            }
-            for local in local..nrows {
-                let r = row_start + local;
-                let out_row = &mut out_t[local * m..(local + 1) * m];
-                let mut i = 0;
-                // SAFETY (all calls): row r exists; activation rows i..i + MR < m are arranged
-                // rows.
-                while i + MATMUL_ROWS <= m {
-                    let x = unsafe { xs.as_ptr().add(i * stride) };
-                    let d = unsafe {
-                        tile::<BITS, GROUP, 1, MATMUL_ROWS, 1>(w, r, x, &mut scales, prefetch, 1)
-                    };
-                    out_row[i..i + MATMUL_ROWS].copy_from_slice(&d[0]);
-                    i += MATMUL_ROWS;
-                }
-                let x = unsafe { xs.as_ptr().add(i * stride) };
-                match m - i {
-                    3 => out_row[i..].copy_from_slice(
-                        &unsafe { tile::<BITS, GROUP, 1, 3, 2>(w, r, x, &mut scales, prefetch, 1) }
-                            [0],
-                    ),
-                    2 => out_row[i..].copy_from_slice(
-                        &unsafe { tile::<BITS, GROUP, 1, 2, 2>(w, r, x, &mut scales, prefetch, 1) }
-                            [0],
-                    ),
-                    1 => out_row[i..].copy_from_slice(
-                        &unsafe { tile::<BITS, GROUP, 1, 1, 4>(w, r, x, &mut scales, prefetch, 1) }
-                            [0],
-                    ),
-                    _ => {}
-                }
-            }
         }
 
         /// Dot products of weight rows `r0 + k · row_step` (`k < NR`) with `MR` arranged activation

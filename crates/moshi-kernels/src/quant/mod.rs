@@ -42,6 +42,8 @@ mod fixed_point;
 mod generic;
 #[cfg(target_arch = "aarch64")]
 mod neon;
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+mod passes;
 mod portable;
 pub(crate) mod q8_small;
 #[cfg(target_arch = "x86_64")]

@@ -4,9 +4,8 @@
 
 use std::arch::aarch64::*;
 
-/// Weight rows per matrix-matrix tile of the lane kernel: one (two not measured on an
-/// aarch64 machine).
-pub(crate) const MATMUL_WEIGHT_ROWS: usize = 1;
+/// Two weight rows per matrix-matrix tile of the lane kernel (`quant::passes`): never (two not measured on an aarch64 machine).
+pub(crate) const PAIRED_FROM_M: usize = usize::MAX;
 
 /// f32 lanes per vector (and `u32` code words per block).
 pub(crate) const LANES: usize = 4;

@@ -33,8 +33,11 @@
 
 use std::arch::x86_64::*;
 
-use crate::quant::fixed_point::{group_unit_exp, pow2, RowScale, DIGITS};
-use crate::quant::lanes::{store, MATMUL_ROWS, MULTI_ROW_MIN_ACTIVATION_BYTES};
+use crate::quant::fixed_point::{
+    arrange_rows, group_unit_exp, pow2, DigitTile, DigitTiles, RowLayout, RowScale, DIGITS,
+};
+use crate::quant::lanes::MULTI_ROW_MIN_ACTIVATION_BYTES;
+use crate::quant::passes::run_passes;
 use crate::quant::{CodePrefetch, RowRangeFn, SCALE_PREFETCH_ROWS};
 use crate::QuantizedMatrix;
 
@@ -73,32 +76,8 @@ const PLANES: usize = 2;
 /// Digit bytes per block of arranged activations.
 const BLOCK_DIGIT_BYTES: usize = DIGITS * PLANES * BLOCK_BYTES;
 
-/// Where the parts of one arranged activation row lie, in f32 slots: the digit blocks (bytes),
-/// then each group's unit, each group's f32 sum (both zero-padded to whole vectors), then the
-/// row's scale `2^e` (one vector, first lane used).
-#[derive(Clone, Copy)]
-struct RowLayout {
-    digits_len: usize,
-    units_offset: usize,
-    sums_offset: usize,
-    unscale_offset: usize,
-    stride: usize,
-}
-
 fn row_layout(cols: usize, group_size: usize) -> RowLayout {
-    let blocks = cols.div_ceil(BLOCK_COLS);
-    let digits_len = blocks * BLOCK_DIGIT_BYTES / 4;
-    let groups_padded = (cols / group_size).next_multiple_of(LANES);
-    let units_offset = digits_len;
-    let sums_offset = units_offset + groups_padded;
-    let unscale_offset = sums_offset + groups_padded;
-    RowLayout {
-        digits_len,
-        units_offset,
-        sums_offset,
-        unscale_offset,
-        stride: unscale_offset + LANES,
-    }
+    RowLayout::new(cols, group_size, BLOCK_COLS, LANES)
 }
 
 /// Lays out `m` rows of `cols` activations for this kernel (see the module docs), or `None` if a
@@ -116,18 +95,11 @@ pub(crate) fn arrange_activations(
     assert!(available(), "VNNI kernel called on a CPU without it");
     assert!(group_size.is_multiple_of(16) && cols.is_multiple_of(group_size));
     let layout = row_layout(cols, group_size);
-    let mut out = vec![0f32; m * layout.stride];
-    for (row, dst) in x
-        .chunks_exact(cols)
-        .zip(out.chunks_exact_mut(layout.stride))
-    {
+    arrange_rows(x, m, cols, layout, |row, dst| {
         // SAFETY: the CPU has the features (asserted above); rows of `cols`, a multiple of the
         // group size (a multiple of 16 for every specialised kernel); `dst` laid out for them.
-        if !unsafe { arrange_row(row, dst, group_size, layout) } {
-            return None;
-        }
-    }
-    Some(out)
+        unsafe { arrange_row(row, dst, group_size, layout) }
+    })
 }
 
 /// One row of [`arrange_activations`] into the zeroed `dst`; false if it cannot be arranged.
@@ -225,189 +197,125 @@ fn rows<const GROUP: usize>(
     let nrows = out_t.len() / m;
     let layout = row_layout(w.cols(), GROUP);
     assert!(row_start + nrows <= w.rows() && xs.len() == m * layout.stride);
-    // SAFETY: the CPU has the features (checked above); `rows_impl` only reads rows
+    // SAFETY (both): the CPU has the features (checked above); the tiles only read rows
     // `row_start..row_start + nrows` of `w` (checked in range) and `m` arranged rows of `xs`.
-    unsafe { rows_impl::<GROUP>(w, xs, m, row_start, out_t, layout) }
+    if six_rows_per_matvec_pass(layout.stride * 4) {
+        let mut tiles = unsafe { DigitTiles::<Vnni, GROUP, 6>::new(w, xs, layout) };
+        unsafe { run_passes(&mut tiles, m, row_start, out_t) }
+    } else {
+        let mut tiles = unsafe { DigitTiles::<Vnni, GROUP, 2>::new(w, xs, layout) };
+        unsafe { run_passes(&mut tiles, m, row_start, out_t) }
+    }
 }
 
-/// Rows of `out_t` (`m` values each) for weight rows `row_start..`: in a matrix-vector product,
-/// [`rows_per_matvec_pass`] weight rows per pass from far-apart parts of the range; in a
-/// matrix-matrix product [`MATMUL_WEIGHT_ROWS`] adjacent weight rows against up to
-/// [`MATMUL_ROWS`] activation rows; otherwise (and for the rows left over) one weight row.
-/// Every (weight row, activation row) pair goes through the same arithmetic in every pass shape,
-/// so results are identical bit for bit.
-///
-/// # Safety
-/// The CPU must have AVX-512F and VNNI; rows `row_start..row_start + out_t.len() / m` must exist
-/// in `w`; `xs` must hold `m` arranged rows.
-#[target_feature(enable = "avx512f,avx512vnni")]
-unsafe fn rows_impl<const GROUP: usize>(
-    w: &QuantizedMatrix,
-    xs: &[f32],
-    m: usize,
-    row_start: usize,
-    out_t: &mut [f32],
-    layout: RowLayout,
-) {
-    let groups = w.cols() / GROUP;
-    let padded = groups.next_multiple_of(LANES) + LANES;
-    let nrows = out_t.len() / m;
-    // One window of factors per (weight row, activation row) pair of the largest tile.
-    let mut scales = vec![0f32; (MATMUL_WEIGHT_ROWS * MATMUL_ROWS).max(6) * padded];
-    let prefetch = CodePrefetch::for_cpu();
-    // Weight rows per pass, taken from that many equal parts of the range so that their code
-    // streams lie far apart (see `rows_per_matvec_pass`).
-    let rows_per_pass = if m == 1 {
-        rows_per_matvec_pass(layout.stride * 4)
-    } else {
-        1
-    };
-    let part = nrows / rows_per_pass;
-    let x = xs.as_ptr();
-    let mut single_from = 0;
-    if rows_per_pass > 1 {
-        // SAFETY (all calls): rows row_start + j + k·part (k < rows_per_pass) exist; one
-        // arranged row; `scales` holds rows_per_pass windows.
-        for j in 0..part {
-            let (s, o) = (&mut scales, &mut *out_t);
-            match rows_per_pass {
-                6 => unsafe {
-                    far_pass::<GROUP, 6, 1>(w, row_start, j, part, x, layout, s, o, prefetch)
-                },
-                _ => unsafe {
-                    far_pass::<GROUP, 2, 2>(w, row_start, j, part, x, layout, s, o, prefetch)
-                },
-            }
+/// The VNNI kernel's tile, for [`DigitTiles`].
+struct Vnni;
+
+impl DigitTile for Vnni {
+    const LANES: usize = LANES;
+    // Two weight rows per matrix-matrix tile from 2 activation rows on: their digits (6 vectors a
+    // block each) are otherwise reloaded for every weight row (measured: LM step 0.60-0.68x at
+    // 2 to 8 sessions, q4).
+    const PAIRED_FROM_M: usize = 2;
+
+    /// The tile of [`DigitTile::tile`] in AVX-512 VNNI (per block: see the module docs).
+    #[target_feature(enable = "avx512f,avx512vnni")]
+    #[inline]
+    unsafe fn tile<const GROUP: usize, const NR: usize, const MR: usize, const UNROLL: usize>(
+        w: &QuantizedMatrix,
+        r0: usize,
+        xs: *const f32,
+        layout: RowLayout,
+        scales: &mut [f32],
+        row_step: usize,
+        prefetch: CodePrefetch,
+    ) -> [[f32; MR]; NR] {
+        let cols = w.cols();
+        let blocks = cols.div_ceil(BLOCK_COLS);
+        let groups = cols / GROUP;
+        let padded = groups.next_multiple_of(LANES) + LANES;
+        let row_code_bytes = cols / 2;
+        for r in 0..NR {
+            prefetch.scales_of_row(w, r0 + r * row_step + SCALE_PREFETCH_ROWS);
         }
-        single_from = rows_per_pass * part;
-    }
-    let mut local = single_from;
-    if m > 1 {
-        while local + MATMUL_WEIGHT_ROWS <= nrows {
-            let out_rows = &mut out_t[local * m..(local + MATMUL_WEIGHT_ROWS) * m];
-            // SAFETY: rows row_start + local and the next exist; `m` arranged rows; `scales` holds
-            // MATMUL_WEIGHT_ROWS · MATMUL_ROWS windows.
-            unsafe {
-                weight_row_pair::<GROUP>(
+        let mut bias_terms = [[0f32; MR]; NR];
+        for (r, terms) in bias_terms.iter_mut().enumerate() {
+            // SAFETY: forwarded contract; windows r·MR.. of `padded` floats each.
+            *terms = unsafe {
+                prepare_row::<GROUP, MR>(
                     w,
-                    row_start + local,
+                    r0 + r * row_step,
                     xs,
-                    m,
                     layout,
-                    &mut scales,
-                    out_rows,
+                    &mut scales[r * MR * padded..(r + 1) * MR * padded],
+                    padded,
+                )
+            };
+        }
+        // Which group each lane of a block belongs to, relative to the block's first group.
+        let lanes_per_group = (GROUP / PER_LANE).min(LANES);
+        let mut lane_group = [0i32; LANES];
+        for (lane, g) in lane_group.iter_mut().enumerate() {
+            *g = (lane / lanes_per_group) as i32;
+        }
+        // SAFETY: LANES i32.
+        let lane_group = unsafe { _mm512_loadu_si512(lane_group.as_ptr() as *const _) };
+        let full_blocks = cols / BLOCK_COLS;
+        let tail_lanes = (cols % BLOCK_COLS) / PER_LANE;
+        let codes = w.codes().as_ptr().wrapping_add(r0 * row_code_bytes / 4) as *const u8;
+        let row_code_bytes = row_code_bytes * row_step;
+        let digits = xs as *const u8;
+        let stride_bytes = layout.stride * 4;
+        let mut acc = [[_mm512_setzero_ps(); MR]; NR];
+        let mut b = 0;
+        while b + UNROLL <= full_blocks {
+            // SAFETY (both calls): blocks b..b + UNROLL are whole blocks of every row of the tile;
+            // `scales` holds NR·MR windows.
+            let sums = unsafe {
+                block_sums::<NR, MR, UNROLL>(
+                    codes,
+                    row_code_bytes,
+                    b,
+                    LANES,
+                    digits,
+                    stride_bytes,
                     prefetch,
                 )
             };
-            local += MATMUL_WEIGHT_ROWS;
-        }
-    }
-    for local in local..nrows {
-        let r = row_start + local;
-        let out_row = &mut out_t[local * m..(local + 1) * m];
-        let mut i = 0;
-        // SAFETY (all calls): row r exists; activation rows i..i + MR < m are arranged rows.
-        while i + MATMUL_ROWS <= m {
-            let x = unsafe { xs.as_ptr().add(i * layout.stride) };
-            let d = unsafe {
-                tile::<GROUP, 1, MATMUL_ROWS, 1>(w, r, x, layout, &mut scales, 1, prefetch)
+            unsafe {
+                accumulate::<GROUP, NR, MR, UNROLL>(&mut acc, &sums, b, scales, padded, lane_group)
             };
-            out_row[i..i + MATMUL_ROWS].copy_from_slice(&d[0]);
-            i += MATMUL_ROWS;
+            b += UNROLL;
         }
-        let x = unsafe { xs.as_ptr().add(i * layout.stride) };
-        let s = &mut scales;
-        match m - i {
-            3 => out_row[i..].copy_from_slice(
-                &unsafe { tile::<GROUP, 1, 3, 2>(w, r, x, layout, s, 1, prefetch) }[0],
-            ),
-            2 => out_row[i..].copy_from_slice(
-                &unsafe { tile::<GROUP, 1, 2, 2>(w, r, x, layout, s, 1, prefetch) }[0],
-            ),
-            1 => out_row[i..].copy_from_slice(
-                &unsafe { tile::<GROUP, 1, 1, 4>(w, r, x, layout, s, 1, prefetch) }[0],
-            ),
-            _ => {}
+        while b < blocks {
+            let valid_lanes = if b == full_blocks { tail_lanes } else { LANES };
+            // SAFETY (both calls): the valid lanes of block b lie inside every row of the tile; as
+            // above.
+            let sums = unsafe {
+                block_sums::<NR, MR, 1>(
+                    codes,
+                    row_code_bytes,
+                    b,
+                    valid_lanes,
+                    digits,
+                    stride_bytes,
+                    prefetch,
+                )
+            };
+            unsafe {
+                accumulate::<GROUP, NR, MR, 1>(&mut acc, &sums, b, scales, padded, lane_group)
+            };
+            b += 1;
         }
-    }
-}
-
-/// Weight rows a matrix-matrix tile takes at once. Each block's activation digits (6 vectors per
-/// activation row) are then loaded once for both weight rows: with several activation rows of
-/// the 7B's widths they outgrow L1, and reloading them for every weight row made the loads, not
-/// the dot products, set a batched step's pace (measured: `moshi-rs bench --sessions 2|4`, q4,
-/// LM step 0.65-0.73x of one weight row per tile; docs/performance.md).
-const MATMUL_WEIGHT_ROWS: usize = 2;
-
-/// Weight rows `r` and `r + 1` against all `m` arranged activation rows, [`MATMUL_ROWS`] at a
-/// time: `out_rows` is their two rows of `out_t` (`m` values each).
-///
-/// # Safety
-/// The CPU must have AVX-512F and VNNI; rows `r` and `r + 1` must exist in `w`; `xs` must hold
-/// `m` arranged rows of `layout`; `scales` must hold `MATMUL_WEIGHT_ROWS · MATMUL_ROWS` windows.
-#[target_feature(enable = "avx512f,avx512vnni")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn weight_row_pair<const GROUP: usize>(
-    w: &QuantizedMatrix,
-    r: usize,
-    xs: &[f32],
-    m: usize,
-    layout: RowLayout,
-    scales: &mut [f32],
-    out_rows: &mut [f32],
-    prefetch: CodePrefetch,
-) {
-    const NR: usize = MATMUL_WEIGHT_ROWS;
-    let mut i = 0;
-    while i < m {
-        let mr = (m - i).min(MATMUL_ROWS);
-        // SAFETY (all arms): forwarded contract; activation rows i..i + mr are arranged rows.
-        let x = unsafe { xs.as_ptr().add(i * layout.stride) };
-        let s = &mut *scales;
-        // SAFETY (all arms): as above.
-        match mr {
-            4 => store(out_rows, m, i, unsafe {
-                tile::<GROUP, NR, 4, 1>(w, r, x, layout, s, 1, prefetch)
-            }),
-            3 => store(out_rows, m, i, unsafe {
-                tile::<GROUP, NR, 3, 1>(w, r, x, layout, s, 1, prefetch)
-            }),
-            2 => store(out_rows, m, i, unsafe {
-                tile::<GROUP, NR, 2, 2>(w, r, x, layout, s, 1, prefetch)
-            }),
-            _ => store(out_rows, m, i, unsafe {
-                tile::<GROUP, NR, 1, 2>(w, r, x, layout, s, 1, prefetch)
-            }),
+        let mut out = [[0f32; MR]; NR];
+        for r in 0..NR {
+            for i in 0..MR {
+                // SAFETY: the row scale lies in arranged row i.
+                let unscale = unsafe { *xs.add(i * layout.stride + layout.unscale_offset) };
+                out[r][i] = _mm512_reduce_add_ps(acc[r][i]) * unscale + bias_terms[r][i];
+            }
         }
-        i += mr;
-    }
-}
-
-/// One pass of a matrix-vector product: weight rows `row_start + j + k · part` (`k < NR`) into
-/// `out_t[j + k · part]`.
-///
-/// # Safety
-/// As for [`tile`] with those rows, one arranged row in `x` and `MR = 1`.
-#[target_feature(enable = "avx512f,avx512vnni")]
-#[inline]
-#[allow(clippy::too_many_arguments)]
-unsafe fn far_pass<const GROUP: usize, const NR: usize, const UNROLL: usize>(
-    w: &QuantizedMatrix,
-    row_start: usize,
-    j: usize,
-    part: usize,
-    x: *const f32,
-    layout: RowLayout,
-    scales: &mut [f32],
-    out_t: &mut [f32],
-    prefetch: CodePrefetch,
-) {
-    // SAFETY: forwarded contract.
-    let d = unsafe {
-        tile::<GROUP, NR, 1, UNROLL>(w, row_start + j, x, layout, scales, part, prefetch)
-    };
-    for (k, v) in d.iter().enumerate() {
-        out_t[j + k * part] = v[0];
+        out
     }
 }
 
@@ -476,110 +384,6 @@ unsafe fn prepare_row<const GROUP: usize, const MR: usize>(
         }
     }
     bias_acc.map(|acc| _mm512_reduce_add_ps(acc))
-}
-
-/// Dot products of weight rows `r0 + k · row_step` (`k < NR`) with `MR` arranged activation rows
-/// (`xs`).
-///
-/// # Safety
-/// The CPU must have AVX-512F and VNNI; rows `r0 + k · row_step` must exist in `w`; `xs` must point
-/// to `MR` arranged rows of `layout`; `scales.len() >= NR * MR * (groups padded to LANES +
-/// LANES)`.
-#[target_feature(enable = "avx512f,avx512vnni")]
-#[inline]
-unsafe fn tile<const GROUP: usize, const NR: usize, const MR: usize, const UNROLL: usize>(
-    w: &QuantizedMatrix,
-    r0: usize,
-    xs: *const f32,
-    layout: RowLayout,
-    scales: &mut [f32],
-    row_step: usize,
-    prefetch: CodePrefetch,
-) -> [[f32; MR]; NR] {
-    let cols = w.cols();
-    let blocks = cols.div_ceil(BLOCK_COLS);
-    let groups = cols / GROUP;
-    let padded = groups.next_multiple_of(LANES) + LANES;
-    let row_code_bytes = cols / 2;
-    for r in 0..NR {
-        prefetch.scales_of_row(w, r0 + r * row_step + SCALE_PREFETCH_ROWS);
-    }
-    let mut bias_terms = [[0f32; MR]; NR];
-    for (r, terms) in bias_terms.iter_mut().enumerate() {
-        // SAFETY: forwarded contract; windows r·MR.. of `padded` floats each.
-        *terms = unsafe {
-            prepare_row::<GROUP, MR>(
-                w,
-                r0 + r * row_step,
-                xs,
-                layout,
-                &mut scales[r * MR * padded..(r + 1) * MR * padded],
-                padded,
-            )
-        };
-    }
-    // Which group each lane of a block belongs to, relative to the block's first group.
-    let lanes_per_group = (GROUP / PER_LANE).min(LANES);
-    let mut lane_group = [0i32; LANES];
-    for (lane, g) in lane_group.iter_mut().enumerate() {
-        *g = (lane / lanes_per_group) as i32;
-    }
-    // SAFETY: LANES i32.
-    let lane_group = unsafe { _mm512_loadu_si512(lane_group.as_ptr() as *const _) };
-    let full_blocks = cols / BLOCK_COLS;
-    let tail_lanes = (cols % BLOCK_COLS) / PER_LANE;
-    let codes = w.codes().as_ptr().wrapping_add(r0 * row_code_bytes / 4) as *const u8;
-    let row_code_bytes = row_code_bytes * row_step;
-    let digits = xs as *const u8;
-    let stride_bytes = layout.stride * 4;
-    let mut acc = [[_mm512_setzero_ps(); MR]; NR];
-    let mut b = 0;
-    while b + UNROLL <= full_blocks {
-        // SAFETY (both calls): blocks b..b + UNROLL are whole blocks of every row of the tile;
-        // `scales` holds NR·MR windows.
-        let sums = unsafe {
-            block_sums::<NR, MR, UNROLL>(
-                codes,
-                row_code_bytes,
-                b,
-                LANES,
-                digits,
-                stride_bytes,
-                prefetch,
-            )
-        };
-        unsafe {
-            accumulate::<GROUP, NR, MR, UNROLL>(&mut acc, &sums, b, scales, padded, lane_group)
-        };
-        b += UNROLL;
-    }
-    while b < blocks {
-        let valid_lanes = if b == full_blocks { tail_lanes } else { LANES };
-        // SAFETY (both calls): the valid lanes of block b lie inside every row of the tile; as
-        // above.
-        let sums = unsafe {
-            block_sums::<NR, MR, 1>(
-                codes,
-                row_code_bytes,
-                b,
-                valid_lanes,
-                digits,
-                stride_bytes,
-                prefetch,
-            )
-        };
-        unsafe { accumulate::<GROUP, NR, MR, 1>(&mut acc, &sums, b, scales, padded, lane_group) };
-        b += 1;
-    }
-    let mut out = [[0f32; MR]; NR];
-    for r in 0..NR {
-        for i in 0..MR {
-            // SAFETY: the row scale lies in arranged row i.
-            let unscale = unsafe { *xs.add(i * layout.stride + layout.unscale_offset) };
-            out[r][i] = _mm512_reduce_add_ps(acc[r][i]) * unscale + bias_terms[r][i];
-        }
-    }
-    out
 }
 
 /// `acc += factor · sum` for each block from `b` on (the integer sums converted to f32): each
@@ -695,22 +499,19 @@ unsafe fn block_sums<const NR: usize, const MR: usize, const U: usize>(
     sums
 }
 
-/// Weight rows per pass of a matrix-vector product, taken from that many equal parts of the
-/// rows. Several rows per pass share each activation load, which leaves the products bound by
-/// the code stream rather than by loads; taking the rows from far-apart parts keeps
-/// their code streams from slowing each other in DRAM, as adjacent rows did. Measured with
+/// Whether a matrix-vector product takes 6 weight rows per pass rather than 2, each pass taking
+/// its rows from that many equal parts of the range. Several rows per pass share each activation
+/// load, which leaves the products bound by the code stream rather than by loads; taking the rows
+/// from far-apart parts keeps their code streams from slowing each other in DRAM, as adjacent
+/// rows did. Measured with
 /// weights streamed from DRAM (Zen 4, 2 threads, GB/s):
 /// - 4-bit, 4096 columns (medians of 15 interleaved rounds): 1 row 22.0, 2 far rows 26.2, 4 far
 ///   rows 23.4;
 /// - 4-bit, 11264 columns (activations out of L1): 4 adjacent rows 19.9, 4 far rows 21.6
 ///   (medians of 15); 6 far rows 21.9 / 22.4 / 23.2 against 4 far rows 20.1 / 21.7 / 20.3 (3
 ///   alternating `qmv` bench rounds).
-fn rows_per_matvec_pass(arranged_row_bytes: usize) -> usize {
-    if arranged_row_bytes >= MULTI_ROW_MIN_ACTIVATION_BYTES {
-        6
-    } else {
-        2
-    }
+fn six_rows_per_matvec_pass(arranged_row_bytes: usize) -> bool {
+    arranged_row_bytes >= MULTI_ROW_MIN_ACTIVATION_BYTES
 }
 
 #[cfg(test)]

@@ -1,0 +1,149 @@
+//! The pass shapes shared by the SIMD quantized kernels (the lane kernels of `lanes`, `vnni` and
+//! `dotprod`): which weight rows meet which activation rows in each call of a kernel's tile. Each
+//! kernel computes one tile (a few weight rows against a few arranged activation rows) in its own
+//! instruction set ([`Tiles`]); [`run_passes`] covers a range of output rows with those tiles.
+//!
+//! - A matrix-vector product (one activation row) takes [`Tiles::MATVEC_ROWS`] weight rows per
+//!   pass, one from each of that many equal parts of the range, so that their code streams lie
+//!   far apart in memory while each activation load serves all of them; the rows left over go
+//!   one at a time.
+//! - Otherwise each weight row meets up to [`MATMUL_ROWS`] activation rows per pass, so that each
+//!   block of codes is decoded once for all of them; from [`Tiles::PAIRED_FROM_M`] activation rows
+//!   on, two adjacent weight rows per pass, so that each block of the activation rows is loaded
+//!   once for both (with several rows of the 7B's widths they outgrow L1, and their reloads, not
+//!   the arithmetic, set the pace: measured with `moshi-rs bench --sessions N`, q4, LM step
+//!   0.60-0.68x of one weight row per pass at 2 to 8 sessions; docs/performance.md).
+//!
+//! Every (weight row, activation row) pair goes through the same arithmetic whatever the tile
+//! shape (the blocks of a row are accumulated in order however many a step takes), so a
+//! matrix-vector product equals the row of a matrix-matrix product bit for bit.
+
+/// Activation rows per pass of a matrix-matrix product: each code block is decoded once for all
+/// of them.
+pub(crate) const MATMUL_ROWS: usize = 4;
+
+/// One kernel's dot products of weight rows with arranged activation rows, a tile at a time, for
+/// one product: it holds the weights, the arranged activations and its scratch space, sized for
+/// its largest tile (`MATVEC_ROWS` weight rows against one activation row, or two against
+/// [`MATMUL_ROWS`]).
+pub(crate) trait Tiles {
+    /// Weight rows per pass of a matrix-vector product: 1 (one at a time), 2, 4 or 6.
+    const MATVEC_ROWS: usize;
+
+    /// Activation rows from which a matrix-matrix pass takes two adjacent weight rows per tile
+    /// (`usize::MAX`: never).
+    const PAIRED_FROM_M: usize;
+
+    /// Dot products of weight rows `r0 + k · row_step` (`k < NR`) with the `MR` arranged
+    /// activation rows from `first`, `U` code blocks a step.
+    ///
+    /// # Safety
+    /// Those weight rows and activation rows exist; the tile is no larger than the largest one
+    /// above.
+    unsafe fn tile<const NR: usize, const MR: usize, const U: usize>(
+        &mut self,
+        r0: usize,
+        row_step: usize,
+        first: usize,
+    ) -> [[f32; MR]; NR];
+}
+
+/// Rows of `out_t` (`m` values each: weight row `row_start + local`'s products with the `m`
+/// activation rows) through `tiles`, in the pass shapes of the module docs.
+///
+/// # Safety
+/// Rows `row_start..row_start + out_t.len() / m` must exist in the kernel's weights, which must
+/// be multiplied by `m` arranged activation rows.
+pub(crate) unsafe fn run_passes<T: Tiles>(
+    tiles: &mut T,
+    m: usize,
+    row_start: usize,
+    out_t: &mut [f32],
+) {
+    let nrows = out_t.len() / m;
+    let mut single_from = 0;
+    if m == 1 {
+        // SAFETY (all): forwarded contract, one activation row.
+        single_from = unsafe {
+            match T::MATVEC_ROWS {
+                6 => far_passes::<T, 6, 1>(tiles, row_start, out_t),
+                4 => far_passes::<T, 4, 1>(tiles, row_start, out_t),
+                2 => far_passes::<T, 2, 2>(tiles, row_start, out_t),
+                _ => 0,
+            }
+        };
+    }
+    let mut local = single_from;
+    if m >= T::PAIRED_FROM_M {
+        while local + 2 <= nrows {
+            let r = row_start + local;
+            let out_rows = &mut out_t[local * m..(local + 2) * m];
+            let mut i = 0;
+            while i < m {
+                // SAFETY (all arms): rows r and r + 1 lie in the range; activation rows
+                // i..i + MR ≤ m exist.
+                match m - i {
+                    1 => store(out_rows, m, i, unsafe { tiles.tile::<2, 1, 2>(r, 1, i) }),
+                    2 => store(out_rows, m, i, unsafe { tiles.tile::<2, 2, 2>(r, 1, i) }),
+                    3 => store(out_rows, m, i, unsafe { tiles.tile::<2, 3, 1>(r, 1, i) }),
+                    _ => store(out_rows, m, i, unsafe { tiles.tile::<2, 4, 1>(r, 1, i) }),
+                }
+                i += (m - i).min(MATMUL_ROWS);
+            }
+            local += 2;
+        }
+    }
+    for local in local..nrows {
+        let r = row_start + local;
+        let out_row = &mut out_t[local * m..(local + 1) * m];
+        let mut i = 0;
+        // SAFETY (all calls): row r lies in the range; activation rows i..i + MR ≤ m exist.
+        while i + MATMUL_ROWS <= m {
+            let [d] = unsafe { tiles.tile::<1, MATMUL_ROWS, 1>(r, 1, i) };
+            out_row[i..i + MATMUL_ROWS].copy_from_slice(&d);
+            i += MATMUL_ROWS;
+        }
+        // More blocks a step where fewer activation rows leave registers free.
+        match m - i {
+            3 => out_row[i..].copy_from_slice(&unsafe { tiles.tile::<1, 3, 2>(r, 1, i) }[0]),
+            2 => out_row[i..].copy_from_slice(&unsafe { tiles.tile::<1, 2, 2>(r, 1, i) }[0]),
+            1 => out_row[i..].copy_from_slice(&unsafe { tiles.tile::<1, 1, 4>(r, 1, i) }[0]),
+            _ => {}
+        }
+    }
+}
+
+/// Writes a tile's results: weight row `k` of the tile, activation rows `i..i + MR`, into row `k`
+/// of `out_rows` (`m` values each).
+fn store<const NR: usize, const MR: usize>(
+    out_rows: &mut [f32],
+    m: usize,
+    i: usize,
+    tile: [[f32; MR]; NR],
+) {
+    for (k, values) in tile.iter().enumerate() {
+        out_rows[k * m + i..k * m + i + MR].copy_from_slice(values);
+    }
+}
+
+/// The passes of a matrix-vector product over the rows of `out_t` (one value each): weight rows
+/// `row_start + j + k · part` (`k < NR`) into `out_t[j + k · part]`, `part = out_t.len() / NR`.
+/// Returns how many rows they covered (those left over go one at a time).
+///
+/// # Safety
+/// As for [`run_passes`] with `m = 1`.
+unsafe fn far_passes<T: Tiles, const NR: usize, const U: usize>(
+    tiles: &mut T,
+    row_start: usize,
+    out_t: &mut [f32],
+) -> usize {
+    let part = out_t.len() / NR;
+    for j in 0..part {
+        // SAFETY: rows row_start + j + k·part (k < NR) lie in the range; one activation row.
+        let d = unsafe { tiles.tile::<NR, 1, U>(row_start + j, part, 0) };
+        for (k, v) in d.iter().enumerate() {
+            out_t[j + k * part] = v[0];
+        }
+    }
+    NR * part
+}
