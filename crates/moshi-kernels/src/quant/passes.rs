@@ -76,40 +76,57 @@ pub(crate) unsafe fn run_passes<T: Tiles>(
     let mut local = single_from;
     if m >= T::PAIRED_FROM_M {
         while local + 2 <= nrows {
-            let r = row_start + local;
-            let out_rows = &mut out_t[local * m..(local + 2) * m];
-            let mut i = 0;
-            while i < m {
-                // SAFETY (all arms): rows r and r + 1 lie in the range; activation rows
-                // i..i + MR ≤ m exist.
-                match m - i {
-                    1 => store(out_rows, m, i, unsafe { tiles.tile::<2, 1, 2>(r, 1, i) }),
-                    2 => store(out_rows, m, i, unsafe { tiles.tile::<2, 2, 2>(r, 1, i) }),
-                    3 => store(out_rows, m, i, unsafe { tiles.tile::<2, 3, 1>(r, 1, i) }),
-                    _ => store(out_rows, m, i, unsafe { tiles.tile::<2, 4, 1>(r, 1, i) }),
-                }
-                i += (m - i).min(MATMUL_ROWS);
-            }
+            // SAFETY: rows row_start + local and the next lie in the range.
+            unsafe {
+                weight_rows_pass::<T, 2>(
+                    tiles,
+                    m,
+                    row_start + local,
+                    &mut out_t[local * m..(local + 2) * m],
+                )
+            };
             local += 2;
         }
     }
     for local in local..nrows {
-        let r = row_start + local;
-        let out_row = &mut out_t[local * m..(local + 1) * m];
-        let mut i = 0;
-        // SAFETY (all calls): row r lies in the range; activation rows i..i + MR ≤ m exist.
-        while i + MATMUL_ROWS <= m {
-            let [d] = unsafe { tiles.tile::<1, MATMUL_ROWS, 1>(r, 1, i) };
-            out_row[i..i + MATMUL_ROWS].copy_from_slice(&d);
-            i += MATMUL_ROWS;
+        // SAFETY: row row_start + local lies in the range.
+        unsafe {
+            weight_rows_pass::<T, 1>(
+                tiles,
+                m,
+                row_start + local,
+                &mut out_t[local * m..(local + 1) * m],
+            )
+        };
+    }
+}
+
+/// Weight rows `r..r + NR` against all `m` activation rows, up to [`MATMUL_ROWS`] per tile, into
+/// `out_rows` (their `NR` rows of `out_t`, `m` values each). With one weight row, more blocks a step
+/// where fewer activation rows leave registers free.
+///
+/// # Safety
+/// As for [`run_passes`], for those weight rows.
+unsafe fn weight_rows_pass<T: Tiles, const NR: usize>(
+    tiles: &mut T,
+    m: usize,
+    r: usize,
+    out_rows: &mut [f32],
+) {
+    let mut i = 0;
+    while i < m {
+        // SAFETY (all arms): forwarded contract; activation rows i..i + MR ≤ m exist.
+        unsafe {
+            match m - i {
+                1 if NR == 1 => store(out_rows, m, i, tiles.tile::<NR, 1, 4>(r, 1, i)),
+                1 => store(out_rows, m, i, tiles.tile::<NR, 1, 2>(r, 1, i)),
+                2 => store(out_rows, m, i, tiles.tile::<NR, 2, 2>(r, 1, i)),
+                3 if NR == 1 => store(out_rows, m, i, tiles.tile::<NR, 3, 2>(r, 1, i)),
+                3 => store(out_rows, m, i, tiles.tile::<NR, 3, 1>(r, 1, i)),
+                _ => store(out_rows, m, i, tiles.tile::<NR, MATMUL_ROWS, 1>(r, 1, i)),
+            }
         }
-        // More blocks a step where fewer activation rows leave registers free.
-        match m - i {
-            3 => out_row[i..].copy_from_slice(&unsafe { tiles.tile::<1, 3, 2>(r, 1, i) }[0]),
-            2 => out_row[i..].copy_from_slice(&unsafe { tiles.tile::<1, 2, 2>(r, 1, i) }[0]),
-            1 => out_row[i..].copy_from_slice(&unsafe { tiles.tile::<1, 1, 4>(r, 1, i) }[0]),
-            _ => {}
-        }
+        i += (m - i).min(MATMUL_ROWS);
     }
 }
 
