@@ -15,7 +15,7 @@
 use std::cell::RefCell;
 use std::ops::Range;
 
-use moshi_kernels::dense::{accumulate_rows, dot_rows};
+use moshi_kernels::dense::{accumulate_rows, dot_rows, prefetch_l1};
 use moshi_kernels::{Kernel, WeightElem};
 
 use super::kv_cache::{KvCache, KvRows};
@@ -28,6 +28,14 @@ const PARALLEL_MIN_CACHE_FLOATS: usize = 1 << 16;
 /// Cached positions per step of both passes: each head's query is loaded once for this many key
 /// rows, and its output loaded and stored once for this many value rows.
 const POSITIONS_PER_STEP: usize = 4;
+
+/// Cached positions ahead of the step whose keys (values) are prefetched, head by head. A thread
+/// reads its heads' part of each position (4 KiB of a 7B bf16 row on 2 threads): each part starts
+/// a new page, where the hardware prefetcher stops, so without it every part waited for DRAM.
+/// Measured (Zen 5 VM, one thread, 16 heads of 128 over 3000 bf16 positions from DRAM, median of
+/// 40 calls): 1.76-1.90 ms without, 1.16-1.20 ms 8 positions ahead (4: 1.12-1.35, 16:
+/// 1.25-1.39).
+const PREFETCH_POSITIONS: usize = 8;
 
 thread_local! {
     /// Scores of the heads a thread attends in the threaded path (reused across calls).
@@ -290,6 +298,16 @@ impl Attention {
     }
 }
 
+/// Prefetches columns `col..col + len` of the [`POSITIONS_PER_STEP`] rows (`stride` apart in
+/// `data`) [`PREFETCH_POSITIONS`] after row `j`. A hint: rows past the data are harmless.
+#[inline(always)]
+fn prefetch_ahead<E>(data: &[E], stride: usize, j: usize, col: usize, len: usize) {
+    for r in 0..POSITIONS_PER_STEP {
+        let at = (j + PREFETCH_POSITIONS + r) * stride + col;
+        prefetch_l1(data.as_ptr().wrapping_add(at), len);
+    }
+}
+
 /// Heads `offset / hd ..` (as many as `q.len() / hd`): `out_h = softmax(q_h · K_hᵀ * scale) · V_h`
 /// over the rows of `rows` (`n = scores.len() / heads` of them), in segment order. Rows are walked
 /// in order so every cached row is read once, contiguously, for all heads of the group.
@@ -316,6 +334,7 @@ fn attend_heads<E: WeightElem>(
         while j + POSITIONS_PER_STEP <= segment.end {
             let ks: [&[E]; POSITIONS_PER_STEP] = std::array::from_fn(|r| key(j + r));
             for (h, qh) in q.chunks_exact(hd).enumerate() {
+                prefetch_ahead(rows.keys, rows.stride, j, offset + h * hd, hd);
                 let dots = dot_rows(kernel, ks.map(|k| &k[h * hd..(h + 1) * hd]), qh);
                 for (r, d) in dots.iter().enumerate() {
                     scores[h * n + at + r] = d * scale;
@@ -353,6 +372,7 @@ fn attend_heads<E: WeightElem>(
         while j + POSITIONS_PER_STEP <= segment.end {
             let vs: [&[E]; POSITIONS_PER_STEP] = std::array::from_fn(|r| value(j + r));
             for (h, o) in out.chunks_exact_mut(hd).enumerate() {
+                prefetch_ahead(rows.values, rows.stride, j, offset + h * hd, hd);
                 accumulate_rows(
                     kernel,
                     o,
