@@ -202,12 +202,14 @@ impl FrameProcessor for MoshiPipeline {
 }
 
 impl MoshiPipeline {
-    /// One input frame (1920 samples at 24 kHz) for each of `pipelines` together: each session's
-    /// Mimi encode, one batched LM step for all of them (sessions at their first frame step
-    /// twice, as [`FIRST_FRAME_LM_STEPS`] says: first those alone, then everyone), each
-    /// session's Mimi decode. Session `i` gets what [`FrameProcessor::process_frame`] gives it
-    /// alone, bit for bit; its error (a wrong frame size, weights it does not share) is its own.
-    /// The LM stage timings of every output are the batch's. `scratch` holds the LM's buffers.
+    /// One input frame (1920 samples at 24 kHz) for each of `pipelines` together: Mimi encodes
+    /// them together (each session's convolutions alone, the encoder transformer's weights read
+    /// once for all), one batched LM step for all of them (sessions at their first frame step
+    /// twice, as [`FIRST_FRAME_LM_STEPS`] says: first those alone, then everyone), Mimi decodes
+    /// them together. Session `i` gets what [`FrameProcessor::process_frame`] gives it alone, bit
+    /// for bit; its error (a wrong frame size, weights it does not share) is its own. The LM stage
+    /// timings of every output are the batch's; each Mimi stage time is the batch's divided
+    /// evenly among the sessions in it. `scratch` holds the LM's buffers.
     ///
     /// # Panics
     /// If `frames` and `pipelines` differ in length (caller bug).
@@ -218,24 +220,7 @@ impl MoshiPipeline {
     ) -> Vec<Result<FrameOutput>> {
         assert_eq!(pipelines.len(), frames.len(), "one frame per session");
         let mut timings = vec![StageTimings::default(); pipelines.len()];
-        let mut codes: Vec<Result<Vec<u32>>> = pipelines
-            .iter_mut()
-            .zip(frames)
-            .zip(&mut timings)
-            .map(|((p, pcm), t)| {
-                if pcm.len() != FRAME_SAMPLES {
-                    return Err(RuntimeError::FrameSize {
-                        expected: FRAME_SAMPLES,
-                        got: pcm.len(),
-                    });
-                }
-                let t0 = Instant::now();
-                let mut codes = p.mimi.encode_frame(pcm)?;
-                t.mimi_encode_ms = ms_since(t0);
-                codes.truncate(p.user_codebooks);
-                Ok(codes)
-            })
-            .collect();
+        let mut codes = encode_frames(pipelines, frames, &mut timings);
         // First frame twice (run_inference.py): step 0 only fills the delays. Sessions at
         // their first frame take that step alone, then every session takes one.
         let first: Vec<bool> = pipelines.iter().map(|p| p.frames_in == 0).collect();
@@ -252,18 +237,145 @@ impl MoshiPipeline {
                 }
             }
         }
-        pipelines
-            .iter_mut()
-            .zip(codes)
-            .zip(generated)
-            .zip(timings)
-            .map(|(((p, c), g), t)| {
-                c?;
+        for (p, c) in pipelines.iter_mut().zip(&codes) {
+            if c.is_ok() {
                 p.frames_in += 1;
-                p.output_of(g, t)
-            })
-            .collect()
+            }
+        }
+        let generated = codes
+            .into_iter()
+            .zip(generated)
+            .map(|(c, g)| c.map(|_| g))
+            .collect();
+        outputs_of(pipelines, generated, timings)
     }
+}
+
+/// Each session's frame through Mimi's encoder, together ([`Mimi::encode_frames`]) -> the user
+/// codes the LM takes, or the session's error.
+fn encode_frames(
+    pipelines: &mut [&mut MoshiPipeline],
+    frames: &[&[f32]],
+    timings: &mut [StageTimings],
+) -> Vec<Result<Vec<u32>>> {
+    let mut results: Vec<Result<Vec<u32>>> = frames
+        .iter()
+        .zip(pipelines.iter())
+        .map(|(pcm, p)| {
+            if pcm.len() == FRAME_SAMPLES {
+                Ok(vec![0; p.mimi.num_codebooks()])
+            } else {
+                Err(RuntimeError::FrameSize {
+                    expected: FRAME_SAMPLES,
+                    got: pcm.len(),
+                })
+            }
+        })
+        .collect();
+    let sessions: Vec<usize> = (0..frames.len()).filter(|&i| results[i].is_ok()).collect();
+    if sessions.is_empty() {
+        return results;
+    }
+    let t0 = Instant::now();
+    let encoded = {
+        let mut mimis: Vec<&mut Mimi> = pipelines
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| sessions.contains(i))
+            .map(|(_, p)| &mut p.mimi)
+            .collect();
+        let pcms: Vec<&[f32]> = sessions.iter().map(|&i| frames[i]).collect();
+        let mut buffers: Vec<&mut [u32]> = results
+            .iter_mut()
+            .filter_map(|r| r.as_mut().ok().map(|c| &mut c[..]))
+            .collect();
+        Mimi::encode_frames(&mut mimis, &pcms, &mut buffers)
+    };
+    let each_ms = ms_since(t0) / sessions.len() as f64;
+    for (&i, r) in sessions.iter().zip(encoded) {
+        timings[i].mimi_encode_ms = each_ms;
+        match r {
+            Ok(()) => {
+                if let Ok(c) = &mut results[i] {
+                    c.truncate(pipelines[i].user_codebooks);
+                }
+            }
+            Err(e) => results[i] = Err(e.into()),
+        }
+    }
+    results
+}
+
+/// Each session's output: its generated frame decoded by Mimi, together with the others'
+/// ([`Mimi::decode_frames`]; silence while the delays fill), and its text; or its error.
+fn outputs_of(
+    pipelines: &mut [&mut MoshiPipeline],
+    generated: Vec<Result<Option<GeneratedFrame>>>,
+    mut timings: Vec<StageTimings>,
+) -> Vec<Result<FrameOutput>> {
+    let decoding: Vec<usize> = (0..generated.len())
+        .filter(|&i| matches!(generated[i], Ok(Some(_))))
+        .collect();
+    let mut pcms: Vec<Vec<f32>> = vec![vec![0.0; FRAME_SAMPLES]; generated.len()];
+    let mut decoded: Vec<Option<moshi_model::Result<()>>> =
+        (0..generated.len()).map(|_| None).collect();
+    if !decoding.is_empty() {
+        let t0 = Instant::now();
+        let results = {
+            let mut mimis: Vec<&mut Mimi> = pipelines
+                .iter_mut()
+                .enumerate()
+                .filter(|(i, _)| decoding.contains(i))
+                .map(|(_, p)| &mut p.mimi)
+                .collect();
+            let codes: Vec<&[u32]> = generated
+                .iter()
+                .filter_map(|g| match g {
+                    Ok(Some(frame)) => Some(&frame.audio[..]),
+                    _ => None,
+                })
+                .collect();
+            let mut outs: Vec<&mut [f32]> = pcms
+                .iter_mut()
+                .enumerate()
+                .filter(|(i, _)| decoding.contains(i))
+                .map(|(_, p)| &mut p[..])
+                .collect();
+            Mimi::decode_frames(&mut mimis, &codes, &mut outs)
+        };
+        let each_ms = ms_since(t0) / decoding.len() as f64;
+        for (&i, r) in decoding.iter().zip(results) {
+            timings[i].mimi_decode_ms = each_ms;
+            decoded[i] = Some(r);
+        }
+    }
+    pipelines
+        .iter_mut()
+        .zip(generated)
+        .zip(pcms)
+        .zip(timings)
+        .zip(decoded)
+        .map(|((((p, g), pcm), timings), decoded)| {
+            let Some(frame) = g? else {
+                return Ok(FrameOutput {
+                    pcm,
+                    timings,
+                    ..Default::default()
+                });
+            };
+            decoded.expect("a generated frame is decoded")?;
+            let piece = p.text.push(frame.text);
+            Ok(FrameOutput {
+                pcm,
+                text: (!piece.is_empty()).then_some(piece),
+                tokens: Some(FrameTokens {
+                    text: frame.text,
+                    audio: frame.audio,
+                }),
+                timings,
+            })
+        })
+        .collect()
 }
 
 /// One batched generator step of the sessions marked in `stepping` whose frame was encoded, on
@@ -306,35 +418,9 @@ impl MoshiPipeline {
         let generated = self.generator.step_end_of_input()?;
         add_lm_timings(&mut timings, &self.generator);
         self.frames_in += 1;
-        self.output_of(generated, timings)
-    }
-
-    /// Decodes a generated frame (silence while the delays fill).
-    fn output_of(
-        &mut self,
-        generated: Option<GeneratedFrame>,
-        mut timings: StageTimings,
-    ) -> Result<FrameOutput> {
-        let Some(frame) = generated else {
-            return Ok(FrameOutput {
-                pcm: vec![0.0; FRAME_SAMPLES],
-                timings,
-                ..Default::default()
-            });
-        };
-        let t0 = Instant::now();
-        let pcm = self.mimi.decode_frame(&frame.audio)?;
-        timings.mimi_decode_ms = ms_since(t0);
-        let piece = self.text.push(frame.text);
-        Ok(FrameOutput {
-            pcm,
-            text: (!piece.is_empty()).then_some(piece),
-            tokens: Some(FrameTokens {
-                text: frame.text,
-                audio: frame.audio,
-            }),
-            timings,
-        })
+        outputs_of(&mut [self], vec![Ok(generated)], vec![timings])
+            .pop()
+            .expect("one session in, one output out")
     }
 }
 

@@ -306,6 +306,166 @@ impl Mimi {
         Ok(())
     }
 
+    /// Streaming encode of one frame for each of several streams at once (the sessions of a
+    /// server): `pcms[i]` into `codes[i]` for `mimis[i]`. Each stream's SEANet encoder,
+    /// downsampling and quantizer run alone; the encoder transformer runs once for the streams
+    /// that share their weights with the first valid one ([`MimiTransformer::forward_streams`]:
+    /// its weights read once for all of them), the others alone. Stream `i` gets what
+    /// [`Mimi::encode_frame_into`] gives it alone, bit for bit; its error (a wrong length) is its
+    /// own.
+    ///
+    /// # Panics
+    /// If the three slices differ in length (caller bug).
+    pub fn encode_frames(
+        mimis: &mut [&mut Mimi],
+        pcms: &[&[f32]],
+        codes: &mut [&mut [u32]],
+    ) -> Vec<Result<()>> {
+        assert!(
+            mimis.len() == pcms.len() && mimis.len() == codes.len(),
+            "mimi encode_frames: one frame and one codes buffer per stream"
+        );
+        let checked: Vec<Result<()>> = mimis
+            .iter()
+            .zip(pcms)
+            .zip(codes.iter())
+            .map(|((m, pcm), c)| m.check_frame_buffers(pcm.len(), c.len()))
+            .collect();
+        let batch = shared_batch(mimis, &checked);
+        let _span = tracing::trace_span!("mimi_encode_frames", streams = batch.len()).entered();
+        for (i, (m, pcm)) in mimis.iter_mut().zip(pcms).enumerate() {
+            if checked[i].is_err() {
+                continue;
+            }
+            let st = &mut m.encoder_state;
+            if batch.contains(&i) {
+                m.modules
+                    .encoder
+                    .forward(&mut st.seanet, pcm, &mut st.latent25);
+            } else {
+                m.modules.encode(st, pcm, AttentionMode::Streaming);
+            }
+        }
+        if let Some(&first) = batch.first() {
+            let modules = Arc::clone(&mimis[first].modules);
+            let mut gathered = Vec::new();
+            let (mut states, mut latents): (Vec<_>, Vec<_>) = mimis
+                .iter_mut()
+                .enumerate()
+                .filter(|(i, _)| batch.contains(i))
+                .map(|(_, m)| {
+                    let st = &mut m.encoder_state;
+                    (&mut st.transformer, &mut st.latent25)
+                })
+                .unzip();
+            transformer_streams(
+                &modules.encoder_transformer,
+                &mut states,
+                &mut latents,
+                &mut gathered,
+            );
+            for &i in &batch {
+                modules.encode_after_transformer(&mut mimis[i].encoder_state);
+            }
+        }
+        for ((m, c), r) in mimis.iter().zip(codes.iter_mut()).zip(&checked) {
+            if r.is_ok() {
+                c.copy_from_slice(&m.encoder_state.codes);
+            }
+        }
+        checked
+    }
+
+    /// Streaming decode of one frame for each of several streams at once: `codes[i]` into
+    /// `pcms[i]` for `mimis[i]`, the decoder transformer once for the streams sharing weights (as
+    /// [`Mimi::encode_frames`]). Stream `i` gets what [`Mimi::decode_frame_into`] gives it alone,
+    /// bit for bit; its error (a wrong length, a code out of range) is its own.
+    ///
+    /// # Panics
+    /// If the three slices differ in length (caller bug).
+    pub fn decode_frames(
+        mimis: &mut [&mut Mimi],
+        codes: &[&[u32]],
+        pcms: &mut [&mut [f32]],
+    ) -> Vec<Result<()>> {
+        assert!(
+            mimis.len() == codes.len() && mimis.len() == pcms.len(),
+            "mimi decode_frames: one codes frame and one output buffer per stream"
+        );
+        let checked: Vec<Result<()>> = mimis
+            .iter()
+            .zip(codes)
+            .zip(pcms.iter())
+            .map(|((m, c), pcm)| {
+                m.check_frame_buffers(pcm.len(), c.len())?;
+                m.modules.quantizer.check_codes(c)
+            })
+            .collect();
+        let batch = shared_batch(mimis, &checked);
+        let _span = tracing::trace_span!("mimi_decode_frames", streams = batch.len()).entered();
+        for (i, (m, c)) in mimis.iter_mut().zip(codes).enumerate() {
+            if checked[i].is_err() {
+                continue;
+            }
+            if batch.contains(&i) {
+                m.modules.decode_before_transformer(&mut m.decoder_state, c);
+            } else {
+                m.modules
+                    .decode(&mut m.decoder_state, c, AttentionMode::Streaming);
+            }
+        }
+        if let Some(&first) = batch.first() {
+            let modules = Arc::clone(&mimis[first].modules);
+            let mut gathered = Vec::new();
+            let (mut states, mut latents): (Vec<_>, Vec<_>) = mimis
+                .iter_mut()
+                .enumerate()
+                .filter(|(i, _)| batch.contains(i))
+                .map(|(_, m)| {
+                    let st = &mut m.decoder_state;
+                    (&mut st.transformer, &mut st.latent25)
+                })
+                .unzip();
+            transformer_streams(
+                &modules.decoder_transformer,
+                &mut states,
+                &mut latents,
+                &mut gathered,
+            );
+            for &i in &batch {
+                let st = &mut mimis[i].decoder_state;
+                modules
+                    .decoder
+                    .forward(&mut st.seanet, &st.latent25, &mut st.pcm);
+            }
+        }
+        for ((m, pcm), r) in mimis.iter().zip(pcms.iter_mut()).zip(&checked) {
+            if r.is_ok() {
+                pcm.copy_from_slice(&m.decoder_state.pcm);
+            }
+        }
+        checked
+    }
+
+    /// The checks of a streaming frame: `samples` per frame and `codebooks` codes.
+    fn check_frame_buffers(&self, samples: usize, codebooks: usize) -> Result<()> {
+        if samples != self.frame_size {
+            return Err(ModelError::WrongLength {
+                what: "mimi: samples per frame",
+                expected: self.frame_size,
+                got: samples,
+            });
+        }
+        if codebooks != self.num_codebooks() {
+            return Err(ModelError::WrongLength {
+                what: "mimi: codes per frame (codebooks)",
+                expected: self.num_codebooks(),
+                got: codebooks,
+            });
+        }
+        Ok(())
+    }
+
     /// Checks frame-major codes (`[frame][codebook]`, any number of whole frames) for range;
     /// the error names the codebook and the frame of the first bad code.
     pub fn check_codes(&self, frame_major: &[u32]) -> Result<()> {
@@ -373,6 +533,18 @@ impl Mimi {
     }
 }
 
+/// The streams of a batched step whose transformer runs together: those that passed their checks
+/// and share their weights (the same modules) with the first of them.
+fn shared_batch(mimis: &[&mut Mimi], checked: &[Result<()>]) -> Vec<usize> {
+    let valid = || (0..mimis.len()).filter(|&i| checked[i].is_ok());
+    let Some(first) = valid().next() else {
+        return Vec::new();
+    };
+    valid()
+        .filter(|&i| Arc::ptr_eq(&mimis[i].modules, &mimis[first].modules))
+        .collect()
+}
+
 fn transpose_codes(frame_major: &[u32], frames: usize, k: usize) -> Vec<Vec<u32>> {
     (0..k)
         .map(|q| (0..frames).map(|t| frame_major[t * k + q]).collect())
@@ -409,6 +581,11 @@ impl MimiModules {
         self.encoder.forward(&mut st.seanet, pcm, &mut st.latent25);
         self.encoder_transformer
             .forward(&mut st.transformer, &mut st.latent25, mode);
+        self.encode_after_transformer(st);
+    }
+
+    /// The 25 Hz latent (`st.latent25`, through the transformer) -> `st.codes`.
+    fn encode_after_transformer(&self, st: &mut EncoderState) {
         self.downsample
             .forward(&mut st.downsample, &st.latent25, &mut st.latent12);
         let frames = st.latent12.len() / self.quantizer.input_dim();
@@ -419,13 +596,43 @@ impl MimiModules {
 
     /// Codes (`[frame][codebook]`, checked) -> `st.pcm`.
     fn decode(&self, st: &mut DecoderState, codes: &[u32], mode: AttentionMode) {
-        self.quantizer
-            .decode(codes, &mut st.quantizer, &mut st.latent12);
-        self.upsample
-            .forward(&mut st.upsample, &st.latent12, &mut st.latent25);
+        self.decode_before_transformer(st, codes);
         self.decoder_transformer
             .forward(&mut st.transformer, &mut st.latent25, mode);
         self.decoder
             .forward(&mut st.seanet, &st.latent25, &mut st.pcm);
+    }
+
+    /// Codes -> the 25 Hz latent `st.latent25` the decoder transformer takes.
+    fn decode_before_transformer(&self, st: &mut DecoderState, codes: &[u32]) {
+        self.quantizer
+            .decode(codes, &mut st.quantizer, &mut st.latent12);
+        self.upsample
+            .forward(&mut st.upsample, &st.latent12, &mut st.latent25);
+    }
+}
+
+/// Runs `transformer` over the 25 Hz latents of several streams at once
+/// ([`MimiTransformer::forward_streams`]): `latents[i]` is stream `i`'s (in place), `states[i]` its
+/// state; `gathered` is scratch. Every latent must hold the same number of rows.
+fn transformer_streams(
+    transformer: &MimiTransformer,
+    states: &mut [&mut TransformerState],
+    latents: &mut [&mut Vec<f32>],
+    gathered: &mut Vec<f32>,
+) {
+    let d = transformer.dim();
+    let Some(first) = latents.first() else {
+        return;
+    };
+    let rows = first.len() / d;
+    gathered.clear();
+    for latent in latents.iter() {
+        assert_eq!(latent.len(), rows * d, "mimi: streams of unequal frames");
+        gathered.extend_from_slice(latent);
+    }
+    transformer.forward_streams(states, gathered, rows);
+    for (latent, rows) in latents.iter_mut().zip(gathered.chunks_exact(rows * d)) {
+        latent.copy_from_slice(rows);
     }
 }

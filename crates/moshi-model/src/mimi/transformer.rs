@@ -169,19 +169,11 @@ impl MimiTransformer {
         if t == 0 {
             return;
         }
-        let offset = match mode {
-            AttentionMode::Streaming => {
-                assert!(
-                    t <= self.context,
-                    "streaming chunk of {t} steps exceeds the context {}",
-                    self.context
-                );
-                st.offset
-            }
-            AttentionMode::Batch => 0,
-        };
+        if mode == AttentionMode::Streaming {
+            self.forward_streams(&mut [st], x, t);
+            return;
+        }
         let TransformerState {
-            caches,
             rotations,
             attention,
             norm,
@@ -191,49 +183,138 @@ impl MimiTransformer {
         } = st;
         rotations.resize_with(t, RopeRotation::default);
         for (i, rot) in rotations.iter_mut().enumerate() {
-            self.rope.rotation_into(offset + i, rot);
+            self.rope.rotation_into(i, rot);
         }
-        norm.resize(t * d, 0.0);
-        proj.resize(t * d, 0.0);
-        hidden.resize(t * self.ff_dim, 0.0);
-        for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
-            layer_norm(x, &layer.norm1_w, &layer.norm1_b, 1e-5, norm);
-            let cache = match mode {
-                AttentionMode::Streaming => {
-                    cache.convert(self.kv_precision);
-                    Some(cache)
-                }
-                AttentionMode::Batch => None,
-            };
-            let attn = &layer.attention;
-            attn.forward_chunk(
-                norm,
-                t,
-                Some(rotations),
-                self.context,
-                cache,
+        let (context, rotations) = (self.context, &rotations[..]);
+        self.run_layers(x, [norm, proj, hidden], |_, attn, norm, proj| {
+            attn.forward_chunk(norm, t, Some(rotations), context, None, attention, proj)
+        });
+    }
+
+    /// Streaming steps of several streams (sessions) at once: `x` holds `t` rows of each state's
+    /// stream in turn (`[states.len() * t][dim]`), each stream over its own KV rings and
+    /// position. The products take the rows of as many streams at once as give each row its own
+    /// bits ([`Linear::same_bits_rows`]: with f32 weights 32 streams of 2 steps), so every stream
+    /// gets what [`MimiTransformer::forward`] gives it alone, bit for bit, while the weights are
+    /// read once per group of streams instead of once per stream.
+    ///
+    /// # Panics
+    /// If `x` does not hold `t` rows per state or `t` exceeds the context (caller bug).
+    pub fn forward_streams(&self, states: &mut [&mut TransformerState], x: &mut [f32], t: usize) {
+        let d = self.dim;
+        assert_eq!(
+            x.len(),
+            states.len() * t * d,
+            "transformer: {t} rows per stream"
+        );
+        assert!(
+            t <= self.context,
+            "streaming chunk of {t} steps exceeds the context {}",
+            self.context
+        );
+        if t == 0 || states.is_empty() {
+            return;
+        }
+        let per_group = (self.same_bits_rows() / t).max(1);
+        for (group, x) in states
+            .chunks_mut(per_group)
+            .zip(x.chunks_mut(per_group * t * d))
+        {
+            let streams = group.len();
+            // The first stream's buffers serve the group.
+            let (first, rest) = group.split_first_mut().expect("a group holds a stream");
+            let TransformerState {
+                offset,
+                caches,
+                rotations,
                 attention,
+                norm,
                 proj,
-            );
-            count_bytes(attn.in_proj().forward_bytes(t) + attn.out_proj().forward_bytes(t));
+                hidden,
+            } = &mut **first;
+            rotations.resize_with(streams * t, RopeRotation::default);
+            let offsets = std::iter::once(*offset).chain(rest.iter().map(|s| s.offset));
+            for (rots, start) in rotations.chunks_exact_mut(t).zip(offsets) {
+                for (i, rot) in rots.iter_mut().enumerate() {
+                    self.rope.rotation_into(start + i, rot);
+                }
+            }
+            let rotations = &rotations[..];
+            self.run_layers(x, [norm, proj, hidden], |layer, attn, norm, proj| {
+                let mut layer_caches: Vec<&mut KvCache> = std::iter::once(&mut caches[layer])
+                    .chain(rest.iter_mut().map(|s| &mut s.caches[layer]))
+                    .collect();
+                for cache in &mut layer_caches {
+                    cache.convert(self.kv_precision);
+                }
+                attn.forward_streams(
+                    norm,
+                    streams,
+                    t,
+                    Some(rotations),
+                    &mut layer_caches,
+                    attention,
+                    proj,
+                );
+            });
+            *offset += t;
+            for s in rest.iter_mut() {
+                s.offset += t;
+            }
+        }
+    }
+
+    /// The most rows every product of a layer takes with each row's own bits.
+    fn same_bits_rows(&self) -> usize {
+        self.layers
+            .iter()
+            .flat_map(|l| {
+                [
+                    l.attention.in_proj(),
+                    l.attention.out_proj(),
+                    &l.linear1,
+                    &l.linear2,
+                ]
+            })
+            .map(Linear::same_bits_rows)
+            .min()
+            .unwrap_or(usize::MAX)
+    }
+
+    /// Every layer over the rows of `x` (in place), with `attend(layer, attention, normed rows,
+    /// out)` for the attention; `buffers` are the norm, projection and hidden scratch.
+    fn run_layers(
+        &self,
+        x: &mut [f32],
+        buffers: [&mut Vec<f32>; 3],
+        mut attend: impl FnMut(usize, &Attention, &[f32], &mut [f32]),
+    ) {
+        let d = self.dim;
+        let rows = x.len() / d;
+        let [norm, proj, hidden] = buffers;
+        norm.resize(rows * d, 0.0);
+        proj.resize(rows * d, 0.0);
+        hidden.resize(rows * self.ff_dim, 0.0);
+        for (index, layer) in self.layers.iter().enumerate() {
+            layer_norm(x, &layer.norm1_w, &layer.norm1_b, 1e-5, norm);
+            let attn = &layer.attention;
+            attend(index, attn, norm, proj);
+            count_bytes(attn.in_proj().forward_bytes(rows) + attn.out_proj().forward_bytes(rows));
             for (row, prow) in x.chunks_exact_mut(d).zip(proj.chunks_exact(d)) {
                 for ((v, p), s) in row.iter_mut().zip(prow).zip(&layer.scale1) {
                     *v += s * p;
                 }
             }
             layer_norm(x, &layer.norm2_w, &layer.norm2_b, 1e-5, norm);
-            layer.linear1.forward(norm, t, hidden);
+            layer.linear1.forward(norm, rows, hidden);
             gelu_slice(hidden);
-            layer.linear2.forward(hidden, t, proj);
-            count_bytes(layer.linear1.forward_bytes(t) + layer.linear2.forward_bytes(t));
+            layer.linear2.forward(hidden, rows, proj);
+            count_bytes(layer.linear1.forward_bytes(rows) + layer.linear2.forward_bytes(rows));
             for (row, prow) in x.chunks_exact_mut(d).zip(proj.chunks_exact(d)) {
                 for ((v, p), s) in row.iter_mut().zip(prow).zip(&layer.scale2) {
                     *v += s * p;
                 }
             }
-        }
-        if mode == AttentionMode::Streaming {
-            st.offset += t;
         }
     }
 }

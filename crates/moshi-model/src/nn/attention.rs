@@ -6,7 +6,9 @@
 //!   apart, each at its own position.
 //! - [`Attention::forward_chunk`] (Mimi): `t` consecutive positions of one stream, over a ring
 //!   cache (streaming, as PyTorch's `RingKVCache`: the chunk's keys are written first, then the
-//!   query at `p` sees the held keys with `p - context < p' <= p`) or over the chunk itself.
+//!   query at `p` sees the held keys with `p - context < p' <= p`) or over the chunk itself;
+//!   [`Attention::forward_streams`]: such chunks of several streams (sessions) at once, the
+//!   projections shared.
 //!
 //! Scores are dot products in the fixed order of `moshi_kernels::dense`, 4 cached positions per
 //! step; values are accumulated position by position in the order given. Heads are split over the
@@ -196,19 +198,7 @@ impl Attention {
         let qkv = &scratch.qkv;
         match cache {
             Some(cache) => {
-                assert!(t <= cache.capacity(), "a chunk of {t} exceeds the context");
-                for row in qkv.chunks_exact(3 * dim) {
-                    cache.push(&row[dim..2 * dim], &row[2 * dim..]);
-                }
-                let last = cache.positions_seen();
-                let oldest = last - cache.len();
-                let context = cache.capacity();
-                for (i, attended) in scratch.attended.chunks_exact_mut(dim).enumerate() {
-                    let p = last - t + i;
-                    let segments = cache.slots(oldest.max((p + 1).saturating_sub(context)), p);
-                    let q = &qkv[i * 3 * dim..i * 3 * dim + dim];
-                    self.attend_cache(q, cache, segments, attended, &mut scratch.scores);
-                }
+                self.attend_chunk(qkv, cache, &mut scratch.attended, &mut scratch.scores);
             }
             None => {
                 // Keys and values read in place from the qkv rows.
@@ -226,6 +216,84 @@ impl Attention {
             }
         }
         self.out_proj.forward(&scratch.attended, t, out);
+    }
+
+    /// `streams` chunks of `t` rows of `xs` (`[streams * t, dim]`, already normalised), chunk `s`
+    /// the next `t` positions of stream `s`: row `i` rotated by `rotations[i]` (if any), the
+    /// chunk's keys and values pushed into `caches[s]` and its queries attending over that cache,
+    /// as [`Attention::forward_chunk`] does for one stream. The projections take every row at
+    /// once (their weights read once for all streams); each stream's rows get the bits
+    /// `forward_chunk` gives them alone while the projections give each row its own bits at
+    /// `streams * t` rows ([`Linear::same_bits_rows`]).
+    ///
+    /// # Panics
+    /// If a chunk does not fit its cache or the slices disagree on `streams` and `t` (caller
+    /// bug).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_streams(
+        &self,
+        xs: &[f32],
+        streams: usize,
+        t: usize,
+        rotations: Option<&[RopeRotation]>,
+        caches: &mut [&mut KvCache],
+        scratch: &mut AttentionScratch,
+        out: &mut [f32],
+    ) {
+        let (dim, rows) = (self.dim(), streams * t);
+        assert!(
+            caches.len() == streams && rotations.is_none_or(|r| r.len() == rows),
+            "attention: {streams} streams of {t} rows, {} caches",
+            caches.len()
+        );
+        scratch.qkv.resize(rows * 3 * dim, 0.0);
+        scratch.attended.resize(rows * dim, 0.0);
+        self.in_proj.forward(xs, rows, &mut scratch.qkv);
+        if let Some(rotations) = rotations {
+            for (qkv, rot) in scratch.qkv.chunks_exact_mut(3 * dim).zip(rotations) {
+                let (q, kv) = qkv.split_at_mut(dim);
+                rot.apply(q);
+                rot.apply(&mut kv[..dim]);
+            }
+        }
+        if t > 0 {
+            for ((qkv, attended), cache) in scratch
+                .qkv
+                .chunks_exact(t * 3 * dim)
+                .zip(scratch.attended.chunks_exact_mut(t * dim))
+                .zip(caches.iter_mut())
+            {
+                self.attend_chunk(qkv, cache, attended, &mut scratch.scores);
+            }
+        }
+        self.out_proj.forward(&scratch.attended, rows, out);
+    }
+
+    /// The attention of a streaming chunk (`qkv`: its rows' projected queries, rotated keys and
+    /// values): the keys and values are pushed into `cache` first, then the query at position
+    /// `p` attends over the held positions `p' > p - capacity`, into `attended` (`[t, dim]`).
+    fn attend_chunk(
+        &self,
+        qkv: &[f32],
+        cache: &mut KvCache,
+        attended: &mut [f32],
+        scores: &mut Vec<f32>,
+    ) {
+        let dim = self.dim();
+        let t = qkv.len() / (3 * dim);
+        assert!(t <= cache.capacity(), "a chunk of {t} exceeds the context");
+        for row in qkv.chunks_exact(3 * dim) {
+            cache.push(&row[dim..2 * dim], &row[2 * dim..]);
+        }
+        let last = cache.positions_seen();
+        let oldest = last - cache.len();
+        let context = cache.capacity();
+        for (i, attended) in attended.chunks_exact_mut(dim).enumerate() {
+            let p = last - t + i;
+            let segments = cache.slots(oldest.max((p + 1).saturating_sub(context)), p);
+            let q = &qkv[i * 3 * dim..i * 3 * dim + dim];
+            self.attend_cache(q, cache, segments, attended, scores);
+        }
     }
 
     /// [`Attention::attend`] over the slots `segments` (in that order) of `cache`, f32 or bf16.

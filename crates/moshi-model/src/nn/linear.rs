@@ -197,6 +197,18 @@ impl Linear {
         }
     }
 
+    /// The most rows one [`Linear::forward`] takes while giving each row the bits it gets alone
+    /// (and while a reduced copy, where there is one, still serves it): more rows would change
+    /// the kernel. Callers batching the rows of independent streams keep to it.
+    pub fn same_bits_rows(&self) -> usize {
+        match (&self.few_rows, &self.weights) {
+            (FewRowCopy::Bf16(_), _) => BF16_COPY_MAX_ROWS,
+            (FewRowCopy::Q8(_), _) => Q8_MAX_ROWS,
+            (FewRowCopy::None, LinearWeights::F32(_)) => EXACT_ROWS_MAX,
+            (FewRowCopy::None, LinearWeights::Bf16(_) | LinearWeights::Quantized(_)) => usize::MAX,
+        }
+    }
+
     /// Builds (or drops) the reduced copy few-row products read. Needs f32 weights (the copy is
     /// made from them); other layers keep their weights and ignore the request.
     pub fn set_few_row_precision(&mut self, precision: FewRowPrecision) {
