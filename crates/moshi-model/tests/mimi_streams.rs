@@ -32,6 +32,15 @@ fn frame_pcm(seed: u32, frame: usize) -> Vec<f32> {
         .collect()
 }
 
+/// The streams `present` of `all` (in order).
+fn present_streams<'a>(all: &'a mut [Mimi], present: &[usize]) -> Vec<&'a mut Mimi> {
+    all.iter_mut()
+        .enumerate()
+        .filter(|(s, _)| present.contains(s))
+        .map(|(_, m)| m)
+        .collect()
+}
+
 /// Stream `s` joins at frame `join[s]`; every frame the streams present are encoded together,
 /// then their codes decoded together, and each is compared with its own copy run alone.
 fn check_streams_against_alone(mode: MimiWeights) {
@@ -52,12 +61,7 @@ fn check_streams_against_alone(mode: MimiWeights) {
             .collect();
         let mut codes = vec![vec![0u32; k]; present.len()];
         {
-            let mut mimis: Vec<&mut Mimi> = batched
-                .iter_mut()
-                .enumerate()
-                .filter(|(s, _)| present.contains(s))
-                .map(|(_, m)| m)
-                .collect();
+            let mut mimis = present_streams(&mut batched, &present);
             let pcm_refs: Vec<&[f32]> = pcms.iter().map(|p| &p[..]).collect();
             let mut code_refs: Vec<&mut [u32]> = codes.iter_mut().map(|c| &mut c[..]).collect();
             for r in Mimi::encode_frames(&mut mimis, &pcm_refs, &mut code_refs) {
@@ -73,12 +77,7 @@ fn check_streams_against_alone(mode: MimiWeights) {
         }
         let mut out = vec![vec![0f32; FRAME]; present.len()];
         {
-            let mut mimis: Vec<&mut Mimi> = batched
-                .iter_mut()
-                .enumerate()
-                .filter(|(s, _)| present.contains(s))
-                .map(|(_, m)| m)
-                .collect();
+            let mut mimis = present_streams(&mut batched, &present);
             let code_refs: Vec<&[u32]> = codes.iter().map(|c| &c[..]).collect();
             let mut out_refs: Vec<&mut [f32]> = out.iter_mut().map(|o| &mut o[..]).collect();
             for r in Mimi::decode_frames(&mut mimis, &code_refs, &mut out_refs) {

@@ -278,12 +278,7 @@ fn encode_frames(
     }
     let t0 = Instant::now();
     let encoded = {
-        let mut mimis: Vec<&mut Mimi> = pipelines
-            .iter_mut()
-            .enumerate()
-            .filter(|(i, _)| sessions.contains(i))
-            .map(|(_, p)| &mut p.mimi)
-            .collect();
+        let mut mimis = mimis_of(pipelines, &sessions);
         let pcms: Vec<&[f32]> = sessions.iter().map(|&i| frames[i]).collect();
         let mut buffers: Vec<&mut [u32]> = results
             .iter_mut()
@@ -306,6 +301,16 @@ fn encode_frames(
     results
 }
 
+/// The Mimi streams of the sessions `sessions` (in order).
+fn mimis_of<'a>(pipelines: &'a mut [&mut MoshiPipeline], sessions: &[usize]) -> Vec<&'a mut Mimi> {
+    pipelines
+        .iter_mut()
+        .enumerate()
+        .filter(|(i, _)| sessions.contains(i))
+        .map(|(_, p)| &mut p.mimi)
+        .collect()
+}
+
 /// Each session's output: its generated frame decoded by Mimi, together with the others'
 /// ([`Mimi::decode_frames`]; silence while the delays fill), and its text; or its error.
 fn outputs_of(
@@ -322,12 +327,7 @@ fn outputs_of(
     if !decoding.is_empty() {
         let t0 = Instant::now();
         let results = {
-            let mut mimis: Vec<&mut Mimi> = pipelines
-                .iter_mut()
-                .enumerate()
-                .filter(|(i, _)| decoding.contains(i))
-                .map(|(_, p)| &mut p.mimi)
-                .collect();
+            let mut mimis = mimis_of(pipelines, &decoding);
             let codes: Vec<&[u32]> = generated
                 .iter()
                 .filter_map(|g| match g {

@@ -346,24 +346,16 @@ impl Mimi {
                 m.modules.encode(st, pcm, AttentionMode::Streaming);
             }
         }
-        if let Some(&first) = batch.first() {
-            let modules = Arc::clone(&mimis[first].modules);
-            let mut gathered = Vec::new();
-            let (mut states, mut latents): (Vec<_>, Vec<_>) = mimis
-                .iter_mut()
-                .enumerate()
-                .filter(|(i, _)| batch.contains(i))
-                .map(|(_, m)| {
-                    let st = &mut m.encoder_state;
-                    (&mut st.transformer, &mut st.latent25)
-                })
-                .unzip();
-            transformer_streams(
-                &modules.encoder_transformer,
-                &mut states,
-                &mut latents,
-                &mut gathered,
-            );
+        let streams = transformer_streams(
+            mimis,
+            &batch,
+            |m| &m.encoder_transformer,
+            |m| {
+                let st = &mut m.encoder_state;
+                (&mut st.transformer, &mut st.latent25)
+            },
+        );
+        if let Some(modules) = streams {
             for &i in &batch {
                 modules.encode_after_transformer(&mut mimis[i].encoder_state);
             }
@@ -414,24 +406,16 @@ impl Mimi {
                     .decode(&mut m.decoder_state, c, AttentionMode::Streaming);
             }
         }
-        if let Some(&first) = batch.first() {
-            let modules = Arc::clone(&mimis[first].modules);
-            let mut gathered = Vec::new();
-            let (mut states, mut latents): (Vec<_>, Vec<_>) = mimis
-                .iter_mut()
-                .enumerate()
-                .filter(|(i, _)| batch.contains(i))
-                .map(|(_, m)| {
-                    let st = &mut m.decoder_state;
-                    (&mut st.transformer, &mut st.latent25)
-                })
-                .unzip();
-            transformer_streams(
-                &modules.decoder_transformer,
-                &mut states,
-                &mut latents,
-                &mut gathered,
-            );
+        let streams = transformer_streams(
+            mimis,
+            &batch,
+            |m| &m.decoder_transformer,
+            |m| {
+                let st = &mut m.decoder_state;
+                (&mut st.transformer, &mut st.latent25)
+            },
+        );
+        if let Some(modules) = streams {
             for &i in &batch {
                 let st = &mut mimis[i].decoder_state;
                 modules
@@ -612,27 +596,33 @@ impl MimiModules {
     }
 }
 
-/// Runs `transformer` over the 25 Hz latents of several streams at once
-/// ([`MimiTransformer::forward_streams`]): `latents[i]` is stream `i`'s (in place), `states[i]` its
-/// state; `gathered` is scratch. Every latent must hold the same number of rows.
+/// Runs the transformer `which` picks over the 25 Hz latents of the streams `batch` of `mimis`
+/// (which share their modules) at once ([`MimiTransformer::forward_streams`]); `half` gives a
+/// stream's transformer state and latent (each the same number of rows). Returns the shared
+/// modules, `None` for an empty batch.
 fn transformer_streams(
-    transformer: &MimiTransformer,
-    states: &mut [&mut TransformerState],
-    latents: &mut [&mut Vec<f32>],
-    gathered: &mut Vec<f32>,
-) {
-    let d = transformer.dim();
-    let Some(first) = latents.first() else {
-        return;
-    };
-    let rows = first.len() / d;
-    gathered.clear();
-    for latent in latents.iter() {
-        assert_eq!(latent.len(), rows * d, "mimi: streams of unequal frames");
+    mimis: &mut [&mut Mimi],
+    batch: &[usize],
+    which: impl Fn(&MimiModules) -> &MimiTransformer,
+    half: impl Fn(&mut Mimi) -> (&mut TransformerState, &mut Vec<f32>),
+) -> Option<Arc<MimiModules>> {
+    let modules = Arc::clone(&mimis[*batch.first()?].modules);
+    let transformer = which(&modules);
+    let (mut states, latents): (Vec<_>, Vec<_>) = mimis
+        .iter_mut()
+        .enumerate()
+        .filter(|(i, _)| batch.contains(i))
+        .map(|(_, m)| half(m))
+        .unzip();
+    let frame_len = latents[0].len();
+    let mut gathered = Vec::with_capacity(latents.len() * frame_len);
+    for latent in &latents {
+        assert_eq!(latent.len(), frame_len, "mimi: streams of unequal frames");
         gathered.extend_from_slice(latent);
     }
-    transformer.forward_streams(states, gathered, rows);
-    for (latent, rows) in latents.iter_mut().zip(gathered.chunks_exact(rows * d)) {
+    transformer.forward_streams(&mut states, &mut gathered, frame_len / transformer.dim());
+    for (latent, rows) in latents.into_iter().zip(gathered.chunks_exact(frame_len)) {
         latent.copy_from_slice(rows);
     }
+    Some(modules)
 }

@@ -189,11 +189,7 @@ impl Attention {
         self.in_proj.forward(xs, t, &mut scratch.qkv);
         if let Some(rotations) = rotations {
             assert_eq!(rotations.len(), t, "one rotation per row");
-            for (qkv, rot) in scratch.qkv.chunks_exact_mut(3 * dim).zip(rotations) {
-                let (q, kv) = qkv.split_at_mut(dim);
-                rot.apply(q);
-                rot.apply(&mut kv[..dim]);
-            }
+            rotate_queries_and_keys(&mut scratch.qkv, dim, rotations);
         }
         let qkv = &scratch.qkv;
         match cache {
@@ -250,11 +246,7 @@ impl Attention {
         scratch.attended.resize(rows * dim, 0.0);
         self.in_proj.forward(xs, rows, &mut scratch.qkv);
         if let Some(rotations) = rotations {
-            for (qkv, rot) in scratch.qkv.chunks_exact_mut(3 * dim).zip(rotations) {
-                let (q, kv) = qkv.split_at_mut(dim);
-                rot.apply(q);
-                rot.apply(&mut kv[..dim]);
-            }
+            rotate_queries_and_keys(&mut scratch.qkv, dim, rotations);
         }
         if t > 0 {
             for ((qkv, attended), cache) in scratch
@@ -363,6 +355,16 @@ impl Attention {
             scores.resize(self.num_heads * n, 0.0);
             attend_heads(q, rows, 0, hd, scale, scores, attended);
         }
+    }
+}
+
+/// Rotates the query and the key of each projected row of `qkv` (`[q, k, v]`, `dim` each) by
+/// its rotation.
+fn rotate_queries_and_keys(qkv: &mut [f32], dim: usize, rotations: &[RopeRotation]) {
+    for (row, rot) in qkv.chunks_exact_mut(3 * dim).zip(rotations) {
+        let (q, kv) = row.split_at_mut(dim);
+        rot.apply(q);
+        rot.apply(&mut kv[..dim]);
     }
 }
 
