@@ -332,7 +332,7 @@ impl Mimi {
             .map(|((m, pcm), c)| m.check_frame_buffers(pcm.len(), c.len()))
             .collect();
         let batch = shared_batch(mimis, &checked);
-        let _span = tracing::trace_span!("mimi_encode_frames", streams = batch.len()).entered();
+        let _span = tracing::trace_span!("mimi_encode", streams = batch.len()).entered();
         for (i, (m, pcm)) in mimis.iter_mut().zip(pcms).enumerate() {
             if checked[i].is_err() {
                 continue;
@@ -394,7 +394,7 @@ impl Mimi {
             })
             .collect();
         let batch = shared_batch(mimis, &checked);
-        let _span = tracing::trace_span!("mimi_decode_frames", streams = batch.len()).entered();
+        let _span = tracing::trace_span!("mimi_decode", streams = batch.len()).entered();
         for (i, (m, c)) in mimis.iter_mut().zip(codes).enumerate() {
             if checked[i].is_err() {
                 continue;
