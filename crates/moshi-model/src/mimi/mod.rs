@@ -217,20 +217,7 @@ impl Mimi {
 
     /// Allocation-free variant of [`Mimi::encode_frame`]: `codes` must hold `num_codebooks` entries.
     pub fn encode_frame_into(&mut self, pcm: &[f32], codes: &mut [u32]) -> Result<()> {
-        if pcm.len() != self.frame_size {
-            return Err(ModelError::WrongLength {
-                what: "mimi encode: samples per frame",
-                expected: self.frame_size,
-                got: pcm.len(),
-            });
-        }
-        if codes.len() != self.num_codebooks() {
-            return Err(ModelError::WrongLength {
-                what: "mimi encode: codes buffer (codebooks)",
-                expected: self.num_codebooks(),
-                got: codes.len(),
-            });
-        }
+        self.check_encode(pcm, codes)?;
         let _span = tracing::trace_span!("mimi_encode").entered();
         self.modules
             .encode(&mut self.encoder_state, pcm, AttentionMode::Streaming);
@@ -284,21 +271,7 @@ impl Mimi {
 
     /// Allocation-free variant of [`Mimi::decode_frame`]: `pcm` must hold `frame_size` samples.
     pub fn decode_frame_into(&mut self, codes: &[u32], pcm: &mut [f32]) -> Result<()> {
-        if codes.len() != self.num_codebooks() {
-            return Err(ModelError::WrongLength {
-                what: "mimi decode: codes per frame",
-                expected: self.num_codebooks(),
-                got: codes.len(),
-            });
-        }
-        if pcm.len() != self.frame_size {
-            return Err(ModelError::WrongLength {
-                what: "mimi decode: output buffer (samples)",
-                expected: self.frame_size,
-                got: pcm.len(),
-            });
-        }
-        self.modules.quantizer.check_codes(codes)?;
+        self.check_decode(codes, pcm)?;
         let _span = tracing::trace_span!("mimi_decode").entered();
         self.modules
             .decode(&mut self.decoder_state, codes, AttentionMode::Streaming);
@@ -329,7 +302,7 @@ impl Mimi {
             .iter()
             .zip(pcms)
             .zip(codes.iter())
-            .map(|((m, pcm), c)| m.check_frame_buffers(pcm.len(), c.len()))
+            .map(|((m, pcm), c)| m.check_encode(pcm, c))
             .collect();
         let batch = shared_batch(mimis, &checked);
         let _span = tracing::trace_span!("mimi_encode", streams = batch.len()).entered();
@@ -388,10 +361,7 @@ impl Mimi {
             .iter()
             .zip(codes)
             .zip(pcms.iter())
-            .map(|((m, c), pcm)| {
-                m.check_frame_buffers(pcm.len(), c.len())?;
-                m.modules.quantizer.check_codes(c)
-            })
+            .map(|((m, c), pcm)| m.check_decode(c, pcm))
             .collect();
         let batch = shared_batch(mimis, &checked);
         let _span = tracing::trace_span!("mimi_decode", streams = batch.len()).entered();
@@ -431,23 +401,44 @@ impl Mimi {
         checked
     }
 
-    /// The checks of a streaming frame: `samples` per frame and `codebooks` codes.
-    fn check_frame_buffers(&self, samples: usize, codebooks: usize) -> Result<()> {
-        if samples != self.frame_size {
+    /// The checks of a streaming encode: a frame of samples in, a codes buffer of
+    /// `num_codebooks` out.
+    fn check_encode(&self, pcm: &[f32], codes: &[u32]) -> Result<()> {
+        if pcm.len() != self.frame_size {
             return Err(ModelError::WrongLength {
-                what: "mimi: samples per frame",
+                what: "mimi encode: samples per frame",
                 expected: self.frame_size,
-                got: samples,
+                got: pcm.len(),
             });
         }
-        if codebooks != self.num_codebooks() {
+        if codes.len() != self.num_codebooks() {
             return Err(ModelError::WrongLength {
-                what: "mimi: codes per frame (codebooks)",
+                what: "mimi encode: codes buffer (codebooks)",
                 expected: self.num_codebooks(),
-                got: codebooks,
+                got: codes.len(),
             });
         }
         Ok(())
+    }
+
+    /// The checks of a streaming decode: `num_codebooks` codes in range in, a frame of samples
+    /// out.
+    fn check_decode(&self, codes: &[u32], pcm: &[f32]) -> Result<()> {
+        if codes.len() != self.num_codebooks() {
+            return Err(ModelError::WrongLength {
+                what: "mimi decode: codes per frame",
+                expected: self.num_codebooks(),
+                got: codes.len(),
+            });
+        }
+        if pcm.len() != self.frame_size {
+            return Err(ModelError::WrongLength {
+                what: "mimi decode: output buffer (samples)",
+                expected: self.frame_size,
+                got: pcm.len(),
+            });
+        }
+        self.modules.quantizer.check_codes(codes)
     }
 
     /// Checks frame-major codes (`[frame][codebook]`, any number of whole frames) for range;
@@ -608,12 +599,18 @@ fn transformer_streams(
 ) -> Option<Arc<MimiModules>> {
     let modules = Arc::clone(&mimis[*batch.first()?].modules);
     let transformer = which(&modules);
-    let (mut states, latents): (Vec<_>, Vec<_>) = mimis
+    let (mut states, mut latents): (Vec<_>, Vec<_>) = mimis
         .iter_mut()
         .enumerate()
         .filter(|(i, _)| batch.contains(i))
         .map(|(_, m)| half(m))
         .unzip();
+    if let [latent] = &mut latents[..] {
+        // One stream: through the transformer in place.
+        let rows = latent.len() / transformer.dim();
+        transformer.forward_streams(&mut states, latent, rows);
+        return Some(modules);
+    }
     let frame_len = latents[0].len();
     let mut gathered = Vec::with_capacity(latents.len() * frame_len);
     for latent in &latents {

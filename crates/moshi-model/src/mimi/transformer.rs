@@ -187,7 +187,7 @@ impl MimiTransformer {
         }
         let (context, rotations) = (self.context, &rotations[..]);
         self.run_layers(x, [norm, proj, hidden], |_, attn, norm, proj| {
-            attn.forward_chunk(norm, t, Some(rotations), context, None, attention, proj)
+            attn.forward_sequence(norm, t, Some(rotations), context, attention, proj)
         });
     }
 
@@ -241,21 +241,31 @@ impl MimiTransformer {
             }
             let rotations = &rotations[..];
             self.run_layers(x, [norm, proj, hidden], |layer, attn, norm, proj| {
-                let mut layer_caches: Vec<&mut KvCache> = std::iter::once(&mut caches[layer])
-                    .chain(rest.iter_mut().map(|s| &mut s.caches[layer]))
-                    .collect();
-                for cache in &mut layer_caches {
-                    cache.convert(self.kv_precision);
+                let first = &mut caches[layer];
+                first.convert(self.kv_precision);
+                for s in rest.iter_mut() {
+                    s.caches[layer].convert(self.kv_precision);
                 }
-                attn.forward_streams(
-                    norm,
-                    streams,
-                    t,
-                    Some(rotations),
-                    &mut layer_caches,
-                    attention,
-                    proj,
-                );
+                let mut run = |layer_caches: &mut [&mut KvCache]| {
+                    attn.forward_streams(
+                        norm,
+                        streams,
+                        t,
+                        Some(rotations),
+                        layer_caches,
+                        attention,
+                        proj,
+                    )
+                };
+                if rest.is_empty() {
+                    // One stream (Mimi alone): no list of caches to build each layer and frame.
+                    run(&mut [first]);
+                } else {
+                    let mut layer_caches: Vec<&mut KvCache> = std::iter::once(first)
+                        .chain(rest.iter_mut().map(|s| &mut s.caches[layer]))
+                        .collect();
+                    run(&mut layer_caches);
+                }
             });
             *offset += t;
             for s in rest.iter_mut() {

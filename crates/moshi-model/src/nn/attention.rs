@@ -4,11 +4,11 @@
 //! - [`Attention::step_rows`] (the LM): `m` rows, each one new position of its own stream over its
 //!   own cache: the sessions of a batch share the projections (weights read once) and attend
 //!   apart, each at its own position.
-//! - [`Attention::forward_chunk`] (Mimi): `t` consecutive positions of one stream, over a ring
-//!   cache (streaming, as PyTorch's `RingKVCache`: the chunk's keys are written first, then the
-//!   query at `p` sees the held keys with `p - context < p' <= p`) or over the chunk itself;
-//!   [`Attention::forward_streams`]: such chunks of several streams (sessions) at once, the
-//!   projections shared.
+//! - [`Attention::forward_streams`] (Mimi): `t` consecutive positions of each of several streams
+//!   (sessions; one for a single stream), each over its own ring cache (streaming, as PyTorch's
+//!   `RingKVCache`: the chunk's keys are written first, then the query at `p` sees the held keys
+//!   with `p - context < p' <= p`), the projections shared;
+//!   [`Attention::forward_sequence`]: a whole sequence without a cache (non-streaming).
 //!
 //! Scores are dot products in the fixed order of `moshi_kernels::dense`, 4 cached positions per
 //! step; values are accumulated position by position in the order given. Heads are split over the
@@ -162,24 +162,19 @@ impl Attention {
         self.out_proj.forward(&scratch.attended, m, out);
     }
 
-    /// `t` rows of `xs` (`[t, dim]`, already normalised): positions `offset..offset + t` of one
-    /// stream, row `i` rotated by `rotations[i]` (if any). With a cache (streaming), the chunk's
-    /// keys and values are pushed first (`t <= cache.capacity()`, positions counted from the
-    /// cache's last reset) and the query at `p` attends over the held positions `p' > p - context`
-    /// (`context` = the cache's capacity); without one, the chunk is the whole sequence
-    /// (`offset` 0) and the query at `p` attends over rows `max(0, p + 1 - context)..=p`.
+    /// `t` rows of `xs` (`[t, dim]`, already normalised): a whole sequence of one stream (no
+    /// cache; streaming chunks go through [`Attention::forward_streams`]), row `i` rotated by
+    /// `rotations[i]` (if any); the query at `p` attends over rows `max(0, p + 1 - context)..=p`.
     /// Writes the projected results into `out` (`[t, dim]`).
     ///
     /// # Panics
-    /// If the chunk does not fit the cache or the slices disagree on `t` (caller bug).
-    #[allow(clippy::too_many_arguments)]
-    pub fn forward_chunk(
+    /// If the slices disagree on `t` (caller bug).
+    pub fn forward_sequence(
         &self,
         xs: &[f32],
         t: usize,
         rotations: Option<&[RopeRotation]>,
         context: usize,
-        cache: Option<&mut KvCache>,
         scratch: &mut AttentionScratch,
         out: &mut [f32],
     ) {
@@ -192,35 +187,29 @@ impl Attention {
             rotate_queries_and_keys(&mut scratch.qkv, dim, rotations);
         }
         let qkv = &scratch.qkv;
-        match cache {
-            Some(cache) => {
-                self.attend_chunk(qkv, cache, &mut scratch.attended, &mut scratch.scores);
-            }
-            None => {
-                // Keys and values read in place from the qkv rows.
-                let (keys, values) = (&qkv[dim..], &qkv[2 * dim..]);
-                for (p, attended) in scratch.attended.chunks_exact_mut(dim).enumerate() {
-                    let rows = Rows {
-                        keys,
-                        values,
-                        stride: 3 * dim,
-                        segments: [(p + 1).saturating_sub(context)..p + 1, 0..0],
-                    };
-                    let q = &qkv[p * 3 * dim..p * 3 * dim + dim];
-                    self.attend(q, &rows, attended, &mut scratch.scores);
-                }
-            }
+        // Keys and values read in place from the qkv rows.
+        let (keys, values) = (&qkv[dim..], &qkv[2 * dim..]);
+        for (p, attended) in scratch.attended.chunks_exact_mut(dim).enumerate() {
+            let rows = Rows {
+                keys,
+                values,
+                stride: 3 * dim,
+                segments: [(p + 1).saturating_sub(context)..p + 1, 0..0],
+            };
+            let q = &qkv[p * 3 * dim..p * 3 * dim + dim];
+            self.attend(q, &rows, attended, &mut scratch.scores);
         }
         self.out_proj.forward(&scratch.attended, t, out);
     }
 
     /// `streams` chunks of `t` rows of `xs` (`[streams * t, dim]`, already normalised), chunk `s`
-    /// the next `t` positions of stream `s`: row `i` rotated by `rotations[i]` (if any), the
-    /// chunk's keys and values pushed into `caches[s]` and its queries attending over that cache,
-    /// as [`Attention::forward_chunk`] does for one stream. The projections take every row at
-    /// once (their weights read once for all streams); each stream's rows get the bits
-    /// `forward_chunk` gives them alone while the projections give each row its own bits at
-    /// `streams * t` rows ([`Linear::same_bits_rows`]).
+    /// the next `t` positions of stream `s` (streaming, as PyTorch's `RingKVCache`): row `i`
+    /// rotated by `rotations[i]` (if any), the chunk's keys and values pushed into `caches[s]`
+    /// first (`t <= capacity`, positions counted from the cache's last reset), then the query at
+    /// `p` attends over the held positions `p' > p - capacity`. The projections take every row at
+    /// once (their weights read once for all streams); each stream's rows get the bits they get
+    /// as the only stream while the projections give each row its own bits at `streams * t` rows
+    /// ([`Linear::same_bits_rows`]).
     ///
     /// # Panics
     /// If a chunk does not fit its cache or the slices disagree on `streams` and `t` (caller
@@ -640,12 +629,12 @@ mod tests {
         let xs: Vec<f32> = (0..t * dim).map(|i| (i as f32 * 0.41).cos()).collect();
         let mut scratch = AttentionScratch::default();
         let mut whole = vec![0f32; t * dim];
-        attn.forward_chunk(&xs, t, None, context, None, &mut scratch, &mut whole);
+        attn.forward_sequence(&xs, t, None, context, &mut scratch, &mut whole);
         let mut cache = KvCache::new(context, dim);
         let mut streamed = vec![0f32; t * dim];
         for (x, o) in xs.chunks(2 * dim).zip(streamed.chunks_mut(2 * dim)) {
             let rows = x.len() / dim;
-            attn.forward_chunk(x, rows, None, context, Some(&mut cache), &mut scratch, o);
+            attn.forward_streams(x, 1, rows, None, &mut [&mut cache], &mut scratch, o);
         }
         let diff = whole
             .iter()
