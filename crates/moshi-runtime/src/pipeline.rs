@@ -181,6 +181,16 @@ impl MoshiPipeline {
         self.frames_in = 0;
     }
 
+    /// Runs one frame of silence, then goes back to the start of a conversation ([`Self::reset`]):
+    /// the weights' pages are read and the caches and scratch buffers allocated before a live
+    /// session's first frame, which would otherwise pay for them inside its 80 ms (for a 7B file
+    /// not yet in the page cache, seconds: an underrun at the start of every `chat`).
+    pub fn warm_up(&mut self) -> Result<()> {
+        self.process_frame(&[0.0; FRAME_SAMPLES])?;
+        self.reset();
+        Ok(())
+    }
+
     /// Bytes held by the LM's temporal KV caches (bounded by the attention window).
     pub fn kv_cache_bytes(&self) -> usize {
         self.generator.model().kv_cache_bytes()

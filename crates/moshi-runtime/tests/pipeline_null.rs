@@ -1,6 +1,7 @@
 //! The real Moshi pipeline (tiny-a model) driven live through the engine and the null backend,
 //! faster than real time: the speaker stream equals file mode's output for the same input and
-//! seed (sampling on, not greedy), with every frame accounted for.
+//! seed (sampling on, not greedy), with every frame accounted for, after the warm-up that `chat`
+//! and `serve` run.
 
 use std::time::Duration;
 
@@ -41,11 +42,15 @@ fn live_engine_with_tiny_model_equals_file_mode() {
         .collect();
     assert_ne!(other_tokens, file_tokens);
 
+    // Warmed up as `chat` and `serve` do: one frame of silence, then back to a fresh state (RNG
+    // included, or the sampled tokens below would differ).
+    let mut live = pipeline(99);
+    live.warm_up().unwrap();
     let mut backend =
         NullBackend::new(NullConfig::moshi(NullClock::Lockstep), input.clone()).unwrap();
     let session = start_session(
         &mut backend,
-        Box::new(pipeline(99)),
+        Box::new(live),
         DropPolicy::RealTime {
             max_backlog_frames: 2,
         },

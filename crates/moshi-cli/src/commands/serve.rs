@@ -7,8 +7,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use moshi_runtime::engine::{DropPolicy, FrameProcessor};
-use moshi_runtime::FRAME_SAMPLES;
+use moshi_runtime::engine::DropPolicy;
 use moshi_server::batch_engine::BatchEngine;
 use moshi_server::tls::TlsFiles;
 use moshi_server::{Limits, ServerConfig, WebUi};
@@ -114,11 +113,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let load_started = Instant::now();
     let sampling = args.sampling.config();
     let (model, mut pipeline) = args.model.load_pipeline(&args.sampling, LIVE_KV_CACHE)?;
-    // Warm-up (first touch of the weights), then back to the freshly loaded state.
-    pipeline
-        .process_frame(&vec![0.0; FRAME_SAMPLES])
-        .context("warm-up frame")?;
-    pipeline.reset();
+    pipeline.warm_up().context("warm-up frame")?;
     let pipeline_cfg_coef = pipeline.cfg_coef();
     eprintln!(
         "model: {} ({:?}); ready in {:.1} s for up to {} session(s) in batched steps",
