@@ -10,6 +10,12 @@
       REF with ncc >= X. A frame the server dropped (compute behind) splices two pieces
       together, so up to N windows (the drops the server counted) may fall below. Exit 1
       otherwise.
+      --allowed-capture-gaps K [--capture-gap-ms 10]: up to K more windows may fall below if
+      each matches with ncc >= X once 10 ms of silence is inserted inside it: a capture underrun
+      of the client (Chromium's audio thread took a 10 ms chunk before its fake capture device
+      had delivered it and got silence; REC then runs 10 ms later than REF from there on). Seen
+      in 4 of 8 runs of the browser test on 2 cores, each time exactly 240 samples of silence at
+      24 kHz, less than any unit the server handles (a 20 ms Opus packet, an 80 ms frame).
   audio_check.py windows REF REC [--window-s 0.5] [--min-ncc 0.99] [--tolerance 2] [--search-s 1]
                                  [--skip-s 0] [--client-blocks N]
       Cuts REF (from --skip-s on) into windows, finds each loud one in REC near the global lag,
@@ -133,29 +139,69 @@ def cut_inserted_blocks(rec, block, tolerance):
     return np.concatenate(keep), removed, odd
 
 
-def best_match(seg, ref):
-    """Highest ncc of `seg` against every position of `ref` (len(ref) >= len(seg))."""
+def best_place(seg, ref):
+    """(position, ncc) of the best match of `seg` in `ref` (len(ref) >= len(seg))."""
     w = len(seg)
     valid = len(ref) - w + 1
     nfft = 1 << (len(ref) + w - 1).bit_length()
     cc = np.fft.irfft(np.fft.rfft(ref, nfft) * np.conj(np.fft.rfft(seg, nfft)), nfft)[:valid]
     c2 = np.concatenate([[0.0], np.cumsum(ref**2)])
     energy = np.sqrt(np.maximum(c2[w:] - c2[:-w], 0.0))[:valid] * np.linalg.norm(seg) + 1e-12
-    return float(np.max(cc / energy))
+    k = int(np.argmax(cc / energy))
+    return k, float(cc[k] / energy[k])
 
 
-def heard(ref, rec, rate, window_s, skip_s=0.0):
-    """ncc of every loud window of `rec` (from `skip_s` on) at its best place in `ref` played in
-    a loop, or once: the passes are searched with a window of silence between them, so that the
-    end of one is never matched against the start of the next."""
+def best_match(seg, ref):
+    """Highest ncc of `seg` against every position of `ref` (len(ref) >= len(seg))."""
+    return best_place(seg, ref)[1]
+
+
+def ncc(a, b):
+    den = np.linalg.norm(a) * np.linalg.norm(b)
+    return float(np.dot(a, b) / den) if den > 0 else 0.0
+
+
+def best_match_with_capture_gap(seg, loop, chunk):
+    """Highest ncc of `seg` against `loop` with `chunk` samples of silence inserted somewhere
+    inside it (a capture underrun: the client's audio thread took a chunk before the capture
+    device had delivered it, and got silence): the piece of `seg` before the gap at its best
+    place `p`, the piece after it at `p` + its length - `chunk`. The place comes from whichever
+    half of `seg` matches best alone (the gap lies in the other one); the gap is searched in steps
+    of a tenth of a chunk."""
+    w = len(seg)
+    half = w // 2
+    best = 0.0
+    for part, shift in ((seg[:half], 0), (seg[half:], half - chunk)):
+        if np.linalg.norm(part) == 0:
+            continue
+        k, _ = best_place(part, loop)
+        p = k - shift
+        if p < 0 or p + w > len(loop):
+            continue
+        for cut in range(0, w - chunk + 1, max(chunk // 10, 1)):
+            spliced = np.concatenate([loop[p : p + cut], np.zeros(chunk), loop[p + cut : p + w - chunk]])
+            best = max(best, ncc(seg, spliced))
+    return best
+
+
+def heard(ref, rec, rate, window_s, skip_s=0.0, gap=0, min_ncc=0.9):
+    """(start, ncc, ncc with a capture gap) of every loud window of `rec` (from `skip_s` on) at
+    its best place in `ref` played in a loop, or once: the passes are searched with a window of
+    silence between them, so that the end of one is never matched against the start of the next.
+    The third figure, for `gap` > 0 and a window whose ncc is below `min_ncc`, is its best match
+    with `gap` samples of silence inserted inside it (else None)."""
     w = int(window_s * rate)
     one_pass = np.concatenate([ref, np.zeros(w)])
     loop = np.concatenate([one_pass] * (2 + w // max(len(ref), 1)))
-    return [
-        (st, best_match(rec[st : st + w], loop))
-        for st in range(int(skip_s * rate), len(rec) - w + 1, w)
-        if np.sqrt(np.mean(rec[st : st + w] ** 2)) >= 0.01
-    ]
+    out = []
+    for st in range(int(skip_s * rate), len(rec) - w + 1, w):
+        seg = rec[st : st + w]
+        if np.sqrt(np.mean(seg**2)) < 0.01:
+            continue
+        c = best_match(seg, loop)
+        spliced = best_match_with_capture_gap(seg, loop, gap) if gap and c < min_ncc else None
+        out.append((st, c, spliced))
+    return out
 
 
 def main():
@@ -171,6 +217,8 @@ def main():
     p.add_argument("--skip-s", type=float, default=0.0, help="windows start this far in (into REF for windows, REC for heard)")
     p.add_argument("--client-blocks", type=int, default=None, help="see the module's help")
     p.add_argument("--min-windows", type=int, default=1)
+    p.add_argument("--allowed-capture-gaps", type=int, default=0, help="heard: see the module's help")
+    p.add_argument("--capture-gap-ms", type=float, default=10.0, help="heard: see the module's help")
     a = p.parse_args()
     ref, rr = read_wav(a.ref)
     rec, rc = read_wav(a.rec)
@@ -178,16 +226,24 @@ def main():
         sys.exit(f"sample rates differ: {a.ref} {rr} Hz, {a.rec} {rc} Hz")
     if a.mode == "heard":
         min_ncc = 0.9 if a.min_ncc is None else a.min_ncc
-        found = heard(ref, rec, rr, a.window_s or 0.48, a.skip_s)
-        low = [(st, c) for st, c in found if c < min_ncc]
-        nccs = sorted(c for _, c in found)
+        gap = round(a.capture_gap_ms * rr / 1000)
+        found = heard(
+            ref, rec, rr, a.window_s or 0.48, a.skip_s, gap if a.allowed_capture_gaps else 0, min_ncc
+        )
+        low = [(st, c, sp) for st, c, sp in found if c < min_ncc]
+        gaps = [(st, c, sp) for st, c, sp in low if sp is not None and sp >= min_ncc]
+        gaps = gaps[: a.allowed_capture_gaps]
+        unexplained = len(low) - len(gaps)
+        nccs = sorted(c for _, c, _ in found)
         print(
-            f"windows={len(found)} low_ncc={len(low)} allowed_low={a.allowed_low} "
+            f"windows={len(found)} low_ncc={len(low)} capture_gaps={len(gaps)} "
+            f"allowed_low={a.allowed_low} "
             f"min_window_ncc={nccs[0] if nccs else 0:.4f} median_window_ncc={nccs[len(nccs) // 2] if nccs else 0:.4f}"
         )
-        for st, c in low:
-            print(f"  window at {st / rr:.2f} s: ncc {c:.4f}")
-        sys.exit(0 if len(found) >= a.min_windows and len(low) <= a.allowed_low else 1)
+        for st, c, sp in low:
+            why = f", {sp:.4f} with {a.capture_gap_ms:g} ms of silence inserted" if sp is not None else ""
+            print(f"  window at {st / rr:.2f} s: ncc {c:.4f}{why}")
+        sys.exit(0 if len(found) >= a.min_windows and unexplained <= a.allowed_low else 1)
     a.window_s = a.window_s or 0.5
     odd = []
     if a.client_blocks is not None:

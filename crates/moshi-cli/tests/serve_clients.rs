@@ -170,10 +170,16 @@ fn browser_session(ui: &str, server_args: &[&str]) -> BrowserSession {
 
 /// The server heard the WAV the fake microphone played: every loud 0.48 s window (6 frames) of
 /// what the model processed is found in the looped WAV with ncc >= 0.9 (0.96-0.99 measured),
-/// except at most one window per input frame the server dropped (a drop splices the input). The
-/// first window is not compared: it holds the start of the browser's capture and encoder (and
-/// the Opus pre-skip, which the server keeps) and matched at 0.75 once under load. (How the
-/// server decodes the start of a stream is checked sample by sample in the ogg_opus tests.)
+/// except at most one window per input frame the server dropped (a drop splices the input), and
+/// one window found only with 10 ms of silence inserted in it (0.98-0.99 then): a capture
+/// underrun in Chromium, upstream of the page and the server (its audio thread took a 10 ms chunk
+/// before the fake device had delivered it: in 4 of 8 runs on 2 cores, at most one a run; in 2
+/// of them one window then matched at 0.61 or 0.86, as at 0.56 in two CI runs, and failed this
+/// test before it allowed the gap; a recording with 20 ms or 80 ms of silence inserted, or 10 or
+/// 20 ms of audio lost, still fails it, as do two 10 ms gaps). The first window is not compared:
+/// it holds the start of the browser's capture and encoder (and the Opus pre-skip, which the
+/// server keeps) and matched at 0.75 once under load. (How the server decodes the start of a
+/// stream is checked sample by sample in the ogg_opus tests.)
 fn assert_server_heard_the_wav(session: &BrowserSession) {
     let heard = files_ending(session.record.path(), "-in.wav");
     assert_eq!(heard.len(), 1, "one session recorded: {heard:?}");
@@ -183,6 +189,7 @@ fn assert_server_heard_the_wav(session: &BrowserSession) {
         .args([&session.mic_wav, &heard[0]])
         .args(["--min-ncc", "0.9", "--min-windows", "8", "--skip-s", "0.48"])
         .args(["--allowed-low", &session.dropped_frames.to_string()])
+        .args(["--allowed-capture-gaps", "1"])
         .output()
         .unwrap();
     let out = String::from_utf8_lossy(&o.stdout);
