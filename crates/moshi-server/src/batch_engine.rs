@@ -2,9 +2,9 @@
 //! thread holds the sessions (each its own [`MoshiPipeline`] state over the one set of shared
 //! weights) and, as soon as a session has an input frame waiting, runs one step for every
 //! session with a frame waiting ([`MoshiPipeline::process_frames`]: the weights of the LM and of
-//! Mimi's transformers are read once for all of them). Frames that arrive during a step wait for the next one, so under load
-//! each step gathers every session (one weight pass per 80 ms frame for all of them), and with
-//! compute to spare no frame waits for a tick. A session's answers are those it would get alone,
+//! Mimi's transformers are read once for all of them). Frames that arrive during a step wait for
+//! the next one, so under load each step gathers every session (one weight pass per 80 ms frame
+//! for all of them), and with compute to spare no frame waits for a tick. A session's answers are those it would get alone,
 //! whoever shares its steps; sessions join and leave at any frame.
 
 use std::panic::AssertUnwindSafe;

@@ -139,23 +139,16 @@ impl Attention {
             "attention: {m} rows, {} caches",
             caches.len()
         );
-        scratch.qkv.resize(m * 3 * dim, 0.0);
-        scratch.attended.resize(m * dim, 0.0);
-        self.in_proj.forward(xs, m, &mut scratch.qkv);
-        for (i, (qkv, cache)) in scratch
+        self.project_and_rotate(xs, m, rotations, scratch);
+        for ((qkv, attended), cache) in scratch
             .qkv
-            .chunks_exact_mut(3 * dim)
+            .chunks_exact(3 * dim)
+            .zip(scratch.attended.chunks_exact_mut(dim))
             .zip(caches.iter_mut())
-            .enumerate()
         {
-            let (q, kv) = qkv.split_at_mut(dim);
-            let (k, v) = kv.split_at_mut(dim);
-            if let Some(rot) = rotations.map(|r| &r[i]) {
-                rot.apply(q);
-                rot.apply(k);
-            }
+            let (q, kv) = qkv.split_at(dim);
+            let (k, v) = kv.split_at(dim);
             cache.push(k, v);
-            let attended = &mut scratch.attended[i * dim..(i + 1) * dim];
             let segments = [0..cache.len(), 0..0];
             self.attend_cache(q, cache, segments, attended, &mut scratch.scores);
         }
@@ -179,13 +172,11 @@ impl Attention {
         out: &mut [f32],
     ) {
         let dim = self.dim();
-        scratch.qkv.resize(t * 3 * dim, 0.0);
-        scratch.attended.resize(t * dim, 0.0);
-        self.in_proj.forward(xs, t, &mut scratch.qkv);
-        if let Some(rotations) = rotations {
-            assert_eq!(rotations.len(), t, "one rotation per row");
-            rotate_queries_and_keys(&mut scratch.qkv, dim, rotations);
-        }
+        assert!(
+            rotations.is_none_or(|r| r.len() == t),
+            "one rotation per row"
+        );
+        self.project_and_rotate(xs, t, rotations, scratch);
         let qkv = &scratch.qkv;
         // Keys and values read in place from the qkv rows.
         let (keys, values) = (&qkv[dim..], &qkv[2 * dim..]);
@@ -231,12 +222,7 @@ impl Attention {
             "attention: {streams} streams of {t} rows, {} caches",
             caches.len()
         );
-        scratch.qkv.resize(rows * 3 * dim, 0.0);
-        scratch.attended.resize(rows * dim, 0.0);
-        self.in_proj.forward(xs, rows, &mut scratch.qkv);
-        if let Some(rotations) = rotations {
-            rotate_queries_and_keys(&mut scratch.qkv, dim, rotations);
-        }
+        self.project_and_rotate(xs, rows, rotations, scratch);
         if t > 0 {
             for ((qkv, attended), cache) in scratch
                 .qkv
@@ -248,6 +234,25 @@ impl Attention {
             }
         }
         self.out_proj.forward(&scratch.attended, rows, out);
+    }
+
+    /// The projected queries, keys and values of the `rows` rows of `xs` into `scratch.qkv`
+    /// (`[rows, 3 * dim]`), queries and keys rotated by `rotations` (one per row, if any);
+    /// `scratch.attended` sized for the rows.
+    fn project_and_rotate(
+        &self,
+        xs: &[f32],
+        rows: usize,
+        rotations: Option<&[RopeRotation]>,
+        scratch: &mut AttentionScratch,
+    ) {
+        let dim = self.dim();
+        scratch.qkv.resize(rows * 3 * dim, 0.0);
+        scratch.attended.resize(rows * dim, 0.0);
+        self.in_proj.forward(xs, rows, &mut scratch.qkv);
+        if let Some(rotations) = rotations {
+            rotate_queries_and_keys(&mut scratch.qkv, dim, rotations);
+        }
     }
 
     /// The attention of a streaming chunk (`qkv`: its rows' projected queries, rotated keys and
