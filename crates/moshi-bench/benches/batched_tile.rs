@@ -1,0 +1,289 @@
+//! Where a batched 4-bit product's time goes (issue #20): the kernel's cycles per (weight row,
+//! activation row, 128-column block) at 1 and 4 activation rows, with the weights hot in cache
+//! and streamed from DRAM, against the floor the core's execution ports allow.
+//!
+//! 1. **The core** (x86-64 with AVX-512 VNNI): the clock from a chain of dependent adds; the rate
+//!    of independent `vpdpbusd`, of `vfmadd231ps`, and of the two mixed 3:1 (if the mix runs at
+//!    the rate of either alone, they share ports); the latency of `vpdpbusd`. The VNNI kernel
+//!    needs 6 `vpdpbusd` and one `vfmadd231ps` per (weight row, activation row) pair and block of
+//!    128 columns (3 activation digits x 2 nibble planes, then the group factor), so the floor per
+//!    pair-block is 7 instructions at their shared rate.
+//! 2. **The product**: `QuantizedMatrix::matmul` (q4, group 32, the detected kernel) at two of
+//!    the 7B's shapes (4096 and 11264 columns), 1 and 4 activation rows, on one thread and on
+//!    every thread, with the weights cached (one matrix, 9 or 26 MB: in a last-level cache of 32 MB,
+//!    as on the Zen 5 VMs) and streamed (copies rotated over 1 GiB, as a model streams its
+//!    weights). The cases alternate
+//!    round by round; the table gives medians over the rounds, in cycles per pair-block and core
+//!    (wall time x threads x clock / pair-blocks).
+//!
+//! `cargo bench -p moshi-bench --bench batched_tile` (about 2 minutes; `MOSHI_BENCH_ROUNDS`,
+//! default 15).
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use moshi_kernels::QuantizedMatrix;
+
+/// Bytes of weights the streamed cases rotate over (well above the last-level cache).
+const STREAM_BYTES: usize = 1 << 30;
+
+/// Activation rows of the batched case (4 sessions).
+const BATCH_ROWS: usize = 4;
+
+/// Columns per block of the 4-bit kernels (64 bytes of codes).
+const BLOCK_COLS: usize = 128;
+
+fn main() {
+    let rounds: usize = std::env::var("MOSHI_BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(15);
+    let clock_ns = core_probe();
+    let threads_all = moshi_kernels::team::threads();
+    println!(
+        "\n| shape | weights | threads | rows | ms per product | cycles per pair-block and core | \
+         x 1 row |\n|---|---|---|---|---|---|---|"
+    );
+    for (name, cols, out) in [("attn out_proj", 4096, 4096), ("gating out", 11264, 4096)] {
+        let one = vec![random_q4(out, cols, 0x5eed + cols as u64)];
+        let copies = STREAM_BYTES.div_ceil(one[0].codes().len() * 4);
+        let streamed: Vec<QuantizedMatrix> = (0..copies).map(|_| one[0].clone()).collect();
+        for (memory, mats) in [("one copy (cached)", &one), ("streamed", &streamed)] {
+            for threads in [1, threads_all] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .expect("a rayon pool");
+                let per_call = pool.install(|| time_alternating(mats, rounds));
+                for (m, seconds) in [(1, per_call[0]), (BATCH_ROWS, per_call[1])] {
+                    let w = &mats[0];
+                    let pair_blocks = (w.rows() * w.cols() / BLOCK_COLS * m) as f64;
+                    let cycles = seconds * 1e9 * threads as f64 / clock_ns / pair_blocks;
+                    println!(
+                        "| {name} {cols}->{} | {memory} | {threads} | {m} | {:.3} | {cycles:.2} | \
+                         {:.2} |",
+                        w.rows(),
+                        seconds * 1e3,
+                        seconds / per_call[0],
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Median seconds per product over `rounds`, for 1 and [`BATCH_ROWS`] activation rows, the two
+/// alternating within each round; each round runs every matrix of `mats` once per row count
+/// (at least 64 products).
+fn time_alternating(mats: &[QuantizedMatrix], rounds: usize) -> [f64; 2] {
+    let cols = mats[0].cols();
+    let rows = mats[0].rows();
+    let calls = mats.len().max(64);
+    let mut samples = [Vec::new(), Vec::new()];
+    for round in 0..=rounds {
+        for (k, m) in [1, BATCH_ROWS].into_iter().enumerate() {
+            let x: Vec<f32> = (0..m * cols)
+                .map(|j| ((j * 7919 % 1000) as f32 - 500.0) * 1e-3)
+                .collect();
+            let mut y = vec![0f32; m * rows];
+            let start = Instant::now();
+            for call in 0..calls {
+                mats[call % mats.len()].matmul(black_box(&x), m, &mut y);
+            }
+            // Round 0 warms up (pages, caches, the team's threads).
+            if round > 0 {
+                samples[k].push(start.elapsed().as_secs_f64() / calls as f64);
+            }
+            black_box(&y);
+        }
+    }
+    samples.map(|mut s| {
+        s.sort_by(f64::total_cmp);
+        s[s.len() / 2]
+    })
+}
+
+/// A `rows x cols` matrix of hashed weights, quantized to 4 bits in groups of 32.
+fn random_q4(rows: usize, cols: usize, seed: u64) -> QuantizedMatrix {
+    let mut state = seed | 1;
+    let weights: Vec<f32> = (0..rows * cols)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        })
+        .collect();
+    QuantizedMatrix::quantize(&weights, rows, cols, 4, 32).expect("4-bit, group 32")
+}
+
+/// Prints the core's clock and port figures (x86-64 with AVX-512 VNNI) and returns ns per cycle;
+/// elsewhere prints that the port figures are x86-64 only and returns the clock alone.
+fn core_probe() -> f64 {
+    let clock_ns = best_ns_per_iteration(add_chain) / ADDS_PER_ITERATION;
+    println!("core clock: {:.2} GHz (dependent adds)", 1.0 / clock_ns);
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512vnni") {
+        // SAFETY (all): the CPU has AVX-512F and VNNI (checked above).
+        let cycles = |f: unsafe fn(u64), per: f64| {
+            best_ns_per_iteration(|n| unsafe { f(n) }) / per / clock_ns
+        };
+        let dp = cycles(ports::vpdpbusd_12, 12.0);
+        let fma = cycles(ports::fma_12, 12.0);
+        let mixed = cycles(ports::vpdpbusd_12_fma_4, 16.0);
+        let latency = cycles(ports::vpdpbusd_chain_4, 4.0);
+        println!(
+            "vpdpbusd zmm: {:.2} per cycle, latency {latency:.1} cycles; vfmadd231ps zmm: {:.2} per \
+             cycle; the two mixed 3:1: {:.2} per cycle ({})",
+            1.0 / dp,
+            1.0 / fma,
+            1.0 / mixed,
+            if mixed > 0.8 * dp.min(fma) { "shared ports" } else { "separate ports" },
+        );
+        let floor = if mixed > 0.8 * dp.min(fma) {
+            7.0 * mixed
+        } else {
+            (6.0 * dp).max(fma)
+        };
+        println!(
+            "floor of the VNNI tile: 6 vpdpbusd + 1 vfmadd231ps per pair-block = {floor:.2} cycles"
+        );
+        return clock_ns;
+    }
+    println!("(the port figures need x86-64 with AVX-512 VNNI)");
+    clock_ns
+}
+
+/// Iterations of each timed loop.
+const ITERATIONS: u64 = 20_000_000;
+
+/// Dependent adds per iteration of [`add_chain`].
+const ADDS_PER_ITERATION: f64 = 4.0;
+
+/// Best of 5 runs of `f(ITERATIONS)`, in ns per iteration.
+fn best_ns_per_iteration(f: impl Fn(u64)) -> f64 {
+    f(ITERATIONS / 10);
+    (0..5)
+        .map(|_| {
+            let start = Instant::now();
+            f(ITERATIONS);
+            start.elapsed().as_secs_f64() * 1e9 / ITERATIONS as f64
+        })
+        .fold(f64::MAX, f64::min)
+}
+
+/// `n` iterations of 4 dependent integer adds (one cycle each on every current core).
+fn add_chain(n: u64) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: registers only.
+    unsafe {
+        std::arch::asm!(
+            "2:", "add {x}, 1", "add {x}, 1", "add {x}, 1", "add {x}, 1", "dec {n}", "jnz 2b",
+            n = inout(reg) n => _, x = out(reg) _, options(nostack, nomem),
+        );
+    }
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: registers only.
+    unsafe {
+        std::arch::asm!(
+            "mov {x}, 0", "2:", "add {x}, {x}, 1", "add {x}, {x}, 1", "add {x}, {x}, 1",
+            "add {x}, {x}, 1", "subs {n}, {n}, 1", "b.ne 2b",
+            n = inout(reg) n => _, x = out(reg) _, options(nostack, nomem),
+        );
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    compile_error!("batched_tile's clock probe is written for x86-64 and aarch64");
+}
+
+#[cfg(target_arch = "x86_64")]
+mod ports {
+    //! Timed loops of AVX-512 instructions on registers only (no memory operands).
+    use std::arch::asm;
+
+    macro_rules! timed_loop {
+        ($name:ident, $($line:literal),+) => {
+            /// `n` iterations of the instructions in the name (see the module docs).
+            ///
+            /// # Safety
+            /// The CPU must have AVX-512F and VNNI.
+            #[target_feature(enable = "avx512f,avx512vnni")]
+            pub unsafe fn $name(n: u64) {
+                // SAFETY: registers only; every register written is declared clobbered.
+                unsafe {
+                    asm!(
+                        "vpxord zmm20, zmm20, zmm20",
+                        "vpxord zmm21, zmm21, zmm21",
+                        "2:",
+                        $($line,)+
+                        "dec {n}",
+                        "jnz 2b",
+                        n = inout(reg) n => _,
+                        out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _,
+                        out("zmm4") _, out("zmm5") _, out("zmm6") _, out("zmm7") _,
+                        out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _,
+                        out("zmm12") _, out("zmm13") _, out("zmm14") _, out("zmm15") _,
+                        out("zmm20") _, out("zmm21") _,
+                        options(nostack, nomem),
+                    );
+                }
+            }
+        };
+    }
+
+    timed_loop!(
+        vpdpbusd_12,
+        "vpdpbusd zmm0, zmm20, zmm21",
+        "vpdpbusd zmm1, zmm20, zmm21",
+        "vpdpbusd zmm2, zmm20, zmm21",
+        "vpdpbusd zmm3, zmm20, zmm21",
+        "vpdpbusd zmm4, zmm20, zmm21",
+        "vpdpbusd zmm5, zmm20, zmm21",
+        "vpdpbusd zmm6, zmm20, zmm21",
+        "vpdpbusd zmm7, zmm20, zmm21",
+        "vpdpbusd zmm8, zmm20, zmm21",
+        "vpdpbusd zmm9, zmm20, zmm21",
+        "vpdpbusd zmm10, zmm20, zmm21",
+        "vpdpbusd zmm11, zmm20, zmm21"
+    );
+    timed_loop!(
+        fma_12,
+        "vfmadd231ps zmm0, zmm20, zmm21",
+        "vfmadd231ps zmm1, zmm20, zmm21",
+        "vfmadd231ps zmm2, zmm20, zmm21",
+        "vfmadd231ps zmm3, zmm20, zmm21",
+        "vfmadd231ps zmm4, zmm20, zmm21",
+        "vfmadd231ps zmm5, zmm20, zmm21",
+        "vfmadd231ps zmm6, zmm20, zmm21",
+        "vfmadd231ps zmm7, zmm20, zmm21",
+        "vfmadd231ps zmm8, zmm20, zmm21",
+        "vfmadd231ps zmm9, zmm20, zmm21",
+        "vfmadd231ps zmm10, zmm20, zmm21",
+        "vfmadd231ps zmm11, zmm20, zmm21"
+    );
+    timed_loop!(
+        vpdpbusd_12_fma_4,
+        "vpdpbusd zmm0, zmm20, zmm21",
+        "vpdpbusd zmm1, zmm20, zmm21",
+        "vpdpbusd zmm2, zmm20, zmm21",
+        "vfmadd231ps zmm12, zmm20, zmm21",
+        "vpdpbusd zmm3, zmm20, zmm21",
+        "vpdpbusd zmm4, zmm20, zmm21",
+        "vpdpbusd zmm5, zmm20, zmm21",
+        "vfmadd231ps zmm13, zmm20, zmm21",
+        "vpdpbusd zmm6, zmm20, zmm21",
+        "vpdpbusd zmm7, zmm20, zmm21",
+        "vpdpbusd zmm8, zmm20, zmm21",
+        "vfmadd231ps zmm14, zmm20, zmm21",
+        "vpdpbusd zmm9, zmm20, zmm21",
+        "vpdpbusd zmm10, zmm20, zmm21",
+        "vpdpbusd zmm11, zmm20, zmm21",
+        "vfmadd231ps zmm15, zmm20, zmm21"
+    );
+    timed_loop!(
+        vpdpbusd_chain_4,
+        "vpdpbusd zmm0, zmm20, zmm21",
+        "vpdpbusd zmm0, zmm20, zmm21",
+        "vpdpbusd zmm0, zmm20, zmm21",
+        "vpdpbusd zmm0, zmm20, zmm21"
+    );
+}
