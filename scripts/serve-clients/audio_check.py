@@ -71,6 +71,12 @@ def read_wav(path):
     return x, rate
 
 
+def ncc(a, b):
+    """Normalised cross-correlation of two equal-length signals at lag 0 (0 if either is silent)."""
+    den = np.linalg.norm(a) * np.linalg.norm(b)
+    return float(np.dot(a, b) / den) if den > 0 else 0.0
+
+
 def find(ref, rec):
     """(lag, ncc): REC[i + lag] ~ REF[i]."""
     n = len(ref) + len(rec)
@@ -80,9 +86,7 @@ def find(ref, rec):
     lag = int(np.argmax(c)) - (len(ref) - 1)
     r0, s0 = (0, lag) if lag >= 0 else (-lag, 0)
     m = min(len(ref) - r0, len(rec) - s0)
-    r, s = ref[r0 : r0 + m], rec[s0 : s0 + m]
-    den = np.linalg.norm(r) * np.linalg.norm(s)
-    return lag, float(np.dot(r, s) / den) if den > 0 else 0.0
+    return lag, ncc(ref[r0 : r0 + m], rec[s0 : s0 + m])
 
 
 def windows(ref, rec, rate, window_s, search_s, lag, skip_s=0.0):
@@ -154,11 +158,6 @@ def best_place(seg, ref):
 def best_match(seg, ref):
     """Highest ncc of `seg` against every position of `ref` (len(ref) >= len(seg))."""
     return best_place(seg, ref)[1]
-
-
-def ncc(a, b):
-    den = np.linalg.norm(a) * np.linalg.norm(b)
-    return float(np.dot(a, b) / den) if den > 0 else 0.0
 
 
 def best_match_with_capture_gap(seg, loop, chunk):

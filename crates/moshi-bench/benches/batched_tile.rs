@@ -1,6 +1,6 @@
 //! Where a batched 4-bit product's time goes (issue #20): the kernel's cycles per (weight row,
-//! activation row, 128-column block) at 1 and 4 activation rows, with the weights hot in cache
-//! and streamed from DRAM, against the floor the core's execution ports allow.
+//! activation row, 128-column block) at 1 and 4 activation rows, with the weights cached and
+//! streamed from DRAM, against the floor the core's execution ports allow.
 //!
 //! 1. **The core** (x86-64 with AVX-512 VNNI): the clock from a chain of dependent adds; the rate
 //!    of independent `vpdpbusd`, of `vfmadd231ps`, and of the two mixed 3:1 (if the mix runs at
@@ -10,11 +10,10 @@
 //!    pair-block is 7 instructions at their shared rate.
 //! 2. **The product**: `QuantizedMatrix::matmul` (q4, group 32, the detected kernel) at two of
 //!    the 7B's shapes (4096 and 11264 columns), 1 and 4 activation rows, on one thread and on
-//!    every thread, with the weights cached (one matrix, 9 or 26 MB: in a last-level cache of 32 MB,
-//!    as on the Zen 5 VMs) and streamed (copies rotated over 1 GiB, as a model streams its
-//!    weights). The cases alternate
-//!    round by round; the table gives medians over the rounds, in cycles per pair-block and core
-//!    (wall time x threads x clock / pair-blocks).
+//!    every thread, with the weights cached (one matrix, 9 or 26 MB: in a last-level cache of
+//!    32 MB, as on the Zen 5 VMs) and streamed (copies rotated over 1 GiB, as a model streams its
+//!    weights). The cases alternate round by round; the table gives medians over the rounds, in
+//!    cycles per pair-block and core (wall time x threads x clock / pair-blocks).
 //!
 //! `cargo bench -p moshi-bench --bench batched_tile` (about 2 minutes; `MOSHI_BENCH_ROUNDS`,
 //! default 15).

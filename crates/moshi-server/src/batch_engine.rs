@@ -4,8 +4,8 @@
 //! session with a frame waiting ([`MoshiPipeline::process_frames`]: the weights of the LM and of
 //! Mimi's transformers are read once for all of them). Frames that arrive during a step wait for
 //! the next one, so under load each step gathers every session (one weight pass per 80 ms frame
-//! for all of them), and with compute to spare no frame waits for a tick. A session's answers are those it would get alone,
-//! whoever shares its steps; sessions join and leave at any frame.
+//! for all of them), and with compute to spare no frame waits for a tick. A session's answers
+//! are those it would get alone, whoever shares its steps; sessions join and leave at any frame.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
