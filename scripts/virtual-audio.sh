@@ -15,7 +15,8 @@
 #        virtual-audio.sh inject IN.wav                      (blocks while it plays)
 #        virtual-audio.sh record-start OUT.wav [RATE] [SOURCE] [TAG]  ; ... ; record-stop [TAG]
 #        virtual-audio.sh compare REF.wav REC.wav [MIN_NCC]   (exit 0 if ncc >= MIN_NCC)
-# Environment: VA_DIR (state folder, default /tmp/moshi-rs-va), VA_RATE (default 24000).
+# Environment: VA_DIR (state folder, default /tmp/moshi-rs-va), VA_RATE (default 24000),
+# VA_LOG_LEVEL (the daemon's log level, default notice; debug logs every stream underrun).
 #
 # Pitfalls this handles (all observed on Debian 12, PulseAudio 16.1, cpal over ALSA):
 # - null sinks need norewinds=1, or they run in 2 s blocks (capture starts ~1-2 s late);
@@ -81,7 +82,7 @@ PA
     XDG_RUNTIME_DIR="$VA_DIR/run" PULSE_RUNTIME_PATH="$VA_DIR/run" PULSE_STATE_PATH="$VA_DIR/state" \
     XDG_CONFIG_HOME="$VA_DIR/state" PULSE_CLIENTCONFIG="$VA_DIR/client.conf" \
         pulseaudio -n -F "$VA_DIR/va.pa" --daemonize=no --system=no --use-pid-file=no \
-            --exit-idle-time=-1 --realtime=yes --high-priority=yes --log-target=stderr --log-level=notice \
+            --exit-idle-time=-1 --realtime=yes --high-priority=yes --log-target=stderr --log-level=${VA_LOG_LEVEL:-notice} --log-time=yes \
             </dev/null >"$VA_DIR/pulseaudio.log" 2>&1 &
     echo $! >"$VA_DIR/pulseaudio.pid"
     for i in $(seq 1 200); do

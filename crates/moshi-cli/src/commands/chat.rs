@@ -42,7 +42,8 @@ pub struct ChatArgs {
     #[arg(long, default_value_t = DEFAULT_BUFFER_MS)]
     pub buffer_ms: u32,
     /// Silence queued ahead of Moshi's first frame so compute-time jitter never underruns the
-    /// speaker (adds this much latency). Default: half the device buffer (two callback periods).
+    /// speaker (adds this much latency). Default: three quarters of the device buffer (three
+    /// callback periods): the engine then survives as long a stall as the host's buffer does.
     #[arg(
         long,
         value_name = "MS",
@@ -73,9 +74,9 @@ pub struct ChatArgs {
 }
 
 impl ChatArgs {
-    /// The jitter margin in force (`--jitter-ms`, else half the device buffer).
+    /// The jitter margin in force (`--jitter-ms`, else three quarters of the device buffer).
     fn jitter_margin_ms(&self) -> f64 {
-        self.jitter_ms.unwrap_or(f64::from(self.buffer_ms) / 2.0)
+        self.jitter_ms.unwrap_or(f64::from(self.buffer_ms) * 0.75)
     }
 }
 
