@@ -252,18 +252,16 @@ struct ClockWatch {
 impl ClockWatch {
     fn new(side: StreamSide, c: &ChosenConfig) -> Self {
         let rate = c.config.sample_rate.0;
-        // Timestamp jitter tolerated: half a device period (cpal splits a fixed buffer in 4
-        // periods), at least 2 ms.
-        let (period_ms, buffer_frames) = match c.config.buffer_size {
-            cpal::BufferSize::Fixed(n) => (n as f64 * 1e3 / rate.max(1) as f64 / 4.0, Some(n)),
-            cpal::BufferSize::Default => (25.0, None),
+        let buffer_frames = match c.config.buffer_size {
+            cpal::BufferSize::Fixed(n) => Some(n),
+            cpal::BufferSize::Default => None,
         };
         Self {
             origin: None,
             continuity: StreamContinuity::new(
                 side,
                 rate,
-                (period_ms / 2.0).max(2.0),
+                StreamContinuity::TIMESTAMP_TOLERANCE_MS,
                 buffer_frames,
             ),
         }
