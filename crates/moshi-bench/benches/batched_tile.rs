@@ -7,7 +7,13 @@
 //!    the rate of either alone, they share ports); the latency of `vpdpbusd`. The VNNI kernel
 //!    needs 6 `vpdpbusd` and one `vfmadd231ps` per (weight row, activation row) pair and block of
 //!    128 columns (3 activation digits x 2 nibble planes, then the group factor), so the floor per
-//!    pair-block is 7 instructions at their shared rate.
+//!    pair-block is 7 instructions at their shared rate. On x86-64 with AVX2 and FMA only (where
+//!    the f32 lane kernel of `quant::avx2` runs): the rate of `vfmadd231ps` and `vcvtdq2ps` on ymm
+//!    registers, and of the batched tile's own mix (2 weight rows x 4 activation rows: per code
+//!    position 2 ANDs, 2 converts and 8 FMAs). That kernel needs 16 FMAs (one per 8 columns) and 2
+//!    group-scale FMAs per pair and 128 columns, its decode shared by the 4 activation rows, so the
+//!    floor per pair-block is 18 FMAs at the mix's rate; and the machine's f32 rate is 16 FLOP per
+//!    FMA at that rate and clock, per core.
 //! 2. **The product**: `QuantizedMatrix::matmul` (q4, group 32, the detected kernel) at two of
 //!    the 7B's shapes (4096 and 11264 columns), 1 and 4 activation rows, on one thread and on
 //!    every thread, with the weights cached (one matrix, 9 or 26 MB: in a last-level cache of
@@ -149,7 +155,32 @@ fn core_probe() -> f64 {
         );
         return clock_ns;
     }
-    println!("(the port figures need x86-64 with AVX-512 VNNI)");
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+        // SAFETY (all): the CPU has AVX2 and FMA (checked above).
+        let cycles = |f: unsafe fn(u64), per: f64| {
+            best_ns_per_iteration(|n| unsafe { f(n) }) / per / clock_ns
+        };
+        let fma = cycles(ymm_ports::fma_12, 12.0);
+        let cvt = cycles(ymm_ports::cvt_12, 12.0);
+        let mix_fma = cycles(ymm_ports::lane_tile_mix, 8.0);
+        println!(
+            "vfmadd231ps ymm: {:.2} per cycle; vcvtdq2ps ymm: {:.2} per cycle; the AVX2 tile's mix \
+             (2 vpand + 2 vcvtdq2ps + 8 vfmadd231ps): {:.2} FMAs per cycle",
+            1.0 / fma,
+            1.0 / cvt,
+            1.0 / mix_fma,
+        );
+        println!(
+            "floor of the AVX2 lane tile (2 x 4 rows): 18 FMAs per pair-block = {:.2} cycles; \
+             f32 peak {:.0} GFLOP/s per core ({:.0} with the tile's decode)",
+            18.0 * mix_fma,
+            16.0 / fma / clock_ns,
+            16.0 / mix_fma / clock_ns,
+        );
+        return clock_ns;
+    }
+    println!("(the port figures need x86-64 with AVX-512 VNNI, or AVX2 and FMA)");
     clock_ns
 }
 
@@ -284,5 +315,86 @@ mod ports {
         "vpdpbusd zmm0, zmm20, zmm21",
         "vpdpbusd zmm0, zmm20, zmm21",
         "vpdpbusd zmm0, zmm20, zmm21"
+    );
+}
+
+#[cfg(target_arch = "x86_64")]
+mod ymm_ports {
+    //! Timed loops of AVX2 and FMA instructions on registers only (no memory operands).
+    use std::arch::asm;
+
+    macro_rules! timed_loop {
+        ($name:ident, $($line:literal),+) => {
+            /// `n` iterations of the instructions in the name (see the module docs).
+            ///
+            /// # Safety
+            /// The CPU must have AVX2 and FMA.
+            #[target_feature(enable = "avx2,fma")]
+            pub unsafe fn $name(n: u64) {
+                // SAFETY: registers only; every register written is declared clobbered.
+                unsafe {
+                    asm!(
+                        "vpxor ymm14, ymm14, ymm14",
+                        "vpxor ymm15, ymm15, ymm15",
+                        "2:",
+                        $($line,)+
+                        "dec {n}",
+                        "jnz 2b",
+                        n = inout(reg) n => _,
+                        out("ymm0") _, out("ymm1") _, out("ymm2") _, out("ymm3") _,
+                        out("ymm4") _, out("ymm5") _, out("ymm6") _, out("ymm7") _,
+                        out("ymm8") _, out("ymm9") _, out("ymm10") _, out("ymm11") _,
+                        out("ymm12") _, out("ymm13") _, out("ymm14") _, out("ymm15") _,
+                        options(nostack, nomem),
+                    );
+                }
+            }
+        };
+    }
+
+    timed_loop!(
+        fma_12,
+        "vfmadd231ps ymm0, ymm14, ymm15",
+        "vfmadd231ps ymm1, ymm14, ymm15",
+        "vfmadd231ps ymm2, ymm14, ymm15",
+        "vfmadd231ps ymm3, ymm14, ymm15",
+        "vfmadd231ps ymm4, ymm14, ymm15",
+        "vfmadd231ps ymm5, ymm14, ymm15",
+        "vfmadd231ps ymm6, ymm14, ymm15",
+        "vfmadd231ps ymm7, ymm14, ymm15",
+        "vfmadd231ps ymm8, ymm14, ymm15",
+        "vfmadd231ps ymm9, ymm14, ymm15",
+        "vfmadd231ps ymm10, ymm14, ymm15",
+        "vfmadd231ps ymm11, ymm14, ymm15"
+    );
+    timed_loop!(
+        cvt_12,
+        "vcvtdq2ps ymm0, ymm14",
+        "vcvtdq2ps ymm1, ymm14",
+        "vcvtdq2ps ymm2, ymm14",
+        "vcvtdq2ps ymm3, ymm14",
+        "vcvtdq2ps ymm4, ymm14",
+        "vcvtdq2ps ymm5, ymm14",
+        "vcvtdq2ps ymm6, ymm14",
+        "vcvtdq2ps ymm7, ymm14",
+        "vcvtdq2ps ymm8, ymm14",
+        "vcvtdq2ps ymm9, ymm14",
+        "vcvtdq2ps ymm10, ymm14",
+        "vcvtdq2ps ymm11, ymm14"
+    );
+    timed_loop!(
+        lane_tile_mix,
+        "vpand ymm12, ymm14, ymm15",
+        "vcvtdq2ps ymm12, ymm12",
+        "vpand ymm13, ymm15, ymm14",
+        "vcvtdq2ps ymm13, ymm13",
+        "vfmadd231ps ymm0, ymm12, ymm14",
+        "vfmadd231ps ymm1, ymm12, ymm15",
+        "vfmadd231ps ymm2, ymm12, ymm14",
+        "vfmadd231ps ymm3, ymm12, ymm15",
+        "vfmadd231ps ymm4, ymm13, ymm14",
+        "vfmadd231ps ymm5, ymm13, ymm15",
+        "vfmadd231ps ymm6, ymm13, ymm14",
+        "vfmadd231ps ymm7, ymm13, ymm15"
     );
 }
