@@ -122,17 +122,16 @@ fn random_q4(rows: usize, cols: usize, seed: u64) -> QuantizedMatrix {
     QuantizedMatrix::quantize(&weights, rows, cols, 4, 32).expect("4-bit, group 32")
 }
 
-/// Prints the core's clock and port figures (x86-64 with AVX-512 VNNI) and returns ns per cycle;
-/// elsewhere prints that the port figures are x86-64 only and returns the clock alone.
+/// Prints the core's clock and port figures (x86-64 with AVX-512 VNNI, or with AVX2 and FMA) and
+/// returns ns per cycle; elsewhere prints that the port figures need one of those and returns the
+/// clock alone.
 fn core_probe() -> f64 {
     let clock_ns = best_ns_per_iteration(add_chain) / ADDS_PER_ITERATION;
     println!("core clock: {:.2} GHz (dependent adds)", 1.0 / clock_ns);
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512vnni") {
         // SAFETY (all): the CPU has AVX-512F and VNNI (checked above).
-        let cycles = |f: unsafe fn(u64), per: f64| {
-            best_ns_per_iteration(|n| unsafe { f(n) }) / per / clock_ns
-        };
+        let cycles = |f, per| unsafe { cycles_per_instruction(f, per, clock_ns) };
         let dp = cycles(ports::vpdpbusd_12, 12.0);
         let fma = cycles(ports::fma_12, 12.0);
         let mixed = cycles(ports::vpdpbusd_12_fma_4, 16.0);
@@ -158,9 +157,7 @@ fn core_probe() -> f64 {
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
         // SAFETY (all): the CPU has AVX2 and FMA (checked above).
-        let cycles = |f: unsafe fn(u64), per: f64| {
-            best_ns_per_iteration(|n| unsafe { f(n) }) / per / clock_ns
-        };
+        let cycles = |f, per| unsafe { cycles_per_instruction(f, per, clock_ns) };
         let fma = cycles(ymm_ports::fma_12, 12.0);
         let cvt = cycles(ymm_ports::cvt_12, 12.0);
         let mix_fma = cycles(ymm_ports::lane_tile_mix, 8.0);
@@ -182,6 +179,16 @@ fn core_probe() -> f64 {
     }
     println!("(the port figures need x86-64 with AVX-512 VNNI, or AVX2 and FMA)");
     clock_ns
+}
+
+/// Cycles per instruction of the timed loop `f`, which runs `per` of them per iteration.
+///
+/// # Safety
+/// The CPU must have the features `f` is compiled with.
+#[cfg(target_arch = "x86_64")]
+unsafe fn cycles_per_instruction(f: unsafe fn(u64), per: f64, clock_ns: f64) -> f64 {
+    // SAFETY: forwarded contract.
+    best_ns_per_iteration(|n| unsafe { f(n) }) / per / clock_ns
 }
 
 /// Iterations of each timed loop.
@@ -225,42 +232,53 @@ fn add_chain(n: u64) {
     compile_error!("batched_tile's clock probe is written for x86-64 and aarch64");
 }
 
+/// Defines `pub unsafe fn $name(n: u64)`: `n` iterations of the given instructions on registers
+/// only (no memory operands), compiled with `$features`, after the `$setup` lines; every register
+/// in `$regs` is declared clobbered.
+#[cfg(target_arch = "x86_64")]
+macro_rules! timed_loop {
+    ($features:literal, [$($setup:literal),*], [$($reg:tt),*], $name:ident, $($line:literal),+) => {
+        /// `n` iterations of the instructions in the name (see the module docs).
+        ///
+        /// # Safety
+        /// The CPU must have the features the function is compiled with.
+        #[target_feature(enable = $features)]
+        pub unsafe fn $name(n: u64) {
+            // SAFETY: registers only; every register written is declared clobbered.
+            unsafe {
+                std::arch::asm!(
+                    $($setup,)*
+                    "2:",
+                    $($line,)+
+                    "dec {n}",
+                    "jnz 2b",
+                    n = inout(reg) n => _,
+                    $(out($reg) _,)*
+                    options(nostack, nomem),
+                );
+            }
+        }
+    };
+}
+
 #[cfg(target_arch = "x86_64")]
 mod ports {
     //! Timed loops of AVX-512 instructions on registers only (no memory operands).
-    use std::arch::asm;
 
-    macro_rules! timed_loop {
+    macro_rules! zmm_loop {
         ($name:ident, $($line:literal),+) => {
-            /// `n` iterations of the instructions in the name (see the module docs).
-            ///
-            /// # Safety
-            /// The CPU must have AVX-512F and VNNI.
-            #[target_feature(enable = "avx512f,avx512vnni")]
-            pub unsafe fn $name(n: u64) {
-                // SAFETY: registers only; every register written is declared clobbered.
-                unsafe {
-                    asm!(
-                        "vpxord zmm20, zmm20, zmm20",
-                        "vpxord zmm21, zmm21, zmm21",
-                        "2:",
-                        $($line,)+
-                        "dec {n}",
-                        "jnz 2b",
-                        n = inout(reg) n => _,
-                        out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _,
-                        out("zmm4") _, out("zmm5") _, out("zmm6") _, out("zmm7") _,
-                        out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _,
-                        out("zmm12") _, out("zmm13") _, out("zmm14") _, out("zmm15") _,
-                        out("zmm20") _, out("zmm21") _,
-                        options(nostack, nomem),
-                    );
-                }
-            }
+            timed_loop!(
+                "avx512f,avx512vnni",
+                ["vpxord zmm20, zmm20, zmm20", "vpxord zmm21, zmm21, zmm21"],
+                ["zmm0", "zmm1", "zmm2", "zmm3", "zmm4", "zmm5", "zmm6", "zmm7", "zmm8", "zmm9",
+                 "zmm10", "zmm11", "zmm12", "zmm13", "zmm14", "zmm15", "zmm20", "zmm21"],
+                $name,
+                $($line),+
+            );
         };
     }
 
-    timed_loop!(
+    zmm_loop!(
         vpdpbusd_12,
         "vpdpbusd zmm0, zmm20, zmm21",
         "vpdpbusd zmm1, zmm20, zmm21",
@@ -275,7 +293,7 @@ mod ports {
         "vpdpbusd zmm10, zmm20, zmm21",
         "vpdpbusd zmm11, zmm20, zmm21"
     );
-    timed_loop!(
+    zmm_loop!(
         fma_12,
         "vfmadd231ps zmm0, zmm20, zmm21",
         "vfmadd231ps zmm1, zmm20, zmm21",
@@ -290,7 +308,7 @@ mod ports {
         "vfmadd231ps zmm10, zmm20, zmm21",
         "vfmadd231ps zmm11, zmm20, zmm21"
     );
-    timed_loop!(
+    zmm_loop!(
         vpdpbusd_12_fma_4,
         "vpdpbusd zmm0, zmm20, zmm21",
         "vpdpbusd zmm1, zmm20, zmm21",
@@ -309,7 +327,7 @@ mod ports {
         "vpdpbusd zmm11, zmm20, zmm21",
         "vfmadd231ps zmm15, zmm20, zmm21"
     );
-    timed_loop!(
+    zmm_loop!(
         vpdpbusd_chain_4,
         "vpdpbusd zmm0, zmm20, zmm21",
         "vpdpbusd zmm0, zmm20, zmm21",
@@ -321,38 +339,21 @@ mod ports {
 #[cfg(target_arch = "x86_64")]
 mod ymm_ports {
     //! Timed loops of AVX2 and FMA instructions on registers only (no memory operands).
-    use std::arch::asm;
 
-    macro_rules! timed_loop {
+    macro_rules! ymm_loop {
         ($name:ident, $($line:literal),+) => {
-            /// `n` iterations of the instructions in the name (see the module docs).
-            ///
-            /// # Safety
-            /// The CPU must have AVX2 and FMA.
-            #[target_feature(enable = "avx2,fma")]
-            pub unsafe fn $name(n: u64) {
-                // SAFETY: registers only; every register written is declared clobbered.
-                unsafe {
-                    asm!(
-                        "vpxor ymm14, ymm14, ymm14",
-                        "vpxor ymm15, ymm15, ymm15",
-                        "2:",
-                        $($line,)+
-                        "dec {n}",
-                        "jnz 2b",
-                        n = inout(reg) n => _,
-                        out("ymm0") _, out("ymm1") _, out("ymm2") _, out("ymm3") _,
-                        out("ymm4") _, out("ymm5") _, out("ymm6") _, out("ymm7") _,
-                        out("ymm8") _, out("ymm9") _, out("ymm10") _, out("ymm11") _,
-                        out("ymm12") _, out("ymm13") _, out("ymm14") _, out("ymm15") _,
-                        options(nostack, nomem),
-                    );
-                }
-            }
+            timed_loop!(
+                "avx2,fma",
+                ["vpxor ymm14, ymm14, ymm14", "vpxor ymm15, ymm15, ymm15"],
+                ["ymm0", "ymm1", "ymm2", "ymm3", "ymm4", "ymm5", "ymm6", "ymm7", "ymm8", "ymm9",
+                 "ymm10", "ymm11", "ymm12", "ymm13", "ymm14", "ymm15"],
+                $name,
+                $($line),+
+            );
         };
     }
 
-    timed_loop!(
+    ymm_loop!(
         fma_12,
         "vfmadd231ps ymm0, ymm14, ymm15",
         "vfmadd231ps ymm1, ymm14, ymm15",
@@ -367,7 +368,7 @@ mod ymm_ports {
         "vfmadd231ps ymm10, ymm14, ymm15",
         "vfmadd231ps ymm11, ymm14, ymm15"
     );
-    timed_loop!(
+    ymm_loop!(
         cvt_12,
         "vcvtdq2ps ymm0, ymm14",
         "vcvtdq2ps ymm1, ymm14",
@@ -382,7 +383,7 @@ mod ymm_ports {
         "vcvtdq2ps ymm10, ymm14",
         "vcvtdq2ps ymm11, ymm14"
     );
-    timed_loop!(
+    ymm_loop!(
         lane_tile_mix,
         "vpand ymm12, ymm14, ymm15",
         "vcvtdq2ps ymm12, ymm12",
