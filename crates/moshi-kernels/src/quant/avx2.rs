@@ -8,11 +8,11 @@ use std::arch::x86_64::*;
 /// Two weight rows per matrix-matrix tile of the lane kernel (`quant::passes`) from 2 activation
 /// rows on, each activation vector loaded once for both. With 4 activation rows the two rows'
 /// partial sums and accumulators outgrow the 16 registers and the accumulators live on the stack
-/// (one load and one store per block and pair), still far cheaper than reloading 4 rows of
-/// activations from L2 for every weight row: measured with `moshi-rs bench --sessions N`
-/// (Zen 3, 2 vCPUs, q4, `--layers 2`, binaries alternating, 3 rounds), temporal layer time
-/// against one weight row per tile 0.67-0.80x at 4 sessions (5 rounds), 0.72-0.96x at 2; 2 weight rows
-/// against 2 activation rows at a time (no spill, codes decoded twice) only 0.85-0.90x at 4.
+/// (one load and one store per block and pair), still cheaper than loading every activation
+/// vector once per weight row. Measured with `moshi-rs bench --sessions N --layers 2` (Zen 3, 2
+/// vCPUs, binaries alternating), temporal layer time against one weight row per tile: q4 0.67-0.80x
+/// at 4 sessions (5 rounds), 0.72-0.96x at 2, 0.67-0.96x at 8; q8 0.62-0.74x at 4. Two weight rows
+/// against 2 activation rows at a time (no spill, codes decoded twice): only 0.85-0.90x at 4.
 pub(crate) const PAIRED_FROM_M: usize = 2;
 
 /// f32 lanes per vector (and `u32` code words per block).
