@@ -27,6 +27,7 @@
 use std::hint::black_box;
 use std::time::Instant;
 
+use moshi_bench::hashed_weights::hashed_q4;
 use moshi_kernels::QuantizedMatrix;
 
 /// Bytes of weights the streamed cases rotate over (well above the last-level cache).
@@ -50,7 +51,7 @@ fn main() {
          x 1 row |\n|---|---|---|---|---|---|---|"
     );
     for (name, cols, out) in [("attn out_proj", 4096, 4096), ("gating out", 11264, 4096)] {
-        let one = vec![random_q4(out, cols, 0x5eed + cols as u64)];
+        let one = vec![hashed_q4(out, cols, 0x5eed + cols as u64)];
         let copies = STREAM_BYTES.div_ceil(one[0].codes().len() * 4);
         let streamed: Vec<QuantizedMatrix> = (0..copies).map(|_| one[0].clone()).collect();
         for (memory, mats) in [("one copy (cached)", &one), ("streamed", &streamed)] {
@@ -106,20 +107,6 @@ fn time_alternating(mats: &[QuantizedMatrix], rounds: usize) -> [f64; 2] {
         s.sort_by(f64::total_cmp);
         s[s.len() / 2]
     })
-}
-
-/// A `rows x cols` matrix of hashed weights, quantized to 4 bits in groups of 32.
-fn random_q4(rows: usize, cols: usize, seed: u64) -> QuantizedMatrix {
-    let mut state = seed | 1;
-    let weights: Vec<f32> = (0..rows * cols)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-        })
-        .collect();
-    QuantizedMatrix::quantize(&weights, rows, cols, 4, 32).expect("4-bit, group 32")
 }
 
 /// Prints the core's clock and port figures (x86-64 with AVX-512 VNNI, or with AVX2 and FMA) and

@@ -4,10 +4,11 @@
 //!
 //! Each case rotates over enough copies of the matrix to exceed 1 GiB, so weights come from
 //! DRAM as they do when a whole model is streamed every step. Threads: `MOSHI_BENCH_THREADS`
-//! (default 2); kernel: `MOSHI_BENCH_KERNEL=avx512vnni|avx512|avx2|neondot|neon|portable` (default:
-//! detected). Prints a markdown summary table at the end: speeds from wall time (mean, and the
-//! fastest sample as STREAM reports its best pass), each against the read bandwidth measured
-//! right before that case (a shared host's bandwidth drifts between cases), and from process CPU
+//! (default 2); kernel:
+//! `MOSHI_BENCH_KERNEL=avx512vnni|avx512|avx2int|avx2|neondot|neon|portable` (default: detected).
+//! Prints a markdown summary table at the end: speeds from wall time (mean, and the fastest
+//! sample as STREAM reports its best pass), each against the read bandwidth measured right before
+//! that case (a shared host's bandwidth drifts between cases), and from process CPU
 //! time (`/proc/self/stat`; bytes per CPU-second × threads): on a loaded machine that one says
 //! what the kernels do with the cores they actually get.
 //!
@@ -192,8 +193,9 @@ fn main() {
         bandwidth.0, bandwidth.1
     );
     let kernel = match std::env::var("MOSHI_BENCH_KERNEL") {
-        Ok(name) => Kernel::from_name(&name)
-            .expect("MOSHI_BENCH_KERNEL: avx512vnni, avx512, avx2, neondot, neon or portable"),
+        Ok(name) => Kernel::from_name(&name).expect(
+            "MOSHI_BENCH_KERNEL: avx512vnni, avx512, avx2int, avx2, neondot, neon or portable",
+        ),
         Err(_) => Kernel::detect(),
     };
     assert!(

@@ -23,6 +23,8 @@ pub mod format;
 #[cfg(feature = "pipeline")]
 pub mod frames;
 #[cfg(feature = "pipeline")]
+pub mod hashed_weights;
+#[cfg(feature = "pipeline")]
 pub mod kv_traffic;
 #[cfg(feature = "pipeline")]
 pub mod memory;

@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use moshi_kernels::{Kernel, KERNEL_ENV, SUPPORTED_GROUP_SIZES};
+use moshi_kernels::{Kernel, Workload, KERNEL_ENV, SUPPORTED_GROUP_SIZES};
 use moshi_loader::tokenizer::TextTokenizer;
 use moshi_loader::{load_mimi_weights, LmConfig, MimiConfig, WeightMap};
 use moshi_model::generator::{Generator, SamplingConfig};
@@ -187,6 +187,15 @@ pub fn run_bench(
     // Guidance runs a second row per session over the same weights, in the same batched step
     // (the weights are read once per frame); each row has its own KV caches.
     let lm_rows: u64 = if cfg_coef != 1.0 { 2 } else { 1 };
+    // The kernels' default follows the rows of each product, as `serve --max-sessions N` declares
+    // them (a later run in the same process keeps the first run's kernel, as products did).
+    let workload = Workload::of_rows(lm_rows as usize * options.sessions);
+    if let Err(chosen) = Kernel::set_workload(workload) {
+        tracing::debug!(
+            "kernel {} chosen before the {workload:?} workload",
+            chosen.name()
+        );
+    }
     let first_frame_steps = options.stage.first_frame_lm_steps();
     if options.kv_prefill > 0 {
         if first_frame_steps == 0 {
@@ -261,6 +270,7 @@ pub fn run_bench(
     let kernel = Kernel::detect();
     let eight_bit = match kernel {
         Kernel::Avx512Vnni => "; 8-bit products on the f32 avx512 kernel",
+        Kernel::Avx2Int => "; 8-bit products on the f32 avx2 kernel",
         Kernel::NeonDot => "; 8-bit products on the f32 neon kernel",
         _ => "",
     };

@@ -125,6 +125,11 @@ impl MoshiPipeline {
         self.generator.cfg_coef()
     }
 
+    /// Activation rows of each product of one session's step (2 with guidance, else 1).
+    pub fn rows_per_session(&self) -> usize {
+        self.generator.rows_per_step()
+    }
+
     /// Whether the model translates (Hibiki: its input ends with an end-of-stream frame, its
     /// output with EOS); see [`moshi_loader::LmConfig::is_translation`].
     pub fn is_translation(&self) -> bool {

@@ -117,7 +117,7 @@ pub fn run(args: FileArgs) -> anyhow::Result<()> {
     let load_started = Instant::now();
     let spinner = indicatif::ProgressBar::new_spinner().with_message("loading the model");
     spinner.enable_steady_tick(std::time::Duration::from_millis(120));
-    let loaded = args.model.load_pipeline(&args.sampling, FILE_KV_CACHE);
+    let loaded = args.model.load_pipeline(&args.sampling, FILE_KV_CACHE, 1);
     spinner.finish_and_clear();
     let (model, mut pipeline) = loaded?;
     let translation = pipeline.is_translation();

@@ -200,11 +200,13 @@ impl ModelArgs {
     }
 
     /// Resolves and loads the whole pipeline with `sampling`'s settings (guidance included) and
-    /// `--kv-cache` or the command's `default_kv_cache`.
+    /// `--kv-cache` or the command's `default_kv_cache`, and declares the kernels' workload for
+    /// up to `sessions` sessions stepped together (before any product runs).
     pub fn load_pipeline(
         &self,
         sampling: &SamplingArgs,
         default_kv_cache: KvPrecision,
+        sessions: usize,
     ) -> anyhow::Result<(ResolvedModel, MoshiPipeline)> {
         let mode = self.weight_mode()?;
         if let Some(c) = sampling.cfg_coef {
@@ -228,6 +230,7 @@ impl ModelArgs {
         }
         pipeline.set_mimi_weights(self.mimi_weights);
         pipeline.set_kv_precision(self.kv_cache_or(default_kv_cache));
+        super::declare_workload(sessions * pipeline.rows_per_session());
         Ok((model, pipeline))
     }
 }

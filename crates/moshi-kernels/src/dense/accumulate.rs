@@ -29,7 +29,7 @@ pub fn accumulate_rows<const R: usize, E: WeightElem>(
         #[cfg(target_arch = "x86_64")]
         Kernel::Avx512 | Kernel::Avx512Vnni => unsafe { avx512::accumulate(y, coefs, rows) },
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx2 => unsafe { avx2::accumulate(y, coefs, rows) },
+        Kernel::Avx2 | Kernel::Avx2Int => unsafe { avx2::accumulate(y, coefs, rows) },
         #[cfg(target_arch = "aarch64")]
         Kernel::Neon | Kernel::NeonDot => unsafe { neon::accumulate(y, coefs, rows) },
         _ => accumulate_scalar(y, 0, coefs, rows),

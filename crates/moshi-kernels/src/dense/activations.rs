@@ -48,7 +48,7 @@ pub fn gelu_slice(xs: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         Kernel::Avx512 | Kernel::Avx512Vnni => unsafe { gelu_slice_avx512(xs) },
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx2 => unsafe { gelu_slice_avx2(xs) },
+        Kernel::Avx2 | Kernel::Avx2Int => unsafe { gelu_slice_avx2(xs) },
         _ => gelu_slice_body(xs),
     }
 }
@@ -107,7 +107,7 @@ pub fn elu_slice(dst: &mut [f32], src: &[f32]) {
         #[cfg(target_arch = "x86_64")]
         Kernel::Avx512 | Kernel::Avx512Vnni => unsafe { elu_slice_avx512(dst, src) },
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx2 => unsafe { elu_slice_avx2(dst, src) },
+        Kernel::Avx2 | Kernel::Avx2Int => unsafe { elu_slice_avx2(dst, src) },
         _ => elu_slice_body(dst, src),
     }
 }

@@ -335,7 +335,7 @@ unsafe fn small_m_nt<W: WeightElem>(
             small_m_nt_avx512(m, k, n, a, rs_a, w, rs_w, out, rs_out, accumulate)
         },
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx2 => unsafe {
+        Kernel::Avx2 | Kernel::Avx2Int => unsafe {
             small_m_nt_avx2(m, k, n, a, rs_a, w, rs_w, out, rs_out, accumulate)
         },
         // NEON and FMA are part of every aarch64 CPU: the fused body, vectorized by the compiler.

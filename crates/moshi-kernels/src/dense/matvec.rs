@@ -255,7 +255,7 @@ pub fn dot_rows<const R: usize, E: WeightElem>(
         #[cfg(target_arch = "x86_64")]
         Kernel::Avx512 | Kernel::Avx512Vnni => unsafe { avx512::dotn(rows, x) },
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx2 => unsafe { avx2::dotn(rows, x) },
+        Kernel::Avx2 | Kernel::Avx2Int => unsafe { avx2::dotn(rows, x) },
         #[cfg(target_arch = "aarch64")]
         Kernel::Neon | Kernel::NeonDot => unsafe { neon::dotn(rows, x) },
         _ => rows.map(|r| dot_scalar(r, x)),
@@ -269,7 +269,7 @@ pub fn dot_rows<const R: usize, E: WeightElem>(
 fn rows_per_pass(kernel: Kernel) -> usize {
     match kernel {
         Kernel::Avx512 | Kernel::Avx512Vnni => 8,
-        Kernel::Avx2 => 4,
+        Kernel::Avx2 | Kernel::Avx2Int => 4,
         Kernel::Neon | Kernel::NeonDot => 2,
         Kernel::Portable => 1,
     }

@@ -1,14 +1,14 @@
-//! Fast quantized matrix products: kernel selection (AVX-512 VNNI / AVX-512 / AVX2+FMA on
-//! x86-64, NEON dot product / NEON on aarch64, portable anywhere; chosen at run time),
+//! Fast quantized matrix products: kernel selection (AVX-512 VNNI / AVX-512 / AVX2 integer /
+//! AVX2+FMA on x86-64, NEON dot product / NEON on aarch64, portable anywhere; chosen at run time),
 //! activation layout, and multi-threading over output rows.
 //!
 //! Every kernel computes, for a range of weight rows, `out_t[r, i] = Σ_j x[i, j] · w[r, j]` with
 //! `w = q * scale + bias` and f32 accumulation: the exact dequantized matrix times the
 //! activations, up to rounding. The portable kernel dequantizes each weight; the AVX-512, AVX2
 //! and NEON lane kernels regroup the sum per quantization group as `scale · Σ q x + bias · Σ x`,
-//! as MLX's own kernels do (see `lanes`); the VNNI and NEON dot-product kernels do the same with
-//! `Σ q x` as exact integer dot products of the codes with 24-bit fixed-point activations (see
-//! `vnni`, `dotprod` and `fixed_point`). All of them are held to the same error bound against the
+//! as MLX's own kernels do (see `lanes`); the VNNI, AVX2 integer and NEON dot-product kernels do
+//! the same with `Σ q x` as exact integer dot products of the codes with 24-bit fixed-point
+//! activations (see `vnni`, `avx2int`, `dotprod` and `fixed_point`). All of them are held to the same error bound against the
 //! scalar reference in the kernel tests.
 
 /// `Some(rows::<BITS, GROUP>)` for the (bits, group size) pairs the specialised kernels cover
@@ -33,6 +33,8 @@ macro_rules! select_specialised_rows {
 mod lanes;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx2int;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "aarch64")]
@@ -193,8 +195,8 @@ enum Layout {
     /// The lane kernels' arrangement plus group sums (`lanes::arrange_activations`).
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     Lanes { lanes: usize, top_unscaled: bool },
-    /// The integer kernel's fixed-point digits (`vnni::arrange_activations` on x86-64,
-    /// `dotprod::arrange_activations` on aarch64).
+    /// The integer kernel's fixed-point digits (`vnni::arrange_activations` or
+    /// `avx2int::arrange_activations` on x86-64, `dotprod::arrange_activations` on aarch64).
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     Digits,
 }
@@ -213,6 +215,16 @@ fn plan(kernel: Kernel, bits: u32, group_size: usize) -> Plan {
                 avx512::select(bits, group_size).map(|f| (f, avx512::LANES, avx512::TOP_UNSCALED))
             }
             Kernel::Avx2 => {
+                avx2::select(bits, group_size).map(|f| (f, avx2::LANES, avx2::TOP_UNSCALED))
+            }
+            Kernel::Avx2Int => {
+                if let Some(rows_fn) = avx2int::select(bits, group_size) {
+                    return Plan {
+                        layout: Layout::Digits,
+                        rows_fn,
+                    };
+                }
+                // 8-bit codes: the f32 AVX2 kernel (see `avx2int`).
                 avx2::select(bits, group_size).map(|f| (f, avx2::LANES, avx2::TOP_UNSCALED))
             }
             Kernel::Avx512Vnni => {
@@ -328,7 +340,7 @@ pub fn qmm_with_kernel(
 }
 
 /// The plan for `kernel` and the activations in its layout; activations the integer kernels cannot
-/// hold go to the f32 kernel of their instruction set (AVX-512, NEON).
+/// hold go to the f32 kernel of their instruction set (AVX-512, AVX2, NEON).
 fn arranged<'x>(
     kernel: Kernel,
     w: &QuantizedMatrix,
@@ -346,6 +358,13 @@ fn arranged<'x>(
         } => {
             let xs = lanes::arrange_activations(x, m, cols, bits, group_size, lanes, top_unscaled);
             (plan, Cow::Owned(xs))
+        }
+        #[cfg(target_arch = "x86_64")]
+        Layout::Digits if kernel == Kernel::Avx2Int => {
+            match avx2int::arrange_activations(x, m, cols, group_size) {
+                Some(xs) => (plan, Cow::Owned(xs)),
+                None => arranged(Kernel::Avx2, w, x, m),
+            }
         }
         #[cfg(target_arch = "x86_64")]
         Layout::Digits => match vnni::arrange_activations(x, m, cols, group_size) {

@@ -186,7 +186,7 @@ unsafe fn q8_dispatch(args: &Q8Args, block: &Q8Block, lo: usize, hi: usize, out:
         #[cfg(target_arch = "x86_64")]
         Kernel::Avx512 | Kernel::Avx512Vnni => unsafe { q8_avx512(args, block, lo, hi, out) },
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx2 => unsafe { q8_avx2(args, block, lo, hi, out) },
+        Kernel::Avx2 | Kernel::Avx2Int => unsafe { q8_avx2(args, block, lo, hi, out) },
         // NEON and FMA are part of every aarch64 CPU: the fused body, vectorized by the compiler.
         #[cfg(target_arch = "aarch64")]
         Kernel::Neon | Kernel::NeonDot => unsafe { q8_body::<true>(args, block, lo, hi, out) },

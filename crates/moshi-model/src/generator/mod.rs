@@ -209,6 +209,16 @@ impl Generator {
         self.guidance.as_ref().map_or(1.0, |g| g.cfg_coef)
     }
 
+    /// Activation rows of each product of a step: 2 with guidance (the conditioned and the
+    /// unconditioned pass), else 1.
+    pub fn rows_per_step(&self) -> usize {
+        if self.guidance.is_some() {
+            2
+        } else {
+            1
+        }
+    }
+
     pub fn sampling(&self) -> &SamplingConfig {
         &self.sampling
     }

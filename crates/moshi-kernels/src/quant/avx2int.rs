@@ -1,0 +1,624 @@
+//! AVX2 integer kernel for 4-bit codes: the arithmetic of the VNNI kernel (`quant::vnni`) on
+//! CPUs without AVX-512. Each activation is held in the 24-bit fixed point of
+//! `quant::fixed_point` (three signed 8-bit digits), and each lane's `Σ q · n` is an exact
+//! integer sum; AVX2 has no byte dot product, so each of VNNI's `vpdpbusd` becomes `vpmaddubsw`
+//! (code bytes times digit bytes, adjacent pairs summed into `i16`) and `vpmaddwd` by ones (pairs
+//! of those into `i32`). Nothing saturates: a pair of products of a code (`≤ 15`) and a digit
+//! (`|d| ≤ 128`) stays below 2^12 in magnitude, and the two nibble planes' pairs are added in
+//! `i16` (below 2^13) before the widening. The integer sums, and so the accuracy, are those of
+//! the VNNI kernel.
+//!
+//! **Activations** ([`arrange_activations`], once per product) are laid out exactly as for the
+//! VNNI kernel (blocks of 128 columns, per digit a plane of the even columns' digits and one of
+//! the odd columns', 64 bytes each, in the code bytes' order), and this kernel reads each block
+//! as two halves of 32 code bytes (8 `i32` lanes, 64 columns).
+//!
+//! **Per half block** and weight row: one AND, one shift and one AND split the codes into their
+//! low and high nibbles as bytes; per activation row and digit (most significant first) two
+//! `vpmaddubsw`, one `vpaddw` and one `vpmaddwd`, the sum shifted up 8 bits between digits; the
+//! lane sums are converted to f32 and accumulated with the factor `scale_g · u_g`. That is about
+//! 20 vector operations per 64 columns and (weight row, activation row) pair, against 26 for the
+//! f32 AVX2 lane kernel, whose converts share the FMA pipes on AMD Zen 3 (measured: docs/
+//! performance.md).
+
+use std::arch::x86_64::*;
+
+use crate::quant::fixed_point::{
+    arrange_rows, group_unit_exp, pow2, DigitTile, DigitTiles, RowLayout, RowScale, DIGITS,
+};
+use crate::quant::passes::run_passes;
+use crate::quant::{CodePrefetch, RowRangeFn, SCALE_PREFETCH_ROWS};
+use crate::QuantizedMatrix;
+
+/// `i32` lanes per vector (and `u32` code words per half block).
+const LANES: usize = 8;
+
+/// Code bytes per block of the shared layout (two vectors).
+const BLOCK_BYTES: usize = 64;
+
+/// Code bytes per half block (one vector).
+const HALF_BYTES: usize = 32;
+
+/// Columns per block (64 bytes of 4-bit codes).
+const BLOCK_COLS: usize = 128;
+
+/// Codes per `u32` lane.
+const PER_LANE: usize = 8;
+
+/// Byte vectors per digit and block: the low and high nibbles of the codes.
+const PLANES: usize = 2;
+
+/// Digit bytes per block of arranged activations.
+const BLOCK_DIGIT_BYTES: usize = DIGITS * PLANES * BLOCK_BYTES;
+
+/// Weight rows per pass of a matrix-vector product, from that many far-apart parts of the range,
+/// each digit load shared by them.
+const MATVEC_ROWS: usize = 2;
+
+/// Whether this CPU has AVX2 and FMA.
+pub(crate) fn available() -> bool {
+    crate::Kernel::Avx2Int.is_available()
+}
+
+/// `Some` for 4-bit codes in groups of 32, 64 or 128.
+pub(crate) fn select(bits: u32, group_size: usize) -> Option<RowRangeFn> {
+    match (bits, group_size) {
+        (4, 32) => Some(rows::<32> as RowRangeFn),
+        (4, 64) => Some(rows::<64>),
+        (4, 128) => Some(rows::<128>),
+        _ => None,
+    }
+}
+
+/// The VNNI kernel's row layout, whose units and group sums are padded to its 16 lanes.
+fn row_layout(cols: usize, group_size: usize) -> RowLayout {
+    RowLayout::new(cols, group_size, BLOCK_COLS, 2 * LANES)
+}
+
+/// Lays out `m` rows of `cols` activations for this kernel (see the module docs), or `None` if a
+/// row holds a non-finite value or only subnormal magnitudes.
+///
+/// # Panics
+/// If the CPU lacks the features (callers pick this kernel only where [`available`]), or the
+/// group size is not a multiple of 16 dividing `cols`.
+pub(crate) fn arrange_activations(
+    x: &[f32],
+    m: usize,
+    cols: usize,
+    group_size: usize,
+) -> Option<Vec<f32>> {
+    assert!(
+        available(),
+        "AVX2 integer kernel called on a CPU without it"
+    );
+    assert!(group_size.is_multiple_of(16) && cols.is_multiple_of(group_size));
+    let layout = row_layout(cols, group_size);
+    arrange_rows(x, m, cols, layout, |row, dst| {
+        // SAFETY: the CPU has the features (asserted above); rows of `cols`, a multiple of the
+        // group size (a multiple of 16); `dst` laid out for them.
+        unsafe { arrange_row(row, dst, group_size, layout) }
+    })
+}
+
+/// The largest of 8 lanes.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn max_lane(v: __m256) -> f32 {
+    let m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    let m = _mm_max_ss(m, _mm_shuffle_ps::<0b01>(m, m));
+    _mm_cvtss_f32(m)
+}
+
+/// `(n - sext8(n)) >> 8`: what is left of `n` above its balanced low digit (exact).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn above_low_digit(n: __m256i) -> __m256i {
+    _mm256_srai_epi32::<8>(_mm256_sub_epi32(
+        n,
+        _mm256_srai_epi32::<24>(_mm256_slli_epi32::<24>(n)),
+    ))
+}
+
+/// One row of [`arrange_activations`] into the zeroed `dst`; false if it cannot be arranged.
+/// Eight columns at a time (`group_size` is a multiple of 16).
+///
+/// # Safety
+/// The CPU must have AVX2; `row.len()` is a multiple of `group_size`, itself a multiple of 16;
+/// `dst` is laid out by `layout` for `row.len()` columns.
+#[target_feature(enable = "avx2")]
+unsafe fn arrange_row(row: &[f32], dst: &mut [f32], group_size: usize, layout: RowLayout) -> bool {
+    debug_assert!(group_size.is_multiple_of(16) && row.len().is_multiple_of(group_size));
+    let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(i32::MAX));
+    let (mut max, mut nan) = (_mm256_setzero_ps(), 0);
+    for v in row.chunks_exact(8) {
+        // SAFETY: 8 floats.
+        let v = unsafe { _mm256_loadu_ps(v.as_ptr()) };
+        nan |= _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
+        max = _mm256_max_ps(max, _mm256_and_ps(v, abs_mask));
+    }
+    let row_exp = match RowScale::of_row(max_lane(max), nan != 0) {
+        None => return false,
+        Some(RowScale::Zero) => {
+            dst[layout.unscale_offset] = 1.0;
+            return true;
+        }
+        Some(RowScale::Exponent(e)) => e,
+    };
+    let row_scale = _mm256_set1_ps(pow2(-row_exp));
+    dst[layout.unscale_offset] = pow2(row_exp);
+    let (digit_slots, tail) = dst.split_at_mut(layout.digits_len);
+    let (units, tail) = tail.split_at_mut(layout.sums_offset - layout.units_offset);
+    let sums = &mut tail[..layout.unscale_offset - layout.sums_offset];
+    let digits = digit_slots.as_mut_ptr() as *mut u8;
+    let digit_stride = PLANES * BLOCK_BYTES;
+    for (g, group) in row.chunks_exact(group_size).enumerate() {
+        // The f32 group sum in column order, as the lane kernels' arrangement takes it.
+        sums[g] = group.iter().sum();
+        let mut group_max = _mm256_setzero_ps();
+        for v in group.chunks_exact(8) {
+            // SAFETY: 8 floats.
+            let v = unsafe { _mm256_loadu_ps(v.as_ptr()) };
+            group_max = _mm256_max_ps(group_max, _mm256_and_ps(v, abs_mask));
+        }
+        let unit_exp = group_unit_exp(max_lane(group_max) * pow2(-row_exp));
+        units[g] = pow2(unit_exp);
+        let inverse_unit = _mm256_set1_ps(pow2(-unit_exp));
+        for (k, v) in group.chunks_exact(8).enumerate() {
+            // SAFETY: 8 floats.
+            let v = unsafe { _mm256_loadu_ps(v.as_ptr()) };
+            // Exact scalings by powers of two, then one rounding (to nearest even, the default
+            // rounding mode): |n| ≤ DIGITS_MAX by the choice of the unit.
+            let n = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(v, row_scale), inverse_unit));
+            let n1 = above_low_digit(n);
+            let n2 = above_low_digit(n1);
+            // Eight columns: one lane of a block, c a multiple of 8.
+            let col = g * group_size + k * 8;
+            let (block, c) = (col / BLOCK_COLS, col % BLOCK_COLS);
+            let lane_at = block * BLOCK_DIGIT_BYTES + (c / PER_LANE) * 4;
+            for (d, value) in [n2, n1, n].into_iter().enumerate() {
+                let mut lanes = [0i32; 8];
+                // SAFETY: 8 i32.
+                unsafe { _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, value) };
+                // Column j of the lane: plane j % 2, byte j / 2 (the nibble it meets).
+                for (j, v) in lanes.iter().enumerate() {
+                    let at = lane_at + d * digit_stride + (j % 2) * BLOCK_BYTES + j / 2;
+                    // SAFETY: inside block `block` of the digit part (layout).
+                    unsafe { *digits.add(at) = *v as u8 };
+                }
+            }
+        }
+    }
+    true
+}
+
+fn rows<const GROUP: usize>(
+    w: &QuantizedMatrix,
+    xs: &[f32],
+    m: usize,
+    row_start: usize,
+    out_t: &mut [f32],
+) {
+    assert!(
+        available(),
+        "AVX2 integer kernel called on a CPU without it"
+    );
+    let nrows = out_t.len() / m;
+    let layout = row_layout(w.cols(), GROUP);
+    assert!(row_start + nrows <= w.rows() && xs.len() == m * layout.stride);
+    // SAFETY (both): the CPU has the features (checked above); the tiles only read rows
+    // `row_start..row_start + nrows` of `w` (checked in range) and `m` arranged rows of `xs`.
+    let mut tiles = unsafe { DigitTiles::<Avx2Int, GROUP, MATVEC_ROWS>::new(w, xs, layout) };
+    unsafe { run_passes(&mut tiles, m, row_start, out_t) }
+}
+
+/// The AVX2 integer kernel's tile, for [`DigitTiles`].
+struct Avx2Int;
+
+impl DigitTile for Avx2Int {
+    const LANES: usize = LANES;
+    const PAIRED_FROM_M: usize = 2;
+
+    /// The tile of [`DigitTile::tile`] in AVX2 (per half block: see the module docs). The half
+    /// blocks go one at a time whatever `U` asks (the codes of several would not fit the 16
+    /// registers); each pair's arithmetic is the same in every tile shape.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn tile<const GROUP: usize, const NR: usize, const MR: usize, const U: usize>(
+        w: &QuantizedMatrix,
+        r0: usize,
+        xs: *const f32,
+        layout: RowLayout,
+        scales: &mut [f32],
+        row_step: usize,
+        prefetch: CodePrefetch,
+    ) -> [[f32; MR]; NR] {
+        let cols = w.cols();
+        let groups = cols / GROUP;
+        let padded = groups.next_multiple_of(LANES) + LANES;
+        let row_code_bytes = cols / 2;
+        for r in 0..NR {
+            prefetch.scales_of_row(w, r0 + r * row_step + SCALE_PREFETCH_ROWS);
+        }
+        let mut bias_terms = [[0f32; MR]; NR];
+        for (r, terms) in bias_terms.iter_mut().enumerate() {
+            // SAFETY: forwarded contract; windows r·MR.. of `padded` floats each.
+            *terms = unsafe {
+                prepare_row::<GROUP, MR>(
+                    w,
+                    r0 + r * row_step,
+                    xs,
+                    layout,
+                    &mut scales[r * MR * padded..(r + 1) * MR * padded],
+                    padded,
+                )
+            };
+        }
+        // Which group each lane of a half block belongs to, relative to its first group.
+        let lanes_per_group = (GROUP / PER_LANE).min(LANES);
+        let mut lane_group = [0i32; LANES];
+        for (lane, g) in lane_group.iter_mut().enumerate() {
+            *g = (lane / lanes_per_group) as i32;
+        }
+        // SAFETY: LANES i32.
+        let lane_group = unsafe { _mm256_loadu_si256(lane_group.as_ptr() as *const __m256i) };
+        let halves = cols.div_ceil(BLOCK_COLS / 2);
+        let codes = w.codes().as_ptr().wrapping_add(r0 * row_code_bytes / 4) as *const u8;
+        let row_code_bytes = row_code_bytes * row_step;
+        let digits = xs as *const u8;
+        let stride_bytes = layout.stride * 4;
+        let mut acc = [[_mm256_setzero_ps(); MR]; NR];
+        for half in 0..halves {
+            // Lanes of this half that hold codes (all of them but in a row's last one, when
+            // `cols` is not a multiple of 64).
+            let valid_lanes = ((cols - half * (BLOCK_COLS / 2)) / PER_LANE).min(LANES);
+            // SAFETY (both calls): the valid lanes of the half lie inside every row of the tile;
+            // `scales` holds NR·MR windows.
+            let sums = unsafe {
+                half_sums::<NR, MR>(
+                    codes,
+                    row_code_bytes,
+                    half,
+                    valid_lanes,
+                    digits,
+                    stride_bytes,
+                    prefetch,
+                )
+            };
+            unsafe {
+                accumulate::<GROUP, NR, MR>(&mut acc, &sums, half, scales, padded, lane_group)
+            };
+        }
+        let mut out = [[0f32; MR]; NR];
+        for r in 0..NR {
+            for i in 0..MR {
+                // SAFETY: the row scale lies in arranged row i.
+                let unscale = unsafe { *xs.add(i * layout.stride + layout.unscale_offset) };
+                out[r][i] = sum_lanes(acc[r][i]) * unscale + bias_terms[r][i];
+            }
+        }
+        out
+    }
+}
+
+/// Horizontal sum of 8 lanes.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn sum_lanes(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_shuffle_ps::<0b01>(s, s));
+    _mm_cvtss_f32(s)
+}
+
+/// 8 bf16 values as f32 (exact: the bits shifted into the high half).
+///
+/// # Safety
+/// The CPU must have AVX2; `p` must point to 8 readable `u16`.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn widen_bf16(p: *const u16) -> __m256 {
+    // SAFETY: forwarded contract (16 bytes).
+    let h = unsafe { _mm_loadu_si128(p as *const __m128i) };
+    _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+}
+
+/// Writes, for each of the `MR` activation rows `i`, row `r`'s factors `scale_g · u_{i,g}` into
+/// window `i` of `windows` (`padded` floats each: the groups, then zeros), and returns the bias
+/// terms `Σ_g bias_g · Σ_{j∈g} x_{i,j}` (f32 group sums, summed group by group in 8 lanes as in
+/// the AVX2 lane kernel). One pass over the row's bf16 scales and biases.
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA; `r < w.rows()`; `xs` must point to `MR` arranged rows;
+/// `windows.len() >= MR * padded` with `padded = groups padded to LANES + LANES`, zero past each
+/// window's groups.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn prepare_row<const GROUP: usize, const MR: usize>(
+    w: &QuantizedMatrix,
+    r: usize,
+    xs: *const f32,
+    layout: RowLayout,
+    windows: &mut [f32],
+    padded: usize,
+) -> [f32; MR] {
+    let groups = w.cols() / GROUP;
+    let row_scales = &w.scales()[r * groups..(r + 1) * groups];
+    let row_biases = &w.biases()[r * groups..(r + 1) * groups];
+    let mut bias_acc = [_mm256_setzero_ps(); MR];
+    for g in (0..groups).step_by(LANES) {
+        // The last vector of a row may hold fewer groups: copied out, zero-padded (zero factors
+        // and bias terms).
+        let (s, b) = if g + LANES <= groups {
+            // SAFETY: LANES bf16 of each slice from g.
+            unsafe {
+                (
+                    widen_bf16(row_scales.as_ptr().add(g)),
+                    widen_bf16(row_biases.as_ptr().add(g)),
+                )
+            }
+        } else {
+            let (mut s16, mut b16) = ([0u16; LANES], [0u16; LANES]);
+            s16[..groups - g].copy_from_slice(&row_scales[g..]);
+            b16[..groups - g].copy_from_slice(&row_biases[g..]);
+            // SAFETY: LANES u16 each.
+            unsafe { (widen_bf16(s16.as_ptr()), widen_bf16(b16.as_ptr())) }
+        };
+        for (i, acc) in bias_acc.iter_mut().enumerate() {
+            let row = xs.wrapping_add(i * layout.stride);
+            // SAFETY: units and group sums are zero-padded to whole vectors in each arranged row;
+            // window i holds `padded >= g + LANES` floats.
+            unsafe {
+                let units = _mm256_loadu_ps(row.add(layout.units_offset + g));
+                let sums = _mm256_loadu_ps(row.add(layout.sums_offset + g));
+                _mm256_storeu_ps(
+                    windows.as_mut_ptr().add(i * padded + g),
+                    _mm256_mul_ps(s, units),
+                );
+                *acc = _mm256_fmadd_ps(b, sums, *acc);
+            }
+        }
+    }
+    bias_acc.map(|acc| sum_lanes(acc))
+}
+
+/// `acc += factor · sum` for half block `half` (the integer sums converted to f32): each lane's
+/// factor is its group's `scale_g · u_g` from the window of its (weight row, activation row) pair
+/// (`lane_group` maps lanes to groups when a half block holds two).
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA; `scales` must hold `NR · MR` windows of `padded` floats (the
+/// groups' factors, then at least one vector of zeros).
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+#[allow(clippy::needless_range_loop)] // plain index loops keep the vectors in registers
+unsafe fn accumulate<const GROUP: usize, const NR: usize, const MR: usize>(
+    acc: &mut [[__m256; MR]; NR],
+    sums: &[[__m256i; MR]; NR],
+    half: usize,
+    scales: &[f32],
+    padded: usize,
+    lane_group: __m256i,
+) {
+    let first_group = half * (BLOCK_COLS / 2) / GROUP;
+    for r in 0..NR {
+        for i in 0..MR {
+            let window = scales
+                .as_ptr()
+                .wrapping_add((r * MR + i) * padded + first_group);
+            // SAFETY: first_group < groups and each window is padded by one vector.
+            let factor = unsafe {
+                if GROUP >= BLOCK_COLS / 2 {
+                    _mm256_set1_ps(*window)
+                } else {
+                    _mm256_permutevar8x32_ps(_mm256_loadu_ps(window), lane_group)
+                }
+            };
+            let sum = _mm256_cvtepi32_ps(sums[r][i]);
+            acc[r][i] = _mm256_fmadd_ps(factor, sum, acc[r][i]);
+        }
+    }
+}
+
+/// Each lane's `Σ q · n` of half block `half` (exact `i32`), for `NR` weight rows and `MR`
+/// arranged activation rows; lanes from `valid_lanes` on read as zero codes.
+///
+/// # Safety
+/// The CPU must have AVX2; the first `valid_lanes` lanes of half `half` of each of the `NR` rows
+/// (stride `row_code_bytes` from `codes`) must be readable; `digits` must point to `MR` arranged
+/// rows (`stride_bytes` apart).
+#[target_feature(enable = "avx2")]
+#[inline]
+#[allow(clippy::needless_range_loop)] // `i` also addresses the activation rows
+unsafe fn half_sums<const NR: usize, const MR: usize>(
+    codes: *const u8,
+    row_code_bytes: usize,
+    half: usize,
+    valid_lanes: usize,
+    digits: *const u8,
+    stride_bytes: usize,
+    prefetch: CodePrefetch,
+) -> [[__m256i; MR]; NR] {
+    let nibble = _mm256_set1_epi8(0x0f);
+    let ones = _mm256_set1_epi16(1);
+    let digit_stride = PLANES * BLOCK_BYTES;
+    // The half's place in its block of the shared layout.
+    let (block, second) = (half / 2, half % 2);
+    // Low and high nibbles (as bytes) per row.
+    let mut q = [[_mm256_setzero_si256(); PLANES]; NR];
+    for (r, q) in q.iter_mut().enumerate() {
+        let p = codes.wrapping_add(r * row_code_bytes + half * HALF_BYTES);
+        if second == 0 {
+            prefetch.ahead_of(p);
+        }
+        // SAFETY: the valid lanes lie inside row r (caller's contract).
+        let d = unsafe {
+            if valid_lanes == LANES {
+                _mm256_loadu_si256(p as *const __m256i)
+            } else {
+                let mask = _mm256_cmpgt_epi32(
+                    _mm256_set1_epi32(valid_lanes as i32),
+                    _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                );
+                _mm256_maskload_epi32(p as *const i32, mask)
+            }
+        };
+        q[0] = _mm256_and_si256(d, nibble);
+        q[1] = _mm256_and_si256(_mm256_srli_epi32::<4>(d), nibble);
+    }
+    // Digit sums: the most significant digit first, shifted up 8 bits before each next digit.
+    let mut sums = [[_mm256_setzero_si256(); MR]; NR];
+    for digit in 0..DIGITS {
+        for i in 0..MR {
+            let at = i * stride_bytes
+                + block * BLOCK_DIGIT_BYTES
+                + digit * digit_stride
+                + second * HALF_BYTES;
+            // SAFETY: both planes of digit `digit` of this half of arranged row i.
+            let x = unsafe {
+                [
+                    _mm256_loadu_si256(digits.add(at) as *const __m256i),
+                    _mm256_loadu_si256(digits.add(at + BLOCK_BYTES) as *const __m256i),
+                ]
+            };
+            for r in 0..NR {
+                // |pair| ≤ 2 · 15 · 128 per plane: no saturation, and their sum fits i16.
+                let pairs = _mm256_add_epi16(
+                    _mm256_maddubs_epi16(q[r][0], x[0]),
+                    _mm256_maddubs_epi16(q[r][1], x[1]),
+                );
+                let lane_sums = _mm256_madd_epi16(pairs, ones);
+                let sum = &mut sums[r][i];
+                *sum = if digit == 0 {
+                    lane_sums
+                } else {
+                    _mm256_add_epi32(_mm256_slli_epi32::<8>(*sum), lane_sums)
+                };
+            }
+        }
+    }
+    sums
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::fixed_point::{binade, digits, fixed};
+
+    /// Each column's three digits, read back from an arranged row (the VNNI kernel's layout).
+    fn digits_of(arranged: &[f32], cols: usize, group_size: usize) -> Vec<[i8; DIGITS]> {
+        let layout = row_layout(cols, group_size);
+        let bytes: Vec<i8> = arranged[..layout.digits_len]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .map(|b| b as i8)
+            .collect();
+        (0..cols)
+            .map(|col| {
+                let (block, c) = (col / BLOCK_COLS, col % BLOCK_COLS);
+                let (lane, k) = (c / PER_LANE, c % PER_LANE);
+                // Code k of a lane sits in byte k / 2: the low nibble (plane 0) for even k.
+                let at = block * BLOCK_DIGIT_BYTES + (k % 2) * BLOCK_BYTES + lane * 4 + k / 2;
+                std::array::from_fn(|d| bytes[at + d * PLANES * BLOCK_BYTES])
+            })
+            .collect()
+    }
+
+    #[test]
+    fn arranged_activations_are_the_fixed_point_rule_digit_for_digit() {
+        if !available() {
+            return;
+        }
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut uniform = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 11) as f64 / (1u64 << 53) as f64
+        };
+        for group_size in [32, 64, 128] {
+            let cols = 3 * 128 + group_size;
+            // Magnitudes spread over 2^±40 within a row, so groups differ widely; two rows.
+            let x: Vec<f32> = (0..2 * cols)
+                .map(|_| ((uniform() - 0.5) * 2f64.powf(80.0 * uniform() - 40.0)) as f32)
+                .collect();
+            let arranged = arrange_activations(&x, 2, cols, group_size).unwrap();
+            let layout = row_layout(cols, group_size);
+            for (row, arranged) in x
+                .chunks_exact(cols)
+                .zip(arranged.chunks_exact(layout.stride))
+            {
+                let max = row.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let row_exp = binade(max);
+                assert_eq!(arranged[layout.unscale_offset], pow2(row_exp));
+                let got = digits_of(arranged, cols, group_size);
+                for (g, group) in row.chunks_exact(group_size).enumerate() {
+                    let group_max = group.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    let unit_exp = group_unit_exp(group_max * pow2(-row_exp));
+                    assert_eq!(arranged[layout.units_offset + g], pow2(unit_exp));
+                    assert_eq!(
+                        arranged[layout.sums_offset + g],
+                        group.iter().sum::<f32>(),
+                        "group size {group_size}, group {g}"
+                    );
+                    for (j, &v) in group.iter().enumerate() {
+                        let want = digits(fixed(v, row_exp, unit_exp));
+                        assert_eq!(
+                            got[g * group_size + j],
+                            want,
+                            "column {j} of group {g}: {v}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// The VNNI kernel's arrangement, where this CPU has it, holds the same digits, units and
+    /// row scale (its group sums are added in another order): one layout, one rule.
+    #[test]
+    fn arranged_digits_equal_the_vnni_kernels() {
+        if !available() || !crate::quant::vnni::available() {
+            return;
+        }
+        let x: Vec<f32> = (0..2 * 320)
+            .map(|j| ((j * 7919) % 1013) as f32 * 1e-3 - 0.5)
+            .collect();
+        for group_size in [32, 64] {
+            let layout = row_layout(320, group_size);
+            let ours = arrange_activations(&x, 2, 320, group_size).unwrap();
+            let vnni = crate::quant::vnni::arrange_activations(&x, 2, 320, group_size).unwrap();
+            for (a, b) in ours
+                .chunks_exact(layout.stride)
+                .zip(vnni.chunks_exact(layout.stride))
+            {
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&a[..layout.sums_offset]),
+                    bits(&b[..layout.sums_offset]),
+                    "group size {group_size}"
+                );
+                assert_eq!(a[layout.unscale_offset], b[layout.unscale_offset]);
+            }
+        }
+    }
+
+    #[test]
+    fn rows_it_cannot_hold_are_refused_and_zero_rows_accepted() {
+        if !available() {
+            return;
+        }
+        let mut x = vec![0.5f32; 64];
+        assert!(arrange_activations(&x, 1, 64, 32).is_some());
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            x[17] = bad;
+            assert!(arrange_activations(&x, 1, 64, 32).is_none(), "{bad}");
+        }
+        let subnormal = vec![1e-40f32; 64];
+        assert!(arrange_activations(&subnormal, 1, 64, 32).is_none());
+        let zeros = vec![0f32; 64];
+        let arranged = arrange_activations(&zeros, 1, 64, 32).unwrap();
+        assert!(digits_of(&arranged, 64, 32).iter().all(|d| *d == [0; 3]));
+        assert_eq!(arranged[row_layout(64, 32).unscale_offset], 1.0);
+    }
+}
