@@ -76,10 +76,10 @@ fn ffma(a: F, b: F, c: F) -> F {
     _mm256_fmadd_ps(a, b, c)
 }
 
-/// Horizontal sum of 8 lanes.
+/// Horizontal sum of 8 lanes (also the AVX2 integer kernel's).
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-fn fsum(v: F) -> f32 {
+pub(crate) fn fsum(v: F) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_shuffle_ps::<0b01>(s, s));
@@ -123,7 +123,7 @@ unsafe fn iload_lanes(p: *const i32, n: usize) -> I {
 /// `p` must point to 8 readable `u16`.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn widen_bf16(p: *const u16) -> F {
+pub(crate) unsafe fn widen_bf16(p: *const u16) -> F {
     // SAFETY: forwarded contract (16 bytes).
     let h = unsafe { _mm_loadu_si128(p as *const __m128i) };
     _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))

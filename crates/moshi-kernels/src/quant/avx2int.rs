@@ -23,6 +23,7 @@
 
 use std::arch::x86_64::*;
 
+use crate::quant::avx2::{fsum, widen_bf16};
 use crate::quant::fixed_point::{
     arrange_rows, group_unit_exp, pow2, DigitTile, DigitTiles, RowLayout, RowScale, DIGITS,
 };
@@ -294,33 +295,11 @@ impl DigitTile for Avx2Int {
             for i in 0..MR {
                 // SAFETY: the row scale lies in arranged row i.
                 let unscale = unsafe { *xs.add(i * layout.stride + layout.unscale_offset) };
-                out[r][i] = sum_lanes(acc[r][i]) * unscale + bias_terms[r][i];
+                out[r][i] = fsum(acc[r][i]) * unscale + bias_terms[r][i];
             }
         }
         out
     }
-}
-
-/// Horizontal sum of 8 lanes.
-#[target_feature(enable = "avx2")]
-#[inline]
-fn sum_lanes(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_shuffle_ps::<0b01>(s, s));
-    _mm_cvtss_f32(s)
-}
-
-/// 8 bf16 values as f32 (exact: the bits shifted into the high half).
-///
-/// # Safety
-/// The CPU must have AVX2; `p` must point to 8 readable `u16`.
-#[target_feature(enable = "avx2")]
-#[inline]
-unsafe fn widen_bf16(p: *const u16) -> __m256 {
-    // SAFETY: forwarded contract (16 bytes).
-    let h = unsafe { _mm_loadu_si128(p as *const __m128i) };
-    _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
 }
 
 /// Writes, for each of the `MR` activation rows `i`, row `r`'s factors `scale_g · u_{i,g}` into
@@ -379,7 +358,7 @@ unsafe fn prepare_row<const GROUP: usize, const MR: usize>(
             }
         }
     }
-    bias_acc.map(|acc| sum_lanes(acc))
+    bias_acc.map(|acc| fsum(acc))
 }
 
 /// `acc += factor · sum` for half block `half` (the integer sums converted to f32): each lane's
