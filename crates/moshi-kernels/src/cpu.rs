@@ -18,10 +18,10 @@ pub const KERNEL_ENV: &str = "MOSHI_KERNEL";
 pub const LEGACY_KERNEL_ENV: &str = "MOSHI_QUANT_KERNEL";
 
 /// What a process's quantized products mostly are. Where the fastest kernel differs, it decides
-/// [`Kernel::detect`]'s default: on x86-64 with AVX2 but no AVX-512, 4-bit products of one
-/// activation row ran 1.3x faster with the integer kernel ([`Kernel::Avx2Int`]: the 7B's LM step
-/// 0.71-0.78x of the f32 kernel's time), but 1.6-2.1x slower with 4 rows, whose decode the f32
-/// kernel shares (Zen 3, `moshi-rs bench --layers 2`, docs/performance.md).
+/// [`Kernel::detect`]'s default: on x86-64 with AVX2 but no AVX-512, the 7B's LM step for one
+/// session took 0.71-0.86x of the f32 kernel's time with the integer kernel
+/// ([`Kernel::Avx2Int`]), but 1.6-2.1x of it for 4 sessions, whose 4-row products share the f32
+/// kernel's decode (Zen 3, `moshi-rs bench --layers 2`, docs/performance.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Workload {
     /// One activation row per product: one conversation (`chat`, `file`). The default.
@@ -89,7 +89,8 @@ impl Kernel {
         Kernel::NeonDot,
     ];
 
-    /// Short name (`"portable"`, `"avx2"`, `"avx2int"`, `"avx512"`, `"avx512vnni"`, `"neon"`, `"neondot"`).
+    /// Short name (`"portable"`, `"avx2"`, `"avx2int"`, `"avx512"`, `"avx512vnni"`, `"neon"`,
+    /// `"neondot"`).
     pub fn name(self) -> &'static str {
         match self {
             Kernel::Portable => "portable",
