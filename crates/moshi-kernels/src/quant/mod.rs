@@ -210,32 +210,25 @@ struct Plan {
 fn plan(kernel: Kernel, bits: u32, group_size: usize) -> Plan {
     #[cfg(target_arch = "x86_64")]
     {
+        // The integer kernels take 4-bit codes; 8-bit ones go to their f32 sibling (see `vnni`,
+        // `avx2int`).
+        let digits = match kernel {
+            Kernel::Avx512Vnni => vnni::select(bits, group_size),
+            Kernel::Avx2Int => avx2int::select(bits, group_size),
+            _ => None,
+        };
+        if let Some(rows_fn) = digits {
+            return Plan {
+                layout: Layout::Digits,
+                rows_fn,
+            };
+        }
         let lane_kernel = match kernel {
-            Kernel::Avx512 => {
+            Kernel::Avx512 | Kernel::Avx512Vnni => {
                 avx512::select(bits, group_size).map(|f| (f, avx512::LANES, avx512::TOP_UNSCALED))
             }
-            Kernel::Avx2 => {
+            Kernel::Avx2 | Kernel::Avx2Int => {
                 avx2::select(bits, group_size).map(|f| (f, avx2::LANES, avx2::TOP_UNSCALED))
-            }
-            Kernel::Avx2Int => {
-                if let Some(rows_fn) = avx2int::select(bits, group_size) {
-                    return Plan {
-                        layout: Layout::Digits,
-                        rows_fn,
-                    };
-                }
-                // 8-bit codes: the f32 AVX2 kernel (see `avx2int`).
-                avx2::select(bits, group_size).map(|f| (f, avx2::LANES, avx2::TOP_UNSCALED))
-            }
-            Kernel::Avx512Vnni => {
-                if let Some(rows_fn) = vnni::select(bits, group_size) {
-                    return Plan {
-                        layout: Layout::Digits,
-                        rows_fn,
-                    };
-                }
-                // 8-bit codes: the f32 AVX-512 kernel (see `vnni`).
-                avx512::select(bits, group_size).map(|f| (f, avx512::LANES, avx512::TOP_UNSCALED))
             }
             Kernel::Portable | Kernel::Neon | Kernel::NeonDot => None,
         };
