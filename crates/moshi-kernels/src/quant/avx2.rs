@@ -30,7 +30,7 @@ fn available() -> bool {
 
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-fn fzero() -> F {
+pub(crate) fn fzero() -> F {
     _mm256_setzero_ps()
 }
 
@@ -44,7 +44,7 @@ fn izero() -> I {
 /// `p` must point to 8 readable floats.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn fload(p: *const f32) -> F {
+pub(crate) unsafe fn fload(p: *const f32) -> F {
     // SAFETY: forwarded contract.
     unsafe { _mm256_loadu_ps(p) }
 }
@@ -53,7 +53,7 @@ unsafe fn fload(p: *const f32) -> F {
 /// `p` must point to 8 writable floats.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn fstore(p: *mut f32, v: F) {
+pub(crate) unsafe fn fstore(p: *mut f32, v: F) {
     // SAFETY: forwarded contract.
     unsafe { _mm256_storeu_ps(p, v) }
 }
@@ -66,13 +66,13 @@ fn fset1(v: f32) -> F {
 
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-fn fmul(a: F, b: F) -> F {
+pub(crate) fn fmul(a: F, b: F) -> F {
     _mm256_mul_ps(a, b)
 }
 
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-fn ffma(a: F, b: F, c: F) -> F {
+pub(crate) fn ffma(a: F, b: F, c: F) -> F {
     _mm256_fmadd_ps(a, b, c)
 }
 

@@ -23,12 +23,12 @@
 
 use std::arch::x86_64::*;
 
-use crate::quant::avx2::{fsum, widen_bf16};
+use crate::quant::avx2::{ffma, fload, fmul, fstore, fsum, fzero, widen_bf16};
 use crate::quant::fixed_point::{
-    arrange_rows, group_unit_exp, pow2, DigitTile, DigitTiles, RowLayout, RowScale, DIGITS,
+    arrange_rows, group_unit_exp, pow2, run_tiles, DigitTile, RowLayout, RowScale, DIGITS,
 };
-use crate::quant::passes::run_passes;
-use crate::quant::{CodePrefetch, RowRangeFn, SCALE_PREFETCH_ROWS};
+use crate::quant::lanes::lane_groups;
+use crate::quant::{CodePrefetch, RowRangeFn};
 use crate::QuantizedMatrix;
 
 /// `i32` lanes per vector (and `u32` code words per half block).
@@ -206,63 +206,44 @@ fn rows<const GROUP: usize>(
         available(),
         "AVX2 integer kernel called on a CPU without it"
     );
-    let nrows = out_t.len() / m;
     let layout = row_layout(w.cols(), GROUP);
-    assert!(row_start + nrows <= w.rows() && xs.len() == m * layout.stride);
-    // SAFETY (both): the CPU has the features (checked above); the tiles only read rows
-    // `row_start..row_start + nrows` of `w` (checked in range) and `m` arranged rows of `xs`.
-    let mut tiles = unsafe { DigitTiles::<Avx2Int, GROUP, MATVEC_ROWS>::new(w, xs, layout) };
-    unsafe { run_passes(&mut tiles, m, row_start, out_t) }
+    // SAFETY: the CPU has the features (checked above).
+    unsafe { run_tiles::<Avx2Int, GROUP, MATVEC_ROWS>(w, xs, m, row_start, out_t, layout) }
 }
 
-/// The AVX2 integer kernel's tile, for [`DigitTiles`].
+/// The AVX2 integer kernel's vector code, for [`DigitTiles`].
 struct Avx2Int;
 
 impl DigitTile for Avx2Int {
     const LANES: usize = LANES;
     const PAIRED_FROM_M: usize = 2;
 
-    /// The tile of [`DigitTile::tile`] in AVX2 (per half block: see the module docs). The half
-    /// blocks go one at a time whatever `U` asks (the codes of several would not fit the 16
-    /// registers); each pair's arithmetic is the same in every tile shape.
+    digit_prepare_row!("avx2,fma");
+
+    /// The block loop of [`DigitTile::factored_sums`] in AVX2 (per half block: see the module
+    /// docs). The half blocks go one at a time whatever `U` asks (the codes of several would not
+    /// fit the 16 registers); each pair's arithmetic is the same in every tile shape.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
-    unsafe fn tile<const GROUP: usize, const NR: usize, const MR: usize, const U: usize>(
+    unsafe fn factored_sums<
+        const GROUP: usize,
+        const NR: usize,
+        const MR: usize,
+        const U: usize,
+    >(
         w: &QuantizedMatrix,
         r0: usize,
         xs: *const f32,
         layout: RowLayout,
-        scales: &mut [f32],
+        windows: &[f32],
+        window_len: usize,
         row_step: usize,
         prefetch: CodePrefetch,
     ) -> [[f32; MR]; NR] {
         let cols = w.cols();
-        let groups = cols / GROUP;
-        let padded = groups.next_multiple_of(LANES) + LANES;
         let row_code_bytes = cols / 2;
-        for r in 0..NR {
-            prefetch.scales_of_row(w, r0 + r * row_step + SCALE_PREFETCH_ROWS);
-        }
-        let mut bias_terms = [[0f32; MR]; NR];
-        for (r, terms) in bias_terms.iter_mut().enumerate() {
-            // SAFETY: forwarded contract; windows r·MR.. of `padded` floats each.
-            *terms = unsafe {
-                prepare_row::<GROUP, MR>(
-                    w,
-                    r0 + r * row_step,
-                    xs,
-                    layout,
-                    &mut scales[r * MR * padded..(r + 1) * MR * padded],
-                    padded,
-                )
-            };
-        }
         // Which group each lane of a half block belongs to, relative to its first group.
-        let lanes_per_group = (GROUP / PER_LANE).min(LANES);
-        let mut lane_group = [0i32; LANES];
-        for (lane, g) in lane_group.iter_mut().enumerate() {
-            *g = (lane / lanes_per_group) as i32;
-        }
+        let lane_group = lane_groups::<LANES>(GROUP, PER_LANE);
         // SAFETY: LANES i32.
         let lane_group = unsafe { _mm256_loadu_si256(lane_group.as_ptr() as *const __m256i) };
         let halves = cols.div_ceil(BLOCK_COLS / 2);
@@ -276,7 +257,7 @@ impl DigitTile for Avx2Int {
             // `cols` is not a multiple of 64).
             let valid_lanes = ((cols - half * (BLOCK_COLS / 2)) / PER_LANE).min(LANES);
             // SAFETY (both calls): the valid lanes of the half lie inside every row of the tile;
-            // `scales` holds NR·MR windows.
+            // `windows` holds NR·MR windows.
             let sums = unsafe {
                 half_sums::<NR, MR>(
                     codes,
@@ -289,78 +270,11 @@ impl DigitTile for Avx2Int {
                 )
             };
             unsafe {
-                accumulate::<GROUP, NR, MR>(&mut acc, &sums, half, scales, padded, lane_group)
+                accumulate::<GROUP, NR, MR>(&mut acc, &sums, half, windows, window_len, lane_group)
             };
         }
-        let mut out = [[0f32; MR]; NR];
-        for r in 0..NR {
-            for i in 0..MR {
-                // SAFETY: the row scale lies in arranged row i.
-                let unscale = unsafe { *xs.add(i * layout.stride + layout.unscale_offset) };
-                out[r][i] = fsum(acc[r][i]) * unscale + bias_terms[r][i];
-            }
-        }
-        out
+        acc.map(|row| row.map(|acc| fsum(acc)))
     }
-}
-
-/// Writes, for each of the `MR` activation rows `i`, row `r`'s factors `scale_g · u_{i,g}` into
-/// window `i` of `windows` (`padded` floats each: the groups, then zeros), and returns the bias
-/// terms `Σ_g bias_g · Σ_{j∈g} x_{i,j}` (f32 group sums, summed group by group in 8 lanes as in
-/// the AVX2 lane kernel). One pass over the row's bf16 scales and biases.
-///
-/// # Safety
-/// The CPU must have AVX2 and FMA; `r < w.rows()`; `xs` must point to `MR` arranged rows;
-/// `windows.len() >= MR * padded` with `padded = groups padded to LANES + LANES`, zero past each
-/// window's groups.
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-unsafe fn prepare_row<const GROUP: usize, const MR: usize>(
-    w: &QuantizedMatrix,
-    r: usize,
-    xs: *const f32,
-    layout: RowLayout,
-    windows: &mut [f32],
-    padded: usize,
-) -> [f32; MR] {
-    let groups = w.cols() / GROUP;
-    let row_scales = &w.scales()[r * groups..(r + 1) * groups];
-    let row_biases = &w.biases()[r * groups..(r + 1) * groups];
-    let mut bias_acc = [_mm256_setzero_ps(); MR];
-    for g in (0..groups).step_by(LANES) {
-        // The last vector of a row may hold fewer groups: copied out, zero-padded (zero factors
-        // and bias terms).
-        let (s, b) = if g + LANES <= groups {
-            // SAFETY: LANES bf16 of each slice from g.
-            unsafe {
-                (
-                    widen_bf16(row_scales.as_ptr().add(g)),
-                    widen_bf16(row_biases.as_ptr().add(g)),
-                )
-            }
-        } else {
-            let (mut s16, mut b16) = ([0u16; LANES], [0u16; LANES]);
-            s16[..groups - g].copy_from_slice(&row_scales[g..]);
-            b16[..groups - g].copy_from_slice(&row_biases[g..]);
-            // SAFETY: LANES u16 each.
-            unsafe { (widen_bf16(s16.as_ptr()), widen_bf16(b16.as_ptr())) }
-        };
-        for (i, acc) in bias_acc.iter_mut().enumerate() {
-            let row = xs.wrapping_add(i * layout.stride);
-            // SAFETY: units and group sums are zero-padded to whole vectors in each arranged row;
-            // window i holds `padded >= g + LANES` floats.
-            unsafe {
-                let units = _mm256_loadu_ps(row.add(layout.units_offset + g));
-                let sums = _mm256_loadu_ps(row.add(layout.sums_offset + g));
-                _mm256_storeu_ps(
-                    windows.as_mut_ptr().add(i * padded + g),
-                    _mm256_mul_ps(s, units),
-                );
-                *acc = _mm256_fmadd_ps(b, sums, *acc);
-            }
-        }
-    }
-    bias_acc.map(|acc| fsum(acc))
 }
 
 /// `acc += factor · sum` for half block `half` (the integer sums converted to f32): each lane's
@@ -368,8 +282,8 @@ unsafe fn prepare_row<const GROUP: usize, const MR: usize>(
 /// (`lane_group` maps lanes to groups when a half block holds two).
 ///
 /// # Safety
-/// The CPU must have AVX2 and FMA; `scales` must hold `NR · MR` windows of `padded` floats (the
-/// groups' factors, then at least one vector of zeros).
+/// The CPU must have AVX2 and FMA; `windows` must hold `NR · MR` windows of `window_len` floats
+/// (the groups' factors, then at least one vector of zeros).
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 #[allow(clippy::needless_range_loop)] // plain index loops keep the vectors in registers
@@ -377,16 +291,16 @@ unsafe fn accumulate<const GROUP: usize, const NR: usize, const MR: usize>(
     acc: &mut [[__m256; MR]; NR],
     sums: &[[__m256i; MR]; NR],
     half: usize,
-    scales: &[f32],
-    padded: usize,
+    windows: &[f32],
+    window_len: usize,
     lane_group: __m256i,
 ) {
     let first_group = half * (BLOCK_COLS / 2) / GROUP;
     for r in 0..NR {
         for i in 0..MR {
-            let window = scales
+            let window = windows
                 .as_ptr()
-                .wrapping_add((r * MR + i) * padded + first_group);
+                .wrapping_add((r * MR + i) * window_len + first_group);
             // SAFETY: first_group < groups and each window is padded by one vector.
             let factor = unsafe {
                 if GROUP >= BLOCK_COLS / 2 {
@@ -484,75 +398,18 @@ unsafe fn half_sums<const NR: usize, const MR: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::fixed_point::{binade, digits, fixed};
-
-    /// Each column's three digits, read back from an arranged row (the VNNI kernel's layout).
-    fn digits_of(arranged: &[f32], cols: usize, group_size: usize) -> Vec<[i8; DIGITS]> {
-        let layout = row_layout(cols, group_size);
-        let bytes: Vec<i8> = arranged[..layout.digits_len]
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .map(|b| b as i8)
-            .collect();
-        (0..cols)
-            .map(|col| {
-                let (block, c) = (col / BLOCK_COLS, col % BLOCK_COLS);
-                let (lane, k) = (c / PER_LANE, c % PER_LANE);
-                // Code k of a lane sits in byte k / 2: the low nibble (plane 0) for even k.
-                let at = block * BLOCK_DIGIT_BYTES + (k % 2) * BLOCK_BYTES + lane * 4 + k / 2;
-                std::array::from_fn(|d| bytes[at + d * PLANES * BLOCK_BYTES])
-            })
-            .collect()
-    }
+    use crate::quant::fixed_point::checks;
 
     #[test]
     fn arranged_activations_are_the_fixed_point_rule_digit_for_digit() {
         if !available() {
             return;
         }
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut uniform = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 11) as f64 / (1u64 << 53) as f64
-        };
-        for group_size in [32, 64, 128] {
-            let cols = 3 * 128 + group_size;
-            // Magnitudes spread over 2^±40 within a row, so groups differ widely; two rows.
-            let x: Vec<f32> = (0..2 * cols)
-                .map(|_| ((uniform() - 0.5) * 2f64.powf(80.0 * uniform() - 40.0)) as f32)
-                .collect();
-            let arranged = arrange_activations(&x, 2, cols, group_size).unwrap();
-            let layout = row_layout(cols, group_size);
-            for (row, arranged) in x
-                .chunks_exact(cols)
-                .zip(arranged.chunks_exact(layout.stride))
-            {
-                let max = row.iter().fold(0f32, |m, v| m.max(v.abs()));
-                let row_exp = binade(max);
-                assert_eq!(arranged[layout.unscale_offset], pow2(row_exp));
-                let got = digits_of(arranged, cols, group_size);
-                for (g, group) in row.chunks_exact(group_size).enumerate() {
-                    let group_max = group.iter().fold(0f32, |m, v| m.max(v.abs()));
-                    let unit_exp = group_unit_exp(group_max * pow2(-row_exp));
-                    assert_eq!(arranged[layout.units_offset + g], pow2(unit_exp));
-                    assert_eq!(
-                        arranged[layout.sums_offset + g],
-                        group.iter().sum::<f32>(),
-                        "group size {group_size}, group {g}"
-                    );
-                    for (j, &v) in group.iter().enumerate() {
-                        let want = digits(fixed(v, row_exp, unit_exp));
-                        assert_eq!(
-                            got[g * group_size + j],
-                            want,
-                            "column {j} of group {g}: {v}"
-                        );
-                    }
-                }
-            }
-        }
+        checks::arrangement_follows_the_rule(
+            arrange_activations,
+            row_layout,
+            checks::GroupSums::ColumnOrder,
+        );
     }
 
     /// The VNNI kernel's arrangement, where this CPU has it, holds the same digits, units and
@@ -589,17 +446,6 @@ mod tests {
         if !available() {
             return;
         }
-        let mut x = vec![0.5f32; 64];
-        assert!(arrange_activations(&x, 1, 64, 32).is_some());
-        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
-            x[17] = bad;
-            assert!(arrange_activations(&x, 1, 64, 32).is_none(), "{bad}");
-        }
-        let subnormal = vec![1e-40f32; 64];
-        assert!(arrange_activations(&subnormal, 1, 64, 32).is_none());
-        let zeros = vec![0f32; 64];
-        let arranged = arrange_activations(&zeros, 1, 64, 32).unwrap();
-        assert!(digits_of(&arranged, 64, 32).iter().all(|d| *d == [0; 3]));
-        assert_eq!(arranged[row_layout(64, 32).unscale_offset], 1.0);
+        checks::refuses_what_it_cannot_hold(arrange_activations, row_layout);
     }
 }

@@ -23,7 +23,7 @@ fn available() -> bool {
 
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn fzero() -> F {
+pub(crate) fn fzero() -> F {
     _mm512_setzero_ps()
 }
 
@@ -37,7 +37,7 @@ fn izero() -> I {
 /// `p` must point to 16 readable floats.
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn fload(p: *const f32) -> F {
+pub(crate) unsafe fn fload(p: *const f32) -> F {
     // SAFETY: forwarded contract.
     unsafe { _mm512_loadu_ps(p) }
 }
@@ -46,7 +46,7 @@ unsafe fn fload(p: *const f32) -> F {
 /// `p` must point to 16 writable floats.
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn fstore(p: *mut f32, v: F) {
+pub(crate) unsafe fn fstore(p: *mut f32, v: F) {
     // SAFETY: forwarded contract.
     unsafe { _mm512_storeu_ps(p, v) }
 }
@@ -59,19 +59,19 @@ fn fset1(v: f32) -> F {
 
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn fmul(a: F, b: F) -> F {
+pub(crate) fn fmul(a: F, b: F) -> F {
     _mm512_mul_ps(a, b)
 }
 
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn ffma(a: F, b: F, c: F) -> F {
+pub(crate) fn ffma(a: F, b: F, c: F) -> F {
     _mm512_fmadd_ps(a, b, c)
 }
 
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn fsum(v: F) -> f32 {
+pub(crate) fn fsum(v: F) -> f32 {
     _mm512_reduce_add_ps(v)
 }
 
@@ -108,7 +108,7 @@ unsafe fn iload_lanes(p: *const i32, n: usize) -> I {
 /// `p` must point to 16 readable `u16`.
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn widen_bf16(p: *const u16) -> F {
+pub(crate) unsafe fn widen_bf16(p: *const u16) -> F {
     // SAFETY: forwarded contract (32 bytes).
     let h = unsafe { _mm256_loadu_si256(p as *const __m256i) };
     _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))

@@ -31,10 +31,10 @@ use std::arch::aarch64::*;
 use std::arch::asm;
 
 use crate::quant::fixed_point::{
-    arrange_rows, group_unit_exp, pow2, DigitTile, DigitTiles, RowLayout, RowScale, DIGITS,
+    arrange_rows, group_unit_exp, pow2, run_tiles, DigitTile, RowLayout, RowScale, DIGITS,
 };
-use crate::quant::passes::run_passes;
-use crate::quant::{CodePrefetch, RowRangeFn, SCALE_PREFETCH_ROWS};
+use crate::quant::neon::{ffma, fload, fmul, fstore, fsum, fzero, widen_bf16};
+use crate::quant::{CodePrefetch, RowRangeFn};
 use crate::QuantizedMatrix;
 
 /// `i32` lanes per vector (and `u32` code words per block).
@@ -201,16 +201,12 @@ fn rows<const GROUP: usize>(
         available(),
         "NEON dot-product kernel called on a CPU without it"
     );
-    let nrows = out_t.len() / m;
     let layout = row_layout(w.cols(), GROUP);
-    assert!(row_start + nrows <= w.rows() && xs.len() == m * layout.stride);
-    // SAFETY (both): the CPU has the dot product (checked above); the tiles only read rows
-    // `row_start..row_start + nrows` of `w` (checked in range) and `m` arranged rows of `xs`.
-    let mut tiles = unsafe { DigitTiles::<NeonDot, GROUP, MATVEC_ROWS>::new(w, xs, layout) };
-    unsafe { run_passes(&mut tiles, m, row_start, out_t) }
+    // SAFETY: the CPU has the dot product (checked above).
+    unsafe { run_tiles::<NeonDot, GROUP, MATVEC_ROWS>(w, xs, m, row_start, out_t, layout) }
 }
 
-/// The NEON dot-product kernel's tile, for [`DigitTiles`].
+/// The NEON dot-product kernel's vector code, for [`DigitTiles`].
 struct NeonDot;
 
 impl DigitTile for NeonDot {
@@ -218,38 +214,30 @@ impl DigitTile for NeonDot {
     // One weight row per matrix-matrix tile (two, as on x86, not measured on an aarch64 machine).
     const PAIRED_FROM_M: usize = usize::MAX;
 
-    /// The tile of [`DigitTile::tile`] in NEON with `sdot` (per block: see the module docs).
+    digit_prepare_row!("neon");
+
+    /// The block loop of [`DigitTile::factored_sums`] in NEON with `sdot` (per block: see the
+    /// module docs).
     #[target_feature(enable = "neon,dotprod")]
     #[inline]
-    unsafe fn tile<const GROUP: usize, const NR: usize, const MR: usize, const U: usize>(
+    unsafe fn factored_sums<
+        const GROUP: usize,
+        const NR: usize,
+        const MR: usize,
+        const U: usize,
+    >(
         w: &QuantizedMatrix,
         r0: usize,
         xs: *const f32,
         layout: RowLayout,
-        factors: &mut [f32],
+        windows: &[f32],
+        window_len: usize,
         row_step: usize,
         prefetch: CodePrefetch,
     ) -> [[f32; MR]; NR] {
         let cols = w.cols();
         let blocks = cols / BLOCK_COLS;
-        let groups = cols / GROUP;
         let row_code_bytes = cols / 2;
-        for r in 0..NR {
-            prefetch.scales_of_row(w, r0 + r * row_step + SCALE_PREFETCH_ROWS);
-        }
-        let mut bias_terms = [[0f32; MR]; NR];
-        for (r, terms) in bias_terms.iter_mut().enumerate() {
-            // SAFETY: forwarded contract; windows r·MR.. of `groups` floats each.
-            *terms = unsafe {
-                prepare_row::<GROUP, MR>(
-                    w,
-                    r0 + r * row_step,
-                    xs,
-                    layout,
-                    &mut factors[r * MR * groups..(r + 1) * MR * groups],
-                )
-            };
-        }
         let codes = w.codes().as_ptr().wrapping_add(r0 * row_code_bytes / 4) as *const u8;
         let row_code_bytes = row_code_bytes * row_step;
         let digits = xs as *const i8;
@@ -257,12 +245,11 @@ impl DigitTile for NeonDot {
         let mut acc = [[vdupq_n_f32(0.0); MR]; NR];
         let mut b = 0;
         while b + U <= blocks {
-            // SAFETY (both calls): blocks b..b + U lie inside every row of the tile; `factors`
-            // holds NR·MR windows.
+            // SAFETY: blocks b..b + U lie inside every row of the tile.
             let sums = unsafe {
                 block_sums::<NR, MR, U>(codes, row_code_bytes, b, digits, stride_bytes, prefetch)
             };
-            accumulate::<GROUP, NR, MR, U>(&mut acc, &sums, b, factors, groups);
+            accumulate::<GROUP, NR, MR, U>(&mut acc, &sums, b, windows, window_len);
             b += U;
         }
         while b < blocks {
@@ -270,77 +257,16 @@ impl DigitTile for NeonDot {
             let sums = unsafe {
                 block_sums::<NR, MR, 1>(codes, row_code_bytes, b, digits, stride_bytes, prefetch)
             };
-            accumulate::<GROUP, NR, MR, 1>(&mut acc, &sums, b, factors, groups);
+            accumulate::<GROUP, NR, MR, 1>(&mut acc, &sums, b, windows, window_len);
             b += 1;
         }
-        let mut out = [[0f32; MR]; NR];
-        for r in 0..NR {
-            for i in 0..MR {
-                // SAFETY: the row scale lies in arranged row i.
-                let unscale = unsafe { *xs.add(i * layout.stride + layout.unscale_offset) };
-                out[r][i] = vaddvq_f32(acc[r][i]) * unscale + bias_terms[r][i];
-            }
-        }
-        out
+        acc.map(|row| row.map(|acc| fsum(acc)))
     }
-}
-
-/// Writes, for each of the `MR` activation rows `i`, row `r`'s factors `scale_g · u_{i,g}` into
-/// window `i` of `windows` (`groups` floats each), and returns the bias terms
-/// `Σ_g bias_g · Σ_{j∈g} x_{i,j}` (f32 group sums, summed group by group in 4 lanes). One pass
-/// over the row's bf16 scales and biases.
-///
-/// # Safety
-/// `r < w.rows()`; `xs` must point to `MR` arranged rows; `windows.len() >= MR * groups`.
-#[target_feature(enable = "neon")]
-#[inline]
-unsafe fn prepare_row<const GROUP: usize, const MR: usize>(
-    w: &QuantizedMatrix,
-    r: usize,
-    xs: *const f32,
-    layout: RowLayout,
-    windows: &mut [f32],
-) -> [f32; MR] {
-    let groups = w.cols() / GROUP;
-    let row_scales = &w.scales()[r * groups..(r + 1) * groups];
-    let row_biases = &w.biases()[r * groups..(r + 1) * groups];
-    let mut bias_acc = [vdupq_n_f32(0.0); MR];
-    for g in (0..groups).step_by(LANES) {
-        // bf16 → f32: the 16 bits as the high half of an f32. The last vector of a row may hold
-        // fewer groups: copied out, zero-padded (zero factors and bias terms).
-        let n = (groups - g).min(LANES);
-        let (mut s16, mut b16) = ([0u16; LANES], [0u16; LANES]);
-        s16[..n].copy_from_slice(&row_scales[g..g + n]);
-        b16[..n].copy_from_slice(&row_biases[g..g + n]);
-        // SAFETY: LANES u16 each.
-        let (s, b) = unsafe {
-            (
-                vreinterpretq_f32_u32(vshll_n_u16::<16>(vld1_u16(s16.as_ptr()))),
-                vreinterpretq_f32_u32(vshll_n_u16::<16>(vld1_u16(b16.as_ptr()))),
-            )
-        };
-        for (i, acc) in bias_acc.iter_mut().enumerate() {
-            let row = xs.wrapping_add(i * layout.stride);
-            // SAFETY: units and group sums are zero-padded to whole vectors in each arranged row.
-            let (units, sums) = unsafe {
-                (
-                    vld1q_f32(row.add(layout.units_offset + g)),
-                    vld1q_f32(row.add(layout.sums_offset + g)),
-                )
-            };
-            let mut factors = [0f32; LANES];
-            // SAFETY: LANES floats.
-            unsafe { vst1q_f32(factors.as_mut_ptr(), vmulq_f32(s, units)) };
-            windows[i * groups + g..i * groups + g + n].copy_from_slice(&factors[..n]);
-            *acc = vfmaq_f32(*acc, b, sums);
-        }
-    }
-    bias_acc.map(|acc| vaddvq_f32(acc))
 }
 
 /// `acc += factor · sum` for each block from `b` on (the integer sums converted to f32): the
 /// factor `scale_g · u_g` of the block's group, from the window of its (weight row, activation
-/// row) pair (a block lies inside one group).
+/// row) pair (`window_len` floats each; a block lies inside one group).
 #[target_feature(enable = "neon")]
 #[inline]
 #[allow(clippy::needless_range_loop)] // plain index loops keep the vectors in registers
@@ -348,14 +274,14 @@ fn accumulate<const GROUP: usize, const NR: usize, const MR: usize, const U: usi
     acc: &mut [[float32x4_t; MR]; NR],
     sums: &[[[int32x4_t; MR]; NR]; U],
     b: usize,
-    factors: &[f32],
-    groups: usize,
+    windows: &[f32],
+    window_len: usize,
 ) {
     for u in 0..U {
         let group = (b + u) * BLOCK_COLS / GROUP;
         for r in 0..NR {
             for i in 0..MR {
-                let factor = factors[(r * MR + i) * groups + group];
+                let factor = windows[(r * MR + i) * window_len + group];
                 acc[r][i] = vfmaq_n_f32(acc[r][i], vcvtq_f32_s32(sums[u][r][i]), factor);
             }
         }
@@ -441,74 +367,18 @@ unsafe fn block_sums<const NR: usize, const MR: usize, const U: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::fixed_point::{binade, digits, fixed};
-
-    /// Each column's three digits, read back from an arranged row.
-    fn digits_of(arranged: &[f32], cols: usize, group_size: usize) -> Vec<[i8; DIGITS]> {
-        let layout = row_layout(cols, group_size);
-        let bytes: Vec<i8> = arranged[..layout.digits_len]
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .map(|b| b as i8)
-            .collect();
-        (0..cols)
-            .map(|col| {
-                let (block, c) = (col / BLOCK_COLS, col % BLOCK_COLS);
-                // Even columns in the first plane, odd ones in the second, at byte c / 2.
-                let at = block * BLOCK_DIGIT_BYTES + (c % 2) * BLOCK_BYTES + c / 2;
-                std::array::from_fn(|d| bytes[at + d * PLANES * BLOCK_BYTES])
-            })
-            .collect()
-    }
+    use crate::quant::fixed_point::checks;
 
     #[test]
     fn arranged_activations_are_the_fixed_point_rule_digit_for_digit() {
         if !available() {
             return;
         }
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut uniform = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 11) as f64 / (1u64 << 53) as f64
-        };
-        for group_size in [32, 64, 128] {
-            let cols = 3 * 128 + group_size;
-            // Magnitudes spread over 2^±40 within a row, so groups differ widely; two rows.
-            let x: Vec<f32> = (0..2 * cols)
-                .map(|_| ((uniform() - 0.5) * 2f64.powf(80.0 * uniform() - 40.0)) as f32)
-                .collect();
-            let arranged = arrange_activations(&x, 2, cols, group_size).unwrap();
-            let layout = row_layout(cols, group_size);
-            for (row, arranged) in x
-                .chunks_exact(cols)
-                .zip(arranged.chunks_exact(layout.stride))
-            {
-                let max = row.iter().fold(0f32, |m, v| m.max(v.abs()));
-                let row_exp = binade(max);
-                assert_eq!(arranged[layout.unscale_offset], pow2(row_exp));
-                let got = digits_of(arranged, cols, group_size);
-                for (g, group) in row.chunks_exact(group_size).enumerate() {
-                    let group_max = group.iter().fold(0f32, |m, v| m.max(v.abs()));
-                    let unit_exp = group_unit_exp(group_max * pow2(-row_exp));
-                    assert_eq!(arranged[layout.units_offset + g], pow2(unit_exp));
-                    assert_eq!(
-                        arranged[layout.sums_offset + g],
-                        group.iter().sum::<f32>(),
-                        "group size {group_size}, group {g}"
-                    );
-                    for (j, &v) in group.iter().enumerate() {
-                        let want = digits(fixed(v, row_exp, unit_exp));
-                        assert_eq!(
-                            got[g * group_size + j],
-                            want,
-                            "column {j} of group {g}: {v}"
-                        );
-                    }
-                }
-            }
-        }
+        checks::arrangement_follows_the_rule(
+            arrange_activations,
+            row_layout,
+            checks::GroupSums::ColumnOrder,
+        );
     }
 
     #[test]
@@ -516,17 +386,6 @@ mod tests {
         if !available() {
             return;
         }
-        let mut x = vec![0.5f32; 64];
-        assert!(arrange_activations(&x, 1, 64, 32).is_some());
-        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
-            x[17] = bad;
-            assert!(arrange_activations(&x, 1, 64, 32).is_none(), "{bad}");
-        }
-        let subnormal = vec![1e-40f32; 64];
-        assert!(arrange_activations(&subnormal, 1, 64, 32).is_none());
-        let zeros = vec![0f32; 64];
-        let arranged = arrange_activations(&zeros, 1, 64, 32).unwrap();
-        assert!(digits_of(&arranged, 64, 32).iter().all(|d| *d == [0; 3]));
-        assert_eq!(arranged[row_layout(64, 32).unscale_offset], 1.0);
+        checks::refuses_what_it_cannot_hold(arrange_activations, row_layout);
     }
 }

@@ -1,22 +1,25 @@
-//! The 24-bit fixed point in which the integer kernels (x86-64 VNNI, aarch64 dot product) hold
-//! activations, one rule for both: a row is scaled by the power of two `2^-e` that brings its
-//! largest magnitude into [1, 2); each quantization group `g` gets a unit `u_g`, the power of two
-//! 22 binades below its largest scaled magnitude (one binade higher when that largest value would
-//! round past [`DIGITS_MAX`]), never below `2^MIN_UNIT_EXP`; every value becomes the integer
-//! `n = round_ties_even(x · 2^-e / u_g)`, `|n| ≤ DIGITS_MAX`, held as three signed base-256
-//! digits. So each activation is held to within half a unit: at most `2^-23` of its group's
-//! largest magnitude, the size of one f32 rounding of that value. Rows holding a NaN, an infinity
-//! or only subnormal magnitudes cannot be held (the kernels then use their f32 sibling).
+//! The 24-bit fixed point in which the integer kernels (x86-64 VNNI and AVX2 integer, aarch64 dot
+//! product) hold activations, one rule for all: a row is scaled by the power of two `2^-e` that
+//! brings its largest magnitude into [1, 2); each quantization group `g` gets a unit `u_g`, the
+//! power of two 22 binades below its largest scaled magnitude (one binade higher when that
+//! largest value would round past [`DIGITS_MAX`]), never below `2^MIN_UNIT_EXP`; every value
+//! becomes the integer `n = round_ties_even(x · 2^-e / u_g)`, `|n| ≤ DIGITS_MAX`, held as three
+//! signed base-256 digits. So each activation is held to within half a unit: at most `2^-23` of
+//! its group's largest magnitude, the size of one f32 rounding of that value. Rows holding a NaN,
+//! an infinity or only subnormal magnitudes cannot be held (the kernels then use their f32
+//! sibling).
 //!
-//! Each kernel arranges the digits in its own vector layout; this module is the rule itself,
-//! in scalar form, which the kernels' arrangement tests check their layouts against, and what
-//! the two kernels share around their vector code: the arranged row's layout ([`RowLayout`],
-//! [`arrange_rows`]) and their tiles' state ([`DigitTiles`], over each kernel's [`DigitTile`]).
+//! This module is the rule itself, in scalar form, which the kernels' arrangement tests check
+//! their vector arrangements against ([`checks`]), and what the kernels share around their
+//! vector code: the arranged row's layout ([`RowLayout`], [`arrange_rows`]), the frame of their
+//! tiles ([`DigitTiles`]: the factor windows, the row scale and the bias terms around each
+//! kernel's block loop, [`DigitTile`]) and the factor windows' preparation in each instruction
+//! set ([`digit_prepare_row!`]).
 
 use std::marker::PhantomData;
 
-use crate::quant::passes::{Tiles, MATMUL_ROWS};
-use crate::quant::CodePrefetch;
+use crate::quant::passes::{run_passes, Tiles, MATMUL_ROWS};
+use crate::quant::{CodePrefetch, SCALE_PREFETCH_ROWS};
 use crate::QuantizedMatrix;
 
 /// Signed 8-bit digits per activation.
@@ -92,11 +95,19 @@ pub(crate) fn group_unit_exp(scaled_group_max: f32) -> i32 {
 }
 
 /// Where the parts of one arranged activation row of an integer kernel lie, in f32 slots: the
-/// digit blocks (bytes, `DIGITS` per column, in the kernel's own order within a block), then each
-/// group's unit, each group's f32 sum (both zero-padded to whole vectors), then the row's scale
-/// `2^e` (one vector, first lane used).
+/// digit blocks, then each group's unit, each group's f32 sum (both zero-padded to whole vectors),
+/// then the row's scale `2^e` (one vector, first lane used).
+///
+/// The digits are laid out alike in every kernel, which differ only in the width of a block
+/// (`block_cols` columns, as many as a vector of 4-bit codes holds): per block and digit (most
+/// significant first) a plane of the even columns' digits, then one of the odd columns', each
+/// `block_cols / 2` bytes, column `c` of the block at byte `c / 2` of its plane. Each plane is
+/// thus the bytes that meet the low (even columns) or the high (odd columns) nibbles of the
+/// block's code bytes.
 #[derive(Clone, Copy)]
 pub(crate) struct RowLayout {
+    #[cfg_attr(not(test), allow(dead_code))] // read by the arrangement checks
+    pub(crate) block_cols: usize,
     pub(crate) digits_len: usize,
     pub(crate) units_offset: usize,
     pub(crate) sums_offset: usize,
@@ -115,12 +126,28 @@ impl RowLayout {
         let sums_offset = units_offset + groups_padded;
         let unscale_offset = sums_offset + groups_padded;
         RowLayout {
+            block_cols,
             digits_len,
             units_offset,
             sums_offset,
             unscale_offset,
             stride: unscale_offset + lanes,
         }
+    }
+
+    /// Bytes of one block's digits (all three, both planes).
+    #[cfg(test)]
+    pub(crate) fn block_digit_bytes(self) -> usize {
+        DIGITS * self.block_cols
+    }
+
+    /// Where digit `digit` (0: the most significant) of column `col` lies, in bytes from the
+    /// start of the arranged row.
+    #[cfg(test)]
+    pub(crate) fn digit_byte(self, col: usize, digit: usize) -> usize {
+        let (block, c) = (col / self.block_cols, col % self.block_cols);
+        let plane_bytes = self.block_cols / 2;
+        block * self.block_digit_bytes() + (2 * digit + c % 2) * plane_bytes + c / 2
     }
 }
 
@@ -145,9 +172,8 @@ pub(crate) fn arrange_rows(
     Some(out)
 }
 
-/// One integer kernel's tile (`vnni`, `dotprod`): dot products of weight rows `r0 + k · row_step`
-/// (`k < NR`) with the `MR` arranged activation rows at `xs`, `U` code blocks a step, using
-/// `windows` for the factors of each (weight row, activation row) pair.
+/// One integer kernel's vector code inside the frame of [`DigitTiles`]: the factor windows of a
+/// weight row, and the block loop of a tile.
 pub(crate) trait DigitTile {
     /// f32 lanes per vector: each factor window is the row's groups padded to whole vectors, plus
     /// one vector.
@@ -156,29 +182,59 @@ pub(crate) trait DigitTile {
     /// [`crate::quant::passes::Tiles::PAIRED_FROM_M`] for this kernel.
     const PAIRED_FROM_M: usize;
 
+    /// Writes, for each of the `MR` arranged activation rows `i` at `xs`, weight row `r`'s
+    /// factors `scale_g · u_{i,g}` into window `i` of `windows` (`window_len` floats each: the
+    /// groups, then zeros), and returns the bias terms `Σ_g bias_g · Σ_{j∈g} x_{i,j}` (on the f32
+    /// group sums, summed group by group in the kernel's lanes). Expanded by
+    /// [`digit_prepare_row!`].
+    ///
     /// # Safety
-    /// The CPU must have the kernel's features; rows `r0 + k · row_step` must exist in `w`; `xs`
-    /// must point to `MR` arranged rows of `layout`; `windows` must hold `NR · MR` windows.
-    unsafe fn tile<const GROUP: usize, const NR: usize, const MR: usize, const U: usize>(
+    /// The CPU must have the kernel's features; `r < w.rows()`; `xs` must point to `MR` arranged
+    /// rows of `layout`; `windows.len() >= MR · window_len`, `window_len >= ` the groups padded
+    /// to whole vectors.
+    unsafe fn prepare_row<const GROUP: usize, const MR: usize>(
+        w: &QuantizedMatrix,
+        r: usize,
+        xs: *const f32,
+        layout: RowLayout,
+        windows: &mut [f32],
+        window_len: usize,
+    ) -> [f32; MR];
+
+    /// For weight rows `r0 + k · row_step` (`k < NR`) and the `MR` arranged activation rows at
+    /// `xs`, `U` code blocks a step: each pair's `Σ_g scale_g · u_g · Σ_{j∈g} q_j · n_j` over
+    /// the whole row (the integer sums exact, the rest in f32), with the factors from window
+    /// `k · MR + i` of `windows` (see [`DigitTile::prepare_row`]).
+    ///
+    /// # Safety
+    /// The CPU must have the kernel's features; those weight rows must exist in `w`; `xs` must
+    /// point to `MR` arranged rows of `layout`; `windows` must hold `NR · MR` prepared windows of
+    /// `window_len` floats.
+    #[allow(clippy::too_many_arguments)] // the tile's whole state, passed as in the other kernels
+    unsafe fn factored_sums<const GROUP: usize, const NR: usize, const MR: usize, const U: usize>(
         w: &QuantizedMatrix,
         r0: usize,
         xs: *const f32,
         layout: RowLayout,
-        windows: &mut [f32],
+        windows: &[f32],
+        window_len: usize,
         row_step: usize,
         prefetch: CodePrefetch,
     ) -> [[f32; MR]; NR];
 }
 
 /// An integer kernel's tiles for one product (see `quant::passes`), `MATVEC` weight rows per
-/// matrix-vector pass.
+/// matrix-vector pass. Each tile prepares its weight rows' factor windows and bias terms, runs
+/// the kernel's block loop, and gives each pair `2^e · Σ + bias terms` (`2^e` the activation
+/// row's scale).
 pub(crate) struct DigitTiles<'a, K, const GROUP: usize, const MATVEC: usize> {
     w: &'a QuantizedMatrix,
     /// The arranged activation rows.
     xs: &'a [f32],
     layout: RowLayout,
-    /// The factor windows of the largest tile.
+    /// The factor windows of the largest tile, `window_len` floats each.
     windows: Vec<f32>,
+    window_len: usize,
     prefetch: CodePrefetch,
     kernel: PhantomData<K>,
 }
@@ -189,12 +245,13 @@ impl<'a, K: DigitTile, const GROUP: usize, const MATVEC: usize> DigitTiles<'a, K
     /// # Safety
     /// The CPU must have the kernel's features (every tile runs them).
     pub(crate) unsafe fn new(w: &'a QuantizedMatrix, xs: &'a [f32], layout: RowLayout) -> Self {
-        let window = (w.cols() / GROUP).next_multiple_of(K::LANES) + K::LANES;
+        let window_len = (w.cols() / GROUP).next_multiple_of(K::LANES) + K::LANES;
         DigitTiles {
             w,
             xs,
             layout,
-            windows: vec![0f32; MATVEC.max(2 * MATMUL_ROWS) * window],
+            windows: vec![0f32; MATVEC.max(2 * MATMUL_ROWS) * window_len],
+            window_len,
             prefetch: CodePrefetch::for_cpu(),
             kernel: PhantomData,
         }
@@ -213,22 +270,131 @@ impl<K: DigitTile, const GROUP: usize, const MATVEC: usize> Tiles
         row_step: usize,
         first: usize,
     ) -> [[f32; MR]; NR] {
-        let layout = self.layout;
-        // SAFETY: the CPU has the features (`new`'s contract); forwarded contract (activation row
-        // `first` exists; the windows are sized for the largest tile).
-        unsafe {
-            let x = self.xs.as_ptr().add(first * layout.stride);
-            K::tile::<GROUP, NR, MR, U>(
-                self.w,
+        let (w, layout, window_len) = (self.w, self.layout, self.window_len);
+        let arranged = &self.xs[first * layout.stride..(first + MR) * layout.stride];
+        let xs = arranged.as_ptr();
+        for r in 0..NR {
+            self.prefetch
+                .scales_of_row(w, r0 + r * row_step + SCALE_PREFETCH_ROWS);
+        }
+        let mut bias_terms = [[0f32; MR]; NR];
+        for (r, terms) in bias_terms.iter_mut().enumerate() {
+            let windows = &mut self.windows[r * MR * window_len..(r + 1) * MR * window_len];
+            // SAFETY: the CPU has the features (`new`'s contract); row r0 + r · row_step exists
+            // (forwarded contract); `xs` holds MR arranged rows (sliced above); the window size
+            // covers the padded groups.
+            *terms = unsafe {
+                K::prepare_row::<GROUP, MR>(w, r0 + r * row_step, xs, layout, windows, window_len)
+            };
+        }
+        // SAFETY: as above; the windows are sized for the largest tile and prepared for this one.
+        let sums = unsafe {
+            K::factored_sums::<GROUP, NR, MR, U>(
+                w,
                 r0,
-                x,
+                xs,
                 layout,
-                &mut self.windows,
+                &self.windows,
+                window_len,
                 row_step,
                 self.prefetch,
             )
+        };
+        let mut out = [[0f32; MR]; NR];
+        for (out, (sums, bias_terms)) in out.iter_mut().zip(sums.iter().zip(&bias_terms)) {
+            for (i, out) in out.iter_mut().enumerate() {
+                let unscale = arranged[i * layout.stride + layout.unscale_offset];
+                *out = sums[i] * unscale + bias_terms[i];
+            }
         }
+        out
     }
+}
+
+/// Rows `row_start..` of `out_t` (`m` values each) through kernel `K`'s tiles: weights `w`
+/// against the `m` rows of `xs`, arranged by `layout`, `MATVEC` weight rows per matrix-vector
+/// pass.
+///
+/// # Panics
+/// If those weight rows do not exist or `xs` does not hold `m` arranged rows.
+///
+/// # Safety
+/// The CPU must have the kernel's features.
+pub(crate) unsafe fn run_tiles<K: DigitTile, const GROUP: usize, const MATVEC: usize>(
+    w: &QuantizedMatrix,
+    xs: &[f32],
+    m: usize,
+    row_start: usize,
+    out_t: &mut [f32],
+    layout: RowLayout,
+) {
+    let nrows = out_t.len() / m;
+    assert!(row_start + nrows <= w.rows() && xs.len() == m * layout.stride);
+    // SAFETY (both): the CPU has the features (forwarded contract); the tiles only read rows
+    // `row_start..row_start + nrows` of `w` (checked in range) and `m` arranged rows of `xs`.
+    let mut tiles = unsafe { DigitTiles::<K, GROUP, MATVEC>::new(w, xs, layout) };
+    unsafe { run_passes(&mut tiles, m, row_start, out_t) }
+}
+
+/// Expands [`DigitTile::prepare_row`] inside an integer kernel's `impl DigitTile`, for an
+/// instruction set compiled with `$features`, from the f32 vector operations of that set's lane
+/// kernel module, which must be in scope (`fzero`, `fload`, `fstore`, `fmul`, `ffma`, `fsum`,
+/// `widen_bf16`, over vectors of `Self::LANES` ≤ 16 lanes). One pass over the weight row's bf16
+/// scales and biases. A macro for the reason `lane_kernel!` is one: the `target_feature`
+/// attribute, needed so every operation inlines, differs per instruction set.
+macro_rules! digit_prepare_row {
+    ($features:literal) => {
+        #[target_feature(enable = $features)]
+        #[inline]
+        unsafe fn prepare_row<const GROUP: usize, const MR: usize>(
+            w: &crate::QuantizedMatrix,
+            r: usize,
+            xs: *const f32,
+            layout: crate::quant::fixed_point::RowLayout,
+            windows: &mut [f32],
+            window_len: usize,
+        ) -> [f32; MR] {
+            let lanes = Self::LANES;
+            let groups = w.cols() / GROUP;
+            debug_assert!(
+                window_len >= groups.next_multiple_of(lanes) && windows.len() >= MR * window_len
+            );
+            let row_scales = &w.scales()[r * groups..(r + 1) * groups];
+            let row_biases = &w.biases()[r * groups..(r + 1) * groups];
+            let mut bias_acc = [fzero(); MR];
+            for g in (0..groups).step_by(lanes) {
+                // The last vector of a row may hold fewer groups: copied out, zero-padded (zero
+                // factors and bias terms).
+                let (s, b) = if g + lanes <= groups {
+                    // SAFETY: `lanes` bf16 of each slice from g.
+                    unsafe {
+                        (
+                            widen_bf16(row_scales.as_ptr().add(g)),
+                            widen_bf16(row_biases.as_ptr().add(g)),
+                        )
+                    }
+                } else {
+                    let (mut s16, mut b16) = ([0u16; 16], [0u16; 16]);
+                    s16[..groups - g].copy_from_slice(&row_scales[g..]);
+                    b16[..groups - g].copy_from_slice(&row_biases[g..]);
+                    // SAFETY: 16 >= `lanes` u16 each.
+                    unsafe { (widen_bf16(s16.as_ptr()), widen_bf16(b16.as_ptr())) }
+                };
+                for (i, acc) in bias_acc.iter_mut().enumerate() {
+                    let row = xs.wrapping_add(i * layout.stride);
+                    // SAFETY: units and group sums are zero-padded to whole vectors in each
+                    // arranged row; window i holds `window_len >= g + lanes` floats.
+                    unsafe {
+                        let units = fload(row.add(layout.units_offset + g));
+                        let sums = fload(row.add(layout.sums_offset + g));
+                        fstore(windows.as_mut_ptr().add(i * window_len + g), fmul(s, units));
+                        *acc = ffma(b, sums, *acc);
+                    }
+                }
+            }
+            bias_acc.map(|acc| fsum(acc))
+        }
+    };
 }
 
 /// The integer `n` that holds `v` in a row of exponent `row_exp` and a group of unit
@@ -249,6 +415,125 @@ pub(crate) fn digits(n: i32) -> [i8; DIGITS] {
     let mid = n1 as i8;
     let top = ((n1 - mid as i32) >> 8) as i8;
     [top, mid, low]
+}
+
+/// The arrangement tests every integer kernel runs on its own vector arrangement: the rule above,
+/// digit for digit, and the rows it refuses.
+#[cfg(test)]
+pub(crate) mod checks {
+    use super::*;
+
+    /// A kernel's `arrange_activations(x, m, cols, group_size)`.
+    pub(crate) type Arrange = fn(&[f32], usize, usize, usize) -> Option<Vec<f32>>;
+
+    /// A kernel's row layout for `(cols, group_size)`.
+    pub(crate) type LayoutOf = fn(usize, usize) -> RowLayout;
+
+    /// How a kernel's arrangement adds each group's f32 sum.
+    pub(crate) enum GroupSums {
+        /// Column by column, as the lane kernels' arrangement does: equal to the bit.
+        ColumnOrder,
+        /// In the kernel's own order: within the bound of f32 summation (the VNNI kernel's).
+        #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+        AnyOrder,
+    }
+
+    /// Each column's three digits, read back from an arranged row of `cols` columns.
+    pub(crate) fn digits_of(arranged: &[f32], layout: RowLayout, cols: usize) -> Vec<[i8; DIGITS]> {
+        let bytes: Vec<i8> = arranged[..layout.digits_len]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .map(|b| b as i8)
+            .collect();
+        (0..cols)
+            .map(|col| std::array::from_fn(|d| bytes[layout.digit_byte(col, d)]))
+            .collect()
+    }
+
+    /// Rows whose magnitudes spread over 2^±40 (so groups differ widely), two per arrangement,
+    /// for every group size the kernels take: each arranged row holds the rule's row scale, and
+    /// for each group its unit, its f32 sum and each column's digits.
+    pub(crate) fn arrangement_follows_the_rule(
+        arrange: Arrange,
+        layout_of: LayoutOf,
+        group_sums: GroupSums,
+    ) {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut uniform = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 11) as f64 / (1u64 << 53) as f64
+        };
+        for group_size in [32, 64, 128] {
+            let cols = 3 * 128 + group_size;
+            let x: Vec<f32> = (0..2 * cols)
+                .map(|_| ((uniform() - 0.5) * 2f64.powf(80.0 * uniform() - 40.0)) as f32)
+                .collect();
+            let arranged = arrange(&x, 2, cols, group_size).unwrap();
+            let layout = layout_of(cols, group_size);
+            assert_eq!(arranged.len(), 2 * layout.stride);
+            for (row, arranged) in x
+                .chunks_exact(cols)
+                .zip(arranged.chunks_exact(layout.stride))
+            {
+                let max = row.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let row_exp = binade(max);
+                assert_eq!(arranged[layout.unscale_offset], pow2(row_exp));
+                let got = digits_of(arranged, layout, cols);
+                for (g, group) in row.chunks_exact(group_size).enumerate() {
+                    let group_max = group.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    let unit_exp = group_unit_exp(group_max * pow2(-row_exp));
+                    assert_eq!(arranged[layout.units_offset + g], pow2(unit_exp));
+                    let sum = arranged[layout.sums_offset + g];
+                    match group_sums {
+                        GroupSums::ColumnOrder => assert_eq!(
+                            sum,
+                            group.iter().sum::<f32>(),
+                            "group size {group_size}, group {g}"
+                        ),
+                        GroupSums::AnyOrder => {
+                            let exact: f64 = group.iter().map(|&v| v as f64).sum();
+                            let magnitude: f64 = group.iter().map(|&v| v.abs() as f64).sum();
+                            let bound = group_size as f64 * f32::EPSILON as f64 * magnitude;
+                            assert!(
+                                (sum as f64 - exact).abs() <= bound,
+                                "group size {group_size}, group {g}: {sum} against {exact}"
+                            );
+                        }
+                    }
+                    for (j, &v) in group.iter().enumerate() {
+                        let want = digits(fixed(v, row_exp, unit_exp));
+                        assert_eq!(
+                            got[g * group_size + j],
+                            want,
+                            "column {j} of group {g}: {v}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// A NaN or an infinity anywhere, or only subnormal magnitudes, refuse the arrangement; a row
+    /// of zeros is arranged as zero digits with the row scale 1.
+    pub(crate) fn refuses_what_it_cannot_hold(arrange: Arrange, layout_of: LayoutOf) {
+        let mut x = vec![0.5f32; 64];
+        assert!(arrange(&x, 1, 64, 32).is_some());
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            x[17] = bad;
+            assert!(arrange(&x, 1, 64, 32).is_none(), "{bad}");
+        }
+        let subnormal = vec![1e-40f32; 64];
+        assert!(arrange(&subnormal, 1, 64, 32).is_none());
+        let zeros = vec![0f32; 64];
+        let arranged = arrange(&zeros, 1, 64, 32).unwrap();
+        let layout = layout_of(64, 32);
+        assert!(digits_of(&arranged, layout, 64)
+            .iter()
+            .all(|d| *d == [0; 3]));
+        assert_eq!(arranged[layout.unscale_offset], 1.0);
+    }
 }
 
 #[cfg(test)]

@@ -46,6 +46,14 @@ pub(crate) fn arranged_row_len(cols: usize, bits: u32, group_size: usize, lanes:
     cols.div_ceil(bc) * bc + (cols / group_size).next_multiple_of(lanes)
 }
 
+/// Which quantization group each of a block's `N` lanes (of `cols_per_lane` columns each) belongs
+/// to, relative to the block's first group (all of them to the first when a group spans the
+/// block): the lane kernels' and the integer kernels' permutation of a window of group factors.
+pub(crate) fn lane_groups<const N: usize>(group_size: usize, cols_per_lane: usize) -> [i32; N] {
+    let lanes_per_group = (group_size / cols_per_lane).min(N);
+    std::array::from_fn(|lane| (lane / lanes_per_group) as i32)
+}
+
 /// Lays out `m` rows of `cols` activations for a lane kernel of `lanes` lanes (see the module
 /// docs): within block `b`, element `k · lanes + lane` is column
 /// `b · block_cols + lane · (32 / bits) + k` times `2^-(bits · k)` (times 1 for the top code when
@@ -315,13 +323,9 @@ macro_rules! lane_kernel {
                     )
                 };
             }
-            // Which group each lane of a block belongs to, relative to the block's first group
-            // (blocks hold several groups when GROUP < block_cols).
-            let lanes_per_group = (GROUP / per_lane).min(LANES);
-            let mut lane_group = [0i32; LANES];
-            for (lane, g) in lane_group.iter_mut().enumerate() {
-                *g = (lane / lanes_per_group) as i32;
-            }
+            // Which group each lane of a block belongs to (blocks hold several groups when
+            // GROUP < block_cols).
+            let lane_group = crate::quant::lanes::lane_groups::<LANES>(GROUP, per_lane);
             // SAFETY: LANES i32.
             let lane_group = unsafe { iload(lane_group.as_ptr()) };
             let full_blocks = cols / bc;

@@ -31,6 +31,10 @@ macro_rules! select_specialised_rows {
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 #[macro_use]
 mod lanes;
+// Before the integer kernels, which expand its `digit_prepare_row!`.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[macro_use]
+mod fixed_point;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
@@ -39,8 +43,6 @@ mod avx2int;
 mod avx512;
 #[cfg(target_arch = "aarch64")]
 mod dotprod;
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-mod fixed_point;
 mod generic;
 #[cfg(target_arch = "aarch64")]
 mod neon;

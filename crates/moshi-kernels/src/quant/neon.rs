@@ -22,7 +22,7 @@ fn available() -> bool {
 
 #[target_feature(enable = "neon")]
 #[inline]
-fn fzero() -> F {
+pub(crate) fn fzero() -> F {
     vdupq_n_f32(0.0)
 }
 
@@ -36,7 +36,7 @@ fn izero() -> I {
 /// `p` must point to 4 readable floats.
 #[target_feature(enable = "neon")]
 #[inline]
-unsafe fn fload(p: *const f32) -> F {
+pub(crate) unsafe fn fload(p: *const f32) -> F {
     // SAFETY: forwarded contract.
     unsafe { vld1q_f32(p) }
 }
@@ -45,7 +45,7 @@ unsafe fn fload(p: *const f32) -> F {
 /// `p` must point to 4 writable floats.
 #[target_feature(enable = "neon")]
 #[inline]
-unsafe fn fstore(p: *mut f32, v: F) {
+pub(crate) unsafe fn fstore(p: *mut f32, v: F) {
     // SAFETY: forwarded contract.
     unsafe { vst1q_f32(p, v) }
 }
@@ -58,21 +58,21 @@ fn fset1(v: f32) -> F {
 
 #[target_feature(enable = "neon")]
 #[inline]
-fn fmul(a: F, b: F) -> F {
+pub(crate) fn fmul(a: F, b: F) -> F {
     vmulq_f32(a, b)
 }
 
 /// `a · b + c`, one rounding.
 #[target_feature(enable = "neon")]
 #[inline]
-fn ffma(a: F, b: F, c: F) -> F {
+pub(crate) fn ffma(a: F, b: F, c: F) -> F {
     vfmaq_f32(c, a, b)
 }
 
 /// Horizontal sum of 4 lanes (pairwise: `(v0 + v1) + (v2 + v3)`).
 #[target_feature(enable = "neon")]
 #[inline]
-fn fsum(v: F) -> f32 {
+pub(crate) fn fsum(v: F) -> f32 {
     vaddvq_f32(v)
 }
 
@@ -117,7 +117,7 @@ unsafe fn iload_lanes(p: *const i32, n: usize) -> I {
 /// `p` must point to 4 readable `u16`.
 #[target_feature(enable = "neon")]
 #[inline]
-unsafe fn widen_bf16(p: *const u16) -> F {
+pub(crate) unsafe fn widen_bf16(p: *const u16) -> F {
     // SAFETY: forwarded contract (8 bytes).
     let h = unsafe { vld1_u16(p) };
     vreinterpretq_f32_u32(vshll_n_u16::<16>(h))

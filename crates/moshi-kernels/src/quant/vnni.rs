@@ -33,12 +33,12 @@
 
 use std::arch::x86_64::*;
 
+use crate::quant::avx512::{ffma, fload, fmul, fstore, fsum, fzero, widen_bf16};
 use crate::quant::fixed_point::{
-    arrange_rows, group_unit_exp, pow2, DigitTile, DigitTiles, RowLayout, RowScale, DIGITS,
+    arrange_rows, group_unit_exp, pow2, run_tiles, DigitTile, RowLayout, RowScale, DIGITS,
 };
-use crate::quant::lanes::MULTI_ROW_MIN_ACTIVATION_BYTES;
-use crate::quant::passes::run_passes;
-use crate::quant::{CodePrefetch, RowRangeFn, SCALE_PREFETCH_ROWS};
+use crate::quant::lanes::{lane_groups, MULTI_ROW_MIN_ACTIVATION_BYTES};
+use crate::quant::{CodePrefetch, RowRangeFn};
 use crate::QuantizedMatrix;
 
 /// `i32` lanes per vector (and `u32` code words per block).
@@ -194,21 +194,16 @@ fn rows<const GROUP: usize>(
     out_t: &mut [f32],
 ) {
     assert!(available(), "VNNI kernel called on a CPU without it");
-    let nrows = out_t.len() / m;
     let layout = row_layout(w.cols(), GROUP);
-    assert!(row_start + nrows <= w.rows() && xs.len() == m * layout.stride);
-    // SAFETY (both): the CPU has the features (checked above); the tiles only read rows
-    // `row_start..row_start + nrows` of `w` (checked in range) and `m` arranged rows of `xs`.
+    // SAFETY (both): the CPU has the features (checked above).
     if six_rows_per_matvec_pass(layout.stride * 4) {
-        let mut tiles = unsafe { DigitTiles::<Vnni, GROUP, 6>::new(w, xs, layout) };
-        unsafe { run_passes(&mut tiles, m, row_start, out_t) }
+        unsafe { run_tiles::<Vnni, GROUP, 6>(w, xs, m, row_start, out_t, layout) }
     } else {
-        let mut tiles = unsafe { DigitTiles::<Vnni, GROUP, 2>::new(w, xs, layout) };
-        unsafe { run_passes(&mut tiles, m, row_start, out_t) }
+        unsafe { run_tiles::<Vnni, GROUP, 2>(w, xs, m, row_start, out_t, layout) }
     }
 }
 
-/// The VNNI kernel's tile, for [`DigitTiles`].
+/// The VNNI kernel's vector code, for [`DigitTiles`].
 struct Vnni;
 
 impl DigitTile for Vnni {
@@ -218,46 +213,32 @@ impl DigitTile for Vnni {
     // 2 to 8 sessions, q4).
     const PAIRED_FROM_M: usize = 2;
 
-    /// The tile of [`DigitTile::tile`] in AVX-512 VNNI (per block: see the module docs).
+    digit_prepare_row!("avx512f");
+
+    /// The block loop of [`DigitTile::factored_sums`] in AVX-512 VNNI (per block: see the module
+    /// docs).
     #[target_feature(enable = "avx512f,avx512vnni")]
     #[inline]
-    unsafe fn tile<const GROUP: usize, const NR: usize, const MR: usize, const UNROLL: usize>(
+    unsafe fn factored_sums<
+        const GROUP: usize,
+        const NR: usize,
+        const MR: usize,
+        const UNROLL: usize,
+    >(
         w: &QuantizedMatrix,
         r0: usize,
         xs: *const f32,
         layout: RowLayout,
-        scales: &mut [f32],
+        windows: &[f32],
+        window_len: usize,
         row_step: usize,
         prefetch: CodePrefetch,
     ) -> [[f32; MR]; NR] {
         let cols = w.cols();
         let blocks = cols.div_ceil(BLOCK_COLS);
-        let groups = cols / GROUP;
-        let padded = groups.next_multiple_of(LANES) + LANES;
         let row_code_bytes = cols / 2;
-        for r in 0..NR {
-            prefetch.scales_of_row(w, r0 + r * row_step + SCALE_PREFETCH_ROWS);
-        }
-        let mut bias_terms = [[0f32; MR]; NR];
-        for (r, terms) in bias_terms.iter_mut().enumerate() {
-            // SAFETY: forwarded contract; windows r·MR.. of `padded` floats each.
-            *terms = unsafe {
-                prepare_row::<GROUP, MR>(
-                    w,
-                    r0 + r * row_step,
-                    xs,
-                    layout,
-                    &mut scales[r * MR * padded..(r + 1) * MR * padded],
-                    padded,
-                )
-            };
-        }
         // Which group each lane of a block belongs to, relative to the block's first group.
-        let lanes_per_group = (GROUP / PER_LANE).min(LANES);
-        let mut lane_group = [0i32; LANES];
-        for (lane, g) in lane_group.iter_mut().enumerate() {
-            *g = (lane / lanes_per_group) as i32;
-        }
+        let lane_group = lane_groups::<LANES>(GROUP, PER_LANE);
         // SAFETY: LANES i32.
         let lane_group = unsafe { _mm512_loadu_si512(lane_group.as_ptr() as *const _) };
         let full_blocks = cols / BLOCK_COLS;
@@ -270,7 +251,7 @@ impl DigitTile for Vnni {
         let mut b = 0;
         while b + UNROLL <= full_blocks {
             // SAFETY (both calls): blocks b..b + UNROLL are whole blocks of every row of the tile;
-            // `scales` holds NR·MR windows.
+            // `windows` holds NR·MR windows.
             let sums = unsafe {
                 block_sums::<NR, MR, UNROLL>(
                     codes,
@@ -283,7 +264,9 @@ impl DigitTile for Vnni {
                 )
             };
             unsafe {
-                accumulate::<GROUP, NR, MR, UNROLL>(&mut acc, &sums, b, scales, padded, lane_group)
+                accumulate::<GROUP, NR, MR, UNROLL>(
+                    &mut acc, &sums, b, windows, window_len, lane_group,
+                )
             };
             b += UNROLL;
         }
@@ -303,87 +286,12 @@ impl DigitTile for Vnni {
                 )
             };
             unsafe {
-                accumulate::<GROUP, NR, MR, 1>(&mut acc, &sums, b, scales, padded, lane_group)
+                accumulate::<GROUP, NR, MR, 1>(&mut acc, &sums, b, windows, window_len, lane_group)
             };
             b += 1;
         }
-        let mut out = [[0f32; MR]; NR];
-        for r in 0..NR {
-            for i in 0..MR {
-                // SAFETY: the row scale lies in arranged row i.
-                let unscale = unsafe { *xs.add(i * layout.stride + layout.unscale_offset) };
-                out[r][i] = _mm512_reduce_add_ps(acc[r][i]) * unscale + bias_terms[r][i];
-            }
-        }
-        out
+        acc.map(|row| row.map(|acc| fsum(acc)))
     }
-}
-
-/// Writes, for each of the `MR` activation rows `i`, row `r`'s factors `scale_g · u_{i,g}` into
-/// window `i` of `windows` (`padded` floats each: the groups, then zeros), and returns the bias
-/// terms `Σ_g bias_g · Σ_{j∈g} x_{i,j}` (f32 group sums, summed group by group in 16 lanes as in
-/// the lane kernels). One pass over the row's bf16 scales and biases.
-///
-/// # Safety
-/// The CPU must have AVX-512F; `r < w.rows()`; `xs` must point to `MR` arranged rows;
-/// `windows.len() >= MR * padded` with `padded = groups padded to LANES + LANES`, zero past each
-/// window's groups.
-#[target_feature(enable = "avx512f")]
-#[inline]
-unsafe fn prepare_row<const GROUP: usize, const MR: usize>(
-    w: &QuantizedMatrix,
-    r: usize,
-    xs: *const f32,
-    layout: RowLayout,
-    windows: &mut [f32],
-    padded: usize,
-) -> [f32; MR] {
-    let groups = w.cols() / GROUP;
-    let row_scales = &w.scales()[r * groups..(r + 1) * groups];
-    let row_biases = &w.biases()[r * groups..(r + 1) * groups];
-    let mut bias_acc = [_mm512_setzero_ps(); MR];
-    for g in (0..groups).step_by(LANES) {
-        // bf16 → f32: the 16 bits as the high half of an f32. The last vector of a row may hold
-        // fewer groups: copied out, zero-padded (zero factors and bias terms).
-        let widen =
-            |h: __m256i| _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)));
-        let (s, b) = if g + LANES <= groups {
-            // SAFETY: LANES bf16 of each slice from g.
-            unsafe {
-                (
-                    _mm256_loadu_si256(row_scales.as_ptr().add(g) as *const __m256i),
-                    _mm256_loadu_si256(row_biases.as_ptr().add(g) as *const __m256i),
-                )
-            }
-        } else {
-            let (mut s16, mut b16) = ([0u16; LANES], [0u16; LANES]);
-            s16[..groups - g].copy_from_slice(&row_scales[g..]);
-            b16[..groups - g].copy_from_slice(&row_biases[g..]);
-            // SAFETY: LANES u16 each.
-            unsafe {
-                (
-                    _mm256_loadu_si256(s16.as_ptr() as *const __m256i),
-                    _mm256_loadu_si256(b16.as_ptr() as *const __m256i),
-                )
-            }
-        };
-        let (s, b) = (widen(s), widen(b));
-        for (i, acc) in bias_acc.iter_mut().enumerate() {
-            let row = xs.wrapping_add(i * layout.stride);
-            // SAFETY: units and group sums are zero-padded to whole vectors in each arranged row;
-            // window i holds `padded >= g + LANES` floats.
-            unsafe {
-                let units = _mm512_loadu_ps(row.add(layout.units_offset + g));
-                let sums = _mm512_loadu_ps(row.add(layout.sums_offset + g));
-                _mm512_storeu_ps(
-                    windows.as_mut_ptr().add(i * padded + g),
-                    _mm512_mul_ps(s, units),
-                );
-                *acc = _mm512_fmadd_ps(b, sums, *acc);
-            }
-        }
-    }
-    bias_acc.map(|acc| _mm512_reduce_add_ps(acc))
 }
 
 /// `acc += factor · sum` for each block from `b` on (the integer sums converted to f32): each
@@ -391,7 +299,7 @@ unsafe fn prepare_row<const GROUP: usize, const MR: usize>(
 /// row) pair (`lane_group` maps lanes to groups when a block holds several).
 ///
 /// # Safety
-/// The CPU must have AVX-512F; `scales` must hold `NR · MR` windows of `padded` floats (the
+/// The CPU must have AVX-512F; `windows` must hold `NR · MR` windows of `window_len` floats (the
 /// groups' factors, then at least one vector of zeros).
 #[target_feature(enable = "avx512f")]
 #[inline]
@@ -400,17 +308,17 @@ unsafe fn accumulate<const GROUP: usize, const NR: usize, const MR: usize, const
     acc: &mut [[__m512; MR]; NR],
     sums: &[[[__m512i; MR]; NR]; U],
     b: usize,
-    scales: &[f32],
-    padded: usize,
+    windows: &[f32],
+    window_len: usize,
     lane_group: __m512i,
 ) {
     for u in 0..U {
         let first_group = (b + u) * BLOCK_COLS / GROUP;
         for r in 0..NR {
             for i in 0..MR {
-                let window = scales
+                let window = windows
                     .as_ptr()
-                    .wrapping_add((r * MR + i) * padded + first_group);
+                    .wrapping_add((r * MR + i) * window_len + first_group);
                 // SAFETY: first_group < groups and each window is padded by one vector.
                 let factor = unsafe {
                     if GROUP >= BLOCK_COLS {
@@ -517,84 +425,19 @@ fn six_rows_per_matvec_pass(arranged_row_bytes: usize) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::fixed_point::DIGITS_MAX;
-
-    /// The activations an arranged row stands for: `n · u_g · 2^e` per column.
-    fn rebuild(arranged: &[f32], cols: usize, group_size: usize) -> Vec<f64> {
-        let layout = row_layout(cols, group_size);
-        let bytes: Vec<u8> = arranged[..layout.digits_len]
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect();
-        let unscale = arranged[layout.unscale_offset] as f64;
-        (0..cols)
-            .map(|col| {
-                let (block, c) = (col / BLOCK_COLS, col % BLOCK_COLS);
-                let (lane, k) = (c / PER_LANE, c % PER_LANE);
-                // Code k of a lane sits in byte k / 2: the low nibble (plane 0) for even k.
-                let (plane, byte) = (k % 2, k / 2);
-                let at = block * BLOCK_DIGIT_BYTES + plane * BLOCK_BYTES + lane * 4 + byte;
-                let digit_stride = PLANES * BLOCK_BYTES;
-                let n = (0..DIGITS).fold(0i64, |n, d| {
-                    n * 256 + bytes[at + d * digit_stride] as i8 as i64
-                });
-                let unit = arranged[layout.units_offset + col / group_size] as f64;
-                n as f64 * unit * unscale
-            })
-            .collect()
-    }
+    use crate::quant::fixed_point::checks;
 
     #[test]
-    fn arranged_activations_are_within_half_a_unit_of_at_most_2_pow_minus_23_of_the_group_max() {
+    fn arranged_activations_are_the_fixed_point_rule_digit_for_digit() {
         if !available() {
             return;
         }
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut uniform = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 11) as f64 / (1u64 << 53) as f64
-        };
-        for group_size in [32, 64, 128] {
-            let cols = 3 * 128 + group_size;
-            // Magnitudes spread over 2^±40 within a row, so groups differ widely.
-            let x: Vec<f32> = (0..cols)
-                .map(|_| ((uniform() - 0.5) * 2f64.powf(80.0 * uniform() - 40.0)) as f32)
-                .collect();
-            let arranged = arrange_activations(&x, 1, cols, group_size).unwrap();
-            let layout = row_layout(cols, group_size);
-            let unscale = arranged[layout.unscale_offset] as f64;
-            let got = rebuild(&arranged, cols, group_size);
-            for (g, group) in x.chunks_exact(group_size).enumerate() {
-                let max = group.iter().fold(0f64, |m, v| m.max(v.abs() as f64));
-                let unit = arranged[layout.units_offset + g] as f64 * unscale;
-                assert!(
-                    unit < 2.0 * max / DIGITS_MAX as f64,
-                    "group size {group_size}, group {g}"
-                );
-                for (j, &v) in group.iter().enumerate() {
-                    let err = (got[g * group_size + j] - v as f64).abs();
-                    assert!(
-                        err <= unit / 2.0,
-                        "group size {group_size}, column {j}: {v} off by {err}"
-                    );
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn small_integers_are_held_exactly() {
-        if !available() {
-            return;
-        }
-        let x: Vec<f32> = (0..256).map(|j| ((j * 37) % 201) as f32 - 100.0).collect();
-        for group_size in [32, 128] {
-            let arranged = arrange_activations(&x, 1, 256, group_size).unwrap();
-            let got = rebuild(&arranged, 256, group_size);
-            assert!(got.iter().zip(&x).all(|(a, b)| *a == *b as f64));
-        }
+        // Its group sums are added 16 lanes at a time.
+        checks::arrangement_follows_the_rule(
+            arrange_activations,
+            row_layout,
+            checks::GroupSums::AnyOrder,
+        );
     }
 
     #[test]
@@ -602,16 +445,6 @@ mod tests {
         if !available() {
             return;
         }
-        let mut x = vec![0.5f32; 64];
-        assert!(arrange_activations(&x, 1, 64, 32).is_some());
-        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
-            x[17] = bad;
-            assert!(arrange_activations(&x, 1, 64, 32).is_none(), "{bad}");
-        }
-        let subnormal = vec![1e-40f32; 64];
-        assert!(arrange_activations(&subnormal, 1, 64, 32).is_none());
-        let zeros = vec![0f32; 64];
-        let arranged = arrange_activations(&zeros, 1, 64, 32).unwrap();
-        assert!(rebuild(&arranged, 64, 32).iter().all(|v| *v == 0.0));
+        checks::refuses_what_it_cannot_hold(arrange_activations, row_layout);
     }
 }
