@@ -218,7 +218,7 @@ impl DigitTile for Avx2Int {
     const LANES: usize = LANES;
     const PAIRED_FROM_M: usize = 2;
 
-    digit_prepare_row!("avx2,fma");
+    digit_tile_frame!("avx2,fma");
 
     /// The block loop of [`DigitTile::factored_sums`] in AVX2 (per half block: see the module
     /// docs). The half blocks go one at a time whatever `U` asks (the codes of several would not
@@ -273,7 +273,14 @@ impl DigitTile for Avx2Int {
                 accumulate::<GROUP, NR, MR>(&mut acc, &sums, half, windows, window_len, lane_group)
             };
         }
-        acc.map(|row| row.map(|acc| fsum(acc)))
+        // Index loops, not `map` closures, which the release build left as calls (its symbols).
+        let mut sums = [[0f32; MR]; NR];
+        for r in 0..NR {
+            for i in 0..MR {
+                sums[r][i] = fsum(acc[r][i]);
+            }
+        }
+        sums
     }
 }
 

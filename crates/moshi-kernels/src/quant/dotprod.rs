@@ -214,7 +214,7 @@ impl DigitTile for NeonDot {
     // One weight row per matrix-matrix tile (two, as on x86, not measured on an aarch64 machine).
     const PAIRED_FROM_M: usize = usize::MAX;
 
-    digit_prepare_row!("neon");
+    digit_tile_frame!("neon");
 
     /// The block loop of [`DigitTile::factored_sums`] in NEON with `sdot` (per block: see the
     /// module docs).
@@ -260,7 +260,14 @@ impl DigitTile for NeonDot {
             accumulate::<GROUP, NR, MR, 1>(&mut acc, &sums, b, windows, window_len);
             b += 1;
         }
-        acc.map(|row| row.map(|acc| fsum(acc)))
+        // Index loops, not `map` closures, which the release build left as calls (its symbols).
+        let mut sums = [[0f32; MR]; NR];
+        for r in 0..NR {
+            for i in 0..MR {
+                sums[r][i] = fsum(acc[r][i]);
+            }
+        }
+        sums
     }
 }
 

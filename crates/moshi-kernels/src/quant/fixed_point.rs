@@ -14,7 +14,7 @@
 //! vector code: the arranged row's layout ([`RowLayout`], [`arrange_rows`]), the frame of their
 //! tiles ([`DigitTiles`]: the factor windows, the row scale and the bias terms around each
 //! kernel's block loop, [`DigitTile`]) and the factor windows' preparation in each instruction
-//! set ([`digit_prepare_row!`]).
+//! set ([`digit_tile_frame!`]).
 
 use std::marker::PhantomData;
 
@@ -186,7 +186,7 @@ pub(crate) trait DigitTile {
     /// factors `scale_g · u_{i,g}` into window `i` of `windows` (`window_len` floats each: the
     /// groups, then zeros), and returns the bias terms `Σ_g bias_g · Σ_{j∈g} x_{i,j}` (on the f32
     /// group sums, summed group by group in the kernel's lanes). Expanded by
-    /// [`digit_prepare_row!`].
+    /// [`digit_tile_frame!`].
     ///
     /// # Safety
     /// The CPU must have the kernel's features; `r < w.rows()`; `xs` must point to `MR` arranged
@@ -220,6 +220,18 @@ pub(crate) trait DigitTile {
         window_len: usize,
         row_step: usize,
         prefetch: CodePrefetch,
+    ) -> [[f32; MR]; NR];
+
+    /// The tile of weight rows `r0 + k · row_step` (`k < NR`) against the arranged rows of
+    /// `frame`: [`TileFrame::run`] in the kernel's instruction set, so that its parts inline.
+    /// Expanded by [`digit_tile_frame!`].
+    ///
+    /// # Safety
+    /// As for [`TileFrame::run`].
+    unsafe fn tile<const GROUP: usize, const NR: usize, const MR: usize, const U: usize>(
+        frame: TileFrame<'_>,
+        r0: usize,
+        row_step: usize,
     ) -> [[f32; MR]; NR];
 }
 
@@ -270,34 +282,83 @@ impl<K: DigitTile, const GROUP: usize, const MATVEC: usize> Tiles
         row_step: usize,
         first: usize,
     ) -> [[f32; MR]; NR] {
-        let (w, layout, window_len) = (self.w, self.layout, self.window_len);
-        let arranged = &self.xs[first * layout.stride..(first + MR) * layout.stride];
+        let stride = self.layout.stride;
+        let frame = TileFrame {
+            w: self.w,
+            arranged: &self.xs[first * stride..(first + MR) * stride],
+            layout: self.layout,
+            windows: &mut self.windows,
+            window_len: self.window_len,
+            prefetch: self.prefetch,
+        };
+        // SAFETY: the CPU has the features (`new`'s contract); the weight rows exist (forwarded
+        // contract); the arranged rows are sliced above; the windows are sized for the largest
+        // tile.
+        unsafe { K::tile::<GROUP, NR, MR, U>(frame, r0, row_step) }
+    }
+}
+
+/// What one tile of an integer kernel works on besides its weight rows.
+pub(crate) struct TileFrame<'a> {
+    w: &'a QuantizedMatrix,
+    /// The tile's `MR` arranged activation rows.
+    arranged: &'a [f32],
+    layout: RowLayout,
+    /// Room for `NR · MR` factor windows of `window_len` floats.
+    windows: &'a mut [f32],
+    window_len: usize,
+    prefetch: CodePrefetch,
+}
+
+impl TileFrame<'_> {
+    /// Kernel `K`'s tile: prefetches the scales of the weight rows a few tiles ahead, prepares
+    /// each weight row's factor windows and bias terms ([`DigitTile::prepare_row`]), runs the
+    /// block loop ([`DigitTile::factored_sums`]) and gives each pair `Σ · 2^e + bias terms`.
+    /// Always inlined, into each kernel's [`DigitTile::tile`], where the kernel's parts inline in
+    /// turn.
+    ///
+    /// # Safety
+    /// The CPU must have the kernel's features; weight rows `r0 + k · row_step` (`k < NR`) must
+    /// exist; the frame holds `MR` arranged rows and room for `NR · MR` windows.
+    #[inline(always)]
+    pub(crate) unsafe fn run<
+        K: DigitTile,
+        const GROUP: usize,
+        const NR: usize,
+        const MR: usize,
+        const U: usize,
+    >(
+        self,
+        r0: usize,
+        row_step: usize,
+    ) -> [[f32; MR]; NR] {
+        let TileFrame {
+            w,
+            arranged,
+            layout,
+            windows,
+            window_len,
+            prefetch,
+        } = self;
+        assert!(arranged.len() == MR * layout.stride && windows.len() >= NR * MR * window_len);
         let xs = arranged.as_ptr();
         for r in 0..NR {
-            self.prefetch
-                .scales_of_row(w, r0 + r * row_step + SCALE_PREFETCH_ROWS);
+            prefetch.scales_of_row(w, r0 + r * row_step + SCALE_PREFETCH_ROWS);
         }
         let mut bias_terms = [[0f32; MR]; NR];
         for (r, terms) in bias_terms.iter_mut().enumerate() {
-            let windows = &mut self.windows[r * MR * window_len..(r + 1) * MR * window_len];
-            // SAFETY: the CPU has the features (`new`'s contract); row r0 + r · row_step exists
-            // (forwarded contract); `xs` holds MR arranged rows (sliced above); the window size
-            // covers the padded groups.
+            let windows = &mut windows[r * MR * window_len..(r + 1) * MR * window_len];
+            // SAFETY: the CPU has the features and row r0 + r · row_step exists (forwarded
+            // contract); `xs` holds MR arranged rows and the windows cover the padded groups
+            // (checked above).
             *terms = unsafe {
                 K::prepare_row::<GROUP, MR>(w, r0 + r * row_step, xs, layout, windows, window_len)
             };
         }
-        // SAFETY: as above; the windows are sized for the largest tile and prepared for this one.
+        // SAFETY: as above; the windows are prepared for this tile.
         let sums = unsafe {
             K::factored_sums::<GROUP, NR, MR, U>(
-                w,
-                r0,
-                xs,
-                layout,
-                &self.windows,
-                window_len,
-                row_step,
-                self.prefetch,
+                w, r0, xs, layout, windows, window_len, row_step, prefetch,
             )
         };
         let mut out = [[0f32; MR]; NR];
@@ -336,14 +397,26 @@ pub(crate) unsafe fn run_tiles<K: DigitTile, const GROUP: usize, const MATVEC: u
     unsafe { run_passes(&mut tiles, m, row_start, out_t) }
 }
 
-/// Expands [`DigitTile::prepare_row`] inside an integer kernel's `impl DigitTile`, for an
-/// instruction set compiled with `$features`, from the f32 vector operations of that set's lane
-/// kernel module, which must be in scope (`fzero`, `fload`, `fstore`, `fmul`, `ffma`, `fsum`,
-/// `widen_bf16`, over vectors of `Self::LANES` ≤ 16 lanes). One pass over the weight row's bf16
-/// scales and biases. A macro for the reason `lane_kernel!` is one: the `target_feature`
-/// attribute, needed so every operation inlines, differs per instruction set.
-macro_rules! digit_prepare_row {
+/// Expands [`DigitTile::prepare_row`] and [`DigitTile::tile`] inside an integer kernel's `impl
+/// DigitTile`, for an instruction set compiled with `$features`, from the f32 vector operations of
+/// that set's lane kernel module, which must be in scope (`fzero`, `fload`, `fstore`, `fmul`,
+/// `ffma`, `fsum`, `widen_bf16`, over vectors of `Self::LANES` ≤ 16 lanes). A macro for the reason
+/// `lane_kernel!` is one: the `target_feature` attribute, needed so every operation inlines,
+/// differs per instruction set.
+macro_rules! digit_tile_frame {
     ($features:literal) => {
+        #[target_feature(enable = $features)]
+        #[inline]
+        unsafe fn tile<const GROUP: usize, const NR: usize, const MR: usize, const U: usize>(
+            frame: crate::quant::fixed_point::TileFrame<'_>,
+            r0: usize,
+            row_step: usize,
+        ) -> [[f32; MR]; NR] {
+            // SAFETY: forwarded contract.
+            unsafe { frame.run::<Self, GROUP, NR, MR, U>(r0, row_step) }
+        }
+
+        /// One pass over the weight row's bf16 scales and biases.
         #[target_feature(enable = $features)]
         #[inline]
         unsafe fn prepare_row<const GROUP: usize, const MR: usize>(
@@ -392,7 +465,13 @@ macro_rules! digit_prepare_row {
                     }
                 }
             }
-            bias_acc.map(|acc| fsum(acc))
+            // An index loop, not a `map` closure, which the release build left as a call (its
+            // symbols).
+            let mut bias_terms = [0f32; MR];
+            for i in 0..MR {
+                bias_terms[i] = fsum(bias_acc[i]);
+            }
+            bias_terms
         }
     };
 }

@@ -31,7 +31,7 @@ macro_rules! select_specialised_rows {
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 #[macro_use]
 mod lanes;
-// Before the integer kernels, which expand its `digit_prepare_row!`.
+// Before the integer kernels, which expand its `digit_tile_frame!`.
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 #[macro_use]
 mod fixed_point;

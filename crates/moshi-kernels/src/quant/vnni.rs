@@ -213,7 +213,7 @@ impl DigitTile for Vnni {
     // 2 to 8 sessions, q4).
     const PAIRED_FROM_M: usize = 2;
 
-    digit_prepare_row!("avx512f");
+    digit_tile_frame!("avx512f");
 
     /// The block loop of [`DigitTile::factored_sums`] in AVX-512 VNNI (per block: see the module
     /// docs).
@@ -290,7 +290,14 @@ impl DigitTile for Vnni {
             };
             b += 1;
         }
-        acc.map(|row| row.map(|acc| fsum(acc)))
+        // Index loops, not `map` closures, which the release build left as calls (its symbols).
+        let mut sums = [[0f32; MR]; NR];
+        for r in 0..NR {
+            for i in 0..MR {
+                sums[r][i] = fsum(acc[r][i]);
+            }
+        }
+        sums
     }
 }
 
