@@ -517,6 +517,30 @@ pub(crate) mod checks {
         AnyOrder,
     }
 
+    /// Signed values whose magnitudes spread evenly over 2^±40 in the exponent (xorshift, fixed
+    /// seed): rows in which groups differ widely.
+    pub(crate) struct SpreadValues(u64);
+
+    impl SpreadValues {
+        pub(crate) fn new() -> Self {
+            SpreadValues(0x2545_f491_4f6c_dd1d)
+        }
+
+        fn uniform(&mut self) -> f64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            (self.0 >> 11) as f64 / (1u64 << 53) as f64
+        }
+
+        /// The next `n` values.
+        pub(crate) fn take(&mut self, n: usize) -> Vec<f32> {
+            (0..n)
+                .map(|_| ((self.uniform() - 0.5) * 2f64.powf(80.0 * self.uniform() - 40.0)) as f32)
+                .collect()
+        }
+    }
+
     /// Each column's three digits, read back from an arranged row of `cols` columns.
     pub(crate) fn digits_of(arranged: &[f32], layout: RowLayout, cols: usize) -> Vec<[i8; DIGITS]> {
         let bytes: Vec<i8> = arranged[..layout.digits_len]
@@ -537,18 +561,10 @@ pub(crate) mod checks {
         layout_of: LayoutOf,
         group_sums: GroupSums,
     ) {
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut uniform = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 11) as f64 / (1u64 << 53) as f64
-        };
+        let mut spread = SpreadValues::new();
         for group_size in [32, 64, 128] {
             let cols = 3 * 128 + group_size;
-            let x: Vec<f32> = (0..2 * cols)
-                .map(|_| ((uniform() - 0.5) * 2f64.powf(80.0 * uniform() - 40.0)) as f32)
-                .collect();
+            let x = spread.take(2 * cols);
             let arranged = arrange(&x, 2, cols, group_size).unwrap();
             let layout = layout_of(cols, group_size);
             assert_eq!(arranged.len(), 2 * layout.stride);
@@ -633,18 +649,10 @@ mod tests {
 
     #[test]
     fn values_are_held_within_half_a_unit_of_at_most_2_pow_minus_23_of_the_group_max() {
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut uniform = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 11) as f64 / (1u64 << 53) as f64
-        };
+        let mut spread = checks::SpreadValues::new();
         for _ in 0..200 {
             // Magnitudes spread over 2^±40 within a row, so groups differ widely.
-            let row: Vec<f32> = (0..256)
-                .map(|_| ((uniform() - 0.5) * 2f64.powf(80.0 * uniform() - 40.0)) as f32)
-                .collect();
+            let row = spread.take(256);
             let max = row.iter().fold(0f32, |m, v| m.max(v.abs()));
             let Some(RowScale::Exponent(e)) = RowScale::of_row(max, false) else {
                 panic!("row of normal values refused")
