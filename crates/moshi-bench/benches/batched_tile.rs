@@ -27,6 +27,7 @@
 use std::hint::black_box;
 use std::time::Instant;
 
+use moshi_bench::alternating::medians_per_call;
 use moshi_bench::hashed_weights::hashed_q4;
 use moshi_kernels::QuantizedMatrix;
 
@@ -82,30 +83,18 @@ fn main() {
 /// alternating within each round; each round runs every matrix of `mats` once per row count
 /// (at least 64 products).
 fn time_alternating(mats: &[QuantizedMatrix], rounds: usize) -> [f64; 2] {
-    let cols = mats[0].cols();
-    let rows = mats[0].rows();
+    let (rows, cols) = (mats[0].rows(), mats[0].cols());
+    let row_counts = [1, BATCH_ROWS];
+    let xs = row_counts.map(|m| {
+        (0..m * cols)
+            .map(|j| ((j * 7919 % 1000) as f32 - 500.0) * 1e-3)
+            .collect::<Vec<f32>>()
+    });
+    let mut ys = row_counts.map(|m| vec![0f32; m * rows]);
     let calls = mats.len().max(64);
-    let mut samples = [Vec::new(), Vec::new()];
-    for round in 0..=rounds {
-        for (k, m) in [1, BATCH_ROWS].into_iter().enumerate() {
-            let x: Vec<f32> = (0..m * cols)
-                .map(|j| ((j * 7919 % 1000) as f32 - 500.0) * 1e-3)
-                .collect();
-            let mut y = vec![0f32; m * rows];
-            let start = Instant::now();
-            for call in 0..calls {
-                mats[call % mats.len()].matmul(black_box(&x), m, &mut y);
-            }
-            // Round 0 warms up (pages, caches, the team's threads).
-            if round > 0 {
-                samples[k].push(start.elapsed().as_secs_f64() / calls as f64);
-            }
-            black_box(&y);
-        }
-    }
-    samples.map(|mut s| {
-        s.sort_by(f64::total_cmp);
-        s[s.len() / 2]
+    medians_per_call(rounds, calls, |k, call| {
+        mats[call % mats.len()].matmul(black_box(&xs[k]), row_counts[k], &mut ys[k]);
+        black_box(&ys[k]);
     })
 }
 

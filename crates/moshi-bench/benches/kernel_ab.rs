@@ -9,8 +9,8 @@
 //! model's step; 0 for one cached copy).
 
 use std::hint::black_box;
-use std::time::Instant;
 
+use moshi_bench::alternating::medians_per_call;
 use moshi_bench::hashed_weights::hashed_q4;
 use moshi_kernels::{Kernel, QuantizedMatrix};
 
@@ -86,23 +86,10 @@ fn time_alternating(
         .collect();
     let mut y = vec![0f32; m * rows];
     let calls = mats.len().max(32);
-    let mut samples = [Vec::new(), Vec::new()];
-    for round in 0..=rounds {
-        for (k, kernel) in kernels.into_iter().enumerate() {
-            let start = Instant::now();
-            for call in 0..calls {
-                mats[call % mats.len()]
-                    .matmul_with_kernel(kernel, black_box(&x), m, &mut y)
-                    .expect("an available kernel");
-            }
-            if round > 0 {
-                samples[k].push(start.elapsed().as_secs_f64() / calls as f64);
-            }
-            black_box(&y);
-        }
-    }
-    samples.map(|mut s| {
-        s.sort_by(f64::total_cmp);
-        s[s.len() / 2]
+    medians_per_call(rounds, calls, |k, call| {
+        mats[call % mats.len()]
+            .matmul_with_kernel(kernels[k], black_box(&x), m, &mut y)
+            .expect("an available kernel");
+        black_box(&y);
     })
 }

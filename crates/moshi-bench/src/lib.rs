@@ -13,6 +13,8 @@ pub mod bandwidth;
 pub mod shapes;
 
 #[cfg(feature = "pipeline")]
+pub mod alternating;
+#[cfg(feature = "pipeline")]
 pub mod checkpoint;
 #[cfg(feature = "pipeline")]
 mod error;
