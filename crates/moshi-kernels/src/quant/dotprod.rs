@@ -214,7 +214,7 @@ impl DigitTile for NeonDot {
     // One weight row per matrix-matrix tile (two, as on x86, not measured on an aarch64 machine).
     const PAIRED_FROM_M: usize = usize::MAX;
 
-    digit_tile_frame!("neon");
+    digit_tile_frame!("neon,dotprod");
 
     /// The block loop of [`DigitTile::factored_sums`] in NEON with `sdot` (per block: see the
     /// module docs).

@@ -398,11 +398,12 @@ pub(crate) unsafe fn run_tiles<K: DigitTile, const GROUP: usize, const MATVEC: u
 }
 
 /// Expands [`DigitTile::prepare_row`] and [`DigitTile::tile`] inside an integer kernel's `impl
-/// DigitTile`, for an instruction set compiled with `$features`, from the f32 vector operations of
-/// that set's lane kernel module, which must be in scope (`fzero`, `fload`, `fstore`, `fmul`,
-/// `ffma`, `fsum`, `widen_bf16`, over vectors of `Self::LANES` ≤ 16 lanes). A macro for the reason
-/// `lane_kernel!` is one: the `target_feature` attribute, needed so every operation inlines,
-/// differs per instruction set.
+/// DigitTile`, compiled with `$features` (those of the kernel's
+/// [`DigitTile::factored_sums`], so that it inlines into the tile), from the f32 vector operations
+/// of the instruction set's lane kernel module, which must be in scope (`fzero`, `fload`,
+/// `fstore`, `fmul`, `ffma`, `fsum`, `widen_bf16`, over vectors of `Self::LANES` ≤ 16 lanes). A
+/// macro for the reason `lane_kernel!` is one: the `target_feature` attribute, needed so every
+/// operation inlines, differs per instruction set.
 macro_rules! digit_tile_frame {
     ($features:literal) => {
         #[target_feature(enable = $features)]

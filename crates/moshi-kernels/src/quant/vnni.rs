@@ -213,7 +213,7 @@ impl DigitTile for Vnni {
     // 2 to 8 sessions, q4).
     const PAIRED_FROM_M: usize = 2;
 
-    digit_tile_frame!("avx512f");
+    digit_tile_frame!("avx512f,avx512vnni");
 
     /// The block loop of [`DigitTile::factored_sums`] in AVX-512 VNNI (per block: see the module
     /// docs).
