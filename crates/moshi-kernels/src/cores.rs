@@ -92,7 +92,7 @@ pub fn performance_cores_from_sysfs(cpu_dir: &Path, allowed: Option<&[usize]>) -
     Some(performance)
 }
 
-/// A kernel CPU list (`0-3,6,8-11`), or `None` if malformed or naming a CPU past [`MAX_CPUS`].
+/// A kernel CPU list (`0-3,6,8-11`), or `None` if malformed or naming a CPU past `MAX_CPUS`.
 pub fn parse_cpu_list(list: &str) -> Option<Vec<usize>> {
     let mut cpus = Vec::new();
     for part in list.split(',').map(str::trim).filter(|p| !p.is_empty()) {

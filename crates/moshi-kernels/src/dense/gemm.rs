@@ -226,7 +226,7 @@ unsafe fn gemm_raw(
 }
 
 /// Like [`gemm_nt_strided`] with contiguous weight rows stored as bf16 bits, for at most
-/// [`SMALL_M`] left rows (the memory-bound per-frame case: half the weight bytes of f32).
+/// `SMALL_M` left rows (the memory-bound per-frame case: half the weight bytes of f32).
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_nt_bf16(
     m: usize,

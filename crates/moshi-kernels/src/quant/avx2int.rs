@@ -211,7 +211,7 @@ fn rows<const GROUP: usize>(
     unsafe { run_tiles::<Avx2Int, GROUP, MATVEC_ROWS>(w, xs, m, row_start, out_t, layout) }
 }
 
-/// The AVX2 integer kernel's vector code, for [`DigitTiles`].
+/// The AVX2 integer kernel's vector code, for `fixed_point::DigitTiles`.
 struct Avx2Int;
 
 impl DigitTile for Avx2Int {

@@ -206,7 +206,7 @@ fn rows<const GROUP: usize>(
     unsafe { run_tiles::<NeonDot, GROUP, MATVEC_ROWS>(w, xs, m, row_start, out_t, layout) }
 }
 
-/// The NEON dot-product kernel's vector code, for [`DigitTiles`].
+/// The NEON dot-product kernel's vector code, for `fixed_point::DigitTiles`.
 struct NeonDot;
 
 impl DigitTile for NeonDot {

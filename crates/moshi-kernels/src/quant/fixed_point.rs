@@ -10,11 +10,11 @@
 //! sibling).
 //!
 //! This module is the rule itself, in scalar form, which the kernels' arrangement tests check
-//! their vector arrangements against ([`checks`]), and what the kernels share around their
-//! vector code: the arranged row's layout ([`RowLayout`], [`arrange_rows`]), the frame of their
-//! tiles ([`DigitTiles`]: the factor windows, the row scale and the bias terms around each
-//! kernel's block loop, [`DigitTile`]) and the factor windows' preparation in each instruction
-//! set ([`digit_tile_frame!`]).
+//! their vector arrangements against (`checks`, built for tests), and what the kernels share
+//! around their vector code: the arranged row's layout ([`RowLayout`], [`arrange_rows`]), the
+//! frame of their tiles ([`DigitTiles`], [`TileFrame`]: the factor windows, the row scale and the
+//! bias terms around each kernel's block loop, [`DigitTile`]) and the factor windows'
+//! preparation in each instruction set (`digit_tile_frame!`).
 
 use std::marker::PhantomData;
 
@@ -186,7 +186,7 @@ pub(crate) trait DigitTile {
     /// factors `scale_g · u_{i,g}` into window `i` of `windows` (`window_len` floats each: the
     /// groups, then zeros), and returns the bias terms `Σ_g bias_g · Σ_{j∈g} x_{i,j}` (on the f32
     /// group sums, summed group by group in the kernel's lanes). Expanded by
-    /// [`digit_tile_frame!`].
+    /// `digit_tile_frame!`.
     ///
     /// # Safety
     /// The CPU must have the kernel's features; `r < w.rows()`; `xs` must point to `MR` arranged
@@ -224,7 +224,7 @@ pub(crate) trait DigitTile {
 
     /// The tile of weight rows `r0 + k · row_step` (`k < NR`) against the arranged rows of
     /// `frame`: [`TileFrame::run`] in the kernel's instruction set, so that its parts inline.
-    /// Expanded by [`digit_tile_frame!`].
+    /// Expanded by `digit_tile_frame!`.
     ///
     /// # Safety
     /// As for [`TileFrame::run`].

@@ -13,7 +13,7 @@
 //! lane-vector of codes plus one scale FMA; the former table lookup needed two shuffles and one
 //! more FMA per 32 codes, which capped 4-bit products at ~22 GB/s on two Zen 4 cores.
 //!
-//! [`lane_kernel!`] expands the kernel inside an instruction-set module, which provides `LANES`,
+//! `lane_kernel!` expands the kernel inside an instruction-set module, which provides `LANES`,
 //! `TOP_UNSCALED`, `PAIRED_FROM_M`, the vector types `F`/`I`, `available()` and the small
 //! `#[target_feature]` ops it calls (`fzero`, `izero`, `fload`, `fstore`, `fset1`, `fmul`, `ffma`,
 //! `fsum`, `fpermute`, `iload`, `iload_lanes`, `widen_bf16`, `decode`). A macro because the

@@ -203,7 +203,7 @@ fn rows<const GROUP: usize>(
     }
 }
 
-/// The VNNI kernel's vector code, for [`DigitTiles`].
+/// The VNNI kernel's vector code, for `fixed_point::DigitTiles`.
 struct Vnni;
 
 impl DigitTile for Vnni {
