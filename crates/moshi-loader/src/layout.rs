@@ -6,7 +6,7 @@ use crate::{LoaderError, Result, SafetensorsFile};
 /// Naming scheme of an LM checkpoint.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LmLayout {
-    /// Kyutai's PyTorch release: `in_proj_weight`, `norm*.alpha` [1,1,D], stacked depformer.
+    /// Kyutai's PyTorch release: `in_proj_weight`, `norm*.alpha` of shape `[1, 1, D]`, stacked depformer.
     PyTorch,
     /// Kyutai's candle release: PyTorch names, depformer re-laid per slice (`depformer.{i}.*`).
     Candle,

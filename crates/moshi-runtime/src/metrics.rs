@@ -100,7 +100,7 @@ pub struct RunSummary {
 const BIN_RATIO: f64 = 1.001;
 
 /// Statistics of one quantity over a run in bounded memory: exact count, mean, min and max;
-/// percentiles from a histogram of bins [`BIN_RATIO`] wide (at most a few thousand bins over
+/// percentiles from a histogram of bins `BIN_RATIO` wide (at most a few thousand bins over
 /// any plausible range), so a percentile is within 0.1 % of the exact nearest-rank value.
 #[derive(Debug, Clone, Default)]
 pub struct LatencyStats {

@@ -7,7 +7,7 @@
 //! Layers: [`protocol`] (message kinds), [`ogg_opus`] (the audio streams), [`query`] (session
 //! settings), [`session_engine`] (the seam to the model: open a session, push frames, get
 //! answers) with [`batch_engine`] behind it (the sessions with a frame waiting in one batched
-//! step), [`session`] (one connection), [`app`] (routes, accept loop, TLS, shutdown),
+//! step), `session` (one connection), [`app`] (routes, accept loop, TLS, shutdown),
 //! [`web_ui`]; [`client`] speaks the protocol from Rust.
 
 pub mod app;
