@@ -6,7 +6,9 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{assert_fails, jsonl, moshi, read_i16, s};
+use common::{
+    assert_fails, assert_tokens_match_reference, assert_wav_within_lsb, jsonl, moshi, read_i16, s,
+};
 use serde_json::Value;
 
 fn assets() -> PathBuf {
@@ -42,29 +44,8 @@ fn greedy_file_mode_reproduces_official_tokens_and_audio() {
         &std::fs::read_to_string(assets().join("ref/lm_greedy.json")).unwrap(),
     )
     .unwrap();
-    let lines = jsonl(&tokens);
-    let want_text = reference["out_text_tokens"].as_array().unwrap();
-    let want_audio = reference["out_audio_tokens"].as_array().unwrap();
-    assert_eq!(lines.len(), want_text.len());
-    for (i, line) in lines.iter().enumerate() {
-        assert_eq!(line["frame"], i, "frame index");
-        assert_eq!(line["text"], want_text[i], "text token of frame {i}");
-        assert_eq!(line["audio"], want_audio[i], "audio tokens of frame {i}");
-    }
-
-    let ours = read_i16(&out);
-    let theirs = read_i16(&assets().join("ref/output.wav"));
-    assert_eq!(ours.len(), theirs.len());
-    let max_lsb = ours
-        .iter()
-        .zip(&theirs)
-        .map(|(a, b)| (*a as i32 - *b as i32).abs())
-        .max()
-        .unwrap();
-    assert!(
-        max_lsb <= 2,
-        "output.wav differs from the reference by {max_lsb} LSB"
-    );
+    assert_tokens_match_reference(&jsonl(&tokens), &reference);
+    assert_wav_within_lsb(&out, &assets().join("ref/output.wav"), 2);
 
     // Printed words = the official decoding of the returned text tokens (pieces, '▁' -> ' ').
     let stdout = String::from_utf8(o.stdout).unwrap();

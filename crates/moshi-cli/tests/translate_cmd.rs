@@ -8,7 +8,9 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use common::{assert_fails, jsonl, moshi, read_i16, s};
+use common::{
+    assert_fails, assert_tokens_match_reference, assert_wav_within_lsb, jsonl, moshi, read_i16, s,
+};
 use serde_json::Value;
 
 fn hibiki() -> PathBuf {
@@ -49,28 +51,8 @@ fn issue_command_reproduces_the_official_guided_translation() {
         &std::fs::read_to_string(hibiki().join("ref/hibiki_greedy.json")).unwrap(),
     )
     .unwrap();
-    let want_text = reference["out_text_tokens"].as_array().unwrap();
-    let want_audio = reference["out_audio_tokens"].as_array().unwrap();
-    let lines = jsonl(&tokens);
-    assert_eq!(lines.len(), 51, "returned frames");
-    for (i, line) in lines.iter().enumerate() {
-        assert_eq!(line["frame"], i);
-        assert_eq!(line["text"], want_text[i], "text token of frame {i}");
-        assert_eq!(line["audio"], want_audio[i], "audio tokens of frame {i}");
-    }
-    let ours = read_i16(&out);
-    let theirs = read_i16(&hibiki().join("ref/output.wav"));
-    assert_eq!(ours.len(), theirs.len());
-    let max_lsb = ours
-        .iter()
-        .zip(&theirs)
-        .map(|(a, b)| (*a as i32 - *b as i32).abs())
-        .max()
-        .unwrap();
-    assert!(
-        max_lsb <= 2,
-        "out.wav differs from the reference by {max_lsb} LSB"
-    );
+    assert_tokens_match_reference(&jsonl(&tokens), &reference);
+    let max_lsb = assert_wav_within_lsb(&out, &hibiki().join("ref/output.wav"), 2);
     eprintln!("out.wav: max {max_lsb} LSB from ref/output.wav");
     // Random weights never end their text: the default cap (0.5 s: 6 frames) ends the run, and
     // the user is told the translation may be cut short.

@@ -27,6 +27,44 @@ pub fn read_i16(path: &Path) -> Vec<i16> {
     r.samples::<i16>().map(|x| x.unwrap()).collect()
 }
 
+/// A `--tokens-out` file (`lines`, one JSON object per frame) holds, frame for frame, the
+/// reference run's text and audio tokens (`out_text_tokens`, `out_audio_tokens`) and no more.
+pub fn assert_tokens_match_reference(lines: &[serde_json::Value], reference: &serde_json::Value) {
+    let want_text = reference["out_text_tokens"].as_array().unwrap();
+    let want_audio = reference["out_audio_tokens"].as_array().unwrap();
+    assert_eq!(lines.len(), want_text.len(), "returned frames");
+    for (i, line) in lines.iter().enumerate() {
+        assert_eq!(line["frame"], i, "frame index");
+        assert_eq!(line["text"], want_text[i], "text token of frame {i}");
+        assert_eq!(line["audio"], want_audio[i], "audio tokens of frame {i}");
+    }
+}
+
+/// The WAV `ours` has the reference WAV's length and lies within `max_lsb` of it sample for
+/// sample; returns the largest difference.
+pub fn assert_wav_within_lsb(ours: &Path, reference: &Path, max_lsb: i32) -> i32 {
+    let (ours_samples, theirs) = (read_i16(ours), read_i16(reference));
+    assert_eq!(
+        ours_samples.len(),
+        theirs.len(),
+        "{} samples",
+        ours.display()
+    );
+    let worst = ours_samples
+        .iter()
+        .zip(&theirs)
+        .map(|(a, b)| (*a as i32 - *b as i32).abs())
+        .max()
+        .unwrap_or(0);
+    assert!(
+        worst <= max_lsb,
+        "{} differs from {} by {worst} LSB",
+        ours.display(),
+        reference.display()
+    );
+    worst
+}
+
 /// The command failed, without a panic, and its stderr names every one of `needles`.
 pub fn assert_fails(o: &Output, needles: &[&str]) {
     let stderr = String::from_utf8_lossy(&o.stderr);
