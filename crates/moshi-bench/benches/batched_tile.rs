@@ -14,11 +14,11 @@
 //!    group-scale FMAs per pair and 128 columns, its decode shared by the 4 activation rows, so the
 //!    floor per pair-block is 18 FMAs at the mix's rate; and the machine's f32 rate is 16 FLOP per
 //!    FMA at that rate and clock, per core.
-//! 2. **The product**: `QuantizedMatrix::matmul` (q4, group 32, the detected kernel) at two of
-//!    the 7B's shapes (4096 and 11264 columns), 1 and 4 activation rows, on one thread and on
-//!    every thread, with the weights cached (one matrix, 9 or 26 MB: in a last-level cache of
-//!    32 MB, as on the Zen 5 VMs) and streamed (copies rotated over 1 GiB, as a model streams its
-//!    weights). The cases alternate round by round; the table gives medians over the rounds, in
+//! 2. **The product**: `QuantizedMatrix::matmul` (q4, group 32, the detected kernel) at three of
+//!    the 7B's shapes (1024, 4096 and 11264 columns: 4 arranged activation rows of 16 KiB each fit
+//!    in L1, the others do not), 1 and 4 activation rows, on one thread and on every thread, with
+//!    the weights cached (one matrix, 2, 9 or 26 MB: in a last-level cache of 32 MB, as on the Zen
+//!    5 VMs) and streamed (copies rotated over 1 GiB, as a model streams its weights). The cases alternate round by round; the table gives medians over the rounds, in
 //!    cycles per pair-block and core (wall time x threads x clock / pair-blocks).
 //!
 //! `cargo bench -p moshi-bench --bench batched_tile` (about 2 minutes; `MOSHI_BENCH_ROUNDS`,
@@ -51,7 +51,11 @@ fn main() {
         "\n| shape | weights | threads | rows | ms per product | cycles per pair-block and core | \
          x 1 row |\n|---|---|---|---|---|---|---|"
     );
-    for (name, cols, out) in [("attn out_proj", 4096, 4096), ("gating out", 11264, 4096)] {
+    for (name, cols, out) in [
+        ("dep in_proj", 1024, 3072),
+        ("attn out_proj", 4096, 4096),
+        ("gating out", 11264, 4096),
+    ] {
         let one = vec![hashed_q4(out, cols, 0x5eed + cols as u64)];
         let copies = STREAM_BYTES.div_ceil(one[0].codes().len() * 4);
         let streamed: Vec<QuantizedMatrix> = (0..copies).map(|_| one[0].clone()).collect();
