@@ -48,6 +48,16 @@ pub struct Limits {
     pub tls_handshake_timeout: Duration,
     /// Kernel send buffer of each connection (about 2 s of Moshi's audio).
     pub socket_send_buffer_bytes: usize,
+    /// A connection must finish its request headers within this long, and an idle keep-alive
+    /// connection is closed after this long without a new request (slowloris and idle clients).
+    pub header_read_timeout: Duration,
+    /// Largest request head (request line + headers) read from a client; hyper's floor is
+    /// 8 KiB. Larger: the connection is closed with an error.
+    pub max_request_head_bytes: usize,
+    /// Connections not (yet) upgraded to a websocket at a time; one more is closed at once.
+    pub max_pending_connections: usize,
+    /// Connections at a time, websocket sessions included; one more is closed at once.
+    pub max_connections: usize,
 }
 
 impl Default for Limits {
@@ -62,6 +72,10 @@ impl Default for Limits {
             max_audio_ahead: Duration::from_secs(10),
             tls_handshake_timeout: Duration::from_secs(10),
             socket_send_buffer_bytes: 64 * 1024,
+            header_read_timeout: Duration::from_secs(10),
+            max_request_head_bytes: 32 * 1024,
+            max_pending_connections: 64,
+            max_connections: 256,
         }
     }
 }
@@ -294,8 +308,7 @@ pub async fn start(
         .route("/api/chat", get(chat))
         .with_state(state.clone())
         .merge(web_ui::routes(&config.web_ui));
-    let limits = config.limits.clone();
-    let accept_task = tokio::spawn(accept_loop(listener, router, tls, limits));
+    let accept_task = tokio::spawn(accept_loop(listener, router, tls, state.clone()));
     Ok(RunningServer {
         local_addr,
         tls: config.tls.is_some(),
@@ -305,21 +318,50 @@ pub async fn start(
     })
 }
 
+/// How often at most `accept failed` is logged (it repeats as fast as the loop turns while
+/// the process is out of file descriptors).
+const ACCEPT_WARNING_EVERY: Duration = Duration::from_secs(5);
+
 async fn accept_loop(
     listener: TcpListener,
     router: Router,
     tls: Option<tokio_rustls::TlsAcceptor>,
-    limits: Limits,
+    state: Arc<AppState>,
 ) {
+    let limits = state.limits.clone();
+    // Held by each connection until it is upgraded to a websocket (or ends).
+    let pending = Arc::new(tokio::sync::Semaphore::new(limits.max_pending_connections));
+    let mut last_accept_warning: Option<tokio::time::Instant> = None;
+    let mut accept_failures_not_logged = 0u64;
     loop {
         let (tcp, peer) = match listener.accept().await {
             Ok(c) => c,
             Err(e) => {
-                // Out of file descriptors and the like: wait instead of spinning.
-                tracing::warn!("accept failed: {e}");
+                // Out of file descriptors and the like: wait instead of spinning, and log once
+                // in a while instead of ten times a second.
+                if last_accept_warning.is_none_or(|t| t.elapsed() >= ACCEPT_WARNING_EVERY) {
+                    tracing::warn!(
+                        not_logged_since_last = accept_failures_not_logged,
+                        "accept failed: {e}"
+                    );
+                    last_accept_warning = Some(tokio::time::Instant::now());
+                    accept_failures_not_logged = 0;
+                } else {
+                    accept_failures_not_logged += 1;
+                }
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
+        };
+        let sessions = state.running_sessions.load(Ordering::Acquire);
+        let not_upgraded = limits.max_pending_connections - pending.available_permits();
+        if sessions + not_upgraded >= limits.max_connections {
+            tracing::debug!(%peer, sessions, not_upgraded, "connection refused: {} connections at a time at most", limits.max_connections);
+            continue;
+        }
+        let Ok(permit) = pending.clone().try_acquire_owned() else {
+            tracing::debug!(%peer, "connection refused: {} connections not upgraded to a websocket at a time at most", limits.max_pending_connections);
+            continue;
         };
         // Small messages every 20-80 ms: never wait for more bytes before sending.
         let _ = tcp.set_nodelay(true);
@@ -329,14 +371,19 @@ async fn accept_loop(
         let _ = socket2::SockRef::from(&tcp).set_send_buffer_size(limits.socket_send_buffer_bytes);
         let service = router.clone().layer(Extension(PeerAddr(peer)));
         let tls = tls.clone();
-        let handshake_timeout = limits.tls_handshake_timeout;
+        let limits = limits.clone();
         tokio::spawn(async move {
+            // The permit is released when the connection ends or is upgraded (the websocket
+            // session then runs on its own task, counted in `running_sessions`).
+            let _permit = permit;
             match tls {
-                None => serve_connection(TokioIo::new(tcp), service, peer).await,
+                None => serve_connection(TokioIo::new(tcp), service, peer, &limits).await,
                 Some(acceptor) => {
-                    match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await {
+                    match tokio::time::timeout(limits.tls_handshake_timeout, acceptor.accept(tcp))
+                        .await
+                    {
                         Ok(Ok(stream)) => {
-                            serve_connection(TokioIo::new(stream), service, peer).await
+                            serve_connection(TokioIo::new(stream), service, peer, &limits).await
                         }
                         Ok(Err(e)) => tracing::info!(%peer, "TLS handshake failed: {e}"),
                         Err(_) => tracing::info!(%peer, "TLS handshake timed out"),
@@ -347,11 +394,15 @@ async fn accept_loop(
     }
 }
 
-async fn serve_connection<I>(io: TokioIo<I>, service: Router, peer: SocketAddr)
+/// Serves HTTP/1 on one connection until it ends or is upgraded to a websocket.
+async fn serve_connection<I>(io: TokioIo<I>, service: Router, peer: SocketAddr, limits: &Limits)
 where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let result = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(limits.max_request_head_bytes.max(MIN_REQUEST_HEAD_BYTES))
         .serve_connection(io, TowerToHyperService::new(service))
         .with_upgrades()
         .await;
@@ -359,3 +410,6 @@ where
         tracing::debug!(%peer, "connection: {e}");
     }
 }
+
+/// hyper's smallest read buffer (`max_buf_size` panics below it).
+const MIN_REQUEST_HEAD_BYTES: usize = 8192;

@@ -404,6 +404,125 @@ async fn one_session_too_many_gets_busy_and_shutdown_says_goodbye() {
     assert_eq!(close_code(&seen), Some(1001));
 }
 
+/// Reads from `tcp` until the server closes it; returns how long that took (None: still open
+/// after `within`).
+async fn closed_within(tcp: &mut tokio::net::TcpStream, within: Duration) -> Option<Duration> {
+    use tokio::io::AsyncReadExt;
+    let t0 = tokio::time::Instant::now();
+    let mut buf = [0u8; 1024];
+    loop {
+        match tokio::time::timeout_at(t0 + within, tcp.read(&mut buf)).await {
+            Err(_) => return None,
+            Ok(Ok(0)) | Ok(Err(_)) => return Some(t0.elapsed()),
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+/// A connection that starts a request and never finishes its headers (slowloris) is closed
+/// after `header_read_timeout`; so is one that says nothing. Before, hyper had no timer and held
+/// both forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unfinished_request_headers_are_closed_after_the_header_timeout() {
+    use tokio::io::AsyncWriteExt;
+    let server = start(
+        1,
+        Limits {
+            header_read_timeout: Duration::from_secs(1),
+            ..limits()
+        },
+    )
+    .await;
+    let mut slow = tokio::net::TcpStream::connect(server.local_addr())
+        .await
+        .unwrap();
+    slow.write_all(b"GET /api/chat HTTP/1.1\r\nHost: x\r\nX-Slow: a")
+        .await
+        .unwrap();
+    let mut silent = tokio::net::TcpStream::connect(server.local_addr())
+        .await
+        .unwrap();
+    let took = closed_within(&mut slow, Duration::from_secs(5)).await;
+    assert!(
+        took.is_some(),
+        "a connection with unfinished headers was still open after 5 s"
+    );
+    assert!(took.unwrap() >= Duration::from_millis(900), "{took:?}");
+    let took = closed_within(&mut silent, Duration::from_secs(5)).await;
+    assert!(
+        took.is_some(),
+        "a connection that says nothing was still open after 5 s"
+    );
+    assert_eq!(server.running_sessions(), 0);
+    server.shutdown(Duration::from_secs(3)).await;
+}
+
+/// With `max_pending_connections` connections holding unfinished requests, one more is closed
+/// at once, and a websocket session that started before keeps talking; once they are gone, new
+/// connections are served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_beyond_the_cap_are_closed_without_harming_a_session() {
+    use tokio::io::AsyncWriteExt;
+    let server = start(
+        1,
+        Limits {
+            max_pending_connections: 4,
+            header_read_timeout: Duration::from_secs(3),
+            ..limits()
+        },
+    )
+    .await;
+    let addr = server.local_addr();
+    let (mut tx, mut rx) = client::connect(&url(addr), OpusPacketing::WEB_CLIENT)
+        .await
+        .unwrap();
+    assert_eq!(rx.recv().await.unwrap(), Received::Handshake);
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        tcp.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
+        held.push(tcp);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for _ in 0..3 {
+        let mut extra = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let took = closed_within(&mut extra, Duration::from_secs(2)).await;
+        assert!(
+            took.is_some(),
+            "a connection beyond the cap was not closed at once"
+        );
+    }
+    // The session keeps working: audio in, audio out.
+    let start = tokio::time::Instant::now();
+    let mut audio = 0;
+    let mut i = 0;
+    while audio < 10 {
+        tokio::time::sleep_until(start + Duration::from_millis(80 * i as u64)).await;
+        tx.send_pcm(&frame_pcm(i)).await.unwrap();
+        i += 1;
+        while let Ok(m) = tokio::time::timeout(Duration::from_millis(1), rx.recv()).await {
+            match m.unwrap() {
+                Received::Audio(p) if !p.is_empty() => audio += 1,
+                Received::Error(e) => panic!("{e}"),
+                Received::Closed(c) => panic!("closed: {c:?}"),
+                _ => {}
+            }
+        }
+        assert!(i < 200, "the session got {audio} audio messages in 16 s");
+    }
+    tx.close().await.unwrap();
+    let seen = next_ending(&mut rx).await;
+    assert_eq!(close_code(&seen), Some(1000), "{seen:?}");
+    // The held connections are released (header timeout); new ones are served again.
+    drop(held);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (_tx, mut rx) = client::connect(&url(addr), OpusPacketing::WEB_CLIENT)
+        .await
+        .unwrap();
+    assert_eq!(rx.recv().await.unwrap(), Received::Handshake);
+    server.shutdown(Duration::from_secs(3)).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_serves_wss() {
     let dir = tempfile::tempdir().unwrap();
