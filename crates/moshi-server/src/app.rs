@@ -40,10 +40,16 @@ pub struct Limits {
     pub outbox_messages: usize,
     /// Most audio decoded from one message (24 kHz samples).
     pub max_audio_per_message_samples: usize,
-    /// Audio may arrive this many times faster than real time ...
+    /// Sustained pace audio may arrive at, in multiples of real time (a token bucket refilled
+    /// at this pace) ...
     pub max_audio_speed: f64,
-    /// ... plus this much ahead.
-    pub max_audio_ahead: Duration,
+    /// ... with bursts of at most this much audio (the bucket's size; it starts full).
+    pub max_audio_burst: Duration,
+    /// A session whose client sent less than this multiple of real time over the last
+    /// `min_audio_window` (once the session is that old) is closed: a client trickling audio
+    /// must not hold a session slot.
+    pub min_audio_speed: f64,
+    pub min_audio_window: Duration,
     /// Time allowed for a TLS handshake.
     pub tls_handshake_timeout: Duration,
     /// Kernel send buffer of each connection (about 2 s of Moshi's audio).
@@ -68,8 +74,10 @@ impl Default for Limits {
             not_reading_timeout: Duration::from_secs(10),
             outbox_messages: 64,
             max_audio_per_message_samples: 5 * moshi_runtime::SAMPLE_RATE_HZ as usize,
-            max_audio_speed: 4.0,
-            max_audio_ahead: Duration::from_secs(10),
+            max_audio_speed: 1.25,
+            max_audio_burst: Duration::from_secs(5),
+            min_audio_speed: 0.5,
+            min_audio_window: Duration::from_secs(10),
             tls_handshake_timeout: Duration::from_secs(10),
             socket_send_buffer_bytes: 64 * 1024,
             header_read_timeout: Duration::from_secs(10),

@@ -55,6 +55,8 @@ enum SessionEnd {
     /// The client broke the protocol (unknown kind, text frame, bad Ogg/Opus, too much audio).
     BadInput(String),
     Idle(Duration),
+    /// The client sent less than `min_audio_speed` x real time over the window.
+    TooSlow(String),
     NotReading(Duration),
     Engine(String),
     Shutdown,
@@ -65,7 +67,9 @@ impl SessionEnd {
     fn client_message(&self) -> Option<String> {
         match self {
             Self::ClientClosed | Self::ConnectionLost(_) | Self::NotReading(_) => None,
-            Self::TooLarge(m) | Self::BadInput(m) => Some(format!("{m}; closing the session")),
+            Self::TooLarge(m) | Self::BadInput(m) | Self::TooSlow(m) => {
+                Some(format!("{m}; closing the session"))
+            }
             Self::Idle(d) => Some(format!(
                 "no audio from the client for {} s; closing the session",
                 d.as_secs()
@@ -79,7 +83,7 @@ impl SessionEnd {
         match self {
             Self::ClientClosed | Self::ConnectionLost(_) | Self::Idle(_) => close_code::NORMAL,
             Self::TooLarge(_) => close_code::TOO_BIG,
-            Self::BadInput(_) | Self::NotReading(_) => close_code::POLICY,
+            Self::BadInput(_) | Self::TooSlow(_) | Self::NotReading(_) => close_code::POLICY,
             Self::Engine(_) => close_code::INTERNAL,
             Self::Shutdown => close_code::GOING_AWAY,
         }
@@ -90,6 +94,7 @@ impl SessionEnd {
             Self::ClientClosed => "the client closed the connection".into(),
             Self::ConnectionLost(e) => format!("the connection was lost: {e}"),
             Self::TooLarge(m) | Self::BadInput(m) => format!("bad input: {m}"),
+            Self::TooSlow(m) => format!("audio too slow: {m}"),
             Self::Idle(d) => format!("no audio for {} s", d.as_secs()),
             Self::NotReading(d) => format!(
                 "the client read nothing for {} s (no answer to a ping, or its queue full)",
@@ -201,6 +206,86 @@ fn truncate_utf8(s: &str, max: usize) -> String {
     s[..end].to_string()
 }
 
+/// The pace of a client's audio: a token bucket bounds it from above (sustained
+/// `max_audio_speed` x real time, bursts of `max_audio_burst`), a sliding window from below
+/// (`min_audio_speed` x real time over `min_audio_window`).
+#[derive(Debug)]
+struct AudioPace {
+    max_speed: f64,
+    burst_s: f64,
+    /// Seconds of audio the client may still send at once.
+    tokens_s: f64,
+    refilled: Instant,
+    min_speed: f64,
+    window: Duration,
+    /// Audio received in the window: (start of a bin of [`AudioPace::BIN`], seconds received).
+    recent: std::collections::VecDeque<(Instant, f64)>,
+}
+
+impl AudioPace {
+    /// Arrivals closer than this share one bin (bounds the window's memory).
+    const BIN: Duration = Duration::from_millis(100);
+
+    fn new(limits: &crate::app::Limits, now: Instant) -> Self {
+        let burst_s = limits.max_audio_burst.as_secs_f64();
+        Self {
+            max_speed: limits.max_audio_speed,
+            burst_s,
+            tokens_s: burst_s,
+            refilled: now,
+            min_speed: limits.min_audio_speed,
+            window: limits.min_audio_window,
+            recent: std::collections::VecDeque::new(),
+        }
+    }
+
+    /// Counts `received_s` seconds of audio arriving at `now`; an error sentence when the
+    /// client is beyond the sustained pace plus the burst.
+    fn received(&mut self, received_s: f64, now: Instant) -> Result<(), String> {
+        let elapsed_s = now.saturating_duration_since(self.refilled).as_secs_f64();
+        self.refilled = now;
+        self.tokens_s = (self.tokens_s + elapsed_s * self.max_speed).min(self.burst_s);
+        match self.recent.back_mut() {
+            Some((bin, seconds)) if now.saturating_duration_since(*bin) < Self::BIN => {
+                *seconds += received_s
+            }
+            _ => self.recent.push_back((now, received_s)),
+        }
+        self.tokens_s -= received_s;
+        if self.tokens_s < 0.0 {
+            return Err(format!(
+                "audio faster than real time: a client sends audio at the pace it is spoken (at most {}x sustained, bursts of {} s)",
+                self.max_speed, self.burst_s
+            ));
+        }
+        Ok(())
+    }
+
+    /// An error sentence when, `age` into the session (at `now`), the last window held less
+    /// than `min_speed` x real time of audio.
+    fn check_not_too_slow(&mut self, age: Duration, now: Instant) -> Result<(), String> {
+        while self
+            .recent
+            .front()
+            .is_some_and(|(t, _)| now.saturating_duration_since(*t) > self.window)
+        {
+            self.recent.pop_front();
+        }
+        if age < self.window || self.window.is_zero() {
+            return Ok(());
+        }
+        let received_s: f64 = self.recent.iter().map(|(_, s)| s).sum();
+        let window_s = self.window.as_secs_f64();
+        if received_s < self.min_speed * window_s {
+            return Err(format!(
+                "{received_s:.1} s of audio in the last {window_s:.0} s: a client sends audio at the pace it is spoken (at least {}x real time)",
+                self.min_speed
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Counters of one session.
 #[derive(Debug, Default)]
 struct SessionStats {
@@ -270,6 +355,7 @@ struct Session {
     stats_every: Option<Duration>,
     started: Instant,
     last_audio: Instant,
+    pace: AudioPace,
     /// When the ping now unanswered was queued.
     ping_sent: Option<Instant>,
     last_pong: Instant,
@@ -354,6 +440,7 @@ pub async fn run(
         stats_every: request.stats_every_s.map(Duration::from_secs_f64),
         started: now,
         last_audio: now,
+        pace: AudioPace::new(&app.limits, now),
         ping_sent: None,
         last_pong: now,
     };
@@ -401,6 +488,12 @@ impl Session {
                 }
                 _ = shutdown.changed() => return SessionEnd::Shutdown,
                 _ = check.tick() => {}
+            }
+            if let Err(e) = self
+                .pace
+                .check_not_too_slow(self.started.elapsed(), Instant::now())
+            {
+                return SessionEnd::TooSlow(e);
             }
             if let Some(stalled) = self.outbox.stalled_for() {
                 if stalled >= limits.not_reading_timeout {
@@ -465,21 +558,15 @@ impl Session {
             .push(ogg, &mut self.pcm_in, limits.max_audio_per_message_samples)
             .map_err(|e| SessionEnd::BadInput(format!("audio: {e}")))?;
         let new_samples = (self.pcm_in.len() - before) as u64;
-        if new_samples > 0 {
-            self.last_audio = Instant::now();
-        }
         self.stats.audio_in_samples += new_samples;
-        // Faster than real time beyond a burst: a client flooding the server with audio.
-        let allowed_s = self.started.elapsed().as_secs_f64() * limits.max_audio_speed
-            + limits.max_audio_ahead.as_secs_f64();
-        let received_s = self.stats.audio_in_samples as f64 / moshi_runtime::SAMPLE_RATE_HZ as f64;
-        if received_s > allowed_s {
-            return Err(SessionEnd::BadInput(format!(
-                "{received_s:.1} s of audio in {:.1} s: a client sends audio at the pace it is spoken (at most {}x, plus {} s ahead)",
-                self.started.elapsed().as_secs_f64(),
-                limits.max_audio_speed,
-                limits.max_audio_ahead.as_secs()
-            )));
+        if new_samples > 0 {
+            let now = Instant::now();
+            self.last_audio = now;
+            let received_s = new_samples as f64 / moshi_runtime::SAMPLE_RATE_HZ as f64;
+            // Faster than real time beyond a burst: a client flooding the server with audio.
+            self.pace
+                .received(received_s, now)
+                .map_err(SessionEnd::BadInput)?;
         }
         let whole = self.pcm_in.len() / FRAME_SAMPLES * FRAME_SAMPLES;
         for frame in self.pcm_in[..whole].chunks_exact(FRAME_SAMPLES) {

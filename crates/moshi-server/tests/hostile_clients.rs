@@ -404,6 +404,86 @@ async fn one_session_too_many_gets_busy_and_shutdown_says_goodbye() {
     assert_eq!(close_code(&seen), Some(1001));
 }
 
+/// Sends a frame every `every_ms` from a fresh session until the server ends it; returns
+/// what ended it and when.
+async fn send_at_pace(addr: SocketAddr, every_ms: u64, frames: usize) -> (Vec<Received>, Duration) {
+    let (mut tx, mut rx) = client::connect(&url(addr), OpusPacketing::WEB_CLIENT)
+        .await
+        .unwrap();
+    let start = tokio::time::Instant::now();
+    let ending = tokio::spawn(async move {
+        let seen = next_ending(&mut rx).await;
+        (seen, start.elapsed())
+    });
+    for i in 0..frames {
+        tokio::time::sleep_until(start + Duration::from_millis(every_ms * i as u64)).await;
+        if ending.is_finished() || tx.send_pcm(&frame_pcm(i)).await.is_err() {
+            break;
+        }
+    }
+    ending.await.unwrap()
+}
+
+/// A client trickling audio (80 ms every 500 ms: 0.16x real time) no longer holds a session
+/// slot: below 0.5x over the window (2 s here) it gets a kind-5 and is closed, while a client at
+/// real pace talks on. Before, any audio reset the idle timer and the session lived forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_trickling_audio_is_closed() {
+    let server = start(
+        2,
+        Limits {
+            idle_timeout: Duration::from_secs(10),
+            min_audio_window: Duration::from_secs(2),
+            ..limits()
+        },
+    )
+    .await;
+    let addr = server.local_addr();
+    let good = tokio::spawn(good_session(addr, 6.0));
+    let (seen, took) = send_at_pace(addr, 500, 40).await;
+    let e = error_of(&seen);
+    assert!(
+        e.contains("in the last 2 s") && e.contains("at least 0.5x"),
+        "{e}"
+    );
+    assert_eq!(close_code(&seen), Some(1008));
+    assert!(
+        took >= Duration::from_millis(1900) && took < Duration::from_secs(6),
+        "{took:?}"
+    );
+    let frames = good.await.unwrap();
+    assert!(frames >= 50, "the good session got {frames} frames in 6 s");
+    server.shutdown(Duration::from_secs(3)).await;
+}
+
+/// Audio beyond the sustained pace (1.25x) plus the burst (1 s here) ends the session: a
+/// client at 2x real time is closed after about 1.3 s. Before, the check allowed 4x real time
+/// (plus 10 s ahead) forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audio_faster_than_the_sustained_pace_is_closed() {
+    let server = start(
+        2,
+        Limits {
+            max_audio_burst: Duration::from_secs(1),
+            ..limits()
+        },
+    )
+    .await;
+    let addr = server.local_addr();
+    let good = tokio::spawn(good_session(addr, 5.0));
+    let (seen, took) = send_at_pace(addr, 40, 150).await;
+    let e = error_of(&seen);
+    assert!(
+        e.contains("faster than real time") && e.contains("1.25x"),
+        "{e}"
+    );
+    assert_eq!(close_code(&seen), Some(1008));
+    assert!(took < Duration::from_secs(4), "{took:?}");
+    let frames = good.await.unwrap();
+    assert!(frames >= 40, "the good session got {frames} frames in 5 s");
+    server.shutdown(Duration::from_secs(3)).await;
+}
+
 /// Reads from `tcp` until the server closes it; returns how long that took (None: still open
 /// after `within`).
 async fn closed_within(tcp: &mut tokio::net::TcpStream, within: Duration) -> Option<Duration> {
