@@ -66,7 +66,7 @@ pub fn client_messages(data: &[u8]) {
                 }
                 consume_frames(&mut pcm);
             }
-            Ok(ClientMessage::Unused(_)) => {}
+            Ok(ClientMessage::Unused(_) | ClientMessage::UnknownKind(_)) => {}
             Err(_) => return,
         }
     }

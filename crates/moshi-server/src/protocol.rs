@@ -59,23 +59,21 @@ pub enum ClientMessage<'a> {
     /// A kind the protocol defines but a full-duplex session has no use for (control, ping, ...):
     /// discarded, as `protocol.md` asks.
     Unused(MessageKind),
+    /// A kind byte the protocol does not define (8 and above): discarded too, as
+    /// `protocol.md` says of unknown types.
+    UnknownKind(u8),
 }
 
 /// A client message the server cannot accept.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ProtocolError {
     Empty,
-    UnknownKind(u8),
 }
 
 impl fmt::Display for ProtocolError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Empty => write!(f, "empty message: every message starts with its kind byte"),
-            Self::UnknownKind(k) => write!(
-                f,
-                "message of unknown kind {k}: the protocol defines kinds 0 to 7 (1 = audio)"
-            ),
         }
     }
 }
@@ -88,7 +86,7 @@ pub fn parse_client_message(bytes: &[u8]) -> Result<ClientMessage<'_>, ProtocolE
     match MessageKind::from_byte(kind) {
         Some(MessageKind::Audio) => Ok(ClientMessage::Audio(payload)),
         Some(other) => Ok(ClientMessage::Unused(other)),
-        None => Err(ProtocolError::UnknownKind(kind)),
+        None => Ok(ClientMessage::UnknownKind(kind)),
     }
 }
 
@@ -170,11 +168,11 @@ mod tests {
         assert_eq!(parse_client_message(b""), Err(ProtocolError::Empty));
         assert_eq!(
             parse_client_message(b"\x08abc"),
-            Err(ProtocolError::UnknownKind(8))
+            Ok(ClientMessage::UnknownKind(8))
         );
         assert_eq!(
             parse_client_message(b"\xffabc"),
-            Err(ProtocolError::UnknownKind(255))
+            Ok(ClientMessage::UnknownKind(255))
         );
     }
 

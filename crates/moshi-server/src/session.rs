@@ -52,7 +52,7 @@ enum SessionEnd {
     /// The connection failed or vanished.
     ConnectionLost(String),
     TooLarge(String),
-    /// The client broke the protocol (unknown kind, text frame, bad Ogg/Opus, too much audio).
+    /// The client broke the protocol (empty message, text frame, bad Ogg/Opus, too much audio).
     BadInput(String),
     Idle(Duration),
     /// The client sent less than `min_audio_speed` x real time over the window.
@@ -304,6 +304,8 @@ struct SessionStats {
     response_ms_total: f64,
     response_ms_max: f64,
     audio_in_samples: u64,
+    /// Client messages of kinds a session does not use, or the protocol does not define.
+    messages_discarded: u64,
 }
 
 impl SessionStats {
@@ -331,6 +333,7 @@ impl SessionStats {
             "audible_glitch_events": s.audible_glitch_events(),
             "late_output_frames": s.late_output_frames,
             "messages_not_sent": messages_not_sent,
+            "messages_discarded": s.messages_discarded,
             "compute_ms_per_frame": SessionStats::mean(s.compute_ms_total, s.frames_processed),
             "response_ms_mean": SessionStats::mean(s.response_ms_total, s.frames_processed),
             "response_ms_max": s.response_ms_max,
@@ -544,7 +547,13 @@ impl Session {
         match protocol::parse_client_message(&bytes) {
             Ok(ClientMessage::Audio(ogg)) => self.audio(ogg),
             Ok(ClientMessage::Unused(kind)) => {
+                self.stats.messages_discarded += 1;
                 tracing::debug!(session = self.id, kind = kind.name(), "message discarded");
+                Ok(())
+            }
+            Ok(ClientMessage::UnknownKind(kind)) => {
+                self.stats.messages_discarded += 1;
+                tracing::debug!(session = self.id, kind, "message of unknown kind discarded");
                 Ok(())
             }
             Err(e) => Err(SessionEnd::BadInput(e.to_string())),
