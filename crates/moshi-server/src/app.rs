@@ -248,8 +248,9 @@ impl RunningServer {
     }
 
     /// Stops accepting, tells every session to close (kind-5 "shutting down") and waits up to
-    /// `grace` for them.
-    pub async fn shutdown(self, grace: Duration) {
+    /// `grace` for them. Returns whether every session closed within `grace` (if not, it logs
+    /// how many were still closing).
+    pub async fn shutdown(self, grace: Duration) -> bool {
         let _ = self.shutdown.send(true);
         self.accept_task.abort();
         let state = self.state;
@@ -265,10 +266,12 @@ impl RunningServer {
         if tokio::time::timeout(grace, wait).await.is_err() {
             tracing::warn!(
                 sessions = state.running_sessions.load(Ordering::Acquire),
-                "sessions still closing after {} s; stopping anyway",
-                grace.as_secs()
+                "sessions still closing after {:.1} s; stopping anyway",
+                grace.as_secs_f64()
             );
+            return false;
         }
+        true
     }
 }
 

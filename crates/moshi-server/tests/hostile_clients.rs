@@ -279,6 +279,20 @@ async fn hostile_clients_end_only_their_own_session() {
         }
         drop(tx);
         drop(rx);
+        // Its session ends and releases its slot: only the good session (while it lasts) runs.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let expected = if good.is_finished() { 0 } else { 1 };
+            let running = server.running_sessions();
+            if running <= expected {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{running} sessions still running 5 s after an abrupt disconnect"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     let frames = good.await.unwrap();
@@ -286,7 +300,10 @@ async fn hostile_clients_end_only_their_own_session() {
         frames >= 150,
         "the good session got {frames} frames in 14 s"
     );
-    server.shutdown(Duration::from_secs(3)).await;
+    assert!(
+        server.shutdown(Duration::from_secs(3)).await,
+        "every session closed at shutdown"
+    );
 }
 
 /// A client that closes while answers are still on their way gets the close handshake's reply
@@ -317,7 +334,10 @@ async fn closing_mid_stream_always_gets_the_close_reply() {
         let seen = next_ending(&mut rx).await;
         assert_eq!(close_code(&seen), Some(1000), "round {round}: {seen:?}");
     }
-    server.shutdown(Duration::from_secs(3)).await;
+    assert!(
+        server.shutdown(Duration::from_secs(3)).await,
+        "every session closed at shutdown"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -358,7 +378,10 @@ async fn a_client_that_never_reads_is_dropped_without_unbounded_buffering() {
     );
     let frames = good.await.unwrap();
     assert!(frames >= 80, "the good session got {frames} frames in 8 s");
-    server.shutdown(Duration::from_secs(3)).await;
+    assert!(
+        server.shutdown(Duration::from_secs(3)).await,
+        "every session closed at shutdown"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -389,7 +412,10 @@ async fn frames_beyond_real_time_are_dropped_counted_and_reported_to_the_client(
     };
     assert!(dropped > 0, "frames were dropped and the client was told");
     tx.close().await.unwrap();
-    server.shutdown(Duration::from_secs(3)).await;
+    assert!(
+        server.shutdown(Duration::from_secs(3)).await,
+        "every session closed at shutdown"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -420,7 +446,10 @@ async fn one_session_too_many_gets_busy_and_shutdown_says_goodbye() {
     assert!(error_of(&seen).contains("text_temperature"), "{seen:?}");
 
     let closing = tokio::spawn(async move { next_ending(&mut rx).await });
-    server.shutdown(Duration::from_secs(3)).await;
+    assert!(
+        server.shutdown(Duration::from_secs(3)).await,
+        "every session closed at shutdown"
+    );
     let seen = closing.await.unwrap();
     assert!(error_of(&seen).contains("shutting down"), "{seen:?}");
     assert_eq!(close_code(&seen), Some(1001));
@@ -475,7 +504,10 @@ async fn a_client_trickling_audio_is_closed() {
     );
     let frames = good.await.unwrap();
     assert!(frames >= 50, "the good session got {frames} frames in 6 s");
-    server.shutdown(Duration::from_secs(3)).await;
+    assert!(
+        server.shutdown(Duration::from_secs(3)).await,
+        "every session closed at shutdown"
+    );
 }
 
 /// Audio beyond the sustained pace (1.25x) plus the burst (1 s here) ends the session: a
@@ -503,7 +535,52 @@ async fn audio_faster_than_the_sustained_pace_is_closed() {
     assert!(took < Duration::from_secs(4), "{took:?}");
     let frames = good.await.unwrap();
     assert!(frames >= 40, "the good session got {frames} frames in 5 s");
-    server.shutdown(Duration::from_secs(3)).await;
+    assert!(
+        server.shutdown(Duration::from_secs(3)).await,
+        "every session closed at shutdown"
+    );
+}
+
+/// `shutdown` says whether every session closed within the grace: not when a client that
+/// reads nothing holds its session's goodbye (which waits up to 2 s to leave) past a 300 ms
+/// grace; yes when no session runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_reports_whether_every_session_closed() {
+    let server = start(
+        1,
+        Limits {
+            not_reading_timeout: Duration::from_secs(60),
+            idle_timeout: Duration::from_secs(60),
+            socket_send_buffer_bytes: 0,
+            ..limits()
+        },
+    )
+    .await;
+    let addr = server.local_addr();
+    // A socket with a tiny receive window, and nobody reading it.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(2048).unwrap();
+    let tcp = socket.connect(addr).await.unwrap();
+    let (ws, _) = tokio_tungstenite::client_async(format!("{}?stats_s=0.5", url(addr)), tcp)
+        .await
+        .unwrap();
+    let (mut tx, _rx) = client::split(ws, OpusPacketing::WEB_CLIENT).unwrap();
+    // 3 s at real pace: the answers and statistics fill both small buffers.
+    let t0 = tokio::time::Instant::now();
+    for i in 0..38 {
+        tokio::time::sleep_until(t0 + Duration::from_millis(80 * i as u64)).await;
+        tx.send_pcm(&frame_pcm(i)).await.unwrap();
+    }
+    assert_eq!(server.running_sessions(), 1);
+    assert!(
+        !server.shutdown(Duration::from_millis(300)).await,
+        "a session still closing was reported closed"
+    );
+    let idle = start(1, limits()).await;
+    assert!(
+        idle.shutdown(Duration::ZERO).await,
+        "no session: all closed"
+    );
 }
 
 /// Reads from `tcp` until the server closes it; returns how long that took (None: still open
@@ -556,7 +633,10 @@ async fn unfinished_request_headers_are_closed_after_the_header_timeout() {
         "a connection that says nothing was still open after 5 s"
     );
     assert_eq!(server.running_sessions(), 0);
-    server.shutdown(Duration::from_secs(3)).await;
+    assert!(
+        server.shutdown(Duration::from_secs(3)).await,
+        "every session closed at shutdown"
+    );
 }
 
 /// With `max_pending_connections` connections holding unfinished requests, one more is closed
@@ -622,7 +702,10 @@ async fn connections_beyond_the_cap_are_closed_without_harming_a_session() {
         .await
         .unwrap();
     assert_eq!(rx.recv().await.unwrap(), Received::Handshake);
-    server.shutdown(Duration::from_secs(3)).await;
+    assert!(
+        server.shutdown(Duration::from_secs(3)).await,
+        "every session closed at shutdown"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -708,7 +791,10 @@ async fn tls_serves_wss() {
         }
     }
     tx.close().await.unwrap();
-    server.shutdown(Duration::from_secs(3)).await;
+    assert!(
+        server.shutdown(Duration::from_secs(3)).await,
+        "every session closed at shutdown"
+    );
 }
 
 /// Ogg's CRC-32 (polynomial 0x04c11db7, no reflection), for hand-made pages.
