@@ -13,10 +13,15 @@
 //!
 //! Files are written under a `.part` name and renamed when the session ends, so a reader never
 //! sees a half-written recording under the final name.
+//!
+//! [`RecorderThread`] does the writing on a thread of its own, so a slow disk never holds up the
+//! server's async runtime: frames reach it through a bounded queue, and frames that find it full
+//! are left out of the recording and counted (`recording_frames_dropped` in `-stats.json`).
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::sync::mpsc;
 
 use crate::ogg_opus::{OggOpusReader, PreSkip};
 use crate::session_engine::ProcessedFrame;
@@ -175,5 +180,179 @@ impl SessionRecorder {
             std::fs::rename(part, done).map_err(|e| err(done, &e))?;
         }
         Ok(())
+    }
+}
+
+/// A processed frame and the pages sent for it (`None`: not sent), on their way to the disk.
+struct RecordedFrame {
+    index: u64,
+    frame: ProcessedFrame,
+    pages_sent: Option<Vec<u8>>,
+}
+
+/// A [`SessionRecorder`] on its own thread behind a bounded queue.
+pub struct RecorderThread {
+    frames: mpsc::SyncSender<RecordedFrame>,
+    stats: mpsc::Sender<serde_json::Value>,
+    thread: std::thread::JoinHandle<()>,
+    /// Frames left out because the queue was full (the disk behind).
+    frames_dropped: u64,
+}
+
+impl RecorderThread {
+    /// Starts the thread that creates and writes session `id`'s files in `dir`, with room for
+    /// `queue_frames` frames waiting. File errors are logged there (naming the file), and the
+    /// recording stops.
+    pub fn spawn(dir: &Path, tag: &str, id: u64, queue_frames: usize) -> std::io::Result<Self> {
+        let (frames_tx, frames_rx) = mpsc::sync_channel::<RecordedFrame>(queue_frames.max(1));
+        let (stats_tx, stats_rx) = mpsc::channel::<serde_json::Value>();
+        let (dir, tag) = (dir.to_path_buf(), tag.to_string());
+        let thread = std::thread::Builder::new()
+            .name(format!("record-{id}"))
+            .spawn(move || {
+                let mut recorder = match SessionRecorder::create(&dir, &tag, id) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        tracing::error!(
+                            session = id,
+                            "--record: {e}; this session is not recorded"
+                        );
+                        return;
+                    }
+                };
+                // Until the session drops its sender.
+                for f in frames_rx {
+                    if let Err(e) = recorder.frame(f.index, &f.frame, f.pages_sent.as_deref()) {
+                        tracing::error!(session = id, "--record: {e}; recording stopped");
+                        return;
+                    }
+                }
+                let Ok(stats) = stats_rx.recv() else {
+                    return;
+                };
+                if let Err(e) = recorder.finish(&stats) {
+                    tracing::error!(session = id, "--record: {e}");
+                }
+            })?;
+        Ok(Self {
+            frames: frames_tx,
+            stats: stats_tx,
+            thread,
+            frames_dropped: 0,
+        })
+    }
+
+    /// Queues one frame; left out (counted) when the queue is full. Returns false once the
+    /// recording has stopped (a file error, logged by the thread).
+    pub fn frame(
+        &mut self,
+        index: u64,
+        frame: ProcessedFrame,
+        pages_sent: Option<Vec<u8>>,
+    ) -> bool {
+        let recorded = RecordedFrame {
+            index,
+            frame,
+            pages_sent,
+        };
+        match self.frames.try_send(recorded) {
+            Ok(()) => true,
+            Err(mpsc::TrySendError::Full(_)) => {
+                self.frames_dropped += 1;
+                true
+            }
+            Err(mpsc::TrySendError::Disconnected(_)) => false,
+        }
+    }
+
+    /// Frames left out of the recording so far.
+    pub fn frames_dropped(&self) -> u64 {
+        self.frames_dropped
+    }
+
+    /// Writes the rest and `stats` (with `recording_frames_dropped` added), names the files,
+    /// and waits for the thread without blocking the async runtime.
+    pub async fn finish(self, mut stats: serde_json::Value) {
+        stats["recording_frames_dropped"] = serde_json::json!(self.frames_dropped);
+        let _ = self.stats.send(stats);
+        drop(self.frames);
+        let thread = self.thread;
+        if let Ok(Err(_)) = tokio::task::spawn_blocking(move || thread.join()).await {
+            tracing::error!("--record: the recording thread panicked");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use moshi_runtime::engine::FrameTokens;
+    use std::io::Read;
+    use std::time::{Duration, Instant};
+
+    fn processed(i: u32) -> ProcessedFrame {
+        ProcessedFrame {
+            input: vec![0.0; moshi_runtime::FRAME_SAMPLES],
+            pcm: vec![0.0; moshi_runtime::FRAME_SAMPLES],
+            text: Some(format!("w{i} ")),
+            tokens: Some(FrameTokens {
+                text: i,
+                audio: vec![i; 8],
+            }),
+            compute_ms: 1.0,
+            input_complete_at: Instant::now(),
+        }
+    }
+
+    /// A disk that does not keep up (here: the tokens file is a FIFO nobody reads yet, so the
+    /// thread is stuck opening it) never holds up the session: queuing frames returns at once,
+    /// frames beyond the queue are left out and counted, and the recording still completes
+    /// with what was queued. Before, the session wrote the files itself on the async runtime.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stalled_disk_drops_and_counts_frames_without_blocking_the_session() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("t-session-1-tokens.jsonl.part");
+        match std::process::Command::new("mkfifo").arg(&fifo).status() {
+            Ok(s) if s.success() => {}
+            _ => {
+                eprintln!("SKIPPED: mkfifo is not available");
+                return;
+            }
+        }
+        let mut recorder = RecorderThread::spawn(dir.path(), "t", 1, 2).unwrap();
+        let t0 = Instant::now();
+        for i in 0..10 {
+            assert!(recorder.frame(u64::from(i), processed(i), None));
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(1),
+            "queuing frames blocked"
+        );
+        assert_eq!(recorder.frames_dropped(), 8);
+        // The disk catches up: read the FIFO to its end.
+        let reader = std::thread::spawn(move || {
+            let mut tokens = String::new();
+            File::open(&fifo)
+                .unwrap()
+                .read_to_string(&mut tokens)
+                .unwrap();
+            tokens
+        });
+        recorder
+            .finish(serde_json::json!({ "frames_processed": 10 }))
+            .await;
+        let tokens = reader.join().unwrap();
+        assert_eq!(tokens.lines().count(), 2, "{tokens}");
+        let input = hound::WavReader::open(dir.path().join("t-session-1-in.wav")).unwrap();
+        assert_eq!(input.len() as usize, 2 * moshi_runtime::FRAME_SAMPLES);
+        let stats: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.path().join("t-session-1-stats.json")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(stats["recording_frames_dropped"], 8);
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("t-session-1-text.txt")).unwrap(),
+            "w0 w1 "
+        );
     }
 }

@@ -21,7 +21,7 @@ use crate::app::AppState;
 use crate::ogg_opus::{OggOpusReader, OggOpusWriter, OpusPacketing, PreSkip};
 use crate::protocol::{self, ClientMessage};
 use crate::query::SessionRequest;
-use crate::recorder::SessionRecorder;
+use crate::recorder::RecorderThread;
 use crate::session_engine::{EngineSession, ProcessedFrame, SessionEvent};
 
 /// Websocket close codes (RFC 6455 section 7.4.1).
@@ -36,6 +36,10 @@ mod close_code {
 
 /// How long the last messages (an error, the close frame) may take to leave.
 const CLOSING_GRACE: Duration = Duration::from_secs(2);
+
+/// Frames waiting for `--record`'s thread (20 s of audio) before further ones are left out of
+/// the recording.
+const RECORD_QUEUE_FRAMES: usize = 250;
 
 /// Metadata updates (dropped-frame counts) at most this often.
 const METADATA_EVERY: Duration = Duration::from_secs(1);
@@ -350,7 +354,7 @@ struct Session {
     writer: OggOpusWriter,
     pcm_in: Vec<f32>,
     outbox: Outbox,
-    recorder: Option<SessionRecorder>,
+    recorder: Option<RecorderThread>,
     stats: SessionStats,
     metadata: Map<String, Value>,
     metadata_dirty: bool,
@@ -415,10 +419,13 @@ pub async fn run(
         }
     };
     let recorder = match &app.record_dir {
-        Some(dir) => match SessionRecorder::create(dir, &app.run_tag, id) {
+        Some(dir) => match RecorderThread::spawn(dir, &app.run_tag, id, RECORD_QUEUE_FRAMES) {
             Ok(r) => Some(r),
             Err(e) => {
-                tracing::error!(session = id, "--record: {e}; this session is not recorded");
+                tracing::error!(
+                    session = id,
+                    "--record: cannot start its thread: {e}; this session is not recorded"
+                );
                 None
             }
         },
@@ -623,8 +630,8 @@ impl Session {
             self.outbox.push(protocol::text(text));
         }
         if let Some(rec) = &mut self.recorder {
-            if let Err(e) = rec.frame(index, &frame, pages.as_deref()) {
-                tracing::error!(session = self.id, "--record: {e}; recording stopped");
+            if !rec.frame(index, frame, pages) {
+                // The thread logged why.
                 self.recorder = None;
             }
         }
@@ -668,9 +675,14 @@ impl Session {
             let mut stats = self.stats.to_json(self.outbox.dropped_messages);
             stats["end"] = Value::String(end.describe());
             stats["duration_s"] = json!(self.started.elapsed().as_secs_f64());
-            if let Err(e) = rec.finish(&stats) {
-                tracing::error!(session = self.id, "--record: {e}");
+            if rec.frames_dropped() > 0 {
+                tracing::warn!(
+                    session = self.id,
+                    frames = rec.frames_dropped(),
+                    "--record: frames left out of the recording (the disk was behind)"
+                );
             }
+            rec.finish(stats).await;
         }
         let s = &self.stats;
         let line = format!(
