@@ -108,8 +108,12 @@ pub fn run(args: FileArgs) -> anyhow::Result<()> {
         }
     }
     let mut frames_in = open_input_frames(input)?;
+    let model = args.model.resolve()?;
+    // No output may overwrite a file the command reads: the WAV or any file of the model.
+    let mut inputs = vec![input];
+    inputs.extend(model.input_paths());
     for (what, path) in &outputs {
-        check_writable(path, what, &[input])?;
+        check_writable(path, what, &inputs)?;
     }
     let max_tail_frames = tail_frames(args.max_tail_s.unwrap_or(DEFAULT_MAX_TAIL_S))?;
     let frames = frames_in.total_frames();
@@ -117,7 +121,9 @@ pub fn run(args: FileArgs) -> anyhow::Result<()> {
     let load_started = Instant::now();
     let spinner = indicatif::ProgressBar::new_spinner().with_message("loading the model");
     spinner.enable_steady_tick(std::time::Duration::from_millis(120));
-    let loaded = args.model.load_pipeline(&args.sampling, FILE_KV_CACHE, 1);
+    let loaded = args
+        .model
+        .load_resolved_pipeline(model, &args.sampling, FILE_KV_CACHE, 1);
     spinner.finish_and_clear();
     let (model, mut pipeline) = loaded?;
     let translation = pipeline.is_translation();

@@ -26,7 +26,9 @@ pub struct QuantizeArgs {
     pub config: Option<PathBuf>,
 }
 
-fn config_for(args: &QuantizeArgs) -> anyhow::Result<(LmConfig, String)> {
+/// The LM config (`--config`, else config.json next to the input, else the built-in 7B), where
+/// it came from, and the file read (if any).
+fn config_for(args: &QuantizeArgs) -> anyhow::Result<(LmConfig, String, Option<PathBuf>)> {
     let sibling = args
         .input
         .parent()
@@ -35,11 +37,12 @@ fn config_for(args: &QuantizeArgs) -> anyhow::Result<(LmConfig, String)> {
     let path = match &args.config {
         Some(p) => p.clone(),
         None if sibling.is_file() => sibling,
-        None => return Ok((LmConfig::moshiko_7b(), "built-in moshiko 7B".into())),
+        None => return Ok((LmConfig::moshiko_7b(), "built-in moshiko 7B".into(), None)),
     };
     let cfg = LmConfig::from_file(&path)
         .with_context(|| format!("reading the LM config {}", path.display()))?;
-    Ok((cfg, path.display().to_string()))
+    let origin = path.display().to_string();
+    Ok((cfg, origin, Some(path)))
 }
 
 pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
@@ -52,9 +55,10 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
     let group_size = args
         .group_size
         .unwrap_or_else(|| WeightMode::default_group_size(args.bits));
-    let (cfg, config_origin) = config_for(&args)?;
+    let (cfg, config_origin, config_path) = config_for(&args)?;
+    // The config read, whether named by --config or picked up next to the input.
     let mut inputs = vec![args.input.as_path()];
-    inputs.extend(args.config.as_deref());
+    inputs.extend(config_path.as_deref());
     ensure_not_an_input(&args.output, &inputs).context("quantize")?;
     check_output_path(&args.output)?;
     let started = Instant::now();
