@@ -54,6 +54,8 @@ pub struct MonoReader {
     sample_rate_hz: u32,
     /// Interleaved samples of the current chunk.
     interleaved: Vec<f32>,
+    /// Interleaved samples read before the current chunk (for the index in errors).
+    interleaved_read: u64,
 }
 
 impl MonoReader {
@@ -113,6 +115,7 @@ impl MonoReader {
             channels: spec.channels as usize,
             sample_rate_hz: spec.sample_rate,
             interleaved: Vec::new(),
+            interleaved_read: 0,
         })
     }
 
@@ -141,7 +144,17 @@ impl MonoReader {
         match self.kind {
             SampleKind::Float => {
                 for s in self.reader.samples::<f32>().take(want) {
-                    self.interleaved.push(s.map_err(not_wav)?);
+                    let value = s.map_err(not_wav)?;
+                    if !value.is_finite() {
+                        let index = self.interleaved_read + self.interleaved.len() as u64;
+                        return Err(RuntimeError::NonFiniteSample {
+                            path: path.clone(),
+                            sample_index: index / self.channels as u64,
+                            channel: (index % self.channels as u64) as usize,
+                            value,
+                        });
+                    }
+                    self.interleaved.push(value);
                 }
             }
             SampleKind::Int(scale) => {
@@ -151,6 +164,7 @@ impl MonoReader {
                 }
             }
         }
+        self.interleaved_read += self.interleaved.len() as u64;
         let whole = self.interleaved.len() / self.channels;
         if self.channels == 1 {
             out.extend_from_slice(&self.interleaved);
@@ -394,6 +408,45 @@ mod tests {
         write_mono_i16(&empty, &[], 24_000).unwrap();
         let e = read_mono(&empty).unwrap_err().to_string();
         assert!(e.contains("no audio samples"), "{e}");
+    }
+
+    /// A float WAV holding NaN or an infinity is refused, naming the file, the sample and its
+    /// channel (codec and file used to turn it into meaningless codes).
+    #[test]
+    fn non_finite_float_samples_are_refused_with_their_index() {
+        let dir = tempfile::tempdir().unwrap();
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let path = dir.path().join("bad.wav");
+            let spec = hound::WavSpec {
+                channels: 2,
+                sample_rate: 24_000,
+                bits_per_sample: 32,
+                sample_format: hound::SampleFormat::Float,
+            };
+            let mut w = hound::WavWriter::create(&path, spec).unwrap();
+            for i in 0..2000 {
+                w.write_sample(if i == 1501 { bad } else { 0.25f32 })
+                    .unwrap();
+            }
+            w.finalize().unwrap();
+            // Read in chunks smaller than the file: the index counts across chunks.
+            let mut r = MonoReader::open(&path).unwrap();
+            let mut out = Vec::new();
+            let e = loop {
+                match r.read_chunk(100, &mut out) {
+                    Ok(0) => panic!("{bad} was accepted"),
+                    Ok(_) => {}
+                    Err(e) => break e.to_string(),
+                }
+            };
+            assert!(
+                e.contains(&path.display().to_string())
+                    && e.contains("sample 750 (channel 1)")
+                    && e.contains(&bad.to_string())
+                    && e.contains("expected a finite number"),
+                "{e}"
+            );
+        }
     }
 
     #[test]
