@@ -541,6 +541,40 @@ fn model_files_are_never_overwritten() {
     assert_eq!(snapshot("config.json"), before);
 }
 
+/// The output, --transcript, --tokens-out and --profile must be different files: naming one
+/// file twice is refused before any work, and nothing is written.
+#[test]
+fn file_outputs_must_be_distinct() {
+    let dir = tempfile::tempdir().unwrap();
+    let answer = dir.path().join("o.wav");
+    let same_answer = dir.path().join(".").join("o.wav");
+    let tokens = dir.path().join("t.jsonl");
+    let model = tiny_a_dir();
+    for extra in [
+        vec!["--transcript", path_str(&same_answer)],
+        vec![
+            "--tokens-out",
+            path_str(&tokens),
+            "--profile",
+            path_str(&tokens),
+        ],
+    ] {
+        let mut args = vec![
+            "file",
+            path_str(&INPUT),
+            path_str(&answer),
+            "--model",
+            path_str(&model),
+        ];
+        args.extend(extra);
+        fails_with(
+            &args,
+            &["are the same file", "each output needs its own file"],
+        );
+        assert!(!answer.exists() && !tokens.exists());
+    }
+}
+
 /// A private character device with the numbers of `/dev/null` (1, 3) or `/dev/full` (1, 7) in
 /// `dir`, or `None` (with a message) where this process may not make or open one.
 fn device_node(dir: &Path, name: &str, minor: u32) -> Option<PathBuf> {

@@ -55,6 +55,47 @@ pub fn ensure_not_an_input(output: &Path, inputs: &[&Path]) -> Result<()> {
     Ok(())
 }
 
+/// Fails when two of `outputs` (each named by what it is, e.g. a flag) are the same regular file
+/// (same canonical path, or the same device and inode, e.g. a hard link), existing or not: one
+/// would silently replace the other. Devices and pipes (`/dev/null`) may be shared.
+pub fn ensure_distinct_outputs(outputs: &[(&str, &Path)]) -> Result<()> {
+    for (i, (second_what, second)) in outputs.iter().enumerate() {
+        for (first_what, first) in &outputs[..i] {
+            if same_output(first, second) {
+                return Err(LoaderError::OutputsCollide {
+                    first_what: first_what.to_string(),
+                    first: first.to_path_buf(),
+                    second_what: second_what.to_string(),
+                    second: second.to_path_buf(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether outputs `a` and `b` would write the same regular file.
+fn same_output(a: &Path, b: &Path) -> bool {
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(ma), Ok(mb)) => ma.is_file() && mb.is_file() && same_file(&ma, &mb),
+        (Err(_), Err(_)) => {
+            // Neither exists yet: the same name in the same folder (through any spelling).
+            let canonical = |p: &Path| {
+                let folder = match p.parent() {
+                    Some(f) if !f.as_os_str().is_empty() => f,
+                    _ => Path::new("."),
+                };
+                Some((
+                    std::fs::canonicalize(folder).ok()?,
+                    p.file_name()?.to_owned(),
+                ))
+            };
+            matches!((canonical(a), canonical(b)), (Some(x), Some(y)) if x == y)
+        }
+        _ => false,
+    }
+}
+
 #[cfg(unix)]
 fn same_file(a: &std::fs::Metadata, b: &std::fs::Metadata) -> bool {
     use std::os::unix::fs::MetadataExt;
@@ -246,6 +287,47 @@ pub fn write_output(path: &Path, bytes: &[u8]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn outputs_naming_one_file_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let new = dir.path().join("out.txt");
+        let new_other_spelling = dir.path().join(".").join("out.txt");
+        let existing = dir.path().join("old.txt");
+        std::fs::write(&existing, b"keep").unwrap();
+        let hard_link = dir.path().join("link.txt");
+        std::fs::hard_link(&existing, &hard_link).unwrap();
+        let other = dir.path().join("other.txt");
+        for (a, b) in [
+            (&new, &new_other_spelling),
+            (&existing, &existing),
+            (&existing, &hard_link),
+        ] {
+            let e = ensure_distinct_outputs(&[
+                ("output", other.as_path()),
+                ("output", a),
+                ("--tokens-out", b),
+            ])
+            .unwrap_err()
+            .to_string();
+            assert!(
+                e.contains("--tokens-out") && e.contains("output") && e.contains("same file"),
+                "{e}"
+            );
+        }
+        assert_eq!(std::fs::read(&existing).unwrap(), b"keep");
+        ensure_distinct_outputs(&[
+            ("output", &new),
+            ("--transcript", &existing),
+            ("--profile", &other),
+        ])
+        .unwrap();
+        // Devices may take several outputs.
+        let null = Path::new("/dev/null");
+        if null.exists() {
+            ensure_distinct_outputs(&[("--tokens-out", null), ("--profile", null)]).unwrap();
+        }
+    }
 
     fn names_in(dir: &Path) -> Vec<String> {
         let mut v: Vec<String> = std::fs::read_dir(dir)

@@ -16,7 +16,9 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Context;
-use moshi_loader::output_file::{check_output_path, ensure_not_an_input, write_output, OutputFile};
+use moshi_loader::output_file::{
+    check_output_path, ensure_distinct_outputs, ensure_not_an_input, write_output, OutputFile,
+};
 use moshi_runtime::engine::{FrameOutput, OfflineRunner};
 use moshi_runtime::metrics::{Metrics, ProfileWriter};
 use moshi_runtime::pipeline::MoshiPipeline;
@@ -115,6 +117,7 @@ pub fn run(args: FileArgs) -> anyhow::Result<()> {
     for (what, path) in &outputs {
         check_writable(path, what, &inputs)?;
     }
+    ensure_distinct_outputs(&outputs)?;
     let max_tail_frames = tail_frames(args.max_tail_s.unwrap_or(DEFAULT_MAX_TAIL_S))?;
     let frames = frames_in.total_frames();
 
