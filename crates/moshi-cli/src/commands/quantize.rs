@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context};
+use moshi_kernels::SUPPORTED_GROUP_SIZES;
 use moshi_loader::mlx_export::write_mlx_quantized;
 use moshi_loader::output_file::{check_output_path, ensure_not_an_input};
 use moshi_loader::{load_lm_weights, LmConfig, WeightMode};
@@ -18,7 +19,7 @@ pub struct QuantizeArgs {
     /// Bits per weight: 4 or 8.
     #[arg(long, value_parser = clap::value_parser!(u32).range(4..=8))]
     pub bits: u32,
-    /// Values per scale/bias group (default: 32 for 4 bits, 64 for 8 bits, as in the Kyutai releases).
+    /// Values per scale/bias group: 32, 64 or 128 (default: 32 for 4 bits, 64 for 8 bits, as in the Kyutai releases).
     #[arg(long, value_name = "N")]
     pub group_size: Option<usize>,
     /// LM config (Kyutai config.json). Default: config.json next to the input, else moshiko 7B.
@@ -55,6 +56,12 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
     let group_size = args
         .group_size
         .unwrap_or_else(|| WeightMode::default_group_size(args.bits));
+    // Before anything is read: a group size no MLX file uses is a bad flag, not a bad tensor.
+    if !SUPPORTED_GROUP_SIZES.contains(&group_size) {
+        bail!(
+            "--group-size {group_size}: expected one of {SUPPORTED_GROUP_SIZES:?} (the MLX group sizes)"
+        );
+    }
     let (cfg, config_origin, config_path) = config_for(&args)?;
     // The config read, whether named by --config or picked up next to the input.
     let mut inputs = vec![args.input.as_path()];
