@@ -3,8 +3,9 @@
 //! so an error (a full disk, a bad input found half way) leaves the destination as it was and no
 //! partial file behind. A device, pipe or socket (`/dev/null`, `/dev/stdout`, a FIFO) is written
 //! directly, never replaced by a regular file, and its write errors are reported (`/dev/full`).
-//! A path that is one of the command's inputs is refused before anything is written. New files
-//! get mode 0666 minus the umask, as `File::create` gives.
+//! A path that is one of the command's inputs is refused before anything is written, and so is
+//! an existing file whose permissions say it is read-only. New files get mode 0666 minus the
+//! umask, as `File::create` gives; a replaced file keeps its permissions.
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Seek, SeekFrom, Write};
@@ -134,8 +135,20 @@ impl OutputFile {
                     writer: Some(BufWriter::new(file)),
                 })
             }
-            _ => {
+            existing => {
+                let existing = existing.ok();
+                if let Some(m) = &existing {
+                    refuse_read_only(m).map_err(err)?;
+                }
                 let (temp, file) = create_temp_beside(&dest).map_err(err)?;
+                if let Some(m) = &existing {
+                    // The replacement keeps the destination's permissions.
+                    if let Err(e) = file.set_permissions(m.permissions()) {
+                        drop(file);
+                        let _ = std::fs::remove_file(&temp);
+                        return Err(err(e));
+                    }
+                }
                 Ok(Self {
                     path: path.to_path_buf(),
                     target: Target::Replace { temp, dest },
@@ -223,6 +236,18 @@ impl Drop for OutputFile {
     }
 }
 
+/// Refuses an existing destination whose permissions say it may not be written (a read-only
+/// file would otherwise be silently replaced by the rename, whoever runs the command).
+fn refuse_read_only(existing: &std::fs::Metadata) -> std::io::Result<()> {
+    if existing.permissions().readonly() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            "the existing file is read-only (no write permission); refusing to replace it",
+        ));
+    }
+    Ok(())
+}
+
 /// Creates a new, hidden temporary file in `dest`'s folder (mode 0666 minus the umask).
 fn create_temp_beside(dest: &Path) -> std::io::Result<(PathBuf, File)> {
     let folder = match dest.parent() {
@@ -264,7 +289,10 @@ pub fn check_output_path(path: &Path) -> Result<()> {
             "is a directory",
         ))),
         Ok(m) if !m.is_file() => Ok(()),
-        _ => {
+        existing => {
+            if let Ok(m) = &existing {
+                refuse_read_only(m).map_err(err)?;
+            }
             let dest = match std::fs::symlink_metadata(path) {
                 Ok(m) if m.file_type().is_symlink() => std::fs::canonicalize(path).map_err(err)?,
                 _ => path.to_path_buf(),
@@ -287,6 +315,33 @@ pub fn write_output(path: &Path, bytes: &[u8]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An existing destination keeps its permissions when replaced; a read-only one is refused
+    /// (checked by the permission bits, as root may write anything) and left as it was.
+    #[cfg(unix)]
+    #[test]
+    fn replaced_files_keep_their_mode_and_read_only_ones_are_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.txt");
+        std::fs::write(&path, b"old").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+        write_output(&path, b"new").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"new");
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o640);
+
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o444)).unwrap();
+        for e in [
+            check_output_path(&path).unwrap_err(),
+            write_output(&path, b"newer").unwrap_err(),
+        ] {
+            let e = e.to_string();
+            assert!(e.contains("out.txt") && e.contains("read-only"), "{e}");
+        }
+        assert_eq!(std::fs::read(&path).unwrap(), b"new");
+        assert_eq!(names_in(dir.path()), vec!["out.txt".to_string()]);
+    }
 
     #[test]
     fn outputs_naming_one_file_are_refused() {
