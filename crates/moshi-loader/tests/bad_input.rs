@@ -45,17 +45,19 @@ fn truncated_safetensors() {
             &format!("holds {}", bytes.len() / 2 - 8 - header_len),
         ],
     );
-    // Cut inside the header itself.
+    // Cut inside the header itself: the header's length is what the file cannot hold (not
+    // tensor data).
     std::fs::write(&path, &bytes[..100]).unwrap();
     let msg = load_err(&path, &tiny_config());
     assert_has(
         &msg,
         &[
             "truncated",
-            &format!("{} bytes", 8 + header_len),
-            "holds 100",
+            &format!("announces a {header_len}-byte JSON header"),
+            "holds only 92 bytes after it",
         ],
     );
+    assert!(!msg.contains("tensor data"), "{msg}");
     std::fs::write(&path, &bytes[..5]).unwrap();
     assert_has(
         &load_err(&path, &tiny_config()),
