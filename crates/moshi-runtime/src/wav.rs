@@ -137,9 +137,23 @@ impl MonoReader {
         let want = max_samples.saturating_mul(self.channels);
         self.interleaved.clear();
         let path = &self.path;
-        let not_wav = |cause| RuntimeError::NotWav {
-            path: path.clone(),
-            cause,
+        let announced_samples = self.reader.duration() as u64;
+        // The data ending before the header's length (hound: "Failed to read enough bytes.")
+        // is a truncated file; other errors say the file is not a readable WAV.
+        let not_wav = |cause: hound::Error| match &cause {
+            hound::Error::IoError(e)
+                if e.kind() == std::io::ErrorKind::UnexpectedEof
+                    || e.to_string() == "Failed to read enough bytes." =>
+            {
+                RuntimeError::TruncatedWav {
+                    path: path.clone(),
+                    announced_samples,
+                }
+            }
+            _ => RuntimeError::NotWav {
+                path: path.clone(),
+                cause,
+            },
         };
         match self.kind {
             SampleKind::Float => {
@@ -445,6 +459,25 @@ mod tests {
                     && e.contains(&bad.to_string())
                     && e.contains("expected a finite number"),
                 "{e}"
+            );
+        }
+    }
+
+    /// A file cut inside its samples is reported as truncated against the header's length,
+    /// not with hound's "Failed to read enough bytes.".
+    #[test]
+    fn a_file_cut_inside_its_samples_is_truncated() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cut.wav");
+        write_mono_i16(&path, &[0.25; 1000], 24_000).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        for cut in [1001, 1000] {
+            std::fs::write(&path, &bytes[..bytes.len() - cut]).unwrap();
+            let e = read_mono(&path).unwrap_err().to_string();
+            assert!(
+                e.contains("cut.wav")
+                    && e.contains("ends before the 1000 samples its header announces"),
+                "cut {cut}: {e}"
             );
         }
     }
