@@ -244,6 +244,13 @@ fn decode(args: DecodeArgs) -> Result<()> {
     let mut model_files = vec![weights.as_path()];
     model_files.extend(config_path.as_deref());
     ensure_not_an_input(&args.output, &model_files).context("codec decode")?;
+    if k > cfg.quantizer.n_q {
+        bail!(
+            "{}: holds {k} codebooks (rows), the Mimi quantizer has 1..={} (n_q)",
+            args.input.display(),
+            cfg.quantizer.n_q
+        );
+    }
     let mut mimi = load_mimi(&cfg, &weights, k)?;
     mimi.set_weights(args.source.mimi_weights);
     mimi.check_codes(&frame_major)
