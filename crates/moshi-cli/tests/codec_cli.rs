@@ -277,3 +277,27 @@ fn mimi_weights_flag_selects_the_precision_and_rejects_unknown_values() {
         "{err}"
     );
 }
+
+/// Codes with more rows than the Mimi quantizer's codebooks are refused naming the .npy file
+/// (the error used to say only "mimi: 13 codebooks requested").
+#[test]
+fn decode_of_too_many_codebooks_names_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let codes = dir.path().join("thirteen.npy");
+    let mut writer = npy::NpyWriter::create_i64(&codes, &[13, 2]).unwrap();
+    for _ in 0..13 {
+        writer.write_i64(&[0, 0]).unwrap();
+    }
+    writer.finish().unwrap();
+    let out = dir.path().join("o.wav");
+    let mut args = vec!["codec", "decode", path_str(&codes), path_str(&out)];
+    let extra = mimi_args();
+    args.extend(extra.iter().map(String::as_str));
+    let (ok, err) = moshi_rs(&args);
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("thirteen.npy") && err.contains("holds 13 codebooks") && err.contains("1..="),
+        "{err}"
+    );
+    assert!(!out.exists());
+}

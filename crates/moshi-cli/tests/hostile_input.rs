@@ -470,6 +470,111 @@ fn an_input_is_never_overwritten() {
     assert_eq!(std::fs::read(&weights).unwrap(), weights_before);
 }
 
+/// No output overwrites a file of the model a command reads (weights, tokenizer, configs), also
+/// when the command found that file itself (config.json next to the input, the model folder's
+/// files); the file stays untouched.
+#[test]
+fn model_files_are_never_overwritten() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    std::fs::create_dir(&model).unwrap();
+    moshi_test_support::copy_tiny_a_files(
+        &model,
+        &[
+            "config.json",
+            "model.safetensors",
+            "mimi.safetensors",
+            "mimi_config.json",
+            "tokenizer.model",
+        ],
+    );
+    let input = input_copy(dir.path());
+    let snapshot = |name: &str| std::fs::read(model.join(name)).unwrap();
+    for name in [
+        "config.json",
+        "model.safetensors",
+        "mimi.safetensors",
+        "mimi_config.json",
+        "tokenizer.model",
+    ] {
+        let before = snapshot(name);
+        let target = model.join(name);
+        for flag in [None, Some("--transcript"), Some("--tokens-out")] {
+            let answer = dir.path().join("o.wav");
+            let mut args = vec!["file", path_str(&input)];
+            match flag {
+                None => args.push(path_str(&target)),
+                Some(f) => args.extend([path_str(&answer), f, path_str(&target)]),
+            }
+            args.extend(["--model", path_str(&model)]);
+            fails_with(&args, &["same file as the input", name]);
+            assert!(!answer.exists());
+        }
+        assert_eq!(snapshot(name), before, "{name} was changed");
+    }
+    for name in ["mimi.safetensors", "mimi_config.json"] {
+        let before = snapshot(name);
+        fails_with(
+            &[
+                "codec",
+                "encode",
+                path_str(&input),
+                path_str(&model.join(name)),
+                "--model",
+                path_str(&model),
+            ],
+            &["same file as the input", name],
+        );
+        assert_eq!(snapshot(name), before, "{name} was changed");
+    }
+    let before = snapshot("config.json");
+    fails_with(
+        &[
+            "quantize",
+            path_str(&model.join("model.safetensors")),
+            path_str(&model.join("config.json")),
+            "--bits",
+            "8",
+        ],
+        &["same file as the input", "config.json"],
+    );
+    assert_eq!(snapshot("config.json"), before);
+}
+
+/// The output, --transcript, --tokens-out and --profile must be different files: naming one
+/// file twice is refused before any work, and nothing is written.
+#[test]
+fn file_outputs_must_be_distinct() {
+    let dir = tempfile::tempdir().unwrap();
+    let answer = dir.path().join("o.wav");
+    let same_answer = dir.path().join(".").join("o.wav");
+    let tokens = dir.path().join("t.jsonl");
+    let model = tiny_a_dir();
+    for extra in [
+        vec!["--transcript", path_str(&same_answer)],
+        vec![
+            "--tokens-out",
+            path_str(&tokens),
+            "--profile",
+            path_str(&tokens),
+        ],
+    ] {
+        let mut args = vec![
+            "file",
+            path_str(&INPUT),
+            path_str(&answer),
+            "--model",
+            path_str(&model),
+        ];
+        args.extend(extra);
+        fails_with(
+            &args,
+            &["are the same file", "each output needs its own file"],
+        );
+        assert!(!answer.exists() && !tokens.exists());
+    }
+}
+
 /// A private character device with the numbers of `/dev/null` (1, 3) or `/dev/full` (1, 7) in
 /// `dir`, or `None` (with a message) where this process may not make or open one.
 fn device_node(dir: &Path, name: &str, minor: u32) -> Option<PathBuf> {

@@ -194,3 +194,22 @@ fn a_config_that_does_not_fit_is_reported_and_bits_still_come_from_the_file() {
         .iter()
         .all(|m| m.as_str().unwrap().starts_with("transformer.layers.2.")));
 }
+
+/// A config that is a device (here a link named `.json` to /dev/zero) is refused at the size
+/// cap, naming the file, instead of read until memory runs out.
+#[cfg(unix)]
+#[test]
+fn an_endless_config_is_refused_at_the_size_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let zero = dir.path().join("zero.json");
+    std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+    let started = std::time::Instant::now();
+    let (ok, _, err) = inspect(&[path_str(&zero)]);
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("zero.json") && err.contains("too large for a JSON config"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(60));
+}

@@ -87,9 +87,11 @@ fn quantize_command_refuses_bad_requests_and_leaves_nothing() {
         "{}",
         String::from_utf8_lossy(&o.stderr)
     );
+    // An unsupported group size is refused as the flag, before the model is read (even a
+    // missing input is not reached).
     let o = moshi(&[
         "quantize",
-        path_str(&input),
+        path_str(&dir.path().join("absent.safetensors")),
         path_str(&out),
         "--bits",
         "4",
@@ -99,9 +101,10 @@ fn quantize_command_refuses_bad_requests_and_leaves_nothing() {
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
-        err.contains("model.safetensors") && err.contains("group size 48"),
+        err.contains("--group-size 48") && err.contains("expected one of [32, 64, 128]"),
         "{err}"
     );
+    assert!(!err.contains("absent.safetensors"), "{err}");
     // A checkpoint that does not fit the config (the built-in 7B one: no config.json beside it).
     let copied = dir.path().join("model.safetensors");
     std::fs::copy(&input, &copied).unwrap();

@@ -14,7 +14,7 @@ use crate::{LoaderError, Result};
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
 /// Reads a config file of at most [`MAX_CONFIG_BYTES`] (a pipe works too).
-pub(crate) fn read_config_text(path: &Path) -> Result<String> {
+pub fn read_config_text(path: &Path) -> Result<String> {
     let bytes = read_capped(
         path,
         MAX_CONFIG_BYTES,

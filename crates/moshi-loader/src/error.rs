@@ -83,6 +83,13 @@ pub enum LoaderError {
     },
     #[error("{output}: is the same file as the input {input}; refusing to overwrite an input")]
     OutputIsInput { output: PathBuf, input: PathBuf },
+    #[error("{second_what} {second} and {first_what} {first} are the same file: each output needs its own file")]
+    OutputsCollide {
+        first_what: String,
+        first: PathBuf,
+        second_what: String,
+        second: PathBuf,
+    },
     #[error("{path}: more than {limit_bytes} bytes, too large for {what}")]
     InputTooLarge {
         path: PathBuf,

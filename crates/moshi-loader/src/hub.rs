@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use hf_hub::api::sync::{Api, ApiBuilder};
+use hf_hub::api::sync::{Api, ApiBuilder, ApiError};
 use hf_hub::api::Progress;
 use hf_hub::{Cache, Repo, RepoType};
 
@@ -54,6 +54,32 @@ fn local_folder_hint(id: &str) -> String {
     )
 }
 
+/// What went wrong talking to the Hub, as far as the advice to the user depends on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum HubFailure {
+    /// No answer: connection, DNS, TLS or timeout.
+    Unreachable,
+    /// HTTP 404: no such repo, or no such file in it.
+    NotFound,
+    /// HTTP 401/403: a private or gated repo without a token that may read it.
+    Unauthorized,
+    /// Anything else (another status, a local cache or I/O error).
+    Other,
+}
+
+fn classify(error: &ApiError) -> HubFailure {
+    match error {
+        ApiError::RequestError(e) => match e.as_ref() {
+            ureq::Error::Status(404, _) => HubFailure::NotFound,
+            ureq::Error::Status(401 | 403, _) => HubFailure::Unauthorized,
+            ureq::Error::Status(..) => HubFailure::Other,
+            ureq::Error::Transport(_) => HubFailure::Unreachable,
+        },
+        ApiError::TooManyRetries(inner) => classify(inner),
+        _ => HubFailure::Other,
+    }
+}
+
 impl<'a> HubRepo<'a> {
     pub fn new(id: &str, settings: &'a HubSettings) -> Self {
         Self {
@@ -68,18 +94,34 @@ impl<'a> HubRepo<'a> {
             .with_token(self.settings.token.clone())
             .with_progress(false)
             .build()
-            .map_err(|e| self.download_error("<api>", e.to_string()))
+            .map_err(|e| self.download_error("<api>", &e))
     }
 
-    fn download_error(&self, file: &str, reason: String) -> LoaderError {
+    /// The error of a failed Hub request, with advice that fits the failure: "no network?"
+    /// only when the Hub did not answer, a missing repo or file for 404, HF_TOKEN for 401/403.
+    fn download_error(&self, file: &str, error: &ApiError) -> LoaderError {
+        let endpoint = &self.settings.endpoint;
+        let advice = match classify(error) {
+            HubFailure::Unreachable => format!(
+                "Could not reach {endpoint} (no network?). {}",
+                local_folder_hint(&self.id)
+            ),
+            HubFailure::NotFound => format!(
+                "{endpoint} has no repo `{}` or no file `{file}` in it: check the repo id (e.g. kyutai/moshiko-mlx-q4) \
+                 and the file name, or pass the path of a local folder",
+                self.id
+            ),
+            HubFailure::Unauthorized => format!(
+                "{endpoint} refused access to `{}`: for a private or gated repo set HF_TOKEN to a token that may read it \
+                 (and accept the repo's terms on the Hub)",
+                self.id
+            ),
+            HubFailure::Other => local_folder_hint(&self.id),
+        };
         LoaderError::Download {
             repo: self.id.clone(),
             file: file.to_string(),
-            reason: format!(
-                "{reason}. Could not reach {} (no network?). {}",
-                self.settings.endpoint,
-                local_folder_hint(&self.id)
-            ),
+            reason: format!("{error}. {advice}"),
         }
     }
 
@@ -113,7 +155,7 @@ impl<'a> HubRepo<'a> {
             .api()?
             .model(self.id.clone())
             .info()
-            .map_err(|e| self.download_error("<file list>", e.to_string()))?;
+            .map_err(|e| self.download_error("<file list>", &e))?;
         Ok(info.siblings.into_iter().map(|s| s.rfilename).collect())
     }
 
@@ -129,7 +171,7 @@ impl<'a> HubRepo<'a> {
         } else {
             repo.download_with_progress(file, ())
         };
-        result.map_err(|e| self.download_error(file, e.to_string()))
+        result.map_err(|e| self.download_error(file, &e))
     }
 }
 
@@ -159,5 +201,55 @@ impl Progress for ProgressBar {
         if let Some(bar) = self.0.take() {
             bar.finish();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings() -> HubSettings {
+        HubSettings {
+            cache_dir: std::env::temp_dir(),
+            endpoint: "http://127.0.0.1:1".into(),
+            token: None,
+            offline: false,
+            progress: false,
+        }
+    }
+
+    fn status(code: u16) -> ApiError {
+        let response = ureq::Response::new(code, "status", "").unwrap();
+        ApiError::RequestError(Box::new(ureq::Error::Status(code, response)))
+    }
+
+    /// Only a Hub that does not answer is "no network?"; 404 says the repo or file was not
+    /// found, 401/403 point at HF_TOKEN.
+    #[test]
+    fn hub_failures_get_advice_that_fits_them() {
+        let settings = settings();
+        let repo = HubRepo::new("kyutai/nope", &settings);
+        let message = |e: &ApiError| repo.download_error("model.safetensors", e).to_string();
+
+        // Port 1 on the loopback: refused at once, no network involved.
+        let refused = ureq::get("http://127.0.0.1:1/").call().unwrap_err();
+        assert!(matches!(refused, ureq::Error::Transport(_)), "{refused}");
+        let m = message(&ApiError::RequestError(Box::new(refused)));
+        assert!(m.contains("no network?"), "{m}");
+
+        let m = message(&status(404));
+        assert!(
+            m.contains("no repo `kyutai/nope` or no file `model.safetensors`")
+                && !m.contains("no network"),
+            "{m}"
+        );
+        for code in [401, 403] {
+            let m = message(&status(code));
+            assert!(m.contains("HF_TOKEN") && !m.contains("no network"), "{m}");
+        }
+        let m = message(&ApiError::TooManyRetries(Box::new(status(404))));
+        assert!(m.contains("no repo") && !m.contains("no network"), "{m}");
+        let m = message(&status(500));
+        assert!(m.contains("500") && !m.contains("no network"), "{m}");
     }
 }

@@ -92,19 +92,26 @@ pub fn inspect_checkpoint(path: &Path, config: Option<ConfigRef<'_>>) -> Result<
         if let Some(prefix) = prefix.filter(|p| info.dtype == DType::U32 && is_packed(&file, p)) {
             // The file's own unquantized tensors first: a config that does not fit must not hide the bits.
             let in_dim = infer_in_dim(&file, prefix).or_else(|| in_dims.get(name).copied());
-            let params = in_dim
-                .ok_or_else(|| "cannot tell its input width".to_string())
-                .and_then(|d| {
-                    let scales = file
-                        .info(&format!("{prefix}.scales"))
-                        .map_err(|e| e.to_string())?;
-                    quant_params_from_shapes(
-                        info.shape[1],
-                        scales.shape.get(1).copied().unwrap_or(0),
-                        d,
-                    )
-                    .map(|p| (p, d))
-                });
+            let params = (if info.shape.len() == 2 {
+                Ok(())
+            } else {
+                Err(format!(
+                    "`.weight` has shape {:?}, expected [rows, packed columns]",
+                    info.shape
+                ))
+            })
+            .and_then(|()| in_dim.ok_or_else(|| "cannot tell its input width".to_string()))
+            .and_then(|d| {
+                let scales = file
+                    .info(&format!("{prefix}.scales"))
+                    .map_err(|e| e.to_string())?;
+                quant_params_from_shapes(
+                    info.shape[1],
+                    scales.shape.get(1).copied().unwrap_or(0),
+                    d,
+                )
+                .map(|p| (p, d))
+            });
             match params {
                 Ok((p, d)) => {
                     *quant.entry((p.bits, p.group_size)).or_insert(0) += 1;

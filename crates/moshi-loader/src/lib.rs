@@ -27,7 +27,7 @@ pub mod tokenizer;
 mod weight_map;
 
 pub use config::{Gating, LmConfig, NormKind, PositionalEmbedding};
-pub use config_check::MAX_CONFIG_BYTES;
+pub use config_check::{read_config_text, MAX_CONFIG_BYTES};
 pub use error::LoaderError;
 pub use layout::{CheckpointKind, LmLayout};
 pub use lm_weights::{load_lm_weights, WeightMode};

@@ -124,6 +124,18 @@ fn check_names_and_shapes(
         let prefix = spec.stored_name.strip_suffix(".weight");
         if layout == LmLayout::Mlx && prefix.is_some_and(|p| is_packed(file, p)) {
             let prefix = prefix.expect("checked");
+            // Only matrices are packed: a packed (U32) norm or vector is not a layout MLX writes.
+            if spec.canonical.shape.len() != 2 {
+                return Err(LoaderError::BadQuantized {
+                    path: file.path().to_path_buf(),
+                    name: prefix.to_string(),
+                    reason: format!(
+                        "`{}` is stored packed ({} {:?}), expected an unpacked F32/BF16/F16 tensor of shape {:?} \
+                         (only matrices are quantized)",
+                        spec.stored_name, info.dtype, info.shape, spec.stored_shape
+                    ),
+                });
+            }
             // Cross-check: the widths the file's own unpacked tensors imply must be the config's
             // (bits and group size alone can be ambiguous: q8/g64 at 256 reads as q4/g128 at 512).
             if let Some((shape, p)) =

@@ -168,8 +168,13 @@ pub fn read_quantized(
     })
 }
 
+/// The rows of matrix `name`; `None` when it is missing or not 2-D (the caller then reports
+/// the width as unknown, or the shape check names the tensor).
 fn rows_of(file: &SafetensorsFile, name: &str) -> Option<usize> {
-    file.tensors().get(name).map(|i| i.shape[0])
+    file.tensors()
+        .get(name)
+        .filter(|i| i.shape.len() == 2)
+        .map(|i| i.shape[0])
 }
 
 fn width_of_norm(file: &SafetensorsFile, name: &str) -> Option<usize> {
@@ -209,7 +214,7 @@ pub fn file_logical_shape(
     prefix: &str,
 ) -> Option<(Vec<usize>, QuantParams)> {
     let in_dim = infer_in_dim(file, prefix)?;
-    let rows = file.tensors().get(&format!("{prefix}.weight"))?.shape[0];
+    let rows = rows_of(file, &format!("{prefix}.weight"))?;
     derive_quant_params(file, prefix, rows, in_dim)
         .ok()
         .map(|p| (vec![rows, in_dim], p))

@@ -3,8 +3,9 @@
 //! so an error (a full disk, a bad input found half way) leaves the destination as it was and no
 //! partial file behind. A device, pipe or socket (`/dev/null`, `/dev/stdout`, a FIFO) is written
 //! directly, never replaced by a regular file, and its write errors are reported (`/dev/full`).
-//! A path that is one of the command's inputs is refused before anything is written. New files
-//! get mode 0666 minus the umask, as `File::create` gives.
+//! A path that is one of the command's inputs is refused before anything is written, and so is
+//! an existing file whose permissions say it is read-only. New files get mode 0666 minus the
+//! umask, as `File::create` gives; a replaced file keeps its permissions.
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Seek, SeekFrom, Write};
@@ -55,6 +56,47 @@ pub fn ensure_not_an_input(output: &Path, inputs: &[&Path]) -> Result<()> {
     Ok(())
 }
 
+/// Fails when two of `outputs` (each named by what it is, e.g. a flag) are the same regular file
+/// (same canonical path, or the same device and inode, e.g. a hard link), existing or not: one
+/// would silently replace the other. Devices and pipes (`/dev/null`) may be shared.
+pub fn ensure_distinct_outputs(outputs: &[(&str, &Path)]) -> Result<()> {
+    for (i, (second_what, second)) in outputs.iter().enumerate() {
+        for (first_what, first) in &outputs[..i] {
+            if same_output(first, second) {
+                return Err(LoaderError::OutputsCollide {
+                    first_what: first_what.to_string(),
+                    first: first.to_path_buf(),
+                    second_what: second_what.to_string(),
+                    second: second.to_path_buf(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether outputs `a` and `b` would write the same regular file.
+fn same_output(a: &Path, b: &Path) -> bool {
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(ma), Ok(mb)) => ma.is_file() && mb.is_file() && same_file(&ma, &mb),
+        (Err(_), Err(_)) => {
+            // Neither exists yet: the same name in the same folder (through any spelling).
+            let canonical = |p: &Path| {
+                let folder = match p.parent() {
+                    Some(f) if !f.as_os_str().is_empty() => f,
+                    _ => Path::new("."),
+                };
+                Some((
+                    std::fs::canonicalize(folder).ok()?,
+                    p.file_name()?.to_owned(),
+                ))
+            };
+            matches!((canonical(a), canonical(b)), (Some(x), Some(y)) if x == y)
+        }
+        _ => false,
+    }
+}
+
 #[cfg(unix)]
 fn same_file(a: &std::fs::Metadata, b: &std::fs::Metadata) -> bool {
     use std::os::unix::fs::MetadataExt;
@@ -93,8 +135,20 @@ impl OutputFile {
                     writer: Some(BufWriter::new(file)),
                 })
             }
-            _ => {
+            existing => {
+                let existing = existing.ok();
+                if let Some(m) = &existing {
+                    refuse_read_only(m).map_err(err)?;
+                }
                 let (temp, file) = create_temp_beside(&dest).map_err(err)?;
+                if let Some(m) = &existing {
+                    // The replacement keeps the destination's permissions.
+                    if let Err(e) = file.set_permissions(m.permissions()) {
+                        drop(file);
+                        let _ = std::fs::remove_file(&temp);
+                        return Err(err(e));
+                    }
+                }
                 Ok(Self {
                     path: path.to_path_buf(),
                     target: Target::Replace { temp, dest },
@@ -182,6 +236,18 @@ impl Drop for OutputFile {
     }
 }
 
+/// Refuses an existing destination whose permissions say it may not be written (a read-only
+/// file would otherwise be silently replaced by the rename, whoever runs the command).
+fn refuse_read_only(existing: &std::fs::Metadata) -> std::io::Result<()> {
+    if existing.permissions().readonly() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            "the existing file is read-only (no write permission); refusing to replace it",
+        ));
+    }
+    Ok(())
+}
+
 /// Creates a new, hidden temporary file in `dest`'s folder (mode 0666 minus the umask).
 fn create_temp_beside(dest: &Path) -> std::io::Result<(PathBuf, File)> {
     let folder = match dest.parent() {
@@ -223,7 +289,10 @@ pub fn check_output_path(path: &Path) -> Result<()> {
             "is a directory",
         ))),
         Ok(m) if !m.is_file() => Ok(()),
-        _ => {
+        existing => {
+            if let Ok(m) = &existing {
+                refuse_read_only(m).map_err(err)?;
+            }
             let dest = match std::fs::symlink_metadata(path) {
                 Ok(m) if m.file_type().is_symlink() => std::fs::canonicalize(path).map_err(err)?,
                 _ => path.to_path_buf(),
@@ -246,6 +315,74 @@ pub fn write_output(path: &Path, bytes: &[u8]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An existing destination keeps its permissions when replaced; a read-only one is refused
+    /// (checked by the permission bits, as root may write anything) and left as it was.
+    #[cfg(unix)]
+    #[test]
+    fn replaced_files_keep_their_mode_and_read_only_ones_are_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.txt");
+        std::fs::write(&path, b"old").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+        write_output(&path, b"new").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"new");
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o640);
+
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o444)).unwrap();
+        for e in [
+            check_output_path(&path).unwrap_err(),
+            write_output(&path, b"newer").unwrap_err(),
+        ] {
+            let e = e.to_string();
+            assert!(e.contains("out.txt") && e.contains("read-only"), "{e}");
+        }
+        assert_eq!(std::fs::read(&path).unwrap(), b"new");
+        assert_eq!(names_in(dir.path()), vec!["out.txt".to_string()]);
+    }
+
+    #[test]
+    fn outputs_naming_one_file_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let new = dir.path().join("out.txt");
+        let new_other_spelling = dir.path().join(".").join("out.txt");
+        let existing = dir.path().join("old.txt");
+        std::fs::write(&existing, b"keep").unwrap();
+        let hard_link = dir.path().join("link.txt");
+        std::fs::hard_link(&existing, &hard_link).unwrap();
+        let other = dir.path().join("other.txt");
+        for (a, b) in [
+            (&new, &new_other_spelling),
+            (&existing, &existing),
+            (&existing, &hard_link),
+        ] {
+            let e = ensure_distinct_outputs(&[
+                ("output", other.as_path()),
+                ("output", a),
+                ("--tokens-out", b),
+            ])
+            .unwrap_err()
+            .to_string();
+            assert!(
+                e.contains("--tokens-out") && e.contains("output") && e.contains("same file"),
+                "{e}"
+            );
+        }
+        assert_eq!(std::fs::read(&existing).unwrap(), b"keep");
+        ensure_distinct_outputs(&[
+            ("output", &new),
+            ("--transcript", &existing),
+            ("--profile", &other),
+        ])
+        .unwrap();
+        // Devices may take several outputs.
+        let null = Path::new("/dev/null");
+        if null.exists() {
+            ensure_distinct_outputs(&[("--tokens-out", null), ("--profile", null)]).unwrap();
+        }
+    }
 
     fn names_in(dir: &Path) -> Vec<String> {
         let mut v: Vec<String> = std::fs::read_dir(dir)

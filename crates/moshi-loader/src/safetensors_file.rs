@@ -85,11 +85,11 @@ fn parse_header(bytes: &[u8], path: &Path) -> Result<ParsedHeader> {
     }
     let header_len = header_len as usize;
     if 8 + header_len > bytes.len() {
-        return Err(LoaderError::Truncated {
-            path: path.to_path_buf(),
-            expected: 8 + header_len,
-            got: bytes.len(),
-        });
+        return Err(bad(format!(
+            "the 8-byte prefix announces a {header_len}-byte JSON header, the file holds only {} bytes after it \
+             (truncated, or not a safetensors file)",
+            bytes.len() - 8
+        )));
     }
     let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + header_len])
         .map_err(|e| bad(format!("header is not valid JSON: {e}")))?;

@@ -78,6 +78,25 @@ pub struct ResolvedModel {
     pub mimi_config_source: String,
     pub mimi_weights_path: PathBuf,
     pub tokenizer_path: PathBuf,
+    /// The LM config file read, if any (`None` for the built-in config).
+    pub lm_config_path: Option<PathBuf>,
+    /// The Mimi config file read, if any (`None` for the built-in config).
+    pub mimi_config_path: Option<PathBuf>,
+}
+
+impl ResolvedModel {
+    /// Every file the model is read from (weights, tokenizer, configs): what a command's outputs
+    /// must not overwrite.
+    pub fn input_paths(&self) -> Vec<&Path> {
+        let mut paths = vec![
+            self.lm_weights_path.as_path(),
+            self.mimi_weights_path.as_path(),
+            self.tokenizer_path.as_path(),
+        ];
+        paths.extend(self.lm_config_path.as_deref());
+        paths.extend(self.mimi_config_path.as_deref());
+        paths
+    }
 }
 
 /// Entry point of model resolution.
@@ -321,6 +340,8 @@ fn resolve_folder(folder: &Path, o: &SourceOverrides) -> Result<ResolvedModel> {
         mimi_config_source,
         mimi_weights_path,
         tokenizer_path,
+        lm_config_path: config_path,
+        mimi_config_path,
     })
 }
 

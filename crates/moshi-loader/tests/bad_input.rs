@@ -45,17 +45,19 @@ fn truncated_safetensors() {
             &format!("holds {}", bytes.len() / 2 - 8 - header_len),
         ],
     );
-    // Cut inside the header itself.
+    // Cut inside the header itself: the header's length is what the file cannot hold (not
+    // tensor data).
     std::fs::write(&path, &bytes[..100]).unwrap();
     let msg = load_err(&path, &tiny_config());
     assert_has(
         &msg,
         &[
             "truncated",
-            &format!("{} bytes", 8 + header_len),
-            "holds 100",
+            &format!("announces a {header_len}-byte JSON header"),
+            "holds only 92 bytes after it",
         ],
     );
+    assert!(!msg.contains("tensor data"), "{msg}");
     std::fs::write(&path, &bytes[..5]).unwrap();
     assert_has(
         &load_err(&path, &tiny_config()),
@@ -619,5 +621,83 @@ fn overlapping_tensor_data_is_refused() {
             .unwrap()
             .to_string(),
         &["/dev/zero", "a character device, expected a regular file"],
+    );
+}
+
+/// The q4 file with tensor `name` replaced by a U32 tensor of `shape` (zeros).
+fn q4_with_u32(dir: &Path, name: &str, shape: &[usize]) -> std::path::PathBuf {
+    let q4 = SafetensorsFile::open(asset("model.q4.safetensors")).unwrap();
+    let mut tensors = copy_all(&q4, |n| (n != name).then(|| n.to_string()));
+    tensors.push(RawTensor {
+        name: name.into(),
+        dtype: DType::U32,
+        shape: shape.to_vec(),
+        bytes: vec![0; 4 * shape.iter().product::<usize>()],
+    });
+    let path = dir.join("model.q4.safetensors");
+    write_safetensors(&path, &tensors);
+    path
+}
+
+/// Packed (U32) tensors of the wrong rank are refused with an error naming the tensor, the
+/// expected and the stored shape, by loading and by inspecting (they used to panic indexing
+/// the missing dimensions).
+#[test]
+fn packed_tensors_of_the_wrong_rank_are_errors_not_panics() {
+    use moshi_loader::inspect::{inspect_checkpoint, ConfigRef};
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = tiny_config();
+
+    // A packed matrix stored as a scalar.
+    let path = q4_with_u32(dir.path(), "audio_embs.0.weight", &[]);
+    assert_has(
+        &load_err(&path, &cfg),
+        &[
+            "quantized tensor `audio_embs.0`",
+            "shape []",
+            "expected [65, packed columns]",
+        ],
+    );
+    let report = inspect_checkpoint(&path, Some(ConfigRef::Lm(&cfg))).unwrap();
+    assert!(
+        report
+            .notes
+            .iter()
+            .any(|n| n.contains("audio_embs.0") && n.contains("shape []")),
+        "{:?}",
+        report.notes
+    );
+
+    // A norm (a vector) stored packed.
+    let path = q4_with_u32(dir.path(), "transformer.layers.0.norm1.weight", &[256]);
+    assert_has(
+        &load_err(&path, &cfg),
+        &[
+            "`transformer.layers.0.norm1.weight` is stored packed (U32 [256])",
+            "expected an unpacked",
+            "[256]",
+        ],
+    );
+    let report = inspect_checkpoint(&path, Some(ConfigRef::Lm(&cfg))).unwrap();
+    assert!(!report.config_check.unwrap().is_clean());
+
+    // The FFN input matrix, whose rows give the width of the packed `linear_out`, as a scalar.
+    let path = q4_with_u32(
+        dir.path(),
+        "transformer.layers.0.gating.linear_in.weight",
+        &[],
+    );
+    assert_has(
+        &load_err(&path, &cfg),
+        &["`transformer.layers.0.gating.linear_in`", "shape []"],
+    );
+    let report = inspect_checkpoint(&path, Some(ConfigRef::Lm(&cfg))).unwrap();
+    assert!(
+        report
+            .notes
+            .iter()
+            .any(|n| n.contains("gating.linear_in") && n.contains("shape []")),
+        "{:?}",
+        report.notes
     );
 }

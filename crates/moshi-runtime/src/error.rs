@@ -23,6 +23,16 @@ pub enum RuntimeError {
         path: PathBuf,
         announced_samples: u64,
     },
+    #[error(
+        "{path}: sample {sample_index} (channel {channel}) is {value}, expected a finite number"
+    )]
+    NonFiniteSample {
+        path: PathBuf,
+        /// Index of the (multi-channel) sample frame in the file, from 0.
+        sample_index: u64,
+        channel: usize,
+        value: f32,
+    },
     #[error("{path} contains no audio samples")]
     EmptyWav { path: PathBuf },
     #[error("{path} is too short: {got_samples} samples at 24 kHz after resampling, need at least one {need_samples}-sample frame (80 ms)")]

@@ -54,6 +54,8 @@ pub struct MonoReader {
     sample_rate_hz: u32,
     /// Interleaved samples of the current chunk.
     interleaved: Vec<f32>,
+    /// Interleaved samples read before the current chunk (for the index in errors).
+    interleaved_read: u64,
 }
 
 impl MonoReader {
@@ -113,6 +115,7 @@ impl MonoReader {
             channels: spec.channels as usize,
             sample_rate_hz: spec.sample_rate,
             interleaved: Vec::new(),
+            interleaved_read: 0,
         })
     }
 
@@ -134,14 +137,38 @@ impl MonoReader {
         let want = max_samples.saturating_mul(self.channels);
         self.interleaved.clear();
         let path = &self.path;
-        let not_wav = |cause| RuntimeError::NotWav {
-            path: path.clone(),
-            cause,
+        let announced_samples = self.reader.duration() as u64;
+        // The data ending before the header's length (hound: "Failed to read enough bytes.")
+        // is a truncated file; other errors say the file is not a readable WAV.
+        let not_wav = |cause: hound::Error| match &cause {
+            hound::Error::IoError(e)
+                if e.kind() == std::io::ErrorKind::UnexpectedEof
+                    || e.to_string() == "Failed to read enough bytes." =>
+            {
+                RuntimeError::TruncatedWav {
+                    path: path.clone(),
+                    announced_samples,
+                }
+            }
+            _ => RuntimeError::NotWav {
+                path: path.clone(),
+                cause,
+            },
         };
         match self.kind {
             SampleKind::Float => {
                 for s in self.reader.samples::<f32>().take(want) {
-                    self.interleaved.push(s.map_err(not_wav)?);
+                    let value = s.map_err(not_wav)?;
+                    if !value.is_finite() {
+                        let index = self.interleaved_read + self.interleaved.len() as u64;
+                        return Err(RuntimeError::NonFiniteSample {
+                            path: path.clone(),
+                            sample_index: index / self.channels as u64,
+                            channel: (index % self.channels as u64) as usize,
+                            value,
+                        });
+                    }
+                    self.interleaved.push(value);
                 }
             }
             SampleKind::Int(scale) => {
@@ -151,6 +178,7 @@ impl MonoReader {
                 }
             }
         }
+        self.interleaved_read += self.interleaved.len() as u64;
         let whole = self.interleaved.len() / self.channels;
         if self.channels == 1 {
             out.extend_from_slice(&self.interleaved);
@@ -394,6 +422,64 @@ mod tests {
         write_mono_i16(&empty, &[], 24_000).unwrap();
         let e = read_mono(&empty).unwrap_err().to_string();
         assert!(e.contains("no audio samples"), "{e}");
+    }
+
+    /// A float WAV holding NaN or an infinity is refused, naming the file, the sample and its
+    /// channel (codec and file used to turn it into meaningless codes).
+    #[test]
+    fn non_finite_float_samples_are_refused_with_their_index() {
+        let dir = tempfile::tempdir().unwrap();
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let path = dir.path().join("bad.wav");
+            let spec = hound::WavSpec {
+                channels: 2,
+                sample_rate: 24_000,
+                bits_per_sample: 32,
+                sample_format: hound::SampleFormat::Float,
+            };
+            let mut w = hound::WavWriter::create(&path, spec).unwrap();
+            for i in 0..2000 {
+                w.write_sample(if i == 1501 { bad } else { 0.25f32 })
+                    .unwrap();
+            }
+            w.finalize().unwrap();
+            // Read in chunks smaller than the file: the index counts across chunks.
+            let mut r = MonoReader::open(&path).unwrap();
+            let mut out = Vec::new();
+            let e = loop {
+                match r.read_chunk(100, &mut out) {
+                    Ok(0) => panic!("{bad} was accepted"),
+                    Ok(_) => {}
+                    Err(e) => break e.to_string(),
+                }
+            };
+            assert!(
+                e.contains(&path.display().to_string())
+                    && e.contains("sample 750 (channel 1)")
+                    && e.contains(&bad.to_string())
+                    && e.contains("expected a finite number"),
+                "{e}"
+            );
+        }
+    }
+
+    /// A file cut inside its samples is reported as truncated against the header's length,
+    /// not with hound's "Failed to read enough bytes.".
+    #[test]
+    fn a_file_cut_inside_its_samples_is_truncated() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cut.wav");
+        write_mono_i16(&path, &[0.25; 1000], 24_000).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        for cut in [1001, 1000] {
+            std::fs::write(&path, &bytes[..bytes.len() - cut]).unwrap();
+            let e = read_mono(&path).unwrap_err().to_string();
+            assert!(
+                e.contains("cut.wav")
+                    && e.contains("ends before the 1000 samples its header announces"),
+                "cut {cut}: {e}"
+            );
+        }
     }
 
     #[test]

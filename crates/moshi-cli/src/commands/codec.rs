@@ -77,21 +77,25 @@ pub fn run(cmd: CodecCommand) -> Result<()> {
     }
 }
 
-/// Resolves (weights, config) from the options.
-fn resolve(source: &MimiSource) -> Result<(PathBuf, MimiConfig)> {
+/// Resolves (weights, config, the config file read if any) from the options.
+fn resolve(source: &MimiSource) -> Result<(PathBuf, MimiConfig, Option<PathBuf>)> {
     let weights = match (&source.mimi, &source.model) {
         (Some(file), _) => file.clone(),
         (None, Some(dir)) => find_mimi_in(dir)?,
         (None, None) => bail!("no Mimi weights: pass --mimi FILE or --model DIR"),
     };
-    let config = match (&source.mimi_config, &source.model) {
-        (Some(file), _) => MimiConfig::from_file(file)?,
+    let config_path = match (&source.mimi_config, &source.model) {
+        (Some(file), _) => Some(file.clone()),
         (None, Some(dir)) if dir.join("mimi_config.json").is_file() => {
-            MimiConfig::from_file(dir.join("mimi_config.json"))?
+            Some(dir.join("mimi_config.json"))
         }
-        _ => MimiConfig::v0_1(),
+        _ => None,
     };
-    Ok((weights, config))
+    let config = match &config_path {
+        Some(file) => MimiConfig::from_file(file)?,
+        None => MimiConfig::v0_1(),
+    };
+    Ok((weights, config, config_path))
 }
 
 /// Reads the Mimi checkpoint at `weights` and builds Mimi with `codebooks` codebooks.
@@ -134,8 +138,10 @@ fn find_mimi_in(dir: &Path) -> Result<PathBuf> {
 fn encode(args: EncodeArgs) -> Result<()> {
     ensure_not_an_input(&args.output, &[&args.input]).context("codec encode")?;
     check_output_path(&args.output)?;
-    let (weights, cfg) = resolve(&args.source)?;
-    ensure_not_an_input(&args.output, &[&weights]).context("codec encode")?;
+    let (weights, cfg, config_path) = resolve(&args.source)?;
+    let mut model_files = vec![weights.as_path()];
+    model_files.extend(config_path.as_deref());
+    ensure_not_an_input(&args.output, &model_files).context("codec encode")?;
     let mut mimi = load_mimi(&cfg, &weights, args.codebooks)?;
     mimi.set_weights(args.source.mimi_weights);
     let frame = mimi.frame_size_samples();
@@ -234,8 +240,17 @@ fn decode(args: DecodeArgs) -> Result<()> {
         }
     }
     drop(arr);
-    let (weights, cfg) = resolve(&args.source)?;
-    ensure_not_an_input(&args.output, &[&weights]).context("codec decode")?;
+    let (weights, cfg, config_path) = resolve(&args.source)?;
+    let mut model_files = vec![weights.as_path()];
+    model_files.extend(config_path.as_deref());
+    ensure_not_an_input(&args.output, &model_files).context("codec decode")?;
+    if k > cfg.quantizer.n_q {
+        bail!(
+            "{}: holds {k} codebooks (rows), the Mimi quantizer has 1..={} (n_q)",
+            args.input.display(),
+            cfg.quantizer.n_q
+        );
+    }
     let mut mimi = load_mimi(&cfg, &weights, k)?;
     mimi.set_weights(args.source.mimi_weights);
     mimi.check_codes(&frame_major)

@@ -16,7 +16,9 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Context;
-use moshi_loader::output_file::{check_output_path, ensure_not_an_input, write_output, OutputFile};
+use moshi_loader::output_file::{
+    check_output_path, ensure_distinct_outputs, ensure_not_an_input, write_output, OutputFile,
+};
 use moshi_runtime::engine::{FrameOutput, OfflineRunner};
 use moshi_runtime::metrics::{Metrics, ProfileWriter};
 use moshi_runtime::pipeline::MoshiPipeline;
@@ -108,16 +110,23 @@ pub fn run(args: FileArgs) -> anyhow::Result<()> {
         }
     }
     let mut frames_in = open_input_frames(input)?;
+    let model = args.model.resolve()?;
+    // No output may overwrite a file the command reads: the WAV or any file of the model.
+    let mut inputs = vec![input];
+    inputs.extend(model.input_paths());
     for (what, path) in &outputs {
-        check_writable(path, what, &[input])?;
+        check_writable(path, what, &inputs)?;
     }
+    ensure_distinct_outputs(&outputs)?;
     let max_tail_frames = tail_frames(args.max_tail_s.unwrap_or(DEFAULT_MAX_TAIL_S))?;
     let frames = frames_in.total_frames();
 
     let load_started = Instant::now();
     let spinner = indicatif::ProgressBar::new_spinner().with_message("loading the model");
     spinner.enable_steady_tick(std::time::Duration::from_millis(120));
-    let loaded = args.model.load_pipeline(&args.sampling, FILE_KV_CACHE, 1);
+    let loaded = args
+        .model
+        .load_resolved_pipeline(model, &args.sampling, FILE_KV_CACHE, 1);
     spinner.finish_and_clear();
     let (model, mut pipeline) = loaded?;
     let translation = pipeline.is_translation();

@@ -8,7 +8,8 @@ use moshi_loader::inspect::{inspect_checkpoint, CheckpointReport, ConfigRef};
 use moshi_loader::layout::detect_kind;
 use moshi_loader::tokenizer::TextTokenizer;
 use moshi_loader::{
-    CheckpointKind, LmConfig, MimiConfig, ModelSource, SafetensorsFile, SourceOverrides,
+    read_config_text, CheckpointKind, LmConfig, MimiConfig, ModelSource, SafetensorsFile,
+    SourceOverrides,
 };
 use serde::Serialize;
 
@@ -177,8 +178,8 @@ fn inspect_tokenizer(path: &Path) -> anyhow::Result<TokenizerEntry> {
 }
 
 fn inspect_config(path: &Path) -> anyhow::Result<ConfigEntry> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    // Capped: a device or a huge file given as a config is refused, not read to the end.
+    let text = read_config_text(path)?;
     let value: serde_json::Value =
         serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))?;
     // A Mimi config has a `seanet` section; anything else is read as an LM config.

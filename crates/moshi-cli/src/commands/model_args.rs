@@ -208,14 +208,34 @@ impl ModelArgs {
         default_kv_cache: KvPrecision,
         sessions: usize,
     ) -> anyhow::Result<(ResolvedModel, MoshiPipeline)> {
-        let mode = self.weight_mode()?;
+        self.check_load_flags(sampling)?;
+        let model = self.resolve()?;
+        self.load_resolved_pipeline(model, sampling, default_kv_cache, sessions)
+    }
+
+    /// The flag checks of [`Self::load_pipeline`] that need no model.
+    fn check_load_flags(&self, sampling: &SamplingArgs) -> anyhow::Result<()> {
+        self.weight_mode()?;
         if let Some(c) = sampling.cfg_coef {
             anyhow::ensure!(
                 c.is_finite() && c > 0.0,
                 "--cfg-coef {c}: expected a positive number (1 = no guidance)"
             );
         }
-        let model = self.resolve()?;
+        Ok(())
+    }
+
+    /// [`Self::load_pipeline`] of a model already resolved by [`Self::resolve`] (for a command
+    /// that checks its outputs against the model's files first).
+    pub fn load_resolved_pipeline(
+        &self,
+        model: ResolvedModel,
+        sampling: &SamplingArgs,
+        default_kv_cache: KvPrecision,
+        sessions: usize,
+    ) -> anyhow::Result<(ResolvedModel, MoshiPipeline)> {
+        self.check_load_flags(sampling)?;
+        let mode = self.weight_mode()?;
         let mut pipeline =
             MoshiPipeline::load(&model, sampling.config(), mode).with_context(|| {
                 format!("loading the model from {}", model.lm_weights_path.display())

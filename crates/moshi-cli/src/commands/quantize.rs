@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context};
+use moshi_kernels::SUPPORTED_GROUP_SIZES;
 use moshi_loader::mlx_export::write_mlx_quantized;
 use moshi_loader::output_file::{check_output_path, ensure_not_an_input};
 use moshi_loader::{load_lm_weights, LmConfig, WeightMode};
@@ -18,7 +19,7 @@ pub struct QuantizeArgs {
     /// Bits per weight: 4 or 8.
     #[arg(long, value_parser = clap::value_parser!(u32).range(4..=8))]
     pub bits: u32,
-    /// Values per scale/bias group (default: 32 for 4 bits, 64 for 8 bits, as in the Kyutai releases).
+    /// Values per scale/bias group: 32, 64 or 128 (default: 32 for 4 bits, 64 for 8 bits, as in the Kyutai releases).
     #[arg(long, value_name = "N")]
     pub group_size: Option<usize>,
     /// LM config (Kyutai config.json). Default: config.json next to the input, else moshiko 7B.
@@ -26,7 +27,9 @@ pub struct QuantizeArgs {
     pub config: Option<PathBuf>,
 }
 
-fn config_for(args: &QuantizeArgs) -> anyhow::Result<(LmConfig, String)> {
+/// The LM config (`--config`, else config.json next to the input, else the built-in 7B), where
+/// it came from, and the file read (if any).
+fn config_for(args: &QuantizeArgs) -> anyhow::Result<(LmConfig, String, Option<PathBuf>)> {
     let sibling = args
         .input
         .parent()
@@ -35,11 +38,12 @@ fn config_for(args: &QuantizeArgs) -> anyhow::Result<(LmConfig, String)> {
     let path = match &args.config {
         Some(p) => p.clone(),
         None if sibling.is_file() => sibling,
-        None => return Ok((LmConfig::moshiko_7b(), "built-in moshiko 7B".into())),
+        None => return Ok((LmConfig::moshiko_7b(), "built-in moshiko 7B".into(), None)),
     };
     let cfg = LmConfig::from_file(&path)
         .with_context(|| format!("reading the LM config {}", path.display()))?;
-    Ok((cfg, path.display().to_string()))
+    let origin = path.display().to_string();
+    Ok((cfg, origin, Some(path)))
 }
 
 pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
@@ -52,9 +56,16 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
     let group_size = args
         .group_size
         .unwrap_or_else(|| WeightMode::default_group_size(args.bits));
-    let (cfg, config_origin) = config_for(&args)?;
+    // Before anything is read: a group size no MLX file uses is a bad flag, not a bad tensor.
+    if !SUPPORTED_GROUP_SIZES.contains(&group_size) {
+        bail!(
+            "--group-size {group_size}: expected one of {SUPPORTED_GROUP_SIZES:?} (the MLX group sizes)"
+        );
+    }
+    let (cfg, config_origin, config_path) = config_for(&args)?;
+    // The config read, whether named by --config or picked up next to the input.
     let mut inputs = vec![args.input.as_path()];
-    inputs.extend(args.config.as_deref());
+    inputs.extend(config_path.as_deref());
     ensure_not_an_input(&args.output, &inputs).context("quantize")?;
     check_output_path(&args.output)?;
     let started = Instant::now();
