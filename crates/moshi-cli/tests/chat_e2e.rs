@@ -96,3 +96,37 @@ fn run_e2e(fixture: &str, chat_args: &str) {
         glitched.len()
     );
 }
+
+/// scripts/e2e-chat-device-lost.sh: the sound server is killed mid-conversation; chat must
+/// report the lost device and stop within a bounded time, at the end of `--duration-s` and on
+/// Ctrl-C (never hang dropping the lost device's streams).
+#[test]
+fn chat_stops_in_bounded_time_after_its_sound_server_is_killed() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let missing: Vec<&str> = ["pulseaudio", "pactl"]
+        .into_iter()
+        .filter(|p| !have(p))
+        .collect();
+    if !missing.is_empty() {
+        eprintln!("SKIPPED chat_stops_in_bounded_time_after_its_sound_server_is_killed: {missing:?} not installed (run `bash scripts/setup.sh --audio-e2e`)");
+        return;
+    }
+    let root = repo_root();
+    for mode in ["duration", "ctrl-c"] {
+        let out_dir = tempfile::tempdir().unwrap();
+        let o = Command::new("bash")
+            .arg(root.join("scripts/e2e-chat-device-lost.sh"))
+            .env("MOSHI_RS", env!("CARGO_BIN_EXE_moshi-rs"))
+            .env("E2E_OUT", out_dir.path())
+            .env("MODE", mode)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            o.status.success() && stdout.contains("e2e chat device lost"),
+            "{mode}: exit {:?}\n{stdout}{}",
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+}

@@ -4,12 +4,15 @@
 //! the Moshi pipeline on every 80 ms frame; tokio drives the rest: Ctrl-C, the `--duration-s`
 //! timer and the console (Moshi's words live, a status line with the real-time factor, latency
 //! and underruns). On stop: a summary, `--record` (stereo WAV: user left, Moshi right) and
-//! `--stats-json`. When the model is slower than real time, input frames are dropped
-//! deliberately (latency stays bounded) and the summary says so with the measured factor.
+//! `--stats-json`; a second Ctrl-C exits at once. A lost device is reopened; its old streams are
+//! dropped on their own thread, waited for a bounded time only. When the model is slower than
+//! real time, input frames are dropped deliberately (latency stays bounded) and the summary says
+//! so with the measured factor.
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -291,6 +294,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting tokio")?;
+    let ctrl_c = watch_ctrl_c()?;
     let mut console = Console::new();
     let started = Instant::now();
     let mut steady_underruns_base: Option<u64> = None;
@@ -307,6 +311,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         let reason = runtime.block_on(drive(
             &session,
             &args,
+            &ctrl_c,
             &mut console,
             started,
             &mut steady_underruns_base,
@@ -317,9 +322,13 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         }
         // A device disappeared: stop its streams, then reopen (same options) until it comes
         // back, the duration ends or Ctrl-C; the engine and the conversation keep their state.
+        // Its streams are dropped on their own thread: a lost device's host thread may never
+        // end, and `stop` waits for it a bounded time only.
         eprintln!("\raudio device lost; reopening...");
-        let _ = backend.stop();
-        match runtime.block_on(reopen(&args, &session, started)) {
+        if let Err(e) = backend.stop() {
+            eprintln!("warning: {e}");
+        }
+        match runtime.block_on(reopen(&args, &session, &ctrl_c, started)) {
             Ok(Some(b)) => {
                 backend = b;
                 eprintln!("audio: reopened: {}", backend.describe());
@@ -329,7 +338,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         }
     };
 
-    let played_ok = backend.stop();
+    let stopped = backend.stop();
     session.engine.request_stop();
     let counters = session.counters.clone();
     let report = session.engine.join();
@@ -338,7 +347,9 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     } else {
         println!();
     }
-    played_ok?;
+    if let Err(e) = stopped {
+        eprintln!("warning: {e}");
+    }
     let report = report.context("the engine stopped with an error")?;
     eprintln!("stopped: {stop_reason}");
     profile.finish(&report.metrics.summary())?;
@@ -355,18 +366,51 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
 
 const DEVICE_LOST: &str = "an audio device disappeared";
 
+/// Exit status after a second Ctrl-C (128 + SIGINT, what a shell reports for an interrupt).
+const SECOND_CTRL_C_EXIT_STATUS: i32 = 130;
+
+/// Watches Ctrl-C on its own thread for the whole session (once tokio listens, SIGINT no longer
+/// ends the process by itself): the first one sets the returned flag (the session stops and
+/// writes its summary and files), a second one exits the process at once, whatever the main
+/// thread is waiting for.
+fn watch_ctrl_c() -> anyhow::Result<Arc<AtomicBool>> {
+    let requested = Arc::new(AtomicBool::new(false));
+    let flag = requested.clone();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting tokio for Ctrl-C")?;
+    std::thread::Builder::new()
+        .name("moshi-ctrl-c".into())
+        .spawn(move || {
+            runtime.block_on(async {
+                if tokio::signal::ctrl_c().await.is_err() {
+                    return;
+                }
+                flag.store(true, Ordering::Release);
+                if tokio::signal::ctrl_c().await.is_ok() {
+                    eprintln!("\nsecond Ctrl-C: exiting now");
+                    std::process::exit(SECOND_CTRL_C_EXIT_STATUS);
+                }
+            })
+        })
+        .context("starting the Ctrl-C thread")?;
+    Ok(requested)
+}
+
 /// Retries opening the devices every 500 ms. `None`: Ctrl-C or the duration ended first.
 async fn reopen(
     args: &ChatArgs,
     session: &Session,
+    ctrl_c: &AtomicBool,
     started: Instant,
 ) -> anyhow::Result<Option<CpalBackend>> {
-    let ctrl_c = tokio::signal::ctrl_c();
-    tokio::pin!(ctrl_c);
     loop {
-        tokio::select! {
-            _ = &mut ctrl_c => return Ok(None),
-            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+        for _ in 0..25 {
+            if ctrl_c.load(Ordering::Acquire) {
+                return Ok(None);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
         if args
             .duration_s
@@ -392,23 +436,22 @@ async fn reopen(
 async fn drive(
     session: &Session,
     args: &ChatArgs,
+    ctrl_c: &AtomicBool,
     console: &mut Console,
     started: Instant,
     steady_base: &mut Option<u64>,
     profile: &mut Profile,
 ) -> String {
     let mut tick = tokio::time::interval(Duration::from_millis(20));
-    let ctrl_c = tokio::signal::ctrl_c();
-    tokio::pin!(ctrl_c);
     // A device whose callbacks stop for this long is treated as gone (some hosts only report
     // generic I/O errors when a device or sound server disappears).
     let stall_limit = Duration::from_secs(2);
     let mut callbacks_seen = (u64::MAX, u64::MAX);
     let mut last_progress = Instant::now();
     loop {
-        tokio::select! {
-            _ = &mut ctrl_c => return "Ctrl-C".into(),
-            _ = tick.tick() => {}
+        tick.tick().await;
+        if ctrl_c.load(Ordering::Acquire) {
+            return "Ctrl-C".into();
         }
         while let Ok(event) = session.engine.events().try_recv() {
             match event {
