@@ -19,7 +19,7 @@ use anyhow::Context;
 use moshi_loader::output_file::write_output;
 use moshi_runtime::backend::cpal::{CpalBackend, CpalOptions, DEFAULT_BUFFER_MS};
 use moshi_runtime::backend::{reconnect_session, start_session, AudioBackend, RingSizes, Session};
-use moshi_runtime::engine::{DropPolicy, EngineEvent, EngineReport};
+use moshi_runtime::engine::{DropPolicy, EngineEvent, EngineReport, StreamFormat};
 use moshi_runtime::metrics::{FrameRecord, LatencyStats, Percentiles, ProfileWriter, RunSummary};
 use moshi_runtime::ring::{AudioCounters, CounterSnapshot};
 use moshi_runtime::{wav, SAMPLE_RATE_HZ};
@@ -498,6 +498,19 @@ async fn drive(
     }
 }
 
+/// Milliseconds of `frames` device frames (one sample per channel) at `rate_hz`.
+fn frames_ms(frames: u64, rate_hz: u32) -> f64 {
+    frames as f64 * 1e3 / f64::from(rate_hz.max(1))
+}
+
+/// Milliseconds of `samples` interleaved device samples (all channels) in `format`.
+fn device_samples_ms(samples: u64, format: StreamFormat) -> f64 {
+    frames_ms(
+        samples / u64::from(format.channels.max(1)),
+        format.sample_rate_hz,
+    )
+}
+
 fn finish(
     args: &ChatArgs,
     counters: &AudioCounters,
@@ -509,7 +522,8 @@ fn finish(
 ) -> anyhow::Result<()> {
     let c = counters.snapshot();
     let input_rate_hz = backend.input_format().sample_rate_hz;
-    let output_rate_hz = backend.output_format().sample_rate_hz;
+    let output_format = backend.output_format();
+    let output_rate_hz = output_format.sample_rate_hz;
     let summary = report.metrics.summary();
     let stats = ChatStats {
         frames_processed: report.frames_processed,
@@ -534,13 +548,12 @@ fn finish(
         stats.frames_dropped,
         c.underrun_events,
         stats.steady_state_underrun_events,
-        c.underrun_samples as f64 * 1e3 / SAMPLE_RATE_HZ as f64,
-        c.startup_silence_samples as f64 * 1e3 / SAMPLE_RATE_HZ as f64,
+        device_samples_ms(c.underrun_samples, output_format),
+        device_samples_ms(c.startup_silence_samples, output_format),
         c.overrun_samples,
         c.device_errors,
         report.latency_trimmed_samples as f64 * 1e3 / SAMPLE_RATE_HZ as f64
     );
-    let frames_ms = |frames: u64, rate: u32| frames as f64 * 1e3 / f64::from(rate.max(1));
     eprintln!(
         "glitches a listener hears: {} (device streams, below the callbacks: input lost {} ({:.0} ms), \
          input inserted {}, output gaps {} ({:.0} ms of silence), output discarded {} ({:.0} ms))",
@@ -589,4 +602,25 @@ fn finish(
             .context("--stats-json")?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_samples_count_all_channels_at_the_device_rate() {
+        let stereo_48k = StreamFormat {
+            sample_rate_hz: 48_000,
+            channels: 2,
+        };
+        // 96 000 interleaved stereo samples at 48 kHz: 48 000 frames, one second.
+        assert_eq!(device_samples_ms(96_000, stereo_48k), 1000.0);
+        let mono_24k = StreamFormat {
+            sample_rate_hz: SAMPLE_RATE_HZ,
+            channels: 1,
+        };
+        assert_eq!(device_samples_ms(2_400, mono_24k), 100.0);
+        assert_eq!(frames_ms(441, 44_100), 10.0);
+    }
 }
