@@ -570,6 +570,10 @@ impl EngineState {
                 }
                 DropPolicy::RealTime { .. } => {
                     self.report.speaker_overflow_samples += rest.len() as u64;
+                    self.io
+                        .counters
+                        .engine_speaker_overflow_events
+                        .fetch_add(1, Ordering::Relaxed);
                     return Ok(());
                 }
             }

@@ -81,6 +81,11 @@ impl ChatArgs {
     fn jitter_margin_ms(&self) -> f64 {
         self.jitter_ms.unwrap_or(f64::from(self.buffer_ms) * 0.75)
     }
+
+    /// Rings whose speaker side holds the whole jitter margin (`--jitter-ms` up to 10 s).
+    fn ring_sizes(&self) -> RingSizes {
+        RingSizes::for_output_queue(self.jitter_margin_ms(), self.buffer_ms)
+    }
 }
 
 /// Estimated latency the runtime adds to the model's own frame + compute time, per frame:
@@ -233,9 +238,11 @@ struct ChatStats {
     /// Underrun events after the first 2 s of playback (steady state).
     steady_state_underrun_events: u64,
     /// Every discontinuity a listener hears (see `CounterSnapshot::audible_glitch_events`):
-    /// ring underruns and overruns, output trimmed to bound latency, and samples the device
-    /// streams lost, inserted or discarded below the callbacks.
+    /// ring underruns and overruns, output trimmed to bound latency or dropped on a full
+    /// speaker ring, and samples the device streams lost, inserted or discarded below the
+    /// callbacks.
     audible_glitch_events: u64,
+    /// Output dropped because the speaker ring was full (device samples, all channels).
     speaker_overflow_samples: u64,
     /// Output skipped to bring latency back after playback fell behind (24 kHz samples).
     latency_trimmed_samples: u64,
@@ -282,7 +289,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         },
         jitter_ms,
         args.record.is_some(),
-        RingSizes::default(),
+        args.ring_sizes(),
     )?;
     eprintln!(
         "listening{} (Ctrl-C to stop)",
@@ -424,7 +431,7 @@ async fn reopen(
             buffer_ms: args.buffer_ms,
         };
         if let Ok(mut backend) = CpalBackend::open(&options) {
-            if reconnect_session(session, &mut backend, RingSizes::default()).is_ok() {
+            if reconnect_session(session, &mut backend, args.ring_sizes()).is_ok() {
                 return Ok(Some(backend));
             }
             let _ = backend.stop();
@@ -543,7 +550,8 @@ fn finish(
     eprint!("{}", summary.to_table());
     eprintln!(
         "frames: {} processed, {} dropped; underruns: {} ({} in steady state, {:.0} ms of silence); startup silence {:.0} ms; \
-         overruns: {} samples; device errors: {}; output trimmed to bound latency: {:.0} ms",
+         overruns: {} samples; device errors: {}; output trimmed to bound latency: {:.0} ms; \
+         output dropped on a full speaker ring: {} times ({:.0} ms)",
         stats.frames_processed,
         stats.frames_dropped,
         c.underrun_events,
@@ -552,7 +560,9 @@ fn finish(
         device_samples_ms(c.startup_silence_samples, output_format),
         c.overrun_samples,
         c.device_errors,
-        report.latency_trimmed_samples as f64 * 1e3 / SAMPLE_RATE_HZ as f64
+        report.latency_trimmed_samples as f64 * 1e3 / SAMPLE_RATE_HZ as f64,
+        c.engine_speaker_overflow_events,
+        device_samples_ms(report.speaker_overflow_samples, output_format),
     );
     eprintln!(
         "glitches a listener hears: {} (device streams, below the callbacks: input lost {} ({:.0} ms), \
