@@ -195,8 +195,9 @@ impl EngineHandle {
         self.stop.store(true, Ordering::Relaxed);
     }
     /// Tells the thread no more input is coming: it processes every complete frame left, then ends.
+    /// Release, paired with the engine's Acquire load: input pushed before this call is seen.
     pub fn input_done(&self) {
-        self.input_done.store(true, Ordering::Relaxed);
+        self.input_done.store(true, Ordering::Release);
     }
     /// Whether the thread has ended.
     pub fn is_finished(&self) -> bool {
