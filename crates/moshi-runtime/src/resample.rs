@@ -296,6 +296,7 @@ mod tests {
 #[cfg(test)]
 mod stream_tests {
     use super::*;
+    use crate::SAMPLE_RATE_HZ;
 
     /// The streaming resampler, fed in odd-sized pushes, produces exactly what the whole-signal
     /// resampler produces (same FFT resampler, same chunking).
@@ -348,5 +349,53 @@ mod stream_tests {
         let mut out = vec![0f32; 100];
         assert_eq!(same.pop_into(&mut out), 100);
         assert_eq!(&out[..], &signal[..100]);
+    }
+
+    /// Every whole `chunk` of `signal` through one `FftFixedIn` in a single pass (the partial
+    /// last chunk is left out, as the stream holds it back).
+    fn batch_at_chunk(signal: &[f32], from: u32, to: u32, chunk: usize) -> Vec<f32> {
+        let mut r = FftFixedIn::<f32>::new(from as usize, to as usize, chunk, 1, 1).unwrap();
+        let mut out = Vec::new();
+        for piece in signal.chunks_exact(chunk) {
+            out.extend_from_slice(&r.process(&[piece], None).unwrap()[0]);
+        }
+        out
+    }
+
+    #[test]
+    fn stream_equals_batch_at_the_engine_chunk_sizes() {
+        let signal: Vec<f32> = (0..48_000)
+            .map(|i| ((i as f32) * 0.013).sin() * 0.5)
+            .collect();
+        // The engine's resamplers: device rate -> 24 kHz in 10 ms chunks (rate / 100), and
+        // 24 kHz -> device rate in chunks of OUT_RESAMPLER_CHUNK (240).
+        let input_side = [48_000u32, 44_100, 16_000, 32_000]
+            .map(|from| (from, SAMPLE_RATE_HZ, from as usize / 100));
+        let output_side = [48_000u32, 44_100, 16_000].map(|to| (SAMPLE_RATE_HZ, to, 240usize));
+        for (from, to, chunk) in input_side.into_iter().chain(output_side) {
+            let batch = batch_at_chunk(&signal, from, to, chunk);
+            let mut stream = StreamResampler::new(from, to, chunk, 16_384).unwrap();
+            let mut got = Vec::new();
+            let mut buf = vec![0f32; 1000];
+            let mut i = 0;
+            // Device callback sizes and whole 80 ms frames.
+            for step in [441usize, 960, 1920, 1, 240, 480, 7].iter().cycle() {
+                if i >= signal.len() {
+                    break;
+                }
+                let end = (i + step).min(signal.len());
+                stream.push(&signal[i..end]).unwrap();
+                i = end;
+                loop {
+                    let n = stream.pop_into(&mut buf);
+                    if n == 0 {
+                        break;
+                    }
+                    got.extend_from_slice(&buf[..n]);
+                }
+            }
+            assert_eq!(got.len(), batch.len(), "{from}->{to} chunk {chunk}");
+            assert_eq!(got, batch, "{from}->{to} chunk {chunk}");
+        }
     }
 }
