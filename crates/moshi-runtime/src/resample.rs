@@ -142,6 +142,8 @@ pub struct StreamResampler {
     out_buf: Vec<Vec<f32>>,
     ready: Vec<f32>,
     ready_start: usize,
+    /// Output samples per input sample (`to_hz / from_hz`).
+    out_per_in: f64,
 }
 
 impl StreamResampler {
@@ -174,6 +176,7 @@ impl StreamResampler {
             ),
             ready: Vec::with_capacity(max_pending_samples + 2 * out_max + chunk_in),
             ready_start: 0,
+            out_per_in: f64::from(to_hz) / f64::from(from_hz.max(1)),
             inner,
         })
     }
@@ -181,6 +184,15 @@ impl StreamResampler {
     /// Samples ready to pop.
     pub fn available(&self) -> usize {
         self.ready.len() - self.ready_start
+    }
+
+    /// How long a sample pushed now waits inside the resampler before it can be popped, in
+    /// output samples: the input pending until its chunk is complete, plus the FFT resampler's
+    /// group delay (rubato's `output_delay`, about 5 ms at 44.1/48 kHz). Same rate: 0.
+    pub fn delay_out_samples(&self) -> f64 {
+        self.inner.as_ref().map_or(0.0, |r| {
+            self.pending_in.len() as f64 * self.out_per_in + r.output_delay() as f64
+        })
     }
 
     /// Feeds input samples. Output becomes available per completed input chunk.
@@ -397,5 +409,27 @@ mod stream_tests {
             assert_eq!(got.len(), batch.len(), "{from}->{to} chunk {chunk}");
             assert_eq!(got, batch, "{from}->{to} chunk {chunk}");
         }
+    }
+
+    #[test]
+    fn delay_counts_pending_input_and_the_group_delay() {
+        let mut same = StreamResampler::new(24_000, 24_000, 240, 4096).unwrap();
+        same.push(&[0.0; 100]).unwrap();
+        assert_eq!(same.delay_out_samples(), 0.0);
+        // 24 kHz -> 48 kHz in chunks of 240: 100 pending inputs are 200 output samples.
+        let mut up = StreamResampler::new(24_000, 48_000, 240, 4096).unwrap();
+        let group_delay = FftFixedIn::<f32>::new(24_000, 48_000, 240, 1, 1)
+            .unwrap()
+            .output_delay() as f64;
+        assert!(group_delay > 0.0);
+        assert_eq!(up.delay_out_samples(), group_delay);
+        up.push(&[0.0; 100]).unwrap();
+        assert_eq!(up.delay_out_samples(), 200.0 + group_delay);
+        up.push(&[0.0; 140]).unwrap();
+        assert_eq!(
+            up.delay_out_samples(),
+            group_delay,
+            "a whole chunk is processed"
+        );
     }
 }

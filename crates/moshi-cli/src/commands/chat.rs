@@ -90,7 +90,8 @@ impl ChatArgs {
 
 /// Estimated latency the runtime adds to the model's own frame + compute time, per frame:
 /// capture device latency + input waiting behind the frame + output queued ahead of it
-/// (including the jitter margin) + playback device latency.
+/// (including the jitter margin) + playback device latency; the input and output waits include
+/// the resamplers' pending input and group delay when the device is not at 24 kHz.
 fn added_latency_ms(r: &FrameRecord, c: &CounterSnapshot) -> f64 {
     c.input_device_latency_us as f64 / 1e3
         + r.mic_backlog_ms
