@@ -9,7 +9,8 @@
 //! busy machine only if the engine counted every glitch (exit 3 of the script), and at most a
 //! third of the runs may; any silent glitch or other failure fails the test. The summary line
 //! gives the runs with a glitch. Skipped (with the reason printed) only when PulseAudio is not
-//! installed; `scripts/setup.sh --audio-e2e` installs it (scripts/test.sh does).
+//! installed and `CI` is not set (with `CI` set, a missing tool fails the test);
+//! `scripts/setup.sh --audio-e2e` installs it (scripts/test.sh does).
 
 use std::process::Command;
 use std::sync::Mutex;
@@ -26,18 +27,47 @@ fn live_translation_on_virtual_devices_plays_what_the_engine_produced() {
     run_e2e("tiny-hibiki", "--cfg-coef 3");
 }
 
+/// Whether every tool is installed. Missing ones: on a developer machine the test is skipped
+/// with a message (false); where `CI` is set (CI installs them with `scripts/setup.sh
+/// --audio-e2e`) the test fails instead of passing without checking anything.
+fn audio_tools_present(test: &str, tools: &[&str]) -> bool {
+    let missing: Vec<&str> = tools.iter().copied().filter(|p| !have(p)).collect();
+    missing_tools_verdict(test, &missing, std::env::var_os("CI").is_some())
+}
+
+/// The decision of [`audio_tools_present`]: panics on `ci` when tools are missing.
+fn missing_tools_verdict(test: &str, missing: &[&str], ci: bool) -> bool {
+    if missing.is_empty() {
+        return true;
+    }
+    let message =
+        format!("{test}: {missing:?} not installed (run `bash scripts/setup.sh --audio-e2e`)");
+    assert!(
+        !ci,
+        "CI is set, so the audio tools must be installed: {message}"
+    );
+    eprintln!("SKIPPED {message}");
+    false
+}
+
+#[test]
+fn missing_audio_tools_skip_on_a_developer_machine_and_fail_on_ci() {
+    assert!(missing_tools_verdict("t", &[], true));
+    assert!(!missing_tools_verdict("t", &["sox"], false));
+    let on_ci = std::panic::catch_unwind(|| missing_tools_verdict("t", &["sox"], true));
+    assert!(on_ci.is_err(), "a missing tool must fail the test on CI");
+}
+
 /// One real-time session at a time: two at once on two cores would starve each other.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 /// scripts/e2e-chat.sh with the fixture `assets/<fixture>` and extra chat options.
 fn run_e2e(fixture: &str, chat_args: &str) {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let missing: Vec<&str> = ["pulseaudio", "parecord", "paplay", "pactl", "sox"]
-        .into_iter()
-        .filter(|p| !have(p))
-        .collect();
-    if !missing.is_empty() {
-        eprintln!("SKIPPED chat_on_virtual_devices: {missing:?} not installed (run `bash scripts/setup.sh --audio-e2e`)");
+    if !audio_tools_present(
+        "chat_on_virtual_devices",
+        &["pulseaudio", "parecord", "paplay", "pactl", "sox"],
+    ) {
         return;
     }
     let runs: usize = std::env::var("E2E_RUNS")
@@ -95,4 +125,36 @@ fn run_e2e(fixture: &str, chat_args: &str) {
         "{fixture}: {} of {runs} runs glitched (counted): more than a third",
         glitched.len()
     );
+}
+
+/// scripts/e2e-chat-device-lost.sh: the sound server is killed mid-conversation; chat must
+/// report the lost device and stop within a bounded time, at the end of `--duration-s` and on
+/// Ctrl-C (never hang dropping the lost device's streams).
+#[test]
+fn chat_stops_in_bounded_time_after_its_sound_server_is_killed() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    if !audio_tools_present(
+        "chat_stops_in_bounded_time_after_its_sound_server_is_killed",
+        &["pulseaudio", "pactl"],
+    ) {
+        return;
+    }
+    let root = repo_root();
+    for mode in ["duration", "ctrl-c"] {
+        let out_dir = tempfile::tempdir().unwrap();
+        let o = Command::new("bash")
+            .arg(root.join("scripts/e2e-chat-device-lost.sh"))
+            .env("MOSHI_RS", env!("CARGO_BIN_EXE_moshi-rs"))
+            .env("E2E_OUT", out_dir.path())
+            .env("MODE", mode)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            o.status.success() && stdout.contains("e2e chat device lost"),
+            "{mode}: exit {:?}\n{stdout}{}",
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
 }

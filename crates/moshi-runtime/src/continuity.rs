@@ -127,7 +127,7 @@ impl StreamContinuity {
             },
         };
         if candidate.callbacks >= Self::CONFIRM_CALLBACKS
-            && start_ns - candidate.first_start_ns >= Self::CONFIRM_NS
+            && start_ns.saturating_sub(candidate.first_start_ns) >= Self::CONFIRM_NS
         {
             self.count_step(candidate.level_ns - level, counters);
             self.level_ns = Some(candidate.level_ns);
@@ -215,6 +215,20 @@ mod tests {
             s.output_discarded_events,
             s.output_gap_frames + s.output_discarded_frames + s.input_lost_frames,
         )
+    }
+
+    #[test]
+    fn a_timestamp_going_back_behind_a_new_level_neither_panics_nor_confirms_it() {
+        let c = AudioCounters::default();
+        let mut w = StreamContinuity::new(StreamSide::Playback, 24_000, 2.0, None);
+        // 300 ms of regular 10 ms callbacks: the level is learned (0).
+        let next_ns = feed(&mut w, &c, 0, 30, 240, |_| 0, None);
+        // Empty callbacks 10 ms late start a new level candidate; the 5th (enough callbacks)
+        // goes back in time, before the candidate's first one.
+        for late_us in [10_000, 10_500, 11_000, 11_500, 9_000] {
+            w.observe(next_ns + late_us * 1_000, 0, &c);
+        }
+        assert_eq!(glitches(&c), (0, 0, 0, 0));
     }
 
     #[test]

@@ -195,8 +195,9 @@ impl EngineHandle {
         self.stop.store(true, Ordering::Relaxed);
     }
     /// Tells the thread no more input is coming: it processes every complete frame left, then ends.
+    /// Release, paired with the engine's Acquire load: input pushed before this call is seen.
     pub fn input_done(&self) {
-        self.input_done.store(true, Ordering::Relaxed);
+        self.input_done.store(true, Ordering::Release);
     }
     /// Whether the thread has ended.
     pub fn is_finished(&self) -> bool {
@@ -446,6 +447,7 @@ impl EngineState {
             }
             self.in_resampler.pop_into(&mut self.frame);
             let mic_backlog_samples = self.in_resampler.available() as f64
+                + self.in_resampler.delay_out_samples()
                 + (self.io.mic.slots() / self.config.input.channels as usize) as f64
                     * SAMPLE_RATE_HZ as f64
                     / self.config.input.sample_rate_hz as f64;
@@ -458,7 +460,11 @@ impl EngineState {
                     got: out.pcm.len(),
                 });
             }
-            let speaker_queue_ms = self.queued_output_ms();
+            let ring_queue_ms = self.queued_output_ms();
+            // What a sample pushed now waits for: the ring's queue and the output resampler.
+            let speaker_queue_ms = ring_queue_ms
+                + self.out_resampler.delay_out_samples() * 1e3
+                    / f64::from(self.config.output.sample_rate_hz.max(1));
             if !self.prefilled {
                 self.prefilled = true;
                 let prefill =
@@ -473,8 +479,8 @@ impl EngineState {
             // the excess from this frame's start so latency returns to the target.
             let mut skip = 0;
             if let DropPolicy::RealTime { .. } = self.config.drop_policy {
-                if speaker_queue_ms > self.config.prefill_ms + MAX_EXTRA_OUTPUT_QUEUE_MS {
-                    let excess_ms = speaker_queue_ms - self.config.prefill_ms;
+                if ring_queue_ms > self.config.prefill_ms + MAX_EXTRA_OUTPUT_QUEUE_MS {
+                    let excess_ms = ring_queue_ms - self.config.prefill_ms;
                     skip = ((excess_ms * SAMPLE_RATE_HZ as f64 / 1e3).round() as usize)
                         .min(FRAME_SAMPLES);
                     self.report.latency_trimmed_samples += skip as u64;
@@ -570,6 +576,10 @@ impl EngineState {
                 }
                 DropPolicy::RealTime { .. } => {
                     self.report.speaker_overflow_samples += rest.len() as u64;
+                    self.io
+                        .counters
+                        .engine_speaker_overflow_events
+                        .fetch_add(1, Ordering::Relaxed);
                     return Ok(());
                 }
             }

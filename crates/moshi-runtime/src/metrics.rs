@@ -48,9 +48,11 @@ pub struct FrameRecord {
     pub total_ms: f64,
     #[serde(flatten)]
     pub stages: StageTimings,
-    /// Input waiting behind this frame when it was taken (24 kHz samples -> ms); live mode only.
+    /// Input waiting behind this frame when it was taken (24 kHz samples -> ms): the mic ring,
+    /// the input resampler's ready output, pending input and group delay; live mode only.
     pub mic_backlog_ms: f64,
-    /// Output queued ahead of this frame's first sample when it was pushed, ms; live mode only.
+    /// Output queued ahead of this frame's first sample when it was pushed, ms: the speaker
+    /// ring's queue plus the output resampler's pending input and group delay; live mode only.
     pub speaker_queue_ms: f64,
 }
 

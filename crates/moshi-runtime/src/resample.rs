@@ -142,6 +142,8 @@ pub struct StreamResampler {
     out_buf: Vec<Vec<f32>>,
     ready: Vec<f32>,
     ready_start: usize,
+    /// Output samples per input sample (`to_hz / from_hz`).
+    out_per_in: f64,
 }
 
 impl StreamResampler {
@@ -174,6 +176,7 @@ impl StreamResampler {
             ),
             ready: Vec::with_capacity(max_pending_samples + 2 * out_max + chunk_in),
             ready_start: 0,
+            out_per_in: f64::from(to_hz) / f64::from(from_hz.max(1)),
             inner,
         })
     }
@@ -181,6 +184,15 @@ impl StreamResampler {
     /// Samples ready to pop.
     pub fn available(&self) -> usize {
         self.ready.len() - self.ready_start
+    }
+
+    /// How long a sample pushed now waits inside the resampler before it can be popped, in
+    /// output samples: the input pending until its chunk is complete, plus the FFT resampler's
+    /// group delay (rubato's `output_delay`, about 5 ms at 44.1/48 kHz). Same rate: 0.
+    pub fn delay_out_samples(&self) -> f64 {
+        self.inner.as_ref().map_or(0.0, |r| {
+            self.pending_in.len() as f64 * self.out_per_in + r.output_delay() as f64
+        })
     }
 
     /// Feeds input samples. Output becomes available per completed input chunk.
@@ -296,6 +308,7 @@ mod tests {
 #[cfg(test)]
 mod stream_tests {
     use super::*;
+    use crate::SAMPLE_RATE_HZ;
 
     /// The streaming resampler, fed in odd-sized pushes, produces exactly what the whole-signal
     /// resampler produces (same FFT resampler, same chunking).
@@ -348,5 +361,75 @@ mod stream_tests {
         let mut out = vec![0f32; 100];
         assert_eq!(same.pop_into(&mut out), 100);
         assert_eq!(&out[..], &signal[..100]);
+    }
+
+    /// Every whole `chunk` of `signal` through one `FftFixedIn` in a single pass (the partial
+    /// last chunk is left out, as the stream holds it back).
+    fn batch_at_chunk(signal: &[f32], from: u32, to: u32, chunk: usize) -> Vec<f32> {
+        let mut r = FftFixedIn::<f32>::new(from as usize, to as usize, chunk, 1, 1).unwrap();
+        let mut out = Vec::new();
+        for piece in signal.chunks_exact(chunk) {
+            out.extend_from_slice(&r.process(&[piece], None).unwrap()[0]);
+        }
+        out
+    }
+
+    #[test]
+    fn stream_equals_batch_at_the_engine_chunk_sizes() {
+        let signal: Vec<f32> = (0..48_000)
+            .map(|i| ((i as f32) * 0.013).sin() * 0.5)
+            .collect();
+        // The engine's resamplers: device rate -> 24 kHz in 10 ms chunks (rate / 100), and
+        // 24 kHz -> device rate in chunks of OUT_RESAMPLER_CHUNK (240).
+        let input_side = [48_000u32, 44_100, 16_000, 32_000]
+            .map(|from| (from, SAMPLE_RATE_HZ, from as usize / 100));
+        let output_side = [48_000u32, 44_100, 16_000].map(|to| (SAMPLE_RATE_HZ, to, 240usize));
+        for (from, to, chunk) in input_side.into_iter().chain(output_side) {
+            let batch = batch_at_chunk(&signal, from, to, chunk);
+            let mut stream = StreamResampler::new(from, to, chunk, 16_384).unwrap();
+            let mut got = Vec::new();
+            let mut buf = vec![0f32; 1000];
+            let mut i = 0;
+            // Device callback sizes and whole 80 ms frames.
+            for step in [441usize, 960, 1920, 1, 240, 480, 7].iter().cycle() {
+                if i >= signal.len() {
+                    break;
+                }
+                let end = (i + step).min(signal.len());
+                stream.push(&signal[i..end]).unwrap();
+                i = end;
+                loop {
+                    let n = stream.pop_into(&mut buf);
+                    if n == 0 {
+                        break;
+                    }
+                    got.extend_from_slice(&buf[..n]);
+                }
+            }
+            assert_eq!(got.len(), batch.len(), "{from}->{to} chunk {chunk}");
+            assert_eq!(got, batch, "{from}->{to} chunk {chunk}");
+        }
+    }
+
+    #[test]
+    fn delay_counts_pending_input_and_the_group_delay() {
+        let mut same = StreamResampler::new(24_000, 24_000, 240, 4096).unwrap();
+        same.push(&[0.0; 100]).unwrap();
+        assert_eq!(same.delay_out_samples(), 0.0);
+        // 24 kHz -> 48 kHz in chunks of 240: 100 pending inputs are 200 output samples.
+        let mut up = StreamResampler::new(24_000, 48_000, 240, 4096).unwrap();
+        let group_delay = FftFixedIn::<f32>::new(24_000, 48_000, 240, 1, 1)
+            .unwrap()
+            .output_delay() as f64;
+        assert!(group_delay > 0.0);
+        assert_eq!(up.delay_out_samples(), group_delay);
+        up.push(&[0.0; 100]).unwrap();
+        assert_eq!(up.delay_out_samples(), 200.0 + group_delay);
+        up.push(&[0.0; 140]).unwrap();
+        assert_eq!(
+            up.delay_out_samples(),
+            group_delay,
+            "a whole chunk is processed"
+        );
     }
 }

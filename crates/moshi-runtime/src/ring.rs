@@ -61,6 +61,9 @@ pub struct AudioCounters {
     /// Written by the engine thread: times it skipped queued output to bring latency back
     /// after playback fell behind (each one a skip a listener hears).
     pub engine_output_trim_events: AtomicU64,
+    /// Written by the engine thread: times its output did not fit in a full speaker ring and
+    /// the rest was dropped (live mode; each one a skip a listener hears).
+    pub engine_speaker_overflow_events: AtomicU64,
     /// Discontinuities of the capture stream's clock (see `continuity::StreamContinuity`): the
     /// device captured samples (frames, one
     /// per channel set) that never reached the callback (an overrun below us, e.g. the host's
@@ -104,6 +107,7 @@ pub struct CounterSnapshot {
     pub engine_frames_dropped: u64,
     pub engine_input_consumed_samples: u64,
     pub engine_output_trim_events: u64,
+    pub engine_speaker_overflow_events: u64,
     pub input_lost_events: u64,
     pub input_lost_frames: u64,
     pub input_inserted_events: u64,
@@ -119,12 +123,13 @@ pub struct CounterSnapshot {
 impl CounterSnapshot {
     /// Discontinuities a listener would hear as a click or a skip, wherever they happened:
     /// underruns of the speaker ring, overruns of the mic ring, output the engine skipped to
-    /// bound latency, and the device streams' own lost, inserted or discarded samples. (Input
+    /// bound latency or dropped because the speaker ring was full, and the device streams' own lost, inserted or discarded samples. (Input
     /// frames the engine drops because the model is slow are counted apart.)
     pub fn audible_glitch_events(&self) -> u64 {
         self.underrun_events
             + self.overrun_events
             + self.engine_output_trim_events
+            + self.engine_speaker_overflow_events
             + self.input_lost_events
             + self.input_inserted_events
             + self.output_gap_events
@@ -155,6 +160,7 @@ impl AudioCounters {
             engine_frames_dropped: r(&self.engine_frames_dropped),
             engine_input_consumed_samples: r(&self.engine_input_consumed_samples),
             engine_output_trim_events: r(&self.engine_output_trim_events),
+            engine_speaker_overflow_events: r(&self.engine_speaker_overflow_events),
             input_lost_events: r(&self.input_lost_events),
             input_lost_frames: r(&self.input_lost_frames),
             input_inserted_events: r(&self.input_inserted_events),
@@ -301,6 +307,17 @@ pub fn playback_callback_converting<S: DeviceSample>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn speaker_overflow_is_an_audible_glitch() {
+        let counters = AudioCounters::default();
+        counters
+            .engine_speaker_overflow_events
+            .fetch_add(2, Ordering::Relaxed);
+        let s = counters.snapshot();
+        assert_eq!(s.engine_speaker_overflow_events, 2);
+        assert_eq!(s.audible_glitch_events(), 2);
+    }
 
     #[test]
     fn overrun_and_underrun_accounting() {

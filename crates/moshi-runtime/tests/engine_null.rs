@@ -403,3 +403,45 @@ fn a_lost_device_is_replaced_and_the_conversation_goes_on() {
     let (_, ncc) = best_lag_ncc(&input, &back, 24_000);
     assert!(ncc > 0.99, "second device output ncc {ncc}");
 }
+
+/// A jitter margin larger than the default 2 s speaker ring: with the default rings the excess is
+/// dropped and counted as an audible glitch; with the rings sized for the margin nothing is lost.
+#[test]
+fn a_large_jitter_margin_fits_a_ring_sized_for_it_and_overflow_is_a_glitch() {
+    let prefill_ms = 3000.0;
+    let input = input_wav();
+    let mut overflows = Vec::new();
+    for rings in [
+        RingSizes::default(),
+        RingSizes::for_output_queue(prefill_ms, 40),
+    ] {
+        let mut backend =
+            NullBackend::new(NullConfig::moshi(NullClock::Lockstep), input.clone()).unwrap();
+        let session = start_session(
+            &mut backend,
+            Box::new(Echo::new(700, Duration::ZERO)),
+            DropPolicy::RealTime {
+                max_backlog_frames: 1,
+            },
+            prefill_ms,
+            false,
+            rings,
+        )
+        .unwrap();
+        let counters = session.counters.clone();
+        let (_, report, _) = run_to_end(&mut backend, session);
+        let c = counters.snapshot();
+        assert_eq!(
+            c.engine_speaker_overflow_events > 0,
+            report.speaker_overflow_samples > 0,
+            "{rings:?}"
+        );
+        assert!(c.audible_glitch_events() >= c.engine_speaker_overflow_events);
+        overflows.push(report.speaker_overflow_samples);
+    }
+    assert!(
+        overflows[0] > 0,
+        "the default ring overflows: {overflows:?}"
+    );
+    assert_eq!(overflows[1], 0, "the sized ring holds the margin");
+}

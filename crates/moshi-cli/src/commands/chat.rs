@@ -4,19 +4,22 @@
 //! the Moshi pipeline on every 80 ms frame; tokio drives the rest: Ctrl-C, the `--duration-s`
 //! timer and the console (Moshi's words live, a status line with the real-time factor, latency
 //! and underruns). On stop: a summary, `--record` (stereo WAV: user left, Moshi right) and
-//! `--stats-json`. When the model is slower than real time, input frames are dropped
-//! deliberately (latency stays bounded) and the summary says so with the measured factor.
+//! `--stats-json`; a second Ctrl-C exits at once. A lost device is reopened; its old streams are
+//! dropped on their own thread, waited for a bounded time only. When the model is slower than
+//! real time, input frames are dropped deliberately (latency stays bounded) and the summary says
+//! so with the measured factor.
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use moshi_loader::output_file::write_output;
 use moshi_runtime::backend::cpal::{CpalBackend, CpalOptions, DEFAULT_BUFFER_MS};
 use moshi_runtime::backend::{reconnect_session, start_session, AudioBackend, RingSizes, Session};
-use moshi_runtime::engine::{DropPolicy, EngineEvent, EngineReport};
+use moshi_runtime::engine::{DropPolicy, EngineEvent, EngineReport, StreamFormat};
 use moshi_runtime::metrics::{FrameRecord, LatencyStats, Percentiles, ProfileWriter, RunSummary};
 use moshi_runtime::ring::{AudioCounters, CounterSnapshot};
 use moshi_runtime::{wav, SAMPLE_RATE_HZ};
@@ -78,11 +81,17 @@ impl ChatArgs {
     fn jitter_margin_ms(&self) -> f64 {
         self.jitter_ms.unwrap_or(f64::from(self.buffer_ms) * 0.75)
     }
+
+    /// Rings whose speaker side holds the whole jitter margin (`--jitter-ms` up to 10 s).
+    fn ring_sizes(&self) -> RingSizes {
+        RingSizes::for_output_queue(self.jitter_margin_ms(), self.buffer_ms)
+    }
 }
 
 /// Estimated latency the runtime adds to the model's own frame + compute time, per frame:
 /// capture device latency + input waiting behind the frame + output queued ahead of it
-/// (including the jitter margin) + playback device latency.
+/// (including the jitter margin) + playback device latency; the input and output waits include
+/// the resamplers' pending input and group delay when the device is not at 24 kHz.
 fn added_latency_ms(r: &FrameRecord, c: &CounterSnapshot) -> f64 {
     c.input_device_latency_us as f64 / 1e3
         + r.mic_backlog_ms
@@ -230,9 +239,11 @@ struct ChatStats {
     /// Underrun events after the first 2 s of playback (steady state).
     steady_state_underrun_events: u64,
     /// Every discontinuity a listener hears (see `CounterSnapshot::audible_glitch_events`):
-    /// ring underruns and overruns, output trimmed to bound latency, and samples the device
-    /// streams lost, inserted or discarded below the callbacks.
+    /// ring underruns and overruns, output trimmed to bound latency or dropped on a full
+    /// speaker ring, and samples the device streams lost, inserted or discarded below the
+    /// callbacks.
     audible_glitch_events: u64,
+    /// Output dropped because the speaker ring was full (device samples, all channels).
     speaker_overflow_samples: u64,
     /// Output skipped to bring latency back after playback fell behind (24 kHz samples).
     latency_trimmed_samples: u64,
@@ -279,7 +290,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         },
         jitter_ms,
         args.record.is_some(),
-        RingSizes::default(),
+        args.ring_sizes(),
     )?;
     eprintln!(
         "listening{} (Ctrl-C to stop)",
@@ -291,6 +302,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting tokio")?;
+    let ctrl_c = watch_ctrl_c()?;
     let mut console = Console::new();
     let started = Instant::now();
     let mut steady_underruns_base: Option<u64> = None;
@@ -307,6 +319,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         let reason = runtime.block_on(drive(
             &session,
             &args,
+            &ctrl_c,
             &mut console,
             started,
             &mut steady_underruns_base,
@@ -317,9 +330,13 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         }
         // A device disappeared: stop its streams, then reopen (same options) until it comes
         // back, the duration ends or Ctrl-C; the engine and the conversation keep their state.
+        // Its streams are dropped on their own thread: a lost device's host thread may never
+        // end, and `stop` waits for it a bounded time only.
         eprintln!("\raudio device lost; reopening...");
-        let _ = backend.stop();
-        match runtime.block_on(reopen(&args, &session, started)) {
+        if let Err(e) = backend.stop() {
+            eprintln!("warning: {e}");
+        }
+        match runtime.block_on(reopen(&args, &session, &ctrl_c, started)) {
             Ok(Some(b)) => {
                 backend = b;
                 eprintln!("audio: reopened: {}", backend.describe());
@@ -329,7 +346,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         }
     };
 
-    let played_ok = backend.stop();
+    let stopped = backend.stop();
     session.engine.request_stop();
     let counters = session.counters.clone();
     let report = session.engine.join();
@@ -338,7 +355,9 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     } else {
         println!();
     }
-    played_ok?;
+    if let Err(e) = stopped {
+        eprintln!("warning: {e}");
+    }
     let report = report.context("the engine stopped with an error")?;
     eprintln!("stopped: {stop_reason}");
     profile.finish(&report.metrics.summary())?;
@@ -355,18 +374,51 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
 
 const DEVICE_LOST: &str = "an audio device disappeared";
 
+/// Exit status after a second Ctrl-C (128 + SIGINT, what a shell reports for an interrupt).
+const SECOND_CTRL_C_EXIT_STATUS: i32 = 130;
+
+/// Watches Ctrl-C on its own thread for the whole session (once tokio listens, SIGINT no longer
+/// ends the process by itself): the first one sets the returned flag (the session stops and
+/// writes its summary and files), a second one exits the process at once, whatever the main
+/// thread is waiting for.
+fn watch_ctrl_c() -> anyhow::Result<Arc<AtomicBool>> {
+    let requested = Arc::new(AtomicBool::new(false));
+    let flag = requested.clone();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting tokio for Ctrl-C")?;
+    std::thread::Builder::new()
+        .name("moshi-ctrl-c".into())
+        .spawn(move || {
+            runtime.block_on(async {
+                if tokio::signal::ctrl_c().await.is_err() {
+                    return;
+                }
+                flag.store(true, Ordering::Release);
+                if tokio::signal::ctrl_c().await.is_ok() {
+                    eprintln!("\nsecond Ctrl-C: exiting now");
+                    std::process::exit(SECOND_CTRL_C_EXIT_STATUS);
+                }
+            })
+        })
+        .context("starting the Ctrl-C thread")?;
+    Ok(requested)
+}
+
 /// Retries opening the devices every 500 ms. `None`: Ctrl-C or the duration ended first.
 async fn reopen(
     args: &ChatArgs,
     session: &Session,
+    ctrl_c: &AtomicBool,
     started: Instant,
 ) -> anyhow::Result<Option<CpalBackend>> {
-    let ctrl_c = tokio::signal::ctrl_c();
-    tokio::pin!(ctrl_c);
     loop {
-        tokio::select! {
-            _ = &mut ctrl_c => return Ok(None),
-            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+        for _ in 0..25 {
+            if ctrl_c.load(Ordering::Acquire) {
+                return Ok(None);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
         if args
             .duration_s
@@ -380,7 +432,7 @@ async fn reopen(
             buffer_ms: args.buffer_ms,
         };
         if let Ok(mut backend) = CpalBackend::open(&options) {
-            if reconnect_session(session, &mut backend, RingSizes::default()).is_ok() {
+            if reconnect_session(session, &mut backend, args.ring_sizes()).is_ok() {
                 return Ok(Some(backend));
             }
             let _ = backend.stop();
@@ -392,23 +444,22 @@ async fn reopen(
 async fn drive(
     session: &Session,
     args: &ChatArgs,
+    ctrl_c: &AtomicBool,
     console: &mut Console,
     started: Instant,
     steady_base: &mut Option<u64>,
     profile: &mut Profile,
 ) -> String {
     let mut tick = tokio::time::interval(Duration::from_millis(20));
-    let ctrl_c = tokio::signal::ctrl_c();
-    tokio::pin!(ctrl_c);
     // A device whose callbacks stop for this long is treated as gone (some hosts only report
     // generic I/O errors when a device or sound server disappears).
     let stall_limit = Duration::from_secs(2);
     let mut callbacks_seen = (u64::MAX, u64::MAX);
     let mut last_progress = Instant::now();
     loop {
-        tokio::select! {
-            _ = &mut ctrl_c => return "Ctrl-C".into(),
-            _ = tick.tick() => {}
+        tick.tick().await;
+        if ctrl_c.load(Ordering::Acquire) {
+            return "Ctrl-C".into();
         }
         while let Ok(event) = session.engine.events().try_recv() {
             match event {
@@ -455,6 +506,19 @@ async fn drive(
     }
 }
 
+/// Milliseconds of `frames` device frames (one sample per channel) at `rate_hz`.
+fn frames_ms(frames: u64, rate_hz: u32) -> f64 {
+    frames as f64 * 1e3 / f64::from(rate_hz.max(1))
+}
+
+/// Milliseconds of `samples` interleaved device samples (all channels) in `format`.
+fn device_samples_ms(samples: u64, format: StreamFormat) -> f64 {
+    frames_ms(
+        samples / u64::from(format.channels.max(1)),
+        format.sample_rate_hz,
+    )
+}
+
 fn finish(
     args: &ChatArgs,
     counters: &AudioCounters,
@@ -466,7 +530,8 @@ fn finish(
 ) -> anyhow::Result<()> {
     let c = counters.snapshot();
     let input_rate_hz = backend.input_format().sample_rate_hz;
-    let output_rate_hz = backend.output_format().sample_rate_hz;
+    let output_format = backend.output_format();
+    let output_rate_hz = output_format.sample_rate_hz;
     let summary = report.metrics.summary();
     let stats = ChatStats {
         frames_processed: report.frames_processed,
@@ -486,18 +551,20 @@ fn finish(
     eprint!("{}", summary.to_table());
     eprintln!(
         "frames: {} processed, {} dropped; underruns: {} ({} in steady state, {:.0} ms of silence); startup silence {:.0} ms; \
-         overruns: {} samples; device errors: {}; output trimmed to bound latency: {:.0} ms",
+         overruns: {} samples; device errors: {}; output trimmed to bound latency: {:.0} ms; \
+         output dropped on a full speaker ring: {} times ({:.0} ms)",
         stats.frames_processed,
         stats.frames_dropped,
         c.underrun_events,
         stats.steady_state_underrun_events,
-        c.underrun_samples as f64 * 1e3 / SAMPLE_RATE_HZ as f64,
-        c.startup_silence_samples as f64 * 1e3 / SAMPLE_RATE_HZ as f64,
+        device_samples_ms(c.underrun_samples, output_format),
+        device_samples_ms(c.startup_silence_samples, output_format),
         c.overrun_samples,
         c.device_errors,
-        report.latency_trimmed_samples as f64 * 1e3 / SAMPLE_RATE_HZ as f64
+        report.latency_trimmed_samples as f64 * 1e3 / SAMPLE_RATE_HZ as f64,
+        c.engine_speaker_overflow_events,
+        device_samples_ms(report.speaker_overflow_samples, output_format),
     );
-    let frames_ms = |frames: u64, rate: u32| frames as f64 * 1e3 / f64::from(rate.max(1));
     eprintln!(
         "glitches a listener hears: {} (device streams, below the callbacks: input lost {} ({:.0} ms), \
          input inserted {}, output gaps {} ({:.0} ms of silence), output discarded {} ({:.0} ms))",
@@ -546,4 +613,25 @@ fn finish(
             .context("--stats-json")?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_samples_count_all_channels_at_the_device_rate() {
+        let stereo_48k = StreamFormat {
+            sample_rate_hz: 48_000,
+            channels: 2,
+        };
+        // 96 000 interleaved stereo samples at 48 kHz: 48 000 frames, one second.
+        assert_eq!(device_samples_ms(96_000, stereo_48k), 1000.0);
+        let mono_24k = StreamFormat {
+            sample_rate_hz: SAMPLE_RATE_HZ,
+            channels: 1,
+        };
+        assert_eq!(device_samples_ms(2_400, mono_24k), 100.0);
+        assert_eq!(frames_ms(441, 44_100), 10.0);
+    }
 }

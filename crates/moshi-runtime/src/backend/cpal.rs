@@ -10,9 +10,13 @@
 //! atomics; scratch for integer formats is allocated before the closure). The error callback
 //! only bumps a counter (and a flag when the device is gone): ALSA can report thousands of
 //! errors per xrun, so nothing is logged there; the console reports the counts, rate-limited.
+//!
+//! The streams are built, played and dropped on their own thread ([`StreamOwner`]): dropping a
+//! stream on a lost device can block forever, and [`CpalBackend::stop`] waits a bounded time.
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
 
 use cpal::traits::{DeviceTrait, HostTrait, StreamTrait};
 
@@ -345,7 +349,8 @@ pub struct CpalBackend {
     output_device: cpal::Device,
     input: ChosenConfig,
     output: ChosenConfig,
-    streams: Vec<cpal::Stream>,
+    /// The running streams (on their own thread), once started.
+    streams: Option<StreamOwner>,
     description: String,
 }
 
@@ -379,7 +384,7 @@ impl CpalBackend {
             output_device,
             input,
             output,
-            streams: Vec::new(),
+            streams: None,
             description,
         })
     }
@@ -401,6 +406,186 @@ fn scratch_len(c: &ChosenConfig) -> usize {
     }
 }
 
+/// Builds both streams and starts them (output first, so that no captured sample waits for it).
+fn build_streams(
+    input_device: &cpal::Device,
+    output_device: &cpal::Device,
+    input: &ChosenConfig,
+    output: &ChosenConfig,
+    mut mic: SampleProducer,
+    mut speaker: SampleConsumer,
+    counters: Arc<AudioCounters>,
+) -> Result<[cpal::Stream; 2]> {
+    let in_counters = counters.clone();
+    let in_channels = input.config.channels;
+    let out_channels = output.config.channels;
+    let input_stream = match input.sample_format {
+        cpal::SampleFormat::I16 => {
+            let mut scratch = vec![0f32; scratch_len(input)];
+            let mut watch = ClockWatch::new(StreamSide::Capture, input);
+            input_device.build_input_stream(
+                &input.config,
+                move |data: &[i16], info: &cpal::InputCallbackInfo| {
+                    let ts = info.timestamp();
+                    watch.observe(ts.capture, data.len(), in_channels, &in_counters);
+                    let lat = micros_between(&ts.callback, &ts.capture);
+                    capture_callback_converting(data, &mut scratch, &mut mic, &in_counters, lat);
+                },
+                error_callback(counters.clone()),
+                None,
+            )
+        }
+        _ => {
+            let mut watch = ClockWatch::new(StreamSide::Capture, input);
+            input_device.build_input_stream(
+                &input.config,
+                move |data: &[f32], info: &cpal::InputCallbackInfo| {
+                    let ts = info.timestamp();
+                    watch.observe(ts.capture, data.len(), in_channels, &in_counters);
+                    let lat = micros_between(&ts.callback, &ts.capture);
+                    capture_callback(data, &mut mic, &in_counters, lat);
+                },
+                error_callback(counters.clone()),
+                None,
+            )
+        }
+    }
+    .map_err(|e| device_error("opening the input stream", e))?;
+    let out_counters = counters.clone();
+    let output_stream = match output.sample_format {
+        cpal::SampleFormat::I16 => {
+            let mut scratch = vec![0f32; scratch_len(output)];
+            let mut watch = ClockWatch::new(StreamSide::Playback, output);
+            output_device.build_output_stream(
+                &output.config,
+                move |data: &mut [i16], info: &cpal::OutputCallbackInfo| {
+                    let ts = info.timestamp();
+                    watch.observe(ts.playback, data.len(), out_channels, &out_counters);
+                    let lat = micros_between(&ts.playback, &ts.callback);
+                    playback_callback_converting(
+                        data,
+                        &mut scratch,
+                        &mut speaker,
+                        &out_counters,
+                        lat,
+                    );
+                },
+                error_callback(counters.clone()),
+                None,
+            )
+        }
+        _ => {
+            let mut watch = ClockWatch::new(StreamSide::Playback, output);
+            output_device.build_output_stream(
+                &output.config,
+                move |data: &mut [f32], info: &cpal::OutputCallbackInfo| {
+                    let ts = info.timestamp();
+                    watch.observe(ts.playback, data.len(), out_channels, &out_counters);
+                    let lat = micros_between(&ts.playback, &ts.callback);
+                    playback_callback(data, &mut speaker, &out_counters, lat);
+                },
+                error_callback(counters.clone()),
+                None,
+            )
+        }
+    }
+    .map_err(|e| device_error("opening the output stream", e))?;
+    output_stream
+        .play()
+        .map_err(|e| device_error("starting playback", e))?;
+    input_stream
+        .play()
+        .map_err(|e| device_error("starting capture", e))?;
+    Ok([input_stream, output_stream])
+}
+
+/// Both streams; dropping them pauses them first.
+struct PlayingStreams([cpal::Stream; 2]);
+
+impl Drop for PlayingStreams {
+    fn drop(&mut self) {
+        for stream in &self.0 {
+            let _ = stream.pause();
+        }
+    }
+}
+
+/// How long [`CpalBackend::start`] waits for the host to open and start both streams.
+pub const STREAM_START_TIMEOUT_MS: u64 = 5000;
+/// How long [`CpalBackend::stop`] waits for the streams to be dropped before leaving them behind.
+pub const STREAM_STOP_TIMEOUT_MS: u64 = 2000;
+
+/// The thread that builds, plays and finally drops the two streams (`cpal::Stream` cannot move
+/// between threads). Dropping a stream joins the host's worker thread, and on a lost device that
+/// worker can spin forever (cpal's ALSA host joins it with `join().unwrap()`): only this thread
+/// ever waits for that, the caller waits at most [`STREAM_STOP_TIMEOUT_MS`].
+struct StreamOwner {
+    /// A message (or dropping the sender) stops and drops the streams.
+    stop_request: mpsc::Sender<()>,
+    /// Receives once the streams are dropped.
+    stopped: mpsc::Receiver<()>,
+}
+
+impl StreamOwner {
+    /// Runs `build` on a new thread, which keeps what it built until [`Self::stop_within`] (or
+    /// until the owner is dropped) and then drops it there.
+    fn spawn<S: 'static>(build: impl FnOnce() -> Result<S> + Send + 'static) -> Result<Self> {
+        let (started_tx, started_rx) = mpsc::channel::<Result<()>>();
+        let (stop_request, stop_rx) = mpsc::channel::<()>();
+        let (stopped_tx, stopped) = mpsc::channel::<()>();
+        std::thread::Builder::new()
+            .name("moshi-audio-streams".into())
+            .spawn(move || {
+                let streams = match build() {
+                    Ok(streams) => streams,
+                    Err(e) => {
+                        let _ = started_tx.send(Err(e));
+                        return;
+                    }
+                };
+                // A send error: the caller gave up waiting; the streams are dropped below.
+                if started_tx.send(Ok(())).is_ok() {
+                    // A stop request, or the owner was dropped.
+                    let _ = stop_rx.recv();
+                }
+                drop(streams);
+                let _ = stopped_tx.send(());
+            })
+            .map_err(|e| device_error("starting the audio stream thread", e))?;
+        match started_rx.recv_timeout(Duration::from_millis(STREAM_START_TIMEOUT_MS)) {
+            Ok(Ok(())) => Ok(Self {
+                stop_request,
+                stopped,
+            }),
+            Ok(Err(e)) => Err(e),
+            Err(mpsc::RecvTimeoutError::Timeout) => Err(RuntimeError::Device(format!(
+                "opening the audio streams: no answer from the host within {STREAM_START_TIMEOUT_MS} ms"
+            ))),
+            Err(mpsc::RecvTimeoutError::Disconnected) => Err(RuntimeError::Device(
+                "opening the audio streams: the stream thread panicked".into(),
+            )),
+        }
+    }
+
+    /// Stops and drops the streams, waiting at most `timeout`; past it they are left to their
+    /// thread (a process exit ends it) and the error says so.
+    fn stop_within(self, timeout: Duration) -> Result<()> {
+        let _ = self.stop_request.send(());
+        match self.stopped.recv_timeout(timeout) {
+            Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => Ok(()),
+            Err(mpsc::RecvTimeoutError::Timeout) => Err(RuntimeError::Device(format!(
+                "the audio streams did not stop within {} ms (the device is probably gone); \
+                 left to a background thread",
+                timeout.as_millis()
+            ))),
+        }
+    }
+
+    fn stop(self) -> Result<()> {
+        self.stop_within(Duration::from_millis(STREAM_STOP_TIMEOUT_MS))
+    }
+}
+
 impl AudioBackend for CpalBackend {
     fn describe(&self) -> String {
         self.description.clone()
@@ -419,97 +604,28 @@ impl AudioBackend for CpalBackend {
     }
     fn start(
         &mut self,
-        mut mic: SampleProducer,
-        mut speaker: SampleConsumer,
+        mic: SampleProducer,
+        speaker: SampleConsumer,
         counters: Arc<AudioCounters>,
     ) -> Result<()> {
-        let in_counters = counters.clone();
-        let in_channels = self.input.config.channels;
-        let out_channels = self.output.config.channels;
-        let input_stream = match self.input.sample_format {
-            cpal::SampleFormat::I16 => {
-                let mut scratch = vec![0f32; scratch_len(&self.input)];
-                let mut watch = ClockWatch::new(StreamSide::Capture, &self.input);
-                self.input_device.build_input_stream(
-                    &self.input.config,
-                    move |data: &[i16], info: &cpal::InputCallbackInfo| {
-                        let ts = info.timestamp();
-                        watch.observe(ts.capture, data.len(), in_channels, &in_counters);
-                        let lat = micros_between(&ts.callback, &ts.capture);
-                        capture_callback_converting(
-                            data,
-                            &mut scratch,
-                            &mut mic,
-                            &in_counters,
-                            lat,
-                        );
-                    },
-                    error_callback(counters.clone()),
-                    None,
-                )
-            }
-            _ => {
-                let mut watch = ClockWatch::new(StreamSide::Capture, &self.input);
-                self.input_device.build_input_stream(
-                    &self.input.config,
-                    move |data: &[f32], info: &cpal::InputCallbackInfo| {
-                        let ts = info.timestamp();
-                        watch.observe(ts.capture, data.len(), in_channels, &in_counters);
-                        let lat = micros_between(&ts.callback, &ts.capture);
-                        capture_callback(data, &mut mic, &in_counters, lat);
-                    },
-                    error_callback(counters.clone()),
-                    None,
-                )
-            }
+        if let Some(old) = self.streams.take() {
+            // Bounded: a stuck old stream stays behind on its own thread.
+            let _ = old.stop();
         }
-        .map_err(|e| device_error("opening the input stream", e))?;
-        let out_counters = counters.clone();
-        let output_stream = match self.output.sample_format {
-            cpal::SampleFormat::I16 => {
-                let mut scratch = vec![0f32; scratch_len(&self.output)];
-                let mut watch = ClockWatch::new(StreamSide::Playback, &self.output);
-                self.output_device.build_output_stream(
-                    &self.output.config,
-                    move |data: &mut [i16], info: &cpal::OutputCallbackInfo| {
-                        let ts = info.timestamp();
-                        watch.observe(ts.playback, data.len(), out_channels, &out_counters);
-                        let lat = micros_between(&ts.playback, &ts.callback);
-                        playback_callback_converting(
-                            data,
-                            &mut scratch,
-                            &mut speaker,
-                            &out_counters,
-                            lat,
-                        );
-                    },
-                    error_callback(counters.clone()),
-                    None,
-                )
-            }
-            _ => {
-                let mut watch = ClockWatch::new(StreamSide::Playback, &self.output);
-                self.output_device.build_output_stream(
-                    &self.output.config,
-                    move |data: &mut [f32], info: &cpal::OutputCallbackInfo| {
-                        let ts = info.timestamp();
-                        watch.observe(ts.playback, data.len(), out_channels, &out_counters);
-                        let lat = micros_between(&ts.playback, &ts.callback);
-                        playback_callback(data, &mut speaker, &out_counters, lat);
-                    },
-                    error_callback(counters.clone()),
-                    None,
-                )
-            }
-        }
-        .map_err(|e| device_error("opening the output stream", e))?;
-        output_stream
-            .play()
-            .map_err(|e| device_error("starting playback", e))?;
-        input_stream
-            .play()
-            .map_err(|e| device_error("starting capture", e))?;
-        self.streams = vec![input_stream, output_stream];
+        let (input_device, output_device) = (self.input_device.clone(), self.output_device.clone());
+        let (input, output) = (self.input.clone(), self.output.clone());
+        self.streams = Some(StreamOwner::spawn(move || {
+            build_streams(
+                &input_device,
+                &output_device,
+                &input,
+                &output,
+                mic,
+                speaker,
+                counters,
+            )
+            .map(PlayingStreams)
+        })?);
         Ok(())
     }
     fn input_finished(&self) -> bool {
@@ -518,11 +634,71 @@ impl AudioBackend for CpalBackend {
     fn finished(&self) -> bool {
         false
     }
+    /// Stops the streams, waiting at most [`STREAM_STOP_TIMEOUT_MS`]: past it (a lost device
+    /// whose host thread never ends) the streams are left to a background thread and the error
+    /// says so; the backend can be dropped or restarted either way.
     fn stop(&mut self) -> Result<Vec<f32>> {
-        for s in &self.streams {
-            let _ = s.pause();
+        if let Some(owner) = self.streams.take() {
+            owner.stop()?;
         }
-        self.streams.clear();
         Ok(Vec::new())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    /// Blocks its dropping thread forever, like a stream whose host worker never ends.
+    struct StuckOnDrop(mpsc::Receiver<()>);
+
+    impl Drop for StuckOnDrop {
+        fn drop(&mut self) {
+            let _ = self.0.recv();
+        }
+    }
+
+    #[test]
+    fn stopping_streams_whose_drop_never_returns_gives_up_after_the_timeout() {
+        // The sender is kept alive (never sends), so the drop never returns.
+        let (keep_stuck, never) = mpsc::channel::<()>();
+        let owner = StreamOwner::spawn(move || Ok(StuckOnDrop(never))).unwrap();
+        let t = Instant::now();
+        let err = owner
+            .stop_within(Duration::from_millis(200))
+            .unwrap_err()
+            .to_string();
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+        assert!(err.contains("did not stop within 200 ms"), "{err}");
+        drop(keep_stuck);
+    }
+
+    #[test]
+    fn stopping_streams_drops_them_on_their_thread() {
+        let (dropped_tx, dropped_rx) = mpsc::channel::<()>();
+        struct SignalsDrop(mpsc::Sender<()>);
+        impl Drop for SignalsDrop {
+            fn drop(&mut self) {
+                let _ = self.0.send(());
+            }
+        }
+        let owner = StreamOwner::spawn(move || Ok(SignalsDrop(dropped_tx))).unwrap();
+        assert!(dropped_rx.try_recv().is_err(), "dropped before the stop");
+        owner.stop_within(Duration::from_secs(10)).unwrap();
+        dropped_rx.try_recv().expect("dropped by the stop");
+    }
+
+    #[test]
+    fn a_build_error_is_returned_by_spawn() {
+        let err = StreamOwner::spawn(|| -> Result<()> {
+            Err(RuntimeError::Device(
+                "opening the input stream: gone".into(),
+            ))
+        })
+        .err()
+        .expect("an error")
+        .to_string();
+        assert!(err.contains("opening the input stream: gone"), "{err}");
     }
 }

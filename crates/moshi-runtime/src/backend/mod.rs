@@ -13,12 +13,13 @@ pub mod null;
 
 use std::sync::Arc;
 
+use crate::engine::MAX_EXTRA_OUTPUT_QUEUE_MS;
 use crate::engine::{
     spawn_engine, DropPolicy, EngineConfig, EngineHandle, EngineIo, FrameProcessor, Reconnect,
     StreamFormat,
 };
 use crate::ring::{sample_ring, AudioCounters, SampleConsumer, SampleProducer};
-use crate::Result;
+use crate::{Result, FRAME_MS};
 
 /// A source of microphone samples and a sink for speaker samples.
 pub trait AudioBackend {
@@ -55,6 +56,26 @@ impl Default for RingSizes {
         Self {
             mic_ms: 2000,
             speaker_ms: 2000,
+        }
+    }
+}
+
+impl RingSizes {
+    /// Default sizes, with a speaker ring that also holds the largest output queue live mode
+    /// keeps: the jitter margin (`prefill_ms`), [`MAX_EXTRA_OUTPUT_QUEUE_MS`] more before the
+    /// engine trims, two frames in flight and the device buffer. (A smaller ring would drop
+    /// the excess of a large `--jitter-ms` as overflow.)
+    pub fn for_output_queue(prefill_ms: f64, device_buffer_ms: u32) -> Self {
+        let needed_ms = prefill_ms.max(0.0)
+            + MAX_EXTRA_OUTPUT_QUEUE_MS
+            + 2.0 * FRAME_MS
+            + f64::from(device_buffer_ms);
+        let default = Self::default();
+        Self {
+            speaker_ms: default
+                .speaker_ms
+                .max(needed_ms.ceil().min(u32::MAX as f64) as u32),
+            ..default
         }
     }
 }
@@ -135,4 +156,22 @@ pub fn reconnect_session(
         output,
     })?;
     backend.start(mic_p, spk_c, session.counters.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_speaker_ring_holds_the_largest_output_queue() {
+        let rings = RingSizes::for_output_queue(10_000.0, 40);
+        assert!(
+            f64::from(rings.speaker_ms)
+                >= 10_000.0 + MAX_EXTRA_OUTPUT_QUEUE_MS + 2.0 * FRAME_MS + 40.0,
+            "{rings:?}"
+        );
+        assert_eq!(rings.mic_ms, RingSizes::default().mic_ms);
+        // A small margin keeps the default.
+        assert_eq!(RingSizes::for_output_queue(30.0, 40).speaker_ms, 2000);
+    }
 }
