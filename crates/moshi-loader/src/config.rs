@@ -65,6 +65,8 @@ pub mod limits {
     pub const MAX_CONDITIONER_DIM: usize = 4096;
     /// Classifier-free guidance coefficient (`lm_gen_config.cfg_coef`; Kyutai uses 1 to 4).
     pub const MAX_CFG_COEF: f64 = 1000.0;
+    /// Sampling temperature (`lm_gen_config.temp`, `temp_text`): the largest finite f32.
+    pub const MAX_TEMPERATURE: f64 = f32::MAX as f64;
 }
 
 use limits::*;
@@ -110,6 +112,23 @@ pub enum PositionalEmbedding {
     Rope,
     /// None (the depformer's).
     None,
+}
+
+/// The sampling settings a config's `lm_gen_config` gives (Kyutai's `LMGen` keyword arguments,
+/// which replace `LMGen`'s defaults in `run_inference.py` and `moshi.server`); `None` where the
+/// config does not set one.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LmGenSampling {
+    /// `use_sampling`: `false` means argmax everywhere.
+    pub use_sampling: Option<bool>,
+    /// `temp`: the audio temperature.
+    pub temp_audio: Option<f32>,
+    /// `temp_text`.
+    pub temp_text: Option<f32>,
+    /// `top_k`: the audio top-k.
+    pub top_k_audio: Option<usize>,
+    /// `top_k_text`.
+    pub top_k_text: Option<usize>,
 }
 
 /// The LM hyper-parameters (`loaders._lm_kwargs` keys) plus the repo file names.
@@ -247,6 +266,77 @@ impl LmConfig {
             .map_or(1.0, |c| c as f32)
     }
 
+    /// The sampling settings of `lm_gen_config` (checked by [`LmConfig::validate`]).
+    pub fn lm_gen_sampling(&self) -> LmGenSampling {
+        let get = |key: &str| self.lm_gen_config.as_ref().and_then(|g| g.get(key));
+        let temperature = |key: &str| {
+            get(key)
+                .and_then(serde_json::Value::as_f64)
+                .map(|t| t as f32)
+        };
+        let top_k = |key: &str| {
+            get(key)
+                .and_then(serde_json::Value::as_u64)
+                .and_then(|k| usize::try_from(k).ok())
+        };
+        LmGenSampling {
+            use_sampling: get("use_sampling").and_then(serde_json::Value::as_bool),
+            temp_audio: temperature("temp"),
+            temp_text: temperature("temp_text"),
+            top_k_audio: top_k("top_k"),
+            top_k_text: top_k("top_k_text"),
+        }
+    }
+
+    /// Checks the values of `lm_gen_config`: an object whose `cfg_coef`, temperatures, top-k
+    /// and `use_sampling` (each optional) have the types and ranges `LMGen` takes.
+    fn validate_lm_gen_config(&self, c: &ConfigChecker) -> Result<()> {
+        let Some(gen) = &self.lm_gen_config else {
+            return Ok(());
+        };
+        c.ensure(gen.is_object(), || {
+            format!("`lm_gen_config` must be an object of generation settings, got {gen}")
+        })?;
+        if let Some(v) = gen.get("cfg_coef") {
+            match v.as_f64() {
+                Some(coef) => c.real(
+                    "lm_gen_config.cfg_coef",
+                    coef,
+                    f64::MIN_POSITIVE,
+                    MAX_CFG_COEF,
+                )?,
+                None => c.ensure(false, || {
+                    format!("lm_gen_config.cfg_coef must be a number, got {v}")
+                })?,
+            }
+        }
+        for key in ["temp", "temp_text"] {
+            if let Some(v) = gen.get(key) {
+                let key = format!("lm_gen_config.{key}");
+                match v.as_f64() {
+                    Some(t) => c.real(&key, t, 0.0, MAX_TEMPERATURE)?,
+                    None => c.ensure(false, || {
+                        format!("{key} must be a temperature (a number >= 0), got {v}")
+                    })?,
+                }
+            }
+        }
+        for key in ["top_k", "top_k_text"] {
+            if let Some(v) = gen.get(key) {
+                let ok = v.as_u64().is_some_and(|k| usize::try_from(k).is_ok());
+                c.ensure(ok, || {
+                    format!("lm_gen_config.{key} must be a whole number >= 0 (a top-k), got {v}")
+                })?;
+            }
+        }
+        if let Some(v) = gen.get("use_sampling") {
+            c.ensure(v.is_boolean(), || {
+                format!("lm_gen_config.use_sampling must be true or false, got {v}")
+            })?;
+        }
+        Ok(())
+    }
+
     /// Parses a config from JSON text and validates it; `origin` names the file in errors.
     pub fn from_json_str(text: &str, origin: &Path) -> Result<Self> {
         config_from_json(text, origin)
@@ -351,19 +441,7 @@ impl LmConfig {
         if let Err(reason) = validate_conditioning(&self.conditioners, self.fuser.as_ref()) {
             c.ensure(false, || reason)?;
         }
-        if let Some(v) = self.lm_gen_config.as_ref().and_then(|g| g.get("cfg_coef")) {
-            match v.as_f64() {
-                Some(coef) => c.real(
-                    "lm_gen_config.cfg_coef",
-                    coef,
-                    f64::MIN_POSITIVE,
-                    MAX_CFG_COEF,
-                )?,
-                None => c.ensure(false, || {
-                    format!("lm_gen_config.cfg_coef must be a number, got {v}")
-                })?,
-            }
-        }
+        self.validate_lm_gen_config(&c)?;
 
         c.ensure(self.delays.len() == self.n_q + 1, || {
             format!(

@@ -1,0 +1,85 @@
+//! What a config's optional keys mean when set and when left out, as in Kyutai's loaders: the
+//! generation settings of `lm_gen_config`, and the refusal of settings this engine does not run.
+
+use std::path::Path;
+
+use moshi_loader::config::MOSHIKO_7B_JSON;
+use moshi_loader::{LmConfig, LmGenSampling};
+use serde_json::json;
+
+/// The built-in 7B config with `edit` applied, parsed and validated.
+fn edited_7b(edit: impl FnOnce(&mut serde_json::Value)) -> moshi_loader::Result<LmConfig> {
+    let mut v: serde_json::Value = serde_json::from_str(MOSHIKO_7B_JSON).unwrap();
+    edit(&mut v);
+    LmConfig::from_json_str(&v.to_string(), Path::new("edited-config.json"))
+}
+
+#[test]
+fn lm_gen_config_sampling_settings_are_read() {
+    assert_eq!(
+        LmConfig::moshiko_7b().lm_gen_sampling(),
+        LmGenSampling::default()
+    );
+    let cfg = edited_7b(|v| {
+        v["lm_gen_config"] = json!({
+            "temp": 0.6, "temp_text": 0.0, "top_k": 100, "top_k_text": 0, "use_sampling": false,
+            "cfg_coef": 2.0
+        })
+    })
+    .unwrap();
+    assert_eq!(
+        cfg.lm_gen_sampling(),
+        LmGenSampling {
+            use_sampling: Some(false),
+            temp_audio: Some(0.6),
+            temp_text: Some(0.0),
+            top_k_audio: Some(100),
+            top_k_text: Some(0),
+        }
+    );
+    let partial = edited_7b(|v| v["lm_gen_config"] = json!({"temp_text": 0.5})).unwrap();
+    assert_eq!(
+        partial.lm_gen_sampling(),
+        LmGenSampling {
+            temp_text: Some(0.5),
+            ..LmGenSampling::default()
+        }
+    );
+}
+
+#[test]
+fn bad_lm_gen_config_sampling_values_name_the_key_expected_and_got() {
+    let cases = [
+        (json!({"temp": -0.1}), "lm_gen_config.temp", "-0.1"),
+        (
+            json!({"temp_text": "hot"}),
+            "lm_gen_config.temp_text",
+            "\"hot\"",
+        ),
+        (json!({"top_k": -5}), "lm_gen_config.top_k", "-5"),
+        (
+            json!({"top_k_text": 2.5}),
+            "lm_gen_config.top_k_text",
+            "2.5",
+        ),
+        (
+            json!({"use_sampling": "no"}),
+            "lm_gen_config.use_sampling",
+            "\"no\"",
+        ),
+        (json!([0.7]), "lm_gen_config", "[0.7]"),
+    ];
+    for (gen, key, got) in cases {
+        let err = edited_7b(|v| v["lm_gen_config"] = gen.clone())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("edited-config.json") && err.contains(key) && err.contains(got),
+            "{gen}: {err}"
+        );
+        assert!(
+            err.contains("expected") || err.contains("must be"),
+            "{gen}: {err}"
+        );
+    }
+}
