@@ -197,7 +197,8 @@ pub struct LmConfig {
     pub mimi_config_name: Option<String>,
     #[serde(default)]
     pub lm_gen_config: Option<serde_json::Value>,
-    /// Keys this engine does not know; kept and reported, never fatal.
+    /// Keys this engine does not know; kept and reported, never fatal (except a LoRA adapter,
+    /// refused by [`LmConfig::validate`]).
     #[serde(flatten)]
     pub unknown: BTreeMap<String, serde_json::Value>,
 }
@@ -337,6 +338,26 @@ impl LmConfig {
         Ok(())
     }
 
+    /// Refuses a LoRA fine-tune (`lora: true`, or an adapter named by `lora_name`): Kyutai's
+    /// loader adds the adapter to the base weights, which this engine does not, so running it
+    /// would silently give the untuned base model. `lora: false` (and `lora_rank`,
+    /// `lora_scaling`, which then do nothing) is accepted.
+    fn refuse_lora(&self, c: &ConfigChecker) -> Result<()> {
+        const SUPPORTED: &str = "LoRA adapters are not supported: use a checkpoint with the \
+                                 adapter merged into the weights, and `lora` false or absent";
+        if let Some(v) = self.unknown.get("lora") {
+            if !matches!(v, serde_json::Value::Bool(false) | serde_json::Value::Null) {
+                return Err(c.unsupported("lora", v.to_string(), SUPPORTED));
+            }
+        }
+        if let Some(v) = self.unknown.get("lora_name") {
+            if !v.is_null() {
+                return Err(c.unsupported("lora_name", v.to_string(), SUPPORTED));
+            }
+        }
+        Ok(())
+    }
+
     /// Parses a config from JSON text and validates it; `origin` names the file in errors.
     pub fn from_json_str(text: &str, origin: &Path) -> Result<Self> {
         config_from_json(text, origin)
@@ -442,6 +463,7 @@ impl LmConfig {
             c.ensure(false, || reason)?;
         }
         self.validate_lm_gen_config(&c)?;
+        self.refuse_lora(&c)?;
 
         c.ensure(self.delays.len() == self.n_q + 1, || {
             format!(

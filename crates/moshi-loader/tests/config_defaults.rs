@@ -83,3 +83,38 @@ fn bad_lm_gen_config_sampling_values_name_the_key_expected_and_got() {
         );
     }
 }
+
+#[test]
+fn lora_fine_tunes_are_refused_naming_the_key() {
+    for (gen, key, got) in [
+        (json!({"lora": true, "lora_rank": 128}), "lora", "true"),
+        (
+            json!({"lora_name": "lora.safetensors"}),
+            "lora_name",
+            "lora.safetensors",
+        ),
+    ] {
+        let err = edited_7b(|v| {
+            for (k, val) in gen.as_object().unwrap() {
+                v[k] = val.clone();
+            }
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("edited-config.json")
+                && err.contains(&format!("`{key}`"))
+                && err.contains(got)
+                && err.contains("LoRA adapters are not supported"),
+            "{gen}: {err}"
+        );
+    }
+    // No adapter: the LoRA keys then change nothing, in Kyutai's loader as here.
+    let base = edited_7b(|v| {
+        v["lora"] = json!(false);
+        v["lora_rank"] = json!(128);
+        v["lora_scaling"] = json!(2.0);
+    })
+    .unwrap();
+    assert!(base.unknown.contains_key("lora_rank"));
+}
