@@ -160,7 +160,10 @@ pub struct LmConfig {
     #[serde(default = "default_pos_emb")]
     pub positional_embedding: PositionalEmbedding,
     pub depformer_dim: usize,
-    pub depformer_dim_feedforward: usize,
+    /// The depformer's feed-forward width; absent or null: `int(hidden_scale * depformer_dim)`,
+    /// as Kyutai's `LMModel` (see [`LmConfig::depformer_feedforward`]).
+    #[serde(default)]
+    pub depformer_dim_feedforward: Option<usize>,
     pub depformer_num_heads: usize,
     pub depformer_num_layers: usize,
     #[serde(default)]
@@ -225,14 +228,37 @@ fn default_dep_pos_emb() -> PositionalEmbedding {
     PositionalEmbedding::None
 }
 
-impl LmConfig {
-    /// Hidden width of the temporal SiLU-gated FFN (11264 for the 7B): `2 * int(hidden_scale * dim) / 3`.
-    pub fn hidden_dim(&self) -> usize {
-        ((self.hidden_scale * self.dim as f64) as usize).saturating_mul(2) / 3
+/// Hidden width of a SiLU-gated feed-forward of width `dim_feedforward` in a model of width
+/// `dim`, as Kyutai's `ActivationGating`: `21 * dim / 8` when `dim_feedforward == 4 * dim`, else
+/// `2 * dim_feedforward / 3` (rounded down).
+pub fn gated_hidden_dim(dim: usize, dim_feedforward: usize) -> usize {
+    if Some(dim_feedforward) == dim.checked_mul(4) {
+        dim.saturating_mul(21) / 8
+    } else {
+        dim_feedforward.saturating_mul(2) / 3
     }
-    /// Hidden width of the depformer FFN (2816 for the 7B): `2 * depformer_dim_feedforward / 3`.
+}
+
+impl LmConfig {
+    /// The temporal transformer's feed-forward width, `int(hidden_scale * dim)` (16896 for the 7B).
+    pub fn feedforward(&self) -> usize {
+        (self.hidden_scale * self.dim as f64) as usize
+    }
+    /// The depformer's feed-forward width: `depformer_dim_feedforward`, else
+    /// `int(hidden_scale * depformer_dim)` (4224 for the 7B).
+    pub fn depformer_feedforward(&self) -> usize {
+        self.depformer_dim_feedforward
+            .unwrap_or((self.hidden_scale * self.depformer_dim as f64) as usize)
+    }
+    /// Hidden width of the temporal SiLU-gated FFN (11264 for the 7B): [`gated_hidden_dim`] of
+    /// `dim` and [`LmConfig::feedforward`].
+    pub fn hidden_dim(&self) -> usize {
+        gated_hidden_dim(self.dim, self.feedforward())
+    }
+    /// Hidden width of the depformer FFN (2816 for the 7B): [`gated_hidden_dim`] of
+    /// `depformer_dim` and [`LmConfig::depformer_feedforward`].
     pub fn depformer_hidden_dim(&self) -> usize {
-        self.depformer_dim_feedforward.saturating_mul(2) / 3
+        gated_hidden_dim(self.depformer_dim, self.depformer_feedforward())
     }
     /// Number of audio codebooks of the user stream (n_q - dep_q).
     pub fn user_codebooks(&self) -> usize {
@@ -398,7 +424,7 @@ impl LmConfig {
         )?;
         c.count(
             "depformer_dim_feedforward",
-            self.depformer_dim_feedforward,
+            self.depformer_feedforward(),
             2,
             MAX_FEEDFORWARD,
         )?;

@@ -118,3 +118,44 @@ fn lora_fine_tunes_are_refused_naming_the_key() {
     .unwrap();
     assert!(base.unknown.contains_key("lora_rank"));
 }
+
+#[test]
+fn depformer_feedforward_defaults_to_hidden_scale_times_depformer_dim() {
+    let cfg = edited_7b(|v| v["depformer_dim_feedforward"] = json!(null)).unwrap();
+    assert_eq!(cfg.depformer_feedforward(), 4224);
+    assert_eq!(cfg.depformer_hidden_dim(), 2816);
+    let absent = edited_7b(|v| {
+        v.as_object_mut()
+            .unwrap()
+            .remove("depformer_dim_feedforward");
+    })
+    .unwrap();
+    assert_eq!(absent.depformer_hidden_dim(), 2816);
+}
+
+#[test]
+fn gated_widths_follow_kyutai_activation_gating() {
+    // The 7B's widths: 2 x 16896 / 3 and 2 x 4224 / 3.
+    let base = LmConfig::moshiko_7b();
+    assert_eq!(
+        (base.hidden_dim(), base.depformer_hidden_dim()),
+        (11264, 2816)
+    );
+    // A feed-forward of exactly 4 x dim takes 21 x dim / 8, not 2 x 4 x dim / 3.
+    let four = edited_7b(|v| {
+        v["hidden_scale"] = json!(4.0);
+        v["depformer_dim_feedforward"] = json!(4096);
+    })
+    .unwrap();
+    assert_eq!(
+        (four.hidden_dim(), four.depformer_hidden_dim()),
+        (21 * 4096 / 8, 21 * 1024 / 8)
+    );
+    let derived = edited_7b(|v| {
+        v["hidden_scale"] = json!(4.0);
+        v["depformer_dim_feedforward"] = json!(null);
+    })
+    .unwrap();
+    assert_eq!(derived.depformer_hidden_dim(), 2688);
+    assert_eq!(moshi_loader::config::gated_hidden_dim(64, 192), 128);
+}
