@@ -112,6 +112,20 @@ pub enum PositionalEmbedding {
     Rope,
     /// None (the depformer's).
     None,
+    /// Sinusoidal embeddings added to the input: Kyutai's default when the key is absent, not
+    /// implemented here (a config asking for it is refused).
+    Sin,
+}
+
+impl PositionalEmbedding {
+    /// The name in Kyutai's configs.
+    pub fn name(self) -> &'static str {
+        match self {
+            PositionalEmbedding::Rope => "rope",
+            PositionalEmbedding::None => "none",
+            PositionalEmbedding::Sin => "sin",
+        }
+    }
 }
 
 /// The sampling settings a config's `lm_gen_config` gives (Kyutai's `LMGen` keyword arguments,
@@ -176,7 +190,7 @@ pub struct LmConfig {
     pub depformer_max_period: f64,
     #[serde(default = "default_gating")]
     pub depformer_gating: Gating,
-    #[serde(default = "default_dep_pos_emb")]
+    #[serde(default = "default_pos_emb")]
     pub depformer_pos_emb: PositionalEmbedding,
     #[serde(default = "default_true")]
     pub depformer_weights_per_step: bool,
@@ -221,11 +235,11 @@ fn default_gating() -> Gating {
 fn default_norm() -> NormKind {
     NormKind::RmsNormF32
 }
+/// Kyutai's default of `positional_embedding` and `depformer_pos_emb` (`StreamingTransformer`,
+/// `LMModel`): sinusoidal, which [`LmConfig::validate`] refuses, so that a config omitting the
+/// key never runs a model other than the one Kyutai's code would build.
 fn default_pos_emb() -> PositionalEmbedding {
-    PositionalEmbedding::Rope
-}
-fn default_dep_pos_emb() -> PositionalEmbedding {
-    PositionalEmbedding::None
+    PositionalEmbedding::Sin
 }
 
 /// Hidden width of a SiLU-gated feed-forward of width `dim_feedforward` in a model of width
@@ -478,6 +492,18 @@ impl LmConfig {
                     key,
                     v.to_string(),
                     "the LM's canonical weights have no layer scale: null",
+                ));
+            }
+        }
+        for (key, pos) in [
+            ("positional_embedding", self.positional_embedding),
+            ("depformer_pos_emb", self.depformer_pos_emb),
+        ] {
+            if pos == PositionalEmbedding::Sin {
+                return Err(c.unsupported(
+                    key,
+                    pos.name().into(),
+                    "rope or none; sin, Kyutai's default when the key is absent, is not implemented",
                 ));
             }
         }

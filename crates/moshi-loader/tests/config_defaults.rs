@@ -159,3 +159,35 @@ fn gated_widths_follow_kyutai_activation_gating() {
     assert_eq!(derived.depformer_hidden_dim(), 2688);
     assert_eq!(moshi_loader::config::gated_hidden_dim(64, 192), 128);
 }
+
+#[test]
+fn absent_positional_embeddings_take_kyutai_default_sin_which_is_refused() {
+    for key in ["positional_embedding", "depformer_pos_emb"] {
+        for edit in [None, Some(json!("sin"))] {
+            let err = edited_7b(|v| match &edit {
+                Some(value) => v[key] = value.clone(),
+                None => {
+                    v.as_object_mut().unwrap().remove(key);
+                }
+            })
+            .unwrap_err()
+            .to_string();
+            assert!(
+                err.contains("edited-config.json")
+                    && err.contains(&format!("`{key}` is sin"))
+                    && err.contains("not implemented"),
+                "{key} {edit:?}: {err}"
+            );
+        }
+    }
+    // Kyutai's configs set both keys; the bundled ones still load.
+    let root = moshi_test_support::repo_root();
+    for path in [
+        "configs/moshiko-7b.json",
+        "configs/hibiki-m.json",
+        "assets/tiny-a/config.json",
+        "assets/tiny-hibiki/config.json",
+    ] {
+        LmConfig::from_file(root.join(path)).unwrap();
+    }
+}
