@@ -201,7 +201,8 @@ pub struct LmConfig {
     /// How the conditioners enter the model (Hibiki: `{"sum": ["description"]}`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fuser: Option<FuserConfig>,
-    /// `moshi` or `hibiki` (Kyutai's `model_type`); absent in Moshi's configs.
+    /// `moshi` or `hibiki` (Kyutai's `model_type`); absent in Moshi's configs. A conditioned
+    /// model must say `hibiki`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model_type: Option<String>,
     #[serde(default)]
@@ -287,14 +288,11 @@ impl LmConfig {
         !self.conditioners.is_empty()
     }
 
-    /// A speech translation model (Hibiki): `model_type` `hibiki`, or, without a `model_type`,
-    /// a conditioned model (Kyutai's `run_inference.py` runs conditioned models only as Hibiki).
-    /// Its input ends with an end-of-stream frame and it ends its output with EOS.
+    /// A speech translation model (Hibiki): `model_type` `hibiki` (a conditioned model must be
+    /// one: [`LmConfig::validate`]). Its input ends with an end-of-stream frame and it ends its
+    /// output with EOS.
     pub fn is_translation(&self) -> bool {
-        match self.model_type.as_deref() {
-            Some(t) => t == "hibiki",
-            None => self.is_conditioned(),
-        }
+        self.model_type.as_deref() == Some("hibiki")
     }
 
     /// The guidance coefficient of `lm_gen_config.cfg_coef`, else 1.0 (no guidance: Kyutai's
@@ -513,6 +511,18 @@ impl LmConfig {
 
         if let Err(reason) = validate_conditioning(&self.conditioners, self.fuser.as_ref()) {
             c.ensure(false, || reason)?;
+        }
+        if self.is_conditioned() && !self.is_translation() {
+            let got = match &self.model_type {
+                Some(t) => format!("{t:?}"),
+                None => "absent (Kyutai's default: \"moshi\")".to_string(),
+            };
+            return Err(c.unsupported(
+                "model_type",
+                got,
+                "a model with `conditioners` runs only as a translation model, \"hibiki\", \
+                 as in Kyutai's run_inference.py",
+            ));
         }
         self.validate_lm_gen_config(&c)?;
         self.refuse_lora(&c)?;
