@@ -43,7 +43,14 @@ fn issue_command_reproduces_the_official_guided_translation() {
     );
     let o = translate(
         &out,
-        &["--tokens-out", s(&tokens), "--profile", s(&profile)],
+        &[
+            "--max-tail-s",
+            "0.5",
+            "--tokens-out",
+            s(&tokens),
+            "--profile",
+            s(&profile),
+        ],
     );
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "moshi-rs file failed: {stderr}");
@@ -54,8 +61,9 @@ fn issue_command_reproduces_the_official_guided_translation() {
     assert_tokens_match_reference(&jsonl(&tokens), &reference);
     let max_lsb = assert_wav_within_lsb(&out, &hibiki().join("ref/output.wav"), 2);
     eprintln!("out.wav: max {max_lsb} LSB from ref/output.wav");
-    // Random weights never end their text: the default cap (0.5 s: 6 frames) ends the run, and
-    // the user is told the translation may be cut short.
+    // Random weights never end their text: the cap (0.5 s: 6 frames, the silence Kyutai's
+    // hibiki-rs appends, as in the reference) ends the run, and the user is told the translation
+    // may be cut short.
     assert!(stderr.contains("guidance coefficient 3"), "{stderr}");
     assert!(
         stderr.contains("no EOS") && stderr.contains("--max-tail-s"),
@@ -75,6 +83,23 @@ fn tail_flag_caps_the_silence_after_the_input() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(jsonl(&tokens).len(), 44 + 1 + 2);
     assert_eq!(read_i16(&out).len(), 47 * 1920);
+}
+
+#[test]
+fn default_tail_cap_leaves_a_lagging_translation_30_seconds_to_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, tokens) = (dir.path().join("out.wav"), dir.path().join("t.jsonl"));
+    let o = translate(&out, &["--tokens-out", s(&tokens)]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    // Random weights never return EOS: 44 returned input frames, the end of stream, 375 silence
+    // frames (30 s), then the warning.
+    assert_eq!(jsonl(&tokens).len(), 44 + 1 + 375);
+    assert_eq!(read_i16(&out).len(), 420 * 1920);
+    assert!(
+        stderr.contains("375 silence frames (30.00 s, --max-tail-s)"),
+        "{stderr}"
+    );
 }
 
 #[test]

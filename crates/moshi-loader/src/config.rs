@@ -65,6 +65,8 @@ pub mod limits {
     pub const MAX_CONDITIONER_DIM: usize = 4096;
     /// Classifier-free guidance coefficient (`lm_gen_config.cfg_coef`; Kyutai uses 1 to 4).
     pub const MAX_CFG_COEF: f64 = 1000.0;
+    /// Sampling temperature (`lm_gen_config.temp`, `temp_text`): the largest finite f32.
+    pub const MAX_TEMPERATURE: f64 = f32::MAX as f64;
 }
 
 use limits::*;
@@ -110,6 +112,37 @@ pub enum PositionalEmbedding {
     Rope,
     /// None (the depformer's).
     None,
+    /// Sinusoidal embeddings added to the input: Kyutai's default when the key is absent, not
+    /// implemented here (a config asking for it is refused).
+    Sin,
+}
+
+impl PositionalEmbedding {
+    /// The name in Kyutai's configs.
+    pub fn name(self) -> &'static str {
+        match self {
+            PositionalEmbedding::Rope => "rope",
+            PositionalEmbedding::None => "none",
+            PositionalEmbedding::Sin => "sin",
+        }
+    }
+}
+
+/// The sampling settings a config's `lm_gen_config` gives (Kyutai's `LMGen` keyword arguments,
+/// which replace `LMGen`'s defaults in `run_inference.py` and `moshi.server`); `None` where the
+/// config does not set one.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LmGenSampling {
+    /// `use_sampling`: `false` means argmax everywhere.
+    pub use_sampling: Option<bool>,
+    /// `temp`: the audio temperature.
+    pub temp_audio: Option<f32>,
+    /// `temp_text`.
+    pub temp_text: Option<f32>,
+    /// `top_k`: the audio top-k.
+    pub top_k_audio: Option<usize>,
+    /// `top_k_text`.
+    pub top_k_text: Option<usize>,
 }
 
 /// The LM hyper-parameters (`loaders._lm_kwargs` keys) plus the repo file names.
@@ -141,7 +174,10 @@ pub struct LmConfig {
     #[serde(default = "default_pos_emb")]
     pub positional_embedding: PositionalEmbedding,
     pub depformer_dim: usize,
-    pub depformer_dim_feedforward: usize,
+    /// The depformer's feed-forward width; absent or null: `int(hidden_scale * depformer_dim)`,
+    /// as Kyutai's `LMModel` (see [`LmConfig::depformer_feedforward`]).
+    #[serde(default)]
+    pub depformer_dim_feedforward: Option<usize>,
     pub depformer_num_heads: usize,
     pub depformer_num_layers: usize,
     #[serde(default)]
@@ -154,7 +190,7 @@ pub struct LmConfig {
     pub depformer_max_period: f64,
     #[serde(default = "default_gating")]
     pub depformer_gating: Gating,
-    #[serde(default = "default_dep_pos_emb")]
+    #[serde(default = "default_pos_emb")]
     pub depformer_pos_emb: PositionalEmbedding,
     #[serde(default = "default_true")]
     pub depformer_weights_per_step: bool,
@@ -165,7 +201,8 @@ pub struct LmConfig {
     /// How the conditioners enter the model (Hibiki: `{"sum": ["description"]}`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fuser: Option<FuserConfig>,
-    /// `moshi` or `hibiki` (Kyutai's `model_type`); absent in Moshi's configs.
+    /// `moshi` or `hibiki` (Kyutai's `model_type`); absent in Moshi's configs. A conditioned
+    /// model must say `hibiki`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model_type: Option<String>,
     #[serde(default)]
@@ -178,7 +215,8 @@ pub struct LmConfig {
     pub mimi_config_name: Option<String>,
     #[serde(default)]
     pub lm_gen_config: Option<serde_json::Value>,
-    /// Keys this engine does not know; kept and reported, never fatal.
+    /// Keys this engine does not know; kept and reported, never fatal (except a LoRA adapter,
+    /// refused by [`LmConfig::validate`]).
     #[serde(flatten)]
     pub unknown: BTreeMap<String, serde_json::Value>,
 }
@@ -198,21 +236,44 @@ fn default_gating() -> Gating {
 fn default_norm() -> NormKind {
     NormKind::RmsNormF32
 }
+/// Kyutai's default of `positional_embedding` and `depformer_pos_emb` (`StreamingTransformer`,
+/// `LMModel`): sinusoidal, which [`LmConfig::validate`] refuses, so that a config omitting the
+/// key never runs a model other than the one Kyutai's code would build.
 fn default_pos_emb() -> PositionalEmbedding {
-    PositionalEmbedding::Rope
+    PositionalEmbedding::Sin
 }
-fn default_dep_pos_emb() -> PositionalEmbedding {
-    PositionalEmbedding::None
+
+/// Hidden width of a SiLU-gated feed-forward of width `dim_feedforward` in a model of width
+/// `dim`, as Kyutai's `ActivationGating`: `21 * dim / 8` when `dim_feedforward == 4 * dim`, else
+/// `2 * dim_feedforward / 3` (rounded down).
+pub fn gated_hidden_dim(dim: usize, dim_feedforward: usize) -> usize {
+    if Some(dim_feedforward) == dim.checked_mul(4) {
+        dim.saturating_mul(21) / 8
+    } else {
+        dim_feedforward.saturating_mul(2) / 3
+    }
 }
 
 impl LmConfig {
-    /// Hidden width of the temporal SiLU-gated FFN (11264 for the 7B): `2 * int(hidden_scale * dim) / 3`.
-    pub fn hidden_dim(&self) -> usize {
-        ((self.hidden_scale * self.dim as f64) as usize).saturating_mul(2) / 3
+    /// The temporal transformer's feed-forward width, `int(hidden_scale * dim)` (16896 for the 7B).
+    pub fn feedforward(&self) -> usize {
+        (self.hidden_scale * self.dim as f64) as usize
     }
-    /// Hidden width of the depformer FFN (2816 for the 7B): `2 * depformer_dim_feedforward / 3`.
+    /// The depformer's feed-forward width: `depformer_dim_feedforward`, else
+    /// `int(hidden_scale * depformer_dim)` (4224 for the 7B).
+    pub fn depformer_feedforward(&self) -> usize {
+        self.depformer_dim_feedforward
+            .unwrap_or((self.hidden_scale * self.depformer_dim as f64) as usize)
+    }
+    /// Hidden width of the temporal SiLU-gated FFN (11264 for the 7B): [`gated_hidden_dim`] of
+    /// `dim` and [`LmConfig::feedforward`].
+    pub fn hidden_dim(&self) -> usize {
+        gated_hidden_dim(self.dim, self.feedforward())
+    }
+    /// Hidden width of the depformer FFN (2816 for the 7B): [`gated_hidden_dim`] of
+    /// `depformer_dim` and [`LmConfig::depformer_feedforward`].
     pub fn depformer_hidden_dim(&self) -> usize {
-        self.depformer_dim_feedforward.saturating_mul(2) / 3
+        gated_hidden_dim(self.depformer_dim, self.depformer_feedforward())
     }
     /// Number of audio codebooks of the user stream (n_q - dep_q).
     pub fn user_codebooks(&self) -> usize {
@@ -227,14 +288,11 @@ impl LmConfig {
         !self.conditioners.is_empty()
     }
 
-    /// A speech translation model (Hibiki): `model_type` `hibiki`, or, without a `model_type`,
-    /// a conditioned model (Kyutai's `run_inference.py` runs conditioned models only as Hibiki).
-    /// Its input ends with an end-of-stream frame and it ends its output with EOS.
+    /// A speech translation model (Hibiki): `model_type` `hibiki` (a conditioned model must be
+    /// one: [`LmConfig::validate`]). Its input ends with an end-of-stream frame and it ends its
+    /// output with EOS.
     pub fn is_translation(&self) -> bool {
-        match self.model_type.as_deref() {
-            Some(t) => t == "hibiki",
-            None => self.is_conditioned(),
-        }
+        self.model_type.as_deref() == Some("hibiki")
     }
 
     /// The guidance coefficient of `lm_gen_config.cfg_coef`, else 1.0 (no guidance: Kyutai's
@@ -245,6 +303,97 @@ impl LmConfig {
             .and_then(|g| g.get("cfg_coef"))
             .and_then(serde_json::Value::as_f64)
             .map_or(1.0, |c| c as f32)
+    }
+
+    /// The sampling settings of `lm_gen_config` (checked by [`LmConfig::validate`]).
+    pub fn lm_gen_sampling(&self) -> LmGenSampling {
+        let get = |key: &str| self.lm_gen_config.as_ref().and_then(|g| g.get(key));
+        let temperature = |key: &str| {
+            get(key)
+                .and_then(serde_json::Value::as_f64)
+                .map(|t| t as f32)
+        };
+        let top_k = |key: &str| {
+            get(key)
+                .and_then(serde_json::Value::as_u64)
+                .and_then(|k| usize::try_from(k).ok())
+        };
+        LmGenSampling {
+            use_sampling: get("use_sampling").and_then(serde_json::Value::as_bool),
+            temp_audio: temperature("temp"),
+            temp_text: temperature("temp_text"),
+            top_k_audio: top_k("top_k"),
+            top_k_text: top_k("top_k_text"),
+        }
+    }
+
+    /// Checks the values of `lm_gen_config`: an object whose `cfg_coef`, temperatures, top-k
+    /// and `use_sampling` (each optional) have the types and ranges `LMGen` takes.
+    fn validate_lm_gen_config(&self, c: &ConfigChecker) -> Result<()> {
+        let Some(gen) = &self.lm_gen_config else {
+            return Ok(());
+        };
+        c.ensure(gen.is_object(), || {
+            format!("`lm_gen_config` must be an object of generation settings, got {gen}")
+        })?;
+        if let Some(v) = gen.get("cfg_coef") {
+            match v.as_f64() {
+                Some(coef) => c.real(
+                    "lm_gen_config.cfg_coef",
+                    coef,
+                    f64::MIN_POSITIVE,
+                    MAX_CFG_COEF,
+                )?,
+                None => c.ensure(false, || {
+                    format!("lm_gen_config.cfg_coef must be a number, got {v}")
+                })?,
+            }
+        }
+        for key in ["temp", "temp_text"] {
+            if let Some(v) = gen.get(key) {
+                let key = format!("lm_gen_config.{key}");
+                match v.as_f64() {
+                    Some(t) => c.real(&key, t, 0.0, MAX_TEMPERATURE)?,
+                    None => c.ensure(false, || {
+                        format!("{key} must be a temperature (a number >= 0), got {v}")
+                    })?,
+                }
+            }
+        }
+        for key in ["top_k", "top_k_text"] {
+            if let Some(v) = gen.get(key) {
+                let ok = v.as_u64().is_some_and(|k| usize::try_from(k).is_ok());
+                c.ensure(ok, || {
+                    format!("lm_gen_config.{key} must be a whole number >= 0 (a top-k), got {v}")
+                })?;
+            }
+        }
+        if let Some(v) = gen.get("use_sampling") {
+            c.ensure(v.is_boolean(), || {
+                format!("lm_gen_config.use_sampling must be true or false, got {v}")
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Refuses a LoRA fine-tune (`lora: true`, or an adapter named by `lora_name`): Kyutai's
+    /// loader adds the adapter to the base weights, which this engine does not, so running it
+    /// would silently give the untuned base model. `lora: false` (and `lora_rank`,
+    /// `lora_scaling`, which then do nothing) is accepted.
+    fn refuse_lora(&self, c: &ConfigChecker) -> Result<()> {
+        const SUPPORTED: &str = "LoRA adapters are not supported: use a checkpoint with the \
+                                 adapter merged into the weights, and `lora` false or absent";
+        if let Some(v) = self.unknown.get("lora") {
+            if !matches!(v, serde_json::Value::Bool(false) | serde_json::Value::Null) {
+                return Err(c.unsupported("lora", v.to_string(), SUPPORTED));
+            }
+        }
+        if let Some(v) = self.unknown.get("lora_name") {
+            if !v.is_null() {
+                return Err(c.unsupported("lora_name", v.to_string(), SUPPORTED));
+            }
+        }
+        Ok(())
     }
 
     /// Parses a config from JSON text and validates it; `origin` names the file in errors.
@@ -287,7 +436,7 @@ impl LmConfig {
         )?;
         c.count(
             "depformer_dim_feedforward",
-            self.depformer_dim_feedforward,
+            self.depformer_feedforward(),
             2,
             MAX_FEEDFORWARD,
         )?;
@@ -344,6 +493,18 @@ impl LmConfig {
                 ));
             }
         }
+        for (key, pos) in [
+            ("positional_embedding", self.positional_embedding),
+            ("depformer_pos_emb", self.depformer_pos_emb),
+        ] {
+            if pos == PositionalEmbedding::Sin {
+                return Err(c.unsupported(
+                    key,
+                    pos.name().into(),
+                    "rope or none; sin, Kyutai's default when the key is absent, is not implemented",
+                ));
+            }
+        }
         if !self.causal {
             return Err(c.unsupported("causal", "false".into(), "a streaming LM is causal: true"));
         }
@@ -351,19 +512,20 @@ impl LmConfig {
         if let Err(reason) = validate_conditioning(&self.conditioners, self.fuser.as_ref()) {
             c.ensure(false, || reason)?;
         }
-        if let Some(v) = self.lm_gen_config.as_ref().and_then(|g| g.get("cfg_coef")) {
-            match v.as_f64() {
-                Some(coef) => c.real(
-                    "lm_gen_config.cfg_coef",
-                    coef,
-                    f64::MIN_POSITIVE,
-                    MAX_CFG_COEF,
-                )?,
-                None => c.ensure(false, || {
-                    format!("lm_gen_config.cfg_coef must be a number, got {v}")
-                })?,
-            }
+        if self.is_conditioned() && !self.is_translation() {
+            let got = match &self.model_type {
+                Some(t) => format!("{t:?}"),
+                None => "absent (Kyutai's default: \"moshi\")".to_string(),
+            };
+            return Err(c.unsupported(
+                "model_type",
+                got,
+                "a model with `conditioners` runs only as a translation model, \"hibiki\", \
+                 as in Kyutai's run_inference.py",
+            ));
         }
+        self.validate_lm_gen_config(&c)?;
+        self.refuse_lora(&c)?;
 
         c.ensure(self.delays.len() == self.n_q + 1, || {
             format!(

@@ -262,7 +262,11 @@ impl MimiConfig {
             return Err(c.unsupported("norm", t.norm.name().into(), "layer_norm"));
         }
         if t.positional_embedding != PositionalEmbedding::Rope {
-            return Err(c.unsupported("positional_embedding", "none".into(), "rope"));
+            return Err(c.unsupported(
+                "positional_embedding",
+                t.positional_embedding.name().into(),
+                "rope",
+            ));
         }
         c.count("num_heads", t.num_heads, 1, MAX_HEADS)?;
         c.count("num_layers", t.num_layers, 0, MAX_LAYERS)?;

@@ -494,7 +494,10 @@ fn config_values_out_of_range_name_key_value_and_limit() {
         (
             "positional_embedding",
             "sin".into(),
-            &["config key `positional_embedding`", "unknown variant `sin`"],
+            &[
+                "config key `positional_embedding` is sin",
+                "does not support",
+            ],
         ),
         (
             "num_heads",

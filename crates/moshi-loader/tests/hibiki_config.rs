@@ -47,12 +47,33 @@ fn hibiki_m_config_has_kyutai_published_shapes() {
 }
 
 #[test]
-fn conditioned_config_without_model_type_is_a_translation_model() {
+fn a_conditioned_config_must_be_a_hibiki_model() {
     let cfg = hibiki_config();
-    assert_eq!(cfg.model_type, None);
+    assert_eq!(cfg.model_type.as_deref(), Some("hibiki"));
     assert!(cfg.is_translation());
     assert!(!LmConfig::moshiko_7b().is_translation());
     assert!(!LmConfig::moshiko_7b().is_conditioned());
+    // Kyutai's run_inference.py refuses a conditioned model that is not Hibiki (an absent
+    // model_type is "moshi"), and only Hibiki reads an EOS input as PAD: no third behaviour.
+    for (model_type, got) in [
+        (None, "absent (Kyutai's default: \"moshi\")"),
+        (Some("moshi"), "\"moshi\""),
+    ] {
+        let err = edited(|v| match model_type {
+            Some(t) => v["model_type"] = serde_json::json!(t),
+            None => {
+                v.as_object_mut().unwrap().remove("model_type");
+            }
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("edited-config.json")
+                && err.contains(&format!("`model_type` is {got}"))
+                && err.contains("hibiki"),
+            "{err}"
+        );
+    }
 }
 
 /// The tiny-hibiki config with `edit` applied, parsed.

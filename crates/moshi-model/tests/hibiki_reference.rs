@@ -260,12 +260,22 @@ fn conditioner_vectors_follow_the_lut_and_the_learnt_padding() {
 #[test]
 fn eos_input_reads_as_pad_for_model_type_hibiki_only() {
     // Kyutai's loader copies PAD's text embedding row (3) over EOS's (2) for model_type "hibiki":
-    // an EOS sampled before the end of the input is fed back as a pause.
+    // an EOS sampled before the end of the input is fed back as a pause. A conditioned config
+    // must be Hibiki, so the other case is the unconditioned tiny-a (no model_type: Moshi).
     let text_logits_after = |model_type: Option<&str>, text: u32| {
-        let mut cfg = tiny_config();
+        let fixture = if model_type == Some("hibiki") {
+            "tiny-hibiki"
+        } else {
+            "tiny-a"
+        };
+        let mut cfg = common::fixture_config(fixture);
         cfg.model_type = model_type.map(str::to_string);
-        let weights =
-            load_lm_weights(&asset("model.safetensors"), &cfg, WeightMode::Native).unwrap();
+        let weights = load_lm_weights(
+            &common::fixture(fixture, "model.safetensors"),
+            &cfg,
+            WeightMode::Native,
+        )
+        .unwrap();
         let mut lm = LmModel::load(&cfg, weights).unwrap();
         let mut tokens = vec![64u32; 17];
         tokens[0] = text;

@@ -52,14 +52,15 @@ pub struct FileArgs {
     pub profile: Option<PathBuf>,
     /// Translation models (Hibiki) only: after the input's end-of-stream frame, silence is fed
     /// until the model ends its text (EOS), for at most this many seconds (whole 80 ms frames).
-    /// Default 0.5 (6 frames, the silence Kyutai's hibiki-rs appends); a real model may need
-    /// several seconds to finish its last sentence.
+    /// Default 30 (375 frames): Kyutai's `run_inference.py` feeds silence until EOS without a
+    /// cap, and a translation lags the speech by a few seconds; the cap only ends a run whose
+    /// model never returns EOS.
     #[arg(long, value_name = "SECONDS")]
     pub max_tail_s: Option<f64>,
 }
 
 /// Default of `--max-tail-s`.
-pub const DEFAULT_MAX_TAIL_S: f64 = 0.5;
+pub const DEFAULT_MAX_TAIL_S: f64 = 30.0;
 
 /// Whole 80 ms frames in `seconds` (`--max-tail-s`), refusing what is not a finite number >= 0
 /// or more than an hour.
@@ -347,7 +348,7 @@ fn translate(
         ),
         TranslationEnd::TailCapReached { tail_frames } => eprintln!(
             "\nwarning: the model had not ended its text (no EOS) after {tail_frames} silence frames \
-             ({:.2} s, --max-tail-s); the translation may be cut short: raise --max-tail-s (e.g. 10)",
+             ({:.2} s, --max-tail-s); the translation may be cut short: raise --max-tail-s (e.g. 60)",
             tail_frames as f64 * moshi_runtime::FRAME_MS / 1e3
         ),
     }

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use moshi_loader::input_file::{check_input_file, InputKind};
-use moshi_loader::{ModelSource, ResolvedModel, SourceOverrides, WeightMode};
+use moshi_loader::{LmConfig, ModelSource, ResolvedModel, SourceOverrides, WeightMode};
 use moshi_model::generator::SamplingConfig;
 use moshi_model::mimi::MimiWeights;
 use moshi_model::nn::KvPrecision;
@@ -92,35 +92,37 @@ impl QuantizeLevel {
     }
 }
 
-/// Sampling options (defaults: the official ones).
+/// Sampling options. Each one left out takes the model config's `lm_gen_config` value (as
+/// Kyutai's `run_inference.py` and `moshi.server` do), else the official `LMGen` default.
 #[derive(clap::Args, Debug, Clone)]
 pub struct SamplingArgs {
-    /// Audio sampling temperature (finite, >= 0; 0 picks the most probable code).
+    /// Audio sampling temperature (finite, >= 0; 0 picks the most probable code). Default: the
+    /// config's `lm_gen_config.temp`, else 0.8.
     #[arg(
         long,
-        default_value_t = 0.8,
         allow_negative_numbers = true,
         value_parser = super::flag_values::temperature
     )]
-    pub temp: f32,
-    /// Text sampling temperature (finite, >= 0; 0 picks the most probable token).
+    pub temp: Option<f32>,
+    /// Text sampling temperature (finite, >= 0; 0 picks the most probable token). Default: the
+    /// config's `lm_gen_config.temp_text`, else 0.7.
     #[arg(
         long,
-        default_value_t = 0.7,
         allow_negative_numbers = true,
         value_parser = super::flag_values::temperature
     )]
-    pub temp_text: f32,
-    /// Audio top-k.
-    #[arg(long, default_value_t = 250)]
-    pub top_k: usize,
-    /// Text top-k.
-    #[arg(long, default_value_t = 25)]
-    pub top_k_text: usize,
+    pub temp_text: Option<f32>,
+    /// Audio top-k. Default: the config's `lm_gen_config.top_k`, else 250.
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    /// Text top-k. Default: the config's `lm_gen_config.top_k_text`, else 25.
+    #[arg(long)]
+    pub top_k_text: Option<usize>,
     /// Random seed.
     #[arg(long, default_value_t = 4242)]
     pub seed: u64,
-    /// Argmax everywhere (deterministic, ignores temperatures and seed).
+    /// Argmax everywhere (deterministic, ignores temperatures and seed). Also the default when
+    /// the config's `lm_gen_config.use_sampling` is false.
     #[arg(long)]
     pub greedy: bool,
     /// Classifier-free guidance of a conditioned model (Hibiki): logits mixed as
@@ -132,14 +134,30 @@ pub struct SamplingArgs {
 }
 
 impl SamplingArgs {
-    pub fn config(&self) -> SamplingConfig {
+    /// The sampling in force for a model whose config is `lm`: each flag given, else the
+    /// config's `lm_gen_config` value, else the built-in (official) default.
+    pub fn config(&self, lm: &LmConfig) -> SamplingConfig {
+        let from_config = lm.lm_gen_sampling();
+        let builtin = SamplingConfig::default();
         SamplingConfig {
-            temp_text: self.temp_text,
-            top_k_text: self.top_k_text,
-            temp_audio: self.temp,
-            top_k_audio: self.top_k,
+            temp_text: self
+                .temp_text
+                .or(from_config.temp_text)
+                .unwrap_or(builtin.temp_text),
+            top_k_text: self
+                .top_k_text
+                .or(from_config.top_k_text)
+                .unwrap_or(builtin.top_k_text),
+            temp_audio: self
+                .temp
+                .or(from_config.temp_audio)
+                .unwrap_or(builtin.temp_audio),
+            top_k_audio: self
+                .top_k
+                .or(from_config.top_k_audio)
+                .unwrap_or(builtin.top_k_audio),
             seed: self.seed,
-            greedy: self.greedy,
+            greedy: self.greedy || from_config.use_sampling == Some(false),
         }
     }
 }
@@ -199,7 +217,8 @@ impl ModelArgs {
         self.kv_cache.unwrap_or(default)
     }
 
-    /// Resolves and loads the whole pipeline with `sampling`'s settings (guidance included) and
+    /// Resolves and loads the whole pipeline with `sampling`'s settings (guidance included; each
+    /// one not given on the command line from the config's `lm_gen_config`) and
     /// `--kv-cache` or the command's `default_kv_cache`, and declares the kernels' workload for
     /// up to `sessions` sessions stepped together (before any product runs).
     pub fn load_pipeline(
@@ -236,8 +255,8 @@ impl ModelArgs {
     ) -> anyhow::Result<(ResolvedModel, MoshiPipeline)> {
         self.check_load_flags(sampling)?;
         let mode = self.weight_mode()?;
-        let mut pipeline =
-            MoshiPipeline::load(&model, sampling.config(), mode).with_context(|| {
+        let mut pipeline = MoshiPipeline::load(&model, sampling.config(&model.lm_config), mode)
+            .with_context(|| {
                 format!("loading the model from {}", model.lm_weights_path.display())
             })?;
         if let Some(c) = sampling.cfg_coef {
@@ -252,5 +271,62 @@ impl ModelArgs {
         pipeline.set_kv_precision(self.kv_cache_or(default_kv_cache));
         super::declare_workload(sessions * pipeline.rows_per_session());
         Ok((model, pipeline))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        sampling: SamplingArgs,
+    }
+
+    fn sampling_args(flags: &[&str]) -> SamplingArgs {
+        Cli::try_parse_from(std::iter::once("moshi-rs").chain(flags.iter().copied()))
+            .unwrap()
+            .sampling
+    }
+
+    fn config_with_lm_gen(gen: serde_json::Value) -> LmConfig {
+        let mut v: serde_json::Value =
+            serde_json::from_str(moshi_loader::config::MOSHIKO_7B_JSON).unwrap();
+        v["lm_gen_config"] = gen;
+        LmConfig::from_json_str(&v.to_string(), std::path::Path::new("config.json")).unwrap()
+    }
+
+    #[test]
+    fn without_flags_or_lm_gen_config_the_official_defaults_apply() {
+        let s = sampling_args(&[]).config(&LmConfig::moshiko_7b());
+        assert_eq!(s, SamplingConfig::default());
+    }
+
+    #[test]
+    fn lm_gen_config_changes_the_defaults_and_flags_override_it() {
+        let lm = config_with_lm_gen(serde_json::json!({
+            "temp": 0.6, "temp_text": 0.4, "top_k": 100, "top_k_text": 10
+        }));
+        let s = sampling_args(&[]).config(&lm);
+        assert_eq!(
+            (
+                s.temp_audio,
+                s.temp_text,
+                s.top_k_audio,
+                s.top_k_text,
+                s.greedy
+            ),
+            (0.6, 0.4, 100, 10, false)
+        );
+        let s = sampling_args(&["--temp", "0.9", "--top-k-text", "3"]).config(&lm);
+        assert_eq!(
+            (s.temp_audio, s.temp_text, s.top_k_audio, s.top_k_text),
+            (0.9, 0.4, 100, 3)
+        );
+        let greedy = config_with_lm_gen(serde_json::json!({"use_sampling": false}));
+        assert!(sampling_args(&[]).config(&greedy).greedy);
+        assert!(sampling_args(&["--greedy"]).config(&lm).greedy);
     }
 }

@@ -111,10 +111,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
 
     let load_started = Instant::now();
-    let sampling = args.sampling.config();
     let (model, mut pipeline) =
         args.model
             .load_pipeline(&args.sampling, LIVE_KV_CACHE, args.max_sessions)?;
+    // The flags' settings over the config's `lm_gen_config`: each session's starting point.
+    let sampling = pipeline.sampling().clone();
     pipeline.warm_up().context("warm-up frame")?;
     let pipeline_cfg_coef = pipeline.cfg_coef();
     eprintln!(
