@@ -11,7 +11,7 @@
 //! only bumps a counter (and a flag when the device is gone): ALSA can report thousands of
 //! errors per xrun, so nothing is logged there; the console reports the counts, rate-limited.
 //!
-//! The streams are built, played and dropped on their own thread ([`StreamOwner`]): dropping a
+//! The streams are built, played and dropped on their own thread (`StreamOwner`): dropping a
 //! stream on a lost device can block forever, and [`CpalBackend::stop`] waits a bounded time.
 
 use std::sync::atomic::Ordering;
