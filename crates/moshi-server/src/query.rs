@@ -55,7 +55,7 @@ impl SessionRequest {
             .iter()
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
-        let greedy_note = "the server runs greedy (--greedy): argmax everywhere";
+        let greedy_note = "the server runs greedy (--greedy, or use_sampling: false in the model config's lm_gen_config): argmax everywhere";
         for (&key, &value) in &last {
             match key {
                 "text_temperature" | "audio_temperature" | "text_topk" | "audio_topk"
