@@ -328,24 +328,7 @@ mod stream_tests {
         ] {
             let batch = resample_to(&signal, from, to).unwrap();
             let mut stream = StreamResampler::new(from, to, chunk, 8192).unwrap();
-            let mut got = Vec::new();
-            let mut buf = vec![0f32; 777];
-            let mut i = 0;
-            for step in [1usize, 2, 3, 500, 1023, 1024, 1025].iter().cycle() {
-                if i >= signal.len() {
-                    break;
-                }
-                let end = (i + step).min(signal.len());
-                stream.push(&signal[i..end]).unwrap();
-                i = end;
-                loop {
-                    let n = stream.pop_into(&mut buf);
-                    if n == 0 {
-                        break;
-                    }
-                    got.extend_from_slice(&buf[..n]);
-                }
-            }
+            let got = stream_in_steps(&mut stream, &signal, &[1, 2, 3, 500, 1023, 1024, 1025], 777);
             // The stream holds back the incomplete last chunk that the batch zero-pads.
             let max_tail = stream_tail_bound(from, to, chunk);
             assert!(
@@ -361,6 +344,35 @@ mod stream_tests {
         let mut out = vec![0f32; 100];
         assert_eq!(same.pop_into(&mut out), 100);
         assert_eq!(&out[..], &signal[..100]);
+    }
+
+    /// `signal` pushed through `stream` in pieces of `steps` (cycled), everything available
+    /// popped after each push in pieces of at most `pop_len`.
+    fn stream_in_steps(
+        stream: &mut StreamResampler,
+        signal: &[f32],
+        steps: &[usize],
+        pop_len: usize,
+    ) -> Vec<f32> {
+        let mut got = Vec::new();
+        let mut buf = vec![0f32; pop_len];
+        let mut i = 0;
+        for step in steps.iter().cycle() {
+            if i >= signal.len() {
+                break;
+            }
+            let end = (i + step).min(signal.len());
+            stream.push(&signal[i..end]).unwrap();
+            i = end;
+            loop {
+                let n = stream.pop_into(&mut buf);
+                if n == 0 {
+                    break;
+                }
+                got.extend_from_slice(&buf[..n]);
+            }
+        }
+        got
     }
 
     /// Every whole `chunk` of `signal` through one `FftFixedIn` in a single pass (the partial
@@ -387,25 +399,13 @@ mod stream_tests {
         for (from, to, chunk) in input_side.into_iter().chain(output_side) {
             let batch = batch_at_chunk(&signal, from, to, chunk);
             let mut stream = StreamResampler::new(from, to, chunk, 16_384).unwrap();
-            let mut got = Vec::new();
-            let mut buf = vec![0f32; 1000];
-            let mut i = 0;
             // Device callback sizes and whole 80 ms frames.
-            for step in [441usize, 960, 1920, 1, 240, 480, 7].iter().cycle() {
-                if i >= signal.len() {
-                    break;
-                }
-                let end = (i + step).min(signal.len());
-                stream.push(&signal[i..end]).unwrap();
-                i = end;
-                loop {
-                    let n = stream.pop_into(&mut buf);
-                    if n == 0 {
-                        break;
-                    }
-                    got.extend_from_slice(&buf[..n]);
-                }
-            }
+            let got = stream_in_steps(
+                &mut stream,
+                &signal,
+                &[441, 960, 1920, 1, 240, 480, 7],
+                1000,
+            );
             assert_eq!(got.len(), batch.len(), "{from}->{to} chunk {chunk}");
             assert_eq!(got, batch, "{from}->{to} chunk {chunk}");
         }
