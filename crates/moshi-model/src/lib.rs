@@ -4,6 +4,7 @@
 
 mod error;
 pub mod generator;
+pub mod kind;
 pub mod lm;
 pub mod mimi;
 pub mod nn;

@@ -1,28 +1,29 @@
-//! The real Moshi frame processor: Mimi encode -> LM generator step -> Mimi decode, plus the
-//! incremental text decoder, as one [`FrameProcessor`] used by both `moshi-rs file` and
-//! `moshi-rs chat`.
+//! The Moshi family as one model and many sessions: [`MoshiModel`] is immutable (the LM, Mimi's
+//! weights, the tokenizer, the model type's conventions) and shared by `Arc`; each conversation
+//! is a [`MoshiSession`] its caller owns (the LM session with its guidance row, sampling and
+//! RNG, Mimi's encoder and decoder states, the text decoder). [`MoshiModel::step`] runs one
+//! frame of any number of sessions: Mimi encode -> one batched LM step -> Mimi decode, the
+//! weights read once for all of them, each session's output the bits it gets alone. `file`,
+//! `chat`, `serve` and `bench` all drive that call; [`MoshiPipeline`] is a model and one session
+//! as the engine's [`FrameProcessor`] (a batch of one).
 //!
-//! Convention (moshi/run_inference.py, MANIFEST.md "LM (LMGen, ...)"): the first user frame is
-//! fed to the generator twice, so that T frames in give T frames out and output frame i answers
-//! input frames 0..=i. Chat uses the same processor, so a live session reproduces file mode
-//! exactly for the same input and seed. With a config whose max delay is above 1, the first
-//! outputs are silence until the generator returns frames.
-//!
-//! A translation model (Hibiki) is conditioned as `run_inference.py` conditions it
-//! (`description` = `very_good`, guidance against `very_bad`); its end of input is one frame of
-//! user codes all equal to `card` ([`MoshiPipeline::process_end_of_input`]), then silence until
-//! it ends its text with EOS.
-//!
-//! Sessions share weights: a clone is a new session over the same `Arc`'d LM and Mimi weights,
-//! and [`MoshiPipeline::process_frames`] runs one frame of several sessions with one batched LM
-//! step (the weights read once for all of them), each session's output the same as alone.
+//! Conventions come from the model type ([`moshi_model::kind`]): the first user frame is fed to
+//! the LM twice (`run_inference.py`: T frames in give T frames out, output frame i answering
+//! input frames 0..=i); a translation model (Hibiki) is conditioned on `very_good`, guided
+//! against `very_bad`, and its input ends with one end-of-stream frame
+//! ([`FrameInput::EndOfInput`]), then silence until its text returns EOS. With a config whose
+//! max delay is above 1, the first outputs are silence until the generator returns frames.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use moshi_loader::tokenizer::{IncrementalDecoder, TextTokenizer};
-use moshi_loader::{load_lm_weights, load_mimi_weights, ResolvedModel, WeightMode};
-use moshi_model::generator::{GeneratedFrame, Generator, SamplingConfig, StepInput};
-use moshi_model::lm::{LmModel, LmScratch};
+use moshi_loader::{load_lm_weights, load_mimi_weights, LmConfig, ResolvedModel, WeightMode};
+use moshi_model::generator::{
+    Conditioning, GeneratedFrame, Generator, LmSession, LmSessionSettings, SamplingConfig,
+    StepInput,
+};
+use moshi_model::kind::{Conventions, ModelKind};
 use moshi_model::mimi::{Mimi, MimiWeights};
 use moshi_model::nn::KvPrecision;
 
@@ -30,28 +31,58 @@ use crate::engine::{FrameOutput, FrameProcessor, FrameTokens};
 use crate::metrics::StageTimings;
 use crate::{Result, RuntimeError, FRAME_SAMPLES};
 
-/// LM steps the first frame takes, as Kyutai's `run_inference.py` does: the first one only fills
-/// the acoustic delays. Every later frame takes one.
-pub const FIRST_FRAME_LM_STEPS: usize = 2;
+/// What a session is made with.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SessionSettings {
+    pub sampling: SamplingConfig,
+    /// The LM's temporal KV caches in f32 (exact) or bf16 (half the memory and the bytes read
+    /// per frame late in a conversation).
+    pub kv_precision: KvPrecision,
+    /// Classifier-free guidance coefficient of a conditioned model; `None`: the config's
+    /// `lm_gen_config.cfg_coef`, else 1 (no guidance). Other than 1 on a model without
+    /// conditioners is an error.
+    pub cfg_coef: Option<f32>,
+}
 
-/// What a translation model (Hibiki) is conditioned on (`run_inference.py`, model_type "hibiki").
-pub const TRANSLATION_CONDITIONS: &[(&str, &str)] = &[("description", "very_good")];
-/// The negative row of guidance for a translation model.
-pub const TRANSLATION_NEGATIVE_CONDITIONS: &[(&str, &str)] = &[("description", "very_bad")];
+impl SessionSettings {
+    /// `sampling`, f32 KV caches, the config's guidance.
+    pub fn with_sampling(sampling: SamplingConfig) -> Self {
+        Self {
+            sampling,
+            kv_precision: KvPrecision::F32,
+            cfg_coef: None,
+        }
+    }
+}
 
-/// Moshi as a frame processor. A clone is another session over the same weights (its own
-/// streaming state, the LM and Mimi weights shared).
-#[derive(Clone)]
-pub struct MoshiPipeline {
+/// What a session feeds one step.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum FrameInput<'a> {
+    /// One frame of the user's audio (24 kHz mono, [`FRAME_SAMPLES`] samples).
+    Pcm(&'a [f32]),
+    /// The end of a translated stream (Hibiki): one LM step on user codes all equal to `card`,
+    /// no audio consumed. Feed silence after it until the text returns
+    /// [`MoshiModel::eos_text_id`].
+    EndOfInput,
+}
+
+/// One model of the Moshi family, immutable once built; share it by `Arc`.
+pub struct MoshiModel {
+    lm: Generator,
+    /// A fresh Mimi stream: each session's is a clone (its own states over the shared weights).
     mimi: Mimi,
-    generator: Generator,
-    text: IncrementalDecoder,
+    tokenizer: TextTokenizer,
     user_codebooks: usize,
+}
+
+/// One conversation over a [`MoshiModel`], owned by its caller.
+#[derive(Clone)]
+pub struct MoshiSession {
+    settings: SessionSettings,
+    lm: LmSession,
+    mimi: Mimi,
+    text: IncrementalDecoder,
     frames_in: u64,
-    /// The tokenizer's end-of-sequence id (a translation model ends its text with it).
-    eos_text_id: Option<u32>,
-    /// Buffers of this session's LM steps when it steps alone.
-    lm_scratch: LmScratch,
 }
 
 /// Milliseconds since `t0`.
@@ -59,23 +90,24 @@ fn ms_since(t0: Instant) -> f64 {
     t0.elapsed().as_secs_f64() * 1e3
 }
 
-impl MoshiPipeline {
-    /// Loads Mimi, the LM and the tokenizer of a resolved model.
-    pub fn load(model: &ResolvedModel, sampling: SamplingConfig, mode: WeightMode) -> Result<Self> {
-        sampling.validate()?;
+impl MoshiModel {
+    /// Loads Mimi, the LM and the tokenizer of a resolved model; Mimi's products in `mimi`'s
+    /// precision.
+    pub fn load(model: &ResolvedModel, mode: WeightMode, mimi: MimiWeights) -> Result<Self> {
         let cfg = &model.lm_config;
         let weights = load_lm_weights(&model.lm_weights_path, cfg, mode)?;
-        let lm = LmModel::load(cfg, weights)?;
+        let lm = Generator::load(cfg, weights)?;
         let num_codebooks = cfg.dep_q.max(cfg.user_codebooks());
         let mimi_weights = load_mimi_weights(&model.mimi_weights_path, num_codebooks)?;
-        let mimi = Mimi::load(&model.mimi_config, mimi_weights, num_codebooks)?;
+        let mut mimi_stream = Mimi::load(&model.mimi_config, mimi_weights, num_codebooks)?;
+        mimi_stream.set_weights(mimi);
         let tokenizer = TextTokenizer::from_file(&model.tokenizer_path)?;
-        Self::from_parts(mimi, Generator::new(lm, sampling), &tokenizer)
+        Self::from_parts(mimi_stream, lm, tokenizer)
     }
 
-    /// Builds the pipeline from loaded parts.
-    pub fn from_parts(mimi: Mimi, generator: Generator, tokenizer: &TextTokenizer) -> Result<Self> {
-        let cfg = generator.model().config();
+    /// Builds the model from loaded parts (`mimi` a fresh stream, its weight precision set).
+    pub fn from_parts(mimi: Mimi, lm: Generator, tokenizer: TextTokenizer) -> Result<Self> {
+        let cfg = lm.config();
         let user_codebooks = cfg.user_codebooks();
         if mimi.num_codebooks() < user_codebooks || mimi.num_codebooks() < cfg.dep_q {
             return Err(RuntimeError::CodebooksMismatch {
@@ -90,160 +122,139 @@ impl MoshiPipeline {
                 got: mimi.frame_size_samples(),
             });
         }
-        let mut pipeline = Self {
+        Ok(Self {
+            lm,
             mimi,
-            generator,
-            text: tokenizer.incremental_decoder(),
+            tokenizer,
             user_codebooks,
-            frames_in: 0,
-            eos_text_id: tokenizer.eos_id(),
-            lm_scratch: LmScratch::default(),
-        };
-        let cfg_coef = pipeline.generator.model().config().default_cfg_coef();
-        pipeline.set_cfg_coef(cfg_coef)?;
-        Ok(pipeline)
+        })
     }
 
-    /// Classifier-free guidance coefficient of a conditioned model (1 = none, the default unless
-    /// the config's `lm_gen_config.cfg_coef` says otherwise; Kyutai suggests 3 for Hibiki).
-    /// Conditions a translation model as `run_inference.py` does. Restarts the conversation.
-    /// Errors for a coefficient other than 1 on a model without conditioners.
-    pub fn set_cfg_coef(&mut self, cfg_coef: f32) -> Result<()> {
-        let conditioned = self.generator.model().config().is_conditioned();
-        let (values, negative) = if conditioned {
-            (TRANSLATION_CONDITIONS, TRANSLATION_NEGATIVE_CONDITIONS)
-        } else {
-            (&[][..], &[][..])
-        };
-        self.generator.set_conditions(values, cfg_coef, negative)?;
-        self.reset();
-        Ok(())
+    /// The LM's generator (weights, config).
+    pub fn generator(&self) -> &Generator {
+        &self.lm
     }
 
-    /// The guidance coefficient in use (1 without guidance).
-    pub fn cfg_coef(&self) -> f32 {
-        self.generator.cfg_coef()
+    pub fn lm_config(&self) -> &LmConfig {
+        self.lm.config()
     }
 
-    /// Activation rows of each product of one session's step (2 with guidance, else 1).
-    pub fn rows_per_session(&self) -> usize {
-        self.generator.rows_per_step()
+    /// The model type.
+    pub fn kind(&self) -> ModelKind {
+        self.lm.kind()
     }
 
-    /// Whether the model translates (Hibiki: its input ends with an end-of-stream frame, its
-    /// output with EOS); see [`moshi_loader::LmConfig::is_translation`].
+    /// The model type's conventions.
+    pub fn conventions(&self) -> &'static Conventions {
+        self.kind().conventions()
+    }
+
+    /// Whether the model translates (Hibiki: its input ends with [`FrameInput::EndOfInput`],
+    /// its output with EOS).
     pub fn is_translation(&self) -> bool {
-        self.generator.model().config().is_translation()
+        self.kind() == ModelKind::Translation
     }
 
     /// The text id that ends a translation (the tokenizer's EOS), if the tokenizer has one.
     pub fn eos_text_id(&self) -> Option<u32> {
-        self.eos_text_id
+        self.tokenizer.eos_id()
     }
 
-    /// The generator (model, sampling, step index).
-    pub fn generator(&self) -> &Generator {
-        &self.generator
+    /// Weight precision of Mimi's per-frame products.
+    pub fn mimi_weights(&self) -> MimiWeights {
+        self.mimi.weights()
     }
 
-    /// Weight precision of Mimi's per-frame products (see [`Mimi::set_weights`]).
-    pub fn set_mimi_weights(&mut self, mode: MimiWeights) {
-        self.mimi.set_weights(mode);
+    /// The guidance coefficient `settings` give on this model.
+    pub fn cfg_coef(&self, settings: &SessionSettings) -> f32 {
+        settings
+            .cfg_coef
+            .unwrap_or_else(|| self.lm_config().default_cfg_coef())
     }
 
-    /// The LM's temporal KV caches in f32 (exact, default) or bf16 (half the memory and the
-    /// bytes read per frame late in a conversation). Changing it restarts the conversation.
-    pub fn set_kv_precision(&mut self, precision: KvPrecision) {
-        if precision != self.generator.model().kv_precision() {
-            self.generator.set_kv_precision(precision);
-            self.reset();
-        }
+    /// Activation rows one session with `settings` adds to each LM product (2 with guidance).
+    pub fn rows_per_session(&self, settings: &SessionSettings) -> usize {
+        1 + usize::from(self.cfg_coef(settings) != 1.0)
     }
 
-    /// [`Generator::fill_temporal_caches_with_noise`]: a long conversation's KV caches without
-    /// running it, for benchmarks (no input leads to this state).
-    pub fn fill_temporal_caches_with_noise(&mut self, positions: usize, seed: u64) {
-        self.generator
-            .fill_temporal_caches_with_noise(positions, seed);
+    /// A new conversation at its start. Errors on settings the model cannot take (a bad
+    /// temperature, guidance on a model without conditioners).
+    pub fn new_session(&self, settings: &SessionSettings) -> Result<MoshiSession> {
+        let conv = self.conventions();
+        let lm = self.lm.new_session(LmSessionSettings {
+            sampling: settings.sampling.clone(),
+            kv_precision: settings.kv_precision,
+            conditioning: Conditioning::new(
+                conv.conditions,
+                conv.negative_conditions,
+                self.cfg_coef(settings),
+            ),
+            record_details: false,
+        })?;
+        let mut mimi = self.mimi.clone();
+        mimi.reset();
+        Ok(MoshiSession {
+            settings: settings.clone(),
+            lm,
+            mimi,
+            text: self.tokenizer.incremental_decoder(),
+            frames_in: 0,
+        })
     }
 
-    /// New sampling settings for the next conversation (restarts the conversation).
-    pub fn set_sampling(&mut self, sampling: SamplingConfig) {
-        self.generator.set_sampling(sampling);
-        self.reset();
-    }
-
-    /// The sampling settings in force.
-    pub fn sampling(&self) -> &SamplingConfig {
-        self.generator.sampling()
-    }
-
-    /// Back to the start of a conversation: behaves exactly as a freshly loaded pipeline.
-    pub fn reset(&mut self) {
-        self.mimi.reset();
-        self.generator.reset();
-        self.text.reset();
-        self.frames_in = 0;
-    }
-
-    /// Runs one frame of silence, then goes back to the start of a conversation ([`Self::reset`]):
-    /// the weights' pages are read and the caches and scratch buffers allocated before a live
-    /// session's first frame, which would otherwise pay for them inside its 80 ms (for a 7B file
-    /// not yet in the page cache, seconds: an underrun at the start of every `chat`).
-    pub fn warm_up(&mut self) -> Result<()> {
-        self.process_frame(&[0.0; FRAME_SAMPLES])?;
-        self.reset();
-        Ok(())
-    }
-
-    /// Bytes held by the LM's temporal KV caches (bounded by the attention window).
-    pub fn kv_cache_bytes(&self) -> usize {
-        self.generator.model().kv_cache_bytes()
-    }
-
-    /// Text still held back by the incremental decoder (call at the end of a stream).
-    pub fn finish_text(&mut self) -> String {
-        self.text.finish()
-    }
-}
-
-impl FrameProcessor for MoshiPipeline {
-    fn process_frame(&mut self, pcm_in: &[f32]) -> Result<FrameOutput> {
-        let mut scratch = std::mem::take(&mut self.lm_scratch);
-        let out = Self::process_frames(&mut [&mut *self], &[pcm_in], &mut scratch).pop();
-        self.lm_scratch = scratch;
-        out.expect("one session in, one output out")
-    }
-}
-
-impl MoshiPipeline {
-    /// One input frame (1920 samples at 24 kHz) for each of `pipelines` together: Mimi encodes
-    /// them together (each session's convolutions alone, the encoder transformer's weights read
-    /// once for all), one batched LM step for all of them (sessions at their first frame step
-    /// twice, as [`FIRST_FRAME_LM_STEPS`] says: first those alone, then everyone), Mimi decodes
-    /// them together. Session `i` gets what [`FrameProcessor::process_frame`] gives it alone, bit
-    /// for bit; its error (a wrong frame size, weights it does not share) is its own. The LM stage
-    /// timings of every output are the batch's; each Mimi stage time is the batch's divided
-    /// evenly among the sessions in it. `scratch` holds the LM's buffers.
+    /// One frame of each of `sessions` together, session `i` fed `inputs[i]`: Mimi encodes the
+    /// audio frames together (each session's convolutions alone, the encoder transformer's
+    /// weights read once for all), one batched LM step for all (sessions at their first frame
+    /// step [`Conventions::first_frame_lm_steps`] times: first those alone, then everyone), Mimi
+    /// decodes together. Session `i` gets what it gets alone, bit for bit; its error (a wrong
+    /// frame size, a session of another model) is its own. The LM stage timings of every output
+    /// are the batch's; each Mimi stage time is the batch's divided evenly among its sessions.
     ///
     /// # Panics
-    /// If `frames` and `pipelines` differ in length (caller bug).
-    pub fn process_frames(
-        pipelines: &mut [&mut MoshiPipeline],
-        frames: &[&[f32]],
-        scratch: &mut LmScratch,
+    /// If `inputs` and `sessions` differ in length (caller bug).
+    pub fn step(
+        &self,
+        sessions: &mut [&mut MoshiSession],
+        inputs: &[FrameInput<'_>],
     ) -> Vec<Result<FrameOutput>> {
-        assert_eq!(pipelines.len(), frames.len(), "one frame per session");
-        let mut timings = vec![StageTimings::default(); pipelines.len()];
-        let mut codes = encode_frames(pipelines, frames, &mut timings);
-        // First frame twice (run_inference.py): step 0 only fills the delays. Sessions at
-        // their first frame take that step alone, then every session takes one.
-        let first: Vec<bool> = pipelines.iter().map(|p| p.frames_in == 0).collect();
-        let mut generated: Vec<Option<GeneratedFrame>> = vec![None; pipelines.len()];
-        for pass in 0..FIRST_FRAME_LM_STEPS {
-            let last = pass + 1 == FIRST_FRAME_LM_STEPS;
+        assert_eq!(sessions.len(), inputs.len(), "one input per session");
+        let mut timings = vec![StageTimings::default(); sessions.len()];
+        let mut codes = encode_frames(sessions, inputs, self.user_codebooks, &mut timings);
+        let generated = self.lm_passes(sessions, inputs, &mut codes, &mut timings);
+        for (s, c) in sessions.iter_mut().zip(&codes) {
+            if c.is_ok() {
+                s.frames_in += 1;
+            }
+        }
+        let generated = codes
+            .into_iter()
+            .zip(generated)
+            .map(|(c, g)| c.map(|_| g))
+            .collect();
+        outputs_of(sessions, generated, timings)
+    }
+
+    /// The LM steps of one frame: sessions at their first audio frame take the extra steps of
+    /// [`Conventions::first_frame_lm_steps`] alone, then every session takes one. A failed
+    /// step turns the session's codes into its error.
+    fn lm_passes(
+        &self,
+        sessions: &mut [&mut MoshiSession],
+        inputs: &[FrameInput<'_>],
+        codes: &mut [Result<Vec<u32>>],
+        timings: &mut [StageTimings],
+    ) -> Vec<Option<GeneratedFrame>> {
+        let first: Vec<bool> = sessions
+            .iter()
+            .zip(inputs)
+            .map(|(s, i)| s.frames_in == 0 && matches!(i, FrameInput::Pcm(_)))
+            .collect();
+        let passes = self.conventions().first_frame_lm_steps.max(1);
+        let mut generated: Vec<Option<GeneratedFrame>> = vec![None; sessions.len()];
+        for pass in 0..passes {
+            let last = pass + 1 == passes;
             let stepping: Vec<bool> = first.iter().map(|&f| f || last).collect();
-            let results = lm_step(pipelines, &codes, &stepping, &mut timings, scratch);
+            let results = self.lm_step(sessions, codes, &stepping, timings);
             for ((c, g), r) in codes.iter_mut().zip(&mut generated).zip(results) {
                 match r {
                     Some(Ok(frame)) => *g = frame,
@@ -252,62 +263,204 @@ impl MoshiPipeline {
                 }
             }
         }
-        for (p, c) in pipelines.iter_mut().zip(&codes) {
-            if c.is_ok() {
-                p.frames_in += 1;
+        generated
+    }
+
+    /// One batched generator step of the sessions marked in `stepping` whose input is ready,
+    /// on their user codes (an empty code list stands for the end of input); adds the step's
+    /// timings to theirs. `None` for a session that did not step.
+    fn lm_step(
+        &self,
+        sessions: &mut [&mut MoshiSession],
+        codes: &[Result<Vec<u32>>],
+        stepping: &[bool],
+        timings: &mut [StageTimings],
+    ) -> Vec<Option<moshi_model::Result<Option<GeneratedFrame>>>> {
+        let mut out: Vec<Option<_>> = (0..sessions.len()).map(|_| None).collect();
+        let mut lms = Vec::new();
+        let mut inputs = Vec::new();
+        let mut index = Vec::new();
+        for (i, ((s, c), &go)) in sessions.iter_mut().zip(codes).zip(stepping).enumerate() {
+            if let (true, Ok(c)) = (go, c) {
+                lms.push(&mut s.lm);
+                inputs.push(if c.is_empty() {
+                    StepInput::EndOfInput
+                } else {
+                    StepInput::UserCodes(c)
+                });
+                index.push(i);
             }
         }
-        let generated = codes
-            .into_iter()
-            .zip(generated)
-            .map(|(c, g)| c.map(|_| g))
-            .collect();
-        outputs_of(pipelines, generated, timings)
+        if lms.is_empty() {
+            return out;
+        }
+        let results = self.lm.step(&mut lms, &inputs);
+        for (i, r) in index.into_iter().zip(results) {
+            add_lm_timings(&mut timings[i], &sessions[i].lm);
+            out[i] = Some(r.map(|d| d.frame));
+        }
+        out
     }
 }
 
-/// Each session's frame through Mimi's encoder, together ([`Mimi::encode_frames`]) -> the user
-/// codes the LM takes, or the session's error.
+impl MoshiSession {
+    pub fn settings(&self) -> &SessionSettings {
+        &self.settings
+    }
+
+    /// The LM session (step index, guidance, KV caches).
+    pub fn lm(&self) -> &LmSession {
+        &self.lm
+    }
+
+    /// The LM session, e.g. to fill its caches for a benchmark of a long conversation.
+    pub fn lm_mut(&mut self) -> &mut LmSession {
+        &mut self.lm
+    }
+
+    /// The guidance coefficient in use (1 without guidance).
+    pub fn cfg_coef(&self) -> f32 {
+        self.lm.cfg_coef()
+    }
+
+    /// Bytes held by the LM's temporal KV caches (bounded by the attention window).
+    pub fn kv_cache_bytes(&self) -> usize {
+        self.lm.kv_cache_bytes()
+    }
+
+    /// Back to the start of a conversation: behaves exactly as a new session.
+    pub fn reset(&mut self) {
+        self.mimi.reset();
+        self.lm.reset();
+        self.text.reset();
+        self.frames_in = 0;
+    }
+
+    /// Text still held back by the incremental decoder (call at the end of a stream).
+    pub fn finish_text(&mut self) -> String {
+        self.text.finish()
+    }
+}
+
+/// A model and one session: the engine's [`FrameProcessor`] (`file`, `chat`), a batch of one.
+#[derive(Clone)]
+pub struct MoshiPipeline {
+    model: Arc<MoshiModel>,
+    session: MoshiSession,
+}
+
+impl MoshiPipeline {
+    /// A new session of `model` with `settings`.
+    pub fn new(model: Arc<MoshiModel>, settings: &SessionSettings) -> Result<Self> {
+        let session = model.new_session(settings)?;
+        Ok(Self { model, session })
+    }
+
+    pub fn model(&self) -> &Arc<MoshiModel> {
+        &self.model
+    }
+
+    pub fn session(&self) -> &MoshiSession {
+        &self.session
+    }
+
+    pub fn session_mut(&mut self) -> &mut MoshiSession {
+        &mut self.session
+    }
+
+    /// One step of this session alone.
+    pub fn process(&mut self, input: FrameInput<'_>) -> Result<FrameOutput> {
+        self.model
+            .step(&mut [&mut self.session], &[input])
+            .pop()
+            .expect("one session in, one output out")
+    }
+
+    /// [`FrameInput::EndOfInput`] for this session.
+    pub fn process_end_of_input(&mut self) -> Result<FrameOutput> {
+        self.process(FrameInput::EndOfInput)
+    }
+
+    /// Runs one frame of silence, then goes back to the start of the conversation: the
+    /// weights' pages are read and the caches and scratch buffers allocated before a live
+    /// session's first frame, which would otherwise pay for them inside its 80 ms (for a 7B
+    /// file not yet in the page cache, seconds: an underrun at the start of every `chat`).
+    pub fn warm_up(&mut self) -> Result<()> {
+        self.process(FrameInput::Pcm(&[0.0; FRAME_SAMPLES]))?;
+        self.session.reset();
+        Ok(())
+    }
+
+    /// Back to the start of the conversation.
+    pub fn reset(&mut self) {
+        self.session.reset();
+    }
+
+    /// Text still held back by the incremental decoder (call at the end of a stream).
+    pub fn finish_text(&mut self) -> String {
+        self.session.finish_text()
+    }
+}
+
+impl FrameProcessor for MoshiPipeline {
+    fn process_frame(&mut self, pcm_in: &[f32]) -> Result<FrameOutput> {
+        self.process(FrameInput::Pcm(pcm_in))
+    }
+}
+
+/// Each session's audio frame through Mimi's encoder, together ([`Mimi::encode_frames`]) ->
+/// the user codes the LM takes (empty for the end of input), or the session's error.
 fn encode_frames(
-    pipelines: &mut [&mut MoshiPipeline],
-    frames: &[&[f32]],
+    sessions: &mut [&mut MoshiSession],
+    inputs: &[FrameInput<'_>],
+    user_codebooks: usize,
     timings: &mut [StageTimings],
 ) -> Vec<Result<Vec<u32>>> {
-    let mut results: Vec<Result<Vec<u32>>> = frames
+    let mut results: Vec<Result<Vec<u32>>> = inputs
         .iter()
-        .zip(pipelines.iter())
-        .map(|(pcm, p)| {
-            if pcm.len() == FRAME_SAMPLES {
-                Ok(vec![0; p.mimi.num_codebooks()])
-            } else {
-                Err(RuntimeError::FrameSize {
-                    expected: FRAME_SAMPLES,
-                    got: pcm.len(),
-                })
+        .zip(sessions.iter())
+        .map(|(input, s)| match input {
+            FrameInput::Pcm(pcm) if pcm.len() == FRAME_SAMPLES => {
+                Ok(vec![0; s.mimi.num_codebooks()])
             }
+            FrameInput::Pcm(pcm) => Err(RuntimeError::FrameSize {
+                expected: FRAME_SAMPLES,
+                got: pcm.len(),
+            }),
+            FrameInput::EndOfInput => Ok(Vec::new()),
         })
         .collect();
-    let sessions: Vec<usize> = (0..frames.len()).filter(|&i| results[i].is_ok()).collect();
-    if sessions.is_empty() {
+    let encoding: Vec<usize> = (0..inputs.len())
+        .filter(|&i| matches!(&results[i], Ok(c) if !c.is_empty()))
+        .collect();
+    if encoding.is_empty() {
         return results;
     }
     let t0 = Instant::now();
     let encoded = {
-        let mut mimis = mimis_of(pipelines, &sessions);
-        let pcms: Vec<&[f32]> = sessions.iter().map(|&i| frames[i]).collect();
+        let mut mimis = mimis_of(sessions, &encoding);
+        let pcms: Vec<&[f32]> = encoding
+            .iter()
+            .map(|&i| match inputs[i] {
+                FrameInput::Pcm(pcm) => pcm,
+                FrameInput::EndOfInput => unreachable!("only audio frames are encoded"),
+            })
+            .collect();
         let mut buffers: Vec<&mut [u32]> = results
             .iter_mut()
-            .filter_map(|r| r.as_mut().ok().map(|c| &mut c[..]))
+            .enumerate()
+            .filter(|(i, _)| encoding.contains(i))
+            .filter_map(|(_, r)| r.as_mut().ok().map(|c| &mut c[..]))
             .collect();
         Mimi::encode_frames(&mut mimis, &pcms, &mut buffers)
     };
-    let each_ms = ms_since(t0) / sessions.len() as f64;
-    for (&i, r) in sessions.iter().zip(encoded) {
+    let each_ms = ms_since(t0) / encoding.len() as f64;
+    for (&i, r) in encoding.iter().zip(encoded) {
         timings[i].mimi_encode_ms = each_ms;
         match r {
             Ok(()) => {
                 if let Ok(c) = &mut results[i] {
-                    c.truncate(pipelines[i].user_codebooks);
+                    c.truncate(user_codebooks);
                 }
             }
             Err(e) => results[i] = Err(e.into()),
@@ -316,12 +469,12 @@ fn encode_frames(
     results
 }
 
-/// The Mimi streams of the sessions `sessions` (in order).
-fn mimis_of<'a>(pipelines: &'a mut [&mut MoshiPipeline], sessions: &[usize]) -> Vec<&'a mut Mimi> {
-    pipelines
+/// The Mimi streams of the sessions `which` (in order).
+fn mimis_of<'a>(sessions: &'a mut [&mut MoshiSession], which: &[usize]) -> Vec<&'a mut Mimi> {
+    sessions
         .iter_mut()
         .enumerate()
-        .filter(|(i, _)| sessions.contains(i))
+        .filter(|(i, _)| which.contains(i))
         .map(|(_, p)| &mut p.mimi)
         .collect()
 }
@@ -329,7 +482,7 @@ fn mimis_of<'a>(pipelines: &'a mut [&mut MoshiPipeline], sessions: &[usize]) -> 
 /// Each session's output: its generated frame decoded by Mimi, together with the others'
 /// ([`Mimi::decode_frames`]; silence while the delays fill), and its text; or its error.
 fn outputs_of(
-    pipelines: &mut [&mut MoshiPipeline],
+    sessions: &mut [&mut MoshiSession],
     generated: Vec<Result<Option<GeneratedFrame>>>,
     mut timings: Vec<StageTimings>,
 ) -> Vec<Result<FrameOutput>> {
@@ -342,7 +495,7 @@ fn outputs_of(
     if !decoding.is_empty() {
         let t0 = Instant::now();
         let results = {
-            let mut mimis = mimis_of(pipelines, &decoding);
+            let mut mimis = mimis_of(sessions, &decoding);
             let codes: Vec<&[u32]> = generated
                 .iter()
                 .filter_map(|g| match g {
@@ -364,13 +517,13 @@ fn outputs_of(
             decoded[i] = Some(r);
         }
     }
-    pipelines
+    sessions
         .iter_mut()
         .zip(generated)
         .zip(pcms)
         .zip(timings)
         .zip(decoded)
-        .map(|((((p, g), pcm), timings), decoded)| {
+        .map(|((((s, g), pcm), timings), decoded)| {
             let Some(frame) = g? else {
                 return Ok(FrameOutput {
                     pcm,
@@ -379,7 +532,7 @@ fn outputs_of(
                 });
             };
             decoded.expect("a generated frame is decoded")?;
-            let piece = p.text.push(frame.text);
+            let piece = s.text.push(frame.text);
             Ok(FrameOutput {
                 pcm,
                 text: (!piece.is_empty()).then_some(piece),
@@ -393,55 +546,10 @@ fn outputs_of(
         .collect()
 }
 
-/// One batched generator step of the sessions marked in `stepping` whose frame was encoded, on
-/// their user codes; adds the step's timings to theirs. `None` for a session that did not step.
-fn lm_step(
-    pipelines: &mut [&mut MoshiPipeline],
-    codes: &[Result<Vec<u32>>],
-    stepping: &[bool],
-    timings: &mut [StageTimings],
-    scratch: &mut LmScratch,
-) -> Vec<Option<moshi_model::Result<Option<GeneratedFrame>>>> {
-    let mut out: Vec<Option<_>> = (0..pipelines.len()).map(|_| None).collect();
-    let mut gens = Vec::new();
-    let mut inputs = Vec::new();
-    let mut index = Vec::new();
-    for (i, ((p, c), &s)) in pipelines.iter_mut().zip(codes).zip(stepping).enumerate() {
-        if let (true, Ok(c)) = (s, c) {
-            gens.push(&mut p.generator);
-            inputs.push(StepInput::UserCodes(c));
-            index.push(i);
-        }
-    }
-    if gens.is_empty() {
-        return out;
-    }
-    let results = Generator::step_batch(&mut gens, &inputs, scratch);
-    for (i, r) in index.into_iter().zip(results) {
-        add_lm_timings(&mut timings[i], &pipelines[i].generator);
-        out[i] = Some(r);
-    }
-    out
-}
 
-impl MoshiPipeline {
-    /// The end of a translated stream (`run_inference.py`, model_type "hibiki"): one LM step on
-    /// user codes all equal to `card`, no audio consumed. Feed silence frames after it through
-    /// [`FrameProcessor::process_frame`] until the returned text is [`MoshiPipeline::eos_text_id`].
-    pub fn process_end_of_input(&mut self) -> Result<FrameOutput> {
-        let mut timings = StageTimings::default();
-        let generated = self.generator.step_end_of_input()?;
-        add_lm_timings(&mut timings, &self.generator);
-        self.frames_in += 1;
-        outputs_of(&mut [self], vec![Ok(generated)], vec![timings])
-            .pop()
-            .expect("one session in, one output out")
-    }
-}
-
-/// Adds the generator's last step timings to `timings`.
-fn add_lm_timings(timings: &mut StageTimings, generator: &Generator) {
-    let t = generator.last_timings();
+/// Adds the LM session's last step timings to `timings`.
+fn add_lm_timings(timings: &mut StageTimings, lm: &LmSession) {
+    let t = lm.last_timings();
     timings.lm_temporal_ms += t.temporal_ms;
     timings.lm_depformer_ms += t.depformer_ms;
     timings.sampling_ms += t.sampling_ms;

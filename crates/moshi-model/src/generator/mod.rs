@@ -8,23 +8,30 @@
 //! the text logits and each codebook's logits are mixed as `null + (cond - null) * cfg_coef`,
 //! and the one sampled token is fed to both rows.
 //!
-//! Several sessions over the same weights step together ([`Generator::step_batch`]): one
+//! The [`Generator`] is immutable and shared (`Arc` of the weights); each conversation is an
+//! [`LmSession`] its caller owns. [`Generator::step`] steps any number of sessions together: one
 //! temporal step and, per depformer sub-step, one pass for all their rows (a session with
 //! guidance brings two), every linear layer one product over all rows, so the weights are read
 //! once per frame whoever shares it. Each session keeps its own caches, position, delays, token
-//! history, sampling settings and RNG; its tokens and logits have the bits it gets alone.
-//! [`Generator::step`] is the batch of one.
+//! history, sampling settings and RNG; its tokens and logits have the bits it gets alone. One
+//! session is a batch of one.
 
 pub mod sampling;
+mod session;
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::lm::{LmModel, LmRowState, LmScratch, LmWeights};
+use moshi_loader::{LmConfig, WeightMap};
+
+use crate::kind::ModelKind;
+use crate::lm::{LmRowState, LmScratch, LmWeights, RandomWeightKind};
 use crate::rng::Rng;
 use crate::{ModelError, Result};
 pub use sampling::SamplingConfig;
-use sampling::{sample_token, SamplerScratch};
+use sampling::sample_token;
+pub use session::{Conditioning, LmSession, LmSessionSettings};
+use session::Guidance;
 
 /// One output frame: Moshi's text token and its `dep_q` audio codes, delays undone.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -50,7 +57,8 @@ impl StepTimings {
     }
 }
 
-/// Everything about one step (for tests, debugging and profiling).
+/// What one session's step gave. `model_input`, the logits and `transformer_out` are kept only
+/// for a session made with [`LmSessionSettings::record_details`] (else empty).
 #[derive(Clone, Debug, PartialEq)]
 pub struct StepDetails {
     /// Step index (0-based).
@@ -67,7 +75,7 @@ pub struct StepDetails {
     pub audio_logits: Vec<Vec<f32>>,
     /// `[dim]`, after out_norm.
     pub transformer_out: Vec<f32>,
-    /// What [`Generator::step`] returns for this step.
+    /// The frame this step returns (None while the delays fill).
     pub frame: Option<GeneratedFrame>,
     pub timings: StepTimings,
 }
@@ -82,304 +90,162 @@ pub enum StepInput<'a> {
     EndOfInput,
 }
 
-/// The negative row of classifier-free guidance and the buffers of the mixed logits.
-#[derive(Clone, Debug)]
-struct Guidance {
-    cfg_coef: f32,
-    null_row: LmRowState,
-    text_logits: Vec<f32>,
-    audio_logits: Vec<f32>,
-}
 
-impl Guidance {
-    /// `mixed = null + (mixed - null) * cfg_coef`, elementwise in f32 (`mixed` holds the
-    /// conditioned logits on entry), as `LMGen` mixes them.
-    fn mix(cfg_coef: f32, mixed: &mut [f32], null: &[f32]) {
-        for (m, &n) in mixed.iter_mut().zip(null) {
-            *m = n + (*m - n) * cfg_coef;
-        }
-    }
-}
-
-/// Streaming generation state around an [`LmModel`].
+/// The generator of one model: immutable, shared by every session (a clone shares the weights).
 #[derive(Clone, Debug)]
 pub struct Generator {
-    model: LmModel,
-    guidance: Option<Guidance>,
-    sampling: SamplingConfig,
-    rng: Rng,
-    step: usize,
-    /// Ring of the last `max_delay + 1` sampled frames `[text, audio..]`, slot `step % len`.
-    sampled: Vec<Vec<u32>>,
-    /// Ring of the last `max_delay + 1` user frames, slot `step % len`.
-    user: Vec<Vec<u32>>,
-    input: Vec<u32>,
-    scratch: SamplerScratch,
-    last_timings: StepTimings,
+    weights: Arc<LmWeights>,
 }
 
 impl Generator {
-    pub fn new(model: LmModel, sampling: SamplingConfig) -> Generator {
-        let cfg = model.config();
-        let ring = cfg.max_delay() + 1;
-        let sampled = vec![vec![0; cfg.dep_q + 1]; ring];
-        let user = vec![vec![0; cfg.user_codebooks()]; ring];
-        let input = vec![0; cfg.n_q + 1];
-        let rng = Rng::new(sampling.seed);
-        Generator {
-            model,
-            guidance: None,
-            sampling,
-            rng,
-            step: 0,
-            sampled,
-            user,
-            input,
-            scratch: SamplerScratch::default(),
-            last_timings: StepTimings::default(),
-        }
+    pub fn new(weights: Arc<LmWeights>) -> Self {
+        Self { weights }
     }
 
-    pub fn model(&self) -> &LmModel {
-        &self.model
+    /// Builds the model from canonically named weights ([`LmWeights::load`]).
+    pub fn load(cfg: &LmConfig, weights: WeightMap) -> Result<Self> {
+        Ok(Self::new(Arc::new(LmWeights::load(cfg, weights)?)))
     }
 
-    pub fn into_model(self) -> LmModel {
-        self.model
+    /// A model of `cfg`'s shapes with deterministic random weights (benchmarks and tests).
+    pub fn random(cfg: &LmConfig, seed: u64, kind: RandomWeightKind) -> Result<Self> {
+        Ok(Self::new(Arc::new(LmWeights::random(cfg, seed, kind)?)))
     }
 
-    /// The temporal KV caches' element type (of both rows with guidance); changing it restarts
-    /// the conversation.
-    pub fn set_kv_precision(&mut self, precision: crate::nn::KvPrecision) {
-        if precision != self.model.kv_precision() {
-            self.model.set_kv_precision(precision);
-            if let Some(g) = &mut self.guidance {
-                g.null_row.set_kv_precision(precision);
-            }
-            self.reset();
-        }
+    pub fn weights(&self) -> &Arc<LmWeights> {
+        &self.weights
     }
 
-    /// Conditions generation on `values` (`(conditioner, value)` pairs; Hibiki:
-    /// `[("description", "very_good")]`), the negative row of guidance on `negative`
-    /// (`[("description", "very_bad")]`), with guidance coefficient `cfg_coef` (1 = no guidance:
-    /// one row, `negative` unused). Conditioners not named take their learnt padding. Restarts
-    /// the conversation. Errors on a value the model does not know, on guidance for a model
-    /// without conditioners (both rows would be the same), or on a coefficient that is not a
-    /// positive number.
-    pub fn set_conditions(
-        &mut self,
-        values: &[(&str, &str)],
-        cfg_coef: f32,
-        negative: &[(&str, &str)],
-    ) -> Result<()> {
+    pub fn config(&self) -> &LmConfig {
+        self.weights.config()
+    }
+
+    /// The model type and its conventions.
+    pub fn kind(&self) -> ModelKind {
+        self.weights.kind()
+    }
+
+    /// Whether a text token is shown to the user: not PAD, not EPAD, not the initial token.
+    pub fn text_is_printable(&self, id: u32) -> bool {
+        let cfg = self.config();
+        id != cfg.existing_text_padding_id
+            && id != cfg.existing_text_end_padding_id
+            && (id as usize) < cfg.text_card
+    }
+
+    /// A new conversation at step 0. Errors on settings the model cannot take: a temperature
+    /// that is not a finite number >= 0, a condition the model does not know, guidance for a
+    /// model without conditioners (both rows would be the same), or a guidance coefficient that
+    /// is not a positive number.
+    pub fn new_session(&self, settings: LmSessionSettings) -> Result<LmSession> {
+        settings.sampling.validate()?;
+        let cond = &settings.conditioning;
+        let cfg_coef = cond.cfg_coef;
         if !(cfg_coef.is_finite() && cfg_coef > 0.0) {
             return Err(ModelError::BadGuidance {
                 cfg_coef,
                 reason: "expected a positive number (1 = no guidance)",
             });
         }
-        let guidance = if cfg_coef == 1.0 {
-            None
-        } else {
-            if self.model.conditions().is_empty() {
+        let precision = settings.kv_precision;
+        let guidance = if cond.is_guided() {
+            if self.weights.conditions().is_empty() {
                 return Err(ModelError::BadGuidance {
                     cfg_coef,
-                    reason:
-                        "guidance needs a conditioned model (Hibiki); this one has no conditioners \
-                             (use a coefficient of 1)",
+                    reason: "guidance needs a conditioned model (Hibiki); this one has no \
+                             conditioners (use a coefficient of 1)",
                 });
             }
-            let cfg = self.model.config();
+            let negative = Conditioning::borrowed(&cond.negative);
             Some(Guidance {
-                cfg_coef,
-                null_row: self.model.new_row(negative)?,
-                text_logits: vec![0.0; cfg.text_card],
-                audio_logits: vec![0.0; cfg.card],
+                null_row: self.weights.new_row(&negative, precision)?,
+                text_logits: vec![0.0; self.config().text_card],
+                audio_logits: vec![0.0; self.config().card],
             })
-        };
-        self.model.set_conditions(values)?;
-        self.guidance = guidance;
-        self.reset();
-        Ok(())
-    }
-
-    /// The guidance coefficient (1 without guidance).
-    pub fn cfg_coef(&self) -> f32 {
-        self.guidance.as_ref().map_or(1.0, |g| g.cfg_coef)
-    }
-
-    /// Activation rows of each product of a step: 2 with guidance (the conditioned and the
-    /// unconditioned pass), else 1.
-    pub fn rows_per_step(&self) -> usize {
-        if self.guidance.is_some() {
-            2
         } else {
-            1
-        }
+            None
+        };
+        let row = self
+            .weights
+            .new_row(&Conditioning::borrowed(&cond.values), precision)?;
+        let cfg = self.config();
+        let ring = cfg.max_delay() + 1;
+        Ok(LmSession {
+            weights_id: self.weights.id(),
+            rng: Rng::new(settings.sampling.seed),
+            settings,
+            row,
+            guidance,
+            step: 0,
+            sampled: vec![vec![0; cfg.dep_q + 1]; ring],
+            user: vec![vec![0; cfg.user_codebooks()]; ring],
+            input: vec![0; cfg.n_q + 1],
+            sampler: Default::default(),
+            scratch: LmScratch::default(),
+            last_timings: StepTimings::default(),
+        })
     }
 
-    pub fn sampling(&self) -> &SamplingConfig {
-        &self.sampling
-    }
-
-    /// New sampling settings (temperatures, top-k, seed, greedy); restarts the conversation so
-    /// the RNG starts from the new seed.
-    pub fn set_sampling(&mut self, sampling: SamplingConfig) {
-        self.sampling = sampling;
-        self.reset();
-    }
-
-    /// Steps run since the start / last reset.
-    pub fn step_index(&self) -> usize {
-        self.step
-    }
-
-    /// Stage timings of the last step.
-    pub fn last_timings(&self) -> StepTimings {
-        self.last_timings
-    }
-
-    /// Whether a text token is shown to the user: not PAD, not EPAD, not the initial token.
-    pub fn text_is_printable(&self, id: u32) -> bool {
-        let cfg = self.model.config();
-        id != cfg.existing_text_padding_id
-            && id != cfg.existing_text_end_padding_id
-            && (id as usize) < cfg.text_card
-    }
-
-    /// [`crate::lm::LmModel::fill_temporal_caches_with_noise`] for every row (both with
-    /// guidance): for benchmarks of long conversations.
-    pub fn fill_temporal_caches_with_noise(&mut self, positions: usize, seed: u64) {
-        self.model.fill_temporal_caches_with_noise(positions, seed);
-        if let Some(g) = &mut self.guidance {
-            g.null_row
-                .fill_temporal_caches_with_noise(positions, seed ^ 0x5EED);
-        }
-    }
-
-    /// Back to step 0 (model caches emptied, RNG re-seeded).
-    pub fn reset(&mut self) {
-        self.model.reset();
-        if let Some(g) = &mut self.guidance {
-            g.null_row.reset();
-        }
-        self.rng = Rng::new(self.sampling.seed);
-        self.step = 0;
-    }
-
-    /// Feeds one frame of user codes (`n_q - dep_q` codes, each `< card`); returns the frame
-    /// the official `LMGen.step` returns (None while the delays fill, i.e. for the first
-    /// `max_delay` steps).
-    pub fn step(&mut self, user_codes: &[u32]) -> Result<Option<GeneratedFrame>> {
-        Ok(self
-            .step_alone(StepInput::UserCodes(user_codes), false)?
-            .frame)
-    }
-
-    /// [`Generator::step`] with the model inputs, sampled tokens, logits and timings.
-    pub fn step_detailed(&mut self, user_codes: &[u32]) -> Result<StepDetails> {
-        self.step_alone(StepInput::UserCodes(user_codes), true)
-    }
-
-    /// Feeds the end-of-stream frame of a translation model (Hibiki): every user code equal to
-    /// `card` (`moshi/run_inference.py` after the last input frame). Then feed silence.
-    pub fn step_end_of_input(&mut self) -> Result<Option<GeneratedFrame>> {
-        Ok(self.step_alone(StepInput::EndOfInput, false)?.frame)
-    }
-
-    /// [`Generator::step_end_of_input`] with details.
-    pub fn step_end_of_input_detailed(&mut self) -> Result<StepDetails> {
-        self.step_alone(StepInput::EndOfInput, true)
-    }
-
-    /// One step of `gens` together, session `i` fed `inputs[i]`: the result of each is what
-    /// [`Generator::step`] (or [`Generator::step_end_of_input`]) returns for it alone, bit for
-    /// bit; a session's error (a bad input, non-finite logits, weights other than the first
-    /// session's) is its own and leaves the others stepping. Every session must run over the same
-    /// [`LmWeights`] (`Arc`); `scratch` holds the buffers of the batch.
+    /// One step of `sessions` together, session `i` fed `inputs[i]`: the result of each is what
+    /// it gets stepping alone, bit for bit, and the frame the official `LMGen.step` returns
+    /// (None while the delays fill, i.e. for the first `max_delay` steps). A session's error (a
+    /// bad input, non-finite logits, a session of other weights) is its own and leaves the
+    /// others stepping.
     ///
     /// # Panics
-    /// If `inputs` and `gens` differ in length (caller bug).
-    pub fn step_batch(
-        gens: &mut [&mut Generator],
+    /// If `inputs` and `sessions` differ in length (caller bug).
+    pub fn step(
+        &self,
+        sessions: &mut [&mut LmSession],
         inputs: &[StepInput<'_>],
-        scratch: &mut LmScratch,
-    ) -> Vec<Result<Option<GeneratedFrame>>> {
-        run_steps(gens, inputs, false, scratch)
-            .into_iter()
-            .map(|r| r.map(|d| d.frame))
+    ) -> Vec<Result<StepDetails>> {
+        assert_eq!(sessions.len(), inputs.len(), "one input per session");
+        let Some(first) = sessions.first_mut() else {
+            return Vec::new();
+        };
+        let mut scratch = std::mem::take(&mut first.scratch);
+        let mut steps: Vec<SessionStep> = sessions
+            .iter_mut()
+            .zip(inputs)
+            .map(|(s, &input)| SessionStep::new(self.prepare(s, input), self.config().dep_q))
+            .collect();
+        let temporal_s = self.temporal_pass(sessions, &steps, &mut scratch);
+        sample_each(sessions, &mut steps, Stream::Text);
+        let mut depformer_s = 0.0;
+        for (s, _) in sessions.iter_mut().zip(&steps).filter(|(_, st)| st.is_ok()) {
+            s.rows_mut().for_each(LmRowState::depformer_reset);
+        }
+        for k in 0..self.config().dep_q {
+            depformer_s += self.depformer_pass(k, sessions, &steps, &mut scratch);
+            sample_each(sessions, &mut steps, Stream::Audio(k));
+        }
+        sessions[0].scratch = scratch;
+        sessions
+            .iter_mut()
+            .zip(steps)
+            .map(|(s, st)| self.finish(s, st, temporal_s, depformer_s))
             .collect()
     }
 
-    /// [`Generator::step_batch`] with each session's details.
-    ///
-    /// # Panics
-    /// If `inputs` and `gens` differ in length (caller bug).
-    pub fn step_batch_detailed(
-        gens: &mut [&mut Generator],
-        inputs: &[StepInput<'_>],
-        scratch: &mut LmScratch,
-    ) -> Vec<Result<StepDetails>> {
-        run_steps(gens, inputs, true, scratch)
-    }
-
-    /// A batch of one over this session's own scratch buffers.
-    fn step_alone(&mut self, input: StepInput<'_>, record: bool) -> Result<StepDetails> {
-        let mut scratch = std::mem::take(&mut self.model.scratch);
-        let result = run_steps(&mut [&mut *self], &[input], record, &mut scratch).pop();
-        self.model.scratch = scratch;
-        result.expect("one session in, one result out")
-    }
-
-    fn check_user_codes(&self, user_codes: &[u32]) -> Result<()> {
-        let cfg = self.model.config();
-        let card = cfg.card;
-        if user_codes.len() != cfg.user_codebooks() {
-            return Err(ModelError::WrongLength {
-                what: "generator step: user audio codes per frame (n_q - dep_q)",
-                expected: cfg.user_codebooks(),
-                got: user_codes.len(),
-            });
-        }
-        if let Some((i, &c)) = user_codes
-            .iter()
-            .enumerate()
-            .find(|(_, &c)| c as usize >= card)
-        {
-            return Err(ModelError::TokenOutOfRange {
-                what: "user code",
-                value: c,
-                at: format!(" of codebook {i}"),
-                max: card - 1,
-                note: ": card - 1",
-            });
-        }
-        Ok(())
-    }
-
-    /// Checks `input` and the settings, stores the user frame and builds this step's `1 + n_q`
+    /// Checks `input` and the session, stores the user frame and builds this step's `1 + n_q`
     /// model inputs (stream i with delay d takes its initial token while s <= d; generated
     /// streams then read the token sampled at s - 1, user streams the frame fed at s - d).
-    fn prepare_step(&mut self, weights: &Arc<LmWeights>, input: StepInput<'_>) -> Result<()> {
-        if !Arc::ptr_eq(self.model.weights(), weights) {
+    fn prepare(&self, session: &mut LmSession, input: StepInput<'_>) -> Result<()> {
+        if session.weights_id != self.weights.id() {
             return Err(ModelError::BatchWeightsDiffer);
         }
-        if let StepInput::UserCodes(codes) = input {
-            self.check_user_codes(codes)?;
-        }
-        // Public fields: checked where they are used (two comparisons per step).
-        self.sampling.validate()?;
-        let cfg = self.model.config();
-        let (dep_q, card, s) = (cfg.dep_q, cfg.card, self.step);
-        let ring = self.sampled.len();
+        let cfg = self.config();
+        let (dep_q, card, s) = (cfg.dep_q, cfg.card, session.step);
+        let ring = session.sampled.len();
         match input {
-            StepInput::UserCodes(codes) => self.user[s % ring].copy_from_slice(codes),
-            StepInput::EndOfInput => self.user[s % ring].fill(card as u32),
+            StepInput::UserCodes(codes) => {
+                check_user_codes(cfg, codes)?;
+                session.user[s % ring].copy_from_slice(codes);
+            }
+            StepInput::EndOfInput => session.user[s % ring].fill(card as u32),
         }
-        let delays = &cfg.delays;
-        for (i, inp) in self.input.iter_mut().enumerate() {
-            let d = delays[i];
+        for (i, inp) in session.input.iter_mut().enumerate() {
+            let d = cfg.delays[i];
             *inp = if s <= d {
                 if i == 0 {
                     cfg.text_card as u32
@@ -387,48 +253,105 @@ impl Generator {
                     card as u32
                 }
             } else if i <= dep_q {
-                self.sampled[(s - 1) % ring][i]
+                session.sampled[(s - 1) % ring][i]
             } else {
-                self.user[(s - d) % ring][i - dep_q - 1]
+                session.user[(s - d) % ring][i - dep_q - 1]
             };
         }
-        weights.check_step_tokens(&self.input)
+        self.weights.check_step_tokens(&session.input)
     }
 
-    /// The logits to sample after the temporal step (mixed with guidance) into the guidance
-    /// buffer, or this row's own.
-    fn text_logits(&mut self) -> &[f32] {
-        match &mut self.guidance {
-            Some(g) => {
-                g.text_logits
-                    .copy_from_slice(self.model.row().text_logits());
-                Guidance::mix(g.cfg_coef, &mut g.text_logits, g.null_row.text_logits());
-                &g.text_logits
+    /// The temporal transformer on every row of the sessions still stepping; its seconds.
+    fn temporal_pass(
+        &self,
+        sessions: &mut [&mut LmSession],
+        steps: &[SessionStep],
+        scratch: &mut LmScratch,
+    ) -> f64 {
+        let t0 = Instant::now();
+        let mut rows = Vec::with_capacity(2 * sessions.len());
+        let mut tokens = Vec::with_capacity(2 * sessions.len() * (self.config().n_q + 1));
+        for (s, _) in sessions.iter_mut().zip(steps).filter(|(_, st)| st.is_ok()) {
+            for _ in 0..s.rows_per_step() {
+                tokens.extend_from_slice(&s.input);
             }
-            None => self.model.row().text_logits(),
+            rows.extend(s.rows_mut());
         }
+        let _span = tracing::trace_span!("lm_temporal", rows = rows.len()).entered();
+        self.weights.step_temporal_rows(&mut rows, &tokens, scratch);
+        t0.elapsed().as_secs_f64()
     }
 
-    /// The logits to sample after a depformer sub-step (mixed with guidance).
-    fn audio_logits(&mut self) -> &[f32] {
-        match &mut self.guidance {
-            Some(g) => {
-                g.audio_logits
-                    .copy_from_slice(self.model.row().depformer_logits());
-                Guidance::mix(
-                    g.cfg_coef,
-                    &mut g.audio_logits,
-                    g.null_row.depformer_logits(),
-                );
-                &g.audio_logits
+    /// Depformer sub-step `k` of every row of the sessions still stepping; its seconds.
+    fn depformer_pass(
+        &self,
+        k: usize,
+        sessions: &mut [&mut LmSession],
+        steps: &[SessionStep],
+        scratch: &mut LmScratch,
+    ) -> f64 {
+        let t0 = Instant::now();
+        let mut rows = Vec::with_capacity(2 * sessions.len());
+        let mut prev = Vec::with_capacity(2 * sessions.len());
+        for (s, st) in sessions.iter_mut().zip(steps).filter(|(_, st)| st.is_ok()) {
+            for row in s.rows_mut() {
+                rows.push(row);
+                prev.push(st.frame[k]);
             }
-            None => self.model.row().depformer_logits(),
         }
+        let _span = tracing::trace_span!("lm_depformer", k, rows = rows.len()).entered();
+        self.weights
+            .step_depformer_rows(k, &mut rows, &prev, scratch);
+        t0.elapsed().as_secs_f64()
     }
 
-    /// This session's rows (its own, and the negative one with guidance).
-    fn rows_mut(&mut self) -> impl Iterator<Item = &mut LmRowState> {
-        std::iter::once(self.model.row_mut()).chain(self.guidance.as_mut().map(|g| &mut g.null_row))
+    /// Stores the sampled frame, advances the session and returns what its step gave.
+    fn finish(
+        &self,
+        session: &mut LmSession,
+        st: SessionStep,
+        temporal_s: f64,
+        depformer_s: f64,
+    ) -> Result<StepDetails> {
+        if let Some(e) = st.error {
+            return Err(e);
+        }
+        let cfg = self.config();
+        let (s, ring, max_delay) = (session.step, session.sampled.len(), cfg.max_delay());
+        session.sampled[s % ring].copy_from_slice(&st.frame);
+        let frame = (s + 1 > max_delay).then(|| {
+            let at = |k: usize| session.sampled[(s + cfg.delays[k] - max_delay) % ring][k];
+            GeneratedFrame {
+                text: at(0),
+                audio: (1..=cfg.dep_q).map(at).collect(),
+            }
+        });
+        session.step += 1;
+        session.last_timings = StepTimings {
+            temporal_ms: temporal_s * 1e3,
+            depformer_ms: depformer_s * 1e3,
+            sampling_ms: st.sampling_s * 1e3,
+        };
+        let record = session.settings.record_details;
+        Ok(StepDetails {
+            step: s,
+            model_input: if record {
+                session.input.clone()
+            } else {
+                Vec::new()
+            },
+            text_token: st.frame[0],
+            audio_tokens: st.frame[1..].to_vec(),
+            text_logits: st.text_logits,
+            audio_logits: st.audio_logits,
+            transformer_out: if record {
+                session.row.transformer_out().to_vec()
+            } else {
+                Vec::new()
+            },
+            frame,
+            timings: session.last_timings,
+        })
     }
 }
 
@@ -442,198 +365,137 @@ struct SessionStep {
     error: Option<ModelError>,
 }
 
-/// One step of `gens` (see [`Generator::step_batch`]).
-fn run_steps(
-    gens: &mut [&mut Generator],
-    inputs: &[StepInput<'_>],
-    record: bool,
-    scratch: &mut LmScratch,
-) -> Vec<Result<StepDetails>> {
-    assert_eq!(gens.len(), inputs.len(), "one input per session");
-    let Some(weights) = gens.first().map(|g| g.model.weights().clone()) else {
-        return Vec::new();
-    };
-    let dep_q = weights.config().dep_q;
-    let mut steps: Vec<SessionStep> = gens
-        .iter_mut()
-        .zip(inputs)
-        .map(|(g, &input)| SessionStep {
+impl SessionStep {
+    fn new(prepared: Result<()>, dep_q: usize) -> Self {
+        Self {
             frame: vec![0; dep_q + 1],
             text_logits: Vec::new(),
             audio_logits: Vec::new(),
             sampling_s: 0.0,
-            error: g.prepare_step(&weights, input).err(),
-        })
-        .collect();
-
-    // The temporal step of every row (inputs checked above).
-    let t0 = Instant::now();
-    {
-        let mut rows = Vec::with_capacity(2 * gens.len());
-        let mut tokens = Vec::with_capacity(2 * gens.len() * (weights.config().n_q + 1));
-        for (g, st) in gens.iter_mut().zip(&steps) {
-            if st.error.is_none() {
-                for _ in 0..1 + usize::from(g.guidance.is_some()) {
-                    tokens.extend_from_slice(&g.input);
-                }
-                rows.extend(g.rows_mut());
-            }
-        }
-        let _span = tracing::trace_span!("lm_temporal", rows = rows.len()).entered();
-        weights.step_temporal_rows(&mut rows, &tokens, scratch);
-    }
-    let temporal_s = t0.elapsed().as_secs_f64();
-    for (g, st) in gens.iter_mut().zip(steps.iter_mut()) {
-        if st.error.is_some() {
-            continue;
-        }
-        let ts = Instant::now();
-        let s = g.step;
-        let logits = g.text_logits();
-        if let Err(e) = check_finite(logits, s, "text") {
-            st.error = Some(e);
-            continue;
-        }
-        if record {
-            st.text_logits = logits.to_vec();
-        }
-        let sc = &g.sampling;
-        let (greedy, temp, top_k) = (sc.greedy, sc.temp_text, sc.top_k_text);
-        // The logits live in `g`: sample from a copy-free borrow of the right buffer.
-        let text = sample_from(g, greedy, temp, top_k, Logits::Text);
-        st.frame[0] = text;
-        st.sampling_s += ts.elapsed().as_secs_f64();
-    }
-
-    // The depformer, one pass of every row per sub-step.
-    let mut depformer_s = 0.0;
-    for (g, st) in gens.iter_mut().zip(&steps) {
-        if st.error.is_none() {
-            g.rows_mut().for_each(LmRowState::depformer_reset);
-        }
-    }
-    for k in 0..dep_q {
-        let ta = Instant::now();
-        {
-            let mut rows = Vec::with_capacity(2 * gens.len());
-            let mut prev = Vec::with_capacity(2 * gens.len());
-            for (g, st) in gens.iter_mut().zip(&steps) {
-                if st.error.is_none() {
-                    for row in g.rows_mut() {
-                        rows.push(row);
-                        prev.push(st.frame[k]);
-                    }
-                }
-            }
-            let _span = tracing::trace_span!("lm_depformer", k, rows = rows.len()).entered();
-            weights.step_depformer_rows(k, &mut rows, &prev, scratch);
-        }
-        depformer_s += ta.elapsed().as_secs_f64();
-        for (g, st) in gens.iter_mut().zip(steps.iter_mut()) {
-            if st.error.is_some() {
-                continue;
-            }
-            let tb = Instant::now();
-            let s = g.step;
-            let logits = g.audio_logits();
-            if let Err(e) = check_finite(logits, s, "audio") {
-                st.error = Some(e);
-                continue;
-            }
-            if record {
-                st.audio_logits.push(logits.to_vec());
-            }
-            let sc = &g.sampling;
-            let (greedy, temp, top_k) = (sc.greedy, sc.temp_audio, sc.top_k_audio);
-            st.frame[k + 1] = sample_from(g, greedy, temp, top_k, Logits::Audio);
-            st.sampling_s += tb.elapsed().as_secs_f64();
+            error: prepared.err(),
         }
     }
 
-    gens.iter_mut()
-        .zip(steps)
-        .map(|(g, st)| match st.error {
-            Some(e) => Err(e),
-            None => Ok(g.finish_step(st, temporal_s, depformer_s, record)),
-        })
-        .collect()
+    /// Whether the session is still stepping (no error so far).
+    fn is_ok(&self) -> bool {
+        self.error.is_none()
+    }
 }
 
-/// Which logits [`sample_from`] samples.
-enum Logits {
+/// Which stream a sampling pass samples.
+#[derive(Clone, Copy)]
+enum Stream {
     Text,
-    Audio,
+    /// Audio codebook `k` (after depformer sub-step `k`).
+    Audio(usize),
 }
 
-/// Samples one token from `g`'s (already mixed) text or audio logits with `g`'s RNG.
-fn sample_from(
-    g: &mut Generator,
-    greedy: bool,
-    temperature: f32,
-    top_k: usize,
-    which: Logits,
-) -> u32 {
-    let logits = match (&g.guidance, which) {
-        (Some(gd), Logits::Text) => &gd.text_logits,
-        (Some(gd), Logits::Audio) => &gd.audio_logits,
-        (None, Logits::Text) => g.model.row().text_logits(),
-        (None, Logits::Audio) => g.model.row().depformer_logits(),
-    };
-    sample_token(
-        logits,
-        greedy,
-        temperature,
-        top_k,
-        &mut g.rng,
-        &mut g.scratch,
-    )
-}
-
-impl Generator {
-    /// Stores the sampled frame, advances the step and returns what the step returns.
-    fn finish_step(
-        &mut self,
-        st: SessionStep,
-        temporal_s: f64,
-        depformer_s: f64,
-        record: bool,
-    ) -> StepDetails {
-        let cfg = self.model.config();
-        let (s, ring, max_delay) = (self.step, self.sampled.len(), cfg.max_delay());
-        self.sampled[s % ring].copy_from_slice(&st.frame);
-        let out = (s + 1 > max_delay).then(|| {
-            let at = |k: usize| self.sampled[(s + cfg.delays[k] - max_delay) % ring][k];
-            GeneratedFrame {
-                text: at(0),
-                audio: (1..=cfg.dep_q).map(at).collect(),
-            }
-        });
-        self.step += 1;
-        self.last_timings = StepTimings {
-            temporal_ms: temporal_s * 1e3,
-            depformer_ms: depformer_s * 1e3,
-            sampling_ms: st.sampling_s * 1e3,
-        };
-        StepDetails {
-            step: s,
-            model_input: if record {
-                self.input.clone()
-            } else {
-                Vec::new()
-            },
-            text_token: st.frame[0],
-            audio_tokens: st.frame[1..].to_vec(),
-            text_logits: st.text_logits,
-            audio_logits: st.audio_logits,
-            transformer_out: if record {
-                self.model.transformer_out().to_vec()
-            } else {
-                Vec::new()
-            },
-            frame: out,
-            timings: self.last_timings,
+impl Stream {
+    fn name(self) -> &'static str {
+        match self {
+            Stream::Text => "text",
+            Stream::Audio(_) => "audio",
         }
     }
+
+    /// Where the sampled token goes in the frame `[text, audio..]`.
+    fn frame_index(self) -> usize {
+        match self {
+            Stream::Text => 0,
+            Stream::Audio(k) => k + 1,
+        }
+    }
+
+    /// A row's own logits of this stream.
+    fn logits_of(self, row: &LmRowState) -> &[f32] {
+        match self {
+            Stream::Text => row.text_logits(),
+            Stream::Audio(_) => row.depformer_logits(),
+        }
+    }
+}
+
+/// Samples `stream` for every session still stepping; a session whose logits are not finite
+/// fails alone.
+fn sample_each(sessions: &mut [&mut LmSession], steps: &mut [SessionStep], stream: Stream) {
+    for (s, st) in sessions.iter_mut().zip(steps.iter_mut()) {
+        if !st.is_ok() {
+            continue;
+        }
+        let t0 = Instant::now();
+        match sample_one(s, st, stream) {
+            Ok(token) => st.frame[stream.frame_index()] = token,
+            Err(e) => st.error = Some(e),
+        }
+        st.sampling_s += t0.elapsed().as_secs_f64();
+    }
+}
+
+/// One session's token of `stream`: its logits (mixed with guidance as `LMGen` mixes them,
+/// `null + (cond - null) * cfg_coef` elementwise in f32), checked, recorded if asked, sampled
+/// with its settings and RNG.
+fn sample_one(session: &mut LmSession, st: &mut SessionStep, stream: Stream) -> Result<u32> {
+    let LmSession {
+        settings,
+        row,
+        guidance,
+        rng,
+        sampler,
+        step,
+        ..
+    } = session;
+    let logits: &[f32] = match guidance {
+        Some(g) => {
+            let mixed = match stream {
+                Stream::Text => &mut g.text_logits,
+                Stream::Audio(_) => &mut g.audio_logits,
+            };
+            let null = stream.logits_of(&g.null_row);
+            let cfg_coef = settings.conditioning.cfg_coef;
+            for ((m, &c), &n) in mixed.iter_mut().zip(stream.logits_of(row)).zip(null) {
+                *m = n + (c - n) * cfg_coef;
+            }
+            mixed
+        }
+        None => stream.logits_of(row),
+    };
+    check_finite(logits, *step, stream.name())?;
+    if settings.record_details {
+        match stream {
+            Stream::Text => st.text_logits = logits.to_vec(),
+            Stream::Audio(_) => st.audio_logits.push(logits.to_vec()),
+        }
+    }
+    let sc = &settings.sampling;
+    let (temp, top_k) = match stream {
+        Stream::Text => (sc.temp_text, sc.top_k_text),
+        Stream::Audio(_) => (sc.temp_audio, sc.top_k_audio),
+    };
+    Ok(sample_token(logits, sc.greedy, temp, top_k, rng, sampler))
+}
+
+fn check_user_codes(cfg: &LmConfig, user_codes: &[u32]) -> Result<()> {
+    if user_codes.len() != cfg.user_codebooks() {
+        return Err(ModelError::WrongLength {
+            what: "generator step: user audio codes per frame (n_q - dep_q)",
+            expected: cfg.user_codebooks(),
+            got: user_codes.len(),
+        });
+    }
+    if let Some((i, &c)) = user_codes
+        .iter()
+        .enumerate()
+        .find(|(_, &c)| c as usize >= cfg.card)
+    {
+        return Err(ModelError::TokenOutOfRange {
+            what: "user code",
+            value: c,
+            at: format!(" of codebook {i}"),
+            max: cfg.card - 1,
+            note: ": card - 1",
+        });
+    }
+    Ok(())
 }
 
 fn check_finite(logits: &[f32], step: usize, what: &'static str) -> Result<()> {

@@ -6,8 +6,8 @@
 //! depformer's frame, the row's condition). [`LmWeights::forward_text_rows`] and
 //! [`LmWeights::depformer_step_rows`] step any number of rows together, every linear layer one
 //! product over all of them (the weights read once per step, not once per row), each row
-//! attending over its own caches at its own position, with the bits it gets alone.
-//! [`LmModel`] is one row over shared weights, the single-session API.
+//! attending over its own caches at its own position, with the bits it gets alone. Sessions
+//! (sampling, token history, guidance) live in [`crate::generator`].
 
 pub mod conditioner;
 pub mod depformer;
@@ -17,10 +17,11 @@ pub mod temporal;
 pub mod transformer;
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use moshi_loader::{LmConfig, PositionalEmbedding, WeightMap};
 
+use crate::kind::ModelKind;
 use crate::nn::{Attention, KvPrecision, Linear, Rope};
 use crate::{ModelError, Result};
 use conditioner::ConditionProvider;
@@ -56,6 +57,8 @@ impl LmWeightBytes {
 /// built, shared by every row that steps over them.
 #[derive(Clone, Debug)]
 pub struct LmWeights {
+    /// Tells sessions made over these weights from others ([`LmWeights::id`]).
+    id: u64,
     cfg: LmConfig,
     temporal: TemporalTransformer,
     depformer: Depformer,
@@ -107,11 +110,6 @@ impl LmRowState {
         self.temporal.kv_precision()
     }
 
-    /// [`TemporalState::set_kv_precision`] (the depformer's 8-position caches stay f32).
-    pub fn set_kv_precision(&mut self, precision: KvPrecision) {
-        self.temporal.set_kv_precision(precision);
-    }
-
     /// Starts the depformer pass of the current step.
     pub fn depformer_reset(&mut self) {
         self.depformer.reset();
@@ -148,19 +146,8 @@ pub struct LmScratch {
     transformer_outs: Vec<f32>,
 }
 
-/// One row over shared [`LmWeights`]: the single-session API (a clone is another session over
-/// the same weights).
-#[derive(Clone, Debug)]
-pub struct LmModel {
-    weights: Arc<LmWeights>,
-    row: LmRowState,
-    /// Buffers of this row's steps (a generator lends them to its batch of one).
-    pub(crate) scratch: LmScratch,
-}
-
-/// Kyutai's loader reads a Hibiki model's EOS text input (2) with PAD's embedding row (3): an
-/// EOS sampled before the end of the input then acts as a pause (`loaders.get_moshi`).
-const HIBIKI_EOS_READS_AS_PAD: (u32, u32) = (2, 3);
+/// The id of the next weights loaded.
+static NEXT_WEIGHTS_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Checks the config (a no-op for one read by `LmConfig::from_file`, which validated it; a config
 /// built or changed in code is checked here, before anything is allocated from it).
@@ -294,16 +281,14 @@ impl LmWeights {
             });
         }
         let mut weights = Self {
+            id: NEXT_WEIGHTS_ID.fetch_add(1, Ordering::Relaxed),
             cfg: cfg.clone(),
             temporal,
             depformer,
             conditions,
         };
-        if cfg.model_type.as_deref() == Some("hibiki") {
-            weights
-                .temporal
-                .set_text_alias(Some(HIBIKI_EOS_READS_AS_PAD));
-        }
+        let alias = ModelKind::of(cfg).conventions().text_input_alias;
+        weights.temporal.set_text_alias(alias);
         Ok(weights)
     }
 
@@ -315,6 +300,17 @@ impl LmWeights {
 
     pub fn config(&self) -> &LmConfig {
         &self.cfg
+    }
+
+    /// An id of these weights, different for every load (a session remembers the id of the
+    /// weights it was made for, so that a batch refuses a session of another model).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The model type and its conventions.
+    pub fn kind(&self) -> ModelKind {
+        ModelKind::of(&self.cfg)
     }
 
     /// The temporal transformer's weights, e.g. to time one layer.
@@ -505,165 +501,5 @@ impl LmWeights {
             depformer: self.depformer.weight_bytes_read_per_pass(),
             embedding_tables: self.temporal.embedding_bytes() + self.depformer.embedding_bytes(),
         }
-    }
-}
-
-impl LmModel {
-    /// Builds the model from canonically named weights (see [`LmWeights::load`]): one row, f32
-    /// KV caches, conditioned on every conditioner's learnt padding.
-    pub fn load(cfg: &LmConfig, weights: WeightMap) -> Result<Self> {
-        Self::with_weights(Arc::new(LmWeights::load(cfg, weights)?))
-    }
-
-    /// A model of `cfg`'s shapes with deterministic random weights (for benchmarks and tests).
-    pub fn random(cfg: &LmConfig, seed: u64, kind: RandomWeightKind) -> Result<Self> {
-        Self::with_weights(Arc::new(LmWeights::random(cfg, seed, kind)?))
-    }
-
-    /// A fresh row over shared weights: f32 KV caches, position 0, and until told otherwise
-    /// every conditioner's learnt padding (the official value of an absent attribute).
-    pub fn with_weights(weights: Arc<LmWeights>) -> Result<Self> {
-        let row = weights.new_row(&[], KvPrecision::F32)?;
-        Ok(Self {
-            weights,
-            row,
-            scratch: LmScratch::default(),
-        })
-    }
-
-    /// The shared weights.
-    pub fn weights(&self) -> &Arc<LmWeights> {
-        &self.weights
-    }
-
-    /// This row's state.
-    pub fn row(&self) -> &LmRowState {
-        &self.row
-    }
-
-    pub(crate) fn row_mut(&mut self) -> &mut LmRowState {
-        &mut self.row
-    }
-
-    pub fn config(&self) -> &LmConfig {
-        &self.weights.cfg
-    }
-
-    /// The temporal transformer's weights, e.g. to time one layer.
-    pub fn temporal(&self) -> &TemporalTransformer {
-        &self.weights.temporal
-    }
-
-    /// The depformer's weights.
-    pub fn depformer(&self) -> &Depformer {
-        &self.weights.depformer
-    }
-
-    /// The model's conditioners (empty for Moshi).
-    pub fn conditions(&self) -> &ConditionProvider {
-        &self.weights.conditions
-    }
-
-    /// Conditions this row on `values` (`(conditioner, value)` pairs, e.g.
-    /// `[("description", "very_good")]`); conditioners not named take their learnt padding.
-    /// A model without conditioners accepts only `&[]`.
-    pub fn set_conditions(&mut self, values: &[(&str, &str)]) -> Result<()> {
-        let fused = self.weights.conditions.fused(values)?;
-        self.row.temporal.set_condition(fused);
-        Ok(())
-    }
-
-    /// A fresh row over the same weights with this row's KV precision, conditioned on `values`.
-    pub fn new_row(&self, values: &[(&str, &str)]) -> Result<LmRowState> {
-        self.weights.new_row(values, self.kv_precision())
-    }
-
-    /// Exchanges this row's state with `row`: the following calls run on `row`'s caches and
-    /// outputs, over the same weights (cheap: buffers are moved, not copied).
-    pub fn swap_row(&mut self, row: &mut LmRowState) {
-        std::mem::swap(&mut self.row, row);
-    }
-
-    /// Runs the temporal transformer on one step's `1 + n_q` input tokens
-    /// (`[text, audio_0 .. audio_{n_q-1}]`, initial tokens `text_card` / `card` allowed).
-    /// Results: [`LmModel::transformer_out`], [`LmModel::text_logits`].
-    pub fn forward_text(&mut self, tokens: &[u32]) -> Result<()> {
-        self.weights.check_step_tokens(tokens)?;
-        self.weights
-            .forward_text_rows(&mut [&mut self.row], tokens, &mut self.scratch)
-    }
-
-    /// Output of the temporal transformer after `out_norm` for the last step (`[dim]`).
-    pub fn transformer_out(&self) -> &[f32] {
-        self.row.transformer_out()
-    }
-
-    /// Text logits of the last step (`[text_card]`).
-    pub fn text_logits(&self) -> &[f32] {
-        self.row.text_logits()
-    }
-
-    /// Starts the depformer pass of the current step.
-    pub fn depformer_reset(&mut self) {
-        self.row.depformer_reset();
-    }
-
-    /// Depformer sub-step `k` (in order 0..dep_q after [`LmModel::depformer_reset`]) on the
-    /// last `transformer_out`; `prev_token` is the text token of this step for k = 0, else the
-    /// audio token of codebook k - 1. Returns the logits of codebook k (`[card]`).
-    pub fn depformer_step(&mut self, k: usize, prev_token: u32) -> Result<&[f32]> {
-        self.weights.depformer_step_rows(
-            k,
-            &mut [&mut self.row],
-            &[prev_token],
-            &mut self.scratch,
-        )?;
-        Ok(self.row.depformer_logits())
-    }
-
-    /// Logits of the last depformer sub-step (`[card]`).
-    pub fn depformer_logits(&self) -> &[f32] {
-        self.row.depformer_logits()
-    }
-
-    /// Forgets the whole session (position 0, empty caches).
-    pub fn reset(&mut self) {
-        self.row.reset();
-    }
-
-    /// Element type of the temporal KV caches.
-    pub fn kv_precision(&self) -> KvPrecision {
-        self.row.kv_precision()
-    }
-
-    /// [`TemporalState::set_kv_precision`]: the temporal KV caches' element type (the
-    /// depformer's 8-position caches stay f32).
-    pub fn set_kv_precision(&mut self, precision: KvPrecision) {
-        self.row.set_kv_precision(precision);
-    }
-
-    /// [`TemporalState::fill_caches_with_noise`]: for benchmarks of long conversations.
-    pub fn fill_temporal_caches_with_noise(&mut self, positions: usize, seed: u64) {
-        self.row.fill_temporal_caches_with_noise(positions, seed);
-    }
-
-    /// Temporal steps run since the last reset.
-    pub fn position(&self) -> usize {
-        self.row.position()
-    }
-
-    /// Positions held by each temporal layer's KV cache (≤ `context`).
-    pub fn temporal_cache_lens(&self) -> Vec<usize> {
-        self.row.temporal.caches().iter().map(|c| c.len()).collect()
-    }
-
-    /// Bytes currently allocated by the temporal KV caches.
-    pub fn kv_cache_bytes(&self) -> usize {
-        self.row.kv_cache_bytes()
-    }
-
-    /// Bytes of weights read per step, by part.
-    pub fn weight_bytes(&self) -> LmWeightBytes {
-        self.weights.weight_bytes()
     }
 }
