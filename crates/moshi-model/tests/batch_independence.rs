@@ -9,10 +9,11 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{fixture, fixture_config};
-use moshi_loader::lm_weights::{load_lm_weights, WeightMode};
-use moshi_model::generator::{Generator, SamplingConfig, StepDetails, StepInput};
-use moshi_model::lm::{LmModel, LmScratch, LmWeights};
+use common::{detailed, fixture_file_weights, fixture_generator, step_alone};
+use moshi_loader::lm_weights::WeightMode;
+use moshi_model::generator::{
+    Conditioning, Generator, LmSession, LmSessionSettings, SamplingConfig, StepDetails, StepInput,
+};
 use moshi_model::nn::KvPrecision;
 use moshi_model::ModelError;
 
@@ -39,29 +40,33 @@ fn user_codes(seed: u32, step: usize, n: usize, card: usize) -> Vec<u32> {
         .collect()
 }
 
-fn generator(weights: &Arc<LmWeights>, plan: &Plan) -> Generator {
-    let model = LmModel::with_weights(weights.clone()).unwrap();
-    let mut g = Generator::new(model, plan.sampling.clone());
-    g.set_kv_precision(plan.kv);
-    if plan.cfg_coef != 1.0 {
-        g.set_conditions(
+/// A session of `plan` over `g`'s weights, recording its steps' details.
+fn session(g: &Generator, plan: &Plan) -> LmSession {
+    let conditioning = if plan.cfg_coef != 1.0 {
+        Conditioning::new(
             &[("description", "very_good")],
-            plan.cfg_coef,
             &[("description", "very_bad")],
+            plan.cfg_coef,
         )
-        .unwrap();
-    }
-    g
+    } else {
+        Conditioning::none()
+    };
+    g.new_session(LmSessionSettings {
+        kv_precision: plan.kv,
+        conditioning,
+        ..detailed(plan.sampling.clone())
+    })
+    .unwrap()
 }
 
 /// Every step of `plan` run alone.
-fn alone(weights: &Arc<LmWeights>, plan: &Plan) -> Vec<StepDetails> {
-    let cfg = weights.config();
-    let mut g = generator(weights, plan);
+fn alone(g: &Generator, plan: &Plan) -> Vec<StepDetails> {
+    let cfg = g.config();
+    let mut s = session(g, plan);
     (0..plan.last - plan.first)
-        .map(|s| {
-            let codes = user_codes(plan.codes_seed, s, cfg.user_codebooks(), cfg.card);
-            g.step_detailed(&codes).unwrap()
+        .map(|t| {
+            let codes = user_codes(plan.codes_seed, t, cfg.user_codebooks(), cfg.card);
+            step_alone(g, &mut s, StepInput::UserCodes(&codes)).unwrap()
         })
         .collect()
 }
@@ -91,12 +96,11 @@ fn assert_same(got: &StepDetails, want: &StepDetails, what: &str) {
 
 /// Runs the plans' schedule as batches (whoever is active at each frame) and checks every
 /// session against its run alone.
-fn check_schedule(weights: &Arc<LmWeights>, plans: &[Plan], label: &str) {
-    let cfg = weights.config();
-    let references: Vec<Vec<StepDetails>> = plans.iter().map(|p| alone(weights, p)).collect();
-    let mut gens: Vec<Generator> = plans.iter().map(|p| generator(weights, p)).collect();
+fn check_schedule(g: &Generator, plans: &[Plan], label: &str) {
+    let cfg = g.config();
+    let references: Vec<Vec<StepDetails>> = plans.iter().map(|p| alone(g, p)).collect();
+    let mut sessions: Vec<LmSession> = plans.iter().map(|p| session(g, p)).collect();
     let frames = plans.iter().map(|p| p.last).max().unwrap();
-    let mut scratch = LmScratch::default();
     let mut largest_batch = 0;
     for t in 0..frames {
         let active: Vec<usize> = (0..plans.len())
@@ -110,14 +114,19 @@ fn check_schedule(weights: &Arc<LmWeights>, plans: &[Plan], label: &str) {
             })
             .collect();
         let inputs: Vec<StepInput> = codes.iter().map(|c| StepInput::UserCodes(c)).collect();
-        let mut batch: Vec<&mut Generator> = gens
+        let mut batch: Vec<&mut LmSession> = sessions
             .iter_mut()
             .enumerate()
             .filter(|(i, _)| active.contains(i))
-            .map(|(_, g)| g)
+            .map(|(_, s)| s)
             .collect();
         largest_batch = largest_batch.max(batch.len());
-        let results = Generator::step_batch_detailed(&mut batch, &inputs, &mut scratch);
+        let results = g.step(&mut batch, &inputs);
+        assert_eq!(
+            results.len(),
+            active.len(),
+            "{label}: one result per session"
+        );
         for (&i, r) in active.iter().zip(results) {
             let got = r.unwrap();
             let s = t - plans[i].first;
@@ -177,10 +186,8 @@ fn plans(cfg_coef: f32) -> Vec<Plan> {
     ]
 }
 
-fn tiny_a_weights(file: &str, mode: WeightMode) -> Arc<LmWeights> {
-    let cfg = fixture_config("tiny-a");
-    let w = load_lm_weights(&fixture("tiny-a", file), &cfg, mode).unwrap();
-    Arc::new(LmWeights::load(&cfg, w).unwrap())
+fn tiny_a_generator(file: &str, mode: WeightMode) -> Generator {
+    Generator::new(Arc::new(fixture_file_weights("tiny-a", file, mode)))
 }
 
 #[test]
@@ -191,38 +198,30 @@ fn batched_sessions_equal_sessions_alone_for_every_weight_format() {
         ("q8", "model.q8.safetensors", WeightMode::Native),
         ("q4", "model.q4.safetensors", WeightMode::Native),
     ] {
-        check_schedule(&tiny_a_weights(file, mode), &plans(1.0), label);
+        check_schedule(&tiny_a_generator(file, mode), &plans(1.0), label);
     }
 }
 
 #[test]
 fn batched_guidance_rows_equal_sessions_alone() {
-    let cfg = fixture_config("tiny-hibiki");
-    let w = load_lm_weights(
-        &fixture("tiny-hibiki", "model.safetensors"),
-        &cfg,
-        WeightMode::Native,
-    )
-    .unwrap();
-    let weights = Arc::new(LmWeights::load(&cfg, w).unwrap());
+    let g = fixture_generator("tiny-hibiki", WeightMode::Native);
     let mut mixed = plans(3.0);
     // Sessions with and without guidance in one batch (one row and two rows).
     mixed[1].cfg_coef = 1.0;
-    check_schedule(&weights, &mixed, "tiny-hibiki");
+    check_schedule(&g, &mixed, "tiny-hibiki");
 }
 
 #[test]
 fn a_failing_session_leaves_the_others_of_its_batch_alone() {
-    let weights = tiny_a_weights("model.q4.safetensors", WeightMode::Native);
-    let cfg = weights.config().clone();
+    let g = tiny_a_generator("model.q4.safetensors", WeightMode::Native);
+    let cfg = g.config().clone();
     let plan = plans(1.0).remove(0);
-    let reference = alone(&weights, &plan);
-    let mut good = generator(&weights, &plan);
-    let mut bad_input = generator(&weights, &plan);
+    let reference = alone(&g, &plan);
+    let mut good = session(&g, &plan);
+    let mut bad_input = session(&g, &plan);
     // Same shapes, other weights: cannot share the batch.
-    let other = tiny_a_weights("model.q8.safetensors", WeightMode::Native);
-    let mut foreign = generator(&other, &plan);
-    let mut scratch = LmScratch::default();
+    let other = tiny_a_generator("model.q8.safetensors", WeightMode::Native);
+    let mut foreign = session(&other, &plan);
     for (s, want) in reference.iter().enumerate().take(6) {
         let codes = user_codes(plan.codes_seed, s, cfg.user_codebooks(), cfg.card);
         let too_short = &codes[1..];
@@ -232,10 +231,26 @@ fn a_failing_session_leaves_the_others_of_its_batch_alone() {
             StepInput::UserCodes(&codes),
         ];
         let mut batch = [&mut bad_input, &mut good, &mut foreign];
-        let results = Generator::step_batch_detailed(&mut batch, &inputs, &mut scratch);
+        let results = g.step(&mut batch, &inputs);
+        assert_eq!(results.len(), 3);
         assert!(matches!(results[0], Err(ModelError::WrongLength { .. })));
         assert_same(results[1].as_ref().unwrap(), want, "the good session");
         assert!(matches!(results[2], Err(ModelError::BatchWeightsDiffer)));
     }
     assert_eq!(bad_input.step_index(), 0, "a refused step is not taken");
+    assert_eq!(foreign.step_index(), 0, "a refused session is not stepped");
+    // The same weights loaded twice are other weights too (the check is by load, not by shape
+    // or content): a session of one generator is refused by the other.
+    let twin = tiny_a_generator("model.q4.safetensors", WeightMode::Native);
+    let codes = user_codes(plan.codes_seed, 0, cfg.user_codebooks(), cfg.card);
+    let mut fresh = session(&twin, &plan);
+    assert!(matches!(
+        step_alone(&g, &mut fresh, StepInput::UserCodes(&codes)),
+        Err(ModelError::BatchWeightsDiffer)
+    ));
+    // A clone of the generator shares its weights: its sessions step on either.
+    let clone = g.clone();
+    let mut shared = session(&clone, &plan);
+    let got = step_alone(&g, &mut shared, StepInput::UserCodes(&codes)).unwrap();
+    assert_same(&got, &reference[0], "a session of a clone");
 }

@@ -7,12 +7,15 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::{max_abs_diff, u32s};
+use common::{detailed, max_abs_diff, step_alone, u32s};
 
 use moshi_loader::lm_weights::{load_lm_weights, WeightMode};
 use moshi_loader::{npy, LmConfig};
-use moshi_model::generator::{Generator, SamplingConfig, StepDetails};
-use moshi_model::lm::LmModel;
+use moshi_model::generator::{
+    Conditioning, Generator, LmSession, LmSessionSettings, SamplingConfig, StepDetails, StepInput,
+};
+use moshi_model::lm::{LmScratch, LmWeights};
+use moshi_model::nn::KvPrecision;
 use serde_json::Value;
 
 const GOOD: &[(&str, &str)] = &[("description", "very_good")];
@@ -26,8 +29,26 @@ fn tiny_config() -> LmConfig {
     common::fixture_config("tiny-hibiki")
 }
 
-fn tiny_model(mode: WeightMode) -> LmModel {
-    common::fixture_model("tiny-hibiki", mode)
+fn tiny_generator(mode: WeightMode) -> Generator {
+    common::fixture_generator("tiny-hibiki", mode)
+}
+
+/// A greedy session conditioned on very_good, guided against very_bad with `cfg_coef`,
+/// recording its steps' details.
+fn guided_session(g: &Generator, cfg_coef: f32) -> LmSession {
+    g.new_session(LmSessionSettings {
+        conditioning: Conditioning::new(GOOD, BAD, cfg_coef),
+        ..detailed(SamplingConfig::greedy())
+    })
+    .unwrap()
+}
+
+/// The step input of a [`feed`] entry.
+fn input(f: &Option<Vec<u32>>) -> StepInput<'_> {
+    match f {
+        Some(codes) => StepInput::UserCodes(codes),
+        None => StepInput::EndOfInput,
+    }
 }
 
 fn reference() -> Value {
@@ -50,21 +71,24 @@ fn feed() -> Vec<Option<Vec<u32>>> {
     fed
 }
 
-fn run(model: LmModel, cfg_coef: f32) -> Vec<StepDetails> {
-    let mut g = Generator::new(model, SamplingConfig::greedy());
-    g.set_conditions(GOOD, cfg_coef, BAD).unwrap();
+fn run(g: &Generator, cfg_coef: f32) -> Vec<StepDetails> {
+    let mut session = guided_session(g, cfg_coef);
     feed()
         .iter()
-        .map(|f| match f {
-            Some(codes) => g.step_detailed(codes).unwrap(),
-            None => g.step_end_of_input_detailed().unwrap(),
-        })
+        .map(|f| step_alone(g, &mut session, input(f)).unwrap())
         .collect()
 }
 
 #[test]
 fn guided_greedy_run_reproduces_official_tokens_and_mixed_logits() {
-    let steps = run(tiny_model(WeightMode::Native), 3.0);
+    let g = tiny_generator(WeightMode::Native);
+    // The conditions of the reference run are the model type's conventions.
+    let conventions = g.kind().conventions();
+    assert_eq!(
+        (conventions.conditions, conventions.negative_conditions),
+        (GOOD, BAD)
+    );
+    let steps = run(&g, 3.0);
     let reference = reference();
     let ref_steps = reference["steps"].as_array().unwrap();
     assert_eq!(steps.len(), ref_steps.len());
@@ -147,7 +171,8 @@ fn guidance_changes_the_output_and_one_row_is_the_plain_conditioned_model() {
         .collect();
     // Without guidance (one row, conditioned on very_good), most tokens differ (the fixture was
     // made so that skipping or misapplying guidance fails token for token).
-    let plain = run(tiny_model(WeightMode::Native), 1.0);
+    let g = tiny_generator(WeightMode::Native);
+    let plain = run(&g, 1.0);
     let same = plain
         .iter()
         .zip(&want)
@@ -160,36 +185,32 @@ fn guidance_changes_the_output_and_one_row_is_the_plain_conditioned_model() {
     );
 
     // A coefficient of 1 with a negative row would mix to the conditioned logits: one row.
-    let mut g = Generator::new(tiny_model(WeightMode::Native), SamplingConfig::greedy());
-    g.set_conditions(GOOD, 1.0, BAD).unwrap();
-    assert_eq!(g.cfg_coef(), 1.0);
+    let session = guided_session(&g, 1.0);
+    assert_eq!(session.cfg_coef(), 1.0);
+    assert_eq!(session.rows_per_step(), 1);
 }
 
 #[test]
 fn guided_runs_repeat_exactly_after_reset_and_on_quantized_weights_stay_close() {
-    let model = tiny_model(WeightMode::Native);
-    let mut g = Generator::new(model, SamplingConfig::greedy());
-    g.set_conditions(GOOD, 3.0, BAD).unwrap();
+    let g = tiny_generator(WeightMode::Native);
+    let mut session = guided_session(&g, 3.0);
     let fed = feed();
     let mut first = Vec::new();
     for round in 0..2 {
         let tokens: Vec<u32> = fed
             .iter()
-            .map(|f| match f {
-                Some(c) => g.step_detailed(c).unwrap().text_token,
-                None => g.step_end_of_input_detailed().unwrap().text_token,
-            })
+            .map(|f| step_alone(&g, &mut session, input(f)).unwrap().text_token)
             .collect();
         if round == 0 {
             first = tokens;
         } else {
             assert_eq!(tokens, first, "the second run after reset differs");
         }
-        g.reset();
+        session.reset();
     }
     // 8-bit weights (quantized at load, the conditioner kept f32) run the whole guided loop.
     let q8 = run(
-        tiny_model(WeightMode::Quantize {
+        &tiny_generator(WeightMode::Quantize {
             bits: 8,
             group_size: 64,
         }),
@@ -203,29 +224,49 @@ fn guided_runs_repeat_exactly_after_reset_and_on_quantized_weights_stay_close() 
 
 #[test]
 fn bad_conditions_and_coefficients_are_errors() {
-    let mut g = Generator::new(tiny_model(WeightMode::Native), SamplingConfig::greedy());
-    let err = |r: moshi_model::Result<()>| r.unwrap_err().to_string();
-    let e = err(g.set_conditions(&[("description", "excellent")], 3.0, BAD));
+    let g = tiny_generator(WeightMode::Native);
+    let new_session = |values: &[(&str, &str)], cfg_coef: f32, negative: &[(&str, &str)]| {
+        g.new_session(LmSessionSettings {
+            conditioning: Conditioning::new(values, negative, cfg_coef),
+            ..LmSessionSettings::with_sampling(SamplingConfig::greedy())
+        })
+    };
+    let err = |r: moshi_model::Result<LmSession>| r.unwrap_err().to_string();
+    let e = err(new_session(&[("description", "excellent")], 3.0, BAD));
     assert!(e.contains("excellent") && e.contains("very_good"), "{e}");
-    let e = err(g.set_conditions(GOOD, 3.0, &[("genre", "jazz")]));
+    let e = err(new_session(GOOD, 3.0, &[("genre", "jazz")]));
     assert!(e.contains("no conditioner `genre`"), "{e}");
     for c in [0.0, -1.0, f32::NAN, f32::INFINITY] {
-        let e = err(g.set_conditions(GOOD, c, BAD));
+        let e = err(new_session(GOOD, c, BAD));
         assert!(e.contains("positive"), "{c}: {e}");
     }
-    // After the errors the generator still runs (no half-applied state).
-    assert_eq!(g.cfg_coef(), 1.0);
+    // Guidance needs conditioners: the unconditioned tiny-a refuses it.
+    let moshi = common::fixture_generator("tiny-a", WeightMode::Native);
+    let e = moshi
+        .new_session(LmSessionSettings {
+            conditioning: Conditioning::new(&[], &[], 3.0),
+            ..LmSessionSettings::default()
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("conditioned model"), "{e}");
+    // After the errors the generator still runs (nothing half-applied): a session of the
+    // default settings has no guidance and steps.
+    let mut session = g.new_session(LmSessionSettings::default()).unwrap();
+    assert_eq!(session.cfg_coef(), 1.0);
     let frame = feed()[0].clone().unwrap();
-    g.step(&frame).unwrap();
+    step_alone(&g, &mut session, StepInput::UserCodes(&frame)).unwrap();
     // The end-of-stream frame is `card`; ordinary frames may not carry it.
-    let e = g.step(&[64; 8]).unwrap_err().to_string();
+    let e = step_alone(&g, &mut session, StepInput::UserCodes(&[64; 8]))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("out of range"), "{e}");
 }
 
 #[test]
 fn conditioner_vectors_follow_the_lut_and_the_learnt_padding() {
-    let model = tiny_model(WeightMode::Native);
-    let provider = model.conditions();
+    let g = tiny_generator(WeightMode::Native);
+    let provider = g.weights().conditions();
     assert_eq!(provider.conditioners().len(), 1);
     let lut = &provider.conditioners()[0];
     assert_eq!(lut.name(), "description");
@@ -276,11 +317,13 @@ fn eos_input_reads_as_pad_for_model_type_hibiki_only() {
             WeightMode::Native,
         )
         .unwrap();
-        let mut lm = LmModel::load(&cfg, weights).unwrap();
+        let lm = LmWeights::load(&cfg, weights).unwrap();
+        let mut row = lm.new_row(&[], KvPrecision::F32).unwrap();
         let mut tokens = vec![64u32; 17];
         tokens[0] = text;
-        lm.forward_text(&tokens).unwrap();
-        lm.text_logits().to_vec()
+        lm.forward_text_rows(&mut [&mut row], &tokens, &mut LmScratch::default())
+            .unwrap();
+        row.text_logits().to_vec()
     };
     assert_eq!(
         text_logits_after(Some("hibiki"), 2),

@@ -6,12 +6,17 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::{max_abs_diff, u32s};
+use std::sync::Arc;
+
+use common::{cache_lens, detailed, max_abs_diff, step_alone, u32s};
 
 use moshi_loader::lm_weights::{load_lm_weights, WeightMode};
 use moshi_loader::{npy, LmConfig, WeightMap};
-use moshi_model::generator::{Generator, SamplingConfig, StepDetails};
-use moshi_model::lm::{LmModel, RandomWeightKind};
+use moshi_model::generator::{
+    Generator, LmSessionSettings, SamplingConfig, StepDetails, StepInput,
+};
+use moshi_model::lm::{LmScratch, LmWeights, RandomWeightKind};
+use moshi_model::nn::KvPrecision;
 use serde_json::Value;
 
 fn asset(rel: &str) -> PathBuf {
@@ -22,8 +27,8 @@ fn tiny_config() -> LmConfig {
     common::fixture_config("tiny-a")
 }
 
-fn tiny_model(mode: WeightMode) -> LmModel {
-    common::fixture_model("tiny-a", mode)
+fn tiny_generator(mode: WeightMode) -> Generator {
+    common::fixture_generator("tiny-a", mode)
 }
 
 /// `ref/mimi_codes.npy` as frames `[T][8]`.
@@ -43,17 +48,16 @@ fn fed_frames() -> Vec<Vec<u32>> {
     fed
 }
 
-fn run_greedy(model: LmModel, seed: u64) -> Vec<StepDetails> {
-    let mut g = Generator::new(
-        model,
-        SamplingConfig {
+fn run_greedy(g: &Generator, seed: u64) -> Vec<StepDetails> {
+    let mut session = g
+        .new_session(detailed(SamplingConfig {
             seed,
             ..SamplingConfig::greedy()
-        },
-    );
+        }))
+        .unwrap();
     fed_frames()
         .iter()
-        .map(|f| g.step_detailed(f).unwrap())
+        .map(|f| step_alone(g, &mut session, StepInput::UserCodes(f)).unwrap())
         .collect()
 }
 
@@ -143,7 +147,7 @@ fn check_against_torch(steps: &[StepDetails]) {
 
 #[test]
 fn greedy_bf16_weights_reproduce_lmgen_tokens_and_logits() {
-    let steps = run_greedy(tiny_model(WeightMode::Native), 1);
+    let steps = run_greedy(&tiny_generator(WeightMode::Native), 1);
     // More steps than the window: the sliding window is exercised.
     assert!(steps.len() > tiny_config().context + 2);
     check_against_torch(&steps);
@@ -151,7 +155,7 @@ fn greedy_bf16_weights_reproduce_lmgen_tokens_and_logits() {
 
 #[test]
 fn greedy_f32_weights_reproduce_lmgen_tokens_and_logits() {
-    check_against_torch(&run_greedy(tiny_model(WeightMode::DequantizeF32), 2));
+    check_against_torch(&run_greedy(&tiny_generator(WeightMode::DequantizeF32), 2));
 }
 
 #[test]
@@ -165,11 +169,11 @@ fn greedy_tokens_do_not_depend_on_the_seed() {
             d.text_logits,
         )
     };
-    let a: Vec<_> = run_greedy(tiny_model(WeightMode::Native), 1)
+    let a: Vec<_> = run_greedy(&tiny_generator(WeightMode::Native), 1)
         .into_iter()
         .map(key)
         .collect();
-    let b: Vec<_> = run_greedy(tiny_model(WeightMode::Native), 987654321)
+    let b: Vec<_> = run_greedy(&tiny_generator(WeightMode::Native), 987654321)
         .into_iter()
         .map(key)
         .collect();
@@ -180,26 +184,30 @@ fn greedy_tokens_do_not_depend_on_the_seed() {
         seed,
         ..SamplingConfig::default()
     };
-    let mut g1 = Generator::new(tiny_model(WeightMode::Native), sampling(5));
-    let mut g2 = Generator::new(tiny_model(WeightMode::Native), sampling(6));
-    let frame = &user_frames()[0];
+    let (g1, g2) = (
+        tiny_generator(WeightMode::Native),
+        tiny_generator(WeightMode::Native),
+    );
+    let mut s1 = g1.new_session(detailed(sampling(5))).unwrap();
+    let mut s2 = g2.new_session(detailed(sampling(6))).unwrap();
+    let frame = StepInput::UserCodes(&user_frames()[0]);
     assert_eq!(
-        g1.step_detailed(frame).unwrap().text_token,
-        g2.step_detailed(frame).unwrap().text_token
+        step_alone(&g1, &mut s1, frame).unwrap().text_token,
+        step_alone(&g2, &mut s2, frame).unwrap().text_token
     );
 }
 
 fn sampled_tokens(seed: u64) -> Vec<(u32, Vec<u32>)> {
-    let mut g = Generator::new(
-        tiny_model(WeightMode::Native),
-        SamplingConfig {
+    let g = tiny_generator(WeightMode::Native);
+    let mut session = g
+        .new_session(detailed(SamplingConfig {
             seed,
             ..SamplingConfig::default()
-        },
-    );
+        }))
+        .unwrap();
     fed_frames()
         .iter()
-        .map(|f| g.step_detailed(f).unwrap())
+        .map(|f| step_alone(&g, &mut session, StepInput::UserCodes(f)).unwrap())
         .map(|d| (d.text_token, d.audio_tokens))
         .collect()
 }
@@ -211,7 +219,7 @@ fn seeded_sampling_is_reproducible_and_seed_dependent() {
     let b = sampled_tokens(43);
     assert_ne!(a, b);
     // Sampling actually samples: it departs from the greedy run.
-    let greedy: Vec<(u32, Vec<u32>)> = run_greedy(tiny_model(WeightMode::Native), 0)
+    let greedy: Vec<(u32, Vec<u32>)> = run_greedy(&tiny_generator(WeightMode::Native), 0)
         .into_iter()
         .map(|d| (d.text_token, d.audio_tokens))
         .collect();
@@ -225,49 +233,66 @@ fn seeded_sampling_is_reproducible_and_seed_dependent() {
 
 #[test]
 fn reset_restarts_the_session_exactly() {
-    let mut g = Generator::new(
-        tiny_model(WeightMode::Native),
-        SamplingConfig {
+    let g = tiny_generator(WeightMode::Native);
+    let mut session = g
+        .new_session(LmSessionSettings::with_sampling(SamplingConfig {
             seed: 3,
             ..SamplingConfig::default()
-        },
-    );
+        }))
+        .unwrap();
     let fed = fed_frames();
-    let first: Vec<_> = fed.iter().take(20).map(|f| g.step(f).unwrap()).collect();
-    g.reset();
-    assert_eq!(g.step_index(), 0);
-    let again: Vec<_> = fed.iter().take(20).map(|f| g.step(f).unwrap()).collect();
+    let frames = |session: &mut _| -> Vec<_> {
+        fed.iter()
+            .take(20)
+            .map(|f| {
+                step_alone(&g, session, StepInput::UserCodes(f))
+                    .unwrap()
+                    .frame
+            })
+            .collect()
+    };
+    let first = frames(&mut session);
+    session.reset();
+    assert_eq!(session.step_index(), 0);
+    let again = frames(&mut session);
     assert_eq!(first, again);
 }
 
 #[test]
 fn long_sessions_keep_a_bounded_window() {
     let cfg = tiny_config();
-    let mut g = Generator::new(tiny_model(WeightMode::Native), SamplingConfig::default());
+    let g = tiny_generator(WeightMode::Native);
+    let mut session = g.new_session(LmSessionSettings::default()).unwrap();
     let frames = user_frames();
     let mut bytes_at_window = 0;
     let steps = cfg.context * 5 + 3;
     for s in 0..steps {
-        let out = g.step(&frames[s % frames.len()]).unwrap();
+        let out = step_alone(
+            &g,
+            &mut session,
+            StepInput::UserCodes(&frames[s % frames.len()]),
+        )
+        .unwrap()
+        .frame;
         assert_eq!(out.is_some(), s >= cfg.max_delay());
-        let lens = g.model().temporal_cache_lens();
+        let lens = cache_lens(session.row());
         assert_eq!(
             lens,
             vec![(s + 1).min(cfg.context); cfg.num_layers],
             "step {s}"
         );
         if s + 1 == cfg.context {
-            bytes_at_window = g.model().kv_cache_bytes();
+            bytes_at_window = session.kv_cache_bytes();
         }
         if s + 1 >= cfg.context {
             assert_eq!(
-                g.model().kv_cache_bytes(),
+                session.kv_cache_bytes(),
                 bytes_at_window,
                 "KV memory grew at step {s}"
             );
         }
     }
-    assert_eq!(g.model().position(), steps);
+    assert_eq!(session.row().position(), steps);
     // Bounded by the window: 2 (k, v) * context * dim floats per layer.
     assert!(bytes_at_window <= cfg.num_layers * 2 * cfg.context * cfg.dim * 4);
 }
@@ -282,12 +307,12 @@ fn bad_delays_are_a_config_error() {
         WeightMode::Native,
     )
     .unwrap();
-    let err = LmModel::load(&cfg, weights).unwrap_err().to_string();
+    let err = LmWeights::load(&cfg, weights).unwrap_err().to_string();
     assert!(
         err.contains("delays") && err.contains("16") && err.contains("17"),
         "{err}"
     );
-    let err = LmModel::random(&cfg, 0, RandomWeightKind::F32)
+    let err = LmWeights::random(&cfg, 0, RandomWeightKind::F32)
         .unwrap_err()
         .to_string();
     assert!(err.contains("delays"), "{err}");
@@ -296,53 +321,74 @@ fn bad_delays_are_a_config_error() {
 #[test]
 fn bad_user_codes_are_input_errors() {
     let cfg = tiny_config();
-    let mut g = Generator::new(tiny_model(WeightMode::Native), SamplingConfig::greedy());
+    let g = tiny_generator(WeightMode::Native);
+    let mut session = g
+        .new_session(LmSessionSettings::with_sampling(SamplingConfig::greedy()))
+        .unwrap();
     let mut frame = user_frames()[0].clone();
     frame[3] = cfg.card as u32;
-    let err = g.step(&frame).unwrap_err().to_string();
+    let err = step_alone(&g, &mut session, StepInput::UserCodes(&frame))
+        .unwrap_err()
+        .to_string();
     assert!(
         err.contains("codebook 3") && err.contains(&cfg.card.to_string()),
         "{err}"
     );
-    let err = g.step(&frame[..5]).unwrap_err().to_string();
+    let err = step_alone(&g, &mut session, StepInput::UserCodes(&frame[..5]))
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("expected 8") && err.contains("got 5"), "{err}");
     // Nothing was consumed by the failed calls.
-    assert_eq!(g.step_index(), 0);
+    assert_eq!(session.step_index(), 0);
+    // Sampling settings are checked when the session is made.
+    let err = g
+        .new_session(LmSessionSettings::with_sampling(SamplingConfig {
+            temp_text: -1.0,
+            ..SamplingConfig::default()
+        }))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("temp_text"), "{err}");
     // Direct model inputs are checked too.
-    let mut m = tiny_model(WeightMode::Native);
+    let weights = g.weights();
+    let mut row = weights.new_row(&[], KvPrecision::F32).unwrap();
+    let mut scratch = LmScratch::default();
+    let mut forward_text =
+        |row: &mut _, tokens: &[u32]| weights.forward_text_rows(&mut [row], tokens, &mut scratch);
     let mut tokens = vec![cfg.card as u32; cfg.n_q + 1];
     tokens[0] = cfg.text_card as u32 + 1;
-    assert!(m
-        .forward_text(&tokens)
+    assert!(forward_text(&mut row, &tokens)
         .unwrap_err()
         .to_string()
         .contains("text token"));
     tokens[0] = 0;
     tokens[5] = cfg.card as u32 + 1;
-    assert!(m
-        .forward_text(&tokens)
+    assert!(forward_text(&mut row, &tokens)
         .unwrap_err()
         .to_string()
         .contains("stream 4"));
     // Depformer sub-steps run in order, with in-range previous tokens.
-    m.depformer_reset();
-    assert!(m
-        .depformer_step(1, 0)
+    let mut scratch = LmScratch::default();
+    let mut depformer_step = |row: &mut _, k: usize, prev: u32| {
+        weights.depformer_step_rows(k, &mut [row], &[prev], &mut scratch)
+    };
+    row.depformer_reset();
+    assert!(depformer_step(&mut row, 1, 0)
         .unwrap_err()
         .to_string()
         .contains("sub-step 1"));
-    assert!(m
-        .depformer_step(0, cfg.text_card as u32 + 1)
+    assert!(depformer_step(&mut row, 0, cfg.text_card as u32 + 1)
         .unwrap_err()
         .to_string()
         .contains("out of range"));
-    assert_eq!(m.depformer_step(0, 5).unwrap().len(), cfg.card);
-    assert!(m
-        .depformer_step(1, cfg.card as u32 + 1)
+    depformer_step(&mut row, 0, 5).unwrap();
+    assert_eq!(row.depformer_logits().len(), cfg.card);
+    assert!(depformer_step(&mut row, 1, cfg.card as u32 + 1)
         .unwrap_err()
         .to_string()
         .contains("out of range"));
-    assert_eq!(m.depformer_step(1, 7).unwrap().len(), cfg.card);
+    depformer_step(&mut row, 1, 7).unwrap();
+    assert_eq!(row.depformer_logits().len(), cfg.card);
 }
 
 #[test]
@@ -364,7 +410,7 @@ fn checkpoint_of_another_config_is_rejected_with_the_tensor_name() {
         WeightMode::Native,
     )
     .unwrap();
-    let err = LmModel::load(&wide, weights).unwrap_err().to_string();
+    let err = LmWeights::load(&wide, weights).unwrap_err().to_string();
     assert!(
         err.contains("text_emb") && err.contains("512") && err.contains("256"),
         "{err}"
@@ -378,7 +424,7 @@ fn checkpoint_of_another_config_is_rejected_with_the_tensor_name() {
         WeightMode::Native,
     )
     .unwrap();
-    let err = LmModel::load(&fewer, weights).unwrap_err().to_string();
+    let err = LmWeights::load(&fewer, weights).unwrap_err().to_string();
     assert!(
         err.contains("transformer.layers.1") && err.contains("not used"),
         "{err}"
@@ -391,7 +437,7 @@ fn checkpoint_of_another_config_is_rejected_with_the_tensor_name() {
     )
     .unwrap();
     let _ = weights.take("depformer.3.linear_out", &[64, 64]).unwrap();
-    let err = LmModel::load(&tiny_config(), weights)
+    let err = LmWeights::load(&tiny_config(), weights)
         .unwrap_err()
         .to_string();
     assert!(
@@ -416,14 +462,14 @@ fn random_models_run_for_every_weight_kind() {
             group_size: 32,
         },
     ] {
-        let m = LmModel::random(&cfg, 11, kind).unwrap();
-        let again = LmModel::random(&cfg, 11, kind).unwrap();
-        let mut g = Generator::new(m, SamplingConfig::greedy());
-        let mut g2 = Generator::new(again, SamplingConfig::greedy());
-        let frame = &user_frames()[0];
+        let g = Generator::random(&cfg, 11, kind).unwrap();
+        let g2 = Generator::random(&cfg, 11, kind).unwrap();
+        let mut s = g.new_session(detailed(SamplingConfig::greedy())).unwrap();
+        let mut s2 = g2.new_session(detailed(SamplingConfig::greedy())).unwrap();
+        let frame = StepInput::UserCodes(&user_frames()[0]);
         let (a, b) = (
-            g.step_detailed(frame).unwrap(),
-            g2.step_detailed(frame).unwrap(),
+            step_alone(&g, &mut s, frame).unwrap(),
+            step_alone(&g2, &mut s2, frame).unwrap(),
         );
         assert_eq!(
             a.text_logits, b.text_logits,
@@ -450,7 +496,8 @@ fn check_against_mlx_f32math(bits: u32, mode: WeightMode) {
 fn check_file_against_mlx_f32math(file: &str, bits: u32, mode: WeightMode) {
     let cfg = tiny_config();
     let weights = load_lm_weights(&asset(file), &cfg, mode).unwrap();
-    let steps = run_greedy(LmModel::load(&cfg, weights).unwrap(), 0);
+    let g = Generator::new(Arc::new(LmWeights::load(&cfg, weights).unwrap()));
+    let steps = run_greedy(&g, 0);
     let reference: Value = serde_json::from_str(
         &std::fs::read_to_string(asset(&format!("ref/mlx_q{bits}_f32math_greedy.json"))).unwrap(),
     )
@@ -524,16 +571,18 @@ fn generator_follows_the_config_delays() {
     let mut cfg = tiny_config();
     cfg.delays = vec![1, 0, 2, 2, 2, 2, 2, 2, 2, 0, 2, 2, 2, 2, 2, 2, 2];
     let max_delay = 2;
-    let model = LmModel::random(&cfg, 5, RandomWeightKind::F32).unwrap();
-    let mut g = Generator::new(
-        model,
-        SamplingConfig {
+    let g = Generator::random(&cfg, 5, RandomWeightKind::F32).unwrap();
+    let mut session = g
+        .new_session(detailed(SamplingConfig {
             seed: 8,
             ..SamplingConfig::default()
-        },
-    );
+        }))
+        .unwrap();
     let fed: Vec<Vec<u32>> = user_frames().into_iter().take(12).collect();
-    let steps: Vec<StepDetails> = fed.iter().map(|f| g.step_detailed(f).unwrap()).collect();
+    let steps: Vec<StepDetails> = fed
+        .iter()
+        .map(|f| step_alone(&g, &mut session, StepInput::UserCodes(f)).unwrap())
+        .collect();
     let sampled = |s: usize, i: usize| {
         if i == 0 {
             steps[s].text_token

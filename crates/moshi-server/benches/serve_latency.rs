@@ -14,7 +14,7 @@ use moshi_loader::{ModelSource, SourceOverrides, WeightMode};
 use moshi_model::generator::SamplingConfig;
 use moshi_runtime::engine::DropPolicy;
 use moshi_runtime::metrics::Percentiles;
-use moshi_runtime::pipeline::MoshiPipeline;
+use moshi_runtime::pipeline::{self, MoshiModel};
 use moshi_runtime::SAMPLE_RATE_HZ;
 use moshi_server::batch_engine::BatchEngine;
 use moshi_server::client::{self, Received};
@@ -72,12 +72,12 @@ fn main() {
     let seconds: f64 = arg("--seconds").map_or(20.0, |s| s.parse().expect("--seconds"));
     let tiny = moshi_test_support::tiny_a_dir();
     let model = ModelSource::resolve(tiny.to_str().unwrap(), &SourceOverrides::default()).unwrap();
-    let pipeline =
-        MoshiPipeline::load(&model, SamplingConfig::greedy(), WeightMode::Native).unwrap();
+    let model = MoshiModel::load(&model, WeightMode::Native, Default::default()).unwrap();
     let compute_ms = Arc::new(Mutex::new(Vec::new()));
     let engine = Timed {
         pool: BatchEngine::new(
-            pipeline,
+            Arc::new(model),
+            pipeline::SessionSettings::with_sampling(SamplingConfig::greedy()),
             1,
             DropPolicy::RealTime {
                 max_backlog_frames: 2,

@@ -1,8 +1,8 @@
 //! A [`SessionEngine`] that runs every open conversation through batched steps: one compute
-//! thread holds the sessions (each its own [`MoshiPipeline`] state over the one set of shared
-//! weights) and, as soon as a session has an input frame waiting, runs one step for every
-//! session with a frame waiting ([`MoshiPipeline::process_frames`]: the weights of the LM and of
-//! Mimi's transformers are read once for all of them). Frames that arrive during a step wait for
+//! thread holds the sessions (each a [`MoshiSession`] over the one shared [`MoshiModel`]) and,
+//! as soon as a session has an input frame waiting, runs one step for every session with a frame
+//! waiting ([`MoshiModel::step`]: the weights of the LM and of Mimi's transformers are read once
+//! for all of them). Frames that arrive during a step wait for
 //! the next one, so under load each step gathers every session (one weight pass per 80 ms frame
 //! for all of them), and with compute to spare no frame waits for a tick. A session's answers
 //! are those it would get alone, whoever shares its steps; sessions join and leave at any frame.
@@ -12,9 +12,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use moshi_model::lm::LmScratch;
 use moshi_runtime::engine::{DropPolicy, FrameOutput};
-use moshi_runtime::pipeline::MoshiPipeline;
+use moshi_runtime::pipeline::{self, MoshiModel, MoshiSession};
 use tokio::sync::mpsc::error::TrySendError;
 
 use crate::session_engine::{
@@ -69,12 +68,12 @@ pub struct BatchEngine {
 }
 
 impl BatchEngine {
-    /// Starts the compute thread. Each session starts as a clone of `fresh` (a freshly loaded or
-    /// reset pipeline: the weights are shared, the state is the session's). At most
-    /// `max_sessions` at once; `policy` decides which input frames are dropped when compute
+    /// Starts the compute thread. Each session is a new session of `model` with `base`'s
+    /// settings and its own sampling (from its request). At most `max_sessions` at once; `policy` decides which input frames are dropped when compute
     /// falls behind; at most `queue_capacity_frames` frames ever wait per session.
     pub fn new(
-        fresh: MoshiPipeline,
+        model: Arc<MoshiModel>,
+        base: pipeline::SessionSettings,
         max_sessions: usize,
         policy: DropPolicy,
         queue_capacity_frames: usize,
@@ -83,7 +82,7 @@ impl BatchEngine {
         let doorbell = Arc::new(Doorbell::default());
         let bell = doorbell.clone();
         let counters = Arc::new(StepCounters::default());
-        let scheduler = Scheduler::new(fresh, counters.clone());
+        let scheduler = Scheduler::new(model, base, counters.clone());
         std::thread::Builder::new()
             .name("moshi-batch".into())
             .spawn(move || scheduler.run(rx, &bell))?;
@@ -153,7 +152,7 @@ impl SessionEngine for BatchEngine {
 
 /// One conversation on the compute thread.
 struct Live {
-    pipeline: MoshiPipeline,
+    session: MoshiSession,
     queue: Arc<InputQueue>,
     events: tokio::sync::mpsc::Sender<SessionEvent>,
     dropped_seen: u64,
@@ -185,27 +184,41 @@ impl Live {
 
 /// The compute thread's state.
 struct Scheduler {
-    fresh: MoshiPipeline,
+    model: Arc<MoshiModel>,
+    base: pipeline::SessionSettings,
     sessions: Vec<Live>,
-    scratch: LmScratch,
     counters: Arc<StepCounters>,
 }
 
 impl Scheduler {
-    fn new(fresh: MoshiPipeline, counters: Arc<StepCounters>) -> Self {
+    fn new(
+        model: Arc<MoshiModel>,
+        base: pipeline::SessionSettings,
+        counters: Arc<StepCounters>,
+    ) -> Self {
         Self {
-            fresh,
+            model,
+            base,
             sessions: Vec::new(),
-            scratch: LmScratch::default(),
             counters,
         }
     }
 
+    /// A new session for `o`, or its failure told to its client (settings the model refuses).
     fn admit(&mut self, o: Opening) {
-        let mut pipeline = self.fresh.clone();
-        pipeline.set_sampling(o.settings.sampling);
+        let settings = pipeline::SessionSettings {
+            sampling: o.settings.sampling,
+            ..self.base.clone()
+        };
+        let session = match self.model.new_session(&settings) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = o.events.try_send(SessionEvent::Failed(e.to_string()));
+                return;
+            }
+        };
         self.sessions.push(Live {
-            pipeline,
+            session,
             queue: o.queue,
             events: o.events,
             dropped_seen: 0,
@@ -272,18 +285,19 @@ impl Scheduler {
         }
         let t0 = Instant::now();
         let outputs = {
-            let mut pipelines: Vec<&mut MoshiPipeline> = self
+            let mut sessions: Vec<&mut MoshiSession> = self
                 .sessions
                 .iter_mut()
                 .enumerate()
                 .filter(|(i, _)| ready.contains(i))
-                .map(|(_, s)| &mut s.pipeline)
+                .map(|(_, s)| &mut s.session)
                 .collect();
-            let inputs: Vec<&[f32]> = frames.iter().map(|(f, _)| f.as_slice()).collect();
-            let scratch = &mut self.scratch;
-            std::panic::catch_unwind(AssertUnwindSafe(|| {
-                MoshiPipeline::process_frames(&mut pipelines, &inputs, scratch)
-            }))
+            let inputs: Vec<pipeline::FrameInput> = frames
+                .iter()
+                .map(|(f, _)| pipeline::FrameInput::Pcm(f.as_slice()))
+                .collect();
+            let model = &self.model;
+            std::panic::catch_unwind(AssertUnwindSafe(|| model.step(&mut sessions, &inputs)))
         };
         let compute_ms = t0.elapsed().as_secs_f64() * 1e3;
         self.counters.steps.fetch_add(1, Ordering::AcqRel);
@@ -303,8 +317,6 @@ impl Scheduler {
                 ));
                 s.done = true;
             }
-            // The scratch buffers may be half-written: start them afresh.
-            self.scratch = LmScratch::default();
             return true;
         };
         for ((i, (frame, queued_at)), output) in ready.into_iter().zip(frames).zip(outputs) {

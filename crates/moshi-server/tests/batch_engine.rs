@@ -1,24 +1,45 @@
-//! The batched session engine with the tiny model: a reset pipeline behaves exactly as a freshly
-//! loaded one and a clone of a fresh one is fresh (every session starts as such a clone), a
+//! The batched session engine with the tiny model: a reset session behaves exactly as a new one
+//! and a clone of a new one is new, sessions of other settings over the same model leave it
+//! unchanged, a
 //! session's tokens equal an offline run's whether it runs alone or batched with others that
 //! join and leave, sessions get their own sampling settings, one session too many is refused as
 //! busy, and frames beyond the backlog are dropped and reported.
 
-use std::time::Duration;
-
 use moshi_loader::{ModelSource, SourceOverrides, WeightMode};
 use moshi_model::generator::SamplingConfig;
 use moshi_runtime::engine::{run_offline, DropPolicy, FrameOutput, FrameTokens};
-use moshi_runtime::pipeline::MoshiPipeline;
+use std::sync::Arc;
+use std::time::Duration;
+
+use moshi_runtime::pipeline::{self, MoshiModel, MoshiPipeline};
 use moshi_runtime::FRAME_SAMPLES;
 use moshi_server::batch_engine::BatchEngine;
 use moshi_server::session_engine::{OpenError, SessionEngine, SessionEvent, SessionSettings};
 use moshi_test_support::tiny_a_dir;
 
-fn load(sampling: SamplingConfig) -> MoshiPipeline {
+fn tiny_model() -> Arc<MoshiModel> {
     let model =
         ModelSource::resolve(tiny_a_dir().to_str().unwrap(), &SourceOverrides::default()).unwrap();
-    MoshiPipeline::load(&model, sampling, WeightMode::Native).unwrap()
+    Arc::new(MoshiModel::load(&model, WeightMode::Native, Default::default()).unwrap())
+}
+
+/// A session of a freshly loaded tiny model.
+fn load(sampling: SamplingConfig) -> MoshiPipeline {
+    session_of(&tiny_model(), sampling)
+}
+
+fn session_of(model: &Arc<MoshiModel>, sampling: SamplingConfig) -> MoshiPipeline {
+    MoshiPipeline::new(
+        model.clone(),
+        &pipeline::SessionSettings::with_sampling(sampling),
+    )
+    .unwrap()
+}
+
+/// An engine over the tiny model whose sessions bring their own sampling.
+fn engine(max_sessions: usize, policy: DropPolicy, queue_frames: usize) -> BatchEngine {
+    let base = pipeline::SessionSettings::with_sampling(SamplingConfig::default());
+    BatchEngine::new(tiny_model(), base, max_sessions, policy, queue_frames).unwrap()
 }
 
 fn speech() -> Vec<f32> {
@@ -47,7 +68,7 @@ fn run(pipeline: &mut MoshiPipeline, pcm: &[f32]) -> (Vec<f32>, Vec<FrameTokens>
 }
 
 #[test]
-fn a_reset_pipeline_behaves_as_a_fresh_one() {
+fn a_reset_session_behaves_as_a_new_one() {
     for sampling in [
         SamplingConfig::greedy(),
         SamplingConfig {
@@ -56,7 +77,8 @@ fn a_reset_pipeline_behaves_as_a_fresh_one() {
         },
     ] {
         let input = speech();
-        let mut fresh = load(sampling.clone());
+        let model = tiny_model();
+        let mut fresh = session_of(&model, sampling.clone());
         let mut cloned = fresh.clone();
         let reference = run(&mut fresh, &input);
         assert!(!reference.1.is_empty());
@@ -64,16 +86,17 @@ fn a_reset_pipeline_behaves_as_a_fresh_one() {
         run(&mut fresh, &noise(25));
         fresh.reset();
         assert_eq!(run(&mut fresh, &input), reference, "{sampling:?}");
-        // A clone of a fresh pipeline is a fresh pipeline.
+        // A clone of a new session is a new session.
         assert_eq!(run(&mut cloned, &input), reference, "{sampling:?}");
-        // New settings, then back: the same conversation again.
-        fresh.set_sampling(SamplingConfig {
+        // A session of other settings over the same model, then one of these: the same
+        // conversation again (the model holds no session state).
+        let other = SamplingConfig {
             seed: 7,
             ..SamplingConfig::default()
-        });
-        run(&mut fresh, &noise(5));
-        fresh.set_sampling(sampling.clone());
-        assert_eq!(run(&mut fresh, &input), reference, "{sampling:?}");
+        };
+        run(&mut session_of(&model, other), &noise(5));
+        let mut again = session_of(&model, sampling.clone());
+        assert_eq!(run(&mut again, &input), reference, "{sampling:?}");
     }
 }
 
@@ -102,13 +125,7 @@ fn session_tokens(pool: &BatchEngine, sampling: SamplingConfig, pcm: &[f32]) -> 
 fn sessions_are_fresh_conversations_with_their_own_settings() {
     let input = speech();
     let frames = input.len() / FRAME_SAMPLES;
-    let pool = BatchEngine::new(
-        load(SamplingConfig::default()),
-        1,
-        DropPolicy::Lossless,
-        frames + 1,
-    )
-    .unwrap();
+    let pool = engine(1, DropPolicy::Lossless, frames + 1);
     let greedy = session_tokens(&pool, SamplingConfig::greedy(), &input);
     let offline = run(&mut load(SamplingConfig::greedy()), &input).1;
     assert_eq!(
@@ -136,15 +153,13 @@ fn sessions_are_fresh_conversations_with_their_own_settings() {
 
 #[test]
 fn one_session_too_many_is_busy_until_one_ends() {
-    let pool = BatchEngine::new(
-        load(SamplingConfig::greedy()),
+    let pool = engine(
         2,
         DropPolicy::RealTime {
             max_backlog_frames: 2,
         },
         8,
-    )
-    .unwrap();
+    );
     let settings = || SessionSettings {
         sampling: SamplingConfig::greedy(),
     };
@@ -172,15 +187,13 @@ fn one_session_too_many_is_busy_until_one_ends() {
 
 #[test]
 fn frames_beyond_the_backlog_are_dropped_and_reported() {
-    let pool = BatchEngine::new(
-        load(SamplingConfig::greedy()),
+    let pool = engine(
         1,
         DropPolicy::RealTime {
             max_backlog_frames: 0,
         },
         4,
-    )
-    .unwrap();
+    );
     let mut s = pool
         .open(SessionSettings {
             sampling: SamplingConfig::greedy(),
@@ -216,15 +229,7 @@ fn sessions_at_once_each_get_their_offline_tokens() {
     // offline run's.
     let input = speech();
     let frames = input.len() / FRAME_SAMPLES;
-    let engine = std::sync::Arc::new(
-        BatchEngine::new(
-            load(SamplingConfig::greedy()),
-            4,
-            DropPolicy::Lossless,
-            frames + 1,
-        )
-        .unwrap(),
-    );
+    let engine = std::sync::Arc::new(engine(4, DropPolicy::Lossless, frames + 1));
     let seeded = |seed| SamplingConfig {
         seed,
         ..SamplingConfig::default()
@@ -270,13 +275,7 @@ fn sessions_with_frames_waiting_share_one_step() {
     // Three sessions whose frames all arrive within microseconds: the engine steps them
     // together (far fewer steps than session frames), and each gets an answer for every frame.
     let frames = 12;
-    let engine = BatchEngine::new(
-        load(SamplingConfig::greedy()),
-        3,
-        DropPolicy::Lossless,
-        frames + 1,
-    )
-    .unwrap();
+    let engine = self::engine(3, DropPolicy::Lossless, frames + 1);
     let mut sessions: Vec<_> = (0..3)
         .map(|_| {
             engine

@@ -12,7 +12,7 @@ use std::time::Duration;
 use moshi_loader::{ModelSource, SourceOverrides, WeightMode};
 use moshi_model::generator::SamplingConfig;
 use moshi_runtime::engine::DropPolicy;
-use moshi_runtime::pipeline::MoshiPipeline;
+use moshi_runtime::pipeline::{MoshiModel, SessionSettings};
 use moshi_server::batch_engine::BatchEngine;
 use moshi_server::client::{self, ChatReceiver, Received};
 use moshi_server::ogg_opus::{OggOpusWriter, OpusPacketing};
@@ -20,10 +20,20 @@ use moshi_server::{Limits, RunningServer, ServerConfig, WebUi};
 use moshi_test_support::tiny_a_dir;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-fn pipeline() -> MoshiPipeline {
+/// An engine over the tiny model, greedy.
+fn pool(max_sessions: usize, policy: DropPolicy, queue_frames: usize) -> BatchEngine {
     let model =
         ModelSource::resolve(tiny_a_dir().to_str().unwrap(), &SourceOverrides::default()).unwrap();
-    MoshiPipeline::load(&model, SamplingConfig::greedy(), WeightMode::Native).unwrap()
+    let model = MoshiModel::load(&model, WeightMode::Native, Default::default()).unwrap();
+    let settings = SessionSettings::with_sampling(SamplingConfig::greedy());
+    BatchEngine::new(
+        Arc::new(model),
+        settings,
+        max_sessions,
+        policy,
+        queue_frames,
+    )
+    .unwrap()
 }
 
 fn limits() -> Limits {
@@ -39,15 +49,13 @@ async fn start(max_sessions: usize, limits: Limits) -> RunningServer {
     config.web_ui = WebUi::None;
     config.limits = limits;
     config.default_sampling = SamplingConfig::greedy();
-    let pool = BatchEngine::new(
-        pipeline(),
+    let pool = pool(
         max_sessions,
         DropPolicy::RealTime {
             max_backlog_frames: 2,
         },
         8,
-    )
-    .unwrap();
+    );
     moshi_server::start(config, Arc::new(pool)).await.unwrap()
 }
 
@@ -751,7 +759,7 @@ async fn tls_serves_wss() {
     let mut config = ServerConfig::new("127.0.0.1:0".parse().unwrap());
     config.web_ui = WebUi::None;
     config.tls = Some(files);
-    let pool = BatchEngine::new(pipeline(), 1, DropPolicy::Lossless, 8).unwrap();
+    let pool = pool(1, DropPolicy::Lossless, 8);
     let server = moshi_server::start(config, Arc::new(pool)).await.unwrap();
     assert!(server.url().starts_with("https://127.0.0.1:"));
 

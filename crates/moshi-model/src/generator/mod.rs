@@ -28,10 +28,10 @@ use crate::kind::ModelKind;
 use crate::lm::{LmRowState, LmScratch, LmWeights, RandomWeightKind};
 use crate::rng::Rng;
 use crate::{ModelError, Result};
-pub use sampling::SamplingConfig;
 use sampling::sample_token;
-pub use session::{Conditioning, LmSession, LmSessionSettings};
+pub use sampling::SamplingConfig;
 use session::Guidance;
+pub use session::{Conditioning, LmSession, LmSessionSettings};
 
 /// One output frame: Moshi's text token and its `dep_q` audio codes, delays undone.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -89,7 +89,6 @@ pub enum StepInput<'a> {
     /// (`moshi/run_inference.py` after the last input frame).
     EndOfInput,
 }
-
 
 /// The generator of one model: immutable, shared by every session (a clone shares the weights).
 #[derive(Clone, Debug)]

@@ -55,7 +55,10 @@ impl Conditioning {
     }
 
     pub(crate) fn borrowed(pairs: &[(String, String)]) -> Vec<(&str, &str)> {
-        pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect()
     }
 }
 

@@ -71,18 +71,6 @@ impl TemporalState {
             .map_or(KvPrecision::F32, KvCache::precision)
     }
 
-    /// Stores keys and values as `precision` from now on. Changing it empties the caches and
-    /// restarts the positions (a new conversation); setting the current one changes nothing.
-    pub fn set_kv_precision(&mut self, precision: KvPrecision) {
-        if precision == self.kv_precision() {
-            return;
-        }
-        for c in &mut self.caches {
-            *c = KvCache::with_precision(c.capacity(), c.width(), precision);
-        }
-        self.position = 0;
-    }
-
     /// Pushes `positions` random keys and values (uniform in [-0.5, 0.5), from `seed`) into every
     /// layer's cache and advances the position as if that many steps had run. For benchmarks:
     /// attention over a filled window without computing the steps that would fill it. The caches

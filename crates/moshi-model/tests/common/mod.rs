@@ -1,11 +1,17 @@
 //! Helpers shared by the model's reference tests: the fixtures under `assets/` (tiny-a,
-//! tiny-hibiki), their models, and comparisons with the official JSON and `.npy` references.
+//! tiny-hibiki), their weights and generators, one session's step, and comparisons with the
+//! official JSON and `.npy` references.
 
 #![allow(dead_code)]
 
+use std::sync::Arc;
+
 use moshi_loader::lm_weights::{load_lm_weights, WeightMode};
 use moshi_loader::LmConfig;
-use moshi_model::lm::LmModel;
+use moshi_model::generator::{
+    Generator, LmSession, LmSessionSettings, SamplingConfig, StepDetails, StepInput,
+};
+use moshi_model::lm::{LmRowState, LmWeights};
 use serde_json::Value;
 
 /// `assets/<fixture>/<rel>`.
@@ -16,11 +22,47 @@ pub fn fixture_config(name: &str) -> LmConfig {
     LmConfig::from_file(fixture(name, "config.json")).unwrap()
 }
 
-/// The fixture's LM (`model.safetensors`) with weights handed over as `mode` says.
-pub fn fixture_model(name: &str, mode: WeightMode) -> LmModel {
+/// The fixture's LM weights (`model.safetensors`), handed over as `mode` says.
+pub fn fixture_weights(name: &str, mode: WeightMode) -> LmWeights {
+    fixture_file_weights(name, "model.safetensors", mode)
+}
+
+/// The LM weights of the fixture's `file` (e.g. `model.q8.safetensors`), handed over as `mode`
+/// says.
+pub fn fixture_file_weights(name: &str, file: &str, mode: WeightMode) -> LmWeights {
     let cfg = fixture_config(name);
-    let weights = load_lm_weights(&fixture(name, "model.safetensors"), &cfg, mode).unwrap();
-    LmModel::load(&cfg, weights).unwrap()
+    let weights = load_lm_weights(&fixture(name, file), &cfg, mode).unwrap();
+    LmWeights::load(&cfg, weights).unwrap()
+}
+
+/// A generator over the fixture's LM ([`fixture_weights`]).
+pub fn fixture_generator(name: &str, mode: WeightMode) -> Generator {
+    Generator::new(Arc::new(fixture_weights(name, mode)))
+}
+
+/// Session settings with `sampling` that record each step's model input, logits and temporal
+/// output (what the tests compare).
+pub fn detailed(sampling: SamplingConfig) -> LmSessionSettings {
+    LmSessionSettings {
+        record_details: true,
+        ..LmSessionSettings::with_sampling(sampling)
+    }
+}
+
+/// One step of `session` alone (a batch of one).
+pub fn step_alone(
+    generator: &Generator,
+    session: &mut LmSession,
+    input: StepInput<'_>,
+) -> moshi_model::Result<StepDetails> {
+    let mut results = generator.step(&mut [session], &[input]);
+    assert_eq!(results.len(), 1, "one session in, one result out");
+    results.pop().unwrap()
+}
+
+/// Positions held by each temporal layer's KV cache of `row` (≤ `context`).
+pub fn cache_lens(row: &LmRowState) -> Vec<usize> {
+    row.temporal().caches().iter().map(|c| c.len()).collect()
 }
 
 /// A JSON array of token ids.
