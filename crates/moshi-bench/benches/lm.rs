@@ -15,8 +15,8 @@ use moshi_kernels::dense::matvec_with;
 use moshi_kernels::Kernel;
 use moshi_loader::LmConfig;
 use moshi_model::lm::transformer::LayerScratch;
-use moshi_model::lm::{LmModel, RandomWeightKind};
-use moshi_model::nn::{KvCache, Rope, RopeRotation};
+use moshi_model::lm::{LmScratch, LmWeights, RandomWeightKind};
+use moshi_model::nn::{KvCache, KvPrecision, Rope, RopeRotation};
 use moshi_model::rng::Rng;
 
 const TEMPORAL_LAYERS: usize = 2;
@@ -36,8 +36,12 @@ fn input_tokens(cfg: &LmConfig, step: usize) -> Vec<u32> {
 fn lm_benches(c: &mut Criterion) {
     let cfg = config_7b(TEMPORAL_LAYERS);
     let t0 = std::time::Instant::now();
-    let mut model =
-        LmModel::random(&cfg, 7, RandomWeightKind::BF16).expect("random 7B-shaped model");
+    let model = LmWeights::random(&cfg, 7, RandomWeightKind::BF16).expect("random 7B-shaped model");
+    // One row (f32 KV caches, no condition) stepped through the weights' row API.
+    let mut row = model
+        .new_row(&[], KvPrecision::F32)
+        .expect("a row of a model without conditioners");
+    let mut scratch = LmScratch::default();
     let bytes = model.weight_bytes();
     eprintln!(
         "random 7B-shaped model ({TEMPORAL_LAYERS} temporal layers, {} depformer layers) built in {:.1} s; \
@@ -97,14 +101,14 @@ fn lm_benches(c: &mut Criterion) {
     let mut step = 0usize;
     g.bench_function(format!("temporal_step_{TEMPORAL_LAYERS}_layers"), |b| {
         b.iter(|| {
-            if model.position() >= 64 {
-                model.reset();
+            if row.position() >= 64 {
+                row.reset();
             }
             model
-                .forward_text(&input_tokens(&cfg, step))
+                .forward_text_rows(&mut [&mut row], &input_tokens(&cfg, step), &mut scratch)
                 .expect("valid tokens");
             step += 1;
-            black_box(model.text_logits()[0]);
+            black_box(row.text_logits()[0]);
         })
     });
 
@@ -112,11 +116,13 @@ fn lm_benches(c: &mut Criterion) {
     g.throughput(Throughput::Bytes(bytes.depformer as u64));
     g.bench_function("depformer_pass", |b| {
         b.iter(|| {
-            model.depformer_reset();
+            row.depformer_reset();
             let mut prev = 0u32;
             for k in 0..cfg.dep_q {
-                let logits = model.depformer_step(k, prev).expect("in order");
-                prev = moshi_model::generator::sampling::argmax(logits);
+                model
+                    .depformer_step_rows(k, &mut [&mut row], &[prev], &mut scratch)
+                    .expect("in order");
+                prev = moshi_model::generator::sampling::argmax(row.depformer_logits());
             }
             black_box(prev);
         })
@@ -172,7 +178,7 @@ fn quantized_layer_benches(c: &mut Criterion) {
     ] {
         let mut cfg = config_7b(1);
         cfg.depformer_num_layers = 0;
-        let model = LmModel::random(&cfg, 9, RandomWeightKind::Quantized { bits, group_size })
+        let model = LmWeights::random(&cfg, 9, RandomWeightKind::Quantized { bits, group_size })
             .expect("random q model");
         let layer = &model.temporal().layers()[0];
         g.throughput(Throughput::Bytes(layer.weight_bytes() as u64));

@@ -7,20 +7,20 @@
 //! [`SpanTimerLayer`](crate::span_timer::SpanTimerLayer) whose totals it passes in) and prints.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use moshi_kernels::{Kernel, Workload, KERNEL_ENV, SUPPORTED_GROUP_SIZES};
 use moshi_loader::tokenizer::TextTokenizer;
 use moshi_loader::{load_mimi_weights, LmConfig, MimiConfig, WeightMap};
-use moshi_model::generator::{Generator, SamplingConfig};
+use moshi_model::generator::{Generator, LmSessionSettings, SamplingConfig};
+use moshi_model::kind::ModelKind;
 use moshi_model::lm::random::{random_lm_weights, RandomWeightKind};
-use moshi_model::lm::LmModel;
+use moshi_model::lm::LmWeights;
 use moshi_model::mimi::{Mimi, MimiWeights};
 use moshi_model::nn::KvPrecision;
 use moshi_runtime::engine::FrameProcessor;
-use moshi_runtime::pipeline::{
-    MoshiPipeline, FIRST_FRAME_LM_STEPS, TRANSLATION_CONDITIONS, TRANSLATION_NEGATIVE_CONDITIONS,
-};
+use moshi_runtime::pipeline::{MoshiModel, SessionSettings};
 use moshi_runtime::FRAME_MS;
 
 use crate::bandwidth::{measure_read_bandwidth_gbps_with, DEFAULT_PASSES};
@@ -73,10 +73,11 @@ impl Stage {
     }
 
     /// LM steps the first frame takes: the temporal KV caches grow by one position per step
-    /// (warm-up included) up to the context; the pipeline's first frame steps twice.
-    fn first_frame_lm_steps(self) -> usize {
+    /// (warm-up included) up to the context; the pipeline's first frame steps as the model
+    /// type's conventions say (twice).
+    fn first_frame_lm_steps(self, cfg: &LmConfig) -> usize {
         match self {
-            Stage::All => FIRST_FRAME_LM_STEPS,
+            Stage::All => ModelKind::of(cfg).conventions().first_frame_lm_steps,
             Stage::Lm => 1,
             Stage::Mimi | Stage::Depformer => 0,
         }
@@ -131,7 +132,7 @@ pub const MAX_SESSIONS: usize = 64;
 
 /// The models a run needs, their config and where they came from.
 struct Loaded {
-    lm: Option<LmModel>,
+    lm: Option<Generator>,
     /// Mimi and the text tokenizer (stages that run Mimi).
     codec: Option<(Mimi, TextTokenizer)>,
     cfg: LmConfig,
@@ -196,7 +197,7 @@ pub fn run_bench(
             chosen.name()
         );
     }
-    let first_frame_steps = options.stage.first_frame_lm_steps();
+    let first_frame_steps = options.stage.first_frame_lm_steps(&loaded.cfg);
     if options.kv_prefill > 0 {
         if first_frame_steps == 0 {
             return Err(BenchError::KvPrefillWithoutLm {
@@ -421,7 +422,7 @@ fn check_sessions(options: &BenchOptions) -> Result<(), BenchError> {
 fn stage_processor(
     options: &BenchOptions,
     cfg_coef: f32,
-    lm: Option<LmModel>,
+    lm: Option<Generator>,
     codec: Option<(Mimi, TextTokenizer)>,
 ) -> Result<Box<dyn FrameProcessor>, BenchError> {
     let stage = options.stage;
@@ -433,59 +434,54 @@ fn stage_processor(
         seed: options.seed.wrapping_add(i as u64),
         ..SamplingConfig::default()
     };
+    // Session i's caches get their own noise.
+    let noise_seed = |i: usize| options.seed.wrapping_add(i as u64);
     Ok(match stage {
         Stage::All => {
             let lm = lm.ok_or_else(|| missing("LM"))?;
             let (mimi, tokenizer) = codec.ok_or_else(|| missing("Mimi"))?;
-            let mut pipeline =
-                MoshiPipeline::from_parts(mimi, Generator::new(lm, sampling(0)), &tokenizer)?;
-            pipeline.set_cfg_coef(cfg_coef)?;
-            pipeline.set_kv_precision(options.kv_cache);
+            let model = Arc::new(MoshiModel::from_parts(mimi, lm, tokenizer)?);
             let sessions = (0..options.sessions)
                 .map(|i| {
-                    let mut p = pipeline.clone();
-                    p.set_sampling(sampling(i));
+                    let mut s = model.new_session(&SessionSettings {
+                        sampling: sampling(i),
+                        kv_precision: options.kv_cache,
+                        cfg_coef: Some(cfg_coef),
+                    })?;
                     if options.kv_prefill > 0 {
-                        p.fill_temporal_caches_with_noise(
-                            options.kv_prefill,
-                            options.seed.wrapping_add(i as u64),
-                        );
+                        s.lm_mut()
+                            .fill_temporal_caches_with_noise(options.kv_prefill, noise_seed(i));
                     }
-                    p
+                    Ok(s)
                 })
-                .collect();
-            Box::new(SessionsPipeline::new(sessions))
+                .collect::<Result<Vec<_>, BenchError>>()?;
+            Box::new(SessionsPipeline::new(model, sessions))
         }
         Stage::Mimi => Box::new(MimiStage::new(codec.ok_or_else(|| missing("Mimi"))?.0)),
         Stage::Lm => {
-            let lm = lm.ok_or_else(|| missing("LM"))?;
-            let conditioned = lm.config().is_conditioned();
-            let mut generator = Generator::new(lm, sampling(0));
-            if conditioned {
-                generator.set_conditions(
-                    TRANSLATION_CONDITIONS,
-                    cfg_coef,
-                    TRANSLATION_NEGATIVE_CONDITIONS,
-                )?;
-            }
-            generator.set_kv_precision(options.kv_cache);
-            let generators = (0..options.sessions)
+            let generator = lm.ok_or_else(|| missing("LM"))?;
+            // Conditioned and guided as the pipeline's sessions are (the model type's
+            // conventions).
+            let conv = generator.kind().conventions();
+            let sessions = (0..options.sessions)
                 .map(|i| {
-                    let mut g = generator.clone();
-                    g.set_sampling(sampling(i));
+                    let mut s = generator.new_session(LmSessionSettings {
+                        sampling: sampling(i),
+                        kv_precision: options.kv_cache,
+                        conditioning: conv.conditioning(generator.config(), cfg_coef),
+                        record_details: false,
+                    })?;
                     if options.kv_prefill > 0 {
-                        // Session i's caches get their own noise.
-                        g.fill_temporal_caches_with_noise(
-                            options.kv_prefill,
-                            options.seed.wrapping_add(i as u64),
-                        );
+                        s.fill_temporal_caches_with_noise(options.kv_prefill, noise_seed(i));
                     }
-                    g
+                    Ok(s)
                 })
-                .collect();
-            Box::new(LmStage::new(generators, options.seed))
+                .collect::<Result<Vec<_>, BenchError>>()?;
+            Box::new(LmStage::new(generator, sessions, options.seed))
         }
-        Stage::Depformer => Box::new(DepformerStage::new(lm.ok_or_else(|| missing("LM"))?)?),
+        Stage::Depformer => Box::new(DepformerStage::new(
+            lm.ok_or_else(|| missing("LM"))?.weights().clone(),
+        )?),
     })
 }
 
@@ -512,7 +508,7 @@ fn with_layers(
 }
 
 /// Weight byte counts of a built LM.
-fn weight_bytes_of(lm: &LmModel, stage: Stage) -> WeightBytes {
+fn weight_bytes_of(lm: &LmWeights, stage: Stage) -> WeightBytes {
     let b = lm.weight_bytes();
     let per_layer = b
         .temporal_layers
@@ -575,12 +571,12 @@ fn build_lm(
     cfg: &LmConfig,
     weights: Option<WeightMap>,
     stage: Stage,
-) -> Result<(Option<LmModel>, WeightBytes), BenchError> {
+) -> Result<(Option<Generator>, WeightBytes), BenchError> {
     let Some(w) = weights else {
         return Ok((None, WeightBytes::default()));
     };
-    let lm = LmModel::load(cfg, w)?;
-    let bytes = weight_bytes_of(&lm, stage);
+    let lm = Generator::load(cfg, w)?;
+    let bytes = weight_bytes_of(lm.weights(), stage);
     Ok((Some(lm), bytes))
 }
 

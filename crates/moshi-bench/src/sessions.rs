@@ -2,36 +2,35 @@
 //! step for all of them (as `serve` runs them). A frame's record is the whole batched step: every
 //! session's Mimi encode and decode (summed), the LM step they share, sampling.
 
-use moshi_model::generator::{Generator, StepInput};
-use moshi_model::lm::LmScratch;
+use std::sync::Arc;
+
+use moshi_model::generator::{Generator, LmSession, StepInput};
 use moshi_runtime::engine::{FrameOutput, FrameProcessor};
 use moshi_runtime::metrics::StageTimings;
-use moshi_runtime::pipeline::MoshiPipeline;
+use moshi_runtime::pipeline::{FrameInput, MoshiModel, MoshiSession};
 use moshi_runtime::Result;
 
 use crate::stages::lm_only_output;
 
-/// N whole pipelines (Mimi encode -> LM -> Mimi decode) stepped together, all fed the frame.
+/// N sessions of the whole pipeline (Mimi encode -> LM -> Mimi decode) over one model, all fed
+/// the frame and stepped together: one [`MoshiModel::step`] per frame.
 pub struct SessionsPipeline {
-    sessions: Vec<MoshiPipeline>,
-    scratch: LmScratch,
+    model: Arc<MoshiModel>,
+    sessions: Vec<MoshiSession>,
 }
 
 impl SessionsPipeline {
-    /// The sessions (clones of one pipeline share its weights).
-    pub fn new(sessions: Vec<MoshiPipeline>) -> Self {
-        Self {
-            sessions,
-            scratch: LmScratch::default(),
-        }
+    /// Sessions of `model` (each made by [`MoshiModel::new_session`]).
+    pub fn new(model: Arc<MoshiModel>, sessions: Vec<MoshiSession>) -> Self {
+        Self { model, sessions }
     }
 }
 
 impl FrameProcessor for SessionsPipeline {
     fn process_frame(&mut self, pcm_in: &[f32]) -> Result<FrameOutput> {
-        let mut batch: Vec<&mut MoshiPipeline> = self.sessions.iter_mut().collect();
-        let frames = vec![pcm_in; batch.len()];
-        let outputs = MoshiPipeline::process_frames(&mut batch, &frames, &mut self.scratch);
+        let mut batch: Vec<&mut MoshiSession> = self.sessions.iter_mut().collect();
+        let inputs = vec![FrameInput::Pcm(pcm_in); batch.len()];
+        let outputs = self.model.step(&mut batch, &inputs);
         let mut first = None;
         let mut timings = StageTimings::default();
         for out in outputs {
@@ -64,41 +63,35 @@ impl CodeRng {
     }
 }
 
-/// The LM step alone for N sessions: each generator fed its own pseudo-random user codes (the
-/// input audio is not encoded), all stepped together; times temporal transformer, depformer and
-/// sampling.
+/// The LM step alone for N sessions: each session fed its own pseudo-random user codes (the
+/// input audio is not encoded), all stepped together by one [`Generator::step`]; times temporal
+/// transformer, depformer and sampling.
 pub struct LmStage {
-    generators: Vec<Generator>,
+    generator: Generator,
+    sessions: Vec<LmSession>,
     rngs: Vec<CodeRng>,
     user_codes: Vec<Vec<u32>>,
-    scratch: LmScratch,
 }
 
 impl LmStage {
-    /// Sessions over one set of weights; session `i`'s codes come from `seed + i`.
-    pub fn new(generators: Vec<Generator>, seed: u64) -> Self {
-        let n = generators
-            .first()
-            .map_or(0, |g| g.model().config().user_codebooks());
+    /// Sessions of `generator`; session `i`'s codes come from `seed + i`.
+    pub fn new(generator: Generator, sessions: Vec<LmSession>, seed: u64) -> Self {
+        let n = generator.config().user_codebooks();
         Self {
-            rngs: (0..generators.len() as u64)
+            rngs: (0..sessions.len() as u64)
                 .map(|i| CodeRng(seed.wrapping_add(i) | 1))
                 .collect(),
-            user_codes: vec![vec![0; n]; generators.len()],
-            generators,
-            scratch: LmScratch::default(),
+            user_codes: vec![vec![0; n]; sessions.len()],
+            generator,
+            sessions,
         }
     }
 }
 
 impl FrameProcessor for LmStage {
     fn process_frame(&mut self, _pcm_in: &[f32]) -> Result<FrameOutput> {
-        for (g, (codes, rng)) in self
-            .generators
-            .iter()
-            .zip(self.user_codes.iter_mut().zip(&mut self.rngs))
-        {
-            let card = g.model().config().card;
+        let card = self.generator.config().card;
+        for (codes, rng) in self.user_codes.iter_mut().zip(&mut self.rngs) {
             codes.iter_mut().for_each(|c| *c = rng.next_below(card));
         }
         let inputs: Vec<StepInput> = self
@@ -106,15 +99,17 @@ impl FrameProcessor for LmStage {
             .iter()
             .map(|c| StepInput::UserCodes(c))
             .collect();
-        let mut batch: Vec<&mut Generator> = self.generators.iter_mut().collect();
-        for r in Generator::step_batch(&mut batch, &inputs, &mut self.scratch) {
+        let mut batch: Vec<&mut LmSession> = self.sessions.iter_mut().collect();
+        for r in self.generator.step(&mut batch, &inputs) {
             r?;
         }
-        let t = self.generators[0].last_timings();
+        // Temporal and depformer times are the batch's (the same in every session); sampling is
+        // each session's own.
+        let t = self.sessions[0].last_timings();
         let sampling_ms = self
-            .generators
+            .sessions
             .iter()
-            .map(|g| g.last_timings().sampling_ms)
+            .map(|s| s.last_timings().sampling_ms)
             .sum();
         Ok(lm_only_output(StageTimings {
             lm_temporal_ms: t.temporal_ms,

@@ -2,10 +2,13 @@
 //! (encode + decode) and the depformer alone (the LM step alone is `sessions::LmStage`).
 //! Each fills the [`StageTimings`] of the parts it runs; the others stay 0.
 
+use std::sync::Arc;
 use std::time::Instant;
 
-use moshi_model::lm::LmModel;
+use moshi_model::generator::sampling::argmax;
+use moshi_model::lm::{LmRowState, LmScratch, LmWeights};
 use moshi_model::mimi::Mimi;
+use moshi_model::nn::KvPrecision;
 
 use moshi_runtime::engine::{FrameOutput, FrameProcessor};
 use moshi_runtime::metrics::StageTimings;
@@ -47,35 +50,51 @@ impl FrameProcessor for MimiStage {
 }
 
 /// The depformer alone: one temporal step is run at construction, then every frame runs the
-/// `dep_q` depformer sub-steps on its output, each fed the argmax of the previous one.
+/// `dep_q` depformer sub-steps on its output, each fed the argmax of the previous one (one row,
+/// through the weights' row API).
 pub struct DepformerStage {
-    model: LmModel,
+    weights: Arc<LmWeights>,
+    row: LmRowState,
+    scratch: LmScratch,
 }
 
 impl DepformerStage {
-    /// Runs the first temporal step (initial tokens) so the depformer has an input.
-    pub fn new(mut model: LmModel) -> moshi_model::Result<Self> {
-        let cfg = model.config();
+    /// Runs the first temporal step (initial tokens) of a fresh row (f32 KV caches, every
+    /// conditioner's learnt padding) so the depformer has an input.
+    pub fn new(weights: Arc<LmWeights>) -> moshi_model::Result<Self> {
+        let cfg = weights.config();
         let mut tokens = vec![cfg.card as u32; cfg.n_q + 1];
         tokens[0] = cfg.text_card as u32;
-        model.forward_text(&tokens)?;
-        Ok(Self { model })
+        let mut row = weights.new_row(&[], KvPrecision::F32)?;
+        let mut scratch = LmScratch::default();
+        weights.forward_text_rows(&mut [&mut row], &tokens, &mut scratch)?;
+        Ok(Self {
+            weights,
+            row,
+            scratch,
+        })
     }
 }
 
 impl FrameProcessor for DepformerStage {
     fn process_frame(&mut self, _pcm_in: &[f32]) -> Result<FrameOutput> {
-        let dep_q = self.model.config().dep_q;
-        let mut prev = moshi_model::generator::sampling::argmax(self.model.text_logits());
+        let dep_q = self.weights.config().dep_q;
+        let mut prev = argmax(self.row.text_logits());
         let (mut depformer_ms, mut sampling_ms) = (0.0, 0.0);
-        self.model.depformer_reset();
+        self.row.depformer_reset();
         for k in 0..dep_q {
             let t0 = Instant::now();
-            let logits = tracing::trace_span!("lm_depformer", k)
-                .in_scope(|| self.model.depformer_step(k, prev))?;
+            tracing::trace_span!("lm_depformer", k).in_scope(|| {
+                self.weights.depformer_step_rows(
+                    k,
+                    &mut [&mut self.row],
+                    &[prev],
+                    &mut self.scratch,
+                )
+            })?;
             depformer_ms += ms_since(t0);
             let t1 = Instant::now();
-            prev = moshi_model::generator::sampling::argmax(logits);
+            prev = argmax(self.row.depformer_logits());
             sampling_ms += ms_since(t1);
         }
         Ok(lm_only_output(StageTimings {

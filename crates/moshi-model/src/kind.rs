@@ -5,6 +5,8 @@
 
 use moshi_loader::LmConfig;
 
+use crate::generator::Conditioning;
+
 /// Which member of the Moshi family a config describes (its `model_type`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ModelKind {
@@ -63,6 +65,22 @@ const TRANSLATION: Conventions = Conventions {
     text_input_alias: Some((2, 3)),
 };
 
+impl Conventions {
+    /// What a session of a model of this type with `cfg` is conditioned on, guided with
+    /// `cfg_coef`: the type's conditions where the model has conditioners (a model without any
+    /// takes none: guidance is then refused when the session is made).
+    pub fn conditioning(&self, cfg: &LmConfig, cfg_coef: f32) -> Conditioning {
+        if cfg.is_conditioned() {
+            Conditioning::new(self.conditions, self.negative_conditions, cfg_coef)
+        } else {
+            Conditioning {
+                cfg_coef,
+                ..Conditioning::none()
+            }
+        }
+    }
+}
+
 impl ModelKind {
     /// The kind of a config: `model_type` `hibiki` translates; anything else converses (a
     /// conditioned config that is not Hibiki is refused by [`LmConfig::validate`]).
@@ -99,5 +117,25 @@ mod tests {
             ModelKind::Conversation.conventions().end_of_input,
             EndOfInput::Never
         );
+    }
+
+    #[test]
+    fn only_a_model_with_conditioners_is_conditioned() {
+        let mut cfg = LmConfig::moshiko_7b();
+        cfg.model_type = Some("hibiki".into());
+        let t = ModelKind::Translation.conventions();
+        let none = t.conditioning(&cfg, 1.0);
+        assert!(none.values.is_empty() && none.negative.is_empty());
+        cfg.conditioners.insert(
+            "description".into(),
+            serde_json::from_str(r#"{"type": "lut", "lut": {"n_bins": 2, "dim": 4, "tokenizer": "noop", "possible_values": ["very_good", "very_bad"]}}"#).unwrap(),
+        );
+        let guided = t.conditioning(&cfg, 3.0);
+        assert_eq!(
+            guided.values,
+            [("description".to_string(), "very_good".to_string())]
+        );
+        assert_eq!(guided.negative[0].1, "very_bad");
+        assert!(guided.is_guided());
     }
 }

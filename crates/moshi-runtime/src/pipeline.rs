@@ -20,8 +20,7 @@ use std::time::Instant;
 use moshi_loader::tokenizer::{IncrementalDecoder, TextTokenizer};
 use moshi_loader::{load_lm_weights, load_mimi_weights, LmConfig, ResolvedModel, WeightMode};
 use moshi_model::generator::{
-    Conditioning, GeneratedFrame, Generator, LmSession, LmSessionSettings, SamplingConfig,
-    StepInput,
+    GeneratedFrame, Generator, LmSession, LmSessionSettings, SamplingConfig, StepInput,
 };
 use moshi_model::kind::{Conventions, ModelKind};
 use moshi_model::mimi::{Mimi, MimiWeights};
@@ -184,11 +183,7 @@ impl MoshiModel {
         let lm = self.lm.new_session(LmSessionSettings {
             sampling: settings.sampling.clone(),
             kv_precision: settings.kv_precision,
-            conditioning: Conditioning::new(
-                conv.conditions,
-                conv.negative_conditions,
-                self.cfg_coef(settings),
-            ),
+            conditioning: conv.conditioning(self.lm_config(), self.cfg_coef(settings)),
             record_details: false,
         })?;
         let mut mimi = self.mimi.clone();
@@ -545,7 +540,6 @@ fn outputs_of(
         })
         .collect()
 }
-
 
 /// Adds the LM session's last step timings to `timings`.
 fn add_lm_timings(timings: &mut StageTimings, lm: &LmSession) {

@@ -32,7 +32,7 @@ pub struct Translation {
 
 /// Translates a whole 24 kHz mono signal (whole frames only). The translation ends when the
 /// model returns `end_text_id` after the end of the input (normally
-/// [`MoshiPipeline::eos_text_id`]; `None`: after `max_tail_frames`). `on_frame(i, output)` sees
+/// [`crate::pipeline::MoshiModel::eos_text_id`]; `None`: after `max_tail_frames`). `on_frame(i, output)` sees
 /// each returned frame as it is produced, `i` counting returned frames; `on_record` the timing
 /// record of every model call (`--profile`).
 pub fn translate_offline(

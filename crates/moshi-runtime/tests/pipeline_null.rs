@@ -3,14 +3,16 @@
 //! seed (sampling on, not greedy), with every frame accounted for, after the warm-up that `chat`
 //! and `serve` run.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use moshi_loader::{ModelSource, SourceOverrides, WeightMode};
 use moshi_model::generator::SamplingConfig;
+use moshi_model::mimi::MimiWeights;
 use moshi_runtime::backend::null::{NullBackend, NullClock, NullConfig};
 use moshi_runtime::backend::{start_session, AudioBackend, RingSizes};
 use moshi_runtime::engine::{run_offline, DropPolicy, EngineEvent, FrameProcessor};
-use moshi_runtime::pipeline::MoshiPipeline;
+use moshi_runtime::pipeline::{MoshiModel, MoshiPipeline, SessionSettings};
 use moshi_runtime::{wav, FRAME_SAMPLES};
 use moshi_test_support::{path_str, tiny_a, tiny_a_dir};
 
@@ -20,7 +22,8 @@ fn pipeline(seed: u64) -> MoshiPipeline {
         seed,
         ..SamplingConfig::default()
     };
-    MoshiPipeline::load(&model, sampling, WeightMode::Native).unwrap()
+    let model = MoshiModel::load(&model, WeightMode::Native, MimiWeights::F32).unwrap();
+    MoshiPipeline::new(Arc::new(model), &SessionSettings::with_sampling(sampling)).unwrap()
 }
 
 #[test]

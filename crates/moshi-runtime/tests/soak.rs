@@ -11,10 +11,11 @@ use std::time::{Duration, Instant};
 
 use moshi_loader::{ModelSource, SourceOverrides, WeightMode};
 use moshi_model::generator::SamplingConfig;
+use moshi_model::mimi::MimiWeights;
 use moshi_runtime::backend::null::{NullBackend, NullClock, NullConfig};
 use moshi_runtime::backend::{start_session, AudioBackend, RingSizes};
 use moshi_runtime::engine::{DropPolicy, EngineEvent, FrameOutput, FrameProcessor};
-use moshi_runtime::pipeline::MoshiPipeline;
+use moshi_runtime::pipeline::{MoshiModel, MoshiPipeline, SessionSettings};
 use moshi_runtime::{wav, Result, FRAME_SAMPLES, SAMPLE_RATE_HZ};
 
 fn tiny() -> PathBuf {
@@ -30,8 +31,10 @@ struct Watched {
 impl FrameProcessor for Watched {
     fn process_frame(&mut self, pcm_in: &[f32]) -> Result<FrameOutput> {
         let out = self.inner.process_frame(pcm_in)?;
-        self.kv_bytes_max
-            .fetch_max(self.inner.kv_cache_bytes() as u64, Ordering::Relaxed);
+        self.kv_bytes_max.fetch_max(
+            self.inner.session().kv_cache_bytes() as u64,
+            Ordering::Relaxed,
+        );
         Ok(out)
     }
 }
@@ -49,8 +52,11 @@ fn resident_bytes() -> u64 {
 fn soak(minutes: f64) {
     let model =
         ModelSource::resolve(tiny().to_str().unwrap(), &SourceOverrides::default()).unwrap();
-    let pipeline =
-        MoshiPipeline::load(&model, SamplingConfig::default(), WeightMode::Native).unwrap();
+    let pipeline = MoshiPipeline::new(
+        Arc::new(MoshiModel::load(&model, WeightMode::Native, MimiWeights::F32).unwrap()),
+        &SessionSettings::with_sampling(SamplingConfig::default()),
+    )
+    .unwrap();
     let context = model.lm_config.context as u64;
     let kv_bound = context * model.lm_config.dim as u64 * 2 * 4 * model.lm_config.num_layers as u64;
     let kv_bytes_max = Arc::new(AtomicU64::new(0));

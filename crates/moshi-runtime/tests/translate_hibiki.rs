@@ -4,11 +4,13 @@
 //! processing of the same model.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use moshi_loader::{ModelSource, SourceOverrides, WeightMode};
 use moshi_model::generator::SamplingConfig;
+use moshi_model::mimi::MimiWeights;
 use moshi_runtime::engine::FrameProcessor;
-use moshi_runtime::pipeline::MoshiPipeline;
+use moshi_runtime::pipeline::{MoshiModel, MoshiPipeline, SessionSettings};
 use moshi_runtime::translate::{translate_offline, TranslationEnd};
 use moshi_runtime::{wav, FRAME_SAMPLES};
 use serde_json::Value;
@@ -20,9 +22,12 @@ fn tiny() -> PathBuf {
 fn pipeline(cfg_coef: f32) -> MoshiPipeline {
     let model =
         ModelSource::resolve(tiny().to_str().unwrap(), &SourceOverrides::default()).unwrap();
-    let mut p = MoshiPipeline::load(&model, SamplingConfig::greedy(), WeightMode::Native).unwrap();
-    p.set_cfg_coef(cfg_coef).unwrap();
-    p
+    let model = MoshiModel::load(&model, WeightMode::Native, MimiWeights::F32).unwrap();
+    let settings = SessionSettings {
+        cfg_coef: Some(cfg_coef),
+        ..SessionSettings::with_sampling(SamplingConfig::greedy())
+    };
+    MoshiPipeline::new(Arc::new(model), &settings).unwrap()
 }
 
 fn input() -> Vec<f32> {
@@ -72,11 +77,11 @@ fn translate(end_text_id: Option<u32>, max_tail_frames: usize) -> (Vec<u32>, Tra
 #[test]
 fn translation_returns_the_reference_frames_and_stops_at_the_cap() {
     let p = pipeline(3.0);
-    assert!(p.is_translation());
-    assert_eq!(p.cfg_coef(), 3.0);
+    assert!(p.model().is_translation());
+    assert_eq!(p.session().cfg_coef(), 3.0);
     let want = reference_text();
     // The fixture's tokenizer ends text with `</s>` (2), which random weights never sample.
-    assert_eq!(p.eos_text_id(), Some(2));
+    assert_eq!(p.model().eos_text_id(), Some(2));
     let (text, end) = translate(Some(2), 6);
     assert_eq!(text, want);
     assert_eq!(end, TranslationEnd::TailCapReached { tail_frames: 6 });

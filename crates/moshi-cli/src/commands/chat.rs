@@ -268,7 +268,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         "--buffer-ms {}: expected 1..=1000",
         args.buffer_ms
     );
-    let (model, mut pipeline) = args.model.load_pipeline(&args.sampling, LIVE_KV_CACHE, 1)?;
+    let (model, mut pipeline) = args.model.load_pipeline(&args.sampling, LIVE_KV_CACHE)?;
     pipeline.warm_up().context("warm-up frame")?;
     eprintln!(
         "model: {} ({:?})",

@@ -127,10 +127,11 @@ pub fn run(args: FileArgs) -> anyhow::Result<()> {
     spinner.enable_steady_tick(std::time::Duration::from_millis(120));
     let loaded = args
         .model
-        .load_resolved_pipeline(model, &args.sampling, FILE_KV_CACHE, 1);
+        .load_resolved_model(model, &args.sampling, FILE_KV_CACHE, 1)
+        .and_then(|loaded| loaded.into_pipeline());
     spinner.finish_and_clear();
     let (model, mut pipeline) = loaded?;
-    let translation = pipeline.is_translation();
+    let translation = pipeline.model().is_translation();
     anyhow::ensure!(
         translation || args.max_tail_s.is_none(),
         "--max-tail-s applies to translation models (Hibiki) only; {} is a Moshi model",
@@ -147,8 +148,8 @@ pub fn run(args: FileArgs) -> anyhow::Result<()> {
     if translation {
         eprintln!(
             "translation model: guidance coefficient {}, end of text: {}",
-            pipeline.cfg_coef(),
-            match pipeline.eos_text_id() {
+            pipeline.session().cfg_coef(),
+            match pipeline.model().eos_text_id() {
                 Some(id) => format!("EOS (id {id}) or {max_tail_frames} silence frames"),
                 None => format!("the tokenizer has no EOS: {max_tail_frames} silence frames"),
             }
@@ -321,7 +322,7 @@ fn translate(
     while let Some(frame) = frames_in.next_frame()? {
         pcm.extend_from_slice(frame);
     }
-    let eos = pipeline.eos_text_id();
+    let eos = pipeline.model().eos_text_id();
     let mut profile_error = None;
     let mut profile = outputs.profile.take();
     let t = translate_offline(

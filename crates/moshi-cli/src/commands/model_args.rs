@@ -1,6 +1,7 @@
 //! Command-line options shared by `file` and `chat`: where the model comes from, and sampling.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::Context;
 use moshi_loader::input_file::{check_input_file, InputKind};
@@ -8,7 +9,7 @@ use moshi_loader::{LmConfig, ModelSource, ResolvedModel, SourceOverrides, Weight
 use moshi_model::generator::SamplingConfig;
 use moshi_model::mimi::MimiWeights;
 use moshi_model::nn::KvPrecision;
-use moshi_runtime::pipeline::MoshiPipeline;
+use moshi_runtime::pipeline::{MoshiModel, MoshiPipeline, SessionSettings};
 
 /// The official Kyutai repo best suited to a CPU: 4-bit MLX weights (smallest, fastest to read).
 pub const DEFAULT_MODEL_REPO: &str = "kyutai/moshiko-mlx-q4";
@@ -217,22 +218,32 @@ impl ModelArgs {
         self.kv_cache.unwrap_or(default)
     }
 
-    /// Resolves and loads the whole pipeline with `sampling`'s settings (guidance included; each
-    /// one not given on the command line from the config's `lm_gen_config`) and
+    /// Resolves and loads the model, and one session's settings from `sampling` (guidance
+    /// included; each one not given on the command line from the config's `lm_gen_config`) and
     /// `--kv-cache` or the command's `default_kv_cache`, and declares the kernels' workload for
     /// up to `sessions` sessions stepped together (before any product runs).
-    pub fn load_pipeline(
+    pub fn load_model(
         &self,
         sampling: &SamplingArgs,
         default_kv_cache: KvPrecision,
         sessions: usize,
-    ) -> anyhow::Result<(ResolvedModel, MoshiPipeline)> {
+    ) -> anyhow::Result<LoadedModel> {
         self.check_load_flags(sampling)?;
         let model = self.resolve()?;
-        self.load_resolved_pipeline(model, sampling, default_kv_cache, sessions)
+        self.load_resolved_model(model, sampling, default_kv_cache, sessions)
     }
 
-    /// The flag checks of [`Self::load_pipeline`] that need no model.
+    /// [`Self::load_model`] and a session of it, for the commands that run one conversation.
+    pub fn load_pipeline(
+        &self,
+        sampling: &SamplingArgs,
+        default_kv_cache: KvPrecision,
+    ) -> anyhow::Result<(ResolvedModel, MoshiPipeline)> {
+        self.load_model(sampling, default_kv_cache, 1)?
+            .into_pipeline()
+    }
+
+    /// The flag checks of [`Self::load_model`] that need no model.
     fn check_load_flags(&self, sampling: &SamplingArgs) -> anyhow::Result<()> {
         self.weight_mode()?;
         if let Some(c) = sampling.cfg_coef {
@@ -244,33 +255,60 @@ impl ModelArgs {
         Ok(())
     }
 
-    /// [`Self::load_pipeline`] of a model already resolved by [`Self::resolve`] (for a command
+    /// [`Self::load_model`] of a model already resolved by [`Self::resolve`] (for a command
     /// that checks its outputs against the model's files first).
-    pub fn load_resolved_pipeline(
+    pub fn load_resolved_model(
         &self,
-        model: ResolvedModel,
+        resolved: ResolvedModel,
         sampling: &SamplingArgs,
         default_kv_cache: KvPrecision,
         sessions: usize,
-    ) -> anyhow::Result<(ResolvedModel, MoshiPipeline)> {
+    ) -> anyhow::Result<LoadedModel> {
         self.check_load_flags(sampling)?;
         let mode = self.weight_mode()?;
-        let mut pipeline = MoshiPipeline::load(&model, sampling.config(&model.lm_config), mode)
-            .with_context(|| {
-                format!("loading the model from {}", model.lm_weights_path.display())
-            })?;
-        if let Some(c) = sampling.cfg_coef {
-            pipeline.set_cfg_coef(c).with_context(|| {
-                format!(
+        let model = MoshiModel::load(&resolved, mode, self.mimi_weights).with_context(|| {
+            format!(
+                "loading the model from {}",
+                resolved.lm_weights_path.display()
+            )
+        })?;
+        let settings = SessionSettings {
+            sampling: sampling.config(&resolved.lm_config),
+            kv_precision: self.kv_cache_or(default_kv_cache),
+            cfg_coef: sampling.cfg_coef,
+        };
+        // A session now: settings the model refuses (guidance on a model without
+        // conditioners) are an error naming the flag before anything else starts.
+        model
+            .new_session(&settings)
+            .with_context(|| match sampling.cfg_coef {
+                Some(c) => format!(
                     "--cfg-coef {c} with the model {}",
-                    model.lm_weights_path.display()
-                )
+                    resolved.lm_weights_path.display()
+                ),
+                None => format!("a session of {}", resolved.lm_weights_path.display()),
             })?;
-        }
-        pipeline.set_mimi_weights(self.mimi_weights);
-        pipeline.set_kv_precision(self.kv_cache_or(default_kv_cache));
-        super::declare_workload(sessions * pipeline.rows_per_session());
-        Ok((model, pipeline))
+        super::declare_workload(sessions * model.rows_per_session(&settings));
+        Ok(LoadedModel {
+            resolved,
+            model: Arc::new(model),
+            settings,
+        })
+    }
+}
+
+/// A loaded model and the settings of its sessions.
+pub struct LoadedModel {
+    pub resolved: ResolvedModel,
+    pub model: Arc<MoshiModel>,
+    pub settings: SessionSettings,
+}
+
+impl LoadedModel {
+    /// The model with one session of `settings`.
+    pub fn into_pipeline(self) -> anyhow::Result<(ResolvedModel, MoshiPipeline)> {
+        let pipeline = MoshiPipeline::new(self.model, &self.settings)?;
+        Ok((self.resolved, pipeline))
     }
 }
 

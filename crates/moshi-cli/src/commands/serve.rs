@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use moshi_runtime::engine::DropPolicy;
+use moshi_runtime::pipeline::MoshiPipeline;
 use moshi_server::batch_engine::BatchEngine;
 use moshi_server::tls::TlsFiles;
 use moshi_server::{Limits, ServerConfig, WebUi};
@@ -111,13 +112,16 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
 
     let load_started = Instant::now();
-    let (model, mut pipeline) =
-        args.model
-            .load_pipeline(&args.sampling, LIVE_KV_CACHE, args.max_sessions)?;
+    let loaded = args
+        .model
+        .load_model(&args.sampling, LIVE_KV_CACHE, args.max_sessions)?;
     // The flags' settings over the config's `lm_gen_config`: each session's starting point.
-    let sampling = pipeline.sampling().clone();
-    pipeline.warm_up().context("warm-up frame")?;
-    let pipeline_cfg_coef = pipeline.cfg_coef();
+    let sampling = loaded.settings.sampling.clone();
+    MoshiPipeline::new(loaded.model.clone(), &loaded.settings)?
+        .warm_up()
+        .context("warm-up frame")?;
+    let pipeline_cfg_coef = loaded.model.cfg_coef(&loaded.settings);
+    let model = &loaded.resolved;
     eprintln!(
         "model: {} ({:?}); ready in {:.1} s for up to {} session(s) in batched steps",
         model.lm_weights_path.display(),
@@ -129,8 +133,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         max_backlog_frames: args.max_backlog_frames,
     };
     let queue_capacity_frames = MAX_QUEUED_INPUT_FRAMES.max(args.max_backlog_frames + 1);
-    let engine = BatchEngine::new(pipeline, args.max_sessions, policy, queue_capacity_frames)
-        .context("starting the compute thread")?;
+    let engine = BatchEngine::new(
+        loaded.model.clone(),
+        loaded.settings.clone(),
+        args.max_sessions,
+        policy,
+        queue_capacity_frames,
+    )
+    .context("starting the compute thread")?;
 
     let mut config = ServerConfig::new(SocketAddr::new(args.host, args.port));
     config.web_ui = web_ui.clone();
