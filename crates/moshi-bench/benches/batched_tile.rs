@@ -18,7 +18,7 @@
 //!    the 7B's shapes (1024, 4096 and 11264 columns: at 1024, 4 arranged activation rows take 16
 //!    KiB and fit in L1; at the others they do not), 1 and 4 activation rows, on one thread and on
 //!    every thread, with the weights cached (one matrix, 1.7, 9 or 26 MB: in a last-level cache of
-//!    32 MB, as on the Zen 5 VMs) and streamed (copies rotated over 1 GiB, as a model streams its
+//!    32 MB, as on the development VMs) and streamed (copies rotated over 1 GiB, as a model streams its
 //!    weights). The cases alternate round by round; the table gives medians over the rounds, in
 //!    cycles per pair-block and core (wall time x threads x clock / pair-blocks).
 //!

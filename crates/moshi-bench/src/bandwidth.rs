@@ -93,7 +93,7 @@ impl ReadBuffer {
 /// Wrapping sum of `chunk`: memory-bound, not add-bound. On x86-64 the loads are explicit
 /// 16-byte SSE2 loads into four independent accumulators: left to itself, LLVM vectorizes the
 /// portable loop differently per target, and with `-C target-cpu=znver4` it chose strided
-/// gathers that read a third of the bandwidth.
+/// gathers that read far less than the loads below (docs/performance.md, "The bound").
 fn sum_words(chunk: &[u64]) -> u64 {
     #[cfg(target_arch = "x86_64")]
     {

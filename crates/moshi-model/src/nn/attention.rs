@@ -34,9 +34,8 @@ const POSITIONS_PER_STEP: usize = 4;
 /// Cached positions ahead of the step whose keys (values) are prefetched, head by head. A thread
 /// reads its heads' part of each position (4 KiB of a 7B bf16 row on 2 threads): each part starts
 /// a new page, where the hardware prefetcher stops, so without it every part waited for DRAM.
-/// Measured (Zen 5 VM, one thread, 16 heads of 128 over 3000 bf16 positions from DRAM, median of
-/// 40 calls): 1.76-1.90 ms without, 1.16-1.20 ms 8 positions ahead (4: 1.12-1.35, 16:
-/// 1.25-1.39).
+/// 8 ahead measured clearly faster than no prefetch and no slower than 4 or 16 (figures:
+/// docs/performance.md, "Why the kernels are shaped as they are").
 const PREFETCH_POSITIONS: usize = 8;
 
 thread_local! {
