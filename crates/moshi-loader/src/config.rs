@@ -173,12 +173,15 @@ pub struct LmConfig {
     pub norm: NormKind,
     #[serde(default = "default_pos_emb")]
     pub positional_embedding: PositionalEmbedding,
+    #[serde(default)]
     pub depformer_dim: usize,
     /// The depformer's feed-forward width; absent or null: `int(hidden_scale * depformer_dim)`,
     /// as Kyutai's `LMModel` (see [`LmConfig::depformer_feedforward`]).
     #[serde(default)]
     pub depformer_dim_feedforward: Option<usize>,
+    #[serde(default)]
     pub depformer_num_heads: usize,
+    #[serde(default)]
     pub depformer_num_layers: usize,
     #[serde(default)]
     pub depformer_layer_scale: Option<f64>,
@@ -201,10 +204,26 @@ pub struct LmConfig {
     /// How the conditioners enter the model (Hibiki: `{"sum": ["description"]}`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fuser: Option<FuserConfig>,
-    /// `moshi` or `hibiki` (Kyutai's `model_type`); absent in Moshi's configs. A conditioned
-    /// model must say `hibiki`.
+    /// `moshi`, `hibiki` or `stt` (Kyutai's `model_type`); absent in Moshi's configs. A
+    /// conditioned model must say `hibiki`, a model without a depformer (`dep_q` 0) `stt`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model_type: Option<String>,
+    /// Linear heads read from the temporal output after `out_norm`, each a softmax over
+    /// `extra_heads_dim` values (`LMGen.step_with_extra_heads`; Kyutai's STT models: semantic
+    /// voice activity). 0: none (Kyutai's default).
+    #[serde(default)]
+    pub extra_heads_num_heads: usize,
+    /// Width of each extra head; Kyutai's default 6.
+    #[serde(default = "default_extra_heads_dim")]
+    pub extra_heads_dim: usize,
+    /// A speech-to-text model's feeding (`model_type` `stt`): the silence before the audio and
+    /// the text's delay behind it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stt_config: Option<SttConfig>,
+    /// The padding id the DSM scripts read for word boundaries of a speech-to-text model
+    /// (`raw_config.get("text_padding_token_id", 3)`); absent in Kyutai's releases.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text_padding_token_id: Option<u32>,
     #[serde(default)]
     pub moshi_name: Option<String>,
     #[serde(default)]
@@ -223,6 +242,40 @@ pub struct LmConfig {
 
 fn default_pad() -> u32 {
     3
+}
+fn default_extra_heads_dim() -> usize {
+    6
+}
+
+/// `stt_config` of a speech-to-text model. A key left out takes the default of Kyutai's
+/// `delayed-streams-modeling` scripts (`stt_config.get(key, default)`).
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct SttConfig {
+    /// How far the text lags the audio; the scripts feed `ceil(delay x 12.5)` silence frames
+    /// after the audio to flush it. Default 5.0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audio_delay_seconds: Option<f64>,
+    /// Silence fed before the audio, `ceil(prefix x 12.5)` frames. Default 1.0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audio_silence_prefix_seconds: Option<f64>,
+}
+
+/// The DSM scripts' defaults of `stt_config` (`stt_from_file_pytorch.py`).
+pub const STT_DEFAULT_DELAY_S: f64 = 5.0;
+pub const STT_DEFAULT_SILENCE_PREFIX_S: f64 = 1.0;
+/// The longest delay or silence prefix a config may give, in seconds.
+pub const MAX_STT_SECONDS: f64 = 3600.0;
+
+impl SttConfig {
+    /// `audio_delay_seconds`, else the scripts' 5.0.
+    pub fn delay_s(&self) -> f64 {
+        self.audio_delay_seconds.unwrap_or(STT_DEFAULT_DELAY_S)
+    }
+    /// `audio_silence_prefix_seconds`, else the scripts' 1.0.
+    pub fn silence_prefix_s(&self) -> f64 {
+        self.audio_silence_prefix_seconds
+            .unwrap_or(STT_DEFAULT_SILENCE_PREFIX_S)
+    }
 }
 fn default_true() -> bool {
     true
@@ -293,6 +346,17 @@ impl LmConfig {
     /// output with EOS.
     pub fn is_translation(&self) -> bool {
         self.model_type.as_deref() == Some("hibiki")
+    }
+
+    /// A speech-to-text model (Kyutai's STT): `model_type` `stt`, `dep_q` 0 (checked together
+    /// by [`LmConfig::validate`]): the user's codes in, text out, no audio.
+    pub fn is_speech_to_text(&self) -> bool {
+        self.model_type.as_deref() == Some("stt")
+    }
+
+    /// `stt_config` with the DSM scripts' defaults for what it leaves out (all of it when absent).
+    pub fn stt(&self) -> SttConfig {
+        self.stt_config.unwrap_or_default()
     }
 
     /// The guidance coefficient of `lm_gen_config.cfg_coef`, else 1.0 (no guidance: Kyutai's
@@ -396,31 +460,8 @@ impl LmConfig {
         Ok(())
     }
 
-    /// Parses a config from JSON text and validates it; `origin` names the file in errors.
-    pub fn from_json_str(text: &str, origin: &Path) -> Result<Self> {
-        config_from_json(text, origin)
-    }
-
-    /// Reads (at most [`crate::MAX_CONFIG_BYTES`]) and validates a `config.json`.
-    pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
-        config_from_file(path.as_ref())
-    }
-
-    /// Checks every size against [`limits`] and every relation between keys the model relies
-    /// on, so that building the model from a config that passes allocates only what the config
-    /// plainly asks for. Errors name `origin`, the key, its value and the accepted range.
-    pub fn validate(&self, origin: &Path) -> Result<()> {
-        let c = ConfigChecker::new(origin);
-        c.count("dim", self.dim, 1, MAX_WIDTH)?;
-        c.count("num_heads", self.num_heads, 1, MAX_HEADS)?;
-        c.count("num_layers", self.num_layers, 1, MAX_LAYERS)?;
-        c.real("hidden_scale", self.hidden_scale, 0.0, MAX_HIDDEN_SCALE)?;
-        c.count("text_card", self.text_card, 1, MAX_TEXT_CARD)?;
-        c.count("card", self.card, 1, MAX_CARD)?;
-        c.count("n_q", self.n_q, 1, MAX_CODEBOOKS)?;
-        c.count("dep_q", self.dep_q, 1, MAX_CODEBOOKS)?;
-        c.count("context", self.context, 1, MAX_CONTEXT_STEPS)?;
-        c.real("max_period", self.max_period, 1.0, MAX_ROPE_PERIOD)?;
+    /// The depformer's sizes (a model with `dep_q` > 0); each key named when out of range.
+    fn validate_depformer(&self, c: &ConfigChecker) -> Result<()> {
         c.count("depformer_dim", self.depformer_dim, 1, MAX_WIDTH)?;
         c.count(
             "depformer_num_heads",
@@ -449,6 +490,95 @@ impl LmConfig {
         if let Some(ctx) = self.depformer_context {
             c.count("depformer_context", ctx, 0, MAX_CONTEXT_STEPS)?;
         }
+        Ok(())
+    }
+
+    /// A speech-to-text model (`model_type` `stt`) has no depformer (`dep_q` 0) and a model
+    /// without one is a speech-to-text model; `stt_config`'s seconds and the extra heads'
+    /// sizes are in range.
+    fn validate_speech_to_text(&self, c: &ConfigChecker) -> Result<()> {
+        if self.is_speech_to_text() && self.dep_q != 0 {
+            return Err(c.unsupported(
+                "dep_q",
+                self.dep_q.to_string(),
+                "a speech-to-text model (`model_type` \"stt\") generates no audio: 0",
+            ));
+        }
+        if self.dep_q == 0 && !self.is_speech_to_text() {
+            let got = match &self.model_type {
+                Some(t) => format!("{t:?}"),
+                None => "absent (Kyutai's default: \"moshi\")".to_string(),
+            };
+            return Err(c.unsupported(
+                "model_type",
+                got,
+                "a model without a depformer (`dep_q` 0) runs only as speech-to-text, \"stt\", \
+                 as Kyutai's STT releases",
+            ));
+        }
+        if let Some(stt) = &self.stt_config {
+            for (key, v) in [
+                ("stt_config.audio_delay_seconds", stt.audio_delay_seconds),
+                (
+                    "stt_config.audio_silence_prefix_seconds",
+                    stt.audio_silence_prefix_seconds,
+                ),
+            ] {
+                if let Some(v) = v {
+                    c.real(key, v, 0.0, MAX_STT_SECONDS)?;
+                }
+            }
+        }
+        if let Some(id) = self.text_padding_token_id {
+            c.count(
+                "text_padding_token_id",
+                id as usize,
+                0,
+                self.text_card.saturating_sub(1),
+            )?;
+        }
+        c.count(
+            "extra_heads_num_heads",
+            self.extra_heads_num_heads,
+            0,
+            MAX_HEADS,
+        )?;
+        if self.extra_heads_num_heads > 0 {
+            c.count("extra_heads_dim", self.extra_heads_dim, 1, MAX_WIDTH)?;
+        }
+        Ok(())
+    }
+
+    /// Parses a config from JSON text and validates it; `origin` names the file in errors.
+    pub fn from_json_str(text: &str, origin: &Path) -> Result<Self> {
+        config_from_json(text, origin)
+    }
+
+    /// Reads (at most [`crate::MAX_CONFIG_BYTES`]) and validates a `config.json`.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
+        config_from_file(path.as_ref())
+    }
+
+    /// Checks every size against [`limits`] and every relation between keys the model relies
+    /// on, so that building the model from a config that passes allocates only what the config
+    /// plainly asks for. Errors name `origin`, the key, its value and the accepted range.
+    pub fn validate(&self, origin: &Path) -> Result<()> {
+        let c = ConfigChecker::new(origin);
+        c.count("dim", self.dim, 1, MAX_WIDTH)?;
+        c.count("num_heads", self.num_heads, 1, MAX_HEADS)?;
+        c.count("num_layers", self.num_layers, 1, MAX_LAYERS)?;
+        c.real("hidden_scale", self.hidden_scale, 0.0, MAX_HIDDEN_SCALE)?;
+        c.count("text_card", self.text_card, 1, MAX_TEXT_CARD)?;
+        c.count("card", self.card, 1, MAX_CARD)?;
+        c.count("n_q", self.n_q, 1, MAX_CODEBOOKS)?;
+        // dep_q 0 (no depformer, no audio generated) is a speech-to-text model, checked below.
+        c.count("dep_q", self.dep_q, 0, MAX_CODEBOOKS)?;
+        c.count("context", self.context, 1, MAX_CONTEXT_STEPS)?;
+        c.real("max_period", self.max_period, 1.0, MAX_ROPE_PERIOD)?;
+        self.validate_speech_to_text(&c)?;
+        if self.dep_q > 0 {
+            self.validate_depformer(&c)?;
+        }
         for (i, &d) in self.delays.iter().enumerate() {
             c.count(&format!("delays[{i}]"), d, 0, MAX_DELAY_STEPS)?;
         }
@@ -462,10 +592,16 @@ impl LmConfig {
             c.count(key, id as usize, 0, self.text_card - 1)?;
         }
 
+        // A model without a depformer (dep_q 0) ignores the depformer's keys, as Kyutai's
+        // `LMModel` builds none.
+        let has_depformer = self.dep_q > 0;
         for (key, gating) in [
             ("gating", self.gating),
             ("depformer_gating", self.depformer_gating),
-        ] {
+        ]
+        .into_iter()
+        .filter(|(k, _)| has_depformer || !k.starts_with("depformer"))
+        {
             if gating != Gating::Silu {
                 return Err(c.unsupported(
                     key,
@@ -484,7 +620,10 @@ impl LmConfig {
         for (key, scale) in [
             ("layer_scale", self.layer_scale),
             ("depformer_layer_scale", self.depformer_layer_scale),
-        ] {
+        ]
+        .into_iter()
+        .filter(|(k, _)| has_depformer || !k.starts_with("depformer"))
+        {
             if let Some(v) = scale {
                 return Err(c.unsupported(
                     key,
@@ -496,7 +635,10 @@ impl LmConfig {
         for (key, pos) in [
             ("positional_embedding", self.positional_embedding),
             ("depformer_pos_emb", self.depformer_pos_emb),
-        ] {
+        ]
+        .into_iter()
+        .filter(|(k, _)| has_depformer || !k.starts_with("depformer"))
+        {
             if pos == PositionalEmbedding::Sin {
                 return Err(c.unsupported(
                     key,
@@ -552,7 +694,10 @@ impl LmConfig {
                 self.depformer_num_heads,
                 self.depformer_pos_emb,
             ),
-        ] {
+        ]
+        .into_iter()
+        .filter(|(k, ..)| has_depformer || !k.starts_with("depformer"))
+        {
             c.ensure(dim.is_multiple_of(heads), || {
                 format!("{dim_key} {dim} is not divisible by {heads_key} {heads}")
             })?;
@@ -652,7 +797,8 @@ impl LmConfig {
                 ])
             })
             .collect::<Vec<_>>());
-        sum(&[temporal, depformer, conditioners])
+        let extra_heads = mul(&[self.extra_heads_num_heads, self.extra_heads_dim, dim]);
+        sum(&[temporal, depformer, conditioners, extra_heads])
     }
 
     /// The built-in moshiko/moshika v0.1 7B config (`configs/moshiko-7b.json`).

@@ -78,6 +78,10 @@ pub fn detect_kind(file: &SafetensorsFile) -> Result<CheckpointKind> {
         LmLayout::Mlx
     } else if any(&|n| n.strip_prefix("depformer.").is_some_and(is_slice_index)) {
         LmLayout::Candle
+    } else if any(&|n| n.starts_with("emb.")) && any(&|n| n.starts_with("transformer.layers.")) {
+        // No depformer (a speech-to-text model, dep_q 0): PyTorch and candle name every other
+        // tensor alike, so reading it as PyTorch reads either.
+        LmLayout::PyTorch
     } else {
         let sample: Vec<&str> = names.iter().take(5).copied().collect();
         return Err(unknown(format!(

@@ -26,7 +26,7 @@ mod text_decode;
 pub mod tokenizer;
 mod weight_map;
 
-pub use config::{Gating, LmConfig, LmGenSampling, NormKind, PositionalEmbedding};
+pub use config::{Gating, LmConfig, LmGenSampling, NormKind, PositionalEmbedding, SttConfig};
 pub use config_check::{read_config_text, MAX_CONFIG_BYTES};
 pub use error::LoaderError;
 pub use layout::{CheckpointKind, LmLayout};

@@ -30,7 +30,7 @@ fn t(name: String, shape: Vec<usize>, role: TensorRole) -> CanonicalTensor {
 }
 
 /// Every canonical LM tensor for `cfg`, in a stable order (see COMMON.md for the names); the
-/// conditioners' tensors (Hibiki) come last.
+/// extra heads (STT) and then the conditioners' tensors (Hibiki) come last.
 pub fn canonical_lm_tensors(cfg: &LmConfig) -> Vec<CanonicalTensor> {
     use TensorRole::*;
     let (dim, ddim) = (cfg.dim, cfg.depformer_dim);
@@ -100,6 +100,16 @@ pub fn canonical_lm_tensors(cfg: &LmConfig) -> Vec<CanonicalTensor> {
             ));
         }
     }
+    // Extra heads (Kyutai's STT voice activity): `extra_heads.{i}.weight` in the PyTorch,
+    // candle and MLX layouts alike (`LMModel.extra_heads`, moshi-core's `vb.pp("extra_heads")`,
+    // moshi_mlx's `Lm.extra_heads`).
+    for i in 0..cfg.extra_heads_num_heads {
+        out.push(t(
+            format!("{EXTRA_HEADS_PREFIX}{i}"),
+            vec![cfg.extra_heads_dim, dim],
+            Linear,
+        ));
+    }
     for (name, c) in &cfg.conditioners {
         let Some(lut) = c.lut() else { continue };
         let p = format!("{CONDITIONER_PREFIX}{name}");
@@ -117,6 +127,9 @@ pub fn canonical_lm_tensors(cfg: &LmConfig) -> Vec<CanonicalTensor> {
     }
     out
 }
+
+/// Prefix of the extra heads' tensors (`extra_heads.{i}`, the same in every layout).
+pub const EXTRA_HEADS_PREFIX: &str = "extra_heads.";
 
 /// Prefix of the conditioner tensors (the same in the PyTorch, candle and MLX layouts).
 pub const CONDITIONER_PREFIX: &str = "condition_provider.conditioners.";

@@ -15,6 +15,29 @@ pub enum ModelKind {
     /// Hibiki: speech translation, conditioned and guided; its input ends with an end-of-stream
     /// frame and its output with EOS.
     Translation,
+    /// Kyutai's speech-to-text (`model_type` `stt`, `dep_q` 0): the user's audio in, a text
+    /// delayed by `stt_config.audio_delay_seconds` out, no audio; extra heads (voice activity)
+    /// read at every step.
+    SpeechToText,
+}
+
+/// What is fed before the input's first frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeadingSilence {
+    /// Nothing.
+    None,
+    /// `ceil(stt_config.audio_silence_prefix_seconds x 12.5)` frames of silence, each through
+    /// Mimi's encoder (`stt_from_file_pytorch.py`).
+    SttSilencePrefix,
+}
+
+/// What becomes of the samples after the input's last whole frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PartialLastFrame {
+    /// Dropped (`run_inference.py`: T = len / 1920 frames).
+    Drop,
+    /// Zero-padded into a whole frame (`stt_from_file_pytorch.py`).
+    ZeroPad,
 }
 
 /// How the end of a stream's input is fed to the model.
@@ -25,6 +48,9 @@ pub enum EndOfInput {
     /// One frame whose user codes are all `card` (`run_inference.py` for Hibiki), then silence
     /// until the model's text returns the tokenizer's EOS.
     AllUserCodesCardThenSilenceUntilEos,
+    /// `ceil(stt_config.audio_delay_seconds x 12.5)` frames of silence through Mimi's encoder,
+    /// so that the text of the input's last words comes out (`stt_from_file_pytorch.py`).
+    SilenceForTextDelay,
 }
 
 /// The conventions of one model type, from Kyutai's sources.
@@ -45,6 +71,12 @@ pub struct Conventions {
     /// gives a Hibiki model's EOS (2) PAD's row (3), so an EOS sampled before the end of the
     /// input acts as a pause (`loaders.get_moshi`).
     pub text_input_alias: Option<(u32, u32)>,
+    /// What is fed before the first frame.
+    pub leading_silence: LeadingSilence,
+    /// What becomes of a file's samples after its last whole frame.
+    pub partial_last_frame: PartialLastFrame,
+    /// Whether the model generates audio (a depformer and Mimi's decoder); `false`: text only.
+    pub generates_audio: bool,
 }
 
 const CONVERSATION: Conventions = Conventions {
@@ -54,6 +86,9 @@ const CONVERSATION: Conventions = Conventions {
     first_frame_lm_steps: 2,
     end_of_input: EndOfInput::Never,
     text_input_alias: None,
+    leading_silence: LeadingSilence::None,
+    partial_last_frame: PartialLastFrame::Drop,
+    generates_audio: true,
 };
 
 const TRANSLATION: Conventions = Conventions {
@@ -63,6 +98,24 @@ const TRANSLATION: Conventions = Conventions {
     first_frame_lm_steps: 2,
     end_of_input: EndOfInput::AllUserCodesCardThenSilenceUntilEos,
     text_input_alias: Some((2, 3)),
+    leading_silence: LeadingSilence::None,
+    partial_last_frame: PartialLastFrame::Drop,
+    generates_audio: true,
+};
+
+/// Kyutai's `delayed-streams-modeling` `stt_from_file_pytorch.py` (and moshi-server's ASR): each
+/// chunk fed once (the first frame too: the text has no acoustic delay to fill), silence before
+/// and after the audio, the audio zero-padded to whole frames.
+const SPEECH_TO_TEXT: Conventions = Conventions {
+    name: "stt (speech to text)",
+    conditions: &[],
+    negative_conditions: &[],
+    first_frame_lm_steps: 1,
+    end_of_input: EndOfInput::SilenceForTextDelay,
+    text_input_alias: None,
+    leading_silence: LeadingSilence::SttSilencePrefix,
+    partial_last_frame: PartialLastFrame::ZeroPad,
+    generates_audio: false,
 };
 
 impl Conventions {
@@ -82,11 +135,14 @@ impl Conventions {
 }
 
 impl ModelKind {
-    /// The kind of a config: `model_type` `hibiki` translates; anything else converses (a
-    /// conditioned config that is not Hibiki is refused by [`LmConfig::validate`]).
+    /// The kind of a config: `model_type` `hibiki` translates, `stt` transcribes; anything
+    /// else converses (a conditioned config that is not Hibiki, and a config without a
+    /// depformer that is not STT, are refused by [`LmConfig::validate`]).
     pub fn of(cfg: &LmConfig) -> Self {
         if cfg.is_translation() {
             ModelKind::Translation
+        } else if cfg.is_speech_to_text() {
+            ModelKind::SpeechToText
         } else {
             ModelKind::Conversation
         }
@@ -97,6 +153,7 @@ impl ModelKind {
         match self {
             ModelKind::Conversation => &CONVERSATION,
             ModelKind::Translation => &TRANSLATION,
+            ModelKind::SpeechToText => &SPEECH_TO_TEXT,
         }
     }
 }
@@ -117,6 +174,23 @@ mod tests {
             ModelKind::Conversation.conventions().end_of_input,
             EndOfInput::Never
         );
+    }
+
+    #[test]
+    fn an_stt_config_is_speech_to_text_fed_once_without_audio_out() {
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../assets/tiny-stt/config.json"
+        ))
+        .unwrap();
+        let cfg = LmConfig::from_json_str(&text, std::path::Path::new("config.json")).unwrap();
+        assert_eq!(ModelKind::of(&cfg), ModelKind::SpeechToText);
+        let c = ModelKind::SpeechToText.conventions();
+        assert_eq!(c.first_frame_lm_steps, 1);
+        assert_eq!(c.end_of_input, EndOfInput::SilenceForTextDelay);
+        assert_eq!(c.leading_silence, LeadingSilence::SttSilencePrefix);
+        assert_eq!(c.partial_last_frame, PartialLastFrame::ZeroPad);
+        assert!(!c.generates_audio);
     }
 
     #[test]

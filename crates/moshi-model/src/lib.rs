@@ -9,6 +9,7 @@ pub mod lm;
 pub mod mimi;
 pub mod nn;
 pub mod rng;
+pub mod stt;
 pub use moshi_kernels::team;
 
 pub use error::ModelError;

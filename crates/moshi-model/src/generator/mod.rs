@@ -3,6 +3,10 @@
 //! Moshi's audio sampled, and (once the delays are filled) one frame returned per step:
 //! `[text, audio_0 .. audio_{dep_q-1}]` with `stream k` taken from step `s - max_delay + delay_k`.
 //!
+//! A model without a depformer (`dep_q` 0, Kyutai's speech-to-text) samples only the text: the
+//! step has no depformer pass and its frames no audio; the extra heads, where the model has
+//! them, are read from the temporal output of every step ([`StepDetails::extra_heads`]).
+//!
 //! With classifier-free guidance (`LMGen(cfg_coef, condition_tensors)`, Hibiki) a second,
 //! negatively conditioned row runs the temporal transformer and the depformer on the same tokens;
 //! the text logits and each codebook's logits are mixed as `null + (cond - null) * cfg_coef`,
@@ -75,6 +79,9 @@ pub struct StepDetails {
     pub audio_logits: Vec<Vec<f32>>,
     /// `[dim]`, after out_norm.
     pub transformer_out: Vec<f32>,
+    /// The extra heads' softmax outputs of this step, `[head][extra_heads_dim]` (empty for a
+    /// model without extra heads), as `LMGen.step_with_extra_heads` returns them.
+    pub extra_heads: Vec<Vec<f32>>,
     /// The frame this step returns (None while the delays fill).
     pub frame: Option<GeneratedFrame>,
     pub timings: StepTimings,
@@ -348,6 +355,7 @@ impl Generator {
             } else {
                 Vec::new()
             },
+            extra_heads: self.weights.extra_heads_of(&session.row),
             frame,
             timings: session.last_timings,
         })

@@ -38,7 +38,7 @@ pub struct LmWeightBytes {
     /// All temporal transformer layers (norms included).
     pub temporal_layers: usize,
     pub temporal_num_layers: usize,
-    /// out_norm and the text head.
+    /// out_norm, the text head and the extra heads.
     pub text_head: usize,
     /// All depformer sub-steps: input projections, layers, output heads (no embedding tables).
     pub depformer: usize,
@@ -63,6 +63,9 @@ pub struct LmWeights {
     temporal: TemporalTransformer,
     depformer: Depformer,
     conditions: ConditionProvider,
+    /// Extra heads (Kyutai's STT voice activity): linear maps of the temporal output after
+    /// `out_norm`, each read through a softmax ([`LmWeights::extra_heads_of`]).
+    extra_heads: Vec<Linear>,
 }
 
 /// The streaming state of one row (a session, or the negative row of a session's guidance):
@@ -262,6 +265,10 @@ impl LmWeights {
             .then(|| Rope::new(ddim / cfg.depformer_num_heads, cfg.depformer_max_period));
         let depformer = Depformer::new(slices, drope);
         let conditions = ConditionProvider::load(cfg, &mut weights)?;
+        let mut t = Take { map: &mut weights };
+        let extra_heads = (0..cfg.extra_heads_num_heads)
+            .map(|i| t.linear(&format!("extra_heads.{i}"), cfg.extra_heads_dim, dim))
+            .collect::<Result<Vec<_>>>()?;
 
         let left = weights.remaining();
         if !left.is_empty() {
@@ -270,8 +277,12 @@ impl LmWeights {
                 path: weights.source().to_path_buf(),
                 count: left.len(),
                 config: format!(
-                    "num_layers {}, depformer_num_layers {}, n_q {}, dep_q {}",
-                    cfg.num_layers, cfg.depformer_num_layers, cfg.n_q, cfg.dep_q
+                    "num_layers {}, depformer_num_layers {}, n_q {}, dep_q {}, extra_heads_num_heads {}",
+                    cfg.num_layers,
+                    cfg.depformer_num_layers,
+                    cfg.n_q,
+                    cfg.dep_q,
+                    cfg.extra_heads_num_heads
                 ),
                 shown: format!(
                     "{}{}",
@@ -286,6 +297,7 @@ impl LmWeights {
             temporal,
             depformer,
             conditions,
+            extra_heads,
         };
         let alias = ModelKind::of(cfg).conventions().text_input_alias;
         weights.temporal.set_text_alias(alias);
@@ -326,6 +338,25 @@ impl LmWeights {
     /// The model's conditioners (empty for Moshi).
     pub fn conditions(&self) -> &ConditionProvider {
         &self.conditions
+    }
+
+    /// Number of extra heads (0 but for Kyutai's STT models).
+    pub fn num_extra_heads(&self) -> usize {
+        self.extra_heads.len()
+    }
+
+    /// The extra heads on a row's last temporal output (after `out_norm`), each a softmax over
+    /// its `extra_heads_dim` values, as `LMGen.step_with_extra_heads`: `[head][value]`. Each
+    /// row alone: the heads are a few rows of weights, so batching them saves nothing.
+    pub fn extra_heads_of(&self, row: &LmRowState) -> Vec<Vec<f32>> {
+        self.extra_heads
+            .iter()
+            .map(|head| {
+                let mut p = head.forward_vec(row.transformer_out(), 1);
+                softmax_in_place(&mut p);
+                p
+            })
+            .collect()
     }
 
     /// A fresh row: empty caches of `precision`, position 0, conditioned on `values`
@@ -497,9 +528,27 @@ impl LmWeights {
                 .map(TransformerLayer::weight_bytes)
                 .sum(),
             temporal_num_layers: self.temporal.num_layers(),
-            text_head: self.temporal.text_head_bytes(),
+            text_head: self.temporal.text_head_bytes()
+                + self
+                    .extra_heads
+                    .iter()
+                    .map(Linear::weight_bytes)
+                    .sum::<usize>(),
             depformer: self.depformer.weight_bytes_read_per_pass(),
             embedding_tables: self.temporal.embedding_bytes() + self.depformer.embedding_bytes(),
         }
+    }
+}
+
+/// Softmax over `x` in f32: the largest value subtracted before `exp`, as torch's.
+fn softmax_in_place(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f32;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    for v in x.iter_mut() {
+        *v /= sum;
     }
 }
