@@ -27,10 +27,13 @@ const OUT_RESAMPLER_CHUNK: usize = 240;
 pub const MAX_EXTRA_OUTPUT_QUEUE_MS: f64 = 60.0;
 
 /// The tokens behind one output frame (for `--tokens-out`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct FrameTokens {
     pub text: u32,
     pub audio: Vec<u32>,
+    /// The extra heads' softmax outputs of the step, `[head][value]` (a speech-to-text model's
+    /// voice activity; empty for a model without extra heads).
+    pub extra_heads: Vec<Vec<f32>>,
 }
 
 /// What a processor returns for one 1920-sample input frame.

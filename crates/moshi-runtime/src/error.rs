@@ -91,4 +91,6 @@ pub enum RuntimeError {
         user: usize,
         generated: usize,
     },
+    #[error("the model is {kind}, not a speech-to-text model (`model_type` \"stt\")")]
+    NotSpeechToText { kind: &'static str },
 }

@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod pipeline;
 pub mod resample;
 pub mod ring;
+pub mod transcribe;
 pub mod translate;
 pub mod wav;
 pub mod wav_frames;

@@ -12,7 +12,10 @@
 //! input frames 0..=i); a translation model (Hibiki) is conditioned on `very_good`, guided
 //! against `very_bad`, and its input ends with one end-of-stream frame
 //! ([`FrameInput::EndOfInput`]), then silence until its text returns EOS. With a config whose
-//! max delay is above 1, the first outputs are silence until the generator returns frames.
+//! max delay is above 1, the first outputs are silence until the generator returns frames. A
+//! model that generates no audio (speech to text, `dep_q` 0) has no Mimi decode: its output
+//! frames are silence, its text and extra heads are in [`FrameTokens`]; how a recording is fed
+//! to it is [`crate::transcribe`].
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -82,6 +85,13 @@ pub struct MoshiSession {
     mimi: Mimi,
     text: IncrementalDecoder,
     frames_in: u64,
+}
+
+/// What the LM step of one frame returned: the generated frame and the step's extra heads.
+#[derive(Clone, Debug)]
+struct LmFrame {
+    frame: GeneratedFrame,
+    extra_heads: Vec<Vec<f32>>,
 }
 
 /// Milliseconds since `t0`.
@@ -157,6 +167,11 @@ impl MoshiModel {
     /// The text id that ends a translation (the tokenizer's EOS), if the tokenizer has one.
     pub fn eos_text_id(&self) -> Option<u32> {
         self.tokenizer.eos_id()
+    }
+
+    /// The text tokenizer.
+    pub fn tokenizer(&self) -> &TextTokenizer {
+        &self.tokenizer
     }
 
     /// Weight precision of Mimi's per-frame products.
@@ -238,14 +253,14 @@ impl MoshiModel {
         inputs: &[FrameInput<'_>],
         codes: &mut [Result<Vec<u32>>],
         timings: &mut [StageTimings],
-    ) -> Vec<Option<GeneratedFrame>> {
+    ) -> Vec<Option<LmFrame>> {
         let first: Vec<bool> = sessions
             .iter()
             .zip(inputs)
             .map(|(s, i)| s.frames_in == 0 && matches!(i, FrameInput::Pcm(_)))
             .collect();
         let passes = self.conventions().first_frame_lm_steps.max(1);
-        let mut generated: Vec<Option<GeneratedFrame>> = vec![None; sessions.len()];
+        let mut generated: Vec<Option<LmFrame>> = vec![None; sessions.len()];
         for pass in 0..passes {
             let last = pass + 1 == passes;
             let stepping: Vec<bool> = first.iter().map(|&f| f || last).collect();
@@ -270,7 +285,7 @@ impl MoshiModel {
         codes: &[Result<Vec<u32>>],
         stepping: &[bool],
         timings: &mut [StageTimings],
-    ) -> Vec<Option<moshi_model::Result<Option<GeneratedFrame>>>> {
+    ) -> Vec<Option<moshi_model::Result<Option<LmFrame>>>> {
         let mut out: Vec<Option<_>> = (0..sessions.len()).map(|_| None).collect();
         let mut lms = Vec::new();
         let mut inputs = Vec::new();
@@ -292,7 +307,12 @@ impl MoshiModel {
         let results = self.lm.step(&mut lms, &inputs);
         for (i, r) in index.into_iter().zip(results) {
             add_lm_timings(&mut timings[i], &sessions[i].lm);
-            out[i] = Some(r.map(|d| d.frame));
+            out[i] = Some(r.map(|d| {
+                d.frame.map(|frame| LmFrame {
+                    frame,
+                    extra_heads: d.extra_heads,
+                })
+            }));
         }
         out
     }
@@ -475,14 +495,15 @@ fn mimis_of<'a>(sessions: &'a mut [&mut MoshiSession], which: &[usize]) -> Vec<&
 }
 
 /// Each session's output: its generated frame decoded by Mimi, together with the others'
-/// ([`Mimi::decode_frames`]; silence while the delays fill), and its text; or its error.
+/// ([`Mimi::decode_frames`]; silence while the delays fill, and for a model that generates no
+/// audio), and its text; or its error.
 fn outputs_of(
     sessions: &mut [&mut MoshiSession],
-    generated: Vec<Result<Option<GeneratedFrame>>>,
+    generated: Vec<Result<Option<LmFrame>>>,
     mut timings: Vec<StageTimings>,
 ) -> Vec<Result<FrameOutput>> {
     let decoding: Vec<usize> = (0..generated.len())
-        .filter(|&i| matches!(generated[i], Ok(Some(_))))
+        .filter(|&i| matches!(&generated[i], Ok(Some(f)) if !f.frame.audio.is_empty()))
         .collect();
     let mut pcms: Vec<Vec<f32>> = vec![vec![0.0; FRAME_SAMPLES]; generated.len()];
     let mut decoded: Vec<Option<moshi_model::Result<()>>> =
@@ -494,7 +515,7 @@ fn outputs_of(
             let codes: Vec<&[u32]> = generated
                 .iter()
                 .filter_map(|g| match g {
-                    Ok(Some(frame)) => Some(&frame.audio[..]),
+                    Ok(Some(f)) if !f.frame.audio.is_empty() => Some(&f.frame.audio[..]),
                     _ => None,
                 })
                 .collect();
@@ -519,14 +540,15 @@ fn outputs_of(
         .zip(timings)
         .zip(decoded)
         .map(|((((s, g), pcm), timings), decoded)| {
-            let Some(frame) = g? else {
+            let Some(LmFrame { frame, extra_heads }) = g? else {
                 return Ok(FrameOutput {
                     pcm,
                     timings,
                     ..Default::default()
                 });
             };
-            decoded.expect("a generated frame is decoded")?;
+            // A frame with audio was decoded; one without (speech to text) stays silence.
+            decoded.unwrap_or(Ok(()))?;
             let piece = s.text.push(frame.text);
             Ok(FrameOutput {
                 pcm,
@@ -534,6 +556,7 @@ fn outputs_of(
                 tokens: Some(FrameTokens {
                     text: frame.text,
                     audio: frame.audio,
+                    extra_heads,
                 }),
                 timings,
             })

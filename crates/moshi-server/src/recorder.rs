@@ -298,6 +298,7 @@ mod tests {
             tokens: Some(FrameTokens {
                 text: i,
                 audio: vec![i; 8],
+                extra_heads: Vec::new(),
             }),
             compute_ms: 1.0,
             input_complete_at: Instant::now(),
