@@ -40,6 +40,8 @@ enum Command {
     Bench(commands::bench::BenchArgs),
     /// Quantize a bf16 checkpoint into an MLX-layout q4/q8 file.
     Quantize(commands::quantize::QuantizeArgs),
+    /// Speech to text (Kyutai's STT models): the words of a WAV file with their times.
+    Transcribe(commands::transcribe::TranscribeArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -80,6 +82,7 @@ fn main() -> std::process::ExitCode {
         Command::Devices(a) => commands::devices::run(a),
         Command::Bench(a) => commands::bench::run(a, &cli.log),
         Command::Quantize(a) => commands::quantize::run(a),
+        Command::Transcribe(a) => commands::transcribe::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -13,7 +13,7 @@ use crate::engine::{FrameOutput, OfflineRunner};
 use crate::metrics::{FrameRecord, Metrics};
 use crate::pipeline::MoshiPipeline;
 use crate::wav_frames::WavFrames;
-use crate::{Result, RuntimeError, FRAME_SAMPLES, SAMPLE_RATE_HZ};
+use crate::{RuntimeError, FRAME_SAMPLES, SAMPLE_RATE_HZ};
 
 /// What one step was fed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,17 +61,19 @@ pub fn feeding_of(pipeline: &MoshiPipeline) -> SttFeeding {
 /// Transcribes `audio` (24 kHz frames, the last zero-padded) with a speech-to-text model:
 /// `on_step` sees every step as it is produced (an error from it ends the run). Returns the
 /// words of the last segment, known only at the end of the stream, and the run's metrics. A
-/// model of another type is an error.
-pub fn transcribe_frames(
+/// model of another type is an error. The callback's error type is the run's (e.g.
+/// `anyhow::Error`), so that what it meets (a full disk) ends the run as itself.
+pub fn transcribe_frames<E: From<RuntimeError>>(
     pipeline: &mut MoshiPipeline,
     audio: &mut WavFrames,
-    mut on_step: impl FnMut(&TranscribedStep<'_>) -> Result<()>,
-) -> Result<(Vec<TimedWord>, Metrics)> {
+    mut on_step: impl FnMut(&TranscribedStep<'_>) -> std::result::Result<(), E>,
+) -> std::result::Result<(Vec<TimedWord>, Metrics), E> {
     let conventions = pipeline.model().conventions();
     if conventions.end_of_input != EndOfInput::SilenceForTextDelay {
         return Err(RuntimeError::NotSpeechToText {
             kind: conventions.name,
-        });
+        }
+        .into());
     }
     let feeding = feeding_of(pipeline);
     let prefix = match conventions.leading_silence {
@@ -81,31 +83,36 @@ pub fn transcribe_frames(
     let mut timer = WordTimer::new(pipeline.model().lm_config(), feeding);
     let mut runner = OfflineRunner::new();
     let silence = vec![0f32; FRAME_SAMPLES];
-    let mut step = |pipeline: &mut MoshiPipeline, frame: &[f32], fed: Fed| -> Result<()> {
-        let (record, output) = runner.process(pipeline, frame)?;
-        let words = match &output.tokens {
-            Some(t) => timer.push(t.text, pipeline.model().tokenizer())?,
-            None => Vec::new(),
+    let mut step =
+        |pipeline: &mut MoshiPipeline, frame: &[f32], fed: Fed| -> std::result::Result<(), E> {
+            let (record, output) = runner.process(pipeline, frame)?;
+            let words = match &output.tokens {
+                Some(t) => timer
+                    .push(t.text, pipeline.model().tokenizer())
+                    .map_err(RuntimeError::from)?,
+                None => Vec::new(),
+            };
+            on_step(&TranscribedStep {
+                step: record.frame,
+                fed,
+                output: &output,
+                words: &words,
+                record: &record,
+            })
         };
-        on_step(&TranscribedStep {
-            step: record.frame,
-            fed,
-            output: &output,
-            words: &words,
-            record: &record,
-        })
-    };
     for _ in 0..prefix {
         step(pipeline, &silence, Fed::PrefixSilence)?;
     }
     let mut i = 0;
-    while let Some(frame) = audio.next_frame()? {
+    while let Some(frame) = audio.next_frame().map_err(E::from)? {
         step(pipeline, frame, Fed::Audio(i))?;
         i += 1;
     }
     for _ in 0..feeding.suffix_frames {
         step(pipeline, &silence, Fed::SuffixSilence)?;
     }
-    let last = timer.finish(pipeline.model().tokenizer())?;
+    let last = timer
+        .finish(pipeline.model().tokenizer())
+        .map_err(RuntimeError::from)?;
     Ok((last, runner.into_metrics()))
 }

@@ -131,6 +131,11 @@ pub fn run(args: FileArgs) -> anyhow::Result<()> {
         .and_then(|loaded| loaded.into_pipeline());
     spinner.finish_and_clear();
     let (model, mut pipeline) = loaded?;
+    anyhow::ensure!(
+        pipeline.model().conventions().generates_audio,
+        "{} is a speech-to-text model: it generates no audio; use `moshi-rs transcribe`",
+        model.lm_weights_path.display()
+    );
     let translation = pipeline.model().is_translation();
     anyhow::ensure!(
         translation || args.max_tail_s.is_none(),

@@ -10,6 +10,7 @@ pub mod inspect;
 pub mod model_args;
 pub mod quantize;
 pub mod serve;
+pub mod transcribe;
 pub mod transcript;
 
 /// Tells the kernels how many activation rows this process's products will have (sessions

@@ -68,22 +68,30 @@ impl Transcript {
         for w in self.words.iter().filter(|w| !w.text.is_empty()) {
             let start = w.first_frame as f64 * FRAME_MS / 1e3;
             let end = (w.last_frame + 1) as f64 * FRAME_MS / 1e3;
-            // Control characters (a tab would break the columns) are written escaped.
-            let word: String = w
-                .text
-                .chars()
-                .map(|c| {
-                    if c.is_control() {
-                        c.escape_default().to_string()
-                    } else {
-                        c.to_string()
-                    }
-                })
-                .collect();
-            s += &format!("{start:.2}\t{end:.2}\t{word}\n");
+            s += &tsv_line(start, end, &w.text);
         }
         s
     }
+}
+
+/// One `start_s<TAB>end_s<TAB>word` line (times to 10 ms); control characters (a tab would break
+/// the columns) are written escaped.
+pub fn tsv_line(start_s: f64, end_s: f64, word: &str) -> String {
+    format!("{start_s:.2}\t{end_s:.2}\t{}\n", escape_controls(word))
+}
+
+/// `text` with its control characters escaped (`\t`, `\n`, `\u{12}`), so that a word stays on
+/// its line of a TSV or subtitle file.
+pub fn escape_controls(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]
