@@ -1,0 +1,318 @@
+//! `moshi-rs transcribe` end to end through the built binary on the tiny-stt fixture: every
+//! greedy text token and extra head of the official PyTorch run (`ref/stt_greedy.json`), the
+//! DSM script's words with their start and end in every `--out` format, with the bf16 weights
+//! as stored and expanded to f32; q8 / q4 through the packed kernels (an MLX file written by
+//! `moshi-rs quantize` and `--quantize` at load) against the same weights dequantized; and
+//! clear failures on bad input.
+//!
+//! Extra heads: within 2e-6 of the reference, as `moshi-model --test stt_reference` (the
+//! reference is rounded to 7 decimals; the rest is f32 summation order).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{assert_fails, jsonl, moshi, s};
+use serde_json::Value;
+
+const HEAD_TOL: f64 = 2e-6;
+
+fn assets() -> PathBuf {
+    common::asset_dir("tiny-stt")
+}
+
+fn reference_text() -> String {
+    std::fs::read_to_string(assets().join("ref/stt_greedy.json")).unwrap()
+}
+
+fn reference() -> Value {
+    serde_json::from_str(&reference_text()).unwrap()
+}
+
+/// `(text, start_s, end_s)` of the words in a JSON text (`--out words.json` or the reference's
+/// `words`). The times are read with Rust's correctly rounded parser (serde_json's default one
+/// may be 1 ulp off), so that they compare exactly.
+fn words_in(json: &str) -> Vec<(String, f64, f64)> {
+    let v: Value = serde_json::from_str(json).unwrap();
+    let words = v.get("words").unwrap_or(&v).as_array().unwrap().clone();
+    let section = match json.find("\"steps\"") {
+        Some(end) => &json[..end],
+        None => json,
+    };
+    let times = |key: &str| -> Vec<f64> {
+        section
+            .match_indices(&format!("\"{key}\": "))
+            .map(|(i, m)| {
+                let rest = &section[i + m.len()..];
+                let end = rest.find([',', '}', '\n']).unwrap();
+                rest[..end].trim().parse::<f64>().unwrap()
+            })
+            .collect()
+    };
+    let (starts, ends) = (times("start_s"), times("end_s"));
+    assert_eq!((starts.len(), ends.len()), (words.len(), words.len()));
+    words
+        .iter()
+        .zip(starts.into_iter().zip(ends))
+        .map(|(w, (a, b))| (w["text"].as_str().unwrap().to_string(), a, b))
+        .collect()
+}
+
+/// Runs `transcribe` on the fixture's input with `extra` flags, writing `--tokens-out` into
+/// `dir`; returns the steps written.
+fn transcribe(dir: &Path, extra: &[&str]) -> Vec<Value> {
+    let tokens = dir.join("steps.jsonl");
+    let (input, model) = (assets().join("input.wav"), assets());
+    let mut args = vec![
+        "transcribe",
+        s(&input),
+        "--model",
+        s(&model),
+        "--tokens-out",
+        s(&tokens),
+    ];
+    args.extend_from_slice(extra);
+    let o = moshi(&args);
+    assert!(
+        o.status.success(),
+        "moshi-rs transcribe {extra:?} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    jsonl(&tokens)
+}
+
+fn heads(step: &Value) -> Vec<Vec<f64>> {
+    step["extra_heads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| {
+            h.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap())
+                .collect()
+        })
+        .collect()
+}
+
+/// Largest difference between the extra heads of two runs (or a run and the reference).
+fn heads_diff(a: &Value, b: &Value) -> f64 {
+    let (a, b) = (heads(a), heads(b));
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(&b)
+        .flat_map(|(x, y)| {
+            assert_eq!(x.len(), y.len());
+            x.iter().zip(y).map(|(p, q)| (p - q).abs())
+        })
+        .fold(0.0, f64::max)
+}
+
+/// Every step's fed chunk and text token equal the reference's, every extra head within
+/// [`HEAD_TOL`].
+fn assert_matches_reference(steps: &[Value], what: &str) {
+    let reference = reference();
+    let want = reference["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), want.len(), "{what}: steps");
+    for (i, (got, want)) in steps.iter().zip(want).enumerate() {
+        assert_eq!(got["frame"], i, "{what}: step index");
+        assert_eq!(got["fed"], want["fed"], "{what}: fed chunk of step {i}");
+        assert_eq!(
+            got["text"], want["text_token"],
+            "{what}: text token of step {i}"
+        );
+        let d = heads_diff(got, want);
+        assert!(
+            d <= HEAD_TOL,
+            "{what}: extra heads of step {i} differ by {d}"
+        );
+    }
+}
+
+#[test]
+fn transcribe_reproduces_official_tokens_extra_heads_and_words() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = |name: &str| dir.path().join(name);
+    let (json, tsv, srt, vtt, profile) = (
+        out("words.json"),
+        out("words.tsv"),
+        out("words.srt"),
+        out("words.vtt"),
+        out("profile.jsonl"),
+    );
+    let steps = transcribe(
+        dir.path(),
+        &[
+            "--out",
+            s(&json),
+            "--out",
+            s(&tsv),
+            "--out",
+            s(&srt),
+            "--out",
+            s(&vtt),
+            "--profile",
+            s(&profile),
+        ],
+    );
+    assert_matches_reference(&steps, "bf16 weights");
+
+    let want = words_in(&reference_text());
+    assert_eq!(want.len(), 6);
+    let got = words_in(&std::fs::read_to_string(&json).unwrap());
+    assert_eq!(got, want, "--out words.json");
+    // Control characters are written escaped as Rust's `escape_default` (`\u{12}`).
+    let escaped = |w: &str| -> String {
+        w.chars()
+            .map(|c| match c.is_control() {
+                true => c.escape_default().to_string(),
+                false => c.to_string(),
+            })
+            .collect()
+    };
+    let tsv_want: String = want
+        .iter()
+        .map(|(w, a, b)| format!("{a:.2}\t{b:.2}\t{}\n", escaped(w)))
+        .collect();
+    assert_eq!(std::fs::read_to_string(&tsv).unwrap(), tsv_want);
+    let srt_text = std::fs::read_to_string(&srt).unwrap();
+    assert!(
+        srt_text.starts_with("1\n00:00:00,300 --> 00:00:00,460\n"),
+        "{srt_text}"
+    );
+    assert_eq!(srt_text.matches(" --> ").count(), want.len());
+    let vtt_text = std::fs::read_to_string(&vtt).unwrap();
+    assert!(
+        vtt_text.starts_with("WEBVTT\n\n00:00:00.300 --> 00:00:00.460\n"),
+        "{vtt_text}"
+    );
+    assert!(vtt_text.contains("00:00:02.460 --> 00:00:02.620\ncoent\n"));
+    let prof = jsonl(&profile);
+    assert_eq!(prof.len(), steps.len() + 1);
+    assert_eq!(prof[steps.len()]["event"], "summary");
+}
+
+#[test]
+fn f32_weights_reproduce_the_reference_too() {
+    let dir = tempfile::tempdir().unwrap();
+    // --dequantize hands the bf16 weights over as f32.
+    let steps = transcribe(dir.path(), &["--dequantize"]);
+    assert_matches_reference(&steps, "f32 weights");
+}
+
+/// The q8 / q4 model through the packed kernels gives the tokens of the same quantized weights
+/// expanded to f32, and extra heads within f32 rounding of them. (Its tokens may differ from the
+/// f32 reference: quantization changes the model.)
+fn check_quantized(bits: &str, group: &str, at_load: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join(format!("model.q{bits}.safetensors"));
+    let config = assets().join("config.json");
+    let o = moshi(&[
+        "quantize",
+        s(&assets().join("model.safetensors")),
+        s(&file),
+        "--bits",
+        bits,
+        "--group-size",
+        group,
+        "--config",
+        s(&config),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let packed = transcribe(dir.path(), &["--weights", s(&file)]);
+    let dense = transcribe(dir.path(), &["--weights", s(&file), "--dequantize"]);
+    let at_load = transcribe(dir.path(), &["--quantize", at_load]);
+    assert_eq!(packed.len(), 60);
+    for (i, ((p, d), l)) in packed.iter().zip(&dense).zip(&at_load).enumerate() {
+        assert_eq!(
+            p["text"], d["text"],
+            "q{bits}: packed vs dequantized, step {i}"
+        );
+        let diff = heads_diff(p, d);
+        assert!(
+            diff <= 1e-5,
+            "q{bits}: extra heads of step {i} differ by {diff}"
+        );
+        // `--quantize` at load quantizes as `moshi-rs quantize` writes: the same run.
+        assert_eq!(p, l, "q{bits}: MLX file vs --quantize at load, step {i}");
+    }
+}
+
+#[test]
+fn q8_packed_kernels_agree_with_the_dequantized_model() {
+    check_quantized("8", "64", "q8");
+}
+
+#[test]
+fn q4_packed_kernels_agree_with_the_dequantized_model() {
+    check_quantized("4", "32", "q4");
+}
+
+#[test]
+fn bad_input_fails_clearly_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = assets().join("input.wav");
+    let json = dir.path().join("w.json");
+    // An unknown --out format, before anything runs.
+    let txt = dir.path().join("w.txt");
+    let o = moshi(&[
+        "transcribe",
+        s(&input),
+        "--model",
+        s(&assets()),
+        "--out",
+        s(&txt),
+    ]);
+    assert_fails(&o, &["--out", "w.txt", ".tsv"]);
+    assert!(!txt.exists());
+    // A missing input names the file.
+    let missing = dir.path().join("missing.wav");
+    let o = moshi(&[
+        "transcribe",
+        s(&missing),
+        "--model",
+        s(&assets()),
+        "--out",
+        s(&json),
+    ]);
+    assert_fails(&o, &["missing.wav"]);
+    // An output that is the input, or two outputs on one path.
+    let o = moshi(&[
+        "transcribe",
+        s(&input),
+        "--model",
+        s(&assets()),
+        "--out",
+        s(&input),
+    ]);
+    assert_fails(&o, &["--out"]);
+    let o = moshi(&[
+        "transcribe",
+        s(&input),
+        "--model",
+        s(&assets()),
+        "--out",
+        s(&json),
+        "--tokens-out",
+        s(&json),
+    ]);
+    assert_fails(&o, &["--out", "--tokens-out"]);
+    assert!(!json.exists());
+    // A model that is not speech to text (Moshi): refused, pointing at `file`.
+    let o = moshi(&[
+        "transcribe",
+        s(&input),
+        "--model",
+        s(&common::asset_dir("tiny-a")),
+        "--out",
+        s(&json),
+    ]);
+    assert_fails(&o, &["speech-to-text", "moshi-rs file"]);
+    assert!(!json.exists());
+    // And `file` refuses a speech-to-text model, pointing at `transcribe`.
+    let wav = dir.path().join("out.wav");
+    let o = moshi(&["file", s(&input), s(&wav), "--model", s(&assets())]);
+    assert_fails(&o, &["speech-to-text", "transcribe"]);
+    assert!(!wav.exists());
+}
