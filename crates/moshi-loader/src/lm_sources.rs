@@ -253,6 +253,23 @@ mod tests {
     }
 
     #[test]
+    fn extra_heads_have_one_name_in_every_layout() {
+        // PyTorch `LMModel.extra_heads` (nn.ModuleList), moshi-core's `vb.pp("extra_heads").pp(i)`,
+        // moshi_mlx's `Lm.extra_heads` list (`load_pytorch_weights` copies the keys as they are).
+        let mut cfg = LmConfig::moshiko_7b();
+        cfg.extra_heads_num_heads = 4;
+        for layout in [LmLayout::PyTorch, LmLayout::Candle, LmLayout::Mlx] {
+            let spec = lm_sources(layout, &cfg)
+                .into_iter()
+                .find(|s| s.canonical.name == "extra_heads.3")
+                .unwrap();
+            assert_eq!(spec.stored_name, "extra_heads.3.weight");
+            assert_eq!(spec.stored_shape, vec![6, 4096]);
+            assert_eq!(spec.canonical.role, TensorRole::Linear);
+        }
+    }
+
+    #[test]
     fn candle_and_mlx_names_follow_kyutai_import_scripts() {
         let name = |l, c| stored(l, c).0;
         assert_eq!(

@@ -1,0 +1,104 @@
+//! Speech-to-text configs (Kyutai's STT: `model_type` "stt", `dep_q` 0, `stt_config`, extra
+//! heads): the tiny-stt fixture's and the bundled release configs parse with their values; a
+//! key that contradicts the model type or is out of range is refused naming the key.
+
+use std::path::Path;
+
+use moshi_loader::{LmConfig, SafetensorsFile};
+
+fn fixture_config_text() -> String {
+    std::fs::read_to_string(moshi_test_support::fixture("tiny-stt", "config.json")).unwrap()
+}
+
+/// The tiny-stt config with `edit` applied, parsed.
+fn edited(edit: impl FnOnce(&mut serde_json::Value)) -> moshi_loader::Result<LmConfig> {
+    let mut v: serde_json::Value = serde_json::from_str(&fixture_config_text()).unwrap();
+    edit(&mut v);
+    LmConfig::from_json_str(&v.to_string(), Path::new("edited-config.json"))
+}
+
+/// The error of an edited config, which must name the file and `needles`.
+fn refused(edit: impl FnOnce(&mut serde_json::Value), needles: &[&str]) {
+    let err = edited(edit).unwrap_err().to_string();
+    assert!(err.contains("edited-config.json"), "{err}");
+    for n in needles {
+        assert!(err.contains(n), "error should name {n:?}: {err}");
+    }
+}
+
+#[test]
+fn the_fixture_config_is_speech_to_text() {
+    let cfg = edited(|_| {}).unwrap();
+    assert!(cfg.is_speech_to_text());
+    assert_eq!((cfg.n_q, cfg.dep_q, cfg.user_codebooks()), (32, 0, 32));
+    assert_eq!((cfg.extra_heads_num_heads, cfg.extra_heads_dim), (4, 6));
+    let stt = cfg.stt();
+    assert_eq!((stt.delay_s(), stt.silence_prefix_s()), (0.5, 0.0));
+    assert!(cfg.unknown.is_empty(), "{:?}", cfg.unknown.keys());
+    // The fixture's weights: 2,342,400 parameters, the extra heads included.
+    assert_eq!(cfg.parameter_count(), 2_342_400);
+}
+
+#[test]
+fn a_model_without_a_depformer_must_be_stt_and_the_reverse() {
+    refused(
+        |v| {
+            v.as_object_mut().unwrap().remove("model_type");
+        },
+        &["model_type", "dep_q", "stt"],
+    );
+    refused(|v| v["model_type"] = "moshi".into(), &["model_type", "stt"]);
+    refused(
+        |v| {
+            v["dep_q"] = 8.into();
+        },
+        &["dep_q", "stt"],
+    );
+}
+
+#[test]
+fn stt_values_out_of_range_are_refused_by_key() {
+    refused(
+        |v| v["stt_config"]["audio_delay_seconds"] = (-0.5).into(),
+        &["stt_config.audio_delay_seconds"],
+    );
+    refused(
+        |v| v["stt_config"]["audio_silence_prefix_seconds"] = 1e9.into(),
+        &["stt_config.audio_silence_prefix_seconds"],
+    );
+    refused(
+        |v| v["stt_config"]["audio_delay_seconds"] = "0.5".into(),
+        &["audio_delay_seconds"],
+    );
+    refused(
+        |v| v["extra_heads_num_heads"] = 100_000.into(),
+        &["extra_heads_num_heads"],
+    );
+    refused(|v| v["extra_heads_dim"] = 0.into(), &["extra_heads_dim"]);
+    refused(
+        |v| v["text_padding_token_id"] = 384.into(),
+        &["text_padding_token_id"],
+    );
+}
+
+#[test]
+fn without_stt_config_the_scripts_defaults_apply() {
+    let cfg = edited(|v| {
+        v.as_object_mut().unwrap().remove("stt_config");
+    })
+    .unwrap();
+    assert_eq!(
+        (cfg.stt().delay_s(), cfg.stt().silence_prefix_s()),
+        (5.0, 1.0)
+    );
+}
+
+#[test]
+fn a_file_without_a_depformer_is_read_as_pytorch() {
+    let file = SafetensorsFile::open(moshi_test_support::fixture("tiny-stt", "model.safetensors"))
+        .unwrap();
+    assert_eq!(
+        moshi_loader::layout::detect_kind(&file).unwrap(),
+        moshi_loader::CheckpointKind::Lm(moshi_loader::LmLayout::PyTorch)
+    );
+}
