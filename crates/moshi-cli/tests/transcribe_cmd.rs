@@ -316,3 +316,30 @@ fn bad_input_fails_clearly_and_writes_nothing() {
     assert_fails(&o, &["speech-to-text", "transcribe"]);
     assert!(!wav.exists());
 }
+
+#[test]
+fn inspect_reads_the_bundled_stt_configs_and_the_fixture() {
+    let root = moshi_test_support::repo_root();
+    for (config, needle) in [
+        ("configs/stt-1b-en_fr.json", "4 extra heads x 6"),
+        (
+            "configs/stt-2.6b-en.json",
+            "text delay 2.5 s, silence prefix 1 s",
+        ),
+    ] {
+        let path = root.join(config);
+        let o = moshi(&["inspect", s(&path)]);
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert!(
+            stdout.contains("dep_q 0, no depformer") && stdout.contains(needle),
+            "{stdout}"
+        );
+    }
+    let o = moshi(&["inspect", s(&assets())]);
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && stdout.contains("matches (names and shapes of all 51 LM tensors)"),
+        "{stdout}"
+    );
+}

@@ -187,6 +187,9 @@ fn absent_positional_embeddings_take_kyutai_default_sin_which_is_refused() {
         "configs/hibiki-m.json",
         "assets/tiny-a/config.json",
         "assets/tiny-hibiki/config.json",
+        "configs/stt-1b-en_fr.json",
+        "configs/stt-2.6b-en.json",
+        "assets/tiny-stt/config.json",
     ] {
         LmConfig::from_file(root.join(path)).unwrap();
     }

@@ -102,3 +102,39 @@ fn a_file_without_a_depformer_is_read_as_pytorch() {
         moshi_loader::CheckpointKind::Lm(moshi_loader::LmLayout::PyTorch)
     );
 }
+
+/// The bundled configs: shapes from Kyutai's moshi-server TOMLs
+/// (`delayed-streams-modeling/configs/config-stt-*-hf.toml`), the rest from the export configs
+/// (`moshi/configs/stt_*.json`); see docs/stt.md for what comes from where.
+#[test]
+fn bundled_configs_have_the_releases_shapes() {
+    let root = moshi_test_support::repo_root();
+    let one = LmConfig::from_file(root.join("configs/stt-1b-en_fr.json")).unwrap();
+    assert!(one.is_speech_to_text() && one.unknown.is_empty());
+    assert_eq!(
+        (one.n_q, one.dep_q, one.text_card, one.card),
+        (32, 0, 8000, 2048)
+    );
+    assert_eq!((one.num_layers, one.num_heads, one.context), (16, 16, 750));
+    assert_eq!((one.extra_heads_num_heads, one.extra_heads_dim), (4, 6));
+    assert_eq!(
+        (one.stt().delay_s(), one.stt().silence_prefix_s()),
+        (0.5, 0.0)
+    );
+    // hidden 5632 (candle: dim_feedforward 8192 = 4 x dim gives 11 x dim / 4): 989,253,632
+    // parameters, 2 bytes each in a bf16 file.
+    assert_eq!(one.hidden_dim(), 5632);
+    assert_eq!(one.parameter_count(), 989_253_632);
+    let big = LmConfig::from_file(root.join("configs/stt-2.6b-en.json")).unwrap();
+    assert!(big.is_speech_to_text() && big.unknown.is_empty());
+    assert_eq!(
+        (big.num_layers, big.num_heads, big.context, big.text_card),
+        (48, 32, 375, 4000)
+    );
+    assert_eq!(big.extra_heads_num_heads, 0);
+    assert_eq!(
+        (big.stt().delay_s(), big.stt().silence_prefix_s()),
+        (2.5, 1.0)
+    );
+    assert_eq!(big.hidden_dim(), 5632);
+}

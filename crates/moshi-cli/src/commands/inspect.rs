@@ -202,9 +202,25 @@ fn inspect_config(path: &Path) -> anyhow::Result<ConfigEntry> {
         })
     } else {
         let c = LmConfig::from_json_str(&text, path)?;
+        // A speech-to-text model has no depformer: its extra heads and feeding instead.
+        let tail = if c.dep_q == 0 {
+            let stt = c.stt();
+            format!(
+                "no depformer, {} extra heads x {}, speech to text: text delay {} s, silence prefix {} s",
+                c.extra_heads_num_heads,
+                c.extra_heads_dim,
+                stt.delay_s(),
+                stt.silence_prefix_s()
+            )
+        } else {
+            format!(
+                "depformer {} x {} layers",
+                c.depformer_dim, c.depformer_num_layers
+            )
+        };
         let summary = format!(
-            "LM: dim {} x {} layers ({} heads), text_card {}, card {}, n_q {}, dep_q {}, depformer {} x {} layers, context {}",
-            c.dim, c.num_layers, c.num_heads, c.text_card, c.card, c.n_q, c.dep_q, c.depformer_dim, c.depformer_num_layers, c.context
+            "LM: dim {} x {} layers ({} heads), text_card {}, card {}, n_q {}, dep_q {}, {tail}, context {}",
+            c.dim, c.num_layers, c.num_heads, c.text_card, c.card, c.n_q, c.dep_q, c.context
         );
         Ok(ConfigEntry {
             path: path.into(),
