@@ -7,8 +7,8 @@
 //!
 //! Words ([`WordTimer`], the script's `tokens_to_timestamped_text`): end-of-padding tokens (id
 //! 0) are word boundaries; the tokens above PAD between two boundaries decode to a word, its
-//! start and end the boundaries' positions over the frame rate minus `int(n_prefix / frame_rate)
-//! + delay`, clamped at 0. A segment that decodes to several words gives each as many positions
+//! start and end the boundaries' positions over the frame rate minus the offset
+//! `int(n_prefix / frame_rate) + delay`, clamped at 0. A segment that decodes to several words gives each as many positions
 //! as its own encoding has tokens, the last word the rest. Text before the first boundary is
 //! dropped; the last segment ends at EOS, else after at most `frame_rate` positions, else at
 //! the end. The timer is incremental: it holds only the tokens since the last boundary.
