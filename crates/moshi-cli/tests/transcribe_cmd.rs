@@ -277,16 +277,49 @@ fn bad_input_fails_clearly_and_writes_nothing() {
         s(&json),
     ]);
     assert_fails(&o, &["missing.wav"]);
-    // An output that is the input, or two outputs on one path.
+    // An output that is the input or a file of the model, or two outputs on one path: the
+    // inputs stay as they were.
+    let wav = dir.path().join("in.wav");
+    std::fs::copy(&input, &wav).unwrap();
+    let before = std::fs::read(&wav).unwrap();
+    let tsv = dir.path().join("in.tsv");
+    std::fs::write(&tsv, b"not an output\n").unwrap();
+    // (the input under a name with an output's extension: a hard link)
+    let link = dir.path().join("link.json");
+    std::fs::hard_link(&wav, &link).unwrap();
     let o = moshi(&[
         "transcribe",
-        s(&input),
+        s(&wav),
         "--model",
         s(&assets()),
         "--out",
-        s(&input),
+        s(&link),
     ]);
-    assert_fails(&o, &["--out"]);
+    assert_fails(&o, &["--out", "same file as the input"]);
+    assert_eq!(std::fs::read(&wav).unwrap(), before);
+    let config = assets().join("config.json");
+    let o = moshi(&[
+        "transcribe",
+        s(&wav),
+        "--model",
+        s(&assets()),
+        "--tokens-out",
+        s(&config),
+    ]);
+    assert_fails(&o, &["--tokens-out", "same file as the input"]);
+    // Not a WAV, and an output in a folder that does not exist.
+    let o = moshi(&["transcribe", s(&tsv), "--model", s(&assets())]);
+    assert_fails(&o, &["in.tsv", "not a readable WAV"]);
+    let nowhere = dir.path().join("no-such-dir").join("w.json");
+    let o = moshi(&[
+        "transcribe",
+        s(&wav),
+        "--model",
+        s(&assets()),
+        "--out",
+        s(&nowhere),
+    ]);
+    assert_fails(&o, &["--out", "no-such-dir"]);
     let o = moshi(&[
         "transcribe",
         s(&input),
