@@ -180,6 +180,90 @@ fn is_python_space(c: char) -> bool {
 mod tests {
     use super::*;
 
+    fn tokenizer() -> TextTokenizer {
+        TextTokenizer::from_file(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../assets/tiny-stt/tokenizer.model"
+        ))
+        .unwrap()
+    }
+
+    /// A timer for the tiny-stt config (delay 0.5 s, no prefix: offset 0.5 s).
+    fn timer() -> WordTimer {
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../assets/tiny-stt/config.json"
+        ))
+        .unwrap();
+        let cfg = LmConfig::from_json_str(&text, std::path::Path::new("config.json")).unwrap();
+        WordTimer::new(&cfg, SttFeeding::of(&cfg, 12.5))
+    }
+
+    fn words(tokens: &[u32]) -> Vec<(String, f64, f64)> {
+        let (tok, mut t) = (tokenizer(), timer());
+        let mut out = Vec::new();
+        for &x in tokens {
+            out.extend(t.push(x, &tok).unwrap());
+        }
+        out.extend(t.finish(&tok).unwrap());
+        out.into_iter()
+            .map(|w| (w.text, w.start_s, w.end_s))
+            .collect()
+    }
+
+    /// Time of position `p` as the script computes it (offset 0.5 s).
+    fn at(p: usize) -> f64 {
+        (p as f64 / 12.5 - 0.5).max(0.0)
+    }
+
+    #[test]
+    fn segments_follow_the_scripts_rules() {
+        let tok = tokenizer();
+        let (a, b) = (tok.encode("hello").unwrap(), tok.encode("world").unwrap());
+        let (pad, epad, eos) = (3, END_OF_PADDING_ID, tok.eos_id().unwrap());
+        // Text before the first boundary is dropped; no boundary at all: no words.
+        assert!(words(&a).is_empty());
+        // Two words in one segment: the first gets as many steps as its own tokens.
+        let mut t = vec![pad; 8];
+        t.push(epad); // position 8: the segment starts at 9
+        t.extend(&a);
+        t.push(pad);
+        t.extend(&b);
+        let end = t.len();
+        t.push(epad);
+        let got = words(&t);
+        let split = 9 + a.len();
+        assert_eq!(
+            got,
+            vec![
+                ("hello".to_string(), at(9), at(split)),
+                ("world".to_string(), at(split), at(end)),
+            ]
+        );
+        // The last segment ends at EOS ...
+        let mut t = vec![pad; 10];
+        t.push(epad);
+        t.extend(&a);
+        let eos_at = t.len();
+        t.push(eos);
+        t.extend(&b);
+        assert_eq!(words(&t), vec![("hello".to_string(), at(11), at(eos_at))]);
+        // ... else after at most int(12.5) = 12 steps: tokens after those are not read.
+        let mut t = vec![pad; 10];
+        t.push(epad);
+        t.extend(&a);
+        t.resize(11 + 12, pad);
+        t.extend(&b);
+        assert_eq!(words(&t), vec![("hello".to_string(), at(11), at(23))]);
+        // ... else at the end of the stream.
+        let mut t = vec![epad];
+        t.extend(&a);
+        assert_eq!(
+            words(&t),
+            vec![("hello".to_string(), at(1), at(1 + a.len()))]
+        );
+    }
+
     #[test]
     fn python_splits_on_the_separators_too() {
         assert!(is_python_space('\u{1f}') && is_python_space('\u{a0}'));
