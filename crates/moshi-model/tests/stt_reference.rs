@@ -290,3 +290,26 @@ fn quantized_weights_agree_with_the_same_weights_dequantized() {
         );
     }
 }
+
+#[test]
+fn random_weights_of_an_stt_config_have_the_extra_heads() {
+    // What `bench --random-weights` builds for an STT config: every head a distribution.
+    let cfg = config();
+    let kind = moshi_model::lm::RandomWeightKind::Quantized {
+        bits: 4,
+        group_size: 32,
+    };
+    let g = Generator::random(&cfg, 7, kind).unwrap();
+    let steps = run(&g, &fed_codes(&reference())[..3]);
+    for s in &steps {
+        assert_eq!(s.extra_heads.len(), 4);
+        for h in &s.extra_heads {
+            assert_eq!(h.len(), 6);
+            let sum: f32 = h.iter().sum();
+            assert!(
+                (sum - 1.0).abs() < 1e-5 && h.iter().all(|&p| p > 0.0),
+                "{h:?}"
+            );
+        }
+    }
+}

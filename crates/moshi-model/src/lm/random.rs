@@ -60,6 +60,10 @@ pub fn canonical_lm_shapes(cfg: &LmConfig) -> Vec<(String, Vec<usize>)> {
             layer(&mut v, &format!("depformer.{k}.layers.{l}"), ddim, dhidden);
         }
     }
+    // Last, so that the seeds of the tensors above do not depend on them.
+    for i in 0..cfg.extra_heads_num_heads {
+        v.push((format!("extra_heads.{i}"), vec![cfg.extra_heads_dim, dim]));
+    }
     v
 }
 
