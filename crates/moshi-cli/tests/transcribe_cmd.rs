@@ -332,6 +332,9 @@ fn bad_input_fails_clearly_and_writes_nothing() {
     ]);
     assert_fails(&o, &["--out", "--tokens-out"]);
     assert!(!json.exists());
+    // No --model, offline: the default STT repo is named, and the bundled test model.
+    let o = moshi(&["transcribe", s(&input), "--out", s(&json)]);
+    assert_fails(&o, &["kyutai/stt-1b-en_fr", "assets/tiny-stt"]);
     // A model that is not speech to text (Moshi): refused, pointing at `file`.
     let o = moshi(&[
         "transcribe",

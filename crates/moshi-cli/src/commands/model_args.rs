@@ -166,6 +166,12 @@ impl SamplingArgs {
 impl ModelArgs {
     /// Finds every file of the model. A failure on the default repo says how to run offline.
     pub fn resolve(&self) -> anyhow::Result<ResolvedModel> {
+        self.resolve_or(DEFAULT_MODEL_REPO, "assets/tiny-a")
+    }
+
+    /// [`Self::resolve`] with another default repo (`transcribe`: a speech-to-text model) and
+    /// bundled test model named in the offline hint.
+    pub fn resolve_or(&self, default_repo: &str, tiny: &str) -> anyhow::Result<ResolvedModel> {
         let overrides = SourceOverrides {
             lm_config: self.config.clone(),
             lm_weights: self.weights.clone(),
@@ -187,12 +193,12 @@ impl ModelArgs {
         }
         match &self.model {
             Some(spec) => ModelSource::resolve(spec, &overrides).with_context(|| format!("resolving the model {spec}")),
-            None => ModelSource::resolve(DEFAULT_MODEL_REPO, &overrides).with_context(|| {
+            None => ModelSource::resolve(default_repo, &overrides).with_context(|| {
                 format!(
-                    "the default model {DEFAULT_MODEL_REPO} is not in the local Hugging Face cache and could not be downloaded; \
+                    "the default model {default_repo} is not in the local Hugging Face cache and could not be downloaded; \
                      to run on a local folder pass --model DIR (a folder laid out like a Kyutai repo: config.json, \
                      model*.safetensors, the Mimi .safetensors and the tokenizer .model), e.g. \
-                     `--model assets/tiny-a` for the bundled random-weight test model"
+                     `--model {tiny}` for the bundled random-weight test model"
                 )
             }),
         }

@@ -27,6 +27,10 @@ use super::file::check_writable;
 use super::model_args::{ModelArgs, SamplingArgs, FILE_KV_CACHE};
 use super::transcript::{escape_controls, tsv_line};
 
+/// The model without `--model`: Kyutai's English and French model (0.5 s delay, voice activity
+/// heads), its PyTorch release.
+pub const DEFAULT_STT_REPO: &str = "kyutai/stt-1b-en_fr";
+
 /// The extra head whose first value is the end-of-turn probability, and the threshold above
 /// which a turn has ended (`stt_from_file_pytorch.py --vad`: `vad_heads[2][0, 0, 0] > 0.5`).
 const END_OF_TURN_HEAD: usize = 2;
@@ -36,6 +40,8 @@ const END_OF_TURN_THRESHOLD: f32 = 0.5;
 pub struct TranscribeArgs {
     /// Input WAV (8 kHz or more, any channels, 8/16/24/32-bit integer or 32-bit float).
     pub input: PathBuf,
+    // `--model` defaults to DEFAULT_STT_REPO here; `assets/tiny-stt` is the bundled
+    // random-weight speech-to-text model for testing offline.
     #[command(flatten)]
     pub model: ModelArgs,
     /// Write the words with their start and end in the input, in seconds; the format follows the
@@ -177,7 +183,7 @@ pub fn run(args: TranscribeArgs) -> anyhow::Result<()> {
         }
     }
     let mut frames = WavFrames::open(input, SAMPLE_RATE_HZ, FRAME_SAMPLES, PartialFrame::Pad)?;
-    let model = args.model.resolve()?;
+    let model = args.model.resolve_or(DEFAULT_STT_REPO, "assets/tiny-stt")?;
     // No output may overwrite a file the command reads: the WAV or any file of the model.
     let mut inputs = vec![input];
     inputs.extend(model.input_paths());
