@@ -115,6 +115,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let loaded = args
         .model
         .load_model(&args.sampling, LIVE_KV_CACHE, args.max_sessions)?;
+    // /api/chat streams audio back; a speech-to-text model has none to send (its own protocol,
+    // moshi-server's /api/asr-streaming, is not served yet).
+    anyhow::ensure!(
+        loaded.model.conventions().generates_audio,
+        "{} is a speech-to-text model: `serve` speaks /api/chat, which needs a model that \
+         generates audio; use `moshi-rs transcribe` for files",
+        loaded.resolved.lm_weights_path.display()
+    );
     // The flags' settings over the config's `lm_gen_config`: each session's starting point.
     let sampling = loaded.settings.sampling.clone();
     MoshiPipeline::new(loaded.model.clone(), &loaded.settings)?
