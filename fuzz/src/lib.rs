@@ -25,6 +25,8 @@ pub fn config_json(data: &[u8]) {
     if let Ok(cfg) = LmConfig::from_json_str(text, origin) {
         // What the model derives from a validated config must not overflow.
         let _ = (cfg.parameter_count(), cfg.hidden_dim(), cfg.max_delay());
+        // A speech-to-text config's feeding (frames from `stt_config`'s seconds).
+        let _ = moshi_model::stt::SttFeeding::of(&cfg, 12.5);
     }
     if let Ok(cfg) = MimiConfig::from_json_str(text, origin) {
         let _ = (cfg.frame_size_samples(), cfg.seanet.hop_samples());
