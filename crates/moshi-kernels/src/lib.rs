@@ -35,8 +35,8 @@ mod quantize;
 mod reference;
 pub mod team;
 
-pub use cpu::{Kernel, Workload, KERNEL_ENV, LEGACY_KERNEL_ENV};
+pub use cpu::{InstructionSet, Kernel, QuantAlgorithm, Workload, KERNEL_ENV, LEGACY_KERNEL_ENV};
 pub use elem::{bf16_bits_to_f32, f32_to_bf16_bits, reduce_lanes, WeightElem, LANES};
-pub use error::QuantError;
+pub use error::{KernelAlreadyChosen, QuantError};
 pub use matrix::{QuantizedMatrix, SUPPORTED_BITS, SUPPORTED_GROUP_SIZES};
 pub use quant::q8_small::{gemm_nt_q8, Q8_GROUP_SIZES, Q8_MAX_ROWS};

@@ -57,7 +57,7 @@ use std::borrow::Cow;
 #[cfg(target_arch = "x86_64")]
 use std::sync::OnceLock;
 
-use crate::{Kernel, QuantError, QuantizedMatrix};
+use crate::{InstructionSet, Kernel, QuantAlgorithm, QuantError, QuantizedMatrix};
 
 /// Weight bytes below which a task is not split further (thread wake-up costs several µs,
 /// about what reading this much weight data takes).
@@ -209,70 +209,97 @@ struct Plan {
     rows_fn: RowRangeFn,
 }
 
+/// The plan of `kernel` for `bits`-bit codes in groups of `group_size`: its instruction set's
+/// integer-digit kernel where the algorithm asks for it and covers the format (4-bit codes), else
+/// the instruction set's f32 lane kernel where it covers the format, else the portable code.
 fn plan(kernel: Kernel, bits: u32, group_size: usize) -> Plan {
-    #[cfg(target_arch = "x86_64")]
-    {
-        // The integer kernels take 4-bit codes; 8-bit ones go to their f32 sibling (see `vnni`,
-        // `avx2int`).
-        let digits = match kernel {
-            Kernel::Avx512Vnni => vnni::select(bits, group_size),
-            Kernel::Avx2Int => avx2int::select(bits, group_size),
-            _ => None,
+    let (instruction_set, algorithm) = kernel.pair();
+    let digits = match algorithm {
+        QuantAlgorithm::IntegerDigits => digit_rows(instruction_set, bits, group_size),
+        QuantAlgorithm::F32 => None,
+    };
+    if let Some(rows_fn) = digits {
+        return Plan {
+            layout: Layout::Digits,
+            rows_fn,
         };
-        if let Some(rows_fn) = digits {
-            return Plan {
-                layout: Layout::Digits,
-                rows_fn,
-            };
-        }
-        let lane_kernel = match kernel {
-            Kernel::Avx512 | Kernel::Avx512Vnni => {
-                avx512::select(bits, group_size).map(|f| (f, avx512::LANES, avx512::TOP_UNSCALED))
-            }
-            Kernel::Avx2 | Kernel::Avx2Int => {
-                avx2::select(bits, group_size).map(|f| (f, avx2::LANES, avx2::TOP_UNSCALED))
-            }
-            Kernel::Portable | Kernel::Neon | Kernel::NeonDot => None,
-        };
-        if let Some((rows_fn, lanes, top_unscaled)) = lane_kernel {
-            return Plan {
-                layout: Layout::Lanes {
-                    lanes,
-                    top_unscaled,
-                },
-                rows_fn,
-            };
-        }
     }
-    #[cfg(target_arch = "aarch64")]
-    {
-        if kernel == Kernel::NeonDot {
-            if let Some(rows_fn) = dotprod::select(bits, group_size) {
-                return Plan {
-                    layout: Layout::Digits,
-                    rows_fn,
-                };
-            }
-        }
-        // The f32 lane kernel for `Neon`, and for the products `NeonDot` leaves to it (see
-        // `dotprod`).
-        if matches!(kernel, Kernel::Neon | Kernel::NeonDot) {
-            if let Some(rows_fn) = neon::select(bits, group_size) {
-                return Plan {
-                    layout: Layout::Lanes {
-                        lanes: neon::LANES,
-                        top_unscaled: neon::TOP_UNSCALED,
-                    },
-                    rows_fn,
-                };
-            }
-        }
+    if let Some((rows_fn, layout)) = lane_rows(instruction_set, bits, group_size) {
+        return Plan { layout, rows_fn };
     }
-    let _ = kernel;
     let rows_fn = portable::select(bits, group_size).unwrap_or(generic::rows);
     Plan {
         layout: Layout::Natural,
         rows_fn,
+    }
+}
+
+/// The integer-digit kernel of `instruction_set` for the format, if it has one (4-bit codes only;
+/// see `vnni`, `avx2int`, `dotprod`).
+fn digit_rows(instruction_set: InstructionSet, bits: u32, group_size: usize) -> Option<RowRangeFn> {
+    match instruction_set {
+        #[cfg(target_arch = "x86_64")]
+        InstructionSet::Avx512 => vnni::select(bits, group_size),
+        #[cfg(target_arch = "x86_64")]
+        InstructionSet::Avx2 => avx2int::select(bits, group_size),
+        #[cfg(target_arch = "aarch64")]
+        InstructionSet::Neon => dotprod::select(bits, group_size),
+        _ => {
+            let _ = (bits, group_size);
+            None
+        }
+    }
+}
+
+/// The f32 lane kernel of `instruction_set` for the format, with its activation layout, if it has
+/// one.
+fn lane_rows(
+    instruction_set: InstructionSet,
+    bits: u32,
+    group_size: usize,
+) -> Option<(RowRangeFn, Layout)> {
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    let layout = |lanes, top_unscaled| Layout::Lanes {
+        lanes,
+        top_unscaled,
+    };
+    match instruction_set {
+        #[cfg(target_arch = "x86_64")]
+        InstructionSet::Avx512 => avx512::select(bits, group_size)
+            .map(|f| (f, layout(avx512::LANES, avx512::TOP_UNSCALED))),
+        #[cfg(target_arch = "x86_64")]
+        InstructionSet::Avx2 => {
+            avx2::select(bits, group_size).map(|f| (f, layout(avx2::LANES, avx2::TOP_UNSCALED)))
+        }
+        #[cfg(target_arch = "aarch64")]
+        InstructionSet::Neon => {
+            neon::select(bits, group_size).map(|f| (f, layout(neon::LANES, neon::TOP_UNSCALED)))
+        }
+        _ => {
+            let _ = (bits, group_size);
+            None
+        }
+    }
+}
+
+/// `m` rows of activations in the fixed-point digits of `instruction_set`'s integer kernel, or
+/// `None` where the fixed point cannot hold a row (see `fixed_point`).
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+fn digit_activations(
+    instruction_set: InstructionSet,
+    x: &[f32],
+    m: usize,
+    cols: usize,
+    group_size: usize,
+) -> Option<Vec<f32>> {
+    match instruction_set {
+        #[cfg(target_arch = "x86_64")]
+        InstructionSet::Avx512 => vnni::arrange_activations(x, m, cols, group_size),
+        #[cfg(target_arch = "x86_64")]
+        InstructionSet::Avx2 => avx2int::arrange_activations(x, m, cols, group_size),
+        #[cfg(target_arch = "aarch64")]
+        InstructionSet::Neon => dotprod::arrange_activations(x, m, cols, group_size),
+        _ => unreachable!("no integer-digit kernel for {instruction_set:?}"),
     }
 }
 
@@ -354,23 +381,13 @@ fn arranged<'x>(
             let xs = lanes::arrange_activations(x, m, cols, bits, group_size, lanes, top_unscaled);
             (plan, Cow::Owned(xs))
         }
-        #[cfg(target_arch = "x86_64")]
-        Layout::Digits if kernel == Kernel::Avx2Int => {
-            match avx2int::arrange_activations(x, m, cols, group_size) {
+        #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+        Layout::Digits => {
+            match digit_activations(kernel.instruction_set(), x, m, cols, group_size) {
                 Some(xs) => (plan, Cow::Owned(xs)),
-                None => arranged(Kernel::Avx2, w, x, m),
+                None => arranged(kernel.f32_sibling(), w, x, m),
             }
         }
-        #[cfg(target_arch = "x86_64")]
-        Layout::Digits => match vnni::arrange_activations(x, m, cols, group_size) {
-            Some(xs) => (plan, Cow::Owned(xs)),
-            None => arranged(Kernel::Avx512, w, x, m),
-        },
-        #[cfg(target_arch = "aarch64")]
-        Layout::Digits => match dotprod::arrange_activations(x, m, cols, group_size) {
-            Some(xs) => (plan, Cow::Owned(xs)),
-            None => arranged(Kernel::Neon, w, x, m),
-        },
     }
 }
 
