@@ -53,9 +53,9 @@ const PLANES: usize = 2;
 const BLOCK_DIGIT_BYTES: usize = DIGITS * PLANES * BLOCK_BYTES;
 
 /// Weight rows per pass of a matrix-vector product, from that many far-apart parts of the range,
-/// each digit load shared by them. Four on long rows (as the f32 lane kernel takes) measured no
-/// better: 11264 columns, Zen 3, 2 threads, `kernel_ab` against the f32 kernel 0.99 with 4 far
-/// rows, 0.85 with 2 (one run each, 15:38-15:40 UTC 2026-12-03).
+/// each digit load shared by them. Four on long rows (as the f32 lane kernel takes) measured
+/// slower than two in `kernel_ab` against the f32 kernel on an AVX2-only host
+/// (docs/performance.md).
 const MATVEC_ROWS: usize = 2;
 
 /// Whether this CPU has AVX2 and FMA.
