@@ -200,7 +200,7 @@ pub struct ConversationSummary {
 }
 
 impl ConversationWav {
-    /// Room for this many frames waiting for the disk: a few seconds, a few MB.
+    /// Room for this many frames waiting for the disk: seconds of a stalled disk, a few MB.
     pub const QUEUE_FRAMES: usize = 250;
 
     pub fn create(path: &Path) -> Result<Self> {
@@ -231,7 +231,7 @@ impl RecordWriter for ConversationWav {
 
     fn write(&mut self, frame: StereoFrame) -> Result<()> {
         let frames = frame.left.len().max(frame.right.len()) as u64;
-        // Hours past a WAV's 4 GiB: keep what fits rather than lose the whole recording.
+        // Past what a WAV can hold (many hours): keep what fits rather than lose it all.
         if !self.wav.fits(frames) {
             self.frames_beyond_limit += 1;
             return Ok(());

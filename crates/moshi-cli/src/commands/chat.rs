@@ -373,7 +373,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     }
     let report = report.context("the engine stopped with an error")?;
     eprintln!("stopped: {stop_reason}");
-    profile.finish(&report.metrics.summary())?;
+    let profiled = profile.finish(&report.metrics.summary());
     let summarized = finish(
         &args,
         &counters,
@@ -383,9 +383,9 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         steady_underruns_base,
         &backend,
     );
-    // Whatever became of the summary, the recording is completed.
+    // Whatever became of the other outputs, the recording is completed.
     let recorded = recording.map_or(Ok(()), |(path, r)| finish_recording(path, r));
-    summarized.and(recorded)
+    profiled.and(summarized).and(recorded)
 }
 
 /// Why the conversation (or one device's part of it) stopped.
