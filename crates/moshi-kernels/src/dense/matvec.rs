@@ -264,8 +264,10 @@ pub fn dot_rows<const R: usize, E: WeightElem>(
 
 /// Rows per pass of the SIMD kernels in a matrix-vector product: several bf16 weight rows per
 /// pass (4 with AVX2, 8 with AVX-512) share each activation load, and measured faster than one
-/// row at a time on a 22528 x 4096 matrix (docs/performance.md). NEON: 2 (16 of its 32 registers
-/// hold the two rows' accumulators; not measured on an aarch64 machine).
+/// row at a time on a 22528 x 4096 matrix
+/// (docs/performance.md#rows-per-pass-and-prefetch-distances-qmv-weights-streamed-from-dram).
+/// NEON: 2 (16 of its 32 registers hold the two rows' accumulators; not measured on an aarch64
+/// machine).
 fn rows_per_pass(kernel: Kernel) -> usize {
     match kernel.instruction_set() {
         InstructionSet::Avx512 => 8,

@@ -12,7 +12,7 @@
 //! product up to rounding order. Per block that is one AND (or shift), one convert and one FMA per
 //! lane-vector of codes plus one scale FMA; the former table lookup needed two shuffles and one
 //! more FMA per 32 codes, which left 4-bit products bound by the arithmetic rather than by memory
-//! (docs/performance.md).
+//! (docs/performance.md#rows-per-pass-and-prefetch-distances-qmv-weights-streamed-from-dram).
 //!
 //! `lane_kernel!` expands the kernel inside an instruction-set module, which provides `LANES`,
 //! `TOP_UNSCALED`, `PAIRED_FROM_M`, the vector types `F`/`I`, `available()` and the small
@@ -24,14 +24,15 @@
 /// loaded once for all of them. They are taken from that many equal parts of the thread's rows,
 /// so their code streams lie far apart: at 11264 columns with weights streamed from DRAM, far rows
 /// read faster than 4 adjacent rows (or the same), q4 and q8, with the AVX-512 and AVX2 kernels
-/// (docs/performance.md).
+/// (docs/performance.md#rows-per-pass-and-prefetch-distances-qmv-weights-streamed-from-dram).
 pub(crate) const MATVEC_ROWS: usize = 4;
 
 /// Arranged activation bytes from which the matrix-vector kernel takes [`MATVEC_ROWS`] weight rows
 /// per pass. With weights streamed from DRAM and adjacent rows, on a core with a 32 KiB L1d: at
 /// 11264 columns (45 KiB of activations, out of L1) four rows per pass read faster (q4 and q8);
 /// at 4096 columns (16 KiB, in L1) one row per pass did, as the four interleaved code streams
-/// slow DRAM streaming more than the shared activation loads save (docs/performance.md).
+/// slow DRAM streaming more than the shared activation loads save
+/// (docs/performance.md#rows-per-pass-and-prefetch-distances-qmv-weights-streamed-from-dram).
 pub(crate) const MULTI_ROW_MIN_ACTIVATION_BYTES: usize = 24 * 1024;
 
 /// Columns covered by one block of `lanes` `u32` lanes of `bits`-bit codes.

@@ -61,7 +61,8 @@ use std::sync::OnceLock;
 use crate::{InstructionSet, Kernel, QuantAlgorithm, QuantError, QuantizedMatrix};
 
 /// Weight bytes below which a task is not split further (waking a thread costs about what
-/// reading this much weight data takes).
+/// reading this much weight data takes:
+/// docs/performance.md#rows-per-pass-and-prefetch-distances-qmv-weights-streamed-from-dram).
 const MIN_TASK_WEIGHT_BYTES: usize = 128 * 1024;
 
 /// How the x86 kernels prefetch their code streams in software: one hint per 64 code bytes of
@@ -71,12 +72,14 @@ const MIN_TASK_WEIGHT_BYTES: usize = 128 * 1024;
 pub(crate) enum CodePrefetch {
     /// `prefetcht0` 1 KiB ahead, into L1: Intel. On an Intel Xeon guest the hardware prefetcher
     /// alone left matrix-vector products well short of the read bandwidth, and this prefetch
-    /// closed the gap (2 KiB ahead did the same; docs/performance.md).
+    /// closed the gap (2 KiB ahead did the same;
+    /// docs/performance.md#rows-per-pass-and-prefetch-distances-qmv-weights-streamed-from-dram).
     L1Near,
     /// `prefetcht1` 4 KiB ahead, into L2: elsewhere. On AMD Zen 4 it read faster than the earlier
     /// choice there (`prefetcht0` 1 KiB ahead for 4-bit codes, none for single-row 8-bit passes)
     /// with the VNNI (one and two threads), AVX-512 and AVX2 kernels, or the same (AVX-512 q8 at
-    /// 4096 columns); figures in docs/performance.md.
+    /// 4096 columns); figures in
+    /// docs/performance.md#rows-per-pass-and-prefetch-distances-qmv-weights-streamed-from-dram.
     ///
     /// The hint lands in L2 early enough to cover DRAM latency while the decode keeps the core
     /// busy; a `prefetcht0` that far ahead, or the hardware prefetcher alone, did not.
@@ -110,8 +113,9 @@ impl CodePrefetch {
     /// nothing under [`CodePrefetch::L1Near`] (not measured there). A row's few lines of each
     /// stream are read once at its start, and the hardware prefetcher did not fetch them in time:
     /// prefetched 4 rows ahead, they made the VNNI kernel read faster on Zen 4; 2 and 8 rows ahead
-    /// did the same, `prefetcht0` and 1 row ahead no better than none (docs/performance.md). A
-    /// hint: a row past the matrix is harmless.
+    /// did the same, `prefetcht0` and 1 row ahead no better than none
+    /// (docs/performance.md#rows-per-pass-and-prefetch-distances-qmv-weights-streamed-from-dram).
+    /// A hint: a row past the matrix is harmless.
     #[inline(always)]
     pub(crate) fn scales_of_row(self, w: &QuantizedMatrix, row: usize) {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
@@ -145,9 +149,9 @@ impl CodePrefetch {
 
 /// How the aarch64 kernels prefetch their code streams: not in software. Apple's M-series and
 /// Arm's Neoverse cores detect sequential streams in hardware and fetch ahead on their own; no
-/// software hint has been measured on an aarch64 machine yet (see `docs/performance.md`), so none
-/// is issued rather than one whose effect nobody has seen. The interface is the x86 one, so the
-/// shared lane kernel calls it the same way.
+/// software hint has been measured on an aarch64 machine yet (see
+/// `docs/performance.md#aarch64-neon-on-paper`), so none is issued rather than one whose effect
+/// nobody has seen. The interface is the x86 one, so the shared lane kernel calls it the same way.
 #[cfg(target_arch = "aarch64")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum CodePrefetch {

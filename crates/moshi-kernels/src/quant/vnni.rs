@@ -210,7 +210,8 @@ impl DigitTile for Vnni {
     const LANES: usize = LANES;
     // Two weight rows per matrix-matrix tile from 2 activation rows on: their digits (6 vectors a
     // block each) are otherwise reloaded for every weight row (the q4 LM step ran faster than
-    // with one weight row at 2 to 8 sessions: docs/performance.md).
+    // with one weight row at 2 to 8 sessions:
+    // docs/performance.md#why-the-kernels-are-shaped-as-they-are).
     const PAIRED_FROM_M: usize = 2;
 
     digit_tile_frame!("avx512f,avx512vnni");
@@ -420,7 +421,7 @@ unsafe fn block_sums<const NR: usize, const MR: usize, const U: usize>(
 /// from far-apart parts keeps their code streams from slowing each other in DRAM, as adjacent
 /// rows did. With 4-bit weights streamed from DRAM, 2 far rows read faster than 1 or 4 at 4096
 /// columns, and 6 far rows faster than 4 at 11264 columns, whose activations are out of L1
-/// (docs/performance.md).
+/// (docs/performance.md#rows-per-pass-and-prefetch-distances-qmv-weights-streamed-from-dram).
 fn six_rows_per_matvec_pass(arranged_row_bytes: usize) -> bool {
     arranged_row_bytes >= MULTI_ROW_MIN_ACTIVATION_BYTES
 }
