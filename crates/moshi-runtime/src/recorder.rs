@@ -253,6 +253,7 @@ impl RecordWriter for ConversationWav {
 mod tests {
     use super::*;
     use crate::FRAME_SAMPLES;
+    use moshi_test_support::names_in;
 
     fn frame(i: usize) -> StereoFrame {
         let left: Vec<f32> = (0..FRAME_SAMPLES)
@@ -263,15 +264,6 @@ mod tests {
             left: left.into(),
             right: right.into(),
         }
-    }
-
-    fn names_in(dir: &Path) -> Vec<String> {
-        let mut v: Vec<String> = std::fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        v.sort();
-        v
     }
 
     /// A disk that does not keep up (the writer is held before it starts): queuing never

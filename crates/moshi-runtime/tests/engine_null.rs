@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use moshi_runtime::backend::null::{NullBackend, NullClock, NullConfig};
-use moshi_runtime::backend::{start_session, AudioBackend, RingSizes};
+use moshi_runtime::backend::{start_session, AudioBackend, RingSizes, Session};
 use moshi_runtime::engine::{
     run_offline, DropPolicy, EngineEvent, FrameOutput, FrameProcessor, FrameRecorder, StreamFormat,
 };
@@ -75,6 +75,32 @@ impl Kept {
     }
     fn take(&self) -> (Vec<f32>, Vec<f32>) {
         std::mem::take(&mut *self.0.lock().unwrap())
+    }
+}
+
+/// A session of `backend` around an echo with no delay and no compute time.
+fn echo_session(backend: &mut NullBackend, policy: DropPolicy) -> Session {
+    start_session(
+        backend,
+        Box::new(Echo::new(0, Duration::ZERO)),
+        policy,
+        0.0,
+        None,
+        RingSizes::default(),
+    )
+    .unwrap()
+}
+
+/// A lockstep null device of `fmt` both ways that plays 500 ms past its input, once.
+fn lockstep_config(fmt: StreamFormat) -> NullConfig {
+    NullConfig {
+        buffer_frames: 960,
+        clock: NullClock::Lockstep,
+        input_format: fmt,
+        output_format: fmt,
+        tail_ms: 500.0,
+        input_loops: 1,
+        keep_played: true,
     }
 }
 
@@ -266,25 +292,9 @@ fn device_formats_48k_stereo_round_trip_through_the_engine() {
         sample_rate_hz: 48_000,
         channels: 2,
     };
-    let config = NullConfig {
-        buffer_frames: 960,
-        clock: NullClock::Lockstep,
-        input_format: fmt,
-        output_format: fmt,
-        tail_ms: 500.0,
-        input_loops: 1,
-        keep_played: true,
-    };
+    let config = lockstep_config(fmt);
     let mut backend = NullBackend::new(config, stereo).unwrap();
-    let session = start_session(
-        &mut backend,
-        Box::new(Echo::new(0, Duration::ZERO)),
-        DropPolicy::Lossless,
-        0.0,
-        None,
-        RingSizes::default(),
-    )
-    .unwrap();
+    let session = echo_session(&mut backend, DropPolicy::Lossless);
     let counters = session.counters.clone();
     let (played, report, _) = run_to_end(&mut backend, session);
     assert!(report.frames_processed >= (input24.len() / FRAME_SAMPLES) as u64 - 1);
@@ -374,17 +384,12 @@ fn a_lost_device_is_replaced_and_the_conversation_goes_on() {
     let frames = (input.len() / FRAME_SAMPLES) as u64;
     let mut first =
         NullBackend::new(NullConfig::moshi(NullClock::Lockstep), input.clone()).unwrap();
-    let session = start_session(
+    let session = echo_session(
         &mut first,
-        Box::new(Echo::new(0, Duration::ZERO)),
         DropPolicy::RealTime {
             max_backlog_frames: 2,
         },
-        0.0,
-        None,
-        RingSizes::default(),
-    )
-    .unwrap();
+    );
     while !first.finished() {
         std::thread::sleep(Duration::from_millis(2));
     }
@@ -396,15 +401,7 @@ fn a_lost_device_is_replaced_and_the_conversation_goes_on() {
         sample_rate_hz: 48_000,
         channels: 2,
     };
-    let config = NullConfig {
-        buffer_frames: 960,
-        clock: NullClock::Lockstep,
-        input_format: fmt,
-        output_format: fmt,
-        tail_ms: 500.0,
-        input_loops: 1,
-        keep_played: true,
-    };
+    let config = lockstep_config(fmt);
     let mut second = NullBackend::new(config, stereo).unwrap();
     moshi_runtime::backend::reconnect_session(&session, &mut second, RingSizes::default()).unwrap();
     while !second.finished() {
@@ -525,17 +522,12 @@ fn a_device_that_stops_calling_back_is_a_typed_loss() {
         ..NullConfig::moshi(NullClock::Paced { speed: 1.0 })
     };
     let mut backend = NullBackend::new(config, input).unwrap();
-    let session = start_session(
+    let session = echo_session(
         &mut backend,
-        Box::new(Echo::new(0, Duration::ZERO)),
         DropPolicy::RealTime {
             max_backlog_frames: 2,
         },
-        0.0,
-        None,
-        RingSizes::default(),
-    )
-    .unwrap();
+    );
     let limit = Duration::from_millis(300);
     let mut watch = DeviceWatch::new(limit);
     let t0 = std::time::Instant::now();
