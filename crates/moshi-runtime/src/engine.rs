@@ -46,6 +46,20 @@ pub struct FrameOutput {
     pub timings: StageTimings,
 }
 
+impl FrameOutput {
+    /// The same audio (bit for bit), tokens and text; timings aside.
+    pub fn same_output(&self, other: &FrameOutput) -> bool {
+        self.pcm.len() == other.pcm.len()
+            && self
+                .pcm
+                .iter()
+                .zip(&other.pcm)
+                .all(|(x, y)| x.to_bits() == y.to_bits())
+            && self.tokens == other.tokens
+            && self.text == other.text
+    }
+}
+
 /// One model step per 80 ms frame: 1920 samples (24 kHz mono) in, 1920 samples out.
 pub trait FrameProcessor: Send {
     fn process_frame(&mut self, pcm_in: &[f32]) -> Result<FrameOutput>;
