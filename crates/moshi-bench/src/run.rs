@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use moshi_kernels::{Kernel, Workload, KERNEL_ENV, SUPPORTED_GROUP_SIZES};
+use moshi_kernels::{Kernel, QuantAlgorithm, Workload, KERNEL_ENV, SUPPORTED_GROUP_SIZES};
 use moshi_loader::tokenizer::TextTokenizer;
 use moshi_loader::{load_mimi_weights, LmConfig, MimiConfig, WeightMap};
 use moshi_model::generator::{Generator, LmSessionSettings, SamplingConfig};
@@ -190,13 +190,11 @@ pub fn run_bench(
     let lm_rows: u64 = if cfg_coef != 1.0 { 2 } else { 1 };
     // The kernels' default follows the rows of each product, as `serve --max-sessions N` declares
     // them (a later run in the same process keeps the first run's kernel, as products did).
-    let workload = Workload::of_rows(lm_rows as usize * options.sessions);
-    if let Err(chosen) = Kernel::set_workload(workload) {
-        tracing::debug!(
-            "kernel {} chosen before the {workload:?} workload",
-            chosen.name()
-        );
-    }
+    let kernel = Kernel::init(Workload::of_rows(lm_rows as usize * options.sessions))
+        .unwrap_or_else(|e| {
+            tracing::debug!("{e}");
+            e.chosen
+        });
     let first_frame_steps = options.stage.first_frame_lm_steps(&loaded.cfg);
     if options.kv_prefill > 0 {
         if first_frame_steps == 0 {
@@ -268,16 +266,18 @@ pub fn run_bench(
         mimi.set_weights(options.mimi_weights);
         progress(&format!("Mimi weights: {}", options.mimi_weights));
     }
-    let kernel = Kernel::detect();
-    let eight_bit = match kernel {
-        Kernel::Avx512Vnni => "; 8-bit products on the f32 avx512 kernel",
-        Kernel::Avx2Int => "; 8-bit products on the f32 avx2 kernel",
-        Kernel::NeonDot => "; 8-bit products on the f32 neon kernel",
-        _ => "",
+    // The integer-digit kernels take 4-bit codes only; 8-bit ones run their f32 sibling.
+    let eight_bit = match kernel.algorithm() {
+        QuantAlgorithm::IntegerDigits => {
+            format!(
+                "; 8-bit products on the f32 {} kernel",
+                kernel.f32_sibling()
+            )
+        }
+        QuantAlgorithm::F32 => String::new(),
     };
     progress(&format!(
-        "kernels: {}{eight_bit} (set {KERNEL_ENV} to pick another)",
-        kernel.name(),
+        "kernels: {kernel}{eight_bit} (set {KERNEL_ENV} to pick another)"
     ));
     if options.kv_prefill > 0 {
         progress(&format!(

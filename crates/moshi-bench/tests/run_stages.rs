@@ -18,7 +18,7 @@ use moshi_loader::{LmConfig, ModelSource, SourceOverrides, WeightMode};
 use moshi_model::generator::SamplingConfig;
 use moshi_model::mimi::MimiWeights;
 use moshi_model::nn::KvPrecision;
-use moshi_runtime::engine::{FrameOutput, FrameProcessor};
+use moshi_runtime::engine::FrameProcessor;
 use moshi_runtime::pipeline::{MoshiModel, MoshiPipeline, SessionSettings};
 use moshi_runtime::{wav, FRAME_SAMPLES};
 use moshi_test_support::{fixture, tiny_a, tiny_a_dir};
@@ -135,16 +135,6 @@ fn a_guided_translation_model_runs_two_rows_per_session() {
     ));
 }
 
-fn same(a: &FrameOutput, b: &FrameOutput) -> bool {
-    a.pcm.len() == b.pcm.len()
-        && a.pcm
-            .iter()
-            .zip(&b.pcm)
-            .all(|(x, y)| x.to_bits() == y.to_bits())
-        && a.tokens == b.tokens
-        && a.text == b.text
-}
-
 #[test]
 fn the_sessions_pipeline_is_the_batched_step_of_the_library() {
     let resolved =
@@ -168,7 +158,7 @@ fn the_sessions_pipeline_is_the_batched_step_of_the_library() {
         let got = batched.process_frame(frame).unwrap();
         let want = alone.process_frame(frame).unwrap();
         assert!(
-            same(&got, &want),
+            got.same_output(&want),
             "frame {f} differs from the session alone"
         );
         tokens += usize::from(got.tokens.is_some());

@@ -1,4 +1,6 @@
-//! Errors of the quantization crate.
+//! Errors of the kernels crate: packed matrices and the process-wide kernel choice.
+
+use crate::{Kernel, Workload};
 
 /// Everything that can go wrong when building or using a packed matrix.
 #[derive(Debug, thiserror::Error)]
@@ -21,4 +23,21 @@ pub enum QuantError {
     KernelUnavailable { kernel: &'static str },
     #[error("shape mismatch in {op}: {detail}")]
     Shape { op: &'static str, detail: String },
+}
+
+/// [`Kernel::init`] came after the process's kernel was fixed (by an earlier call, or by a
+/// product that ran first with the one-row default), and its workload selects another kernel.
+/// Products keep using [`KernelAlreadyChosen::chosen`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the {chosen} kernel was already chosen for this process's products; the {workload:?} \
+     workload selects {wanted} (declare the workload before the first product)"
+)]
+pub struct KernelAlreadyChosen {
+    /// The kernel every product uses.
+    pub chosen: Kernel,
+    /// The kernel the declared workload selects.
+    pub wanted: Kernel,
+    /// The declared workload.
+    pub workload: Workload,
 }

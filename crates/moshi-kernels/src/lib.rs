@@ -1,8 +1,11 @@
 //! moshi-kernels: every compute kernel of moshi-rs, dense and quantized, with one CPU dispatch.
 //!
-//! * [`Kernel`]: the instruction-set variants (portable; AVX2+FMA, AVX-512, AVX-512 VNNI on
-//!   x86-64; NEON, NEON with the dot product on aarch64), which of them this CPU runs, and the one choice every product follows ([`Kernel::detect`], decided
-//!   once; [`KERNEL_ENV`] overrides, [`LEGACY_KERNEL_ENV`] is still honoured).
+//! * [`Kernel`]: the kernels as an [`InstructionSet`] (portable; AVX2+FMA, AVX-512 on x86-64;
+//!   NEON on aarch64) and a [`QuantAlgorithm`] for 4-bit products (f32, or integer digits: AVX2
+//!   integer, AVX-512 VNNI, NEON dot product), which of them this CPU runs, and the one choice
+//!   every product follows, fixed once per process from the declared [`Workload`]
+//!   ([`Kernel::init`], or [`Kernel::detect`]'s one-row default; [`KERNEL_ENV`] overrides,
+//!   [`LEGACY_KERNEL_ENV`] is still honoured).
 //! * [`dense`]: f32/bf16 matrix-vector products in one fixed summation order (every instruction
 //!   set gives the same bits), attention's value accumulation, Mimi's few- and many-row products,
 //!   activations.
@@ -35,8 +38,8 @@ mod quantize;
 mod reference;
 pub mod team;
 
-pub use cpu::{Kernel, Workload, KERNEL_ENV, LEGACY_KERNEL_ENV};
+pub use cpu::{InstructionSet, Kernel, QuantAlgorithm, Workload, KERNEL_ENV, LEGACY_KERNEL_ENV};
 pub use elem::{bf16_bits_to_f32, f32_to_bf16_bits, reduce_lanes, WeightElem, LANES};
-pub use error::QuantError;
+pub use error::{KernelAlreadyChosen, QuantError};
 pub use matrix::{QuantizedMatrix, SUPPORTED_BITS, SUPPORTED_GROUP_SIZES};
 pub use quant::q8_small::{gemm_nt_q8, Q8_GROUP_SIZES, Q8_MAX_ROWS};

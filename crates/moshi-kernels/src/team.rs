@@ -1,5 +1,7 @@
 //! A small persistent team of worker threads for the many short parallel regions of one Mimi
-//! frame (~100 matrix products of 10-500 µs each) and of one LM step (the quantized products). Between regions the helpers spin for a bounded
+//! frame (about a hundred matrix products, each short next to a thread's wake-up:
+//! docs/performance.md#rows-per-pass-and-prefetch-distances-qmv-weights-streamed-from-dram)
+//! and of one LM step (the quantized products). Between regions the helpers spin for a bounded
 //! time (`SPIN`) and only then park, so back-to-back regions do not pay a futex wake-up and a
 //! sleep each (expensive under virtualization), unlike a fresh `rayon::join` per product.
 //!

@@ -49,6 +49,20 @@ pub struct FrameOutput {
     pub timings: StageTimings,
 }
 
+impl FrameOutput {
+    /// The same audio (bit for bit), tokens and text; timings aside.
+    pub fn same_output(&self, other: &FrameOutput) -> bool {
+        self.pcm.len() == other.pcm.len()
+            && self
+                .pcm
+                .iter()
+                .zip(&other.pcm)
+                .all(|(x, y)| x.to_bits() == y.to_bits())
+            && self.tokens == other.tokens
+            && self.text == other.text
+    }
+}
+
 /// One model step per 80 ms frame: 1920 samples (24 kHz mono) in, 1920 samples out.
 pub trait FrameProcessor: Send {
     fn process_frame(&mut self, pcm_in: &[f32]) -> Result<FrameOutput>;
@@ -101,31 +115,38 @@ pub struct EngineConfig {
     /// Silence queued ahead of the first output frame: a jitter margin so variations in
     /// compute time do not underrun the speaker (adds this much latency).
     pub prefill_ms: f64,
-    /// Keep the 24 kHz input and output for `--record`.
-    pub record: bool,
     /// How long the engine sleeps when there is nothing to do.
     pub poll_interval: Duration,
 }
 
 impl EngineConfig {
-    /// Lossless, 24 kHz mono both ways, no prefill, no recording.
+    /// Lossless, 24 kHz mono both ways, no prefill.
     pub fn lossless() -> Self {
         Self {
             input: StreamFormat::MOSHI,
             output: StreamFormat::MOSHI,
             drop_policy: DropPolicy::Lossless,
             prefill_ms: 0.0,
-            record: false,
             poll_interval: Duration::from_micros(500),
         }
     }
 }
 
-/// Ring ends and counters handed to the engine.
+/// Takes every input frame with Moshi's answer to it (`--record`), on the engine thread, in
+/// order: a dropped input frame comes with silence as its answer, so the two stay aligned.
+/// It must not block: the engine is real-time (see [`crate::recorder`] for a queue to a
+/// writing thread).
+pub trait FrameRecorder: Send {
+    /// One 24 kHz frame in and the one out, [`FRAME_SAMPLES`] samples each.
+    fn record(&mut self, input: &[f32], output: &[f32]);
+}
+
+/// Ring ends and counters handed to the engine, and where it records the conversation.
 pub struct EngineIo {
     pub mic: SampleConsumer,
     pub speaker: SampleProducer,
     pub counters: Arc<AudioCounters>,
+    pub recorder: Option<Box<dyn FrameRecorder>>,
 }
 
 /// Sent by the engine thread as it goes.
@@ -153,10 +174,6 @@ pub struct EngineReport {
     pub latency_trimmed_samples: u64,
     /// Times the engine was handed new rings (a device reopened).
     pub reconnects: u64,
-    /// 24 kHz mono input, frame-aligned with `recorded_output` (when `record` was set).
-    pub recorded_input: Vec<f32>,
-    /// 24 kHz mono output; a dropped frame is recorded as silence.
-    pub recorded_output: Vec<f32>,
     pub wall_s: f64,
 }
 
@@ -222,17 +239,24 @@ pub fn spawn_engine(
 ) -> Result<EngineHandle> {
     let stop = Arc::new(AtomicBool::new(false));
     let input_done = Arc::new(AtomicBool::new(false));
-    let (tx, rx) = mpsc::channel();
-    let (reconnect_tx, reconnect_rx) = mpsc::channel();
-    let mut state = EngineState::new(
+    let (events, events_rx) = mpsc::channel();
+    let (reconnect_tx, reconnects) = mpsc::channel();
+    let mut state = EngineState {
+        device: DeviceSide::new(config.input, config.output, io.mic, io.speaker)?,
         processor,
-        config,
-        io,
-        stop.clone(),
-        input_done.clone(),
-        tx,
-        reconnect_rx,
-    )?;
+        drop_policy: config.drop_policy,
+        prefill_ms: config.prefill_ms,
+        poll_interval: config.poll_interval,
+        counters: io.counters,
+        recorder: io.recorder,
+        stop: stop.clone(),
+        input_done: input_done.clone(),
+        events,
+        reconnects,
+        frame: vec![0.0; FRAME_SAMPLES],
+        report: EngineReport::default(),
+        started: Instant::now(),
+    };
     let thread = std::thread::Builder::new()
         .name("moshi-engine".into())
         .spawn(move || state.run())
@@ -241,157 +265,89 @@ pub fn spawn_engine(
         thread,
         stop,
         input_done,
-        events: rx,
+        events: events_rx,
         reconnect: reconnect_tx,
     })
 }
 
-struct EngineState {
-    processor: Box<dyn FrameProcessor>,
-    config: EngineConfig,
-    io: EngineIo,
-    stop: Arc<AtomicBool>,
-    input_done: Arc<AtomicBool>,
-    events: mpsc::Sender<EngineEvent>,
+/// Silence recorded as Moshi's answer to a dropped input frame.
+static SILENT_FRAME: [f32; FRAME_SAMPLES] = [0.0; FRAME_SAMPLES];
+
+/// What belongs to the devices in use: their ring ends and formats, the converters between
+/// them and 24 kHz mono, and what those hold. A reopened device gets a new one, so nothing
+/// buffered for the old device reaches the new one.
+struct DeviceSide {
+    mic: SampleConsumer,
+    speaker: SampleProducer,
+    input: StreamFormat,
+    output: StreamFormat,
     in_resampler: StreamResampler,
     out_resampler: StreamResampler,
     interleaved_in: Vec<f32>,
     mono_in: Vec<f32>,
-    frame: Vec<f32>,
     mono_out: Vec<f32>,
     interleaved_out: Vec<f32>,
-    report: EngineReport,
-    started: Instant,
+    /// Whether the jitter margin has been queued ahead of this device's first frame.
     prefilled: bool,
+    /// Device samples taken from this device's mic ring.
     drained_samples: u64,
-    reconnects: mpsc::Receiver<(Reconnect, mpsc::Sender<()>)>,
 }
 
-impl EngineState {
+impl DeviceSide {
     fn new(
-        processor: Box<dyn FrameProcessor>,
-        config: EngineConfig,
-        io: EngineIo,
-        stop: Arc<AtomicBool>,
-        input_done: Arc<AtomicBool>,
-        events: mpsc::Sender<EngineEvent>,
-        reconnects: mpsc::Receiver<(Reconnect, mpsc::Sender<()>)>,
+        input: StreamFormat,
+        output: StreamFormat,
+        mic: SampleConsumer,
+        speaker: SampleProducer,
     ) -> Result<Self> {
-        for (side, f) in [("input", config.input), ("output", config.output)] {
+        for (side, f) in [("input", input), ("output", output)] {
             if f.channels == 0 || f.sample_rate_hz == 0 {
                 return Err(RuntimeError::Device(format!(
                     "{side} format {f:?}: need >= 1 channel and a rate > 0"
                 )));
             }
         }
-        let mic_capacity = io.mic.buffer().capacity();
-        let in_chunk = (config.input.sample_rate_hz as usize / 100).max(1); // 10 ms
+        let mic_capacity = mic.buffer().capacity();
+        let in_chunk = (input.sample_rate_hz as usize / 100).max(1); // 10 ms
         let in_resampler = StreamResampler::new(
-            config.input.sample_rate_hz,
+            input.sample_rate_hz,
             SAMPLE_RATE_HZ,
             in_chunk,
             mic_capacity + 4 * FRAME_SAMPLES,
         )?;
         let out_resampler = StreamResampler::new(
             SAMPLE_RATE_HZ,
-            config.output.sample_rate_hz,
+            output.sample_rate_hz,
             OUT_RESAMPLER_CHUNK,
-            8 * FRAME_SAMPLES
-                * (config.output.sample_rate_hz as usize / SAMPLE_RATE_HZ as usize + 1),
+            8 * FRAME_SAMPLES * (output.sample_rate_hz as usize / SAMPLE_RATE_HZ as usize + 1),
         )?;
-        let out_frame_max = FRAME_SAMPLES
-            * (config.output.sample_rate_hz as usize).div_ceil(SAMPLE_RATE_HZ as usize)
-            * 4;
+        let out_frame_max =
+            FRAME_SAMPLES * (output.sample_rate_hz as usize).div_ceil(SAMPLE_RATE_HZ as usize) * 4;
         Ok(Self {
-            processor,
-            interleaved_in: Vec::with_capacity(mic_capacity),
-            mono_in: Vec::with_capacity(mic_capacity),
-            frame: vec![0.0; FRAME_SAMPLES],
-            mono_out: vec![0.0; out_frame_max],
-            interleaved_out: Vec::with_capacity(out_frame_max * config.output.channels as usize),
-            report: EngineReport::default(),
-            started: Instant::now(),
-            prefilled: false,
-            drained_samples: 0,
-            reconnects,
-            config,
-            io,
-            stop,
-            input_done,
-            events,
+            mic,
+            speaker,
+            input,
+            output,
             in_resampler,
             out_resampler,
+            interleaved_in: Vec::with_capacity(mic_capacity),
+            mono_in: Vec::with_capacity(mic_capacity),
+            mono_out: vec![0.0; out_frame_max],
+            interleaved_out: Vec::with_capacity(out_frame_max * output.channels as usize),
+            prefilled: false,
+            drained_samples: 0,
         })
-    }
-
-    fn run(&mut self) -> Result<EngineReport> {
-        self.started = Instant::now();
-        loop {
-            if self.stop.load(Ordering::Relaxed) {
-                break;
-            }
-            if let Ok((r, ack)) = self.reconnects.try_recv() {
-                self.apply_reconnect(r)?;
-                let _ = ack.send(());
-            }
-            // Read the flag before draining: input pushed before it was set is then drained too.
-            let input_done = self.input_done.load(Ordering::Acquire);
-            let (got_input, processed) = self.process_available()?;
-            if input_done && !got_input && self.in_resampler.available() < FRAME_SAMPLES {
-                break;
-            }
-            if !got_input && !processed {
-                std::thread::sleep(self.config.poll_interval);
-            }
-        }
-        self.report.wall_s = self.started.elapsed().as_secs_f64();
-        Ok(std::mem::take(&mut self.report))
-    }
-
-    fn apply_reconnect(&mut self, r: Reconnect) -> Result<()> {
-        let mut config = self.config.clone();
-        config.input = r.input;
-        config.output = r.output;
-        let io = EngineIo {
-            mic: r.mic,
-            speaker: r.speaker,
-            counters: self.io.counters.clone(),
-        };
-        let (tx, _) = mpsc::channel();
-        let (_, rx) = mpsc::channel();
-        let (stop, done) = (self.stop.clone(), self.input_done.clone());
-        // Same processor (the conversation goes on); fresh converters and buffers for the new device.
-        let processor = std::mem::replace(&mut self.processor, Box::new(Disconnected));
-        let fresh = EngineState::new(processor, config, io, stop, done, tx, rx)?;
-        self.processor = fresh.processor;
-        self.config = fresh.config;
-        self.io = fresh.io;
-        self.in_resampler = fresh.in_resampler;
-        self.out_resampler = fresh.out_resampler;
-        self.interleaved_in = fresh.interleaved_in;
-        self.mono_in = fresh.mono_in;
-        self.mono_out = fresh.mono_out;
-        self.interleaved_out = fresh.interleaved_out;
-        self.prefilled = false;
-        self.drained_samples = 0;
-        self.io
-            .counters
-            .engine_input_consumed_samples
-            .store(0, Ordering::Release);
-        self.report.reconnects += 1;
-        Ok(())
     }
 
     /// Moves everything in the mic ring through channel mixing and resampling. Returns whether
     /// anything was read.
     fn drain_mic(&mut self) -> Result<bool> {
-        let channels = self.config.input.channels as usize;
-        let available = self.io.mic.slots() / channels * channels;
+        let channels = self.input.channels as usize;
+        let available = self.mic.slots() / channels * channels;
         if available == 0 {
             return Ok(false);
         }
         let chunk = self
-            .io
             .mic
             .read_chunk(available)
             .map_err(|cause| RuntimeError::MicRing {
@@ -419,183 +375,285 @@ impl EngineState {
         Ok(true)
     }
 
-    /// Drains the mic ring and processes (or drops) every complete frame, draining again before
-    /// each decision so the backlog seen is current. Returns (read any input, handled any frame).
-    fn process_available(&mut self) -> Result<(bool, bool)> {
-        let mut got_input = false;
-        let mut any = false;
-        let mut dropped_now = 0u64;
-        loop {
-            got_input |= self.drain_mic()?;
-            if self.in_resampler.available() < FRAME_SAMPLES || self.stop.load(Ordering::Relaxed) {
-                break;
-            }
-            any = true;
-            let waiting = self.in_resampler.available() / FRAME_SAMPLES;
-            if self.config.drop_policy.frames_to_drop(waiting) > 0 {
-                self.in_resampler.pop_into(&mut self.frame);
-                if self.config.record {
-                    self.report.recorded_input.extend_from_slice(&self.frame);
-                    self.report
-                        .recorded_output
-                        .extend(std::iter::repeat_n(0.0, FRAME_SAMPLES));
-                }
-                self.report.frames_dropped += 1;
-                dropped_now += 1;
-                self.io
-                    .counters
-                    .engine_frames_dropped
-                    .fetch_add(1, Ordering::Release);
-                continue;
-            }
-            self.in_resampler.pop_into(&mut self.frame);
-            let mic_backlog_samples = self.in_resampler.available() as f64
-                + self.in_resampler.delay_out_samples()
-                + (self.io.mic.slots() / self.config.input.channels as usize) as f64
-                    * SAMPLE_RATE_HZ as f64
-                    / self.config.input.sample_rate_hz as f64;
-            let t0 = Instant::now();
-            let out = self.processor.process_frame(&self.frame)?;
-            let total_ms = t0.elapsed().as_secs_f64() * 1e3;
-            if out.pcm.len() != FRAME_SAMPLES {
-                return Err(RuntimeError::FrameSize {
-                    expected: FRAME_SAMPLES,
-                    got: out.pcm.len(),
-                });
-            }
-            let ring_queue_ms = self.queued_output_ms();
-            // What a sample pushed now waits for: the ring's queue and the output resampler.
-            let speaker_queue_ms = ring_queue_ms
-                + self.out_resampler.delay_out_samples() * 1e3
-                    / f64::from(self.config.output.sample_rate_hz.max(1));
-            if !self.prefilled {
-                self.prefilled = true;
-                let prefill =
-                    (self.config.prefill_ms * SAMPLE_RATE_HZ as f64 / 1e3).round() as usize;
-                if prefill > 0 {
-                    let silence = vec![0.0; prefill];
-                    self.push_output(&silence)?;
-                }
-            }
-            // Latency bound on the output side: if playback fell behind (a stalled or starved
-            // output stream), the queue ahead of this frame grows and would stay grown; skip
-            // the excess from this frame's start so latency returns to the target.
-            let mut skip = 0;
-            if let DropPolicy::RealTime { .. } = self.config.drop_policy {
-                if ring_queue_ms > self.config.prefill_ms + MAX_EXTRA_OUTPUT_QUEUE_MS {
-                    let excess_ms = ring_queue_ms - self.config.prefill_ms;
-                    skip = ((excess_ms * SAMPLE_RATE_HZ as f64 / 1e3).round() as usize)
-                        .min(FRAME_SAMPLES);
-                    self.report.latency_trimmed_samples += skip as u64;
-                    self.io
-                        .counters
-                        .engine_output_trim_events
-                        .fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            self.push_output(&out.pcm[skip..])?;
-            if self.config.record {
-                self.report.recorded_input.extend_from_slice(&self.frame);
-                self.report.recorded_output.extend_from_slice(&out.pcm);
-            }
-            let record = FrameRecord {
-                event: "frame",
-                frame: self.report.frames_processed,
-                t_ms: self.started.elapsed().as_secs_f64() * 1e3,
-                total_ms,
-                stages: out.timings,
-                mic_backlog_ms: mic_backlog_samples * 1e3 / SAMPLE_RATE_HZ as f64,
-                speaker_queue_ms,
-            };
-            self.report.frames_processed += 1;
-            self.io
-                .counters
-                .engine_frames_processed
-                .fetch_add(1, Ordering::Release);
-            self.report.metrics.push(&record);
-            // The receiver may be gone (nobody listening): not an error.
-            let _ = self.events.send(EngineEvent::Frame {
-                record,
-                text: out.text,
-                tokens: out.tokens,
-            });
-        }
-        if dropped_now > 0 {
-            let _ = self.events.send(EngineEvent::Dropped {
-                frames: dropped_now,
-            });
-        }
-        self.io
-            .counters
-            .engine_input_consumed_samples
-            .store(self.drained_samples, Ordering::Release);
-        Ok((got_input, any))
+    /// Complete 24 kHz input frames waiting.
+    fn frames_waiting(&self) -> usize {
+        self.in_resampler.available() / FRAME_SAMPLES
+    }
+
+    /// Input waiting behind the frame just taken, in ms: the input resampler's ready output,
+    /// pending input and group delay, and the mic ring.
+    fn mic_backlog_ms(&self) -> f64 {
+        let ring_samples_24k = (self.mic.slots() / self.input.channels as usize) as f64
+            * SAMPLE_RATE_HZ as f64
+            / self.input.sample_rate_hz as f64;
+        let samples = self.in_resampler.available() as f64
+            + self.in_resampler.delay_out_samples()
+            + ring_samples_24k;
+        samples * 1e3 / SAMPLE_RATE_HZ as f64
     }
 
     /// Output already queued in the speaker ring, in ms of audio.
     fn queued_output_ms(&self) -> f64 {
-        let cap = self.io.speaker.buffer().capacity();
-        let queued = cap - self.io.speaker.slots();
-        queued as f64 / self.config.output.channels as f64 * 1e3
-            / self.config.output.sample_rate_hz as f64
+        let cap = self.speaker.buffer().capacity();
+        let queued = cap - self.speaker.slots();
+        queued as f64 / self.output.channels as f64 * 1e3 / self.output.sample_rate_hz as f64
+    }
+
+    /// What the output resampler holds back (pending input and group delay), in ms.
+    fn out_resampler_delay_ms(&self) -> f64 {
+        self.out_resampler.delay_out_samples() * 1e3 / f64::from(self.output.sample_rate_hz.max(1))
+    }
+}
+
+/// The engine thread's state: the processor and the conversation's accounting, which live as
+/// long as the engine, and the [`DeviceSide`], replaced when a device is reopened.
+struct EngineState {
+    processor: Box<dyn FrameProcessor>,
+    device: DeviceSide,
+    drop_policy: DropPolicy,
+    prefill_ms: f64,
+    poll_interval: Duration,
+    counters: Arc<AudioCounters>,
+    recorder: Option<Box<dyn FrameRecorder>>,
+    stop: Arc<AtomicBool>,
+    input_done: Arc<AtomicBool>,
+    events: mpsc::Sender<EngineEvent>,
+    reconnects: mpsc::Receiver<(Reconnect, mpsc::Sender<()>)>,
+    /// The 24 kHz input frame being handled.
+    frame: Vec<f32>,
+    report: EngineReport,
+    started: Instant,
+}
+
+impl EngineState {
+    fn run(&mut self) -> Result<EngineReport> {
+        self.started = Instant::now();
+        loop {
+            if self.stop.load(Ordering::Relaxed) {
+                break;
+            }
+            if let Ok((r, ack)) = self.reconnects.try_recv() {
+                self.apply_reconnect(r)?;
+                let _ = ack.send(());
+            }
+            // Read the flag before draining: input pushed before it was set is then drained too.
+            let input_done = self.input_done.load(Ordering::Acquire);
+            let (got_input, processed) = self.process_available()?;
+            if input_done && !got_input && self.device.frames_waiting() == 0 {
+                break;
+            }
+            if !got_input && !processed {
+                std::thread::sleep(self.poll_interval);
+            }
+        }
+        self.report.wall_s = self.started.elapsed().as_secs_f64();
+        Ok(std::mem::take(&mut self.report))
+    }
+
+    /// Same processor, same conversation; a fresh device side for the new device.
+    fn apply_reconnect(&mut self, r: Reconnect) -> Result<()> {
+        self.device = DeviceSide::new(r.input, r.output, r.mic, r.speaker)?;
+        // Release: the lockstep clock's Acquire load then counts from the new device's start.
+        self.counters
+            .engine_input_consumed_samples
+            .store(0, Ordering::Release);
+        self.report.reconnects += 1;
+        Ok(())
+    }
+
+    /// Drains the mic ring and processes (or drops) every complete frame, draining again before
+    /// each decision so the backlog seen is current. Returns (read any input, handled any frame).
+    fn process_available(&mut self) -> Result<(bool, bool)> {
+        let mut got_input = false;
+        let mut handled = false;
+        let mut dropped_now = 0u64;
+        loop {
+            got_input |= self.device.drain_mic()?;
+            let waiting = self.device.frames_waiting();
+            if waiting == 0 || self.stop.load(Ordering::Relaxed) {
+                break;
+            }
+            handled = true;
+            if self.drop_policy.frames_to_drop(waiting) > 0 {
+                self.drop_frame();
+                dropped_now += 1;
+            } else {
+                self.process_frame()?;
+            }
+        }
+        if dropped_now > 0 {
+            // The receiver may be gone (nobody listening): not an error.
+            let _ = self.events.send(EngineEvent::Dropped {
+                frames: dropped_now,
+            });
+        }
+        // Release: see `AudioCounters` (the lockstep clock plays what these samples produced).
+        self.counters
+            .engine_input_consumed_samples
+            .store(self.device.drained_samples, Ordering::Release);
+        Ok((got_input, handled))
+    }
+
+    /// Drops the oldest waiting frame (the engine is behind): recorded with silence as its
+    /// answer, and counted.
+    fn drop_frame(&mut self) {
+        self.device.in_resampler.pop_into(&mut self.frame);
+        self.record(&SILENT_FRAME);
+        self.report.frames_dropped += 1;
+        self.counters
+            .engine_frames_dropped
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Runs the processor on the oldest waiting frame, queues its answer for the speaker (after
+    /// the jitter margin, trimmed when playback fell behind), records it and reports it.
+    fn process_frame(&mut self) -> Result<()> {
+        self.device.in_resampler.pop_into(&mut self.frame);
+        let mic_backlog_ms = self.device.mic_backlog_ms();
+        let (out, total_ms) = self.run_processor()?;
+        let ring_queue_ms = self.device.queued_output_ms();
+        // What a sample pushed now waits for: the ring's queue and the output resampler.
+        let speaker_queue_ms = ring_queue_ms + self.device.out_resampler_delay_ms();
+        self.prefill_once()?;
+        let skip = self.latency_trim(ring_queue_ms);
+        self.push_output(&out.pcm[skip..])?;
+        self.record(&out.pcm);
+        let record = FrameRecord {
+            event: "frame",
+            frame: self.report.frames_processed,
+            t_ms: self.started.elapsed().as_secs_f64() * 1e3,
+            total_ms,
+            stages: out.timings,
+            mic_backlog_ms,
+            speaker_queue_ms,
+        };
+        self.publish_frame(record, out.text, out.tokens);
+        Ok(())
+    }
+
+    /// The processor's answer to `self.frame` (checked to be one frame) and its time, ms.
+    fn run_processor(&mut self) -> Result<(FrameOutput, f64)> {
+        let t0 = Instant::now();
+        let out = self.processor.process_frame(&self.frame)?;
+        let total_ms = t0.elapsed().as_secs_f64() * 1e3;
+        if out.pcm.len() != FRAME_SAMPLES {
+            return Err(RuntimeError::FrameSize {
+                expected: FRAME_SAMPLES,
+                got: out.pcm.len(),
+            });
+        }
+        Ok((out, total_ms))
+    }
+
+    /// Queues the jitter margin's silence ahead of the device's first frame.
+    fn prefill_once(&mut self) -> Result<()> {
+        if self.device.prefilled {
+            return Ok(());
+        }
+        self.device.prefilled = true;
+        let prefill = (self.prefill_ms * SAMPLE_RATE_HZ as f64 / 1e3).round() as usize;
+        if prefill > 0 {
+            self.push_output(&vec![0.0; prefill])?;
+        }
+        Ok(())
+    }
+
+    /// Latency bound on the output side (live mode): if playback fell behind (a stalled or
+    /// starved output stream), the queue ahead of this frame grows and would stay grown. Returns
+    /// how many samples to skip from the frame's start so that latency returns to the target.
+    fn latency_trim(&mut self, ring_queue_ms: f64) -> usize {
+        let DropPolicy::RealTime { .. } = self.drop_policy else {
+            return 0;
+        };
+        if ring_queue_ms <= self.prefill_ms + MAX_EXTRA_OUTPUT_QUEUE_MS {
+            return 0;
+        }
+        let excess_ms = ring_queue_ms - self.prefill_ms;
+        let skip = ((excess_ms * SAMPLE_RATE_HZ as f64 / 1e3).round() as usize).min(FRAME_SAMPLES);
+        self.report.latency_trimmed_samples += skip as u64;
+        self.counters
+            .engine_output_trim_events
+            .fetch_add(1, Ordering::Relaxed);
+        skip
+    }
+
+    /// Hands `self.frame` and its answer to the recorder, if any.
+    fn record(&mut self, output: &[f32]) {
+        if let Some(recorder) = &mut self.recorder {
+            recorder.record(&self.frame, output);
+        }
+    }
+
+    /// Counts a processed frame, adds it to the metrics and sends its event.
+    fn publish_frame(
+        &mut self,
+        record: FrameRecord,
+        text: Option<String>,
+        tokens: Option<FrameTokens>,
+    ) {
+        self.report.frames_processed += 1;
+        self.counters
+            .engine_frames_processed
+            .fetch_add(1, Ordering::Relaxed);
+        self.report.metrics.push(&record);
+        // The receiver may be gone (nobody listening): not an error.
+        let _ = self.events.send(EngineEvent::Frame {
+            record,
+            text,
+            tokens,
+        });
     }
 
     /// 24 kHz mono -> device rate and channels -> speaker ring.
     fn push_output(&mut self, pcm: &[f32]) -> Result<()> {
+        let channels = self.device.output.channels as usize;
         for piece in pcm.chunks(FRAME_SAMPLES) {
-            self.out_resampler.push(piece)?;
+            self.device.out_resampler.push(piece)?;
             loop {
-                let n = self.out_resampler.pop_into(&mut self.mono_out);
+                let n = self
+                    .device
+                    .out_resampler
+                    .pop_into(&mut self.device.mono_out);
                 if n == 0 {
                     break;
                 }
-                let channels = self.config.output.channels as usize;
-                self.interleaved_out.clear();
-                for &s in &self.mono_out[..n] {
-                    for _ in 0..channels {
-                        self.interleaved_out.push(s);
-                    }
+                let out = &mut self.device.interleaved_out;
+                out.clear();
+                for &s in &self.device.mono_out[..n] {
+                    out.extend(std::iter::repeat_n(s, channels));
                 }
-                self.write_speaker()?;
+                self.write_speaker();
             }
         }
         Ok(())
     }
 
-    fn write_speaker(&mut self) -> Result<()> {
-        let mut rest: &[f32] = &self.interleaved_out;
+    /// Pushes `device.interleaved_out` into the speaker ring: waiting for room (lossless), or
+    /// dropping and counting what does not fit (live).
+    fn write_speaker(&mut self) {
+        let mut rest: &[f32] = &self.device.interleaved_out;
         loop {
-            let (_, left) = self.io.speaker.push_partial_slice(rest);
+            let (_, left) = self.device.speaker.push_partial_slice(rest);
             rest = left;
             if rest.is_empty() {
-                return Ok(());
+                return;
             }
-            match self.config.drop_policy {
+            match self.drop_policy {
                 DropPolicy::Lossless => {
-                    if self.stop.load(Ordering::Relaxed) || self.io.speaker.is_abandoned() {
-                        return Ok(());
+                    if self.stop.load(Ordering::Relaxed) || self.device.speaker.is_abandoned() {
+                        return;
                     }
-                    std::thread::sleep(self.config.poll_interval);
+                    std::thread::sleep(self.poll_interval);
                 }
                 DropPolicy::RealTime { .. } => {
                     self.report.speaker_overflow_samples += rest.len() as u64;
-                    self.io
-                        .counters
+                    self.counters
                         .engine_speaker_overflow_events
                         .fetch_add(1, Ordering::Relaxed);
-                    return Ok(());
+                    return;
                 }
             }
         }
-    }
-}
-
-/// Placeholder processor while the real one is moved between engine states (never called).
-struct Disconnected;
-
-impl FrameProcessor for Disconnected {
-    fn process_frame(&mut self, _pcm_in: &[f32]) -> Result<FrameOutput> {
-        Err(RuntimeError::EngineEnded)
     }
 }
 

@@ -13,6 +13,7 @@ pub mod engine;
 mod error;
 pub mod metrics;
 pub mod pipeline;
+pub mod recorder;
 pub mod resample;
 pub mod ring;
 pub mod transcribe;

@@ -4,7 +4,7 @@
 //! The callback bodies ([`capture_callback`], [`playback_callback`]) are plain functions over a
 //! ring end and the counters, so the cpal backend, the null backend and the tests run the exact
 //! same code. They never allocate, lock, log or block: they copy samples, fill silence on
-//! underrun and bump relaxed atomics. In debug/test builds they mark the thread as an audio
+//! underrun and bump relaxed atomics (orderings: see [`AudioCounters`]). In debug/test builds they mark the thread as an audio
 //! callback for the duration of the call ([`crate::alloc_check`]), so an allocation inside them
 //! is counted and a test can assert there is none.
 
@@ -20,111 +20,138 @@ pub fn sample_ring(capacity_samples: usize) -> (SampleProducer, SampleConsumer) 
     rtrb::RingBuffer::new(capacity_samples.max(1))
 }
 
-/// Counters shared between the callbacks (writers) and the engine/console (readers).
-/// All relaxed atomics: they are statistics, not synchronisation.
-#[derive(Debug, Default)]
-pub struct AudioCounters {
-    /// Samples the capture callback received from the device (all channels).
-    pub captured_samples: AtomicU64,
-    /// Captured samples dropped because the mic ring was full (engine not reading): overruns.
-    pub overrun_samples: AtomicU64,
-    /// Capture callbacks that hit a full mic ring.
-    pub overrun_events: AtomicU64,
-    /// Samples the playback callback wrote from the speaker ring (all channels).
-    pub played_samples: AtomicU64,
-    /// Silence written because the speaker ring ran dry after playback had started: underruns.
-    pub underrun_samples: AtomicU64,
-    /// Playback callbacks that ran dry after playback had started.
-    pub underrun_events: AtomicU64,
-    /// Silence written before the first engine output arrived (expected at start, not an underrun).
-    pub startup_silence_samples: AtomicU64,
-    /// Set by the playback callback once it has played a real sample.
-    pub playback_started: AtomicBool,
-    /// Device errors reported through the error callback (all kinds).
-    pub device_errors: AtomicU64,
-    /// Set when the host reports that a device disappeared.
-    pub device_lost: AtomicBool,
-    /// Device latency reported by the host for the last capture callback, microseconds.
-    pub input_device_latency_us: AtomicU64,
-    /// Device latency reported by the host for the last playback callback, microseconds.
-    pub output_device_latency_us: AtomicU64,
-    /// Number of capture / playback callbacks.
-    pub capture_callbacks: AtomicU64,
-    pub playback_callbacks: AtomicU64,
-    /// Written by the engine thread: model frames processed so far.
-    pub engine_frames_processed: AtomicU64,
-    /// Written by the engine thread: input frames dropped deliberately (engine behind).
-    pub engine_frames_dropped: AtomicU64,
-    /// Written by the engine thread: device samples it has taken from the mic ring AND fully
-    /// handled (every frame they completed has been processed or dropped).
-    pub engine_input_consumed_samples: AtomicU64,
-    /// Written by the engine thread: times it skipped queued output to bring latency back
-    /// after playback fell behind (each one a skip a listener hears).
-    pub engine_output_trim_events: AtomicU64,
-    /// Written by the engine thread: times its output did not fit in a full speaker ring and
-    /// the rest was dropped (live mode; each one a skip a listener hears).
-    pub engine_speaker_overflow_events: AtomicU64,
-    /// Discontinuities of the capture stream's clock (see `continuity::StreamContinuity`): the
-    /// device captured samples (frames, one
-    /// per channel set) that never reached the callback (an overrun below us, e.g. the host's
-    /// buffer overflowed while the callback thread was late).
-    pub input_lost_events: AtomicU64,
-    pub input_lost_frames: AtomicU64,
-    /// Discontinuities of the capture stream's clock the other way: frames delivered twice or
-    /// out of nowhere (the host rewound or re-synchronised the capture).
-    pub input_inserted_events: AtomicU64,
-    pub input_inserted_frames: AtomicU64,
-    /// Discontinuities of the playback stream's clock: the device played frames nobody wrote
-    /// (an underrun below us: silence inserted), or dropped frames that were written.
-    pub output_gap_events: AtomicU64,
-    pub output_gap_frames: AtomicU64,
-    pub output_discarded_events: AtomicU64,
-    pub output_discarded_frames: AtomicU64,
-    /// Playback callbacks that found the device buffer (nearly) drained, with no clock step
-    /// seen: the host ran out of samples for a moment too short to measure (a click).
-    pub output_buffer_drained_events: AtomicU64,
-    /// Capture callbacks that found the device buffer (nearly) full, with no clock step seen:
-    /// the host may have overwritten a few captured samples.
-    pub input_buffer_full_events: AtomicU64,
+/// Defines [`AudioCounters`], [`CounterSnapshot`] and [`AudioCounters::snapshot`] from one list,
+/// so that a counter is named once: its atomic, its copy, its read and its name in the JSON and
+/// the summary cannot drift apart.
+macro_rules! audio_counters {
+    (
+        flags { $( $(#[$flag_meta:meta])* $flag:ident, )* }
+        counters { $( $(#[$meta:meta])* $name:ident, )* }
+    ) => {
+        /// Counters shared between the callbacks (writers) and the engine/console (readers).
+        ///
+        /// Orderings: the flags and counters are statistics, written and read with `Relaxed`,
+        /// except `engine_input_consumed_samples`, a hand-over: the engine stores it with
+        /// `Release` once the output of the frames those samples completed is in the speaker
+        /// ring, and the null backend's lockstep clock loads it with `Acquire` before playing,
+        /// so the playback that follows finds that output.
+        #[derive(Debug, Default)]
+        pub struct AudioCounters {
+            $( $(#[$flag_meta])* pub $flag: AtomicBool, )*
+            $( $(#[$meta])* pub $name: AtomicU64, )*
+        }
+
+        /// A plain copy of the counters of [`AudioCounters`] at one instant (not the flags). Its
+        /// field names are the keys of `--stats-json`'s `counters`.
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+        pub struct CounterSnapshot {
+            $( $(#[$meta])* pub $name: u64, )*
+        }
+
+        impl CounterSnapshot {
+            /// The counters' names, in the order of the JSON output.
+            pub const NAMES: [&'static str; [$(stringify!($name)),*].len()] =
+                [$(stringify!($name)),*];
+
+            /// Each counter's name and value, in the order of [`Self::NAMES`].
+            pub fn named_values(&self) -> [(&'static str, u64); Self::NAMES.len()] {
+                [$((stringify!($name), self.$name)),*]
+            }
+        }
+
+        impl AudioCounters {
+            /// Reads every counter (relaxed: a snapshot of statistics, not a hand-over).
+            pub fn snapshot(&self) -> CounterSnapshot {
+                CounterSnapshot {
+                    $( $name: self.$name.load(Ordering::Relaxed), )*
+                }
+            }
+        }
+    };
 }
 
-/// A plain copy of [`AudioCounters`] at one instant.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-pub struct CounterSnapshot {
-    pub captured_samples: u64,
-    pub overrun_samples: u64,
-    pub overrun_events: u64,
-    pub played_samples: u64,
-    pub underrun_samples: u64,
-    pub underrun_events: u64,
-    pub startup_silence_samples: u64,
-    pub device_errors: u64,
-    pub input_device_latency_us: u64,
-    pub output_device_latency_us: u64,
-    pub capture_callbacks: u64,
-    pub playback_callbacks: u64,
-    pub engine_frames_processed: u64,
-    pub engine_frames_dropped: u64,
-    pub engine_input_consumed_samples: u64,
-    pub engine_output_trim_events: u64,
-    pub engine_speaker_overflow_events: u64,
-    pub input_lost_events: u64,
-    pub input_lost_frames: u64,
-    pub input_inserted_events: u64,
-    pub input_inserted_frames: u64,
-    pub output_gap_events: u64,
-    pub output_gap_frames: u64,
-    pub output_discarded_events: u64,
-    pub output_discarded_frames: u64,
-    pub output_buffer_drained_events: u64,
-    pub input_buffer_full_events: u64,
+audio_counters! {
+    flags {
+        /// Set by the playback callback once it has played a real sample.
+        playback_started,
+        /// Set when the host reports that a device disappeared.
+        device_lost,
+    }
+    counters {
+        /// Samples the capture callback received from the device (all channels).
+        captured_samples,
+        /// Captured samples dropped because the mic ring was full (engine not reading): overruns.
+        overrun_samples,
+        /// Capture callbacks that hit a full mic ring.
+        overrun_events,
+        /// Samples the playback callback wrote from the speaker ring (all channels).
+        played_samples,
+        /// Silence written because the speaker ring ran dry after playback had started: underruns.
+        underrun_samples,
+        /// Playback callbacks that ran dry after playback had started.
+        underrun_events,
+        /// Silence written before the first engine output arrived (expected at start, not an
+        /// underrun).
+        startup_silence_samples,
+        /// Device errors reported through the error callback (all kinds).
+        device_errors,
+        /// Device latency reported by the host for the last capture callback, microseconds.
+        input_device_latency_us,
+        /// Device latency reported by the host for the last playback callback, microseconds.
+        output_device_latency_us,
+        /// Number of capture callbacks.
+        capture_callbacks,
+        /// Number of playback callbacks.
+        playback_callbacks,
+        /// Written by the engine thread: model frames processed so far.
+        engine_frames_processed,
+        /// Written by the engine thread: input frames dropped deliberately (engine behind).
+        engine_frames_dropped,
+        /// Written by the engine thread: device samples it has taken from the mic ring AND fully
+        /// handled (every frame they completed has been processed or dropped).
+        engine_input_consumed_samples,
+        /// Written by the engine thread: times it skipped queued output to bring latency back
+        /// after playback fell behind (each one a skip a listener hears).
+        engine_output_trim_events,
+        /// Written by the engine thread: times its output did not fit in a full speaker ring and
+        /// the rest was dropped (live mode; each one a skip a listener hears).
+        engine_speaker_overflow_events,
+        /// Discontinuities of the capture stream's clock (see `continuity::StreamContinuity`):
+        /// the device captured samples that never reached the callback (an overrun below us,
+        /// e.g. the host's buffer overflowed while the callback thread was late).
+        input_lost_events,
+        /// Frames (one per channel set) of those lost captures.
+        input_lost_frames,
+        /// Discontinuities of the capture stream's clock the other way: frames delivered twice
+        /// or out of nowhere (the host rewound or re-synchronised the capture).
+        input_inserted_events,
+        /// Frames of those insertions.
+        input_inserted_frames,
+        /// Discontinuities of the playback stream's clock: the device played frames nobody
+        /// wrote (an underrun below us: silence inserted).
+        output_gap_events,
+        /// Frames of that inserted silence.
+        output_gap_frames,
+        /// Discontinuities of the playback stream's clock the other way: the device dropped
+        /// frames that were written.
+        output_discarded_events,
+        /// Frames of that discarded output.
+        output_discarded_frames,
+        /// Playback callbacks that found the device buffer (nearly) drained, with no clock step
+        /// seen: the host ran out of samples for a moment too short to measure (a click).
+        output_buffer_drained_events,
+        /// Capture callbacks that found the device buffer (nearly) full, with no clock step
+        /// seen: the host may have overwritten a few captured samples.
+        input_buffer_full_events,
+    }
 }
 
 impl CounterSnapshot {
     /// Discontinuities a listener would hear as a click or a skip, wherever they happened:
     /// underruns of the speaker ring, overruns of the mic ring, output the engine skipped to
-    /// bound latency or dropped because the speaker ring was full, and the device streams' own lost, inserted or discarded samples. (Input
-    /// frames the engine drops because the model is slow are counted apart.)
+    /// bound latency or dropped because the speaker ring was full, and the device streams' own
+    /// lost, inserted or discarded samples. (Input frames the engine drops because the model is
+    /// slow are counted apart.)
     pub fn audible_glitch_events(&self) -> u64 {
         self.underrun_events
             + self.overrun_events
@@ -136,42 +163,6 @@ impl CounterSnapshot {
             + self.output_discarded_events
             + self.output_buffer_drained_events
             + self.input_buffer_full_events
-    }
-}
-
-impl AudioCounters {
-    /// Reads every counter.
-    pub fn snapshot(&self) -> CounterSnapshot {
-        let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        CounterSnapshot {
-            captured_samples: r(&self.captured_samples),
-            overrun_samples: r(&self.overrun_samples),
-            overrun_events: r(&self.overrun_events),
-            played_samples: r(&self.played_samples),
-            underrun_samples: r(&self.underrun_samples),
-            underrun_events: r(&self.underrun_events),
-            startup_silence_samples: r(&self.startup_silence_samples),
-            device_errors: r(&self.device_errors),
-            input_device_latency_us: r(&self.input_device_latency_us),
-            output_device_latency_us: r(&self.output_device_latency_us),
-            capture_callbacks: r(&self.capture_callbacks),
-            playback_callbacks: r(&self.playback_callbacks),
-            engine_frames_processed: r(&self.engine_frames_processed),
-            engine_frames_dropped: r(&self.engine_frames_dropped),
-            engine_input_consumed_samples: r(&self.engine_input_consumed_samples),
-            engine_output_trim_events: r(&self.engine_output_trim_events),
-            engine_speaker_overflow_events: r(&self.engine_speaker_overflow_events),
-            input_lost_events: r(&self.input_lost_events),
-            input_lost_frames: r(&self.input_lost_frames),
-            input_inserted_events: r(&self.input_inserted_events),
-            input_inserted_frames: r(&self.input_inserted_frames),
-            output_gap_events: r(&self.output_gap_events),
-            output_gap_frames: r(&self.output_gap_frames),
-            output_discarded_events: r(&self.output_discarded_events),
-            output_discarded_frames: r(&self.output_discarded_frames),
-            output_buffer_drained_events: r(&self.output_buffer_drained_events),
-            input_buffer_full_events: r(&self.input_buffer_full_events),
-        }
     }
 }
 
@@ -307,6 +298,64 @@ pub fn playback_callback_converting<S: DeviceSample>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--stats-json`'s `counters` keys and their order, which tests, scripts and docs read.
+    #[test]
+    fn snapshot_names_are_unchanged() {
+        const EXPECTED: [&str; 27] = [
+            "captured_samples",
+            "overrun_samples",
+            "overrun_events",
+            "played_samples",
+            "underrun_samples",
+            "underrun_events",
+            "startup_silence_samples",
+            "device_errors",
+            "input_device_latency_us",
+            "output_device_latency_us",
+            "capture_callbacks",
+            "playback_callbacks",
+            "engine_frames_processed",
+            "engine_frames_dropped",
+            "engine_input_consumed_samples",
+            "engine_output_trim_events",
+            "engine_speaker_overflow_events",
+            "input_lost_events",
+            "input_lost_frames",
+            "input_inserted_events",
+            "input_inserted_frames",
+            "output_gap_events",
+            "output_gap_frames",
+            "output_discarded_events",
+            "output_discarded_frames",
+            "output_buffer_drained_events",
+            "input_buffer_full_events",
+        ];
+        assert_eq!(CounterSnapshot::NAMES, EXPECTED);
+        let counters = AudioCounters::default();
+        counters.captured_samples.fetch_add(7, Ordering::Relaxed);
+        counters
+            .input_buffer_full_events
+            .fetch_add(3, Ordering::Relaxed);
+        let snapshot = counters.snapshot();
+        // The serialised object: every key, in this order, with its own value.
+        let expected_json = EXPECTED
+            .iter()
+            .map(|name| match *name {
+                "captured_samples" => format!("\"{name}\":7"),
+                "input_buffer_full_events" => format!("\"{name}\":3"),
+                _ => format!("\"{name}\":0"),
+            })
+            .collect::<Vec<_>>()
+            .join(",");
+        assert_eq!(
+            serde_json::to_string(&snapshot).unwrap(),
+            format!("{{{expected_json}}}")
+        );
+        let named = snapshot.named_values();
+        assert_eq!(named[0], ("captured_samples", 7));
+        assert_eq!(named[26], ("input_buffer_full_events", 3));
+    }
 
     #[test]
     fn speaker_overflow_is_an_audible_glitch() {

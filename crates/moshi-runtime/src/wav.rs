@@ -1,9 +1,9 @@
 //! WAV input/output. Reads any PCM WAV (8/16/24/32-bit integer or 32-bit float, any channel
 //! count, a rate from [`MIN_SAMPLE_RATE_HZ`] to [`MAX_SAMPLE_RATE_HZ`]) as mono f32 (channels
 //! averaged), whole or chunk by chunk ([`MonoReader`]: memory flat whatever the length). Writes
-//! int16 mono or stereo WAVs of a length known up front, as they are produced ([`WavWriter`]),
-//! through `moshi_loader::output_file`: nothing half-written on error, devices and pipes
-//! written in place.
+//! int16 mono or stereo WAVs as they are produced, of a length known up front or not
+//! ([`WavWriter`]), through `moshi_loader::output_file`: nothing half-written on error, devices
+//! and pipes written in place.
 //!
 //! Integer samples are scaled by 1/2^(bits-1) (i16 / 32768, as symphonia/sphn read them); output
 //! samples are `trunc(clamp(x, -1, 1) * 32767)`, as `sphn.write_wav` writes them.
@@ -219,13 +219,43 @@ pub fn f32_to_i16(x: f32) -> i16 {
     (x * 32767.0).trunc() as i16
 }
 
-/// A 16-bit PCM WAV output whose length is known up front, written as it is produced:
-/// the header first, then the samples; [`WavWriter::finish`] checks that exactly the announced
-/// frames were written before the output is committed.
+/// Size of the header [`WavWriter`] writes.
+const HEADER_BYTES: u64 = 44;
+
+/// A 16-bit PCM WAV header for `data_bytes` bytes of samples.
+fn wav_header(channels: u16, sample_rate_hz: u32, data_bytes: u32) -> Vec<u8> {
+    let block_align = channels * 2;
+    let mut header = Vec::with_capacity(HEADER_BYTES as usize);
+    header.extend_from_slice(b"RIFF");
+    header.extend_from_slice(&(36 + data_bytes).to_le_bytes());
+    header.extend_from_slice(b"WAVEfmt ");
+    header.extend_from_slice(&16u32.to_le_bytes());
+    header.extend_from_slice(&1u16.to_le_bytes()); // PCM
+    header.extend_from_slice(&channels.to_le_bytes());
+    header.extend_from_slice(&sample_rate_hz.to_le_bytes());
+    header.extend_from_slice(&(sample_rate_hz * block_align as u32).to_le_bytes());
+    header.extend_from_slice(&block_align.to_le_bytes());
+    header.extend_from_slice(&16u16.to_le_bytes());
+    header.extend_from_slice(b"data");
+    header.extend_from_slice(&data_bytes.to_le_bytes());
+    header
+}
+
+/// The most frames of `channels` 16-bit channels a WAV holds (its sizes are 32-bit).
+fn max_wav_frames(channels: u16) -> u64 {
+    (u64::from(u32::MAX) - 36) / (u64::from(channels) * 2)
+}
+
+/// A 16-bit PCM WAV output written as it is produced: the header first, then the samples.
+/// Its length is either known up front ([`WavWriter::create`]: [`WavWriter::finish`] checks
+/// that exactly the announced frames were written) or not ([`WavWriter::create_open_ended`]:
+/// `finish` writes the length into the header). Either way the output is committed by `finish`
+/// only, so an error or an interruption leaves no half-written file.
 pub struct WavWriter {
     out: OutputFile,
     channels: u16,
-    expected_frames: u64,
+    /// Frames the header announces; `None`: open-ended.
+    expected_frames: Option<u64>,
     written_frames: u64,
     bytes: Vec<u8>,
 }
@@ -233,45 +263,70 @@ pub struct WavWriter {
 impl WavWriter {
     /// Starts `path`: `frames` frames of `channels` channels at `sample_rate_hz`.
     pub fn create(path: &Path, channels: u16, sample_rate_hz: u32, frames: u64) -> Result<Self> {
-        let data_bytes = frames
-            .checked_mul(channels as u64 * 2)
-            .filter(|&b| b <= u32::MAX as u64 - 36)
-            .ok_or_else(|| RuntimeError::WavTooLong {
+        if frames > max_wav_frames(channels) {
+            return Err(RuntimeError::WavTooLong {
                 path: path.to_path_buf(),
                 frames,
                 channels,
-            })? as u32;
+            });
+        }
+        Self::start(path, channels, sample_rate_hz, Some(frames))
+    }
+
+    /// Starts `path` for as many frames as come, up to what a WAV holds (see [`Self::fits`]).
+    /// A regular file gets its length at [`Self::finish`]; a pipe or device, which cannot be
+    /// rewritten, announces the longest WAV, as streaming writers do for an unknown length.
+    pub fn create_open_ended(path: &Path, channels: u16, sample_rate_hz: u32) -> Result<Self> {
+        Self::start(path, channels, sample_rate_hz, None)
+    }
+
+    fn start(
+        path: &Path,
+        channels: u16,
+        sample_rate_hz: u32,
+        expected_frames: Option<u64>,
+    ) -> Result<Self> {
+        let frames = expected_frames.unwrap_or(max_wav_frames(channels));
+        let data_bytes = (frames * u64::from(channels) * 2) as u32;
         let mut out = OutputFile::create(path)?;
-        let block_align = channels * 2;
-        let mut header = Vec::with_capacity(44);
-        header.extend_from_slice(b"RIFF");
-        header.extend_from_slice(&(36 + data_bytes).to_le_bytes());
-        header.extend_from_slice(b"WAVEfmt ");
-        header.extend_from_slice(&16u32.to_le_bytes());
-        header.extend_from_slice(&1u16.to_le_bytes()); // PCM
-        header.extend_from_slice(&channels.to_le_bytes());
-        header.extend_from_slice(&sample_rate_hz.to_le_bytes());
-        header.extend_from_slice(&(sample_rate_hz * block_align as u32).to_le_bytes());
-        header.extend_from_slice(&block_align.to_le_bytes());
-        header.extend_from_slice(&16u16.to_le_bytes());
-        header.extend_from_slice(b"data");
-        header.extend_from_slice(&data_bytes.to_le_bytes());
-        out.write_bytes(&header)?;
+        out.write_bytes(&wav_header(channels, sample_rate_hz, data_bytes))?;
         Ok(Self {
             out,
             channels,
-            expected_frames: frames,
+            expected_frames,
             written_frames: 0,
             bytes: Vec::new(),
         })
     }
 
+    /// Whether `frames` more frames fit: in the announced length, or in a WAV when open-ended.
+    pub fn fits(&self, frames: u64) -> bool {
+        let limit = self
+            .expected_frames
+            .unwrap_or(max_wav_frames(self.channels));
+        self.written_frames + frames <= limit
+    }
+
+    /// Frames written so far.
+    pub fn written_frames(&self) -> u64 {
+        self.written_frames
+    }
+
     fn push(&mut self, frames: u64) -> Result<()> {
-        if self.written_frames + frames > self.expected_frames {
-            return Err(RuntimeError::WavLength {
-                path: self.out.path().to_path_buf(),
-                written: self.written_frames + frames,
-                announced: self.expected_frames,
+        if !self.fits(frames) {
+            let path = self.out.path().to_path_buf();
+            let written = self.written_frames + frames;
+            return Err(match self.expected_frames {
+                Some(announced) => RuntimeError::WavLength {
+                    path,
+                    written,
+                    announced,
+                },
+                None => RuntimeError::WavTooLong {
+                    path,
+                    frames: written,
+                    channels: self.channels,
+                },
             });
         }
         self.out.write_bytes(&self.bytes)?;
@@ -302,14 +357,26 @@ impl WavWriter {
         self.push(n as u64)
     }
 
-    /// Checks the length and commits the output.
-    pub fn finish(self) -> Result<()> {
-        if self.written_frames != self.expected_frames {
-            return Err(RuntimeError::WavLength {
-                path: self.out.path().to_path_buf(),
-                written: self.written_frames,
-                announced: self.expected_frames,
-            });
+    /// Checks the length (announced) or writes it into the header (open-ended), and commits
+    /// the output.
+    pub fn finish(mut self) -> Result<()> {
+        match self.expected_frames {
+            Some(announced) if self.written_frames != announced => {
+                return Err(RuntimeError::WavLength {
+                    path: self.out.path().to_path_buf(),
+                    written: self.written_frames,
+                    announced,
+                });
+            }
+            Some(_) => {}
+            None if self.out.is_direct() => {}
+            None => {
+                let data_bytes = (self.written_frames * u64::from(self.channels) * 2) as u32;
+                self.out.seek_to(4)?;
+                self.out.write_bytes(&(36 + data_bytes).to_le_bytes())?;
+                self.out.seek_to(HEADER_BYTES - 4)?;
+                self.out.write_bytes(&data_bytes.to_le_bytes())?;
+            }
         }
         Ok(self.out.commit()?)
     }

@@ -65,16 +65,6 @@ fn schedule() -> Vec<(usize, usize, SamplingConfig)> {
     ]
 }
 
-fn same(a: &FrameOutput, b: &FrameOutput) -> bool {
-    a.pcm.len() == b.pcm.len()
-        && a.pcm
-            .iter()
-            .zip(&b.pcm)
-            .all(|(x, y)| x.to_bits() == y.to_bits())
-        && a.tokens == b.tokens
-        && a.text == b.text
-}
-
 fn check(fixture_name: &str, model: &Arc<MoshiModel>, cfg_coef: Option<f32>) {
     let plan = schedule();
     let alone: Vec<Vec<FrameOutput>> = plan
@@ -121,7 +111,7 @@ fn check(fixture_name: &str, model: &Arc<MoshiModel>, cfg_coef: Option<f32>) {
         for (&i, out) in active.iter().zip(outputs) {
             let f = t - plan[i].0;
             assert!(
-                same(&out.unwrap(), &alone[i][f]),
+                out.unwrap().same_output(&alone[i][f]),
                 "{fixture_name}: session {i} frame {f} differs from its run alone"
             );
         }
@@ -161,6 +151,6 @@ fn a_wrong_frame_fails_its_own_session_only() {
                 got
             }) if got == FRAME_SAMPLES - 1
         ));
-        assert!(same(out[1].as_ref().unwrap(), &want));
+        assert!(out[1].as_ref().unwrap().same_output(&want));
     }
 }

@@ -2,12 +2,13 @@
 //! frame accounting, lockstep output == offline output, deliberate frame dropping with bounded
 //! backlog under a slow processor, and device-format conversion (48 kHz stereo) round trips.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use moshi_runtime::backend::null::{NullBackend, NullClock, NullConfig};
-use moshi_runtime::backend::{start_session, AudioBackend, RingSizes};
+use moshi_runtime::backend::{start_session, AudioBackend, RingSizes, Session};
 use moshi_runtime::engine::{
-    run_offline, DropPolicy, EngineEvent, FrameOutput, FrameProcessor, StreamFormat,
+    run_offline, DropPolicy, EngineEvent, FrameOutput, FrameProcessor, FrameRecorder, StreamFormat,
 };
 use moshi_runtime::metrics::FrameRecord;
 use moshi_runtime::{wav, FRAME_SAMPLES};
@@ -53,6 +54,53 @@ impl FrameProcessor for Echo {
             text,
             ..Default::default()
         })
+    }
+}
+
+/// Keeps what the engine records (input, output), for the assertions.
+#[derive(Clone, Default)]
+struct Kept(Arc<Mutex<(Vec<f32>, Vec<f32>)>>);
+
+impl FrameRecorder for Kept {
+    fn record(&mut self, input: &[f32], output: &[f32]) {
+        let mut kept = self.0.lock().unwrap();
+        kept.0.extend_from_slice(input);
+        kept.1.extend_from_slice(output);
+    }
+}
+
+impl Kept {
+    fn recorder(&self) -> Option<Box<dyn FrameRecorder>> {
+        Some(Box::new(self.clone()))
+    }
+    fn take(&self) -> (Vec<f32>, Vec<f32>) {
+        std::mem::take(&mut *self.0.lock().unwrap())
+    }
+}
+
+/// A session of `backend` around an echo with no delay and no compute time.
+fn echo_session(backend: &mut NullBackend, policy: DropPolicy) -> Session {
+    start_session(
+        backend,
+        Box::new(Echo::new(0, Duration::ZERO)),
+        policy,
+        0.0,
+        None,
+        RingSizes::default(),
+    )
+    .unwrap()
+}
+
+/// A lockstep null device of `fmt` both ways that plays 500 ms past its input, once.
+fn lockstep_config(fmt: StreamFormat) -> NullConfig {
+    NullConfig {
+        buffer_frames: 960,
+        clock: NullClock::Lockstep,
+        input_format: fmt,
+        output_format: fmt,
+        tail_ms: 500.0,
+        input_loops: 1,
+        keep_played: true,
     }
 }
 
@@ -106,6 +154,7 @@ fn lockstep_output_equals_offline_output_and_frames_add_up() {
 
     let mut backend =
         NullBackend::new(NullConfig::moshi(NullClock::Lockstep), input.clone()).unwrap();
+    let kept = Kept::default();
     let session = start_session(
         &mut backend,
         Box::new(Echo::new(700, Duration::ZERO)),
@@ -113,7 +162,7 @@ fn lockstep_output_equals_offline_output_and_frames_add_up() {
             max_backlog_frames: 1,
         },
         0.0,
-        true,
+        kept.recorder(),
         RingSizes::default(),
     )
     .unwrap();
@@ -140,8 +189,9 @@ fn lockstep_output_equals_offline_output_and_frames_add_up() {
     assert!(played[..startup].iter().all(|&s| s == 0.0));
     assert_eq!(&played[startup..startup + offline.len()], &offline[..]);
     // --record data: input and output frame-aligned.
-    assert_eq!(report.recorded_input, input[..frames * FRAME_SAMPLES]);
-    assert_eq!(report.recorded_output, offline);
+    let (recorded_input, recorded_output) = kept.take();
+    assert_eq!(recorded_input, input[..frames * FRAME_SAMPLES]);
+    assert_eq!(recorded_output, offline);
     // One event per frame, text every 4th frame.
     let texts: Vec<String> = events
         .iter()
@@ -166,12 +216,13 @@ fn slow_processor_drops_frames_keeps_backlog_bounded_and_accounts_for_every_fram
     )
     .unwrap();
     let max_backlog_frames = 1;
+    let kept = Kept::default();
     let session = start_session(
         &mut backend,
         Box::new(Echo::new(0, Duration::from_millis(40))),
         DropPolicy::RealTime { max_backlog_frames },
         0.0,
-        true,
+        kept.recorder(),
         RingSizes::default(),
     )
     .unwrap();
@@ -222,11 +273,9 @@ fn slow_processor_drops_frames_keeps_backlog_bounded_and_accounts_for_every_fram
         );
     }
     // Recording keeps alignment: dropped frames are silence on the right channel.
-    assert_eq!(
-        report.recorded_input.len() as u64,
-        frames * FRAME_SAMPLES as u64
-    );
-    assert_eq!(report.recorded_output.len(), report.recorded_input.len());
+    let (recorded_input, recorded_output) = kept.take();
+    assert_eq!(recorded_input.len() as u64, frames * FRAME_SAMPLES as u64);
+    assert_eq!(recorded_output.len(), recorded_input.len());
     // The speaker underran (the model is too slow), and that is counted.
     assert!(c.underrun_samples > 0);
 }
@@ -243,25 +292,9 @@ fn device_formats_48k_stereo_round_trip_through_the_engine() {
         sample_rate_hz: 48_000,
         channels: 2,
     };
-    let config = NullConfig {
-        buffer_frames: 960,
-        clock: NullClock::Lockstep,
-        input_format: fmt,
-        output_format: fmt,
-        tail_ms: 500.0,
-        input_loops: 1,
-        keep_played: true,
-    };
+    let config = lockstep_config(fmt);
     let mut backend = NullBackend::new(config, stereo).unwrap();
-    let session = start_session(
-        &mut backend,
-        Box::new(Echo::new(0, Duration::ZERO)),
-        DropPolicy::Lossless,
-        0.0,
-        false,
-        RingSizes::default(),
-    )
-    .unwrap();
+    let session = echo_session(&mut backend, DropPolicy::Lossless);
     let counters = session.counters.clone();
     let (played, report, _) = run_to_end(&mut backend, session);
     assert!(report.frames_processed >= (input24.len() / FRAME_SAMPLES) as u64 - 1);
@@ -301,7 +334,6 @@ fn stalled_playback_is_trimmed_back_to_bounded_latency() {
     // Drive the engine's rings by hand: 20 frames of input arrive while nothing is played.
     use moshi_runtime::engine::{spawn_engine, EngineConfig, EngineIo, MAX_EXTRA_OUTPUT_QUEUE_MS};
     use moshi_runtime::ring::{sample_ring, AudioCounters};
-    use std::sync::Arc;
     let (mut mic_p, mic_c) = sample_ring(48_000);
     let (spk_p, spk_c) = sample_ring(48_000);
     let counters = Arc::new(AudioCounters::default());
@@ -320,6 +352,7 @@ fn stalled_playback_is_trimmed_back_to_bounded_latency() {
             mic: mic_c,
             speaker: spk_p,
             counters: counters.clone(),
+            recorder: None,
         },
     )
     .unwrap();
@@ -351,17 +384,12 @@ fn a_lost_device_is_replaced_and_the_conversation_goes_on() {
     let frames = (input.len() / FRAME_SAMPLES) as u64;
     let mut first =
         NullBackend::new(NullConfig::moshi(NullClock::Lockstep), input.clone()).unwrap();
-    let session = start_session(
+    let session = echo_session(
         &mut first,
-        Box::new(Echo::new(0, Duration::ZERO)),
         DropPolicy::RealTime {
             max_backlog_frames: 2,
         },
-        0.0,
-        true,
-        RingSizes::default(),
-    )
-    .unwrap();
+    );
     while !first.finished() {
         std::thread::sleep(Duration::from_millis(2));
     }
@@ -373,15 +401,7 @@ fn a_lost_device_is_replaced_and_the_conversation_goes_on() {
         sample_rate_hz: 48_000,
         channels: 2,
     };
-    let config = NullConfig {
-        buffer_frames: 960,
-        clock: NullClock::Lockstep,
-        input_format: fmt,
-        output_format: fmt,
-        tail_ms: 500.0,
-        input_loops: 1,
-        keep_played: true,
-    };
+    let config = lockstep_config(fmt);
     let mut second = NullBackend::new(config, stereo).unwrap();
     moshi_runtime::backend::reconnect_session(&session, &mut second, RingSizes::default()).unwrap();
     while !second.finished() {
@@ -424,7 +444,7 @@ fn a_large_jitter_margin_fits_a_ring_sized_for_it_and_overflow_is_a_glitch() {
                 max_backlog_frames: 1,
             },
             prefill_ms,
-            false,
+            None,
             rings,
         )
         .unwrap();
@@ -444,4 +464,94 @@ fn a_large_jitter_margin_fits_a_ring_sized_for_it_and_overflow_is_a_glitch() {
         "the default ring overflows: {overflows:?}"
     );
     assert_eq!(overflows[1], 0, "the sized ring holds the margin");
+}
+
+/// `chat --record`'s WAV, written by its own thread as the conversation goes, is the stereo
+/// WAV of the whole conversation (`wav::write_stereo_i16` of the input and of the output, you
+/// left, Moshi right), byte for byte.
+#[test]
+fn the_conversation_wav_is_the_stereo_recording_of_the_whole_conversation() {
+    use moshi_runtime::recorder::ConversationWav;
+    let input = input_wav();
+    let frames = input.len() / FRAME_SAMPLES;
+    let (offline, _) = run_offline(&mut Echo::new(700, Duration::ZERO), &input, |_, _| {}).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("conversation.wav");
+    let recording = ConversationWav::spawn(&path, ConversationWav::QUEUE_FRAMES).unwrap();
+    let mut backend =
+        NullBackend::new(NullConfig::moshi(NullClock::Lockstep), input.clone()).unwrap();
+    let session = start_session(
+        &mut backend,
+        Box::new(Echo::new(700, Duration::ZERO)),
+        DropPolicy::RealTime {
+            max_backlog_frames: 1,
+        },
+        0.0,
+        Some(Box::new(recording.queue())),
+        RingSizes::default(),
+    )
+    .unwrap();
+    let (_, report, _) = run_to_end(&mut backend, session);
+    assert_eq!(report.frames_processed as usize, frames);
+    let finished = recording.finish(()).unwrap();
+    assert_eq!(finished.frames_dropped, 0);
+    assert_eq!(finished.done.samples, (frames * FRAME_SAMPLES) as u64);
+    let reference = dir.path().join("reference.wav");
+    wav::write_stereo_i16(
+        &reference,
+        &input[..frames * FRAME_SAMPLES],
+        &offline,
+        moshi_runtime::SAMPLE_RATE_HZ,
+    )
+    .unwrap();
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        std::fs::read(&reference).unwrap()
+    );
+}
+
+/// A device whose callbacks stop (here: the null device is stopped, as a lost device stops
+/// calling back) is reported as a typed loss, not before the stall limit.
+#[test]
+fn a_device_that_stops_calling_back_is_a_typed_loss() {
+    use moshi_runtime::backend::device_watch::{DeviceLost, DeviceWatch};
+    let input = input_wav();
+    let config = NullConfig {
+        input_loops: 1000,
+        keep_played: false,
+        ..NullConfig::moshi(NullClock::Paced { speed: 1.0 })
+    };
+    let mut backend = NullBackend::new(config, input).unwrap();
+    let session = echo_session(
+        &mut backend,
+        DropPolicy::RealTime {
+            max_backlog_frames: 2,
+        },
+    );
+    let limit = Duration::from_millis(300);
+    let mut watch = DeviceWatch::new(limit);
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < Duration::from_millis(600) {
+        assert_eq!(watch.check(&session.counters), None, "the device is alive");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    backend.stop().unwrap();
+    let stopped = std::time::Instant::now();
+    let lost = loop {
+        if let Some(lost) = watch.check(&session.counters) {
+            break lost;
+        }
+        assert!(
+            stopped.elapsed() < Duration::from_secs(5),
+            "never found lost"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(
+        matches!(lost, DeviceLost::Stalled(d) if d > limit),
+        "{lost:?}"
+    );
+    assert!(stopped.elapsed() >= limit - Duration::from_millis(40));
+    session.engine.request_stop();
+    session.engine.join().unwrap();
 }

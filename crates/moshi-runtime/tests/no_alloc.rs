@@ -9,6 +9,7 @@ use moshi_runtime::backend::null::{NullBackend, NullClock, NullConfig};
 use moshi_runtime::backend::{start_session, AudioBackend, RingSizes};
 use moshi_runtime::continuity::{StreamContinuity, StreamSide};
 use moshi_runtime::engine::{DropPolicy, FrameOutput, FrameProcessor};
+use moshi_runtime::recorder::ConversationWav;
 use moshi_runtime::ring::{
     capture_callback_converting, playback_callback_converting, sample_ring, AudioCounters,
 };
@@ -42,6 +43,9 @@ fn audio_callbacks_never_allocate() {
         .collect();
     let mut backend =
         NullBackend::new(NullConfig::moshi(NullClock::Paced { speed: 20.0 }), input).unwrap();
+    // Recording on, as `chat --record` runs: its queue and thread are off the callbacks.
+    let dir = tempfile::tempdir().unwrap();
+    let recording = ConversationWav::spawn(&dir.path().join("rec.wav"), 4).unwrap();
     let session = start_session(
         &mut backend,
         Box::new(Allocating),
@@ -49,7 +53,7 @@ fn audio_callbacks_never_allocate() {
             max_backlog_frames: 1,
         },
         10.0,
-        true,
+        Some(Box::new(recording.queue())),
         RingSizes::default(),
     )
     .unwrap();
@@ -59,6 +63,7 @@ fn audio_callbacks_never_allocate() {
     session.engine.input_done();
     backend.stop().unwrap();
     let report = session.engine.join().unwrap();
+    recording.finish(()).unwrap();
     let c = session.counters.snapshot();
     assert!(report.frames_processed >= 10);
     assert!(c.capture_callbacks >= 50 && c.playback_callbacks >= 50);

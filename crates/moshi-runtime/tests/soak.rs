@@ -80,7 +80,7 @@ fn soak(minutes: f64) {
             max_backlog_frames: 2,
         },
         0.0,
-        false,
+        None,
         RingSizes::default(),
     )
     .unwrap();

@@ -14,14 +14,15 @@
 //! Files are written under a `.part` name and renamed when the session ends, so a reader never
 //! sees a half-written recording under the final name.
 //!
-//! [`RecorderThread`] does the writing on a thread of its own, so a slow disk never holds up the
-//! server's async runtime: frames reach it through a bounded queue, and frames that find it full
-//! are left out of the recording and counted (`recording_frames_dropped` in `-stats.json`).
+//! [`RecorderThread`] does the writing on a thread of its own (`moshi_runtime::recorder`, which
+//! `chat --record` shares), so a slow disk never holds up the server's async runtime: frames
+//! reach it through a bounded queue, and frames that find it full are left out of the recording
+//! and counted (`recording_frames_dropped` in `-stats.json`).
 
+use moshi_runtime::recorder::{RecordWriter, RecordingError};
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
 
 use crate::ogg_opus::{OggOpusReader, PreSkip};
 use crate::session_engine::ProcessedFrame;
@@ -190,13 +191,40 @@ struct RecordedFrame {
     pages_sent: Option<Vec<u8>>,
 }
 
-/// A [`SessionRecorder`] on its own thread behind a bounded queue.
+/// A session's [`SessionRecorder`] as the recording thread's writer. It logs its errors where
+/// they happen, naming the session: the session stops queuing when the thread stops, and does
+/// not wait for the end to hear why.
+struct SessionWriter {
+    id: u64,
+    recorder: SessionRecorder,
+}
+
+impl RecordWriter for SessionWriter {
+    type Frame = RecordedFrame;
+    type End = serde_json::Value;
+    type Done = ();
+    type Error = RecordError;
+
+    fn write(&mut self, f: RecordedFrame) -> Result<(), RecordError> {
+        self.recorder
+            .frame(f.index, &f.frame, f.pages_sent.as_deref())
+            .inspect_err(|e| {
+                tracing::error!(session = self.id, "--record: {e}; recording stopped");
+            })
+    }
+
+    fn finish(self, stats: serde_json::Value) -> Result<(), RecordError> {
+        let id = self.id;
+        self.recorder.finish(&stats).inspect_err(|e| {
+            tracing::error!(session = id, "--record: {e}");
+        })
+    }
+}
+
+/// A session's recording on its own thread behind a bounded queue
+/// ([`moshi_runtime::recorder::RecorderThread`]).
 pub struct RecorderThread {
-    frames: mpsc::SyncSender<RecordedFrame>,
-    stats: mpsc::Sender<serde_json::Value>,
-    thread: std::thread::JoinHandle<()>,
-    /// Frames left out because the queue was full (the disk behind).
-    frames_dropped: u64,
+    inner: moshi_runtime::recorder::RecorderThread<SessionWriter>,
 }
 
 impl RecorderThread {
@@ -204,42 +232,19 @@ impl RecorderThread {
     /// `queue_frames` frames waiting. File errors are logged there (naming the file), and the
     /// recording stops.
     pub fn spawn(dir: &Path, tag: &str, id: u64, queue_frames: usize) -> std::io::Result<Self> {
-        let (frames_tx, frames_rx) = mpsc::sync_channel::<RecordedFrame>(queue_frames.max(1));
-        let (stats_tx, stats_rx) = mpsc::channel::<serde_json::Value>();
         let (dir, tag) = (dir.to_path_buf(), tag.to_string());
-        let thread = std::thread::Builder::new()
-            .name(format!("record-{id}"))
-            .spawn(move || {
-                let mut recorder = match SessionRecorder::create(&dir, &tag, id) {
-                    Ok(r) => r,
-                    Err(e) => {
-                        tracing::error!(
-                            session = id,
-                            "--record: {e}; this session is not recorded"
-                        );
-                        return;
-                    }
-                };
-                // Until the session drops its sender.
-                for f in frames_rx {
-                    if let Err(e) = recorder.frame(f.index, &f.frame, f.pages_sent.as_deref()) {
-                        tracing::error!(session = id, "--record: {e}; recording stopped");
-                        return;
-                    }
+        let inner = moshi_runtime::recorder::RecorderThread::spawn(
+            format!("record-{id}"),
+            queue_frames,
+            move || match SessionRecorder::create(&dir, &tag, id) {
+                Ok(recorder) => Ok(SessionWriter { id, recorder }),
+                Err(e) => {
+                    tracing::error!(session = id, "--record: {e}; this session is not recorded");
+                    Err(e)
                 }
-                let Ok(stats) = stats_rx.recv() else {
-                    return;
-                };
-                if let Err(e) = recorder.finish(&stats) {
-                    tracing::error!(session = id, "--record: {e}");
-                }
-            })?;
-        Ok(Self {
-            frames: frames_tx,
-            stats: stats_tx,
-            thread,
-            frames_dropped: 0,
-        })
+            },
+        )?;
+        Ok(Self { inner })
     }
 
     /// Queues one frame; left out (counted) when the queue is full. Returns false once the
@@ -250,35 +255,29 @@ impl RecorderThread {
         frame: ProcessedFrame,
         pages_sent: Option<Vec<u8>>,
     ) -> bool {
-        let recorded = RecordedFrame {
+        self.inner.push(RecordedFrame {
             index,
             frame,
             pages_sent,
-        };
-        match self.frames.try_send(recorded) {
-            Ok(()) => true,
-            Err(mpsc::TrySendError::Full(_)) => {
-                self.frames_dropped += 1;
-                true
-            }
-            Err(mpsc::TrySendError::Disconnected(_)) => false,
-        }
+        })
     }
 
     /// Frames left out of the recording so far.
     pub fn frames_dropped(&self) -> u64 {
-        self.frames_dropped
+        self.inner.frames_dropped()
     }
 
     /// Writes the rest and `stats` (with `recording_frames_dropped` added), names the files,
     /// and waits for the thread without blocking the async runtime.
     pub async fn finish(self, mut stats: serde_json::Value) {
-        stats["recording_frames_dropped"] = serde_json::json!(self.frames_dropped);
-        let _ = self.stats.send(stats);
-        drop(self.frames);
-        let thread = self.thread;
-        if let Ok(Err(_)) = tokio::task::spawn_blocking(move || thread.join()).await {
-            tracing::error!("--record: the recording thread panicked");
+        stats["recording_frames_dropped"] = serde_json::json!(self.frames_dropped());
+        let inner = self.inner;
+        match tokio::task::spawn_blocking(move || inner.finish(stats)).await {
+            // File errors were logged by the writer.
+            Ok(Ok(_)) | Ok(Err(RecordingError::Writer(_))) => {}
+            Ok(Err(RecordingError::Panicked)) | Err(_) => {
+                tracing::error!("--record: the recording thread panicked");
+            }
         }
     }
 }

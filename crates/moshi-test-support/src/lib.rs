@@ -45,6 +45,16 @@ pub fn copy_tiny_a_files(dir: &Path, names: &[&str]) {
 }
 
 /// `path` as `&str` (fixture and temporary paths are UTF-8).
+/// The names of the entries of `dir`, sorted (to see what a run left behind).
+pub fn names_in(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
 pub fn path_str(path: &Path) -> &str {
     path.to_str()
         .unwrap_or_else(|| panic!("path {} is not UTF-8", path.display()))

@@ -3,14 +3,16 @@
 //! The device callbacks (cpal) only move samples through lock-free rings; the engine thread runs
 //! the Moshi pipeline on every 80 ms frame; tokio drives the rest: Ctrl-C, the `--duration-s`
 //! timer and the console (Moshi's words live, a status line with the real-time factor, latency
-//! and underruns). On stop: a summary, `--record` (stereo WAV: user left, Moshi right) and
-//! `--stats-json`; a second Ctrl-C exits at once. A lost device is reopened; its old streams are
+//! and underruns). `--record` writes the conversation as it goes (stereo WAV: user left, Moshi
+//! right; its own thread behind a bounded queue, completed at the end). On stop: a summary and
+//! `--stats-json`; a second Ctrl-C exits at once. A lost device (a typed
+//! `DeviceLost` from the runtime's watch) is reopened; its old streams are
 //! dropped on their own thread, waited for a bounded time only. When the model is slower than
 //! real time, input frames are dropped deliberately (latency stays bounded) and the summary says
 //! so with the measured factor.
 
 use std::io::{IsTerminal, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,11 +20,13 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use moshi_loader::output_file::write_output;
 use moshi_runtime::backend::cpal::{CpalBackend, CpalOptions, DEFAULT_BUFFER_MS};
+use moshi_runtime::backend::device_watch::{DeviceLost, DeviceWatch};
 use moshi_runtime::backend::{reconnect_session, start_session, AudioBackend, RingSizes, Session};
-use moshi_runtime::engine::{DropPolicy, EngineEvent, EngineReport, StreamFormat};
+use moshi_runtime::engine::{DropPolicy, EngineEvent, EngineReport, FrameRecorder, StreamFormat};
 use moshi_runtime::metrics::{FrameRecord, LatencyStats, Percentiles, ProfileWriter, RunSummary};
+use moshi_runtime::recorder::{ConversationWav, RecorderThread};
 use moshi_runtime::ring::{AudioCounters, CounterSnapshot};
-use moshi_runtime::{wav, SAMPLE_RATE_HZ};
+use moshi_runtime::SAMPLE_RATE_HZ;
 
 use super::file::check_writable;
 use super::model_args::{ModelArgs, SamplingArgs, LIVE_KV_CACHE};
@@ -282,6 +286,13 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     })?;
     eprintln!("audio: {}", backend.describe());
     let jitter_ms = args.jitter_margin_ms();
+    // Written by its own thread as the conversation goes: memory stays flat however long.
+    let recording = args
+        .record
+        .as_deref()
+        .map(|p| ConversationWav::spawn(p, ConversationWav::QUEUE_FRAMES).map(|r| (p, r)))
+        .transpose()
+        .context("--record")?;
     let session = start_session(
         &mut backend,
         Box::new(pipeline),
@@ -289,7 +300,9 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
             max_backlog_frames: args.max_backlog_frames,
         },
         jitter_ms,
-        args.record.is_some(),
+        recording
+            .as_ref()
+            .map(|(_, r)| Box::new(r.queue()) as Box<dyn FrameRecorder>),
         args.ring_sizes(),
     )?;
     eprintln!(
@@ -325,14 +338,14 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
             &mut steady_underruns_base,
             &mut profile,
         ));
-        if reason != DEVICE_LOST {
+        let Stop::DeviceLost(lost) = reason else {
             break reason;
-        }
+        };
         // A device disappeared: stop its streams, then reopen (same options) until it comes
         // back, the duration ends or Ctrl-C; the engine and the conversation keep their state.
         // Its streams are dropped on their own thread: a lost device's host thread may never
         // end, and `stop` waits for it a bounded time only.
-        eprintln!("\raudio device lost; reopening...");
+        eprintln!("\raudio device lost ({lost}); reopening...");
         if let Err(e) = backend.stop() {
             eprintln!("warning: {e}");
         }
@@ -341,8 +354,8 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
                 backend = b;
                 eprintln!("audio: reopened: {}", backend.describe());
             }
-            Ok(None) => break "stopped while the audio device was gone".to_string(),
-            Err(e) => break format!("the audio device could not be reopened: {e:#}"),
+            Ok(None) => break Stop::WhileDeviceGone,
+            Err(e) => break Stop::ReopenFailed(format!("{e:#}")),
         }
     };
 
@@ -360,19 +373,46 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     }
     let report = report.context("the engine stopped with an error")?;
     eprintln!("stopped: {stop_reason}");
-    profile.finish(&report.metrics.summary())?;
-    finish(
+    let profiled = profile.finish(&report.metrics.summary());
+    let summarized = finish(
         &args,
         &counters,
-        report,
+        &report,
         &console,
         started,
         steady_underruns_base,
         &backend,
-    )
+    );
+    // Whatever became of the other outputs, the recording is completed.
+    let recorded = recording.map_or(Ok(()), |(path, r)| finish_recording(path, r));
+    profiled.and(summarized).and(recorded)
 }
 
-const DEVICE_LOST: &str = "an audio device disappeared";
+/// Why the conversation (or one device's part of it) stopped.
+#[derive(Debug)]
+enum Stop {
+    CtrlC,
+    Duration(f64),
+    EngineStopped,
+    /// The devices are reopened and the conversation goes on.
+    DeviceLost(DeviceLost),
+    /// Ctrl-C or the duration came while the device was gone.
+    WhileDeviceGone,
+    ReopenFailed(String),
+}
+
+impl std::fmt::Display for Stop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Stop::CtrlC => write!(f, "Ctrl-C"),
+            Stop::Duration(d) => write!(f, "--duration-s {d} reached"),
+            Stop::EngineStopped => write!(f, "the engine stopped"),
+            Stop::DeviceLost(lost) => write!(f, "audio device lost: {lost}"),
+            Stop::WhileDeviceGone => write!(f, "stopped while the audio device was gone"),
+            Stop::ReopenFailed(e) => write!(f, "the audio device could not be reopened: {e}"),
+        }
+    }
+}
 
 /// Exit status after a second Ctrl-C (128 + SIGINT, what a shell reports for an interrupt).
 const SECOND_CTRL_C_EXIT_STATUS: i32 = 130;
@@ -449,17 +489,13 @@ async fn drive(
     started: Instant,
     steady_base: &mut Option<u64>,
     profile: &mut Profile,
-) -> String {
+) -> Stop {
     let mut tick = tokio::time::interval(Duration::from_millis(20));
-    // A device whose callbacks stop for this long is treated as gone (some hosts only report
-    // generic I/O errors when a device or sound server disappears).
-    let stall_limit = Duration::from_secs(2);
-    let mut callbacks_seen = (u64::MAX, u64::MAX);
-    let mut last_progress = Instant::now();
+    let mut devices = DeviceWatch::new(DeviceWatch::DEFAULT_STALL_LIMIT);
     loop {
         tick.tick().await;
         if ctrl_c.load(Ordering::Acquire) {
-            return "Ctrl-C".into();
+            return Stop::CtrlC;
         }
         while let Ok(event) = session.engine.events().try_recv() {
             match event {
@@ -482,25 +518,15 @@ async fn drive(
         }
         let rtf = console.recent_rtf();
         console.status(&session.counters, rtf, false);
-        let callbacks = (
-            session.counters.capture_callbacks.load(Ordering::Relaxed),
-            session.counters.playback_callbacks.load(Ordering::Relaxed),
-        );
-        if callbacks.0 != callbacks_seen.0 && callbacks.1 != callbacks_seen.1 {
-            callbacks_seen = callbacks;
-            last_progress = Instant::now();
-        }
-        if session.counters.device_lost.load(Ordering::Relaxed)
-            || last_progress.elapsed() > stall_limit
-        {
-            return DEVICE_LOST.into();
+        if let Some(lost) = devices.check(&session.counters) {
+            return Stop::DeviceLost(lost);
         }
         if session.engine.is_finished() {
-            return "the engine stopped".into();
+            return Stop::EngineStopped;
         }
         if let Some(d) = args.duration_s {
             if started.elapsed().as_secs_f64() >= d {
-                return format!("--duration-s {d} reached");
+                return Stop::Duration(d);
             }
         }
     }
@@ -522,7 +548,7 @@ fn device_samples_ms(samples: u64, format: StreamFormat) -> f64 {
 fn finish(
     args: &ChatArgs,
     counters: &AudioCounters,
-    report: EngineReport,
+    report: &EngineReport,
     console: &Console,
     started: Instant,
     steady_base: Option<u64>,
@@ -595,22 +621,28 @@ fn finish(
             summary.real_time_factor, report.frames_dropped
         );
     }
-    if let Some(p) = &args.record {
-        wav::write_stereo_i16(
-            p,
-            &report.recorded_input,
-            &report.recorded_output,
-            SAMPLE_RATE_HZ,
-        )?;
-        eprintln!(
-            "recorded {} ({:.1} s, you left, Moshi right)",
-            p.display(),
-            report.recorded_input.len() as f64 / SAMPLE_RATE_HZ as f64
-        );
-    }
     if let Some(p) = &args.stats_json {
         write_output(p, serde_json::to_string_pretty(&stats)?.as_bytes())
             .context("--stats-json")?;
+    }
+    Ok(())
+}
+
+/// Completes `--record` once the engine has ended (its end of the queue is gone, so the writer
+/// can finish).
+fn finish_recording(path: &Path, recording: RecorderThread<ConversationWav>) -> anyhow::Result<()> {
+    let finished = recording.finish(()).context("--record")?;
+    eprintln!(
+        "recorded {} ({:.1} s, you left, Moshi right)",
+        path.display(),
+        finished.done.samples as f64 / SAMPLE_RATE_HZ as f64
+    );
+    let left_out = finished.frames_dropped + finished.done.frames_beyond_limit;
+    if left_out > 0 {
+        eprintln!(
+            "warning: --record: {left_out} frames left out of the recording ({} while the disk was behind, {} past a WAV's 4 GiB)",
+            finished.frames_dropped, finished.done.frames_beyond_limit
+        );
     }
     Ok(())
 }

@@ -13,20 +13,15 @@ pub mod serve;
 pub mod transcribe;
 pub mod transcript;
 
-/// Tells the kernels how many activation rows this process's products will have (sessions
-/// stepped together, times 2 with guidance), before the first product, so that the default
-/// kernel is the fastest for that (`moshi_kernels::Workload`), and logs the kernel chosen.
+/// Fixes the kernel of this process's products from how many activation rows they will have
+/// (sessions stepped together, times 2 with guidance), so that the default kernel is the fastest
+/// for that (`moshi_kernels::Workload`), and logs the kernel chosen. A kernel fixed earlier (a
+/// product ran first) stays, with a warning where the workload would have picked another.
 pub fn declare_workload(rows_per_product: usize) {
     use moshi_kernels::{Kernel, Workload};
-    let workload = Workload::of_rows(rows_per_product);
-    if let Err(chosen) = Kernel::set_workload(workload) {
-        tracing::warn!(
-            "the {} kernel was chosen before the workload ({workload:?}) was declared",
-            chosen.name()
-        );
-    }
-    tracing::info!(
-        "kernels: {} ({rows_per_product} activation row(s) per product)",
-        Kernel::detect().name()
-    );
+    let kernel = Kernel::init(Workload::of_rows(rows_per_product)).unwrap_or_else(|e| {
+        tracing::warn!("{e}");
+        e.chosen
+    });
+    tracing::info!("kernels: {kernel} ({rows_per_product} activation row(s) per product)");
 }

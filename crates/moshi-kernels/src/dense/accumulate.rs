@@ -6,6 +6,8 @@
 //! (widened exactly).
 
 use crate::elem::WeightElem;
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+use crate::InstructionSet;
 use crate::Kernel;
 
 /// `y[d] = (…((y[d] + coefs[0] · rows[0][d]) + coefs[1] · rows[1][d]) …)` for every `d`, with
@@ -24,14 +26,14 @@ pub fn accumulate_rows<const R: usize, E: WeightElem>(
         rows.iter().all(|r| r.len() >= y.len()),
         "accumulate_rows: a row is shorter than the output"
     );
-    match kernel.or_detected() {
+    match kernel.or_detected().instruction_set() {
         // SAFETY (all arms): the kernel is available (checked); rows hold y.len() values.
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx512 | Kernel::Avx512Vnni => unsafe { avx512::accumulate(y, coefs, rows) },
+        InstructionSet::Avx512 => unsafe { avx512::accumulate(y, coefs, rows) },
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx2 | Kernel::Avx2Int => unsafe { avx2::accumulate(y, coefs, rows) },
+        InstructionSet::Avx2 => unsafe { avx2::accumulate(y, coefs, rows) },
         #[cfg(target_arch = "aarch64")]
-        Kernel::Neon | Kernel::NeonDot => unsafe { neon::accumulate(y, coefs, rows) },
+        InstructionSet::Neon => unsafe { neon::accumulate(y, coefs, rows) },
         _ => accumulate_scalar(y, 0, coefs, rows),
     }
 }

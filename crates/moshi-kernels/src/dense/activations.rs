@@ -4,6 +4,8 @@
 //! instruction set gives the same bits.
 
 use crate::elem::LANES;
+#[cfg(target_arch = "x86_64")]
+use crate::InstructionSet;
 use crate::Kernel;
 
 /// SiLU: `x * sigmoid(x)`.
@@ -43,12 +45,12 @@ pub fn erf_rational(x: f32) -> f32 {
 
 /// Exact-form (erf) GELU over a slice in place, vectorized with [`erf_rational`].
 pub fn gelu_slice(xs: &mut [f32]) {
-    match Kernel::detect() {
+    match Kernel::detect().instruction_set() {
         // SAFETY (both arms): the detected kernel runs on this CPU.
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx512 | Kernel::Avx512Vnni => unsafe { gelu_slice_avx512(xs) },
+        InstructionSet::Avx512 => unsafe { gelu_slice_avx512(xs) },
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx2 | Kernel::Avx2Int => unsafe { gelu_slice_avx2(xs) },
+        InstructionSet::Avx2 => unsafe { gelu_slice_avx2(xs) },
         _ => gelu_slice_body(xs),
     }
 }
@@ -102,12 +104,12 @@ pub fn elu_slice_par(dst: &mut [f32], src: &[f32]) {
 /// (`x = k ln2 + r`, degree-8 polynomial for `expm1(r)`), within 2 ulp of `f32::exp_m1`.
 pub fn elu_slice(dst: &mut [f32], src: &[f32]) {
     assert_eq!(dst.len(), src.len(), "elu_slice lengths");
-    match Kernel::detect() {
+    match Kernel::detect().instruction_set() {
         // SAFETY (both arms): the detected kernel runs on this CPU.
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx512 | Kernel::Avx512Vnni => unsafe { elu_slice_avx512(dst, src) },
+        InstructionSet::Avx512 => unsafe { elu_slice_avx512(dst, src) },
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx2 | Kernel::Avx2Int => unsafe { elu_slice_avx2(dst, src) },
+        InstructionSet::Avx2 => unsafe { elu_slice_avx2(dst, src) },
         _ => elu_slice_body(dst, src),
     }
 }

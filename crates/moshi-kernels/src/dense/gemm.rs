@@ -4,6 +4,8 @@
 //! `matrixmultiply`'s packed sgemm. Large products split their output over the [`crate::team`].
 
 use crate::elem::{reduce_lanes, WeightElem, LANES};
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+use crate::InstructionSet;
 use crate::Kernel;
 
 /// `out[m, n] = x[m, k] · w[n, k]ᵀ` (+ `out` if `accumulate`), with `w` row-major `[n, k]`
@@ -328,19 +330,19 @@ unsafe fn small_m_nt<W: WeightElem>(
     rs_out: usize,
     accumulate: bool,
 ) {
-    match Kernel::detect() {
+    match Kernel::detect().instruction_set() {
         // SAFETY (all arms): the detected kernel runs on this CPU; caller contract forwarded.
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx512 | Kernel::Avx512Vnni => unsafe {
+        InstructionSet::Avx512 => unsafe {
             small_m_nt_avx512(m, k, n, a, rs_a, w, rs_w, out, rs_out, accumulate)
         },
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx2 | Kernel::Avx2Int => unsafe {
+        InstructionSet::Avx2 => unsafe {
             small_m_nt_avx2(m, k, n, a, rs_a, w, rs_w, out, rs_out, accumulate)
         },
         // NEON and FMA are part of every aarch64 CPU: the fused body, vectorized by the compiler.
         #[cfg(target_arch = "aarch64")]
-        Kernel::Neon | Kernel::NeonDot => unsafe {
+        InstructionSet::Neon => unsafe {
             small_m_nt_body::<W, true>(m, k, n, a, rs_a, w, rs_w, out, rs_out, accumulate)
         },
         _ => unsafe {

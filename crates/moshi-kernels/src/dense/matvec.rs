@@ -9,7 +9,7 @@
 //! reference.
 
 use crate::elem::{reduce_lanes, WeightElem, LANES};
-use crate::Kernel;
+use crate::{InstructionSet, Kernel};
 
 /// Below this many weight elements a product runs on the calling thread.
 const PARALLEL_MIN_ELEMENTS: usize = 1 << 17;
@@ -250,28 +250,30 @@ pub fn dot_rows<const R: usize, E: WeightElem>(
         rows.iter().all(|r| r.len() == x.len()),
         "dot_rows: row and x lengths differ"
     );
-    match kernel.or_detected() {
+    match kernel.or_detected().instruction_set() {
         // SAFETY (all arms): the kernel is available (checked); equal lengths (asserted).
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx512 | Kernel::Avx512Vnni => unsafe { avx512::dotn(rows, x) },
+        InstructionSet::Avx512 => unsafe { avx512::dotn(rows, x) },
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx2 | Kernel::Avx2Int => unsafe { avx2::dotn(rows, x) },
+        InstructionSet::Avx2 => unsafe { avx2::dotn(rows, x) },
         #[cfg(target_arch = "aarch64")]
-        Kernel::Neon | Kernel::NeonDot => unsafe { neon::dotn(rows, x) },
+        InstructionSet::Neon => unsafe { neon::dotn(rows, x) },
         _ => rows.map(|r| dot_scalar(r, x)),
     }
 }
 
 /// Rows per pass of the SIMD kernels in a matrix-vector product: several bf16 weight rows per
-/// pass (4 with AVX2, 8 with AVX-512) measured 1.3-1.6x faster than one row at a time on a
-/// 22528 x 4096 matrix. NEON: 2 (16 of its 32 registers hold the two rows' accumulators; not
-/// measured on an aarch64 machine).
+/// pass (4 with AVX2, 8 with AVX-512) share each activation load, and measured faster than one
+/// row at a time on a 22528 x 4096 matrix
+/// (docs/performance.md#rows-per-pass-and-prefetch-distances-qmv-weights-streamed-from-dram).
+/// NEON: 2 (16 of its 32 registers hold the two rows' accumulators; not measured on an aarch64
+/// machine).
 fn rows_per_pass(kernel: Kernel) -> usize {
-    match kernel {
-        Kernel::Avx512 | Kernel::Avx512Vnni => 8,
-        Kernel::Avx2 | Kernel::Avx2Int => 4,
-        Kernel::Neon | Kernel::NeonDot => 2,
-        Kernel::Portable => 1,
+    match kernel.instruction_set() {
+        InstructionSet::Avx512 => 8,
+        InstructionSet::Avx2 => 4,
+        InstructionSet::Neon => 2,
+        InstructionSet::Portable => 1,
     }
 }
 

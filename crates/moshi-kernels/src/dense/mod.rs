@@ -1,7 +1,8 @@
 //! Dense (f32 and bf16) kernels: fixed-order matrix-vector products and their multi-row form,
 //! attention's value accumulation, few- and many-row products for Mimi, activations. Each runs
-//! the instruction set of [`crate::Kernel::detect`] (or the one passed in), with a portable
-//! fallback; software prefetch for the access patterns hardware prefetchers miss.
+//! the instruction set ([`crate::Kernel::instruction_set`]) of [`crate::Kernel::detect`]'s kernel
+//! (or of the one passed in), with a portable fallback; software prefetch for the access patterns
+//! hardware prefetchers miss.
 
 mod accumulate;
 mod activations;

@@ -9,12 +9,11 @@ use std::arch::x86_64::*;
 /// rows on, each activation vector loaded once for both. With 4 activation rows the two rows'
 /// partial sums and accumulators outgrow the 16 registers and the accumulators live on the stack
 /// (one load and one store per block and pair), still cheaper than loading every activation
-/// vector once per weight row. Measured with `moshi-rs bench --sessions N --layers 2` (Zen 3, 2
-/// vCPUs, binaries alternating), temporal layer time against one weight row per tile: q4 0.67-0.80x
-/// at 4 sessions (5 rounds), 0.72-0.96x at 2, 0.67-0.96x at 8; q8 0.62-0.74x at 4. Two weight rows
-/// against 2 activation rows at a time (no spill, codes decoded twice): only 0.85-0.90x at 4.
-/// Tiles of 4 or 8 weight rows taken two at a time per block (each block of the activation rows
-/// then read from L1 by all but the first pair): 1.2x slower at 4 sessions (docs/performance.md).
+/// vector once per weight row: the temporal layer ran faster than with one weight row per tile,
+/// q4 at 2, 4 and 8 sessions, q8 at 4 (`moshi-rs bench --sessions N`). Two weight rows against 2
+/// activation rows at a time (no spill, codes decoded twice) gained less, and tiles of 4 or 8
+/// weight rows taken two at a time per block (each block of the activation rows then read from
+/// L1 by all but the first pair) were slower than one row per tile. Figures: docs/performance.md.
 pub(crate) const PAIRED_FROM_M: usize = 2;
 
 /// f32 lanes per vector (and `u32` code words per block).

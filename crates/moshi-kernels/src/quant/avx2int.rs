@@ -18,8 +18,8 @@
 //! `vpmaddubsw`, one `vpaddw` and one `vpmaddwd`, the sum shifted up 8 bits between digits; the
 //! lane sums are converted to f32 and accumulated with the factor `scale_g · u_g`. That is about
 //! 20 vector operations per 64 columns and (weight row, activation row) pair, against 26 for the
-//! f32 AVX2 lane kernel, whose converts share the FMA pipes on AMD Zen 3 (measured: docs/
-//! performance.md).
+//! f32 AVX2 lane kernel, whose converts share the FMA pipes on AMD Zen 3 (measured:
+//! docs/performance.md#avx2-only-hosts-the-integer-kernel-for-one-activation-row-zen-3).
 
 use std::arch::x86_64::*;
 
@@ -53,9 +53,9 @@ const PLANES: usize = 2;
 const BLOCK_DIGIT_BYTES: usize = DIGITS * PLANES * BLOCK_BYTES;
 
 /// Weight rows per pass of a matrix-vector product, from that many far-apart parts of the range,
-/// each digit load shared by them. Four on long rows (as the f32 lane kernel takes) measured no
-/// better: 11264 columns, Zen 3, 2 threads, `kernel_ab` against the f32 kernel 0.99 with 4 far
-/// rows, 0.85 with 2 (one run each, 15:38-15:40 UTC 2026-12-03).
+/// each digit load shared by them. Four on long rows (as the f32 lane kernel takes) measured
+/// slower than two in `kernel_ab` against the f32 kernel on an AVX2-only host
+/// (docs/performance.md#rows-per-pass-and-prefetch-distances-qmv-weights-streamed-from-dram).
 const MATVEC_ROWS: usize = 2;
 
 /// Whether this CPU has AVX2 and FMA.

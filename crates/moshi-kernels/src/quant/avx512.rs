@@ -3,9 +3,11 @@
 
 use std::arch::x86_64::*;
 
-/// Two weight rows per matrix-matrix tile of the lane kernel (`quant::passes`): from 3 activation rows on, each activation vector loaded once for both (measured, 7B `bench --sessions N`, q8, LM step
-/// against one weight row: 0.80-0.97x at 4 sessions, 0.71-0.85x at 8; no gain at 2, where q8 is
-/// still bound by the code stream).
+/// Two weight rows per matrix-matrix tile of the lane kernel (`quant::passes`): from 3 activation
+/// rows on, each activation vector loaded once for both (the 7B's q8 LM step in `bench
+/// --sessions N` ran faster than with one weight row at 4 and 8 sessions; no gain at 2, where q8
+/// is still bound by the code stream:
+/// docs/performance.md#rows-per-pass-and-prefetch-distances-qmv-weights-streamed-from-dram).
 pub(crate) const PAIRED_FROM_M: usize = 3;
 
 /// f32 lanes per vector (and `u32` code words per block).

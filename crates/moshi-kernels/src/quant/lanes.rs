@@ -11,7 +11,8 @@
 //! `Σ_g scale_g · Σ_{j∈g} q_j x_j + bias_g · Σ_{j∈g} x_j`, f32 throughout: the exact dequantized
 //! product up to rounding order. Per block that is one AND (or shift), one convert and one FMA per
 //! lane-vector of codes plus one scale FMA; the former table lookup needed two shuffles and one
-//! more FMA per 32 codes, which capped 4-bit products at ~22 GB/s on two Zen 4 cores.
+//! more FMA per 32 codes, which left 4-bit products bound by the arithmetic rather than by memory
+//! (docs/performance.md#rows-per-pass-and-prefetch-distances-qmv-weights-streamed-from-dram).
 //!
 //! `lane_kernel!` expands the kernel inside an instruction-set module, which provides `LANES`,
 //! `TOP_UNSCALED`, `PAIRED_FROM_M`, the vector types `F`/`I`, `available()` and the small
@@ -21,17 +22,17 @@
 
 /// Weight rows per pass of the matrix-vector kernel on long rows: each activation vector is
 /// loaded once for all of them. They are taken from that many equal parts of the thread's rows,
-/// so their code streams lie far apart: at 11264 columns (Zen 4, 2 threads, weights from DRAM,
-/// medians of 15 interleaved rounds, GB/s) far rows read q4 19.6 / 26.4 against 17.6 / 21.5 for 4
-/// adjacent rows, q8 26.3 / 29.0 / 31.1 / 29.1 against 25.0 / 28.9 / 31.1 / 28.9, and q8 with
-/// the AVX2 kernel 28.4 / 28.0 against 25.8 / 25.1.
+/// so their code streams lie far apart: at 11264 columns with weights streamed from DRAM, far rows
+/// read faster than 4 adjacent rows (or the same), q4 and q8, with the AVX-512 and AVX2 kernels
+/// (docs/performance.md#rows-per-pass-and-prefetch-distances-qmv-weights-streamed-from-dram).
 pub(crate) const MATVEC_ROWS: usize = 4;
 
 /// Arranged activation bytes from which the matrix-vector kernel takes [`MATVEC_ROWS`] weight rows
-/// per pass. Measured with weights streamed from DRAM (Zen 4, 32 KiB L1d), with adjacent rows: at
-/// 11264 columns (45 KiB of activations, out of L1) four rows per pass read 24-41% faster (q4 and
-/// q8); at 4096 columns (16 KiB, in L1) one row per pass reads 40-50% faster, as the four
-/// interleaved code streams slow DRAM streaming more than the shared activation loads save.
+/// per pass. With weights streamed from DRAM and adjacent rows, on a core with a 32 KiB L1d: at
+/// 11264 columns (45 KiB of activations, out of L1) four rows per pass read faster (q4 and q8);
+/// at 4096 columns (16 KiB, in L1) one row per pass did, as the four interleaved code streams
+/// slow DRAM streaming more than the shared activation loads save
+/// (docs/performance.md#rows-per-pass-and-prefetch-distances-qmv-weights-streamed-from-dram).
 pub(crate) const MULTI_ROW_MIN_ACTIVATION_BYTES: usize = 24 * 1024;
 
 /// Columns covered by one block of `lanes` `u32` lanes of `bits`-bit codes.

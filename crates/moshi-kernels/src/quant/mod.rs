@@ -1,6 +1,7 @@
-//! Fast quantized matrix products: kernel selection (AVX-512 VNNI / AVX-512 / AVX2 integer /
-//! AVX2+FMA on x86-64, NEON dot product / NEON on aarch64, portable anywhere; chosen at run time),
-//! activation layout, and multi-threading over output rows.
+//! Fast quantized matrix products: the code a kernel runs (its [`Kernel::pair`]: the instruction
+//! set's integer-digit kernel for [`QuantAlgorithm::IntegerDigits`] where it covers the format,
+//! else the instruction set's f32 lane kernel, else the portable code), activation layout, and
+//! multi-threading over output rows.
 //!
 //! Every kernel computes, for a range of weight rows, `out_t[r, i] = Σ_j x[i, j] · w[r, j]` with
 //! `w = q * scale + bias` and f32 accumulation: the exact dequantized matrix times the
@@ -8,8 +9,8 @@
 //! and NEON lane kernels regroup the sum per quantization group as `scale · Σ q x + bias · Σ x`,
 //! as MLX's own kernels do (see `lanes`); the VNNI, AVX2 integer and NEON dot-product kernels do
 //! the same with `Σ q x` as exact integer dot products of the codes with 24-bit fixed-point
-//! activations (see `vnni`, `avx2int`, `dotprod` and `fixed_point`). All of them are held to the same error bound against the
-//! scalar reference in the kernel tests.
+//! activations (see `vnni`, `avx2int`, `dotprod` and `fixed_point`). All of them are held to the
+//! same error bound against the scalar reference in the kernel tests.
 
 /// `Some(rows::<BITS, GROUP>)` for the (bits, group size) pairs the specialised kernels cover
 /// (4 and 8 bits, groups of 32, 64 or 128), `None` otherwise. A macro because every kernel
@@ -57,10 +58,11 @@ use std::borrow::Cow;
 #[cfg(target_arch = "x86_64")]
 use std::sync::OnceLock;
 
-use crate::{Kernel, QuantError, QuantizedMatrix};
+use crate::{InstructionSet, Kernel, QuantAlgorithm, QuantError, QuantizedMatrix};
 
-/// Weight bytes below which a task is not split further (thread wake-up costs several µs,
-/// about what reading this much weight data takes).
+/// Weight bytes below which a task is not split further (waking a thread costs about what
+/// reading this much weight data takes:
+/// docs/performance.md#rows-per-pass-and-prefetch-distances-qmv-weights-streamed-from-dram).
 const MIN_TASK_WEIGHT_BYTES: usize = 128 * 1024;
 
 /// How the x86 kernels prefetch their code streams in software: one hint per 64 code bytes of
@@ -68,20 +70,16 @@ const MIN_TASK_WEIGHT_BYTES: usize = 128 * 1024;
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum CodePrefetch {
-    /// `prefetcht0` 1 KiB ahead, into L1: Intel. On an Intel Xeon (Sapphire Rapids class) guest
-    /// the hardware prefetcher alone left matrix-vector products at about half the read
-    /// bandwidth, and this prefetch closed the gap (1 and 2 KiB measured the same).
+    /// `prefetcht0` 1 KiB ahead, into L1: Intel. On an Intel Xeon guest the hardware prefetcher
+    /// alone left matrix-vector products well short of the read bandwidth, and this prefetch
+    /// closed the gap (2 KiB ahead did the same;
+    /// docs/performance.md#rows-per-pass-and-prefetch-distances-qmv-weights-streamed-from-dram).
     L1Near,
-    /// `prefetcht1` 4 KiB ahead, into L2: elsewhere. Measured on AMD Zen 4 (2 threads, weights
-    /// from DRAM, medians of 15 interleaved rounds, GB/s), against the earlier choice there
-    /// (`prefetcht0` 1 KiB ahead for 4-bit codes, none for single-row 8-bit passes):
-    /// - VNNI q4, 4096 columns: 29.7 / 30.1 (`prefetcht1` 4 KiB or `prefetcht0` 1 KiB plus
-    ///   `prefetcht1` 4 KiB) against 26.6; 1 thread 19.4 against 13.0-16.0; 11264 columns
-    ///   24.7-27.5 against 22.3-25.5;
-    /// - f32 AVX-512 kernel: q8 11264 columns 27.2-27.3 against 25.3-25.6, q8 4096 columns the
-    ///   same (29.3, 33.5 against 29.4, 32.6), q4 4096 columns 23.8-25.3 against 21.7-24.7;
-    /// - AVX2 kernel: q8 4096 columns 24.6-27.3 against 19.9-22.8, q4 17.8-18.6 against
-    ///   16.3-17.8.
+    /// `prefetcht1` 4 KiB ahead, into L2: elsewhere. On AMD Zen 4 it read faster than the earlier
+    /// choice there (`prefetcht0` 1 KiB ahead for 4-bit codes, none for single-row 8-bit passes)
+    /// with the VNNI (one and two threads), AVX-512 and AVX2 kernels, or the same (AVX-512 q8 at
+    /// 4096 columns); figures in
+    /// docs/performance.md#rows-per-pass-and-prefetch-distances-qmv-weights-streamed-from-dram.
     ///
     /// The hint lands in L2 early enough to cover DRAM latency while the decode keeps the core
     /// busy; a `prefetcht0` that far ahead, or the hardware prefetcher alone, did not.
@@ -114,10 +112,10 @@ impl CodePrefetch {
     /// kernel reaches it ([`SCALE_PREFETCH_ROWS`]): `prefetcht1` under [`CodePrefetch::L2Far`],
     /// nothing under [`CodePrefetch::L1Near`] (not measured there). A row's few lines of each
     /// stream are read once at its start, and the hardware prefetcher did not fetch them in time:
-    /// with them prefetched 4 rows ahead the VNNI kernel read 4–8% faster in 4 interleaved
-    /// comparisons on Zen 4 (q4, 4096 and 11264 columns, 2 threads, from DRAM); 2 and 8 rows ahead
-    /// measured the same, `prefetcht0` and 1 row ahead no better than none. A hint: a row past the
-    /// matrix is harmless.
+    /// prefetched 4 rows ahead, they made the VNNI kernel read faster on Zen 4; 2 and 8 rows ahead
+    /// did the same, `prefetcht0` and 1 row ahead no better than none
+    /// (docs/performance.md#rows-per-pass-and-prefetch-distances-qmv-weights-streamed-from-dram).
+    /// A hint: a row past the matrix is harmless.
     #[inline(always)]
     pub(crate) fn scales_of_row(self, w: &QuantizedMatrix, row: usize) {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
@@ -151,9 +149,9 @@ impl CodePrefetch {
 
 /// How the aarch64 kernels prefetch their code streams: not in software. Apple's M-series and
 /// Arm's Neoverse cores detect sequential streams in hardware and fetch ahead on their own; no
-/// software hint has been measured on an aarch64 machine yet (see `docs/performance.md`), so none
-/// is issued rather than one whose effect nobody has seen. The interface is the x86 one, so the
-/// shared lane kernel calls it the same way.
+/// software hint has been measured on an aarch64 machine yet (see
+/// `docs/performance.md#aarch64-neon-on-paper`), so none is issued rather than one whose effect
+/// nobody has seen. The interface is the x86 one, so the shared lane kernel calls it the same way.
 #[cfg(target_arch = "aarch64")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum CodePrefetch {
@@ -209,70 +207,97 @@ struct Plan {
     rows_fn: RowRangeFn,
 }
 
+/// The plan of `kernel` for `bits`-bit codes in groups of `group_size`: its instruction set's
+/// integer-digit kernel where the algorithm asks for it and covers the format (4-bit codes), else
+/// the instruction set's f32 lane kernel where it covers the format, else the portable code.
 fn plan(kernel: Kernel, bits: u32, group_size: usize) -> Plan {
-    #[cfg(target_arch = "x86_64")]
-    {
-        // The integer kernels take 4-bit codes; 8-bit ones go to their f32 sibling (see `vnni`,
-        // `avx2int`).
-        let digits = match kernel {
-            Kernel::Avx512Vnni => vnni::select(bits, group_size),
-            Kernel::Avx2Int => avx2int::select(bits, group_size),
-            _ => None,
+    let (instruction_set, algorithm) = kernel.pair();
+    let digits = match algorithm {
+        QuantAlgorithm::IntegerDigits => digit_rows(instruction_set, bits, group_size),
+        QuantAlgorithm::F32 => None,
+    };
+    if let Some(rows_fn) = digits {
+        return Plan {
+            layout: Layout::Digits,
+            rows_fn,
         };
-        if let Some(rows_fn) = digits {
-            return Plan {
-                layout: Layout::Digits,
-                rows_fn,
-            };
-        }
-        let lane_kernel = match kernel {
-            Kernel::Avx512 | Kernel::Avx512Vnni => {
-                avx512::select(bits, group_size).map(|f| (f, avx512::LANES, avx512::TOP_UNSCALED))
-            }
-            Kernel::Avx2 | Kernel::Avx2Int => {
-                avx2::select(bits, group_size).map(|f| (f, avx2::LANES, avx2::TOP_UNSCALED))
-            }
-            Kernel::Portable | Kernel::Neon | Kernel::NeonDot => None,
-        };
-        if let Some((rows_fn, lanes, top_unscaled)) = lane_kernel {
-            return Plan {
-                layout: Layout::Lanes {
-                    lanes,
-                    top_unscaled,
-                },
-                rows_fn,
-            };
-        }
     }
-    #[cfg(target_arch = "aarch64")]
-    {
-        if kernel == Kernel::NeonDot {
-            if let Some(rows_fn) = dotprod::select(bits, group_size) {
-                return Plan {
-                    layout: Layout::Digits,
-                    rows_fn,
-                };
-            }
-        }
-        // The f32 lane kernel for `Neon`, and for the products `NeonDot` leaves to it (see
-        // `dotprod`).
-        if matches!(kernel, Kernel::Neon | Kernel::NeonDot) {
-            if let Some(rows_fn) = neon::select(bits, group_size) {
-                return Plan {
-                    layout: Layout::Lanes {
-                        lanes: neon::LANES,
-                        top_unscaled: neon::TOP_UNSCALED,
-                    },
-                    rows_fn,
-                };
-            }
-        }
+    if let Some((rows_fn, layout)) = lane_rows(instruction_set, bits, group_size) {
+        return Plan { layout, rows_fn };
     }
-    let _ = kernel;
     let rows_fn = portable::select(bits, group_size).unwrap_or(generic::rows);
     Plan {
         layout: Layout::Natural,
         rows_fn,
+    }
+}
+
+/// The integer-digit kernel of `instruction_set` for the format, if it has one (4-bit codes only;
+/// see `vnni`, `avx2int`, `dotprod`).
+fn digit_rows(instruction_set: InstructionSet, bits: u32, group_size: usize) -> Option<RowRangeFn> {
+    match instruction_set {
+        #[cfg(target_arch = "x86_64")]
+        InstructionSet::Avx512 => vnni::select(bits, group_size),
+        #[cfg(target_arch = "x86_64")]
+        InstructionSet::Avx2 => avx2int::select(bits, group_size),
+        #[cfg(target_arch = "aarch64")]
+        InstructionSet::Neon => dotprod::select(bits, group_size),
+        _ => {
+            let _ = (bits, group_size);
+            None
+        }
+    }
+}
+
+/// The f32 lane kernel of `instruction_set` for the format, with its activation layout, if it has
+/// one.
+fn lane_rows(
+    instruction_set: InstructionSet,
+    bits: u32,
+    group_size: usize,
+) -> Option<(RowRangeFn, Layout)> {
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    let layout = |lanes, top_unscaled| Layout::Lanes {
+        lanes,
+        top_unscaled,
+    };
+    match instruction_set {
+        #[cfg(target_arch = "x86_64")]
+        InstructionSet::Avx512 => avx512::select(bits, group_size)
+            .map(|f| (f, layout(avx512::LANES, avx512::TOP_UNSCALED))),
+        #[cfg(target_arch = "x86_64")]
+        InstructionSet::Avx2 => {
+            avx2::select(bits, group_size).map(|f| (f, layout(avx2::LANES, avx2::TOP_UNSCALED)))
+        }
+        #[cfg(target_arch = "aarch64")]
+        InstructionSet::Neon => {
+            neon::select(bits, group_size).map(|f| (f, layout(neon::LANES, neon::TOP_UNSCALED)))
+        }
+        _ => {
+            let _ = (bits, group_size);
+            None
+        }
+    }
+}
+
+/// `m` rows of activations in the fixed-point digits of `instruction_set`'s integer kernel, or
+/// `None` where the fixed point cannot hold a row (see `fixed_point`).
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+fn digit_activations(
+    instruction_set: InstructionSet,
+    x: &[f32],
+    m: usize,
+    cols: usize,
+    group_size: usize,
+) -> Option<Vec<f32>> {
+    match instruction_set {
+        #[cfg(target_arch = "x86_64")]
+        InstructionSet::Avx512 => vnni::arrange_activations(x, m, cols, group_size),
+        #[cfg(target_arch = "x86_64")]
+        InstructionSet::Avx2 => avx2int::arrange_activations(x, m, cols, group_size),
+        #[cfg(target_arch = "aarch64")]
+        InstructionSet::Neon => dotprod::arrange_activations(x, m, cols, group_size),
+        _ => unreachable!("no integer-digit kernel for {instruction_set:?}"),
     }
 }
 
@@ -354,23 +379,13 @@ fn arranged<'x>(
             let xs = lanes::arrange_activations(x, m, cols, bits, group_size, lanes, top_unscaled);
             (plan, Cow::Owned(xs))
         }
-        #[cfg(target_arch = "x86_64")]
-        Layout::Digits if kernel == Kernel::Avx2Int => {
-            match avx2int::arrange_activations(x, m, cols, group_size) {
+        #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+        Layout::Digits => {
+            match digit_activations(kernel.instruction_set(), x, m, cols, group_size) {
                 Some(xs) => (plan, Cow::Owned(xs)),
-                None => arranged(Kernel::Avx2, w, x, m),
+                None => arranged(kernel.f32_sibling(), w, x, m),
             }
         }
-        #[cfg(target_arch = "x86_64")]
-        Layout::Digits => match vnni::arrange_activations(x, m, cols, group_size) {
-            Some(xs) => (plan, Cow::Owned(xs)),
-            None => arranged(Kernel::Avx512, w, x, m),
-        },
-        #[cfg(target_arch = "aarch64")]
-        Layout::Digits => match dotprod::arrange_activations(x, m, cols, group_size) {
-            Some(xs) => (plan, Cow::Owned(xs)),
-            None => arranged(Kernel::Neon, w, x, m),
-        },
     }
 }
 

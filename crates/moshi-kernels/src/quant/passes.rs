@@ -11,8 +11,8 @@
 //!   block of codes is decoded once for all of them; from [`Tiles::PAIRED_FROM_M`] activation rows
 //!   on, two adjacent weight rows per pass, so that each block of the activation rows is loaded
 //!   once for both (with several rows of the 7B's widths they outgrow L1, and their reloads, not
-//!   the arithmetic, set the pace: measured with `moshi-rs bench --sessions N`, q4, LM step
-//!   0.60-0.68x of one weight row per pass at 2 to 8 sessions; docs/performance.md).
+//!   the arithmetic, set the pace: with two weight rows per pass the q4 LM step of `moshi-rs
+//!   bench --sessions N` ran faster than with one at 2 to 8 sessions; docs/performance.md).
 //!
 //! Every (weight row, activation row) pair goes through the same arithmetic whatever the tile
 //! shape (the blocks of a row are accumulated in order however many a step takes), so a

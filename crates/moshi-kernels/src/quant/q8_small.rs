@@ -10,6 +10,8 @@
 
 use crate::dense::gemm::{fma_lanes, par_ranges, PARALLEL_MIN_MACS};
 use crate::elem::{bf16_bits_to_f32, reduce_lanes, LANES};
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+use crate::InstructionSet;
 use crate::{Kernel, QuantizedMatrix};
 
 /// Left rows up to which [`gemm_nt_q8`] is used (the weight-streaming regime: each weight tile
@@ -181,15 +183,15 @@ unsafe impl Sync for Q8Args {}
 /// The pointers of `args`/`block` cover the ranges checked by [`gemm_nt_q8`]; `out` columns
 /// `lo..hi` of the `m` rows are not written concurrently by anyone else.
 unsafe fn q8_dispatch(args: &Q8Args, block: &Q8Block, lo: usize, hi: usize, out: *mut f32) {
-    match Kernel::detect() {
+    match Kernel::detect().instruction_set() {
         // SAFETY (all arms): the detected kernel runs on this CPU; contract forwarded.
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx512 | Kernel::Avx512Vnni => unsafe { q8_avx512(args, block, lo, hi, out) },
+        InstructionSet::Avx512 => unsafe { q8_avx512(args, block, lo, hi, out) },
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx2 | Kernel::Avx2Int => unsafe { q8_avx2(args, block, lo, hi, out) },
+        InstructionSet::Avx2 => unsafe { q8_avx2(args, block, lo, hi, out) },
         // NEON and FMA are part of every aarch64 CPU: the fused body, vectorized by the compiler.
         #[cfg(target_arch = "aarch64")]
-        Kernel::Neon | Kernel::NeonDot => unsafe { q8_body::<true>(args, block, lo, hi, out) },
+        InstructionSet::Neon => unsafe { q8_body::<true>(args, block, lo, hi, out) },
         _ => unsafe { q8_body::<false>(args, block, lo, hi, out) },
     }
 }

@@ -209,8 +209,9 @@ struct Vnni;
 impl DigitTile for Vnni {
     const LANES: usize = LANES;
     // Two weight rows per matrix-matrix tile from 2 activation rows on: their digits (6 vectors a
-    // block each) are otherwise reloaded for every weight row (measured: LM step 0.60-0.68x at
-    // 2 to 8 sessions, q4).
+    // block each) are otherwise reloaded for every weight row (the q4 LM step ran faster than
+    // with one weight row at 2 to 8 sessions:
+    // docs/performance.md#why-the-kernels-are-shaped-as-they-are).
     const PAIRED_FROM_M: usize = 2;
 
     digit_tile_frame!("avx512f,avx512vnni");
@@ -418,13 +419,9 @@ unsafe fn block_sums<const NR: usize, const MR: usize, const U: usize>(
 /// its rows from that many equal parts of the range. Several rows per pass share each activation
 /// load, which leaves the products bound by the code stream rather than by loads; taking the rows
 /// from far-apart parts keeps their code streams from slowing each other in DRAM, as adjacent
-/// rows did. Measured with
-/// weights streamed from DRAM (Zen 4, 2 threads, GB/s):
-/// - 4-bit, 4096 columns (medians of 15 interleaved rounds): 1 row 22.0, 2 far rows 26.2, 4 far
-///   rows 23.4;
-/// - 4-bit, 11264 columns (activations out of L1): 4 adjacent rows 19.9, 4 far rows 21.6
-///   (medians of 15); 6 far rows 21.9 / 22.4 / 23.2 against 4 far rows 20.1 / 21.7 / 20.3 (3
-///   alternating `qmv` bench rounds).
+/// rows did. With 4-bit weights streamed from DRAM, 2 far rows read faster than 1 or 4 at 4096
+/// columns, and 6 far rows faster than 4 at 11264 columns, whose activations are out of L1
+/// (docs/performance.md#rows-per-pass-and-prefetch-distances-qmv-weights-streamed-from-dram).
 fn six_rows_per_matvec_pass(arranged_row_bytes: usize) -> bool {
     arranged_row_bytes >= MULTI_ROW_MIN_ACTIVATION_BYTES
 }

@@ -275,14 +275,10 @@ impl Generator {
         scratch: &mut LmScratch,
     ) -> f64 {
         let t0 = Instant::now();
-        let mut rows = Vec::with_capacity(2 * sessions.len());
         let mut tokens = Vec::with_capacity(2 * sessions.len() * (self.config().n_q + 1));
-        for (s, _) in sessions.iter_mut().zip(steps).filter(|(_, st)| st.is_ok()) {
-            for _ in 0..s.rows_per_step() {
-                tokens.extend_from_slice(&s.input);
-            }
-            rows.extend(s.rows_mut());
-        }
+        let mut rows = stepping_rows(sessions, steps, &mut tokens, |s, _, t| {
+            t.extend_from_slice(&s.input)
+        });
         let _span = tracing::trace_span!("lm_temporal", rows = rows.len()).entered();
         self.weights.step_temporal_rows(&mut rows, &tokens, scratch);
         t0.elapsed().as_secs_f64()
@@ -297,14 +293,8 @@ impl Generator {
         scratch: &mut LmScratch,
     ) -> f64 {
         let t0 = Instant::now();
-        let mut rows = Vec::with_capacity(2 * sessions.len());
         let mut prev = Vec::with_capacity(2 * sessions.len());
-        for (s, st) in sessions.iter_mut().zip(steps).filter(|(_, st)| st.is_ok()) {
-            for row in s.rows_mut() {
-                rows.push(row);
-                prev.push(st.frame[k]);
-            }
-        }
+        let mut rows = stepping_rows(sessions, steps, &mut prev, |_, st, t| t.push(st.frame[k]));
         let _span = tracing::trace_span!("lm_depformer", k, rows = rows.len()).entered();
         self.weights
             .step_depformer_rows(k, &mut rows, &prev, scratch);
@@ -387,6 +377,24 @@ impl SessionStep {
     fn is_ok(&self) -> bool {
         self.error.is_none()
     }
+}
+
+/// The rows of the sessions still stepping (a session with guidance brings two), and for each
+/// row the tokens `tokens_of` appends for its session.
+fn stepping_rows<'a>(
+    sessions: &'a mut [&mut LmSession],
+    steps: &'a [SessionStep],
+    tokens: &mut Vec<u32>,
+    tokens_of: impl Fn(&LmSession, &SessionStep, &mut Vec<u32>),
+) -> Vec<&'a mut LmRowState> {
+    let mut rows = Vec::with_capacity(2 * sessions.len());
+    for (s, st) in sessions.iter_mut().zip(steps).filter(|(_, st)| st.is_ok()) {
+        for _ in 0..s.rows_per_step() {
+            tokens_of(s, st, tokens);
+        }
+        rows.extend(s.rows_mut());
+    }
+    rows
 }
 
 /// Which stream a sampling pass samples.

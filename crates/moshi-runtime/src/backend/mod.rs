@@ -8,6 +8,7 @@
 //! [`crate::ring::playback_callback`]).
 
 pub mod cpal;
+pub mod device_watch;
 pub mod file;
 pub mod null;
 
@@ -15,8 +16,8 @@ use std::sync::Arc;
 
 use crate::engine::MAX_EXTRA_OUTPUT_QUEUE_MS;
 use crate::engine::{
-    spawn_engine, DropPolicy, EngineConfig, EngineHandle, EngineIo, FrameProcessor, Reconnect,
-    StreamFormat,
+    spawn_engine, DropPolicy, EngineConfig, EngineHandle, EngineIo, FrameProcessor, FrameRecorder,
+    Reconnect, StreamFormat,
 };
 use crate::ring::{sample_ring, AudioCounters, SampleConsumer, SampleProducer};
 use crate::{Result, FRAME_MS};
@@ -90,13 +91,14 @@ pub struct Session {
     pub counters: Arc<AudioCounters>,
 }
 
-/// Creates the rings and counters, starts `backend`, then the engine thread running `processor`.
+/// Creates the rings and counters, starts `backend`, then the engine thread running `processor`
+/// (handing every frame in and out to `recorder`, when there is one).
 pub fn start_session(
     backend: &mut dyn AudioBackend,
     processor: Box<dyn FrameProcessor>,
     drop_policy: DropPolicy,
     prefill_ms: f64,
-    record: bool,
+    recorder: Option<Box<dyn FrameRecorder>>,
     rings: RingSizes,
 ) -> Result<Session> {
     let input = backend.input_format();
@@ -109,7 +111,6 @@ pub fn start_session(
         output,
         drop_policy,
         prefill_ms,
-        record,
         ..EngineConfig::lossless()
     };
     // The engine starts first so that no captured sample waits for it.
@@ -120,6 +121,7 @@ pub fn start_session(
             mic: mic_c,
             speaker: spk_p,
             counters: counters.clone(),
+            recorder,
         },
     )?;
     if let Err(e) = backend.start(mic_p, spk_c, counters.clone()) {
