@@ -7,13 +7,15 @@ use std::sync::{Arc, Mutex};
 use anyhow::{bail, Context, Result};
 use moshi_bench::format::WeightFormat;
 use moshi_bench::frames::TEMPORAL_LAYER_SPAN;
-use moshi_bench::run::{run_bench, BenchOptions, Stage, WeightSource};
+use moshi_bench::run::{input_paths, run_bench, BenchOptions, Stage, WeightSource};
 use moshi_bench::span_timer::SpanTimerLayer;
-use moshi_loader::output_file::{check_output_path, write_output, OutputFile};
+use moshi_loader::output_file::{write_output, OutputFile};
 use moshi_model::mimi::MimiWeights;
 use moshi_model::nn::KvPrecision;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::Layer;
+
+use super::outputs::{check_outputs, given};
 
 /// `--quant`.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -155,12 +157,40 @@ pub fn run(args: BenchArgs, log_filter: &str) -> Result<()> {
         .build_global()
         .context("cannot set up the compute thread pool")?;
 
+    let options = BenchOptions {
+        weights: match (args.random_weights, &args.model) {
+            (true, _) => WeightSource::Random,
+            (false, Some(spec)) => WeightSource::Checkpoint(spec.clone()),
+            (false, None) => bail!("--model or --random-weights is required"),
+        },
+        config: args.config.clone(),
+        layers: args.layers,
+        quant: args.quant.map(WeightFormat::from),
+        group_size: args.group_size,
+        frames: args.frames,
+        warmup: args.warmup,
+        kv_prefill: args.kv_prefill,
+        kv_cache: args.kv_cache,
+        threads,
+        stage: args.stage.into(),
+        seed: args.seed,
+        mimi_weights: args.mimi_weights,
+        bandwidth_buffer_mib: args.bandwidth_buffer_mib,
+        cfg_coef: args.cfg_coef,
+        sessions: args.sessions,
+    };
+    // Neither report may replace a file the run reads (the checkpoint, a config) or the other.
+    let inputs = input_paths(&options)?;
+    check_outputs(
+        &given(&[
+            ("--json", args.json.as_deref()),
+            ("--trace", args.trace.as_deref()),
+        ]),
+        &inputs.iter().map(PathBuf::as_path).collect::<Vec<_>>(),
+    )?;
     // Our own subscriber for this command: the per-layer span timer, the optional Chrome trace,
     // and the usual stderr log filtered by --log.
     let (timer, totals) = SpanTimerLayer::new(&[TEMPORAL_LAYER_SPAN]);
-    if let Some(path) = &args.json {
-        check_output_path(path).context("--json")?;
-    }
     let trace = match &args.trace {
         Some(path) => Some(TraceSink::create(path).context("--trace")?),
         None => None,
@@ -185,28 +215,6 @@ pub fn run(args: BenchArgs, log_filter: &str) -> Result<()> {
         .with(timer)
         .with(chrome)
         .with(stderr_log);
-    let options = BenchOptions {
-        weights: match (args.random_weights, &args.model) {
-            (true, _) => WeightSource::Random,
-            (false, Some(spec)) => WeightSource::Checkpoint(spec.clone()),
-            (false, None) => bail!("--model or --random-weights is required"),
-        },
-        config: args.config.clone(),
-        layers: args.layers,
-        quant: args.quant.map(WeightFormat::from),
-        group_size: args.group_size,
-        frames: args.frames,
-        warmup: args.warmup,
-        kv_prefill: args.kv_prefill,
-        kv_cache: args.kv_cache,
-        threads,
-        stage: args.stage.into(),
-        seed: args.seed,
-        mimi_weights: args.mimi_weights,
-        bandwidth_buffer_mib: args.bandwidth_buffer_mib,
-        cfg_coef: args.cfg_coef,
-        sessions: args.sessions,
-    };
     let result = tracing::subscriber::with_default(subscriber, || {
         run_bench(&options, Some(&totals), &mut |line| eprintln!("{line}"))
     });

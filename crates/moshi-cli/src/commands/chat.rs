@@ -28,8 +28,8 @@ use moshi_runtime::recorder::{ConversationWav, RecorderThread};
 use moshi_runtime::ring::{AudioCounters, CounterSnapshot};
 use moshi_runtime::SAMPLE_RATE_HZ;
 
-use super::file::check_writable;
 use super::model_args::{ModelArgs, SamplingArgs, LIVE_KV_CACHE};
+use super::outputs::{check_outputs, given};
 
 #[derive(clap::Args, Debug)]
 pub struct ChatArgs {
@@ -258,21 +258,25 @@ struct ChatStats {
 }
 
 pub fn run(args: ChatArgs) -> anyhow::Result<()> {
-    for (what, p) in [
-        ("--record", &args.record),
-        ("--profile", &args.profile),
-        ("--stats-json", &args.stats_json),
-    ] {
-        if let Some(p) = p {
-            check_writable(p, what, &[])?;
-        }
-    }
+    let outputs = given(&[
+        ("--record", args.record.as_deref()),
+        ("--profile", args.profile.as_deref()),
+        ("--stats-json", args.stats_json.as_deref()),
+    ]);
+    // Before the model loads: what cannot be written fails at once. Against the model's files
+    // once they are known (below).
+    check_outputs(&outputs, &[])?;
     anyhow::ensure!(
         args.buffer_ms >= 1 && args.buffer_ms <= 1000,
         "--buffer-ms {}: expected 1..=1000",
         args.buffer_ms
     );
-    let (model, mut pipeline) = args.model.load_pipeline(&args.sampling, LIVE_KV_CACHE)?;
+    let model = args.model.resolve()?;
+    check_outputs(&outputs, &model.input_paths())?;
+    let (model, mut pipeline) = args
+        .model
+        .load_resolved_model(model, &args.sampling, LIVE_KV_CACHE, 1)?
+        .into_pipeline()?;
     pipeline.warm_up().context("warm-up frame")?;
     eprintln!(
         "model: {} ({:?})",

@@ -16,9 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Context;
-use moshi_loader::output_file::{
-    check_output_path, ensure_distinct_outputs, ensure_not_an_input, write_output, OutputFile,
-};
+use moshi_loader::output_file::{write_output, OutputFile};
 use moshi_runtime::engine::{FrameOutput, OfflineRunner};
 use moshi_runtime::metrics::{Metrics, ProfileWriter};
 use moshi_runtime::pipeline::MoshiPipeline;
@@ -28,6 +26,7 @@ use moshi_runtime::wav_frames::{PartialFrame, WavFrames};
 use moshi_runtime::{RuntimeError, FRAME_SAMPLES, SAMPLE_RATE_HZ};
 
 use super::model_args::{ModelArgs, SamplingArgs, FILE_KV_CACHE};
+use super::outputs::{check_outputs, given};
 use super::transcript::Transcript;
 
 #[derive(clap::Args, Debug)]
@@ -72,14 +71,6 @@ pub fn tail_frames(seconds: f64) -> anyhow::Result<usize> {
     Ok((seconds * 1e3 / moshi_runtime::FRAME_MS + 1e-9).floor() as usize)
 }
 
-/// Fails early (before any compute) when `path` cannot be written: missing folder, a directory,
-/// one of the command's `inputs`.
-pub fn check_writable(path: &Path, what: &str, inputs: &[&Path]) -> anyhow::Result<()> {
-    ensure_not_an_input(path, inputs).with_context(|| what.to_string())?;
-    check_output_path(path).with_context(|| what.to_string())?;
-    Ok(())
-}
-
 /// Opens a WAV as 24 kHz frames (at least one whole frame).
 pub fn open_input_frames(path: &Path) -> anyhow::Result<WavFrames> {
     let frames = WavFrames::open(path, SAMPLE_RATE_HZ, FRAME_SAMPLES, PartialFrame::Drop)?;
@@ -100,25 +91,18 @@ pub fn open_input_frames(path: &Path) -> anyhow::Result<WavFrames> {
 
 pub fn run(args: FileArgs) -> anyhow::Result<()> {
     let input: &Path = &args.input;
-    let mut outputs: Vec<(&str, &Path)> = vec![("output", &args.output)];
-    for (what, p) in [
-        ("--transcript", &args.transcript),
-        ("--tokens-out", &args.tokens_out),
-        ("--profile", &args.profile),
-    ] {
-        if let Some(p) = p {
-            outputs.push((what, p));
-        }
-    }
+    let outputs = given(&[
+        ("output", Some(&args.output)),
+        ("--transcript", args.transcript.as_deref()),
+        ("--tokens-out", args.tokens_out.as_deref()),
+        ("--profile", args.profile.as_deref()),
+    ]);
     let mut frames_in = open_input_frames(input)?;
     let model = args.model.resolve()?;
     // No output may overwrite a file the command reads: the WAV or any file of the model.
     let mut inputs = vec![input];
     inputs.extend(model.input_paths());
-    for (what, path) in &outputs {
-        check_writable(path, what, &inputs)?;
-    }
-    ensure_distinct_outputs(&outputs)?;
+    check_outputs(&outputs, &inputs)?;
     let max_tail_frames = tail_frames(args.max_tail_s.unwrap_or(DEFAULT_MAX_TAIL_S))?;
     let frames = frames_in.total_frames();
 

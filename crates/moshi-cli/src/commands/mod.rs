@@ -8,6 +8,7 @@ pub mod file;
 pub mod flag_values;
 pub mod inspect;
 pub mod model_args;
+pub mod outputs;
 pub mod quantize;
 pub mod serve;
 pub mod transcript;

