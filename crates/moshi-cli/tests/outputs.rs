@@ -5,7 +5,9 @@
 use std::path::Path;
 use std::process::Output;
 
-use moshi_test_support::{copy_tiny_a_files, path_str, run_binary, stderr_text};
+use moshi_test_support::{
+    copy_tiny_a_files, path_str, run_binary, stderr_text, tiny_a, tiny_a_dir,
+};
 
 fn moshi(args: &[&str]) -> Output {
     run_binary(env!("CARGO_BIN_EXE_moshi-rs"), args)
@@ -152,4 +154,71 @@ fn bench_and_chat_outputs_never_replace_an_input_or_each_other() {
     );
     assert!(!report.exists());
     assert_eq!(snapshot(m), before, "an input of the run was changed");
+}
+
+/// The names in `dir`, sorted (hidden temporary files included).
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// `moshi-rs file` on tiny-a's input into `out`, with `extra` flags.
+fn file_run(out: &Path, extra: &[&str]) -> Output {
+    let input = tiny_a("input.wav");
+    let model = tiny_a_dir();
+    let mut args = vec![
+        "file",
+        path_str(&input),
+        path_str(out),
+        "--model",
+        path_str(&model),
+    ];
+    args.extend_from_slice(extra);
+    moshi(&args)
+}
+
+/// Issue #41 item 10: a run that fails on one output (here a full device) replaces none of the
+/// others: the old answer and the old transcript stay together, and nothing else is left.
+#[test]
+fn a_failed_run_replaces_no_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let answer = dir.path().join("k.wav");
+    let transcript = dir.path().join("t.tsv");
+    std::fs::write(&answer, b"old answer").unwrap();
+    std::fs::write(&transcript, b"old transcript").unwrap();
+    let before = snapshot(dir.path());
+    for extra in [
+        vec!["--transcript", "/dev/full"],
+        vec![
+            "--transcript",
+            path_str(&transcript),
+            "--tokens-out",
+            "/dev/full",
+        ],
+        vec![
+            "--transcript",
+            path_str(&transcript),
+            "--profile",
+            "/dev/full",
+        ],
+    ] {
+        let o = file_run(&answer, &extra);
+        let err = stderr_text(&o);
+        assert!(!o.status.success(), "{extra:?} succeeded: {err}");
+        assert!(
+            err.contains("/dev/full") && err.contains("No space left"),
+            "{extra:?}: {err}"
+        );
+        assert_eq!(snapshot(dir.path()), before, "{extra:?} changed an output");
+    }
+    // The same run with every output writable replaces both.
+    let o = file_run(&answer, &["--transcript", path_str(&transcript)]);
+    assert!(o.status.success(), "{}", stderr_text(&o));
+    assert_ne!(std::fs::read(&answer).unwrap(), b"old answer");
+    assert_ne!(std::fs::read(&transcript).unwrap(), b"old transcript");
+    assert_eq!(names_in(dir.path()), ["k.wav", "t.tsv"]);
 }

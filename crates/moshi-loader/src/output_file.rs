@@ -189,30 +189,77 @@ impl OutputFile {
             .map_err(|cause| LoaderError::Write { path, cause })
     }
 
-    /// Finishes the output: flushes, syncs a regular file to disk (so that a full disk is an
-    /// error here, not lost data later) and renames it over the destination.
-    pub fn commit(mut self) -> Result<()> {
-        let err = |path: &Path, cause| LoaderError::Write {
-            path: path.to_path_buf(),
-            cause,
-        };
-        let writer = self.writer.take().expect("present until commit");
-        let file = writer
-            .into_inner()
-            .map_err(|e| err(&self.path, e.into_error()))?;
-        match &self.target {
-            Target::Direct => {
-                // fsync is meaningless (and refused) on most devices and pipes.
-                drop(file);
-                Ok(())
-            }
-            Target::Replace { temp, dest } => {
-                file.sync_all().map_err(|e| err(&self.path, e))?;
-                drop(file);
-                std::fs::rename(temp, dest).map_err(|e| err(&self.path, e))?;
-                self.target = Target::Direct; // nothing left to clean up
-                Ok(())
-            }
+    /// Completes the output without putting it in place: flushes it and syncs a regular file to
+    /// disk (so that a full disk is an error here, not lost data later). A device or pipe has
+    /// then received everything. [`commit_all`] puts the outputs of a run in place together.
+    pub fn finish(mut self) -> Result<FinishedOutput> {
+        let writer = self.writer.take().expect("present until finished");
+        let file = writer.into_inner().map_err(|e| LoaderError::Write {
+            path: self.path.clone(),
+            cause: e.into_error(),
+        })?;
+        if matches!(self.target, Target::Replace { .. }) {
+            file.sync_all().map_err(|cause| LoaderError::Write {
+                path: self.path.clone(),
+                cause,
+            })?;
+        }
+        // fsync is meaningless (and refused) on most devices and pipes.
+        drop(file);
+        Ok(FinishedOutput {
+            path: self.path.clone(),
+            target: std::mem::replace(&mut self.target, Target::Direct),
+        })
+    }
+
+    /// Finishes the output and puts it in place (an output written alone).
+    pub fn commit(self) -> Result<()> {
+        self.finish()?.commit()
+    }
+}
+
+/// An output complete on disk but not yet in place (see [`OutputFile::finish`]). Dropping it
+/// removes the temporary file and leaves the destination untouched.
+#[derive(Debug)]
+pub struct FinishedOutput {
+    path: PathBuf,
+    target: Target,
+}
+
+impl FinishedOutput {
+    /// The path as given.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Puts this output in place (an output written alone).
+    pub fn commit(self) -> Result<()> {
+        commit_all(vec![self])
+    }
+}
+
+/// Puts every output of a run in place, once each of them was completed ([`OutputFile::finish`]
+/// succeeded for all), so that a run that fails replaces none of its outputs: a new answer never
+/// sits beside an old transcript. The renames come last and cannot fail for want of space; a
+/// rename failing for another reason (the folder removed meanwhile) stops at that output.
+/// Devices and pipes received their bytes as they were written: they are outside this.
+pub fn commit_all(outputs: Vec<FinishedOutput>) -> Result<()> {
+    for mut out in outputs {
+        if let Target::Replace { temp, dest } = &out.target {
+            std::fs::rename(temp, dest).map_err(|cause| LoaderError::Write {
+                path: out.path.clone(),
+                cause,
+            })?;
+            out.target = Target::Direct; // in place: nothing left to clean up
+        }
+    }
+    Ok(())
+}
+
+impl Drop for FinishedOutput {
+    fn drop(&mut self) {
+        if let Target::Replace { temp, .. } = &self.target {
+            let _ = std::fs::remove_file(temp);
         }
     }
 }

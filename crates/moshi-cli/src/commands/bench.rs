@@ -9,7 +9,7 @@ use moshi_bench::format::WeightFormat;
 use moshi_bench::frames::TEMPORAL_LAYER_SPAN;
 use moshi_bench::run::{input_paths, run_bench, BenchOptions, Stage, WeightSource};
 use moshi_bench::span_timer::SpanTimerLayer;
-use moshi_loader::output_file::{write_output, OutputFile};
+use moshi_loader::output_file::{commit_all, FinishedOutput, OutputFile};
 use moshi_model::mimi::MimiWeights;
 use moshi_model::nn::KvPrecision;
 use tracing_subscriber::layer::SubscriberExt;
@@ -222,13 +222,24 @@ pub fn run(args: BenchArgs, log_filter: &str) -> Result<()> {
     drop(flush_guard);
     let report = result?;
     print!("{}", report.to_text());
+    // Both reports complete before either is put in place: a run that fails on one (a full
+    // disk) replaces neither.
+    let mut finished = Vec::new();
     if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(&report).context("cannot serialise the report")?;
-        write_output(path, (text + "\n").as_bytes()).context("--json")?;
+        let mut out = OutputFile::create(path).context("--json")?;
+        out.write_bytes((text + "\n").as_bytes())
+            .context("--json")?;
+        finished.push(out.finish().context("--json")?);
+    }
+    if let Some(sink) = trace {
+        finished.push(sink.finish().context("--trace")?);
+    }
+    commit_all(finished)?;
+    if let Some(path) = &args.json {
         eprintln!("report written to {}", path.display());
     }
-    if let (Some(sink), Some(path)) = (trace, &args.trace) {
-        sink.finish().context("--trace")?;
+    if let Some(path) = &args.trace {
         eprintln!(
             "Chrome trace written to {} (open in chrome://tracing or ui.perfetto.dev)",
             path.display()
@@ -236,6 +247,7 @@ pub fn run(args: BenchArgs, log_filter: &str) -> Result<()> {
     }
     Ok(())
 }
+
 /// The `--trace` file as tracing-chrome's writer. tracing-chrome writes from its own thread and
 /// panics on a write error, so none reaches it: the first error is kept, later writes are
 /// dropped, and [`TraceSink::finish`] reports it (the trace is then not committed: no partial
@@ -260,7 +272,8 @@ impl TraceSink {
         })
     }
 
-    fn finish(self) -> Result<()> {
+    /// The trace, complete (not yet in place), or the first write error.
+    fn finish(self) -> Result<FinishedOutput> {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let out = state.out.take().context("the trace was already finished")?;
         if let Some(e) = state.error.take() {
@@ -270,7 +283,7 @@ impl TraceSink {
             }
             .into());
         }
-        Ok(out.commit()?)
+        Ok(out.finish()?)
     }
 }
 

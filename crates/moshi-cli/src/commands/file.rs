@@ -16,12 +16,12 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Context;
-use moshi_loader::output_file::{write_output, OutputFile};
+use moshi_loader::output_file::{commit_all, FinishedOutput, OutputFile};
 use moshi_runtime::engine::{FrameOutput, OfflineRunner};
 use moshi_runtime::metrics::{Metrics, ProfileWriter};
 use moshi_runtime::pipeline::MoshiPipeline;
 use moshi_runtime::translate::{translate_offline, TranslationEnd};
-use moshi_runtime::wav::{write_mono_i16, WavWriter};
+use moshi_runtime::wav::WavWriter;
 use moshi_runtime::wav_frames::{PartialFrame, WavFrames};
 use moshi_runtime::{RuntimeError, FRAME_SAMPLES, SAMPLE_RATE_HZ};
 
@@ -175,7 +175,7 @@ pub fn run(args: FileArgs) -> anyhow::Result<()> {
         frames_out: 0,
         error: None,
     };
-    let (frames_out, metrics) = if translation {
+    let (audio, frames_out, metrics) = if translation {
         translate(
             &mut pipeline,
             &mut frames_in,
@@ -199,20 +199,27 @@ pub fn run(args: FileArgs) -> anyhow::Result<()> {
     }
     println!();
     outputs.bar.finish_and_clear();
+    // Every output is completed first, then all are put in place together: a run that fails
+    // on one of them (a full disk) replaces none.
+    let mut finished = vec![audio];
+    if let Some(out) = outputs.tokens {
+        finished.push(out.finish().context("--tokens-out")?);
+    }
+    if let Some(p) = &args.transcript {
+        let mut out = OutputFile::create(p).context("--transcript")?;
+        out.write_bytes(outputs.transcript.to_tsv().as_bytes())
+            .context("--transcript")?;
+        finished.push(out.finish().context("--transcript")?);
+    }
+    if let Some(p) = outputs.profile {
+        finished.push(p.complete(&metrics.summary()).context("--profile")?);
+    }
+    commit_all(finished)?;
     eprintln!(
         "wrote {} ({} samples)",
         args.output.display(),
         frames_out * FRAME_SAMPLES as u64
     );
-    if let Some(out) = outputs.tokens {
-        out.commit().context("--tokens-out")?;
-    }
-    if let Some(p) = &args.transcript {
-        write_output(p, outputs.transcript.to_tsv().as_bytes()).context("--transcript")?;
-    }
-    if let Some(p) = outputs.profile {
-        p.finish(&metrics.summary()).context("--profile")?;
-    }
     eprint!("{}", metrics.summary().to_table());
     Ok(())
 }
@@ -271,14 +278,15 @@ impl Outputs {
 }
 
 /// Moshi answers the input frame by frame, each answer frame written as it comes (`frames` in,
-/// `frames` out). Returns the frames written and the run's metrics.
+/// `frames` out). Returns the answer (complete, not yet in place), the frames written and the
+/// run's metrics.
 fn answer(
     pipeline: &mut MoshiPipeline,
     frames_in: &mut WavFrames,
     output: &Path,
     frames: u64,
     outputs: &mut Outputs,
-) -> anyhow::Result<(u64, Metrics)> {
+) -> anyhow::Result<(FinishedOutput, u64, Metrics)> {
     let mut wav_out = WavWriter::create(output, 1, SAMPLE_RATE_HZ, frames * FRAME_SAMPLES as u64)?;
     let mut runner = OfflineRunner::new();
     while let Some(frame) = frames_in.next_frame()? {
@@ -289,19 +297,20 @@ fn answer(
         outputs.frame(i, &o);
         outputs.check()?;
     }
-    wav_out.finish()?;
-    Ok((frames, runner.into_metrics()))
+    let audio = wav_out.complete()?;
+    Ok((audio, frames, runner.into_metrics()))
 }
 
 /// A translation model translates the whole input (held in memory: the translation's length is
-/// known only when the model ends its text), then the translation is written.
+/// known only when the model ends its text), then the translation is written (not yet put in
+/// place).
 fn translate(
     pipeline: &mut MoshiPipeline,
     frames_in: &mut WavFrames,
     output: &Path,
     max_tail_frames: usize,
     outputs: &mut Outputs,
-) -> anyhow::Result<(u64, Metrics)> {
+) -> anyhow::Result<(FinishedOutput, u64, Metrics)> {
     let mut pcm = Vec::new();
     while let Some(frame) = frames_in.next_frame()? {
         pcm.extend_from_slice(frame);
@@ -337,6 +346,7 @@ fn translate(
             tail_frames as f64 * moshi_runtime::FRAME_MS / 1e3
         ),
     }
-    write_mono_i16(output, &t.pcm, SAMPLE_RATE_HZ)?;
-    Ok((t.frames_out, t.metrics))
+    let mut wav_out = WavWriter::create(output, 1, SAMPLE_RATE_HZ, t.pcm.len() as u64)?;
+    wav_out.write_mono(&t.pcm)?;
+    Ok((wav_out.complete()?, t.frames_out, t.metrics))
 }
