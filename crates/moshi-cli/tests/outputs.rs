@@ -222,3 +222,126 @@ fn a_failed_run_replaces_no_output() {
     assert_ne!(std::fs::read(&transcript).unwrap(), b"old transcript");
     assert_eq!(names_in(dir.path()), ["k.wav", "t.tsv"]);
 }
+
+/// A 24 kHz mono WAV of `seconds` of a quiet tone.
+#[cfg(unix)]
+fn tone_wav(path: &Path, seconds: u32) {
+    let spec = hound::WavSpec {
+        channels: 1,
+        sample_rate: 24_000,
+        bits_per_sample: 16,
+        sample_format: hound::SampleFormat::Int,
+    };
+    let mut w = hound::WavWriter::create(path, spec).unwrap();
+    for i in 0..seconds as usize * 24_000 {
+        let s = (i as f64 * 440.0 * std::f64::consts::TAU / 24_000.0).sin() * 3000.0;
+        w.write_sample(s as i16).unwrap();
+    }
+    w.finalize().unwrap();
+}
+
+/// A `.npy` of int64 zeros, shape `[1, frames]` (Mimi codes, all valid).
+#[cfg(unix)]
+fn zero_codes(path: &Path, frames: usize) {
+    let mut header =
+        format!("{{'descr': '<i8', 'fortran_order': False, 'shape': (1, {frames}), }}");
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+    bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.resize(bytes.len() + frames * 8, 0);
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// Issue #41 item 2: SIGINT, SIGTERM or SIGHUP in the middle of `file` or `codec decode` leaves
+/// the old outputs as they were and no hidden temporary file; the process ends as killed by the
+/// signal.
+#[cfg(unix)]
+#[test]
+fn a_signal_leaves_no_partial_file() {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+
+    let work = tempfile::tempdir().unwrap();
+    let long = work.path().join("long.wav");
+    tone_wav(&long, 600);
+    let codes = work.path().join("codes.npy");
+    zero_codes(&codes, 40_000);
+    let model = tiny_a_dir();
+    for (name, number) in [("INT", 2), ("TERM", 15), ("HUP", 1)] {
+        let out = tempfile::tempdir().unwrap();
+        let answer = out.path().join("out.wav");
+        let tokens = out.path().join("t.jsonl");
+        std::fs::write(&answer, b"old answer").unwrap();
+        std::fs::write(&tokens, b"old tokens").unwrap();
+        let before = snapshot(out.path());
+        let runs: [(Vec<&str>, usize); 2] = [
+            (
+                vec![
+                    "file",
+                    path_str(&long),
+                    path_str(&answer),
+                    "--model",
+                    path_str(&model),
+                    "--tokens-out",
+                    path_str(&tokens),
+                ],
+                2,
+            ),
+            (
+                vec![
+                    "codec",
+                    "decode",
+                    path_str(&codes),
+                    path_str(&answer),
+                    "--model",
+                    path_str(&model),
+                ],
+                1,
+            ),
+        ];
+        for (args, temporaries) in runs {
+            let mut child = Command::new(env!("CARGO_BIN_EXE_moshi-rs"))
+                .args(&args)
+                .env("HF_HUB_OFFLINE", "1")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap();
+            // Signalled once its temporary outputs exist, while it writes them.
+            let started = Instant::now();
+            while names_in(out.path()).len() < before.len() + temporaries {
+                assert!(
+                    child.try_wait().unwrap().is_none(),
+                    "{args:?} ended before it was signalled"
+                );
+                assert!(
+                    started.elapsed() < Duration::from_secs(120),
+                    "{args:?}: no output"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let killed = Command::new("kill")
+                .args(["-s", name, &child.id().to_string()])
+                .status()
+                .unwrap();
+            assert!(killed.success());
+            let status = child.wait().unwrap();
+            assert_eq!(
+                status.signal(),
+                Some(number),
+                "{args:?} SIG{name}: {status:?}"
+            );
+            assert_eq!(
+                snapshot(out.path()),
+                before,
+                "{args:?} SIG{name} left: {:?}",
+                names_in(out.path())
+            );
+        }
+    }
+}

@@ -11,6 +11,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
 
 use crate::{LoaderError, Result};
 
@@ -35,6 +36,51 @@ pub struct OutputFile {
 
 /// Distinguishes temporary files of one process.
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// The temporary files of this process not yet renamed or removed, so that a process ended by a
+/// signal can remove them ([`remove_partials_for_exit`]); `closing` once it has, so that no new
+/// one is made and none is renamed into place after.
+struct Partials {
+    paths: Vec<PathBuf>,
+    closing: bool,
+}
+
+static PARTIALS: Mutex<Partials> = Mutex::new(Partials {
+    paths: Vec::new(),
+    closing: false,
+});
+
+/// The registry; a panic while it was held leaves it usable (it only lists paths).
+fn partials() -> MutexGuard<'static, Partials> {
+    PARTIALS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The error of an output started or committed after [`remove_partials_for_exit`].
+fn exiting() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::Interrupted,
+        "the process is exiting on a signal",
+    )
+}
+
+/// Removes every temporary file of this process and makes sure no new one appears and none is
+/// renamed into place: for a process about to exit on a signal (SIGINT, SIGTERM, SIGHUP), so
+/// that no hidden partial output is left and every destination stays as it was. Not for a
+/// signal handler (it takes a lock and removes files): call it from a thread the signal woke.
+pub fn remove_partials_for_exit() {
+    let mut p = partials();
+    p.closing = true;
+    for path in p.paths.drain(..) {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+/// Removes temporary file `temp` and forgets it.
+fn discard_temp(temp: &Path) {
+    let mut p = partials();
+    let _ = std::fs::remove_file(temp);
+    p.paths.retain(|t| t != temp);
+}
 
 /// Fails when `output` names the same file as one of `inputs` (also through links or another
 /// spelling of the path): writing it would destroy the input.
@@ -145,7 +191,7 @@ impl OutputFile {
                     // The replacement keeps the destination's permissions.
                     if let Err(e) = file.set_permissions(m.permissions()) {
                         drop(file);
-                        let _ = std::fs::remove_file(&temp);
+                        discard_temp(&temp);
                         return Err(err(e));
                     }
                 }
@@ -244,12 +290,21 @@ impl FinishedOutput {
 /// rename failing for another reason (the folder removed meanwhile) stops at that output.
 /// Devices and pipes received their bytes as they were written: they are outside this.
 pub fn commit_all(outputs: Vec<FinishedOutput>) -> Result<()> {
+    // Under the registry's lock: a signal's cleanup comes before every rename or after all.
+    let mut p = partials();
     for mut out in outputs {
         if let Target::Replace { temp, dest } = &out.target {
+            if p.closing {
+                return Err(LoaderError::Write {
+                    path: out.path.clone(),
+                    cause: exiting(),
+                });
+            }
             std::fs::rename(temp, dest).map_err(|cause| LoaderError::Write {
                 path: out.path.clone(),
                 cause,
             })?;
+            p.paths.retain(|t| t != temp);
             out.target = Target::Direct; // in place: nothing left to clean up
         }
     }
@@ -259,7 +314,7 @@ pub fn commit_all(outputs: Vec<FinishedOutput>) -> Result<()> {
 impl Drop for FinishedOutput {
     fn drop(&mut self) {
         if let Target::Replace { temp, .. } = &self.target {
-            let _ = std::fs::remove_file(temp);
+            discard_temp(temp);
         }
     }
 }
@@ -278,7 +333,7 @@ impl Drop for OutputFile {
     fn drop(&mut self) {
         if let Target::Replace { temp, .. } = &self.target {
             drop(self.writer.take());
-            let _ = std::fs::remove_file(temp);
+            discard_temp(temp);
         }
     }
 }
@@ -311,11 +366,19 @@ fn create_temp_beside(dest: &Path) -> std::io::Result<(PathBuf, File)> {
             format!("folder {} does not exist", folder.display()),
         ));
     }
+    // Created and registered under the lock: a signal's cleanup sees every temporary file.
+    let mut p = partials();
+    if p.closing {
+        return Err(exiting());
+    }
     loop {
         let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
         let temp = folder.join(format!(".{name}.partial-{}-{n}", std::process::id()));
         match OpenOptions::new().write(true).create_new(true).open(&temp) {
-            Ok(file) => return Ok((temp, file)),
+            Ok(file) => {
+                p.paths.push(temp.clone());
+                return Ok((temp, file));
+            }
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
             Err(e) => return Err(e),
         }
@@ -346,7 +409,7 @@ pub fn check_output_path(path: &Path) -> Result<()> {
             };
             let (temp, file) = create_temp_beside(&dest).map_err(err)?;
             drop(file);
-            let _ = std::fs::remove_file(temp);
+            discard_temp(&temp);
             Ok(())
         }
     }

@@ -16,6 +16,7 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::Layer;
 
 use super::outputs::{check_outputs, given};
+use super::signals::{remove_partials_on, Signals};
 
 /// `--quant`.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -147,6 +148,7 @@ pub struct BenchArgs {
 
 /// Runs the benchmark; `log_filter` is the `--log` filter for messages on stderr.
 pub fn run(args: BenchArgs, log_filter: &str) -> Result<()> {
+    remove_partials_on(Signals::All)?;
     let threads = match args.threads {
         Some(0) => bail!("--threads must be at least 1"),
         Some(n) => n,

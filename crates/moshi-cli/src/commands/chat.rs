@@ -30,6 +30,7 @@ use moshi_runtime::SAMPLE_RATE_HZ;
 
 use super::model_args::{ModelArgs, SamplingArgs, LIVE_KV_CACHE};
 use super::outputs::{check_outputs, given};
+use super::signals::{remove_partials_on, Signals};
 
 #[derive(clap::Args, Debug)]
 pub struct ChatArgs {
@@ -258,6 +259,9 @@ struct ChatStats {
 }
 
 pub fn run(args: ChatArgs) -> anyhow::Result<()> {
+    // Ctrl-C stops the conversation and completes the outputs (below); SIGTERM and SIGHUP end
+    // the process with no partial file left.
+    remove_partials_on(Signals::TermAndHup)?;
     let outputs = given(&[
         ("--record", args.record.as_deref()),
         ("--profile", args.profile.as_deref()),

@@ -14,6 +14,7 @@ use moshi_runtime::wav::WavWriter;
 use moshi_runtime::wav_frames::{PartialFrame, WavFrames};
 
 use super::outputs::check_outputs;
+use super::signals::{remove_partials_on, Signals};
 
 #[derive(clap::Subcommand, Debug)]
 pub enum CodecCommand {
@@ -72,6 +73,7 @@ pub struct DecodeArgs {
 }
 
 pub fn run(cmd: CodecCommand) -> Result<()> {
+    remove_partials_on(Signals::All)?;
     match cmd {
         CodecCommand::Encode(args) => encode(args),
         CodecCommand::Decode(args) => decode(args),

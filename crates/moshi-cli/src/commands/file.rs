@@ -27,6 +27,7 @@ use moshi_runtime::{RuntimeError, FRAME_SAMPLES, SAMPLE_RATE_HZ};
 
 use super::model_args::{ModelArgs, SamplingArgs, FILE_KV_CACHE};
 use super::outputs::{check_outputs, given};
+use super::signals::{remove_partials_on, Signals};
 use super::transcript::Transcript;
 
 #[derive(clap::Args, Debug)]
@@ -90,6 +91,7 @@ pub fn open_input_frames(path: &Path) -> anyhow::Result<WavFrames> {
 }
 
 pub fn run(args: FileArgs) -> anyhow::Result<()> {
+    remove_partials_on(Signals::All)?;
     let input: &Path = &args.input;
     let outputs = given(&[
         ("output", Some(&args.output)),

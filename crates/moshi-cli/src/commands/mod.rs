@@ -11,6 +11,7 @@ pub mod model_args;
 pub mod outputs;
 pub mod quantize;
 pub mod serve;
+pub mod signals;
 pub mod transcript;
 
 /// Fixes the kernel of this process's products from how many activation rows they will have

@@ -10,6 +10,7 @@ use moshi_loader::mlx_export::write_mlx_quantized;
 use moshi_loader::{load_lm_weights, LmConfig, WeightMode};
 
 use super::outputs::check_outputs;
+use super::signals::{remove_partials_on, Signals};
 
 #[derive(clap::Args, Debug)]
 pub struct QuantizeArgs {
@@ -48,6 +49,7 @@ fn config_for(args: &QuantizeArgs) -> anyhow::Result<(LmConfig, String, Option<P
 }
 
 pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
+    remove_partials_on(Signals::All)?;
     if args.bits != 4 && args.bits != 8 {
         bail!(
             "--bits {}: expected 4 or 8 (the MLX formats of the Kyutai releases)",
