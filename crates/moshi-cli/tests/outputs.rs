@@ -345,3 +345,42 @@ fn a_signal_leaves_no_partial_file() {
         }
     }
 }
+
+/// Issue #41 item 12: outputs whose names take the 255 bytes a folder entry allows are written
+/// (the temporary name beside them is short, whatever theirs).
+#[test]
+fn outputs_with_names_of_255_bytes_are_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let named = |stem: char, ext: &str| {
+        dir.path()
+            .join(format!("{}{ext}", stem.to_string().repeat(255 - ext.len())))
+    };
+    let answer = named('a', ".wav");
+    let transcript = named('t', ".tsv");
+    let tokens = named('k', ".jsonl");
+    let o = file_run(
+        &answer,
+        &[
+            "--transcript",
+            path_str(&transcript),
+            "--tokens-out",
+            path_str(&tokens),
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr_text(&o));
+    let codes = named('c', ".npy");
+    let o = moshi(&[
+        "codec",
+        "encode",
+        path_str(&tiny_a("input.wav")),
+        path_str(&codes),
+        "--model",
+        path_str(&tiny_a_dir()),
+    ]);
+    assert!(o.status.success(), "{}", stderr_text(&o));
+    let mut names = names_in(dir.path());
+    names
+        .iter_mut()
+        .for_each(|n| *n = n[..1].to_string() + &n.len().to_string());
+    assert_eq!(names, ["a255", "c255", "k255", "t255"]);
+}

@@ -350,16 +350,13 @@ fn refuse_read_only(existing: &std::fs::Metadata) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Creates a new, hidden temporary file in `dest`'s folder (mode 0666 minus the umask).
+/// Creates a new, hidden temporary file in `dest`'s folder (mode 0666 minus the umask), and
+/// registers it.
 fn create_temp_beside(dest: &Path) -> std::io::Result<(PathBuf, File)> {
     let folder = match dest.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    let name = dest
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "output".into());
     if !folder.is_dir() {
         return Err(std::io::Error::new(
             std::io::ErrorKind::NotFound,
@@ -373,7 +370,10 @@ fn create_temp_beside(dest: &Path) -> std::io::Result<(PathBuf, File)> {
     }
     loop {
         let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-        let temp = folder.join(format!(".{name}.partial-{}-{n}", std::process::id()));
+        // A short name whatever the destination's (one of 255 bytes, the most a folder entry
+        // holds, must still get a temporary name), in the same folder so that the rename is
+        // atomic.
+        let temp = folder.join(format!(".moshi-rs-{}-{n}.partial", std::process::id()));
         match OpenOptions::new().write(true).create_new(true).open(&temp) {
             Ok(file) => {
                 p.paths.push(temp.clone());
@@ -537,6 +537,16 @@ mod tests {
             e.contains("nope/out.wav") && e.contains("cannot write"),
             "{e}"
         );
+    }
+
+    /// The temporary name does not grow with the destination's: a 255-byte name is written.
+    #[test]
+    fn names_of_255_bytes_are_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("n".repeat(255));
+        check_output_path(&path).unwrap();
+        write_output(&path, b"x").unwrap();
+        assert_eq!(names_in(dir.path()), ["n".repeat(255)]);
     }
 
     #[test]
