@@ -384,3 +384,93 @@ fn outputs_with_names_of_255_bytes_are_written() {
         .for_each(|n| *n = n[..1].to_string() + &n.len().to_string());
     assert_eq!(names, ["a255", "c255", "k255", "t255"]);
 }
+
+/// How a test hands stdout to the binary.
+enum Stdout {
+    /// A pipe whose reader is gone before anything is written (`| head -c0`).
+    Closed,
+    /// `/dev/full` (writes fail with ENOSPC).
+    Full,
+}
+
+/// Runs `args` with stdout `how`; returns (status code, stderr).
+fn with_stdout(args: &[&str], how: Stdout) -> (Option<i32>, String) {
+    use std::process::{Command, Stdio};
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_moshi-rs"));
+    cmd.args(args)
+        .env("HF_HUB_OFFLINE", "1")
+        .stderr(Stdio::piped());
+    let child = match how {
+        Stdout::Closed => {
+            let mut child = cmd.stdout(Stdio::piped()).spawn().unwrap();
+            drop(child.stdout.take()); // the reader leaves at once
+            child
+        }
+        Stdout::Full => {
+            let full = std::fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/full")
+                .unwrap();
+            cmd.stdout(Stdio::from(full)).spawn().unwrap()
+        }
+    };
+    let o = child.wait_with_output().unwrap();
+    let err = stderr_text(&o);
+    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+    (o.status.code(), err)
+}
+
+/// Issue #41 item 3: a closed stdout ends a command quietly (status 0, nothing on stderr but
+/// what the command says anyway), a full one is a clean error naming stdout; `file` completes
+/// its outputs either way; `--help` into a full stdout is an error, not a silent success.
+#[test]
+fn a_closed_or_full_stdout_is_no_panic() {
+    let model = tiny_a_dir();
+    let a = path_str(&model);
+    for args in [
+        vec!["inspect", a],
+        vec!["inspect", a, "--json"],
+        vec!["--help"],
+    ] {
+        let (code, err) = with_stdout(&args, Stdout::Closed);
+        assert_eq!(code, Some(0), "{args:?}: {err}");
+        assert!(!err.contains("error"), "{args:?}: {err}");
+        let (code, err) = with_stdout(&args, Stdout::Full);
+        assert_eq!(code, Some(1), "{args:?}: {err}");
+        assert!(
+            err.contains("stdout") && err.contains("No space left"),
+            "{args:?}: {err}"
+        );
+    }
+    // devices: no audio device here is an error of its own; never a panic.
+    for how in [Stdout::Closed, Stdout::Full] {
+        let (code, err) = with_stdout(&["devices"], how);
+        assert_ne!(code, Some(101), "{err}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let answer = dir.path().join("k.wav");
+    let transcript = dir.path().join("t.tsv");
+    let input = tiny_a("input.wav");
+    let args = [
+        "file",
+        path_str(&input),
+        path_str(&answer),
+        "--model",
+        a,
+        "--transcript",
+        path_str(&transcript),
+    ];
+    let (code, err) = with_stdout(&args, Stdout::Closed);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(names_in(dir.path()), ["k.wav", "t.tsv"]);
+    std::fs::remove_file(&answer).unwrap();
+    std::fs::remove_file(&transcript).unwrap();
+    let (code, err) = with_stdout(&args, Stdout::Full);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("stdout") && err.contains("No space left"),
+        "{err}"
+    );
+    // The words could not be printed; the files are still complete.
+    assert_eq!(names_in(dir.path()), ["k.wav", "t.tsv"]);
+}

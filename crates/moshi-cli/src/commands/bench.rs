@@ -223,7 +223,6 @@ pub fn run(args: BenchArgs, log_filter: &str) -> Result<()> {
     // Dropping the guard flushes the trace and ends tracing-chrome's writer thread.
     drop(flush_guard);
     let report = result?;
-    print!("{}", report.to_text());
     // Both reports complete before either is put in place: a run that fails on one (a full
     // disk) replaces neither.
     let mut finished = Vec::new();
@@ -238,6 +237,8 @@ pub fn run(args: BenchArgs, log_filter: &str) -> Result<()> {
         finished.push(sink.finish().context("--trace")?);
     }
     commit_all(finished)?;
+    // After the files: a closed stdout (`| head`) loses none of them.
+    super::stdout::print(&report.to_text())?;
     if let Some(path) = &args.json {
         eprintln!("report written to {}", path.display());
     }

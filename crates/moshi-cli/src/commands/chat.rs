@@ -11,7 +11,7 @@
 //! real time, input frames are dropped deliberately (latency stays bounded) and the summary says
 //! so with the measured factor.
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -31,6 +31,7 @@ use moshi_runtime::SAMPLE_RATE_HZ;
 use super::model_args::{ModelArgs, SamplingArgs, LIVE_KV_CACHE};
 use super::outputs::{check_outputs, given};
 use super::signals::{remove_partials_on, Signals};
+use super::stdout::Words;
 
 #[derive(clap::Args, Debug)]
 pub struct ChatArgs {
@@ -145,6 +146,9 @@ struct Console {
     latencies_ms: LatencyStats,
     /// Compute time of the latest frames (for the real-time factor on the status line).
     recent_total_ms: std::collections::VecDeque<f64>,
+    /// The words on stdout when stderr is not a terminal (a stdout error never stops the
+    /// conversation).
+    words: Words,
 }
 
 impl Console {
@@ -156,6 +160,7 @@ impl Console {
             last_status: long_ago,
             last_error_report: long_ago,
             errors_reported: 0,
+            words: Words::default(),
             latest: None,
             latencies_ms: LatencyStats::default(),
             recent_total_ms: std::collections::VecDeque::with_capacity(RECENT_FRAMES),
@@ -170,8 +175,7 @@ impl Console {
                 self.line.clear();
             }
         } else {
-            print!("{text}");
-            let _ = std::io::stdout().flush();
+            self.words.print(text);
         }
     }
 
@@ -374,7 +378,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     if console.tty {
         eprintln!("\r\x1b[2K{}", console.line.trim_start());
     } else {
-        println!();
+        console.words.print("\n");
     }
     if let Err(e) = stopped {
         eprintln!("warning: {e}");
@@ -393,7 +397,10 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     );
     // Whatever became of the other outputs, the recording is completed.
     let recorded = recording.map_or(Ok(()), |(path, r)| finish_recording(path, r));
-    profiled.and(summarized).and(recorded)
+    profiled
+        .and(summarized)
+        .and(recorded)
+        .and(std::mem::take(&mut console.words).finish())
 }
 
 /// Why the conversation (or one device's part of it) stopped.

@@ -11,7 +11,6 @@
 //! memory and written then. Every output goes through `moshi_loader::output_file`: complete or
 //! absent, devices and pipes written in place, an input never overwritten.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -28,6 +27,7 @@ use moshi_runtime::{RuntimeError, FRAME_SAMPLES, SAMPLE_RATE_HZ};
 use super::model_args::{ModelArgs, SamplingArgs, FILE_KV_CACHE};
 use super::outputs::{check_outputs, given};
 use super::signals::{remove_partials_on, Signals};
+use super::stdout::Words;
 use super::transcript::Transcript;
 
 #[derive(clap::Args, Debug)]
@@ -160,6 +160,7 @@ pub fn run(args: FileArgs) -> anyhow::Result<()> {
             .map(ProfileWriter::create)
             .transpose()?,
         transcript: Transcript::default(),
+        words: Words::default(),
         // A translation returns up to the input's frames plus the silence after it.
         bar: indicatif::ProgressBar::new(
             frames
@@ -197,9 +198,9 @@ pub fn run(args: FileArgs) -> anyhow::Result<()> {
     let tail = pipeline.finish_text();
     if !tail.is_empty() {
         outputs.transcript.push(frames_out.saturating_sub(1), &tail);
-        print!("{tail}");
+        outputs.words.print(&tail);
     }
-    println!();
+    outputs.words.print("\n");
     outputs.bar.finish_and_clear();
     // Every output is completed first, then all are put in place together: a run that fails
     // on one of them (a full disk) replaces none.
@@ -223,7 +224,7 @@ pub fn run(args: FileArgs) -> anyhow::Result<()> {
         frames_out * FRAME_SAMPLES as u64
     );
     eprint!("{}", metrics.summary().to_table());
-    Ok(())
+    outputs.words.finish()
 }
 
 /// What `file` writes besides the audio, fed one output frame at a time.
@@ -231,6 +232,8 @@ struct Outputs {
     tokens: Option<OutputFile>,
     profile: Option<ProfileWriter>,
     transcript: Transcript,
+    /// The words on stdout, as they come.
+    words: Words,
     bar: indicatif::ProgressBar,
     started: Instant,
     /// Output frames seen.
@@ -252,9 +255,7 @@ impl Outputs {
         }
         if let Some(text) = &o.text {
             self.transcript.push(i, text);
-            let mut stdout = std::io::stdout();
-            let _ = write!(stdout, "{text}");
-            let _ = stdout.flush();
+            self.words.print(text);
         }
         self.frames_out += 1;
         let audio_s = self.frames_out as f64 * FRAME_SAMPLES as f64 / SAMPLE_RATE_HZ as f64;

@@ -12,6 +12,7 @@ pub mod outputs;
 pub mod quantize;
 pub mod serve;
 pub mod signals;
+pub mod stdout;
 pub mod transcript;
 
 /// Fixes the kernel of this process's products from how many activation rows they will have
