@@ -474,3 +474,85 @@ fn a_closed_or_full_stdout_is_no_panic() {
     // The words could not be printed; the files are still complete.
     assert_eq!(names_in(dir.path()), ["k.wav", "t.tsv"]);
 }
+
+/// Issue #41 item 4: `/dev/stdout` and `/proc/self/fd/1` as an output stream to stdout, a pipe
+/// or a regular file the shell opened, instead of a rename onto it; stdout then carries that
+/// output's bytes only (`file`'s words are left out).
+#[cfg(target_os = "linux")]
+#[test]
+fn dev_stdout_is_streamed_to_a_pipe_or_a_file() {
+    use std::process::{Command, Stdio};
+    let input = tiny_a("input.wav");
+    let model = tiny_a_dir();
+    let dir = tempfile::tempdir().unwrap();
+    // What each command writes to a file, to compare with what it streams.
+    let answer = dir.path().join("answer.wav");
+    let o = file_run(&answer, &[]);
+    assert!(o.status.success(), "{}", stderr_text(&o));
+    let codes = dir.path().join("codes.npy");
+    let encode = |out: &str| -> Vec<String> {
+        [
+            "codec",
+            "encode",
+            path_str(&input),
+            out,
+            "--model",
+            path_str(&model),
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let o = moshi(
+        &encode(path_str(&codes))
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+    assert!(o.status.success(), "{}", stderr_text(&o));
+    for out in ["/dev/stdout", "/proc/self/fd/1"] {
+        let runs = [
+            (
+                ["file", path_str(&input), out, "--model", path_str(&model)]
+                    .map(String::from)
+                    .to_vec(),
+                std::fs::read(&answer).unwrap(),
+            ),
+            (encode(out), std::fs::read(&codes).unwrap()),
+        ];
+        for (args, expected) in runs {
+            // A pipe.
+            let o = Command::new(env!("CARGO_BIN_EXE_moshi-rs"))
+                .args(&args)
+                .env("HF_HUB_OFFLINE", "1")
+                .stdout(Stdio::piped())
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{args:?}: {}", stderr_text(&o));
+            assert!(
+                o.stdout == expected,
+                "{args:?}: not the same bytes as the file"
+            );
+            // A regular file opened by the "shell" for appending, with something before: written
+            // after it, the file kept (not replaced by a rename).
+            let file = dir.path().join("shell.out");
+            std::fs::write(&file, b"before").unwrap();
+            let opened = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&file)
+                .unwrap();
+            let o = Command::new(env!("CARGO_BIN_EXE_moshi-rs"))
+                .args(&args)
+                .env("HF_HUB_OFFLINE", "1")
+                .stdout(Stdio::from(opened))
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{args:?}: {}", stderr_text(&o));
+            let bytes = std::fs::read(&file).unwrap();
+            assert!(
+                bytes[..6] == *b"before" && bytes[6..] == expected,
+                "{args:?}: the file holds {} bytes",
+                bytes.len()
+            );
+        }
+    }
+}

@@ -162,27 +162,18 @@ impl OutputFile {
             path: path.to_path_buf(),
             cause,
         };
-        // A symlink is written through: its target is the destination.
-        let dest = match std::fs::symlink_metadata(path) {
-            Ok(m) if m.file_type().is_symlink() => std::fs::canonicalize(path).map_err(err)?,
-            _ => path.to_path_buf(),
-        };
-        match std::fs::metadata(&dest) {
-            Ok(m) if m.is_dir() => Err(err(std::io::Error::new(
-                std::io::ErrorKind::IsADirectory,
-                "is a directory",
-            ))),
-            Ok(m) if !m.is_file() => {
-                // Devices, pipes, sockets: write in place, never truncate or replace the node.
-                let file = OpenOptions::new().write(true).open(&dest).map_err(err)?;
+        match destination(path).map_err(err)? {
+            Destination::InPlace => {
+                // Devices, pipes, sockets, open descriptors: written in place, never truncated or
+                // replaced.
+                let file = open_in_place(path).map_err(err)?;
                 Ok(Self {
                     path: path.to_path_buf(),
                     target: Target::Direct,
                     writer: Some(BufWriter::new(file)),
                 })
             }
-            existing => {
-                let existing = existing.ok();
+            Destination::Replace { dest, existing } => {
                 if let Some(m) = &existing {
                     refuse_read_only(m).map_err(err)?;
                 }
@@ -393,26 +384,137 @@ pub fn check_output_path(path: &Path) -> Result<()> {
         path: path.to_path_buf(),
         cause,
     };
-    match std::fs::metadata(path) {
-        Ok(m) if m.is_dir() => Err(err(std::io::Error::new(
-            std::io::ErrorKind::IsADirectory,
-            "is a directory",
-        ))),
-        Ok(m) if !m.is_file() => Ok(()),
-        existing => {
-            if let Ok(m) = &existing {
+    match destination(path).map_err(err)? {
+        Destination::InPlace => Ok(()),
+        Destination::Replace { dest, existing } => {
+            if let Some(m) = &existing {
                 refuse_read_only(m).map_err(err)?;
             }
-            let dest = match std::fs::symlink_metadata(path) {
-                Ok(m) if m.file_type().is_symlink() => std::fs::canonicalize(path).map_err(err)?,
-                _ => path.to_path_buf(),
-            };
             let (temp, file) = create_temp_beside(&dest).map_err(err)?;
             drop(file);
             discard_temp(&temp);
             Ok(())
         }
     }
+}
+
+/// Where an output's bytes go.
+enum Destination {
+    /// Written in place: a device, pipe or socket, or an open descriptor (`/dev/stdout`,
+    /// `/proc/self/fd/N`), which may be a regular file the shell opened (`> out.wav`).
+    InPlace,
+    /// A regular file (`existing`) or a new one, written beside `dest` (a symlink's target) and
+    /// renamed over it.
+    Replace {
+        dest: PathBuf,
+        existing: Option<std::fs::Metadata>,
+    },
+}
+
+/// How `path` is written (see [`Destination`]); a directory, or a symbolic link whose target's
+/// folder does not exist, is an error saying so.
+fn destination(path: &Path) -> std::io::Result<Destination> {
+    if is_open_descriptor(path) {
+        // Renaming a file over `/proc/self/fd/1` is impossible (a pipe has no name) or wrong
+        // (it would unlink the file the shell opened): the bytes are streamed to it.
+        return Ok(Destination::InPlace);
+    }
+    let existing = match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::IsADirectory,
+                "is a directory",
+            ))
+        }
+        Ok(m) if !m.is_file() => return Ok(Destination::InPlace),
+        Ok(m) => Some(m),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(e),
+    };
+    // A symlink is written through: its target is the destination (created when it does not
+    // exist yet, as a shell's `>` does).
+    let dest = link_target(path)?;
+    if dest != path && !parent_of(&dest).is_dir() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!(
+                "is a symbolic link to {}, whose folder {} does not exist",
+                dest.display(),
+                parent_of(&dest).display()
+            ),
+        ));
+    }
+    Ok(Destination::Replace { dest, existing })
+}
+
+/// The folder of `path` (`.` for a bare name).
+fn parent_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
+}
+
+/// `path` with its symbolic links followed one by one (the last target need not exist).
+fn link_target(path: &Path) -> std::io::Result<PathBuf> {
+    let mut p = path.to_path_buf();
+    // The kernel's own limit on links followed in one lookup.
+    for _ in 0..40 {
+        match std::fs::symlink_metadata(&p) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let target = std::fs::read_link(&p)?;
+                p = parent_of(&p).join(target);
+            }
+            _ => return Ok(p),
+        }
+    }
+    Err(std::io::Error::other("too many levels of symbolic links"))
+}
+
+/// Whether `path` names an open file descriptor (`/dev/stdout`, `/dev/fd/1`, `/proc/self/fd/1`):
+/// a link, or a chain of links, into a `/proc/<pid>/fd` folder.
+fn is_open_descriptor(path: &Path) -> bool {
+    open_descriptor(path).is_some()
+}
+
+/// Whether `path` is this process's stdout named as a path (`/dev/stdout`, `/proc/self/fd/1`):
+/// a command then prints nothing else there.
+pub fn names_stdout(path: &Path) -> bool {
+    open_descriptor(path).is_some_and(|(folder, entry)| {
+        entry == "1" && std::fs::canonicalize("/proc/self/fd").is_ok_and(|f| f == folder)
+    })
+}
+
+/// The `/proc/<pid>/fd` folder and the entry in it that `path` leads to, if it does.
+fn open_descriptor(path: &Path) -> Option<(PathBuf, std::ffi::OsString)> {
+    let mut p = path.to_path_buf();
+    for _ in 0..40 {
+        if let Ok(folder) = std::fs::canonicalize(parent_of(&p)) {
+            if folder.starts_with("/proc") && folder.file_name().is_some_and(|n| n == "fd") {
+                return Some((folder, p.file_name()?.to_owned()));
+            }
+        }
+        let target = std::fs::read_link(&p).ok()?;
+        p = parent_of(&p).join(target);
+    }
+    None
+}
+
+/// Opens an output written in place. This process's stdout and stderr named as a path
+/// (`/dev/stdout`) are its own descriptors, duplicated: reopening them through `/proc` would
+/// write a regular file from its beginning, over what the shell appended (`>>`) or wrote before.
+fn open_in_place(path: &Path) -> std::io::Result<File> {
+    #[cfg(unix)]
+    if let Some((folder, entry)) = open_descriptor(path) {
+        use std::os::fd::AsFd;
+        let own = std::fs::canonicalize("/proc/self/fd").is_ok_and(|f| f == folder);
+        match (own, entry.to_str()) {
+            (true, Some("1")) => return Ok(std::io::stdout().as_fd().try_clone_to_owned()?.into()),
+            (true, Some("2")) => return Ok(std::io::stderr().as_fd().try_clone_to_owned()?.into()),
+            _ => {}
+        }
+    }
+    OpenOptions::new().write(true).open(path)
 }
 
 /// Writes `bytes` to `path` as one output (see the module docs).
@@ -547,6 +649,40 @@ mod tests {
         check_output_path(&path).unwrap();
         write_output(&path, b"x").unwrap();
         assert_eq!(names_in(dir.path()), ["n".repeat(255)]);
+    }
+
+    /// A symbolic link to a file not there yet creates it (as a shell's `>`); one whose target's
+    /// folder is missing says so, not just "No such file".
+    #[test]
+    fn dangling_symlinks_create_their_target_or_say_what_is_missing() {
+        let dir = tempfile::tempdir().unwrap();
+        let link = dir.path().join("link.wav");
+        let target = dir.path().join("new.wav");
+        std::os::unix::fs::symlink("new.wav", &link).unwrap();
+        check_output_path(&link).unwrap();
+        write_output(&link, b"new").unwrap();
+        assert_eq!(std::fs::read(&target).unwrap(), b"new");
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+
+        let lost = dir.path().join("lost.wav");
+        std::os::unix::fs::symlink(dir.path().join("gone/x.wav"), &lost).unwrap();
+        for e in [
+            check_output_path(&lost).unwrap_err(),
+            write_output(&lost, b"x").unwrap_err(),
+        ] {
+            let e = e.to_string();
+            assert!(
+                e.contains("lost.wav")
+                    && e.contains("symbolic link")
+                    && e.contains("gone")
+                    && e.contains("does not exist"),
+                "{e}"
+            );
+        }
+        assert_eq!(names_in(dir.path()), ["link.wav", "lost.wav", "new.wav"]);
     }
 
     #[test]

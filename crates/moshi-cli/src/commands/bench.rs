@@ -9,7 +9,7 @@ use moshi_bench::format::WeightFormat;
 use moshi_bench::frames::TEMPORAL_LAYER_SPAN;
 use moshi_bench::run::{input_paths, run_bench, BenchOptions, Stage, WeightSource};
 use moshi_bench::span_timer::SpanTimerLayer;
-use moshi_loader::output_file::{commit_all, FinishedOutput, OutputFile};
+use moshi_loader::output_file::{commit_all, names_stdout, FinishedOutput, OutputFile};
 use moshi_model::mimi::MimiWeights;
 use moshi_model::nn::KvPrecision;
 use tracing_subscriber::layer::SubscriberExt;
@@ -237,8 +237,15 @@ pub fn run(args: BenchArgs, log_filter: &str) -> Result<()> {
         finished.push(sink.finish().context("--trace")?);
     }
     commit_all(finished)?;
-    // After the files: a closed stdout (`| head`) loses none of them.
-    super::stdout::print(&report.to_text())?;
+    // After the files: a closed stdout (`| head`) loses none of them. Not when stdout is one of
+    // them (`--json /dev/stdout`): it gets that file's bytes only.
+    let stdout_taken = [&args.json, &args.trace]
+        .into_iter()
+        .flatten()
+        .any(|p| names_stdout(p));
+    if !stdout_taken {
+        super::stdout::print(&report.to_text())?;
+    }
     if let Some(path) = &args.json {
         eprintln!("report written to {}", path.display());
     }

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Context;
-use moshi_loader::output_file::{commit_all, FinishedOutput, OutputFile};
+use moshi_loader::output_file::{commit_all, names_stdout, FinishedOutput, OutputFile};
 use moshi_runtime::engine::{FrameOutput, OfflineRunner};
 use moshi_runtime::metrics::{Metrics, ProfileWriter};
 use moshi_runtime::pipeline::MoshiPipeline;
@@ -93,7 +93,7 @@ pub fn open_input_frames(path: &Path) -> anyhow::Result<WavFrames> {
 pub fn run(args: FileArgs) -> anyhow::Result<()> {
     remove_partials_on(Signals::All)?;
     let input: &Path = &args.input;
-    let outputs = given(&[
+    let outputs_given = given(&[
         ("output", Some(&args.output)),
         ("--transcript", args.transcript.as_deref()),
         ("--tokens-out", args.tokens_out.as_deref()),
@@ -104,7 +104,7 @@ pub fn run(args: FileArgs) -> anyhow::Result<()> {
     // No output may overwrite a file the command reads: the WAV or any file of the model.
     let mut inputs = vec![input];
     inputs.extend(model.input_paths());
-    check_outputs(&outputs, &inputs)?;
+    check_outputs(&outputs_given, &inputs)?;
     let max_tail_frames = tail_frames(args.max_tail_s.unwrap_or(DEFAULT_MAX_TAIL_S))?;
     let frames = frames_in.total_frames();
 
@@ -160,7 +160,13 @@ pub fn run(args: FileArgs) -> anyhow::Result<()> {
             .map(ProfileWriter::create)
             .transpose()?,
         transcript: Transcript::default(),
-        words: Words::default(),
+        // An output on stdout (`/dev/stdout`) must get its bytes only: the words are then in
+        // --transcript alone.
+        words: if outputs_given.iter().any(|(_, p)| names_stdout(p)) {
+            Words::quiet()
+        } else {
+            Words::default()
+        },
         // A translation returns up to the input's frames plus the silence after it.
         bar: indicatif::ProgressBar::new(
             frames

@@ -46,12 +46,22 @@ pub fn is_closed_stdout(e: &anyhow::Error) -> bool {
 #[derive(Default)]
 pub struct Words {
     error: Option<std::io::Error>,
+    /// Nothing is printed: stdout is one of the command's outputs (`/dev/stdout`).
+    quiet: bool,
 }
 
 impl Words {
+    /// Words that are not printed (stdout is an output: words would corrupt it).
+    pub fn quiet() -> Self {
+        Self {
+            error: None,
+            quiet: true,
+        }
+    }
+
     /// Prints `text` unless a write already failed.
     pub fn print(&mut self, text: &str) {
-        if self.error.is_none() {
+        if self.error.is_none() && !self.quiet {
             let mut out = std::io::stdout().lock();
             if let Err(e) = out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
                 self.error = Some(e);
