@@ -556,3 +556,33 @@ fn dev_stdout_is_streamed_to_a_pipe_or_a_file() {
         }
     }
 }
+
+/// Issue #41 item 18: `serve --record FILE` says the flag takes a folder (not "no such folder").
+#[test]
+fn serve_record_names_a_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("talk.wav");
+    std::fs::write(&file, b"keep").unwrap();
+    let model = tiny_a_dir();
+    fails_with(
+        &[
+            "serve",
+            "--model",
+            path_str(&model),
+            "--record",
+            path_str(&file),
+        ],
+        &["--record", "talk.wav", "is a file, not a folder"],
+    );
+    fails_with(
+        &[
+            "serve",
+            "--model",
+            path_str(&model),
+            "--record",
+            path_str(&dir.path().join("missing")),
+        ],
+        &["--record", "no such folder"],
+    );
+    assert_eq!(std::fs::read(&file).unwrap(), b"keep");
+}
