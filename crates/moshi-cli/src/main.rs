@@ -1,5 +1,24 @@
 //! moshi-rs binary entry point: parses the command line and dispatches to one subcommand.
 
+/// Messages on stderr never panic. `std`'s `eprintln!` panics when stderr cannot be written
+/// (`2>/dev/full`, a closed pipe), which would end a run whose outputs are files over a lost
+/// diagnostic (exit 101, the outputs never committed). These shadow `std`'s in the whole crate
+/// (a `macro_rules!` defined before `mod commands` is in scope in every module of it).
+macro_rules! eprintln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// See [`eprintln!`].
+macro_rules! eprint {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 mod commands;
 
 /// Debug builds count allocations made inside audio callbacks (`moshi-rs chat` reports them).

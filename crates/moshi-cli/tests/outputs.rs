@@ -586,3 +586,40 @@ fn serve_record_names_a_folder() {
     );
     assert_eq!(std::fs::read(&file).unwrap(), b"keep");
 }
+
+/// The class's other stream: a full or closed stderr loses the messages, never the run
+/// (`eprintln!` would panic, exit 101, the outputs never committed).
+#[test]
+fn a_full_or_closed_stderr_loses_only_the_messages() {
+    use std::process::{Command, Stdio};
+    let dir = tempfile::tempdir().unwrap();
+    let answer = dir.path().join("k.wav");
+    let input = tiny_a("input.wav");
+    let model = tiny_a_dir();
+    for full in [true, false] {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_moshi-rs"));
+        cmd.args([
+            "file",
+            path_str(&input),
+            path_str(&answer),
+            "--model",
+            path_str(&model),
+        ])
+        .env("HF_HUB_OFFLINE", "1")
+        .stdout(Stdio::null());
+        let status = if full {
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/full")
+                .unwrap();
+            cmd.stderr(Stdio::from(f)).status().unwrap()
+        } else {
+            let mut child = cmd.stderr(Stdio::piped()).spawn().unwrap();
+            drop(child.stderr.take());
+            child.wait().unwrap()
+        };
+        assert_eq!(status.code(), Some(0), "stderr full: {full}");
+        assert_eq!(names_in(dir.path()), ["k.wav"]);
+        std::fs::remove_file(&answer).unwrap();
+    }
+}
