@@ -623,3 +623,41 @@ fn a_full_or_closed_stderr_loses_only_the_messages() {
         std::fs::remove_file(&answer).unwrap();
     }
 }
+
+/// Two outputs on one pipe (`/dev/stdout` and `/proc/self/fd/1`) would be interleaved in it:
+/// refused as one file named twice; `/dev/null` may still take several.
+#[cfg(target_os = "linux")]
+#[test]
+fn one_pipe_is_not_two_outputs() {
+    use std::process::{Command, Stdio};
+    let input = tiny_a("input.wav");
+    let model = tiny_a_dir();
+    let args = [
+        "file",
+        path_str(&input),
+        "/dev/stdout",
+        "--model",
+        path_str(&model),
+        "--tokens-out",
+        "/proc/self/fd/1",
+    ];
+    let o = Command::new(env!("CARGO_BIN_EXE_moshi-rs"))
+        .args(args)
+        .env("HF_HUB_OFFLINE", "1")
+        .stdout(Stdio::piped())
+        .output()
+        .unwrap();
+    let err = stderr_text(&o);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains("--tokens-out") && err.contains("same file"),
+        "{err}"
+    );
+    assert!(o.stdout.is_empty());
+    let dir = tempfile::tempdir().unwrap();
+    let o = file_run(
+        &dir.path().join("k.wav"),
+        &["--tokens-out", "/dev/null", "--profile", "/dev/null"],
+    );
+    assert!(o.status.success(), "{}", stderr_text(&o));
+}

@@ -1,11 +1,15 @@
 //! The one way moshi-rs writes an output file. A regular file (or a new path) is written to a
-//! temporary file in the same folder, synced and renamed over the destination only when complete,
-//! so an error (a full disk, a bad input found half way) leaves the destination as it was and no
-//! partial file behind. A device, pipe or socket (`/dev/null`, `/dev/stdout`, a FIFO) is written
-//! directly, never replaced by a regular file, and its write errors are reported (`/dev/full`).
-//! A path that is one of the command's inputs is refused before anything is written, and so is
-//! an existing file whose permissions say it is read-only. New files get mode 0666 minus the
-//! umask, as `File::create` gives; a replaced file keeps its permissions.
+//! short-named hidden temporary file in the same folder, synced ([`OutputFile::finish`]) and
+//! renamed over the destination only when complete, together with the run's other outputs
+//! ([`commit_all`]), so an error (a full disk, a bad input found half way) leaves every
+//! destination as it was and no partial file behind. Temporary files are registered, so that a
+//! process ending on a signal removes them ([`remove_partials_for_exit`]). A device, pipe or
+//! socket (`/dev/null`, a FIFO) or an open descriptor (`/dev/stdout`, `/proc/self/fd/1`) is
+//! written directly, never replaced by a regular file, and its write errors are reported
+//! (`/dev/full`). A symbolic link is written through (its target created if need be). A path
+//! that is one of the command's inputs is refused before anything is written, and so is an
+//! existing file whose permissions say it is read-only. New files get mode 0666 minus the umask,
+//! as `File::create` gives; a replaced file keeps its permissions.
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Seek, SeekFrom, Write};
@@ -102,9 +106,11 @@ pub fn ensure_not_an_input(output: &Path, inputs: &[&Path]) -> Result<()> {
     Ok(())
 }
 
-/// Fails when two of `outputs` (each named by what it is, e.g. a flag) are the same regular file
-/// (same canonical path, or the same device and inode, e.g. a hard link), existing or not: one
-/// would silently replace the other. Devices and pipes (`/dev/null`) may be shared.
+/// Fails when two of `outputs` (each named by what it is, e.g. a flag) are the same file (same
+/// canonical path, or the same device and inode, e.g. a hard link), existing or not: one would
+/// silently replace the other. So is one pipe named twice (`/dev/stdout` and `/proc/self/fd/1`):
+/// the two outputs would be interleaved in it. Character devices (`/dev/null`, a terminal) may
+/// be shared.
 pub fn ensure_distinct_outputs(outputs: &[(&str, &Path)]) -> Result<()> {
     for (i, (second_what, second)) in outputs.iter().enumerate() {
         for (first_what, first) in &outputs[..i] {
@@ -124,7 +130,7 @@ pub fn ensure_distinct_outputs(outputs: &[(&str, &Path)]) -> Result<()> {
 /// Whether outputs `a` and `b` would write the same regular file.
 fn same_output(a: &Path, b: &Path) -> bool {
     match (std::fs::metadata(a), std::fs::metadata(b)) {
-        (Ok(ma), Ok(mb)) => ma.is_file() && mb.is_file() && same_file(&ma, &mb),
+        (Ok(ma), Ok(mb)) => same_file(&ma, &mb) && !is_char_device(&ma),
         (Err(_), Err(_)) => {
             // Neither exists yet: the same name in the same folder (through any spelling).
             let canonical = |p: &Path| {
@@ -147,6 +153,18 @@ fn same_output(a: &Path, b: &Path) -> bool {
 fn same_file(a: &std::fs::Metadata, b: &std::fs::Metadata) -> bool {
     use std::os::unix::fs::MetadataExt;
     a.dev() == b.dev() && a.ino() == b.ino()
+}
+
+/// A character device (`/dev/null`, `/dev/full`, a terminal): a sink several outputs may share.
+#[cfg(unix)]
+fn is_char_device(m: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    m.file_type().is_char_device()
+}
+
+#[cfg(not(unix))]
+fn is_char_device(_m: &std::fs::Metadata) -> bool {
+    false
 }
 
 #[cfg(not(unix))]
