@@ -661,3 +661,18 @@ fn one_pipe_is_not_two_outputs() {
     );
     assert!(o.status.success(), "{}", stderr_text(&o));
 }
+
+/// An output named with a trailing `/` is refused before any work (it once ran the whole input,
+/// then hung: the failed final rename dropped the other outputs under the registry's lock).
+#[test]
+fn an_output_ending_in_a_slash_is_refused_up_front() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = format!("{}/new/", path_str(dir.path()));
+    let input = tiny_a("input.wav");
+    let model = tiny_a_dir();
+    fails_with(
+        &["file", path_str(&input), &out, "--model", path_str(&model)],
+        &["output", "ends in `/`"],
+    );
+    assert!(names_in(dir.path()).is_empty());
+}

@@ -298,26 +298,36 @@ impl FinishedOutput {
 /// sits beside an old transcript. The renames come last and cannot fail for want of space; a
 /// rename failing for another reason (the folder removed meanwhile) stops at that output.
 /// Devices and pipes received their bytes as they were written: they are outside this.
-pub fn commit_all(outputs: Vec<FinishedOutput>) -> Result<()> {
-    // Under the registry's lock: a signal's cleanup comes before every rename or after all.
-    let mut p = partials();
-    for mut out in outputs {
-        if let Target::Replace { temp, dest } = &out.target {
-            if p.closing {
-                return Err(LoaderError::Write {
+pub fn commit_all(mut outputs: Vec<FinishedOutput>) -> Result<()> {
+    let result = {
+        // Under the registry's lock: a signal's cleanup comes before every rename or after all.
+        let mut p = partials();
+        let mut result = Ok(());
+        for out in &mut outputs {
+            let Target::Replace { temp, dest } = &out.target else {
+                continue;
+            };
+            let renamed = if p.closing {
+                Err(exiting())
+            } else {
+                std::fs::rename(temp, dest)
+            };
+            if let Err(cause) = renamed {
+                result = Err(LoaderError::Write {
                     path: out.path.clone(),
-                    cause: exiting(),
+                    cause,
                 });
+                break;
             }
-            std::fs::rename(temp, dest).map_err(|cause| LoaderError::Write {
-                path: out.path.clone(),
-                cause,
-            })?;
             p.paths.retain(|t| t != temp);
             out.target = Target::Direct; // in place: nothing left to clean up
         }
-    }
-    Ok(())
+        result
+    };
+    // The lock is released first: dropping an output not put in place removes its temporary
+    // file, which takes the lock again.
+    drop(outputs);
+    result
 }
 
 impl Drop for FinishedOutput {
@@ -436,6 +446,14 @@ fn destination(path: &Path) -> std::io::Result<Destination> {
         // Renaming a file over `/proc/self/fd/1` is impossible (a pipe has no name) or wrong
         // (it would unlink the file the shell opened): the bytes are streamed to it.
         return Ok(Destination::InPlace);
+    }
+    if path.as_os_str().as_encoded_bytes().ends_with(b"/") && !path.is_dir() {
+        // `out/` names a folder: as a new file it would be written beside, as `out`, and the
+        // final rename onto `out/` would fail after all the work.
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "ends in `/`, which names a folder; an output is a file",
+        ));
     }
     let existing = match std::fs::metadata(path) {
         Ok(m) if m.is_dir() => {
@@ -701,6 +719,34 @@ mod tests {
             );
         }
         assert_eq!(names_in(dir.path()), ["link.wav", "lost.wav", "new.wav"]);
+    }
+
+    /// A rename that fails (here onto a folder made after the output was started) is an error
+    /// naming the output, and the outputs not put in place are removed (this once deadlocked:
+    /// they were dropped while the registry's lock was held).
+    #[test]
+    fn a_failed_rename_is_an_error_and_leaves_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let bad = dir.path().join("became-a-folder");
+        let good = dir.path().join("good.txt");
+        let outputs: Vec<FinishedOutput> = [&bad, &good]
+            .into_iter()
+            .map(|p| {
+                let mut out = OutputFile::create(p).unwrap();
+                out.write_bytes(b"x").unwrap();
+                out.finish().unwrap()
+            })
+            .collect();
+        std::fs::create_dir(&bad).unwrap();
+        std::fs::write(bad.join("inside"), b"").unwrap();
+        let e = commit_all(outputs).unwrap_err().to_string();
+        assert!(e.contains("became-a-folder"), "{e}");
+        assert_eq!(names_in(dir.path()), ["became-a-folder"]);
+        // A name ending in `/` is refused up front.
+        let e = check_output_path(&dir.path().join("new/"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("ends in `/`"), "{e}");
     }
 
     #[test]
