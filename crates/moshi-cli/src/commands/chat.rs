@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use moshi_loader::output_file::write_output;
+use moshi_loader::output_file::{names_stdout, write_output};
 use moshi_runtime::backend::cpal::{CpalBackend, CpalOptions, DEFAULT_BUFFER_MS};
 use moshi_runtime::backend::device_watch::{DeviceLost, DeviceWatch};
 use moshi_runtime::backend::{reconnect_session, start_session, AudioBackend, RingSizes, Session};
@@ -329,6 +329,10 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         .context("starting tokio")?;
     let ctrl_c = watch_ctrl_c()?;
     let mut console = Console::new();
+    if outputs.iter().any(|(_, p)| names_stdout(p)) {
+        // `--record /dev/stdout`: stdout gets the recording's bytes only.
+        console.words = Words::quiet();
+    }
     let started = Instant::now();
     let mut steady_underruns_base: Option<u64> = None;
     let mut profile = Profile {
