@@ -439,7 +439,7 @@ const SECOND_CTRL_C_EXIT_STATUS: i32 = 130;
 /// Watches Ctrl-C on its own thread for the whole session (once tokio listens, SIGINT no longer
 /// ends the process by itself): the first one sets the returned flag (the session stops and
 /// writes its summary and files), a second one exits the process at once, whatever the main
-/// thread is waiting for.
+/// thread is waiting for, removing the temporary files of the outputs not yet complete.
 fn watch_ctrl_c() -> anyhow::Result<Arc<AtomicBool>> {
     let requested = Arc::new(AtomicBool::new(false));
     let flag = requested.clone();
@@ -457,6 +457,8 @@ fn watch_ctrl_c() -> anyhow::Result<Arc<AtomicBool>> {
                 flag.store(true, Ordering::Release);
                 if tokio::signal::ctrl_c().await.is_ok() {
                     eprintln!("\nsecond Ctrl-C: exiting now");
+                    // The outputs not yet complete are given up: no hidden partial is left.
+                    moshi_loader::output_file::remove_partials_for_exit();
                     std::process::exit(SECOND_CTRL_C_EXIT_STATUS);
                 }
             })
