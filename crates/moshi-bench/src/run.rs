@@ -533,6 +533,29 @@ fn weight_bytes_of(lm: &LmWeights, stage: Stage) -> WeightBytes {
     }
 }
 
+/// Every file a run of `options` reads (the checkpoint's files, the LM config and the Mimi config
+/// beside it): what its outputs (`--json`, `--trace`) must not overwrite. Resolves the model as
+/// the run will; an unreadable config is left for the run to report.
+pub fn input_paths(options: &BenchOptions) -> Result<Vec<PathBuf>, BenchError> {
+    let mut paths: Vec<PathBuf> = options.config.iter().cloned().collect();
+    match &options.weights {
+        WeightSource::Checkpoint(spec) => {
+            let model = resolve_model(spec, options.config.as_deref(), options.quant)?;
+            paths.extend(model.input_paths().into_iter().map(Path::to_path_buf));
+        }
+        WeightSource::Random => {
+            if let Some(config) = &options.config {
+                if let Ok(cfg) = LmConfig::from_file(config) {
+                    if let Some(name) = cfg.mimi_config_name.as_deref() {
+                        paths.push(config.parent().unwrap_or(Path::new(".")).join(name));
+                    }
+                }
+            }
+        }
+    }
+    Ok(paths)
+}
+
 /// The Mimi config to pair with an LM config file: its `mimi_config_name` next to it, else the
 /// real Mimi's.
 fn mimi_config_near(config_path: Option<&Path>, cfg: &LmConfig) -> Result<MimiConfig, BenchError> {

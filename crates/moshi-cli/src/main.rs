@@ -1,5 +1,24 @@
 //! moshi-rs binary entry point: parses the command line and dispatches to one subcommand.
 
+/// Messages on stderr never panic. `std`'s `eprintln!` panics when stderr cannot be written
+/// (`2>/dev/full`, a closed pipe), which would end a run whose outputs are files over a lost
+/// diagnostic (exit 101, the outputs never committed). These shadow `std`'s in the whole crate
+/// (a `macro_rules!` defined before `mod commands` is in scope in every module of it).
+macro_rules! eprintln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// See [`eprintln!`].
+macro_rules! eprint {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 mod commands;
 
 /// Debug builds count allocations made inside audio callbacks (`moshi-rs chat` reports them).
@@ -45,7 +64,10 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return clap_exit(&e),
+    };
     let filter = match tracing_subscriber::EnvFilter::try_new(&cli.log) {
         Ok(filter) => filter,
         Err(e) => {
@@ -86,8 +108,32 @@ fn main() -> std::process::ExitCode {
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        // The reader of stdout has what it wanted (`| head -1`): nothing to report.
+        Err(e) if commands::stdout::is_closed_stdout(&e) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// What clap's `Error::exit` does (help or version on stdout with status 0, a usage error on
+/// stderr with status 2), except that a failed write is not ignored: `--help >/dev/full` is an
+/// error, `--help | head -1` a quiet success.
+fn clap_exit(e: &clap::Error) -> std::process::ExitCode {
+    use std::io::Write;
+    let printed = e.print().and_then(|()| {
+        std::io::stdout().flush()?;
+        std::io::stderr().flush()
+    });
+    let status = std::process::ExitCode::from(e.exit_code().clamp(0, 255) as u8);
+    match printed {
+        Ok(()) => status,
+        // A usage error keeps its status whatever became of its message.
+        Err(_) if e.use_stderr() => status,
+        Err(w) if w.kind() == std::io::ErrorKind::BrokenPipe => std::process::ExitCode::SUCCESS,
+        Err(w) => {
+            eprintln!("error: cannot write to stdout: {w}");
             std::process::ExitCode::FAILURE
         }
     }

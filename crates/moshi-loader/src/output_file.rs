@@ -1,16 +1,21 @@
 //! The one way moshi-rs writes an output file. A regular file (or a new path) is written to a
-//! temporary file in the same folder, synced and renamed over the destination only when complete,
-//! so an error (a full disk, a bad input found half way) leaves the destination as it was and no
-//! partial file behind. A device, pipe or socket (`/dev/null`, `/dev/stdout`, a FIFO) is written
-//! directly, never replaced by a regular file, and its write errors are reported (`/dev/full`).
-//! A path that is one of the command's inputs is refused before anything is written, and so is
-//! an existing file whose permissions say it is read-only. New files get mode 0666 minus the
-//! umask, as `File::create` gives; a replaced file keeps its permissions.
+//! short-named hidden temporary file in the same folder, synced ([`OutputFile::finish`]) and
+//! renamed over the destination only when complete, together with the run's other outputs
+//! ([`commit_all`]), so an error (a full disk, a bad input found half way) leaves every
+//! destination as it was and no partial file behind. Temporary files are registered, so that a
+//! process ending on a signal removes them ([`remove_partials_for_exit`]). A device, pipe or
+//! socket (`/dev/null`, a FIFO) or an open descriptor (`/dev/stdout`, `/proc/self/fd/1`) is
+//! written directly, never replaced by a regular file, and its write errors are reported
+//! (`/dev/full`). A symbolic link is written through (its target created if need be). A path
+//! that is one of the command's inputs is refused before anything is written, and so is an
+//! existing file whose permissions say it is read-only. New files get mode 0666 minus the umask,
+//! as `File::create` gives; a replaced file keeps its permissions.
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
 
 use crate::{LoaderError, Result};
 
@@ -36,6 +41,51 @@ pub struct OutputFile {
 /// Distinguishes temporary files of one process.
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
+/// The temporary files of this process not yet renamed or removed, so that a process ended by a
+/// signal can remove them ([`remove_partials_for_exit`]); `closing` once it has, so that no new
+/// one is made and none is renamed into place after.
+struct Partials {
+    paths: Vec<PathBuf>,
+    closing: bool,
+}
+
+static PARTIALS: Mutex<Partials> = Mutex::new(Partials {
+    paths: Vec::new(),
+    closing: false,
+});
+
+/// The registry; a panic while it was held leaves it usable (it only lists paths).
+fn partials() -> MutexGuard<'static, Partials> {
+    PARTIALS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The error of an output started or committed after [`remove_partials_for_exit`].
+fn exiting() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::Interrupted,
+        "the process is exiting on a signal",
+    )
+}
+
+/// Removes every temporary file of this process and makes sure no new one appears and none is
+/// renamed into place: for a process about to exit on a signal (SIGINT, SIGTERM, SIGHUP), so
+/// that no hidden partial output is left and every destination stays as it was. Not for a
+/// signal handler (it takes a lock and removes files): call it from a thread the signal woke.
+pub fn remove_partials_for_exit() {
+    let mut p = partials();
+    p.closing = true;
+    for path in p.paths.drain(..) {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+/// Removes temporary file `temp` and forgets it.
+fn discard_temp(temp: &Path) {
+    let mut p = partials();
+    let _ = std::fs::remove_file(temp);
+    p.paths.retain(|t| t != temp);
+}
+
 /// Fails when `output` names the same file as one of `inputs` (also through links or another
 /// spelling of the path): writing it would destroy the input.
 pub fn ensure_not_an_input(output: &Path, inputs: &[&Path]) -> Result<()> {
@@ -56,9 +106,11 @@ pub fn ensure_not_an_input(output: &Path, inputs: &[&Path]) -> Result<()> {
     Ok(())
 }
 
-/// Fails when two of `outputs` (each named by what it is, e.g. a flag) are the same regular file
-/// (same canonical path, or the same device and inode, e.g. a hard link), existing or not: one
-/// would silently replace the other. Devices and pipes (`/dev/null`) may be shared.
+/// Fails when two of `outputs` (each named by what it is, e.g. a flag) are the same file (same
+/// canonical path, or the same device and inode, e.g. a hard link), existing or not: one would
+/// silently replace the other. So is one pipe named twice (`/dev/stdout` and `/proc/self/fd/1`):
+/// the two outputs would be interleaved in it. Character devices (`/dev/null`, a terminal) may
+/// be shared.
 pub fn ensure_distinct_outputs(outputs: &[(&str, &Path)]) -> Result<()> {
     for (i, (second_what, second)) in outputs.iter().enumerate() {
         for (first_what, first) in &outputs[..i] {
@@ -78,7 +130,7 @@ pub fn ensure_distinct_outputs(outputs: &[(&str, &Path)]) -> Result<()> {
 /// Whether outputs `a` and `b` would write the same regular file.
 fn same_output(a: &Path, b: &Path) -> bool {
     match (std::fs::metadata(a), std::fs::metadata(b)) {
-        (Ok(ma), Ok(mb)) => ma.is_file() && mb.is_file() && same_file(&ma, &mb),
+        (Ok(ma), Ok(mb)) => same_file(&ma, &mb) && !is_char_device(&ma),
         (Err(_), Err(_)) => {
             // Neither exists yet: the same name in the same folder (through any spelling).
             let canonical = |p: &Path| {
@@ -103,6 +155,18 @@ fn same_file(a: &std::fs::Metadata, b: &std::fs::Metadata) -> bool {
     a.dev() == b.dev() && a.ino() == b.ino()
 }
 
+/// A character device (`/dev/null`, `/dev/full`, a terminal): a sink several outputs may share.
+#[cfg(unix)]
+fn is_char_device(m: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    m.file_type().is_char_device()
+}
+
+#[cfg(not(unix))]
+fn is_char_device(_m: &std::fs::Metadata) -> bool {
+    false
+}
+
 #[cfg(not(unix))]
 fn same_file(_a: &std::fs::Metadata, _b: &std::fs::Metadata) -> bool {
     false
@@ -116,27 +180,18 @@ impl OutputFile {
             path: path.to_path_buf(),
             cause,
         };
-        // A symlink is written through: its target is the destination.
-        let dest = match std::fs::symlink_metadata(path) {
-            Ok(m) if m.file_type().is_symlink() => std::fs::canonicalize(path).map_err(err)?,
-            _ => path.to_path_buf(),
-        };
-        match std::fs::metadata(&dest) {
-            Ok(m) if m.is_dir() => Err(err(std::io::Error::new(
-                std::io::ErrorKind::IsADirectory,
-                "is a directory",
-            ))),
-            Ok(m) if !m.is_file() => {
-                // Devices, pipes, sockets: write in place, never truncate or replace the node.
-                let file = OpenOptions::new().write(true).open(&dest).map_err(err)?;
+        match destination(path).map_err(err)? {
+            Destination::InPlace => {
+                // Devices, pipes, sockets, open descriptors: written in place, never truncated or
+                // replaced.
+                let file = open_in_place(path).map_err(err)?;
                 Ok(Self {
                     path: path.to_path_buf(),
                     target: Target::Direct,
                     writer: Some(BufWriter::new(file)),
                 })
             }
-            existing => {
-                let existing = existing.ok();
+            Destination::Replace { dest, existing } => {
                 if let Some(m) = &existing {
                     refuse_read_only(m).map_err(err)?;
                 }
@@ -145,7 +200,7 @@ impl OutputFile {
                     // The replacement keeps the destination's permissions.
                     if let Err(e) = file.set_permissions(m.permissions()) {
                         drop(file);
-                        let _ = std::fs::remove_file(&temp);
+                        discard_temp(&temp);
                         return Err(err(e));
                     }
                 }
@@ -189,30 +244,96 @@ impl OutputFile {
             .map_err(|cause| LoaderError::Write { path, cause })
     }
 
-    /// Finishes the output: flushes, syncs a regular file to disk (so that a full disk is an
-    /// error here, not lost data later) and renames it over the destination.
-    pub fn commit(mut self) -> Result<()> {
-        let err = |path: &Path, cause| LoaderError::Write {
-            path: path.to_path_buf(),
-            cause,
-        };
-        let writer = self.writer.take().expect("present until commit");
-        let file = writer
-            .into_inner()
-            .map_err(|e| err(&self.path, e.into_error()))?;
-        match &self.target {
-            Target::Direct => {
-                // fsync is meaningless (and refused) on most devices and pipes.
-                drop(file);
-                Ok(())
+    /// Completes the output without putting it in place: flushes it and syncs a regular file to
+    /// disk (so that a full disk is an error here, not lost data later). A device or pipe has
+    /// then received everything. [`commit_all`] puts the outputs of a run in place together.
+    pub fn finish(mut self) -> Result<FinishedOutput> {
+        let writer = self.writer.take().expect("present until finished");
+        let file = writer.into_inner().map_err(|e| LoaderError::Write {
+            path: self.path.clone(),
+            cause: e.into_error(),
+        })?;
+        if matches!(self.target, Target::Replace { .. }) {
+            file.sync_all().map_err(|cause| LoaderError::Write {
+                path: self.path.clone(),
+                cause,
+            })?;
+        }
+        // fsync is meaningless (and refused) on most devices and pipes.
+        drop(file);
+        Ok(FinishedOutput {
+            path: self.path.clone(),
+            target: std::mem::replace(&mut self.target, Target::Direct),
+        })
+    }
+
+    /// Finishes the output and puts it in place (an output written alone).
+    pub fn commit(self) -> Result<()> {
+        self.finish()?.commit()
+    }
+}
+
+/// An output complete on disk but not yet in place (see [`OutputFile::finish`]). Dropping it
+/// removes the temporary file and leaves the destination untouched.
+#[derive(Debug)]
+pub struct FinishedOutput {
+    path: PathBuf,
+    target: Target,
+}
+
+impl FinishedOutput {
+    /// The path as given.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Puts this output in place (an output written alone).
+    pub fn commit(self) -> Result<()> {
+        commit_all(vec![self])
+    }
+}
+
+/// Puts every output of a run in place, once each of them was completed ([`OutputFile::finish`]
+/// succeeded for all), so that a run that fails replaces none of its outputs: a new answer never
+/// sits beside an old transcript. The renames come last and cannot fail for want of space; a
+/// rename failing for another reason (the folder removed meanwhile) stops at that output.
+/// Devices and pipes received their bytes as they were written: they are outside this.
+pub fn commit_all(mut outputs: Vec<FinishedOutput>) -> Result<()> {
+    let result = {
+        // Under the registry's lock: a signal's cleanup comes before every rename or after all.
+        let mut p = partials();
+        let mut result = Ok(());
+        for out in &mut outputs {
+            let Target::Replace { temp, dest } = &out.target else {
+                continue;
+            };
+            let renamed = if p.closing {
+                Err(exiting())
+            } else {
+                std::fs::rename(temp, dest)
+            };
+            if let Err(cause) = renamed {
+                result = Err(LoaderError::Write {
+                    path: out.path.clone(),
+                    cause,
+                });
+                break;
             }
-            Target::Replace { temp, dest } => {
-                file.sync_all().map_err(|e| err(&self.path, e))?;
-                drop(file);
-                std::fs::rename(temp, dest).map_err(|e| err(&self.path, e))?;
-                self.target = Target::Direct; // nothing left to clean up
-                Ok(())
-            }
+            p.paths.retain(|t| t != temp);
+            out.target = Target::Direct; // in place: nothing left to clean up
+        }
+        result
+    };
+    // The lock is released first: dropping an output not put in place removes its temporary
+    // file, which takes the lock again.
+    drop(outputs);
+    result
+}
+
+impl Drop for FinishedOutput {
+    fn drop(&mut self) {
+        if let Target::Replace { temp, .. } = &self.target {
+            discard_temp(temp);
         }
     }
 }
@@ -231,7 +352,7 @@ impl Drop for OutputFile {
     fn drop(&mut self) {
         if let Target::Replace { temp, .. } = &self.target {
             drop(self.writer.take());
-            let _ = std::fs::remove_file(temp);
+            discard_temp(temp);
         }
     }
 }
@@ -248,27 +369,35 @@ fn refuse_read_only(existing: &std::fs::Metadata) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Creates a new, hidden temporary file in `dest`'s folder (mode 0666 minus the umask).
+/// Creates a new, hidden temporary file in `dest`'s folder (mode 0666 minus the umask), and
+/// registers it.
 fn create_temp_beside(dest: &Path) -> std::io::Result<(PathBuf, File)> {
     let folder = match dest.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    let name = dest
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "output".into());
     if !folder.is_dir() {
         return Err(std::io::Error::new(
             std::io::ErrorKind::NotFound,
             format!("folder {} does not exist", folder.display()),
         ));
     }
+    // Created and registered under the lock: a signal's cleanup sees every temporary file.
+    let mut p = partials();
+    if p.closing {
+        return Err(exiting());
+    }
     loop {
         let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-        let temp = folder.join(format!(".{name}.partial-{}-{n}", std::process::id()));
+        // A short name whatever the destination's (one of 255 bytes, the most a folder entry
+        // holds, must still get a temporary name), in the same folder so that the rename is
+        // atomic.
+        let temp = folder.join(format!(".moshi-rs-{}-{n}.partial", std::process::id()));
         match OpenOptions::new().write(true).create_new(true).open(&temp) {
-            Ok(file) => return Ok((temp, file)),
+            Ok(file) => {
+                p.paths.push(temp.clone());
+                return Ok((temp, file));
+            }
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
             Err(e) => return Err(e),
         }
@@ -283,26 +412,145 @@ pub fn check_output_path(path: &Path) -> Result<()> {
         path: path.to_path_buf(),
         cause,
     };
-    match std::fs::metadata(path) {
-        Ok(m) if m.is_dir() => Err(err(std::io::Error::new(
-            std::io::ErrorKind::IsADirectory,
-            "is a directory",
-        ))),
-        Ok(m) if !m.is_file() => Ok(()),
-        existing => {
-            if let Ok(m) = &existing {
+    match destination(path).map_err(err)? {
+        Destination::InPlace => Ok(()),
+        Destination::Replace { dest, existing } => {
+            if let Some(m) = &existing {
                 refuse_read_only(m).map_err(err)?;
             }
-            let dest = match std::fs::symlink_metadata(path) {
-                Ok(m) if m.file_type().is_symlink() => std::fs::canonicalize(path).map_err(err)?,
-                _ => path.to_path_buf(),
-            };
             let (temp, file) = create_temp_beside(&dest).map_err(err)?;
             drop(file);
-            let _ = std::fs::remove_file(temp);
+            discard_temp(&temp);
             Ok(())
         }
     }
+}
+
+/// Where an output's bytes go.
+enum Destination {
+    /// Written in place: a device, pipe or socket, or an open descriptor (`/dev/stdout`,
+    /// `/proc/self/fd/N`), which may be a regular file the shell opened (`> out.wav`).
+    InPlace,
+    /// A regular file (`existing`) or a new one, written beside `dest` (a symlink's target) and
+    /// renamed over it.
+    Replace {
+        dest: PathBuf,
+        existing: Option<std::fs::Metadata>,
+    },
+}
+
+/// How `path` is written (see [`Destination`]); a directory, or a symbolic link whose target's
+/// folder does not exist, is an error saying so.
+fn destination(path: &Path) -> std::io::Result<Destination> {
+    if is_open_descriptor(path) {
+        // Renaming a file over `/proc/self/fd/1` is impossible (a pipe has no name) or wrong
+        // (it would unlink the file the shell opened): the bytes are streamed to it.
+        return Ok(Destination::InPlace);
+    }
+    if path.as_os_str().as_encoded_bytes().ends_with(b"/") && !path.is_dir() {
+        // `out/` names a folder: as a new file it would be written beside, as `out`, and the
+        // final rename onto `out/` would fail after all the work.
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "ends in `/`, which names a folder; an output is a file",
+        ));
+    }
+    let existing = match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::IsADirectory,
+                "is a directory",
+            ))
+        }
+        Ok(m) if !m.is_file() => return Ok(Destination::InPlace),
+        Ok(m) => Some(m),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(e),
+    };
+    // A symlink is written through: its target is the destination (created when it does not
+    // exist yet, as a shell's `>` does).
+    let dest = link_target(path)?;
+    if dest != path && !parent_of(&dest).is_dir() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!(
+                "is a symbolic link to {}, whose folder {} does not exist",
+                dest.display(),
+                parent_of(&dest).display()
+            ),
+        ));
+    }
+    Ok(Destination::Replace { dest, existing })
+}
+
+/// The folder of `path` (`.` for a bare name).
+fn parent_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
+}
+
+/// `path` with its symbolic links followed one by one (the last target need not exist).
+fn link_target(path: &Path) -> std::io::Result<PathBuf> {
+    let mut p = path.to_path_buf();
+    // The kernel's own limit on links followed in one lookup.
+    for _ in 0..40 {
+        match std::fs::symlink_metadata(&p) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let target = std::fs::read_link(&p)?;
+                p = parent_of(&p).join(target);
+            }
+            _ => return Ok(p),
+        }
+    }
+    Err(std::io::Error::other("too many levels of symbolic links"))
+}
+
+/// Whether `path` names an open file descriptor (`/dev/stdout`, `/dev/fd/1`, `/proc/self/fd/1`):
+/// a link, or a chain of links, into a `/proc/<pid>/fd` folder.
+fn is_open_descriptor(path: &Path) -> bool {
+    open_descriptor(path).is_some()
+}
+
+/// Whether `path` is this process's stdout named as a path (`/dev/stdout`, `/proc/self/fd/1`):
+/// a command then prints nothing else there.
+pub fn names_stdout(path: &Path) -> bool {
+    open_descriptor(path).is_some_and(|(folder, entry)| {
+        entry == "1" && std::fs::canonicalize("/proc/self/fd").is_ok_and(|f| f == folder)
+    })
+}
+
+/// The `/proc/<pid>/fd` folder and the entry in it that `path` leads to, if it does.
+fn open_descriptor(path: &Path) -> Option<(PathBuf, std::ffi::OsString)> {
+    let mut p = path.to_path_buf();
+    for _ in 0..40 {
+        if let Ok(folder) = std::fs::canonicalize(parent_of(&p)) {
+            if folder.starts_with("/proc") && folder.file_name().is_some_and(|n| n == "fd") {
+                return Some((folder, p.file_name()?.to_owned()));
+            }
+        }
+        let target = std::fs::read_link(&p).ok()?;
+        p = parent_of(&p).join(target);
+    }
+    None
+}
+
+/// Opens an output written in place. This process's stdout and stderr named as a path
+/// (`/dev/stdout`) are its own descriptors, duplicated: reopening them through `/proc` would
+/// write a regular file from its beginning, over what the shell appended (`>>`) or wrote before.
+fn open_in_place(path: &Path) -> std::io::Result<File> {
+    #[cfg(unix)]
+    if let Some((folder, entry)) = open_descriptor(path) {
+        use std::os::fd::AsFd;
+        let own = std::fs::canonicalize("/proc/self/fd").is_ok_and(|f| f == folder);
+        match (own, entry.to_str()) {
+            (true, Some("1")) => return Ok(std::io::stdout().as_fd().try_clone_to_owned()?.into()),
+            (true, Some("2")) => return Ok(std::io::stderr().as_fd().try_clone_to_owned()?.into()),
+            _ => {}
+        }
+    }
+    OpenOptions::new().write(true).open(path)
 }
 
 /// Writes `bytes` to `path` as one output (see the module docs).
@@ -427,6 +675,78 @@ mod tests {
             e.contains("nope/out.wav") && e.contains("cannot write"),
             "{e}"
         );
+    }
+
+    /// The temporary name does not grow with the destination's: a 255-byte name is written.
+    #[test]
+    fn names_of_255_bytes_are_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("n".repeat(255));
+        check_output_path(&path).unwrap();
+        write_output(&path, b"x").unwrap();
+        assert_eq!(names_in(dir.path()), ["n".repeat(255)]);
+    }
+
+    /// A symbolic link to a file not there yet creates it (as a shell's `>`); one whose target's
+    /// folder is missing says so, not just "No such file".
+    #[test]
+    fn dangling_symlinks_create_their_target_or_say_what_is_missing() {
+        let dir = tempfile::tempdir().unwrap();
+        let link = dir.path().join("link.wav");
+        let target = dir.path().join("new.wav");
+        std::os::unix::fs::symlink("new.wav", &link).unwrap();
+        check_output_path(&link).unwrap();
+        write_output(&link, b"new").unwrap();
+        assert_eq!(std::fs::read(&target).unwrap(), b"new");
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+
+        let lost = dir.path().join("lost.wav");
+        std::os::unix::fs::symlink(dir.path().join("gone/x.wav"), &lost).unwrap();
+        for e in [
+            check_output_path(&lost).unwrap_err(),
+            write_output(&lost, b"x").unwrap_err(),
+        ] {
+            let e = e.to_string();
+            assert!(
+                e.contains("lost.wav")
+                    && e.contains("symbolic link")
+                    && e.contains("gone")
+                    && e.contains("does not exist"),
+                "{e}"
+            );
+        }
+        assert_eq!(names_in(dir.path()), ["link.wav", "lost.wav", "new.wav"]);
+    }
+
+    /// A rename that fails (here onto a folder made after the output was started) is an error
+    /// naming the output, and the outputs not put in place are removed (this once deadlocked:
+    /// they were dropped while the registry's lock was held).
+    #[test]
+    fn a_failed_rename_is_an_error_and_leaves_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let bad = dir.path().join("became-a-folder");
+        let good = dir.path().join("good.txt");
+        let outputs: Vec<FinishedOutput> = [&bad, &good]
+            .into_iter()
+            .map(|p| {
+                let mut out = OutputFile::create(p).unwrap();
+                out.write_bytes(b"x").unwrap();
+                out.finish().unwrap()
+            })
+            .collect();
+        std::fs::create_dir(&bad).unwrap();
+        std::fs::write(bad.join("inside"), b"").unwrap();
+        let e = commit_all(outputs).unwrap_err().to_string();
+        assert!(e.contains("became-a-folder"), "{e}");
+        assert_eq!(names_in(dir.path()), ["became-a-folder"]);
+        // A name ending in `/` is refused up front.
+        let e = check_output_path(&dir.path().join("new/"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("ends in `/`"), "{e}");
     }
 
     #[test]

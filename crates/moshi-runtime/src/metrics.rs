@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use moshi_loader::output_file::OutputFile;
+use moshi_loader::output_file::{FinishedOutput, OutputFile};
 use serde::Serialize;
 
 use crate::{Result, FRAME_MS};
@@ -235,9 +235,15 @@ impl ProfileWriter {
     }
 
     /// Appends the summary line and commits the file.
-    pub fn finish(mut self, summary: &RunSummary) -> Result<()> {
+    pub fn finish(self, summary: &RunSummary) -> Result<()> {
+        Ok(self.complete(summary)?.commit()?)
+    }
+
+    /// [`Self::finish`] without putting the file in place (committed with the run's other
+    /// outputs by `moshi_loader::output_file::commit_all`).
+    pub fn complete(mut self, summary: &RunSummary) -> Result<FinishedOutput> {
         self.line(&serde_json::json!({ "event": "summary", "summary": summary }))?;
-        Ok(self.out.commit()?)
+        Ok(self.out.finish()?)
     }
 }
 

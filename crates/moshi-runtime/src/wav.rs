@@ -13,7 +13,7 @@ use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 
 use moshi_loader::input_file::{check_input_file, InputKind};
-use moshi_loader::output_file::OutputFile;
+use moshi_loader::output_file::{FinishedOutput, OutputFile};
 
 use crate::{Result, RuntimeError};
 
@@ -359,7 +359,13 @@ impl WavWriter {
 
     /// Checks the length (announced) or writes it into the header (open-ended), and commits
     /// the output.
-    pub fn finish(mut self) -> Result<()> {
+    pub fn finish(self) -> Result<()> {
+        Ok(self.complete()?.commit()?)
+    }
+
+    /// [`Self::finish`] without putting the output in place: for a run with several outputs,
+    /// committed together by `moshi_loader::output_file::commit_all`.
+    pub fn complete(mut self) -> Result<FinishedOutput> {
         match self.expected_frames {
             Some(announced) if self.written_frames != announced => {
                 return Err(RuntimeError::WavLength {
@@ -378,7 +384,7 @@ impl WavWriter {
                 self.out.write_bytes(&data_bytes.to_le_bytes())?;
             }
         }
-        Ok(self.out.commit()?)
+        Ok(self.out.finish()?)
     }
 }
 

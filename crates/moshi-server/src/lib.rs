@@ -58,6 +58,13 @@ pub fn check_writable_dir(dir: &Path, flag: &'static str) -> Result<(), ServerEr
         path: dir.to_path_buf(),
         detail,
     };
+    if dir.exists() && !dir.is_dir() {
+        // `--record talk.wav` (as `chat` takes it): say what the flag wants.
+        return Err(bad(
+            "is a file, not a folder: each session's recording is written as files in this folder"
+                .into(),
+        ));
+    }
     if !dir.is_dir() {
         return Err(bad("no such folder".into()));
     }

@@ -278,7 +278,8 @@ impl AudioPace {
         if age < self.window || self.window.is_zero() {
             return Ok(());
         }
-        let received_s: f64 = self.recent.iter().map(|(_, s)| s).sum();
+        // Folded from +0.0: an empty f64 `sum()` is -0.0, which would print as "-0.0 s".
+        let received_s = self.recent.iter().fold(0.0, |total, (_, s)| total + s);
         let window_s = self.window.as_secs_f64();
         if received_s < self.min_speed * window_s {
             return Err(format!(
@@ -737,5 +738,21 @@ fn transport_error(e: axum::Error, max_message_bytes: usize) -> SessionEnd {
             other => SessionEnd::ConnectionLost(other.to_string()),
         },
         Err(other) => SessionEnd::ConnectionLost(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue #41 item 18: a window without audio says "0.0 s of audio", never "-0.0 s".
+    #[test]
+    fn a_window_without_audio_is_zero_seconds_not_minus_zero() {
+        let limits = crate::app::Limits::default();
+        let start = Instant::now();
+        let mut pace = AudioPace::new(&limits, start);
+        let age = limits.min_audio_window + Duration::from_secs(1);
+        let e = pace.check_not_too_slow(age, start + age).unwrap_err();
+        assert!(e.starts_with("0.0 s of audio"), "{e}");
     }
 }

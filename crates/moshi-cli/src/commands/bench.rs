@@ -7,13 +7,16 @@ use std::sync::{Arc, Mutex};
 use anyhow::{bail, Context, Result};
 use moshi_bench::format::WeightFormat;
 use moshi_bench::frames::TEMPORAL_LAYER_SPAN;
-use moshi_bench::run::{run_bench, BenchOptions, Stage, WeightSource};
+use moshi_bench::run::{input_paths, run_bench, BenchOptions, Stage, WeightSource};
 use moshi_bench::span_timer::SpanTimerLayer;
-use moshi_loader::output_file::{check_output_path, write_output, OutputFile};
+use moshi_loader::output_file::{commit_all, names_stdout, FinishedOutput, OutputFile};
 use moshi_model::mimi::MimiWeights;
 use moshi_model::nn::KvPrecision;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::Layer;
+
+use super::outputs::{check_outputs, given};
+use super::signals::{remove_partials_on, Signals};
 
 /// `--quant`.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -145,6 +148,7 @@ pub struct BenchArgs {
 
 /// Runs the benchmark; `log_filter` is the `--log` filter for messages on stderr.
 pub fn run(args: BenchArgs, log_filter: &str) -> Result<()> {
+    remove_partials_on(Signals::All)?;
     let threads = match args.threads {
         Some(0) => bail!("--threads must be at least 1"),
         Some(n) => n,
@@ -155,12 +159,40 @@ pub fn run(args: BenchArgs, log_filter: &str) -> Result<()> {
         .build_global()
         .context("cannot set up the compute thread pool")?;
 
+    let options = BenchOptions {
+        weights: match (args.random_weights, &args.model) {
+            (true, _) => WeightSource::Random,
+            (false, Some(spec)) => WeightSource::Checkpoint(spec.clone()),
+            (false, None) => bail!("--model or --random-weights is required"),
+        },
+        config: args.config.clone(),
+        layers: args.layers,
+        quant: args.quant.map(WeightFormat::from),
+        group_size: args.group_size,
+        frames: args.frames,
+        warmup: args.warmup,
+        kv_prefill: args.kv_prefill,
+        kv_cache: args.kv_cache,
+        threads,
+        stage: args.stage.into(),
+        seed: args.seed,
+        mimi_weights: args.mimi_weights,
+        bandwidth_buffer_mib: args.bandwidth_buffer_mib,
+        cfg_coef: args.cfg_coef,
+        sessions: args.sessions,
+    };
+    // Neither report may replace a file the run reads (the checkpoint, a config) or the other.
+    let inputs = input_paths(&options)?;
+    check_outputs(
+        &given(&[
+            ("--json", args.json.as_deref()),
+            ("--trace", args.trace.as_deref()),
+        ]),
+        &inputs.iter().map(PathBuf::as_path).collect::<Vec<_>>(),
+    )?;
     // Our own subscriber for this command: the per-layer span timer, the optional Chrome trace,
     // and the usual stderr log filtered by --log.
     let (timer, totals) = SpanTimerLayer::new(&[TEMPORAL_LAYER_SPAN]);
-    if let Some(path) = &args.json {
-        check_output_path(path).context("--json")?;
-    }
     let trace = match &args.trace {
         Some(path) => Some(TraceSink::create(path).context("--trace")?),
         None => None,
@@ -185,42 +217,39 @@ pub fn run(args: BenchArgs, log_filter: &str) -> Result<()> {
         .with(timer)
         .with(chrome)
         .with(stderr_log);
-    let options = BenchOptions {
-        weights: match (args.random_weights, &args.model) {
-            (true, _) => WeightSource::Random,
-            (false, Some(spec)) => WeightSource::Checkpoint(spec.clone()),
-            (false, None) => bail!("--model or --random-weights is required"),
-        },
-        config: args.config.clone(),
-        layers: args.layers,
-        quant: args.quant.map(WeightFormat::from),
-        group_size: args.group_size,
-        frames: args.frames,
-        warmup: args.warmup,
-        kv_prefill: args.kv_prefill,
-        kv_cache: args.kv_cache,
-        threads,
-        stage: args.stage.into(),
-        seed: args.seed,
-        mimi_weights: args.mimi_weights,
-        bandwidth_buffer_mib: args.bandwidth_buffer_mib,
-        cfg_coef: args.cfg_coef,
-        sessions: args.sessions,
-    };
     let result = tracing::subscriber::with_default(subscriber, || {
         run_bench(&options, Some(&totals), &mut |line| eprintln!("{line}"))
     });
     // Dropping the guard flushes the trace and ends tracing-chrome's writer thread.
     drop(flush_guard);
     let report = result?;
-    print!("{}", report.to_text());
+    // Both reports complete before either is put in place: a run that fails on one (a full
+    // disk) replaces neither.
+    let mut finished = Vec::new();
     if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(&report).context("cannot serialise the report")?;
-        write_output(path, (text + "\n").as_bytes()).context("--json")?;
+        let mut out = OutputFile::create(path).context("--json")?;
+        out.write_bytes((text + "\n").as_bytes())
+            .context("--json")?;
+        finished.push(out.finish().context("--json")?);
+    }
+    if let Some(sink) = trace {
+        finished.push(sink.finish().context("--trace")?);
+    }
+    commit_all(finished)?;
+    // After the files: a closed stdout (`| head`) loses none of them. Not when stdout is one of
+    // them (`--json /dev/stdout`): it gets that file's bytes only.
+    let stdout_taken = [&args.json, &args.trace]
+        .into_iter()
+        .flatten()
+        .any(|p| names_stdout(p));
+    if !stdout_taken {
+        super::stdout::print(&report.to_text())?;
+    }
+    if let Some(path) = &args.json {
         eprintln!("report written to {}", path.display());
     }
-    if let (Some(sink), Some(path)) = (trace, &args.trace) {
-        sink.finish().context("--trace")?;
+    if let Some(path) = &args.trace {
         eprintln!(
             "Chrome trace written to {} (open in chrome://tracing or ui.perfetto.dev)",
             path.display()
@@ -228,6 +257,7 @@ pub fn run(args: BenchArgs, log_filter: &str) -> Result<()> {
     }
     Ok(())
 }
+
 /// The `--trace` file as tracing-chrome's writer. tracing-chrome writes from its own thread and
 /// panics on a write error, so none reaches it: the first error is kept, later writes are
 /// dropped, and [`TraceSink::finish`] reports it (the trace is then not committed: no partial
@@ -252,7 +282,8 @@ impl TraceSink {
         })
     }
 
-    fn finish(self) -> Result<()> {
+    /// The trace, complete (not yet in place), or the first write error.
+    fn finish(self) -> Result<FinishedOutput> {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let out = state.out.take().context("the trace was already finished")?;
         if let Some(e) = state.error.take() {
@@ -262,7 +293,7 @@ impl TraceSink {
             }
             .into());
         }
-        Ok(out.commit()?)
+        Ok(out.finish()?)
     }
 }
 

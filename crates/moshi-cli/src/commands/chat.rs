@@ -11,14 +11,14 @@
 //! real time, input frames are dropped deliberately (latency stays bounded) and the summary says
 //! so with the measured factor.
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use moshi_loader::output_file::write_output;
+use moshi_loader::output_file::{names_stdout, write_output};
 use moshi_runtime::backend::cpal::{CpalBackend, CpalOptions, DEFAULT_BUFFER_MS};
 use moshi_runtime::backend::device_watch::{DeviceLost, DeviceWatch};
 use moshi_runtime::backend::{reconnect_session, start_session, AudioBackend, RingSizes, Session};
@@ -28,8 +28,10 @@ use moshi_runtime::recorder::{ConversationWav, RecorderThread};
 use moshi_runtime::ring::{AudioCounters, CounterSnapshot};
 use moshi_runtime::SAMPLE_RATE_HZ;
 
-use super::file::check_writable;
 use super::model_args::{ModelArgs, SamplingArgs, LIVE_KV_CACHE};
+use super::outputs::{check_outputs, given};
+use super::signals::{remove_partials_on, Signals};
+use super::stdout::Words;
 
 #[derive(clap::Args, Debug)]
 pub struct ChatArgs {
@@ -144,6 +146,9 @@ struct Console {
     latencies_ms: LatencyStats,
     /// Compute time of the latest frames (for the real-time factor on the status line).
     recent_total_ms: std::collections::VecDeque<f64>,
+    /// The words on stdout when stderr is not a terminal (a stdout error never stops the
+    /// conversation).
+    words: Words,
 }
 
 impl Console {
@@ -155,6 +160,7 @@ impl Console {
             last_status: long_ago,
             last_error_report: long_ago,
             errors_reported: 0,
+            words: Words::default(),
             latest: None,
             latencies_ms: LatencyStats::default(),
             recent_total_ms: std::collections::VecDeque::with_capacity(RECENT_FRAMES),
@@ -169,8 +175,7 @@ impl Console {
                 self.line.clear();
             }
         } else {
-            print!("{text}");
-            let _ = std::io::stdout().flush();
+            self.words.print(text);
         }
     }
 
@@ -258,21 +263,28 @@ struct ChatStats {
 }
 
 pub fn run(args: ChatArgs) -> anyhow::Result<()> {
-    for (what, p) in [
-        ("--record", &args.record),
-        ("--profile", &args.profile),
-        ("--stats-json", &args.stats_json),
-    ] {
-        if let Some(p) = p {
-            check_writable(p, what, &[])?;
-        }
-    }
+    // Ctrl-C stops the conversation and completes the outputs (below); SIGTERM and SIGHUP end
+    // the process with no partial file left.
+    remove_partials_on(Signals::TermAndHup)?;
+    let outputs = given(&[
+        ("--record", args.record.as_deref()),
+        ("--profile", args.profile.as_deref()),
+        ("--stats-json", args.stats_json.as_deref()),
+    ]);
+    // Before the model loads: what cannot be written fails at once. Against the model's files
+    // once they are known (below).
+    check_outputs(&outputs, &[])?;
     anyhow::ensure!(
         args.buffer_ms >= 1 && args.buffer_ms <= 1000,
         "--buffer-ms {}: expected 1..=1000",
         args.buffer_ms
     );
-    let (model, mut pipeline) = args.model.load_pipeline(&args.sampling, LIVE_KV_CACHE)?;
+    let model = args.model.resolve()?;
+    check_outputs(&outputs, &model.input_paths())?;
+    let (model, mut pipeline) = args
+        .model
+        .load_resolved_model(model, &args.sampling, LIVE_KV_CACHE, 1)?
+        .into_pipeline()?;
     pipeline.warm_up().context("warm-up frame")?;
     eprintln!(
         "model: {} ({:?})",
@@ -317,6 +329,10 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         .context("starting tokio")?;
     let ctrl_c = watch_ctrl_c()?;
     let mut console = Console::new();
+    if outputs.iter().any(|(_, p)| names_stdout(p)) {
+        // `--record /dev/stdout`: stdout gets the recording's bytes only.
+        console.words = Words::quiet();
+    }
     let started = Instant::now();
     let mut steady_underruns_base: Option<u64> = None;
     let mut profile = Profile {
@@ -366,7 +382,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     if console.tty {
         eprintln!("\r\x1b[2K{}", console.line.trim_start());
     } else {
-        println!();
+        console.words.print("\n");
     }
     if let Err(e) = stopped {
         eprintln!("warning: {e}");
@@ -385,7 +401,10 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     );
     // Whatever became of the other outputs, the recording is completed.
     let recorded = recording.map_or(Ok(()), |(path, r)| finish_recording(path, r));
-    profiled.and(summarized).and(recorded)
+    profiled
+        .and(summarized)
+        .and(recorded)
+        .and(std::mem::take(&mut console.words).finish())
 }
 
 /// Why the conversation (or one device's part of it) stopped.
@@ -420,7 +439,7 @@ const SECOND_CTRL_C_EXIT_STATUS: i32 = 130;
 /// Watches Ctrl-C on its own thread for the whole session (once tokio listens, SIGINT no longer
 /// ends the process by itself): the first one sets the returned flag (the session stops and
 /// writes its summary and files), a second one exits the process at once, whatever the main
-/// thread is waiting for.
+/// thread is waiting for, removing the temporary files of the outputs not yet complete.
 fn watch_ctrl_c() -> anyhow::Result<Arc<AtomicBool>> {
     let requested = Arc::new(AtomicBool::new(false));
     let flag = requested.clone();
@@ -438,6 +457,8 @@ fn watch_ctrl_c() -> anyhow::Result<Arc<AtomicBool>> {
                 flag.store(true, Ordering::Release);
                 if tokio::signal::ctrl_c().await.is_ok() {
                     eprintln!("\nsecond Ctrl-C: exiting now");
+                    // The outputs not yet complete are given up: no hidden partial is left.
+                    moshi_loader::output_file::remove_partials_for_exit();
                     std::process::exit(SECOND_CTRL_C_EXIT_STATUS);
                 }
             })

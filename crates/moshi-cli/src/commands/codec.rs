@@ -8,11 +8,13 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use moshi_loader::npy::{self, NpyWriter};
-use moshi_loader::output_file::{check_output_path, ensure_not_an_input};
 use moshi_loader::{load_mimi_weights, MimiConfig};
 use moshi_model::mimi::{Mimi, MimiWeights};
 use moshi_runtime::wav::WavWriter;
 use moshi_runtime::wav_frames::{PartialFrame, WavFrames};
+
+use super::outputs::check_outputs;
+use super::signals::{remove_partials_on, Signals};
 
 #[derive(clap::Subcommand, Debug)]
 pub enum CodecCommand {
@@ -71,6 +73,7 @@ pub struct DecodeArgs {
 }
 
 pub fn run(cmd: CodecCommand) -> Result<()> {
+    remove_partials_on(Signals::All)?;
     match cmd {
         CodecCommand::Encode(args) => encode(args),
         CodecCommand::Decode(args) => decode(args),
@@ -136,12 +139,12 @@ fn find_mimi_in(dir: &Path) -> Result<PathBuf> {
 }
 
 fn encode(args: EncodeArgs) -> Result<()> {
-    ensure_not_an_input(&args.output, &[&args.input]).context("codec encode")?;
-    check_output_path(&args.output)?;
+    let output = [("output", args.output.as_path())];
+    check_outputs(&output, &[&args.input])?;
     let (weights, cfg, config_path) = resolve(&args.source)?;
-    let mut model_files = vec![weights.as_path()];
-    model_files.extend(config_path.as_deref());
-    ensure_not_an_input(&args.output, &model_files).context("codec encode")?;
+    let mut inputs = vec![args.input.as_path(), weights.as_path()];
+    inputs.extend(config_path.as_deref());
+    check_outputs(&output, &inputs)?;
     let mut mimi = load_mimi(&cfg, &weights, args.codebooks)?;
     mimi.set_weights(args.source.mimi_weights);
     let frame = mimi.frame_size_samples();
@@ -204,8 +207,8 @@ fn decode(args: DecodeArgs) -> Result<()> {
         Some("wav") => false,
         _ => bail!("{}: output must end in .wav or .npy", args.output.display()),
     };
-    ensure_not_an_input(&args.output, &[&args.input]).context("codec decode")?;
-    check_output_path(&args.output)?;
+    let output = [("output", args.output.as_path())];
+    check_outputs(&output, &[&args.input])?;
     let arr = npy::read_i64(&args.input)?;
     if arr.shape.len() != 2 {
         bail!(
@@ -241,9 +244,9 @@ fn decode(args: DecodeArgs) -> Result<()> {
     }
     drop(arr);
     let (weights, cfg, config_path) = resolve(&args.source)?;
-    let mut model_files = vec![weights.as_path()];
-    model_files.extend(config_path.as_deref());
-    ensure_not_an_input(&args.output, &model_files).context("codec decode")?;
+    let mut inputs = vec![args.input.as_path(), weights.as_path()];
+    inputs.extend(config_path.as_deref());
+    check_outputs(&output, &inputs)?;
     if k > cfg.quantizer.n_q {
         bail!(
             "{}: holds {k} codebooks (rows), the Mimi quantizer has 1..={} (n_q)",

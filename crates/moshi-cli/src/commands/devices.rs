@@ -9,12 +9,12 @@ pub struct DevicesArgs {}
 pub fn run(_args: DevicesArgs) -> anyhow::Result<()> {
     let devices = list_devices()?;
     if devices.is_empty() {
-        println!("no audio devices found");
-        return Ok(());
+        return super::stdout::print("no audio devices found\n");
     }
+    let mut s = String::new();
     for is_input in [true, false] {
-        println!(
-            "{}:",
+        s += &format!(
+            "{}:\n",
             if is_input {
                 "input devices"
             } else {
@@ -22,8 +22,8 @@ pub fn run(_args: DevicesArgs) -> anyhow::Result<()> {
             }
         );
         for d in devices.iter().filter(|d| d.is_input == is_input) {
-            println!(
-                "  {}{}  [default config: {}; 24 kHz mono: {}]",
+            s += &format!(
+                "  {}{}  [default config: {}; 24 kHz mono: {}]\n",
                 d.name,
                 if d.is_default { " (default)" } else { "" },
                 d.default_config,
@@ -35,5 +35,5 @@ pub fn run(_args: DevicesArgs) -> anyhow::Result<()> {
             );
         }
     }
-    Ok(())
+    super::stdout::print(&s)
 }

@@ -11,23 +11,23 @@
 //! memory and written then. Every output goes through `moshi_loader::output_file`: complete or
 //! absent, devices and pipes written in place, an input never overwritten.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Context;
-use moshi_loader::output_file::{
-    check_output_path, ensure_distinct_outputs, ensure_not_an_input, write_output, OutputFile,
-};
+use moshi_loader::output_file::{commit_all, names_stdout, FinishedOutput, OutputFile};
 use moshi_runtime::engine::{FrameOutput, OfflineRunner};
 use moshi_runtime::metrics::{Metrics, ProfileWriter};
 use moshi_runtime::pipeline::MoshiPipeline;
 use moshi_runtime::translate::{translate_offline, TranslationEnd};
-use moshi_runtime::wav::{write_mono_i16, WavWriter};
+use moshi_runtime::wav::WavWriter;
 use moshi_runtime::wav_frames::{PartialFrame, WavFrames};
 use moshi_runtime::{RuntimeError, FRAME_SAMPLES, SAMPLE_RATE_HZ};
 
 use super::model_args::{ModelArgs, SamplingArgs, FILE_KV_CACHE};
+use super::outputs::{check_outputs, given};
+use super::signals::{remove_partials_on, Signals};
+use super::stdout::Words;
 use super::transcript::Transcript;
 
 #[derive(clap::Args, Debug)]
@@ -72,14 +72,6 @@ pub fn tail_frames(seconds: f64) -> anyhow::Result<usize> {
     Ok((seconds * 1e3 / moshi_runtime::FRAME_MS + 1e-9).floor() as usize)
 }
 
-/// Fails early (before any compute) when `path` cannot be written: missing folder, a directory,
-/// one of the command's `inputs`.
-pub fn check_writable(path: &Path, what: &str, inputs: &[&Path]) -> anyhow::Result<()> {
-    ensure_not_an_input(path, inputs).with_context(|| what.to_string())?;
-    check_output_path(path).with_context(|| what.to_string())?;
-    Ok(())
-}
-
 /// Opens a WAV as 24 kHz frames (at least one whole frame).
 pub fn open_input_frames(path: &Path) -> anyhow::Result<WavFrames> {
     let frames = WavFrames::open(path, SAMPLE_RATE_HZ, FRAME_SAMPLES, PartialFrame::Drop)?;
@@ -99,26 +91,20 @@ pub fn open_input_frames(path: &Path) -> anyhow::Result<WavFrames> {
 }
 
 pub fn run(args: FileArgs) -> anyhow::Result<()> {
+    remove_partials_on(Signals::All)?;
     let input: &Path = &args.input;
-    let mut outputs: Vec<(&str, &Path)> = vec![("output", &args.output)];
-    for (what, p) in [
-        ("--transcript", &args.transcript),
-        ("--tokens-out", &args.tokens_out),
-        ("--profile", &args.profile),
-    ] {
-        if let Some(p) = p {
-            outputs.push((what, p));
-        }
-    }
+    let outputs_given = given(&[
+        ("output", Some(&args.output)),
+        ("--transcript", args.transcript.as_deref()),
+        ("--tokens-out", args.tokens_out.as_deref()),
+        ("--profile", args.profile.as_deref()),
+    ]);
     let mut frames_in = open_input_frames(input)?;
     let model = args.model.resolve()?;
     // No output may overwrite a file the command reads: the WAV or any file of the model.
     let mut inputs = vec![input];
     inputs.extend(model.input_paths());
-    for (what, path) in &outputs {
-        check_writable(path, what, &inputs)?;
-    }
-    ensure_distinct_outputs(&outputs)?;
+    check_outputs(&outputs_given, &inputs)?;
     let max_tail_frames = tail_frames(args.max_tail_s.unwrap_or(DEFAULT_MAX_TAIL_S))?;
     let frames = frames_in.total_frames();
 
@@ -179,6 +165,13 @@ pub fn run(args: FileArgs) -> anyhow::Result<()> {
             .map(ProfileWriter::create)
             .transpose()?,
         transcript: Transcript::default(),
+        // An output on stdout (`/dev/stdout`) must get its bytes only: the words are then in
+        // --transcript alone.
+        words: if outputs_given.iter().any(|(_, p)| names_stdout(p)) {
+            Words::quiet()
+        } else {
+            Words::default()
+        },
         // A translation returns up to the input's frames plus the silence after it.
         bar: indicatif::ProgressBar::new(
             frames
@@ -196,7 +189,7 @@ pub fn run(args: FileArgs) -> anyhow::Result<()> {
         frames_out: 0,
         error: None,
     };
-    let (frames_out, metrics) = if translation {
+    let (audio, frames_out, metrics) = if translation {
         translate(
             &mut pipeline,
             &mut frames_in,
@@ -216,26 +209,33 @@ pub fn run(args: FileArgs) -> anyhow::Result<()> {
     let tail = pipeline.finish_text();
     if !tail.is_empty() {
         outputs.transcript.push(frames_out.saturating_sub(1), &tail);
-        print!("{tail}");
+        outputs.words.print(&tail);
     }
-    println!();
+    outputs.words.print("\n");
     outputs.bar.finish_and_clear();
+    // Every output is completed first, then all are put in place together: a run that fails
+    // on one of them (a full disk) replaces none.
+    let mut finished = vec![audio];
+    if let Some(out) = outputs.tokens {
+        finished.push(out.finish().context("--tokens-out")?);
+    }
+    if let Some(p) = &args.transcript {
+        let mut out = OutputFile::create(p).context("--transcript")?;
+        out.write_bytes(outputs.transcript.to_tsv().as_bytes())
+            .context("--transcript")?;
+        finished.push(out.finish().context("--transcript")?);
+    }
+    if let Some(p) = outputs.profile {
+        finished.push(p.complete(&metrics.summary()).context("--profile")?);
+    }
+    commit_all(finished)?;
     eprintln!(
         "wrote {} ({} samples)",
         args.output.display(),
         frames_out * FRAME_SAMPLES as u64
     );
-    if let Some(out) = outputs.tokens {
-        out.commit().context("--tokens-out")?;
-    }
-    if let Some(p) = &args.transcript {
-        write_output(p, outputs.transcript.to_tsv().as_bytes()).context("--transcript")?;
-    }
-    if let Some(p) = outputs.profile {
-        p.finish(&metrics.summary()).context("--profile")?;
-    }
     eprint!("{}", metrics.summary().to_table());
-    Ok(())
+    outputs.words.finish()
 }
 
 /// What `file` writes besides the audio, fed one output frame at a time.
@@ -243,6 +243,8 @@ struct Outputs {
     tokens: Option<OutputFile>,
     profile: Option<ProfileWriter>,
     transcript: Transcript,
+    /// The words on stdout, as they come.
+    words: Words,
     bar: indicatif::ProgressBar,
     started: Instant,
     /// Output frames seen.
@@ -264,9 +266,7 @@ impl Outputs {
         }
         if let Some(text) = &o.text {
             self.transcript.push(i, text);
-            let mut stdout = std::io::stdout();
-            let _ = write!(stdout, "{text}");
-            let _ = stdout.flush();
+            self.words.print(text);
         }
         self.frames_out += 1;
         let audio_s = self.frames_out as f64 * FRAME_SAMPLES as f64 / SAMPLE_RATE_HZ as f64;
@@ -292,14 +292,15 @@ impl Outputs {
 }
 
 /// Moshi answers the input frame by frame, each answer frame written as it comes (`frames` in,
-/// `frames` out). Returns the frames written and the run's metrics.
+/// `frames` out). Returns the answer (complete, not yet in place), the frames written and the
+/// run's metrics.
 fn answer(
     pipeline: &mut MoshiPipeline,
     frames_in: &mut WavFrames,
     output: &Path,
     frames: u64,
     outputs: &mut Outputs,
-) -> anyhow::Result<(u64, Metrics)> {
+) -> anyhow::Result<(FinishedOutput, u64, Metrics)> {
     let mut wav_out = WavWriter::create(output, 1, SAMPLE_RATE_HZ, frames * FRAME_SAMPLES as u64)?;
     let mut runner = OfflineRunner::new();
     while let Some(frame) = frames_in.next_frame()? {
@@ -310,19 +311,20 @@ fn answer(
         outputs.frame(i, &o);
         outputs.check()?;
     }
-    wav_out.finish()?;
-    Ok((frames, runner.into_metrics()))
+    let audio = wav_out.complete()?;
+    Ok((audio, frames, runner.into_metrics()))
 }
 
 /// A translation model translates the whole input (held in memory: the translation's length is
-/// known only when the model ends its text), then the translation is written.
+/// known only when the model ends its text), then the translation is written (not yet put in
+/// place).
 fn translate(
     pipeline: &mut MoshiPipeline,
     frames_in: &mut WavFrames,
     output: &Path,
     max_tail_frames: usize,
     outputs: &mut Outputs,
-) -> anyhow::Result<(u64, Metrics)> {
+) -> anyhow::Result<(FinishedOutput, u64, Metrics)> {
     let mut pcm = Vec::new();
     while let Some(frame) = frames_in.next_frame()? {
         pcm.extend_from_slice(frame);
@@ -358,6 +360,7 @@ fn translate(
             tail_frames as f64 * moshi_runtime::FRAME_MS / 1e3
         ),
     }
-    write_mono_i16(output, &t.pcm, SAMPLE_RATE_HZ)?;
-    Ok((t.frames_out, t.metrics))
+    let mut wav_out = WavWriter::create(output, 1, SAMPLE_RATE_HZ, t.pcm.len() as u64)?;
+    wav_out.write_mono(&t.pcm)?;
+    Ok((wav_out.complete()?, t.frames_out, t.metrics))
 }

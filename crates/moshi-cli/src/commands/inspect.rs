@@ -1,6 +1,7 @@
 //! `moshi-rs inspect <file-or-folder> [--json]`: what a checkpoint, tokenizer, config file or
 //! model folder holds, and whether it matches the config that applies to it.
 
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
@@ -121,11 +122,10 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
         }
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        super::stdout::print(&(serde_json::to_string_pretty(&out)? + "\n"))
     } else {
-        print_text(&out);
+        super::stdout::print(&text(&out))
     }
-    Ok(())
 }
 
 /// The config that applies to a checkpoint: explicit, else next to the file, else built in.
@@ -243,37 +243,47 @@ fn thousands(n: u64) -> String {
     out
 }
 
-fn print_text(out: &InspectOutput) {
+/// The text report (what `inspect` prints without `--json`).
+fn text(out: &InspectOutput) -> String {
+    let mut s = String::new();
+    // Writing to a String cannot fail.
+    macro_rules! out_line {
+        ($($arg:tt)*) => {{
+            let _ = writeln!(s, $($arg)*);
+        }};
+    }
     for e in &out.checkpoints {
         let r = &e.report;
-        println!("{}", r.path.display());
-        println!("  format      {}", r.format);
+        out_line!("{}", r.path.display());
+        out_line!("  format      {}", r.format);
         let dtypes: Vec<String> = r.dtypes.iter().map(|(d, n)| format!("{d} x {n}")).collect();
-        println!("  tensors     {} ({})", r.tensor_count, dtypes.join(", "));
+        out_line!("  tensors     {} ({})", r.tensor_count, dtypes.join(", "));
         for q in &r.quantization {
-            println!(
+            out_line!(
                 "  quantized   {}-bit, group size {} ({} matrices)",
-                q.bits, q.group_size, q.matrices
+                q.bits,
+                q.group_size,
+                q.matrices
             );
         }
-        println!("  parameters  {}", thousands(r.parameter_count));
-        println!("  size        {:.2} MB", r.file_size_bytes as f64 / 1e6);
+        out_line!("  parameters  {}", thousands(r.parameter_count));
+        out_line!("  size        {:.2} MB", r.file_size_bytes as f64 / 1e6);
         for n in &r.notes {
-            println!("  note        {n}");
+            out_line!("  note        {n}");
         }
         match &r.config_check {
             Some(c) if c.is_clean() => {
-                println!("  config      {}: matches ({})", e.config, c.scope)
+                out_line!("  config      {}: matches ({})", e.config, c.scope)
             }
             Some(c) => {
-                println!("  config      {}: DOES NOT MATCH ({})", e.config, c.scope);
+                out_line!("  config      {}: DOES NOT MATCH ({})", e.config, c.scope);
                 for (label, list) in [
                     ("missing", &c.missing),
                     ("unexpected", &c.unexpected),
                     ("mismatched", &c.mismatched),
                 ] {
                     if !list.is_empty() {
-                        println!(
+                        out_line!(
                             "  {label:<11} {} (first: {})",
                             list.len(),
                             list.iter().take(5).cloned().collect::<Vec<_>>().join("; ")
@@ -281,36 +291,40 @@ fn print_text(out: &InspectOutput) {
                     }
                 }
             }
-            None => println!("  config      {}", e.config),
+            None => out_line!("  config      {}", e.config),
         }
     }
     for t in &out.tokenizers {
-        println!("{}", t.path.display());
-        println!(
+        out_line!("{}", t.path.display());
+        out_line!(
             "  format      sentencepiece {} ({} pieces, byte_fallback {}, normalizer {})",
-            t.model_type, t.vocab_size, t.byte_fallback, t.normalizer
+            t.model_type,
+            t.vocab_size,
+            t.byte_fallback,
+            t.normalizer
         );
     }
     for c in &out.configs {
-        println!("{}", c.path.display());
-        println!("  config      {}", c.summary);
+        out_line!("{}", c.path.display());
+        out_line!("  config      {}", c.summary);
         if !c.unknown_keys.is_empty() {
-            println!("  unknown     {:?} (kept, ignored)", c.unknown_keys);
+            out_line!("  unknown     {:?} (kept, ignored)", c.unknown_keys);
         }
     }
     if let Some(r) = &out.resolved {
-        println!("model folder resolves to");
-        println!(
+        out_line!("model folder resolves to");
+        out_line!(
             "  lm          {} ({}), config {}",
             r.lm_weights.display(),
             r.layout,
             r.lm_config
         );
-        println!(
+        out_line!(
             "  mimi        {}, config {}",
             r.mimi_weights.display(),
             r.mimi_config
         );
-        println!("  tokenizer   {}", r.tokenizer.display());
+        out_line!("  tokenizer   {}", r.tokenizer.display());
     }
+    s
 }

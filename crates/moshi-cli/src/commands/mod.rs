@@ -8,8 +8,11 @@ pub mod file;
 pub mod flag_values;
 pub mod inspect;
 pub mod model_args;
+pub mod outputs;
 pub mod quantize;
 pub mod serve;
+pub mod signals;
+pub mod stdout;
 pub mod transcribe;
 pub mod transcript;
 

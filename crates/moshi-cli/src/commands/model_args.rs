@@ -239,16 +239,6 @@ impl ModelArgs {
         self.load_resolved_model(model, sampling, default_kv_cache, sessions)
     }
 
-    /// [`Self::load_model`] and a session of it, for the commands that run one conversation.
-    pub fn load_pipeline(
-        &self,
-        sampling: &SamplingArgs,
-        default_kv_cache: KvPrecision,
-    ) -> anyhow::Result<(ResolvedModel, MoshiPipeline)> {
-        self.load_model(sampling, default_kv_cache, 1)?
-            .into_pipeline()
-    }
-
     /// The flag checks of [`Self::load_model`] that need no model.
     fn check_load_flags(&self, sampling: &SamplingArgs) -> anyhow::Result<()> {
         self.weight_mode()?;

@@ -7,8 +7,10 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use moshi_kernels::SUPPORTED_GROUP_SIZES;
 use moshi_loader::mlx_export::write_mlx_quantized;
-use moshi_loader::output_file::{check_output_path, ensure_not_an_input};
 use moshi_loader::{load_lm_weights, LmConfig, WeightMode};
+
+use super::outputs::check_outputs;
+use super::signals::{remove_partials_on, Signals};
 
 #[derive(clap::Args, Debug)]
 pub struct QuantizeArgs {
@@ -47,6 +49,7 @@ fn config_for(args: &QuantizeArgs) -> anyhow::Result<(LmConfig, String, Option<P
 }
 
 pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
+    remove_partials_on(Signals::All)?;
     if args.bits != 4 && args.bits != 8 {
         bail!(
             "--bits {}: expected 4 or 8 (the MLX formats of the Kyutai releases)",
@@ -66,8 +69,7 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
     // The config read, whether named by --config or picked up next to the input.
     let mut inputs = vec![args.input.as_path()];
     inputs.extend(config_path.as_deref());
-    ensure_not_an_input(&args.output, &inputs).context("quantize")?;
-    check_output_path(&args.output)?;
+    check_outputs(&[("output", &args.output)], &inputs)?;
     let started = Instant::now();
     eprintln!(
         "quantizing {} to {}-bit, group size {group_size} (config: {config_origin}) ...",

@@ -191,8 +191,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             web_ui.describe(),
             args.max_sessions
         );
-        // The line to open (also read by scripts and tests).
-        println!("moshi-rs serve: open {}", server.url());
+        // The line to open (also read by scripts and tests); a closed or full stdout (`| head
+        // -1` once the line is read) must not stop the server.
+        let _ = super::stdout::print(&format!("moshi-rs serve: open {}\n", server.url()));
         let signal = stop_signal().await?;
         eprintln!("{signal}: closing {} session(s)", server.running_sessions());
         server.shutdown(Duration::from_secs(3)).await;

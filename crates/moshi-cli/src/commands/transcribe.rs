@@ -10,12 +10,11 @@
 //! each through `moshi_loader::output_file` (complete or absent, inputs never overwritten): memory
 //! stays flat however long the recording.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Context;
-use moshi_loader::output_file::{ensure_distinct_outputs, OutputFile};
+use moshi_loader::output_file::{commit_all, names_stdout, FinishedOutput, OutputFile};
 use moshi_model::kind::ModelKind;
 use moshi_model::stt::TimedWord;
 use moshi_runtime::metrics::ProfileWriter;
@@ -23,8 +22,9 @@ use moshi_runtime::transcribe::{feeding_of, transcribe_frames, TranscribedStep};
 use moshi_runtime::wav_frames::{PartialFrame, WavFrames};
 use moshi_runtime::{FRAME_SAMPLES, SAMPLE_RATE_HZ};
 
-use super::file::check_writable;
 use super::model_args::{ModelArgs, SamplingArgs, FILE_KV_CACHE};
+use super::outputs::check_outputs;
+use super::stdout::Words;
 use super::transcript::{escape_controls, tsv_line};
 
 /// The model without `--model`: Kyutai's English and French model (0.5 s delay, voice activity
@@ -137,13 +137,13 @@ impl WordsFile {
         Ok(())
     }
 
-    fn commit(mut self) -> anyhow::Result<()> {
+    /// The file complete, to be put in place with the run's other outputs.
+    fn finish(mut self) -> anyhow::Result<FinishedOutput> {
         if self.format == WordsFormat::Json {
             let end: &[u8] = if self.written == 0 { b"]\n" } else { b"\n]\n" };
             self.file.write_bytes(end)?;
         }
-        self.file.commit()?;
-        Ok(())
+        Ok(self.file.finish()?)
     }
 }
 
@@ -187,10 +187,13 @@ pub fn run(args: TranscribeArgs) -> anyhow::Result<()> {
     // No output may overwrite a file the command reads: the WAV or any file of the model.
     let mut inputs = vec![input];
     inputs.extend(model.input_paths());
-    for (what, path) in &outputs {
-        check_writable(path, what, &inputs)?;
-    }
-    ensure_distinct_outputs(&outputs)?;
+    check_outputs(&outputs, &inputs)?;
+    // Words are not printed into an output.
+    let mut printed = if outputs.iter().any(|(_, p)| names_stdout(p)) {
+        Words::quiet()
+    } else {
+        Words::default()
+    };
 
     let load_started = Instant::now();
     let (model, mut pipeline) = args
@@ -275,9 +278,8 @@ pub fn run(args: TranscribeArgs) -> anyhow::Result<()> {
         if let Some(p) = profile.as_mut() {
             p.write(s.record).context("--profile")?;
         }
-        let mut stdout = std::io::stdout();
         if let Some(text) = &s.output.text {
-            let _ = write!(stdout, "{text}");
+            printed.print(text);
             after_turn_end = false;
         }
         let end_of_turn = t
@@ -285,12 +287,11 @@ pub fn run(args: TranscribeArgs) -> anyhow::Result<()> {
             .and_then(|h| h.first().copied());
         if let Some(p) = end_of_turn {
             if p > END_OF_TURN_THRESHOLD && !after_turn_end {
-                let _ = write!(stdout, " [end of turn]");
+                printed.print(" [end of turn]");
                 after_turn_end = true;
             }
             bar.set_message(format!("end of turn {p:.2}"));
         }
-        let _ = stdout.flush();
         write_words(&mut words_files, s.words)?;
         bar.inc(1);
         Ok(())
@@ -298,23 +299,26 @@ pub fn run(args: TranscribeArgs) -> anyhow::Result<()> {
     let result: anyhow::Result<_> = transcribe_frames(&mut pipeline, &mut frames, on_step);
     let (last, metrics) = result?;
     write_words(&mut words_files, &last)?;
-    println!();
+    printed.print("\n");
     bar.finish_and_clear();
+    // Every output complete first, then all put in place together: a failed one replaces none.
+    let mut finished = Vec::new();
     for f in words_files {
-        f.commit().context("--out")?;
+        finished.push(f.finish().context("--out")?);
     }
     if let Some(out) = tokens {
-        out.commit().context("--tokens-out")?;
+        finished.push(out.finish().context("--tokens-out")?);
     }
     if let Some(p) = profile {
-        p.finish(&metrics.summary()).context("--profile")?;
+        finished.push(p.complete(&metrics.summary()).context("--profile")?);
     }
+    commit_all(finished)?;
     eprintln!(
         "{words_out} words in {:.2} s",
         started.elapsed().as_secs_f64()
     );
     eprint!("{}", metrics.summary().to_table());
-    Ok(())
+    printed.finish()
 }
 
 #[cfg(test)]
