@@ -820,3 +820,71 @@ fn ogg_crc(bytes: &[u8]) -> u32 {
     }
     crc
 }
+
+/// A TCP connection to `addr` from the loopback address `from` (Linux answers every 127/8
+/// address), so one test can play several clients.
+async fn connect_from(from: &str, addr: SocketAddr) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{from}:0").parse().unwrap()).unwrap();
+    socket.connect(addr).await.unwrap()
+}
+
+/// Issue #41 defect 7: connections that send nothing, as many as `max_pending_connections`,
+/// used to lock every new client out until they timed out (and reconnecting kept it so). Now a
+/// new client evicts the one idle longest, and one address cannot hold more than
+/// `max_pending_per_address` pending connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_cannot_lock_new_clients_out() {
+    let server = start(
+        1,
+        Limits {
+            max_pending_connections: 4,
+            max_pending_per_address: 3,
+            pending_eviction_grace: Duration::from_millis(300),
+            header_read_timeout: Duration::from_secs(30),
+            ..limits()
+        },
+    )
+    .await;
+    let addr = server.local_addr();
+    // Three silent connections from one address; a fourth from it is closed at once.
+    let mut idle = Vec::new();
+    for _ in 0..3 {
+        idle.push(connect_from("127.0.0.2", addr).await);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut fourth = connect_from("127.0.0.2", addr).await;
+    assert!(
+        closed_within(&mut fourth, Duration::from_secs(2))
+            .await
+            .is_some(),
+        "a connection beyond the per-address cap was not closed at once"
+    );
+    // One more from another address fills the cap.
+    idle.push(connect_from("127.0.0.3", addr).await);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A new client is served (header timeout 30 s: before, it was closed at once) ...
+    let (mut tx, mut rx) = client::connect(&url(addr), OpusPacketing::WEB_CLIENT)
+        .await
+        .unwrap();
+    assert_eq!(rx.recv().await.unwrap(), Received::Handshake);
+    // ... in the place of the oldest idle connection, closed for it; the others stay open.
+    assert!(
+        closed_within(&mut idle[0], Duration::from_secs(2))
+            .await
+            .is_some(),
+        "the oldest idle connection was not evicted"
+    );
+    for tcp in &mut idle[1..] {
+        assert!(closed_within(tcp, Duration::from_millis(200))
+            .await
+            .is_none());
+    }
+    tx.close().await.unwrap();
+    let seen = next_ending(&mut rx).await;
+    assert_eq!(close_code(&seen), Some(1000), "{seen:?}");
+    assert!(
+        server.shutdown(Duration::from_secs(3)).await,
+        "every session closed at shutdown"
+    );
+}
