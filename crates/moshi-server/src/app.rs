@@ -452,10 +452,20 @@ async fn serve_connection<I>(
 {
     // Marks the connection busy while a request is in flight (it may not be evicted then).
     let track = track.clone();
-    let service = hyper::service::service_fn(move |req| {
+    let max_head = limits.max_request_head_bytes;
+    let service = hyper::service::service_fn(move |req: axum::http::Request<_>| {
         let busy = BusyGuard::new(&track);
-        let call = hyper::service::Service::call(&TowerToHyperService::new(service.clone()), req);
+        // hyper's `max_buf_size` bounds memory, not the head: its buffer grows in steps past it
+        // (a 40,000-byte head got through a 32 KiB limit), so the head is measured here.
+        let head = request_head_bytes(&req);
+        let call = (head <= max_head).then(|| {
+            hyper::service::Service::call(&TowerToHyperService::new(service.clone()), req)
+        });
         async move {
+            let Some(call) = call else {
+                tracing::debug!(%peer, head, "request head too large");
+                return Ok(head_too_large(head, max_head));
+            };
             let response = call.await;
             drop(busy);
             response
@@ -471,6 +481,29 @@ async fn serve_connection<I>(
     if let Err(e) = result {
         tracing::debug!(%peer, "connection: {e}");
     }
+}
+
+/// The size of a request's head as sent, counting one space after each header's colon: the
+/// request line, the headers, the blank line.
+fn request_head_bytes<B>(req: &axum::http::Request<B>) -> usize {
+    let line = req.method().as_str().len() + 1 + req.uri().to_string().len() + 1 + 8 + 2;
+    let headers: usize = req
+        .headers()
+        .iter()
+        .map(|(name, value)| name.as_str().len() + 2 + value.len() + 2)
+        .sum();
+    line + headers + 2
+}
+
+/// 431 Request Header Fields Too Large, and the connection closed.
+fn head_too_large(head: usize, max: usize) -> Response {
+    use axum::response::IntoResponse;
+    (
+        axum::http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+        [(axum::http::header::CONNECTION, "close")],
+        format!("request head of {head} bytes: at most {max} bytes\n"),
+    )
+        .into_response()
 }
 
 /// hyper's smallest read buffer (`max_buf_size` panics below it).

@@ -888,3 +888,48 @@ async fn idle_connections_cannot_lock_new_clients_out() {
         "every session closed at shutdown"
     );
 }
+
+/// Sends `request` on a new connection and returns the status code of the answer (None: closed
+/// without one).
+async fn status_of(addr: SocketAddr, request: &[u8]) -> Option<u16> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let _ = tcp.write_all(request).await;
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !answer.windows(2).any(|w| w == b"\r\n") {
+        match tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => answer.extend_from_slice(&buf[..n]),
+            _ => break,
+        }
+    }
+    let answer = String::from_utf8_lossy(&answer);
+    answer.split(' ').nth(1).and_then(|code| code.parse().ok())
+}
+
+/// A request whose head is exactly `bytes` long (one padding header).
+fn request_with_head(bytes: usize) -> Vec<u8> {
+    let start = "GET / HTTP/1.1\r\nHost: x\r\nX-Pad: ";
+    let end = "\r\n\r\n";
+    let pad = bytes - start.len() - end.len();
+    format!("{start}{}{end}", "a".repeat(pad)).into_bytes()
+}
+
+/// Issue #41 defect 15: the request head limit, documented as 32 KiB, let a 40,000-byte head
+/// through (hyper's buffer grows past `max_buf_size`). Exactly the limit is served; one byte
+/// more gets 431.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_head_one_byte_over_the_limit_gets_431() {
+    let server = start(1, limits()).await;
+    let addr = server.local_addr();
+    let max = Limits::default().max_request_head_bytes;
+    assert_eq!(max, 32 * 1024);
+    let at = status_of(addr, &request_with_head(max)).await;
+    assert!(matches!(at, Some(c) if c != 431), "{at:?}");
+    assert_eq!(
+        status_of(addr, &request_with_head(max + 1)).await,
+        Some(431)
+    );
+    assert_eq!(status_of(addr, &request_with_head(40_000)).await, Some(431));
+    assert!(server.shutdown(Duration::from_secs(3)).await);
+}
