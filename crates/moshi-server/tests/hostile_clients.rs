@@ -933,3 +933,63 @@ async fn a_request_head_one_byte_over_the_limit_gets_431() {
     assert_eq!(status_of(addr, &request_with_head(40_000)).await, Some(431));
     assert!(server.shutdown(Duration::from_secs(3)).await);
 }
+
+/// A server with the web UI folder `dir` (tiny model, one session).
+async fn start_with_static(dir: &std::path::Path) -> RunningServer {
+    let mut config = ServerConfig::new("127.0.0.1:0".parse().unwrap());
+    config.web_ui = WebUi::dir(dir).unwrap();
+    config.limits = limits();
+    let pool = pool(1, DropPolicy::Lossless, 8);
+    moshi_server::start(config, Arc::new(pool)).await.unwrap()
+}
+
+fn get(path: &str) -> Vec<u8> {
+    format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").into_bytes()
+}
+
+/// Issue #41 defect 14: with `--static`, a path component of 256 characters gave HTTP 500 (the
+/// file system's "name too long"); it is a file that is not there: 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn static_a_path_component_too_long_for_a_file_system_is_404() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("index.html"), "<html></html>").unwrap();
+    let server = start_with_static(dir.path()).await;
+    let addr = server.local_addr();
+    assert_eq!(status_of(addr, &get("/")).await, Some(200));
+    for long in [256, 1000] {
+        let path = format!("/{}", "a".repeat(long));
+        assert_eq!(status_of(addr, &get(&path)).await, Some(404), "{long}");
+        let path = format!("/{}/index.html", "a".repeat(long));
+        assert_eq!(status_of(addr, &get(&path)).await, Some(404), "{long}");
+    }
+    assert!(server.shutdown(Duration::from_secs(3)).await);
+}
+
+/// Issue #41 defect 22: a symlink inside `--static` pointing outside it was served. Only what
+/// resolves inside the static folder is served (links within it still work).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn static_a_symlink_pointing_outside_the_folder_is_not_served() {
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("secret.txt"), "secret").unwrap();
+    std::fs::write(outside.path().join("index.html"), "secret").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("index.html"), "<html></html>").unwrap();
+    std::fs::write(dir.path().join("inside.txt"), "ok").unwrap();
+    let link = |target: &std::path::Path, name: &str| {
+        std::os::unix::fs::symlink(target, dir.path().join(name)).unwrap()
+    };
+    link(&outside.path().join("secret.txt"), "leak.txt");
+    link(outside.path(), "leakdir");
+    link(&dir.path().join("inside.txt"), "alias.txt");
+    let server = start_with_static(dir.path()).await;
+    let addr = server.local_addr();
+    assert_eq!(status_of(addr, &get("/alias.txt")).await, Some(200));
+    assert_eq!(status_of(addr, &get("/leak.txt")).await, Some(404));
+    assert_eq!(
+        status_of(addr, &get("/leakdir/secret.txt")).await,
+        Some(404)
+    );
+    assert_eq!(status_of(addr, &get("/leakdir/")).await, Some(404));
+    assert_eq!(status_of(addr, &get("/%6ceak.txt")).await, Some(404));
+    assert!(server.shutdown(Duration::from_secs(3)).await);
+}
