@@ -993,3 +993,39 @@ async fn static_a_symlink_pointing_outside_the_folder_is_not_served() {
     assert_eq!(status_of(addr, &get("/%6ceak.txt")).await, Some(404));
     assert!(server.shutdown(Duration::from_secs(3)).await);
 }
+
+/// Issue #41 defect 17: a text or close frame that is not UTF-8 ended the session as "the
+/// connection was lost" with close code 1000 and no kind-5. Now the client is told why, and the
+/// close code is 1007 (invalid frame payload data, RFC 6455).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_text_or_close_frame_that_is_not_utf8_gets_kind5_and_1007() {
+    use tungstenite::protocol::frame::coding::{Control, Data, OpCode};
+    use tungstenite::protocol::frame::Frame;
+    let server = start(1, limits()).await;
+    let addr = server.local_addr();
+    let mut close_payload = 1000u16.to_be_bytes().to_vec();
+    close_payload.extend_from_slice(&[0xff, 0xfe]);
+    // A close frame with any payload (Frame::close takes a reason that is UTF-8 already).
+    let mut close = Frame::pong(close_payload);
+    close.header_mut().opcode = OpCode::Control(Control::Close);
+    for (what, frame) in [
+        (
+            "text",
+            Frame::message(vec![b'a', 0xff, 0xfe], OpCode::Data(Data::Text), true),
+        ),
+        ("close", close),
+    ] {
+        let (mut tx, mut rx) = client::connect(&url(addr), OpusPacketing::WEB_CLIENT)
+            .await
+            .unwrap();
+        assert_eq!(rx.recv().await.unwrap(), Received::Handshake);
+        tx.send_frame(frame).await.unwrap();
+        let seen = next_ending(&mut rx).await;
+        let e = error_of(&seen);
+        assert!(e.contains("not valid UTF-8"), "{what}: {e}");
+        assert_eq!(close_code(&seen), Some(1007), "{what}: {seen:?}");
+        // The slot is free again.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(server.shutdown(Duration::from_secs(3)).await);
+}
