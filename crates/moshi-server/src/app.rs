@@ -60,13 +60,16 @@ pub struct Limits {
     /// Largest request head (request line + headers) read from a client; hyper's floor is
     /// 8 KiB. Larger: the connection is closed with an error.
     pub max_request_head_bytes: usize,
-    /// Connections not (yet) upgraded to a websocket at a time. One more evicts the one idle
-    /// longest (no request in flight) if it has been idle for `pending_eviction_grace`, else it
-    /// is closed at once: idle connections cannot lock new clients out.
+    /// Connections not (yet) upgraded to a websocket at a time. When they are all held, a new
+    /// one takes the place of an idle one (no request in flight): from an address holding more
+    /// than `max_pending_per_address`, the oldest of that address's, else the one idle longest
+    /// if idle for `pending_eviction_grace`; else it is closed at once. Idle connections cannot
+    /// lock new clients out.
     pub max_pending_connections: usize,
-    /// Connections not (yet) upgraded from one client address at a time; one more from that
-    /// address is closed at once (so one address cannot fill `max_pending_connections` faster
-    /// than eviction frees it).
+    /// An address's share of `max_pending_connections` once they are all held: above it, its
+    /// connections are evicted first, whatever their age, and it gets no new one (one address
+    /// reconnecting faster than the grace cannot keep the others out). Below the cap it does
+    /// not apply, so a burst of clients from one address (a load test, a NAT) is served.
     pub max_pending_per_address: usize,
     /// How long a pending connection is safe from eviction after it was accepted or its last
     /// request ended (a burst of new clients must not evict each other before they speak).
@@ -568,27 +571,42 @@ impl PendingConnections {
         lock(&self.conns).len()
     }
 
-    /// A place for a new connection from `peer`: refused when its address holds
-    /// `max_pending_per_address` already; when `max_pending_connections` are held, the one idle
-    /// longest (past `pending_eviction_grace`) is evicted for it, or it is refused.
+    /// A place for a new connection from `peer`; when `max_pending_connections` are held, an
+    /// idle one is evicted for it (see [`Limits::max_pending_connections`]) or it is refused.
     fn admit(self: &Arc<Self>, peer: SocketAddr, limits: &Limits) -> Result<PendingPlace, String> {
         let mut conns = lock(&self.conns);
         let ip = peer.ip();
-        if conns.values().filter(|c| c.ip == ip).count() >= limits.max_pending_per_address {
-            return Err(format!(
-                "{} connections not upgraded to a websocket from one address at a time at most",
-                limits.max_pending_per_address
-            ));
-        }
         if conns.len() >= limits.max_pending_connections {
+            let mut per_address = std::collections::HashMap::<std::net::IpAddr, usize>::new();
+            for c in conns.values() {
+                *per_address.entry(c.ip).or_default() += 1;
+            }
+            if per_address.get(&ip).copied().unwrap_or(0) >= limits.max_pending_per_address {
+                return Err(format!(
+                    "{} connections not upgraded to a websocket at a time at most, {} from one address",
+                    limits.max_pending_connections, limits.max_pending_per_address
+                ));
+            }
             let now = Instant::now();
-            let oldest = conns
+            let idle = |c: &ConnTrack| c.busy.load(Ordering::Acquire) == 0;
+            // First the oldest idle connection of an address over its share, whatever its age.
+            let over_share = conns
                 .iter()
-                .filter(|(_, c)| c.busy.load(Ordering::Acquire) == 0)
+                .filter(|(_, c)| per_address[&c.ip] > limits.max_pending_per_address && idle(c))
                 .map(|(id, c)| (*id, *lock(&c.idle_since)))
-                .filter(|(_, since)| now.duration_since(*since) >= limits.pending_eviction_grace)
                 .min_by_key(|(_, since)| *since);
-            let Some((id, _)) = oldest else {
+            // Else the one idle longest, past the grace.
+            let victim = over_share.or_else(|| {
+                conns
+                    .iter()
+                    .filter(|(_, c)| idle(c))
+                    .map(|(id, c)| (*id, *lock(&c.idle_since)))
+                    .filter(|(_, since)| {
+                        now.duration_since(*since) >= limits.pending_eviction_grace
+                    })
+                    .min_by_key(|(_, since)| *since)
+            });
+            let Some((id, _)) = victim else {
                 return Err(format!(
                     "{} connections not upgraded to a websocket at a time at most, none idle",
                     limits.max_pending_connections

@@ -830,16 +830,17 @@ async fn connect_from(from: &str, addr: SocketAddr) -> tokio::net::TcpStream {
 }
 
 /// Issue #41 defect 7: connections that send nothing, as many as `max_pending_connections`,
-/// used to lock every new client out until they timed out (and reconnecting kept it so). Now a
-/// new client evicts the one idle longest, and one address cannot hold more than
-/// `max_pending_per_address` pending connections.
+/// used to lock every new client out until they timed out (and reconnecting kept it so). Now,
+/// once the cap is reached, a new client takes the place of an idle connection: first one of an
+/// address holding more than `max_pending_per_address` (whatever its age: reconnecting fast
+/// does not help), else the one idle longest; an address over its share gets no new one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_connections_cannot_lock_new_clients_out() {
     let server = start(
         1,
         Limits {
             max_pending_connections: 4,
-            max_pending_per_address: 3,
+            max_pending_per_address: 2,
             pending_eviction_grace: Duration::from_millis(300),
             header_read_timeout: Duration::from_secs(30),
             ..limits()
@@ -847,33 +848,55 @@ async fn idle_connections_cannot_lock_new_clients_out() {
     )
     .await;
     let addr = server.local_addr();
-    // Three silent connections from one address; a fourth from it is closed at once.
+    // One address fills the cap (below it, its share does not apply) ...
     let mut idle = Vec::new();
-    for _ in 0..3 {
+    for _ in 0..4 {
         idle.push(connect_from("127.0.0.2", addr).await);
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let mut fourth = connect_from("127.0.0.2", addr).await;
+    // ... gets no more (at the cap, over its share) ...
+    let mut fifth = connect_from("127.0.0.2", addr).await;
     assert!(
-        closed_within(&mut fourth, Duration::from_secs(2))
+        closed_within(&mut fifth, Duration::from_secs(2))
             .await
             .is_some(),
-        "a connection beyond the per-address cap was not closed at once"
+        "a connection from an address over its share was not closed at once"
     );
-    // One more from another address fills the cap.
-    idle.push(connect_from("127.0.0.3", addr).await);
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    // A new client is served (header timeout 30 s: before, it was closed at once) ...
+    // ... and a client from another address is served at once (within the grace: the
+    // connections it replaces are fresh), in the place of that address's oldest.
     let (mut tx, mut rx) = client::connect(&url(addr), OpusPacketing::WEB_CLIENT)
         .await
         .unwrap();
     assert_eq!(rx.recv().await.unwrap(), Received::Handshake);
-    // ... in the place of the oldest idle connection, closed for it; the others stay open.
     assert!(
         closed_within(&mut idle[0], Duration::from_secs(2))
             .await
             .is_some(),
-        "the oldest idle connection was not evicted"
+        "the oldest connection of the address over its share was not evicted"
+    );
+    tx.close().await.unwrap();
+    let seen = next_ending(&mut rx).await;
+    assert_eq!(close_code(&seen), Some(1000), "{seen:?}");
+    drop(idle);
+
+    // Four addresses, one idle connection each (none over its share): past the grace, a new
+    // client takes the place of the one idle longest; the others stay open.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut idle = Vec::new();
+    for from in ["127.0.0.5", "127.0.0.6", "127.0.0.7", "127.0.0.8"] {
+        idle.push(connect_from(from, addr).await);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (mut tx, mut rx) = client::connect(&url(addr), OpusPacketing::WEB_CLIENT)
+        .await
+        .unwrap();
+    assert_eq!(rx.recv().await.unwrap(), Received::Handshake);
+    assert!(
+        closed_within(&mut idle[0], Duration::from_secs(2))
+            .await
+            .is_some(),
+        "the connection idle longest was not evicted"
     );
     for tcp in &mut idle[1..] {
         assert!(closed_within(tcp, Duration::from_millis(200))
