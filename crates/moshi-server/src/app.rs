@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::extract::{Extension, State, WebSocketUpgrade};
 use axum::http::Uri;
@@ -60,8 +60,20 @@ pub struct Limits {
     /// Largest request head (request line + headers) read from a client; hyper's floor is
     /// 8 KiB. Larger: the connection is closed with an error.
     pub max_request_head_bytes: usize,
-    /// Connections not (yet) upgraded to a websocket at a time; one more is closed at once.
+    /// Connections not (yet) upgraded to a websocket at a time. When they are all held, a new
+    /// one takes the place of an idle one (no request in flight): from an address holding more
+    /// than `max_pending_per_address`, the oldest of that address's, else the one idle longest
+    /// if idle for `pending_eviction_grace`; else it is closed at once. Idle connections cannot
+    /// lock new clients out.
     pub max_pending_connections: usize,
+    /// An address's share of `max_pending_connections` once they are all held: above it, its
+    /// connections are evicted first, whatever their age, and it gets no new one (one address
+    /// reconnecting faster than the grace cannot keep the others out). Below the cap it does
+    /// not apply, so a burst of clients from one address (a load test, a NAT) is served.
+    pub max_pending_per_address: usize,
+    /// How long a pending connection is safe from eviction after it was accepted or its last
+    /// request ended (a burst of new clients must not evict each other before they speak).
+    pub pending_eviction_grace: Duration,
     /// Connections at a time, websocket sessions included; one more is closed at once.
     pub max_connections: usize,
 }
@@ -83,6 +95,8 @@ impl Default for Limits {
             header_read_timeout: Duration::from_secs(10),
             max_request_head_bytes: 32 * 1024,
             max_pending_connections: 64,
+            max_pending_per_address: 16,
+            pending_eviction_grace: Duration::from_secs(1),
             max_connections: 256,
         }
     }
@@ -340,8 +354,8 @@ async fn accept_loop(
     state: Arc<AppState>,
 ) {
     let limits = state.limits.clone();
-    // Held by each connection until it is upgraded to a websocket (or ends).
-    let pending = Arc::new(tokio::sync::Semaphore::new(limits.max_pending_connections));
+    // Every connection until it is upgraded to a websocket (or ends).
+    let pending = Arc::new(PendingConnections::default());
     let mut last_accept_warning: Option<tokio::time::Instant> = None;
     let mut accept_failures_not_logged = 0u64;
     loop {
@@ -365,14 +379,17 @@ async fn accept_loop(
             }
         };
         let sessions = state.running_sessions.load(Ordering::Acquire);
-        let not_upgraded = limits.max_pending_connections - pending.available_permits();
+        let not_upgraded = pending.len();
         if sessions + not_upgraded >= limits.max_connections {
             tracing::debug!(%peer, sessions, not_upgraded, "connection refused: {} connections at a time at most", limits.max_connections);
             continue;
         }
-        let Ok(permit) = pending.clone().try_acquire_owned() else {
-            tracing::debug!(%peer, "connection refused: {} connections not upgraded to a websocket at a time at most", limits.max_pending_connections);
-            continue;
+        let conn = match pending.admit(peer, &limits) {
+            Ok(conn) => conn,
+            Err(why) => {
+                tracing::debug!(%peer, "connection refused: {why}");
+                continue;
+            }
         };
         // Small messages every 20-80 ms: never wait for more bytes before sending.
         let _ = tcp.set_nodelay(true);
@@ -384,37 +401,84 @@ async fn accept_loop(
         let tls = tls.clone();
         let limits = limits.clone();
         tokio::spawn(async move {
-            // The permit is released when the connection ends or is upgraded (the websocket
-            // session then runs on its own task, counted in `running_sessions`).
-            let _permit = permit;
-            match tls {
-                None => serve_connection(TokioIo::new(tcp), service, peer, &limits).await,
-                Some(acceptor) => {
-                    match tokio::time::timeout(limits.tls_handshake_timeout, acceptor.accept(tcp))
+            // `conn` leaves the pending set when the connection ends or is upgraded (the
+            // websocket session then runs on its own task, counted in `running_sessions`).
+            let track = conn.track.clone();
+            let serve = async {
+                match tls {
+                    None => {
+                        serve_connection(TokioIo::new(tcp), service, peer, &limits, &track).await
+                    }
+                    Some(acceptor) => {
+                        match tokio::time::timeout(
+                            limits.tls_handshake_timeout,
+                            acceptor.accept(tcp),
+                        )
                         .await
-                    {
-                        Ok(Ok(stream)) => {
-                            serve_connection(TokioIo::new(stream), service, peer, &limits).await
+                        {
+                            Ok(Ok(stream)) => {
+                                serve_connection(
+                                    TokioIo::new(stream),
+                                    service,
+                                    peer,
+                                    &limits,
+                                    &track,
+                                )
+                                .await
+                            }
+                            Ok(Err(e)) => tracing::info!(%peer, "TLS handshake failed: {e}"),
+                            Err(_) => tracing::info!(%peer, "TLS handshake timed out"),
                         }
-                        Ok(Err(e)) => tracing::info!(%peer, "TLS handshake failed: {e}"),
-                        Err(_) => tracing::info!(%peer, "TLS handshake timed out"),
                     }
                 }
+            };
+            tokio::select! {
+                () = serve => {}
+                () = track.evicted.notified() => {
+                    tracing::debug!(%peer, "idle connection closed: a new client needed its place");
+                }
             }
+            drop(conn);
         });
     }
 }
 
 /// Serves HTTP/1 on one connection until it ends or is upgraded to a websocket.
-async fn serve_connection<I>(io: TokioIo<I>, service: Router, peer: SocketAddr, limits: &Limits)
-where
+async fn serve_connection<I>(
+    io: TokioIo<I>,
+    service: Router,
+    peer: SocketAddr,
+    limits: &Limits,
+    track: &Arc<ConnTrack>,
+) where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
+    // Marks the connection busy while a request is in flight (it may not be evicted then).
+    let track = track.clone();
+    let max_head = limits.max_request_head_bytes;
+    let service = hyper::service::service_fn(move |req: axum::http::Request<_>| {
+        let busy = BusyGuard::new(&track);
+        // hyper's `max_buf_size` bounds memory, not the head: its buffer grows in steps past it
+        // (a 40,000-byte head got through a 32 KiB limit), so the head is measured here.
+        let head = request_head_bytes(&req);
+        let call = (head <= max_head).then(|| {
+            hyper::service::Service::call(&TowerToHyperService::new(service.clone()), req)
+        });
+        async move {
+            let Some(call) = call else {
+                tracing::debug!(%peer, head, "request head too large");
+                return Ok(head_too_large(head, max_head));
+            };
+            let response = call.await;
+            drop(busy);
+            response
+        }
+    });
     let result = hyper::server::conn::http1::Builder::new()
         .timer(hyper_util::rt::TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout)
         .max_buf_size(limits.max_request_head_bytes.max(MIN_REQUEST_HEAD_BYTES))
-        .serve_connection(io, TowerToHyperService::new(service))
+        .serve_connection(io, service)
         .with_upgrades()
         .await;
     if let Err(e) = result {
@@ -422,5 +486,148 @@ where
     }
 }
 
+/// The size of a request's head as sent, counting one space after each header's colon: the
+/// request line, the headers, the blank line.
+fn request_head_bytes<B>(req: &axum::http::Request<B>) -> usize {
+    let line = req.method().as_str().len() + 1 + req.uri().to_string().len() + 1 + 8 + 2;
+    let headers: usize = req
+        .headers()
+        .iter()
+        .map(|(name, value)| name.as_str().len() + 2 + value.len() + 2)
+        .sum();
+    line + headers + 2
+}
+
+/// 431 Request Header Fields Too Large, and the connection closed.
+fn head_too_large(head: usize, max: usize) -> Response {
+    use axum::response::IntoResponse;
+    (
+        axum::http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+        [(axum::http::header::CONNECTION, "close")],
+        format!("request head of {head} bytes: at most {max} bytes\n"),
+    )
+        .into_response()
+}
+
 /// hyper's smallest read buffer (`max_buf_size` panics below it).
 const MIN_REQUEST_HEAD_BYTES: usize = 8192;
+
+/// One connection not (yet) upgraded to a websocket.
+#[derive(Debug)]
+struct ConnTrack {
+    ip: std::net::IpAddr,
+    /// Requests in flight.
+    busy: AtomicUsize,
+    /// When it was accepted or its last request ended.
+    idle_since: std::sync::Mutex<Instant>,
+    /// Notified to close it (a new client needs its place).
+    evicted: Notify,
+}
+
+/// Counts a request in flight on a connection.
+struct BusyGuard(Arc<ConnTrack>);
+
+impl BusyGuard {
+    fn new(track: &Arc<ConnTrack>) -> Self {
+        track.busy.fetch_add(1, Ordering::AcqRel);
+        Self(track.clone())
+    }
+}
+
+impl Drop for BusyGuard {
+    fn drop(&mut self) {
+        *lock(&self.0.idle_since) = Instant::now();
+        self.0.busy.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A poisoned lock only means a panic elsewhere; the map itself stays consistent.
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The connections not (yet) upgraded to a websocket.
+#[derive(Debug, Default)]
+struct PendingConnections {
+    conns: std::sync::Mutex<std::collections::HashMap<u64, Arc<ConnTrack>>>,
+    next_id: AtomicU64,
+}
+
+/// A connection's place in [`PendingConnections`]; dropping it gives the place back.
+struct PendingPlace {
+    set: Arc<PendingConnections>,
+    id: u64,
+    track: Arc<ConnTrack>,
+}
+
+impl Drop for PendingPlace {
+    fn drop(&mut self) {
+        lock(&self.set.conns).remove(&self.id);
+    }
+}
+
+impl PendingConnections {
+    fn len(&self) -> usize {
+        lock(&self.conns).len()
+    }
+
+    /// A place for a new connection from `peer`; when `max_pending_connections` are held, an
+    /// idle one is evicted for it (see [`Limits::max_pending_connections`]) or it is refused.
+    fn admit(self: &Arc<Self>, peer: SocketAddr, limits: &Limits) -> Result<PendingPlace, String> {
+        let mut conns = lock(&self.conns);
+        let ip = peer.ip();
+        if conns.len() >= limits.max_pending_connections {
+            let mut per_address = std::collections::HashMap::<std::net::IpAddr, usize>::new();
+            for c in conns.values() {
+                *per_address.entry(c.ip).or_default() += 1;
+            }
+            if per_address.get(&ip).copied().unwrap_or(0) >= limits.max_pending_per_address {
+                return Err(format!(
+                    "{} connections not upgraded to a websocket at a time at most, {} from one address",
+                    limits.max_pending_connections, limits.max_pending_per_address
+                ));
+            }
+            let now = Instant::now();
+            let idle = |c: &ConnTrack| c.busy.load(Ordering::Acquire) == 0;
+            // First the oldest idle connection of an address over its share, whatever its age.
+            let over_share = conns
+                .iter()
+                .filter(|(_, c)| per_address[&c.ip] > limits.max_pending_per_address && idle(c))
+                .map(|(id, c)| (*id, *lock(&c.idle_since)))
+                .min_by_key(|(_, since)| *since);
+            // Else the one idle longest, past the grace.
+            let victim = over_share.or_else(|| {
+                conns
+                    .iter()
+                    .filter(|(_, c)| idle(c))
+                    .map(|(id, c)| (*id, *lock(&c.idle_since)))
+                    .filter(|(_, since)| {
+                        now.duration_since(*since) >= limits.pending_eviction_grace
+                    })
+                    .min_by_key(|(_, since)| *since)
+            });
+            let Some((id, _)) = victim else {
+                return Err(format!(
+                    "{} connections not upgraded to a websocket at a time at most, none idle",
+                    limits.max_pending_connections
+                ));
+            };
+            if let Some(victim) = conns.remove(&id) {
+                victim.evicted.notify_one();
+            }
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let track = Arc::new(ConnTrack {
+            ip,
+            busy: AtomicUsize::new(0),
+            idle_since: std::sync::Mutex::new(Instant::now()),
+            evicted: Notify::new(),
+        });
+        conns.insert(id, track.clone());
+        Ok(PendingPlace {
+            set: self.clone(),
+            id,
+            track,
+        })
+    }
+}

@@ -118,6 +118,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin> ChatSender<S> {
         Ok(())
     }
 
+    /// Sends a raw websocket frame as given (for testing the server's protocol checks: a text or
+    /// close frame that is not UTF-8, which the message types cannot hold).
+    pub async fn send_frame(
+        &mut self,
+        frame: tungstenite::protocol::frame::Frame,
+    ) -> Result<(), ClientError> {
+        self.sink.send(Message::Frame(frame)).await?;
+        Ok(())
+    }
+
     /// Starts the closing handshake.
     pub async fn close(&mut self) -> Result<(), ClientError> {
         let frame = CloseFrame {

@@ -167,6 +167,23 @@ mod tests {
             .collect()
     }
 
+    /// Issue #41's class: a client's text reaches the log and the kind-5 escaped, never with
+    /// raw control characters (a terminal would act on them).
+    #[test]
+    fn a_bad_value_is_echoed_escaped() {
+        for (key, value) in [
+            ("text_temperature", "\u{1b}[2J"),
+            ("text_topk", "1\r\nforged log line"),
+            ("stats_s", "\u{7}"),
+        ] {
+            let e =
+                SessionRequest::from_query(&params(&[(key, value)]), &SamplingConfig::default())
+                    .unwrap_err();
+            assert!(!e.chars().any(char::is_control), "{e:?}");
+            assert!(e.contains(key), "{e}");
+        }
+    }
+
     #[test]
     fn the_web_ui_query_is_applied_where_the_engine_can() {
         let q = params(&[

@@ -28,6 +28,7 @@ use crate::session_engine::{EngineSession, ProcessedFrame, SessionEvent};
 mod close_code {
     pub const NORMAL: u16 = 1000;
     pub const GOING_AWAY: u16 = 1001;
+    pub const INVALID_PAYLOAD: u16 = 1007;
     pub const POLICY: u16 = 1008;
     pub const TOO_BIG: u16 = 1009;
     pub const INTERNAL: u16 = 1011;
@@ -58,6 +59,8 @@ enum SessionEnd {
     TooLarge(String),
     /// The client broke the protocol (empty message, text frame, bad Ogg/Opus, too much audio).
     BadInput(String),
+    /// A text or close frame that is not UTF-8 (RFC 6455 section 8.1: close code 1007).
+    NotUtf8(String),
     Idle(Duration),
     /// The client sent less than `min_audio_speed` x real time over the window.
     TooSlow(String),
@@ -71,7 +74,7 @@ impl SessionEnd {
     fn client_message(&self) -> Option<String> {
         match self {
             Self::ClientClosed | Self::ConnectionLost(_) | Self::NotReading(_) => None,
-            Self::TooLarge(m) | Self::BadInput(m) | Self::TooSlow(m) => {
+            Self::TooLarge(m) | Self::BadInput(m) | Self::TooSlow(m) | Self::NotUtf8(m) => {
                 Some(format!("{m}; closing the session"))
             }
             Self::Idle(d) => Some(format!(
@@ -87,6 +90,7 @@ impl SessionEnd {
         match self {
             Self::ClientClosed | Self::ConnectionLost(_) | Self::Idle(_) => close_code::NORMAL,
             Self::TooLarge(_) => close_code::TOO_BIG,
+            Self::NotUtf8(_) => close_code::INVALID_PAYLOAD,
             Self::BadInput(_) | Self::TooSlow(_) | Self::NotReading(_) => close_code::POLICY,
             Self::Engine(_) => close_code::INTERNAL,
             Self::Shutdown => close_code::GOING_AWAY,
@@ -97,7 +101,7 @@ impl SessionEnd {
         match self {
             Self::ClientClosed => "the client closed the connection".into(),
             Self::ConnectionLost(e) => format!("the connection was lost: {e}"),
-            Self::TooLarge(m) | Self::BadInput(m) => format!("bad input: {m}"),
+            Self::TooLarge(m) | Self::BadInput(m) | Self::NotUtf8(m) => format!("bad input: {m}"),
             Self::TooSlow(m) => format!("audio too slow: {m}"),
             Self::Idle(d) => format!("no audio for {} s", d.as_secs()),
             Self::NotReading(d) => format!(
@@ -735,6 +739,10 @@ fn transport_error(e: axum::Error, max_message_bytes: usize) -> SessionEnd {
                 SessionEnd::ConnectionLost("the client vanished without closing".into())
             }
             tungstenite::Error::Protocol(p) => SessionEnd::BadInput(format!("websocket: {p}")),
+            // Before, this fell through to "the connection was lost" with close code 1000.
+            tungstenite::Error::Utf8(e) => SessionEnd::NotUtf8(format!(
+                "a websocket text or close frame that is not valid UTF-8 ({e})"
+            )),
             other => SessionEnd::ConnectionLost(other.to_string()),
         },
         Err(other) => SessionEnd::ConnectionLost(other.to_string()),

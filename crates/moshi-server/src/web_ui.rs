@@ -5,9 +5,12 @@
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
+use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
@@ -142,7 +145,15 @@ const PAGE_FILES: [(&str, &str, &str); 3] = [
 /// Routes serving `ui` (everything but `/api/chat`).
 pub fn routes<S: Clone + Send + Sync + 'static>(ui: &WebUi) -> Router<S> {
     match ui {
-        WebUi::Dir(dir) => Router::new().fallback_service(tower_http::services::ServeDir::new(dir)),
+        WebUi::Dir(dir) => {
+            let root = Arc::new(std::fs::canonicalize(dir).unwrap_or_else(|_| dir.clone()));
+            Router::new()
+                .fallback_service(tower_http::services::ServeDir::new(dir))
+                .layer(axum::middleware::from_fn_with_state(
+                    root,
+                    inside_static_root,
+                ))
+        }
         WebUi::BuiltIn => {
             let mut router = Router::new();
             for (path, content_type, body) in PAGE_FILES {
@@ -163,6 +174,70 @@ pub fn routes<S: Clone + Send + Sync + 'static>(ui: &WebUi) -> Router<S> {
         }
         WebUi::None => Router::new().fallback(api_only),
     }
+}
+
+/// Lets through to `ServeDir` only the paths that name something inside the static root once
+/// every symlink is resolved (a symlink in `--static` pointing outside it is not served), and
+/// answers 404 to a path a file system cannot hold (a component over 255 bytes gave a 500).
+async fn inside_static_root(
+    State(root): State<Arc<PathBuf>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    match static_path_allowed(&root, request.uri().path()) {
+        true => next.run(request).await,
+        false => not_found().await,
+    }
+}
+
+/// Whether the request path `uri_path` may be served from `root` (canonical).
+fn static_path_allowed(root: &Path, uri_path: &str) -> bool {
+    let Some(decoded) = percent_decode(uri_path) else {
+        return false;
+    };
+    let mut path = root.to_path_buf();
+    for part in decoded.split('/') {
+        match part {
+            "" | "." => {}
+            // ServeDir refuses these too; refusing here keeps the check simple.
+            ".." => return false,
+            // NAME_MAX on every file system we serve from.
+            _ if part.len() > 255 => return false,
+            _ => path.push(part),
+        }
+    }
+    // What is not there is ServeDir's 404 (or its index.html fallback) to give.
+    let Ok(real) = std::fs::canonicalize(&path) else {
+        return true;
+    };
+    if !real.starts_with(root) {
+        return false;
+    }
+    // A folder is served as its index.html, which may itself be a link.
+    if real.is_dir() {
+        if let Ok(index) = std::fs::canonicalize(real.join("index.html")) {
+            return index.starts_with(root);
+        }
+    }
+    true
+}
+
+/// `%XX` decoded, as UTF-8 (None: a bad escape or not UTF-8, which ServeDir refuses too).
+fn percent_decode(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 async fn not_found() -> Response {

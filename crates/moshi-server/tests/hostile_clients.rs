@@ -820,3 +820,235 @@ fn ogg_crc(bytes: &[u8]) -> u32 {
     }
     crc
 }
+
+/// A TCP connection to `addr` from the loopback address `from` (Linux answers every 127/8
+/// address), so one test can play several clients.
+async fn connect_from(from: &str, addr: SocketAddr) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{from}:0").parse().unwrap()).unwrap();
+    socket.connect(addr).await.unwrap()
+}
+
+/// Issue #41 defect 7: connections that send nothing, as many as `max_pending_connections`,
+/// used to lock every new client out until they timed out (and reconnecting kept it so). Now,
+/// once the cap is reached, a new client takes the place of an idle connection: first one of an
+/// address holding more than `max_pending_per_address` (whatever its age: reconnecting fast
+/// does not help), else the one idle longest; an address over its share gets no new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_cannot_lock_new_clients_out() {
+    let server = start(
+        1,
+        Limits {
+            max_pending_connections: 4,
+            max_pending_per_address: 2,
+            pending_eviction_grace: Duration::from_millis(300),
+            header_read_timeout: Duration::from_secs(30),
+            ..limits()
+        },
+    )
+    .await;
+    let addr = server.local_addr();
+    // One address fills the cap (below it, its share does not apply) ...
+    let mut idle = Vec::new();
+    for _ in 0..4 {
+        idle.push(connect_from("127.0.0.2", addr).await);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // ... gets no more (at the cap, over its share) ...
+    let mut fifth = connect_from("127.0.0.2", addr).await;
+    assert!(
+        closed_within(&mut fifth, Duration::from_secs(2))
+            .await
+            .is_some(),
+        "a connection from an address over its share was not closed at once"
+    );
+    // ... and a client from another address is served at once (within the grace: the
+    // connections it replaces are fresh), in the place of that address's oldest.
+    let (mut tx, mut rx) = client::connect(&url(addr), OpusPacketing::WEB_CLIENT)
+        .await
+        .unwrap();
+    assert_eq!(rx.recv().await.unwrap(), Received::Handshake);
+    assert!(
+        closed_within(&mut idle[0], Duration::from_secs(2))
+            .await
+            .is_some(),
+        "the oldest connection of the address over its share was not evicted"
+    );
+    tx.close().await.unwrap();
+    let seen = next_ending(&mut rx).await;
+    assert_eq!(close_code(&seen), Some(1000), "{seen:?}");
+    drop(idle);
+
+    // Four addresses, one idle connection each (none over its share): past the grace, a new
+    // client takes the place of the one idle longest; the others stay open.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut idle = Vec::new();
+    for from in ["127.0.0.5", "127.0.0.6", "127.0.0.7", "127.0.0.8"] {
+        idle.push(connect_from(from, addr).await);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (mut tx, mut rx) = client::connect(&url(addr), OpusPacketing::WEB_CLIENT)
+        .await
+        .unwrap();
+    assert_eq!(rx.recv().await.unwrap(), Received::Handshake);
+    assert!(
+        closed_within(&mut idle[0], Duration::from_secs(2))
+            .await
+            .is_some(),
+        "the connection idle longest was not evicted"
+    );
+    for tcp in &mut idle[1..] {
+        assert!(closed_within(tcp, Duration::from_millis(200))
+            .await
+            .is_none());
+    }
+    tx.close().await.unwrap();
+    let seen = next_ending(&mut rx).await;
+    assert_eq!(close_code(&seen), Some(1000), "{seen:?}");
+    assert!(
+        server.shutdown(Duration::from_secs(3)).await,
+        "every session closed at shutdown"
+    );
+}
+
+/// Sends `request` on a new connection and returns the status code of the answer (None: closed
+/// without one).
+async fn status_of(addr: SocketAddr, request: &[u8]) -> Option<u16> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let _ = tcp.write_all(request).await;
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !answer.windows(2).any(|w| w == b"\r\n") {
+        match tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => answer.extend_from_slice(&buf[..n]),
+            _ => break,
+        }
+    }
+    let answer = String::from_utf8_lossy(&answer);
+    answer.split(' ').nth(1).and_then(|code| code.parse().ok())
+}
+
+/// A request whose head is exactly `bytes` long (one padding header).
+fn request_with_head(bytes: usize) -> Vec<u8> {
+    let start = "GET / HTTP/1.1\r\nHost: x\r\nX-Pad: ";
+    let end = "\r\n\r\n";
+    let pad = bytes - start.len() - end.len();
+    format!("{start}{}{end}", "a".repeat(pad)).into_bytes()
+}
+
+/// Issue #41 defect 15: the request head limit, documented as 32 KiB, let a 40,000-byte head
+/// through (hyper's buffer grows past `max_buf_size`). Exactly the limit is served; one byte
+/// more gets 431.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_head_one_byte_over_the_limit_gets_431() {
+    let server = start(1, limits()).await;
+    let addr = server.local_addr();
+    let max = Limits::default().max_request_head_bytes;
+    assert_eq!(max, 32 * 1024);
+    let at = status_of(addr, &request_with_head(max)).await;
+    assert!(matches!(at, Some(c) if c != 431), "{at:?}");
+    assert_eq!(
+        status_of(addr, &request_with_head(max + 1)).await,
+        Some(431)
+    );
+    assert_eq!(status_of(addr, &request_with_head(40_000)).await, Some(431));
+    assert!(server.shutdown(Duration::from_secs(3)).await);
+}
+
+/// A server with the web UI folder `dir` (tiny model, one session).
+async fn start_with_static(dir: &std::path::Path) -> RunningServer {
+    let mut config = ServerConfig::new("127.0.0.1:0".parse().unwrap());
+    config.web_ui = WebUi::dir(dir).unwrap();
+    config.limits = limits();
+    let pool = pool(1, DropPolicy::Lossless, 8);
+    moshi_server::start(config, Arc::new(pool)).await.unwrap()
+}
+
+fn get(path: &str) -> Vec<u8> {
+    format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").into_bytes()
+}
+
+/// Issue #41 defect 14: with `--static`, a path component of 256 characters gave HTTP 500 (the
+/// file system's "name too long"); it is a file that is not there: 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn static_a_path_component_too_long_for_a_file_system_is_404() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("index.html"), "<html></html>").unwrap();
+    let server = start_with_static(dir.path()).await;
+    let addr = server.local_addr();
+    assert_eq!(status_of(addr, &get("/")).await, Some(200));
+    for long in [256, 1000] {
+        let path = format!("/{}", "a".repeat(long));
+        assert_eq!(status_of(addr, &get(&path)).await, Some(404), "{long}");
+        let path = format!("/{}/index.html", "a".repeat(long));
+        assert_eq!(status_of(addr, &get(&path)).await, Some(404), "{long}");
+    }
+    assert!(server.shutdown(Duration::from_secs(3)).await);
+}
+
+/// Issue #41 defect 22: a symlink inside `--static` pointing outside it was served. Only what
+/// resolves inside the static folder is served (links within it still work).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn static_a_symlink_pointing_outside_the_folder_is_not_served() {
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("secret.txt"), "secret").unwrap();
+    std::fs::write(outside.path().join("index.html"), "secret").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("index.html"), "<html></html>").unwrap();
+    std::fs::write(dir.path().join("inside.txt"), "ok").unwrap();
+    let link = |target: &std::path::Path, name: &str| {
+        std::os::unix::fs::symlink(target, dir.path().join(name)).unwrap()
+    };
+    link(&outside.path().join("secret.txt"), "leak.txt");
+    link(outside.path(), "leakdir");
+    link(&dir.path().join("inside.txt"), "alias.txt");
+    let server = start_with_static(dir.path()).await;
+    let addr = server.local_addr();
+    assert_eq!(status_of(addr, &get("/alias.txt")).await, Some(200));
+    assert_eq!(status_of(addr, &get("/leak.txt")).await, Some(404));
+    assert_eq!(
+        status_of(addr, &get("/leakdir/secret.txt")).await,
+        Some(404)
+    );
+    assert_eq!(status_of(addr, &get("/leakdir/")).await, Some(404));
+    assert_eq!(status_of(addr, &get("/%6ceak.txt")).await, Some(404));
+    assert!(server.shutdown(Duration::from_secs(3)).await);
+}
+
+/// Issue #41 defect 17: a text or close frame that is not UTF-8 ended the session as "the
+/// connection was lost" with close code 1000 and no kind-5. Now the client is told why, and the
+/// close code is 1007 (invalid frame payload data, RFC 6455).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_text_or_close_frame_that_is_not_utf8_gets_kind5_and_1007() {
+    use tungstenite::protocol::frame::coding::{Control, Data, OpCode};
+    use tungstenite::protocol::frame::Frame;
+    let server = start(1, limits()).await;
+    let addr = server.local_addr();
+    let mut close_payload = 1000u16.to_be_bytes().to_vec();
+    close_payload.extend_from_slice(&[0xff, 0xfe]);
+    // A close frame with any payload (Frame::close takes a reason that is UTF-8 already).
+    let mut close = Frame::pong(close_payload);
+    close.header_mut().opcode = OpCode::Control(Control::Close);
+    for (what, frame) in [
+        (
+            "text",
+            Frame::message(vec![b'a', 0xff, 0xfe], OpCode::Data(Data::Text), true),
+        ),
+        ("close", close),
+    ] {
+        let (mut tx, mut rx) = client::connect(&url(addr), OpusPacketing::WEB_CLIENT)
+            .await
+            .unwrap();
+        assert_eq!(rx.recv().await.unwrap(), Received::Handshake);
+        tx.send_frame(frame).await.unwrap();
+        let seen = next_ending(&mut rx).await;
+        let e = error_of(&seen);
+        assert!(e.contains("not valid UTF-8"), "{what}: {e}");
+        assert_eq!(close_code(&seen), Some(1007), "{what}: {seen:?}");
+        // The slot is free again.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(server.shutdown(Duration::from_secs(3)).await);
+}

@@ -274,3 +274,39 @@ fn decoded_audio_per_call_is_bounded() {
     );
     assert!(out.len() <= 4_800);
 }
+
+/// The pages of an Ogg stream, each with its bytes.
+fn split_pages(mut bytes: &[u8]) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    while !bytes.is_empty() {
+        let segments = bytes[26] as usize;
+        let body: usize = bytes[27..27 + segments].iter().map(|&l| l as usize).sum();
+        let len = 27 + segments + body;
+        out.push(bytes[..len].to_vec());
+        bytes = &bytes[len..];
+    }
+    out
+}
+
+/// Issue #41 defect 16: pages out of order (0,1,2,3,4,3,5 or 0..4,2,5) were accepted although
+/// docs/serve.md says they end the session. RFC 3533: each page's sequence number is the last
+/// one's plus one; a page repeated, missing or out of order is an error naming the numbers.
+#[test]
+fn pages_repeated_missing_or_out_of_order_are_errors() {
+    let (messages, _) = encode(&signal(8 * 1920), OpusPacketing::SERVER);
+    let all = split_pages(&messages.concat());
+    assert!(all.len() >= 6, "{} pages", all.len());
+    let stream =
+        |order: &[usize]| -> Vec<u8> { order.iter().flat_map(|&i| all[i].clone()).collect() };
+    assert!(read(&stream(&[0, 1, 2, 3, 4, 5])).is_ok());
+    expect_err(
+        &stream(&[0, 1, 2, 3, 4, 3, 5]),
+        "page sequence number 3 where 5",
+    );
+    expect_err(
+        &stream(&[0, 1, 2, 3, 4, 2, 5]),
+        "page sequence number 2 where 5",
+    );
+    expect_err(&stream(&[0, 1, 2, 4, 5]), "page sequence number 4 where 3");
+    expect_err(&stream(&[0, 1, 3, 2]), "out of order");
+}

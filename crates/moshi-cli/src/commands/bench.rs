@@ -142,7 +142,7 @@ pub struct BenchArgs {
     /// Classifier-free guidance of a conditioned config (Hibiki, e.g. `--config
     /// configs/hibiki-m.json`): two LM rows per step, logits mixed with this coefficient. 1 = no
     /// guidance. Default: the config's `lm_gen_config.cfg_coef`, else 1. Stages all and lm.
-    #[arg(long, value_name = "COEF")]
+    #[arg(long, value_name = "COEF", value_parser = super::flag_values::cfg_coef)]
     cfg_coef: Option<f32>,
 }
 

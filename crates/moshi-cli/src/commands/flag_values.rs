@@ -36,6 +36,35 @@ pub fn temperature(s: &str) -> Result<f32, String> {
     Ok(v as f32)
 }
 
+/// A classifier-free guidance coefficient: finite, above 0, at most the cap the config's
+/// `lm_gen_config.cfg_coef` has (the flag used to accept what the config refuses).
+pub fn cfg_coef(s: &str) -> Result<f32, String> {
+    let max = moshi_loader::config::limits::MAX_CFG_COEF;
+    let v = parse_f64(s)?;
+    if !(v.is_finite() && v > 0.0 && v <= max) {
+        return Err(format!(
+            "{s}: expected a number above 0 and at most {max} (1 = no guidance)"
+        ));
+    }
+    Ok(v as f32)
+}
+
+/// `serve --host`: an IP address, or `localhost` for 127.0.0.1 (RFC 6761 reserves the name for
+/// loopback, so it needs no lookup). Other names are refused: a name resolving to several
+/// addresses, or to a public one, would make what the server exposes depend on DNS.
+pub fn host(s: &str) -> Result<std::net::IpAddr, String> {
+    if s.eq_ignore_ascii_case("localhost") {
+        return Ok(std::net::Ipv4Addr::LOCALHOST.into());
+    }
+    s.trim().parse().map_err(|_| {
+        format!(
+            "`{}` is not an IP address: use 127.0.0.1 (or localhost) for this machine only, \
+             0.0.0.0 for every interface, or one of its addresses",
+            s.escape_debug()
+        )
+    })
+}
+
 /// A duration in seconds: finite, above 0, at most a year.
 pub fn duration_s(s: &str) -> Result<f64, String> {
     let v = parse_f64(s)?;
@@ -120,6 +149,31 @@ mod tests {
             let e = temperature(bad).unwrap_err();
             assert!(e.contains(bad) && e.contains("temperature"), "{bad}: {e}");
         }
+    }
+
+    /// Issue #41 defect 22: `--cfg-coef 1001` was accepted while the config caps
+    /// `lm_gen_config.cfg_coef` at 1000.
+    #[test]
+    fn cfg_coef_has_the_configs_cap() {
+        assert_eq!(cfg_coef("3").unwrap(), 3.0);
+        assert_eq!(cfg_coef("1000").unwrap(), 1000.0);
+        for bad in ["1001", "1e9", "0", "-1", "NaN", "inf", "x"] {
+            assert!(cfg_coef(bad).is_err(), "{bad}");
+        }
+        assert!(cfg_coef("1001").unwrap_err().contains("at most 1000"));
+    }
+
+    /// Issue #41 defect 22: `--host localhost` was refused as an invalid IP address.
+    #[test]
+    fn host_takes_an_ip_address_or_localhost() {
+        assert_eq!(host("localhost").unwrap().to_string(), "127.0.0.1");
+        assert_eq!(host("LocalHost").unwrap().to_string(), "127.0.0.1");
+        assert_eq!(host("0.0.0.0").unwrap().to_string(), "0.0.0.0");
+        assert_eq!(host("::1").unwrap().to_string(), "::1");
+        let e = host("example.com").unwrap_err();
+        assert!(e.contains("example.com") && e.contains("127.0.0.1"), "{e}");
+        // Untrusted text is echoed escaped.
+        assert!(host("a\u{1b}[31m").unwrap_err().contains("\\u{1b}"));
     }
 
     #[test]

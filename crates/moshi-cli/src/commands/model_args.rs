@@ -130,7 +130,7 @@ pub struct SamplingArgs {
     /// `null + (cond - null) * COEF` between rows conditioned on `very_good` and `very_bad`.
     /// 1 = no guidance (one row). Default: the config's `lm_gen_config.cfg_coef`, else 1
     /// (Kyutai's default; 3 is Kyutai's usual value for Hibiki).
-    #[arg(long, value_name = "COEF")]
+    #[arg(long, value_name = "COEF", value_parser = super::flag_values::cfg_coef)]
     pub cfg_coef: Option<f32>,
 }
 
@@ -330,6 +330,20 @@ mod tests {
             serde_json::from_str(moshi_loader::config::MOSHIKO_7B_JSON).unwrap();
         v["lm_gen_config"] = gen;
         LmConfig::from_json_str(&v.to_string(), std::path::Path::new("config.json")).unwrap()
+    }
+
+    /// Issue #41 defect 22: the flag is refused above the config's cap, naming the flag.
+    #[test]
+    fn cfg_coef_above_the_configs_cap_is_refused() {
+        assert_eq!(sampling_args(&["--cfg-coef", "3"]).cfg_coef, Some(3.0));
+        let e = Cli::try_parse_from(["moshi-rs", "--cfg-coef", "1001"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("--cfg-coef") && e.contains("at most 1000"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -35,7 +35,7 @@ pub struct ServeArgs {
     /// Address to listen on: 127.0.0.1 (this machine only) unless told otherwise; 0.0.0.0 for
     /// every interface (then use --tls-cert/--tls-key: browsers open the microphone only on
     /// localhost or https).
-    #[arg(long, default_value = "127.0.0.1")]
+    #[arg(long, default_value = "127.0.0.1", value_parser = super::flag_values::host)]
     pub host: IpAddr,
     /// Port to listen on (0: any free port, printed at start).
     #[arg(long, default_value_t = 8998)]

@@ -40,6 +40,8 @@ pub struct OggOpusReader {
     pending: Vec<u8>,
     packets: BasePacketReader,
     serial: Option<u32>,
+    /// The sequence number the next page must carry (RFC 3533: one more than the last page's).
+    next_sequence: u32,
     /// Bytes of the packet left open at the end of the last page (continued on the next one).
     open_packet_bytes: usize,
     stage: Stage,
@@ -62,6 +64,7 @@ impl OggOpusReader {
             pending: Vec::new(),
             packets: BasePacketReader::new(),
             serial: None,
+            next_sequence: 0,
             open_packet_bytes: 0,
             stage: Stage::Head,
             decoder: None,
@@ -160,6 +163,18 @@ impl OggOpusReader {
             }
             Some(_) => {}
         }
+        // RFC 3533: each page's sequence number is the last one's plus one (the first page's
+        // is free). A page repeated, missing or out of order would otherwise be decoded as if
+        // it belonged there (the packet reader only notices some of these).
+        if self.pages > 0 && sequence != self.next_sequence {
+            return Err(OggOpusError::BadPage {
+                sequence,
+                detail: format!(
+                    "page sequence number {sequence} where {} was expected: pages repeated, missing or out of order",
+                    self.next_sequence
+                ),
+            });
+        }
         // Packet sizes, including one carried over from earlier pages, are bounded before
         // anything is buffered.
         let mut open = if flags & FLAG_CONTINUED != 0 {
@@ -192,6 +207,7 @@ impl OggOpusReader {
             .push_page(page)
             .map_err(|e| bad_page(format!("{e} (pages out of order or a packet cut short?)")))?;
         self.pages += 1;
+        self.next_sequence = sequence.wrapping_add(1);
         Ok(Some(page_len))
     }
 
