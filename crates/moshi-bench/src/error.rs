@@ -99,6 +99,13 @@ pub enum BenchError {
         path: PathBuf,
         source: Box<LoaderError>,
     },
+    #[error("the LM config's `card` is {lm_card} but Mimi's codebooks ({mimi_config}) have {mimi_bins} entries: Mimi's codes would be out of the LM's range; pair the LM config with its own Mimi config (its `mimi_config_name` beside it)")]
+    MimiCardMismatch {
+        lm_card: usize,
+        mimi_bins: usize,
+        /// Which Mimi config was used, and why.
+        mimi_config: String,
+    },
     #[error("cannot build the stand-in tokenizer: {source}")]
     StandInTokenizer { source: Box<LoaderError> },
     #[error("{what} needs about {} of memory, the machine has {} available", gib(*.needed_bytes), gib(*.available_bytes))]

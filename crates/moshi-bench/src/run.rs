@@ -557,18 +557,30 @@ pub fn input_paths(options: &BenchOptions) -> Result<Vec<PathBuf>, BenchError> {
 }
 
 /// The Mimi config to pair with an LM config file: its `mimi_config_name` next to it, else the
-/// real Mimi's.
-fn mimi_config_near(config_path: Option<&Path>, cfg: &LmConfig) -> Result<MimiConfig, BenchError> {
+/// real Mimi's; with where it came from (for messages).
+fn mimi_config_near(
+    config_path: Option<&Path>,
+    cfg: &LmConfig,
+) -> Result<(MimiConfig, String), BenchError> {
+    let mut origin =
+        "the built-in Mimi v0.1 config: the LM config names no `mimi_config_name`".to_string();
+    let mut mimi = MimiConfig::v0_1();
     if let (Some(path), Some(name)) = (config_path, cfg.mimi_config_name.as_deref()) {
         let candidate = path.parent().unwrap_or(Path::new(".")).join(name);
         if candidate.is_file() {
-            return MimiConfig::from_file(&candidate).map_err(|source| BenchError::MimiConfig {
-                path: candidate,
+            mimi = MimiConfig::from_file(&candidate).map_err(|source| BenchError::MimiConfig {
+                path: candidate.clone(),
                 source: Box::new(source),
-            });
+            })?;
+            origin = candidate.display().to_string();
+        } else {
+            origin = format!(
+                "the built-in Mimi v0.1 config: {} is not there",
+                candidate.display()
+            );
         }
     }
-    Ok(MimiConfig::v0_1())
+    Ok((mimi, origin))
 }
 
 fn load(options: &BenchOptions, progress: &mut dyn FnMut(&str)) -> Result<Loaded, BenchError> {
@@ -638,7 +650,15 @@ fn load_random(
     };
     let (lm, weight_bytes) = build_lm(&cfg, weights, options.stage)?;
     let codec = if options.stage.needs_mimi() {
-        let mimi_cfg = mimi_config_near(options.config.as_deref(), &cfg)?;
+        let (mimi_cfg, origin) = mimi_config_near(options.config.as_deref(), &cfg)?;
+        // Mimi's codes feed the LM: a code the LM cannot embed would fail every frame.
+        if lm.is_some() && mimi_cfg.quantizer.bins > cfg.card {
+            return Err(BenchError::MimiCardMismatch {
+                lm_card: cfg.card,
+                mimi_bins: mimi_cfg.quantizer.bins,
+                mimi_config: origin,
+            });
+        }
         let mimi = Mimi::random(&mimi_cfg, mimi_codebooks(&cfg), options.seed)?;
         Some((mimi, synthetic_tokenizer(cfg.text_card)?))
     } else {

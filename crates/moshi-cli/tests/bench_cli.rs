@@ -577,3 +577,29 @@ fn sessions_share_one_weight_pass_and_count_their_caches() {
         "it needs --stage all or lm, not mimi",
     );
 }
+
+/// An LM config whose own Mimi config is missing falls back to the real Mimi's, whose 2048-entry
+/// codebooks the tiny LM (card 64) cannot embed: refused up front, naming both and the missing
+/// file, not "user code 1806 ... out of range" at every frame (issue #41, item 19).
+#[test]
+fn an_lm_config_without_its_mimi_config_names_the_mismatch() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.json");
+    std::fs::copy(tiny_config(), &config).unwrap();
+    let out = bench(&[
+        "--random-weights",
+        "--config",
+        config.to_str().unwrap(),
+        "--frames",
+        "1",
+    ]);
+    assert!(!out.status.success());
+    let err = stderr_text(&out);
+    assert!(
+        err.contains("`card` is 64")
+            && err.contains("2048 entries")
+            && err.contains("mimi_config.json is not there")
+            && !err.contains("out of range"),
+        "{err}"
+    );
+}

@@ -402,12 +402,7 @@ impl LmConfig {
         })?;
         if let Some(v) = gen.get("cfg_coef") {
             match v.as_f64() {
-                Some(coef) => c.real(
-                    "lm_gen_config.cfg_coef",
-                    coef,
-                    f64::MIN_POSITIVE,
-                    MAX_CFG_COEF,
-                )?,
+                Some(coef) => c.positive_real("lm_gen_config.cfg_coef", coef, MAX_CFG_COEF)?,
                 None => c.ensure(false, || {
                     format!("lm_gen_config.cfg_coef must be a number, got {v}")
                 })?,

@@ -126,6 +126,20 @@ impl ConfigChecker {
         })
     }
 
+    /// A finite `value` with `0 < value <= max` (said as such: `f64::MIN_POSITIVE` as a lower
+    /// bound would print as 300 zeros).
+    pub(crate) fn positive_real(&self, key: &str, value: f64, max: f64) -> Result<()> {
+        if value.is_finite() && value > 0.0 && value <= max {
+            return Ok(());
+        }
+        Err(LoaderError::ConfigOutOfRange {
+            path: self.path.clone(),
+            key: self.key(key),
+            value: value.to_string(),
+            expected: format!("a finite positive number at most {max}"),
+        })
+    }
+
     /// A setting this engine does not implement: `key` is `value`, `supported` says what is.
     pub(crate) fn unsupported(&self, key: &str, value: String, supported: &str) -> LoaderError {
         LoaderError::ConfigUnsupported {

@@ -80,7 +80,8 @@ fn parse_header_text(text: &str, bad: &dyn Fn(String) -> LoaderError) -> Result<
         .map(|&(_, size)| size)
         .ok_or_else(|| {
             bad(format!(
-                "unsupported dtype `{descr}` (supported: {})",
+                "unsupported dtype `{}` (supported: {})",
+                descr.escape_debug(),
                 DTYPES.map(|(d, _)| d).join(", ")
             ))
         })?;
@@ -438,6 +439,10 @@ mod tests {
         let bytes = header_bytes("<c16", &[1]);
         let e = parse_i64(&bytes, o).unwrap_err().to_string();
         assert!(e.contains("unsupported dtype `<c16`"), "{e}");
+        // A control character in the dtype is shown, not swallowed by the terminal.
+        let bytes = header_bytes("<i8\0", &[1]);
+        let e = parse_i64(&bytes, o).unwrap_err().to_string();
+        assert!(e.contains("unsupported dtype `<i8\\0`"), "{e}");
         // A huge header length in a v2 file.
         let mut v2 = b"\x93NUMPY\x02\x00".to_vec();
         v2.extend_from_slice(&u32::MAX.to_le_bytes());

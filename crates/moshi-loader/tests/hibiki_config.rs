@@ -100,6 +100,13 @@ fn guidance_default_comes_from_lm_gen_config() {
             err.contains("edited-config.json") && err.contains("lm_gen_config.cfg_coef"),
             "{err}"
         );
+        // The range reads as words, not as f64::MIN_POSITIVE's 300 zeros (issue #41, item 18).
+        if bad.is_number() {
+            assert!(
+                err.contains("positive number at most 1000") && !err.contains("0.0000"),
+                "{err}"
+            );
+        }
     }
 }
 

@@ -303,13 +303,13 @@ pub async fn start(
     }
     let listener = TcpListener::bind(config.addr)
         .await
-        .map_err(|source| ServerError::Bind {
+        .map_err(|cause| ServerError::Bind {
             addr: config.addr,
-            source,
+            cause,
         })?;
-    let local_addr = listener.local_addr().map_err(|source| ServerError::Bind {
+    let local_addr = listener.local_addr().map_err(|cause| ServerError::Bind {
         addr: config.addr,
-        source,
+        cause,
     })?;
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let run_tag = std::time::SystemTime::now()

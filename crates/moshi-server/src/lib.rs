@@ -31,11 +31,11 @@ pub use web_ui::WebUi;
 /// Errors starting the server.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
-    #[error("cannot listen on {addr}: {source}")]
+    /// The cause is in the message and not chained as a source, so that `{:#}` says it once.
+    #[error("cannot listen on {addr}: {cause}")]
     Bind {
         addr: SocketAddr,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     #[error("{flag} {path}: {detail}")]
     Tls {
@@ -71,4 +71,21 @@ pub fn check_writable_dir(dir: &Path, flag: &'static str) -> Result<(), ServerEr
     tempfile::tempfile_in(dir)
         .map(drop)
         .map_err(|e| bad(format!("not writable: {e}")))
+}
+
+#[cfg(test)]
+mod bind_error_tests {
+    /// `moshi-rs serve` prints errors with their causes (`{:#}`): a bind error said
+    /// "Address already in use" twice when its cause was both in the message and chained.
+    #[test]
+    fn a_bind_error_says_its_cause_once() {
+        let e = super::ServerError::Bind {
+            addr: "127.0.0.1:8998".parse().unwrap(),
+            cause: std::io::Error::from(std::io::ErrorKind::AddrInUse),
+        };
+        assert!(std::error::Error::source(&e).is_none());
+        let text = e.to_string();
+        assert!(text.contains("127.0.0.1:8998"), "{text}");
+        assert_eq!(text.to_lowercase().matches("in use").count(), 1, "{text}");
+    }
 }

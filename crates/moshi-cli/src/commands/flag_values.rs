@@ -43,7 +43,7 @@ pub fn cfg_coef(s: &str) -> Result<f32, String> {
     let v = parse_f64(s)?;
     if !(v.is_finite() && v > 0.0 && v <= max) {
         return Err(format!(
-            "{s}: expected a number above 0 and at most {max} (1 = no guidance)"
+            "{s}: expected a positive number at most {max} (1 = no guidance)"
         ));
     }
     Ok(v as f32)

@@ -61,6 +61,23 @@ fn device_error(what: &str, e: impl std::fmt::Display) -> RuntimeError {
     RuntimeError::Device(format!("{what}: {e}"))
 }
 
+/// The error of a device whose configs cannot be listed. cpal says "no longer available ...
+/// unplugged" also for a device that never opened (the ALSA `default` of a machine with no sound
+/// card or sound server): say that no usable device was found, and where to look.
+fn configs_error(kind: &str, name: &str, e: cpal::SupportedStreamConfigsError) -> RuntimeError {
+    match e {
+        cpal::SupportedStreamConfigsError::DeviceNotAvailable => RuntimeError::Device(format!(
+            "no usable {kind} device: `{}` cannot be opened (no sound card or sound server?); \
+             `moshi-rs devices` lists the devices, --{kind}-device picks one",
+            name.escape_debug()
+        )),
+        other => device_error(
+            &format!("{kind} configs of `{}`", name.escape_debug()),
+            other,
+        ),
+    }
+}
+
 /// Every input and output device of the default host.
 pub fn list_devices() -> Result<Vec<DeviceInfo>> {
     let _quiet = QuietAlsa::new();
@@ -187,15 +204,17 @@ struct ChosenConfig {
 
 fn choose_config(device: &cpal::Device, input: bool, buffer_ms: u32) -> Result<ChosenConfig> {
     let kind = if input { "input" } else { "output" };
+    let name = device.name().unwrap_or_default();
+    let configs_error = |e| configs_error(kind, &name, e);
     let ranges: Vec<cpal::SupportedStreamConfigRange> = if input {
         device
             .supported_input_configs()
-            .map_err(|e| device_error(&format!("{kind} configs"), e))?
+            .map_err(configs_error)?
             .collect()
     } else {
         device
             .supported_output_configs()
-            .map_err(|e| device_error(&format!("{kind} configs"), e))?
+            .map_err(configs_error)?
             .collect()
     };
     // Prefer 24 kHz mono f32, then 24 kHz mono i16, then the device default.
@@ -647,6 +666,23 @@ impl AudioBackend for CpalBackend {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_device_that_never_opened_is_no_usable_device() {
+        let e = super::configs_error(
+            "input",
+            "default",
+            cpal::SupportedStreamConfigsError::DeviceNotAvailable,
+        )
+        .to_string();
+        assert!(
+            e.contains("no usable input device")
+                && e.contains("`default`")
+                && e.contains("--input-device")
+                && !e.contains("unplugged"),
+            "{e}"
+        );
+    }
+
     use super::*;
     use std::time::Instant;
 
