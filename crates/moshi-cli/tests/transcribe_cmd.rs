@@ -81,6 +81,14 @@ fn transcribe(dir: &Path, extra: &[&str]) -> Vec<Value> {
     jsonl(&tokens)
 }
 
+/// `moshi-rs transcribe WAV --model assets/tiny-stt EXTRA...`.
+fn transcribe_tiny(wav: &Path, extra: &[&str]) -> std::process::Output {
+    let model = assets();
+    let mut args = vec!["transcribe", s(wav), "--model", s(&model)];
+    args.extend_from_slice(extra);
+    moshi(&args)
+}
+
 fn heads(step: &Value) -> Vec<Vec<f64>> {
     step["extra_heads"]
         .as_array()
@@ -256,26 +264,12 @@ fn bad_input_fails_clearly_and_writes_nothing() {
     let json = dir.path().join("w.json");
     // An unknown --out format, before anything runs.
     let txt = dir.path().join("w.txt");
-    let o = moshi(&[
-        "transcribe",
-        s(&input),
-        "--model",
-        s(&assets()),
-        "--out",
-        s(&txt),
-    ]);
+    let o = transcribe_tiny(&input, &["--out", s(&txt)]);
     assert_fails(&o, &["--out", "w.txt", ".tsv"]);
     assert!(!txt.exists());
     // A missing input names the file.
     let missing = dir.path().join("missing.wav");
-    let o = moshi(&[
-        "transcribe",
-        s(&missing),
-        "--model",
-        s(&assets()),
-        "--out",
-        s(&json),
-    ]);
+    let o = transcribe_tiny(&missing, &["--out", s(&json)]);
     assert_fails(&o, &["missing.wav"]);
     // An output that is the input or a file of the model, or two outputs on one path: the
     // inputs stay as they were.
@@ -287,49 +281,19 @@ fn bad_input_fails_clearly_and_writes_nothing() {
     // (the input under a name with an output's extension: a hard link)
     let link = dir.path().join("link.json");
     std::fs::hard_link(&wav, &link).unwrap();
-    let o = moshi(&[
-        "transcribe",
-        s(&wav),
-        "--model",
-        s(&assets()),
-        "--out",
-        s(&link),
-    ]);
+    let o = transcribe_tiny(&wav, &["--out", s(&link)]);
     assert_fails(&o, &["--out", "same file as the input"]);
     assert_eq!(std::fs::read(&wav).unwrap(), before);
     let config = assets().join("config.json");
-    let o = moshi(&[
-        "transcribe",
-        s(&wav),
-        "--model",
-        s(&assets()),
-        "--tokens-out",
-        s(&config),
-    ]);
+    let o = transcribe_tiny(&wav, &["--tokens-out", s(&config)]);
     assert_fails(&o, &["--tokens-out", "same file as the input"]);
     // Not a WAV, and an output in a folder that does not exist.
-    let o = moshi(&["transcribe", s(&tsv), "--model", s(&assets())]);
+    let o = transcribe_tiny(&tsv, &[]);
     assert_fails(&o, &["in.tsv", "not a readable WAV"]);
     let nowhere = dir.path().join("no-such-dir").join("w.json");
-    let o = moshi(&[
-        "transcribe",
-        s(&wav),
-        "--model",
-        s(&assets()),
-        "--out",
-        s(&nowhere),
-    ]);
+    let o = transcribe_tiny(&wav, &["--out", s(&nowhere)]);
     assert_fails(&o, &["--out", "no-such-dir"]);
-    let o = moshi(&[
-        "transcribe",
-        s(&input),
-        "--model",
-        s(&assets()),
-        "--out",
-        s(&json),
-        "--tokens-out",
-        s(&json),
-    ]);
+    let o = transcribe_tiny(&input, &["--out", s(&json), "--tokens-out", s(&json)]);
     assert_fails(&o, &["--out", "--tokens-out"]);
     assert!(!json.exists());
     // No --model, offline: the default STT repo is named, and the bundled test model.

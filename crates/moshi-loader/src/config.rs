@@ -336,6 +336,14 @@ impl LmConfig {
         self.delays.iter().copied().max().unwrap_or(0)
     }
 
+    /// `model_type` as a message shows it (quoted and escaped, or its default when absent).
+    fn model_type_shown(&self) -> String {
+        match &self.model_type {
+            Some(t) => format!("{t:?}"),
+            None => "absent (Kyutai's default: \"moshi\")".to_string(),
+        }
+    }
+
     /// Whether the model takes conditions (Hibiki's `description`) summed into its input.
     pub fn is_conditioned(&self) -> bool {
         !self.conditioners.is_empty()
@@ -500,13 +508,9 @@ impl LmConfig {
             ));
         }
         if self.dep_q == 0 && !self.is_speech_to_text() {
-            let got = match &self.model_type {
-                Some(t) => format!("{t:?}"),
-                None => "absent (Kyutai's default: \"moshi\")".to_string(),
-            };
             return Err(c.unsupported(
                 "model_type",
-                got,
+                self.model_type_shown(),
                 "a model without a depformer (`dep_q` 0) runs only as speech-to-text, \"stt\", \
                  as Kyutai's STT releases",
             ));
@@ -650,13 +654,9 @@ impl LmConfig {
             c.ensure(false, || reason)?;
         }
         if self.is_conditioned() && !self.is_translation() {
-            let got = match &self.model_type {
-                Some(t) => format!("{t:?}"),
-                None => "absent (Kyutai's default: \"moshi\")".to_string(),
-            };
             return Err(c.unsupported(
                 "model_type",
-                got,
+                self.model_type_shown(),
                 "a model with `conditioners` runs only as a translation model, \"hibiki\", \
                  as in Kyutai's run_inference.py",
             ));
