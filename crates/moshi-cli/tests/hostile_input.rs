@@ -2,6 +2,8 @@
 //! in configs and flags are refused before anything is allocated, non-finite or negative
 //! numbers are refused, and messages name the file, key or flag and say what is wrong (once).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::LazyLock;
@@ -812,23 +814,17 @@ fn peak_rss_of(mut cmd: Command) -> (std::process::ExitStatus, u64, String) {
 
 /// A 24 kHz mono 16-bit WAV of `seconds` of speech-like noise.
 fn long_wav(path: &Path, seconds: usize) {
-    let spec = hound::WavSpec {
-        channels: 1,
-        sample_rate: 24_000,
-        bits_per_sample: 16,
-        sample_format: hound::SampleFormat::Int,
-    };
-    let mut w = hound::WavWriter::create(path, spec).unwrap();
     let mut x = 0x1234_5678u32;
-    for i in 0..seconds * 24_000 {
-        x ^= x << 13;
-        x ^= x >> 17;
-        x ^= x << 5;
-        let envelope = ((i as f32 / 24_000.0) * 1.7).sin().abs();
-        w.write_sample(((x as i32 >> 20) as f32 * envelope) as i16)
-            .unwrap();
-    }
-    w.finalize().unwrap();
+    common::write_wav_24k(
+        path,
+        (0..seconds * 24_000).map(|i| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            let envelope = ((i as f32 / 24_000.0) * 1.7).sin().abs();
+            ((x as i32 >> 20) as f32 * envelope) as i16
+        }),
+    );
 }
 
 /// Issue #18 item 7: memory does not grow with the input's length: `file` and `codec encode`

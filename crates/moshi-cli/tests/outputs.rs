@@ -2,6 +2,8 @@
 //! checked against every input of the run and every other output; a run that fails or is
 //! interrupted changes no output and leaves nothing behind; stdout may be closed, full or a pipe.
 
+mod common;
+
 use std::path::Path;
 use std::process::Output;
 
@@ -226,18 +228,11 @@ fn a_failed_run_replaces_no_output() {
 /// A 24 kHz mono WAV of `seconds` of a quiet tone.
 #[cfg(unix)]
 fn tone_wav(path: &Path, seconds: u32) {
-    let spec = hound::WavSpec {
-        channels: 1,
-        sample_rate: 24_000,
-        bits_per_sample: 16,
-        sample_format: hound::SampleFormat::Int,
-    };
-    let mut w = hound::WavWriter::create(path, spec).unwrap();
-    for i in 0..seconds as usize * 24_000 {
-        let s = (i as f64 * 440.0 * std::f64::consts::TAU / 24_000.0).sin() * 3000.0;
-        w.write_sample(s as i16).unwrap();
-    }
-    w.finalize().unwrap();
+    common::write_wav_24k(
+        path,
+        (0..seconds as usize * 24_000)
+            .map(|i| ((i as f64 * 440.0 * std::f64::consts::TAU / 24_000.0).sin() * 3000.0) as i16),
+    );
 }
 
 /// A `.npy` of int64 zeros, shape `[1, frames]` (Mimi codes, all valid).

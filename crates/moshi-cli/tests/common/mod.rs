@@ -19,6 +19,21 @@ pub fn moshi(args: &[&str]) -> Output {
 }
 
 /// The samples of a 24 kHz mono 16-bit WAV.
+/// Writes `samples` as a 24 kHz mono 16-bit WAV.
+pub fn write_wav_24k(path: &Path, samples: impl IntoIterator<Item = i16>) {
+    let spec = hound::WavSpec {
+        channels: 1,
+        sample_rate: 24_000,
+        bits_per_sample: 16,
+        sample_format: hound::SampleFormat::Int,
+    };
+    let mut w = hound::WavWriter::create(path, spec).unwrap();
+    for s in samples {
+        w.write_sample(s).unwrap();
+    }
+    w.finalize().unwrap();
+}
+
 pub fn read_i16(path: &Path) -> Vec<i16> {
     let mut r = hound::WavReader::open(path).unwrap();
     assert_eq!(r.spec().sample_rate, 24_000);
