@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::{Extension, State, WebSocketUpgrade};
-use axum::http::Uri;
+use axum::http::{HeaderMap, Uri};
 use axum::response::Response;
 use axum::routing::get;
 use axum::Router;
@@ -19,6 +19,8 @@ use serde_json::{json, Map, Value};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Notify};
 
+use crate::api_keys::ApiKeys;
+use crate::asr_session::{self, AsrModel};
 use crate::query::SessionRequest;
 use crate::session;
 use crate::session_engine::SessionEngine;
@@ -118,6 +120,31 @@ pub struct ServerConfig {
     pub lm_model_file: String,
     /// A description of the model for the metadata message.
     pub model_description: Value,
+    /// What the server speaks: Kyutai's `/api/chat` (with the web UI) or moshi-server's
+    /// `/api/asr-streaming` (a speech-to-text model).
+    pub endpoint: Endpoint,
+    /// The keys a client must present (`kyutai-api-key` header, `auth_id` query parameter);
+    /// `None`: every client is let in.
+    pub api_keys: Option<ApiKeys>,
+}
+
+/// The protocol a server speaks.
+#[derive(Debug, Clone)]
+pub enum Endpoint {
+    /// `/api/chat` and the web UI at `/`.
+    Chat,
+    /// `/api/asr-streaming`, and a line saying so at `/`.
+    AsrStreaming(AsrModel),
+}
+
+impl Endpoint {
+    /// The websocket path.
+    pub fn path(&self) -> &'static str {
+        match self {
+            Self::Chat => "/api/chat",
+            Self::AsrStreaming(_) => "/api/asr-streaming",
+        }
+    }
 }
 
 impl ServerConfig {
@@ -132,6 +159,8 @@ impl ServerConfig {
             default_sampling: SamplingConfig::default(),
             lm_model_file: String::new(),
             model_description: Value::Null,
+            endpoint: Endpoint::Chat,
+            api_keys: None,
         }
     }
 }
@@ -146,6 +175,7 @@ pub struct AppState {
     default_sampling: SamplingConfig,
     lm_model_file: String,
     model_description: Value,
+    api_keys: Option<ApiKeys>,
     next_session: AtomicU64,
     running_sessions: AtomicUsize,
     sessions_done: Notify,
@@ -175,6 +205,30 @@ impl AppState {
 
     pub fn shutdown_signal(&self) -> watch::Receiver<bool> {
         self.shutdown.clone()
+    }
+
+    /// The sampling a session starts from.
+    pub fn default_sampling(&self) -> &SamplingConfig {
+        &self.default_sampling
+    }
+
+    /// Whether a request may open a session: with keys configured, its `kyutai-api-key`
+    /// header, else its `auth_id` (or Kyutai's web UI's `worker_auth_id`) query parameter, must
+    /// be one of them.
+    fn authorized(&self, headers: &HeaderMap, uri: &Uri) -> bool {
+        let Some(keys) = &self.api_keys else {
+            return true;
+        };
+        if let Some(key) = headers.get(API_KEY_HEADER) {
+            return key.to_str().is_ok_and(|k| keys.allows(k));
+        }
+        let params: Vec<(String, String)> = axum::extract::Query::try_from_uri(uri)
+            .map(|q: axum::extract::Query<Vec<(String, String)>>| q.0)
+            .unwrap_or_default();
+        params
+            .iter()
+            .filter(|(name, _)| name == "auth_id" || name == "worker_auth_id")
+            .any(|(_, key)| keys.allows(key))
     }
 
     /// The metadata message of a session: the fields Kyutai's web UI shows (settings, model
@@ -214,18 +268,62 @@ impl AppState {
 #[derive(Debug, Clone, Copy)]
 struct PeerAddr(SocketAddr);
 
+/// The header moshi-server reads the key from.
+pub const API_KEY_HEADER: &str = "kyutai-api-key";
+
+/// 401 before the upgrade, as moshi-server answers a missing or unknown key.
+fn unauthorized(peer: SocketAddr) -> Response {
+    use axum::response::IntoResponse;
+    tracing::info!(%peer, "refused: missing or unknown API key");
+    (
+        axum::http::StatusCode::UNAUTHORIZED,
+        format!("missing or unknown API key: send it in the {API_KEY_HEADER} header or the auth_id query parameter\n"),
+    )
+        .into_response()
+}
+
 async fn chat(
     ws: WebSocketUpgrade,
     uri: Uri,
+    headers: HeaderMap,
     State(app): State<Arc<AppState>>,
     Extension(PeerAddr(peer)): Extension<PeerAddr>,
 ) -> Response {
+    if !app.authorized(&headers, &uri) {
+        return unauthorized(peer);
+    }
     let request = app.request(&uri);
     let max = app.limits.max_message_bytes;
     ws.max_message_size(max)
         .max_frame_size(max)
         .on_failed_upgrade(move |e| tracing::warn!(%peer, "websocket upgrade failed: {e}"))
         .on_upgrade(move |socket| session::run(socket, app, request, peer))
+}
+
+async fn asr_streaming(
+    ws: WebSocketUpgrade,
+    uri: Uri,
+    headers: HeaderMap,
+    State((app, asr)): State<(Arc<AppState>, AsrModel)>,
+    Extension(PeerAddr(peer)): Extension<PeerAddr>,
+) -> Response {
+    if !app.authorized(&headers, &uri) {
+        return unauthorized(peer);
+    }
+    let max = app.limits.max_message_bytes;
+    ws.max_message_size(max)
+        .max_frame_size(max)
+        .on_failed_upgrade(move |e| tracing::warn!(%peer, "websocket upgrade failed: {e}"))
+        .on_upgrade(move |socket| asr_session::run(socket, app, asr, peer))
+}
+
+/// What `/` says on a speech-to-text server (no web UI: the clients are programs).
+async fn asr_index() -> &'static str {
+    concat!(
+        "moshi-rs ",
+        env!("CARGO_PKG_VERSION"),
+        ": speech to text over the websocket /api/asr-streaming (Kyutai moshi-server's protocol)\n"
+    )
 }
 
 /// A server accepting connections.
@@ -324,15 +422,22 @@ pub async fn start(
         default_sampling: config.default_sampling.clone(),
         lm_model_file: config.lm_model_file.clone(),
         model_description: config.model_description.clone(),
+        api_keys: config.api_keys.clone(),
         next_session: AtomicU64::new(0),
         running_sessions: AtomicUsize::new(0),
         sessions_done: Notify::new(),
         shutdown: shutdown_rx,
     });
-    let router: Router = Router::new()
-        .route("/api/chat", get(chat))
-        .with_state(state.clone())
-        .merge(web_ui::routes(&config.web_ui));
+    let router: Router = match &config.endpoint {
+        Endpoint::Chat => Router::new()
+            .route("/api/chat", get(chat))
+            .with_state(state.clone())
+            .merge(web_ui::routes(&config.web_ui)),
+        Endpoint::AsrStreaming(asr) => Router::new()
+            .route("/api/asr-streaming", get(asr_streaming))
+            .with_state((state.clone(), asr.clone()))
+            .route("/", get(asr_index)),
+    };
     let accept_task = tokio::spawn(accept_loop(listener, router, tls, state.clone()));
     Ok(RunningServer {
         local_addr,

@@ -10,13 +10,17 @@
 //! step), `session` (one connection), [`app`] (routes, accept loop, TLS, shutdown),
 //! [`web_ui`]; [`client`] speaks the protocol from Rust.
 
+pub mod api_keys;
 pub mod app;
+pub mod asr_protocol;
+pub mod asr_session;
 pub mod batch_engine;
 pub mod client;
 pub mod ogg_opus;
 pub mod protocol;
 pub mod query;
 pub mod recorder;
+mod connection;
 mod session;
 pub mod session_engine;
 pub mod tls;
@@ -25,7 +29,7 @@ pub mod web_ui;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-pub use app::{start, Limits, RunningServer, ServerConfig};
+pub use app::{start, Endpoint, Limits, RunningServer, ServerConfig};
 pub use web_ui::WebUi;
 
 /// Errors starting the server.

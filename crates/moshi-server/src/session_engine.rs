@@ -239,6 +239,11 @@ impl InputQueue {
         self.lock().dropped_frames
     }
 
+    /// Frames waiting for the model now.
+    pub fn waiting_frames(&self) -> usize {
+        self.lock().frames.len()
+    }
+
     /// The engine took `compute_ms` for the last frame (feeds the drop decision).
     pub fn record_compute_ms(&self, compute_ms: f64) {
         let mut s = self.lock();
@@ -268,6 +273,11 @@ impl FrameInput {
     /// Input frames dropped so far.
     pub fn dropped_frames(&self) -> u64 {
         self.queue.dropped_frames()
+    }
+
+    /// Frames pushed and not yet taken by the model (a client's back-pressure).
+    pub fn waiting_frames(&self) -> usize {
+        self.queue.waiting_frames()
     }
 }
 

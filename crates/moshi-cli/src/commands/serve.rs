@@ -1,5 +1,5 @@
 //! `moshi-rs serve`: the websocket server of Kyutai's protocol (`/api/chat`) with a web UI at
-//! `/`. This file only reads the flags, loads the model once and starts moshi-server, whose
+//! `/`, or for a speech-to-text model moshi-server's `/api/asr-streaming`. This file only reads the flags, loads the model once and starts moshi-server, whose
 //! batched engine runs every session over those weights; Ctrl-C closes the sessions cleanly.
 
 use std::net::{IpAddr, SocketAddr};
@@ -9,9 +9,11 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use moshi_runtime::engine::DropPolicy;
 use moshi_runtime::pipeline::MoshiPipeline;
+use moshi_server::api_keys::ApiKeys;
+use moshi_server::asr_session::AsrModel;
 use moshi_server::batch_engine::BatchEngine;
 use moshi_server::tls::TlsFiles;
-use moshi_server::{Limits, ServerConfig, WebUi};
+use moshi_server::{Endpoint, Limits, ServerConfig, WebUi};
 
 use super::model_args::{ModelArgs, SamplingArgs, LIVE_KV_CACHE};
 
@@ -22,6 +24,13 @@ const MAX_SESSIONS_LIMIT: usize = 64;
 /// Input frames a session's queue holds at most, whatever the model's pace (2 s of audio): a
 /// client's burst beyond that is dropped and counted.
 const MAX_QUEUED_INPUT_FRAMES: usize = 25;
+
+/// Frames a transcription stream's queue holds at most: the socket is no longer read from 8
+/// waiting, and one message brings at most a few seconds.
+const MAX_QUEUED_ASR_FRAMES: usize = 128;
+
+/// The variable holding API keys when `--api-key-file` is not given.
+const API_KEYS_VAR: &str = "MOSHI_RS_API_KEYS";
 
 /// How long to wait for Kyutai's web UI from the Hugging Face Hub before serving our own page.
 const KYUTAI_UI_TIMEOUT: Duration = Duration::from_secs(15);
@@ -64,6 +73,11 @@ pub struct ServeArgs {
     /// Close a session after this many seconds without audio from its client.
     #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
     pub idle_timeout_s: f64,
+    /// API keys, one a line (`#` comments): a client must send one in the `kyutai-api-key`
+    /// header or the `auth_id` query parameter (HTTP 401 otherwise). Without it, the keys of
+    /// the variable MOSHI_RS_API_KEYS (comma-separated), else none: every client is let in.
+    #[arg(long, value_name = "FILE")]
+    pub api_key_file: Option<PathBuf>,
     /// Record every session into this folder: the input the model processed, the audio sent
     /// (decoded) and the tokens (see docs/serve.md).
     #[arg(long, value_name = "DIR")]
@@ -95,34 +109,40 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(dir) = &args.record {
         moshi_server::check_writable_dir(dir, "--record")?;
     }
-    let web_ui = match args.static_ui.as_deref() {
-        Some("none") => WebUi::None,
-        Some(dir) => WebUi::dir(std::path::Path::new(dir)).map_err(anyhow::Error::msg)?,
-        None => match moshi_server::web_ui::fetch_kyutai_ui(KYUTAI_UI_TIMEOUT) {
-            Ok(dir) => WebUi::Dir(dir),
-            Err(e) => {
-                eprintln!(
-                    "Kyutai's web UI ({} {}) is not available ({e}); serving the built-in page",
-                    moshi_server::web_ui::KYUTAI_UI_REPO,
-                    moshi_server::web_ui::KYUTAI_UI_FILE
-                );
-                WebUi::BuiltIn
-            }
-        },
+    // Checked before the model loads, like the other files.
+    let static_ui = match args.static_ui.as_deref() {
+        Some("none") => Some(WebUi::None),
+        Some(dir) => Some(WebUi::dir(std::path::Path::new(dir)).map_err(anyhow::Error::msg)?),
+        None => None,
     };
+    let api_keys = api_keys(args.api_key_file.as_deref())?;
 
     let load_started = Instant::now();
     let loaded = args
         .model
         .load_model(&args.sampling, LIVE_KV_CACHE, args.max_sessions)?;
-    // /api/chat streams audio back; a speech-to-text model has none to send (its own protocol,
-    // moshi-server's /api/asr-streaming, is not served yet).
-    anyhow::ensure!(
-        loaded.model.conventions().generates_audio,
-        "{} is a speech-to-text model: `serve` speaks /api/chat, which needs a model that \
-         generates audio; use `moshi-rs transcribe` for files",
-        loaded.resolved.lm_weights_path.display()
-    );
+    // A model that speaks is served at /api/chat with a web UI; a speech-to-text model at
+    // moshi-server's /api/asr-streaming, for programs.
+    let endpoint = if loaded.model.conventions().generates_audio {
+        Endpoint::Chat
+    } else {
+        anyhow::ensure!(
+            args.record.is_none(),
+            "--record: {} is a speech-to-text model; recordings are made of /api/chat sessions",
+            loaded.resolved.lm_weights_path.display()
+        );
+        anyhow::ensure!(
+            matches!(static_ui, None | Some(WebUi::None)),
+            "--static: {} is a speech-to-text model, served at /api/asr-streaming without a web UI",
+            loaded.resolved.lm_weights_path.display()
+        );
+        Endpoint::AsrStreaming(AsrModel::new(loaded.model.clone()))
+    };
+    let web_ui = match (&endpoint, static_ui) {
+        (Endpoint::AsrStreaming(_), _) => WebUi::None,
+        (Endpoint::Chat, Some(ui)) => ui,
+        (Endpoint::Chat, None) => kyutai_ui_or_built_in(),
+    };
     // The flags' settings over the config's `lm_gen_config`: each session's starting point.
     let sampling = loaded.settings.sampling.clone();
     MoshiPipeline::new(loaded.model.clone(), &loaded.settings)?
@@ -137,10 +157,17 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         load_started.elapsed().as_secs_f64(),
         args.max_sessions
     );
-    let policy = DropPolicy::RealTime {
-        max_backlog_frames: args.max_backlog_frames,
+    // A conversation drops what it cannot process in time; a transcription takes its audio at
+    // the model's pace instead (the socket is not read while frames wait: see asr_session).
+    let (policy, queue_capacity_frames) = match &endpoint {
+        Endpoint::Chat => (
+            DropPolicy::RealTime {
+                max_backlog_frames: args.max_backlog_frames,
+            },
+            MAX_QUEUED_INPUT_FRAMES.max(args.max_backlog_frames + 1),
+        ),
+        Endpoint::AsrStreaming(_) => (DropPolicy::Lossless, MAX_QUEUED_ASR_FRAMES),
     };
-    let queue_capacity_frames = MAX_QUEUED_INPUT_FRAMES.max(args.max_backlog_frames + 1);
     let engine = BatchEngine::new(
         loaded.model.clone(),
         loaded.settings.clone(),
@@ -160,6 +187,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         ..Limits::default()
     };
     config.lm_model_file = model.lm_weights_path.display().to_string();
+    config.endpoint = endpoint.clone();
+    config.api_keys = api_keys.clone();
     config.model_description = serde_json::json!({
         "weights": model.lm_weights_path.display().to_string(),
         "layout": format!("{:?}", model.layout),
@@ -186,11 +215,27 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 server.local_addr().port()
             );
         }
-        eprintln!(
-            "serving {} and the Moshi protocol at /api/chat; at most {} session(s) at once",
-            web_ui.describe(),
-            args.max_sessions
-        );
+        match &endpoint {
+            Endpoint::Chat => eprintln!(
+                "serving {} and the Moshi protocol at /api/chat; at most {} session(s) at once",
+                web_ui.describe(),
+                args.max_sessions
+            ),
+            Endpoint::AsrStreaming(_) => eprintln!(
+                "serving speech to text at /api/asr-streaming (moshi-server's protocol); at most {} stream(s) at once",
+                args.max_sessions
+            ),
+        }
+        match &api_keys {
+            Some(keys) => eprintln!(
+                "API keys on: {} key(s); clients send one in the kyutai-api-key header or ?auth_id=",
+                keys.len()
+            ),
+            None if !args.host.is_loopback() => eprintln!(
+                "API keys off: anyone who can reach this address may connect (--api-key-file or {API_KEYS_VAR} sets keys)"
+            ),
+            None => {}
+        }
         // The line to open (also read by scripts and tests); a closed or full stdout (`| head
         // -1` once the line is read) must not stop the server.
         let _ = super::stdout::print(&format!("moshi-rs serve: open {}\n", server.url()));
@@ -199,6 +244,40 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         server.shutdown(Duration::from_secs(3)).await;
         anyhow::Ok(())
     })
+}
+
+/// The keys of `--api-key-file`, else of `MOSHI_RS_API_KEYS` (comma-separated), else none.
+fn api_keys(file: Option<&std::path::Path>) -> anyhow::Result<Option<ApiKeys>> {
+    if let Some(path) = file {
+        return Ok(Some(
+            ApiKeys::from_file(path).context("--api-key-file")?,
+        ));
+    }
+    match std::env::var(API_KEYS_VAR) {
+        Ok(list) => Ok(Some(ApiKeys::from_keys(
+            list.split(',').map(str::trim).filter(|k| !k.is_empty()),
+            API_KEYS_VAR,
+        )?)),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => {
+            anyhow::bail!("{API_KEYS_VAR}: not valid UTF-8")
+        }
+    }
+}
+
+/// Kyutai's web UI from the Hub, else (offline) the built-in page, said in one line.
+fn kyutai_ui_or_built_in() -> WebUi {
+    match moshi_server::web_ui::fetch_kyutai_ui(KYUTAI_UI_TIMEOUT) {
+        Ok(dir) => WebUi::Dir(dir),
+        Err(e) => {
+            eprintln!(
+                "Kyutai's web UI ({} {}) is not available ({e}); serving the built-in page",
+                moshi_server::web_ui::KYUTAI_UI_REPO,
+                moshi_server::web_ui::KYUTAI_UI_FILE
+            );
+            WebUi::BuiltIn
+        }
+    }
 }
 
 /// Waits for Ctrl-C (SIGINT) or, on Unix, SIGTERM; returns its name.
