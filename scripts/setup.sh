@@ -4,7 +4,9 @@
 #   --audio-e2e  PulseAudio and tools for the virtual-device tests (chat, Kyutai's Python client)
 #   --serve-e2e  what the `moshi-rs serve` client tests need: Chromium, Node and puppeteer-core
 #                (scripts/serve-clients/node_modules), PortAudio and a Python venv with Kyutai's
-#                client, moshi==0.2.13 from PyPI (target/serve-clients/venv)
+#                client, moshi==0.2.13 from PyPI (target/serve-clients/venv); and a second venv,
+#                target/stt-clients/venv, for the speech-to-text clients: Kyutai's DSM scripts'
+#                packages and livekit-plugins-kyutai-lasuite (scripts/stt-clients/requirements.txt)
 #   --aarch64    what the emulated aarch64 suite (scripts/test-aarch64.sh) needs: Debian's rustc
 #                (rustc-web) with its arm64 standard library (the arm64 architecture is added to
 #                dpkg for it), the aarch64 cross linker and libc, qemu's user-mode emulator, and
@@ -67,6 +69,18 @@ if ((serve)); then
     "$venv/bin/pip" install -q --disable-pip-version-check \
       "sphn>=0.2,<0.3" "numpy>=1.26,<2.3" "aiohttp>=3.10.5,<3.12" "sounddevice==0.5"
     "$venv/bin/pip" install -q --disable-pip-version-check --no-deps "moshi==0.2.13"
+  fi
+  # The speech-to-text clients (scripts/stt-clients/): every version pinned in requirements.txt;
+  # the venv is made again when an import fails or that file changed since it was made.
+  venv="$ROOT/target/stt-clients/venv"
+  reqs="$ROOT/scripts/stt-clients/requirements.txt"
+  if ! cmp -s "$reqs" "$venv/requirements.txt" ||
+    ! "$venv/bin/python" -c 'import msgpack, numpy, sphn, websockets, sounddevice, lasuite.plugins.kyutai' >/dev/null 2>&1; then
+    rm -rf "$venv"
+    mkdir -p "$(dirname "$venv")"
+    /usr/bin/python3 -m venv "$venv"
+    "$venv/bin/pip" install -q --disable-pip-version-check -r "$reqs"
+    cp "$reqs" "$venv/requirements.txt"
   fi
   if [ ! -d "$ROOT/scripts/serve-clients/node_modules/puppeteer-core" ]; then
     (cd "$ROOT/scripts/serve-clients" && npm ci --no-audit --no-fund --loglevel=error)
