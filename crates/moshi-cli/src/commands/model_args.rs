@@ -135,6 +135,18 @@ pub struct SamplingArgs {
 }
 
 impl SamplingArgs {
+    /// The sampling flags given on the command line (the seed and `--greedy` aside), by name.
+    pub fn given(&self) -> Vec<&'static str> {
+        let flags = [
+            ("--temp", self.temp.is_some()),
+            ("--temp-text", self.temp_text.is_some()),
+            ("--top-k", self.top_k.is_some()),
+            ("--top-k-text", self.top_k_text.is_some()),
+            ("--cfg-coef", self.cfg_coef.is_some()),
+        ];
+        flags.into_iter().filter(|(_, on)| *on).map(|(f, _)| f).collect()
+    }
+
     /// The sampling in force for a model whose config is `lm`: each flag given, else the
     /// config's `lm_gen_config` value, else the built-in (official) default.
     pub fn config(&self, lm: &LmConfig) -> SamplingConfig {

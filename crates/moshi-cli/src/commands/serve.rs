@@ -118,7 +118,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let api_keys = api_keys(args.api_key_file.as_deref())?;
 
     let load_started = Instant::now();
-    let loaded = args
+    let mut loaded = args
         .model
         .load_model(&args.sampling, LIVE_KV_CACHE, args.max_sessions)?;
     // A model that speaks is served at /api/chat with a web UI; a speech-to-text model at
@@ -136,6 +136,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             "--static: {} is a speech-to-text model, served at /api/asr-streaming without a web UI",
             loaded.resolved.lm_weights_path.display()
         );
+        // Greedy, as Kyutai's STT scripts (`temp=0`) and moshi-server (`temperature = 0`).
+        let given = args.sampling.given();
+        anyhow::ensure!(
+            given.is_empty(),
+            "{}: a speech-to-text model is served greedy (moshi-server's temperature 0); leave out the sampling flags",
+            given.join(", ")
+        );
+        loaded.settings.sampling.greedy = true;
         Endpoint::AsrStreaming(AsrModel::new(loaded.model.clone()))
     };
     let web_ui = match (&endpoint, static_ui) {
