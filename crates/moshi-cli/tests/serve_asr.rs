@@ -9,57 +9,15 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::serve::{read_wav, root, Server};
+use common::asr::{asr_url, dsm_stream, expected_messages, start_server, tiny_stt, FRAME, KEY};
+use common::serve::read_wav;
 use futures_util::{SinkExt, StreamExt};
-use moshi_loader::tokenizer::TextTokenizer;
-use moshi_loader::LmConfig;
-use moshi_model::word_events::{WordEvent, WordEvents};
 use moshi_server::asr_protocol::{AsrClientMessage, AsrServerMessage};
-use moshi_test_support::{path_str, read_json_lines, run_binary};
+use moshi_test_support::{path_str, run_binary};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
-
-const FRAME: usize = 1920;
-const SECOND: usize = 24_000;
-const KEY: &str = "public_token";
-
-fn tiny_stt() -> PathBuf {
-    root().join("assets/tiny-stt")
-}
-
-/// The server on tiny-stt with exact KV caches (as `transcribe`), one key.
-fn start_server(dir: &Path, extra: &[&str]) -> Server {
-    let keys = dir.join("keys");
-    std::fs::write(&keys, format!("# test\n{KEY}\n")).unwrap();
-    let model = tiny_stt();
-    let mut args = vec![
-        "--model",
-        path_str(&model),
-        "--kv-cache",
-        "f32",
-        "--api-key-file",
-        path_str(&keys),
-    ];
-    args.extend_from_slice(extra);
-    Server::start(&args)
-}
-
-fn asr_url(server: &Server, query: &str) -> String {
-    format!("ws://{}/api/asr-streaming{query}", server.addr)
-}
-
-/// What Kyutai's file script sends: 1 s of silence, the file in frames, 5 s of silence (the
-/// marker goes after these), and 35 s of silence after the marker.
-fn dsm_stream(audio: &[f32]) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
-    let mut before = vec![vec![0.0; SECOND]];
-    before.extend(audio.chunks(FRAME).map(<[f32]>::to_vec));
-    before.extend((0..5).map(|_| vec![0.0; SECOND]));
-    let after = (0..35).map(|_| vec![0.0; SECOND]).collect();
-    (before, after)
-}
 
 type Socket =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
@@ -127,74 +85,6 @@ async fn transcribe_stream(
     got
 }
 
-/// What the server must send for `samples` (the whole stream) up to a marker due after `steps`
-/// frames: each frame's `Step` (buffered_pcm left out), then its word events, then the marker.
-fn expected_messages(dir: &Path, samples: &[f32], steps: usize, marker: i64) -> Vec<AsrServerMessage> {
-    let wav = dir.join("stream.wav");
-    write_wav(&wav, samples);
-    let tokens_out = dir.join("steps.jsonl");
-    let out = run_binary(
-        env!("CARGO_BIN_EXE_moshi-rs"),
-        &[
-            "transcribe",
-            path_str(&wav),
-            "--model",
-            path_str(&tiny_stt()),
-            "--kv-cache",
-            "f32",
-            "--tokens-out",
-            path_str(&tokens_out),
-        ],
-    );
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let lines = read_json_lines(&tokens_out);
-    assert!(lines.len() >= steps, "{} steps offline, {steps} needed", lines.len());
-    let config = std::fs::read_to_string(tiny_stt().join("config.json")).unwrap();
-    let cfg = LmConfig::from_json_str(&config, Path::new("config.json")).unwrap();
-    let tokenizer = TextTokenizer::from_file(tiny_stt().join("tokenizer.model")).unwrap();
-    let mut words = WordEvents::new(&cfg, 12.5);
-    let mut expected = Vec::new();
-    for (i, line) in lines[..steps].iter().enumerate() {
-        let prs = line["extra_heads"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|head| head[0].as_f64().unwrap() as f32)
-            .collect();
-        expected.push(AsrServerMessage::Step {
-            step_idx: i as u64 + 1,
-            prs,
-            buffered_pcm: 0,
-        });
-        let token = line["text"].as_u64().unwrap() as u32;
-        for event in words.push(token, &tokenizer).unwrap() {
-            expected.push(match event {
-                WordEvent::Word { text, start_s } => AsrServerMessage::Word {
-                    text,
-                    start_time: start_s,
-                },
-                WordEvent::EndWord { stop_s } => AsrServerMessage::EndWord { stop_time: stop_s },
-            });
-        }
-    }
-    expected.push(AsrServerMessage::Marker { id: marker });
-    expected
-}
-
-fn write_wav(path: &Path, samples: &[f32]) {
-    let spec = hound::WavSpec {
-        channels: 1,
-        sample_rate: 24_000,
-        bits_per_sample: 32,
-        sample_format: hound::SampleFormat::Float,
-    };
-    let mut w = hound::WavWriter::create(path, spec).unwrap();
-    for &x in samples {
-        w.write_sample(x).unwrap();
-    }
-    w.finalize().unwrap();
-}
-
 /// `Step`'s `buffered_pcm` depends on how fast the client sends: left out of comparisons.
 fn without_buffered(messages: &[AsrServerMessage]) -> Vec<AsrServerMessage> {
     messages
@@ -221,7 +111,7 @@ fn a_stream_gets_the_words_of_the_same_audio_offline() {
     let marker_steps = samples_before / FRAME + 7;
     let mut all: Vec<f32> = before.concat();
     all.extend(after.concat());
-    let expected = expected_messages(dir.path(), &all, marker_steps, 42);
+    let expected = expected_messages(dir.path(), &all, marker_steps, Some(42));
 
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let got = runtime.block_on(async {
@@ -235,7 +125,10 @@ fn a_stream_gets_the_words_of_the_same_audio_offline() {
             .filter(|m| matches!(m, AsrServerMessage::Word { .. }))
             .count()
     };
-    assert!(words(&expected) >= 3, "the fixture's speech gives words: {expected:?}");
+    assert!(
+        words(&expected) >= 3,
+        "the fixture's speech gives words: {expected:?}"
+    );
     for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
         assert_eq!(g, e, "message {i}");
     }
@@ -259,8 +152,14 @@ fn keys_are_checked_before_the_upgrade() {
             Some("HTTP 401")
         );
         let wrong_query = asr_url(&server, "?auth_id=nope");
-        assert_eq!(connect(&wrong_query, None).await.err().as_deref(), Some("HTTP 401"));
-        for (url, key) in [(url.clone(), Some(KEY)), (asr_url(&server, "?auth_id=public_token"), None)] {
+        assert_eq!(
+            connect(&wrong_query, None).await.err().as_deref(),
+            Some("HTTP 401")
+        );
+        for (url, key) in [
+            (url.clone(), Some(KEY)),
+            (asr_url(&server, "?auth_id=public_token"), None),
+        ] {
             let mut socket = connect(&url, key).await.expect("a key lets the client in");
             let m = socket.next().await.unwrap().unwrap();
             assert_eq!(
@@ -290,7 +189,10 @@ fn a_full_server_says_no_free_channels_and_a_bad_client_ends_only_its_stream() {
         let mut bad = connect(&url, Some(KEY)).await.unwrap();
         for s in [&mut good, &mut bad] {
             let m = s.next().await.unwrap().unwrap();
-            assert_eq!(AsrServerMessage::from_bytes(&m.into_data()).unwrap(), AsrServerMessage::Ready);
+            assert_eq!(
+                AsrServerMessage::from_bytes(&m.into_data()).unwrap(),
+                AsrServerMessage::Ready
+            );
         }
         // A third stream: moshi-server's answer, then the close.
         let mut third = connect(&url, Some(KEY)).await.unwrap();
@@ -336,7 +238,9 @@ fn a_full_server_says_no_free_channels_and_a_bad_client_ends_only_its_stream() {
                 .unwrap()
                 .unwrap();
             if let Message::Binary(b) = m {
-                if let AsrServerMessage::Step { step_idx, .. } = AsrServerMessage::from_bytes(&b).unwrap() {
+                if let AsrServerMessage::Step { step_idx, .. } =
+                    AsrServerMessage::from_bytes(&b).unwrap()
+                {
                     assert_eq!(step_idx, 1);
                     break;
                 }
@@ -348,22 +252,26 @@ fn a_full_server_says_no_free_channels_and_a_bad_client_ends_only_its_stream() {
 #[test]
 fn serve_refuses_what_a_speech_to_text_server_does_not_do() {
     let dir = tempfile::tempdir().unwrap();
-    for (flag, value) in [("--record", path_str(dir.path()))] {
-        let out = run_binary(
-            env!("CARGO_BIN_EXE_moshi-rs"),
-            &["serve", "--model", path_str(&tiny_stt()), "--port", "0", flag, value],
-        );
-        assert!(!out.status.success());
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains(flag) && err.contains("speech-to-text"), "{err}");
-    }
     let keys = dir.path().join("empty-keys");
     std::fs::write(&keys, "# no key\n").unwrap();
-    let out = run_binary(
-        env!("CARGO_BIN_EXE_moshi-rs"),
-        &["serve", "--model", path_str(&tiny_stt()), "--api-key-file", path_str(&keys)],
-    );
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("--api-key-file") && err.contains("no key"), "{err}");
+    let cases: [(&[&str], &[&str]); 3] = [
+        (
+            &["--record", path_str(dir.path())],
+            &["--record", "speech-to-text"],
+        ),
+        (&["--temp-text", "0.7"], &["--temp-text", "greedy"]),
+        (
+            &["--api-key-file", path_str(&keys)],
+            &["--api-key-file", "no key"],
+        ),
+    ];
+    let model = tiny_stt();
+    for (flags, needles) in cases {
+        let mut args = vec!["serve", "--model", path_str(&model), "--port", "0"];
+        args.extend_from_slice(flags);
+        let out = run_binary(env!("CARGO_BIN_EXE_moshi-rs"), &args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flags:?} accepted");
+        assert!(needles.iter().all(|n| err.contains(n)), "{flags:?}: {err}");
+    }
 }

@@ -168,9 +168,7 @@ mod tests {
             events(&t),
             vec![
                 word("hello", at(first)),
-                WordEvent::EndWord {
-                    stop_s: at(second)
-                },
+                WordEvent::EndWord { stop_s: at(second) },
                 word("world", at(second)),
                 WordEvent::EndWord { stop_s: at(third) },
             ]

@@ -100,9 +100,9 @@ impl ApiKeys {
     /// Whether `key` is one of the keys. Every key is compared in full, so that the time taken
     /// says nothing about how much of a guess was right.
     pub fn allows(&self, key: &str) -> bool {
-        self.keys
-            .iter()
-            .fold(false, |found, k| found | same_bytes(k.as_bytes(), key.as_bytes()))
+        self.keys.iter().fold(false, |found, k| {
+            found | same_bytes(k.as_bytes(), key.as_bytes())
+        })
     }
 }
 

@@ -74,8 +74,8 @@ pub enum AsrProtocolError {
 impl AsrClientMessage {
     /// Reads a client message; non-finite audio samples are refused.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, AsrProtocolError> {
-        let message: Self = rmp_serde::from_slice(bytes)
-            .map_err(|e| AsrProtocolError::Malformed(e.to_string()))?;
+        let message: Self =
+            rmp_serde::from_slice(bytes).map_err(|e| AsrProtocolError::Malformed(e.to_string()))?;
         if let Self::Audio { pcm } = &message {
             if let Some((index, &value)) = pcm.iter().enumerate().find(|(_, x)| !x.is_finite()) {
                 return Err(AsrProtocolError::NotFinite { index, value });
@@ -132,7 +132,10 @@ pub mod serde_bytes_compat {
                 fn visit_byte_buf<E: serde::de::Error>(self, v: Vec<u8>) -> Result<Bytes, E> {
                     Ok(Bytes(v))
                 }
-                fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut a: A) -> Result<Bytes, A::Error> {
+                fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                    self,
+                    mut a: A,
+                ) -> Result<Bytes, A::Error> {
                     let mut out = Vec::with_capacity(a.size_hint().unwrap_or(0).min(1 << 16));
                     while let Some(b) = a.next_element::<u8>()? {
                         out.push(b);
@@ -199,7 +202,12 @@ mod tests {
         };
         let e = AsrClientMessage::from_bytes(&nan.to_bytes()).unwrap_err();
         assert!(e.to_string().contains("sample 1 is NaN"), "{e}");
-        for bad in [&b"\x81\xa4type\xa5Hello"[..], b"", b"\xc1", b"\x93\x01\x02\x03"] {
+        for bad in [
+            &b"\x81\xa4type\xa5Hello"[..],
+            b"",
+            b"\xc1",
+            b"\x93\x01\x02\x03",
+        ] {
             let e = AsrClientMessage::from_bytes(bad).unwrap_err().to_string();
             assert!(e.contains("expected a MessagePack map"), "{e}");
         }

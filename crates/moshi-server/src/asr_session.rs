@@ -26,7 +26,9 @@ use crate::app::AppState;
 use crate::asr_protocol::{AsrClientMessage, AsrServerMessage};
 use crate::connection::{close_code, transport_error, AudioPace, Outbox, SessionEnd, PING_EVERY};
 use crate::ogg_opus::{OggOpusReader, PreSkip};
-use crate::session_engine::{EngineSession, OpenError, ProcessedFrame, SessionEvent, SessionSettings};
+use crate::session_engine::{
+    EngineSession, OpenError, ProcessedFrame, SessionEvent, SessionSettings,
+};
 
 /// Frames waiting for the model before the socket is no longer read.
 const MAX_WAITING_FRAMES: usize = 8;
@@ -263,7 +265,9 @@ impl AsrStream {
                 return Ok(());
             }
         };
-        match AsrClientMessage::from_bytes(&bytes).map_err(|e| SessionEnd::BadInput(e.to_string()))? {
+        match AsrClientMessage::from_bytes(&bytes)
+            .map_err(|e| SessionEnd::BadInput(e.to_string()))?
+        {
             AsrClientMessage::Audio { pcm } => self.audio(&pcm),
             AsrClientMessage::OggOpus { data } => self.ogg_opus(&data.0),
             AsrClientMessage::Marker { id } => self.marker(id),
@@ -279,7 +283,11 @@ impl AsrStream {
     fn ogg_opus(&mut self, data: &[u8]) -> Result<(), SessionEnd> {
         let mut pcm = Vec::new();
         self.ogg
-            .push(data, &mut pcm, self.app.limits.max_audio_per_message_samples)
+            .push(
+                data,
+                &mut pcm,
+                self.app.limits.max_audio_per_message_samples,
+            )
             .map_err(|e| SessionEnd::BadInput(format!("OggOpus: {e}")))?;
         self.audio(&pcm)
     }
@@ -292,7 +300,9 @@ impl AsrStream {
         self.last_audio = now;
         // Only the lower bound of the pace applies: faster than real time is taken at the
         // model's pace (the socket is not read while frames wait).
-        let _ = self.pace.received(pcm.len() as f64 / SAMPLE_RATE_HZ as f64, now);
+        let _ = self
+            .pace
+            .received(pcm.len() as f64 / SAMPLE_RATE_HZ as f64, now);
         self.pcm_in.extend_from_slice(pcm);
         let whole = self.pcm_in.len() / FRAME_SAMPLES * FRAME_SAMPLES;
         for frame in self.pcm_in[..whole].chunks_exact(FRAME_SAMPLES) {

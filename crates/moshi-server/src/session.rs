@@ -23,14 +23,12 @@ use crate::query::SessionRequest;
 use crate::recorder::RecorderThread;
 use crate::session_engine::{EngineSession, ProcessedFrame, SessionEvent};
 
-
 /// Frames waiting for `--record`'s thread (20 s of audio) before further ones are left out of
 /// the recording.
 const RECORD_QUEUE_FRAMES: usize = 250;
 
 /// Metadata updates (dropped-frame counts) at most this often.
 const METADATA_EVERY: Duration = Duration::from_secs(1);
-
 
 /// Counters of one session.
 #[derive(Debug, Default)]

@@ -144,7 +144,11 @@ impl SamplingArgs {
             ("--top-k-text", self.top_k_text.is_some()),
             ("--cfg-coef", self.cfg_coef.is_some()),
         ];
-        flags.into_iter().filter(|(_, on)| *on).map(|(f, _)| f).collect()
+        flags
+            .into_iter()
+            .filter(|(_, on)| *on)
+            .map(|(f, _)| f)
+            .collect()
     }
 
     /// The sampling in force for a model whose config is `lm`: each flag given, else the

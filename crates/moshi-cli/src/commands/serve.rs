@@ -257,9 +257,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 /// The keys of `--api-key-file`, else of `MOSHI_RS_API_KEYS` (comma-separated), else none.
 fn api_keys(file: Option<&std::path::Path>) -> anyhow::Result<Option<ApiKeys>> {
     if let Some(path) = file {
-        return Ok(Some(
-            ApiKeys::from_file(path).context("--api-key-file")?,
-        ));
+        return Ok(Some(ApiKeys::from_file(path).context("--api-key-file")?));
     }
     match std::env::var(API_KEYS_VAR) {
         Ok(list) => Ok(Some(ApiKeys::from_keys(
