@@ -11,7 +11,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::asr::{asr_url, dsm_stream, expected_messages, start_server, tiny_stt, FRAME, KEY};
+use common::asr::{
+    asr_url, dsm_stream, expected_messages, start_server, tiny_stt, FRAME, KEY, SECOND,
+};
 use common::serve::read_wav;
 use futures_util::{SinkExt, StreamExt};
 use moshi_server::asr_protocol::{AsrClientMessage, AsrServerMessage};
@@ -119,6 +121,20 @@ fn a_stream_gets_the_words_of_the_same_audio_offline() {
         transcribe_stream(socket, before, 42, after).await
     });
     assert_eq!(got[0], AsrServerMessage::Ready, "Ready comes first");
+    // Back-pressure: 41 s of audio sent at once never waits in the server beyond the 8 frames
+    // that stop its reading, one 1 s message and a partial frame.
+    let most_buffered = got
+        .iter()
+        .filter_map(|m| match m {
+            AsrServerMessage::Step { buffered_pcm, .. } => Some(*buffered_pcm),
+            _ => None,
+        })
+        .max()
+        .unwrap();
+    assert!(
+        most_buffered as usize <= 8 * FRAME + SECOND + FRAME,
+        "{most_buffered} samples buffered"
+    );
     let got = without_buffered(&got[1..]);
     let words = |m: &[AsrServerMessage]| {
         m.iter()
@@ -274,4 +290,41 @@ fn serve_refuses_what_a_speech_to_text_server_does_not_do() {
         assert!(!out.status.success(), "{flags:?} accepted");
         assert!(needles.iter().all(|n| err.contains(n)), "{flags:?}: {err}");
     }
+}
+
+/// `/api/chat` checks the same keys; Kyutai's web UI sends its key as `worker_auth_id`.
+#[test]
+fn chat_checks_the_keys_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys");
+    std::fs::write(&keys, format!("{KEY}\n")).unwrap();
+    let model = moshi_test_support::tiny_a_dir();
+    let server = common::serve::Server::start(&[
+        "--model",
+        path_str(&model),
+        "--static",
+        "none",
+        "--api-key-file",
+        path_str(&keys),
+    ]);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let chat = |query: &str| format!("ws://{}/api/chat{query}", server.addr);
+        assert_eq!(
+            connect(&chat(""), None).await.err().as_deref(),
+            Some("HTTP 401")
+        );
+        assert_eq!(
+            connect(&chat("?worker_auth_id=nope"), None)
+                .await
+                .err()
+                .as_deref(),
+            Some("HTTP 401")
+        );
+        let mut socket = connect(&chat("?worker_auth_id=public_token"), None)
+            .await
+            .expect("the web UI's key lets it in");
+        let first = socket.next().await.unwrap().unwrap().into_data();
+        assert_eq!(first[0], 0, "the handshake");
+    });
 }
