@@ -126,18 +126,22 @@ fn quantize_command_refuses_bad_requests_and_leaves_nothing() {
     );
 }
 
-/// `moshi-rs file ... --greedy --tokens-out` with `extra` flags; the token lines.
+/// `moshi-rs file ... --greedy --tokens-out` on tiny-a with `extra` flags; the token lines.
 fn file_tokens(extra: &[&str]) -> Vec<String> {
+    file_tokens_of(&tiny_a_dir(), extra)
+}
+
+/// The same on the model folder `model` (its `input.wav`).
+fn file_tokens_of(model: &Path, extra: &[&str]) -> Vec<String> {
     let dir = tempfile::tempdir().unwrap();
     let (out, tokens) = (dir.path().join("out.wav"), dir.path().join("t.jsonl"));
-    let input = tiny_a("input.wav");
-    let model = tiny_a_dir();
+    let input = model.join("input.wav");
     let mut args = vec![
         "file",
         path_str(&input),
         path_str(&out),
         "--model",
-        path_str(&model),
+        path_str(model),
         "--greedy",
         "--tokens-out",
         path_str(&tokens),
@@ -223,6 +227,46 @@ fn file_with_quantize_q4g64_matches_the_quantize_command_output() {
             && err.contains("requested 4-bit, group size 32"),
         "{err}"
     );
+}
+
+/// Hibiki 2B's low-rank embeddings are narrower than a group (8 values in the tiny fixture):
+/// they stay dense through `--quantize` and `moshi-rs quantize` alike, and the written file runs
+/// exactly as the checkpoint quantized on load.
+#[test]
+fn hibiki_2b_quantize_command_matches_quantize_on_load() {
+    let fixture = moshi_test_support::fixture_dir("tiny-hibiki2b");
+    for (bits, quantize) in [("4", "q4"), ("8", "q8")] {
+        let dir = tempfile::tempdir().unwrap();
+        let packed = dir.path().join("model.safetensors");
+        let o = moshi(&[
+            "quantize",
+            path_str(&fixture.join("model.safetensors")),
+            path_str(&packed),
+            "--bits",
+            bits,
+            "--config",
+            path_str(&fixture.join("config.json")),
+        ]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let dense: Vec<String> = tensors(&packed)
+            .into_iter()
+            .filter(|(name, (dtype, _, _))| {
+                name.contains("emb")
+                    && dtype != "U32"
+                    && !name.ends_with(".scales")
+                    && !name.ends_with(".biases")
+            })
+            .map(|(name, _)| name)
+            .collect();
+        assert!(
+            dense.iter().any(|n| n.contains("depformer")),
+            "low-rank tables kept dense: {dense:?}"
+        );
+        let on_load = file_tokens_of(&fixture, &["--quantize", quantize]);
+        let from_file = file_tokens_of(&fixture, &["--weights", path_str(&packed)]);
+        assert!(!from_file.is_empty());
+        assert_eq!(on_load, from_file, "{quantize}");
+    }
 }
 
 #[test]

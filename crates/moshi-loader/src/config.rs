@@ -197,6 +197,15 @@ pub struct LmConfig {
     pub depformer_pos_emb: PositionalEmbedding,
     #[serde(default = "default_true")]
     pub depformer_weights_per_step: bool,
+    /// Which weight set each depformer sub-step uses (`schedule[k]`: its input projection,
+    /// attention and feed-forward; Kyutai's Hibiki 2B and TTS share sets between the later
+    /// codebooks). Absent: sub-step k uses set k.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub depformer_weights_per_step_schedule: Option<Vec<usize>>,
+    /// Width of the depformer's token embeddings when they are low-rank (a `[vocab, r]` table
+    /// and a `[depformer_dim, r]` projection, Kyutai's `ScaledEmbedding(low_rank=r)`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub depformer_low_rank_embeddings: Option<usize>,
     pub delays: Vec<usize>,
     /// Conditioners by name (Hibiki: the LUT `description`); empty for Moshi.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -325,6 +334,27 @@ impl LmConfig {
     }
     /// Hidden width of the depformer FFN (2816 for the 7B): [`gated_hidden_dim`] of
     /// `depformer_dim` and [`LmConfig::depformer_feedforward`].
+    /// The weight set of depformer sub-step `k` (the schedule's entry, else `k`).
+    pub fn depformer_weight_set(&self, k: usize) -> usize {
+        self.depformer_weights_per_step_schedule
+            .as_ref()
+            .map_or(k, |s| s[k])
+    }
+
+    /// Depformer weight sets stored (`max(schedule) + 1`, else `dep_q`).
+    pub fn depformer_weight_sets(&self) -> usize {
+        self.depformer_weights_per_step_schedule
+            .as_ref()
+            .and_then(|s| s.iter().max())
+            .map_or(self.dep_q, |m| m + 1)
+    }
+
+    /// Width of a depformer token embedding's table (the low rank, else `depformer_dim`).
+    pub fn depformer_emb_width(&self) -> usize {
+        self.depformer_low_rank_embeddings
+            .unwrap_or(self.depformer_dim)
+    }
+
     pub fn depformer_hidden_dim(&self) -> usize {
         gated_hidden_dim(self.depformer_dim, self.depformer_feedforward())
     }
@@ -492,6 +522,37 @@ impl LmConfig {
         )?;
         if let Some(ctx) = self.depformer_context {
             c.count("depformer_context", ctx, 0, MAX_CONTEXT_STEPS)?;
+        }
+        if let Some(r) = self.depformer_low_rank_embeddings {
+            c.count("depformer_low_rank_embeddings", r, 1, MAX_WIDTH)?;
+        }
+        self.validate_depformer_schedule(c)
+    }
+
+    /// A schedule names a weight set for each of the `dep_q` sub-steps, and every set from 0 to
+    /// its largest is used (PyTorch stores `max + 1` sets).
+    fn validate_depformer_schedule(&self, c: &ConfigChecker) -> Result<()> {
+        let Some(schedule) = &self.depformer_weights_per_step_schedule else {
+            return Ok(());
+        };
+        let shown = || format!("{schedule:?}");
+        if schedule.len() != self.dep_q {
+            return Err(c.unsupported(
+                "depformer_weights_per_step_schedule",
+                shown(),
+                &format!(
+                    "one weight set per depformer step: {} entries (dep_q)",
+                    self.dep_q
+                ),
+            ));
+        }
+        let sets = self.depformer_weight_sets();
+        if (0..sets).any(|set| !schedule.contains(&set)) {
+            return Err(c.unsupported(
+                "depformer_weights_per_step_schedule",
+                shown(),
+                "every weight set from 0 to the largest used at least once",
+            ));
         }
         Ok(())
     }

@@ -72,7 +72,14 @@ pub fn canonical_lm_tensors(cfg: &LmConfig) -> Vec<CanonicalTensor> {
         } else {
             cfg.card + 1
         };
-        out.push(t(format!("{p}.emb"), vec![vocab, ddim], Embedding));
+        out.push(t(
+            format!("{p}.emb"),
+            vec![vocab, cfg.depformer_emb_width()],
+            Embedding,
+        ));
+        if let Some(r) = cfg.depformer_low_rank_embeddings {
+            out.push(t(format!("{p}.{LOW_RANK}"), vec![ddim, r], Linear));
+        }
         out.push(t(format!("{p}.linear_out"), vec![cfg.card, ddim], Linear));
         for l in 0..cfg.depformer_num_layers {
             let q = format!("{p}.layers.{l}");
@@ -127,6 +134,9 @@ pub fn canonical_lm_tensors(cfg: &LmConfig) -> Vec<CanonicalTensor> {
     }
     out
 }
+
+/// The projection of a low-rank embedding (`depformer.{k}.emb.low_rank`, after its table).
+pub const LOW_RANK: &str = "emb.low_rank";
 
 /// Prefix of the extra heads' tensors (`extra_heads.{i}`, the same in every layout).
 pub const EXTRA_HEADS_PREFIX: &str = "extra_heads.";

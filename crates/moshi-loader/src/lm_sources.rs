@@ -1,7 +1,7 @@
 //! Where each canonical LM tensor lives in each checkpoint layout (PyTorch, candle, MLX).
 
 use crate::layout::LmLayout;
-use crate::lm_names::{canonical_lm_tensors, CanonicalTensor, TensorRole};
+use crate::lm_names::{canonical_lm_tensors, CanonicalTensor, TensorRole, LOW_RANK};
 use crate::LmConfig;
 
 /// One canonical tensor and the stored tensor it is cut from.
@@ -132,17 +132,24 @@ fn pytorch_source(cfg: &LmConfig, c: CanonicalTensor, name: &str) -> SourceSpec 
             SourceSpec::whole(c, stored, shape)
         }
         Place::Dep { k, rest } => {
+            let emb = if k == 0 {
+                "depformer_text_emb".to_string()
+            } else {
+                format!("depformer_emb.{}", k - 1)
+            };
             let stored = match rest {
-                "linear_in" => format!("depformer_in.{k}.weight"),
+                "linear_in" => format!("depformer_in.{}.weight", cfg.depformer_weight_set(k)),
                 "linear_out" => format!("linears.{k}.weight"),
-                _ if k == 0 => "depformer_text_emb.weight".to_string(),
-                _ => format!("depformer_emb.{}.weight", k - 1),
+                LOW_RANK => format!("{emb}.low_rank.weight"),
+                _ => format!("{emb}.weight"),
             };
             let shape = c.shape.clone();
             SourceSpec::whole(c, stored, shape)
         }
         Place::DepLayer { k, l, rest } => {
             let p = format!("depformer.layers.{l}");
+            // Sub-step k reads weight set `schedule[k]` of the stacked projections.
+            let (k, sets) = (cfg.depformer_weight_set(k), cfg.depformer_weight_sets());
             match rest {
                 "norm1" | "norm2" => {
                     let shape = norm_shape(&c);
@@ -150,13 +157,13 @@ fn pytorch_source(cfg: &LmConfig, c: CanonicalTensor, name: &str) -> SourceSpec 
                 }
                 "self_attn.in_proj" => SourceSpec {
                     stored_name: format!("{p}.self_attn.in_proj_weight"),
-                    stored_shape: vec![cfg.dep_q * 3 * ddim, ddim],
+                    stored_shape: vec![sets * 3 * ddim, ddim],
                     row_start: k * 3 * ddim,
                     canonical: c,
                 },
                 "self_attn.out_proj" => SourceSpec {
                     stored_name: format!("{p}.self_attn.out_proj.weight"),
-                    stored_shape: vec![cfg.dep_q * ddim, ddim],
+                    stored_shape: vec![sets * ddim, ddim],
                     row_start: k * ddim,
                     canonical: c,
                 },

@@ -247,7 +247,11 @@ fn materialize(
     if let (WeightMode::Quantize { bits, group_size }, TensorRole::Linear | TensorRole::Embedding) =
         (mode, spec.canonical.role)
     {
-        return quantize_dense(file, spec, data, bits, group_size);
+        // A matrix narrower than whole groups (a small low-rank projection) stays as stored, as
+        // mlx-lm's quantization predicate leaves such layers.
+        if shape.last().is_some_and(|&cols| cols % group_size == 0) {
+            return quantize_dense(file, spec, data, bits, group_size);
+        }
     }
     Ok(Weight { shape, data })
 }

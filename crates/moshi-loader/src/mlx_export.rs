@@ -10,7 +10,7 @@ use std::path::Path;
 use crate::layout::LmLayout;
 use crate::lm_names::TensorRole;
 use crate::lm_sources::lm_sources;
-use crate::{DType, LmConfig, LoaderError, Result, WeightData, WeightMap};
+use crate::{DType, LmConfig, LoaderError, Result, Weight, WeightData, WeightMap};
 
 /// One tensor of the output file, its bytes produced on demand (the 7B is written streaming).
 struct Entry<'a> {
@@ -41,6 +41,13 @@ fn entries<'a>(
     out: &Path,
 ) -> Result<BTreeMap<String, Entry<'a>>> {
     let mut map = BTreeMap::new();
+    // The checkpoint's group size: a matrix narrower than whole groups was left dense on load.
+    let group_size = weights.names().find_map(|n| match &weights.get(n)?.data {
+        WeightData::Quantized(q) => Some(q.group_size()),
+        _ => None,
+    });
+    let left_dense =
+        |w: &Weight| group_size.is_some_and(|g| w.shape.last().is_some_and(|&cols| cols % g != 0));
     for spec in lm_sources(LmLayout::Mlx, cfg) {
         let name = &spec.canonical.name;
         let w = weights
@@ -88,6 +95,19 @@ fn entries<'a>(
                 map.insert(
                     spec.stored_name.clone(),
                     Entry { dtype: DType::BF16, shape: w.shape.clone(), bytes: Box::new(bytes) },
+                );
+            }
+            (WeightData::BF16(v), TensorRole::Linear | TensorRole::Embedding) if left_dense(w) => {
+                map.insert(
+                    spec.stored_name.clone(),
+                    Entry { dtype: DType::BF16, shape: w.shape.clone(), bytes: Box::new(|| u16_bytes(v)) },
+                );
+            }
+            (WeightData::F32(v), TensorRole::Linear | TensorRole::Embedding) if left_dense(w) => {
+                let bytes = move || v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                map.insert(
+                    spec.stored_name.clone(),
+                    Entry { dtype: DType::F32, shape: w.shape.clone(), bytes: Box::new(bytes) },
                 );
             }
             (WeightData::BF16(v), TensorRole::Norm) => {

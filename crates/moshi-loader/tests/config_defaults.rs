@@ -194,3 +194,52 @@ fn absent_positional_embeddings_take_kyutai_default_sin_which_is_refused() {
         LmConfig::from_file(root.join(path)).unwrap();
     }
 }
+
+/// Hibiki 2B's depformer keys: a schedule of one weight set per step, every set used, and a
+/// positive low rank; each refusal names the key.
+#[test]
+fn depformer_schedules_and_low_ranks_are_checked() {
+    let ok = edited_7b(|v| {
+        v["depformer_weights_per_step_schedule"] = json!([0, 1, 2, 3, 3, 4, 4, 4]);
+        v["depformer_low_rank_embeddings"] = json!(128);
+    })
+    .unwrap();
+    assert_eq!(ok.depformer_weight_sets(), 5);
+    assert_eq!(
+        (0..8)
+            .map(|k| ok.depformer_weight_set(k))
+            .collect::<Vec<_>>(),
+        [0, 1, 2, 3, 3, 4, 4, 4]
+    );
+    assert_eq!(ok.depformer_emb_width(), 128);
+    assert!(
+        ok.unknown.is_empty(),
+        "both keys are read: {:?}",
+        ok.unknown
+    );
+    for (key, value, says) in [
+        (
+            "depformer_weights_per_step_schedule",
+            json!([0, 1, 2]),
+            "8 entries",
+        ),
+        (
+            "depformer_weights_per_step_schedule",
+            json!([0, 1, 2, 3, 3, 5, 5, 5]),
+            "every weight set",
+        ),
+        (
+            "depformer_low_rank_embeddings",
+            json!(0),
+            "depformer_low_rank_embeddings",
+        ),
+    ] {
+        let err = edited_7b(|v| v[key] = value.clone())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(key) && err.contains(says),
+            "{key} {value}: {err}"
+        );
+    }
+}

@@ -18,11 +18,14 @@ use moshi_model::lm::{LmScratch, LmWeights};
 use moshi_model::nn::KvPrecision;
 use serde_json::Value;
 
+const HIBIKI: &str = "tiny-hibiki";
+const HIBIKI_2B: &str = "tiny-hibiki2b";
+
 const GOOD: &[(&str, &str)] = &[("description", "very_good")];
 const BAD: &[(&str, &str)] = &[("description", "very_bad")];
 
-fn asset(rel: &str) -> PathBuf {
-    common::fixture("tiny-hibiki", rel)
+fn asset(fixture: &str, rel: &str) -> PathBuf {
+    common::fixture(fixture, rel)
 }
 
 fn tiny_config() -> LmConfig {
@@ -51,19 +54,21 @@ fn input(f: &Option<Vec<u32>>) -> StepInput<'_> {
     }
 }
 
-fn reference() -> Value {
-    serde_json::from_str(&std::fs::read_to_string(asset("ref/hibiki_greedy.json")).unwrap())
-        .unwrap()
+fn reference(fixture: &str) -> Value {
+    serde_json::from_str(
+        &std::fs::read_to_string(asset(fixture, "ref/hibiki_greedy.json")).unwrap(),
+    )
+    .unwrap()
 }
 
 /// What each step is fed: `Some(codes)` or `None` for the end-of-stream frame. Built from
 /// `ref/mimi_codes_with_silence.npy` (input + silence encoded in one stream) and the number of
 /// input frames, as the fixture's generator builds it.
-fn feed() -> Vec<Option<Vec<u32>>> {
-    let codes = npy::read_i64(asset("ref/mimi_codes_with_silence.npy")).unwrap();
+fn feed(fixture: &str) -> Vec<Option<Vec<u32>>> {
+    let codes = npy::read_i64(asset(fixture, "ref/mimi_codes_with_silence.npy")).unwrap();
     let (k, cols) = (codes.shape[0], codes.shape[1]);
     let col = |f: usize| Some((0..k).map(|c| codes.data[c * cols + f] as u32).collect());
-    let frames = reference()["num_frames"].as_u64().unwrap() as usize;
+    let frames = reference(fixture)["num_frames"].as_u64().unwrap() as usize;
     let mut fed = vec![col(0)];
     fed.extend((0..frames).map(col));
     fed.push(None);
@@ -71,9 +76,9 @@ fn feed() -> Vec<Option<Vec<u32>>> {
     fed
 }
 
-fn run(g: &Generator, cfg_coef: f32) -> Vec<StepDetails> {
+fn run(fixture: &str, g: &Generator, cfg_coef: f32) -> Vec<StepDetails> {
     let mut session = guided_session(g, cfg_coef);
-    feed()
+    feed(fixture)
         .iter()
         .map(|f| step_alone(g, &mut session, input(f)).unwrap())
         .collect()
@@ -81,19 +86,33 @@ fn run(g: &Generator, cfg_coef: f32) -> Vec<StepDetails> {
 
 #[test]
 fn guided_greedy_run_reproduces_official_tokens_and_mixed_logits() {
-    let g = tiny_generator(WeightMode::Native);
+    reproduces_official_run(HIBIKI);
+}
+
+/// Hibiki 2B's depformer: 8 codebooks over 5 weight sets (`depformer_weights_per_step_schedule`)
+/// and low-rank token embeddings (`depformer_low_rank_embeddings`).
+#[test]
+fn hibiki_2b_depformer_schedule_and_low_rank_embeddings_reproduce_official_tokens() {
+    let cfg = common::fixture_config(HIBIKI_2B);
+    assert_eq!(cfg.depformer_weight_sets(), 5);
+    assert_eq!(cfg.depformer_low_rank_embeddings, Some(8));
+    reproduces_official_run(HIBIKI_2B);
+}
+
+fn reproduces_official_run(fixture: &str) {
+    let g = common::fixture_generator(fixture, WeightMode::Native);
     // The conditions of the reference run are the model type's conventions.
     let conventions = g.kind().conventions();
     assert_eq!(
         (conventions.conditions, conventions.negative_conditions),
         (GOOD, BAD)
     );
-    let steps = run(&g, 3.0);
-    let reference = reference();
+    let steps = run(fixture, &g, 3.0);
+    let reference = reference(fixture);
     let ref_steps = reference["steps"].as_array().unwrap();
     assert_eq!(steps.len(), ref_steps.len());
-    let text_logits = npy::read_f32(asset("ref/hibiki_text_logits.npy")).unwrap();
-    let audio_logits = npy::read_f32(asset("ref/hibiki_audio_logits.npy")).unwrap();
+    let text_logits = npy::read_f32(asset(fixture, "ref/hibiki_text_logits.npy")).unwrap();
+    let audio_logits = npy::read_f32(asset(fixture, "ref/hibiki_audio_logits.npy")).unwrap();
     let (tc, dq, card) = (
         text_logits.shape[1],
         audio_logits.shape[1],
@@ -162,7 +181,7 @@ fn guided_greedy_run_reproduces_official_tokens_and_mixed_logits() {
 
 #[test]
 fn guidance_changes_the_output_and_one_row_is_the_plain_conditioned_model() {
-    let reference = reference();
+    let reference = reference(HIBIKI);
     let want: Vec<u32> = reference["steps"]
         .as_array()
         .unwrap()
@@ -172,7 +191,7 @@ fn guidance_changes_the_output_and_one_row_is_the_plain_conditioned_model() {
     // Without guidance (one row, conditioned on very_good), most tokens differ (the fixture was
     // made so that skipping or misapplying guidance fails token for token).
     let g = tiny_generator(WeightMode::Native);
-    let plain = run(&g, 1.0);
+    let plain = run(HIBIKI, &g, 1.0);
     let same = plain
         .iter()
         .zip(&want)
@@ -194,7 +213,7 @@ fn guidance_changes_the_output_and_one_row_is_the_plain_conditioned_model() {
 fn guided_runs_repeat_exactly_after_reset_and_on_quantized_weights_stay_close() {
     let g = tiny_generator(WeightMode::Native);
     let mut session = guided_session(&g, 3.0);
-    let fed = feed();
+    let fed = feed(HIBIKI);
     let mut first = Vec::new();
     for round in 0..2 {
         let tokens: Vec<u32> = fed
@@ -210,6 +229,7 @@ fn guided_runs_repeat_exactly_after_reset_and_on_quantized_weights_stay_close() 
     }
     // 8-bit weights (quantized at load, the conditioner kept f32) run the whole guided loop.
     let q8 = run(
+        HIBIKI,
         &tiny_generator(WeightMode::Quantize {
             bits: 8,
             group_size: 64,
@@ -254,7 +274,7 @@ fn bad_conditions_and_coefficients_are_errors() {
     // default settings has no guidance and steps.
     let mut session = g.new_session(LmSessionSettings::default()).unwrap();
     assert_eq!(session.cfg_coef(), 1.0);
-    let frame = feed()[0].clone().unwrap();
+    let frame = feed(HIBIKI)[0].clone().unwrap();
     step_alone(&g, &mut session, StepInput::UserCodes(&frame)).unwrap();
     // The end-of-stream frame is `card`; ordinary frames may not carry it.
     let e = step_alone(&g, &mut session, StepInput::UserCodes(&[64; 8]))
@@ -281,7 +301,12 @@ fn conditioner_vectors_follow_the_lut_and_the_learnt_padding() {
     assert_eq!(provider.fused(GOOD).unwrap().unwrap(), good);
     // output_proj · embed[4], checked in f64 against the stored tensors.
     let cfg = tiny_config();
-    let w = load_lm_weights(&asset("model.safetensors"), &cfg, WeightMode::DequantizeF32).unwrap();
+    let w = load_lm_weights(
+        &asset(HIBIKI, "model.safetensors"),
+        &cfg,
+        WeightMode::DequantizeF32,
+    )
+    .unwrap();
     let embed = w
         .get("condition_provider.conditioners.description.embed")
         .unwrap()

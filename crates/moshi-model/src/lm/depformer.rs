@@ -15,7 +15,11 @@ use crate::nn::{KvCache, Linear, Rope, RopeRotation};
 pub struct DepformerSlice {
     pub linear_in: Linear,
     /// k = 0: text embedding (`text_card + 1` rows); k >= 1: embedding of audio codebook k - 1.
+    /// Its width is the low rank when `emb_low_rank` is set.
     pub emb: Embedding,
+    /// A low-rank embedding's projection to the depformer's width (`[depformer dim, rank]`,
+    /// Kyutai's `ScaledEmbedding(low_rank=..)`).
+    pub emb_low_rank: Option<Linear>,
     pub layers: Vec<TransformerLayer>,
     pub linear_out: Linear,
 }
@@ -24,6 +28,7 @@ impl DepformerSlice {
     /// Bytes of weights read by one sub-step (the embedding table excluded: one row is read).
     pub fn weight_bytes_read(&self) -> usize {
         self.linear_in.weight_bytes()
+            + self.emb_low_rank.as_ref().map_or(0, Linear::weight_bytes)
             + self
                 .layers
                 .iter()
@@ -68,6 +73,9 @@ pub struct DepformerScratch {
     /// `[m, depformer dim]`.
     x: Vec<f32>,
     row: Vec<f32>,
+    /// A low-rank embedding's rows `[m, rank]` and their projection `[m, depformer dim]`.
+    low_rank_rows: Vec<f32>,
+    low_rank_out: Vec<f32>,
     rotations: Vec<RopeRotation>,
     layer: LayerScratch,
     /// `[m, card]`.
@@ -155,8 +163,24 @@ impl Depformer {
         st.x.resize(m * dim, 0.0);
         st.row.resize(dim, 0.0);
         slice.linear_in.forward(transformer_outs, m, &mut st.x);
-        for (x, &t) in st.x.chunks_exact_mut(dim).zip(prev_tokens) {
-            slice.emb.add_into(t as usize, x, &mut st.row);
+        match &slice.emb_low_rank {
+            None => {
+                for (x, &t) in st.x.chunks_exact_mut(dim).zip(prev_tokens) {
+                    slice.emb.add_into(t as usize, x, &mut st.row);
+                }
+            }
+            Some(projection) => {
+                let rank = slice.emb.dim();
+                st.low_rank_rows.resize(m * rank, 0.0);
+                for (row, &t) in st.low_rank_rows.chunks_exact_mut(rank).zip(prev_tokens) {
+                    slice.emb.lookup_into(t as usize, row);
+                }
+                st.low_rank_out.resize(m * dim, 0.0);
+                projection.forward(&st.low_rank_rows, m, &mut st.low_rank_out);
+                for (x, e) in st.x.iter_mut().zip(&st.low_rank_out) {
+                    *x += e;
+                }
+            }
         }
         let rotations = match &self.rope {
             Some(rope) => {

@@ -246,7 +246,11 @@ impl LmWeights {
             };
             slices.push(DepformerSlice {
                 linear_in: t.linear(&format!("{p}.linear_in"), ddim, dim)?,
-                emb: t.embedding(&format!("{p}.emb"), emb_rows, ddim)?,
+                emb: t.embedding(&format!("{p}.emb"), emb_rows, cfg.depformer_emb_width())?,
+                emb_low_rank: match cfg.depformer_low_rank_embeddings {
+                    Some(r) => Some(t.linear(&format!("{p}.emb.low_rank"), ddim, r)?),
+                    None => None,
+                },
                 layers: (0..cfg.depformer_num_layers)
                     .map(|l| {
                         t.layer(
