@@ -48,6 +48,14 @@ pub enum LoaderError {
         name: String,
         reason: String,
     },
+    #[error("{path}: cannot quantize to {bits}-bit, group size {group_size}: expected bits in {supported_bits} and a group size in {supported_group_sizes}")]
+    UnsupportedQuantization {
+        path: PathBuf,
+        bits: u32,
+        group_size: usize,
+        supported_bits: String,
+        supported_group_sizes: String,
+    },
     #[error("{path}: unknown checkpoint format: {reason}")]
     UnknownFormat { path: PathBuf, reason: String },
     #[error("{path}: bad config: {reason}")]

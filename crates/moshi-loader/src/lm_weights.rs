@@ -54,6 +54,7 @@ pub fn load_lm_weights_from(
 ) -> Result<WeightMap> {
     let layout = lm_layout_of(file)?;
     check_supported(file.path(), cfg)?;
+    check_quantization(file.path(), mode)?;
     let specs = lm_sources(layout, cfg);
     let used = check_names_and_shapes(file, layout, &specs)?;
     let unexpected: Vec<&String> = file
@@ -254,6 +255,25 @@ fn materialize(
         }
     }
     Ok(Weight { shape, data })
+}
+
+/// A quantization MLX can produce (checked before any tensor: a matrix narrower than a group
+/// is left dense, so a bad group size would otherwise quantize nothing).
+fn check_quantization(path: &Path, mode: WeightMode) -> Result<()> {
+    use moshi_kernels::{SUPPORTED_BITS, SUPPORTED_GROUP_SIZES};
+    let WeightMode::Quantize { bits, group_size } = mode else {
+        return Ok(());
+    };
+    if SUPPORTED_BITS.contains(&bits) && SUPPORTED_GROUP_SIZES.contains(&group_size) {
+        return Ok(());
+    }
+    Err(LoaderError::UnsupportedQuantization {
+        path: path.to_path_buf(),
+        bits,
+        group_size,
+        supported_bits: format!("{SUPPORTED_BITS:?}"),
+        supported_group_sizes: format!("{SUPPORTED_GROUP_SIZES:?}"),
+    })
 }
 
 /// Quantizes a dense matrix exactly as MLX's `mx.quantize` does from the same values.
