@@ -176,11 +176,13 @@ fn is_python_space(c: char) -> bool {
     c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
 }
 
+/// The tiny-stt fixture's tokenizer and config, for this crate's unit tests.
 #[cfg(test)]
-mod tests {
-    use super::*;
+pub(crate) mod tiny_stt {
+    use moshi_loader::tokenizer::TextTokenizer;
+    use moshi_loader::LmConfig;
 
-    fn tokenizer() -> TextTokenizer {
+    pub fn tokenizer() -> TextTokenizer {
         TextTokenizer::from_file(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/../../assets/tiny-stt/tokenizer.model"
@@ -188,14 +190,25 @@ mod tests {
         .unwrap()
     }
 
-    /// A timer for the tiny-stt config (delay 0.5 s, no prefix: offset 0.5 s).
-    fn timer() -> WordTimer {
+    /// Delay 0.5 s, no silence prefix.
+    pub fn config() -> LmConfig {
         let text = std::fs::read_to_string(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/../../assets/tiny-stt/config.json"
         ))
         .unwrap();
-        let cfg = LmConfig::from_json_str(&text, std::path::Path::new("config.json")).unwrap();
+        LmConfig::from_json_str(&text, std::path::Path::new("config.json")).unwrap()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tiny_stt::tokenizer;
+    use super::*;
+
+    /// A timer for the tiny-stt config (delay 0.5 s, no prefix: offset 0.5 s).
+    fn timer() -> WordTimer {
+        let cfg = super::tiny_stt::config();
         WordTimer::new(&cfg, SttFeeding::of(&cfg, 12.5))
     }
 

@@ -107,23 +107,11 @@ impl WordEvents {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn tokenizer() -> TextTokenizer {
-        TextTokenizer::from_file(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../assets/tiny-stt/tokenizer.model"
-        ))
-        .unwrap()
-    }
+    use crate::stt::tiny_stt::tokenizer;
 
     /// Events of the tiny-stt config (delay 0.5 s: steps 0..=6 are before it).
     fn events(tokens: &[u32]) -> Vec<WordEvent> {
-        let text = std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../assets/tiny-stt/config.json"
-        ))
-        .unwrap();
-        let cfg = LmConfig::from_json_str(&text, std::path::Path::new("config.json")).unwrap();
+        let cfg = crate::stt::tiny_stt::config();
         let tok = tokenizer();
         let mut e = WordEvents::new(&cfg, 12.5);
         tokens
