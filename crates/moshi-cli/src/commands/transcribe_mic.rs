@@ -331,13 +331,14 @@ fn summarize(report: &EngineReport, c: &CounterSnapshot, backend: &CpalBackend, 
         report.frames_dropped,
     );
     eprintln!(
-        "glitches: {} (mic ring overruns {} ({:.0} ms); device streams, below the callbacks: input lost {} ({:.0} ms), input inserted {}); device errors: {}",
+        "glitches: {} (mic ring overruns {} ({:.0} ms); device streams, below the callbacks: input lost {} ({:.0} ms), input inserted {}, capture buffer found full {}); device errors: {}",
         c.audible_glitch_events(),
         c.overrun_events,
         device_samples_ms(c.overrun_samples, input),
         c.input_lost_events,
         frames_ms(c.input_lost_frames, input.sample_rate_hz),
         c.input_inserted_events,
+        c.input_buffer_full_events,
         c.device_errors,
     );
     if moshi_runtime::alloc_check::ENABLED {
