@@ -16,13 +16,14 @@
 use std::collections::VecDeque;
 use std::io::IsTerminal;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use moshi_loader::output_file::names_stdout;
 use moshi_model::stt::TimedWord;
 use moshi_runtime::backend::cpal::CpalBackend;
-use moshi_runtime::backend::{start_session, AudioBackend, RingSizes};
+use moshi_runtime::backend::{start_session, AudioBackend, RingSizes, Session};
 use moshi_runtime::engine::{
     EngineEvent, EngineHandle, EngineReport, FrameRecorder, OfflineRunner,
 };
@@ -122,33 +123,6 @@ impl Captions {
         }
     }
 
-    /// The steps of the frames the engine has run since the last call.
-    fn take_events(
-        &mut self,
-        engine: &EngineHandle,
-        stream: &mut SttStream,
-        model: &MoshiModel,
-    ) -> anyhow::Result<()> {
-        while let Ok(event) = engine.events().try_recv() {
-            let EngineEvent::Frame {
-                record,
-                text,
-                tokens,
-            } = event
-            else {
-                continue;
-            };
-            if self.recent_total_ms.len() == RECENT_FRAMES {
-                self.recent_total_ms.pop_front();
-            }
-            self.recent_total_ms.push_back(record.total_ms);
-            stream.audio_step(model, text.as_deref(), tokens.as_ref(), record, |s| {
-                self.step(s)
-            })?;
-        }
-        Ok(())
-    }
-
     /// The status line: every 250 ms in place on a terminal, else a line every 2 s.
     fn status(&mut self, counters: &AudioCounters) {
         let c = counters.snapshot();
@@ -190,6 +164,76 @@ impl Captions {
     }
 }
 
+/// The transcription of a live run: the stream's feeding and words around the engine, and what
+/// they print and write.
+struct Transcription {
+    model: Arc<MoshiModel>,
+    stream: SttStream,
+    runner: OfflineRunner,
+    captions: Captions,
+}
+
+impl Transcription {
+    /// The steps of the frames the engine has run since the last call.
+    fn take_events(&mut self, engine: &EngineHandle) -> anyhow::Result<()> {
+        while let Ok(event) = engine.events().try_recv() {
+            let EngineEvent::Frame {
+                record,
+                text,
+                tokens,
+            } = event
+            else {
+                continue;
+            };
+            let captions = &mut self.captions;
+            if captions.recent_total_ms.len() == RECENT_FRAMES {
+                captions.recent_total_ms.pop_front();
+            }
+            captions.recent_total_ms.push_back(record.total_ms);
+            self.stream
+                .audio_step(&self.model, text.as_deref(), tokens.as_ref(), record, |s| {
+                    captions.step(s)
+                })?;
+        }
+        Ok(())
+    }
+
+    /// Waits for the engine to end (it runs the frames already captured, a bounded few),
+    /// taking the steps of its last frames.
+    fn take_last_events(&mut self, engine: &EngineHandle) -> anyhow::Result<()> {
+        loop {
+            // Read before the events: every event of an ended engine is then taken below.
+            let finished = engine.is_finished();
+            self.take_events(engine)?;
+            if finished {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// The delay's silence through the pipeline the engine handed back: the words still in
+    /// flight, printed and written. Returns the captions, to be completed.
+    fn flush(mut self, mut pipeline: MoshiPipeline) -> anyhow::Result<Captions> {
+        let captions = &mut self.captions;
+        let last = self
+            .stream
+            .feed_suffix_and_finish(&mut pipeline, &mut self.runner, |s| captions.step(s))?;
+        self.captions.outputs.words(&last)?;
+        self.captions.print_words(&last);
+        Ok(self.captions)
+    }
+}
+
+/// How listening ended: why, the engine's report and the audio counters, and the pipeline back
+/// from the engine.
+struct Listened {
+    stop_reason: Stop,
+    report: EngineReport,
+    counters: CounterSnapshot,
+    pipeline: MoshiPipeline,
+}
+
 pub fn run(args: &TranscribeArgs) -> anyhow::Result<()> {
     // Ctrl-C and SIGTERM end the listening and complete the outputs (below); SIGHUP ends the
     // process with no partial file left.
@@ -203,14 +247,13 @@ pub fn run(args: &TranscribeArgs) -> anyhow::Result<()> {
     check_outputs(&outputs, &model.input_paths())?;
     let (model, mut pipeline) = load_stt_pipeline(&args.model, model, "chat")?;
     pipeline.warm_up().context("warm-up frame")?;
-    let mut stream = SttStream::new(pipeline.model())?;
-    let feeding = stream.feeding();
+    let stream = SttStream::new(pipeline.model())?;
     eprintln!(
         "model: {} ({:?}); {} silence frames before listening, {} after (text delay {:.2} s)",
         model.lm_weights_path.display(),
         model.layout,
         stream.prefix_frames(),
-        feeding.suffix_frames,
+        stream.feeding().suffix_frames,
         pipeline.model().lm_config().stt().delay_s(),
     );
     let devices = Devices {
@@ -225,10 +268,16 @@ pub fn run(args: &TranscribeArgs) -> anyhow::Result<()> {
         .map(|p| FedInputWav::spawn(p, FedInputWav::QUEUE_FRAMES).map(|r| (p, r)))
         .transpose()
         .context("--record-input")?;
-    let mut captions = Captions::new(args, outputs.iter().any(|(_, p)| names_stdout(p)))?;
-    let model = pipeline.model().clone();
-    let mut runner = OfflineRunner::new();
-    stream.feed_prefix(&mut pipeline, &mut runner, |s| captions.step(s))?;
+    let mut transcription = Transcription {
+        model: pipeline.model().clone(),
+        stream,
+        runner: OfflineRunner::new(),
+        captions: Captions::new(args, outputs.iter().any(|(_, p)| names_stdout(p)))?,
+    };
+    let t = &mut transcription;
+    let captions = &mut t.captions;
+    t.stream
+        .feed_prefix(&mut pipeline, &mut t.runner, |s| captions.step(s))?;
 
     let session = start_session(
         &mut backend,
@@ -240,8 +289,27 @@ pub fn run(args: &TranscribeArgs) -> anyhow::Result<()> {
             .map(|(_, r)| Box::new(r.queue()) as Box<dyn FrameRecorder>),
         devices.rings,
     )?;
+    let listened = listen(args, session, &devices, &mut backend, &mut transcription)?;
+    eprintln!("stopped: {}", listened.stop_reason);
+    let captions = transcription.flush(listened.pipeline)?;
+    let words_out = captions.outputs.words_out;
+    let committed = captions.outputs.commit(&captions.metrics.summary());
+    summarize(&listened.report, &listened.counters, &backend, words_out);
+    // Whatever became of the other outputs, the recording is completed.
+    let recorded = recording.map_or(Ok(()), |(path, r)| finish_recording(path, r));
+    committed.and(recorded).and(captions.printed.finish())
+}
+
+/// Listens until a stop signal, the duration or the engine ending, then stops the device and
+/// lets the engine run the frames already captured (or stops it at once after an error).
+fn listen(
+    args: &TranscribeArgs,
+    session: Session,
+    devices: &Devices,
+    backend: &mut CpalBackend,
+    transcription: &mut Transcription,
+) -> anyhow::Result<Listened> {
     let stop = watch_stop_signals(true)?;
-    let started = Instant::now();
     eprintln!(
         "listening{} (Ctrl-C to stop)",
         args.live
@@ -250,29 +318,25 @@ pub fn run(args: &TranscribeArgs) -> anyhow::Result<()> {
     );
     let watch = Watch {
         session: &session,
-        devices: &devices,
+        devices,
         duration_s: args.live.duration_s,
         stop: &stop,
-        started,
+        started: Instant::now(),
     };
-    let stop_reason = run_until_stop(&watch, &mut backend, |session| {
-        captions.take_events(&session.engine, &mut stream, &model)?;
-        captions.status(&session.counters);
+    let stop_reason = run_until_stop(&watch, backend, |session| {
+        transcription.take_events(&session.engine)?;
+        transcription.captions.status(&session.counters);
         Ok(())
     });
 
-    // The device stops; the engine processes the frames already captured, then ends.
     let stopped = backend.stop();
-    let failed = !matches!(stop_reason, Ok(ref r) if !matches!(r, Stop::Failed(_)));
-    if failed {
-        session.engine.request_stop();
-    } else {
-        session.engine.input_done();
+    match &stop_reason {
+        Ok(Stop::Failed(_)) | Err(_) => session.engine.request_stop(),
+        Ok(_) => session.engine.input_done(),
     }
-    let counters = session.counters.clone();
-    let taken = take_last_events(&session.engine, &mut captions, &mut stream, &model);
+    let taken = transcription.take_last_events(&session.engine);
     let joined = session.engine.join_with_processor();
-    if captions.tty {
+    if transcription.captions.tty {
         eprint!("\r\x1b[2K");
     }
     if let Err(e) = stopped {
@@ -284,39 +348,14 @@ pub fn run(args: &TranscribeArgs) -> anyhow::Result<()> {
     };
     taken?;
     let (report, processor) = joined.context("the engine stopped with an error")?;
-    eprintln!("stopped: {stop_reason}");
-    let mut pipeline = MoshiPipeline::from_processor(processor)
+    let pipeline = MoshiPipeline::from_processor(processor)
         .context("the engine handed back another processor than the transcription's")?;
-
-    // The words still in the text's delay.
-    let last = stream.feed_suffix_and_finish(&mut pipeline, &mut runner, |s| captions.step(s))?;
-    captions.outputs.words(&last)?;
-    captions.print_words(&last);
-    let words_out = captions.outputs.words_out;
-    let committed = captions.outputs.commit(&captions.metrics.summary());
-    summarize(&report, &counters.snapshot(), &backend, words_out);
-    // Whatever became of the other outputs, the recording is completed.
-    let recorded = recording.map_or(Ok(()), |(path, r)| finish_recording(path, r));
-    committed.and(recorded).and(captions.printed.finish())
-}
-
-/// Waits for the engine to end (it processes the frames already captured, a bounded few),
-/// taking the steps of its last frames.
-fn take_last_events(
-    engine: &EngineHandle,
-    captions: &mut Captions,
-    stream: &mut SttStream,
-    model: &MoshiModel,
-) -> anyhow::Result<()> {
-    loop {
-        // Read before the events: every event of an ended engine is then taken below.
-        let finished = engine.is_finished();
-        captions.take_events(engine, stream, model)?;
-        if finished {
-            return Ok(());
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    Ok(Listened {
+        stop_reason,
+        report,
+        counters: session.counters.snapshot(),
+        pipeline,
+    })
 }
 
 /// The end of listening: what was heard and the audio counters (as `chat` prints them).
