@@ -15,7 +15,7 @@
 use std::process::Command;
 use std::sync::Mutex;
 
-use moshi_test_support::{command_exists as have, repo_root};
+use moshi_test_support::{repo_root, tools_present};
 
 #[test]
 fn chat_on_virtual_devices_plays_what_the_engine_produced() {
@@ -27,35 +27,9 @@ fn live_translation_on_virtual_devices_plays_what_the_engine_produced() {
     run_e2e("tiny-hibiki", "--cfg-coef 3");
 }
 
-/// Whether every tool is installed. Missing ones: on a developer machine the test is skipped
-/// with a message (false); where `CI` is set (CI installs them with `scripts/setup.sh
-/// --audio-e2e`) the test fails instead of passing without checking anything.
+/// Whether every tool is installed (else SKIPPED, or a failure where `CI` is set).
 fn audio_tools_present(test: &str, tools: &[&str]) -> bool {
-    let missing: Vec<&str> = tools.iter().copied().filter(|p| !have(p)).collect();
-    missing_tools_verdict(test, &missing, std::env::var_os("CI").is_some())
-}
-
-/// The decision of [`audio_tools_present`]: panics on `ci` when tools are missing.
-fn missing_tools_verdict(test: &str, missing: &[&str], ci: bool) -> bool {
-    if missing.is_empty() {
-        return true;
-    }
-    let message =
-        format!("{test}: {missing:?} not installed (run `bash scripts/setup.sh --audio-e2e`)");
-    assert!(
-        !ci,
-        "CI is set, so the audio tools must be installed: {message}"
-    );
-    eprintln!("SKIPPED {message}");
-    false
-}
-
-#[test]
-fn missing_audio_tools_skip_on_a_developer_machine_and_fail_on_ci() {
-    assert!(missing_tools_verdict("t", &[], true));
-    assert!(!missing_tools_verdict("t", &["sox"], false));
-    let on_ci = std::panic::catch_unwind(|| missing_tools_verdict("t", &["sox"], true));
-    assert!(on_ci.is_err(), "a missing tool must fail the test on CI");
+    tools_present(test, tools, "bash scripts/setup.sh --audio-e2e")
 }
 
 /// One real-time session at a time: two at once on two cores would starve each other.

@@ -328,6 +328,54 @@ fn bad_input_fails_clearly_and_writes_nothing() {
     assert!(!wav.exists());
 }
 
+/// `--mic` refusals that need no device: a file and --mic, neither, the microphone's flags
+/// without --mic, a model that is not speech to text, a bad buffer, an input device that does
+/// not exist; nothing is written.
+#[test]
+fn mic_mode_is_refused_clearly_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = assets().join("input.wav");
+    let (json, rec) = (dir.path().join("w.json"), dir.path().join("rec.wav"));
+    let model = assets();
+    let outputs = ["--out", s(&json), "--record-input", s(&rec)];
+    let mic = |extra: &[&str]| {
+        let mut args = vec!["transcribe", "--mic", "--model", s(&model)];
+        args.extend_from_slice(extra);
+        moshi(&args)
+    };
+    let o = transcribe_tiny(&input, &["--mic", "--out", s(&json)]);
+    assert_fails(&o, &["--mic", "input.wav", "one or the other"]);
+    let o = moshi(&["transcribe", "--model", s(&model), "--out", s(&json)]);
+    assert_fails(&o, &["input WAV", "--mic"]);
+    for flags in [
+        &["--duration-s", "3"][..],
+        &["--input-device", "mic"],
+        &["--buffer-ms", "20"],
+        &["--max-backlog-frames", "5"],
+        &["--record-input", s(&rec)],
+    ] {
+        let o = transcribe_tiny(&input, &[flags, &["--out", s(&json)]].concat());
+        assert_fails(&o, &[flags[0], "is for --mic"]);
+    }
+    let o = moshi(&[
+        "transcribe",
+        "--mic",
+        "--model",
+        s(&common::asset_dir("tiny-a")),
+        "--out",
+        s(&json),
+    ]);
+    assert_fails(&o, &["speech-to-text", "moshi-rs chat"]);
+    let o = mic(&[&["--buffer-ms", "0"][..], &outputs].concat());
+    assert_fails(&o, &["--buffer-ms 0", "1..=1000"]);
+    let o = mic(&["--out", s(&json), "--record-input", s(&json)]);
+    assert_fails(&o, &["--record-input", "--out", "same file"]);
+    // No such input device: named, before anything is written.
+    let o = mic(&[&["--input-device", "no-such-device-xyz"][..], &outputs].concat());
+    assert_fails(&o, &["input device", "no-such-device-xyz"]);
+    assert!(moshi_test_support::names_in(dir.path()).is_empty());
+}
+
 #[test]
 fn inspect_reads_the_bundled_stt_configs_and_the_fixture() {
     let root = moshi_test_support::repo_root();

@@ -63,8 +63,10 @@ impl FrameOutput {
     }
 }
 
-/// One model step per 80 ms frame: 1920 samples (24 kHz mono) in, 1920 samples out.
-pub trait FrameProcessor: Send {
+/// One model step per 80 ms frame: 1920 samples (24 kHz mono) in, 1920 samples out. `Any`, so
+/// that the processor an engine hands back ([`EngineHandle::join_with_processor`]) can be had as
+/// its own type again.
+pub trait FrameProcessor: Send + std::any::Any {
     fn process_frame(&mut self, pcm_in: &[f32]) -> Result<FrameOutput>;
 }
 
@@ -117,6 +119,9 @@ pub struct EngineConfig {
     pub prefill_ms: f64,
     /// How long the engine sleeps when there is nothing to do.
     pub poll_interval: Duration,
+    /// Whether the answers go to the speaker ring; `false`: capture only (live speech to
+    /// text), the output frames are recorded but never queued, and no jitter margin is.
+    pub play_output: bool,
 }
 
 impl EngineConfig {
@@ -128,6 +133,7 @@ impl EngineConfig {
             drop_policy: DropPolicy::Lossless,
             prefill_ms: 0.0,
             poll_interval: Duration::from_micros(500),
+            play_output: true,
         }
     }
 }
@@ -139,6 +145,12 @@ impl EngineConfig {
 pub trait FrameRecorder: Send {
     /// One 24 kHz frame in and the one out, [`FRAME_SAMPLES`] samples each.
     fn record(&mut self, input: &[f32], output: &[f32]);
+
+    /// An input frame the engine dropped (never processed); by default recorded with silence
+    /// as its answer. A recorder of what the model was fed overrides it to leave it out.
+    fn dropped(&mut self, input: &[f32]) {
+        self.record(input, &SILENT_FRAME);
+    }
 }
 
 /// Ring ends and counters handed to the engine, and where it records the conversation.
@@ -179,7 +191,7 @@ pub struct EngineReport {
 
 /// A running engine thread.
 pub struct EngineHandle {
-    thread: JoinHandle<Result<EngineReport>>,
+    thread: JoinHandle<Result<(EngineReport, Box<dyn FrameProcessor>)>>,
     stop: Arc<AtomicBool>,
     input_done: Arc<AtomicBool>,
     events: mpsc::Receiver<EngineEvent>,
@@ -225,6 +237,12 @@ impl EngineHandle {
     }
     /// Waits for the thread and returns its report (or the processor's error).
     pub fn join(self) -> Result<EngineReport> {
+        Ok(self.join_with_processor()?.0)
+    }
+
+    /// [`Self::join`], and the processor back, in the state its last frame left it (to go on
+    /// with it off the engine: a speech-to-text stream's flush at the end of listening).
+    pub fn join_with_processor(self) -> Result<(EngineReport, Box<dyn FrameProcessor>)> {
         self.thread
             .join()
             .map_err(|_| RuntimeError::EnginePanicked)?
@@ -247,6 +265,7 @@ pub fn spawn_engine(
         drop_policy: config.drop_policy,
         prefill_ms: config.prefill_ms,
         poll_interval: config.poll_interval,
+        play_output: config.play_output,
         counters: io.counters,
         recorder: io.recorder,
         stop: stop.clone(),
@@ -259,7 +278,10 @@ pub fn spawn_engine(
     };
     let thread = std::thread::Builder::new()
         .name("moshi-engine".into())
-        .spawn(move || state.run())
+        .spawn(move || {
+            let report = state.run()?;
+            Ok((report, state.processor))
+        })
         .map_err(|cause| RuntimeError::EngineSpawn { cause })?;
     Ok(EngineHandle {
         thread,
@@ -270,7 +292,7 @@ pub fn spawn_engine(
     })
 }
 
-/// Silence recorded as Moshi's answer to a dropped input frame.
+/// Silence recorded as Moshi's answer to a dropped input frame (by default).
 static SILENT_FRAME: [f32; FRAME_SAMPLES] = [0.0; FRAME_SAMPLES];
 
 /// What belongs to the devices in use: their ring ends and formats, the converters between
@@ -413,6 +435,7 @@ struct EngineState {
     drop_policy: DropPolicy,
     prefill_ms: f64,
     poll_interval: Duration,
+    play_output: bool,
     counters: Arc<AudioCounters>,
     recorder: Option<Box<dyn FrameRecorder>>,
     stop: Arc<AtomicBool>,
@@ -494,11 +517,13 @@ impl EngineState {
         Ok((got_input, handled))
     }
 
-    /// Drops the oldest waiting frame (the engine is behind): recorded with silence as its
-    /// answer, and counted.
+    /// Drops the oldest waiting frame (the engine is behind): handed to the recorder as
+    /// dropped ([`FrameRecorder::dropped`]), and counted.
     fn drop_frame(&mut self) {
         self.device.in_resampler.pop_into(&mut self.frame);
-        self.record(&SILENT_FRAME);
+        if let Some(recorder) = &mut self.recorder {
+            recorder.dropped(&self.frame);
+        }
         self.report.frames_dropped += 1;
         self.counters
             .engine_frames_dropped
@@ -514,9 +539,11 @@ impl EngineState {
         let ring_queue_ms = self.device.queued_output_ms();
         // What a sample pushed now waits for: the ring's queue and the output resampler.
         let speaker_queue_ms = ring_queue_ms + self.device.out_resampler_delay_ms();
-        self.prefill_once()?;
-        let skip = self.latency_trim(ring_queue_ms);
-        self.push_output(&out.pcm[skip..])?;
+        if self.play_output {
+            self.prefill_once()?;
+            let skip = self.latency_trim(ring_queue_ms);
+            self.push_output(&out.pcm[skip..])?;
+        }
         self.record(&out.pcm);
         let record = FrameRecord {
             event: "frame",

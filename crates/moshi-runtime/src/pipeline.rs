@@ -371,6 +371,14 @@ impl MoshiPipeline {
         Ok(Self { model, session })
     }
 
+    /// The pipeline an engine ran, handed back by
+    /// [`EngineHandle::join_with_processor`](crate::engine::EngineHandle::join_with_processor);
+    /// `None` if that processor was not a pipeline.
+    pub fn from_processor(processor: Box<dyn FrameProcessor>) -> Option<Self> {
+        let any: Box<dyn std::any::Any> = processor;
+        any.downcast::<Self>().ok().map(|p| *p)
+    }
+
     pub fn model(&self) -> &Arc<MoshiModel> {
         &self.model
     }

@@ -1,8 +1,8 @@
 //! Recordings written as they happen, in flat memory whatever their length: a thread per
 //! recording takes frames from a bounded queue and writes them; frames that find the queue full
 //! (the disk behind) are left out and counted, and the thread finalizes the files at the end.
-//! `serve --record` ([`RecorderThread`] with its session writer) and `chat --record`
-//! ([`ConversationWav`]) share it.
+//! `serve --record` ([`RecorderThread`] with its session writer), `chat --record`
+//! ([`ConversationWav`]) and `transcribe --mic --record-input` ([`FedInputWav`]) share it.
 //!
 //! Nothing that queues a frame ever waits for the disk: the engine thread and the server's
 //! async runtime stay real-time.
@@ -190,9 +190,9 @@ pub struct ConversationWav {
     frames_beyond_limit: u64,
 }
 
-/// What a completed conversation recording holds.
+/// What a completed recording holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ConversationSummary {
+pub struct RecordingSummary {
     /// Stereo sample frames written (24 kHz).
     pub samples: u64,
     /// Frames left out once the WAV was as long as a WAV can be.
@@ -226,7 +226,7 @@ impl ConversationWav {
 impl RecordWriter for ConversationWav {
     type Frame = StereoFrame;
     type End = ();
-    type Done = ConversationSummary;
+    type Done = RecordingSummary;
     type Error = RuntimeError;
 
     fn write(&mut self, frame: StereoFrame) -> Result<()> {
@@ -239,8 +239,80 @@ impl RecordWriter for ConversationWav {
         self.wav.write_stereo(&frame.left, &frame.right)
     }
 
-    fn finish(self, (): ()) -> Result<ConversationSummary> {
-        let summary = ConversationSummary {
+    fn finish(self, (): ()) -> Result<RecordingSummary> {
+        let summary = RecordingSummary {
+            samples: self.wav.written_frames(),
+            frames_beyond_limit: self.frames_beyond_limit,
+        };
+        self.wav.finish()?;
+        Ok(summary)
+    }
+}
+
+/// One 24 kHz input frame exactly as the model was fed it.
+pub struct FedFrame(pub Box<[f32]>);
+
+/// The engine hands the frames it processes to a recording thread; a frame it dropped was
+/// never fed, so it is not recorded.
+impl FrameRecorder for FrameQueue<FedFrame> {
+    fn record(&mut self, input: &[f32], _output: &[f32]) {
+        // A stopped writer: its error comes with the recording's finish.
+        let _ = self.push(FedFrame(input.into()));
+    }
+
+    fn dropped(&mut self, _input: &[f32]) {}
+}
+
+/// `transcribe --mic --record-input`: the frames a model was fed (after the device's channels
+/// were mixed and its rate converted), as a mono 32-bit float WAV at 24 kHz that reads back bit
+/// for bit, so that the file transcribed offline gives what the live run gave. Written as it
+/// goes, committed under its name at the end only.
+pub struct FedInputWav {
+    wav: WavWriter,
+    frames_beyond_limit: u64,
+}
+
+impl FedInputWav {
+    /// Room for this many frames waiting for the disk (as [`ConversationWav::QUEUE_FRAMES`]).
+    pub const QUEUE_FRAMES: usize = 250;
+
+    pub fn create(path: &Path) -> Result<Self> {
+        Ok(Self {
+            wav: WavWriter::create_open_ended_f32(path, 1, SAMPLE_RATE_HZ)?,
+            frames_beyond_limit: 0,
+        })
+    }
+
+    /// Starts the recording at `path` on its own thread; the file is created here, so that an
+    /// unwritable path is an error before listening starts.
+    pub fn spawn(path: &Path, queue_frames: usize) -> Result<RecorderThread<Self>> {
+        let writer = Self::create(path)?;
+        RecorderThread::spawn("moshi-record-input".into(), queue_frames, move || {
+            Ok(writer)
+        })
+        .map_err(|cause| RuntimeError::Write {
+            path: path.to_path_buf(),
+            cause,
+        })
+    }
+}
+
+impl RecordWriter for FedInputWav {
+    type Frame = FedFrame;
+    type End = ();
+    type Done = RecordingSummary;
+    type Error = RuntimeError;
+
+    fn write(&mut self, frame: FedFrame) -> Result<()> {
+        if !self.wav.fits(frame.0.len() as u64) {
+            self.frames_beyond_limit += 1;
+            return Ok(());
+        }
+        self.wav.write_mono(&frame.0)
+    }
+
+    fn finish(self, (): ()) -> Result<RecordingSummary> {
+        let summary = RecordingSummary {
             samples: self.wav.written_frames(),
             frames_beyond_limit: self.frames_beyond_limit,
         };
@@ -298,7 +370,7 @@ mod tests {
         assert_eq!(finished.frames_dropped, 7);
         assert_eq!(
             finished.done,
-            ConversationSummary {
+            RecordingSummary {
                 samples: 3 * FRAME_SAMPLES as u64,
                 frames_beyond_limit: 0
             }
@@ -318,6 +390,29 @@ mod tests {
             std::fs::read(&reference).unwrap()
         );
         assert_eq!(names_in(dir.path()), ["reference.wav", "talk.wav"]);
+    }
+
+    /// The fed-input recording keeps the processed frames bit for bit and leaves the dropped
+    /// ones out.
+    #[test]
+    fn the_fed_input_holds_the_processed_frames_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fed.wav");
+        let thread = FedInputWav::spawn(&path, 16).unwrap();
+        let mut queue = thread.queue();
+        let frames: Vec<StereoFrame> = (0..3).map(frame).collect();
+        queue.record(&frames[0].left, &frames[0].right);
+        queue.dropped(&frames[1].left);
+        queue.record(&frames[2].left, &frames[2].right);
+        drop(queue);
+        let finished = thread.finish(()).unwrap();
+        assert_eq!(finished.done.samples, 2 * FRAME_SAMPLES as u64);
+        let back = crate::wav::read_mono(&path).unwrap().samples;
+        let want: Vec<f32> = [&frames[0].left, &frames[2].left]
+            .iter()
+            .flat_map(|f| f.iter().copied())
+            .collect();
+        assert_eq!(back, want);
     }
 
     /// A recording dropped without its finish (the conversation failed) leaves nothing behind:

@@ -1,7 +1,7 @@
 //! WAV input/output. Reads any PCM WAV (8/16/24/32-bit integer or 32-bit float, any channel
 //! count, a rate from [`MIN_SAMPLE_RATE_HZ`] to [`MAX_SAMPLE_RATE_HZ`]) as mono f32 (channels
 //! averaged), whole or chunk by chunk ([`MonoReader`]: memory flat whatever the length). Writes
-//! int16 mono or stereo WAVs as they are produced, of a length known up front or not
+//! int16 (or 32-bit float) mono or stereo WAVs as they are produced, of a length known up front or not
 //! ([`WavWriter`]), through `moshi_loader::output_file`: nothing half-written on error, devices
 //! and pipes written in place.
 //!
@@ -222,37 +222,77 @@ pub fn f32_to_i16(x: f32) -> i16 {
 /// Size of the header [`WavWriter`] writes.
 const HEADER_BYTES: u64 = 44;
 
-/// A 16-bit PCM WAV header for `data_bytes` bytes of samples.
-fn wav_header(channels: u16, sample_rate_hz: u32, data_bytes: u32) -> Vec<u8> {
-    let block_align = channels * 2;
+/// How a [`WavWriter`] stores its samples.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WavEncoding {
+    /// 16-bit PCM, `trunc(clamp(x, -1, 1) * 32767)` (as `sphn.write_wav`).
+    I16,
+    /// 32-bit IEEE float, the samples exactly as they are (read back bit for bit).
+    F32,
+}
+
+impl WavEncoding {
+    fn bytes_per_sample(self) -> u16 {
+        match self {
+            WavEncoding::I16 => 2,
+            WavEncoding::F32 => 4,
+        }
+    }
+
+    /// The `fmt ` chunk's format tag: PCM or IEEE float.
+    fn format_tag(self) -> u16 {
+        match self {
+            WavEncoding::I16 => 1,
+            WavEncoding::F32 => 3,
+        }
+    }
+
+    fn push_sample(self, x: f32, bytes: &mut Vec<u8>) {
+        match self {
+            WavEncoding::I16 => bytes.extend_from_slice(&f32_to_i16(x).to_le_bytes()),
+            WavEncoding::F32 => bytes.extend_from_slice(&x.to_le_bytes()),
+        }
+    }
+}
+
+/// A WAV header for `data_bytes` bytes of samples.
+fn wav_header(
+    encoding: WavEncoding,
+    channels: u16,
+    sample_rate_hz: u32,
+    data_bytes: u32,
+) -> Vec<u8> {
+    let block_align = channels * encoding.bytes_per_sample();
     let mut header = Vec::with_capacity(HEADER_BYTES as usize);
     header.extend_from_slice(b"RIFF");
     header.extend_from_slice(&(36 + data_bytes).to_le_bytes());
     header.extend_from_slice(b"WAVEfmt ");
     header.extend_from_slice(&16u32.to_le_bytes());
-    header.extend_from_slice(&1u16.to_le_bytes()); // PCM
+    header.extend_from_slice(&encoding.format_tag().to_le_bytes());
     header.extend_from_slice(&channels.to_le_bytes());
     header.extend_from_slice(&sample_rate_hz.to_le_bytes());
     header.extend_from_slice(&(sample_rate_hz * block_align as u32).to_le_bytes());
     header.extend_from_slice(&block_align.to_le_bytes());
-    header.extend_from_slice(&16u16.to_le_bytes());
+    header.extend_from_slice(&(encoding.bytes_per_sample() * 8).to_le_bytes());
     header.extend_from_slice(b"data");
     header.extend_from_slice(&data_bytes.to_le_bytes());
     header
 }
 
-/// The most frames of `channels` 16-bit channels a WAV holds (its sizes are 32-bit).
-fn max_wav_frames(channels: u16) -> u64 {
-    (u64::from(u32::MAX) - 36) / (u64::from(channels) * 2)
+/// The most frames of `channels` channels a WAV holds (its sizes are 32-bit).
+fn max_wav_frames(encoding: WavEncoding, channels: u16) -> u64 {
+    (u64::from(u32::MAX) - 36) / (u64::from(channels) * u64::from(encoding.bytes_per_sample()))
 }
 
-/// A 16-bit PCM WAV output written as it is produced: the header first, then the samples.
+/// A WAV output written as it is produced (16-bit PCM, or 32-bit float with
+/// [`WavWriter::create_open_ended_f32`]): the header first, then the samples.
 /// Its length is either known up front ([`WavWriter::create`]: [`WavWriter::finish`] checks
 /// that exactly the announced frames were written) or not ([`WavWriter::create_open_ended`]:
 /// `finish` writes the length into the header). Either way the output is committed by `finish`
 /// only, so an error or an interruption leaves no half-written file.
 pub struct WavWriter {
     out: OutputFile,
+    encoding: WavEncoding,
     channels: u16,
     /// Frames the header announces; `None`: open-ended.
     expected_frames: Option<u64>,
@@ -263,35 +303,49 @@ pub struct WavWriter {
 impl WavWriter {
     /// Starts `path`: `frames` frames of `channels` channels at `sample_rate_hz`.
     pub fn create(path: &Path, channels: u16, sample_rate_hz: u32, frames: u64) -> Result<Self> {
-        if frames > max_wav_frames(channels) {
+        if frames > max_wav_frames(WavEncoding::I16, channels) {
             return Err(RuntimeError::WavTooLong {
                 path: path.to_path_buf(),
                 frames,
                 channels,
             });
         }
-        Self::start(path, channels, sample_rate_hz, Some(frames))
+        Self::start(
+            path,
+            WavEncoding::I16,
+            channels,
+            sample_rate_hz,
+            Some(frames),
+        )
     }
 
     /// Starts `path` for as many frames as come, up to what a WAV holds (see [`Self::fits`]).
     /// A regular file gets its length at [`Self::finish`]; a pipe or device, which cannot be
     /// rewritten, announces the longest WAV, as streaming writers do for an unknown length.
     pub fn create_open_ended(path: &Path, channels: u16, sample_rate_hz: u32) -> Result<Self> {
-        Self::start(path, channels, sample_rate_hz, None)
+        Self::start(path, WavEncoding::I16, channels, sample_rate_hz, None)
+    }
+
+    /// [`Self::create_open_ended`] with 32-bit float samples: what is written reads back bit
+    /// for bit (a recording of exactly what a model was fed).
+    pub fn create_open_ended_f32(path: &Path, channels: u16, sample_rate_hz: u32) -> Result<Self> {
+        Self::start(path, WavEncoding::F32, channels, sample_rate_hz, None)
     }
 
     fn start(
         path: &Path,
+        encoding: WavEncoding,
         channels: u16,
         sample_rate_hz: u32,
         expected_frames: Option<u64>,
     ) -> Result<Self> {
-        let frames = expected_frames.unwrap_or(max_wav_frames(channels));
-        let data_bytes = (frames * u64::from(channels) * 2) as u32;
+        let frames = expected_frames.unwrap_or(max_wav_frames(encoding, channels));
+        let data_bytes = (frames * Self::frame_bytes(encoding, channels)) as u32;
         let mut out = OutputFile::create(path)?;
-        out.write_bytes(&wav_header(channels, sample_rate_hz, data_bytes))?;
+        out.write_bytes(&wav_header(encoding, channels, sample_rate_hz, data_bytes))?;
         Ok(Self {
             out,
+            encoding,
             channels,
             expected_frames,
             written_frames: 0,
@@ -303,13 +357,18 @@ impl WavWriter {
     pub fn fits(&self, frames: u64) -> bool {
         let limit = self
             .expected_frames
-            .unwrap_or(max_wav_frames(self.channels));
+            .unwrap_or(max_wav_frames(self.encoding, self.channels));
         self.written_frames + frames <= limit
     }
 
     /// Frames written so far.
     pub fn written_frames(&self) -> u64 {
         self.written_frames
+    }
+
+    /// Bytes of one frame (a sample of every channel).
+    fn frame_bytes(encoding: WavEncoding, channels: u16) -> u64 {
+        u64::from(channels) * u64::from(encoding.bytes_per_sample())
     }
 
     fn push(&mut self, frames: u64) -> Result<()> {
@@ -338,8 +397,9 @@ impl WavWriter {
     pub fn write_mono(&mut self, samples: &[f32]) -> Result<()> {
         debug_assert_eq!(self.channels, 1);
         self.bytes.clear();
-        self.bytes
-            .extend(samples.iter().flat_map(|&s| f32_to_i16(s).to_le_bytes()));
+        for &s in samples {
+            self.encoding.push_sample(s, &mut self.bytes);
+        }
         self.push(samples.len() as u64)
     }
 
@@ -350,8 +410,8 @@ impl WavWriter {
         self.bytes.clear();
         for i in 0..n {
             for s in [left.get(i), right.get(i)] {
-                let v = f32_to_i16(s.copied().unwrap_or(0.0));
-                self.bytes.extend_from_slice(&v.to_le_bytes());
+                self.encoding
+                    .push_sample(s.copied().unwrap_or(0.0), &mut self.bytes);
             }
         }
         self.push(n as u64)
@@ -377,7 +437,8 @@ impl WavWriter {
             Some(_) => {}
             None if self.out.is_direct() => {}
             None => {
-                let data_bytes = (self.written_frames * u64::from(self.channels) * 2) as u32;
+                let data_bytes =
+                    (self.written_frames * Self::frame_bytes(self.encoding, self.channels)) as u32;
                 self.out.seek_to(4)?;
                 self.out.write_bytes(&(36 + data_bytes).to_le_bytes())?;
                 self.out.seek_to(HEADER_BYTES - 4)?;
@@ -587,6 +648,34 @@ mod tests {
         let mut chunked = Vec::new();
         while r.read_chunk(1000, &mut chunked).unwrap() > 0 {}
         assert_eq!(chunked, whole);
+    }
+
+    /// A float WAV reads back bit for bit (what a live model was fed, replayed offline), in
+    /// a header hound and the readers of other tools take (IEEE float, 32 bits).
+    #[test]
+    fn float_wavs_read_back_bit_for_bit() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("fed.wav");
+        let samples: Vec<f32> = (0..5000)
+            .map(|i| ((i as f32) * 0.37).sin() * 1.25 + f32::EPSILON * i as f32)
+            .collect();
+        let mut w = WavWriter::create_open_ended_f32(&out, 1, 24_000).unwrap();
+        w.write_mono(&samples[..1234]).unwrap();
+        w.write_mono(&samples[1234..]).unwrap();
+        w.finish().unwrap();
+        let spec = hound::WavReader::open(&out).unwrap().spec();
+        assert_eq!(
+            (spec.sample_format, spec.bits_per_sample, spec.channels),
+            (hound::SampleFormat::Float, 32, 1)
+        );
+        let back = read_mono(&out).unwrap();
+        assert_eq!(back.sample_rate_hz, 24_000);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&back.samples), bits(&samples));
+        assert_eq!(
+            std::fs::metadata(&out).unwrap().len(),
+            HEADER_BYTES + 4 * samples.len() as u64
+        );
     }
 
     #[test]

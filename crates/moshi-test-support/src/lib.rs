@@ -124,6 +124,30 @@ pub fn command_exists(program: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// Whether every one of `tools` is installed, for `test`. Missing ones: on a developer machine
+/// the test is skipped with `SKIPPED <test>: ...` (false); where the env var `CI` is set (CI
+/// installs them with `setup`, e.g. `bash scripts/setup.sh --audio-e2e`) the test fails instead
+/// of passing without checking anything.
+pub fn tools_present(test: &str, tools: &[&str], setup: &str) -> bool {
+    let missing: Vec<&str> = tools
+        .iter()
+        .copied()
+        .filter(|p| !command_exists(p))
+        .collect();
+    missing_tools_verdict(test, &missing, setup, std::env::var_os("CI").is_some())
+}
+
+/// The decision of [`tools_present`]: panics on `ci` when tools are missing.
+pub fn missing_tools_verdict(test: &str, missing: &[&str], setup: &str, ci: bool) -> bool {
+    if missing.is_empty() {
+        return true;
+    }
+    let message = format!("{test}: {missing:?} not installed (run `{setup}`)");
+    assert!(!ci, "CI is set, so the tools must be installed: {message}");
+    eprintln!("SKIPPED {message}");
+    false
+}
+
 /// Normalised cross-correlation of `a` and `b` over their common length (1: the same signal up
 /// to a gain).
 pub fn ncc(a: &[f32], b: &[f32]) -> f64 {
@@ -211,6 +235,15 @@ pub fn hashed_uniform(n: usize, seed: u32) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn missing_tools_skip_on_a_developer_machine_and_fail_on_ci() {
+        assert!(missing_tools_verdict("t", &[], "setup", true));
+        assert!(!missing_tools_verdict("t", &["sox"], "setup", false));
+        let on_ci =
+            std::panic::catch_unwind(|| missing_tools_verdict("t", &["sox"], "setup", true));
+        assert!(on_ci.is_err(), "a missing tool must fail the test on CI");
+    }
 
     #[test]
     fn fixtures_are_found() {

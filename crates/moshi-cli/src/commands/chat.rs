@@ -13,21 +13,23 @@
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use moshi_loader::output_file::{names_stdout, write_output};
-use moshi_runtime::backend::cpal::{CpalBackend, CpalOptions, DEFAULT_BUFFER_MS};
-use moshi_runtime::backend::device_watch::{DeviceLost, DeviceWatch};
-use moshi_runtime::backend::{reconnect_session, start_session, AudioBackend, RingSizes, Session};
-use moshi_runtime::engine::{DropPolicy, EngineEvent, EngineReport, FrameRecorder, StreamFormat};
+use moshi_runtime::backend::cpal::CpalBackend;
+use moshi_runtime::backend::{start_session, AudioBackend, RingSizes, Session};
+use moshi_runtime::engine::{EngineEvent, EngineReport, FrameRecorder};
 use moshi_runtime::metrics::{FrameRecord, LatencyStats, Percentiles, ProfileWriter, RunSummary};
 use moshi_runtime::recorder::{ConversationWav, RecorderThread};
 use moshi_runtime::ring::{AudioCounters, CounterSnapshot};
 use moshi_runtime::SAMPLE_RATE_HZ;
 
+use super::live::{
+    device_samples_ms, frames_ms, run_until_stop, watch_stop_signals, DeviceErrorReports, Devices,
+    LiveInputArgs, Watch,
+};
 use super::model_args::{ModelArgs, SamplingArgs, LIVE_KV_CACHE};
 use super::outputs::{check_outputs, given};
 use super::signals::{remove_partials_on, Signals};
@@ -39,17 +41,11 @@ pub struct ChatArgs {
     pub model: ModelArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
-    /// Input device (substring of its name, see `moshi-rs devices`); default: the system default.
-    #[arg(long, value_name = "NAME")]
-    pub input_device: Option<String>,
+    #[command(flatten)]
+    pub live: LiveInputArgs,
     /// Output device (substring of its name); default: the system default.
     #[arg(long, value_name = "NAME")]
     pub output_device: Option<String>,
-    /// Device buffer, milliseconds: what the audio host queues on each side, in 4 callback
-    /// periods. Smaller adds less latency, but on a busy machine the host runs dry while the
-    /// callback thread waits for a core, and the listener hears a click.
-    #[arg(long, default_value_t = DEFAULT_BUFFER_MS)]
-    pub buffer_ms: u32,
     /// Silence queued ahead of Moshi's first frame so compute-time jitter never underruns the
     /// speaker (adds this much latency). Default: three quarters of the device buffer (three
     /// callback periods): the engine then survives as long a stall as the host's buffer does.
@@ -60,20 +56,9 @@ pub struct ChatArgs {
         value_parser = super::flag_values::jitter_ms
     )]
     pub jitter_ms: Option<f64>,
-    /// Input frames allowed to wait behind the one being processed before the oldest is dropped.
-    #[arg(long, default_value_t = 2, value_parser = super::flag_values::backlog_frames)]
-    pub max_backlog_frames: usize,
     /// Save the conversation as a stereo WAV: you on the left, Moshi on the right (24 kHz).
     #[arg(long, value_name = "FILE")]
     pub record: Option<PathBuf>,
-    /// Stop after this many seconds (default: until Ctrl-C).
-    #[arg(
-        long,
-        value_name = "SECONDS",
-        allow_negative_numbers = true,
-        value_parser = super::flag_values::duration_s
-    )]
-    pub duration_s: Option<f64>,
     /// Write per-frame timings as JSON Lines.
     #[arg(long, value_name = "FILE")]
     pub profile: Option<PathBuf>,
@@ -85,12 +70,17 @@ pub struct ChatArgs {
 impl ChatArgs {
     /// The jitter margin in force (`--jitter-ms`, else three quarters of the device buffer).
     fn jitter_margin_ms(&self) -> f64 {
-        self.jitter_ms.unwrap_or(f64::from(self.buffer_ms) * 0.75)
+        self.jitter_ms
+            .unwrap_or(f64::from(self.live.buffer_ms) * 0.75)
     }
 
-    /// Rings whose speaker side holds the whole jitter margin (`--jitter-ms` up to 10 s).
-    fn ring_sizes(&self) -> RingSizes {
-        RingSizes::for_output_queue(self.jitter_margin_ms(), self.buffer_ms)
+    /// The input and output devices, with rings whose speaker side holds the whole jitter
+    /// margin (`--jitter-ms` up to 10 s).
+    fn devices(&self) -> Devices {
+        Devices {
+            options: self.live.with_output(self.output_device.clone()),
+            rings: RingSizes::for_output_queue(self.jitter_margin_ms(), self.live.buffer_ms),
+        }
     }
 }
 
@@ -140,8 +130,7 @@ struct Console {
     tty: bool,
     line: String,
     last_status: Instant,
-    last_error_report: Instant,
-    errors_reported: u64,
+    device_errors: DeviceErrorReports,
     latest: Option<FrameRecord>,
     latencies_ms: LatencyStats,
     /// Compute time of the latest frames (for the real-time factor on the status line).
@@ -158,8 +147,7 @@ impl Console {
             tty: std::io::stderr().is_terminal(),
             line: String::new(),
             last_status: long_ago,
-            last_error_report: long_ago,
-            errors_reported: 0,
+            device_errors: DeviceErrorReports::default(),
             words: Words::default(),
             latest: None,
             latencies_ms: LatencyStats::default(),
@@ -181,18 +169,7 @@ impl Console {
 
     fn status(&mut self, counters: &AudioCounters, rtf: f64, force: bool) {
         let c = counters.snapshot();
-        // Device errors: counted in the callback, reported here at most every 5 s.
-        if c.device_errors > self.errors_reported
-            && self.last_error_report.elapsed() >= Duration::from_secs(5)
-        {
-            let new = c.device_errors - self.errors_reported;
-            self.errors_reported = c.device_errors;
-            self.last_error_report = Instant::now();
-            if self.tty {
-                eprint!("\r\x1b[2K");
-            }
-            eprintln!("audio device: {new} errors reported by the host since the last report (counted, the stream keeps going)");
-        }
+        self.device_errors.report(c.device_errors, self.tty);
         let every = if self.tty {
             Duration::from_millis(250)
         } else {
@@ -274,11 +251,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     // Before the model loads: what cannot be written fails at once. Against the model's files
     // once they are known (below).
     check_outputs(&outputs, &[])?;
-    anyhow::ensure!(
-        args.buffer_ms >= 1 && args.buffer_ms <= 1000,
-        "--buffer-ms {}: expected 1..=1000",
-        args.buffer_ms
-    );
+    args.live.check()?;
     let model = args.model.resolve()?;
     check_outputs(&outputs, &model.input_paths())?;
     let (model, mut pipeline) = args
@@ -291,11 +264,8 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         model.lm_weights_path.display(),
         model.layout
     );
-    let mut backend = CpalBackend::open(&CpalOptions {
-        input_device: args.input_device.clone(),
-        output_device: args.output_device.clone(),
-        buffer_ms: args.buffer_ms,
-    })?;
+    let devices = args.devices();
+    let mut backend = devices.open()?;
     eprintln!("audio: {}", backend.describe());
     let jitter_ms = args.jitter_margin_ms();
     // Written by its own thread as the conversation goes: memory stays flat however long.
@@ -308,26 +278,21 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     let session = start_session(
         &mut backend,
         Box::new(pipeline),
-        DropPolicy::RealTime {
-            max_backlog_frames: args.max_backlog_frames,
-        },
+        args.live.drop_policy(),
         jitter_ms,
         recording
             .as_ref()
             .map(|(_, r)| Box::new(r.queue()) as Box<dyn FrameRecorder>),
-        args.ring_sizes(),
+        devices.rings,
     )?;
     eprintln!(
         "listening{} (Ctrl-C to stop)",
-        args.duration_s
+        args.live
+            .duration_s
             .map_or(String::new(), |d| format!(" for {d} s"))
     );
 
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting tokio")?;
-    let ctrl_c = watch_ctrl_c()?;
+    let stop = watch_stop_signals(false)?;
     let mut console = Console::new();
     if outputs.iter().any(|(_, p)| names_stdout(p)) {
         // `--record /dev/stdout`: stdout gets the recording's bytes only.
@@ -344,36 +309,23 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
             .context("--profile")?,
         error: None,
     };
-    let stop_reason = loop {
-        let reason = runtime.block_on(drive(
-            &session,
-            &args,
-            &ctrl_c,
+    let watch = Watch {
+        session: &session,
+        devices: &devices,
+        duration_s: args.live.duration_s,
+        stop: &stop,
+        started,
+    };
+    let stop_reason = run_until_stop(&watch, &mut backend, |session| {
+        tick(
+            session,
             &mut console,
             started,
             &mut steady_underruns_base,
             &mut profile,
-        ));
-        let Stop::DeviceLost(lost) = reason else {
-            break reason;
-        };
-        // A device disappeared: stop its streams, then reopen (same options) until it comes
-        // back, the duration ends or Ctrl-C; the engine and the conversation keep their state.
-        // Its streams are dropped on their own thread: a lost device's host thread may never
-        // end, and `stop` waits for it a bounded time only.
-        eprintln!("\raudio device lost ({lost}); reopening...");
-        if let Err(e) = backend.stop() {
-            eprintln!("warning: {e}");
-        }
-        match runtime.block_on(reopen(&args, &session, &ctrl_c, started)) {
-            Ok(Some(b)) => {
-                backend = b;
-                eprintln!("audio: reopened: {}", backend.describe());
-            }
-            Ok(None) => break Stop::WhileDeviceGone,
-            Err(e) => break Stop::ReopenFailed(format!("{e:#}")),
-        }
-    };
+        );
+        Ok(())
+    });
 
     let stopped = backend.stop();
     session.engine.request_stop();
@@ -388,7 +340,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         eprintln!("warning: {e}");
     }
     let report = report.context("the engine stopped with an error")?;
-    eprintln!("stopped: {stop_reason}");
+    eprintln!("stopped: {}", stop_reason?);
     let profiled = profile.finish(&report.metrics.summary());
     let summarized = finish(
         &args,
@@ -407,163 +359,36 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         .and(std::mem::take(&mut console.words).finish())
 }
 
-/// Why the conversation (or one device's part of it) stopped.
-#[derive(Debug)]
-enum Stop {
-    CtrlC,
-    Duration(f64),
-    EngineStopped,
-    /// The devices are reopened and the conversation goes on.
-    DeviceLost(DeviceLost),
-    /// Ctrl-C or the duration came while the device was gone.
-    WhileDeviceGone,
-    ReopenFailed(String),
-}
-
-impl std::fmt::Display for Stop {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Stop::CtrlC => write!(f, "Ctrl-C"),
-            Stop::Duration(d) => write!(f, "--duration-s {d} reached"),
-            Stop::EngineStopped => write!(f, "the engine stopped"),
-            Stop::DeviceLost(lost) => write!(f, "audio device lost: {lost}"),
-            Stop::WhileDeviceGone => write!(f, "stopped while the audio device was gone"),
-            Stop::ReopenFailed(e) => write!(f, "the audio device could not be reopened: {e}"),
-        }
-    }
-}
-
-/// Exit status after a second Ctrl-C (128 + SIGINT, what a shell reports for an interrupt).
-const SECOND_CTRL_C_EXIT_STATUS: i32 = 130;
-
-/// Watches Ctrl-C on its own thread for the whole session (once tokio listens, SIGINT no longer
-/// ends the process by itself): the first one sets the returned flag (the session stops and
-/// writes its summary and files), a second one exits the process at once, whatever the main
-/// thread is waiting for, removing the temporary files of the outputs not yet complete.
-fn watch_ctrl_c() -> anyhow::Result<Arc<AtomicBool>> {
-    let requested = Arc::new(AtomicBool::new(false));
-    let flag = requested.clone();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting tokio for Ctrl-C")?;
-    std::thread::Builder::new()
-        .name("moshi-ctrl-c".into())
-        .spawn(move || {
-            runtime.block_on(async {
-                if tokio::signal::ctrl_c().await.is_err() {
-                    return;
-                }
-                flag.store(true, Ordering::Release);
-                if tokio::signal::ctrl_c().await.is_ok() {
-                    eprintln!("\nsecond Ctrl-C: exiting now");
-                    // The outputs not yet complete are given up: no hidden partial is left.
-                    moshi_loader::output_file::remove_partials_for_exit();
-                    std::process::exit(SECOND_CTRL_C_EXIT_STATUS);
-                }
-            })
-        })
-        .context("starting the Ctrl-C thread")?;
-    Ok(requested)
-}
-
-/// Retries opening the devices every 500 ms. `None`: Ctrl-C or the duration ended first.
-async fn reopen(
-    args: &ChatArgs,
+/// Every 20 ms of the conversation: Moshi's words and the frames' records from the engine, the
+/// steady-state underrun base, the status line.
+fn tick(
     session: &Session,
-    ctrl_c: &AtomicBool,
-    started: Instant,
-) -> anyhow::Result<Option<CpalBackend>> {
-    loop {
-        for _ in 0..25 {
-            if ctrl_c.load(Ordering::Acquire) {
-                return Ok(None);
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        if args
-            .duration_s
-            .is_some_and(|d| started.elapsed().as_secs_f64() >= d)
-        {
-            return Ok(None);
-        }
-        let options = CpalOptions {
-            input_device: args.input_device.clone(),
-            output_device: args.output_device.clone(),
-            buffer_ms: args.buffer_ms,
-        };
-        if let Ok(mut backend) = CpalBackend::open(&options) {
-            if reconnect_session(session, &mut backend, args.ring_sizes()).is_ok() {
-                return Ok(Some(backend));
-            }
-            let _ = backend.stop();
-        }
-    }
-}
-
-/// Runs until Ctrl-C, the duration, a lost device or the engine ending. Returns why it stopped.
-async fn drive(
-    session: &Session,
-    args: &ChatArgs,
-    ctrl_c: &AtomicBool,
     console: &mut Console,
     started: Instant,
     steady_base: &mut Option<u64>,
     profile: &mut Profile,
-) -> Stop {
-    let mut tick = tokio::time::interval(Duration::from_millis(20));
-    let mut devices = DeviceWatch::new(DeviceWatch::DEFAULT_STALL_LIMIT);
-    loop {
-        tick.tick().await;
-        if ctrl_c.load(Ordering::Acquire) {
-            return Stop::CtrlC;
-        }
-        while let Ok(event) = session.engine.events().try_recv() {
-            match event {
-                EngineEvent::Frame { record, text, .. } => {
-                    if let Some(t) = text {
-                        console.words(&t);
-                    }
-                    profile.write(&record);
-                    console.frame(record, &session.counters);
+) {
+    while let Ok(event) = session.engine.events().try_recv() {
+        match event {
+            EngineEvent::Frame { record, text, .. } => {
+                if let Some(t) = text {
+                    console.words(&t);
                 }
-                EngineEvent::Dropped { .. } => {}
+                profile.write(&record);
+                console.frame(record, &session.counters);
             }
-        }
-        // Steady state: underruns counted from 2 s after playback started.
-        if steady_base.is_none()
-            && session.counters.playback_started.load(Ordering::Relaxed)
-            && started.elapsed() > Duration::from_secs(2)
-        {
-            *steady_base = Some(session.counters.underrun_events.load(Ordering::Relaxed));
-        }
-        let rtf = console.recent_rtf();
-        console.status(&session.counters, rtf, false);
-        if let Some(lost) = devices.check(&session.counters) {
-            return Stop::DeviceLost(lost);
-        }
-        if session.engine.is_finished() {
-            return Stop::EngineStopped;
-        }
-        if let Some(d) = args.duration_s {
-            if started.elapsed().as_secs_f64() >= d {
-                return Stop::Duration(d);
-            }
+            EngineEvent::Dropped { .. } => {}
         }
     }
-}
-
-/// Milliseconds of `frames` device frames (one sample per channel) at `rate_hz`.
-fn frames_ms(frames: u64, rate_hz: u32) -> f64 {
-    frames as f64 * 1e3 / f64::from(rate_hz.max(1))
-}
-
-/// Milliseconds of `samples` interleaved device samples (all channels) in `format`.
-fn device_samples_ms(samples: u64, format: StreamFormat) -> f64 {
-    frames_ms(
-        samples / u64::from(format.channels.max(1)),
-        format.sample_rate_hz,
-    )
+    // Steady state: underruns counted from 2 s after playback started.
+    if steady_base.is_none()
+        && session.counters.playback_started.load(Ordering::Relaxed)
+        && started.elapsed() > Duration::from_secs(2)
+    {
+        *steady_base = Some(session.counters.underrun_events.load(Ordering::Relaxed));
+    }
+    let rtf = console.recent_rtf();
+    console.status(&session.counters, rtf, false);
 }
 
 fn finish(
@@ -666,25 +491,4 @@ fn finish_recording(path: &Path, recording: RecorderThread<ConversationWav>) -> 
         );
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn device_samples_count_all_channels_at_the_device_rate() {
-        let stereo_48k = StreamFormat {
-            sample_rate_hz: 48_000,
-            channels: 2,
-        };
-        // 96 000 interleaved stereo samples at 48 kHz: 48 000 frames, one second.
-        assert_eq!(device_samples_ms(96_000, stereo_48k), 1000.0);
-        let mono_24k = StreamFormat {
-            sample_rate_hz: SAMPLE_RATE_HZ,
-            channels: 1,
-        };
-        assert_eq!(device_samples_ms(2_400, mono_24k), 100.0);
-        assert_eq!(frames_ms(441, 44_100), 10.0);
-    }
 }

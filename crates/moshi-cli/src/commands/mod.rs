@@ -7,6 +7,7 @@ pub mod devices;
 pub mod file;
 pub mod flag_values;
 pub mod inspect;
+pub mod live;
 pub mod model_args;
 pub mod outputs;
 pub mod quantize;
@@ -14,6 +15,7 @@ pub mod serve;
 pub mod signals;
 pub mod stdout;
 pub mod transcribe;
+pub mod transcribe_mic;
 pub mod transcript;
 
 /// Fixes the kernel of this process's products from how many activation rows they will have

@@ -18,6 +18,9 @@ pub enum Signals {
     All,
     /// SIGTERM and SIGHUP only: `chat` stops on Ctrl-C itself and completes its outputs.
     TermAndHup,
+    /// SIGHUP only: `transcribe --mic` stops on Ctrl-C and SIGTERM itself and completes its
+    /// outputs.
+    Hup,
 }
 
 /// Starts the thread that waits for `signals` (see the module docs). Call it before the first
@@ -38,9 +41,14 @@ pub fn remove_partials_on(signals: Signals) -> anyhow::Result<()> {
         (
             match signals {
                 Signals::All => Some(listen(SignalKind::interrupt(), "SIGINT")?),
-                Signals::TermAndHup => None,
+                Signals::TermAndHup | Signals::Hup => None,
             },
-            listen(SignalKind::terminate(), "SIGTERM")?,
+            match signals {
+                Signals::All | Signals::TermAndHup => {
+                    Some(listen(SignalKind::terminate(), "SIGTERM")?)
+                }
+                Signals::Hup => None,
+            },
             listen(SignalKind::hangup(), "SIGHUP")?,
         )
     };
@@ -58,7 +66,7 @@ pub fn remove_partials_on(signals: Signals) -> anyhow::Result<()> {
             let number = runtime.block_on(async {
                 tokio::select! {
                     _ = next(&mut int) => libc::SIGINT,
-                    _ = term.recv() => libc::SIGTERM,
+                    _ = next(&mut term) => libc::SIGTERM,
                     _ = hup.recv() => libc::SIGHUP,
                 }
             });

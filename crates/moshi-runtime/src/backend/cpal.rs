@@ -38,6 +38,9 @@ pub struct CpalOptions {
     pub output_device: Option<String>,
     /// Device buffer per callback, milliseconds.
     pub buffer_ms: u32,
+    /// Whether to open an output device at all; `false`: capture only (live speech to text),
+    /// `output_device` unused.
+    pub playback: bool,
 }
 
 /// Default device buffer: 40 ms (960 frames at 24 kHz, 4 periods of 10 ms). With 20 ms
@@ -362,12 +365,19 @@ mod quiet_alsa {
     }
 }
 
-/// Capture and playback on real devices.
+/// The output device and its config.
+#[derive(Clone)]
+struct OutputSide {
+    device: cpal::Device,
+    config: ChosenConfig,
+}
+
+/// Capture and playback (or capture only) on real devices.
 pub struct CpalBackend {
     input_device: cpal::Device,
-    output_device: cpal::Device,
     input: ChosenConfig,
-    output: ChosenConfig,
+    /// `None`: capture only.
+    output: Option<OutputSide>,
     /// The running streams (on their own thread), once started.
     streams: Option<StreamOwner>,
     description: String,
@@ -379,9 +389,14 @@ impl CpalBackend {
         let _quiet = QuietAlsa::new();
         let host = cpal::default_host();
         let input_device = find_device(&host, options.input_device.as_deref(), true)?;
-        let output_device = find_device(&host, options.output_device.as_deref(), false)?;
         let input = choose_config(&input_device, true, options.buffer_ms)?;
-        let output = choose_config(&output_device, false, options.buffer_ms)?;
+        let output = if options.playback {
+            let device = find_device(&host, options.output_device.as_deref(), false)?;
+            let config = choose_config(&device, false, options.buffer_ms)?;
+            Some(OutputSide { device, config })
+        } else {
+            None
+        };
         let describe = |d: &cpal::Device, c: &ChosenConfig| {
             format!(
                 "{} ({} ch, {} Hz, {}, buffer {:?})",
@@ -396,11 +411,14 @@ impl CpalBackend {
             "{} host; in: {}; out: {}",
             host.id().name(),
             describe(&input_device, &input),
-            describe(&output_device, &output)
+            output
+                .as_ref()
+                .map_or("none (capture only)".into(), |o| describe(
+                    &o.device, &o.config
+                ))
         );
         Ok(Self {
             input_device,
-            output_device,
             input,
             output,
             streams: None,
@@ -425,20 +443,40 @@ fn scratch_len(c: &ChosenConfig) -> usize {
     }
 }
 
-/// Builds both streams and starts them (output first, so that no captured sample waits for it).
+/// Builds the streams and starts them (output first, so that no captured sample waits for it);
+/// without an output side, capture only (the speaker ring's consumer is dropped).
 fn build_streams(
     input_device: &cpal::Device,
-    output_device: &cpal::Device,
     input: &ChosenConfig,
-    output: &ChosenConfig,
-    mut mic: SampleProducer,
-    mut speaker: SampleConsumer,
+    output: Option<&OutputSide>,
+    mic: SampleProducer,
+    speaker: SampleConsumer,
     counters: Arc<AudioCounters>,
-) -> Result<[cpal::Stream; 2]> {
+) -> Result<Vec<cpal::Stream>> {
+    let input_stream = build_input_stream(input_device, input, mic, counters.clone())?;
+    let output_stream = output
+        .map(|output| build_output_stream(output, speaker, counters))
+        .transpose()?;
+    if let Some(output_stream) = &output_stream {
+        output_stream
+            .play()
+            .map_err(|e| device_error("starting playback", e))?;
+    }
+    input_stream
+        .play()
+        .map_err(|e| device_error("starting capture", e))?;
+    Ok(std::iter::once(input_stream).chain(output_stream).collect())
+}
+
+fn build_input_stream(
+    input_device: &cpal::Device,
+    input: &ChosenConfig,
+    mut mic: SampleProducer,
+    counters: Arc<AudioCounters>,
+) -> Result<cpal::Stream> {
     let in_counters = counters.clone();
     let in_channels = input.config.channels;
-    let out_channels = output.config.channels;
-    let input_stream = match input.sample_format {
+    match input.sample_format {
         cpal::SampleFormat::I16 => {
             let mut scratch = vec![0f32; scratch_len(input)];
             let mut watch = ClockWatch::new(StreamSide::Capture, input);
@@ -469,9 +507,20 @@ fn build_streams(
             )
         }
     }
-    .map_err(|e| device_error("opening the input stream", e))?;
+    .map_err(|e| device_error("opening the input stream", e))
+}
+
+fn build_output_stream(
+    OutputSide {
+        device: output_device,
+        config: output,
+    }: &OutputSide,
+    mut speaker: SampleConsumer,
+    counters: Arc<AudioCounters>,
+) -> Result<cpal::Stream> {
     let out_counters = counters.clone();
-    let output_stream = match output.sample_format {
+    let out_channels = output.config.channels;
+    match output.sample_format {
         cpal::SampleFormat::I16 => {
             let mut scratch = vec![0f32; scratch_len(output)];
             let mut watch = ClockWatch::new(StreamSide::Playback, output);
@@ -508,18 +557,11 @@ fn build_streams(
             )
         }
     }
-    .map_err(|e| device_error("opening the output stream", e))?;
-    output_stream
-        .play()
-        .map_err(|e| device_error("starting playback", e))?;
-    input_stream
-        .play()
-        .map_err(|e| device_error("starting capture", e))?;
-    Ok([input_stream, output_stream])
+    .map_err(|e| device_error("opening the output stream", e))
 }
 
-/// Both streams; dropping them pauses them first.
-struct PlayingStreams([cpal::Stream; 2]);
+/// The streams; dropping them pauses them first.
+struct PlayingStreams(Vec<cpal::Stream>);
 
 impl Drop for PlayingStreams {
     fn drop(&mut self) {
@@ -529,7 +571,7 @@ impl Drop for PlayingStreams {
     }
 }
 
-/// How long [`CpalBackend::start`] waits for the host to open and start both streams.
+/// How long [`CpalBackend::start`] waits for the host to open and start the streams.
 pub const STREAM_START_TIMEOUT_MS: u64 = 5000;
 /// How long [`CpalBackend::stop`] waits for the streams to be dropped before leaving them behind.
 pub const STREAM_STOP_TIMEOUT_MS: u64 = 2000;
@@ -615,11 +657,18 @@ impl AudioBackend for CpalBackend {
             channels: self.input.config.channels,
         }
     }
+    /// Capture only: 24 kHz mono, so that the engine converts nothing for the speaker it
+    /// never feeds.
     fn output_format(&self) -> StreamFormat {
-        StreamFormat {
-            sample_rate_hz: self.output.config.sample_rate.0,
-            channels: self.output.config.channels,
-        }
+        self.output
+            .as_ref()
+            .map_or(StreamFormat::MOSHI, |o| StreamFormat {
+                sample_rate_hz: o.config.config.sample_rate.0,
+                channels: o.config.config.channels,
+            })
+    }
+    fn plays_output(&self) -> bool {
+        self.output.is_some()
     }
     fn start(
         &mut self,
@@ -631,14 +680,13 @@ impl AudioBackend for CpalBackend {
             // Bounded: a stuck old stream stays behind on its own thread.
             let _ = old.stop();
         }
-        let (input_device, output_device) = (self.input_device.clone(), self.output_device.clone());
-        let (input, output) = (self.input.clone(), self.output.clone());
+        let (input_device, input) = (self.input_device.clone(), self.input.clone());
+        let output = self.output.clone();
         self.streams = Some(StreamOwner::spawn(move || {
             build_streams(
                 &input_device,
-                &output_device,
                 &input,
-                &output,
+                output.as_ref(),
                 mic,
                 speaker,
                 counters,

@@ -23,6 +23,8 @@ pub enum DeviceLost {
 #[derive(Debug)]
 pub struct DeviceWatch {
     stall_limit: Duration,
+    /// Whether playback callbacks must come too (`false`: a capture-only session).
+    watch_playback: bool,
     /// Capture and playback callbacks seen at the last progress.
     callbacks_seen: Option<(u64, u64)>,
     last_progress: Instant,
@@ -38,9 +40,18 @@ impl DeviceWatch {
         Self::starting_at(stall_limit, Instant::now())
     }
 
+    /// A watch of a capture-only session (no playback callbacks ever come).
+    pub fn capture_only(stall_limit: Duration) -> Self {
+        Self {
+            watch_playback: false,
+            ..Self::new(stall_limit)
+        }
+    }
+
     fn starting_at(stall_limit: Duration, now: Instant) -> Self {
         Self {
             stall_limit,
+            watch_playback: true,
             callbacks_seen: None,
             last_progress: now,
         }
@@ -62,9 +73,9 @@ impl DeviceWatch {
         );
         // Progress: both sides called back since the last progress (one live side alone is
         // a half-dead device).
-        let progressed = self
-            .callbacks_seen
-            .is_none_or(|seen| callbacks.0 != seen.0 && callbacks.1 != seen.1);
+        let progressed = self.callbacks_seen.is_none_or(|seen| {
+            callbacks.0 != seen.0 && (!self.watch_playback || callbacks.1 != seen.1)
+        });
         if progressed {
             self.callbacks_seen = Some(callbacks);
             self.last_progress = now;
@@ -124,5 +135,29 @@ mod tests {
             assert_eq!(lost, DeviceLost::Stalled(Duration::from_millis(2020)));
             assert_eq!(lost.to_string(), "the audio callbacks stopped for 2020 ms");
         }
+    }
+
+    #[test]
+    fn a_capture_only_watch_needs_capture_callbacks_only() {
+        let limit = Duration::from_millis(2000);
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let counters = AudioCounters::default();
+        let mut watch = DeviceWatch {
+            last_progress: t0,
+            ..DeviceWatch::capture_only(limit)
+        };
+        for ms in (0..5000).step_by(20) {
+            bump(&counters, true, false);
+            assert_eq!(watch.check_at(&counters, at(ms)), None, "{ms} ms");
+        }
+        // Capture stops: lost after the limit.
+        let lost = (5000..9000)
+            .step_by(20)
+            .find_map(|ms| watch.check_at(&counters, at(ms)).map(|l| (ms, l)));
+        assert_eq!(
+            lost,
+            Some((7000, DeviceLost::Stalled(Duration::from_millis(2020))))
+        );
     }
 }

@@ -30,6 +30,11 @@ pub trait AudioBackend {
     fn input_format(&self) -> StreamFormat;
     /// Format of the samples the backend pulls from the speaker ring.
     fn output_format(&self) -> StreamFormat;
+    /// Whether the backend plays the speaker ring; `false`: capture only (it drops the ring's
+    /// consumer, and the engine queues nothing for it).
+    fn plays_output(&self) -> bool {
+        true
+    }
     /// Starts capture and playback with these ring ends.
     fn start(
         &mut self,
@@ -111,6 +116,7 @@ pub fn start_session(
         output,
         drop_policy,
         prefill_ms,
+        play_output: backend.plays_output(),
         ..EngineConfig::lossless()
     };
     // The engine starts first so that no captured sample waits for it.
