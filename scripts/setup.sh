@@ -2,7 +2,8 @@
 # Installs what moshi-rs needs on Debian/Ubuntu (idempotent).
 # Usage: bash scripts/setup.sh [--audio-e2e] [--serve-e2e] [--aarch64]
 #   --audio-e2e  PulseAudio and tools for the virtual-device tests (chat, Kyutai's Python client)
-#   --serve-e2e  what the `moshi-rs serve` client tests need: Chromium, Node and puppeteer-core
+#   --serve-e2e  what the `moshi-rs serve` client tests need: HAProxy and curl (serve_haproxy,
+#                serve_container), Chromium, Node and puppeteer-core
 #                (scripts/serve-clients/node_modules), PortAudio and a Python venv with Kyutai's
 #                client, moshi==0.2.13 from PyPI (target/serve-clients/venv); and a second venv,
 #                target/stt-clients/venv, for the speech-to-text clients: Kyutai's DSM scripts'
@@ -33,7 +34,7 @@ if ((audio)); then
   pkgs+=(pulseaudio pulseaudio-utils libasound2-plugins alsa-utils sox python3-numpy)
 fi
 if ((serve)); then
-  pkgs+=(chromium libportaudio2 python3-venv)
+  pkgs+=(chromium libportaudio2 python3-venv haproxy curl)
   command -v npm >/dev/null 2>&1 || pkgs+=(nodejs npm)
 fi
 SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"

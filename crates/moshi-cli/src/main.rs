@@ -20,6 +20,7 @@ macro_rules! eprint {
 }
 
 mod commands;
+mod log_json;
 
 /// Debug builds count allocations made inside audio callbacks (`moshi-rs chat` reports them).
 #[cfg(debug_assertions)]
@@ -36,8 +37,17 @@ struct Cli {
     /// Log filter (tracing EnvFilter syntax), e.g. `info` or `moshi_model=debug`.
     #[arg(long, global = true, default_value = "warn")]
     log: String,
+    /// Log lines as text, or as one JSON object each (for log collectors).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand, Debug)]
@@ -78,10 +88,13 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.event_format(log_json::JsonLines).init(),
+    }
     // Compute threads: the performance cores of a big/little CPU, else every CPU
     // (moshi_kernels::cores), unless RAYON_NUM_THREADS says otherwise; `bench` sets its own
     // (--threads).

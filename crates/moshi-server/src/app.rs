@@ -1,7 +1,10 @@
 //! The server: binds, accepts connections (plain or TLS) and serves `/api/chat` plus the web
-//! UI; [`RunningServer::shutdown`] closes every session with a message and stops.
+//! UI (or `/api/asr-streaming`), and for operators `/metrics`, `/api/health`, `/api/ready`,
+//! `/api/capacity`, `/api/modules_info` and `POST /api/drain`;
+//! [`RunningServer::start_drain`] stops taking sessions, [`RunningServer::shutdown`] closes
+//! every session with a message and stops.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -10,7 +13,7 @@ use std::time::{Duration, Instant};
 use axum::extract::{Extension, State, WebSocketUpgrade};
 use axum::http::{HeaderMap, Uri};
 use axum::response::Response;
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::Router;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
@@ -21,9 +24,10 @@ use tokio::sync::{watch, Notify};
 
 use crate::api_keys::ApiKeys;
 use crate::asr_session::{self, AsrModel};
+use crate::metrics::{Metrics, RefuseReason, Snapshot};
 use crate::query::SessionRequest;
 use crate::session;
-use crate::session_engine::SessionEngine;
+use crate::session_engine::{OpenError, SessionEngine};
 use crate::tls::TlsFiles;
 use crate::web_ui::{self, WebUi};
 use crate::ServerError;
@@ -78,6 +82,8 @@ pub struct Limits {
     pub pending_eviction_grace: Duration,
     /// Connections at a time, websocket sessions included; one more is closed at once.
     pub max_connections: usize,
+    /// `--max-session-s`: a session is closed (with a message) after this long.
+    pub max_session: Option<Duration>,
 }
 
 impl Default for Limits {
@@ -100,6 +106,7 @@ impl Default for Limits {
             max_pending_per_address: 16,
             pending_eviction_grace: Duration::from_secs(1),
             max_connections: 256,
+            max_session: None,
         }
     }
 }
@@ -126,6 +133,9 @@ pub struct ServerConfig {
     /// The keys a client must present (`kyutai-api-key` header, `auth_id` query parameter);
     /// `None`: every client is let in.
     pub api_keys: Option<ApiKeys>,
+    /// `--trust-forwarded`: the client's address is the one the nearest proxy puts in
+    /// `X-Forwarded-For` (else `X-Real-IP`), in logs and in the loopback check of `/api/drain`.
+    pub trust_forwarded: bool,
 }
 
 /// The protocol a server speaks.
@@ -161,6 +171,7 @@ impl ServerConfig {
             model_description: Value::Null,
             endpoint: Endpoint::Chat,
             api_keys: None,
+            trust_forwarded: false,
         }
     }
 }
@@ -176,10 +187,17 @@ pub struct AppState {
     lm_model_file: String,
     model_description: Value,
     api_keys: Option<ApiKeys>,
+    trust_forwarded: bool,
+    endpoint_path: &'static str,
     next_session: AtomicU64,
     running_sessions: AtomicUsize,
     sessions_done: Notify,
     shutdown: watch::Receiver<bool>,
+    /// True from the start of a drain: no new session, `/api/ready` says 503.
+    draining: watch::Sender<bool>,
+    /// Connections not (yet) upgraded to a websocket.
+    pending: Arc<PendingConnections>,
+    pub metrics: Metrics,
 }
 
 /// Counts a running session; dropping it counts it out.
@@ -205,6 +223,42 @@ impl AppState {
 
     pub fn shutdown_signal(&self) -> watch::Receiver<bool> {
         self.shutdown.clone()
+    }
+
+    /// Whether the server is draining (takes no new session).
+    pub fn draining(&self) -> bool {
+        *self.draining.borrow()
+    }
+
+    /// Starts a drain (once; later calls change nothing). Returns whether this call started it.
+    fn start_drain(&self, by: &str) -> bool {
+        let started = !self.draining.send_replace(true);
+        if started {
+            tracing::info!(
+                sessions = self.running_sessions.load(Ordering::Acquire),
+                "draining ({by}): no new sessions; live ones may finish"
+            );
+        }
+        started
+    }
+
+    /// Whether a session slot is free and the server takes sessions.
+    fn ready(&self) -> bool {
+        !self.draining() && self.engine.active_sessions() < self.engine.max_sessions()
+    }
+
+    /// The `/metrics` text.
+    fn metrics_text(&self) -> String {
+        self.metrics.render(&Snapshot {
+            version: env!("CARGO_PKG_VERSION"),
+            model: &self.lm_model_file,
+            endpoint: self.endpoint_path,
+            sessions_active: self.engine.active_sessions(),
+            sessions_max: self.engine.max_sessions(),
+            draining: self.draining(),
+            pending_connections: self.pending.len(),
+            engine: self.engine.metrics(),
+        })
     }
 
     /// The sampling a session starts from.
@@ -264,15 +318,80 @@ impl AppState {
     }
 }
 
-/// The client's address (set per connection).
+/// The address of the connection's other end (set per connection).
 #[derive(Debug, Clone, Copy)]
 struct PeerAddr(SocketAddr);
+
+/// The client's address as logs show it: the connection's, or with `--trust-forwarded` the one
+/// its proxy reported (no port then).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientAddr {
+    pub ip: IpAddr,
+    pub port: Option<u16>,
+}
+
+impl std::fmt::Display for ClientAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.ip, self.port) {
+            (ip, None) => write!(f, "{ip}"),
+            (ip, Some(port)) => write!(f, "{}", SocketAddr::new(ip, port)),
+        }
+    }
+}
+
+impl ClientAddr {
+    /// The connection's `peer`, or with `trust_forwarded` the address its proxy appended last
+    /// to `X-Forwarded-For` (what a client writes there itself comes before), else
+    /// `X-Real-IP`; an unreadable header counts as absent.
+    pub fn of_request(peer: SocketAddr, headers: &HeaderMap, trust_forwarded: bool) -> Self {
+        let direct = Self {
+            ip: peer.ip(),
+            port: Some(peer.port()),
+        };
+        if !trust_forwarded {
+            return direct;
+        }
+        let forwarded = headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .next_back()
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.rsplit(',').next())
+            .or_else(|| headers.get("x-real-ip").and_then(|v| v.to_str().ok()))
+            .and_then(|v| parse_forwarded_ip(v.trim()));
+        match forwarded {
+            Some(ip) => Self { ip, port: None },
+            None => direct,
+        }
+    }
+}
+
+/// An address as proxies write it: `1.2.3.4`, `1.2.3.4:5678`, `::1`, `[::1]:5678`.
+fn parse_forwarded_ip(v: &str) -> Option<IpAddr> {
+    v.parse::<IpAddr>()
+        .ok()
+        .or_else(|| v.parse::<SocketAddr>().ok().map(|a| a.ip()))
+}
+
+/// Seconds a load balancer or client is asked to wait before trying this server again.
+pub const RETRY_AFTER_S: u64 = 2;
+
+/// 503 before the upgrade (a load balancer sends the client to another replica).
+fn unavailable(why: &str) -> Response {
+    use axum::response::IntoResponse;
+    (
+        axum::http::StatusCode::SERVICE_UNAVAILABLE,
+        [(axum::http::header::RETRY_AFTER, RETRY_AFTER_S.to_string())],
+        format!("{why}\n"),
+    )
+        .into_response()
+}
 
 /// The header moshi-server reads the key from.
 pub const API_KEY_HEADER: &str = "kyutai-api-key";
 
 /// 401 before the upgrade, as moshi-server answers a missing or unknown key.
-fn unauthorized(peer: SocketAddr) -> Response {
+fn unauthorized(peer: ClientAddr) -> Response {
     use axum::response::IntoResponse;
     tracing::info!(%peer, "refused: missing or unknown API key");
     (
@@ -289,10 +408,36 @@ async fn chat(
     State(app): State<Arc<AppState>>,
     Extension(PeerAddr(peer)): Extension<PeerAddr>,
 ) -> Response {
+    let peer = ClientAddr::of_request(peer, &headers, app.trust_forwarded);
     if !app.authorized(&headers, &uri) {
+        app.metrics.session_refused(RefuseReason::Unauthorized);
         return unauthorized(peer);
     }
-    let request = app.request(&uri);
+    if app.draining() {
+        app.metrics.session_refused(RefuseReason::Draining);
+        tracing::info!(%peer, "refused: draining");
+        return unavailable("the server is draining (shutting down): try another server");
+    }
+    // The slot is taken before the upgrade: a full server answers 503, which a load balancer
+    // retries elsewhere (a bad query string still gets its kind-5 sentence after the upgrade).
+    let request = match app.request(&uri) {
+        Ok(request) => {
+            let settings = request.settings.clone();
+            match app.engine.open(settings) {
+                Ok(engine) => Ok((request, engine)),
+                Err(e) => {
+                    let reason = match e {
+                        OpenError::Busy { .. } => RefuseReason::Busy,
+                        OpenError::Unavailable(_) => RefuseReason::Unavailable,
+                    };
+                    app.metrics.session_refused(reason);
+                    tracing::info!(%peer, "refused: {e}");
+                    return unavailable(&e.to_string());
+                }
+            }
+        }
+        Err(e) => Err(e),
+    };
     let max = app.limits.max_message_bytes;
     ws.max_message_size(max)
         .max_frame_size(max)
@@ -307,14 +452,138 @@ async fn asr_streaming(
     State((app, asr)): State<(Arc<AppState>, AsrModel)>,
     Extension(PeerAddr(peer)): Extension<PeerAddr>,
 ) -> Response {
+    let peer = ClientAddr::of_request(peer, &headers, app.trust_forwarded);
     if !app.authorized(&headers, &uri) {
+        app.metrics.session_refused(RefuseReason::Unauthorized);
         return unauthorized(peer);
     }
+    // moshi-server's way, which its clients expect (issue #35): a full (or draining) server
+    // upgrades, then says "no free channels" in an `Error` and closes.
     let max = app.limits.max_message_bytes;
     ws.max_message_size(max)
         .max_frame_size(max)
         .on_failed_upgrade(move |e| tracing::warn!(%peer, "websocket upgrade failed: {e}"))
         .on_upgrade(move |socket| asr_session::run(socket, app, asr, peer))
+}
+
+/// `GET /metrics`: Prometheus' text format.
+async fn metrics(State(app): State<Arc<AppState>>) -> Response {
+    use axum::response::IntoResponse;
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        app.metrics_text(),
+    )
+        .into_response()
+}
+
+/// `GET /api/health`: the process answers (liveness).
+async fn health() -> &'static str {
+    "ok\n"
+}
+
+/// `GET /api/ready`: 200 while a session slot is free and the server is not draining, else 503
+/// (readiness: a load balancer sends new sessions elsewhere).
+async fn ready(State(app): State<Arc<AppState>>) -> Response {
+    use axum::response::IntoResponse;
+    let (used, total) = (app.engine.active_sessions(), app.engine.max_sessions());
+    if app.draining() {
+        unavailable("draining")
+    } else if used >= total {
+        unavailable(&format!("full: {used} of {total} session(s) in use"))
+    } else {
+        format!("ready: {used} of {total} session(s) in use\n").into_response()
+    }
+}
+
+/// `GET /api/capacity`: `used`, `total`, `free`, `draining`, and per module (one today).
+async fn capacity(State(app): State<Arc<AppState>>) -> Response {
+    let (used, total) = (app.engine.active_sessions(), app.engine.max_sessions());
+    json_response(&json!({
+        "used": used,
+        "total": total,
+        "free": total.saturating_sub(used),
+        "draining": app.draining(),
+        "ready": app.ready(),
+        "modules": [module_info(&app)],
+    }))
+}
+
+/// `value` as an `application/json` answer.
+fn json_response(value: &Value) -> Response {
+    use axum::response::IntoResponse;
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        value.to_string(),
+    )
+        .into_response()
+}
+
+/// `GET /api/modules_info`: moshi-server's shape (a list of string maps, one per module).
+async fn modules_info(State(app): State<Arc<AppState>>) -> Response {
+    json_response(&json!([module_info(&app)]))
+}
+
+fn module_info(app: &AppState) -> Value {
+    let kind = match app.endpoint_path {
+        "/api/asr-streaming" => "batched_asr",
+        _ => "chat",
+    };
+    json!({
+        "type": kind,
+        "path": app.endpoint_path,
+        "lm": app.lm_model_file,
+        "used_slots": app.engine.active_sessions().to_string(),
+        "total_slots": app.engine.max_sessions().to_string(),
+    })
+}
+
+/// `POST /api/drain`: starts a drain as SIGTERM does. With API keys it needs one; without,
+/// only a client on this machine may.
+async fn drain(
+    uri: Uri,
+    headers: HeaderMap,
+    State(app): State<Arc<AppState>>,
+    Extension(PeerAddr(peer)): Extension<PeerAddr>,
+) -> Response {
+    use axum::response::IntoResponse;
+    let client = ClientAddr::of_request(peer, &headers, app.trust_forwarded);
+    let allowed = match &app.api_keys {
+        Some(_) => app.authorized(&headers, &uri),
+        None => client.ip.is_loopback(),
+    };
+    if !allowed {
+        tracing::warn!(peer = %client, "POST /api/drain refused");
+        let why = if app.api_keys.is_some() {
+            format!("missing or unknown API key: send it in the {API_KEY_HEADER} header or the auth_id query parameter\n")
+        } else {
+            "without API keys, only a client on this machine may drain the server\n".into()
+        };
+        return (axum::http::StatusCode::FORBIDDEN, why).into_response();
+    }
+    app.start_drain(&format!("POST /api/drain from {client}"));
+    (
+        axum::http::StatusCode::ACCEPTED,
+        format!(
+            "draining: {} session(s) live\n",
+            app.running_sessions.load(Ordering::Acquire)
+        ),
+    )
+        .into_response()
+}
+
+/// The operator's routes, whatever the protocol.
+fn operator_routes(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/api/health", get(health))
+        .route("/api/ready", get(ready))
+        .route("/api/capacity", get(capacity))
+        .route("/api/modules_info", get(modules_info))
+        .route("/api/drain", post(drain))
+        .with_state(state)
 }
 
 /// What `/` says on a speech-to-text server (no web UI: the clients are programs).
@@ -359,13 +628,21 @@ impl RunningServer {
         self.state.running_sessions.load(Ordering::Acquire)
     }
 
-    /// Stops accepting, tells every session to close (kind-5 "shutting down") and waits up to
-    /// `grace` for them. Returns whether every session closed within `grace` (if not, it logs
-    /// how many were still closing).
-    pub async fn shutdown(self, grace: Duration) -> bool {
-        let _ = self.shutdown.send(true);
-        self.accept_task.abort();
-        let state = self.state;
+    /// Stops taking new sessions (`/api/chat` answers 503, `/api/asr-streaming` "no free
+    /// channels", `/api/ready` 503); live sessions go on. `by` names the cause in the log.
+    pub fn start_drain(&self, by: &str) {
+        self.state.start_drain(by);
+    }
+
+    /// Waits until a drain has started (by [`Self::start_drain`] or `POST /api/drain`).
+    pub async fn drain_started(&self) {
+        let mut draining = self.state.draining.subscribe();
+        let _ = draining.wait_for(|d| *d).await;
+    }
+
+    /// Waits up to `timeout` for every session to end; returns whether they all did.
+    pub async fn sessions_ended(&self, timeout: Duration) -> bool {
+        let state = &self.state;
         let wait = async {
             loop {
                 let done = state.sessions_done.notified();
@@ -375,9 +652,23 @@ impl RunningServer {
                 done.await;
             }
         };
-        if tokio::time::timeout(grace, wait).await.is_err() {
+        tokio::time::timeout(timeout, wait).await.is_ok()
+    }
+
+    /// The server's counters (what `/metrics` shows).
+    pub fn metrics(&self) -> &Metrics {
+        &self.state.metrics
+    }
+
+    /// Stops accepting, tells every session to close (kind-5 "shutting down") and waits up to
+    /// `grace` for them. Returns whether every session closed within `grace` (if not, it logs
+    /// how many were still closing).
+    pub async fn shutdown(self, grace: Duration) -> bool {
+        let _ = self.shutdown.send(true);
+        self.accept_task.abort();
+        if !self.sessions_ended(grace).await {
             tracing::warn!(
-                sessions = state.running_sessions.load(Ordering::Acquire),
+                sessions = self.running_sessions(),
                 "sessions still closing after {:.1} s; stopping anyway",
                 grace.as_secs_f64()
             );
@@ -410,6 +701,7 @@ pub async fn start(
         cause,
     })?;
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let (draining, _) = watch::channel(false);
     let run_tag = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
@@ -423,10 +715,15 @@ pub async fn start(
         lm_model_file: config.lm_model_file.clone(),
         model_description: config.model_description.clone(),
         api_keys: config.api_keys.clone(),
+        trust_forwarded: config.trust_forwarded,
+        endpoint_path: config.endpoint.path(),
         next_session: AtomicU64::new(0),
         running_sessions: AtomicUsize::new(0),
         sessions_done: Notify::new(),
         shutdown: shutdown_rx,
+        draining,
+        pending: Arc::new(PendingConnections::default()),
+        metrics: Metrics::default(),
     });
     let router: Router = match &config.endpoint {
         Endpoint::Chat => Router::new()
@@ -437,7 +734,8 @@ pub async fn start(
             .route("/api/asr-streaming", get(asr_streaming))
             .with_state((state.clone(), asr.clone()))
             .route("/", get(asr_index)),
-    };
+    }
+    .merge(operator_routes(state.clone()));
     let accept_task = tokio::spawn(accept_loop(listener, router, tls, state.clone()));
     Ok(RunningServer {
         local_addr,
@@ -460,7 +758,7 @@ async fn accept_loop(
 ) {
     let limits = state.limits.clone();
     // Every connection until it is upgraded to a websocket (or ends).
-    let pending = Arc::new(PendingConnections::default());
+    let pending = state.pending.clone();
     let mut last_accept_warning: Option<tokio::time::Instant> = None;
     let mut accept_failures_not_logged = 0u64;
     loop {
@@ -486,6 +784,10 @@ async fn accept_loop(
         let sessions = state.running_sessions.load(Ordering::Acquire);
         let not_upgraded = pending.len();
         if sessions + not_upgraded >= limits.max_connections {
+            state
+                .metrics
+                .connections_refused
+                .fetch_add(1, Ordering::Relaxed);
             tracing::debug!(%peer, sessions, not_upgraded, "connection refused: {} connections at a time at most", limits.max_connections);
             continue;
         }
@@ -734,5 +1036,46 @@ impl PendingConnections {
             id,
             track,
         })
+    }
+}
+
+#[cfg(test)]
+mod client_addr_tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (name, value) in pairs {
+            h.append(*name, value.parse().unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn forwarded_addresses_are_read_only_when_trusted_and_the_proxys_entry_wins() {
+        let peer: SocketAddr = "127.0.0.1:40000".parse().unwrap();
+        let spoofed = headers(&[
+            ("x-forwarded-for", "6.6.6.6"),
+            ("x-forwarded-for", "203.0.113.5, 198.51.100.7"),
+        ]);
+        assert_eq!(
+            ClientAddr::of_request(peer, &spoofed, false).to_string(),
+            "127.0.0.1:40000"
+        );
+        assert_eq!(
+            ClientAddr::of_request(peer, &spoofed, true).to_string(),
+            "198.51.100.7"
+        );
+        let real_ip = headers(&[("x-real-ip", "[2001:db8::1]:443")]);
+        assert_eq!(
+            ClientAddr::of_request(peer, &real_ip, true).to_string(),
+            "2001:db8::1"
+        );
+        // Unreadable: the connection's address.
+        let junk = headers(&[("x-forwarded-for", "not an address")]);
+        assert_eq!(
+            ClientAddr::of_request(peer, &junk, true).to_string(),
+            "127.0.0.1:40000"
+        );
     }
 }

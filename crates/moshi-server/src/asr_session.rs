@@ -11,7 +11,7 @@
 //! pace rules are paused. A bad client ends only its own stream, with an `Error` saying why.
 
 use std::collections::VecDeque;
-use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,9 +22,10 @@ use moshi_model::word_events::{WordEvent, WordEvents};
 use moshi_runtime::pipeline::MoshiModel;
 use moshi_runtime::{FRAME_SAMPLES, SAMPLE_RATE_HZ};
 
-use crate::app::AppState;
+use crate::app::{AppState, ClientAddr};
 use crate::asr_protocol::{AsrClientMessage, AsrServerMessage};
 use crate::connection::{close_code, transport_error, AudioPace, Outbox, SessionEnd, PING_EVERY};
+use crate::metrics::RefuseReason;
 use crate::ogg_opus::{OggOpusReader, PreSkip};
 use crate::session_engine::{
     EngineSession, OpenError, ProcessedFrame, SessionEvent, SessionSettings,
@@ -76,7 +77,7 @@ impl std::fmt::Debug for AsrModel {
 
 struct AsrStream {
     id: u64,
-    peer: SocketAddr,
+    peer: ClientAddr,
     app: Arc<AppState>,
     asr: AsrModel,
     engine: EngineSession,
@@ -87,6 +88,8 @@ struct AsrStream {
     words: WordEvents,
     frames_pushed: u64,
     frames_processed: u64,
+    /// Input frames the engine dropped (its queue's hard bound), as last reported.
+    input_frames_dropped: u64,
     /// `(frames processed when it is due, id)`, in order of arrival (so of due frame).
     markers: VecDeque<(u64, i64)>,
     started: Instant,
@@ -100,7 +103,7 @@ struct AsrStream {
 }
 
 /// Runs one `/api/asr-streaming` connection to its end.
-pub async fn run(socket: WebSocket, app: Arc<AppState>, asr: AsrModel, peer: SocketAddr) {
+pub async fn run(socket: WebSocket, app: Arc<AppState>, asr: AsrModel, peer: ClientAddr) {
     let _running = app.session_started();
     let id = app.next_session_id();
     let (sink, stream) = socket.split();
@@ -108,13 +111,23 @@ pub async fn run(socket: WebSocket, app: Arc<AppState>, asr: AsrModel, peer: Soc
     let settings = SessionSettings {
         sampling: app.default_sampling().clone(),
     };
-    let engine = match app.engine.open(settings) {
+    let opened = if app.draining() {
+        Err((
+            RefuseReason::Draining,
+            format!(
+                "{NO_FREE_CHANNELS}: the server is draining (shutting down), try another server"
+            ),
+        ))
+    } else {
+        app.engine.open(settings).map_err(|e| match &e {
+            OpenError::Busy { .. } => (RefuseReason::Busy, format!("{NO_FREE_CHANNELS}: {e}")),
+            OpenError::Unavailable(_) => (RefuseReason::Unavailable, e.to_string()),
+        })
+    };
+    let engine = match opened {
         Ok(e) => e,
-        Err(e) => {
-            let message = match &e {
-                OpenError::Busy { .. } => format!("{NO_FREE_CHANNELS}: {e}"),
-                OpenError::Unavailable(_) => e.to_string(),
-            };
+        Err((reason, message)) => {
+            app.metrics.session_refused(reason);
             tracing::warn!(session = id, %peer, "asr stream refused: {message}");
             let error = AsrServerMessage::Error { message }.to_bytes();
             outbox
@@ -123,6 +136,7 @@ pub async fn run(socket: WebSocket, app: Arc<AppState>, asr: AsrModel, peer: Soc
             return;
         }
     };
+    app.metrics.sessions_started.fetch_add(1, Ordering::Relaxed);
     let now = Instant::now();
     let mut s = AsrStream {
         id,
@@ -136,6 +150,7 @@ pub async fn run(socket: WebSocket, app: Arc<AppState>, asr: AsrModel, peer: Soc
         pcm_in: Vec::with_capacity(2 * FRAME_SAMPLES),
         frames_pushed: 0,
         frames_processed: 0,
+        input_frames_dropped: 0,
         markers: VecDeque::new(),
         started: now,
         last_audio: now,
@@ -172,6 +187,8 @@ impl AsrStream {
         let limits = self.app.limits.clone();
         let mut shutdown = self.app.shutdown_signal();
         let mut check = tokio::time::interval(Duration::from_millis(200));
+        let max_length = crate::session::max_session_end(self.started, &limits);
+        tokio::pin!(max_length);
         loop {
             let reading = self.reading();
             if !reading {
@@ -194,6 +211,9 @@ impl AsrStream {
                         }
                     }
                     Some(SessionEvent::InputDropped { total_frames }) => {
+                        let new = total_frames.saturating_sub(self.input_frames_dropped);
+                        self.input_frames_dropped = total_frames;
+                        self.app.metrics.input_frames_dropped.fetch_add(new, Ordering::Relaxed);
                         tracing::warn!(session = self.id, total_frames, "asr input frames dropped");
                     }
                     Some(SessionEvent::Failed(e)) => return SessionEnd::Engine(e),
@@ -203,6 +223,7 @@ impl AsrStream {
                     return SessionEnd::Idle(limits.idle_timeout);
                 }
                 _ = shutdown.changed() => return SessionEnd::Shutdown,
+                end = &mut max_length => return end,
                 _ = check.tick() => {}
             }
             if let Err(end) = self.check_liveness() {
@@ -328,6 +349,11 @@ impl AsrStream {
     /// A processed frame's messages, in moshi-server's order: `Step`, words, markers.
     fn frame(&mut self, frame: ProcessedFrame) -> Result<(), String> {
         self.frames_processed += 1;
+        let metrics = &self.app.metrics;
+        metrics.frames_processed.fetch_add(1, Ordering::Relaxed);
+        metrics
+            .frame_latency_seconds
+            .observe(frame.input_complete_at.elapsed().as_secs_f64());
         let tokens = frame
             .tokens
             .ok_or("a speech-to-text step returned no tokens")?;
@@ -369,6 +395,7 @@ impl AsrStream {
     }
 
     async fn finish(self, end: SessionEnd) {
+        self.app.metrics.session_ended(end.metric_reason());
         // Free the model slot first: the next stream can start while this one closes.
         drop(self.engine);
         let line = format!(

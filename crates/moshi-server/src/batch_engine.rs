@@ -16,6 +16,7 @@ use moshi_runtime::engine::{DropPolicy, FrameOutput};
 use moshi_runtime::pipeline::{self, MoshiModel, MoshiSession};
 use tokio::sync::mpsc::error::TrySendError;
 
+use crate::metrics::EngineMetrics;
 use crate::session_engine::{
     Doorbell, EngineSession, FrameInput, InputQueue, OpenError, ProcessedFrame, SessionEngine,
     SessionEvent, SessionSettings, TryPop,
@@ -34,6 +35,8 @@ const IDLE_LOOK: Duration = Duration::from_millis(200);
 pub struct StepCounters {
     steps: AtomicU64,
     session_frames: AtomicU64,
+    /// Step times, batch sizes, queue depth and KV-cache bytes for `/metrics`.
+    pub metrics: EngineMetrics,
 }
 
 impl StepCounters {
@@ -148,6 +151,10 @@ impl SessionEngine for BatchEngine {
     fn active_sessions(&self) -> usize {
         self.active.load(Ordering::Acquire)
     }
+
+    fn metrics(&self) -> Option<&EngineMetrics> {
+        Some(&self.counters.metrics)
+    }
 }
 
 /// One conversation on the compute thread.
@@ -239,6 +246,7 @@ impl Scheduler {
                 }
             }
             if self.sessions.is_empty() {
+                self.publish_gauges();
                 // Idle: wait for a conversation.
                 match openings.recv() {
                     Ok(o) => self.admit(o),
@@ -247,11 +255,29 @@ impl Scheduler {
                 continue;
             }
             let stepped = self.step_ready_sessions();
+            let before = self.sessions.len();
             self.sessions.retain(|s| !s.done);
+            if stepped || self.sessions.len() != before {
+                self.publish_gauges();
+            }
             if !stepped {
                 doorbell.wait(IDLE_LOOK);
             }
         }
+    }
+
+    /// The queue depth and KV-cache gauges of `/metrics` (a lock per session: once a step).
+    fn publish_gauges(&self) {
+        let waiting: usize = self.sessions.iter().map(|s| s.queue.waiting_frames()).sum();
+        let kv_bytes: usize = self
+            .sessions
+            .iter()
+            .map(|s| s.session.kv_cache_bytes())
+            .sum();
+        let m = &self.counters.metrics;
+        m.waiting_input_frames
+            .store(waiting as u64, Ordering::Relaxed);
+        m.kv_cache_bytes.store(kv_bytes as u64, Ordering::Relaxed);
     }
 
     /// One batched step of every session with a frame waiting; false if none had one.
@@ -299,7 +325,10 @@ impl Scheduler {
             let model = &self.model;
             std::panic::catch_unwind(AssertUnwindSafe(|| model.step(&mut sessions, &inputs)))
         };
-        let compute_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let step_s = t0.elapsed().as_secs_f64();
+        let compute_ms = step_s * 1e3;
+        self.counters.metrics.step_seconds.observe(step_s);
+        self.counters.metrics.batch_size.observe(ready.len() as f64);
         self.counters.steps.fetch_add(1, Ordering::AcqRel);
         self.counters
             .session_frames

@@ -10,6 +10,8 @@ use futures_util::SinkExt;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+use crate::metrics::EndReason;
+
 /// Websocket close codes (RFC 6455 section 7.4.1).
 pub(crate) mod close_code {
     pub const NORMAL: u16 = 1000;
@@ -45,6 +47,8 @@ pub(crate) enum SessionEnd {
     TooSlow(String),
     NotReading(Duration),
     Engine(String),
+    /// The session reached `--max-session-s`.
+    MaxDuration(Duration),
     Shutdown,
 }
 
@@ -61,13 +65,34 @@ impl SessionEnd {
                 d.as_secs()
             )),
             Self::Engine(e) => Some(format!("the model failed: {e}; closing the session")),
+            Self::MaxDuration(d) => Some(format!(
+                "the session reached this server's longest ({} s); closing the session",
+                d.as_secs_f64()
+            )),
             Self::Shutdown => Some("the server is shutting down".into()),
+        }
+    }
+
+    /// The `reason` label of `moshi_rs_sessions_ended_total`.
+    pub(crate) fn metric_reason(&self) -> EndReason {
+        match self {
+            Self::ClientClosed => EndReason::ClientClosed,
+            Self::ConnectionLost(_) => EndReason::ConnectionLost,
+            Self::TooLarge(_) | Self::BadInput(_) | Self::NotUtf8(_) => EndReason::BadInput,
+            Self::Idle(_) => EndReason::Idle,
+            Self::TooSlow(_) => EndReason::TooSlow,
+            Self::NotReading(_) => EndReason::NotReading,
+            Self::Engine(_) => EndReason::ModelFailed,
+            Self::MaxDuration(_) => EndReason::MaxDuration,
+            Self::Shutdown => EndReason::Shutdown,
         }
     }
 
     pub(crate) fn close_code(&self) -> u16 {
         match self {
-            Self::ClientClosed | Self::ConnectionLost(_) | Self::Idle(_) => close_code::NORMAL,
+            Self::ClientClosed | Self::ConnectionLost(_) | Self::Idle(_) | Self::MaxDuration(_) => {
+                close_code::NORMAL
+            }
             Self::TooLarge(_) => close_code::TOO_BIG,
             Self::NotUtf8(_) => close_code::INVALID_PAYLOAD,
             Self::BadInput(_) | Self::TooSlow(_) | Self::NotReading(_) => close_code::POLICY,
@@ -88,6 +113,7 @@ impl SessionEnd {
                 d.as_secs()
             ),
             Self::Engine(e) => format!("the model failed: {e}"),
+            Self::MaxDuration(d) => format!("--max-session-s {} reached", d.as_secs_f64()),
             Self::Shutdown => "server shutdown".into(),
         }
     }

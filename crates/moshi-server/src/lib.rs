@@ -17,6 +17,7 @@ pub mod asr_session;
 pub mod batch_engine;
 pub mod client;
 mod connection;
+pub mod metrics;
 pub mod ogg_opus;
 pub mod protocol;
 pub mod query;

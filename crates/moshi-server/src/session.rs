@@ -5,7 +5,7 @@
 //! read, the model failing, the server stopping) ends only this session, with a log line and,
 //! while the socket is open, a kind-5 message saying why.
 
-use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,8 +15,9 @@ use futures_util::StreamExt;
 use moshi_runtime::{FRAME_MS, FRAME_SAMPLES};
 use serde_json::{json, Map, Value};
 
-use crate::app::AppState;
+use crate::app::{AppState, ClientAddr};
 use crate::connection::{close_code, transport_error, AudioPace, Outbox, SessionEnd, PING_EVERY};
+use crate::metrics::RefuseReason;
 use crate::ogg_opus::{OggOpusReader, OggOpusWriter, OpusPacketing, PreSkip};
 use crate::protocol::{self, ClientMessage};
 use crate::query::SessionRequest;
@@ -87,7 +88,7 @@ impl SessionStats {
 
 struct Session {
     id: u64,
-    peer: SocketAddr,
+    peer: ClientAddr,
     app: Arc<AppState>,
     engine: EngineSession,
     reader: OggOpusReader,
@@ -108,20 +109,22 @@ struct Session {
     last_pong: Instant,
 }
 
-/// Runs one connection to its end.
+/// Runs one connection to its end: `opened` is the session's settings and its engine slot
+/// (taken before the upgrade), or why its query string was refused.
 pub async fn run(
     socket: WebSocket,
     app: Arc<AppState>,
-    request: Result<SessionRequest, String>,
-    peer: SocketAddr,
+    opened: Result<(SessionRequest, EngineSession), String>,
+    peer: ClientAddr,
 ) {
     let _running = app.session_started();
     let id = app.next_session_id();
     let (sink, stream) = socket.split();
     let outbox = Outbox::spawn(sink, app.limits.outbox_messages);
-    let request = match request {
+    let (request, engine) = match opened {
         Ok(r) => r,
         Err(e) => {
+            app.metrics.session_refused(RefuseReason::BadRequest);
             tracing::warn!(session = id, %peer, "refused: {e}");
             outbox
                 .close(Some(protocol::error(&e)), close_code::POLICY, &e)
@@ -129,21 +132,7 @@ pub async fn run(
             return;
         }
     };
-    let engine = match app.engine.open(request.settings.clone()) {
-        Ok(e) => e,
-        Err(e) => {
-            let sentence = e.to_string();
-            tracing::warn!(session = id, %peer, "refused: {sentence}");
-            outbox
-                .close(
-                    Some(protocol::error(&sentence)),
-                    close_code::TRY_AGAIN_LATER,
-                    &sentence,
-                )
-                .await;
-            return;
-        }
-    };
+    app.metrics.sessions_started.fetch_add(1, Ordering::Relaxed);
     let writer = match OggOpusWriter::new(id as u32, OpusPacketing::SERVER) {
         Ok(w) => w,
         Err(e) => {
@@ -215,6 +204,8 @@ impl Session {
         let limits = self.app.limits.clone();
         let mut shutdown = self.app.shutdown_signal();
         let mut check = tokio::time::interval(Duration::from_millis(200));
+        let max_length = max_session_end(self.started, &limits);
+        tokio::pin!(max_length);
         loop {
             let idle_deadline = self.last_audio + limits.idle_timeout;
             tokio::select! {
@@ -226,6 +217,8 @@ impl Session {
                 event = self.engine.events.recv() => match event {
                     Some(SessionEvent::Frame(frame)) => self.frame(frame),
                     Some(SessionEvent::InputDropped { total_frames }) => {
+                        let new = total_frames.saturating_sub(self.stats.input_frames_dropped);
+                        self.app.metrics.input_frames_dropped.fetch_add(new, Ordering::Relaxed);
                         self.stats.input_frames_dropped = total_frames;
                         self.metadata_dirty = true;
                         tracing::debug!(session = self.id, total_frames, "input frames dropped: compute is behind real time");
@@ -237,6 +230,7 @@ impl Session {
                     return SessionEnd::Idle(limits.idle_timeout);
                 }
                 _ = shutdown.changed() => return SessionEnd::Shutdown,
+                end = &mut max_length => return end,
                 _ = check.tick() => {}
             }
             if let Err(e) = self
@@ -335,6 +329,8 @@ impl Session {
     fn frame(&mut self, frame: ProcessedFrame) {
         let index = self.stats.frames_processed;
         self.stats.frames_processed += 1;
+        let metrics = &self.app.metrics;
+        metrics.frames_processed.fetch_add(1, Ordering::Relaxed);
         self.stats.compute_ms_total += frame.compute_ms;
         // Encode only what can be sent: the Ogg stream stays continuous when a frame is dropped.
         let pages = if self.outbox.has_room(1) {
@@ -349,7 +345,9 @@ impl Session {
             self.outbox.note_full();
             None
         };
-        let response_ms = frame.input_complete_at.elapsed().as_secs_f64() * 1e3;
+        let response_s = frame.input_complete_at.elapsed().as_secs_f64();
+        metrics.frame_latency_seconds.observe(response_s);
+        let response_ms = response_s * 1e3;
         self.stats.response_ms_total += response_ms;
         self.stats.response_ms_max = self.stats.response_ms_max.max(response_ms);
         if response_ms > FRAME_MS {
@@ -361,6 +359,9 @@ impl Session {
             }
             Some(_) => {}
             None => {
+                metrics
+                    .output_frames_dropped
+                    .fetch_add(1, Ordering::Relaxed);
                 self.stats.output_frames_dropped += 1;
                 self.metadata_dirty = true;
             }
@@ -405,10 +406,14 @@ impl Session {
     }
 
     async fn finish(mut self, end: SessionEnd) {
-        self.stats.input_frames_dropped = self
-            .stats
+        let dropped = self.engine.input.dropped_frames();
+        let unreported = dropped.saturating_sub(self.stats.input_frames_dropped);
+        self.app
+            .metrics
             .input_frames_dropped
-            .max(self.engine.input.dropped_frames());
+            .fetch_add(unreported, Ordering::Relaxed);
+        self.app.metrics.session_ended(end.metric_reason());
+        self.stats.input_frames_dropped = self.stats.input_frames_dropped.max(dropped);
         // Free the model slot first: the next conversation can start while this one closes.
         drop(self.engine);
         if let Some(rec) = self.recorder.take() {
@@ -456,5 +461,17 @@ impl Session {
                 &reason,
             )
             .await;
+    }
+}
+
+/// Resolves to [`SessionEnd::MaxDuration`] once the session is `--max-session-s` old (never
+/// without that limit).
+pub(crate) async fn max_session_end(started: Instant, limits: &crate::app::Limits) -> SessionEnd {
+    match limits.max_session {
+        Some(max) => {
+            tokio::time::sleep_until((started + max).into()).await;
+            SessionEnd::MaxDuration(max)
+        }
+        None => std::future::pending().await,
     }
 }

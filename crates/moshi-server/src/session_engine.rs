@@ -67,6 +67,10 @@ pub trait SessionEngine: Send + Sync + 'static {
     fn max_sessions(&self) -> usize;
     /// Conversations open now.
     fn active_sessions(&self) -> usize;
+    /// What the compute thread measures, for `/metrics` (none: those metrics are left out).
+    fn metrics(&self) -> Option<&crate::metrics::EngineMetrics> {
+        None
+    }
 }
 
 /// An open conversation. Dropping it ends the conversation and frees its slot.

@@ -1,6 +1,7 @@
 //! The server against bad and hostile clients (tiny model, in process, short limits): an
 //! oversized message, malformed Ogg, malformed Opus, unknown kinds, text frames, a silent client,
-//! a client that never reads, an abrupt disconnect, one session too many. Each ends only its
+//! a client that never reads, an abrupt disconnect, one session too many (HTTP 503 before the
+//! upgrade). Each ends only its
 //! own session, with a kind-5 sentence while the socket is open, while a well-behaved session
 //! talks throughout and ends normally. Also: frames beyond real time dropped and reported, TLS,
 //! and Ctrl-C (shutdown) closing sessions with a message.
@@ -436,12 +437,18 @@ async fn one_session_too_many_gets_busy_and_shutdown_says_goodbye() {
     assert_eq!(rx.recv().await.unwrap(), Received::Handshake);
     tx.send_pcm(&frame_pcm(0)).await.unwrap();
 
-    let (_tx2, mut rx2) = client::connect(&url(addr), OpusPacketing::WEB_CLIENT)
-        .await
-        .unwrap();
-    let seen = next_ending(&mut rx2).await;
-    assert!(error_of(&seen).contains("busy"), "{seen:?}");
-    assert_eq!(close_code(&seen), Some(1013));
+    // A full server answers the upgrade with 503 and Retry-After (a load balancer tries
+    // another replica); the body says why.
+    let refused = client::connect(&url(addr), OpusPacketing::WEB_CLIENT).await;
+    let Err(client::ClientError::Websocket(tokio_tungstenite::tungstenite::Error::Http(response))) =
+        refused
+    else {
+        panic!("expected HTTP 503, got {:?}", refused.map(|_| ()));
+    };
+    assert_eq!(response.status(), 503);
+    assert_eq!(response.headers()["retry-after"], "2");
+    let body = String::from_utf8_lossy(response.body().as_deref().unwrap_or_default()).to_string();
+    assert!(body.contains("busy"), "{body}");
 
     // Bad query parameters: refused with the parameter named.
     let (_tx3, mut rx3) = client::connect(

@@ -1,6 +1,8 @@
 //! `moshi-rs serve`: the websocket server of Kyutai's protocol (`/api/chat`) with a web UI at
-//! `/`, or for a speech-to-text model moshi-server's `/api/asr-streaming`. This file only reads the flags, loads the model once and starts moshi-server, whose
-//! batched engine runs every session over those weights; Ctrl-C closes the sessions cleanly.
+//! `/`, or for a speech-to-text model moshi-server's `/api/asr-streaming`. This file only reads
+//! the flags, loads the model once and starts moshi-server, whose batched engine runs every
+//! session over those weights; SIGTERM (or `POST /api/drain`) drains, Ctrl-C closes the
+//! sessions at once (each with a goodbye).
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -82,6 +84,19 @@ pub struct ServeArgs {
     /// (decoded) and the tokens (see docs/serve.md).
     #[arg(long, value_name = "DIR")]
     pub record: Option<PathBuf>,
+    /// On SIGTERM (or `POST /api/drain`): take no new session, report not ready, and let the
+    /// live ones go on for up to this long before ending them with a goodbye. A second SIGTERM
+    /// (or Ctrl-C) ends them at once.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30.0)]
+    pub drain_timeout_s: f64,
+    /// End a session (with a message saying why) once it is this long; none by default.
+    #[arg(long, value_name = "SECONDS")]
+    pub max_session_s: Option<f64>,
+    /// Behind a reverse proxy or load balancer: take the client's address from the last
+    /// `X-Forwarded-For` entry (else `X-Real-IP`) for logs and `/api/drain`'s loopback check.
+    /// Only with a proxy that sets them: a client could write its own otherwise.
+    #[arg(long)]
+    pub trust_forwarded: bool,
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -95,6 +110,17 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         "--idle-timeout-s {}: expected 1..=86400 seconds",
         args.idle_timeout_s
     );
+    anyhow::ensure!(
+        args.drain_timeout_s.is_finite() && (0.0..=86_400.0).contains(&args.drain_timeout_s),
+        "--drain-timeout-s {}: expected 0..=86400 seconds",
+        args.drain_timeout_s
+    );
+    if let Some(max) = args.max_session_s {
+        anyhow::ensure!(
+            max.is_finite() && (1.0..=604_800.0).contains(&max),
+            "--max-session-s {max}: expected 1..=604800 seconds (a week)"
+        );
+    }
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(TlsFiles {
             cert: cert.clone(),
@@ -159,11 +185,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let pipeline_cfg_coef = loaded.model.cfg_coef(&loaded.settings);
     let model = &loaded.resolved;
     eprintln!(
-        "model: {} ({:?}); ready in {:.1} s for up to {} session(s) in batched steps",
+        "model: {} ({:?}), ready in {:.1} s",
         model.lm_weights_path.display(),
         model.layout,
         load_started.elapsed().as_secs_f64(),
-        args.max_sessions
     );
     // A conversation drops what it cannot process in time; a transcription takes its audio at
     // the model's pace instead (the socket is not read while frames wait: see asr_session).
@@ -192,8 +217,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     config.default_sampling = sampling.clone();
     config.limits = Limits {
         idle_timeout: Duration::from_secs_f64(args.idle_timeout_s),
+        max_session: args.max_session_s.map(Duration::from_secs_f64),
         ..Limits::default()
     };
+    config.trust_forwarded = args.trust_forwarded;
     config.lm_model_file = model.lm_weights_path.display().to_string();
     config.endpoint = endpoint.clone();
     config.api_keys = api_keys.clone();
@@ -216,42 +243,116 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .build()
         .context("starting tokio")?;
     runtime.block_on(async move {
+        let mut signals = StopSignals::new()?;
         let server = moshi_server::start(config, std::sync::Arc::new(engine)).await?;
-        if args.host.is_unspecified() {
-            eprintln!(
-                "listening on every interface, port {}",
-                server.local_addr().port()
-            );
-        }
-        match &endpoint {
-            Endpoint::Chat => eprintln!(
-                "serving {} and the Moshi protocol at /api/chat; at most {} session(s) at once",
-                web_ui.describe(),
-                args.max_sessions
-            ),
-            Endpoint::AsrStreaming(_) => eprintln!(
-                "serving speech to text at /api/asr-streaming (moshi-server's protocol); at most {} stream(s) at once",
-                args.max_sessions
-            ),
-        }
-        match &api_keys {
-            Some(keys) => eprintln!(
-                "API keys on: {} key(s); clients send one in the kyutai-api-key header or ?auth_id=",
-                keys.len()
-            ),
-            None if !args.host.is_loopback() => eprintln!(
-                "API keys off: anyone who can reach this address may connect (--api-key-file or {API_KEYS_VAR} sets keys)"
-            ),
-            None => {}
-        }
+        startup_lines(&args, &endpoint, &web_ui, api_keys.as_ref(), &server);
         // The line to open (also read by scripts and tests); a closed or full stdout (`| head
         // -1` once the line is read) must not stop the server.
         let _ = super::stdout::print(&format!("moshi-rs serve: open {}\n", server.url()));
-        let signal = stop_signal().await?;
-        eprintln!("{signal}: closing {} session(s)", server.running_sessions());
-        server.shutdown(Duration::from_secs(3)).await;
+        let cause = tokio::select! {
+            signal = signals.next() => signal?,
+            () = server.drain_started() => "POST /api/drain",
+        };
+        if cause != "Ctrl-C" {
+            drain(
+                &server,
+                cause,
+                Duration::from_secs_f64(args.drain_timeout_s),
+                &mut signals,
+            )
+            .await?;
+        }
+        eprintln!("{cause}: closing {} session(s)", server.running_sessions());
+        server.shutdown(SHUTDOWN_GRACE).await;
         anyhow::Ok(())
     })
+}
+
+/// Time the sessions get to say goodbye when the server stops.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+
+/// What an operator needs at start: what is served, at most how many, who may connect, how to
+/// probe and stop it (the address is on stdout's `open` line).
+fn startup_lines(
+    args: &ServeArgs,
+    endpoint: &Endpoint,
+    web_ui: &WebUi,
+    api_keys: Option<&ApiKeys>,
+    server: &moshi_server::RunningServer,
+) {
+    let what = match endpoint {
+        Endpoint::Chat => format!("/api/chat (Kyutai's protocol) and {}", web_ui.describe()),
+        Endpoint::AsrStreaming(_) => {
+            "/api/asr-streaming (speech to text, moshi-server's protocol)".to_string()
+        }
+    };
+    let interfaces = if args.host.is_unspecified() {
+        "every interface".to_string()
+    } else {
+        args.host.to_string()
+    };
+    eprintln!(
+        "serving {what} on {interfaces}, port {}; up to {} session(s) at once",
+        server.local_addr().port(),
+        args.max_sessions
+    );
+    match api_keys {
+        Some(keys) => eprintln!(
+            "API keys on: {} key(s); clients send one in the kyutai-api-key header or ?auth_id=",
+            keys.len()
+        ),
+        None if !args.host.is_loopback() => eprintln!(
+            "API keys off: anyone who can reach this address may connect (--api-key-file or {API_KEYS_VAR} sets keys)"
+        ),
+        None => eprintln!("API keys off (this machine only)"),
+    }
+    eprintln!(
+        "probes: /api/health /api/ready /api/capacity, metrics: /metrics; SIGTERM drains (up to {} s), Ctrl-C stops",
+        args.drain_timeout_s
+    );
+}
+
+/// A drain: no new session, then the live ones until they end, `timeout` passes, or another
+/// stop signal comes.
+async fn drain(
+    server: &moshi_server::RunningServer,
+    cause: &str,
+    timeout: Duration,
+    signals: &mut StopSignals,
+) -> anyhow::Result<()> {
+    server.start_drain(cause);
+    let live = server.running_sessions();
+    eprintln!(
+        "{cause}: draining: no new sessions; {live} live session(s) may go on for up to {} s (SIGTERM or Ctrl-C again: stop now)",
+        timeout.as_secs_f64()
+    );
+    let deadline = tokio::time::Instant::now() + timeout;
+    // After `POST /api/drain` (Kubernetes' preStop), the SIGTERM that follows continues the
+    // drain; the next one ends it.
+    let mut sigterms_to_stop = if cause == "SIGTERM" { 1 } else { 2 };
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        tokio::select! {
+            all_ended = server.sessions_ended(left) => {
+                if all_ended {
+                    eprintln!("drained: every session ended");
+                } else {
+                    eprintln!("drain timeout: ending {} session(s)", server.running_sessions());
+                }
+                return Ok(());
+            }
+            signal = signals.next() => {
+                let signal = signal?;
+                if signal == "SIGTERM" && sigterms_to_stop > 1 {
+                    sigterms_to_stop -= 1;
+                    eprintln!("SIGTERM: already draining (another SIGTERM stops now)");
+                    continue;
+                }
+                eprintln!("{signal}: ending the drain now");
+                return Ok(());
+            }
+        }
+    }
 }
 
 /// The keys of `--api-key-file`, else of `MOSHI_RS_API_KEYS` (comma-separated), else none.
@@ -277,31 +378,66 @@ fn kyutai_ui_or_built_in() -> WebUi {
         Ok(dir) => WebUi::Dir(dir),
         Err(e) => {
             eprintln!(
-                "Kyutai's web UI ({} {}) is not available ({e}); serving the built-in page",
+                "Kyutai's web UI ({} {}) is not available ({}); serving the built-in page",
                 moshi_server::web_ui::KYUTAI_UI_REPO,
-                moshi_server::web_ui::KYUTAI_UI_FILE
+                moshi_server::web_ui::KYUTAI_UI_FILE,
+                one_line(&e)
             );
             WebUi::BuiltIn
         }
     }
 }
 
-/// Waits for Ctrl-C (SIGINT) or, on Unix, SIGTERM; returns its name.
-async fn stop_signal() -> anyhow::Result<&'static str> {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut term = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
-        tokio::select! {
-            r = tokio::signal::ctrl_c() => r.map(|_| "Ctrl-C").context("waiting for Ctrl-C"),
-            _ = term.recv() => Ok("SIGTERM"),
-        }
+/// The first line of `text`, at most 160 characters (the Hub's errors run over several).
+fn one_line(text: &str) -> String {
+    let line = text
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("");
+    match line.char_indices().nth(160) {
+        Some((cut, _)) => format!("{}...", &line[..cut]),
+        None => line.to_string(),
     }
-    #[cfg(not(unix))]
-    {
-        tokio::signal::ctrl_c()
-            .await
-            .context("waiting for Ctrl-C")?;
-        Ok("Ctrl-C")
+}
+
+/// Ctrl-C (SIGINT) and, on Unix, SIGTERM, each time they come.
+struct StopSignals {
+    #[cfg(unix)]
+    term: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    int: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    fn new() -> anyhow::Result<Self> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Ok(Self {
+                term: signal(SignalKind::terminate()).context("listening for SIGTERM")?,
+                int: signal(SignalKind::interrupt()).context("listening for Ctrl-C")?,
+            })
+        }
+        #[cfg(not(unix))]
+        Ok(Self {})
+    }
+
+    /// Waits for the next one; returns its name.
+    async fn next(&mut self) -> anyhow::Result<&'static str> {
+        #[cfg(unix)]
+        {
+            tokio::select! {
+                _ = self.int.recv() => Ok("Ctrl-C"),
+                _ = self.term.recv() => Ok("SIGTERM"),
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            tokio::signal::ctrl_c()
+                .await
+                .context("waiting for Ctrl-C")?;
+            Ok("Ctrl-C")
+        }
     }
 }

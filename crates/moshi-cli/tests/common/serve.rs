@@ -100,6 +100,29 @@ impl Server {
         }
     }
 
+    /// Sends `signal` (`TERM`, `KILL`, ...) to the server.
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{signal} failed");
+    }
+
+    /// Waits up to `timeout` for the server to exit; its status, or None if it still runs.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let t0 = Instant::now();
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            if t0.elapsed() >= timeout {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Ctrl-C, then waits for the exit; returns whether it exited by itself and successfully.
     pub fn stop(mut self) -> bool {
         let _ = Command::new("kill")
