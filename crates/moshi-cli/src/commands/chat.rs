@@ -169,9 +169,11 @@ impl Console {
 
     fn words(&mut self, text: &str) {
         if self.tty {
-            self.line.push_str(text);
+            // The model's words, shown escaped as on stdout (`Words::print`).
+            self.line
+                .push_str(&moshi_loader::escape::escape_controls(text));
             if self.line.chars().count() > 70 {
-                eprint!("\r\x1b[2K{}\n", self.line.trim_start());
+                eprint_raw!("\r\x1b[2K{}\n", self.line.trim_start());
                 self.line.clear();
             }
         } else {
@@ -189,7 +191,7 @@ impl Console {
             self.errors_reported = c.device_errors;
             self.last_error_report = Instant::now();
             if self.tty {
-                eprint!("\r\x1b[2K");
+                eprint_raw!("\r\x1b[2K");
             }
             eprintln!("audio device: {new} errors reported by the host since the last report (counted, the stream keeps going)");
         }
@@ -214,7 +216,7 @@ impl Console {
             c.device_errors
         );
         if self.tty {
-            eprint!("\r\x1b[2K{status} {}", self.line.trim_start());
+            eprint_raw!("\r\x1b[2K{status} {}", self.line.trim_start());
         } else {
             eprintln!("{status}");
         }
@@ -361,7 +363,8 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         // back, the duration ends or Ctrl-C; the engine and the conversation keep their state.
         // Its streams are dropped on their own thread: a lost device's host thread may never
         // end, and `stop` waits for it a bounded time only.
-        eprintln!("\raudio device lost ({lost}); reopening...");
+        eprint_raw!("\r");
+        eprintln!("audio device lost ({lost}); reopening...");
         if let Err(e) = backend.stop() {
             eprintln!("warning: {e}");
         }
@@ -380,7 +383,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     let counters = session.counters.clone();
     let report = session.engine.join();
     if console.tty {
-        eprintln!("\r\x1b[2K{}", console.line.trim_start());
+        eprint_raw!("\r\x1b[2K{}\n", console.line.trim_start());
     } else {
         console.words.print("\n");
     }

@@ -1,6 +1,7 @@
 //! Words with their time in Moshi's output: text pieces arrive per 80 ms frame; a piece that
 //! starts with a space (or the first piece) starts a new word.
 
+pub use moshi_loader::escape::escape_controls;
 use moshi_runtime::FRAME_MS;
 
 /// One word and the output frames it spans.
@@ -75,23 +76,9 @@ impl Transcript {
 }
 
 /// One `start_s<TAB>end_s<TAB>word` line (times to 10 ms); control characters (a tab would break
-/// the columns) are written escaped.
+/// the columns) are written escaped ([`escape_controls`]).
 pub fn tsv_line(start_s: f64, end_s: f64, word: &str) -> String {
     format!("{start_s:.2}\t{end_s:.2}\t{}\n", escape_controls(word))
-}
-
-/// `text` with its control characters escaped (`\t`, `\n`, `\u{12}`), so that a word stays on
-/// its line of a TSV or subtitle file.
-pub fn escape_controls(text: &str) -> String {
-    text.chars()
-        .map(|c| {
-            if c.is_control() {
-                c.escape_default().to_string()
-            } else {
-                c.to_string()
-            }
-        })
-        .collect()
 }
 
 #[cfg(test)]
