@@ -66,7 +66,10 @@ mod tests {
         assert_eq!(escape_controls("x\ty\r\n"), "x\\ty\\r\\n");
         assert_eq!(escape_controls("\u{9b}2J\u{7f}"), "\\u{9b}2J\\u{7f}");
         assert_eq!(escape_controls("abc\u{202e}fed"), "abc\\u{202e}fed");
-        assert_eq!(escape_controls_in_lines("one\ntwo\u{1b}"), "one\ntwo\\u{1b}");
+        assert_eq!(
+            escape_controls_in_lines("one\ntwo\u{1b}"),
+            "one\ntwo\\u{1b}"
+        );
         let once = escape_controls("\u{1b}\u{8}\u{202e}");
         assert_eq!(escape_controls(&once), once);
     }

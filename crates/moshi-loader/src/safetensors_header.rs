@@ -225,7 +225,10 @@ impl<'de> Deserialize<'de> for MaybeU64 {
 }
 
 /// An array keeping its first `keep` elements; `None` when the value is not an array.
-fn number_list<'de, D: Deserializer<'de>>(d: D, keep: usize) -> Result<Option<NumberList>, D::Error> {
+fn number_list<'de, D: Deserializer<'de>>(
+    d: D,
+    keep: usize,
+) -> Result<Option<NumberList>, D::Error> {
     struct V(usize);
     impl<'de> Visitor<'de> for V {
         type Value = Option<NumberList>;
@@ -385,7 +388,8 @@ mod tests {
     fn past_the_caps_entries_and_dimensions_are_counted_not_kept() {
         let mut json = String::from("{");
         for i in 0..MAX_TENSORS + 5 {
-            json += &format!(r#""t{i}": {{"dtype": "F32", "shape": [0], "data_offsets": [0, 0]}},"#);
+            json +=
+                &format!(r#""t{i}": {{"dtype": "F32", "shape": [0], "data_offsets": [0, 0]}},"#);
         }
         json += r#""long": {"shape": [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]}}"#;
         let h = parse(json.as_bytes()).unwrap();

@@ -731,7 +731,8 @@ fn a_header_listing_too_many_tensors_is_refused_naming_the_count_and_the_cap() {
     let listed = 150_000;
     raw_header_file(
         &path,
-        (0..listed).map(|i| format!(r#""t{i}":{{"dtype":"F32","shape":[0],"data_offsets":[0,0]}}"#)),
+        (0..listed)
+            .map(|i| format!(r#""t{i}":{{"dtype":"F32","shape":[0],"data_offsets":[0,0]}}"#)),
     );
     let started = std::time::Instant::now();
     let msg = SafetensorsFile::open(&path).err().unwrap().to_string();
@@ -747,13 +748,25 @@ fn a_header_listing_too_many_tensors_is_refused_naming_the_count_and_the_cap() {
 
     raw_header_file(
         &path,
-        std::iter::once(r#""deep":{"dtype":"F32","shape":[1,1,1,1,1,1,1,1,1,1],"data_offsets":[0,4]}"#.to_string()),
+        std::iter::once(
+            r#""deep":{"dtype":"F32","shape":[1,1,1,1,1,1,1,1,1,1],"data_offsets":[0,4]}"#
+                .to_string(),
+        ),
     );
     let msg = SafetensorsFile::open(&path).err().unwrap().to_string();
     assert_has(&msg, &["`deep`", "10 dimensions", "more than the 8"]);
 
-    let meta = (0..20_000).map(|i| format!(r#""k{i}":"v""#)).collect::<Vec<_>>().join(",");
-    raw_header_file(&path, std::iter::once(format!(r#""__metadata__":{{{meta}}}"#)));
+    let meta = (0..20_000)
+        .map(|i| format!(r#""k{i}":"v""#))
+        .collect::<Vec<_>>()
+        .join(",");
+    raw_header_file(
+        &path,
+        std::iter::once(format!(r#""__metadata__":{{{meta}}}"#)),
+    );
     let msg = SafetensorsFile::open(&path).err().unwrap().to_string();
-    assert_has(&msg, &["__metadata__ lists 20000 entries", "more than the 10000"]);
+    assert_has(
+        &msg,
+        &["__metadata__ lists 20000 entries", "more than the 10000"],
+    );
 }

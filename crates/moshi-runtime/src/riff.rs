@@ -93,7 +93,10 @@ const WAVE_FORMAT_EXTENSIBLE: u16 = 0xFFFE;
 
 /// A chunk id as text for messages (`LIST`, or its bytes escaped).
 fn shown_id(id: &[u8; 4]) -> String {
-    id.iter().flat_map(|&b| std::ascii::escape_default(b)).map(char::from).collect()
+    id.iter()
+        .flat_map(|&b| std::ascii::escape_default(b))
+        .map(char::from)
+        .collect()
 }
 
 /// Reads `buf.len()` bytes, or fewer at the end of the stream; returns how many.
@@ -152,7 +155,11 @@ pub fn read_wave_header(
                 })
             }
             8 => {}
-            n => return malformed(format!("cut inside the chunk header at offset {offset} ({n} of 8 bytes)")),
+            n => {
+                return malformed(format!(
+                    "cut inside the chunk header at offset {offset} ({n} of 8 bytes)"
+                ))
+            }
         }
         let id: [u8; 4] = head[..4].try_into().expect("4 bytes");
         let size = u64::from(u32::from_le_bytes(head[4..].try_into().expect("4 bytes")));
@@ -243,7 +250,9 @@ fn parse_fmt(b: &[u8]) -> Result<(SampleEncoding, u16, u32), HeaderError> {
             ));
         }
         if b[28..40] != SUBFORMAT_GUID_TAIL || b[26..28] != [0, 0] {
-            return unsupported("a WAVE_FORMAT_EXTENSIBLE sub-format that is not PCM or IEEE float".into());
+            return unsupported(
+                "a WAVE_FORMAT_EXTENSIBLE sub-format that is not PCM or IEEE float".into(),
+            );
         }
         tag = u16_at(24);
     }
@@ -260,12 +269,16 @@ fn parse_fmt(b: &[u8]) -> Result<(SampleEncoding, u16, u32), HeaderError> {
     }
     let supported = "supported: 8/16/24/32-bit integer, 32/64-bit float";
     match tag {
-        WAVE_FORMAT_PCM if (1..=4).contains(&container) => {
-            Ok((SampleEncoding::Int { bytes: container }, channels, sample_rate_hz))
-        }
-        WAVE_FORMAT_IEEE_FLOAT if container == 4 || container == 8 => {
-            Ok((SampleEncoding::Float { bytes: container }, channels, sample_rate_hz))
-        }
+        WAVE_FORMAT_PCM if (1..=4).contains(&container) => Ok((
+            SampleEncoding::Int { bytes: container },
+            channels,
+            sample_rate_hz,
+        )),
+        WAVE_FORMAT_IEEE_FLOAT if container == 4 || container == 8 => Ok((
+            SampleEncoding::Float { bytes: container },
+            channels,
+            sample_rate_hz,
+        )),
         WAVE_FORMAT_PCM => unsupported(format!("{bits}-bit integer samples; {supported}")),
         WAVE_FORMAT_IEEE_FLOAT => unsupported(format!("{bits}-bit float samples; {supported}")),
         other => unsupported(format!(
@@ -362,12 +375,18 @@ mod tests {
         ]);
         f[36 + 4..36 + 8].copy_from_slice(&1000u32.to_le_bytes());
         let m = malformed(&f);
-        assert!(m.contains("chunk `L\\x1bST` at offset 36 announces 1000 bytes, past the end"), "{m}");
+        assert!(
+            m.contains("chunk `L\\x1bST` at offset 36 announces 1000 bytes, past the end"),
+            "{m}"
+        );
     }
 
     #[test]
     fn a_streaming_placeholder_size_reads_to_the_end_and_a_short_file_keeps_its_size() {
-        let mut f = riff(&[chunk(b"fmt ", &fmt_body(1, 1, 16_000, 16)), chunk(b"data", &[0; 8])]);
+        let mut f = riff(&[
+            chunk(b"fmt ", &fmt_body(1, 1, 16_000, 16)),
+            chunk(b"data", &[0; 8]),
+        ]);
         let at = f.len() - 8 - 4;
         f[at..at + 4].copy_from_slice(&u32::MAX.to_le_bytes());
         assert_eq!(header(&f).unwrap().data_bytes, 8);
@@ -405,7 +424,10 @@ mod tests {
     #[test]
     fn compressed_formats_and_rf64_are_unsupported_not_malformed() {
         for (tag, name) in [(0x55u16, "MP3"), (0x06, "A-law"), (0x1234, "unknown")] {
-            let f = riff(&[chunk(b"fmt ", &fmt_body(tag, 1, 8_000, 8)), chunk(b"data", &[0; 4])]);
+            let f = riff(&[
+                chunk(b"fmt ", &fmt_body(tag, 1, 8_000, 8)),
+                chunk(b"data", &[0; 4]),
+            ]);
             match header(&f) {
                 Err(HeaderError::Unsupported(m)) => assert!(m.contains(name), "{m}"),
                 other => panic!("{other:?}"),

@@ -135,12 +135,11 @@ impl MonoReader {
         let frames = (max_samples as u64).min(self.frames_left) as usize;
         let channels = self.header.channels as usize;
         self.bytes.resize(frames * self.header.frame_bytes(), 0);
-        let got = read_full(&mut self.source, &mut self.bytes).map_err(|cause| {
-            RuntimeError::Io {
+        let got =
+            read_full(&mut self.source, &mut self.bytes).map_err(|cause| RuntimeError::Io {
                 path: self.path.clone(),
                 cause,
-            }
-        })?;
+            })?;
         if got < self.bytes.len() {
             return Err(RuntimeError::TruncatedWav {
                 path: self.path.clone(),
@@ -576,7 +575,11 @@ mod tests {
 
     /// A 16-bit mono WAV at 16 kHz of `samples`, its chunks as given around `fmt ` and `data`
     /// (`before`, `after`: id and body; odd bodies padded as RIFF requires).
-    fn riff_wav(samples: &[i16], before: &[(&[u8; 4], &[u8])], after: &[(&[u8; 4], &[u8])]) -> Vec<u8> {
+    fn riff_wav(
+        samples: &[i16],
+        before: &[(&[u8; 4], &[u8])],
+        after: &[(&[u8; 4], &[u8])],
+    ) -> Vec<u8> {
         let chunk = |id: &[u8; 4], body: &[u8]| {
             let mut c = id.to_vec();
             c.extend_from_slice(&(body.len() as u32).to_le_bytes());
@@ -624,7 +627,10 @@ mod tests {
         let info: &[u8] = b"INFOINAM\x07\0\0\0a title";
         for (before, after) in [
             (vec![(b"LIST", info)], vec![]),
-            (vec![(b"JUNK", &b"x"[..]), (b"LIST", info)], vec![(b"LIST", info)]),
+            (
+                vec![(b"JUNK", &b"x"[..]), (b"LIST", info)],
+                vec![(b"LIST", info)],
+            ),
             (vec![(b"bext", &[0u8; 3][..])], vec![(b"id3 ", &b"abc"[..])]),
         ] {
             std::fs::write(&path, riff_wav(&samples, &before, &after)).unwrap();
@@ -650,17 +656,30 @@ mod tests {
         swapped.extend_from_slice(&good[12..36]);
         std::fs::write(&path, &swapped).unwrap();
         let e = read_mono(&path).unwrap_err().to_string();
-        assert!(e.contains("order.wav") && e.contains("`data` chunk at offset 12 comes before the `fmt ` chunk"), "{e}");
+        assert!(
+            e.contains("order.wav")
+                && e.contains("`data` chunk at offset 12 comes before the `fmt ` chunk"),
+            "{e}"
+        );
         let mut past_end = riff_wav(&samples, &[(b"LIST", &[0u8; 4][..])], &[]);
         past_end[16..20].copy_from_slice(&100_000u32.to_le_bytes());
         std::fs::write(&path, &past_end).unwrap();
         let e = read_mono(&path).unwrap_err().to_string();
-        assert!(e.contains("chunk `LIST` at offset 12 announces 100000 bytes, past the end of the file"), "{e}");
+        assert!(
+            e.contains(
+                "chunk `LIST` at offset 12 announces 100000 bytes, past the end of the file"
+            ),
+            "{e}"
+        );
         let want = read_mono_bytes(&path, &good);
         for riff_size in [0u32, 4, u32::MAX] {
             let mut wrong = good.clone();
             wrong[4..8].copy_from_slice(&riff_size.to_le_bytes());
-            assert_eq!(read_mono_bytes(&path, &wrong), want, "RIFF size {riff_size}");
+            assert_eq!(
+                read_mono_bytes(&path, &wrong),
+                want,
+                "RIFF size {riff_size}"
+            );
         }
         let out = dir.path().join("streamed.wav");
         // What a pipe receives from an open-ended `WavWriter` (`start`): the largest sizes,

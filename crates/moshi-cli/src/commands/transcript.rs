@@ -116,7 +116,14 @@ mod tests {
         // Written as they come: the same lines.
         let mut t = Transcript::default();
         let mut streamed = String::new();
-        for (frame, piece) in [(0, "Hel"), (1, "lo"), (3, " wor"), (4, "ld"), (6, " again "), (7, "x")] {
+        for (frame, piece) in [
+            (0, "Hel"),
+            (1, "lo"),
+            (3, " wor"),
+            (4, "ld"),
+            (6, " again "),
+            (7, "x"),
+        ] {
             t.push(frame, piece);
             streamed += &t.take_complete_tsv();
             assert!(t.words.len() <= 1);
