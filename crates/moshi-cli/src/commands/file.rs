@@ -32,7 +32,7 @@ use super::transcript::Transcript;
 
 #[derive(clap::Args, Debug)]
 pub struct FileArgs {
-    /// Input WAV (8 kHz or more, any channels, 8/16/24/32-bit integer or 32-bit float).
+    /// Input WAV (8 kHz or more, any channels, 8/16/24/32-bit integer or 32/64-bit float).
     pub input: PathBuf,
     /// Output WAV (24 kHz mono int16): as many samples as the input's whole 80 ms frames (Moshi),
     /// or every frame the model returns until it ends its text (translation models).

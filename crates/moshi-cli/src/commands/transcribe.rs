@@ -38,7 +38,7 @@ const END_OF_TURN_THRESHOLD: f32 = 0.5;
 
 #[derive(clap::Args, Debug)]
 pub struct TranscribeArgs {
-    /// Input WAV (8 kHz or more, any channels, 8/16/24/32-bit integer or 32-bit float).
+    /// Input WAV (8 kHz or more, any channels, 8/16/24/32-bit integer or 32/64-bit float).
     pub input: PathBuf,
     // `--model` defaults to DEFAULT_STT_REPO here; `assets/tiny-stt` is the bundled
     // random-weight speech-to-text model for testing offline.
