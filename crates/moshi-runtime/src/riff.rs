@@ -256,7 +256,7 @@ fn parse_fmt(b: &[u8]) -> Result<(SampleEncoding, u16, u32), HeaderError> {
         }
         tag = u16_at(24);
     }
-    if block_align == 0 || block_align % channels as usize != 0 {
+    if block_align == 0 || !block_align.is_multiple_of(channels as usize) {
         return malformed(format!(
             "block align {block_align} is not a whole number of bytes for each of the {channels} channels"
         ));

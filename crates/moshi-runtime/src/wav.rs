@@ -72,7 +72,7 @@ impl MonoReader {
         let file = File::open(path).map_err(io_error)?;
         let metadata = file.metadata().map_err(io_error)?;
         // A regular file's length tells a streaming writer's placeholder size from a cut file.
-        let len = metadata.is_file().then(|| metadata.len());
+        let len = metadata.is_file().then_some(metadata.len());
         Self::start(Box::new(file), len, path)
     }
 
