@@ -38,6 +38,8 @@ pub enum BenchError {
     Loader(#[from] LoaderError),
     #[error("benchmark frame {frame}: {source}")]
     Frame { frame: usize, source: RuntimeError },
+    #[error("cannot keep the frame records for --json in a temporary file (TMPDIR): {0}")]
+    FrameLog(std::io::Error),
     #[error("{flag} must be at least 1")]
     ZeroCount { flag: &'static str },
     #[error(

@@ -2,30 +2,31 @@
 //! measured median time and the byte counts (weights, KV cache) of one layer. The result is
 //! labelled extrapolated.
 
-use moshi_runtime::metrics::Percentiles;
+use moshi_runtime::metrics::LatencyStats;
 use moshi_runtime::FRAME_MS;
 
 use crate::report::{BandwidthBound, Extrapolation, StageStats, WeightBytes};
 
 /// Figures for `full_layers` temporal layers from a run of `run_layers` layers whose frames took
-/// `stats`, whose temporal layers took `layer_ms` each (one mean per frame), reading `weights`.
+/// `stats`, whose temporal layers took `layer_ms` each (the statistics of one mean per frame),
+/// reading `weights`.
 /// `None` when nothing is missing or no layer time was measured.
 pub fn extrapolate_to_full_depth(
     stats: &StageStats,
-    layer_ms: &[f64],
+    layer_ms: &LatencyStats,
     weights: &WeightBytes,
     run_layers: usize,
     full_layers: usize,
     read_bandwidth_gbps: f64,
 ) -> Option<Extrapolation> {
-    if full_layers <= run_layers || layer_ms.is_empty() {
+    if full_layers <= run_layers || layer_ms.count() == 0 {
         return None;
     }
     // Each layer runs `weight_passes_per_frame` times a frame (1: all rows of all sessions in
     // one batched step; the measured layer time is that step's).
     let passes = weights.weight_passes_per_frame.max(1);
     let missing = (full_layers - run_layers) as f64;
-    let per_layer = Percentiles::of(layer_ms);
+    let per_layer = layer_ms.percentiles();
     let add_ms = missing * passes as f64 * per_layer.p50;
     let add_resident_bytes = (full_layers - run_layers) as u64 * weights.temporal_layer_bytes;
     let add_bytes = passes * add_resident_bytes;
@@ -59,6 +60,13 @@ pub fn extrapolate_to_full_depth(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use moshi_runtime::metrics::Percentiles;
+
+    fn layers(ms: &[f64]) -> LatencyStats {
+        let mut stats = LatencyStats::default();
+        ms.iter().for_each(|&v| stats.push(v));
+        stats
+    }
 
     fn flat(v: f64) -> Percentiles {
         Percentiles {
@@ -88,7 +96,8 @@ mod tests {
             ..Default::default()
         };
         let x =
-            extrapolate_to_full_depth(&stats, &[9.0, 10.0, 11.0], &weights, 2, 32, 1.0).unwrap();
+            extrapolate_to_full_depth(&stats, &layers(&[9.0, 10.0, 11.0]), &weights, 2, 32, 1.0)
+                .unwrap();
         assert_eq!(x.layers, 32);
         assert_eq!(x.per_layer_p50_ms, 10.0);
         assert_eq!(x.lm_temporal_p50_ms, 30.0 + 300.0);
@@ -102,17 +111,20 @@ mod tests {
         assert!(x.note.contains("extrapolated"));
         // 17 kB of weights + 3.2 kB of KV caches at 1 GB/s = 0.0202 ms.
         assert!((x.bound.lm_bound_ms - 0.0202).abs() < 1e-12);
-        assert!(extrapolate_to_full_depth(&stats, &[1.0], &weights, 32, 32, 1.0).is_none());
+        assert!(
+            extrapolate_to_full_depth(&stats, &layers(&[1.0]), &weights, 32, 32, 1.0).is_none()
+        );
         // Guidance: each layer runs (and is read) once per row; the weights are held once.
         let guided = WeightBytes {
             weight_passes_per_frame: 2,
             ..weights.clone()
         };
-        let x = extrapolate_to_full_depth(&stats, &[9.0, 10.0, 11.0], &guided, 2, 32, 1.0).unwrap();
+        let x = extrapolate_to_full_depth(&stats, &layers(&[9.0, 10.0, 11.0]), &guided, 2, 32, 1.0)
+            .unwrap();
         assert_eq!(x.lm_step_p50_ms, 50.0 + 600.0);
         assert_eq!(x.read_per_frame_bytes, 2_000 + 2 * 30 * 500);
         assert_eq!(x.kv_cache_read_per_frame_bytes, 200 + 30 * 100);
         assert_eq!(x.resident_bytes, 3_000 + 30 * 500);
-        assert!(extrapolate_to_full_depth(&stats, &[], &weights, 2, 32, 1.0).is_none());
+        assert!(extrapolate_to_full_depth(&stats, &layers(&[]), &weights, 2, 32, 1.0).is_none());
     }
 }

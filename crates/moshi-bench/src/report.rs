@@ -7,6 +7,8 @@
 use serde::Serialize;
 
 use moshi_runtime::metrics::{FrameRecord, Percentiles};
+
+use crate::frames::FrameLog;
 use moshi_runtime::FRAME_MS;
 
 /// Version of the JSON layout written by `moshi-rs bench --json`.
@@ -87,22 +89,6 @@ pub struct StageStats {
 }
 
 impl StageStats {
-    /// Percentiles of every stage over `frames`.
-    pub fn of(frames: &[FrameRecord]) -> Self {
-        let series = |f: &dyn Fn(&FrameRecord) -> f64| {
-            Percentiles::of(&frames.iter().map(f).collect::<Vec<_>>())
-        };
-        Self {
-            mimi_encode_ms: series(&|r| r.stages.mimi_encode_ms),
-            lm_temporal_ms: series(&|r| r.stages.lm_temporal_ms),
-            lm_depformer_ms: series(&|r| r.stages.lm_depformer_ms),
-            sampling_ms: series(&|r| r.stages.sampling_ms),
-            mimi_decode_ms: series(&|r| r.stages.mimi_decode_ms),
-            lm_step_ms: series(&|r| lm_step_ms(r)),
-            total_ms: series(&|r| r.total_ms),
-        }
-    }
-
     /// `(name, percentiles)` in pipeline order, for tables.
     pub fn rows(&self) -> [(&'static str, &Percentiles); 7] {
         [
@@ -227,7 +213,7 @@ pub struct Extrapolation {
 }
 
 /// The whole report (`moshi-rs bench --json`).
-#[derive(Clone, Debug, Serialize)]
+#[derive(Debug, Serialize)]
 pub struct BenchReport {
     pub schema_version: u32,
     /// `"moshi-rs bench"`.
@@ -248,8 +234,21 @@ pub struct BenchReport {
     pub bound: BandwidthBound,
     /// Present only when `layers_run < layers_config`.
     pub extrapolated: Option<Extrapolation>,
-    /// Every timed frame, as in the `--profile` JSON Lines files.
-    pub frames: Vec<FrameRecord>,
+    /// Every timed frame, as in the `--profile` JSON Lines files (`[]` unless the run kept
+    /// them: `BenchOptions::keep_frames`), read back from disk as the report is written.
+    #[serde(serialize_with = "frames_or_none")]
+    pub frames: Option<FrameLog>,
+}
+
+/// The frame records, or an empty list.
+fn frames_or_none<S: serde::Serializer>(
+    frames: &Option<FrameLog>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match frames {
+        Some(log) => log.serialize(serializer),
+        None => serializer.collect_seq(std::iter::empty::<FrameRecord>()),
+    }
 }
 
 /// `sessions` frames per frame time p50, per second.

@@ -27,12 +27,12 @@ use crate::bandwidth::{measure_read_bandwidth_gbps_with, DEFAULT_PASSES};
 use crate::checkpoint::{load_checkpoint_lm, resolve_model};
 use crate::extrapolate::extrapolate_to_full_depth;
 use crate::format::WeightFormat;
-use crate::frames::run_frames;
+use crate::frames::{run_frames, FrameLog};
 use crate::kv_traffic::kv_read_per_layer_bytes;
 use crate::memory::{ensure_fits, peak_resident_bytes, reset_peak_resident};
 use crate::report::{
     aggregate_frames_per_s, real_time_factor, BandwidthBound, BenchReport, MachineInfo, RunInfo,
-    StageStats, WeightBytes, BENCH_SCHEMA_VERSION,
+    WeightBytes, BENCH_SCHEMA_VERSION,
 };
 use crate::sessions::{LmStage, SessionsPipeline};
 use crate::span_timer::SpanTotals;
@@ -125,6 +125,9 @@ pub struct BenchOptions {
     pub cfg_coef: Option<f32>,
     /// Conversations stepped together over one set of weights (`--sessions`, stages all and lm).
     pub sessions: usize,
+    /// Keep every timed frame's record for the report's `frames` (`--json`): in a temporary
+    /// file, not in memory. Without it `frames` is empty.
+    pub keep_frames: bool,
 }
 
 /// Most sessions `--sessions` accepts (as `serve --max-sessions`).
@@ -294,12 +297,18 @@ pub fn run_bench(
         quant,
         options.stage.name()
     ));
+    let log = options
+        .keep_frames
+        .then(FrameLog::create)
+        .transpose()
+        .map_err(BenchError::FrameLog)?;
     let run = run_frames(
         processor.as_mut(),
         options.warmup,
         options.frames,
         options.seed,
         spans,
+        log,
     )?;
     drop(processor);
     // Read the peak before the bandwidth probe allocates its own buffer.
@@ -308,7 +317,7 @@ pub fn run_bench(
     probes.push(probe_bandwidth(threads, options.bandwidth_buffer_mib));
     let read_bandwidth_gbps = probes.iter().copied().fold(0.0, f64::max);
 
-    let stats = StageStats::of(&run.records);
+    let stats = run.stages.stats();
     let bound = BandwidthBound::new(
         weights.lm_read_per_frame_bytes(),
         read_bandwidth_gbps,
@@ -371,7 +380,7 @@ pub fn run_bench(
         weights,
         bound,
         extrapolated,
-        frames: run.records,
+        frames: run.log,
     })
 }
 

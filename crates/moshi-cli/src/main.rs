@@ -4,15 +4,39 @@
 /// (`2>/dev/full`, a closed pipe), which would end a run whose outputs are files over a lost
 /// diagnostic (exit 101, the outputs never committed). These shadow `std`'s in the whole crate
 /// (a `macro_rules!` defined before `mod commands` is in scope in every module of it).
+///
+/// Messages quote what files, configs and model folders hold (file names a config chose,
+/// values, tensor names): their control characters are written escaped
+/// ([`moshi_loader::escape`]), line breaks kept. `eprint_raw!` writes chat's own console
+/// sequences (`\r`, erase line) as they are.
 macro_rules! eprintln {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), $($arg)*);
+        let message = format!($($arg)*);
+        let _ = writeln!(
+            std::io::stderr(),
+            "{}",
+            moshi_loader::escape::escape_controls_in_lines(&message)
+        );
     }};
 }
 
 /// See [`eprintln!`].
 macro_rules! eprint {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let message = format!($($arg)*);
+        let _ = write!(
+            std::io::stderr(),
+            "{}",
+            moshi_loader::escape::escape_controls_in_lines(&message)
+        );
+    }};
+}
+
+/// [`eprint!`] without escaping: for terminal control the program itself writes (chat's
+/// console line), whose untrusted parts were escaped before.
+macro_rules! eprint_raw {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
         let _ = write!(std::io::stderr(), $($arg)*);
@@ -124,7 +148,13 @@ fn main() -> std::process::ExitCode {
         // The reader of stdout has what it wanted (`| head -1`): nothing to report.
         Err(e) if commands::stdout::is_closed_stdout(&e) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            // Errors quote what files, configs and tokenizers hold (names, values, pieces):
+            // their control characters are shown escaped, line breaks kept.
+            let message = format!("{e:#}");
+            eprintln!(
+                "error: {}",
+                moshi_loader::escape::escape_controls_in_lines(&message)
+            );
             std::process::ExitCode::FAILURE
         }
     }

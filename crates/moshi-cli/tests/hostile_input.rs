@@ -829,6 +829,8 @@ fn long_wav(path: &Path, seconds: usize) {
 
 /// Issue #18 item 7: memory does not grow with the input's length: `file` and `codec encode`
 /// of a 6-minute input peak within 5 % (+ 2 MiB of allocator slack) of a 1-minute one.
+/// Issue #41 item 5: for a translation model too (tiny-hibiki kept the input and the
+/// translation in memory: 35 MB for 1 minute, 106 MB for 6), its transcript included.
 #[test]
 fn memory_is_flat_in_the_input_length() {
     let dir = tempfile::tempdir().unwrap();
@@ -845,6 +847,8 @@ fn memory_is_flat_in_the_input_length() {
     };
     let out = dir.path().join("out.wav");
     let codes = dir.path().join("codes.npy");
+    let transcript = dir.path().join("words.tsv");
+    let hibiki = moshi_test_support::fixture_dir("tiny-hibiki");
     for (what, short_args, long_args) in [
         (
             "file",
@@ -861,6 +865,31 @@ fn memory_is_flat_in_the_input_length() {
                 path_str(&out),
                 "--model",
                 path_str(&tiny_a_dir()),
+            ],
+        ),
+        (
+            "file (translation, tiny-hibiki)",
+            vec![
+                "file",
+                path_str(&short),
+                path_str(&out),
+                "--model",
+                path_str(&hibiki),
+                "--max-tail-s",
+                "1",
+                "--transcript",
+                path_str(&transcript),
+            ],
+            vec![
+                "file",
+                path_str(&long),
+                path_str(&out),
+                "--model",
+                path_str(&hibiki),
+                "--max-tail-s",
+                "1",
+                "--transcript",
+                path_str(&transcript),
             ],
         ),
         (

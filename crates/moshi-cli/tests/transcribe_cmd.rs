@@ -170,7 +170,7 @@ fn transcribe_reproduces_official_tokens_extra_heads_and_words() {
     assert_eq!(want.len(), 6);
     let got = words_in(&std::fs::read_to_string(&json).unwrap());
     assert_eq!(got, want, "--out words.json");
-    // Control characters are written escaped as Rust's `escape_default` (`\u{12}`).
+    // Control characters are written escaped (`\u{12}`: moshi_loader::escape::escape_controls).
     let escaped = |w: &str| -> String {
         w.chars()
             .map(|c| match c.is_control() {

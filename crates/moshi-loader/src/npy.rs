@@ -81,7 +81,7 @@ fn parse_header_text(text: &str, bad: &dyn Fn(String) -> LoaderError) -> Result<
         .ok_or_else(|| {
             bad(format!(
                 "unsupported dtype `{}` (supported: {})",
-                descr.escape_debug(),
+                crate::escape::escape_controls(&descr),
                 DTYPES.map(|(d, _)| d).join(", ")
             ))
         })?;

@@ -4,7 +4,9 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use crate::escape::escape_controls;
 use crate::input_file::{check_input_file, InputKind};
+use crate::safetensors_header::{self, MAX_METADATA_ENTRIES, MAX_RANK, MAX_TENSORS};
 use crate::{DType, LoaderError, Result, Tensor, TensorData};
 
 /// Largest header accepted (the format's own limit is 100 MB).
@@ -91,52 +93,43 @@ fn parse_header(bytes: &[u8], path: &Path) -> Result<ParsedHeader> {
             bytes.len() - 8
         )));
     }
-    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + header_len])
-        .map_err(|e| bad(format!("header is not valid JSON: {e}")))?;
-    let obj = header
-        .as_object()
-        .ok_or_else(|| bad("header is not a JSON object".into()))?;
+    let raw = read_header_json(&bytes[8..8 + header_len], &bad)?;
     let data_offset = 8 + header_len;
     let data_len = bytes.len() - data_offset;
     let mut tensors = BTreeMap::new();
-    let mut metadata = BTreeMap::new();
     let mut needed = 0usize;
-    for (name, value) in obj {
-        if name == "__metadata__" {
-            if let Some(m) = value.as_object() {
-                for (k, v) in m {
-                    metadata.insert(k.clone(), v.as_str().unwrap_or_default().to_string());
-                }
-            }
-            continue;
-        }
+    for (name, entry) in raw.entries {
         let entry_err = |what: &str| LoaderError::BadTensor {
             path: path.to_path_buf(),
             name: name.clone(),
             reason: format!("header entry {what}"),
         };
-        let dtype_str = value
-            .get("dtype")
-            .and_then(|d| d.as_str())
-            .ok_or_else(|| entry_err("has no dtype"))?;
-        let dtype = parse_dtype(dtype_str)
-            .ok_or_else(|| entry_err(&format!("has unsupported dtype {dtype_str}")))?;
-        let shape: Vec<usize> = value
-            .get("shape")
-            .and_then(|s| s.as_array())
-            .ok_or_else(|| entry_err("has no shape"))?
+        let dtype_str = entry.dtype.ok_or_else(|| entry_err("has no dtype"))?;
+        let dtype = parse_dtype(&dtype_str).ok_or_else(|| {
+            entry_err(&format!(
+                "has unsupported dtype {}",
+                escape_controls(&dtype_str)
+            ))
+        })?;
+        let shape = entry.shape.ok_or_else(|| entry_err("has no shape"))?;
+        if shape.len > MAX_RANK {
+            return Err(entry_err(&format!(
+                "has a shape of {} dimensions, more than the {MAX_RANK} this reader accepts",
+                shape.len
+            )));
+        }
+        let shape: Vec<usize> = shape
+            .kept
             .iter()
-            .map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok()))
+            .map(|d| d.and_then(|d| usize::try_from(d).ok()))
             .collect::<Option<_>>()
             .ok_or_else(|| entry_err("has a non-integer dimension"))?;
-        let offsets = value
-            .get("data_offsets")
-            .and_then(|o| o.as_array())
-            .filter(|o| o.len() == 2)
+        let offsets = entry
+            .data_offsets
+            .filter(|o| o.len == 2)
             .ok_or_else(|| entry_err("has no data_offsets pair"))?;
         let offset = |i: usize, what: &str| {
-            offsets[i]
-                .as_u64()
+            offsets.kept[i]
                 .and_then(|o| usize::try_from(o).ok())
                 .ok_or_else(|| entry_err(what))
         };
@@ -179,8 +172,37 @@ fn parse_header(bytes: &[u8], path: &Path) -> Result<ParsedHeader> {
     Ok(ParsedHeader {
         data_offset,
         tensors,
-        metadata,
+        metadata: raw.metadata,
     })
+}
+
+/// Reads the JSON header into typed entries ([`safetensors_header`]), refusing one that is not
+/// JSON, not an object, or lists more tensors or metadata pairs than the caps.
+fn read_header_json(
+    json: &[u8],
+    bad: &dyn Fn(String) -> LoaderError,
+) -> Result<safetensors_header::RawHeader> {
+    let not_json = |e: serde_json::Error| bad(format!("header is not valid JSON: {e}"));
+    if json.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        serde_json::from_slice::<serde::de::IgnoredAny>(json).map_err(not_json)?;
+        return Err(bad("header is not a JSON object".into()));
+    }
+    let raw = safetensors_header::parse(json).map_err(not_json)?;
+    if raw.tensors_listed > MAX_TENSORS {
+        return Err(bad(format!(
+            "the header lists {} tensors, more than the {MAX_TENSORS} this reader accepts \
+             (Kyutai's checkpoints hold a few thousand)",
+            raw.tensors_listed
+        )));
+    }
+    if raw.metadata_listed > MAX_METADATA_ENTRIES {
+        return Err(bad(format!(
+            "the header's __metadata__ lists {} entries, more than the {MAX_METADATA_ENTRIES} \
+             this reader accepts",
+            raw.metadata_listed
+        )));
+    }
+    Ok(raw)
 }
 
 /// Fails when two tensors' byte ranges overlap (a tensor read would then see another's bytes).

@@ -204,7 +204,7 @@ fn choose_files(
     let named = |n: &Option<String>| {
         let found = n.as_ref().filter(|n| names.contains(*n)).cloned();
         if let (Some(n), None) = (n, &found) {
-            tracing::warn!("config.json names `{}`, which is not a file of the model folder: looking for the usual file names instead", n.escape_debug());
+            tracing::warn!("config.json names `{}`, which is not a file of the model folder: looking for the usual file names instead", crate::escape::escape_controls(n));
         }
         found
     };

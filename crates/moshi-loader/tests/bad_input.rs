@@ -704,3 +704,69 @@ fn packed_tensors_of_the_wrong_rank_are_errors_not_panics() {
         report.notes
     );
 }
+
+/// A safetensors file with `entries` (JSON text of each header entry, in order) and no data.
+fn raw_header_file(path: &Path, entries: impl Iterator<Item = String>) {
+    let mut json = String::from("{");
+    for (i, e) in entries.enumerate() {
+        if i > 0 {
+            json.push(',');
+        }
+        json += &e;
+    }
+    json.push('}');
+    let mut bytes = (json.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(json.as_bytes());
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// Issue #41 item 9: a header within the 100 MB limit listing a million empty tensors took
+/// 2.4 GB and 11 s (each entry read into a `serde_json::Value`). The tensors past the cap are
+/// counted, not kept, and the file is refused naming the count and the cap; a shape of more
+/// dimensions than any tensor has is refused likewise.
+#[test]
+fn a_header_listing_too_many_tensors_is_refused_naming_the_count_and_the_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("many.safetensors");
+    let listed = 150_000;
+    raw_header_file(
+        &path,
+        (0..listed)
+            .map(|i| format!(r#""t{i}":{{"dtype":"F32","shape":[0],"data_offsets":[0,0]}}"#)),
+    );
+    let started = std::time::Instant::now();
+    let msg = SafetensorsFile::open(&path).err().unwrap().to_string();
+    assert_has(
+        &msg,
+        &[
+            "many.safetensors",
+            &format!("lists {listed} tensors"),
+            "more than the 100000",
+        ],
+    );
+    assert!(started.elapsed().as_secs() < 10, "{:?}", started.elapsed());
+
+    raw_header_file(
+        &path,
+        std::iter::once(
+            r#""deep":{"dtype":"F32","shape":[1,1,1,1,1,1,1,1,1,1],"data_offsets":[0,4]}"#
+                .to_string(),
+        ),
+    );
+    let msg = SafetensorsFile::open(&path).err().unwrap().to_string();
+    assert_has(&msg, &["`deep`", "10 dimensions", "more than the 8"]);
+
+    let meta = (0..20_000)
+        .map(|i| format!(r#""k{i}":"v""#))
+        .collect::<Vec<_>>()
+        .join(",");
+    raw_header_file(
+        &path,
+        std::iter::once(format!(r#""__metadata__":{{{meta}}}"#)),
+    );
+    let msg = SafetensorsFile::open(&path).err().unwrap().to_string();
+    assert_has(
+        &msg,
+        &["__metadata__ lists 20000 entries", "more than the 10000"],
+    );
+}

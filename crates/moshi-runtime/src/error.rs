@@ -14,8 +14,8 @@ pub enum RuntimeError {
         path: PathBuf,
         cause: std::io::Error,
     },
-    #[error("{path} is not a readable WAV file: {cause}")]
-    NotWav { path: PathBuf, cause: hound::Error },
+    #[error("{path} is not a readable WAV file: {detail}")]
+    NotWav { path: PathBuf, detail: String },
     #[error("{path}: unsupported WAV format: {detail}")]
     UnsupportedWav { path: PathBuf, detail: String },
     #[error("{path} ends before the {announced_samples} samples its header announces")]

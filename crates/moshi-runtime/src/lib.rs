@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod pipeline;
 pub mod recorder;
 pub mod resample;
+pub mod riff;
 pub mod ring;
 pub mod transcribe;
 pub mod translate;

@@ -1,6 +1,7 @@
 //! Per-frame timing records, percentile summaries and the real-time factor. A run's [`Metrics`]
 //! take bounded memory whatever its length (an hour-long conversation included): exact count,
-//! mean, min and max, percentiles from fine log-spaced histograms. Records go to a
+//! mean, min and max, exact percentiles up to [`EXACT_VALUES`] frames and from fine log-spaced
+//! histograms past them. Records go to a
 //! [`ProfileWriter`] (JSON Lines, `--profile FILE`) as they are made. The summary splits the time
 //! by stage (Mimi encode, temporal LM, depformer, sampling, Mimi decode).
 
@@ -101,9 +102,14 @@ pub struct RunSummary {
 /// Width of a histogram bin: values within 0.1 % of each other share a bin.
 const BIN_RATIO: f64 = 1.001;
 
+/// Values kept as they are while a series has at most this many (about 11 minutes of 80 ms
+/// frames, 64 KiB): its percentiles are then the exact nearest-rank ones.
+pub const EXACT_VALUES: usize = 8192;
+
 /// Statistics of one quantity over a run in bounded memory: exact count, mean, min and max;
-/// percentiles from a histogram of bins `BIN_RATIO` wide (at most a few thousand bins over
-/// any plausible range), so a percentile is within 0.1 % of the exact nearest-rank value.
+/// exact percentiles up to [`EXACT_VALUES`] values, past them percentiles from a histogram of
+/// bins `BIN_RATIO` wide (at most a few thousand bins over any plausible range), each within
+/// 0.1 % of the exact nearest-rank value.
 #[derive(Debug, Clone, Default)]
 pub struct LatencyStats {
     count: u64,
@@ -112,6 +118,8 @@ pub struct LatencyStats {
     max: f64,
     /// Bin index (log base [`BIN_RATIO`]; `i32::MIN` for values <= 0) -> count.
     bins: BTreeMap<i32, u64>,
+    /// Every value while there are at most [`EXACT_VALUES`]; emptied (and freed) past them.
+    exact: Vec<f64>,
 }
 
 impl LatencyStats {
@@ -135,16 +143,25 @@ impl LatencyStats {
         self.count += 1;
         self.sum += v;
         *self.bins.entry(Self::bin_of(v)).or_insert(0) += 1;
+        if self.count <= EXACT_VALUES as u64 {
+            self.exact.push(v);
+        } else if !self.exact.is_empty() {
+            self.exact = Vec::new();
+        }
     }
 
     pub fn count(&self) -> u64 {
         self.count
     }
 
-    /// Nearest-rank percentiles (each within 0.1 % of the exact value), exact min, max, mean.
+    /// Nearest-rank percentiles, min, max and mean: exact up to [`EXACT_VALUES`] values, then
+    /// min, max and mean exact and each percentile within 0.1 % of the exact value.
     pub fn percentiles(&self) -> Percentiles {
         if self.count == 0 {
             return Percentiles::default();
+        }
+        if self.exact.len() as u64 == self.count {
+            return Percentiles::of(&self.exact);
         }
         let rank = |p: f64| {
             let want = ((p / 100.0 * self.count as f64).ceil() as u64).clamp(1, self.count);
@@ -299,6 +316,7 @@ mod tests {
         let mut stats = LatencyStats::default();
         values.iter().for_each(|&v| stats.push(v));
         let (got, exact) = (stats.percentiles(), Percentiles::of(&values));
+        assert!(stats.exact.capacity() == 0, "values kept past EXACT_VALUES");
         assert_eq!((got.min, got.max), (exact.min, exact.max));
         assert!((got.mean - exact.mean).abs() < 1e-9 * exact.mean);
         for (g, e) in [
@@ -309,6 +327,10 @@ mod tests {
             assert!((g - e).abs() <= 1e-3 * e, "{g} vs {e}");
         }
         assert!(stats.bins.len() < 1000, "{} bins", stats.bins.len());
+        // Up to EXACT_VALUES values the percentiles are the exact ones.
+        let mut few = LatencyStats::default();
+        values[..EXACT_VALUES].iter().for_each(|&v| few.push(v));
+        assert_eq!(few.percentiles(), Percentiles::of(&values[..EXACT_VALUES]));
         let mut zeros = LatencyStats::default();
         zeros.push(0.0);
         zeros.push(0.0);

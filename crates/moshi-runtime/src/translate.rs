@@ -7,7 +7,8 @@
 use crate::engine::{FrameOutput, FrameProcessor, OfflineRunner};
 use crate::metrics::{FrameRecord, Metrics};
 use crate::pipeline::MoshiPipeline;
-use crate::{Result, FRAME_SAMPLES};
+use crate::wav_frames::WavFrames;
+use crate::{Result, RuntimeError, FRAME_SAMPLES};
 
 /// How a translation run ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,60 +19,85 @@ pub enum TranslationEnd {
     TailCapReached { tail_frames: usize },
 }
 
-/// The translated audio and what it took.
+/// What a translation took. The translated audio went to `on_frame` as it was made: nothing
+/// of it is kept, so memory does not grow with the input.
 #[derive(Debug)]
 pub struct Translation {
-    /// 24 kHz mono, [`FRAME_SAMPLES`] per returned frame.
-    pub pcm: Vec<f32>,
     /// One record per model call: input frames, the end-of-stream step, silence frames.
     pub metrics: Metrics,
-    /// Frames returned by the model (= `pcm.len() / FRAME_SAMPLES`).
+    /// Frames returned by the model ([`FRAME_SAMPLES`] samples each).
     pub frames_out: u64,
     pub end: TranslationEnd,
 }
 
-/// Translates a whole 24 kHz mono signal (whole frames only). The translation ends when the
-/// model returns `end_text_id` after the end of the input (normally
-/// [`crate::pipeline::MoshiModel::eos_text_id`]; `None`: after `max_tail_frames`). `on_frame(i, output)` sees
-/// each returned frame as it is produced, `i` counting returned frames; `on_record` the timing
-/// record of every model call (`--profile`).
-pub fn translate_offline(
+/// 24 kHz mono input frames of [`FRAME_SAMPLES`] samples, handed out one at a time.
+pub trait FrameSource {
+    /// The next frame, `None` after the last.
+    fn next_frame(&mut self) -> Result<Option<&[f32]>>;
+}
+
+impl FrameSource for WavFrames {
+    fn next_frame(&mut self) -> Result<Option<&[f32]>> {
+        WavFrames::next_frame(self)
+    }
+}
+
+/// The whole frames of a signal in memory.
+pub struct SliceFrames<'a>(std::slice::ChunksExact<'a, f32>);
+
+impl<'a> SliceFrames<'a> {
+    pub fn new(pcm: &'a [f32]) -> Self {
+        Self(pcm.chunks_exact(FRAME_SAMPLES))
+    }
+}
+
+impl FrameSource for SliceFrames<'_> {
+    fn next_frame(&mut self) -> Result<Option<&[f32]>> {
+        Ok(self.0.next())
+    }
+}
+
+/// Translates 24 kHz mono frames read one at a time from `input`. The translation ends when
+/// the model returns `end_text_id` after the end of the input (normally
+/// [`crate::pipeline::MoshiModel::eos_text_id`]; `None`: after `max_tail_frames`).
+/// `on_frame(i, output)` takes each returned frame as it is produced (`i` counts returned
+/// frames; its audio is `output.pcm`); an error it returns ends the run. `on_record` sees the
+/// timing record of every model call (`--profile`).
+pub fn translate_offline<E: From<RuntimeError>>(
     pipeline: &mut MoshiPipeline,
-    pcm: &[f32],
+    input: &mut dyn FrameSource,
     end_text_id: Option<u32>,
     max_tail_frames: usize,
-    mut on_frame: impl FnMut(u64, &FrameOutput),
+    mut on_frame: impl FnMut(u64, &FrameOutput) -> std::result::Result<(), E>,
     mut on_record: impl FnMut(&FrameRecord),
-) -> Result<Translation> {
+) -> std::result::Result<Translation, E> {
     let eos = end_text_id;
-    let mut out = Vec::with_capacity(pcm.len() + max_tail_frames * FRAME_SAMPLES);
     let mut runner = OfflineRunner::new();
     let mut frames_out = 0u64;
-    // Keeps a returned frame; true when it is EOS (only after the end of the input counts).
-    let mut keep = |o: FrameOutput, after_input: bool| {
+    // Hands a returned frame on; true when it is EOS (only after the end of the input counts).
+    let mut keep = |o: FrameOutput, after_input: bool| -> std::result::Result<bool, E> {
         let Some(tokens) = &o.tokens else {
-            return false;
+            return Ok(false);
         };
-        out.extend_from_slice(&o.pcm);
-        on_frame(frames_out, &o);
+        on_frame(frames_out, &o)?;
         frames_out += 1;
-        after_input && Some(tokens.text) == eos
+        Ok(after_input && Some(tokens.text) == eos)
     };
-    for frame in pcm.chunks_exact(FRAME_SAMPLES) {
+    while let Some(frame) = input.next_frame()? {
         let (record, o) = runner.run(|| pipeline.process_frame(frame))?;
         on_record(&record);
-        keep(o, false);
+        keep(o, false)?;
     }
     let (record, o) = runner.run(|| pipeline.process_end_of_input())?;
     on_record(&record);
-    let mut ended = keep(o, true);
+    let mut ended = keep(o, true)?;
     let silence = vec![0f32; FRAME_SAMPLES];
     let mut tail_frames = 0;
     while !ended && tail_frames < max_tail_frames {
         let (record, o) = runner.run(|| pipeline.process_frame(&silence))?;
         on_record(&record);
         tail_frames += 1;
-        ended = keep(o, true);
+        ended = keep(o, true)?;
     }
     let end = if ended {
         TranslationEnd::Eos { tail_frames }
@@ -79,7 +105,6 @@ pub fn translate_offline(
         TranslationEnd::TailCapReached { tail_frames }
     };
     Ok(Translation {
-        pcm: out,
         metrics: runner.into_metrics(),
         frames_out,
         end,

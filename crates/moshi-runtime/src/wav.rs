@@ -1,9 +1,10 @@
-//! WAV input/output. Reads any PCM WAV (8/16/24/32-bit integer or 32-bit float, any channel
-//! count, a rate from [`MIN_SAMPLE_RATE_HZ`] to [`MAX_SAMPLE_RATE_HZ`]) as mono f32 (channels
-//! averaged), whole or chunk by chunk ([`MonoReader`]: memory flat whatever the length). Writes
-//! int16 (or 32-bit float) mono or stereo WAVs as they are produced, of a length known up front or not
-//! ([`WavWriter`]), through `moshi_loader::output_file`: nothing half-written on error, devices
-//! and pipes written in place.
+//! WAV input/output. Reads any PCM WAV (8/16/24/32-bit integer or 32/64-bit float, plain or
+//! `WAVE_FORMAT_EXTENSIBLE`, any channel count, a rate from [`MIN_SAMPLE_RATE_HZ`] to
+//! [`MAX_SAMPLE_RATE_HZ`]; its chunks read as the RIFF specification says, [`crate::riff`]) as
+//! mono f32 (channels averaged), whole or chunk by chunk ([`MonoReader`]: memory flat whatever
+//! the length). Writes int16 (or 32-bit float) mono or stereo WAVs as they are produced, of a length known up
+//! front or not ([`WavWriter`]), through `moshi_loader::output_file`: nothing half-written on
+//! error, devices and pipes written in place.
 //!
 //! Integer samples are scaled by 1/2^(bits-1) (i16 / 32768, as symphonia/sphn read them); output
 //! samples are `trunc(clamp(x, -1, 1) * 32767)`, as `sphn.write_wav` writes them.
@@ -15,6 +16,7 @@ use std::path::{Path, PathBuf};
 use moshi_loader::input_file::{check_input_file, InputKind};
 use moshi_loader::output_file::{FinishedOutput, OutputFile};
 
+use crate::riff::{read_wave_header, HeaderError, SampleEncoding, WaveHeader};
 use crate::{Result, RuntimeError};
 
 /// The lowest input sample rate accepted: telephone speech. Lower rates carry no usable
@@ -34,24 +36,19 @@ pub struct MonoAudio {
     pub source_channels: u16,
 }
 
-/// How the file's samples become f32.
-#[derive(Clone, Copy, Debug)]
-enum SampleKind {
-    Float,
-    /// Integer samples scaled by this factor.
-    Int(f64),
-}
-
 /// What a [`MonoReader`] reads from: a file, or any byte stream.
 type Source = BufReader<Box<dyn Read + Send>>;
 
-/// A WAV file opened for reading as mono f32, a chunk at a time.
+/// A WAV file opened for reading as mono f32, a chunk at a time. Its RIFF chunks are read as
+/// the specification says ([`crate::riff`]).
 pub struct MonoReader {
     path: PathBuf,
-    reader: hound::WavReader<Source>,
-    kind: SampleKind,
-    channels: usize,
-    sample_rate_hz: u32,
+    source: Source,
+    header: WaveHeader,
+    /// Sample frames of the `data` chunk not read yet.
+    frames_left: u64,
+    /// Raw bytes of the current chunk.
+    bytes: Vec<u8>,
     /// Interleaved samples of the current chunk.
     interleaved: Vec<f32>,
     /// Interleaved samples read before the current chunk (for the index in errors).
@@ -68,130 +65,151 @@ impl MonoReader {
             });
         }
         check_input_file(path, InputKind::Readable)?;
-        let file = File::open(path).map_err(|cause| RuntimeError::Io {
+        let io_error = |cause| RuntimeError::Io {
             path: path.to_path_buf(),
             cause,
-        })?;
-        Self::from_reader(file, path)
+        };
+        let file = File::open(path).map_err(io_error)?;
+        let metadata = file.metadata().map_err(io_error)?;
+        // A regular file's length tells a streaming writer's placeholder size from a cut file.
+        let len = metadata.is_file().then_some(metadata.len());
+        Self::start(Box::new(file), len, path)
     }
 
     /// Reads a WAV from any byte stream; `path` names it in errors.
     pub fn from_reader(source: impl Read + Send + 'static, path: &Path) -> Result<Self> {
-        let boxed: Box<dyn Read + Send> = Box::new(source);
-        let reader =
-            hound::WavReader::new(BufReader::new(boxed)).map_err(|cause| RuntimeError::NotWav {
+        Self::start(Box::new(source), None, path)
+    }
+
+    fn start(source: Box<dyn Read + Send>, len: Option<u64>, path: &Path) -> Result<Self> {
+        let mut source = BufReader::new(source);
+        let header = read_wave_header(&mut source, len).map_err(|e| match e {
+            HeaderError::Malformed(detail) => RuntimeError::NotWav {
+                path: path.to_path_buf(),
+                detail,
+            },
+            HeaderError::Unsupported(detail) => RuntimeError::UnsupportedWav {
+                path: path.to_path_buf(),
+                detail,
+            },
+            HeaderError::Io(cause) => RuntimeError::Io {
                 path: path.to_path_buf(),
                 cause,
-            })?;
-        let spec = reader.spec();
-        let unsupported = |detail: String| RuntimeError::UnsupportedWav {
-            path: path.to_path_buf(),
-            detail,
-        };
-        if spec.channels == 0 {
-            return Err(unsupported("0 channels".into()));
+            },
+        })?;
+        if !(MIN_SAMPLE_RATE_HZ..=MAX_SAMPLE_RATE_HZ).contains(&header.sample_rate_hz) {
+            return Err(RuntimeError::UnsupportedWav {
+                path: path.to_path_buf(),
+                detail: format!(
+                    "sample rate {} Hz; supported: {MIN_SAMPLE_RATE_HZ} to {MAX_SAMPLE_RATE_HZ} Hz",
+                    header.sample_rate_hz
+                ),
+            });
         }
-        if !(MIN_SAMPLE_RATE_HZ..=MAX_SAMPLE_RATE_HZ).contains(&spec.sample_rate) {
-            return Err(unsupported(format!(
-                "sample rate {} Hz; supported: {MIN_SAMPLE_RATE_HZ} to {MAX_SAMPLE_RATE_HZ} Hz",
-                spec.sample_rate
-            )));
-        }
-        let kind = match (spec.sample_format, spec.bits_per_sample) {
-            (hound::SampleFormat::Float, 32) => SampleKind::Float,
-            (hound::SampleFormat::Int, bits @ (8 | 16 | 24 | 32)) => {
-                SampleKind::Int(1.0 / (1u64 << (bits - 1)) as f64)
-            }
-            (format, bits) => {
-                return Err(unsupported(format!(
-                    "{bits}-bit {format:?} samples; supported: 8/16/24/32-bit integer, 32-bit float"
-                )))
-            }
-        };
         Ok(Self {
             path: path.to_path_buf(),
-            reader,
-            kind,
-            channels: spec.channels as usize,
-            sample_rate_hz: spec.sample_rate,
+            source,
+            frames_left: header.frames(),
+            header,
+            bytes: Vec::new(),
             interleaved: Vec::new(),
             interleaved_read: 0,
         })
     }
 
     pub fn sample_rate_hz(&self) -> u32 {
-        self.sample_rate_hz
+        self.header.sample_rate_hz
     }
 
     pub fn source_channels(&self) -> u16 {
-        self.channels as u16
+        self.header.channels
     }
 
     /// Mono samples the header announces (a truncated file delivers fewer: an error when read).
     pub fn len_samples(&self) -> u64 {
-        self.reader.duration() as u64
+        self.header.frames()
     }
 
     /// Appends up to `max_samples` mono samples to `out`; returns how many (0 at the end).
     pub fn read_chunk(&mut self, max_samples: usize, out: &mut Vec<f32>) -> Result<usize> {
-        let want = max_samples.saturating_mul(self.channels);
-        self.interleaved.clear();
-        let path = &self.path;
-        let announced_samples = self.reader.duration() as u64;
-        // The data ending before the header's length (hound: "Failed to read enough bytes.")
-        // is a truncated file; other errors say the file is not a readable WAV.
-        let not_wav = |cause: hound::Error| match &cause {
-            hound::Error::IoError(e)
-                if e.kind() == std::io::ErrorKind::UnexpectedEof
-                    || e.to_string() == "Failed to read enough bytes." =>
-            {
-                RuntimeError::TruncatedWav {
-                    path: path.clone(),
-                    announced_samples,
-                }
-            }
-            _ => RuntimeError::NotWav {
-                path: path.clone(),
+        let frames = (max_samples as u64).min(self.frames_left) as usize;
+        let channels = self.header.channels as usize;
+        self.bytes.resize(frames * self.header.frame_bytes(), 0);
+        let got =
+            read_full(&mut self.source, &mut self.bytes).map_err(|cause| RuntimeError::Io {
+                path: self.path.clone(),
                 cause,
-            },
-        };
-        match self.kind {
-            SampleKind::Float => {
-                for s in self.reader.samples::<f32>().take(want) {
-                    let value = s.map_err(not_wav)?;
-                    if !value.is_finite() {
-                        let index = self.interleaved_read + self.interleaved.len() as u64;
-                        return Err(RuntimeError::NonFiniteSample {
-                            path: path.clone(),
-                            sample_index: index / self.channels as u64,
-                            channel: (index % self.channels as u64) as usize,
-                            value,
-                        });
-                    }
-                    self.interleaved.push(value);
-                }
-            }
-            SampleKind::Int(scale) => {
-                for s in self.reader.samples::<i32>().take(want) {
-                    self.interleaved
-                        .push((s.map_err(not_wav)? as f64 * scale) as f32);
-                }
-            }
+            })?;
+        if got < self.bytes.len() {
+            return Err(RuntimeError::TruncatedWav {
+                path: self.path.clone(),
+                announced_samples: self.header.frames(),
+            });
         }
-        self.interleaved_read += self.interleaved.len() as u64;
-        let whole = self.interleaved.len() / self.channels;
-        if self.channels == 1 {
+        self.frames_left -= frames as u64;
+        self.decode()?;
+        if channels == 1 {
             out.extend_from_slice(&self.interleaved);
         } else {
-            let inv = 1.0 / self.channels as f32;
+            let inv = 1.0 / channels as f32;
             out.extend(
                 self.interleaved
-                    .chunks_exact(self.channels)
+                    .chunks_exact(channels)
                     .map(|f| f.iter().sum::<f32>() * inv),
             );
         }
-        Ok(whole)
+        Ok(frames)
     }
+
+    /// `self.bytes` as f32 samples in `self.interleaved`: integers scaled by 1/2^(bits-1) of
+    /// their container (8-bit ones are unsigned), floats as they are, refusing NaN and infinities.
+    fn decode(&mut self) -> Result<()> {
+        self.interleaved.clear();
+        let width = self.header.encoding.bytes();
+        for b in self.bytes.chunks_exact(width) {
+            let value = match self.header.encoding {
+                SampleEncoding::Int { bytes: 1 } => (f64::from(b[0]) - 128.0) / 128.0,
+                SampleEncoding::Int { bytes } => {
+                    // Little-endian, sign-extended from the container's top byte.
+                    let mut v = [0u8; 4];
+                    v[4 - bytes..].copy_from_slice(b);
+                    f64::from(i32::from_le_bytes(v)) / f64::from(1u32 << 31)
+                }
+                SampleEncoding::Float { bytes: 4 } => {
+                    f64::from(f32::from_le_bytes(b.try_into().expect("4 bytes")))
+                }
+                SampleEncoding::Float { .. } => f64::from_le_bytes(b.try_into().expect("8 bytes")),
+            };
+            let sample = value as f32;
+            if !sample.is_finite() {
+                let index = self.interleaved_read + self.interleaved.len() as u64;
+                let channels = u64::from(self.header.channels);
+                return Err(RuntimeError::NonFiniteSample {
+                    path: self.path.clone(),
+                    sample_index: index / channels,
+                    channel: (index % channels) as usize,
+                    value: sample,
+                });
+            }
+            self.interleaved.push(sample);
+        }
+        self.interleaved_read += self.interleaved.len() as u64;
+        Ok(())
+    }
+}
+
+/// Reads until `buf` is full or the stream ends; returns how many bytes were read.
+fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
 }
 
 /// Reads `path` as mono f32. Errors name the file: missing, not a WAV, unsupported sample
@@ -614,6 +632,135 @@ mod tests {
                 "cut {cut}: {e}"
             );
         }
+    }
+
+    /// A 16-bit mono WAV at 16 kHz of `samples`, its chunks as given around `fmt ` and `data`
+    /// (`before`, `after`: id and body; odd bodies padded as RIFF requires).
+    fn riff_wav(
+        samples: &[i16],
+        before: &[(&[u8; 4], &[u8])],
+        after: &[(&[u8; 4], &[u8])],
+    ) -> Vec<u8> {
+        let chunk = |id: &[u8; 4], body: &[u8]| {
+            let mut c = id.to_vec();
+            c.extend_from_slice(&(body.len() as u32).to_le_bytes());
+            c.extend_from_slice(body);
+            if body.len() % 2 == 1 {
+                c.push(0);
+            }
+            c
+        };
+        let mut fmt = Vec::new();
+        for v in [1u16, 1] {
+            fmt.extend_from_slice(&v.to_le_bytes());
+        }
+        fmt.extend_from_slice(&16_000u32.to_le_bytes());
+        fmt.extend_from_slice(&32_000u32.to_le_bytes());
+        fmt.extend_from_slice(&2u16.to_le_bytes());
+        fmt.extend_from_slice(&16u16.to_le_bytes());
+        let data: Vec<u8> = samples.iter().flat_map(|s| s.to_le_bytes()).collect();
+        let mut body = b"WAVE".to_vec();
+        for (id, b) in before {
+            body.extend(chunk(id, b));
+        }
+        body.extend(chunk(b"fmt ", &fmt));
+        body.extend(chunk(b"data", &data));
+        for (id, b) in after {
+            body.extend(chunk(id, b));
+        }
+        let mut file = b"RIFF".to_vec();
+        file.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        file.extend(body);
+        file
+    }
+
+    /// Issue #41, the RIFF class: a chunk of odd size is followed by a pad byte its size does
+    /// not count. A `LIST`/`INFO` chunk of odd size before `fmt ` or `data` (as editors write
+    /// titles) made the reader look for the next chunk one byte early and refuse the file (or
+    /// read garbage); unknown chunks anywhere and a `LIST` after the data read the same samples.
+    #[test]
+    fn odd_sized_and_unknown_chunks_are_skipped_with_their_pad_byte() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("chunks.wav");
+        let samples = [1000i16, -2000, 3000, -4000, 5000];
+        let want: Vec<f32> = samples.iter().map(|&s| s as f32 / 32768.0).collect();
+        // 19 bytes: odd (the title's own pad byte left out, as some writers do).
+        let info: &[u8] = b"INFOINAM\x07\0\0\0a title";
+        for (before, after) in [
+            (vec![(b"LIST", info)], vec![]),
+            (
+                vec![(b"JUNK", &b"x"[..]), (b"LIST", info)],
+                vec![(b"LIST", info)],
+            ),
+            (vec![(b"bext", &[0u8; 3][..])], vec![(b"id3 ", &b"abc"[..])]),
+        ] {
+            std::fs::write(&path, riff_wav(&samples, &before, &after)).unwrap();
+            let audio = read_mono(&path).unwrap_or_else(|e| panic!("{before:?}: {e}"));
+            assert_eq!(audio.samples, want, "{before:?} / {after:?}");
+            assert_eq!(audio.sample_rate_hz, 16_000);
+        }
+    }
+
+    /// The RIFF class: `data` before `fmt ` is invalid and says so; a chunk past the end of the
+    /// file is named; a wrong RIFF size (streaming writers put 0 or the largest size there)
+    /// does not change what is read; a `data` size that is the largest a WAV holds (moshi-rs or
+    /// ffmpeg writing to a pipe) reads to the end of the file.
+    #[test]
+    fn chunk_order_sizes_past_the_end_and_riff_size_mismatches() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("order.wav");
+        let samples = [1000i16, -2000, 3000];
+        let good = riff_wav(&samples, &[], &[]);
+        // data (at offset 36) moved before fmt (at offset 12).
+        let mut swapped = good[..12].to_vec();
+        swapped.extend_from_slice(&good[36..]);
+        swapped.extend_from_slice(&good[12..36]);
+        std::fs::write(&path, &swapped).unwrap();
+        let e = read_mono(&path).unwrap_err().to_string();
+        assert!(
+            e.contains("order.wav")
+                && e.contains("`data` chunk at offset 12 comes before the `fmt ` chunk"),
+            "{e}"
+        );
+        let mut past_end = riff_wav(&samples, &[(b"LIST", &[0u8; 4][..])], &[]);
+        past_end[16..20].copy_from_slice(&100_000u32.to_le_bytes());
+        std::fs::write(&path, &past_end).unwrap();
+        let e = read_mono(&path).unwrap_err().to_string();
+        assert!(
+            e.contains(
+                "chunk `LIST` at offset 12 announces 100000 bytes, past the end of the file"
+            ),
+            "{e}"
+        );
+        let want = read_mono_bytes(&path, &good);
+        for riff_size in [0u32, 4, u32::MAX] {
+            let mut wrong = good.clone();
+            wrong[4..8].copy_from_slice(&riff_size.to_le_bytes());
+            assert_eq!(
+                read_mono_bytes(&path, &wrong),
+                want,
+                "RIFF size {riff_size}"
+            );
+        }
+        let out = dir.path().join("streamed.wav");
+        // What a pipe receives from an open-ended `WavWriter` (`start`): the largest sizes,
+        // then the samples.
+        let mut streamed = wav_header(
+            WavEncoding::I16,
+            1,
+            16_000,
+            (max_wav_frames(WavEncoding::I16, 1) * 2) as u32,
+        );
+        for s in samples {
+            streamed.extend_from_slice(&s.to_le_bytes());
+        }
+        std::fs::write(&out, &streamed).unwrap();
+        assert_eq!(read_mono(&out).unwrap().samples, want);
+    }
+
+    fn read_mono_bytes(path: &Path, bytes: &[u8]) -> Vec<f32> {
+        std::fs::write(path, bytes).unwrap();
+        read_mono(path).unwrap().samples
     }
 
     #[test]

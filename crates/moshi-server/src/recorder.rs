@@ -12,7 +12,10 @@
 //!   `moshi_rs_stats`, with `end` and `duration_s`).
 //!
 //! Files are written under a `.part` name and renamed when the session ends, so a reader never
-//! sees a half-written recording under the final name.
+//! sees a half-written recording under the final name. A recording that fails (a full disk, a
+//! file too large) removes its `.part` files, and the session's `-stats.json` is still written
+//! at its end, with `recording_error` saying why the recording is missing; when even that
+//! cannot be written, the log says so, naming the file and the cause.
 //!
 //! [`RecorderThread`] does the writing on a thread of its own (`moshi_runtime::recorder`, which
 //! `chat --record` shares), so a slow disk never holds up the server's async runtime: frames
@@ -45,6 +48,40 @@ pub struct SessionRecorder {
     renames: Vec<(PathBuf, PathBuf)>,
     /// (.part path, final path) of the statistics, written at the end.
     stats_paths: (PathBuf, PathBuf),
+    /// Removes the `.part` files unless the recording completed.
+    parts: PartFiles,
+}
+
+/// `.part` files of a recording, removed when dropped (a recording that failed or was dropped
+/// unfinished) unless [`PartFiles::keep`] was called.
+#[derive(Default)]
+struct PartFiles(Vec<PathBuf>);
+
+impl PartFiles {
+    /// Creates `path` (truncating) and takes charge of it.
+    fn create(&mut self, path: PathBuf) -> std::io::Result<File> {
+        let file = File::create(&path)?;
+        self.0.push(path);
+        Ok(file)
+    }
+
+    /// The recording completed: its files stay.
+    fn keep(&mut self) {
+        self.0.clear();
+    }
+}
+
+impl Drop for PartFiles {
+    fn drop(&mut self) {
+        for part in &self.0 {
+            // Already renamed (NotFound) is fine; any other failure is worth a line.
+            match std::fs::remove_file(part) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => tracing::warn!("--record: cannot remove {}: {e}", part.display()),
+            }
+        }
+    }
 }
 
 fn wav_spec() -> hound::WavSpec {
@@ -84,13 +121,23 @@ impl SessionRecorder {
             path("tokens.jsonl"),
             path("text.txt"),
         );
-        let input = WavWriter::create(part(&in_path), wav_spec()).map_err(|e| err(&in_path, &e))?;
-        let output =
-            WavWriter::create(part(&out_path), wav_spec()).map_err(|e| err(&out_path, &e))?;
-        let tokens = File::create(part(&tok_path))
+        // Each file is in `parts`' charge as soon as it exists: a failure to create the next
+        // one removes those before it.
+        let mut parts = PartFiles::default();
+        let wav = |parts: &mut PartFiles, p: &Path| {
+            parts
+                .create(part(p))
+                .map_err(|e| err(p, &e))
+                .and_then(|f| WavWriter::new(BufWriter::new(f), wav_spec()).map_err(|e| err(p, &e)))
+        };
+        let input = wav(&mut parts, &in_path)?;
+        let output = wav(&mut parts, &out_path)?;
+        let tokens = parts
+            .create(part(&tok_path))
             .map(BufWriter::new)
             .map_err(|e| err(&tok_path, &e))?;
-        let text = File::create(part(&text_path))
+        let text = parts
+            .create(part(&text_path))
             .map(BufWriter::new)
             .map_err(|e| err(&text_path, &e))?;
         let renames = [in_path, out_path, tok_path, text_path]
@@ -107,6 +154,7 @@ impl SessionRecorder {
             mirror_pcm: Vec::new(),
             renames,
             stats_paths: (part(&stats_path), stats_path),
+            parts,
         })
     }
 
@@ -157,31 +205,66 @@ impl SessionRecorder {
         Ok(())
     }
 
-    /// Completes the files, writes `stats`, and gives them their final names.
-    pub fn finish(mut self, stats: &serde_json::Value) -> Result<(), RecordError> {
+    /// Completes the files, writes `stats`, and gives them their final names. On an error the
+    /// `.part` files are removed.
+    pub fn finish(self, stats: &serde_json::Value) -> Result<(), RecordError> {
+        let Self {
+            input,
+            output,
+            mut tokens,
+            mut text,
+            mut renames,
+            stats_paths: (stats_part, stats_path),
+            mut parts,
+            ..
+        } = self;
         let err = |p: &Path, e: &dyn std::fmt::Display| RecordError {
             path: p.to_path_buf(),
             detail: e.to_string(),
         };
-        self.input
-            .finalize()
-            .map_err(|e| err(&self.renames[0].0, &e))?;
-        self.output
-            .finalize()
-            .map_err(|e| err(&self.renames[1].0, &e))?;
-        self.tokens
-            .flush()
-            .map_err(|e| err(&self.renames[2].0, &e))?;
-        self.text.flush().map_err(|e| err(&self.renames[3].0, &e))?;
-        let (stats_part, stats_path) = self.stats_paths.clone();
+        input.finalize().map_err(|e| err(&renames[0].0, &e))?;
+        output.finalize().map_err(|e| err(&renames[1].0, &e))?;
+        tokens.flush().map_err(|e| err(&renames[2].0, &e))?;
+        text.flush().map_err(|e| err(&renames[3].0, &e))?;
         let json = serde_json::to_string_pretty(stats).map_err(|e| err(&stats_path, &e))?;
-        std::fs::write(&stats_part, json + "\n").map_err(|e| err(&stats_part, &e))?;
-        self.renames.push((stats_part, stats_path));
-        for (part, done) in &self.renames {
+        parts
+            .create(stats_part.clone())
+            .and_then(|mut f| f.write_all((json + "\n").as_bytes()))
+            .map_err(|e| err(&stats_part, &e))?;
+        renames.push((stats_part, stats_path));
+        for (part, done) in &renames {
             std::fs::rename(part, done).map_err(|e| err(done, &e))?;
         }
+        parts.keep();
         Ok(())
     }
+}
+
+/// Writes `<tag>-session-<id>-stats.json` in `dir` on its own (through a `.part` file): the
+/// statistics of a session whose recording failed.
+fn write_stats_alone(
+    dir: &Path,
+    tag: &str,
+    id: u64,
+    stats: &serde_json::Value,
+) -> Result<PathBuf, RecordError> {
+    let path = dir.join(format!("{tag}-session-{id}-stats.json"));
+    let mut part = path.as_os_str().to_owned();
+    part.push(".part");
+    let part = PathBuf::from(part);
+    let err = |p: &Path, e: &dyn std::fmt::Display| RecordError {
+        path: p.to_path_buf(),
+        detail: e.to_string(),
+    };
+    let json = serde_json::to_string_pretty(stats).map_err(|e| err(&path, &e))?;
+    let mut parts = PartFiles::default();
+    parts
+        .create(part.clone())
+        .and_then(|mut f| f.write_all((json + "\n").as_bytes()))
+        .map_err(|e| err(&part, &e))?;
+    std::fs::rename(&part, &path).map_err(|e| err(&path, &e))?;
+    parts.keep();
+    Ok(path)
 }
 
 /// A processed frame and the pages sent for it (`None`: not sent), on their way to the disk.
@@ -209,7 +292,10 @@ impl RecordWriter for SessionWriter {
         self.recorder
             .frame(f.index, &f.frame, f.pages_sent.as_deref())
             .inspect_err(|e| {
-                tracing::error!(session = self.id, "--record: {e}; recording stopped");
+                tracing::error!(
+                    session = self.id,
+                    "--record: {e}; recording stopped, its partial files removed"
+                );
             })
     }
 
@@ -225,6 +311,10 @@ impl RecordWriter for SessionWriter {
 /// ([`moshi_runtime::recorder::RecorderThread`]).
 pub struct RecorderThread {
     inner: moshi_runtime::recorder::RecorderThread<SessionWriter>,
+    /// Where the statistics go when the recording fails.
+    dir: PathBuf,
+    tag: String,
+    id: u64,
 }
 
 impl RecorderThread {
@@ -232,11 +322,11 @@ impl RecorderThread {
     /// `queue_frames` frames waiting. File errors are logged there (naming the file), and the
     /// recording stops.
     pub fn spawn(dir: &Path, tag: &str, id: u64, queue_frames: usize) -> std::io::Result<Self> {
-        let (dir, tag) = (dir.to_path_buf(), tag.to_string());
+        let (thread_dir, thread_tag) = (dir.to_path_buf(), tag.to_string());
         let inner = moshi_runtime::recorder::RecorderThread::spawn(
             format!("record-{id}"),
             queue_frames,
-            move || match SessionRecorder::create(&dir, &tag, id) {
+            move || match SessionRecorder::create(&thread_dir, &thread_tag, id) {
                 Ok(recorder) => Ok(SessionWriter { id, recorder }),
                 Err(e) => {
                     tracing::error!(session = id, "--record: {e}; this session is not recorded");
@@ -244,7 +334,12 @@ impl RecorderThread {
                 }
             },
         )?;
-        Ok(Self { inner })
+        Ok(Self {
+            inner,
+            dir: dir.to_path_buf(),
+            tag: tag.to_string(),
+            id,
+        })
     }
 
     /// Queues one frame; left out (counted) when the queue is full. Returns false once the
@@ -268,16 +363,39 @@ impl RecorderThread {
     }
 
     /// Writes the rest and `stats` (with `recording_frames_dropped` added), names the files,
-    /// and waits for the thread without blocking the async runtime.
+    /// and waits for the thread without blocking the async runtime. A recording that failed
+    /// left no `.part` file; its statistics are written alone, with `recording_error`.
     pub async fn finish(self, mut stats: serde_json::Value) {
         stats["recording_frames_dropped"] = serde_json::json!(self.frames_dropped());
-        let inner = self.inner;
-        match tokio::task::spawn_blocking(move || inner.finish(stats)).await {
-            // File errors were logged by the writer.
-            Ok(Ok(_)) | Ok(Err(RecordingError::Writer(_))) => {}
-            Ok(Err(RecordingError::Panicked)) | Err(_) => {
-                tracing::error!("--record: the recording thread panicked");
+        let Self {
+            inner,
+            dir,
+            tag,
+            id,
+        } = self;
+        let finished = tokio::task::spawn_blocking(move || {
+            let cause = match inner.finish(stats.clone()) {
+                Ok(_) => return,
+                Err(RecordingError::Writer(e)) => e.to_string(),
+                Err(RecordingError::Panicked) => "the recording thread panicked".to_string(),
+            };
+            stats["recording_error"] = serde_json::json!(cause);
+            match write_stats_alone(&dir, &tag, id, &stats) {
+                Ok(path) => tracing::warn!(
+                    session = id,
+                    "--record: the recording failed ({cause}); its statistics are in {}",
+                    path.display()
+                ),
+                Err(e) => tracing::error!(
+                    session = id,
+                    "--record: the recording failed ({cause}), and its statistics could not be \
+                     written either: {e}"
+                ),
             }
+        })
+        .await;
+        if finished.is_err() {
+            tracing::error!(session = id, "--record: the recording thread panicked");
         }
     }
 }
@@ -353,6 +471,80 @@ mod tests {
         assert_eq!(
             std::fs::read_to_string(dir.path().join("t-session-1-text.txt")).unwrap(),
             "w0 w1 "
+        );
+    }
+
+    /// Issue #41 item 11: a recording that fails on a full disk leaves no `.part` file (it
+    /// left four), and the session's `-stats.json` is still written, saying why. The disk is
+    /// made "full" for a child process of this test (the test binary run again): files there
+    /// may not grow past 64 KiB (`RLIMIT_FSIZE`, whose EFBIG a write meets as it would ENOSPC),
+    /// so the input WAV fails after a few frames while the small statistics fit.
+    #[cfg(unix)]
+    #[test]
+    fn a_full_disk_leaves_no_part_files_and_still_writes_the_stats() {
+        const CHILD_DIR: &str = "MOSHI_TEST_RECORDER_FULL_DISK_DIR";
+        if let Some(dir) = std::env::var_os(CHILD_DIR) {
+            let limit = libc::rlimit {
+                rlim_cur: 64 << 10,
+                rlim_max: 64 << 10,
+            };
+            // SAFETY: plain system calls; SIGXFSZ ignored so that the write fails with EFBIG
+            // instead of ending the process.
+            unsafe {
+                libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+                assert_eq!(libc::setrlimit(libc::RLIMIT_FSIZE, &limit), 0);
+            }
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                let mut recorder = RecorderThread::spawn(Path::new(&dir), "t", 1, 1000).unwrap();
+                let mut queued = 0;
+                for i in 0..40u32 {
+                    if !recorder.frame(u64::from(i), processed(i), None) {
+                        break;
+                    }
+                    queued += 1;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                assert!(queued < 40, "the recording never stopped");
+                recorder
+                    .finish(serde_json::json!({ "frames_processed": 40 }))
+                    .await;
+            });
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "recorder::tests::a_full_disk_leaves_no_part_files_and_still_writes_the_stats",
+                "--nocapture",
+            ])
+            .env(CHILD_DIR, dir.path())
+            .output()
+            .unwrap();
+        let log = String::from_utf8_lossy(&child.stderr).into_owned()
+            + &String::from_utf8_lossy(&child.stdout);
+        assert!(child.status.success(), "{log}");
+        assert!(log.contains("1 passed"), "the child ran no test: {log}");
+        let mut names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["t-session-1-stats.json"], "{log}");
+        let stats: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.path().join("t-session-1-stats.json")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(stats["frames_processed"], 40);
+        let error = stats["recording_error"].as_str().unwrap();
+        assert!(
+            error.contains("t-session-1-in.wav") && error.contains("File too large"),
+            "{error}"
         );
     }
 }

@@ -180,6 +180,8 @@ pub fn run(args: BenchArgs, log_filter: &str) -> Result<()> {
         bandwidth_buffer_mib: args.bandwidth_buffer_mib,
         cfg_coef: args.cfg_coef,
         sessions: args.sessions,
+        // The report's `frames` (kept on disk during the run) only when it is written.
+        keep_frames: args.json.is_some(),
     };
     // Neither report may replace a file the run reads (the checkpoint, a config) or the other.
     let inputs = input_paths(&options)?;
@@ -227,9 +229,12 @@ pub fn run(args: BenchArgs, log_filter: &str) -> Result<()> {
     // disk) replaces neither.
     let mut finished = Vec::new();
     if let Some(path) = &args.json {
-        let text = serde_json::to_string_pretty(&report).context("cannot serialise the report")?;
+        // Streamed (the file is buffered): `frames` is read back from disk record by record,
+        // never whole in memory.
         let mut out = OutputFile::create(path).context("--json")?;
-        out.write_bytes((text + "\n").as_bytes())
+        serde_json::to_writer_pretty(&mut out, &report)
+            .map_err(std::io::Error::from)
+            .and_then(|()| std::io::Write::write_all(&mut out, b"\n"))
             .context("--json")?;
         finished.push(out.finish().context("--json")?);
     }

@@ -157,9 +157,11 @@ impl Console {
 
     fn words(&mut self, text: &str) {
         if self.tty {
-            self.line.push_str(text);
+            // The model's words, shown escaped as on stdout (`Words::print`).
+            self.line
+                .push_str(&moshi_loader::escape::escape_controls(text));
             if self.line.chars().count() > 70 {
-                eprint!("\r\x1b[2K{}\n", self.line.trim_start());
+                eprint_raw!("\r\x1b[2K{}\n", self.line.trim_start());
                 self.line.clear();
             }
         } else {
@@ -191,7 +193,7 @@ impl Console {
             c.device_errors
         );
         if self.tty {
-            eprint!("\r\x1b[2K{status} {}", self.line.trim_start());
+            eprint_raw!("\r\x1b[2K{status} {}", self.line.trim_start());
         } else {
             eprintln!("{status}");
         }
@@ -332,7 +334,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     let counters = session.counters.clone();
     let report = session.engine.join();
     if console.tty {
-        eprintln!("\r\x1b[2K{}", console.line.trim_start());
+        eprint_raw!("\r\x1b[2K{}\n", console.line.trim_start());
     } else {
         console.words.print("\n");
     }

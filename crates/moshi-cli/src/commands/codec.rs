@@ -44,7 +44,7 @@ pub struct MimiSource {
 
 #[derive(clap::Args, Debug)]
 pub struct EncodeArgs {
-    /// Input WAV (8/16/24/32-bit integer or 32-bit float, any channel count (averaged to mono),
+    /// Input WAV (8/16/24/32-bit integer or 32/64-bit float, any channel count (averaged to mono),
     /// any sample rate (resampled to 24 kHz)).
     pub input: PathBuf,
     /// Output codes (.npy, int64 [codebooks, frames]).

@@ -6,9 +6,9 @@
 //! followed by its end-of-stream frame and silence until the model ends its text
 //! ([`moshi_runtime::translate`]); the output is the translation.
 //!
-//! Moshi's answer is read, resampled, answered and written one frame at a time (memory flat
-//! however long the input); a translation, whose length is known only at its end, is kept in
-//! memory and written then. Every output goes through `moshi_loader::output_file`: complete or
+//! The input is read, resampled, answered (or translated) and written one frame at a time, and
+//! the transcript a word at a time: memory stays flat however long the input, for every model
+//! type. Every output goes through `moshi_loader::output_file`: complete or
 //! absent, devices and pipes written in place, an input never overwritten.
 
 use std::path::{Path, PathBuf};
@@ -32,7 +32,7 @@ use super::transcript::Transcript;
 
 #[derive(clap::Args, Debug)]
 pub struct FileArgs {
-    /// Input WAV (8 kHz or more, any channels, 8/16/24/32-bit integer or 32-bit float).
+    /// Input WAV (8 kHz or more, any channels, 8/16/24/32-bit integer or 32/64-bit float).
     pub input: PathBuf,
     /// Output WAV (24 kHz mono int16): as many samples as the input's whole 80 ms frames (Moshi),
     /// or every frame the model returns until it ends its text (translation models).
@@ -164,7 +164,12 @@ pub fn run(args: FileArgs) -> anyhow::Result<()> {
             .as_deref()
             .map(ProfileWriter::create)
             .transpose()?,
-        transcript: Transcript::default(),
+        transcript: args
+            .transcript
+            .as_deref()
+            .map(|p| OutputFile::create(p).map(|out| (Transcript::default(), out)))
+            .transpose()
+            .context("--transcript")?,
         // An output on stdout (`/dev/stdout`) must get its bytes only: the words are then in
         // --transcript alone.
         words: if outputs_given.iter().any(|(_, p)| names_stdout(p)) {
@@ -208,7 +213,9 @@ pub fn run(args: FileArgs) -> anyhow::Result<()> {
     };
     let tail = pipeline.finish_text();
     if !tail.is_empty() {
-        outputs.transcript.push(frames_out.saturating_sub(1), &tail);
+        if let Some((words, _)) = outputs.transcript.as_mut() {
+            words.push(frames_out.saturating_sub(1), &tail);
+        }
         outputs.words.print(&tail);
     }
     outputs.words.print("\n");
@@ -219,9 +226,8 @@ pub fn run(args: FileArgs) -> anyhow::Result<()> {
     if let Some(out) = outputs.tokens {
         finished.push(out.finish().context("--tokens-out")?);
     }
-    if let Some(p) = &args.transcript {
-        let mut out = OutputFile::create(p).context("--transcript")?;
-        out.write_bytes(outputs.transcript.to_tsv().as_bytes())
+    if let Some((words, mut out)) = outputs.transcript {
+        out.write_bytes(words.to_tsv().as_bytes())
             .context("--transcript")?;
         finished.push(out.finish().context("--transcript")?);
     }
@@ -242,7 +248,8 @@ pub fn run(args: FileArgs) -> anyhow::Result<()> {
 struct Outputs {
     tokens: Option<OutputFile>,
     profile: Option<ProfileWriter>,
-    transcript: Transcript,
+    /// `--transcript`: the words not yet complete, and the file the complete ones are in.
+    transcript: Option<(Transcript, OutputFile)>,
     /// The words on stdout, as they come.
     words: Words,
     bar: indicatif::ProgressBar,
@@ -265,7 +272,12 @@ impl Outputs {
             }
         }
         if let Some(text) = &o.text {
-            self.transcript.push(i, text);
+            if let (Some((words, out)), None) = (self.transcript.as_mut(), &self.error) {
+                words.push(i, text);
+                if let Err(e) = out.write_bytes(words.take_complete_tsv().as_bytes()) {
+                    self.error = Some(anyhow::Error::new(e).context("--transcript"));
+                }
+            }
             self.words.print(text);
         }
         self.frames_out += 1;
@@ -315,9 +327,11 @@ fn answer(
     Ok((audio, frames, runner.into_metrics()))
 }
 
-/// A translation model translates the whole input (held in memory: the translation's length is
-/// known only when the model ends its text), then the translation is written (not yet put in
-/// place).
+/// A translation model translates the input frame by frame, each returned frame written as it
+/// comes: the translation's length is known only when the model ends its text, so the output
+/// is open-ended (a regular file gets its exact length in the header when completed, a pipe
+/// the largest a WAV holds). Returns the translation (complete, not yet in place), the frames
+/// written and the run's metrics.
 fn translate(
     pipeline: &mut MoshiPipeline,
     frames_in: &mut WavFrames,
@@ -325,19 +339,20 @@ fn translate(
     max_tail_frames: usize,
     outputs: &mut Outputs,
 ) -> anyhow::Result<(FinishedOutput, u64, Metrics)> {
-    let mut pcm = Vec::new();
-    while let Some(frame) = frames_in.next_frame()? {
-        pcm.extend_from_slice(frame);
-    }
     let eos = pipeline.model().eos_text_id();
+    let mut wav_out = WavWriter::create_open_ended(output, 1, SAMPLE_RATE_HZ)?;
     let mut profile_error = None;
     let mut profile = outputs.profile.take();
     let t = translate_offline(
         pipeline,
-        &pcm,
+        frames_in,
         eos,
         max_tail_frames,
-        |i, o| outputs.frame(i, o),
+        |i, o| -> anyhow::Result<()> {
+            wav_out.write_mono(&o.pcm)?;
+            outputs.frame(i, o);
+            outputs.check()
+        },
         |record| {
             if let (Some(p), None) = (profile.as_mut(), &profile_error) {
                 profile_error = p.write(record).err();
@@ -348,7 +363,6 @@ fn translate(
     if let Some(e) = profile_error {
         return Err(anyhow::Error::new(e).context("--profile"));
     }
-    outputs.check()?;
     match t.end {
         TranslationEnd::Eos { tail_frames } => eprintln!(
             "\nthe model ended its text after {tail_frames} silence frames ({} frames out)",
@@ -360,7 +374,5 @@ fn translate(
             tail_frames as f64 * moshi_runtime::FRAME_MS / 1e3
         ),
     }
-    let mut wav_out = WavWriter::create(output, 1, SAMPLE_RATE_HZ, t.pcm.len() as u64)?;
-    wav_out.write_mono(&t.pcm)?;
     Ok((wav_out.complete()?, t.frames_out, t.metrics))
 }

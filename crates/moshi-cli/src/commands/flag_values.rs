@@ -60,7 +60,7 @@ pub fn host(s: &str) -> Result<std::net::IpAddr, String> {
         format!(
             "`{}` is not an IP address: use 127.0.0.1 (or localhost) for this machine only, \
              0.0.0.0 for every interface, or one of its addresses",
-            s.escape_debug()
+            moshi_loader::escape::escape_controls(s)
         )
     })
 }

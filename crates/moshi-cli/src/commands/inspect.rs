@@ -122,7 +122,7 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
         }
     }
     if args.json {
-        super::stdout::print(&(serde_json::to_string_pretty(&out)? + "\n"))
+        super::stdout::print_json(&out)
     } else {
         super::stdout::print(&text(&out))
     }

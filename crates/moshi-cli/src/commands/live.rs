@@ -415,7 +415,7 @@ impl DeviceErrorReports {
         self.reported = device_errors;
         self.last_report = Instant::now();
         if tty {
-            eprint!("\r\x1b[2K");
+            eprint_raw!("\r\x1b[2K");
         }
         eprintln!("audio device: {new} errors reported by the host since the last report (counted, the stream keeps going)");
     }

@@ -3,8 +3,14 @@
 //! here instead. A closed stdout (EPIPE: the reader has taken what it wanted) ends a command that
 //! only prints quietly, with status 0 ([`is_closed_stdout`]; `main` checks it), as ripgrep does; any
 //! other error (ENOSPC) is a clean error naming stdout.
+//!
+//! What is printed may quote files, configs, tokenizers and the model's words: control
+//! characters are written escaped ([`moshi_loader::escape`]), line breaks kept, so that nothing
+//! read from a file reaches a terminal as an escape sequence.
 
 use std::io::Write;
+
+use moshi_loader::escape::{escape_controls_in_lines, is_unsafe_for_terminal};
 
 /// Stdout's reader is gone (EPIPE).
 #[derive(Debug)]
@@ -27,12 +33,31 @@ fn stdout_error(e: std::io::Error) -> anyhow::Error {
     }
 }
 
-/// Writes `text` to stdout and flushes it.
+/// Writes `text` to stdout (control characters escaped, line breaks kept) and flushes it.
 pub fn print(text: &str) -> anyhow::Result<()> {
+    let text = escape_controls_in_lines(text);
     let mut out = std::io::stdout().lock();
     out.write_all(text.as_bytes())
         .and_then(|()| out.flush())
         .map_err(stdout_error)
+}
+
+/// Writes `value` as pretty JSON and a line break to stdout. serde_json escapes C0 controls;
+/// DEL, the C1 controls and the bidirectional formatting characters, which it writes raw, are
+/// escaped here the JSON way (`\u009b`), so the document reads back the same.
+pub fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
+    let json = serde_json::to_string_pretty(value)?;
+    let mut text = String::with_capacity(json.len() + 1);
+    for c in json.chars() {
+        if c != '\n' && is_unsafe_for_terminal(c) {
+            // Every such character is in the Basic Multilingual Plane: one \uXXXX escape.
+            text += &format!("\\u{:04x}", c as u32);
+        } else {
+            text.push(c);
+        }
+    }
+    text.push('\n');
+    print(&text)
 }
 
 /// Whether `e` is (or was caused by) a closed stdout: `main` exits quietly with status 0.
@@ -59,9 +84,11 @@ impl Words {
         }
     }
 
-    /// Prints `text` unless a write already failed.
+    /// Prints `text` (control characters escaped, line breaks kept) unless a write already
+    /// failed.
     pub fn print(&mut self, text: &str) {
         if self.error.is_none() && !self.quiet {
+            let text = escape_controls_in_lines(text);
             let mut out = std::io::stdout().lock();
             if let Err(e) = out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
                 self.error = Some(e);

@@ -45,7 +45,7 @@ pub(super) const END_OF_TURN_THRESHOLD: f32 = 0.5;
 
 #[derive(clap::Args, Debug)]
 pub struct TranscribeArgs {
-    /// Input WAV (8 kHz or more, any channels, 8/16/24/32-bit integer or 32-bit float); or
+    /// Input WAV (8 kHz or more, any channels, 8/16/24/32-bit integer or 32/64-bit float); or
     /// --mic.
     pub input: Option<PathBuf>,
     /// Live captions from the microphone (the default input device, or --input-device), through

@@ -114,7 +114,7 @@ impl Captions {
             return;
         }
         if self.tty {
-            eprint!("\r\x1b[2K");
+            eprint_raw!("\r\x1b[2K");
             // Redrawn at the next status.
             self.last_status = Instant::now() - Duration::from_secs(3600);
         }
@@ -157,7 +157,8 @@ impl Captions {
         );
         if self.tty {
             let text: String = self.recent_text.iter().collect();
-            eprint!("\r\x1b[2K{status} {}", text.trim_start());
+            eprint_raw!("\r\x1b[2K");
+            eprint!("{status} {}", text.trim_start());
         } else {
             eprintln!("{status}");
         }
@@ -337,7 +338,7 @@ fn listen(
     let taken = transcription.take_last_events(&session.engine);
     let joined = session.engine.join_with_processor();
     if transcription.captions.tty {
-        eprint!("\r\x1b[2K");
+        eprint_raw!("\r\x1b[2K");
     }
     if let Err(e) = stopped {
         eprintln!("warning: {e}");

@@ -1,6 +1,7 @@
 //! Words with their time in Moshi's output: text pieces arrive per 80 ms frame; a piece that
 //! starts with a space (or the first piece) starts a new word.
 
+pub use moshi_loader::escape::escape_controls;
 use moshi_runtime::FRAME_MS;
 
 /// One word and the output frames it spans.
@@ -64,34 +65,34 @@ impl Transcript {
 
     /// `start_s<TAB>end_s<TAB>word` per line; times are in the output audio.
     pub fn to_tsv(&self) -> String {
-        let mut s = String::new();
-        for w in self.words.iter().filter(|w| !w.text.is_empty()) {
-            let start = w.first_frame as f64 * FRAME_MS / 1e3;
-            let end = (w.last_frame + 1) as f64 * FRAME_MS / 1e3;
-            s += &tsv_line(start, end, &w.text);
-        }
-        s
+        tsv_of(&self.words)
+    }
+
+    /// [`Self::to_tsv`] of the words that are complete (all but the last, which the next
+    /// piece may continue), removed: a transcript written as it comes keeps one word in memory.
+    pub fn take_complete_tsv(&mut self) -> String {
+        let complete = self.words.len().saturating_sub(1);
+        let tsv = tsv_of(&self.words[..complete]);
+        self.words.drain(..complete);
+        tsv
     }
 }
 
-/// One `start_s<TAB>end_s<TAB>word` line (times to 10 ms); control characters (a tab would break
-/// the columns) are written escaped.
-pub fn tsv_line(start_s: f64, end_s: f64, word: &str) -> String {
-    format!("{start_s:.2}\t{end_s:.2}\t{}\n", escape_controls(word))
+/// `start_s<TAB>end_s<TAB>word` per non-empty word.
+fn tsv_of(words: &[Word]) -> String {
+    let mut s = String::new();
+    for w in words.iter().filter(|w| !w.text.is_empty()) {
+        let start = w.first_frame as f64 * FRAME_MS / 1e3;
+        let end = (w.last_frame + 1) as f64 * FRAME_MS / 1e3;
+        s += &tsv_line(start, end, &w.text);
+    }
+    s
 }
 
-/// `text` with its control characters escaped (`\t`, `\n`, `\u{12}`), so that a word stays on
-/// its line of a TSV or subtitle file.
-pub fn escape_controls(text: &str) -> String {
-    text.chars()
-        .map(|c| {
-            if c.is_control() {
-                c.escape_default().to_string()
-            } else {
-                c.to_string()
-            }
-        })
-        .collect()
+/// One `start_s<TAB>end_s<TAB>word` line (times to 10 ms); control characters (a tab would break
+/// the columns) are written escaped ([`escape_controls`]).
+pub fn tsv_line(start_s: f64, end_s: f64, word: &str) -> String {
+    format!("{start_s:.2}\t{end_s:.2}\t{}\n", escape_controls(word))
 }
 
 #[cfg(test)]
@@ -110,6 +111,26 @@ mod tests {
         assert_eq!(t.text(), "Hello world again x");
         assert_eq!(
             t.to_tsv(),
+            "0.00\t0.16\tHello\n0.24\t0.40\tworld\n0.48\t0.56\tagain\n0.56\t0.64\tx\n"
+        );
+        // Written as they come: the same lines.
+        let mut t = Transcript::default();
+        let mut streamed = String::new();
+        for (frame, piece) in [
+            (0, "Hel"),
+            (1, "lo"),
+            (3, " wor"),
+            (4, "ld"),
+            (6, " again "),
+            (7, "x"),
+        ] {
+            t.push(frame, piece);
+            streamed += &t.take_complete_tsv();
+            assert!(t.words.len() <= 1);
+        }
+        streamed += &t.to_tsv();
+        assert_eq!(
+            streamed,
             "0.00\t0.16\tHello\n0.24\t0.40\tworld\n0.48\t0.56\tagain\n0.56\t0.64\tx\n"
         );
         let mut t = Transcript::default();
