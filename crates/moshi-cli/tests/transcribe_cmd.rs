@@ -310,17 +310,7 @@ fn bad_input_fails_clearly_and_writes_nothing() {
     ]);
     assert_fails(&o, &["speech-to-text", "moshi-rs file"]);
     assert!(!json.exists());
-    // `serve` refuses one (its /api/chat streams audio), before listening.
-    let o = moshi(&[
-        "serve",
-        "--model",
-        s(&assets()),
-        "--port",
-        "0",
-        "--static",
-        "none",
-    ]);
-    assert_fails(&o, &["speech-to-text", "transcribe"]);
+    // (`serve` serves one at /api/asr-streaming: `moshi-cli --test serve_asr`.)
     // And `file` refuses a speech-to-text model, pointing at `transcribe`.
     let wav = dir.path().join("out.wav");
     let o = moshi(&["file", s(&input), s(&wav), "--model", s(&assets())]);
