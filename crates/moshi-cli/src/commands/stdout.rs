@@ -87,8 +87,17 @@ impl Words {
     /// Prints `text` (control characters escaped, line breaks kept) unless a write already
     /// failed.
     pub fn print(&mut self, text: &str) {
+        self.write(&escape_controls_in_lines(text));
+    }
+
+    /// Prints a word as a TSV line `start_s<TAB>end_s<TAB>word` (the word's controls escaped,
+    /// the tabs kept).
+    pub fn print_timed_word(&mut self, start_s: f64, end_s: f64, word: &str) {
+        self.write(&super::transcript::tsv_line(start_s, end_s, word));
+    }
+
+    fn write(&mut self, text: &str) {
         if self.error.is_none() && !self.quiet {
-            let text = escape_controls_in_lines(text);
             let mut out = std::io::stdout().lock();
             if let Err(e) = out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
                 self.error = Some(e);

@@ -45,7 +45,6 @@ use super::transcribe::{
     end_of_turn, load_stt_pipeline, outputs_of, StepOutputs, TranscribeArgs, DEFAULT_STT_REPO,
     END_OF_TURN_THRESHOLD,
 };
-use super::transcript::tsv_line;
 
 /// Decoded text the status line shows (the latest characters).
 const STATUS_TEXT_CHARS: usize = 50;
@@ -119,7 +118,7 @@ impl Captions {
             self.last_status = Instant::now() - Duration::from_secs(3600);
         }
         for w in words {
-            self.printed.print(&tsv_line(w.start_s, w.end_s, &w.text));
+            self.printed.print_timed_word(w.start_s, w.end_s, &w.text);
         }
     }
 
