@@ -1,9 +1,10 @@
-//! `moshi-rs transcribe` end to end through the built binary on the tiny-stt fixture: every
-//! greedy text token and extra head of the official PyTorch run (`ref/stt_greedy.json`), the
-//! DSM script's words with their start and end in every `--out` format, with the bf16 weights
-//! as stored and expanded to f32; q8 / q4 through the packed kernels (an MLX file written by
-//! `moshi-rs quantize` and `--quantize` at load) against the same weights dequantized; and
-//! clear failures on bad input.
+//! `moshi-rs transcribe` end to end through the built binary on the speech-to-text fixtures
+//! (tiny-stt as kyutai/stt-1b-en_fr; tiny-stt-2b6 as kyutai/stt-2.6b-en: a 1 s silence prefix,
+//! a 2.5 s delay, no extra heads): every greedy text token and extra head of the official
+//! PyTorch run (`ref/stt_greedy.json`), the DSM script's words with their start and end in
+//! every `--out` format, with the bf16 weights as stored and expanded to f32; q8 / q4 through
+//! the packed kernels (an MLX file written by `moshi-rs quantize` and `--quantize` at load)
+//! against the same weights dequantized; and clear failures on bad input.
 //!
 //! Extra heads: within 2e-6 of the reference, as `moshi-model --test stt_reference` (the
 //! reference is rounded to 7 decimals; the rest is f32 summation order).
@@ -17,16 +18,45 @@ use serde_json::Value;
 
 const HEAD_TOL: f64 = 2e-6;
 
+/// A speech-to-text fixture under `assets/` and what its reference's words look like.
+struct Fixture {
+    name: &'static str,
+    /// Words of the official run.
+    words: usize,
+    /// The first word's cue as `.srt` writes it.
+    first_srt_cue: &'static str,
+    /// One word's cue as `.vtt` writes it.
+    a_vtt_cue: &'static str,
+}
+
+/// As kyutai/stt-1b-en_fr: 4 extra heads, delay 0.5 s, no silence prefix.
+const TINY_STT: Fixture = Fixture {
+    name: "tiny-stt",
+    words: 6,
+    first_srt_cue: "1\n00:00:00,300 --> 00:00:00,460\n",
+    a_vtt_cue: "00:00:02.460 --> 00:00:02.620\ncoent\n",
+};
+
+/// As kyutai/stt-2.6b-en: no extra heads, delay 2.5 s, 1 s of silence before the audio. Its
+/// first words come before the offset (clamped at 0); one word starts with a tab (escaped).
+const TINY_STT_2B6: Fixture = Fixture {
+    name: "tiny-stt-2b6",
+    words: 13,
+    first_srt_cue: "1\n00:00:00,000 --> 00:00:00,000\ncall\n",
+    a_vtt_cue: "00:00:02.020 --> 00:00:02.340\n\\tunun\n",
+};
+
+/// tiny-stt's folder: the model of the quantization and bad-input tests.
 fn assets() -> PathBuf {
-    common::asset_dir("tiny-stt")
+    common::asset_dir(TINY_STT.name)
 }
 
-fn reference_text() -> String {
-    std::fs::read_to_string(assets().join("ref/stt_greedy.json")).unwrap()
+fn reference_text(fx: &Fixture) -> String {
+    std::fs::read_to_string(common::asset_dir(fx.name).join("ref/stt_greedy.json")).unwrap()
 }
 
-fn reference() -> Value {
-    serde_json::from_str(&reference_text()).unwrap()
+fn reference(fx: &Fixture) -> Value {
+    serde_json::from_str(&reference_text(fx)).unwrap()
 }
 
 /// `(text, start_s, end_s)` of the words in a JSON text (`--out words.json` or the reference's
@@ -58,11 +88,12 @@ fn words_in(json: &str) -> Vec<(String, f64, f64)> {
         .collect()
 }
 
-/// Runs `transcribe` on the fixture's input with `extra` flags, writing `--tokens-out` into
+/// Runs `transcribe` on the input of `fx` with `extra` flags, writing `--tokens-out` into
 /// `dir`; returns the steps written.
-fn transcribe(dir: &Path, extra: &[&str]) -> Vec<Value> {
+fn transcribe(fx: &Fixture, dir: &Path, extra: &[&str]) -> Vec<Value> {
     let tokens = dir.join("steps.jsonl");
-    let (input, model) = (assets().join("input.wav"), assets());
+    let model = common::asset_dir(fx.name);
+    let input = model.join("input.wav");
     let mut args = vec![
         "transcribe",
         s(&input),
@@ -119,8 +150,8 @@ fn heads_diff(a: &Value, b: &Value) -> f64 {
 
 /// Every step's fed chunk and text token equal the reference's, every extra head within
 /// [`HEAD_TOL`].
-fn assert_matches_reference(steps: &[Value], what: &str) {
-    let reference = reference();
+fn assert_matches_reference(fx: &Fixture, steps: &[Value], what: &str) {
+    let reference = reference(fx);
     let want = reference["steps"].as_array().unwrap();
     assert_eq!(steps.len(), want.len(), "{what}: steps");
     for (i, (got, want)) in steps.iter().zip(want).enumerate() {
@@ -138,8 +169,8 @@ fn assert_matches_reference(steps: &[Value], what: &str) {
     }
 }
 
-#[test]
-fn transcribe_reproduces_official_tokens_extra_heads_and_words() {
+/// `transcribe` with every output on `fx`: the steps and the words as the official run's.
+fn check_transcribe(fx: &Fixture) {
     let dir = tempfile::tempdir().unwrap();
     let out = |name: &str| dir.path().join(name);
     let (json, tsv, srt, vtt, profile) = (
@@ -150,6 +181,7 @@ fn transcribe_reproduces_official_tokens_extra_heads_and_words() {
         out("profile.jsonl"),
     );
     let steps = transcribe(
+        fx,
         dir.path(),
         &[
             "--out",
@@ -164,10 +196,10 @@ fn transcribe_reproduces_official_tokens_extra_heads_and_words() {
             s(&profile),
         ],
     );
-    assert_matches_reference(&steps, "bf16 weights");
+    assert_matches_reference(fx, &steps, "bf16 weights");
 
-    let want = words_in(&reference_text());
-    assert_eq!(want.len(), 6);
+    let want = words_in(&reference_text(fx));
+    assert_eq!(want.len(), fx.words);
     let got = words_in(&std::fs::read_to_string(&json).unwrap());
     assert_eq!(got, want, "--out words.json");
     // Control characters are written escaped (`\u{12}`: moshi_loader::escape::escape_controls).
@@ -185,28 +217,35 @@ fn transcribe_reproduces_official_tokens_extra_heads_and_words() {
         .collect();
     assert_eq!(std::fs::read_to_string(&tsv).unwrap(), tsv_want);
     let srt_text = std::fs::read_to_string(&srt).unwrap();
-    assert!(
-        srt_text.starts_with("1\n00:00:00,300 --> 00:00:00,460\n"),
-        "{srt_text}"
-    );
+    assert!(srt_text.starts_with(fx.first_srt_cue), "{srt_text}");
     assert_eq!(srt_text.matches(" --> ").count(), want.len());
     let vtt_text = std::fs::read_to_string(&vtt).unwrap();
-    assert!(
-        vtt_text.starts_with("WEBVTT\n\n00:00:00.300 --> 00:00:00.460\n"),
-        "{vtt_text}"
-    );
-    assert!(vtt_text.contains("00:00:02.460 --> 00:00:02.620\ncoent\n"));
+    assert!(vtt_text.starts_with("WEBVTT\n\n"), "{vtt_text}");
+    assert!(vtt_text.contains(fx.a_vtt_cue), "{vtt_text}");
+    assert_eq!(vtt_text.matches(" --> ").count(), want.len());
     let prof = jsonl(&profile);
     assert_eq!(prof.len(), steps.len() + 1);
     assert_eq!(prof[steps.len()]["event"], "summary");
 }
 
 #[test]
+fn transcribe_reproduces_official_tokens_extra_heads_and_words() {
+    check_transcribe(&TINY_STT);
+}
+
+#[test]
+fn transcribe_with_a_silence_prefix_long_delay_and_no_extra_heads_reproduces_the_official_run() {
+    check_transcribe(&TINY_STT_2B6);
+}
+
+#[test]
 fn f32_weights_reproduce_the_reference_too() {
-    let dir = tempfile::tempdir().unwrap();
-    // --dequantize hands the bf16 weights over as f32.
-    let steps = transcribe(dir.path(), &["--dequantize"]);
-    assert_matches_reference(&steps, "f32 weights");
+    for fx in [&TINY_STT, &TINY_STT_2B6] {
+        let dir = tempfile::tempdir().unwrap();
+        // --dequantize hands the bf16 weights over as f32.
+        let steps = transcribe(fx, dir.path(), &["--dequantize"]);
+        assert_matches_reference(fx, &steps, &format!("{}: f32 weights", fx.name));
+    }
 }
 
 /// The q8 / q4 model through the packed kernels gives the tokens of the same quantized weights
@@ -228,9 +267,13 @@ fn check_quantized(bits: &str, group: &str, at_load: &str) {
         s(&config),
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let packed = transcribe(dir.path(), &["--weights", s(&file)]);
-    let dense = transcribe(dir.path(), &["--weights", s(&file), "--dequantize"]);
-    let at_load = transcribe(dir.path(), &["--quantize", at_load]);
+    let packed = transcribe(&TINY_STT, dir.path(), &["--weights", s(&file)]);
+    let dense = transcribe(
+        &TINY_STT,
+        dir.path(),
+        &["--weights", s(&file), "--dequantize"],
+    );
+    let at_load = transcribe(&TINY_STT, dir.path(), &["--quantize", at_load]);
     assert_eq!(packed.len(), 60);
     for (i, ((p, d), l)) in packed.iter().zip(&dense).zip(&at_load).enumerate() {
         assert_eq!(
@@ -310,8 +353,8 @@ fn bad_input_fails_clearly_and_writes_nothing() {
     ]);
     assert_fails(&o, &["speech-to-text", "moshi-rs file"]);
     assert!(!json.exists());
-    // (`serve` serves one at /api/asr-streaming: `moshi-cli --test serve_asr`.)
-    // And `file` refuses a speech-to-text model, pointing at `transcribe`.
+    // (`serve` serves one at /api/asr-streaming: `--test serve_asr`.) `file` refuses a
+    // speech-to-text model, pointing at `transcribe`.
     let wav = dir.path().join("out.wav");
     let o = moshi(&["file", s(&input), s(&wav), "--model", s(&assets())]);
     assert_fails(&o, &["speech-to-text", "transcribe"]);
@@ -385,10 +428,11 @@ fn inspect_reads_the_bundled_stt_configs_and_the_fixture() {
             "{stdout}"
         );
     }
-    let o = moshi(&["inspect", s(&assets())]);
-    let stdout = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        o.status.success() && stdout.contains("matches (names and shapes of all 51 LM tensors)"),
-        "{stdout}"
-    );
+    // The fixtures: tiny-stt with its 4 extra heads, tiny-stt-2b6 without.
+    for (fx, tensors) in [(&TINY_STT, 51), (&TINY_STT_2B6, 47)] {
+        let o = moshi(&["inspect", s(&common::asset_dir(fx.name))]);
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        let want = format!("matches (names and shapes of all {tensors} LM tensors)");
+        assert!(o.status.success() && stdout.contains(&want), "{stdout}");
+    }
 }

@@ -190,6 +190,7 @@ fn absent_positional_embeddings_take_kyutai_default_sin_which_is_refused() {
         "configs/stt-1b-en_fr.json",
         "configs/stt-2.6b-en.json",
         "assets/tiny-stt/config.json",
+        "assets/tiny-stt-2b6/config.json",
     ] {
         LmConfig::from_file(root.join(path)).unwrap();
     }

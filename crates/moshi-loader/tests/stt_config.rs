@@ -1,5 +1,5 @@
 //! Speech-to-text configs (Kyutai's STT: `model_type` "stt", `dep_q` 0, `stt_config`, extra
-//! heads): the tiny-stt fixture's and the bundled release configs parse with their values; a
+//! heads): the tiny-stt fixtures' and the bundled release configs parse with their values; a
 //! key that contradicts the model type or is out of range is refused naming the key.
 
 use std::path::Path;
@@ -37,6 +37,26 @@ fn the_fixture_config_is_speech_to_text() {
     assert!(cfg.unknown.is_empty(), "{:?}", cfg.unknown.keys());
     // The fixture's weights: 2,342,400 parameters, the extra heads included.
     assert_eq!(cfg.parameter_count(), 2_342_400);
+}
+
+#[test]
+fn the_2b6_fixture_config_has_no_extra_heads_and_the_2b6_feeding() {
+    let path = moshi_test_support::fixture("tiny-stt-2b6", "config.json");
+    let cfg = LmConfig::from_file(&path).unwrap();
+    assert!(cfg.is_speech_to_text());
+    assert_eq!(cfg.extra_heads_num_heads, 0);
+    let stt = cfg.stt();
+    assert_eq!((stt.delay_s(), stt.silence_prefix_s()), (2.5, 1.0));
+    assert!(cfg.unknown.is_empty(), "{:?}", cfg.unknown.keys());
+    // `extra_heads_num_heads` 0 (as written there) and absent (as the bundled 2.6B config)
+    // are the same model; 4 x 6 x 256 parameters fewer than tiny-stt's.
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    v.as_object_mut().unwrap().remove("extra_heads_num_heads");
+    let absent = LmConfig::from_json_str(&v.to_string(), Path::new("config.json")).unwrap();
+    assert_eq!(absent.extra_heads_num_heads, 0);
+    assert_eq!(absent.parameter_count(), cfg.parameter_count());
+    assert_eq!(cfg.parameter_count(), 2_342_400 - 4 * 6 * 256);
 }
 
 #[test]

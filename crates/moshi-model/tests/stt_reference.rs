@@ -1,8 +1,14 @@
-//! Speech to text (dep_q 0, 32 user codebooks, extra heads) against the official PyTorch
-//! `LMGen(temp=0, temp_text=0).step_with_extra_heads` run on the tiny-stt fixture
-//! (`assets/tiny-stt/ref/stt_greedy.json`), fed as `stt_from_file_pytorch.py` feeds it: every
-//! text token, every extra head's softmax output, and the words with their start and end, all
-//! through `Generator::step`; and Mimi's 32 codes of the padded input and its trailing silence.
+//! Speech to text (dep_q 0, 32 user codebooks) against the official PyTorch
+//! `LMGen(temp=0, temp_text=0).step_with_extra_heads` runs on two fixtures, fed as
+//! `stt_from_file_pytorch.py` feeds them (`assets/<fixture>/ref/stt_greedy.json`): every text
+//! token, every extra head's softmax output, and the words with their start and end, all through
+//! `Generator::step`; Mimi's 32 codes of the silence prefix, the padded input and its trailing
+//! silence; the feeding's frame counts and time offset.
+//!
+//! - tiny-stt: as kyutai/stt-1b-en_fr (4 extra heads, delay 0.5 s, no silence prefix);
+//! - tiny-stt-2b6: as kyutai/stt-2.6b-en (no extra heads, delay 2.5 s: 32 frames after the
+//!   audio, 1 s of silence before it: 13 frames and the offset `int(13 / 12.5) + 2.5`; words
+//!   before the offset clamped at 0, a segment of several words).
 //!
 //! Extra heads: within 2e-6 of the reference. The reference is f32 arithmetic rounded to 7
 //! decimals (5e-8); the rest is the f32 summation order of torch's kernels against ours over
@@ -23,28 +29,54 @@ use moshi_model::mimi::Mimi;
 use moshi_model::stt::{SttFeeding, TimedWord, WordTimer};
 use serde_json::Value;
 
-const FIXTURE: &str = "tiny-stt";
+/// A speech-to-text fixture under `assets/` and what its reference holds.
+struct Fixture {
+    name: &'static str,
+    extra_heads: usize,
+    /// Words of the official run.
+    words: usize,
+    /// `(prefix frames, suffix frames, offset_s)` its `stt_config` gives.
+    feeding: (usize, usize, f64),
+}
+
+/// As kyutai/stt-1b-en_fr: 4 extra heads, delay 0.5 s, no silence prefix.
+const TINY_STT: Fixture = Fixture {
+    name: "tiny-stt",
+    extra_heads: 4,
+    words: 6,
+    feeding: (0, 7, 0.5),
+};
+
+/// As kyutai/stt-2.6b-en: no extra heads, delay 2.5 s, 1 s of silence before the audio.
+const TINY_STT_2B6: Fixture = Fixture {
+    name: "tiny-stt-2b6",
+    extra_heads: 0,
+    words: 13,
+    feeding: (13, 32, 3.5),
+};
+
 const FRAME: usize = 1920;
 /// Largest difference allowed between an extra head's output and the reference (module docs).
 const HEAD_TOL: f32 = 2e-6;
 
-fn reference() -> Value {
-    serde_json::from_str(
-        &std::fs::read_to_string(common::fixture(FIXTURE, "ref/stt_greedy.json")).unwrap(),
-    )
-    .unwrap()
+fn reference_text(fx: &Fixture) -> String {
+    std::fs::read_to_string(common::fixture(fx.name, "ref/stt_greedy.json")).unwrap()
 }
 
-fn config() -> LmConfig {
-    common::fixture_config(FIXTURE)
+fn reference(fx: &Fixture) -> Value {
+    serde_json::from_str(&reference_text(fx)).unwrap()
 }
 
-fn generator(mode: WeightMode) -> Generator {
-    common::fixture_generator(FIXTURE, mode)
+fn config(fx: &Fixture) -> LmConfig {
+    common::fixture_config(fx.name)
 }
 
-fn tokenizer() -> TextTokenizer {
-    TextTokenizer::from_file(common::fixture(FIXTURE, "tokenizer.model")).unwrap()
+fn generator(fx: &Fixture, mode: WeightMode) -> Generator {
+    common::fixture_generator(fx.name, mode)
+}
+
+fn tokenizer(fx: &Fixture) -> TextTokenizer {
+    TextTokenizer::from_file(common::fixture(fx.name, "tokenizer.model")).unwrap()
 }
 
 /// The reference's fed user codes, one frame per step.
@@ -67,9 +99,9 @@ fn run(g: &Generator, codes: &[Vec<u32>]) -> Vec<StepDetails> {
 }
 
 /// The words of a run's text tokens, through the incremental timer.
-fn words_of(cfg: &LmConfig, tokens: &[u32]) -> Vec<TimedWord> {
-    let tok = tokenizer();
-    let mut timer = WordTimer::new(cfg, SttFeeding::of(cfg, 12.5));
+fn words_of(fx: &Fixture, tokens: &[u32]) -> Vec<TimedWord> {
+    let (cfg, tok) = (config(fx), tokenizer(fx));
+    let mut timer = WordTimer::new(&cfg, SttFeeding::of(&cfg, 12.5));
     let mut words = Vec::new();
     for &t in tokens {
         words.extend(timer.push(t, &tok).unwrap());
@@ -81,8 +113,9 @@ fn words_of(cfg: &LmConfig, tokens: &[u32]) -> Vec<TimedWord> {
 /// The reference's words. Their times are read from the JSON text with Rust's correctly
 /// rounded `f64` parser: serde_json's default one may be 1 ulp off (0.45999999999999996 reads as
 /// 0.46), and the times are compared exactly.
-fn reference_words(reference: &Value) -> Vec<TimedWord> {
-    let text = std::fs::read_to_string(common::fixture(FIXTURE, "ref/stt_greedy.json")).unwrap();
+fn reference_words(fx: &Fixture) -> Vec<TimedWord> {
+    let text = reference_text(fx);
+    let reference: Value = serde_json::from_str(&text).unwrap();
     let words_json = &text[text.find("\"words\"").unwrap()..text.find("\"steps\"").unwrap()];
     let times = |key: &str| -> Vec<f64> {
         words_json
@@ -151,81 +184,118 @@ fn check_against_reference(steps: &[StepDetails], reference: &Value, what: &str)
     worst
 }
 
-#[test]
-fn greedy_run_reproduces_official_text_tokens_extra_heads_and_words() {
-    let reference = reference();
-    let cfg = config();
-    assert_eq!(ModelKind::of(&cfg), ModelKind::SpeechToText);
+/// The bf16 weights as stored: every token, extra head and word (both times exactly, as the
+/// DSM script's f64 arithmetic gives them).
+fn check_greedy_run(fx: &Fixture) {
+    let reference = reference(fx);
+    assert_eq!(ModelKind::of(&config(fx)), ModelKind::SpeechToText);
     let codes = fed_codes(&reference);
-    let g = generator(WeightMode::Native);
-    assert_eq!(g.weights().num_extra_heads(), 4);
+    let g = generator(fx, WeightMode::Native);
+    assert_eq!(g.weights().num_extra_heads(), fx.extra_heads);
     let steps = run(&g, &codes);
     let worst = check_against_reference(&steps, &reference, "bf16 weights");
-    eprintln!("extra heads: largest difference {worst:e}");
+    eprintln!("{}: extra heads: largest difference {worst:e}", fx.name);
     let tokens: Vec<u32> = steps.iter().map(|s| s.text_token).collect();
     assert_eq!(tokens, u32s(&reference["text_tokens"]));
-    // Every word and both of its times exactly as the DSM script's (f64 arithmetic alike).
-    let words = reference_words(&reference);
-    assert_eq!(words.len(), 6);
-    assert_eq!(words_of(&cfg, &tokens), words);
+    let words = reference_words(fx);
+    assert_eq!(words.len(), fx.words);
+    assert_eq!(words_of(fx, &tokens), words);
+}
+
+#[test]
+fn greedy_run_reproduces_official_text_tokens_extra_heads_and_words() {
+    check_greedy_run(&TINY_STT);
+}
+
+#[test]
+fn greedy_run_with_a_silence_prefix_long_delay_and_no_extra_heads_reproduces_the_official_one() {
+    check_greedy_run(&TINY_STT_2B6);
 }
 
 #[test]
 fn f32_weights_reproduce_the_reference_too() {
-    let reference = reference();
-    let steps = run(
-        &generator(WeightMode::DequantizeF32),
-        &fed_codes(&reference),
+    for fx in [&TINY_STT, &TINY_STT_2B6] {
+        let reference = reference(fx);
+        let steps = run(
+            &generator(fx, WeightMode::DequantizeF32),
+            &fed_codes(&reference),
+        );
+        check_against_reference(&steps, &reference, &format!("{}: f32 weights", fx.name));
+    }
+}
+
+/// The segment of several words, the words before the offset (clamped at 0) and the last
+/// segment cut after int(12.5) tokens are all in the 2.6B-style reference: the conventions its
+/// words check covers.
+#[test]
+fn the_2b6_fixture_covers_the_word_timing_conventions() {
+    let fx = &TINY_STT_2B6;
+    let reference = reference(fx);
+    let tokens = u32s(&reference["text_tokens"]);
+    let words = reference_words(fx);
+    assert!(words.iter().filter(|w| w.end_s == 0.0).count() >= 2);
+    // Two words sharing a boundary: a segment split by the tokenizer's encoding of the first.
+    assert!(words
+        .windows(2)
+        .any(|p| p[0].end_s == p[1].start_s && p[0].end_s > 0.0));
+    let last_boundary = tokens.iter().rposition(|&t| t == 0).unwrap();
+    let last = words.last().unwrap();
+    let f = SttFeeding::of(&config(fx), 12.5);
+    assert_eq!(last.end_s, f.time_of(last_boundary + 1 + 12));
+    assert!(
+        last_boundary + 1 + 12 < tokens.len(),
+        "the cut is inside the stream"
     );
-    check_against_reference(&steps, &reference, "f32 weights");
 }
 
 #[test]
 fn the_feeding_follows_stt_config() {
-    let reference = reference();
-    let cfg = config();
-    let f = SttFeeding::of(&cfg, 12.5);
-    assert_eq!(
-        f.prefix_frames as u64,
-        reference["n_prefix_chunks"].as_u64().unwrap()
-    );
-    assert_eq!(
-        f.suffix_frames as u64,
-        reference["n_suffix_chunks"].as_u64().unwrap()
-    );
-    assert_eq!(f.offset_s, reference["offset_seconds"].as_f64().unwrap());
-    // Kyutai's stt-2.6b-en: 1 s of silence before, 2.5 s of delay: 13 and 32 frames, offset
-    // int(13 / 12.5) + 2.5.
-    let mut big = cfg.clone();
-    big.stt_config = Some(moshi_loader::SttConfig {
-        audio_delay_seconds: Some(2.5),
-        audio_silence_prefix_seconds: Some(1.0),
-    });
+    for fx in [&TINY_STT, &TINY_STT_2B6] {
+        let reference = reference(fx);
+        let f = SttFeeding::of(&config(fx), 12.5);
+        let want = (
+            reference["n_prefix_chunks"].as_u64().unwrap() as usize,
+            reference["n_suffix_chunks"].as_u64().unwrap() as usize,
+            reference["offset_seconds"].as_f64().unwrap(),
+        );
+        assert_eq!(
+            (f.prefix_frames, f.suffix_frames, f.offset_s),
+            want,
+            "{}",
+            fx.name
+        );
+        assert_eq!(want, fx.feeding, "{}", fx.name);
+        assert_eq!(f.time_of(0), 0.0);
+    }
+    // Kyutai's stt-2.6b-en, as bundled: the 2b6 fixture's feeding.
+    let root = moshi_test_support::repo_root();
+    let big = LmConfig::from_file(root.join("configs/stt-2.6b-en.json")).unwrap();
     let f = SttFeeding::of(&big, 12.5);
     assert_eq!(
         (f.prefix_frames, f.suffix_frames, f.offset_s),
-        (13, 32, 3.5)
+        TINY_STT_2B6.feeding
     );
-    assert_eq!(f.time_of(0), 0.0);
     // Left out: the scripts' defaults (1.0 s, 5.0 s).
+    let mut big = big.clone();
     big.stt_config = None;
     let f = SttFeeding::of(&big, 12.5);
     assert_eq!((f.prefix_frames, f.suffix_frames), (13, 63));
 }
 
-#[test]
-fn streaming_mimi_gives_the_reference_codes_of_the_padded_input_and_the_silence() {
-    let reference = reference();
-    let mcfg = MimiConfig::from_file(common::fixture(FIXTURE, "mimi_config.json")).unwrap();
-    let weights = load_mimi_weights(&common::fixture(FIXTURE, "mimi.safetensors"), 32).unwrap();
+/// Mimi's codes of every chunk the reference fed: the silence prefix, the input zero-padded to
+/// whole frames, the silence after it.
+fn check_mimi_codes(fx: &Fixture) {
+    let reference = reference(fx);
+    let mcfg = MimiConfig::from_file(common::fixture(fx.name, "mimi_config.json")).unwrap();
+    let weights = load_mimi_weights(&common::fixture(fx.name, "mimi.safetensors"), 32).unwrap();
     let mut mimi = Mimi::load(&mcfg, weights, 32).unwrap();
-    let mut reader = hound::WavReader::open(common::fixture(FIXTURE, "input.wav")).unwrap();
+    let mut reader = hound::WavReader::open(common::fixture(fx.name, "input.wav")).unwrap();
     let mut pcm: Vec<f32> = reader
         .samples::<i16>()
         .map(|s| s.unwrap() as f32 / 32768.0)
         .collect();
     pcm.resize(pcm.len().div_ceil(FRAME) * FRAME, 0.0);
-    let f = SttFeeding::of(&config(), 12.5);
+    let f = SttFeeding::of(&config(fx), 12.5);
     let silence = vec![0f32; FRAME];
     let chunks = std::iter::repeat_n(&silence[..], f.prefix_frames)
         .chain(pcm.chunks_exact(FRAME))
@@ -236,7 +306,8 @@ fn streaming_mimi_gives_the_reference_codes_of_the_padded_input_and_the_silence(
         assert_eq!(
             mimi.encode_frame(chunk).unwrap(),
             want[s],
-            "codes of step {s}"
+            "{}: codes of step {s}",
+            fx.name
         );
         n += 1;
     }
@@ -244,16 +315,23 @@ fn streaming_mimi_gives_the_reference_codes_of_the_padded_input_and_the_silence(
 }
 
 #[test]
+fn streaming_mimi_gives_the_reference_codes_of_the_padded_input_and_the_silence() {
+    check_mimi_codes(&TINY_STT);
+    check_mimi_codes(&TINY_STT_2B6);
+}
+
+#[test]
 fn quantized_weights_agree_with_the_same_weights_dequantized() {
     // q8 / q4 change the model: their tokens may differ from the f32 reference. What holds is
     // that the packed kernels compute that quantized model: the same run with its weights
     // expanded to f32 gives every token, and the extra heads within f32 rounding.
-    let reference = reference();
+    let fx = &TINY_STT;
+    let reference = reference(fx);
     let codes = fed_codes(&reference);
-    let cfg = config();
+    let cfg = config(fx);
     for (bits, group_size) in [(8, 64), (4, 32)] {
         let mode = WeightMode::Quantize { bits, group_size };
-        let path = common::fixture(FIXTURE, "model.safetensors");
+        let path = common::fixture(fx.name, "model.safetensors");
         let packed = LmWeights::load(&cfg, load_lm_weights(&path, &cfg, mode).unwrap()).unwrap();
         let dense = {
             let mut w = load_lm_weights(&path, &cfg, mode).unwrap();
@@ -294,13 +372,13 @@ fn quantized_weights_agree_with_the_same_weights_dequantized() {
 #[test]
 fn random_weights_of_an_stt_config_have_the_extra_heads() {
     // What `bench --random-weights` builds for an STT config: every head a distribution.
-    let cfg = config();
+    let cfg = config(&TINY_STT);
     let kind = moshi_model::lm::RandomWeightKind::Quantized {
         bits: 4,
         group_size: 32,
     };
     let g = Generator::random(&cfg, 7, kind).unwrap();
-    let steps = run(&g, &fed_codes(&reference())[..3]);
+    let steps = run(&g, &fed_codes(&reference(&TINY_STT))[..3]);
     for s in &steps {
         assert_eq!(s.extra_heads.len(), 4);
         for h in &s.extra_heads {
