@@ -185,18 +185,68 @@ impl FrameRecorder for FrameQueue<StereoFrame> {
 /// `chat --record`: the conversation as a 16-bit stereo WAV at 24 kHz, the user on the left
 /// and Moshi on the right, written as it goes (open-ended, see [`WavWriter`]) and committed
 /// under its name at the end only.
-pub struct ConversationWav {
-    wav: WavWriter,
-    frames_beyond_limit: u64,
-}
+pub struct ConversationWav(WavRecording);
 
 /// What a completed recording holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RecordingSummary {
-    /// Stereo sample frames written (24 kHz).
+    /// Sample frames written (24 kHz).
     pub samples: u64,
     /// Frames left out once the WAV was as long as a WAV can be.
     pub frames_beyond_limit: u64,
+}
+
+/// A WAV recording written frame by frame: past what a WAV can hold (many hours), frames are
+/// counted and left out rather than the whole recording lost.
+struct WavRecording {
+    wav: WavWriter,
+    frames_beyond_limit: u64,
+}
+
+impl WavRecording {
+    fn new(wav: WavWriter) -> Self {
+        Self {
+            wav,
+            frames_beyond_limit: 0,
+        }
+    }
+
+    /// Writes a frame of `samples` sample frames with `write`, if it fits.
+    fn frame(
+        &mut self,
+        samples: usize,
+        write: impl FnOnce(&mut WavWriter) -> Result<()>,
+    ) -> Result<()> {
+        if !self.wav.fits(samples as u64) {
+            self.frames_beyond_limit += 1;
+            return Ok(());
+        }
+        write(&mut self.wav)
+    }
+
+    fn finish(self) -> Result<RecordingSummary> {
+        let summary = RecordingSummary {
+            samples: self.wav.written_frames(),
+            frames_beyond_limit: self.frames_beyond_limit,
+        };
+        self.wav.finish()?;
+        Ok(summary)
+    }
+}
+
+/// Starts `writer` on its own thread `name` (its file, at `path`, already created).
+fn spawn_wav_writer<W: RecordWriter>(
+    name: &str,
+    path: &Path,
+    queue_frames: usize,
+    writer: W,
+) -> Result<RecorderThread<W>> {
+    RecorderThread::spawn(name.into(), queue_frames, move || Ok(writer)).map_err(|cause| {
+        RuntimeError::Write {
+            path: path.to_path_buf(),
+            cause,
+        }
+    })
 }
 
 impl ConversationWav {
@@ -204,22 +254,14 @@ impl ConversationWav {
     pub const QUEUE_FRAMES: usize = 250;
 
     pub fn create(path: &Path) -> Result<Self> {
-        Ok(Self {
-            wav: WavWriter::create_open_ended(path, 2, SAMPLE_RATE_HZ)?,
-            frames_beyond_limit: 0,
-        })
+        let wav = WavWriter::create_open_ended(path, 2, SAMPLE_RATE_HZ)?;
+        Ok(Self(WavRecording::new(wav)))
     }
 
     /// Starts the recording of a conversation at `path` on its own thread. The file is
     /// created here, so that an unwritable path is an error before the conversation starts.
     pub fn spawn(path: &Path, queue_frames: usize) -> Result<RecorderThread<Self>> {
-        let writer = Self::create(path)?;
-        RecorderThread::spawn("moshi-record".into(), queue_frames, move || Ok(writer)).map_err(
-            |cause| RuntimeError::Write {
-                path: path.to_path_buf(),
-                cause,
-            },
-        )
+        spawn_wav_writer("moshi-record", path, queue_frames, Self::create(path)?)
     }
 }
 
@@ -230,22 +272,13 @@ impl RecordWriter for ConversationWav {
     type Error = RuntimeError;
 
     fn write(&mut self, frame: StereoFrame) -> Result<()> {
-        let frames = frame.left.len().max(frame.right.len()) as u64;
-        // Past what a WAV can hold (many hours): keep what fits rather than lose it all.
-        if !self.wav.fits(frames) {
-            self.frames_beyond_limit += 1;
-            return Ok(());
-        }
-        self.wav.write_stereo(&frame.left, &frame.right)
+        let samples = frame.left.len().max(frame.right.len());
+        self.0
+            .frame(samples, |wav| wav.write_stereo(&frame.left, &frame.right))
     }
 
     fn finish(self, (): ()) -> Result<RecordingSummary> {
-        let summary = RecordingSummary {
-            samples: self.wav.written_frames(),
-            frames_beyond_limit: self.frames_beyond_limit,
-        };
-        self.wav.finish()?;
-        Ok(summary)
+        self.0.finish()
     }
 }
 
@@ -267,33 +300,26 @@ impl FrameRecorder for FrameQueue<FedFrame> {
 /// were mixed and its rate converted), as a mono 32-bit float WAV at 24 kHz that reads back bit
 /// for bit, so that the file transcribed offline gives what the live run gave. Written as it
 /// goes, committed under its name at the end only.
-pub struct FedInputWav {
-    wav: WavWriter,
-    frames_beyond_limit: u64,
-}
+pub struct FedInputWav(WavRecording);
 
 impl FedInputWav {
     /// Room for this many frames waiting for the disk (as [`ConversationWav::QUEUE_FRAMES`]).
     pub const QUEUE_FRAMES: usize = 250;
 
     pub fn create(path: &Path) -> Result<Self> {
-        Ok(Self {
-            wav: WavWriter::create_open_ended_f32(path, 1, SAMPLE_RATE_HZ)?,
-            frames_beyond_limit: 0,
-        })
+        let wav = WavWriter::create_open_ended_f32(path, 1, SAMPLE_RATE_HZ)?;
+        Ok(Self(WavRecording::new(wav)))
     }
 
     /// Starts the recording at `path` on its own thread; the file is created here, so that an
     /// unwritable path is an error before listening starts.
     pub fn spawn(path: &Path, queue_frames: usize) -> Result<RecorderThread<Self>> {
-        let writer = Self::create(path)?;
-        RecorderThread::spawn("moshi-record-input".into(), queue_frames, move || {
-            Ok(writer)
-        })
-        .map_err(|cause| RuntimeError::Write {
-            path: path.to_path_buf(),
-            cause,
-        })
+        spawn_wav_writer(
+            "moshi-record-input",
+            path,
+            queue_frames,
+            Self::create(path)?,
+        )
     }
 }
 
@@ -304,20 +330,11 @@ impl RecordWriter for FedInputWav {
     type Error = RuntimeError;
 
     fn write(&mut self, frame: FedFrame) -> Result<()> {
-        if !self.wav.fits(frame.0.len() as u64) {
-            self.frames_beyond_limit += 1;
-            return Ok(());
-        }
-        self.wav.write_mono(&frame.0)
+        self.0.frame(frame.0.len(), |wav| wav.write_mono(&frame.0))
     }
 
     fn finish(self, (): ()) -> Result<RecordingSummary> {
-        let summary = RecordingSummary {
-            samples: self.wav.written_frames(),
-            frames_beyond_limit: self.frames_beyond_limit,
-        };
-        self.wav.finish()?;
-        Ok(summary)
+        self.0.finish()
     }
 }
 

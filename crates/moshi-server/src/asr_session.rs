@@ -24,7 +24,7 @@ use moshi_runtime::{FRAME_SAMPLES, SAMPLE_RATE_HZ};
 
 use crate::app::{AppState, ClientAddr};
 use crate::asr_protocol::{AsrClientMessage, AsrServerMessage};
-use crate::connection::{close_code, transport_error, AudioPace, Outbox, SessionEnd, PING_EVERY};
+use crate::connection::{close_code, incoming, AudioPace, Incoming, Liveness, Outbox, SessionEnd};
 use crate::metrics::RefuseReason;
 use crate::ogg_opus::{OggOpusReader, PreSkip};
 use crate::session_engine::{
@@ -97,8 +97,7 @@ struct AsrStream {
     pace: AudioPace,
     /// The pace rule's window starts here (reset while the socket is not read).
     pace_since: Instant,
-    ping_sent: Option<Instant>,
-    last_pong: Instant,
+    liveness: Liveness,
     messages_ignored: u64,
 }
 
@@ -156,8 +155,7 @@ pub async fn run(socket: WebSocket, app: Arc<AppState>, asr: AsrModel, peer: Cli
         last_audio: now,
         pace: AudioPace::new(&app.limits, now),
         pace_since: now,
-        ping_sent: None,
-        last_pong: now,
+        liveness: Liveness::new(now),
         messages_ignored: 0,
     };
     tracing::info!(
@@ -238,31 +236,8 @@ impl AsrStream {
         self.pace
             .check_not_too_slow(self.pace_since.elapsed(), Instant::now())
             .map_err(SessionEnd::TooSlow)?;
-        if self
-            .outbox
-            .stalled_for()
-            .is_some_and(|d| d >= limits.not_reading_timeout)
-        {
-            return Err(SessionEnd::NotReading(limits.not_reading_timeout));
-        }
-        match self.ping_sent {
-            Some(sent) if sent.elapsed() >= limits.not_reading_timeout => {
-                return Err(SessionEnd::NotReading(limits.not_reading_timeout));
-            }
-            Some(_) => {}
-            None if self.last_pong.elapsed() >= PING_EVERY => {
-                let payload = axum::body::Bytes::from_static(b"moshi-rs");
-                if self.outbox.push_message(Message::Ping(payload)) {
-                    self.ping_sent = Some(Instant::now());
-                }
-            }
-            None => {}
-        }
-        if self.outbox.task.is_finished() {
-            return Err(SessionEnd::ConnectionLost(
-                "the client stopped receiving".into(),
-            ));
-        }
+        self.liveness
+            .check(&mut self.outbox, limits.not_reading_timeout)?;
         Ok(())
     }
 
@@ -270,18 +245,12 @@ impl AsrStream {
         &mut self,
         message: Option<Result<Message, axum::Error>>,
     ) -> Result<(), SessionEnd> {
-        let bytes = match message {
-            None => return Err(SessionEnd::ConnectionLost("the connection closed".into())),
-            Some(Err(e)) => return Err(transport_error(e, self.app.limits.max_message_bytes)),
-            Some(Ok(Message::Binary(b))) => b,
-            Some(Ok(Message::Close(_))) => return Err(SessionEnd::ClientClosed),
-            Some(Ok(Message::Pong(_))) => {
-                self.ping_sent = None;
-                self.last_pong = Instant::now();
-                return Ok(());
-            }
+        let max = self.app.limits.max_message_bytes;
+        let bytes = match incoming(message, max, &mut self.liveness)? {
+            Incoming::Binary(b) => b,
+            Incoming::Control => return Ok(()),
             // moshi-server ignores text frames too.
-            Some(Ok(Message::Ping(_) | Message::Text(_))) => {
+            Incoming::Text => {
                 self.messages_ignored += 1;
                 return Ok(());
             }

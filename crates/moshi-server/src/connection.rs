@@ -300,6 +300,92 @@ impl AudioPace {
     }
 }
 
+/// Whether the client still reads: a websocket ping every [`PING_EVERY`] (browsers and
+/// websocket libraries answer by themselves), and the outbox's state.
+#[derive(Debug)]
+pub(crate) struct Liveness {
+    /// When the ping now unanswered was queued.
+    ping_sent: Option<Instant>,
+    last_pong: Instant,
+}
+
+impl Liveness {
+    pub(crate) fn new(now: Instant) -> Self {
+        Self {
+            ping_sent: None,
+            last_pong: now,
+        }
+    }
+
+    /// The client answered.
+    pub(crate) fn pong(&mut self) {
+        self.ping_sent = None;
+        self.last_pong = Instant::now();
+    }
+
+    /// The session's end when the client has not read for `not_reading_timeout` (its outbox
+    /// full, or a ping unanswered) or has stopped receiving; else sends the next ping when due.
+    pub(crate) fn check(
+        &mut self,
+        outbox: &mut Outbox,
+        not_reading_timeout: Duration,
+    ) -> Result<(), SessionEnd> {
+        if outbox
+            .stalled_for()
+            .is_some_and(|d| d >= not_reading_timeout)
+        {
+            return Err(SessionEnd::NotReading(not_reading_timeout));
+        }
+        match self.ping_sent {
+            Some(sent) if sent.elapsed() >= not_reading_timeout => {
+                return Err(SessionEnd::NotReading(not_reading_timeout));
+            }
+            Some(_) => {}
+            None if self.last_pong.elapsed() >= PING_EVERY => {
+                let payload = axum::body::Bytes::from_static(b"moshi-rs");
+                if outbox.push_message(Message::Ping(payload)) {
+                    self.ping_sent = Some(Instant::now());
+                }
+            }
+            None => {}
+        }
+        if outbox.task.is_finished() {
+            return Err(SessionEnd::ConnectionLost(
+                "the client stopped receiving".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A client's websocket message, as a protocol sees it.
+pub(crate) enum Incoming {
+    Binary(axum::body::Bytes),
+    Text,
+    /// A ping or a pong (recorded in the [`Liveness`]): nothing for the protocol.
+    Control,
+}
+
+/// Reads what the websocket gave: the end of the session, or a message for the protocol.
+pub(crate) fn incoming(
+    message: Option<Result<Message, axum::Error>>,
+    max_message_bytes: usize,
+    liveness: &mut Liveness,
+) -> Result<Incoming, SessionEnd> {
+    match message {
+        None => Err(SessionEnd::ConnectionLost("the connection closed".into())),
+        Some(Err(e)) => Err(transport_error(e, max_message_bytes)),
+        Some(Ok(Message::Binary(b))) => Ok(Incoming::Binary(b)),
+        Some(Ok(Message::Close(_))) => Err(SessionEnd::ClientClosed),
+        Some(Ok(Message::Pong(_))) => {
+            liveness.pong();
+            Ok(Incoming::Control)
+        }
+        Some(Ok(Message::Ping(_))) => Ok(Incoming::Control),
+        Some(Ok(Message::Text(_))) => Ok(Incoming::Text),
+    }
+}
+
 /// A read error as a session end; an oversized message gets its own sentence.
 pub(crate) fn transport_error(e: axum::Error, max_message_bytes: usize) -> SessionEnd {
     use tungstenite::error::{CapacityError, ProtocolError};

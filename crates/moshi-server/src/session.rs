@@ -16,7 +16,7 @@ use moshi_runtime::{FRAME_MS, FRAME_SAMPLES};
 use serde_json::{json, Map, Value};
 
 use crate::app::{AppState, ClientAddr};
-use crate::connection::{close_code, transport_error, AudioPace, Outbox, SessionEnd, PING_EVERY};
+use crate::connection::{close_code, incoming, AudioPace, Incoming, Liveness, Outbox, SessionEnd};
 use crate::metrics::RefuseReason;
 use crate::ogg_opus::{OggOpusReader, OggOpusWriter, OpusPacketing, PreSkip};
 use crate::protocol::{self, ClientMessage};
@@ -105,8 +105,7 @@ struct Session {
     last_audio: Instant,
     pace: AudioPace,
     /// When the ping now unanswered was queued.
-    ping_sent: Option<Instant>,
-    last_pong: Instant,
+    liveness: Liveness,
 }
 
 /// Runs one connection to its end: `opened` is the session's settings and its engine slot
@@ -180,8 +179,7 @@ pub async fn run(
         started: now,
         last_audio: now,
         pace: AudioPace::new(&app.limits, now),
-        ping_sent: None,
-        last_pong: now,
+        liveness: Liveness::new(now),
     };
     tracing::info!(
         session = id,
@@ -239,26 +237,11 @@ impl Session {
             {
                 return SessionEnd::TooSlow(e);
             }
-            if let Some(stalled) = self.outbox.stalled_for() {
-                if stalled >= limits.not_reading_timeout {
-                    return SessionEnd::NotReading(limits.not_reading_timeout);
-                }
-            }
-            match self.ping_sent {
-                Some(sent) if sent.elapsed() >= limits.not_reading_timeout => {
-                    return SessionEnd::NotReading(limits.not_reading_timeout);
-                }
-                Some(_) => {}
-                None if self.last_pong.elapsed() >= PING_EVERY => {
-                    let payload = axum::body::Bytes::from_static(b"moshi-rs");
-                    if self.outbox.push_message(Message::Ping(payload)) {
-                        self.ping_sent = Some(Instant::now());
-                    }
-                }
-                None => {}
-            }
-            if self.outbox.task.is_finished() {
-                return SessionEnd::ConnectionLost("the client stopped receiving".into());
+            if let Err(end) = self
+                .liveness
+                .check(&mut self.outbox, limits.not_reading_timeout)
+            {
+                return end;
             }
             self.maybe_send_metadata();
         }
@@ -268,18 +251,11 @@ impl Session {
         &mut self,
         message: Option<Result<Message, axum::Error>>,
     ) -> Result<(), SessionEnd> {
-        let bytes = match message {
-            None => return Err(SessionEnd::ConnectionLost("the connection closed".into())),
-            Some(Err(e)) => return Err(transport_error(e, self.app.limits.max_message_bytes)),
-            Some(Ok(Message::Binary(b))) => b,
-            Some(Ok(Message::Close(_))) => return Err(SessionEnd::ClientClosed),
-            Some(Ok(Message::Pong(_))) => {
-                self.ping_sent = None;
-                self.last_pong = Instant::now();
-                return Ok(());
-            }
-            Some(Ok(Message::Ping(_))) => return Ok(()),
-            Some(Ok(Message::Text(_))) => {
+        let max = self.app.limits.max_message_bytes;
+        let bytes = match incoming(message, max, &mut self.liveness)? {
+            Incoming::Binary(b) => b,
+            Incoming::Control => return Ok(()),
+            Incoming::Text => {
                 return Err(SessionEnd::BadInput(
                     "text websocket messages are not part of the protocol: send binary messages whose first byte is the kind (1 = audio)".into(),
                 ))

@@ -12,7 +12,7 @@
 //! so with the measured factor.
 
 use std::io::IsTerminal;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -22,7 +22,7 @@ use moshi_runtime::backend::cpal::CpalBackend;
 use moshi_runtime::backend::{start_session, AudioBackend, RingSizes, Session};
 use moshi_runtime::engine::{EngineEvent, EngineReport, FrameRecorder};
 use moshi_runtime::metrics::{FrameRecord, LatencyStats, Percentiles, ProfileWriter, RunSummary};
-use moshi_runtime::recorder::{ConversationWav, RecorderThread};
+use moshi_runtime::recorder::ConversationWav;
 use moshi_runtime::ring::{AudioCounters, CounterSnapshot};
 use moshi_runtime::SAMPLE_RATE_HZ;
 
@@ -354,7 +354,11 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         &backend,
     );
     // Whatever became of the other outputs, the recording is completed.
-    let recorded = recording.map_or(Ok(()), |(path, r)| finish_recording(path, r));
+    let recorded = recording.map_or(Ok(()), |(path, r)| {
+        super::live::finish_wav_recording("--record", path, r, |s| {
+            format!("{s:.1} s, you left, Moshi right")
+        })
+    });
     profiled
         .and(summarized)
         .and(recorded)
@@ -472,25 +476,6 @@ fn finish(
     if let Some(p) = &args.stats_json {
         write_output(p, serde_json::to_string_pretty(&stats)?.as_bytes())
             .context("--stats-json")?;
-    }
-    Ok(())
-}
-
-/// Completes `--record` once the engine has ended (its end of the queue is gone, so the writer
-/// can finish).
-fn finish_recording(path: &Path, recording: RecorderThread<ConversationWav>) -> anyhow::Result<()> {
-    let finished = recording.finish(()).context("--record")?;
-    eprintln!(
-        "recorded {} ({:.1} s, you left, Moshi right)",
-        path.display(),
-        finished.done.samples as f64 / SAMPLE_RATE_HZ as f64
-    );
-    let left_out = finished.frames_dropped + finished.done.frames_beyond_limit;
-    if left_out > 0 {
-        eprintln!(
-            "warning: --record: {left_out} frames left out of the recording ({} while the disk was behind, {} past a WAV's 4 GiB)",
-            finished.frames_dropped, finished.done.frames_beyond_limit
-        );
     }
     Ok(())
 }

@@ -5,6 +5,7 @@
 //! events, the console), `--duration-s`, a lost device reopened (same options; the engine and
 //! the model keep their state) until it comes back, the duration ends or a stop signal.
 
+use std::path::Path;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,6 +15,7 @@ use moshi_runtime::backend::cpal::{CpalBackend, CpalOptions, DEFAULT_BUFFER_MS};
 use moshi_runtime::backend::device_watch::{DeviceLost, DeviceWatch};
 use moshi_runtime::backend::{reconnect_session, AudioBackend, RingSizes, Session};
 use moshi_runtime::engine::{DropPolicy, StreamFormat};
+use moshi_runtime::recorder::{RecordWriter, RecorderThread, RecordingSummary};
 
 /// Input frames allowed to wait behind the one being processed, by default.
 pub const DEFAULT_MAX_BACKLOG_FRAMES: usize = 2;
@@ -419,6 +421,32 @@ impl DeviceErrorReports {
         }
         eprintln!("audio device: {new} errors reported by the host since the last report (counted, the stream keeps going)");
     }
+}
+
+/// Completes a WAV recording (`flag`: `--record`, `--record-input`) once the engine has ended
+/// (its end of the queue is gone, so the writer can finish): says where it is and what it holds
+/// (`holds`, from its seconds), and what it left out.
+pub(super) fn finish_wav_recording<W>(
+    flag: &str,
+    path: &Path,
+    recording: RecorderThread<W>,
+    holds: impl FnOnce(f64) -> String,
+) -> anyhow::Result<()>
+where
+    W: RecordWriter<End = (), Done = RecordingSummary>,
+    W::Error: std::error::Error + Send + Sync + 'static,
+{
+    let finished = recording.finish(()).context(flag.to_string())?;
+    let seconds = finished.done.samples as f64 / moshi_runtime::SAMPLE_RATE_HZ as f64;
+    eprintln!("recorded {} ({})", path.display(), holds(seconds));
+    let left_out = finished.frames_dropped + finished.done.frames_beyond_limit;
+    if left_out > 0 {
+        eprintln!(
+            "warning: {flag}: {left_out} frames left out of the recording ({} while the disk was behind, {} past a WAV's 4 GiB)",
+            finished.frames_dropped, finished.done.frames_beyond_limit
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]

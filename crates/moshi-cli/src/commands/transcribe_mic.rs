@@ -15,7 +15,6 @@
 
 use std::collections::VecDeque;
 use std::io::IsTerminal;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -29,10 +28,10 @@ use moshi_runtime::engine::{
 };
 use moshi_runtime::metrics::Metrics;
 use moshi_runtime::pipeline::{MoshiModel, MoshiPipeline};
-use moshi_runtime::recorder::{FedInputWav, RecorderThread};
+use moshi_runtime::recorder::FedInputWav;
 use moshi_runtime::ring::{AudioCounters, CounterSnapshot};
 use moshi_runtime::transcribe::{SttStream, TranscribedStep};
-use moshi_runtime::{FRAME_MS, SAMPLE_RATE_HZ};
+use moshi_runtime::FRAME_MS;
 
 use super::live::{
     device_samples_ms, frames_ms, run_until_stop, watch_stop_signals, DeviceErrorReports, Devices,
@@ -296,7 +295,11 @@ pub fn run(args: &TranscribeArgs) -> anyhow::Result<()> {
     let committed = captions.outputs.commit(&captions.metrics.summary());
     summarize(&listened.report, &listened.counters, &backend, words_out);
     // Whatever became of the other outputs, the recording is completed.
-    let recorded = recording.map_or(Ok(()), |(path, r)| finish_recording(path, r));
+    let recorded = recording.map_or(Ok(()), |(path, r)| {
+        super::live::finish_wav_recording("--record-input", path, r, |s| {
+            format!("{s:.2} s fed to the model")
+        })
+    });
     committed.and(recorded).and(captions.printed.finish())
 }
 
@@ -393,22 +396,4 @@ fn summarize(report: &EngineReport, c: &CounterSnapshot, backend: &CpalBackend, 
             summary.real_time_factor, report.frames_dropped
         );
     }
-}
-
-/// Completes `--record-input` once the engine has ended (its end of the queue is gone).
-fn finish_recording(path: &Path, recording: RecorderThread<FedInputWav>) -> anyhow::Result<()> {
-    let finished = recording.finish(()).context("--record-input")?;
-    eprintln!(
-        "recorded {} ({:.2} s fed to the model)",
-        path.display(),
-        finished.done.samples as f64 / SAMPLE_RATE_HZ as f64
-    );
-    let left_out = finished.frames_dropped + finished.done.frames_beyond_limit;
-    if left_out > 0 {
-        eprintln!(
-            "warning: --record-input: {left_out} frames left out of the recording ({} while the disk was behind, {} past a WAV's 4 GiB)",
-            finished.frames_dropped, finished.done.frames_beyond_limit
-        );
-    }
-    Ok(())
 }
