@@ -493,6 +493,48 @@ impl LmConfig {
         Ok(())
     }
 
+    /// Refuses the keys of Kyutai's configs that change the architecture in ways this engine
+    /// does not implement (any other value than the one that changes nothing): running such a
+    /// model would fail on a tensor's shape at best, or compute another model silently.
+    fn refuse_unimplemented_architecture(&self, c: &ConfigChecker) -> Result<()> {
+        use serde_json::Value;
+        let neutral: [(&str, fn(&Value, &LmConfig) -> bool, &str); 5] = [
+            (
+                "kv_repeat",
+                |v, _| v.is_null() || v.as_u64() == Some(1),
+                "1: grouped-query attention (Hibiki-Zero) is not implemented",
+            ),
+            (
+                "depformer_norm",
+                |v, _| v.is_null(),
+                "null: norms around the depformer (Hibiki-Zero's layer_norm) are not implemented",
+            ),
+            (
+                "demux_second_stream",
+                |v, _| v.is_null() || v == &Value::Bool(false),
+                "false: the TTS's muxed second text stream is not implemented",
+            ),
+            (
+                "cross_attention",
+                |v, _| v.is_null() || v == &Value::Bool(false),
+                "false: cross-attention (the TTS's speaker conditioning) is not implemented",
+            ),
+            (
+                "text_card_out",
+                |v, cfg| v.is_null() || v.as_u64() == Some(cfg.text_card as u64),
+                "null or text_card: a text head of another size is not implemented",
+            ),
+        ];
+        for (key, is_neutral, supported) in neutral {
+            if let Some(v) = self.unknown.get(key) {
+                if !is_neutral(v, self) {
+                    return Err(c.unsupported(key, v.to_string(), supported));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The depformer's sizes (a model with `dep_q` > 0); each key named when out of range.
     fn validate_depformer(&self, c: &ConfigChecker) -> Result<()> {
         c.count("depformer_dim", self.depformer_dim, 1, MAX_WIDTH)?;
@@ -724,6 +766,7 @@ impl LmConfig {
         }
         self.validate_lm_gen_config(&c)?;
         self.refuse_lora(&c)?;
+        self.refuse_unimplemented_architecture(&c)?;
 
         c.ensure(self.delays.len() == self.n_q + 1, || {
             format!(

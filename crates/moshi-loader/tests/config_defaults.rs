@@ -244,3 +244,32 @@ fn depformer_schedules_and_low_ranks_are_checked() {
         );
     }
 }
+
+/// Keys of Kyutai's configs that change the architecture in ways moshi-rs does not implement
+/// are refused, naming the key, unless they hold the value that changes nothing.
+#[test]
+fn unimplemented_architecture_keys_are_refused_unless_neutral() {
+    let neutral = edited_7b(|v| {
+        v["kv_repeat"] = json!(1);
+        v["depformer_norm"] = json!(null);
+        v["demux_second_stream"] = json!(false);
+        v["cross_attention"] = json!(false);
+        v["text_card_out"] = json!(32000);
+    });
+    assert!(neutral.is_ok(), "{:?}", neutral.err());
+    for (key, value) in [
+        ("kv_repeat", json!(2)),
+        ("depformer_norm", json!("layer_norm")),
+        ("demux_second_stream", json!(true)),
+        ("cross_attention", json!(true)),
+        ("text_card_out", json!(8000)),
+    ] {
+        let err = edited_7b(|v| v[key] = value.clone())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(&format!("`{key}`")) && err.contains("not implemented"),
+            "{key} {value}: {err}"
+        );
+    }
+}
