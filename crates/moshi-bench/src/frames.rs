@@ -77,7 +77,7 @@ const RECORD_BYTES: usize = 80;
 const LOG_BUFFER_RECORDS: usize = 1024;
 
 /// The timed frames' records in an anonymous temporary file (removed by the system when the
-/// process ends, however it ends), [`RECORD_BYTES`] each: a run of a million frames keeps
+/// process ends, however it ends), `RECORD_BYTES` each: a run of a million frames keeps
 /// them on disk, not in memory. Serialises as the list of records, read back one at a time.
 #[derive(Debug)]
 pub struct FrameLog {

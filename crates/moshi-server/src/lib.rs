@@ -2,13 +2,16 @@
 //! `/api/chat` (so Kyutai's web UI and Python client work unmodified), with Ogg/Opus audio both
 //! ways, one conversation per connection through the same streaming pipeline as `chat` and
 //! `file`, and a web UI at `/` (a Kyutai-style `dist/`, Kyutai's own UI from the Hub, or the
-//! project's page built into the binary).
+//! project's page built into the binary); or, for a speech-to-text model, Kyutai moshi-server's
+//! `/api/asr-streaming` (MessagePack messages, one transcription stream per connection).
 //!
-//! Layers: [`protocol`] (message kinds), [`ogg_opus`] (the audio streams), [`query`] (session
-//! settings), [`session_engine`] (the seam to the model: open a session, push frames, get
-//! answers) with [`batch_engine`] behind it (the sessions with a frame waiting in one batched
-//! step), `session` (one connection), [`app`] (routes, accept loop, TLS, shutdown),
-//! [`web_ui`]; [`client`] speaks the protocol from Rust.
+//! Layers: [`protocol`] / [`asr_protocol`] (the two protocols' messages), [`ogg_opus`] (the
+//! audio streams), [`query`] (session settings), [`session_engine`] (the seam to the model:
+//! open a session, push frames, get answers) with [`batch_engine`] behind it (the sessions with a
+//! frame waiting in one batched step), `session` / [`asr_session`] (one connection of each
+//! protocol) over `connection` (what both share: ends, outbox, pace, pings), [`api_keys`],
+//! [`metrics`], [`app`] (routes, probes, accept loop, TLS, drain), [`web_ui`]; [`client`] speaks
+//! the chat protocol from Rust.
 
 pub mod api_keys;
 pub mod app;
