@@ -7,6 +7,7 @@
 
 use moshi_model::generator::SamplingConfig;
 use moshi_server::app::Limits;
+use moshi_server::asr_protocol::AsrClientMessage;
 use moshi_server::ogg_opus::{OggOpusReader, PreSkip};
 use moshi_server::protocol::{parse_client_message, ClientMessage};
 use moshi_server::query::SessionRequest;
@@ -89,5 +90,48 @@ pub fn query(data: &[u8]) {
         if let Ok(request) = SessionRequest::from_query(&params, &defaults) {
             let _ = request.settings_json();
         }
+    }
+}
+
+/// Markers a stream keeps waiting at most (the server's bound; more end the stream).
+const MAX_PENDING_MARKERS: usize = 1024;
+
+/// A speech-to-text stream's messages (`/api/asr-streaming`, MessagePack): the input is a
+/// sequence of (u16 little-endian length, message) records, each read as the server reads it;
+/// `Audio` samples and `OggOpus` pages (through the stream's reader, with the server's cap) are
+/// cut into frames, markers counted up to the server's bound. The first error ends the stream.
+pub fn asr_messages(data: &[u8]) {
+    let cap = Limits::default().max_audio_per_message_samples;
+    let mut reader = OggOpusReader::new(PreSkip::Discard);
+    let (mut pcm, mut markers) = (Vec::new(), 0usize);
+    let mut rest = data;
+    while rest.len() >= 2 {
+        let len = u16::from_le_bytes([rest[0], rest[1]]) as usize;
+        let end = (2 + len).min(rest.len());
+        let message = &rest[2..end];
+        rest = &rest[end..];
+        match AsrClientMessage::from_bytes(message) {
+            Ok(AsrClientMessage::Audio { pcm: samples }) => {
+                assert!(
+                    samples.iter().all(|x| x.is_finite()),
+                    "a non-finite sample got through"
+                );
+                pcm.extend_from_slice(&samples);
+            }
+            Ok(AsrClientMessage::OggOpus { data }) => {
+                if reader.push(&data.0, &mut pcm, cap).is_err() {
+                    return;
+                }
+            }
+            Ok(AsrClientMessage::Marker { .. }) => {
+                markers += 1;
+                if markers > MAX_PENDING_MARKERS {
+                    return;
+                }
+            }
+            Ok(AsrClientMessage::Init) => {}
+            Err(_) => return,
+        }
+        consume_frames(&mut pcm);
     }
 }

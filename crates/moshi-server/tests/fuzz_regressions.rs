@@ -4,6 +4,8 @@
 //! client's Ogg/Opus stream, its messages and the web UI's query string; `write_seeds` (ignored)
 //! makes them again.
 
+use moshi_server::asr_protocol::serde_bytes_compat::Bytes;
+use moshi_server::asr_protocol::AsrClientMessage;
 use moshi_server::ogg_opus::{OggOpusWriter, OpusPacketing};
 use moshi_server::protocol::MessageKind;
 
@@ -27,6 +29,11 @@ fn query_inputs() {
     replay("query", server::query);
 }
 
+#[test]
+fn asr_messages_inputs() {
+    replay("asr_messages", server::asr_messages);
+}
+
 /// Half a second of a speech-band tone as the web client sends it: Ogg pages, one message per
 /// page.
 fn client_pages() -> Vec<Vec<u8>> {
@@ -44,7 +51,7 @@ fn client_pages() -> Vec<Vec<u8>> {
 }
 
 #[test]
-#[ignore = "writes fuzz/seeds/{ogg_opus,client_messages,query}: run by hand"]
+#[ignore = "writes fuzz/seeds/{ogg_opus,client_messages,query,asr_messages}: run by hand"]
 fn write_seeds() {
     let root = moshi_test_support::repo_root().join("fuzz/seeds");
     let pages = client_pages();
@@ -62,6 +69,29 @@ fn write_seeds() {
         messages.extend_from_slice(&message);
     }
     std::fs::write(root.join("client_messages/web_client_session"), messages).unwrap();
+    // A speech-to-text stream as Kyutai's scripts and the LiveKit plugin send it: audio frames,
+    // a marker, Ogg/Opus pages, an Init.
+    let asr = [
+        AsrClientMessage::Audio {
+            pcm: vec![0.0; 1920],
+        },
+        AsrClientMessage::Audio {
+            pcm: vec![0.25; 960],
+        },
+        AsrClientMessage::Marker { id: 7 },
+        AsrClientMessage::OggOpus {
+            data: Bytes(pages.concat()),
+        },
+        AsrClientMessage::Init,
+    ];
+    let mut stream = Vec::new();
+    for m in &asr {
+        let bytes = m.to_bytes();
+        stream.extend_from_slice(&(bytes.len() as u16).to_le_bytes());
+        stream.extend_from_slice(&bytes);
+    }
+    std::fs::create_dir_all(root.join("asr_messages")).unwrap();
+    std::fs::write(root.join("asr_messages/dsm_session"), stream).unwrap();
     std::fs::write(
         root.join("query/web_ui_settings"),
         "text_temperature=0.7&text_topk=25&audio_temperature=0.8&audio_topk=250&pad_mult=0&repetition_penalty_context=64&repetition_penalty=1&text_seed=123&audio_seed=456&stats_s=1",
