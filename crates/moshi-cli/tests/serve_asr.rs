@@ -328,3 +328,64 @@ fn chat_checks_the_keys_too() {
         assert_eq!(first[0], 0, "the handshake");
     });
 }
+
+/// `--allowed-origin`: a browser page from another origin gets 403 before the upgrade; the
+/// listed origin and programs (no `Origin`) are let in; a malformed origin is refused at start.
+#[test]
+fn allowed_origins_are_checked_before_the_upgrade() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_server(
+        dir.path(),
+        &[
+            "--max-sessions",
+            "3",
+            "--allowed-origin",
+            "https://captions.example",
+        ],
+    );
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let url = asr_url(&server, "");
+        let with_origin = |origin: &'static str| {
+            let mut r = url.as_str().into_client_request().unwrap();
+            r.headers_mut()
+                .insert("kyutai-api-key", KEY.parse().unwrap());
+            r.headers_mut().insert("origin", origin.parse().unwrap());
+            r
+        };
+        match tokio_tungstenite::connect_async(with_origin("https://evil.example")).await {
+            Err(tokio_tungstenite::tungstenite::Error::Http(r)) => {
+                assert_eq!(r.status().as_u16(), 403)
+            }
+            other => panic!("expected 403, got {:?}", other.map(|_| ())),
+        }
+        for request in [with_origin("https://CAPTIONS.example"), {
+            let mut r = url.as_str().into_client_request().unwrap();
+            r.headers_mut()
+                .insert("kyutai-api-key", KEY.parse().unwrap());
+            r
+        }] {
+            let (mut socket, _) = tokio_tungstenite::connect_async(request).await.unwrap();
+            let m = socket.next().await.unwrap().unwrap();
+            assert_eq!(
+                AsrServerMessage::from_bytes(&m.into_data()).unwrap(),
+                AsrServerMessage::Ready
+            );
+        }
+    });
+    let out = run_binary(
+        env!("CARGO_BIN_EXE_moshi-rs"),
+        &[
+            "serve",
+            "--model",
+            path_str(&tiny_stt()),
+            "--allowed-origin",
+            "https://x.example/",
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--allowed-origin"),
+        "{err}"
+    );
+}

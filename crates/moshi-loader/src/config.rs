@@ -498,7 +498,9 @@ impl LmConfig {
     /// model would fail on a tensor's shape at best, or compute another model silently.
     fn refuse_unimplemented_architecture(&self, c: &ConfigChecker) -> Result<()> {
         use serde_json::Value;
-        let neutral: [(&str, fn(&Value, &LmConfig) -> bool, &str); 5] = [
+        /// A key, whether a value of it changes nothing, and what is supported.
+        type NeutralRule = (&'static str, fn(&Value, &LmConfig) -> bool, &'static str);
+        let neutral: [NeutralRule; 5] = [
             (
                 "kv_repeat",
                 |v, _| v.is_null() || v.as_u64() == Some(1),

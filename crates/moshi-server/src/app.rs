@@ -136,6 +136,9 @@ pub struct ServerConfig {
     /// `--trust-forwarded`: the client's address is the one the nearest proxy puts in
     /// `X-Forwarded-For` (else `X-Real-IP`), in logs and in the loopback check of `/api/drain`.
     pub trust_forwarded: bool,
+    /// `--allowed-origin`: the web origins (`https://host[:port]`) whose pages may open a
+    /// session; empty: any. A request without an `Origin` (not a browser) is not concerned.
+    pub allowed_origins: Vec<String>,
 }
 
 /// The protocol a server speaks.
@@ -172,6 +175,7 @@ impl ServerConfig {
             endpoint: Endpoint::Chat,
             api_keys: None,
             trust_forwarded: false,
+            allowed_origins: Vec::new(),
         }
     }
 }
@@ -188,6 +192,7 @@ pub struct AppState {
     model_description: Value,
     api_keys: Option<ApiKeys>,
     trust_forwarded: bool,
+    allowed_origins: Vec<String>,
     endpoint_path: &'static str,
     next_session: AtomicU64,
     running_sessions: AtomicUsize,
@@ -283,6 +288,21 @@ impl AppState {
             .iter()
             .filter(|(name, _)| name == "auth_id" || name == "worker_auth_id")
             .any(|(_, key)| keys.allows(key))
+    }
+
+    /// Why a browser page may not open a session: its `Origin` is not one of
+    /// `--allowed-origin`'s (compared without regard to ASCII case). `None`: allowed.
+    fn forbidden_origin(&self, headers: &HeaderMap) -> Option<String> {
+        if self.allowed_origins.is_empty() {
+            return None;
+        }
+        let origin = headers.get(axum::http::header::ORIGIN)?;
+        let origin = String::from_utf8_lossy(origin.as_bytes());
+        let allowed = self
+            .allowed_origins
+            .iter()
+            .any(|o| o.eq_ignore_ascii_case(&origin));
+        (!allowed).then(|| origin.escape_debug().to_string())
     }
 
     /// The metadata message of a session: the fields Kyutai's web UI shows (settings, model
@@ -401,6 +421,17 @@ fn unauthorized(peer: ClientAddr) -> Response {
         .into_response()
 }
 
+/// 403 before the upgrade: a page from an origin `--allowed-origin` does not list.
+fn forbidden_origin(peer: ClientAddr, origin: &str) -> Response {
+    use axum::response::IntoResponse;
+    tracing::info!(%peer, origin, "refused: origin not allowed");
+    (
+        axum::http::StatusCode::FORBIDDEN,
+        format!("origin {origin} may not open a session here (--allowed-origin)\n"),
+    )
+        .into_response()
+}
+
 async fn chat(
     ws: WebSocketUpgrade,
     uri: Uri,
@@ -412,6 +443,10 @@ async fn chat(
     if !app.authorized(&headers, &uri) {
         app.metrics.session_refused(RefuseReason::Unauthorized);
         return unauthorized(peer);
+    }
+    if let Some(origin) = app.forbidden_origin(&headers) {
+        app.metrics.session_refused(RefuseReason::ForbiddenOrigin);
+        return forbidden_origin(peer, &origin);
     }
     if app.draining() {
         app.metrics.session_refused(RefuseReason::Draining);
@@ -456,6 +491,10 @@ async fn asr_streaming(
     if !app.authorized(&headers, &uri) {
         app.metrics.session_refused(RefuseReason::Unauthorized);
         return unauthorized(peer);
+    }
+    if let Some(origin) = app.forbidden_origin(&headers) {
+        app.metrics.session_refused(RefuseReason::ForbiddenOrigin);
+        return forbidden_origin(peer, &origin);
     }
     // moshi-server's way, which its clients expect (issue #35): a full (or draining) server
     // upgrades, then says "no free channels" in an `Error` and closes.
@@ -716,6 +755,7 @@ pub async fn start(
         model_description: config.model_description.clone(),
         api_keys: config.api_keys.clone(),
         trust_forwarded: config.trust_forwarded,
+        allowed_origins: config.allowed_origins.clone(),
         endpoint_path: config.endpoint.path(),
         next_session: AtomicU64::new(0),
         running_sessions: AtomicUsize::new(0),

@@ -123,6 +123,8 @@ pub enum RefuseReason {
     Draining,
     /// Missing or unknown API key.
     Unauthorized,
+    /// A browser page from an origin `--allowed-origin` does not list.
+    ForbiddenOrigin,
     /// Settings the server refuses (query string).
     BadRequest,
     /// The compute thread has stopped.
@@ -130,10 +132,11 @@ pub enum RefuseReason {
 }
 
 impl RefuseReason {
-    pub const ALL: [RefuseReason; 5] = [
+    pub const ALL: [RefuseReason; 6] = [
         Self::Busy,
         Self::Draining,
         Self::Unauthorized,
+        Self::ForbiddenOrigin,
         Self::BadRequest,
         Self::Unavailable,
     ];
@@ -143,6 +146,7 @@ impl RefuseReason {
             Self::Busy => "busy",
             Self::Draining => "draining",
             Self::Unauthorized => "unauthorized",
+            Self::ForbiddenOrigin => "forbidden_origin",
             Self::BadRequest => "bad_request",
             Self::Unavailable => "unavailable",
         }

@@ -97,6 +97,11 @@ pub struct ServeArgs {
     /// Only with a proxy that sets them: a client could write its own otherwise.
     #[arg(long)]
     pub trust_forwarded: bool,
+    /// A web origin (`https://host[:port]`, as browsers send it in `Origin`) whose pages may
+    /// open a session; repeat it for several. Without it, any page may. Requests without an
+    /// `Origin` (programs, not browsers) are not concerned.
+    #[arg(long = "allowed-origin", value_name = "ORIGIN")]
+    pub allowed_origins: Vec<String>,
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -142,6 +147,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         None => None,
     };
     let api_keys = api_keys(args.api_key_file.as_deref())?;
+    for origin in &args.allowed_origins {
+        check_origin(origin)?;
+    }
 
     let load_started = Instant::now();
     let mut loaded = args
@@ -221,6 +229,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         ..Limits::default()
     };
     config.trust_forwarded = args.trust_forwarded;
+    config.allowed_origins = args.allowed_origins.clone();
     config.lm_model_file = model.lm_weights_path.display().to_string();
     config.endpoint = endpoint.clone();
     config.api_keys = api_keys.clone();
@@ -370,6 +379,24 @@ fn api_keys(file: Option<&std::path::Path>) -> anyhow::Result<Option<ApiKeys>> {
             anyhow::bail!("{API_KEYS_VAR}: not valid UTF-8")
         }
     }
+}
+
+/// An origin as browsers send it: `http(s)://host[:port]`, nothing after the host.
+fn check_origin(origin: &str) -> anyhow::Result<()> {
+    let host = origin
+        .strip_prefix("https://")
+        .or_else(|| origin.strip_prefix("http://"));
+    let ok = host.is_some_and(|h| {
+        !h.is_empty()
+            && h.bytes()
+                .all(|b| b.is_ascii_graphic() && b != b'/' && b != b'?' && b != b'#')
+    });
+    anyhow::ensure!(
+        ok,
+        "--allowed-origin {}: expected an origin as browsers send it, http(s)://host[:port] (no path, no trailing slash)",
+        origin.escape_debug()
+    );
+    Ok(())
 }
 
 /// Kyutai's web UI from the Hub, else (offline) the built-in page, said in one line.
