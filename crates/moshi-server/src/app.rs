@@ -290,6 +290,26 @@ impl AppState {
             .any(|(_, key)| keys.allows(key))
     }
 
+    /// The client of a websocket request that may open a session (its key, its page's origin),
+    /// else the answer refusing it before the upgrade (counted).
+    fn admit(
+        &self,
+        peer: SocketAddr,
+        headers: &HeaderMap,
+        uri: &Uri,
+    ) -> Result<ClientAddr, Box<Response>> {
+        let peer = ClientAddr::of_request(peer, headers, self.trust_forwarded);
+        if !self.authorized(headers, uri) {
+            self.metrics.session_refused(RefuseReason::Unauthorized);
+            return Err(Box::new(unauthorized(peer)));
+        }
+        if let Some(origin) = self.forbidden_origin(headers) {
+            self.metrics.session_refused(RefuseReason::ForbiddenOrigin);
+            return Err(Box::new(forbidden_origin(peer, &origin)));
+        }
+        Ok(peer)
+    }
+
     /// Why a browser page may not open a session: its `Origin` is not one of
     /// `--allowed-origin`'s (compared without regard to ASCII case). `None`: allowed.
     fn forbidden_origin(&self, headers: &HeaderMap) -> Option<String> {
@@ -439,15 +459,10 @@ async fn chat(
     State(app): State<Arc<AppState>>,
     Extension(PeerAddr(peer)): Extension<PeerAddr>,
 ) -> Response {
-    let peer = ClientAddr::of_request(peer, &headers, app.trust_forwarded);
-    if !app.authorized(&headers, &uri) {
-        app.metrics.session_refused(RefuseReason::Unauthorized);
-        return unauthorized(peer);
-    }
-    if let Some(origin) = app.forbidden_origin(&headers) {
-        app.metrics.session_refused(RefuseReason::ForbiddenOrigin);
-        return forbidden_origin(peer, &origin);
-    }
+    let peer = match app.admit(peer, &headers, &uri) {
+        Ok(peer) => peer,
+        Err(refusal) => return *refusal,
+    };
     if app.draining() {
         app.metrics.session_refused(RefuseReason::Draining);
         tracing::info!(%peer, "refused: draining");
@@ -487,15 +502,10 @@ async fn asr_streaming(
     State((app, asr)): State<(Arc<AppState>, AsrModel)>,
     Extension(PeerAddr(peer)): Extension<PeerAddr>,
 ) -> Response {
-    let peer = ClientAddr::of_request(peer, &headers, app.trust_forwarded);
-    if !app.authorized(&headers, &uri) {
-        app.metrics.session_refused(RefuseReason::Unauthorized);
-        return unauthorized(peer);
-    }
-    if let Some(origin) = app.forbidden_origin(&headers) {
-        app.metrics.session_refused(RefuseReason::ForbiddenOrigin);
-        return forbidden_origin(peer, &origin);
-    }
+    let peer = match app.admit(peer, &headers, &uri) {
+        Ok(peer) => peer,
+        Err(refusal) => return *refusal,
+    };
     // moshi-server's way, which its clients expect (issue #35): a full (or draining) server
     // upgrades, then says "no free channels" in an `Error` and closes.
     let max = app.limits.max_message_bytes;
