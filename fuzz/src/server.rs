@@ -47,6 +47,21 @@ pub fn ogg_opus(data: &[u8]) {
     read_stream(data, 1 + data.len() % 97);
 }
 
+/// The messages of a fuzz input: (u16 little-endian length, message) records, the last one cut
+/// short by the input's end.
+fn records(mut rest: &[u8]) -> impl Iterator<Item = &[u8]> {
+    std::iter::from_fn(move || {
+        if rest.len() < 2 {
+            return None;
+        }
+        let len = u16::from_le_bytes([rest[0], rest[1]]) as usize;
+        let end = (2 + len).min(rest.len());
+        let message = &rest[2..end];
+        rest = &rest[end..];
+        Some(message)
+    })
+}
+
 /// A session's binary messages: the input is a sequence of (u16 little-endian length, message)
 /// records; each message is parsed as the server does (kind byte, payload) and audio payloads
 /// go through one session's Ogg/Opus reader. The first error ends the session.
@@ -54,12 +69,7 @@ pub fn client_messages(data: &[u8]) {
     let cap = Limits::default().max_audio_per_message_samples;
     let mut reader = OggOpusReader::new(PreSkip::Keep);
     let mut pcm = Vec::new();
-    let mut rest = data;
-    while rest.len() >= 2 {
-        let len = u16::from_le_bytes([rest[0], rest[1]]) as usize;
-        let end = (2 + len).min(rest.len());
-        let message = &rest[2..end];
-        rest = &rest[end..];
+    for message in records(data) {
         match parse_client_message(message) {
             Ok(ClientMessage::Audio(ogg)) => {
                 if reader.push(ogg, &mut pcm, cap).is_err() {
@@ -104,12 +114,7 @@ pub fn asr_messages(data: &[u8]) {
     let cap = Limits::default().max_audio_per_message_samples;
     let mut reader = OggOpusReader::new(PreSkip::Discard);
     let (mut pcm, mut markers) = (Vec::new(), 0usize);
-    let mut rest = data;
-    while rest.len() >= 2 {
-        let len = u16::from_le_bytes([rest[0], rest[1]]) as usize;
-        let end = (2 + len).min(rest.len());
-        let message = &rest[2..end];
-        rest = &rest[end..];
+    for message in records(data) {
         match AsrClientMessage::from_bytes(message) {
             Ok(AsrClientMessage::Audio { pcm: samples }) => {
                 assert!(
