@@ -213,8 +213,9 @@ pub struct LmConfig {
     /// How the conditioners enter the model (Hibiki: `{"sum": ["description"]}`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fuser: Option<FuserConfig>,
-    /// `moshi`, `hibiki` or `stt` (Kyutai's `model_type`); absent in Moshi's configs. A
-    /// conditioned model must say `hibiki`, a model without a depformer (`dep_q` 0) `stt`.
+    /// `moshi`, `hibiki`, `stt` or `tts` (Kyutai's `model_type`); absent in Moshi's configs. A
+    /// conditioned model must say `hibiki` or `tts`, a model without a depformer (`dep_q` 0)
+    /// `stt`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model_type: Option<String>,
     /// Linear heads read from the temporal output after `out_norm`, each a softmax over
@@ -229,6 +230,22 @@ pub struct LmConfig {
     /// the text's delay behind it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stt_config: Option<SttConfig>,
+    /// A text-to-speech model's feeding (`model_type` `tts`): the audio's delay behind the text
+    /// and the look-ahead of the second text stream.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tts_config: Option<TtsConfig>,
+    /// Cross-attention in every temporal layer, on the conditioners of `fuser.cross` (Kyutai's
+    /// TTS: the speaker embeddings).
+    #[serde(default)]
+    pub cross_attention: bool,
+    /// The text input carries two muxed streams, `(second + 1) * (text_card + 1) + main`
+    /// (Kyutai's TTS: the words to say and a look-ahead), demuxed by the embeddings.
+    #[serde(default)]
+    pub demux_second_stream: bool,
+    /// The checkpoint's signature and epoch (Kyutai's TTS: voice files are named
+    /// `<voice>.<sig>@<epoch>.safetensors`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_id: Option<ModelId>,
     /// The padding id the DSM scripts read for word boundaries of a speech-to-text model
     /// (`raw_config.get("text_padding_token_id", 3)`); absent in Kyutai's releases.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -267,6 +284,57 @@ pub struct SttConfig {
     /// Silence fed before the audio, `ceil(prefix x 12.5)` frames. Default 1.0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub audio_silence_prefix_seconds: Option<f64>,
+}
+
+/// `tts_config` of a text-to-speech model (`moshi/models/tts.py` `TTSModel.from_checkpoint_info`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct TtsConfig {
+    /// How far the audio lags the text, in seconds; the state machine runs
+    /// `int(audio_delay x 12.5)` steps ahead of the audio.
+    pub audio_delay: f64,
+    /// How many words ahead the second text stream looks (0: no second stream).
+    #[serde(default)]
+    pub second_stream_ahead: usize,
+    /// Speaker slots of the cross-attention source; Kyutai's default 5.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_speakers: Option<usize>,
+    /// Kyutai's multistream TTS (two speakers' audio): not implemented, refused when true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multistream: Option<bool>,
+    /// Other keys; kept, never used.
+    #[serde(flatten)]
+    pub unknown: BTreeMap<String, serde_json::Value>,
+}
+
+/// Kyutai's default number of speaker slots (`DEFAULT_MAX_SPEAKERS`).
+pub const TTS_DEFAULT_MAX_SPEAKERS: usize = 5;
+/// The largest `tts_config.audio_delay` a config may give, in seconds.
+pub const MAX_TTS_DELAY_SECONDS: f64 = 60.0;
+
+impl TtsConfig {
+    /// The audio's delay in steps, `int(audio_delay x 12.5)` as Kyutai's `TTSModel`.
+    pub fn delay_steps(&self) -> usize {
+        (self.audio_delay * 12.5) as usize
+    }
+
+    /// `max_speakers`, else Kyutai's 5.
+    pub fn max_speakers(&self) -> usize {
+        self.max_speakers.unwrap_or(TTS_DEFAULT_MAX_SPEAKERS)
+    }
+}
+
+/// `model_id` of Kyutai's TTS configs.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ModelId {
+    pub sig: String,
+    pub epoch: u64,
+}
+
+impl ModelId {
+    /// The suffix Kyutai's voice files carry for this model, `.<sig>@<epoch>.safetensors`.
+    pub fn voice_suffix(&self) -> String {
+        format!(".{}@{}.safetensors", self.sig, self.epoch)
+    }
 }
 
 /// The DSM scripts' defaults of `stt_config` (`stt_from_file_pytorch.py`).
@@ -392,6 +460,27 @@ impl LmConfig {
         self.model_type.as_deref() == Some("stt")
     }
 
+    /// A text-to-speech model (Kyutai's TTS): `model_type` `tts`, every codebook generated
+    /// (`dep_q` = `n_q`), a `tts_config` (checked together by [`LmConfig::validate`]).
+    pub fn is_text_to_speech(&self) -> bool {
+        self.model_type.as_deref() == Some("tts")
+    }
+
+    /// The text card of the muxed text input: `text_card + 1` values per stream.
+    pub fn mux_card(&self) -> usize {
+        self.text_card + 1
+    }
+
+    /// The largest text input token: `text_card` (the initial token), or with a muxed second
+    /// stream `(text_card + 1)^2 - 1`.
+    pub fn max_text_input(&self) -> usize {
+        if self.demux_second_stream {
+            self.mux_card() * self.mux_card() - 1
+        } else {
+            self.text_card
+        }
+    }
+
     /// `stt_config` with the DSM scripts' defaults for what it leaves out (all of it when absent).
     pub fn stt(&self) -> SttConfig {
         self.stt_config.unwrap_or_default()
@@ -500,7 +589,7 @@ impl LmConfig {
         use serde_json::Value;
         /// A key, whether a value of it changes nothing, and what is supported.
         type NeutralRule = (&'static str, fn(&Value, &LmConfig) -> bool, &'static str);
-        let neutral: [NeutralRule; 5] = [
+        let neutral: [NeutralRule; 3] = [
             (
                 "kv_repeat",
                 |v, _| v.is_null() || v.as_u64() == Some(1),
@@ -510,16 +599,6 @@ impl LmConfig {
                 "depformer_norm",
                 |v, _| v.is_null(),
                 "null: norms around the depformer (Hibiki-Zero's layer_norm) are not implemented",
-            ),
-            (
-                "demux_second_stream",
-                |v, _| v.is_null() || v == &Value::Bool(false),
-                "false: the TTS's muxed second text stream is not implemented",
-            ),
-            (
-                "cross_attention",
-                |v, _| v.is_null() || v == &Value::Bool(false),
-                "false: cross-attention (the TTS's speaker conditioning) is not implemented",
             ),
             (
                 "text_card_out",
@@ -653,6 +732,67 @@ impl LmConfig {
         Ok(())
     }
 
+    /// A text-to-speech model (`model_type` `tts`) generates every codebook and has a
+    /// `tts_config` in range; cross-attention and the muxed text stream only with it (no other
+    /// model type uses them).
+    fn validate_text_to_speech(&self, c: &ConfigChecker) -> Result<()> {
+        let fuser_cross = self.fuser.as_ref().is_some_and(|f| !f.cross.is_empty());
+        if self.cross_attention != fuser_cross {
+            return Err(c.unsupported(
+                "cross_attention",
+                self.cross_attention.to_string(),
+                "true exactly when `fuser.cross` names a conditioner",
+            ));
+        }
+        if !self.is_text_to_speech() {
+            for (key, on) in [
+                ("cross_attention", self.cross_attention),
+                ("demux_second_stream", self.demux_second_stream),
+            ] {
+                if on {
+                    return Err(c.unsupported(
+                        key,
+                        "true".into(),
+                        "false except in a text-to-speech model (`model_type` \"tts\")",
+                    ));
+                }
+            }
+            return Ok(());
+        }
+        if self.dep_q != self.n_q {
+            return Err(c.unsupported(
+                "dep_q",
+                self.dep_q.to_string(),
+                "a text-to-speech model generates every codebook: dep_q = n_q",
+            ));
+        }
+        let Some(tts) = &self.tts_config else {
+            return Err(c.unsupported(
+                "tts_config",
+                "absent".into(),
+                "an object with `audio_delay` (seconds), as Kyutai's TTS releases",
+            ));
+        };
+        c.real("tts_config.audio_delay", tts.audio_delay, 0.0, MAX_TTS_DELAY_SECONDS)?;
+        c.count("tts_config.second_stream_ahead", tts.second_stream_ahead, 0, 64)?;
+        c.count("tts_config.max_speakers", tts.max_speakers(), 1, 64)?;
+        if tts.second_stream_ahead > 0 && !self.demux_second_stream {
+            return Err(c.unsupported(
+                "demux_second_stream",
+                "false".into(),
+                "true when tts_config.second_stream_ahead > 0 (the look-ahead is the second stream)",
+            ));
+        }
+        if tts.multistream == Some(true) {
+            return Err(c.unsupported(
+                "tts_config.multistream",
+                "true".into(),
+                "false: the multistream TTS (two speakers' audio) is not implemented",
+            ));
+        }
+        Ok(())
+    }
+
     /// Parses a config from JSON text and validates it; `origin` names the file in errors.
     pub fn from_json_str(text: &str, origin: &Path) -> Result<Self> {
         config_from_json(text, origin)
@@ -758,14 +898,15 @@ impl LmConfig {
         if let Err(reason) = validate_conditioning(&self.conditioners, self.fuser.as_ref()) {
             c.ensure(false, || reason)?;
         }
-        if self.is_conditioned() && !self.is_translation() {
+        if self.is_conditioned() && !self.is_translation() && !self.is_text_to_speech() {
             return Err(c.unsupported(
                 "model_type",
                 self.model_type_shown(),
                 "a model with `conditioners` runs only as a translation model, \"hibiki\", \
-                 as in Kyutai's run_inference.py",
+                 as in Kyutai's run_inference.py, or as text-to-speech, \"tts\"",
             ));
         }
+        self.validate_text_to_speech(&c)?;
         self.validate_lm_gen_config(&c)?;
         self.refuse_lora(&c)?;
         self.refuse_unimplemented_architecture(&c)?;

@@ -28,7 +28,9 @@ mod text_decode;
 pub mod tokenizer;
 mod weight_map;
 
-pub use config::{Gating, LmConfig, LmGenSampling, NormKind, PositionalEmbedding, SttConfig};
+pub use config::{
+    Gating, LmConfig, LmGenSampling, ModelId, NormKind, PositionalEmbedding, SttConfig, TtsConfig,
+};
 pub use config_check::{read_config_text, MAX_CONFIG_BYTES};
 pub use error::LoaderError;
 pub use layout::{CheckpointKind, LmLayout};

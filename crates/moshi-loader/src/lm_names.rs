@@ -40,6 +40,9 @@ pub fn canonical_lm_tensors(cfg: &LmConfig) -> Vec<CanonicalTensor> {
         t("text_linear".into(), vec![cfg.text_card, dim], Linear),
         t("out_norm".into(), vec![dim], Norm),
     ];
+    if cfg.demux_second_stream {
+        out.extend(demux_projections("text_emb", dim, dim));
+    }
     for i in 0..cfg.n_q {
         out.push(t(format!("emb.{i}"), vec![cfg.card + 1, dim], Embedding));
     }
@@ -63,6 +66,20 @@ pub fn canonical_lm_tensors(cfg: &LmConfig) -> Vec<CanonicalTensor> {
             vec![dim, hidden],
             Linear,
         ));
+        if cfg.cross_attention {
+            out.push(t(format!("{p}.{NORM_CROSS}"), vec![dim], Norm));
+            out.push(t(format!("{p}.{NORM_CROSS}.bias"), vec![dim], Norm));
+            out.push(t(
+                format!("{p}.cross_attention.in_proj"),
+                vec![3 * dim, dim],
+                Linear,
+            ));
+            out.push(t(
+                format!("{p}.cross_attention.out_proj"),
+                vec![dim, dim],
+                Linear,
+            ));
+        }
     }
     for k in 0..cfg.dep_q {
         let p = format!("depformer.{k}");
@@ -79,6 +96,13 @@ pub fn canonical_lm_tensors(cfg: &LmConfig) -> Vec<CanonicalTensor> {
         ));
         if let Some(r) = cfg.depformer_low_rank_embeddings {
             out.push(t(format!("{p}.{LOW_RANK}"), vec![ddim, r], Linear));
+        }
+        if k == 0 && cfg.demux_second_stream {
+            out.extend(demux_projections(
+                &format!("{p}.emb"),
+                ddim,
+                cfg.depformer_emb_width(),
+            ));
         }
         out.push(t(format!("{p}.linear_out"), vec![cfg.card, ddim], Linear));
         for l in 0..cfg.depformer_num_layers {
@@ -118,22 +142,43 @@ pub fn canonical_lm_tensors(cfg: &LmConfig) -> Vec<CanonicalTensor> {
         ));
     }
     for (name, c) in &cfg.conditioners {
-        let Some(lut) = c.lut() else { continue };
         let p = format!("{CONDITIONER_PREFIX}{name}");
-        out.push(t(
-            format!("{p}.embed"),
-            vec![lut.rows(), lut.dim],
-            Conditioner,
-        ));
+        let input_dim = if let Some(lut) = c.lut() {
+            out.push(t(
+                format!("{p}.embed"),
+                vec![lut.rows(), lut.dim],
+                Conditioner,
+            ));
+            lut.dim
+        } else if let Some(tensor) = c.tensor() {
+            tensor.dim
+        } else {
+            continue;
+        };
         out.push(t(
             format!("{p}.output_proj"),
-            vec![dim, lut.dim],
+            vec![dim, input_dim],
             Conditioner,
         ));
         out.push(t(format!("{p}.learnt_padding"), vec![dim], Conditioner));
     }
     out
 }
+
+/// The two projections of a demuxed embedding `{table}` (`out1` for the main stream, `out2`
+/// for the second), `[width, table width]` each.
+fn demux_projections(table: &str, width: usize, table_width: usize) -> [CanonicalTensor; 2] {
+    [DEMUX_MAIN, DEMUX_SECOND]
+        .map(|o| t(format!("{table}.{o}"), vec![width, table_width], TensorRole::Linear))
+}
+
+/// The projection of a demuxed embedding's main stream (`{table}.out1`).
+pub const DEMUX_MAIN: &str = "out1";
+/// The projection of a demuxed embedding's second stream (`{table}.out2`).
+pub const DEMUX_SECOND: &str = "out2";
+/// The LayerNorm before a temporal layer's cross-attention (`{layer}.norm_cross`, its gain; the
+/// bias is `{layer}.norm_cross.bias`).
+pub const NORM_CROSS: &str = "norm_cross";
 
 /// The projection of a low-rank embedding (`depformer.{k}.emb.low_rank`, after its table).
 pub const LOW_RANK: &str = "emb.low_rank";

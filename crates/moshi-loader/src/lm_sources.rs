@@ -1,7 +1,7 @@
 //! Where each canonical LM tensor lives in each checkpoint layout (PyTorch, candle, MLX).
 
 use crate::layout::LmLayout;
-use crate::lm_names::{canonical_lm_tensors, CanonicalTensor, TensorRole, LOW_RANK};
+use crate::lm_names::{canonical_lm_tensors, CanonicalTensor, TensorRole, LOW_RANK, NORM_CROSS};
 use crate::LmConfig;
 
 /// One canonical tensor and the stored tensor it is cut from.
@@ -69,7 +69,7 @@ fn norm_shape(c: &CanonicalTensor) -> Vec<usize> {
 fn torch_like_name(c: &CanonicalTensor, base: &str) -> (String, Vec<usize>) {
     match c.role {
         TensorRole::Norm => (format!("{base}.alpha"), norm_shape(c)),
-        _ if base.ends_with("self_attn.in_proj") => (format!("{base}_weight"), c.shape.clone()),
+        _ if base.ends_with(".in_proj") => (format!("{base}_weight"), c.shape.clone()),
         _ => (format!("{base}.weight"), c.shape.clone()),
     }
 }
@@ -89,10 +89,29 @@ fn conditioner_source(c: CanonicalTensor) -> SourceSpec {
     }
 }
 
+/// The cross-attention's LayerNorm (`nn.LayerNorm`: `weight` and `bias`, 1-D) has the same names
+/// in every layout.
+fn norm_cross_source(c: CanonicalTensor) -> Option<SourceSpec> {
+    let stored = if c.name.ends_with(&format!(".{NORM_CROSS}")) {
+        format!("{}.weight", c.name)
+    } else if c.name.ends_with(&format!(".{NORM_CROSS}.bias")) {
+        c.name.clone()
+    } else {
+        return None;
+    };
+    let shape = c.shape.clone();
+    Some(SourceSpec::whole(c, stored, shape))
+}
+
 fn source_of(layout: LmLayout, cfg: &LmConfig, c: CanonicalTensor) -> SourceSpec {
     let name = c.name.clone();
     if c.role == TensorRole::Conditioner {
         return conditioner_source(c);
+    }
+    if c.role == TensorRole::Norm && name.contains(NORM_CROSS) {
+        if let Some(spec) = norm_cross_source(c.clone()) {
+            return spec;
+        }
     }
     match layout {
         LmLayout::PyTorch => pytorch_source(cfg, c, &name),
@@ -141,6 +160,8 @@ fn pytorch_source(cfg: &LmConfig, c: CanonicalTensor, name: &str) -> SourceSpec 
                 "linear_in" => format!("depformer_in.{}.weight", cfg.depformer_weight_set(k)),
                 "linear_out" => format!("linears.{k}.weight"),
                 LOW_RANK => format!("{emb}.low_rank.weight"),
+                // A demuxed embedding's projections (`ScaledEmbedding.out1` / `.out2`).
+                _ if rest.starts_with("emb.") => format!("{emb}.{}.weight", &rest["emb.".len()..]),
                 _ => format!("{emb}.weight"),
             };
             let shape = c.shape.clone();
