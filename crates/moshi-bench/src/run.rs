@@ -479,6 +479,7 @@ fn stage_processor(
                         kv_precision: options.kv_cache,
                         conditioning: conv.conditioning(generator.config(), cfg_coef),
                         record_details: false,
+                        tts: Default::default(),
                     })?;
                     if options.kv_prefill > 0 {
                         s.fill_temporal_caches_with_noise(options.kv_prefill, noise_seed(i));

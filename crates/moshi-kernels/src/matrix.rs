@@ -100,6 +100,28 @@ impl QuantizedMatrix {
     pub fn biases(&self) -> &[u16] {
         &self.biases
     }
+    /// The rows before `at` and the rows from `at` on, as two matrices (rows are packed
+    /// independently: the codes, scales and biases of each part are its rows' own).
+    ///
+    /// # Panics
+    /// If `at` is past the last row (caller bug).
+    pub fn split_rows(mut self, at: usize) -> (Self, Self) {
+        assert!(at <= self.rows, "split at row {at} of {}", self.rows);
+        let words = at * self.cols * self.bits as usize / 32;
+        let groups = at * self.cols / self.group_size;
+        let tail = Self {
+            rows: self.rows - at,
+            cols: self.cols,
+            bits: self.bits,
+            group_size: self.group_size,
+            codes: self.codes.split_off(words),
+            scales: self.scales.split_off(groups),
+            biases: self.biases.split_off(groups),
+        };
+        self.rows = at;
+        (self, tail)
+    }
+
     /// Bytes of weight data read by one full pass over the matrix.
     pub fn weight_bytes(&self) -> usize {
         self.codes.len() * 4 + (self.scales.len() + self.biases.len()) * 2
@@ -193,5 +215,33 @@ impl QuantizedMatrix {
     /// dot products accumulated sequentially in f32, single-threaded.
     pub fn matmul_reference(&self, x: &[f32], m: usize, y: &mut [f32]) {
         crate::reference::qmm_reference(self, x, m, y);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each part of a split holds exactly its rows of the whole (4 and 8 bits).
+    #[test]
+    fn split_rows_keeps_each_rows_codes_scales_and_biases() {
+        let (rows, cols) = (6, 64);
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 29 % 97) as f32 / 97.0) - 0.5)
+            .collect();
+        for bits in [4, 8] {
+            let whole = QuantizedMatrix::quantize(&w, rows, cols, bits, 32).unwrap();
+            let (head, tail) = whole.clone().split_rows(2);
+            assert_eq!((head.rows(), tail.rows()), (2, 4));
+            let (mut a, mut b) = (vec![0f32; cols], vec![0f32; cols]);
+            for r in 0..rows {
+                whole.dequantize_row_f32(r, &mut a);
+                match r < 2 {
+                    true => head.dequantize_row_f32(r, &mut b),
+                    false => tail.dequantize_row_f32(r - 2, &mut b),
+                }
+                assert_eq!(a, b, "{bits} bits, row {r}");
+            }
+        }
     }
 }

@@ -139,7 +139,10 @@ pub fn validate_conditioning(
             "fuser.prepend [`{n}`]: only `sum` and `cross` fusion are supported (Hibiki's and the TTS's)"
         ));
     }
-    for (method, names, kind) in [("sum", &fuser.sum, "lut"), ("cross", &fuser.cross, "tensor")] {
+    for (method, names, kind) in [
+        ("sum", &fuser.sum, "lut"),
+        ("cross", &fuser.cross, "tensor"),
+    ] {
         for n in names {
             let Some(c) = conditioners.get(n) else {
                 return Err(format!(
@@ -267,8 +270,9 @@ mod tests {
         assert!(err(HIBIKI, "null").contains("in neither fuser.sum"));
         assert!(err(HIBIKI, r#"{"sum": ["description"], "cross": ["x"]}"#)
             .contains("fuser.cross names `x`"));
-        assert!(err(HIBIKI, r#"{"sum": ["description"], "prepend": ["x"]}"#)
-            .contains("fuser.prepend"));
+        assert!(
+            err(HIBIKI, r#"{"sum": ["description"], "prepend": ["x"]}"#).contains("fuser.prepend")
+        );
         assert!(err(HIBIKI, r#"{"cross": ["description"]}"#).contains("only `tensor`"));
         assert!(err("{}", r#"{"sum": ["description"]}"#).contains("fuser.sum names `description`"));
         assert!(err(
@@ -281,7 +285,9 @@ mod tests {
             r#"{"cross": ["d"], "cross_attention_pos_emb": true}"#,
         )
         .unwrap();
-        assert!(err(r#"{"d": {"type": "tensor"}}"#, r#"{"cross": ["d"]}"#).contains("under `tensor`"));
+        assert!(
+            err(r#"{"d": {"type": "tensor"}}"#, r#"{"cross": ["d"]}"#).contains("under `tensor`")
+        );
         assert!(err(r#"{"d": {"type": "text"}}"#, r#"{"sum": ["d"]}"#).contains("type `text`"));
         assert!(err(r#"{"d": {"type": "lut"}}"#, r#"{"sum": ["d"]}"#).contains("under `lut`"));
         let lut = |body: &str| format!(r#"{{"d": {{"type": "lut", "lut": {body}}}}}"#);

@@ -773,8 +773,18 @@ impl LmConfig {
                 "an object with `audio_delay` (seconds), as Kyutai's TTS releases",
             ));
         };
-        c.real("tts_config.audio_delay", tts.audio_delay, 0.0, MAX_TTS_DELAY_SECONDS)?;
-        c.count("tts_config.second_stream_ahead", tts.second_stream_ahead, 0, 64)?;
+        c.real(
+            "tts_config.audio_delay",
+            tts.audio_delay,
+            0.0,
+            MAX_TTS_DELAY_SECONDS,
+        )?;
+        c.count(
+            "tts_config.second_stream_ahead",
+            tts.second_stream_ahead,
+            0,
+            64,
+        )?;
         c.count("tts_config.max_speakers", tts.max_speakers(), 1, 64)?;
         if tts.second_stream_ahead > 0 && !self.demux_second_stream {
             return Err(c.unsupported(

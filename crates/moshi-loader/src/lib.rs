@@ -26,6 +26,7 @@ pub mod source;
 mod tensor;
 mod text_decode;
 pub mod tokenizer;
+pub mod voice;
 mod weight_map;
 
 pub use config::{

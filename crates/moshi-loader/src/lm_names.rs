@@ -168,8 +168,13 @@ pub fn canonical_lm_tensors(cfg: &LmConfig) -> Vec<CanonicalTensor> {
 /// The two projections of a demuxed embedding `{table}` (`out1` for the main stream, `out2`
 /// for the second), `[width, table width]` each.
 fn demux_projections(table: &str, width: usize, table_width: usize) -> [CanonicalTensor; 2] {
-    [DEMUX_MAIN, DEMUX_SECOND]
-        .map(|o| t(format!("{table}.{o}"), vec![width, table_width], TensorRole::Linear))
+    [DEMUX_MAIN, DEMUX_SECOND].map(|o| {
+        t(
+            format!("{table}.{o}"),
+            vec![width, table_width],
+            TensorRole::Linear,
+        )
+    })
 }
 
 /// The projection of a demuxed embedding's main stream (`{table}.out1`).

@@ -99,7 +99,10 @@ fn contradicting_keys_are_refused_naming_the_key() {
         |v| v["tts_config"]["multistream"] = true.into(),
         &["tts_config.multistream"],
     );
-    refused(|v| v["cross_attention"] = false.into(), &["cross_attention"]);
+    refused(
+        |v| v["cross_attention"] = false.into(),
+        &["cross_attention"],
+    );
     refused(
         |v| v["demux_second_stream"] = false.into(),
         &["demux_second_stream", "second_stream_ahead"],

@@ -73,6 +73,13 @@ pub enum ModelError {
     /// A conditioner the model does not have (Hibiki's is `description`).
     #[error("the model has no conditioner `{name}` (its conditioners: {known:?})")]
     UnknownConditioner { name: String, known: Vec<String> },
+    /// A model with a cross-attention conditioner (the TTS's speaker embeddings) was given no
+    /// tensor for it.
+    #[error("conditioner `{name}` needs a tensor (for a TTS model: a voice); none was given")]
+    MissingTensorCondition { name: String },
+    /// A TTS script or voice that cannot be spoken.
+    #[error("text to speech: {reason}")]
+    BadScript { reason: String },
     /// A value a LUT conditioner does not know.
     #[error("conditioner `{conditioner}`: value `{value}` is not one of {possible:?}")]
     UnknownConditionValue {

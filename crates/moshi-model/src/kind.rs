@@ -19,6 +19,9 @@ pub enum ModelKind {
     /// delayed by `stt_config.audio_delay_seconds` out, no audio; extra heads (voice activity)
     /// read at every step.
     SpeechToText,
+    /// Kyutai's text-to-speech (`model_type` `tts`): text in through the TTS state machine
+    /// ([`crate::tts`]), conditioned on a voice, every codebook generated, no user audio.
+    TextToSpeech,
 }
 
 /// What is fed before the input's first frame.
@@ -118,6 +121,21 @@ const SPEECH_TO_TEXT: Conventions = Conventions {
     generates_audio: false,
 };
 
+/// Kyutai's `tts_pytorch.py` / `TTSModel`: conditioned on `control` = `ok` (the guidance
+/// strength, `cfg`, is chosen per session); no input audio, so the pipeline's audio conventions
+/// do not apply.
+const TEXT_TO_SPEECH: Conventions = Conventions {
+    name: "tts (text to speech)",
+    conditions: &[("control", "ok")],
+    negative_conditions: &[],
+    first_frame_lm_steps: 1,
+    end_of_input: EndOfInput::Never,
+    text_input_alias: None,
+    leading_silence: LeadingSilence::None,
+    partial_last_frame: PartialLastFrame::Drop,
+    generates_audio: true,
+};
+
 impl Conventions {
     /// What a session of a model of this type with `cfg` is conditioned on, guided with
     /// `cfg_coef`: the type's conditions where the model has conditioners (a model without any
@@ -143,6 +161,8 @@ impl ModelKind {
             ModelKind::Translation
         } else if cfg.is_speech_to_text() {
             ModelKind::SpeechToText
+        } else if cfg.is_text_to_speech() {
+            ModelKind::TextToSpeech
         } else {
             ModelKind::Conversation
         }
@@ -154,6 +174,7 @@ impl ModelKind {
             ModelKind::Conversation => &CONVERSATION,
             ModelKind::Translation => &TRANSLATION,
             ModelKind::SpeechToText => &SPEECH_TO_TEXT,
+            ModelKind::TextToSpeech => &TEXT_TO_SPEECH,
         }
     }
 }

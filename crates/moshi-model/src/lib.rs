@@ -10,6 +10,7 @@ pub mod mimi;
 pub mod nn;
 pub mod rng;
 pub mod stt;
+pub mod tts;
 pub mod word_events;
 pub use moshi_kernels::team;
 

@@ -200,6 +200,7 @@ impl MoshiModel {
             kv_precision: settings.kv_precision,
             conditioning: conv.conditioning(self.lm_config(), self.cfg_coef(settings)),
             record_details: false,
+            tts: Default::default(),
         })?;
         let mut mimi = self.mimi.clone();
         mimi.reset();

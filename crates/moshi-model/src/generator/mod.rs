@@ -29,8 +29,10 @@ use std::time::Instant;
 use moshi_loader::{LmConfig, WeightMap};
 
 use crate::kind::ModelKind;
+use crate::lm::embedding::ZERO_TOKEN;
 use crate::lm::{LmRowState, LmScratch, LmWeights, RandomWeightKind};
 use crate::rng::Rng;
+use crate::tts::TtsStream;
 use crate::{ModelError, Result};
 use sampling::sample_token;
 pub use sampling::SamplingConfig;
@@ -69,8 +71,11 @@ pub struct StepDetails {
     pub step: usize,
     /// The 1 + n_q tokens embedded by the temporal transformer.
     pub model_input: Vec<u32>,
-    /// Text token sampled at this step.
+    /// Text token of this step's frame: the one sampled, or for a text-to-speech model the one
+    /// its state machine feeds (muxed with the second stream).
     pub text_token: u32,
+    /// Text token sampled at this step (before a TTS state machine's decision).
+    pub text_sampled: u32,
     /// Audio tokens sampled at this step (`dep_q`).
     pub audio_tokens: Vec<u32>,
     /// `[text_card]`.
@@ -162,6 +167,14 @@ impl Generator {
                              conditioners (use a coefficient of 1)",
                 });
             }
+            if !cond.tensors.is_empty() {
+                return Err(ModelError::BadGuidance {
+                    cfg_coef,
+                    reason: "guidance of a model conditioned on tensors (a TTS voice) is not \
+                             implemented: Kyutai's TTS takes its guidance strength as the `cfg` \
+                             condition (use a coefficient of 1)",
+                });
+            }
             let negative = Conditioning::borrowed(&cond.negative);
             Some(Guidance {
                 null_row: self.weights.new_row(&negative, precision)?,
@@ -171,10 +184,19 @@ impl Generator {
         } else {
             None
         };
-        let row = self
-            .weights
-            .new_row(&Conditioning::borrowed(&cond.values), precision)?;
+        let tensors: Vec<(&str, &crate::lm::conditioner::TensorCondition)> = cond
+            .tensors
+            .iter()
+            .map(|(n, t)| (n.as_str(), t.as_ref()))
+            .collect();
+        let row = self.weights.new_row_with_tensors(
+            &Conditioning::borrowed(&cond.values),
+            &tensors,
+            precision,
+        )?;
         let cfg = self.config();
+        let tts =
+            (self.kind() == ModelKind::TextToSpeech).then(|| TtsStream::new(cfg, settings.tts));
         let ring = cfg.max_delay() + 1;
         Ok(LmSession {
             weights_id: self.weights.id(),
@@ -182,6 +204,7 @@ impl Generator {
             settings,
             row,
             guidance,
+            tts,
             step: 0,
             sampled: vec![vec![0; cfg.dep_q + 1]; ring],
             user: vec![vec![0; cfg.user_codebooks()]; ring],
@@ -213,18 +236,27 @@ impl Generator {
         let mut steps: Vec<SessionStep> = sessions
             .iter_mut()
             .zip(inputs)
-            .map(|(s, &input)| SessionStep::new(self.prepare(s, input), self.config().dep_q))
+            .map(|(s, &input)| {
+                let prepared = self.prepare(s, input);
+                SessionStep::new(prepared, self.config().dep_q, s)
+            })
             .collect();
         let temporal_s = self.temporal_pass(sessions, &steps, &mut scratch);
         sample_each(sessions, &mut steps, Stream::Text);
+        apply_text_hooks(sessions, &mut steps);
         let mut depformer_s = 0.0;
-        for (s, _) in sessions.iter_mut().zip(&steps).filter(|(_, st)| st.is_ok()) {
+        for (s, _) in sessions
+            .iter_mut()
+            .zip(&steps)
+            .filter(|(_, st)| st.in_depformer())
+        {
             s.rows_mut().for_each(LmRowState::depformer_reset);
         }
         for k in 0..self.config().dep_q {
             depformer_s += self.depformer_pass(k, sessions, &steps, &mut scratch);
             sample_each(sessions, &mut steps, Stream::Audio(k));
         }
+        apply_audio_hooks(sessions, &mut steps);
         sessions[0].scratch = scratch;
         sessions
             .iter_mut()
@@ -276,9 +308,13 @@ impl Generator {
     ) -> f64 {
         let t0 = Instant::now();
         let mut tokens = Vec::with_capacity(2 * sessions.len() * (self.config().n_q + 1));
-        let mut rows = stepping_rows(sessions, steps, &mut tokens, |s, _, t| {
-            t.extend_from_slice(&s.input)
-        });
+        let mut rows = stepping_rows(
+            sessions,
+            steps,
+            SessionStep::is_ok,
+            &mut tokens,
+            |s, _, t| t.extend_from_slice(&s.input),
+        );
         let _span = tracing::trace_span!("lm_temporal", rows = rows.len()).entered();
         self.weights.step_temporal_rows(&mut rows, &tokens, scratch);
         t0.elapsed().as_secs_f64()
@@ -294,7 +330,13 @@ impl Generator {
     ) -> f64 {
         let t0 = Instant::now();
         let mut prev = Vec::with_capacity(2 * sessions.len());
-        let mut rows = stepping_rows(sessions, steps, &mut prev, |_, st, t| t.push(st.frame[k]));
+        let mut rows = stepping_rows(
+            sessions,
+            steps,
+            SessionStep::in_depformer,
+            &mut prev,
+            |_, st, t| t.push(st.frame[k]),
+        );
         let _span = tracing::trace_span!("lm_depformer", k, rows = rows.len()).entered();
         self.weights
             .step_depformer_rows(k, &mut rows, &prev, scratch);
@@ -337,6 +379,7 @@ impl Generator {
                 Vec::new()
             },
             text_token: st.frame[0],
+            text_sampled: st.text_sampled,
             audio_tokens: st.frame[1..].to_vec(),
             text_logits: st.text_logits,
             audio_logits: st.audio_logits,
@@ -356,6 +399,10 @@ impl Generator {
 struct SessionStep {
     /// `[text, audio_0 .. audio_{dep_q-1}]`.
     frame: Vec<u32>,
+    /// The text token sampled (before a TTS machine's decision).
+    text_sampled: u32,
+    /// Whether the depformer runs for this session (a TTS session not before its audio starts).
+    runs_depformer: bool,
     text_logits: Vec<f32>,
     audio_logits: Vec<Vec<f32>>,
     sampling_s: f64,
@@ -363,9 +410,20 @@ struct SessionStep {
 }
 
 impl SessionStep {
-    fn new(prepared: Result<()>, dep_q: usize) -> Self {
+    fn new(prepared: Result<()>, dep_q: usize, session: &LmSession) -> Self {
+        let runs_depformer = session
+            .tts
+            .as_ref()
+            .is_none_or(|t| t.runs_depformer(session.step));
+        // Audio the depformer does not make is zero (`depformer_replace_tokens`).
+        let mut frame = vec![ZERO_TOKEN; dep_q + 1];
+        if runs_depformer {
+            frame.fill(0);
+        }
         Self {
-            frame: vec![0; dep_q + 1],
+            frame,
+            text_sampled: 0,
+            runs_depformer,
             text_logits: Vec::new(),
             audio_logits: Vec::new(),
             sampling_s: 0.0,
@@ -377,6 +435,32 @@ impl SessionStep {
     fn is_ok(&self) -> bool {
         self.error.is_none()
     }
+
+    /// Whether the session is still stepping and runs the depformer.
+    fn in_depformer(&self) -> bool {
+        self.is_ok() && self.runs_depformer
+    }
+}
+
+/// The TTS sessions' text: the sampled token kept, the frame's text replaced by what the state
+/// machine feeds (before the depformer, which reads it, as `LMGen`'s `on_text_hook`).
+fn apply_text_hooks(sessions: &mut [&mut LmSession], steps: &mut [SessionStep]) {
+    for (s, st) in sessions.iter_mut().zip(steps.iter_mut()) {
+        st.text_sampled = st.frame[0];
+        let step = s.step;
+        if let (Some(tts), true) = (s.tts.as_mut(), st.is_ok()) {
+            st.frame[0] = tts.text_hook(step, st.frame[0]);
+        }
+    }
+}
+
+/// The TTS sessions' audio: tokens still inside their delay zeroed (`on_audio_hook`).
+fn apply_audio_hooks(sessions: &mut [&mut LmSession], steps: &mut [SessionStep]) {
+    for (s, st) in sessions.iter_mut().zip(steps.iter_mut()) {
+        if let (Some(tts), true) = (s.tts.as_ref(), st.is_ok()) {
+            tts.audio_hook(s.step, &mut st.frame[1..]);
+        }
+    }
 }
 
 /// The rows of the sessions still stepping (a session with guidance brings two), and for each
@@ -384,11 +468,16 @@ impl SessionStep {
 fn stepping_rows<'a>(
     sessions: &'a mut [&mut LmSession],
     steps: &'a [SessionStep],
+    takes_part: fn(&SessionStep) -> bool,
     tokens: &mut Vec<u32>,
     tokens_of: impl Fn(&LmSession, &SessionStep, &mut Vec<u32>),
 ) -> Vec<&'a mut LmRowState> {
     let mut rows = Vec::with_capacity(2 * sessions.len());
-    for (s, st) in sessions.iter_mut().zip(steps).filter(|(_, st)| st.is_ok()) {
+    for (s, st) in sessions
+        .iter_mut()
+        .zip(steps)
+        .filter(|(_, st)| takes_part(st))
+    {
         for _ in 0..s.rows_per_step() {
             tokens_of(s, st, tokens);
         }
@@ -430,11 +519,15 @@ impl Stream {
     }
 }
 
-/// Samples `stream` for every session still stepping; a session whose logits are not finite
-/// fails alone.
+/// Samples `stream` for every session still stepping (audio: that runs the depformer); a
+/// session whose logits are not finite fails alone.
 fn sample_each(sessions: &mut [&mut LmSession], steps: &mut [SessionStep], stream: Stream) {
     for (s, st) in sessions.iter_mut().zip(steps.iter_mut()) {
-        if !st.is_ok() {
+        let takes_part = match stream {
+            Stream::Text => st.is_ok(),
+            Stream::Audio(_) => st.in_depformer(),
+        };
+        if !takes_part {
             continue;
         }
         let t0 = Instant::now();
@@ -457,9 +550,10 @@ fn sample_one(session: &mut LmSession, st: &mut SessionStep, stream: Stream) -> 
         rng,
         sampler,
         step,
+        tts,
         ..
     } = session;
-    let logits: &[f32] = match guidance {
+    let mut logits: &[f32] = match guidance {
         Some(g) => {
             let mixed = match stream {
                 Stream::Text => &mut g.text_logits,
@@ -474,6 +568,15 @@ fn sample_one(session: &mut LmSession, st: &mut SessionStep, stream: Stream) -> 
         }
         None => stream.logits_of(row),
     };
+    let with_bonus;
+    if let (Stream::Text, Some(tts)) = (stream, tts.as_ref()) {
+        if tts.settings().padding_bonus != 0.0 {
+            let mut l = logits.to_vec();
+            tts.text_logits_hook(&mut l);
+            with_bonus = l;
+            logits = &with_bonus;
+        }
+    }
     check_finite(logits, *step, stream.name())?;
     if settings.record_details {
         match stream {

@@ -3,9 +3,13 @@
 //! session is made ([`crate::generator::Generator::new_session`]); other settings are another
 //! session.
 
+use std::sync::Arc;
+
+use crate::lm::conditioner::TensorCondition;
 use crate::lm::{LmRowState, LmScratch};
 use crate::nn::KvPrecision;
 use crate::rng::Rng;
+use crate::tts::{TtsSettings, TtsStream};
 
 use super::sampling::{SamplerScratch, SamplingConfig};
 use super::StepTimings;
@@ -22,6 +26,8 @@ pub struct Conditioning {
     /// Guidance coefficient: logits mixed as `null + (cond - null) * cfg_coef`; 1 = no guidance
     /// (one row).
     pub cfg_coef: f32,
+    /// Tensor conditions (the TTS's voice: `("speaker_wavs", ..)`), the cross-attention source.
+    pub tensors: Vec<(String, Arc<TensorCondition>)>,
 }
 
 impl Conditioning {
@@ -31,6 +37,7 @@ impl Conditioning {
             values: Vec::new(),
             negative: Vec::new(),
             cfg_coef: 1.0,
+            tensors: Vec::new(),
         }
     }
 
@@ -46,6 +53,7 @@ impl Conditioning {
             values: own(values),
             negative: own(negative),
             cfg_coef,
+            tensors: Vec::new(),
         }
     }
 
@@ -78,6 +86,8 @@ pub struct LmSessionSettings {
     /// Keep each step's model input, logits and temporal output in its
     /// [`super::StepDetails`] (tests, debugging); off, those fields are empty.
     pub record_details: bool,
+    /// The TTS state machine's settings (used by a text-to-speech model only).
+    pub tts: TtsSettings,
 }
 
 impl Default for LmSessionSettings {
@@ -87,6 +97,7 @@ impl Default for LmSessionSettings {
             kv_precision: KvPrecision::F32,
             conditioning: Conditioning::none(),
             record_details: false,
+            tts: TtsSettings::default(),
         }
     }
 }
@@ -119,6 +130,8 @@ pub struct LmSession {
     pub(super) settings: LmSessionSettings,
     pub(super) row: LmRowState,
     pub(super) guidance: Option<Guidance>,
+    /// The text state of a text-to-speech session.
+    pub(super) tts: Option<TtsStream>,
     pub(super) rng: Rng,
     pub(super) step: usize,
     /// Ring of the last `max_delay + 1` sampled frames `[text, audio..]`, slot `step % len`.
@@ -153,6 +166,16 @@ impl LmSession {
         1 + usize::from(self.guidance.is_some())
     }
 
+    /// The text state of a text-to-speech session (None for other models).
+    pub fn tts(&self) -> Option<&TtsStream> {
+        self.tts.as_ref()
+    }
+
+    /// The text state of a text-to-speech session, to push text into.
+    pub fn tts_mut(&mut self) -> Option<&mut TtsStream> {
+        self.tts.as_mut()
+    }
+
     /// Steps run since the start / last reset.
     pub fn step_index(&self) -> usize {
         self.step
@@ -183,6 +206,9 @@ impl LmSession {
         self.rows_mut().for_each(LmRowState::reset);
         self.rng = Rng::new(self.settings.sampling.seed);
         self.step = 0;
+        if let Some(tts) = &mut self.tts {
+            tts.machine_mut().reset();
+        }
     }
 
     /// Fills every row's temporal caches with `positions` of noise

@@ -6,6 +6,7 @@
 //! The weights ([`Depformer`]) are apart from the per-frame state of a row ([`DepformerState`]);
 //! a sub-step runs `m` rows together ([`Depformer::step_rows`]), each row the bits it gets alone.
 
+use super::demux::{Demux, DemuxScratch};
 use super::embedding::Embedding;
 use super::transformer::{LayerScratch, TransformerLayer};
 use crate::nn::{KvCache, Linear, Rope, RopeRotation};
@@ -20,6 +21,10 @@ pub struct DepformerSlice {
     /// A low-rank embedding's projection to the depformer's width (`[depformer dim, rank]`,
     /// Kyutai's `ScaledEmbedding(low_rank=..)`).
     pub emb_low_rank: Option<Linear>,
+    /// k = 0 of a model whose text carries two muxed streams (the TTS): the table read through
+    /// these projections instead (its low-rank projection unused, as Kyutai's demuxed
+    /// `ScaledEmbedding`).
+    pub emb_demux: Option<Demux>,
     pub layers: Vec<TransformerLayer>,
     pub linear_out: Linear,
 }
@@ -29,6 +34,7 @@ impl DepformerSlice {
     pub fn weight_bytes_read(&self) -> usize {
         self.linear_in.weight_bytes()
             + self.emb_low_rank.as_ref().map_or(0, Linear::weight_bytes)
+            + self.emb_demux.as_ref().map_or(0, Demux::weight_bytes)
             + self
                 .layers
                 .iter()
@@ -76,6 +82,7 @@ pub struct DepformerScratch {
     /// A low-rank embedding's rows `[m, rank]` and their projection `[m, depformer dim]`.
     low_rank_rows: Vec<f32>,
     low_rank_out: Vec<f32>,
+    demux: DemuxScratch,
     rotations: Vec<RopeRotation>,
     layer: LayerScratch,
     /// `[m, card]`.
@@ -163,13 +170,20 @@ impl Depformer {
         st.x.resize(m * dim, 0.0);
         st.row.resize(dim, 0.0);
         slice.linear_in.forward(transformer_outs, m, &mut st.x);
-        match &slice.emb_low_rank {
-            None => {
+        match (&slice.emb_low_rank, &slice.emb_demux) {
+            (_, Some(demux)) => {
+                st.low_rank_out.resize(m * dim, 0.0);
+                demux.embed_rows(&slice.emb, prev_tokens, &mut st.demux, &mut st.low_rank_out);
+                for (x, e) in st.x.iter_mut().zip(&st.low_rank_out) {
+                    *x += e;
+                }
+            }
+            (None, None) => {
                 for (x, &t) in st.x.chunks_exact_mut(dim).zip(prev_tokens) {
                     slice.emb.add_into(t as usize, x, &mut st.row);
                 }
             }
-            Some(projection) => {
+            (Some(projection), None) => {
                 let rank = slice.emb.dim();
                 st.low_rank_rows.resize(m * rank, 0.0);
                 for (row, &t) in st.low_rank_rows.chunks_exact_mut(rank).zip(prev_tokens) {

@@ -1,7 +1,12 @@
 //! Token embedding tables (f32, bf16 or MLX-packed rows), looked up one token at a time.
+//! [`ZERO_TOKEN`] (Kyutai's `zero_idx`, -1) is embedded as exactly zero by every table.
 
 use moshi_kernels::QuantizedMatrix;
 use moshi_loader::{Weight, WeightData};
+
+/// Kyutai's `zero_idx` (-1 in PyTorch): a token every embedding maps to exactly zero. The TTS
+/// feeds it for audio not generated yet and for an empty second text stream.
+pub const ZERO_TOKEN: u32 = u32::MAX;
 
 #[derive(Clone, Debug)]
 enum Table {
@@ -46,8 +51,13 @@ impl Embedding {
         }
     }
 
-    /// Writes row `token` into `out` (`[dim]`). `token < rows` is the caller's check.
+    /// Writes row `token` into `out` (`[dim]`), zeros for [`ZERO_TOKEN`]. `token < rows` is the
+    /// caller's check.
     pub fn lookup_into(&self, token: usize, out: &mut [f32]) {
+        if token == ZERO_TOKEN as usize {
+            out.fill(0.0);
+            return;
+        }
         let r = token * self.dim..(token + 1) * self.dim;
         match &self.table {
             Table::F32(v) => out.copy_from_slice(&v[r]),
@@ -60,8 +70,11 @@ impl Embedding {
         }
     }
 
-    /// `acc += row(token)`, using `tmp` (`[dim]`) as scratch.
+    /// `acc += row(token)` (nothing for [`ZERO_TOKEN`]), using `tmp` (`[dim]`) as scratch.
     pub fn add_into(&self, token: usize, acc: &mut [f32], tmp: &mut [f32]) {
+        if token == ZERO_TOKEN as usize {
+            return;
+        }
         self.lookup_into(token, tmp);
         for (a, t) in acc.iter_mut().zip(tmp.iter()) {
             *a += t;

@@ -10,6 +10,7 @@
 //! (sampling, token history, guidance) live in [`crate::generator`].
 
 pub mod conditioner;
+pub mod demux;
 pub mod depformer;
 pub mod embedding;
 pub mod random;
@@ -19,17 +20,20 @@ pub mod transformer;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use moshi_loader::lm_names::{DEMUX_MAIN, DEMUX_SECOND, NORM_CROSS};
 use moshi_loader::{LmConfig, PositionalEmbedding, WeightMap};
 
 use crate::kind::ModelKind;
-use crate::nn::{Attention, KvPrecision, Linear, Rope};
+use crate::nn::{Attention, CrossAttention, KvPrecision, Linear, Rope};
 use crate::{ModelError, Result};
 use conditioner::ConditionProvider;
+use conditioner::TensorCondition;
+use demux::Demux;
 use depformer::{Depformer, DepformerScratch, DepformerSlice, DepformerState};
-use embedding::Embedding;
+use embedding::{Embedding, ZERO_TOKEN};
 pub use random::RandomWeightKind;
 use temporal::{TemporalScratch, TemporalState, TemporalTransformer};
-use transformer::{Gating, RmsNorm, TransformerLayer};
+use transformer::{CrossBlock, Gating, RmsNorm, TransformerLayer};
 
 /// Bytes of weights by part (for memory and bandwidth estimates). Everything but
 /// `embedding_tables` is read in full once per step; of the tables only one row each.
@@ -195,6 +199,33 @@ impl Take<'_> {
             Gating::new(linear_in, linear_out),
         ))
     }
+    /// A temporal layer's cross-attention block (Kyutai's TTS).
+    fn cross_block(&mut self, prefix: &str, dim: usize, heads: usize) -> Result<CrossBlock> {
+        let norm = format!("{prefix}.{NORM_CROSS}");
+        Ok(CrossBlock::new(
+            self.map.take_f32(&norm, &[dim])?,
+            self.map.take_f32(&format!("{norm}.bias"), &[dim])?,
+            CrossAttention::new(
+                self.linear(&format!("{prefix}.cross_attention.in_proj"), 3 * dim, dim)?,
+                self.linear(&format!("{prefix}.cross_attention.out_proj"), dim, dim)?,
+                heads,
+            ),
+        ))
+    }
+    /// The projections of the demuxed embedding `table` (`[width, table width]` each).
+    fn demux(
+        &mut self,
+        table: &str,
+        width: usize,
+        table_width: usize,
+        card: usize,
+    ) -> Result<Demux> {
+        Ok(Demux::new(
+            self.linear(&format!("{table}.{DEMUX_MAIN}"), width, table_width)?,
+            self.linear(&format!("{table}.{DEMUX_SECOND}"), width, table_width)?,
+            card,
+        ))
+    }
 }
 
 impl LmWeights {
@@ -213,20 +244,23 @@ impl LmWeights {
             .collect::<Result<Vec<_>>>()?;
         let text_linear = t.linear("text_linear", cfg.text_card, dim)?;
         let out_norm = t.norm("out_norm", dim, eps)?;
+        let text_demux = match cfg.demux_second_stream {
+            true => Some(t.demux("text_emb", dim, dim, cfg.mux_card())?),
+            false => None,
+        };
         let layers = (0..cfg.num_layers)
             .map(|l| {
-                t.layer(
-                    &format!("transformer.layers.{l}"),
-                    dim,
-                    hidden,
-                    cfg.num_heads,
-                    eps,
-                )
+                let p = format!("transformer.layers.{l}");
+                let layer = t.layer(&p, dim, hidden, cfg.num_heads, eps)?;
+                Ok(match cfg.cross_attention {
+                    true => layer.with_cross(t.cross_block(&p, dim, cfg.num_heads)?),
+                    false => layer,
+                })
             })
             .collect::<Result<Vec<_>>>()?;
         let rope = (cfg.positional_embedding == PositionalEmbedding::Rope)
             .then(|| Rope::new(dim / cfg.num_heads, cfg.max_period));
-        let temporal = TemporalTransformer::new(
+        let mut temporal = TemporalTransformer::new(
             text_emb,
             audio_embs,
             layers,
@@ -235,6 +269,7 @@ impl LmWeights {
             rope,
             cfg.context,
         );
+        temporal.set_text_demux(text_demux);
 
         let mut slices = Vec::with_capacity(cfg.dep_q);
         for k in 0..cfg.dep_q {
@@ -244,13 +279,24 @@ impl LmWeights {
             } else {
                 cfg.card + 1
             };
+            let width = cfg.depformer_emb_width();
+            let mut emb_low_rank = match cfg.depformer_low_rank_embeddings {
+                Some(r) => Some(t.linear(&format!("{p}.emb.low_rank"), ddim, r)?),
+                None => None,
+            };
+            let emb_demux = match k == 0 && cfg.demux_second_stream {
+                true => {
+                    // Kyutai's demuxed embedding does not read its low-rank projection.
+                    emb_low_rank = None;
+                    Some(t.demux(&format!("{p}.emb"), ddim, width, cfg.mux_card())?)
+                }
+                false => None,
+            };
             slices.push(DepformerSlice {
                 linear_in: t.linear(&format!("{p}.linear_in"), ddim, dim)?,
-                emb: t.embedding(&format!("{p}.emb"), emb_rows, cfg.depformer_emb_width())?,
-                emb_low_rank: match cfg.depformer_low_rank_embeddings {
-                    Some(r) => Some(t.linear(&format!("{p}.emb.low_rank"), ddim, r)?),
-                    None => None,
-                },
+                emb: t.embedding(&format!("{p}.emb"), emb_rows, width)?,
+                emb_low_rank,
+                emb_demux,
                 layers: (0..cfg.depformer_num_layers)
                     .map(|l| {
                         t.layer(
@@ -367,8 +413,23 @@ impl LmWeights {
     /// (`(conditioner, value)` pairs, e.g. `[("description", "very_good")]`; conditioners not
     /// named take their learnt padding; a model without conditioners accepts only `&[]`).
     pub fn new_row(&self, values: &[(&str, &str)], precision: KvPrecision) -> Result<LmRowState> {
+        self.new_row_with_tensors(values, &[], precision)
+    }
+
+    /// [`LmWeights::new_row`] with tensor conditions (`(conditioner, tensor)`: the TTS's
+    /// `speaker_wavs`), whose keys and values for every layer's cross-attention are computed here.
+    pub fn new_row_with_tensors(
+        &self,
+        values: &[(&str, &str)],
+        tensors: &[(&str, &TensorCondition)],
+        precision: KvPrecision,
+    ) -> Result<LmRowState> {
         let mut temporal = self.temporal.new_state(precision);
         temporal.set_condition(self.conditions.fused(values)?);
+        if let Some(source) = self.conditions.cross_source(tensors)? {
+            let kv = self.temporal.cross_keys_values(&source);
+            temporal.set_cross(kv.map(std::sync::Arc::new));
+        }
         Ok(LmRowState {
             temporal,
             depformer: self.depformer.new_state(),
@@ -376,7 +437,8 @@ impl LmWeights {
     }
 
     /// Checks one step's `1 + n_q` input tokens (`[text, audio_0 .. audio_{n_q-1}]`, initial
-    /// tokens `text_card` / `card` allowed).
+    /// tokens `text_card` / `card` allowed, [`ZERO_TOKEN`] anywhere, muxed text tokens up to
+    /// [`LmConfig::max_text_input`]).
     pub fn check_step_tokens(&self, tokens: &[u32]) -> Result<()> {
         let cfg = &self.cfg;
         if tokens.len() != cfg.n_q + 1 {
@@ -386,19 +448,19 @@ impl LmWeights {
                 got: tokens.len(),
             });
         }
-        if tokens[0] as usize > cfg.text_card {
+        if tokens[0] as usize > cfg.max_text_input() && tokens[0] != ZERO_TOKEN {
             return Err(ModelError::TokenOutOfRange {
                 what: "text token",
                 value: tokens[0],
                 at: String::new(),
-                max: cfg.text_card,
-                note: ": text_card, the initial token",
+                max: cfg.max_text_input(),
+                note: ": text_card, the initial token (or the largest muxed token)",
             });
         }
         if let Some((i, &t)) = tokens[1..]
             .iter()
             .enumerate()
-            .find(|(_, &t)| t as usize > cfg.card)
+            .find(|(_, &t)| t as usize > cfg.card && t != ZERO_TOKEN)
         {
             return Err(ModelError::TokenOutOfRange {
                 what: "audio token",
@@ -470,7 +532,11 @@ impl LmWeights {
                 got: prev_tokens.len(),
             });
         }
-        let limit = if k == 0 { cfg.text_card } else { cfg.card };
+        let limit = if k == 0 {
+            cfg.max_text_input()
+        } else {
+            cfg.card
+        };
         for (row, &prev) in rows.iter().zip(prev_tokens) {
             let done = row.depformer.substeps_done();
             if k >= cfg.dep_q || done != k {
@@ -480,7 +546,7 @@ impl LmWeights {
                     dep_q: cfg.dep_q,
                 });
             }
-            if prev as usize > limit {
+            if prev as usize > limit && prev != ZERO_TOKEN {
                 return Err(ModelError::TokenOutOfRange {
                     what: "previous token",
                     value: prev,

@@ -7,9 +7,12 @@
 //! weights read once), each row attending over its own caches at its own position. A row's
 //! results have the bits it gets alone.
 
+use std::sync::Arc;
+
+use super::demux::{Demux, DemuxScratch};
 use super::embedding::Embedding;
 use super::transformer::{LayerScratch, RmsNorm, TransformerLayer};
-use crate::nn::{KvCache, KvPrecision, Linear, Rope, RopeRotation};
+use crate::nn::{CrossKeysValues, KvCache, KvPrecision, Linear, Rope, RopeRotation};
 
 /// Streaming state of the temporal transformer for one row (a session, or a guidance row): KV
 /// caches, position, the row's condition and the outputs of its last step.
@@ -19,6 +22,8 @@ pub struct TemporalState {
     position: usize,
     /// Added to the input embedding at every step (the fused conditioners' sum, `[dim]`).
     condition: Option<Vec<f32>>,
+    /// The cross-attention source's keys and values, one per layer (the TTS's voice).
+    cross: Option<Arc<Vec<CrossKeysValues>>>,
     transformer_out: Vec<f32>,
     text_logits: Vec<f32>,
 }
@@ -35,6 +40,18 @@ impl TemporalState {
             .as_ref()
             .is_none_or(|c| c.len() == self.transformer_out.len()));
         self.condition = condition;
+    }
+
+    /// Sets the keys and values (one per layer) this row's cross-attention reads.
+    pub fn set_cross(&mut self, cross: Option<Arc<Vec<CrossKeysValues>>>) {
+        self.cross = cross;
+    }
+
+    /// Bytes held by the cross-attention's keys and values (shared ones counted in full).
+    pub fn cross_bytes(&self) -> usize {
+        self.cross
+            .as_ref()
+            .map_or(0, |c| c.iter().map(CrossKeysValues::bytes).sum())
     }
 
     /// Positions processed since the last reset.
@@ -104,6 +121,10 @@ pub struct TemporalScratch {
     normed: Vec<f32>,
     /// `[m, text_card]`.
     logits: Vec<f32>,
+    /// `[m, dim]`: the rows' demuxed text embeddings.
+    text_rows: Vec<f32>,
+    text_tokens: Vec<u32>,
+    demux: DemuxScratch,
 }
 
 /// The weights of the temporal transformer.
@@ -119,6 +140,8 @@ pub struct TemporalTransformer {
     context: usize,
     /// Text input token read with another token's embedding row (Hibiki: EOS reads as PAD).
     text_alias: Option<(u32, u32)>,
+    /// The text input's two muxed streams (the TTS), read through these projections.
+    text_demux: Option<Demux>,
 }
 
 impl TemporalTransformer {
@@ -141,7 +164,22 @@ impl TemporalTransformer {
             rope,
             context: context.max(1),
             text_alias: None,
+            text_demux: None,
         }
+    }
+
+    /// Reads the text input as two muxed streams through `demux` (Kyutai's TTS).
+    pub fn set_text_demux(&mut self, demux: Option<Demux>) {
+        self.text_demux = demux;
+    }
+
+    /// The keys and values of a cross-attention `source` (`[positions, dim]`) for every layer,
+    /// computed once per session; `None` for a model without cross-attention.
+    pub fn cross_keys_values(&self, source: &[f32]) -> Option<Vec<CrossKeysValues>> {
+        self.layers
+            .iter()
+            .map(|l| Some(l.cross()?.attention().source_keys_values(source)))
+            .collect()
     }
 
     /// A fresh row: empty caches of `precision`, position 0, no condition.
@@ -154,6 +192,7 @@ impl TemporalTransformer {
                 .collect(),
             position: 0,
             condition: None,
+            cross: None,
             transformer_out: vec![0.0; self.dim()],
             text_logits: vec![0.0; self.text_linear.out_dim()],
         }
@@ -180,6 +219,7 @@ impl TemporalTransformer {
     /// Bytes of the embedding tables.
     pub fn embedding_bytes(&self) -> usize {
         self.text_emb.weight_bytes()
+            + self.text_demux.as_ref().map_or(0, Demux::weight_bytes)
             + self
                 .audio_embs
                 .iter()
@@ -213,11 +253,24 @@ impl TemporalTransformer {
         let st = scratch;
         st.residual.resize(m * dim, 0.0);
         st.row.resize(dim, 0.0);
-        for ((x, row_tokens), row) in st
+        if let Some(demux) = &self.text_demux {
+            st.text_tokens.clear();
+            st.text_tokens
+                .extend(tokens.chunks_exact(per_row).map(|t| t[0]));
+            st.text_rows.resize(m * dim, 0.0);
+            demux.embed_rows(
+                &self.text_emb,
+                &st.text_tokens,
+                &mut st.demux,
+                &mut st.text_rows,
+            );
+        }
+        for (i, ((x, row_tokens), row)) in st
             .residual
             .chunks_exact_mut(dim)
             .zip(tokens.chunks_exact(per_row))
             .zip(rows.iter())
+            .enumerate()
         {
             // Sum order of the reference: audio embeddings first, then the text embedding, then
             // the condition (`LMModel.forward_text`).
@@ -225,11 +278,16 @@ impl TemporalTransformer {
             for (emb, &t) in self.audio_embs.iter().zip(&row_tokens[1..]) {
                 emb.add_into(t as usize, x, &mut st.row);
             }
-            let text = match self.text_alias {
-                Some((from, to)) if row_tokens[0] == from => to,
-                _ => row_tokens[0],
-            };
-            self.text_emb.add_into(text as usize, x, &mut st.row);
+            if self.text_demux.is_some() {
+                let text = &st.text_rows[i * dim..(i + 1) * dim];
+                x.iter_mut().zip(text).for_each(|(a, b)| *a += b);
+            } else {
+                let text = match self.text_alias {
+                    Some((from, to)) if row_tokens[0] == from => to,
+                    _ => row_tokens[0],
+                };
+                self.text_emb.add_into(text as usize, x, &mut st.row);
+            }
             if let Some(c) = &row.condition {
                 for (a, v) in x.iter_mut().zip(c) {
                     *a += v;
@@ -246,11 +304,31 @@ impl TemporalTransformer {
             }
             None => None,
         };
+        // The rows' cross-attention sources (shared, so held apart from the rows' caches).
+        let sources: Vec<Arc<Vec<CrossKeysValues>>> =
+            if self.layers.iter().any(|l| l.cross().is_some()) {
+                rows.iter()
+                    .map(|r| r.cross.clone().expect("a cross-attention row has a source"))
+                    .collect()
+            } else {
+                Vec::new()
+            };
         for (i, layer) in self.layers.iter().enumerate() {
             // `moshi-rs bench` times this span to extrapolate `--layers N` runs to full depth.
             let _span = tracing::trace_span!("lm_temporal_layer", layer = i).entered();
+            let cross: Vec<&CrossKeysValues> = match layer.cross() {
+                Some(_) => sources.iter().map(|s| &s[i]).collect(),
+                None => Vec::new(),
+            };
             let mut caches: Vec<&mut KvCache> = rows.iter_mut().map(|r| &mut r.caches[i]).collect();
-            layer.step_rows(&mut st.residual, m, rotations, &mut caches, &mut st.layer);
+            layer.step_rows_cross(
+                &mut st.residual,
+                m,
+                rotations,
+                &mut caches,
+                &cross,
+                &mut st.layer,
+            );
         }
         let _span = tracing::trace_span!("lm_text_head").entered();
         let card = self.text_linear.out_dim();

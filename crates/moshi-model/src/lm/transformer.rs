@@ -1,12 +1,20 @@
 //! One pre-norm transformer layer of the Moshi LM (temporal and depformer alike):
 //! `x += attn(rms_norm1(x)); x += gating(rms_norm2(x))`, RMSNorm in f32 with gain `alpha`,
-//! SiLU-gated FFN `linear_out(silu(gate) * value)` where `linear_in(x) = [gate | value]`.
+//! SiLU-gated FFN `linear_out(silu(gate) * value)` where `linear_in(x) = [gate | value]`. A
+//! temporal layer of Kyutai's TTS also cross-attends between the two:
+//! `x += cross_attn(layer_norm_cross(x), source)`.
 
 use moshi_kernels::dense::silu;
 use moshi_loader::NormKind;
 
-use crate::nn::norm::rms_norm;
-use crate::nn::{Attention, AttentionScratch, KvCache, Linear, RopeRotation};
+use crate::nn::norm::{layer_norm, rms_norm};
+use crate::nn::{
+    Attention, AttentionScratch, CrossAttention, CrossAttentionScratch, CrossKeysValues, KvCache,
+    Linear, RopeRotation,
+};
+
+/// Epsilon of the cross-attention's LayerNorm (`nn.LayerNorm(d_model, eps=1e-5)`).
+const CROSS_NORM_EPS: f32 = 1e-5;
 
 /// RMSNorm with a learnt gain (`alpha`, `[dim]`).
 #[derive(Clone, Debug)]
@@ -36,6 +44,33 @@ impl RmsNorm {
 
     pub fn dim(&self) -> usize {
         self.alpha.len()
+    }
+}
+
+/// The cross-attention block of a layer: a LayerNorm with bias (eps 1e-5, as Kyutai's
+/// `norm_cross`, "always a layer norm") and the attention.
+#[derive(Clone, Debug)]
+pub struct CrossBlock {
+    norm_weight: Vec<f32>,
+    norm_bias: Vec<f32>,
+    attention: CrossAttention,
+}
+
+impl CrossBlock {
+    pub fn new(norm_weight: Vec<f32>, norm_bias: Vec<f32>, attention: CrossAttention) -> Self {
+        Self {
+            norm_weight,
+            norm_bias,
+            attention,
+        }
+    }
+
+    pub fn attention(&self) -> &CrossAttention {
+        &self.attention
+    }
+
+    pub fn weight_bytes(&self) -> usize {
+        self.attention.weight_bytes() + (self.norm_weight.len() + self.norm_bias.len()) * 4
     }
 }
 
@@ -90,6 +125,7 @@ pub struct LayerScratch {
     ff_in: Vec<f32>,
     gated: Vec<f32>,
     attention: AttentionScratch,
+    cross: CrossAttentionScratch,
 }
 
 /// One transformer layer.
@@ -99,6 +135,7 @@ pub struct TransformerLayer {
     attention: Attention,
     norm2: RmsNorm,
     gating: Gating,
+    cross: Option<CrossBlock>,
 }
 
 impl TransformerLayer {
@@ -108,7 +145,18 @@ impl TransformerLayer {
             attention,
             norm2,
             gating,
+            cross: None,
         }
+    }
+
+    /// The layer with a cross-attention block between self-attention and the feed-forward.
+    pub fn with_cross(mut self, cross: CrossBlock) -> Self {
+        self.cross = Some(cross);
+        self
+    }
+
+    pub fn cross(&self) -> Option<&CrossBlock> {
+        self.cross.as_ref()
     }
 
     pub fn attention(&self) -> &Attention {
@@ -120,6 +168,7 @@ impl TransformerLayer {
         self.attention.weight_bytes()
             + self.gating.weight_bytes()
             + (self.norm1.dim() + self.norm2.dim()) * 4
+            + self.cross.as_ref().map_or(0, CrossBlock::weight_bytes)
     }
 
     /// Updates the residual streams `xs` (`[m, dim]`), row `i` one new position of its own
@@ -131,6 +180,24 @@ impl TransformerLayer {
         m: usize,
         rotations: Option<&[RopeRotation]>,
         caches: &mut [&mut KvCache],
+        scratch: &mut LayerScratch,
+    ) {
+        self.step_rows_cross(xs, m, rotations, caches, &[], scratch);
+    }
+
+    /// [`TransformerLayer::step_rows`] of a layer with cross-attention, row `i` attending over
+    /// `cross_sources[i]` (this layer's keys and values of its source; empty for a layer
+    /// without cross-attention).
+    ///
+    /// # Panics
+    /// If the layer has cross-attention and `cross_sources` is not one per row (caller bug).
+    pub fn step_rows_cross(
+        &self,
+        xs: &mut [f32],
+        m: usize,
+        rotations: Option<&[RopeRotation]>,
+        caches: &mut [&mut KvCache],
+        cross_sources: &[&CrossKeysValues],
         scratch: &mut LayerScratch,
     ) {
         let dim = self.attention.dim();
@@ -148,6 +215,25 @@ impl TransformerLayer {
         );
         for (a, b) in xs.iter_mut().zip(&scratch.branch) {
             *a += b;
+        }
+        if let Some(cross) = &self.cross {
+            layer_norm(
+                xs,
+                &cross.norm_weight,
+                &cross.norm_bias,
+                CROSS_NORM_EPS,
+                &mut scratch.normed,
+            );
+            cross.attention.step_rows(
+                &scratch.normed,
+                m,
+                cross_sources,
+                &mut scratch.cross,
+                &mut scratch.branch,
+            );
+            for (a, b) in xs.iter_mut().zip(&scratch.branch) {
+                *a += b;
+            }
         }
         self.norm2.forward(xs, &mut scratch.normed);
         let normed = std::mem::take(&mut scratch.normed);

@@ -62,11 +62,11 @@ pub struct AttentionScratch {
 
 /// Where the keys and values a query attends over are: rows `segments` (in that order) of
 /// `keys`/`values`, row `j` at `j * stride`.
-struct Rows<'a, E> {
-    keys: &'a [E],
-    values: &'a [E],
-    stride: usize,
-    segments: [Range<usize>; 2],
+pub(super) struct Rows<'a, E> {
+    pub(super) keys: &'a [E],
+    pub(super) values: &'a [E],
+    pub(super) stride: usize,
+    pub(super) segments: [Range<usize>; 2],
 }
 
 impl<E> Rows<'_, E> {
@@ -313,7 +313,7 @@ impl Attention {
         }
     }
 
-    /// `attended` (`[dim]`) = every head's attention from `q` over `rows`; `scores` is scratch.
+    /// [`attend_over`] with this block's heads.
     fn attend<E: WeightElem>(
         &self,
         q: &[f32],
@@ -321,33 +321,46 @@ impl Attention {
         attended: &mut [f32],
         scores: &mut Vec<f32>,
     ) {
-        let dim = self.dim();
-        let (hd, n) = (self.head_dim, rows.len());
-        let scale = 1.0 / (hd as f32).sqrt();
-        if n * dim >= PARALLEL_MIN_CACHE_FLOATS && self.num_heads > 1 {
-            // Contiguous groups of heads per thread of the team (no futex wake-up per call); each
-            // group streams its part of every cached row, with its scores in a buffer of the
-            // thread that runs it.
-            let groups = crate::team::threads().clamp(1, self.num_heads);
-            let heads_per_group = self.num_heads.div_ceil(groups);
-            crate::team::run_chunks_mut(attended, heads_per_group * hd, &|first, o| {
-                GROUP_SCORES.with_borrow_mut(|scores| {
-                    scores.resize((o.len() / hd) * n, 0.0);
-                    attend_heads(
-                        &q[first..first + o.len()],
-                        rows,
-                        first,
-                        hd,
-                        scale,
-                        scores,
-                        o,
-                    );
-                });
+        attend_over(self.num_heads, self.head_dim, q, rows, attended, scores);
+    }
+}
+
+/// `attended` (`[num_heads * head_dim]`) = every head's attention from `q` over `rows` (no mask:
+/// every row is attended); `scores` is scratch.
+pub(super) fn attend_over<E: WeightElem>(
+    num_heads: usize,
+    head_dim: usize,
+    q: &[f32],
+    rows: &Rows<'_, E>,
+    attended: &mut [f32],
+    scores: &mut Vec<f32>,
+) {
+    let dim = num_heads * head_dim;
+    let (hd, n) = (head_dim, rows.len());
+    let scale = 1.0 / (hd as f32).sqrt();
+    if n * dim >= PARALLEL_MIN_CACHE_FLOATS && num_heads > 1 {
+        // Contiguous groups of heads per thread of the team (no futex wake-up per call); each
+        // group streams its part of every cached row, with its scores in a buffer of the
+        // thread that runs it.
+        let groups = crate::team::threads().clamp(1, num_heads);
+        let heads_per_group = num_heads.div_ceil(groups);
+        crate::team::run_chunks_mut(attended, heads_per_group * hd, &|first, o| {
+            GROUP_SCORES.with_borrow_mut(|scores| {
+                scores.resize((o.len() / hd) * n, 0.0);
+                attend_heads(
+                    &q[first..first + o.len()],
+                    rows,
+                    first,
+                    hd,
+                    scale,
+                    scores,
+                    o,
+                );
             });
-        } else {
-            scores.resize(self.num_heads * n, 0.0);
-            attend_heads(q, rows, 0, hd, scale, scores, attended);
-        }
+        });
+    } else {
+        scores.resize(num_heads * n, 0.0);
+        attend_heads(q, rows, 0, hd, scale, scores, attended);
     }
 }
 

@@ -156,6 +156,33 @@ impl Linear {
         Self::new(LinearWeights::F32(values), out_dim, in_dim)
     }
 
+    /// Output rows before `at` and from `at` on, as two layers (reduced copies are dropped).
+    ///
+    /// # Panics
+    /// If `at` is past the last row (caller bug).
+    pub fn split_rows(self, at: usize) -> (Linear, Linear) {
+        assert!(at <= self.out_dim, "split at row {at} of {}", self.out_dim);
+        let (rows, cols) = (self.out_dim, self.in_dim);
+        let (head, tail) = match self.weights {
+            LinearWeights::F32(mut v) => {
+                let tail = v.split_off(at * cols);
+                (LinearWeights::F32(v), LinearWeights::F32(tail))
+            }
+            LinearWeights::Bf16(mut v) => {
+                let tail = v.split_off(at * cols);
+                (LinearWeights::Bf16(v), LinearWeights::Bf16(tail))
+            }
+            LinearWeights::Quantized(q) => {
+                let (h, t) = q.split_rows(at);
+                (LinearWeights::Quantized(h), LinearWeights::Quantized(t))
+            }
+        };
+        (
+            Linear::new(head, at, cols),
+            Linear::new(tail, rows - at, cols),
+        )
+    }
+
     pub fn out_dim(&self) -> usize {
         self.out_dim
     }
