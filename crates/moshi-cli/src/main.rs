@@ -95,6 +95,8 @@ enum Command {
     Quantize(commands::quantize::QuantizeArgs),
     /// Speech to text (Kyutai's STT models): the words of a WAV file with their times.
     Transcribe(commands::transcribe::TranscribeArgs),
+    /// Text to speech (Kyutai's TTS models): say a text in a voice, into a WAV file.
+    Speak(commands::speak::SpeakArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -142,6 +144,7 @@ fn main() -> std::process::ExitCode {
         Command::Bench(a) => commands::bench::run(a, &cli.log),
         Command::Quantize(a) => commands::quantize::run(a),
         Command::Transcribe(a) => commands::transcribe::run(a),
+        Command::Speak(a) => commands::speak::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

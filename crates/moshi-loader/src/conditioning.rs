@@ -61,10 +61,10 @@ pub struct FuserConfig {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub prepend: Vec<String>,
     /// Sinusoidal position embeddings added to the cross-attention source.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cross_attention_pos_emb: bool,
     /// Their scale; Kyutai's default 1.
-    #[serde(default = "default_pos_emb_scale")]
+    #[serde(default = "default_pos_emb_scale", skip_serializing_if = "is_one")]
     pub cross_attention_pos_emb_scale: f64,
     #[serde(flatten)]
     pub unknown: BTreeMap<String, serde_json::Value>,
@@ -72,6 +72,10 @@ pub struct FuserConfig {
 
 fn default_pos_emb_scale() -> f64 {
     1.0
+}
+
+fn is_one(x: &f64) -> bool {
+    *x == 1.0
 }
 
 impl Default for FuserConfig {

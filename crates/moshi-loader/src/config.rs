@@ -236,12 +236,16 @@ pub struct LmConfig {
     pub tts_config: Option<TtsConfig>,
     /// Cross-attention in every temporal layer, on the conditioners of `fuser.cross` (Kyutai's
     /// TTS: the speaker embeddings).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cross_attention: bool,
     /// The text input carries two muxed streams, `(second + 1) * (text_card + 1) + main`
     /// (Kyutai's TTS: the words to say and a look-ahead), demuxed by the embeddings.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub demux_second_stream: bool,
+    /// Width of the text head when it differs from `text_card` (Kyutai's `text_card_out`); only
+    /// null or `text_card` is implemented (checked by [`LmConfig::validate`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text_card_out: Option<usize>,
     /// The checkpoint's signature and epoch (Kyutai's TTS: voice files are named
     /// `<voice>.<sig>@<epoch>.safetensors`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -589,7 +593,7 @@ impl LmConfig {
         use serde_json::Value;
         /// A key, whether a value of it changes nothing, and what is supported.
         type NeutralRule = (&'static str, fn(&Value, &LmConfig) -> bool, &'static str);
-        let neutral: [NeutralRule; 3] = [
+        let neutral: [NeutralRule; 2] = [
             (
                 "kv_repeat",
                 |v, _| v.is_null() || v.as_u64() == Some(1),
@@ -600,12 +604,14 @@ impl LmConfig {
                 |v, _| v.is_null(),
                 "null: norms around the depformer (Hibiki-Zero's layer_norm) are not implemented",
             ),
-            (
-                "text_card_out",
-                |v, cfg| v.is_null() || v.as_u64() == Some(cfg.text_card as u64),
-                "null or text_card: a text head of another size is not implemented",
-            ),
         ];
+        if let Some(out) = self.text_card_out.filter(|&o| o != self.text_card) {
+            return Err(c.unsupported(
+                "text_card_out",
+                out.to_string(),
+                "null or text_card: a text head of another size is not implemented",
+            ));
+        }
         for (key, is_neutral, supported) in neutral {
             if let Some(v) = self.unknown.get(key) {
                 if !is_neutral(v, self) {
@@ -736,14 +742,6 @@ impl LmConfig {
     /// `tts_config` in range; cross-attention and the muxed text stream only with it (no other
     /// model type uses them).
     fn validate_text_to_speech(&self, c: &ConfigChecker) -> Result<()> {
-        let fuser_cross = self.fuser.as_ref().is_some_and(|f| !f.cross.is_empty());
-        if self.cross_attention != fuser_cross {
-            return Err(c.unsupported(
-                "cross_attention",
-                self.cross_attention.to_string(),
-                "true exactly when `fuser.cross` names a conditioner",
-            ));
-        }
         if !self.is_text_to_speech() {
             for (key, on) in [
                 ("cross_attention", self.cross_attention),
@@ -758,6 +756,14 @@ impl LmConfig {
                 }
             }
             return Ok(());
+        }
+        let fuser_cross = self.fuser.as_ref().is_some_and(|f| !f.cross.is_empty());
+        if self.cross_attention != fuser_cross {
+            return Err(c.unsupported(
+                "cross_attention",
+                self.cross_attention.to_string(),
+                "true exactly when `fuser.cross` names a conditioner",
+            ));
         }
         if self.dep_q != self.n_q {
             return Err(c.unsupported(

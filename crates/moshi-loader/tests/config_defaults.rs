@@ -260,8 +260,6 @@ fn unimplemented_architecture_keys_are_refused_unless_neutral() {
     for (key, value) in [
         ("kv_repeat", json!(2)),
         ("depformer_norm", json!("layer_norm")),
-        ("demux_second_stream", json!(true)),
-        ("cross_attention", json!(true)),
         ("text_card_out", json!(8000)),
     ] {
         let err = edited_7b(|v| v[key] = value.clone())
@@ -270,6 +268,14 @@ fn unimplemented_architecture_keys_are_refused_unless_neutral() {
         assert!(
             err.contains(&format!("`{key}`")) && err.contains("not implemented"),
             "{key} {value}: {err}"
+        );
+    }
+    // The TTS's keys, in a model that is not text to speech.
+    for key in ["demux_second_stream", "cross_attention"] {
+        let err = edited_7b(|v| v[key] = json!(true)).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!("`{key}`")) && err.contains("text-to-speech"),
+            "{key}: {err}"
         );
     }
 }

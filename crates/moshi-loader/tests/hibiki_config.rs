@@ -120,7 +120,7 @@ fn bad_conditioning_keys_are_errors_naming_the_file_and_key() {
             Box::new(|v| {
                 v.as_object_mut().unwrap().remove("fuser");
             }),
-            "not in fuser.sum",
+            "in neither fuser.sum",
         ),
         (
             Box::new(|v| v["conditioners"]["description"]["type"] = "tensor".into()),

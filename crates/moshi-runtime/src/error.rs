@@ -93,4 +93,8 @@ pub enum RuntimeError {
     },
     #[error("the model is {kind}, not a speech-to-text model (`model_type` \"stt\")")]
     NotSpeechToText { kind: &'static str },
+    #[error(
+        "the model is text to speech (`model_type` \"tts\"): it takes text, not audio; use `moshi-rs speak`, or `serve` for /api/tts_streaming"
+    )]
+    TextToSpeechModel,
 }

@@ -17,6 +17,7 @@ pub mod recorder;
 pub mod resample;
 pub mod riff;
 pub mod ring;
+pub mod speak;
 pub mod transcribe;
 pub mod translate;
 pub mod wav;

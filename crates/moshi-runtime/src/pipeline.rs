@@ -139,6 +139,11 @@ impl MoshiModel {
         })
     }
 
+    /// A fresh Mimi stream over the model's weights (each stream owns its states).
+    pub fn mimi_stream(&self) -> Mimi {
+        self.mimi.clone()
+    }
+
     /// The LM's generator (weights, config).
     pub fn generator(&self) -> &Generator {
         &self.lm
@@ -194,6 +199,9 @@ impl MoshiModel {
     /// A new conversation at its start. Errors on settings the model cannot take (a bad
     /// temperature, guidance on a model without conditioners).
     pub fn new_session(&self, settings: &SessionSettings) -> Result<MoshiSession> {
+        if self.kind() == ModelKind::TextToSpeech {
+            return Err(RuntimeError::TextToSpeechModel);
+        }
         let conv = self.conventions();
         let lm = self.lm.new_session(LmSessionSettings {
             sampling: settings.sampling.clone(),

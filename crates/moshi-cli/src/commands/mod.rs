@@ -13,6 +13,7 @@ pub mod outputs;
 pub mod quantize;
 pub mod serve;
 pub mod signals;
+pub mod speak;
 pub mod stdout;
 pub mod transcribe;
 pub mod transcribe_mic;

@@ -1,0 +1,203 @@
+//! `moshi-rs speak` end to end through the built binary on `assets/tiny-tts` (Kyutai's TTS in
+//! miniature): greedy with cfg 2.0, every returned frame of the official PyTorch run
+//! (`ref/tts_greedy.json`: the muxed text and the 32 codes, `null` before the audio starts),
+//! the WAV within one LSB of `ref/output.wav` (`frames[delay_steps:]` decoded by Mimi, int16 as
+//! `sphn.write_wav`), the words at the steps they were consumed; the same from `--text-file`
+//! and from standard input read line by line; and clear failures on bad input.
+
+mod common;
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use common::{assert_fails, assert_wav_within_lsb, asset_dir, jsonl, moshi, s};
+use serde_json::Value;
+
+const VOICE: &str = "expresso/ex03-ex01_happy_001_channel1_334s.wav";
+
+fn reference() -> Value {
+    let text = std::fs::read_to_string(asset_dir("tiny-tts").join("ref/tts_greedy.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+/// `speak`'s flags for the fixture's run, into `dir`.
+fn run_args(dir: &std::path::Path) -> Vec<String> {
+    [
+        "--model",
+        s(&asset_dir("tiny-tts")),
+        "--voice",
+        VOICE,
+        "--greedy",
+        "--tokens-out",
+        s(&dir.join("steps.jsonl")),
+        "--words",
+        s(&dir.join("words.tsv")),
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect()
+}
+
+fn check_outputs(dir: &std::path::Path, reference: &Value) {
+    let lines = jsonl(&dir.join("steps.jsonl"));
+    let text = reference["frames_text"].as_array().unwrap();
+    let audio = reference["frames_audio"].as_array().unwrap();
+    assert_eq!(lines.len(), text.len(), "returned frames");
+    for (i, line) in lines.iter().enumerate() {
+        assert_eq!(line["frame"], i);
+        assert_eq!(line["text"], text[i], "text of frame {i}");
+        let want_audio = if audio[i][0] == -1 {
+            Value::Null
+        } else {
+            audio[i].clone()
+        };
+        assert_eq!(line["audio"], want_audio, "audio of frame {i}");
+    }
+    assert_wav_within_lsb(
+        &dir.join("out.wav"),
+        &asset_dir("tiny-tts").join("ref/output.wav"),
+        1,
+    );
+    let words = std::fs::read_to_string(dir.join("words.tsv")).unwrap();
+    let transcript = reference["transcript"].as_array().unwrap();
+    assert_eq!(words.lines().count(), transcript.len());
+    for (line, want) in words.lines().zip(transcript) {
+        let cols: Vec<&str> = line.split('\t').collect();
+        let start: f64 = cols[0].parse().unwrap();
+        assert_eq!(cols[2], want[0].as_str().unwrap());
+        assert!(
+            (start - want[1].as_f64().unwrap() / 12.5).abs() < 1e-9,
+            "{line}"
+        );
+    }
+}
+
+#[test]
+fn the_official_run_is_reproduced_frame_for_frame() {
+    let reference = reference();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.wav");
+    let mut args = vec![
+        "speak".to_string(),
+        reference["script"].as_str().unwrap().to_string(),
+        s(&out).to_string(),
+    ];
+    args.extend(run_args(dir.path()));
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let o = moshi(&refs);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    check_outputs(dir.path(), &reference);
+}
+
+#[test]
+fn text_from_a_file_or_streamed_on_stdin_says_the_same() {
+    let reference = reference();
+    // The script over two lines: the words are queued as each line arrives.
+    let script = reference["script"]
+        .as_str()
+        .unwrap()
+        .replacen(", ", ",\n", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let text_file = dir.path().join("in.txt");
+    std::fs::write(&text_file, &script).unwrap();
+    let mut args = vec![
+        "speak".to_string(),
+        "--text-file".to_string(),
+        s(&text_file).to_string(),
+        s(&dir.path().join("out.wav")).to_string(),
+    ];
+    args.extend(run_args(dir.path()));
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let o = moshi(&refs);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    check_outputs(dir.path(), &reference);
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = vec![
+        "speak".to_string(),
+        "-".into(),
+        s(&dir.path().join("out.wav")).into(),
+    ];
+    args.extend(run_args(dir.path()));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_moshi-rs"))
+        .args(&args)
+        .env("HF_HUB_OFFLINE", "1")
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    for line in script.lines() {
+        writeln!(stdin, "{line}").unwrap();
+        stdin.flush().unwrap();
+    }
+    drop(stdin);
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    check_outputs(dir.path(), &reference);
+}
+
+#[test]
+fn bad_input_fails_clearly_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.wav");
+    let model = asset_dir("tiny-tts");
+    let base = |text: &str, voice: &str| {
+        vec![
+            "speak".to_string(),
+            text.to_string(),
+            s(&out).to_string(),
+            "--model".into(),
+            s(&model).into(),
+            "--voice".into(),
+            voice.to_string(),
+        ]
+    };
+    let run = |args: Vec<String>| {
+        let refs: Vec<&str> = args.iter().skip(1).map(String::as_str).collect();
+        let mut all = vec!["speak"];
+        all.extend(refs);
+        moshi(&all)
+    };
+    assert_fails(&run(base("   ", VOICE)), &["no word to say"]);
+    assert_fails(
+        &run(base("hi", "expresso/nobody.wav")),
+        &["--voice", "nobody.wav"],
+    );
+    assert_fails(
+        &run(base("hi", "../../etc/passwd")),
+        &["--voice", "inside the voices folder"],
+    );
+    let mut args = base("hi", VOICE);
+    args.extend(["--cfg-coef".into(), "1.7".into()]);
+    assert_fails(&run(args), &["--cfg-coef", "cfg"]);
+    let mut no_voice = base("hi", VOICE);
+    no_voice.truncate(5);
+    assert_fails(&run(no_voice), &["--voice is needed"]);
+    // A model that is not text to speech.
+    let mut args = base("hi", VOICE);
+    args[4] = s(&asset_dir("tiny-a")).into();
+    assert_fails(&run(args), &["speak needs a text-to-speech model"]);
+    // Text that is not UTF-8.
+    let bad = dir.path().join("bad.txt");
+    std::fs::write(&bad, b"caf\xe9\n").unwrap();
+    let o = moshi(&[
+        "speak",
+        "--text-file",
+        s(&bad),
+        s(&out),
+        "--model",
+        s(&model),
+        "--voice",
+        VOICE,
+    ]);
+    assert_fails(&o, &["--text-file", "UTF-8"]);
+    assert!(!out.exists(), "no output on failure");
+    // Every one of these left nothing behind.
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n != "bad.txt")
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
