@@ -5,7 +5,7 @@
 //! `tts_pytorch.py` decodes `frames[delay_steps:]`), its 1920 samples decoded by Mimi.
 
 use moshi_loader::voice::Voice;
-use moshi_model::generator::{LmSession, LmSessionSettings, StepInput};
+use moshi_model::generator::{LmSession, LmSessionSettings, StepDetails, StepInput};
 use moshi_model::lm::embedding::ZERO_TOKEN;
 use moshi_model::mimi::Mimi;
 use moshi_model::tts::machine::Entry;
@@ -119,10 +119,29 @@ impl TtsSpeaker {
     /// One step: the frame it returns (None while the LM's delays fill), decoded once the
     /// audio has started.
     pub fn step(&mut self, model: &MoshiModel) -> Result<Option<SpokenFrame>> {
-        let mut results = model
-            .generator()
-            .step(&mut [&mut self.lm], &[StepInput::UserCodes(&[])]);
-        let details = results.pop().expect("one session, one result")?;
+        Self::step_together(model, &mut [self])
+            .pop()
+            .expect("one stream, one result")
+    }
+
+    /// One step of several streams of `model` together (one LM pass for all: the weights read
+    /// once), each getting what it gets alone; a stream's error is its own.
+    pub fn step_together(
+        model: &MoshiModel,
+        speakers: &mut [&mut TtsSpeaker],
+    ) -> Vec<Result<Option<SpokenFrame>>> {
+        let inputs = vec![StepInput::UserCodes(&[]); speakers.len()];
+        let mut sessions: Vec<&mut LmSession> = speakers.iter_mut().map(|s| &mut s.lm).collect();
+        let results = model.generator().step(&mut sessions, &inputs);
+        speakers
+            .iter_mut()
+            .zip(results)
+            .map(|(s, r)| s.finish_step(r?))
+            .collect()
+    }
+
+    /// The frame of a step's details, decoded by this stream's Mimi once the audio has started.
+    fn finish_step(&mut self, details: StepDetails) -> Result<Option<SpokenFrame>> {
         let Some(frame) = details.frame else {
             return Ok(None);
         };
