@@ -59,6 +59,7 @@ fn entries(reference: &Value) -> Vec<Entry> {
         ScriptOptions {
             multi_speaker: true,
             padding_between: 1,
+            moshi_server: false,
         },
     );
     reader

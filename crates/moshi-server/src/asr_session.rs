@@ -250,7 +250,7 @@ impl AsrStream {
             Incoming::Binary(b) => b,
             Incoming::Control => return Ok(()),
             // moshi-server ignores text frames too.
-            Incoming::Text => {
+            Incoming::Text(_) => {
                 self.messages_ignored += 1;
                 return Ok(());
             }

@@ -50,13 +50,18 @@ pub(crate) enum SessionEnd {
     /// The session reached `--max-session-s`.
     MaxDuration(Duration),
     Shutdown,
+    /// The server finished what the session asked (a TTS stream said all its text).
+    Completed,
 }
 
 impl SessionEnd {
     /// The kind-5 sentence for the client, if it should get one.
     pub(crate) fn client_message(&self) -> Option<String> {
         match self {
-            Self::ClientClosed | Self::ConnectionLost(_) | Self::NotReading(_) => None,
+            Self::ClientClosed
+            | Self::ConnectionLost(_)
+            | Self::NotReading(_)
+            | Self::Completed => None,
             Self::TooLarge(m) | Self::BadInput(m) | Self::TooSlow(m) | Self::NotUtf8(m) => {
                 Some(format!("{m}; closing the session"))
             }
@@ -85,14 +90,17 @@ impl SessionEnd {
             Self::Engine(_) => EndReason::ModelFailed,
             Self::MaxDuration(_) => EndReason::MaxDuration,
             Self::Shutdown => EndReason::Shutdown,
+            Self::Completed => EndReason::Completed,
         }
     }
 
     pub(crate) fn close_code(&self) -> u16 {
         match self {
-            Self::ClientClosed | Self::ConnectionLost(_) | Self::Idle(_) | Self::MaxDuration(_) => {
-                close_code::NORMAL
-            }
+            Self::ClientClosed
+            | Self::ConnectionLost(_)
+            | Self::Idle(_)
+            | Self::MaxDuration(_)
+            | Self::Completed => close_code::NORMAL,
             Self::TooLarge(_) => close_code::TOO_BIG,
             Self::NotUtf8(_) => close_code::INVALID_PAYLOAD,
             Self::BadInput(_) | Self::TooSlow(_) | Self::NotReading(_) => close_code::POLICY,
@@ -115,6 +123,7 @@ impl SessionEnd {
             Self::Engine(e) => format!("the model failed: {e}"),
             Self::MaxDuration(d) => format!("--max-session-s {} reached", d.as_secs_f64()),
             Self::Shutdown => "server shutdown".into(),
+            Self::Completed => "everything was said".into(),
         }
     }
 }
@@ -361,7 +370,8 @@ impl Liveness {
 /// A client's websocket message, as a protocol sees it.
 pub(crate) enum Incoming {
     Binary(axum::body::Bytes),
-    Text,
+    /// A text message (its text).
+    Text(String),
     /// A ping or a pong (recorded in the [`Liveness`]): nothing for the protocol.
     Control,
 }
@@ -382,7 +392,7 @@ pub(crate) fn incoming(
             Ok(Incoming::Control)
         }
         Some(Ok(Message::Ping(_))) => Ok(Incoming::Control),
-        Some(Ok(Message::Text(_))) => Ok(Incoming::Text),
+        Some(Ok(Message::Text(t))) => Ok(Incoming::Text(t.to_string())),
     }
 }
 

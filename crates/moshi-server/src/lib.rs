@@ -28,6 +28,9 @@ pub mod recorder;
 mod session;
 pub mod session_engine;
 pub mod tls;
+pub mod tts_engine;
+pub mod tts_protocol;
+pub mod tts_session;
 pub mod web_ui;
 
 use std::net::SocketAddr;

@@ -84,10 +84,12 @@ pub enum EndReason {
     ModelFailed,
     MaxDuration,
     Shutdown,
+    /// The server finished what the session asked (a TTS stream said all its text).
+    Completed,
 }
 
 impl EndReason {
-    pub const ALL: [EndReason; 9] = [
+    pub const ALL: [EndReason; 10] = [
         Self::ClientClosed,
         Self::ConnectionLost,
         Self::BadInput,
@@ -97,6 +99,7 @@ impl EndReason {
         Self::ModelFailed,
         Self::MaxDuration,
         Self::Shutdown,
+        Self::Completed,
     ];
 
     pub fn label(self) -> &'static str {
@@ -110,6 +113,7 @@ impl EndReason {
             Self::ModelFailed => "model_failed",
             Self::MaxDuration => "max_duration",
             Self::Shutdown => "shutdown",
+            Self::Completed => "completed",
         }
     }
 }

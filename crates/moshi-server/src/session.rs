@@ -255,7 +255,7 @@ impl Session {
         let bytes = match incoming(message, max, &mut self.liveness)? {
             Incoming::Binary(b) => b,
             Incoming::Control => return Ok(()),
-            Incoming::Text => {
+            Incoming::Text(_) => {
                 return Err(SessionEnd::BadInput(
                     "text websocket messages are not part of the protocol: send binary messages whose first byte is the kind (1 = audio)".into(),
                 ))

@@ -256,6 +256,7 @@ fn speak(
             .cross_conditioners()
             .is_empty(),
         padding_between: args.padding_between,
+        moshi_server: false,
     };
     let mut reader = ScriptReader::new(encode, options);
     let mut lines = text_lines(args)?;

@@ -18,10 +18,14 @@ pub struct ScriptOptions {
     pub multi_speaker: bool,
     /// Padding forced between words (Kyutai's scripts use 1).
     pub padding_between: usize,
+    /// moshi-server's text preprocessing (`tts_preprocess.rs`) instead of `script_to_entries`:
+    /// '–' removed too, and a break of X s (`<break time="X s"/>`, the `/` required) pauses
+    /// `max(int(min(X, 10) x 12.5), 1)` steps (none for 0).
+    pub moshi_server: bool,
 }
 
 /// What turns a word into tokens (the model's SentencePiece `encode`, no BOS/EOS).
-pub type WordEncoder<'a> = dyn Fn(&str) -> Result<Vec<u32>> + 'a;
+pub type WordEncoder<'a> = dyn Fn(&str) -> Result<Vec<u32>> + Send + Sync + 'a;
 
 /// Turns words into entries, keeping track of the speaker across calls (so a script can be fed
 /// piecewise, as text streams in).
@@ -57,10 +61,10 @@ impl<'a> ScriptReader<'a> {
         text: &str,
         starts_turn: bool,
     ) -> Result<Vec<Entry>> {
-        let text = clean(text);
+        let text = clean(text, self.options.moshi_server);
         let mut first_content = starts_turn;
         let mut entries = Vec::new();
-        for piece in split(&text) {
+        for piece in split(&text, self.options.moshi_server) {
             match piece {
                 Piece::Word(word) => {
                     let mut tokens = (self.encode)(word)?;
@@ -81,6 +85,15 @@ impl<'a> ScriptReader<'a> {
                         padding,
                     });
                 }
+                Piece::Break { seconds } if self.options.moshi_server => {
+                    if seconds > 0.0 {
+                        entries.push(Entry {
+                            tokens: Vec::new(),
+                            text: format!("<break time=\"{seconds:.2}s\">"),
+                            padding: ((seconds.min(10.0) * FRAME_RATE_HZ) as usize).max(1),
+                        });
+                    }
+                }
                 Piece::Break { seconds } => entries.push(Entry {
                     tokens: Vec::new(),
                     text: String::new(),
@@ -92,11 +105,16 @@ impl<'a> ScriptReader<'a> {
     }
 }
 
-/// `script_to_entries`'s replacements.
-fn clean(text: &str) -> String {
-    text.replace('’', "'")
+/// `script_to_entries`'s replacements (and moshi-server's, which also drops '–').
+fn clean(text: &str, moshi_server: bool) -> String {
+    let text = text
+        .replace('’', "'")
         .replace(':', " ")
-        .replace(['(', ')'], "")
+        .replace(['(', ')'], "");
+    match moshi_server {
+        true => text.replace('–', ""),
+        false => text,
+    }
 }
 
 enum Piece<'t> {
@@ -106,13 +124,17 @@ enum Piece<'t> {
 
 /// Words and breaks in order (`re.search` of `<break time="..s"/>` or whitespace, the break
 /// tried first at each position).
-fn split(text: &str) -> Vec<Piece<'_>> {
+fn split(text: &str, moshi_server: bool) -> Vec<Piece<'_>> {
     let mut pieces = Vec::new();
     let mut word_start = 0;
     let mut i = 0;
     while i < text.len() {
         let rest = &text[i..];
-        let (len, seconds) = match break_tag(rest) {
+        let tag = match moshi_server {
+            true => server_break_tag(rest),
+            false => break_tag(rest),
+        };
+        let (len, seconds) = match tag {
             Some((len, seconds)) => (len, Some(seconds)),
             None => {
                 let ws: usize = rest
@@ -178,6 +200,29 @@ fn break_tag(s: &str) -> Option<(usize, f64)> {
     Some((consumed, seconds))
 }
 
+/// moshi-server's `<break\s+time="([0-9.]+)s"\s*/>` at the start of `s`: its length and
+/// seconds (None for a number that does not parse, as there).
+fn server_break_tag(s: &str) -> Option<(usize, f64)> {
+    let rest = s.strip_prefix("<break")?;
+    let ws = leading_whitespace(rest);
+    if ws == 0 {
+        return None;
+    }
+    let rest = rest[ws..].strip_prefix("time=\"")?;
+    let number_len = rest
+        .bytes()
+        .take_while(|b| b.is_ascii_digit() || *b == b'.')
+        .count();
+    if number_len == 0 {
+        return None;
+    }
+    let tail = rest[number_len..].strip_prefix("s\"")?;
+    let ws = leading_whitespace(tail);
+    let tail = tail[ws..].strip_prefix("/>")?;
+    let seconds: f64 = rest[..number_len].parse().ok()?;
+    Some((s.len() - tail.len(), seconds))
+}
+
 fn leading_whitespace(s: &str) -> usize {
     s.chars()
         .take_while(|c| c.is_whitespace())
@@ -201,6 +246,7 @@ mod tests {
             ScriptOptions {
                 multi_speaker: true,
                 padding_between: 1,
+                moshi_server: false,
             },
         );
         let entries = reader
@@ -227,10 +273,48 @@ mod tests {
             ScriptOptions {
                 multi_speaker: true,
                 padding_between: 0,
+                moshi_server: false,
             },
         )
         .script(turns)
         .unwrap()
+    }
+
+    #[test]
+    fn moshi_server_preprocessing_caps_breaks_and_drops_dashes() {
+        let encode: &WordEncoder = &letters;
+        let mut reader = ScriptReader::new(
+            encode,
+            ScriptOptions {
+                multi_speaker: true,
+                padding_between: 1,
+                moshi_server: true,
+            },
+        );
+        let entries = reader
+            .turn_part(
+                0,
+                "a–b <break time=\"0.5s\"/> c <break time=\"30s\"/><break time=\"0s\"/>",
+                true,
+            )
+            .unwrap();
+        let texts: Vec<&str> = entries.iter().map(|e| e.text.as_str()).collect();
+        assert_eq!(
+            texts,
+            [
+                "ab",
+                "<break time=\"0.50s\">",
+                "c",
+                "<break time=\"30.00s\">"
+            ]
+        );
+        // int(0.5 x 12.5) = 6; 30 s capped at 10 s: 125.
+        assert_eq!((entries[1].padding, entries[3].padding), (6, 125));
+        assert!(entries[1].tokens.is_empty());
+        assert_eq!(entries[0].tokens[0], MAIN_SPEAKER);
+        // Later pieces of the same turn get no speaker token.
+        let more = reader.turn_part(0, "d", false).unwrap();
+        assert_eq!(more[0].tokens, letters("d").unwrap());
     }
 
     #[test]
