@@ -12,95 +12,15 @@ mod common;
 use std::time::Duration;
 
 use common::asr::{
-    asr_url, dsm_stream, expected_messages, start_server, tiny_stt, FRAME, KEY, SECOND,
+    asr_url, audio, connect, dsm_stream, expected_messages, start_server, tiny_stt,
+    transcribe_stream, without_buffered, FRAME, KEY, SECOND,
 };
 use common::serve::read_wav;
 use futures_util::{SinkExt, StreamExt};
-use moshi_server::asr_protocol::{AsrClientMessage, AsrServerMessage};
+use moshi_server::asr_protocol::AsrServerMessage;
 use moshi_test_support::{path_str, run_binary};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
-
-type Socket =
-    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
-
-async fn connect(url: &str, key: Option<&str>) -> Result<Socket, String> {
-    let mut request = url.into_client_request().unwrap();
-    if let Some(k) = key {
-        request
-            .headers_mut()
-            .insert("kyutai-api-key", k.parse().unwrap());
-    }
-    match tokio_tungstenite::connect_async(request).await {
-        Ok((socket, _)) => Ok(socket),
-        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => {
-            Err(format!("HTTP {}", r.status().as_u16()))
-        }
-        Err(e) => Err(e.to_string()),
-    }
-}
-
-fn audio(pcm: &[f32]) -> Message {
-    Message::Binary(
-        AsrClientMessage::Audio { pcm: pcm.to_vec() }
-            .to_bytes()
-            .into(),
-    )
-}
-
-/// Sends `before`, a marker, then `after` as fast as the server takes them, and returns every
-/// message received up to the marker's echo.
-async fn transcribe_stream(
-    socket: Socket,
-    before: Vec<Vec<f32>>,
-    marker: i64,
-    after: Vec<Vec<f32>>,
-) -> Vec<AsrServerMessage> {
-    let (mut tx, mut rx) = socket.split();
-    let sender = tokio::spawn(async move {
-        for chunk in &before {
-            tx.send(audio(chunk)).await?;
-        }
-        let m = AsrClientMessage::Marker { id: marker }.to_bytes();
-        tx.send(Message::Binary(m.into())).await?;
-        for chunk in &after {
-            tx.send(audio(chunk)).await?;
-        }
-        Ok::<_, tokio_tungstenite::tungstenite::Error>(tx)
-    });
-    let mut got = Vec::new();
-    loop {
-        let m = tokio::time::timeout(Duration::from_secs(60), rx.next())
-            .await
-            .expect("the server went silent")
-            .expect("the connection closed before the marker")
-            .expect("receive");
-        let Message::Binary(bytes) = m else { continue };
-        let message = AsrServerMessage::from_bytes(&bytes).expect("a protocol message");
-        let done = message == AsrServerMessage::Marker { id: marker };
-        got.push(message);
-        if done {
-            break;
-        }
-    }
-    sender.abort();
-    got
-}
-
-/// `Step`'s `buffered_pcm` depends on how fast the client sends: left out of comparisons.
-fn without_buffered(messages: &[AsrServerMessage]) -> Vec<AsrServerMessage> {
-    messages
-        .iter()
-        .map(|m| match m {
-            AsrServerMessage::Step { step_idx, prs, .. } => AsrServerMessage::Step {
-                step_idx: *step_idx,
-                prs: prs.clone(),
-                buffered_pcm: 0,
-            },
-            other => other.clone(),
-        })
-        .collect()
-}
 
 #[test]
 fn a_stream_gets_the_words_of_the_same_audio_offline() {

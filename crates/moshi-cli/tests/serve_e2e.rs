@@ -7,78 +7,12 @@
 
 mod common;
 
-use std::path::Path;
-use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::serve::{align, files_ending, read_wav, tiny_model, Server};
-use moshi_server::client::{self, Received};
+use common::chat::{converse, file_tokens, wait_for_file};
+use common::serve::{align, read_wav, tiny_model, Server};
+use moshi_server::client::Received;
 use moshi_server::ogg_opus::{OggOpusWriter, OpusPacketing};
-
-/// What a client got from one session, in order.
-struct Conversation {
-    messages: Vec<Received>,
-    audio: Vec<f32>,
-    text: String,
-}
-
-/// Streams `pcm` at real pace in 40 ms messages, waits `tail` for the last answers, closes.
-async fn converse(url: &str, pcm: &[f32], tail: Duration) -> Conversation {
-    let (mut tx, mut rx) = client::connect(url, OpusPacketing::WEB_CLIENT)
-        .await
-        .expect("connect");
-    let receiver = tokio::spawn(async move {
-        let mut messages = Vec::new();
-        loop {
-            let m = tokio::time::timeout(Duration::from_secs(30), rx.recv())
-                .await
-                .expect("the server went silent")
-                .expect("receive");
-            let closed = matches!(m, Received::Closed(_));
-            messages.push(m);
-            if closed {
-                return messages;
-            }
-        }
-    });
-    let start = tokio::time::Instant::now();
-    for (i, chunk) in pcm.chunks(960).enumerate() {
-        tokio::time::sleep_until(start + Duration::from_millis(40 * i as u64)).await;
-        tx.send_pcm(chunk).await.expect("send audio");
-    }
-    tokio::time::sleep(tail).await;
-    tx.close().await.expect("close");
-    let messages = receiver.await.unwrap();
-    let mut audio = Vec::new();
-    let mut text = String::new();
-    for m in &messages {
-        match m {
-            Received::Audio(pcm) => audio.extend_from_slice(pcm),
-            Received::Text(t) => text.push_str(t),
-            _ => {}
-        }
-    }
-    Conversation {
-        messages,
-        audio,
-        text,
-    }
-}
-
-fn wait_for_file(dir: &Path, suffix: &str) -> std::path::PathBuf {
-    let t0 = Instant::now();
-    loop {
-        if let Some(p) = files_ending(dir, suffix).pop() {
-            return p;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "no *{suffix} in {}",
-            dir.display()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 #[test]
 fn a_real_pace_client_gets_the_tokens_of_file_mode() {
@@ -159,23 +93,9 @@ fn a_real_pace_client_gets_the_tokens_of_file_mode() {
 
     // Greedy: `moshi-rs file` on what the server heard gives the same tokens and text (with the
     // server's default bf16 KV caches; file's default is f32).
-    let dir = tempfile::tempdir().unwrap();
-    let file_tokens = dir.path().join("t.jsonl");
     let heard_path = wait_for_file(record.path(), "-in.wav");
-    let o = Command::new(env!("CARGO_BIN_EXE_moshi-rs"))
-        .args(["file", heard_path.to_str().unwrap()])
-        .arg(dir.path().join("out.wav"))
-        .args(["--model", tiny_model().to_str().unwrap(), "--greedy"])
-        .args(["--kv-cache", "bf16"])
-        .arg("--tokens-out")
-        .arg(&file_tokens)
-        .env("HF_HUB_OFFLINE", "1")
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let expected = std::fs::read_to_string(&file_tokens).unwrap();
+    let (expected, file_text) = file_tokens(&heard_path, &tiny_model(), "bf16");
     assert_eq!(server_tokens, expected, "server tokens != file tokens");
-    let file_text = String::from_utf8_lossy(&o.stdout).trim_end().to_string();
     // `file` prints the words with their control characters escaped (a terminal gets no raw
     // escape sequence); the server sends them as they are.
     let sent_text = moshi_loader::escape::escape_controls_in_lines(got.text.trim_end());

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use common::serve::{root, tiny_model, Server};
 use moshi_server::client::{self, ClientError, Received};
-use moshi_server::metrics::sample;
+use moshi_server::metrics::{of_module, sample};
 use moshi_server::ogg_opus::OpusPacketing;
 
 /// HAProxy running the documented configuration; killed when dropped.
@@ -119,9 +119,11 @@ fn used(r: &Server) -> usize {
     v["used"].as_u64().unwrap() as usize
 }
 
+/// The replica's `/api/chat` module's sample `name`.
 fn metric(r: &Server, name: &str) -> f64 {
     let (_, text) = get(&r.addr, "/metrics");
-    sample(&text, name).unwrap_or_else(|| panic!("no {name} in\n{text}"))
+    let name = of_module(name, "/api/chat");
+    sample(&text, &name).unwrap_or_else(|| panic!("no {name} in\n{text}"))
 }
 
 /// Waits until the replicas' sessions are `want` (in order), or panics after 10 s.

@@ -22,7 +22,7 @@ use moshi_server::ogg_opus::{OggOpusWriter, OpusPacketing};
 use moshi_server::session_engine::{
     EngineSession, OpenError, SessionEngine, SessionEvent, SessionSettings,
 };
-use moshi_server::{ServerConfig, WebUi};
+use moshi_server::{Endpoint, Module, ServerConfig, WebUi};
 
 /// The engine, with the compute time of every frame noted as it passes to the session.
 struct Timed {
@@ -98,8 +98,9 @@ fn main() {
     let (sent_at, received_at) = runtime.block_on(async {
         let mut config = ServerConfig::new("127.0.0.1:0".parse().unwrap());
         config.web_ui = WebUi::None;
-        config.default_sampling = SamplingConfig::greedy();
-        let server = moshi_server::start(config, Arc::new(engine)).await.unwrap();
+        let mut module = Module::new(Endpoint::Chat, Arc::new(engine));
+        module.default_sampling = SamplingConfig::greedy();
+        let server = moshi_server::start(config, vec![module]).await.unwrap();
         let url = format!("ws://{}/api/chat", server.local_addr());
         let (mut tx, mut rx) = client::connect(&url, OpusPacketing::WEB_CLIENT)
             .await

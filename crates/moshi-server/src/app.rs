@@ -1,8 +1,7 @@
-//! The server: binds, accepts connections (plain or TLS) and serves `/api/chat` plus the web
-//! UI (or `/api/asr-streaming`), and for operators `/metrics`, `/api/health`, `/api/ready`,
-//! `/api/capacity`, `/api/modules_info` and `POST /api/drain`;
-//! [`RunningServer::start_drain`] stops taking sessions, [`RunningServer::shutdown`] closes
-//! every session with a message and stops.
+//! The server: binds, accepts connections (plain or TLS) and serves its modules (one model at
+//! one websocket path each: see [`crate::module`]) plus the web UI at `/`, and the operator's
+//! routes ([`crate::operator`]); [`RunningServer::start_drain`] stops taking sessions,
+//! [`RunningServer::shutdown`] closes every session with a message and stops.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -13,21 +12,20 @@ use std::time::{Duration, Instant};
 use axum::extract::{Extension, State, WebSocketUpgrade};
 use axum::http::{HeaderMap, Uri};
 use axum::response::Response;
-use axum::routing::{get, post};
+use axum::routing::get;
 use axum::Router;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
-use moshi_model::generator::SamplingConfig;
-use serde_json::{json, Map, Value};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Notify};
 
 use crate::api_keys::ApiKeys;
-use crate::asr_session::{self, AsrModel};
-use crate::metrics::{Metrics, RefuseReason, Snapshot};
-use crate::query::SessionRequest;
+use crate::asr_session;
+use crate::metrics::{ModuleSnapshot, RefuseReason, Snapshot};
+use crate::module::{self, Endpoint, Module};
+use crate::operator;
 use crate::session;
-use crate::session_engine::{OpenError, SessionEngine};
+use crate::session_engine::OpenError;
 use crate::tls::TlsFiles;
 use crate::web_ui::{self, WebUi};
 use crate::ServerError;
@@ -111,25 +109,17 @@ impl Default for Limits {
     }
 }
 
-/// Everything the server needs besides the engine.
+/// Everything the server needs besides its modules.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     /// Address to listen on (default 127.0.0.1:8998).
     pub addr: SocketAddr,
+    /// The web UI at `/` when a module speaks `/api/chat`.
     pub web_ui: WebUi,
     pub tls: Option<TlsFiles>,
     pub limits: Limits,
-    /// `--record DIR`: per-session recordings (see [`crate::recorder`]).
+    /// `--record DIR`: per-session recordings of the chat modules (see [`crate::recorder`]).
     pub record_dir: Option<PathBuf>,
-    /// The sampling defaults (sessions may change them through the query string).
-    pub default_sampling: SamplingConfig,
-    /// The LM weights file, shown by Kyutai's web UI.
-    pub lm_model_file: String,
-    /// A description of the model for the metadata message.
-    pub model_description: Value,
-    /// What the server speaks: Kyutai's `/api/chat` (with the web UI) or moshi-server's
-    /// `/api/asr-streaming` (a speech-to-text model).
-    pub endpoint: Endpoint,
     /// The keys a client must present (`kyutai-api-key` header, `auth_id` query parameter);
     /// `None`: every client is let in.
     pub api_keys: Option<ApiKeys>,
@@ -141,25 +131,6 @@ pub struct ServerConfig {
     pub allowed_origins: Vec<String>,
 }
 
-/// The protocol a server speaks.
-#[derive(Debug, Clone)]
-pub enum Endpoint {
-    /// `/api/chat` and the web UI at `/`.
-    Chat,
-    /// `/api/asr-streaming`, and a line saying so at `/`.
-    AsrStreaming(AsrModel),
-}
-
-impl Endpoint {
-    /// The websocket path.
-    pub fn path(&self) -> &'static str {
-        match self {
-            Self::Chat => "/api/chat",
-            Self::AsrStreaming(_) => "/api/asr-streaming",
-        }
-    }
-}
-
 impl ServerConfig {
     /// Defaults for `addr` and limits, built-in page, no TLS, no recording.
     pub fn new(addr: SocketAddr) -> Self {
@@ -169,10 +140,6 @@ impl ServerConfig {
             tls: None,
             limits: Limits::default(),
             record_dir: None,
-            default_sampling: SamplingConfig::default(),
-            lm_model_file: String::new(),
-            model_description: Value::Null,
-            endpoint: Endpoint::Chat,
             api_keys: None,
             trust_forwarded: false,
             allowed_origins: Vec::new(),
@@ -182,18 +149,15 @@ impl ServerConfig {
 
 /// State shared by every connection.
 pub struct AppState {
-    pub engine: Arc<dyn SessionEngine>,
     pub limits: Limits,
     pub record_dir: Option<PathBuf>,
     /// Prefix of recording names (the server's start time), so runs never overwrite each other.
     pub run_tag: String,
-    default_sampling: SamplingConfig,
-    lm_model_file: String,
-    model_description: Value,
+    /// What the server serves, each at its own path.
+    modules: Vec<Arc<Module>>,
     api_keys: Option<ApiKeys>,
     trust_forwarded: bool,
     allowed_origins: Vec<String>,
-    endpoint_path: &'static str,
     next_session: AtomicU64,
     running_sessions: AtomicUsize,
     sessions_done: Notify,
@@ -202,7 +166,8 @@ pub struct AppState {
     draining: watch::Sender<bool>,
     /// Connections not (yet) upgraded to a websocket.
     pending: Arc<PendingConnections>,
-    pub metrics: Metrics,
+    /// Connections closed at once because `max_connections` were open.
+    connections_refused: AtomicU64,
 }
 
 /// Counts a running session; dropping it counts it out.
@@ -236,7 +201,7 @@ impl AppState {
     }
 
     /// Starts a drain (once; later calls change nothing). Returns whether this call started it.
-    fn start_drain(&self, by: &str) -> bool {
+    pub(crate) fn start_drain(&self, by: &str) -> bool {
         let started = !self.draining.send_replace(true);
         if started {
             tracing::info!(
@@ -247,34 +212,55 @@ impl AppState {
         started
     }
 
-    /// Whether a session slot is free and the server takes sessions.
-    fn ready(&self) -> bool {
-        !self.draining() && self.engine.active_sessions() < self.engine.max_sessions()
+    /// The modules, in the order given.
+    pub(crate) fn modules(&self) -> &[Arc<Module>] {
+        &self.modules
+    }
+
+    /// Sessions running now, all modules.
+    pub(crate) fn running_sessions(&self) -> usize {
+        self.running_sessions.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn trust_forwarded(&self) -> bool {
+        self.trust_forwarded
+    }
+
+    pub(crate) fn has_api_keys(&self) -> bool {
+        self.api_keys.is_some()
     }
 
     /// The `/metrics` text.
-    fn metrics_text(&self) -> String {
-        self.metrics.render(&Snapshot {
+    pub(crate) fn metrics_text(&self) -> String {
+        Snapshot {
             version: env!("CARGO_PKG_VERSION"),
-            model: &self.lm_model_file,
-            endpoint: self.endpoint_path,
-            sessions_active: self.engine.active_sessions(),
-            sessions_max: self.engine.max_sessions(),
             draining: self.draining(),
             pending_connections: self.pending.len(),
-            engine: self.engine.metrics(),
-        })
-    }
-
-    /// The sampling a session starts from.
-    pub fn default_sampling(&self) -> &SamplingConfig {
-        &self.default_sampling
+            connections_refused: self.connections_refused.load(Ordering::Relaxed),
+            modules: self
+                .modules
+                .iter()
+                .map(|m| {
+                    let (active, max) = m.slots();
+                    ModuleSnapshot {
+                        path: &m.path,
+                        kind: m.endpoint.kind(),
+                        model: &m.lm_model_file,
+                        sessions_active: active,
+                        sessions_max: max,
+                        metrics: &m.metrics,
+                        engine: m.engine.metrics(),
+                    }
+                })
+                .collect(),
+        }
+        .render()
     }
 
     /// Whether a request may open a session: with keys configured, its `kyutai-api-key`
     /// header, else its `auth_id` (or Kyutai's web UI's `worker_auth_id`) query parameter, must
     /// be one of them.
-    fn authorized(&self, headers: &HeaderMap, uri: &Uri) -> bool {
+    pub(crate) fn authorized(&self, headers: &HeaderMap, uri: &Uri) -> bool {
         let Some(keys) = &self.api_keys else {
             return true;
         };
@@ -291,20 +277,23 @@ impl AppState {
     }
 
     /// The client of a websocket request that may open a session (its key, its page's origin),
-    /// else the answer refusing it before the upgrade (counted).
+    /// else the answer refusing it before the upgrade (counted in `module`'s metrics).
     fn admit(
         &self,
+        module: &Module,
         peer: SocketAddr,
         headers: &HeaderMap,
         uri: &Uri,
     ) -> Result<ClientAddr, Box<Response>> {
         let peer = ClientAddr::of_request(peer, headers, self.trust_forwarded);
         if !self.authorized(headers, uri) {
-            self.metrics.session_refused(RefuseReason::Unauthorized);
+            module.metrics.session_refused(RefuseReason::Unauthorized);
             return Err(Box::new(unauthorized(peer)));
         }
         if let Some(origin) = self.forbidden_origin(headers) {
-            self.metrics.session_refused(RefuseReason::ForbiddenOrigin);
+            module
+                .metrics
+                .session_refused(RefuseReason::ForbiddenOrigin);
             return Err(Box::new(forbidden_origin(peer, &origin)));
         }
         Ok(peer)
@@ -324,43 +313,11 @@ impl AppState {
             .any(|o| o.eq_ignore_ascii_case(&origin));
         (!allowed).then(|| origin.escape_debug().to_string())
     }
-
-    /// The metadata message of a session: the fields Kyutai's web UI shows (settings, model
-    /// file, instance, build), then ours (model, settings in force, query parameters ignored).
-    pub fn metadata(&self, request: &SessionRequest, session_id: u64) -> Map<String, Value> {
-        let mut m = request.settings_json();
-        m.insert("lm_model_file".into(), json!(self.lm_model_file));
-        m.insert("instance_name".into(), json!("moshi-rs"));
-        let version = concat!("moshi-rs ", env!("CARGO_PKG_VERSION"));
-        m.insert(
-            "build_info".into(),
-            json!({
-                "build_timestamp": "", "build_date": "", "git_branch": "", "git_timestamp": "",
-                "git_date": "", "git_hash": "", "git_describe": version, "rustc_host_triple": "",
-                "rustc_version": "",
-                "cargo_target_triple": format!("{}-{}", std::env::consts::ARCH, std::env::consts::OS),
-            }),
-        );
-        m.insert("server".into(), json!(version));
-        m.insert("session".into(), json!(session_id));
-        m.insert("max_sessions".into(), json!(self.engine.max_sessions()));
-        m.insert("model".into(), self.model_description.clone());
-        m.insert("ignored_query_parameters".into(), json!(request.ignored));
-        m
-    }
-
-    /// The session settings for a query string (an error is a sentence for the client).
-    fn request(&self, uri: &Uri) -> Result<SessionRequest, String> {
-        let params: Vec<(String, String)> = axum::extract::Query::try_from_uri(uri)
-            .map(|q: axum::extract::Query<Vec<(String, String)>>| q.0)
-            .map_err(|e| format!("malformed query string: {e}"))?;
-        SessionRequest::from_query(&params, &self.default_sampling)
-    }
 }
 
 /// The address of the connection's other end (set per connection).
 #[derive(Debug, Clone, Copy)]
-struct PeerAddr(SocketAddr);
+pub(crate) struct PeerAddr(pub(crate) SocketAddr);
 
 /// The client's address as logs show it: the connection's, or with `--trust-forwarded` the one
 /// its proxy reported (no port then).
@@ -417,7 +374,7 @@ fn parse_forwarded_ip(v: &str) -> Option<IpAddr> {
 pub const RETRY_AFTER_S: u64 = 2;
 
 /// 503 before the upgrade (a load balancer sends the client to another replica).
-fn unavailable(why: &str) -> Response {
+pub(crate) fn unavailable(why: &str) -> Response {
     use axum::response::IntoResponse;
     (
         axum::http::StatusCode::SERVICE_UNAVAILABLE,
@@ -452,35 +409,38 @@ fn forbidden_origin(peer: ClientAddr, origin: &str) -> Response {
         .into_response()
 }
 
+/// The state of a module's route: the server's, and the module's.
+type ModuleRoute = (Arc<AppState>, Arc<Module>);
+
 async fn chat(
     ws: WebSocketUpgrade,
     uri: Uri,
     headers: HeaderMap,
-    State(app): State<Arc<AppState>>,
+    State((app, module)): State<ModuleRoute>,
     Extension(PeerAddr(peer)): Extension<PeerAddr>,
 ) -> Response {
-    let peer = match app.admit(peer, &headers, &uri) {
+    let peer = match app.admit(&module, peer, &headers, &uri) {
         Ok(peer) => peer,
         Err(refusal) => return *refusal,
     };
     if app.draining() {
-        app.metrics.session_refused(RefuseReason::Draining);
+        module.metrics.session_refused(RefuseReason::Draining);
         tracing::info!(%peer, "refused: draining");
         return unavailable("the server is draining (shutting down): try another server");
     }
     // The slot is taken before the upgrade: a full server answers 503, which a load balancer
     // retries elsewhere (a bad query string still gets its kind-5 sentence after the upgrade).
-    let request = match app.request(&uri) {
+    let request = match module.request(&uri) {
         Ok(request) => {
             let settings = request.settings.clone();
-            match app.engine.open(settings) {
+            match module.engine.open(settings) {
                 Ok(engine) => Ok((request, engine)),
                 Err(e) => {
                     let reason = match e {
                         OpenError::Busy { .. } => RefuseReason::Busy,
                         OpenError::Unavailable(_) => RefuseReason::Unavailable,
                     };
-                    app.metrics.session_refused(reason);
+                    module.metrics.session_refused(reason);
                     tracing::info!(%peer, "refused: {e}");
                     return unavailable(&e.to_string());
                 }
@@ -492,156 +452,66 @@ async fn chat(
     ws.max_message_size(max)
         .max_frame_size(max)
         .on_failed_upgrade(move |e| tracing::warn!(%peer, "websocket upgrade failed: {e}"))
-        .on_upgrade(move |socket| session::run(socket, app, request, peer))
+        .on_upgrade(move |socket| session::run(socket, app, module, request, peer))
 }
 
 async fn asr_streaming(
     ws: WebSocketUpgrade,
     uri: Uri,
     headers: HeaderMap,
-    State((app, asr)): State<(Arc<AppState>, AsrModel)>,
+    State((app, module)): State<ModuleRoute>,
     Extension(PeerAddr(peer)): Extension<PeerAddr>,
 ) -> Response {
-    let peer = match app.admit(peer, &headers, &uri) {
+    let peer = match app.admit(&module, peer, &headers, &uri) {
         Ok(peer) => peer,
         Err(refusal) => return *refusal,
     };
+    let Endpoint::AsrStreaming(asr) = &module.endpoint else {
+        unreachable!("asr_streaming is routed for speech-to-text modules only (see `routes`)")
+    };
+    let asr = asr.clone();
     // moshi-server's way, which its clients expect (issue #35): a full (or draining) server
     // upgrades, then says "no free channels" in an `Error` and closes.
     let max = app.limits.max_message_bytes;
     ws.max_message_size(max)
         .max_frame_size(max)
         .on_failed_upgrade(move |e| tracing::warn!(%peer, "websocket upgrade failed: {e}"))
-        .on_upgrade(move |socket| asr_session::run(socket, app, asr, peer))
+        .on_upgrade(move |socket| asr_session::run(socket, app, module, asr, peer))
 }
 
-/// `GET /metrics`: Prometheus' text format.
-async fn metrics(State(app): State<Arc<AppState>>) -> Response {
-    use axum::response::IntoResponse;
-    (
-        [(
-            axum::http::header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        app.metrics_text(),
-    )
-        .into_response()
-}
-
-/// `GET /api/health`: the process answers (liveness).
-async fn health() -> &'static str {
-    "ok\n"
-}
-
-/// `GET /api/ready`: 200 while a session slot is free and the server is not draining, else 503
-/// (readiness: a load balancer sends new sessions elsewhere).
-async fn ready(State(app): State<Arc<AppState>>) -> Response {
-    use axum::response::IntoResponse;
-    let (used, total) = (app.engine.active_sessions(), app.engine.max_sessions());
-    if app.draining() {
-        unavailable("draining")
-    } else if used >= total {
-        unavailable(&format!("full: {used} of {total} session(s) in use"))
-    } else {
-        format!("ready: {used} of {total} session(s) in use\n").into_response()
-    }
-}
-
-/// `GET /api/capacity`: `used`, `total`, `free`, `draining`, and per module (one today).
-async fn capacity(State(app): State<Arc<AppState>>) -> Response {
-    let (used, total) = (app.engine.active_sessions(), app.engine.max_sessions());
-    json_response(&json!({
-        "used": used,
-        "total": total,
-        "free": total.saturating_sub(used),
-        "draining": app.draining(),
-        "ready": app.ready(),
-        "modules": [module_info(&app)],
-    }))
-}
-
-/// `value` as an `application/json` answer.
-fn json_response(value: &Value) -> Response {
-    use axum::response::IntoResponse;
-    (
-        [(axum::http::header::CONTENT_TYPE, "application/json")],
-        value.to_string(),
-    )
-        .into_response()
-}
-
-/// `GET /api/modules_info`: moshi-server's shape (a list of string maps, one per module).
-async fn modules_info(State(app): State<Arc<AppState>>) -> Response {
-    json_response(&json!([module_info(&app)]))
-}
-
-fn module_info(app: &AppState) -> Value {
-    let kind = match app.endpoint_path {
-        "/api/asr-streaming" => "batched_asr",
-        _ => "chat",
-    };
-    json!({
-        "type": kind,
-        "path": app.endpoint_path,
-        "lm": app.lm_model_file,
-        "used_slots": app.engine.active_sessions().to_string(),
-        "total_slots": app.engine.max_sessions().to_string(),
-    })
-}
-
-/// `POST /api/drain`: starts a drain as SIGTERM does. With API keys it needs one; without,
-/// only a client on this machine may.
-async fn drain(
-    uri: Uri,
-    headers: HeaderMap,
-    State(app): State<Arc<AppState>>,
-    Extension(PeerAddr(peer)): Extension<PeerAddr>,
-) -> Response {
-    use axum::response::IntoResponse;
-    let client = ClientAddr::of_request(peer, &headers, app.trust_forwarded);
-    let allowed = match &app.api_keys {
-        Some(_) => app.authorized(&headers, &uri),
-        None => client.ip.is_loopback(),
-    };
-    if !allowed {
-        tracing::warn!(peer = %client, "POST /api/drain refused");
-        let why = if app.api_keys.is_some() {
-            format!("missing or unknown API key: send it in the {API_KEY_HEADER} header or the auth_id query parameter\n")
-        } else {
-            "without API keys, only a client on this machine may drain the server\n".into()
+/// The routes of every module at its path, and `/`: the web UI when a module speaks
+/// `/api/chat`, else a line naming what is served.
+fn routes(state: &Arc<AppState>, web_ui: &WebUi) -> Router {
+    let mut router = Router::new();
+    for module in &state.modules {
+        let handler = match module.endpoint {
+            Endpoint::Chat => get(chat),
+            Endpoint::AsrStreaming(_) => get(asr_streaming),
         };
-        return (axum::http::StatusCode::FORBIDDEN, why).into_response();
+        router = router.route(
+            &module.path,
+            handler.with_state((state.clone(), module.clone())),
+        );
     }
-    app.start_drain(&format!("POST /api/drain from {client}"));
-    (
-        axum::http::StatusCode::ACCEPTED,
-        format!(
-            "draining: {} session(s) live\n",
-            app.running_sessions.load(Ordering::Acquire)
-        ),
-    )
-        .into_response()
+    if state
+        .modules
+        .iter()
+        .any(|m| matches!(m.endpoint, Endpoint::Chat))
+    {
+        router.merge(web_ui::routes(web_ui))
+    } else {
+        let index = index_text(&state.modules);
+        router.route("/", get(move || async move { index }))
+    }
 }
 
-/// The operator's routes, whatever the protocol.
-fn operator_routes(state: Arc<AppState>) -> Router {
-    Router::new()
-        .route("/metrics", get(metrics))
-        .route("/api/health", get(health))
-        .route("/api/ready", get(ready))
-        .route("/api/capacity", get(capacity))
-        .route("/api/modules_info", get(modules_info))
-        .route("/api/drain", post(drain))
-        .with_state(state)
-}
-
-/// What `/` says on a speech-to-text server (no web UI: the clients are programs).
-async fn asr_index() -> &'static str {
-    concat!(
-        "moshi-rs ",
-        env!("CARGO_PKG_VERSION"),
-        ": speech to text over the websocket /api/asr-streaming (Kyutai moshi-server's protocol)\n"
-    )
+/// What `/` says without a web UI (the clients are programs).
+fn index_text(modules: &[Arc<Module>]) -> String {
+    let mut text = concat!("moshi-rs ", env!("CARGO_PKG_VERSION"), ":\n").to_string();
+    for m in modules {
+        text += &format!("{}: {} (websocket)\n", m.path, m.endpoint.describe());
+    }
+    text
 }
 
 /// A server accepting connections.
@@ -704,9 +574,9 @@ impl RunningServer {
         tokio::time::timeout(timeout, wait).await.is_ok()
     }
 
-    /// The server's counters (what `/metrics` shows).
-    pub fn metrics(&self) -> &Metrics {
-        &self.state.metrics
+    /// The `/metrics` text.
+    pub fn metrics_text(&self) -> String {
+        self.state.metrics_text()
     }
 
     /// Stops accepting, tells every session to close (kind-5 "shutting down") and waits up to
@@ -727,11 +597,13 @@ impl RunningServer {
     }
 }
 
-/// Binds and starts serving on the current tokio runtime.
+/// Binds and starts serving `modules` (at least one, each at its own path) on the current
+/// tokio runtime.
 pub async fn start(
     config: ServerConfig,
-    engine: Arc<dyn SessionEngine>,
+    modules: Vec<Module>,
 ) -> Result<RunningServer, ServerError> {
+    check_modules(&modules)?;
     let tls = match &config.tls {
         Some(files) => Some(files.acceptor()?),
         None => None,
@@ -756,36 +628,22 @@ pub async fn start(
         .map_or(0, |d| d.as_secs())
         .to_string();
     let state = Arc::new(AppState {
-        engine,
         limits: config.limits.clone(),
         record_dir: config.record_dir.clone(),
         run_tag,
-        default_sampling: config.default_sampling.clone(),
-        lm_model_file: config.lm_model_file.clone(),
-        model_description: config.model_description.clone(),
+        modules: modules.into_iter().map(Arc::new).collect(),
         api_keys: config.api_keys.clone(),
         trust_forwarded: config.trust_forwarded,
         allowed_origins: config.allowed_origins.clone(),
-        endpoint_path: config.endpoint.path(),
         next_session: AtomicU64::new(0),
         running_sessions: AtomicUsize::new(0),
         sessions_done: Notify::new(),
         shutdown: shutdown_rx,
         draining,
         pending: Arc::new(PendingConnections::default()),
-        metrics: Metrics::default(),
+        connections_refused: AtomicU64::new(0),
     });
-    let router: Router = match &config.endpoint {
-        Endpoint::Chat => Router::new()
-            .route("/api/chat", get(chat))
-            .with_state(state.clone())
-            .merge(web_ui::routes(&config.web_ui)),
-        Endpoint::AsrStreaming(asr) => Router::new()
-            .route("/api/asr-streaming", get(asr_streaming))
-            .with_state((state.clone(), asr.clone()))
-            .route("/", get(asr_index)),
-    }
-    .merge(operator_routes(state.clone()));
+    let router = routes(&state, &config.web_ui).merge(operator::routes(state.clone()));
     let accept_task = tokio::spawn(accept_loop(listener, router, tls, state.clone()));
     Ok(RunningServer {
         local_addr,
@@ -794,6 +652,29 @@ pub async fn start(
         state,
         accept_task,
     })
+}
+
+/// At least one module, each at a path of its own that no other route takes.
+fn check_modules(modules: &[Module]) -> Result<(), ServerError> {
+    let bad = |path: &str, detail: String| ServerError::Module {
+        path: path.to_string(),
+        detail,
+    };
+    if modules.is_empty() {
+        return Err(bad("", "no module to serve".into()));
+    }
+    for (i, m) in modules.iter().enumerate() {
+        if let Some(problem) = module::path_problem(&m.path) {
+            return Err(bad(&m.path, problem));
+        }
+        if modules[..i].iter().any(|other| other.path == m.path) {
+            return Err(bad(
+                &m.path,
+                "two modules at this path: give one of them another (--module PATH=MODEL)".into(),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// How often at most `accept failed` is logged (it repeats as fast as the loop turns while
@@ -834,10 +715,7 @@ async fn accept_loop(
         let sessions = state.running_sessions.load(Ordering::Acquire);
         let not_upgraded = pending.len();
         if sessions + not_upgraded >= limits.max_connections {
-            state
-                .metrics
-                .connections_refused
-                .fetch_add(1, Ordering::Relaxed);
+            state.connections_refused.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(%peer, sessions, not_upgraded, "connection refused: {} connections at a time at most", limits.max_connections);
             continue;
         }

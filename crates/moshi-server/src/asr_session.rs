@@ -26,6 +26,7 @@ use crate::app::{AppState, ClientAddr};
 use crate::asr_protocol::{AsrClientMessage, AsrServerMessage};
 use crate::connection::{close_code, incoming, AudioPace, Incoming, Liveness, Outbox, SessionEnd};
 use crate::metrics::RefuseReason;
+use crate::module::Module;
 use crate::ogg_opus::{OggOpusReader, PreSkip};
 use crate::session_engine::{
     EngineSession, OpenError, ProcessedFrame, SessionEvent, SessionSettings,
@@ -79,6 +80,7 @@ struct AsrStream {
     id: u64,
     peer: ClientAddr,
     app: Arc<AppState>,
+    module: Arc<Module>,
     asr: AsrModel,
     engine: EngineSession,
     outbox: Outbox,
@@ -102,13 +104,19 @@ struct AsrStream {
 }
 
 /// Runs one `/api/asr-streaming` connection to its end.
-pub async fn run(socket: WebSocket, app: Arc<AppState>, asr: AsrModel, peer: ClientAddr) {
+pub async fn run(
+    socket: WebSocket,
+    app: Arc<AppState>,
+    module: Arc<Module>,
+    asr: AsrModel,
+    peer: ClientAddr,
+) {
     let _running = app.session_started();
     let id = app.next_session_id();
     let (sink, stream) = socket.split();
     let outbox = Outbox::spawn(sink, app.limits.outbox_messages.max(2 * OUTBOX_HEADROOM));
     let settings = SessionSettings {
-        sampling: app.default_sampling().clone(),
+        sampling: module.default_sampling.clone(),
     };
     let opened = if app.draining() {
         Err((
@@ -118,7 +126,7 @@ pub async fn run(socket: WebSocket, app: Arc<AppState>, asr: AsrModel, peer: Cli
             ),
         ))
     } else {
-        app.engine.open(settings).map_err(|e| match &e {
+        module.engine.open(settings).map_err(|e| match &e {
             OpenError::Busy { .. } => (RefuseReason::Busy, format!("{NO_FREE_CHANNELS}: {e}")),
             OpenError::Unavailable(_) => (RefuseReason::Unavailable, e.to_string()),
         })
@@ -126,7 +134,7 @@ pub async fn run(socket: WebSocket, app: Arc<AppState>, asr: AsrModel, peer: Cli
     let engine = match opened {
         Ok(e) => e,
         Err((reason, message)) => {
-            app.metrics.session_refused(reason);
+            module.metrics.session_refused(reason);
             tracing::warn!(session = id, %peer, "asr stream refused: {message}");
             let error = AsrServerMessage::Error { message }.to_bytes();
             outbox
@@ -135,7 +143,10 @@ pub async fn run(socket: WebSocket, app: Arc<AppState>, asr: AsrModel, peer: Cli
             return;
         }
     };
-    app.metrics.sessions_started.fetch_add(1, Ordering::Relaxed);
+    module
+        .metrics
+        .sessions_started
+        .fetch_add(1, Ordering::Relaxed);
     let now = Instant::now();
     let mut s = AsrStream {
         id,
@@ -143,6 +154,7 @@ pub async fn run(socket: WebSocket, app: Arc<AppState>, asr: AsrModel, peer: Cli
         words: asr.words.clone(),
         asr,
         app: app.clone(),
+        module: module.clone(),
         engine,
         outbox,
         ogg: OggOpusReader::new(PreSkip::Discard),
@@ -161,8 +173,9 @@ pub async fn run(socket: WebSocket, app: Arc<AppState>, asr: AsrModel, peer: Cli
     tracing::info!(
         session = id,
         %peer,
-        active = app.engine.active_sessions(),
-        max = app.engine.max_sessions(),
+        module = module.path,
+        active = module.engine.active_sessions(),
+        max = module.engine.max_sessions(),
         "asr stream started"
     );
     s.send(&AsrServerMessage::Ready);
@@ -211,7 +224,7 @@ impl AsrStream {
                     Some(SessionEvent::InputDropped { total_frames }) => {
                         let new = total_frames.saturating_sub(self.input_frames_dropped);
                         self.input_frames_dropped = total_frames;
-                        self.app.metrics.input_frames_dropped.fetch_add(new, Ordering::Relaxed);
+                        self.module.metrics.input_frames_dropped.fetch_add(new, Ordering::Relaxed);
                         tracing::warn!(session = self.id, total_frames, "asr input frames dropped");
                     }
                     Some(SessionEvent::Failed(e)) => return SessionEnd::Engine(e),
@@ -318,7 +331,7 @@ impl AsrStream {
     /// A processed frame's messages, in moshi-server's order: `Step`, words, markers.
     fn frame(&mut self, frame: ProcessedFrame) -> Result<(), String> {
         self.frames_processed += 1;
-        let metrics = &self.app.metrics;
+        let metrics = &self.module.metrics;
         metrics.frames_processed.fetch_add(1, Ordering::Relaxed);
         metrics
             .frame_latency_seconds
@@ -364,7 +377,7 @@ impl AsrStream {
     }
 
     async fn finish(self, end: SessionEnd) {
-        self.app.metrics.session_ended(end.metric_reason());
+        self.module.metrics.session_ended(end.metric_reason());
         // Free the model slot first: the next stream can start while this one closes.
         drop(self.engine);
         let line = format!(

@@ -10,8 +10,9 @@
 //! open a session, push frames, get answers) with [`batch_engine`] behind it (the sessions with a
 //! frame waiting in one batched step), `session` / [`asr_session`] (one connection of each
 //! protocol) over `connection` (what both share: ends, outbox, pace, pings), [`api_keys`],
-//! [`metrics`], [`app`] (routes, probes, accept loop, TLS, drain), [`web_ui`]; [`client`] speaks
-//! the chat protocol from Rust.
+//! [`metrics`], [`module`] (one model at one path, with its own engine: a server hosts several,
+//! as moshi-server's modules), [`app`] (routes, accept loop, TLS, drain), `operator` (probes,
+//! capacity, metrics), [`web_ui`]; [`client`] speaks the chat protocol from Rust.
 
 pub mod api_keys;
 pub mod app;
@@ -21,7 +22,9 @@ pub mod batch_engine;
 pub mod client;
 mod connection;
 pub mod metrics;
+pub mod module;
 pub mod ogg_opus;
+mod operator;
 pub mod protocol;
 pub mod query;
 pub mod recorder;
@@ -36,7 +39,8 @@ pub mod web_ui;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-pub use app::{start, Endpoint, Limits, RunningServer, ServerConfig};
+pub use app::{start, Limits, RunningServer, ServerConfig};
+pub use module::{Endpoint, Module};
 pub use web_ui::WebUi;
 
 /// Errors starting the server.
@@ -54,6 +58,9 @@ pub enum ServerError {
         path: PathBuf,
         detail: String,
     },
+    /// A module that cannot be served (`path` empty: none given).
+    #[error("module {path}: {detail}")]
+    Module { path: String, detail: String },
     #[error("{flag} {path}: {detail}")]
     Folder {
         flag: &'static str,

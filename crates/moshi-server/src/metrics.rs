@@ -47,17 +47,24 @@ impl Histogram {
         self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6
     }
 
-    fn render(&self, out: &mut String, name: &str, help: &str) {
-        header(out, name, help, "histogram");
+    /// The samples of one module's histogram (the family's header is written once, before).
+    fn render_samples(&self, out: &mut String, name: &str, module: &str) {
+        let module = label_value(module);
         let mut cumulative = 0;
         for (bound, count) in self.bounds.iter().zip(self.counts.iter()) {
             cumulative += count.load(Ordering::Relaxed);
-            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{module=\"{module}\",le=\"{bound}\"}} {cumulative}"
+            );
         }
         cumulative += self.counts[self.bounds.len()].load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cumulative}");
-        let _ = writeln!(out, "{name}_sum {}", self.sum());
-        let _ = writeln!(out, "{name}_count {cumulative}");
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{module=\"{module}\",le=\"+Inf\"}} {cumulative}"
+        );
+        let _ = writeln!(out, "{name}_sum{{module=\"{module}\"}} {}", self.sum());
+        let _ = writeln!(out, "{name}_count{{module=\"{module}\"}} {cumulative}");
     }
 }
 
@@ -181,7 +188,7 @@ impl Default for EngineMetrics {
     }
 }
 
-/// The server's counters (one set per server).
+/// A module's counters (one set per module: the `module` label).
 #[derive(Debug)]
 pub struct Metrics {
     pub sessions_started: AtomicU64,
@@ -190,8 +197,6 @@ pub struct Metrics {
     pub frames_processed: AtomicU64,
     pub input_frames_dropped: AtomicU64,
     pub output_frames_dropped: AtomicU64,
-    /// Connections closed at once because `max_connections` were open.
-    pub connections_refused: AtomicU64,
     /// Input frame complete -> its answer queued for the client.
     pub frame_latency_seconds: Histogram,
 }
@@ -205,25 +210,35 @@ impl Default for Metrics {
             frames_processed: AtomicU64::new(0),
             input_frames_dropped: AtomicU64::new(0),
             output_frames_dropped: AtomicU64::new(0),
-            connections_refused: AtomicU64::new(0),
             frame_latency_seconds: Histogram::new(FRAME_LATENCY_SECONDS_BUCKETS),
         }
     }
 }
 
-/// What the exposition reads besides [`Metrics`] (gauges known elsewhere).
+/// What the exposition reads of one module besides its [`Metrics`].
+#[derive(Debug, Clone)]
+pub struct ModuleSnapshot<'a> {
+    /// Its websocket path: the `module` label.
+    pub path: &'a str,
+    /// Its `/api/modules_info` type (`chat`, `batched_asr`).
+    pub kind: &'a str,
+    /// The model's weights file.
+    pub model: &'a str,
+    pub sessions_active: usize,
+    pub sessions_max: usize,
+    pub metrics: &'a Metrics,
+    pub engine: Option<&'a EngineMetrics>,
+}
+
+/// What the exposition shows: the server's own gauges, then each module's.
 #[derive(Debug, Clone)]
 pub struct Snapshot<'a> {
     pub version: &'a str,
-    /// The model's weights file.
-    pub model: &'a str,
-    /// `/api/chat` or `/api/asr-streaming`.
-    pub endpoint: &'a str,
-    pub sessions_active: usize,
-    pub sessions_max: usize,
     pub draining: bool,
     pub pending_connections: usize,
-    pub engine: Option<&'a EngineMetrics>,
+    /// Connections closed at once because `max_connections` were open.
+    pub connections_refused: u64,
+    pub modules: Vec<ModuleSnapshot<'a>>,
 }
 
 impl Metrics {
@@ -242,135 +257,209 @@ impl Metrics {
     pub fn sessions_refused(&self, reason: RefuseReason) -> u64 {
         self.sessions_refused[reason as usize].load(Ordering::Relaxed)
     }
+}
 
-    /// The exposition text.
-    pub fn render(&self, s: &Snapshot<'_>) -> String {
+impl Snapshot<'_> {
+    /// The exposition text: every family once, with one sample per module (the text format
+    /// wants a family's samples together).
+    pub fn render(&self) -> String {
         let mut out = String::with_capacity(8 * 1024);
         header(
             &mut out,
             "moshi_rs_info",
-            "The server and its model (value 1).",
+            "Each module: the server, its model and protocol (value 1).",
             "gauge",
         );
-        let _ = writeln!(
-            out,
-            "moshi_rs_info{{version=\"{}\",model=\"{}\",endpoint=\"{}\"}} 1",
-            label_value(s.version),
-            label_value(s.model),
-            label_value(s.endpoint)
-        );
-        gauge(
-            &mut out,
-            "moshi_rs_sessions_active",
-            "Sessions open now.",
-            s.sessions_active as u64,
-        );
-        gauge(
-            &mut out,
-            "moshi_rs_sessions_max",
-            "Sessions at once at most (--max-sessions).",
-            s.sessions_max as u64,
-        );
+        for m in &self.modules {
+            let _ = writeln!(
+                out,
+                "moshi_rs_info{{version=\"{}\",module=\"{}\",type=\"{}\",model=\"{}\"}} 1",
+                label_value(self.version),
+                label_value(m.path),
+                label_value(m.kind),
+                label_value(m.model)
+            );
+        }
         gauge(
             &mut out,
             "moshi_rs_draining",
             "1 while the server drains (takes no new session).",
-            u64::from(s.draining),
+            u64::from(self.draining),
         );
-        counter(
-            &mut out,
-            "moshi_rs_sessions_started_total",
-            "Sessions started.",
-            load(&self.sessions_started),
-        );
-        header(
-            &mut out,
-            "moshi_rs_sessions_ended_total",
-            "Sessions ended, by why.",
-            "counter",
-        );
-        for reason in EndReason::ALL {
-            let _ = writeln!(
-                out,
-                "moshi_rs_sessions_ended_total{{reason=\"{}\"}} {}",
-                reason.label(),
-                self.sessions_ended(reason)
-            );
-        }
-        header(
-            &mut out,
-            "moshi_rs_sessions_refused_total",
-            "Session requests refused, by why.",
-            "counter",
-        );
-        for reason in RefuseReason::ALL {
-            let _ = writeln!(
-                out,
-                "moshi_rs_sessions_refused_total{{reason=\"{}\"}} {}",
-                reason.label(),
-                self.sessions_refused(reason)
-            );
-        }
         counter(
             &mut out,
             "moshi_rs_connections_refused_total",
             "Connections closed at once: the connection limit was reached.",
-            load(&self.connections_refused),
+            self.connections_refused,
         );
         gauge(
             &mut out,
             "moshi_rs_pending_connections",
             "Connections not (yet) upgraded to a websocket.",
-            s.pending_connections as u64,
+            self.pending_connections as u64,
         );
-        counter(
+        self.per_module(
+            &mut out,
+            "moshi_rs_sessions_active",
+            "Sessions open now.",
+            "gauge",
+            |m| m.sessions_active as u64,
+        );
+        self.per_module(
+            &mut out,
+            "moshi_rs_sessions_max",
+            "Sessions at once at most (--max-sessions).",
+            "gauge",
+            |m| m.sessions_max as u64,
+        );
+        self.per_module(
+            &mut out,
+            "moshi_rs_sessions_started_total",
+            "Sessions started.",
+            "counter",
+            |m| load(&m.metrics.sessions_started),
+        );
+        self.per_reason(
+            &mut out,
+            "moshi_rs_sessions_ended_total",
+            "Sessions ended, by why.",
+            EndReason::ALL.map(|r| (r.label(), r as usize)),
+            |m, i| load(&m.metrics.sessions_ended[i]),
+        );
+        self.per_reason(
+            &mut out,
+            "moshi_rs_sessions_refused_total",
+            "Session requests refused, by why.",
+            RefuseReason::ALL.map(|r| (r.label(), r as usize)),
+            |m, i| load(&m.metrics.sessions_refused[i]),
+        );
+        self.per_module(
             &mut out,
             "moshi_rs_frames_processed_total",
             "80 ms frames the model processed, all sessions.",
-            load(&self.frames_processed),
+            "counter",
+            |m| load(&m.metrics.frames_processed),
         );
-        counter(
+        self.per_module(
             &mut out,
             "moshi_rs_input_frames_dropped_total",
             "Input frames dropped because compute fell behind real time.",
-            load(&self.input_frames_dropped),
+            "counter",
+            |m| load(&m.metrics.input_frames_dropped),
         );
-        counter(
+        self.per_module(
             &mut out,
             "moshi_rs_output_frames_dropped_total",
             "Output frames not sent because the client was not reading.",
-            load(&self.output_frames_dropped),
+            "counter",
+            |m| load(&m.metrics.output_frames_dropped),
         );
-        self.frame_latency_seconds.render(
+        header(
             &mut out,
             "moshi_rs_frame_latency_seconds",
             "Input frame complete to its answer queued for the client.",
+            "histogram",
         );
-        if let Some(engine) = s.engine {
-            engine.step_seconds.render(
+        for m in &self.modules {
+            m.metrics.frame_latency_seconds.render_samples(
+                &mut out,
+                "moshi_rs_frame_latency_seconds",
+                m.path,
+            );
+        }
+        let engines: Vec<(&str, &EngineMetrics)> = self
+            .modules
+            .iter()
+            .filter_map(|m| Some((m.path, m.engine?)))
+            .collect();
+        if !engines.is_empty() {
+            header(
                 &mut out,
                 "moshi_rs_step_duration_seconds",
                 "Time of one batched model step.",
+                "histogram",
             );
-            engine.batch_size.render(
+            for (path, e) in &engines {
+                e.step_seconds
+                    .render_samples(&mut out, "moshi_rs_step_duration_seconds", path);
+            }
+            header(
                 &mut out,
                 "moshi_rs_batch_size",
                 "Sessions in one batched model step.",
+                "histogram",
             );
-            gauge(
+            for (path, e) in &engines {
+                e.batch_size
+                    .render_samples(&mut out, "moshi_rs_batch_size", path);
+            }
+            header(
                 &mut out,
                 "moshi_rs_input_queue_frames",
                 "Input frames waiting for the model, all sessions.",
-                load(&engine.waiting_input_frames),
+                "gauge",
             );
-            gauge(
+            for (path, e) in &engines {
+                labelled(
+                    &mut out,
+                    "moshi_rs_input_queue_frames",
+                    path,
+                    load(&e.waiting_input_frames),
+                );
+            }
+            header(
                 &mut out,
                 "moshi_rs_kv_cache_bytes",
                 "Bytes held by the KV caches of the live sessions.",
-                load(&engine.kv_cache_bytes),
+                "gauge",
             );
+            for (path, e) in &engines {
+                labelled(
+                    &mut out,
+                    "moshi_rs_kv_cache_bytes",
+                    path,
+                    load(&e.kv_cache_bytes),
+                );
+            }
         }
         out
+    }
+
+    /// A family with one sample per module.
+    fn per_module(
+        &self,
+        out: &mut String,
+        name: &str,
+        help: &str,
+        kind: &str,
+        value: impl Fn(&ModuleSnapshot<'_>) -> u64,
+    ) {
+        header(out, name, help, kind);
+        for m in &self.modules {
+            labelled(out, name, m.path, value(m));
+        }
+    }
+
+    /// A counter family with one sample per module and reason (`(label, index)` pairs).
+    fn per_reason<const N: usize>(
+        &self,
+        out: &mut String,
+        name: &str,
+        help: &str,
+        reasons: [(&str, usize); N],
+        value: impl Fn(&ModuleSnapshot<'_>, usize) -> u64,
+    ) {
+        header(out, name, help, "counter");
+        for m in &self.modules {
+            for (label, i) in reasons {
+                let _ = writeln!(
+                    out,
+                    "{name}{{module=\"{}\",reason=\"{label}\"}} {}",
+                    label_value(m.path),
+                    value(m, i)
+                );
+            }
+        }
     }
 }
 
@@ -392,6 +481,11 @@ fn counter(out: &mut String, name: &str, help: &str, value: u64) {
     let _ = writeln!(out, "{name} {value}");
 }
 
+/// One module's sample of a family.
+fn labelled(out: &mut String, name: &str, module: &str, value: u64) {
+    let _ = writeln!(out, "{name}{{module=\"{}\"}} {value}", label_value(module));
+}
+
 /// A label value escaped as the text format requires (backslash, quote, newline).
 fn label_value(v: &str) -> String {
     v.replace('\\', "\\\\")
@@ -407,6 +501,16 @@ pub fn sample(text: &str, name: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
+/// The name of `module`'s sample of `name` (`family` or `family{labels}`, as written without the
+/// module): the `module` label goes first, as [`Snapshot::render`] writes it.
+pub fn of_module(name: &str, module: &str) -> String {
+    let module = label_value(module);
+    match name.split_once('{') {
+        Some((family, labels)) => format!("{family}{{module=\"{module}\",{labels}"),
+        None => format!("{name}{{module=\"{module}\"}}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -418,71 +522,125 @@ mod tests {
             h.observe(v);
         }
         let mut out = String::new();
-        h.render(&mut out, "x_seconds", "help");
+        h.render_samples(&mut out, "x_seconds", "/api/m");
+        let at = |le: &str| {
+            sample(
+                &out,
+                &format!("x_seconds_bucket{{module=\"/api/m\",le=\"{le}\"}}"),
+            )
+        };
+        assert_eq!(at("0.1"), Some(2.0), "{out}");
+        assert_eq!(at("1"), Some(3.0), "{out}");
+        assert_eq!(at("+Inf"), Some(4.0), "{out}");
         assert_eq!(
-            sample(&out, "x_seconds_bucket{le=\"0.1\"}"),
-            Some(2.0),
-            "{out}"
-        );
-        assert_eq!(
-            sample(&out, "x_seconds_bucket{le=\"1\"}"),
-            Some(3.0),
-            "{out}"
-        );
-        assert_eq!(
-            sample(&out, "x_seconds_bucket{le=\"+Inf\"}"),
+            sample(&out, "x_seconds_count{module=\"/api/m\"}"),
             Some(4.0),
             "{out}"
         );
-        assert_eq!(sample(&out, "x_seconds_count"), Some(4.0), "{out}");
         assert!(
-            (sample(&out, "x_seconds_sum").unwrap() - 3.65).abs() < 1e-9,
+            (sample(&out, "x_seconds_sum{module=\"/api/m\"}").unwrap() - 3.65).abs() < 1e-9,
             "{out}"
         );
-        assert!(out.contains("# TYPE x_seconds histogram"), "{out}");
+    }
+
+    fn module<'a>(
+        path: &'a str,
+        model: &'a str,
+        m: &'a Metrics,
+        e: Option<&'a EngineMetrics>,
+    ) -> ModuleSnapshot<'a> {
+        ModuleSnapshot {
+            path,
+            kind: "chat",
+            model,
+            sessions_active: 1,
+            sessions_max: 2,
+            metrics: m,
+            engine: e,
+        }
     }
 
     #[test]
-    fn the_text_names_every_reason_and_escapes_labels() {
-        let m = Metrics::default();
-        m.session_ended(EndReason::Idle);
-        m.session_refused(RefuseReason::Busy);
-        m.session_refused(RefuseReason::Busy);
+    fn each_family_is_declared_once_with_a_sample_per_module_and_labels_escaped() {
+        let (chat, asr) = (Metrics::default(), Metrics::default());
+        chat.session_ended(EndReason::Idle);
+        asr.session_refused(RefuseReason::Busy);
+        asr.session_refused(RefuseReason::Busy);
         let engine = EngineMetrics::default();
-        let text = m.render(&Snapshot {
+        let text = Snapshot {
             version: "0.1",
-            model: "a\"b\\c",
-            endpoint: "/api/chat",
-            sessions_active: 1,
-            sessions_max: 2,
             draining: false,
             pending_connections: 0,
-            engine: Some(&engine),
-        });
+            connections_refused: 3,
+            modules: vec![
+                module("/api/chat", "a\"b\\c", &chat, Some(&engine)),
+                module("/api/asr-streaming", "stt", &asr, None),
+            ],
+        }
+        .render();
+        let at = |s: &str| sample(&text, s);
         assert_eq!(
-            sample(&text, "moshi_rs_sessions_ended_total{reason=\"idle\"}"),
+            at(r#"moshi_rs_sessions_ended_total{module="/api/chat",reason="idle"}"#),
             Some(1.0)
         );
         assert_eq!(
-            sample(&text, "moshi_rs_sessions_refused_total{reason=\"busy\"}"),
+            at(r#"moshi_rs_sessions_ended_total{module="/api/asr-streaming",reason="idle"}"#),
+            Some(0.0)
+        );
+        assert_eq!(
+            at(r#"moshi_rs_sessions_refused_total{module="/api/asr-streaming",reason="busy"}"#),
             Some(2.0)
         );
-        assert_eq!(sample(&text, "moshi_rs_sessions_active"), Some(1.0));
+        assert_eq!(
+            at(r#"moshi_rs_sessions_refused_total{module="/api/chat",reason="busy"}"#),
+            Some(0.0)
+        );
+        assert_eq!(
+            at(r#"moshi_rs_sessions_active{module="/api/asr-streaming"}"#),
+            Some(1.0)
+        );
+        assert_eq!(at("moshi_rs_connections_refused_total"), Some(3.0));
+        assert_eq!(
+            at(r#"moshi_rs_kv_cache_bytes{module="/api/chat"}"#),
+            Some(0.0)
+        );
+        assert_eq!(
+            at(r#"moshi_rs_kv_cache_bytes{module="/api/asr-streaming"}"#),
+            None
+        );
         assert!(text.contains(r#"model="a\"b\\c""#), "{text}");
+        let name = of_module(
+            r#"moshi_rs_sessions_ended_total{reason="idle"}"#,
+            "/api/chat",
+        );
+        assert_eq!(at(&name), Some(1.0), "{name}");
+        assert_eq!(
+            at(&of_module("moshi_rs_sessions_max", "/api/chat")),
+            Some(2.0)
+        );
         for reason in EndReason::ALL {
             assert!(text.contains(&format!("reason=\"{}\"", reason.label())));
         }
-        // Every sample belongs to a family declared with HELP and TYPE.
-        for line in text.lines().filter(|l| !l.starts_with('#')) {
+        // Every sample belongs to a family declared once, with HELP and TYPE, and a family's
+        // samples come together (after its TYPE, before the next family's).
+        let mut families = Vec::new();
+        for line in text.lines() {
+            if let Some(decl) = line.strip_prefix("# TYPE ") {
+                let family = decl.split(' ').next().unwrap();
+                assert!(!families.contains(&family), "{family} declared twice");
+                families.push(family);
+                continue;
+            }
+            if line.starts_with('#') {
+                continue;
+            }
             let name = line.split(['{', ' ']).next().unwrap();
+            let current = *families.last().unwrap();
             let family = ["_bucket", "_sum", "_count"]
                 .iter()
-                .find_map(|s| {
-                    name.strip_suffix(s)
-                        .filter(|f| text.contains(&format!("# TYPE {f} histogram")))
-                })
+                .find_map(|s| name.strip_suffix(s).filter(|f| *f == current))
                 .unwrap_or(name);
-            assert!(text.contains(&format!("# TYPE {family} ")), "{line}");
+            assert_eq!(family, current, "{line} outside its family");
         }
     }
 }

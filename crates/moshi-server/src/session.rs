@@ -18,6 +18,7 @@ use serde_json::{json, Map, Value};
 use crate::app::{AppState, ClientAddr};
 use crate::connection::{close_code, incoming, AudioPace, Incoming, Liveness, Outbox, SessionEnd};
 use crate::metrics::RefuseReason;
+use crate::module::Module;
 use crate::ogg_opus::{OggOpusReader, OggOpusWriter, OpusPacketing, PreSkip};
 use crate::protocol::{self, ClientMessage};
 use crate::query::SessionRequest;
@@ -90,6 +91,7 @@ struct Session {
     id: u64,
     peer: ClientAddr,
     app: Arc<AppState>,
+    module: Arc<Module>,
     engine: EngineSession,
     reader: OggOpusReader,
     writer: OggOpusWriter,
@@ -113,6 +115,7 @@ struct Session {
 pub async fn run(
     socket: WebSocket,
     app: Arc<AppState>,
+    module: Arc<Module>,
     opened: Result<(SessionRequest, EngineSession), String>,
     peer: ClientAddr,
 ) {
@@ -123,7 +126,7 @@ pub async fn run(
     let (request, engine) = match opened {
         Ok(r) => r,
         Err(e) => {
-            app.metrics.session_refused(RefuseReason::BadRequest);
+            module.metrics.session_refused(RefuseReason::BadRequest);
             tracing::warn!(session = id, %peer, "refused: {e}");
             outbox
                 .close(Some(protocol::error(&e)), close_code::POLICY, &e)
@@ -131,7 +134,10 @@ pub async fn run(
             return;
         }
     };
-    app.metrics.sessions_started.fetch_add(1, Ordering::Relaxed);
+    module
+        .metrics
+        .sessions_started
+        .fetch_add(1, Ordering::Relaxed);
     let writer = match OggOpusWriter::new(id as u32, OpusPacketing::SERVER) {
         Ok(w) => w,
         Err(e) => {
@@ -163,8 +169,9 @@ pub async fn run(
     let mut session = Session {
         id,
         peer,
-        metadata: app.metadata(&request, id),
+        metadata: module.metadata(&request, id),
         app: app.clone(),
+        module: module.clone(),
         engine,
         // Frames end on the client's packet boundaries: see PreSkip::Keep.
         reader: OggOpusReader::new(PreSkip::Keep),
@@ -184,8 +191,9 @@ pub async fn run(
     tracing::info!(
         session = id,
         %peer,
-        active = app.engine.active_sessions(),
-        max = app.engine.max_sessions(),
+        module = module.path,
+        active = module.engine.active_sessions(),
+        max = module.engine.max_sessions(),
         ignored = ?request.ignored,
         "session started"
     );
@@ -216,7 +224,7 @@ impl Session {
                     Some(SessionEvent::Frame(frame)) => self.frame(frame),
                     Some(SessionEvent::InputDropped { total_frames }) => {
                         let new = total_frames.saturating_sub(self.stats.input_frames_dropped);
-                        self.app.metrics.input_frames_dropped.fetch_add(new, Ordering::Relaxed);
+                        self.module.metrics.input_frames_dropped.fetch_add(new, Ordering::Relaxed);
                         self.stats.input_frames_dropped = total_frames;
                         self.metadata_dirty = true;
                         tracing::debug!(session = self.id, total_frames, "input frames dropped: compute is behind real time");
@@ -305,7 +313,7 @@ impl Session {
     fn frame(&mut self, frame: ProcessedFrame) {
         let index = self.stats.frames_processed;
         self.stats.frames_processed += 1;
-        let metrics = &self.app.metrics;
+        let metrics = &self.module.metrics;
         metrics.frames_processed.fetch_add(1, Ordering::Relaxed);
         self.stats.compute_ms_total += frame.compute_ms;
         // Encode only what can be sent: the Ogg stream stays continuous when a frame is dropped.
@@ -384,11 +392,11 @@ impl Session {
     async fn finish(mut self, end: SessionEnd) {
         let dropped = self.engine.input.dropped_frames();
         let unreported = dropped.saturating_sub(self.stats.input_frames_dropped);
-        self.app
+        self.module
             .metrics
             .input_frames_dropped
             .fetch_add(unreported, Ordering::Relaxed);
-        self.app.metrics.session_ended(end.metric_reason());
+        self.module.metrics.session_ended(end.metric_reason());
         self.stats.input_frames_dropped = self.stats.input_frames_dropped.max(dropped);
         // Free the model slot first: the next conversation can start while this one closes.
         drop(self.engine);

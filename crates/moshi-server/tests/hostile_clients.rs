@@ -17,7 +17,7 @@ use moshi_runtime::pipeline::{MoshiModel, SessionSettings};
 use moshi_server::batch_engine::BatchEngine;
 use moshi_server::client::{self, ChatReceiver, Received};
 use moshi_server::ogg_opus::{OggOpusWriter, OpusPacketing};
-use moshi_server::{Limits, RunningServer, ServerConfig, WebUi};
+use moshi_server::{Endpoint, Limits, Module, RunningServer, ServerConfig, WebUi};
 use moshi_test_support::tiny_a_dir;
 use tokio::io::{AsyncRead, AsyncWrite};
 
@@ -49,7 +49,6 @@ async fn start(max_sessions: usize, limits: Limits) -> RunningServer {
     let mut config = ServerConfig::new("127.0.0.1:0".parse().unwrap());
     config.web_ui = WebUi::None;
     config.limits = limits;
-    config.default_sampling = SamplingConfig::greedy();
     let pool = pool(
         max_sessions,
         DropPolicy::RealTime {
@@ -57,7 +56,9 @@ async fn start(max_sessions: usize, limits: Limits) -> RunningServer {
         },
         8,
     );
-    moshi_server::start(config, Arc::new(pool)).await.unwrap()
+    let mut module = Module::new(Endpoint::Chat, Arc::new(pool));
+    module.default_sampling = SamplingConfig::greedy();
+    moshi_server::start(config, vec![module]).await.unwrap()
 }
 
 fn url(addr: SocketAddr) -> String {
@@ -767,7 +768,8 @@ async fn tls_serves_wss() {
     config.web_ui = WebUi::None;
     config.tls = Some(files);
     let pool = pool(1, DropPolicy::Lossless, 8);
-    let server = moshi_server::start(config, Arc::new(pool)).await.unwrap();
+    let module = Module::new(Endpoint::Chat, Arc::new(pool));
+    let server = moshi_server::start(config, vec![module]).await.unwrap();
     assert!(server.url().starts_with("https://127.0.0.1:"));
 
     use tokio_rustls::rustls;
@@ -970,7 +972,8 @@ async fn start_with_static(dir: &std::path::Path) -> RunningServer {
     config.web_ui = WebUi::dir(dir).unwrap();
     config.limits = limits();
     let pool = pool(1, DropPolicy::Lossless, 8);
-    moshi_server::start(config, Arc::new(pool)).await.unwrap()
+    let module = Module::new(Endpoint::Chat, Arc::new(pool));
+    moshi_server::start(config, vec![module]).await.unwrap()
 }
 
 fn get(path: &str) -> Vec<u8> {

@@ -15,9 +15,9 @@ use moshi_runtime::pipeline::{MoshiModel, SessionSettings};
 use moshi_server::api_keys::ApiKeys;
 use moshi_server::batch_engine::BatchEngine;
 use moshi_server::client::{self, Received};
-use moshi_server::metrics::sample;
+use moshi_server::metrics::{of_module, sample};
 use moshi_server::ogg_opus::OpusPacketing;
-use moshi_server::{Limits, RunningServer, ServerConfig, WebUi};
+use moshi_server::{Endpoint, Limits, Module, RunningServer, ServerConfig, WebUi};
 use moshi_test_support::tiny_a_dir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -33,10 +33,11 @@ async fn start(max_sessions: usize, limits: Limits, keys: Option<ApiKeys>) -> Ru
     let mut config = ServerConfig::new("127.0.0.1:0".parse().unwrap());
     config.web_ui = WebUi::None;
     config.limits = limits;
-    config.default_sampling = SamplingConfig::greedy();
-    config.lm_model_file = "tiny-a/model.safetensors".into();
     config.api_keys = keys;
-    moshi_server::start(config, Arc::new(engine)).await.unwrap()
+    let mut module = Module::new(Endpoint::Chat, Arc::new(engine));
+    module.default_sampling = SamplingConfig::greedy();
+    module.lm_model_file = "tiny-a/model.safetensors".into();
+    moshi_server::start(config, vec![module]).await.unwrap()
 }
 
 /// One HTTP/1.1 request; (status, headers and body as text).
@@ -70,7 +71,13 @@ async fn metrics(addr: SocketAddr) -> String {
     text
 }
 
+/// The `/api/chat` module's sample `name` (a server-wide one when `name` starts with `!`).
 fn value(text: &str, name: &str) -> f64 {
+    let name = match name.strip_prefix('!') {
+        Some(server_wide) => server_wide.to_string(),
+        None => of_module(name, "/api/chat"),
+    };
+    let name = name.as_str();
     sample(text, name).unwrap_or_else(|| panic!("no {name} in:\n{text}"))
 }
 
@@ -155,7 +162,10 @@ async fn metrics_probes_and_capacity_follow_the_sessions() {
         "{text}"
     );
     assert!(text.contains(r#"moshi_rs_info{version=""#), "{text}");
-    assert!(text.contains(r#"model="tiny-a/model.safetensors",endpoint="/api/chat"} 1"#));
+    assert!(
+        text.contains(r#"module="/api/chat",type="chat",model="tiny-a/model.safetensors"} 1"#),
+        "{text}"
+    );
     assert_eq!(value(&text, "moshi_rs_sessions_started_total"), 0.0);
 
     let live = tokio::spawn(talk(addr, 25));
@@ -261,7 +271,7 @@ async fn a_drain_refuses_new_sessions_and_lets_the_live_one_finish() {
     assert!(samples >= 20 * 1920, "{samples} samples");
     assert!(server.sessions_ended(Duration::from_secs(5)).await);
     let text = metrics(addr).await;
-    assert_eq!(value(&text, "moshi_rs_draining"), 1.0);
+    assert_eq!(value(&text, "!moshi_rs_draining"), 1.0);
     assert_eq!(
         value(
             &text,

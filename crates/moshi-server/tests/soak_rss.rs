@@ -16,7 +16,7 @@ use moshi_runtime::pipeline::{MoshiModel, SessionSettings};
 use moshi_server::batch_engine::BatchEngine;
 use moshi_server::client::{self, Received};
 use moshi_server::ogg_opus::OpusPacketing;
-use moshi_server::{Limits, ServerConfig, WebUi};
+use moshi_server::{Endpoint, Limits, Module, ServerConfig, WebUi};
 use moshi_test_support::tiny_a_dir;
 
 /// Rounds by default; `SOAK_RSS_ROUNDS=N` runs more by hand.
@@ -84,8 +84,9 @@ async fn resident_memory_plateaus_over_rounds_of_sessions() {
     let mut config = ServerConfig::new("127.0.0.1:0".parse().unwrap());
     config.web_ui = WebUi::None;
     config.limits = Limits::default();
-    config.default_sampling = SamplingConfig::greedy();
-    let server = moshi_server::start(config, Arc::new(pool)).await.unwrap();
+    let mut module = Module::new(Endpoint::Chat, Arc::new(pool));
+    module.default_sampling = SamplingConfig::greedy();
+    let server = moshi_server::start(config, vec![module]).await.unwrap();
     let addr = server.local_addr();
     let mut rss = vec![rss_kib().unwrap()];
     let rounds = std::env::var("SOAK_RSS_ROUNDS")

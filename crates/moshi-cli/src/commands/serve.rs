@@ -1,8 +1,9 @@
 //! `moshi-rs serve`: the websocket server of Kyutai's protocol (`/api/chat`) with a web UI at
-//! `/`, or for a speech-to-text model moshi-server's `/api/asr-streaming`. This file only reads
-//! the flags, loads the model once and starts moshi-server, whose batched engine runs every
-//! session over those weights; SIGTERM (or `POST /api/drain`) drains, Ctrl-C closes the
-//! sessions at once (each with a goodbye).
+//! `/`, or for a speech-to-text model moshi-server's `/api/asr-streaming`; with `--module`,
+//! several models in one process, each at its own path with its own batched engine (as
+//! moshi-server's modules). This file only reads the flags, loads each model once and starts
+//! moshi-server; SIGTERM (or `POST /api/drain`) drains, Ctrl-C closes the sessions at once
+//! (each with a goodbye).
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -15,7 +16,7 @@ use moshi_server::api_keys::ApiKeys;
 use moshi_server::asr_session::AsrModel;
 use moshi_server::batch_engine::BatchEngine;
 use moshi_server::tls::TlsFiles;
-use moshi_server::{Endpoint, Limits, ServerConfig, WebUi};
+use moshi_server::{Endpoint, Limits, Module, ServerConfig, WebUi};
 
 use super::model_args::{ModelArgs, SamplingArgs, LIVE_KV_CACHE};
 
@@ -41,6 +42,19 @@ const KYUTAI_UI_TIMEOUT: Duration = Duration::from_secs(15);
 pub struct ServeArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    /// A model served at a path of its own, as moshi-server's modules: `PATH=MODEL` (PATH under
+    /// /api/, e.g. `/api/asr-streaming=kyutai/stt-1b-en_fr`), or `MODEL` (a folder or Hugging
+    /// Face repo) at its protocol's path: /api/chat for a model that speaks, /api/asr-streaming
+    /// for speech to text. Repeat it to serve several models from one process, each with its
+    /// own batched engine and --max-sessions slots. --quantize, --dequantize, --kv-cache and
+    /// --mimi-weights apply to each; the sampling flags to the /api/chat modules.
+    #[arg(
+        long = "module",
+        value_name = "[PATH=]MODEL",
+        value_parser = ModuleSpec::parse,
+        conflicts_with_all = ["model", "weights", "mimi", "tokenizer", "config"]
+    )]
+    pub modules: Vec<ModuleSpec>,
     #[command(flatten)]
     pub sampling: SamplingArgs,
     /// Address to listen on: 127.0.0.1 (this machine only) unless told otherwise; 0.0.0.0 for
@@ -151,42 +165,150 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         check_origin(origin)?;
     }
 
+    let mut modules = Vec::new();
+    for spec in module_specs(&args) {
+        modules.push(load_module(&args, &spec)?);
+    }
+    let chat = modules.iter().any(|m| matches!(m.endpoint, Endpoint::Chat));
+    // Only speech to text: what needs a conversation is refused, naming the model(s).
+    let stt = || {
+        let files: Vec<&str> = modules.iter().map(|m| m.lm_model_file.as_str()).collect();
+        match files.as_slice() {
+            [one] => format!("{one} is a speech-to-text model"),
+            many => format!("{} are speech-to-text models", many.join(", ")),
+        }
+    };
+    anyhow::ensure!(
+        chat || args.record.is_none(),
+        "--record: {}; recordings are made of /api/chat sessions",
+        stt()
+    );
+    anyhow::ensure!(
+        chat || matches!(static_ui, None | Some(WebUi::None)),
+        "--static: {}, served at /api/asr-streaming without a web UI",
+        stt()
+    );
+    // Greedy, as Kyutai's STT scripts (`temp=0`) and moshi-server (`temperature = 0`).
+    anyhow::ensure!(
+        chat || args.sampling.given().is_empty(),
+        "{}: a speech-to-text model is served greedy (moshi-server's temperature 0); leave out the sampling flags",
+        args.sampling.given().join(", ")
+    );
+    let web_ui = match static_ui {
+        _ if !chat => WebUi::None,
+        Some(ui) => ui,
+        None => kyutai_ui_or_built_in(),
+    };
+
+    let mut config = ServerConfig::new(SocketAddr::new(args.host, args.port));
+    config.web_ui = web_ui.clone();
+    config.tls = tls;
+    config.record_dir = args.record.clone();
+    config.limits = Limits {
+        idle_timeout: Duration::from_secs_f64(args.idle_timeout_s),
+        max_session: args.max_session_s.map(Duration::from_secs_f64),
+        ..Limits::default()
+    };
+    config.trust_forwarded = args.trust_forwarded;
+    config.allowed_origins = args.allowed_origins.clone();
+    config.api_keys = api_keys.clone();
+    let served: Vec<(String, Endpoint)> = modules
+        .iter()
+        .map(|m| (m.path.clone(), m.endpoint.clone()))
+        .collect();
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("moshi-serve-io")
+        .enable_all()
+        .build()
+        .context("starting tokio")?;
+    runtime.block_on(async move {
+        let mut signals = StopSignals::new()?;
+        let server = moshi_server::start(config, modules).await?;
+        startup_lines(&args, &served, &web_ui, api_keys.as_ref(), &server);
+        // The line to open (also read by scripts and tests); a closed or full stdout (`| head
+        // -1` once the line is read) must not stop the server.
+        let _ = super::stdout::print(&format!("moshi-rs serve: open {}\n", server.url()));
+        let cause = tokio::select! {
+            signal = signals.next() => signal?,
+            () = server.drain_started() => "POST /api/drain",
+        };
+        if cause != "Ctrl-C" {
+            drain(
+                &server,
+                cause,
+                Duration::from_secs_f64(args.drain_timeout_s),
+                &mut signals,
+            )
+            .await?;
+        }
+        eprintln!("{cause}: closing {} session(s)", server.running_sessions());
+        server.shutdown(SHUTDOWN_GRACE).await;
+        anyhow::Ok(())
+    })
+}
+
+/// `--module [PATH=]MODEL`: a model, and the path to serve it at (default: its protocol's).
+#[derive(Debug, Clone)]
+pub struct ModuleSpec {
+    pub path: Option<String>,
+    pub model: String,
+}
+
+impl ModuleSpec {
+    /// `PATH=MODEL` when the value starts with `/api/` and has an `=`, else `MODEL` alone.
+    fn parse(value: &str) -> Result<Self, String> {
+        let (path, model) = match value.split_once('=') {
+            Some((path, model)) if path.starts_with("/api/") => (Some(path), model),
+            _ => (None, value),
+        };
+        if let Some(problem) = path.and_then(moshi_server::module::path_problem) {
+            return Err(format!("path {}: {problem}", path.unwrap_or_default()));
+        }
+        if model.is_empty() {
+            return Err(
+                "expected [PATH=]MODEL: a model folder or Hugging Face repo after the =".into(),
+            );
+        }
+        Ok(Self {
+            path: path.map(str::to_string),
+            model: model.to_string(),
+        })
+    }
+}
+
+/// The models to serve: `--module`s, else `--model` (or the default model) at its path.
+fn module_specs(args: &ServeArgs) -> Vec<(Option<String>, ModelArgs)> {
+    if args.modules.is_empty() {
+        return vec![(None, args.model.clone())];
+    }
+    args.modules
+        .iter()
+        .map(|spec| {
+            let mut model = args.model.clone();
+            model.model = Some(spec.model.clone());
+            (spec.path.clone(), model)
+        })
+        .collect()
+}
+
+/// Loads one model and starts its batched engine: a model that speaks is served at
+/// /api/chat, a speech-to-text model at moshi-server's /api/asr-streaming (greedy, as
+/// moshi-server's temperature 0), unless `path` says where.
+fn load_module(
+    args: &ServeArgs,
+    (path, model_args): &(Option<String>, ModelArgs),
+) -> anyhow::Result<Module> {
     let load_started = Instant::now();
-    let mut loaded = args
-        .model
-        .load_model(&args.sampling, LIVE_KV_CACHE, args.max_sessions)?;
-    // A model that speaks is served at /api/chat with a web UI; a speech-to-text model at
-    // moshi-server's /api/asr-streaming, for programs.
+    let mut loaded = model_args.load_model(&args.sampling, LIVE_KV_CACHE, args.max_sessions)?;
     let endpoint = if loaded.model.conventions().generates_audio {
         Endpoint::Chat
     } else {
-        anyhow::ensure!(
-            args.record.is_none(),
-            "--record: {} is a speech-to-text model; recordings are made of /api/chat sessions",
-            loaded.resolved.lm_weights_path.display()
-        );
-        anyhow::ensure!(
-            matches!(static_ui, None | Some(WebUi::None)),
-            "--static: {} is a speech-to-text model, served at /api/asr-streaming without a web UI",
-            loaded.resolved.lm_weights_path.display()
-        );
         // Greedy, as Kyutai's STT scripts (`temp=0`) and moshi-server (`temperature = 0`).
-        let given = args.sampling.given();
-        anyhow::ensure!(
-            given.is_empty(),
-            "{}: a speech-to-text model is served greedy (moshi-server's temperature 0); leave out the sampling flags",
-            given.join(", ")
-        );
         loaded.settings.sampling.greedy = true;
         Endpoint::AsrStreaming(AsrModel::new(loaded.model.clone()))
     };
-    let web_ui = match (&endpoint, static_ui) {
-        (Endpoint::AsrStreaming(_), _) => WebUi::None,
-        (Endpoint::Chat, Some(ui)) => ui,
-        (Endpoint::Chat, None) => kyutai_ui_or_built_in(),
-    };
-    // The flags' settings over the config's `lm_gen_config`: each session's starting point.
-    let sampling = loaded.settings.sampling.clone();
     MoshiPipeline::new(loaded.model.clone(), &loaded.settings)?
         .warm_up()
         .context("warm-up frame")?;
@@ -217,64 +339,25 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         queue_capacity_frames,
     )
     .context("starting the compute thread")?;
-
-    let mut config = ServerConfig::new(SocketAddr::new(args.host, args.port));
-    config.web_ui = web_ui.clone();
-    config.tls = tls;
-    config.record_dir = args.record.clone();
-    config.default_sampling = sampling.clone();
-    config.limits = Limits {
-        idle_timeout: Duration::from_secs_f64(args.idle_timeout_s),
-        max_session: args.max_session_s.map(Duration::from_secs_f64),
-        ..Limits::default()
-    };
-    config.trust_forwarded = args.trust_forwarded;
-    config.allowed_origins = args.allowed_origins.clone();
-    config.lm_model_file = model.lm_weights_path.display().to_string();
-    config.endpoint = endpoint.clone();
-    config.api_keys = api_keys.clone();
-    config.model_description = serde_json::json!({
+    let mut module = Module::new(endpoint, std::sync::Arc::new(engine));
+    if let Some(path) = path {
+        module.path = path.clone();
+    }
+    // The flags' settings over the config's `lm_gen_config`: each session's starting point.
+    module.default_sampling = loaded.settings.sampling.clone();
+    module.lm_model_file = model.lm_weights_path.display().to_string();
+    module.model_description = serde_json::json!({
         "weights": model.lm_weights_path.display().to_string(),
         "layout": format!("{:?}", model.layout),
         "mimi": model.mimi_weights_path.display().to_string(),
-        "quantize": args.model.quantize.map(|q| q.name()),
-        "dequantize": args.model.dequantize,
-        "kv_cache": args.model.kv_cache_or(LIVE_KV_CACHE).to_string(),
-        "mimi_weights": args.model.mimi_weights.to_string(),
-        "greedy": sampling.greedy,
+        "quantize": model_args.quantize.map(|q| q.name()),
+        "dequantize": model_args.dequantize,
+        "kv_cache": model_args.kv_cache_or(LIVE_KV_CACHE).to_string(),
+        "mimi_weights": model_args.mimi_weights.to_string(),
+        "greedy": loaded.settings.sampling.greedy,
         "cfg_coef": pipeline_cfg_coef,
     });
-
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("moshi-serve-io")
-        .enable_all()
-        .build()
-        .context("starting tokio")?;
-    runtime.block_on(async move {
-        let mut signals = StopSignals::new()?;
-        let server = moshi_server::start(config, std::sync::Arc::new(engine)).await?;
-        startup_lines(&args, &endpoint, &web_ui, api_keys.as_ref(), &server);
-        // The line to open (also read by scripts and tests); a closed or full stdout (`| head
-        // -1` once the line is read) must not stop the server.
-        let _ = super::stdout::print(&format!("moshi-rs serve: open {}\n", server.url()));
-        let cause = tokio::select! {
-            signal = signals.next() => signal?,
-            () = server.drain_started() => "POST /api/drain",
-        };
-        if cause != "Ctrl-C" {
-            drain(
-                &server,
-                cause,
-                Duration::from_secs_f64(args.drain_timeout_s),
-                &mut signals,
-            )
-            .await?;
-        }
-        eprintln!("{cause}: closing {} session(s)", server.running_sessions());
-        server.shutdown(SHUTDOWN_GRACE).await;
-        anyhow::Ok(())
-    })
+    Ok(module)
 }
 
 /// Time the sessions get to say goodbye when the server stops.
@@ -284,26 +367,29 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 /// probe and stop it (the address is on stdout's `open` line).
 fn startup_lines(
     args: &ServeArgs,
-    endpoint: &Endpoint,
+    served: &[(String, Endpoint)],
     web_ui: &WebUi,
     api_keys: Option<&ApiKeys>,
     server: &moshi_server::RunningServer,
 ) {
-    let what = match endpoint {
-        Endpoint::Chat => format!("/api/chat (Kyutai's protocol) and {}", web_ui.describe()),
-        Endpoint::AsrStreaming(_) => {
-            "/api/asr-streaming (speech to text, moshi-server's protocol)".to_string()
-        }
-    };
+    let mut what: Vec<String> = served
+        .iter()
+        .map(|(path, endpoint)| format!("{path} ({})", endpoint.describe()))
+        .collect();
+    if served.iter().any(|(_, e)| matches!(e, Endpoint::Chat)) {
+        what.push(web_ui.describe());
+    }
+    let what = what.join(", ");
     let interfaces = if args.host.is_unspecified() {
         "every interface".to_string()
     } else {
         args.host.to_string()
     };
     eprintln!(
-        "serving {what} on {interfaces}, port {}; up to {} session(s) at once",
+        "serving {what} on {interfaces}, port {}; up to {} session(s) at once{}",
         server.local_addr().port(),
-        args.max_sessions
+        args.max_sessions,
+        if served.len() > 1 { " per model" } else { "" }
     );
     match api_keys {
         Some(keys) => eprintln!(

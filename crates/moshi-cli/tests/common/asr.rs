@@ -7,8 +7,13 @@ use std::path::{Path, PathBuf};
 use moshi_loader::tokenizer::TextTokenizer;
 use moshi_loader::LmConfig;
 use moshi_model::word_events::{WordEvent, WordEvents};
-use moshi_server::asr_protocol::AsrServerMessage;
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use moshi_server::asr_protocol::{AsrClientMessage, AsrServerMessage};
 use moshi_test_support::{path_str, read_json_lines, run_binary};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::Message;
 
 use super::serve::{root, Server};
 
@@ -150,4 +155,85 @@ pub fn timed_words(messages: &[AsrServerMessage]) -> Vec<(String, f64, f64)> {
         }
     }
     words
+}
+
+pub type Socket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+pub async fn connect(url: &str, key: Option<&str>) -> Result<Socket, String> {
+    let mut request = url.into_client_request().unwrap();
+    if let Some(k) = key {
+        request
+            .headers_mut()
+            .insert("kyutai-api-key", k.parse().unwrap());
+    }
+    match tokio_tungstenite::connect_async(request).await {
+        Ok((socket, _)) => Ok(socket),
+        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => {
+            Err(format!("HTTP {}", r.status().as_u16()))
+        }
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+pub fn audio(pcm: &[f32]) -> Message {
+    Message::Binary(
+        AsrClientMessage::Audio { pcm: pcm.to_vec() }
+            .to_bytes()
+            .into(),
+    )
+}
+
+/// Sends `before`, a marker, then `after` as fast as the server takes them, and returns every
+/// message received up to the marker's echo.
+pub async fn transcribe_stream(
+    socket: Socket,
+    before: Vec<Vec<f32>>,
+    marker: i64,
+    after: Vec<Vec<f32>>,
+) -> Vec<AsrServerMessage> {
+    let (mut tx, mut rx) = socket.split();
+    let sender = tokio::spawn(async move {
+        for chunk in &before {
+            tx.send(audio(chunk)).await?;
+        }
+        let m = AsrClientMessage::Marker { id: marker }.to_bytes();
+        tx.send(Message::Binary(m.into())).await?;
+        for chunk in &after {
+            tx.send(audio(chunk)).await?;
+        }
+        Ok::<_, tokio_tungstenite::tungstenite::Error>(tx)
+    });
+    let mut got = Vec::new();
+    loop {
+        let m = tokio::time::timeout(Duration::from_secs(60), rx.next())
+            .await
+            .expect("the server went silent")
+            .expect("the connection closed before the marker")
+            .expect("receive");
+        let Message::Binary(bytes) = m else { continue };
+        let message = AsrServerMessage::from_bytes(&bytes).expect("a protocol message");
+        let done = message == AsrServerMessage::Marker { id: marker };
+        got.push(message);
+        if done {
+            break;
+        }
+    }
+    sender.abort();
+    got
+}
+
+/// `Step`'s `buffered_pcm` depends on how fast the client sends: left out of comparisons.
+pub fn without_buffered(messages: &[AsrServerMessage]) -> Vec<AsrServerMessage> {
+    messages
+        .iter()
+        .map(|m| match m {
+            AsrServerMessage::Step { step_idx, prs, .. } => AsrServerMessage::Step {
+                step_idx: *step_idx,
+                prs: prs.clone(),
+                buffered_pcm: 0,
+            },
+            other => other.clone(),
+        })
+        .collect()
 }
