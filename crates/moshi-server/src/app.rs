@@ -27,6 +27,7 @@ use crate::operator;
 use crate::session;
 use crate::session_engine::OpenError;
 use crate::tls::TlsFiles;
+use crate::tts_session::{self, TtsRequest};
 use crate::web_ui::{self, WebUi};
 use crate::ServerError;
 
@@ -384,6 +385,12 @@ pub(crate) fn unavailable(why: &str) -> Response {
         .into_response()
 }
 
+/// 400 before the upgrade: a query the module cannot serve (the sentence says why).
+fn bad_request(why: &str) -> Response {
+    use axum::response::IntoResponse;
+    (axum::http::StatusCode::BAD_REQUEST, format!("{why}\n")).into_response()
+}
+
 /// The header moshi-server reads the key from.
 pub const API_KEY_HEADER: &str = "kyutai-api-key";
 
@@ -479,6 +486,36 @@ async fn asr_streaming(
         .on_upgrade(move |socket| asr_session::run(socket, app, module, asr, peer))
 }
 
+async fn tts_streaming(
+    ws: WebSocketUpgrade,
+    uri: Uri,
+    headers: HeaderMap,
+    State((app, module)): State<ModuleRoute>,
+    Extension(PeerAddr(peer)): Extension<PeerAddr>,
+) -> Response {
+    let peer = match app.admit(&module, peer, &headers, &uri) {
+        Ok(peer) => peer,
+        Err(refusal) => return *refusal,
+    };
+    let Endpoint::TtsStreaming(service) = &module.endpoint else {
+        unreachable!("tts_streaming is routed for text-to-speech modules only (see `routes`)")
+    };
+    let service = service.clone();
+    let request = match TtsRequest::from_uri(&uri) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::info!(%peer, "tts query refused: {e}");
+            return bad_request(&e);
+        }
+    };
+    // As /api/asr-streaming: a full server upgrades, then says "no free channels".
+    let max = app.limits.max_message_bytes;
+    ws.max_message_size(max)
+        .max_frame_size(max)
+        .on_failed_upgrade(move |e| tracing::warn!(%peer, "websocket upgrade failed: {e}"))
+        .on_upgrade(move |socket| tts_session::run(socket, app, module, service, request, peer))
+}
+
 /// The routes of every module at its path, and `/`: the web UI when a module speaks
 /// `/api/chat`, else a line naming what is served.
 fn routes(state: &Arc<AppState>, web_ui: &WebUi) -> Router {
@@ -487,6 +524,7 @@ fn routes(state: &Arc<AppState>, web_ui: &WebUi) -> Router {
         let handler = match module.endpoint {
             Endpoint::Chat => get(chat),
             Endpoint::AsrStreaming(_) => get(asr_streaming),
+            Endpoint::TtsStreaming(_) => get(tts_streaming),
         };
         router = router.route(
             &module.path,

@@ -12,6 +12,7 @@ use crate::asr_session::AsrModel;
 use crate::metrics::Metrics;
 use crate::query::SessionRequest;
 use crate::session_engine::SessionEngine;
+use crate::tts_session::TtsService;
 
 /// The protocol a module speaks: one variant per kind of model `serve` hosts.
 #[derive(Debug, Clone)]
@@ -20,6 +21,8 @@ pub enum Endpoint {
     Chat,
     /// moshi-server's `/api/asr-streaming` (a speech-to-text model).
     AsrStreaming(AsrModel),
+    /// moshi-server's `/api/tts_streaming` (a text-to-speech model).
+    TtsStreaming(Arc<TtsService>),
 }
 
 impl Endpoint {
@@ -28,6 +31,7 @@ impl Endpoint {
         match self {
             Self::Chat => "/api/chat",
             Self::AsrStreaming(_) => "/api/asr-streaming",
+            Self::TtsStreaming(_) => "/api/tts_streaming",
         }
     }
 
@@ -36,6 +40,7 @@ impl Endpoint {
         match self {
             Self::Chat => "chat",
             Self::AsrStreaming(_) => "batched_asr",
+            Self::TtsStreaming(_) => "tts_py",
         }
     }
 
@@ -44,6 +49,7 @@ impl Endpoint {
         match self {
             Self::Chat => "Kyutai's conversation protocol",
             Self::AsrStreaming(_) => "speech to text, moshi-server's protocol",
+            Self::TtsStreaming(_) => "text to speech, moshi-server's protocol",
         }
     }
 }

@@ -19,7 +19,9 @@ use moshi_model::tts::TtsSettings;
 use moshi_runtime::pipeline::{MoshiModel, SessionSettings};
 use moshi_runtime::speak::TtsSpeaker;
 
-use crate::session_engine::{Doorbell, OpenError};
+use crate::session_engine::{
+    Doorbell, EngineSession, OpenError, SessionEngine, SessionSettings as AudioSessionSettings,
+};
 
 /// Events a stream's task may hold unread before the stream stops stepping.
 const EVENT_CAPACITY: usize = 64;
@@ -180,14 +182,6 @@ impl TtsEngine {
         }
         self.doorbell.ring();
         Ok(handle)
-    }
-
-    pub fn max_sessions(&self) -> usize {
-        self.max_sessions
-    }
-
-    pub fn active_sessions(&self) -> usize {
-        self.active.load(Ordering::Acquire)
     }
 }
 
@@ -353,4 +347,23 @@ impl Worker {
 /// (moshi-server's `end_step + delay_steps + final_padding + max_delay`).
 fn flushed(speaker: &TtsSpeaker, steps: usize, max_delay: usize) -> bool {
     steps >= max_delay && speaker.is_finished_at(steps - max_delay)
+}
+
+/// A text-to-speech module's engine counts its streams as every module's does; its streams
+/// take text, so they open through `/api/tts_streaming` ([`TtsEngine::open`]), never as audio
+/// sessions.
+impl SessionEngine for TtsEngine {
+    fn open(&self, _settings: AudioSessionSettings) -> Result<EngineSession, OpenError> {
+        Err(OpenError::Unavailable(
+            "a text-to-speech model takes text: its streams open at /api/tts_streaming".into(),
+        ))
+    }
+
+    fn max_sessions(&self) -> usize {
+        self.max_sessions
+    }
+
+    fn active_sessions(&self) -> usize {
+        self.active.load(Ordering::Acquire)
+    }
 }

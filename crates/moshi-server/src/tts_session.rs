@@ -25,6 +25,7 @@ use moshi_runtime::pipeline::MoshiModel;
 use crate::app::{AppState, ClientAddr};
 use crate::connection::{close_code, incoming, Incoming, Liveness, Outbox, SessionEnd};
 use crate::metrics::RefuseReason;
+use crate::module::Module;
 use crate::ogg_opus::{OggOpusWriter, OpusPacketing};
 use crate::session_engine::OpenError;
 use crate::tts_engine::{TtsEngine, TtsEvent, TtsStreamHandle};
@@ -41,7 +42,7 @@ const OUTBOX_HEADROOM: usize = 4;
 
 /// A text-to-speech model served at `/api/tts_streaming`: its engine and voices.
 pub struct TtsService {
-    pub engine: TtsEngine,
+    pub engine: Arc<TtsEngine>,
     model: Arc<MoshiModel>,
     voices_dir: PathBuf,
     voice_suffix: String,
@@ -63,7 +64,7 @@ impl TtsService {
     /// `default_voice` for a query that names none.
     pub fn new(
         model: Arc<MoshiModel>,
-        engine: TtsEngine,
+        engine: Arc<TtsEngine>,
         voices_dir: PathBuf,
         default_voice: Option<String>,
     ) -> Self {
@@ -92,8 +93,8 @@ impl TtsService {
     }
 
     /// The voices a stream of `name` speaks with (none for a model without speaker
-    /// conditioning), loaded once and kept.
-    fn voices(&self, name: Option<&str>) -> Result<Vec<Arc<Voice>>, String> {
+    /// conditioning), loaded once and kept; an error is a sentence for the client.
+    pub fn voices_for(&self, name: Option<&str>) -> Result<Vec<Arc<Voice>>, String> {
         if self.voice_dim == 0 {
             return Ok(Vec::new());
         }
@@ -167,6 +168,7 @@ impl TtsRequest {
 struct TtsConnection<'a> {
     id: u64,
     app: Arc<AppState>,
+    module: Arc<Module>,
     stream: TtsStreamHandle,
     outbox: Outbox,
     format: TtsFormat,
@@ -184,6 +186,7 @@ struct TtsConnection<'a> {
 pub async fn run(
     socket: WebSocket,
     app: Arc<AppState>,
+    module: Arc<Module>,
     service: Arc<TtsService>,
     request: TtsRequest,
     peer: ClientAddr,
@@ -197,7 +200,7 @@ pub async fn run(
         Ok(h) => h,
         Err((reason, message)) => {
             if let Some(reason) = reason {
-                app.metrics.session_refused(reason);
+                module.metrics.session_refused(reason);
             }
             tracing::warn!(session = id, %peer, "tts stream refused: {message}");
             let error = request
@@ -210,7 +213,10 @@ pub async fn run(
             return;
         }
     };
-    app.metrics.sessions_started.fetch_add(1, Ordering::Relaxed);
+    module
+        .metrics
+        .sessions_started
+        .fetch_add(1, Ordering::Relaxed);
     let model = service.model.clone();
     let encode = move |w: &str| {
         model
@@ -243,6 +249,7 @@ pub async fn run(
     let mut c = TtsConnection {
         id,
         app: app.clone(),
+        module: module.clone(),
         stream: handle,
         outbox,
         format: request.format,
@@ -279,7 +286,7 @@ fn open(
         ));
     }
     let voices = service
-        .voices(request.voice.as_deref())
+        .voices_for(request.voice.as_deref())
         .map_err(|e| (None, e))?;
     service.engine.open(voices).map_err(|e| match &e {
         OpenError::Busy { .. } => (Some(RefuseReason::Busy), format!("{NO_FREE_CHANNELS}: {e}")),
@@ -372,7 +379,7 @@ impl TtsConnection<'_> {
         match event {
             TtsEvent::Audio(pcm) => {
                 self.frames_sent += 1;
-                self.app
+                self.module
                     .metrics
                     .frames_processed
                     .fetch_add(1, Ordering::Relaxed);
@@ -423,7 +430,7 @@ impl TtsConnection<'_> {
     }
 
     async fn finish(self, end: SessionEnd, peer: ClientAddr) {
-        self.app.metrics.session_ended(end.metric_reason());
+        self.module.metrics.session_ended(end.metric_reason());
         drop(self.stream);
         let line = format!(
             "tts stream ended: {}; {} frames sent, {} bytes of text, {} messages not sent",

@@ -235,27 +235,28 @@ impl ModelArgs {
         }
     }
 
+    /// Loads a resolved text-to-speech model (`speak`, `serve`): a model of another type is an
+    /// error naming the file.
+    pub fn load_text_to_speech(&self, resolved: &ResolvedModel) -> anyhow::Result<MoshiModel> {
+        anyhow::ensure!(
+            resolved.lm_config.is_text_to_speech(),
+            "speak needs a text-to-speech model (`model_type` \"tts\"); {} is not one",
+            resolved.lm_weights_path.display(),
+        );
+        MoshiModel::load(resolved, self.weight_mode()?, self.mimi_weights).with_context(|| {
+            format!(
+                "loading the model from {}",
+                resolved.lm_weights_path.display()
+            )
+        })
+    }
+
     /// `--kv-cache`, else the command's `default`.
     pub fn kv_cache_or(&self, default: KvPrecision) -> KvPrecision {
         self.kv_cache.unwrap_or(default)
     }
 
-    /// Resolves and loads the model, and one session's settings from `sampling` (guidance
-    /// included; each one not given on the command line from the config's `lm_gen_config`) and
-    /// `--kv-cache` or the command's `default_kv_cache`, and declares the kernels' workload for
-    /// up to `sessions` sessions stepped together (before any product runs).
-    pub fn load_model(
-        &self,
-        sampling: &SamplingArgs,
-        default_kv_cache: KvPrecision,
-        sessions: usize,
-    ) -> anyhow::Result<LoadedModel> {
-        self.check_load_flags(sampling)?;
-        let model = self.resolve()?;
-        self.load_resolved_model(model, sampling, default_kv_cache, sessions)
-    }
-
-    /// The flag checks of [`Self::load_model`] that need no model.
+    /// The flag checks of [`Self::load_resolved_model`] that need no model.
     fn check_load_flags(&self, sampling: &SamplingArgs) -> anyhow::Result<()> {
         self.weight_mode()?;
         if let Some(c) = sampling.cfg_coef {
@@ -267,8 +268,10 @@ impl ModelArgs {
         Ok(())
     }
 
-    /// [`Self::load_model`] of a model already resolved by [`Self::resolve`] (for a command
-    /// that checks its outputs against the model's files first).
+    /// Loads a model resolved by [`Self::resolve`], and one session's settings from `sampling`
+    /// (guidance included; each one not given on the command line from the config's
+    /// `lm_gen_config`) and `--kv-cache` or the command's `default_kv_cache`, and declares the
+    /// kernels' workload for up to `sessions` sessions stepped together.
     pub fn load_resolved_model(
         &self,
         resolved: ResolvedModel,

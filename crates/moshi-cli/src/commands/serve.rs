@@ -116,6 +116,13 @@ pub struct ServeArgs {
     /// `Origin` (programs, not browsers) are not concerned.
     #[arg(long = "allowed-origin", value_name = "ORIGIN")]
     pub allowed_origins: Vec<String>,
+    /// A text-to-speech model's voices folder (laid out as kyutai/tts-voices; a query's `voice`
+    /// is a path in it without the model's suffix). Default: `voices/` in the model folder.
+    #[arg(long, value_name = "DIR")]
+    pub voices: Option<PathBuf>,
+    /// The voice of a text-to-speech stream whose query names none.
+    #[arg(long, value_name = "NAME")]
+    pub default_voice: Option<String>,
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -301,7 +308,16 @@ fn load_module(
     (path, model_args): &(Option<String>, ModelArgs),
 ) -> anyhow::Result<Module> {
     let load_started = Instant::now();
-    let mut loaded = model_args.load_model(&args.sampling, LIVE_KV_CACHE, args.max_sessions)?;
+    let resolved = model_args.resolve()?;
+    if resolved.lm_config.is_text_to_speech() {
+        return load_tts_module(args, path.as_deref(), model_args, resolved, load_started);
+    }
+    let mut loaded = model_args.load_resolved_model(
+        resolved,
+        &args.sampling,
+        LIVE_KV_CACHE,
+        args.max_sessions,
+    )?;
     let endpoint = if loaded.model.conventions().generates_audio {
         Endpoint::Chat
     } else {
@@ -330,6 +346,7 @@ fn load_module(
             MAX_QUEUED_INPUT_FRAMES.max(args.max_backlog_frames + 1),
         ),
         Endpoint::AsrStreaming(_) => (DropPolicy::Lossless, MAX_QUEUED_ASR_FRAMES),
+        Endpoint::TtsStreaming(_) => unreachable!("text-to-speech modules load in load_tts_module"),
     };
     let engine = BatchEngine::new(
         loaded.model.clone(),
@@ -356,6 +373,90 @@ fn load_module(
         "mimi_weights": model_args.mimi_weights.to_string(),
         "greedy": loaded.settings.sampling.greedy,
         "cfg_coef": pipeline_cfg_coef,
+    });
+    Ok(module)
+}
+
+/// A text-to-speech model at moshi-server's /api/tts_streaming (unless `path` says where): its
+/// streams on a TTS engine, with Kyutai's TTS defaults (temperature 0.6, cfg 2.0 as the
+/// distilled model's condition) unless the flags say otherwise.
+fn load_tts_module(
+    args: &ServeArgs,
+    path: Option<&str>,
+    model_args: &ModelArgs,
+    resolved: moshi_loader::ResolvedModel,
+    load_started: Instant,
+) -> anyhow::Result<Module> {
+    let model = std::sync::Arc::new(model_args.load_text_to_speech(&resolved)?);
+    super::declare_workload(args.max_sessions);
+    let s = &args.sampling;
+    let settings = moshi_runtime::pipeline::SessionSettings {
+        sampling: moshi_model::generator::SamplingConfig {
+            temp_text: s
+                .temp_text
+                .or(s.temp)
+                .unwrap_or(super::speak::TTS_TEMPERATURE),
+            temp_audio: s.temp.unwrap_or(super::speak::TTS_TEMPERATURE),
+            seed: s.seed,
+            greedy: s.greedy,
+            ..Default::default()
+        },
+        kv_precision: model_args.kv_cache_or(LIVE_KV_CACHE),
+        cfg_coef: None,
+    };
+    let cfg_coef = s.cfg_coef.unwrap_or(super::speak::TTS_CFG_COEF);
+    let engine = std::sync::Arc::new(
+        moshi_server::tts_engine::TtsEngine::new(
+            model.clone(),
+            settings.clone(),
+            moshi_model::tts::TtsSettings::default(),
+            cfg_coef,
+            args.max_sessions,
+        )
+        .context("starting the compute thread")?,
+    );
+    let voices_dir = match (&args.voices, resolved.lm_weights_path.parent()) {
+        (Some(dir), _) => dir.clone(),
+        (None, Some(folder)) => folder.join("voices"),
+        (None, None) => PathBuf::from("voices"),
+    };
+    let service = moshi_server::tts_session::TtsService::new(
+        model.clone(),
+        engine.clone(),
+        voices_dir.clone(),
+        args.default_voice.clone(),
+    );
+    // Now, not at the first client: a bad --cfg-coef or --default-voice is an error naming it.
+    moshi_model::tts::session_conditioning(&resolved.lm_config, cfg_coef, None)
+        .with_context(|| format!("--cfg-coef {cfg_coef}"))?;
+    if let Some(name) = &args.default_voice {
+        service
+            .voices_for(Some(name))
+            .map_err(anyhow::Error::msg)
+            .context("--default-voice")?;
+    }
+    eprintln!(
+        "model: {} ({:?}), voices in {}, ready in {:.1} s",
+        resolved.lm_weights_path.display(),
+        resolved.layout,
+        voices_dir.display(),
+        load_started.elapsed().as_secs_f64(),
+    );
+    let endpoint = Endpoint::TtsStreaming(std::sync::Arc::new(service));
+    let mut module = Module::new(endpoint, engine);
+    if let Some(path) = path {
+        module.path = path.to_string();
+    }
+    module.default_sampling = settings.sampling.clone();
+    module.lm_model_file = resolved.lm_weights_path.display().to_string();
+    module.model_description = serde_json::json!({
+        "weights": resolved.lm_weights_path.display().to_string(),
+        "layout": format!("{:?}", resolved.layout),
+        "mimi": resolved.mimi_weights_path.display().to_string(),
+        "quantize": model_args.quantize.map(|q| q.name()),
+        "voices": voices_dir.display().to_string(),
+        "cfg_coef": cfg_coef,
+        "greedy": settings.sampling.greedy,
     });
     Ok(module)
 }

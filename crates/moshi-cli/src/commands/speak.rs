@@ -28,6 +28,10 @@ use super::transcript::tsv_line;
 
 /// The model without `--model`: Kyutai's English and French TTS.
 pub const DEFAULT_TTS_REPO: &str = "kyutai/tts-1.6b-en_fr";
+/// Kyutai's TTS temperature (text and audio: `TTSModel(temp=0.6)`, `tts_pytorch.py`).
+pub const TTS_TEMPERATURE: f32 = 0.6;
+/// Kyutai's guidance strength for its distilled TTS (`tts_pytorch.py --cfg-coef 2.0`).
+pub const TTS_CFG_COEF: f32 = 2.0;
 /// Frames per second of the text stream.
 const FRAME_RATE_HZ: f64 = 12.5;
 /// The longest text read, in bytes (a book's chapter; the stream stays bounded by the text).
@@ -56,11 +60,11 @@ pub struct SpeakArgs {
     pub voices: Option<PathBuf>,
     /// Guidance strength, a condition of the distilled model (one of its `cfg` values: 1.0 to
     /// 4.0 by 0.5 for Kyutai's release).
-    #[arg(long, default_value_t = 2.0, value_parser = super::flag_values::cfg_coef)]
+    #[arg(long, default_value_t = TTS_CFG_COEF, value_parser = super::flag_values::cfg_coef)]
     pub cfg_coef: f32,
     /// Sampling temperature of text and audio (Kyutai's TTS default 0.6; 0 picks the most
     /// probable token).
-    #[arg(long, default_value_t = 0.6, value_parser = super::flag_values::temperature)]
+    #[arg(long, default_value_t = TTS_TEMPERATURE, value_parser = super::flag_values::temperature)]
     pub temp: f32,
     /// Random seed.
     #[arg(long, default_value_t = 4242)]
@@ -186,15 +190,14 @@ fn resolved_folder(resolved: &moshi_loader::ResolvedModel) -> Option<&Path> {
     resolved.lm_weights_path.parent()
 }
 
-/// `--temp` for text and audio (Kyutai's `TTSModel(temp)` sets both), no top-k.
+/// `--temp` for text and audio (Kyutai's `TTSModel(temp)` sets both), `LMGen`'s default top-k.
 fn sampling(args: &SpeakArgs) -> moshi_model::generator::SamplingConfig {
     moshi_model::generator::SamplingConfig {
         temp_text: args.temp,
         temp_audio: args.temp,
-        top_k_text: 0,
-        top_k_audio: 0,
         seed: args.seed,
         greedy: args.greedy || args.temp == 0.0,
+        ..Default::default()
     }
 }
 
