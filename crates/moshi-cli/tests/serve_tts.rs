@@ -44,19 +44,24 @@ fn reference() -> Value {
 
 /// The server on tiny-tts, greedy with exact KV caches (as `speak --greedy`), one key.
 fn start_server(dir: &Path, extra: &[&str]) -> Server {
+    let model = tiny_tts();
+    let mut models = vec!["--model", path_str(&model)];
+    models.extend_from_slice(extra);
+    start_with(dir, &models)
+}
+
+/// [`start_server`] with the model flags `models` (and any other flags).
+fn start_with(dir: &Path, models: &[&str]) -> Server {
     let keys = dir.join("keys");
     std::fs::write(&keys, format!("{KEY}\n")).unwrap();
-    let model = tiny_tts();
     let mut args = vec![
-        "--model",
-        path_str(&model),
         "--greedy",
         "--kv-cache",
         "f32",
         "--api-key-file",
         path_str(&keys),
     ];
-    args.extend_from_slice(extra);
+    args.extend_from_slice(models);
     Server::start(&args)
 }
 
@@ -91,11 +96,12 @@ async fn speak(socket: Socket, words: &[&str], eos: bool) -> (Vec<TtsServerMessa
         let m = TtsClientMessage::Text {
             text: w.to_string(),
         };
-        tx.send(Message::Binary(m.to_bytes().into())).await.unwrap();
+        // A server that refused the stream may have closed already: read what it said.
+        let _ = tx.send(Message::Binary(m.to_bytes().into())).await;
     }
     if eos {
         let m = TtsClientMessage::Eos.to_bytes();
-        tx.send(Message::Binary(m.into())).await.unwrap();
+        let _ = tx.send(Message::Binary(m.into())).await;
     }
     let mut messages = Vec::new();
     let mut code = None;
@@ -179,6 +185,61 @@ async fn a_client_gets_ready_the_audio_and_the_words_with_their_times() {
         assert_eq!(*stop_s, stop as f64 / 12.5, "{text}");
     }
     server.stop();
+}
+
+/// The audio and words of the fixture's script from a server at `addr` (greedy, exact caches).
+async fn fixture_stream(server: &Server) -> Vec<TtsServerMessage> {
+    let reference = reference();
+    let socket = connect(
+        &url(server, &format!("?voice={VOICE}&format=PcmMessagePack")),
+        Some(KEY),
+    )
+    .await
+    .unwrap();
+    let words = script_words(&reference);
+    let refs: Vec<&str> = words.iter().map(String::as_str).collect();
+    speak(socket, &refs, true).await.0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn beside_speech_to_text_in_one_process_a_stream_gets_what_it_gets_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let alone = start_server(dir.path(), &[]);
+    let want = fixture_stream(&alone).await;
+    alone.stop();
+    let stt = root().join("assets/tiny-stt");
+    let tts = tiny_tts();
+    let both = start_with(
+        dir.path(),
+        &["--module", path_str(&tts), "--module", path_str(&stt)],
+    );
+    let log = both.log();
+    assert!(
+        log.contains("/api/tts_streaming (text to speech") && log.contains("/api/asr-streaming"),
+        "{log}"
+    );
+    assert_eq!(fixture_stream(&both).await, want);
+    let info = http_get(&both.addr, "/api/modules_info");
+    assert!(
+        info.contains("\"tts_py\"") && info.contains("\"batched_asr\""),
+        "{info}"
+    );
+    both.stop();
+}
+
+/// `GET path` on `addr`: the body.
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut tcp = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        tcp,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    tcp.read_to_string(&mut text).unwrap();
+    text.split_once("\r\n\r\n")
+        .map_or(String::new(), |(_, b)| b.to_string())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
