@@ -245,7 +245,7 @@ fn http_get(addr: &str, path: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_are_refused_with_reasons() {
     let dir = tempfile::tempdir().unwrap();
-    let server = start_server(dir.path(), &["--idle-timeout-s", "1"]);
+    let server = start_server(dir.path(), &["--idle-timeout-s", "3"]);
     let query = format!("?voice={VOICE}&format=PcmMessagePack");
     assert_eq!(
         connect(&url(&server, &query), None).await.err().as_deref(),
@@ -276,7 +276,12 @@ async fn bad_requests_are_refused_with_reasons() {
     // the first, never finishing its text, ends after the idle timeout with an error.
     let first = connect(&url(&server, &query), Some(KEY)).await.unwrap();
     let held = tokio::spawn(speak(first, &["Hello"], false));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The slot is taken once the first stream is open (however loaded the machine).
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !http_get(&server.addr, "/api/modules_info").contains("\"used_slots\":\"1\"") {
+        assert!(std::time::Instant::now() < deadline, "the first stream never opened");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let second = connect(&url(&server, &query), Some(KEY)).await.unwrap();
     let (messages, _) = speak(second, &["Hi"], true).await;
     assert!(
