@@ -279,7 +279,10 @@ async fn bad_requests_are_refused_with_reasons() {
     // The slot is taken once the first stream is open (however loaded the machine).
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while !http_get(&server.addr, "/api/modules_info").contains("\"used_slots\":\"1\"") {
-        assert!(std::time::Instant::now() < deadline, "the first stream never opened");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first stream never opened"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let second = connect(&url(&server, &query), Some(KEY)).await.unwrap();

@@ -266,7 +266,7 @@ fn new_session(generator: &Generator, entries: Vec<Entry>) -> moshi_model::gener
     let speakers =
         speaker_condition(&[voice], cfg.tts_config.as_ref().unwrap().max_speakers()).unwrap();
     let mut settings = detailed(SamplingConfig::greedy());
-    settings.conditioning = session_conditioning(cfg, 2.0, Some(speakers)).unwrap();
+    settings.conditioning = session_conditioning(cfg, 2.0, Some(Arc::new(speakers))).unwrap();
     let mut session = generator.new_session(settings).unwrap();
     let tts = session.tts_mut().unwrap();
     for e in entries {
@@ -321,4 +321,30 @@ fn quantized_weights_agree_with_the_same_weights_dequantized() {
             a.len()
         );
     }
+}
+
+#[test]
+fn sessions_of_one_voice_share_its_cross_attention_keys_and_values() {
+    let generator = common::fixture_generator(FIXTURE, WeightMode::Native);
+    let cfg = generator.config();
+    let voice = load_voice(&common::fixture(FIXTURE, VOICE), 32).unwrap();
+    let max = cfg.tts_config.as_ref().unwrap().max_speakers();
+    let speakers = Arc::new(speaker_condition(std::slice::from_ref(&voice), max).unwrap());
+    let session = |s: &Arc<moshi_model::lm::conditioner::TensorCondition>| {
+        let mut settings = detailed(SamplingConfig::greedy());
+        settings.conditioning = session_conditioning(cfg, 2.0, Some(s.clone())).unwrap();
+        generator.new_session(settings).unwrap()
+    };
+    let (a, b) = (session(&speakers), session(&speakers));
+    let kv = |s: &moshi_model::generator::LmSession| s.row().temporal().cross().unwrap().clone();
+    assert!(Arc::ptr_eq(&kv(&a), &kv(&b)), "one voice, one copy");
+    // The same values in another condition: computed again, to the same bits.
+    let other = Arc::new(speaker_condition(&[voice], max).unwrap());
+    let c = session(&other);
+    assert!(!Arc::ptr_eq(&kv(&a), &kv(&c)));
+    assert_eq!(*kv(&a), *kv(&c));
+    // Once no session holds them, they are freed.
+    let weak = Arc::downgrade(&kv(&a));
+    drop((a, b));
+    assert!(weak.upgrade().is_none());
 }

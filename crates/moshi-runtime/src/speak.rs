@@ -4,8 +4,11 @@
 //! is there, and returns the frame and, once the audio has started (`delay_steps` frames in, as
 //! `tts_pytorch.py` decodes `frames[delay_steps:]`), its 1920 samples decoded by Mimi.
 
+use std::sync::Arc;
+
 use moshi_loader::voice::Voice;
 use moshi_model::generator::{LmSession, LmSessionSettings, StepDetails, StepInput};
+use moshi_model::lm::conditioner::TensorCondition;
 use moshi_model::lm::embedding::ZERO_TOKEN;
 use moshi_model::mimi::Mimi;
 use moshi_model::tts::machine::Entry;
@@ -35,26 +38,33 @@ pub struct TtsSpeaker {
 }
 
 impl TtsSpeaker {
-    /// A stream of `model` (a TTS model) speaking with `voices` (the speaker slots, in order),
+    /// The speaker condition of `voices` (the speaker slots, in order) for `model`: None for a
+    /// model without speaker conditioning. Streams given the same one share its cross-attention
+    /// keys and values.
+    pub fn speakers(model: &MoshiModel, voices: &[Voice]) -> Result<Option<Arc<TensorCondition>>> {
+        let cfg = model.lm_config();
+        let max_speakers = cfg.tts_config.as_ref().map_or(1, |t| t.max_speakers());
+        let conditioners = model
+            .generator()
+            .weights()
+            .conditions()
+            .cross_conditioners();
+        Ok(match conditioners {
+            [] => None,
+            _ => Some(Arc::new(speaker_condition(voices, max_speakers)?)),
+        })
+    }
+
+    /// A stream of `model` (a TTS model) speaking with `speakers` ([`TtsSpeaker::speakers`]),
     /// guidance strength `cfg_coef` (the `cfg` condition of a distilled model).
     pub fn new(
         model: &MoshiModel,
         settings: &SessionSettings,
         tts: TtsSettings,
-        voices: &[Voice],
+        speakers: Option<Arc<TensorCondition>>,
         cfg_coef: f32,
     ) -> Result<Self> {
         let cfg = model.lm_config();
-        let max_speakers = cfg.tts_config.as_ref().map_or(1, |t| t.max_speakers());
-        let speakers = match model
-            .generator()
-            .weights()
-            .conditions()
-            .cross_conditioners()
-        {
-            [] => None,
-            _ => Some(speaker_condition(voices, max_speakers)?),
-        };
         let lm = model.generator().new_session(LmSessionSettings {
             sampling: settings.sampling.clone(),
             kv_precision: settings.kv_precision,

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-use moshi_loader::voice::Voice;
+use moshi_model::lm::conditioner::TensorCondition;
 use moshi_model::tts::machine::Entry;
 use moshi_model::tts::TtsSettings;
 use moshi_runtime::pipeline::{MoshiModel, SessionSettings};
@@ -53,7 +53,7 @@ pub enum TtsEvent {
 enum Command {
     Open {
         id: u64,
-        voices: Vec<Arc<Voice>>,
+        speakers: Option<Arc<TensorCondition>>,
         events: tokio::sync::mpsc::Sender<TtsEvent>,
     },
     Text {
@@ -147,8 +147,11 @@ impl TtsEngine {
         })
     }
 
-    /// Opens a stream speaking with `voices`, or says why not.
-    pub fn open(&self, voices: Vec<Arc<Voice>>) -> Result<TtsStreamHandle, OpenError> {
+    /// Opens a stream speaking with `speakers` ([`TtsSpeaker::speakers`]), or says why not.
+    pub fn open(
+        &self,
+        speakers: Option<Arc<TensorCondition>>,
+    ) -> Result<TtsStreamHandle, OpenError> {
         let max = self.max_sessions;
         if self
             .active
@@ -171,7 +174,7 @@ impl TtsEngine {
             .commands
             .send(Command::Open {
                 id: handle.id,
-                voices,
+                speakers,
                 events: tx,
             })
             .is_err()
@@ -241,13 +244,16 @@ impl Worker {
 
     fn command(&mut self, command: Command) {
         match command {
-            Command::Open { id, voices, events } => {
-                let voices: Vec<Voice> = voices.iter().map(|v| (**v).clone()).collect();
+            Command::Open {
+                id,
+                speakers,
+                events,
+            } => {
                 match TtsSpeaker::new(
                     &self.model,
                     &self.settings,
                     self.tts,
-                    &voices,
+                    speakers,
                     self.cfg_coef,
                 ) {
                     Ok(speaker) => {

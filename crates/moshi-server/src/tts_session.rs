@@ -18,9 +18,11 @@ use std::time::{Duration, Instant};
 use axum::extract::ws::{Message, WebSocket};
 use futures_util::stream::SplitStream;
 use futures_util::StreamExt;
-use moshi_loader::voice::{load_voice, voice_path, Voice};
+use moshi_loader::voice::{load_voice, voice_path};
+use moshi_model::lm::conditioner::TensorCondition;
 use moshi_model::tts::script::{ScriptOptions, ScriptReader, WordEncoder};
 use moshi_runtime::pipeline::MoshiModel;
+use moshi_runtime::speak::TtsSpeaker;
 
 use crate::app::{AppState, ClientAddr};
 use crate::connection::{close_code, incoming, Incoming, Liveness, Outbox, SessionEnd};
@@ -48,7 +50,9 @@ pub struct TtsService {
     voice_suffix: String,
     default_voice: Option<String>,
     voice_dim: usize,
-    cache: Mutex<HashMap<String, Arc<Voice>>>,
+    /// Each voice's speaker condition, loaded once: streams of one voice share its
+    /// cross-attention keys and values.
+    cache: Mutex<HashMap<String, Arc<TensorCondition>>>,
 }
 
 impl std::fmt::Debug for TtsService {
@@ -92,11 +96,11 @@ impl TtsService {
         }
     }
 
-    /// The voices a stream of `name` speaks with (none for a model without speaker
-    /// conditioning), loaded once and kept; an error is a sentence for the client.
-    pub fn voices_for(&self, name: Option<&str>) -> Result<Vec<Arc<Voice>>, String> {
+    /// The speaker condition a stream of voice `name` speaks with (none for a model without
+    /// speaker conditioning), loaded once and kept; an error is a sentence for the client.
+    pub fn voices_for(&self, name: Option<&str>) -> Result<Option<Arc<TensorCondition>>, String> {
         if self.voice_dim == 0 {
-            return Ok(Vec::new());
+            return Ok(None);
         }
         let Some(name) = name.or(self.default_voice.as_deref()) else {
             return Err(
@@ -104,7 +108,7 @@ impl TtsService {
             );
         };
         if let Some(v) = self.lock_cache().get(name) {
-            return Ok(vec![v.clone()]);
+            return Ok(Some(v.clone()));
         }
         let shown = moshi_loader::escape::escape_controls(name);
         let path = voice_path(&self.voices_dir, name, &self.voice_suffix).ok_or_else(|| {
@@ -114,16 +118,19 @@ impl TtsService {
             tracing::warn!("voice {shown:?}: {e}");
             format!("unknown voice {shown:?}")
         })?;
-        let voice = Arc::new(voice);
+        let speakers = TtsSpeaker::speakers(&self.model, &[voice])
+            .map_err(|e| format!("voice {shown:?}: {e}"))?;
         let mut cache = self.lock_cache();
         if cache.len() >= MAX_CACHED_VOICES {
             cache.clear();
         }
-        cache.insert(name.to_string(), voice.clone());
-        Ok(vec![voice])
+        if let Some(s) = &speakers {
+            cache.insert(name.to_string(), s.clone());
+        }
+        Ok(speakers)
     }
 
-    fn lock_cache(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Voice>>> {
+    fn lock_cache(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<TensorCondition>>> {
         self.cache.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -285,10 +292,10 @@ fn open(
             ),
         ));
     }
-    let voices = service
+    let speakers = service
         .voices_for(request.voice.as_deref())
         .map_err(|e| (None, e))?;
-    service.engine.open(voices).map_err(|e| match &e {
+    service.engine.open(speakers).map_err(|e| match &e {
         OpenError::Busy { .. } => (Some(RefuseReason::Busy), format!("{NO_FREE_CHANNELS}: {e}")),
         OpenError::Unavailable(_) => (Some(RefuseReason::Unavailable), e.to_string()),
     })

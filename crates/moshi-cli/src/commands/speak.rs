@@ -167,7 +167,8 @@ pub fn run(args: SpeakArgs) -> anyhow::Result<()> {
         padding_bonus: args.padding_bonus,
         ..TtsSettings::default()
     };
-    let mut speaker = TtsSpeaker::new(&model, &settings, tts, &voices, args.cfg_coef)
+    let speakers = TtsSpeaker::speakers(&model, &voices)?;
+    let mut speaker = TtsSpeaker::new(&model, &settings, tts, speakers, args.cfg_coef)
         .with_context(|| format!("--cfg-coef {} / --voice", args.cfg_coef))?;
     let mut out = Outputs::create(&args, &out_path)?;
     speak(&args, &model, &mut speaker, &mut out)?;

@@ -184,11 +184,8 @@ impl Generator {
         } else {
             None
         };
-        let tensors: Vec<(&str, &crate::lm::conditioner::TensorCondition)> = cond
-            .tensors
-            .iter()
-            .map(|(n, t)| (n.as_str(), t.as_ref()))
-            .collect();
+        let tensors: Vec<(&str, &Arc<crate::lm::conditioner::TensorCondition>)> =
+            cond.tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
         let row = self.weights.new_row_with_tensors(
             &Conditioning::borrowed(&cond.values),
             &tensors,

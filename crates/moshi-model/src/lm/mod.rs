@@ -19,12 +19,13 @@ pub mod transformer;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 
 use moshi_loader::lm_names::{DEMUX_MAIN, DEMUX_SECOND, NORM_CROSS};
 use moshi_loader::{LmConfig, PositionalEmbedding, WeightMap};
 
 use crate::kind::ModelKind;
-use crate::nn::{Attention, CrossAttention, KvPrecision, Linear, Rope};
+use crate::nn::{Attention, CrossAttention, CrossKeysValues, KvPrecision, Linear, Rope};
 use crate::{ModelError, Result};
 use conditioner::ConditionProvider;
 use conditioner::TensorCondition;
@@ -70,6 +71,28 @@ pub struct LmWeights {
     /// Extra heads (Kyutai's STT voice activity): linear maps of the temporal output after
     /// `out_norm`, each read through a softmax ([`LmWeights::extra_heads_of`]).
     extra_heads: Vec<Linear>,
+    /// The cross-attention keys and values of the tensor conditions rows were made with (a
+    /// TTS voice), kept while a row holds them: rows of the same condition share them.
+    cross_cache: Arc<Mutex<Vec<CrossCacheEntry>>>,
+}
+
+/// Cross-attention keys and values, and the conditions they were computed from.
+#[derive(Debug)]
+struct CrossCacheEntry {
+    conditions: Vec<Weak<TensorCondition>>,
+    keys_values: Weak<Vec<CrossKeysValues>>,
+}
+
+impl CrossCacheEntry {
+    /// Whether the entry is of exactly `tensors` (the same conditions, by identity).
+    fn is_of(&self, tensors: &[(&str, &Arc<TensorCondition>)]) -> bool {
+        self.conditions.len() == tensors.len()
+            && self
+                .conditions
+                .iter()
+                .zip(tensors)
+                .all(|(w, (_, t))| std::ptr::eq(w.as_ptr(), Arc::as_ptr(t)))
+    }
 }
 
 /// The streaming state of one row (a session, or the negative row of a session's guidance):
@@ -348,6 +371,7 @@ impl LmWeights {
             depformer,
             conditions,
             extra_heads,
+            cross_cache: Default::default(),
         };
         let alias = ModelKind::of(cfg).conventions().text_input_alias;
         weights.temporal.set_text_alias(alias);
@@ -417,23 +441,53 @@ impl LmWeights {
     }
 
     /// [`LmWeights::new_row`] with tensor conditions (`(conditioner, tensor)`: the TTS's
-    /// `speaker_wavs`), whose keys and values for every layer's cross-attention are computed here.
+    /// `speaker_wavs`), whose keys and values for every layer's cross-attention are computed
+    /// here, once for every row made with the same conditions (the same `Arc`s) while one holds
+    /// them.
     pub fn new_row_with_tensors(
         &self,
         values: &[(&str, &str)],
-        tensors: &[(&str, &TensorCondition)],
+        tensors: &[(&str, &Arc<TensorCondition>)],
         precision: KvPrecision,
     ) -> Result<LmRowState> {
         let mut temporal = self.temporal.new_state(precision);
         temporal.set_condition(self.conditions.fused(values)?);
-        if let Some(source) = self.conditions.cross_source(tensors)? {
-            let kv = self.temporal.cross_keys_values(&source);
-            temporal.set_cross(kv.map(std::sync::Arc::new));
-        }
+        temporal.set_cross(self.cross_keys_values(tensors)?);
         Ok(LmRowState {
             temporal,
             depformer: self.depformer.new_state(),
         })
+    }
+
+    /// The cross-attention keys and values of `tensors`: shared with the rows holding them,
+    /// else computed (None for a model without cross-attention).
+    fn cross_keys_values(
+        &self,
+        tensors: &[(&str, &Arc<TensorCondition>)],
+    ) -> Result<Option<Arc<Vec<CrossKeysValues>>>> {
+        let mut cache = self.cross_cache.lock().unwrap_or_else(|p| p.into_inner());
+        cache.retain(|e| e.keys_values.strong_count() > 0);
+        if let Some(kv) = cache
+            .iter()
+            .find(|e| e.is_of(tensors))
+            .and_then(|e| e.keys_values.upgrade())
+        {
+            return Ok(Some(kv));
+        }
+        let plain: Vec<(&str, &TensorCondition)> =
+            tensors.iter().map(|(n, t)| (*n, t.as_ref())).collect();
+        let Some(source) = self.conditions.cross_source(&plain)? else {
+            return Ok(None);
+        };
+        let Some(kv) = self.temporal.cross_keys_values(&source) else {
+            return Ok(None);
+        };
+        let kv = Arc::new(kv);
+        cache.push(CrossCacheEntry {
+            conditions: tensors.iter().map(|(_, t)| Arc::downgrade(t)).collect(),
+            keys_values: Arc::downgrade(&kv),
+        });
+        Ok(Some(kv))
     }
 
     /// Checks one step's `1 + n_q` input tokens (`[text, audio_0 .. audio_{n_q-1}]`, initial

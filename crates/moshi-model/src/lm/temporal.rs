@@ -47,6 +47,12 @@ impl TemporalState {
         self.cross = cross;
     }
 
+    /// The cross-attention's keys and values, one per layer (shared by the rows of one
+    /// condition).
+    pub fn cross(&self) -> Option<&Arc<Vec<CrossKeysValues>>> {
+        self.cross.as_ref()
+    }
+
     /// Bytes held by the cross-attention's keys and values (shared ones counted in full).
     pub fn cross_bytes(&self) -> usize {
         self.cross

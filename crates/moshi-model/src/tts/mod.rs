@@ -64,11 +64,12 @@ pub fn speaker_condition(voices: &[Voice], max_speakers: usize) -> Result<Tensor
 
 /// What a session of the TTS model `cfg` is conditioned on: its conventions' conditions, the
 /// guidance strength `cfg_coef` as the `cfg` condition (a CFG-distilled model, Kyutai's release:
-/// one of the values it was trained with, shown as `"{:.1}"`), and the speakers.
+/// one of the values it was trained with, shown as `"{:.1}"`), and the speakers (sessions given
+/// the same `Arc` share its cross-attention keys and values).
 pub fn session_conditioning(
     cfg: &LmConfig,
     cfg_coef: f32,
-    speakers: Option<TensorCondition>,
+    speakers: Option<Arc<TensorCondition>>,
 ) -> Result<Conditioning> {
     let conventions = ModelKind::TextToSpeech.conventions();
     let mut conditioning = Conditioning::new(conventions.conditions, &[], 1.0);
@@ -94,7 +95,7 @@ pub fn session_conditioning(
     if let Some(s) = speakers {
         conditioning
             .tensors
-            .push((SPEAKER_CONDITIONER.to_string(), Arc::new(s)));
+            .push((SPEAKER_CONDITIONER.to_string(), s));
     }
     Ok(conditioning)
 }
