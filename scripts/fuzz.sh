@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fuzzes one parser of moshi-rs with libFuzzer for a given time.
 # Usage: scripts/fuzz.sh TARGET SECONDS     (TARGET: safetensors_header, config_json, wav, npy,
-#                                            ogg_opus, client_messages, query, asr_messages)
+#                                            ogg_opus, client_messages, query, asr_messages,
+#                                            tls_pem, ogg_sequence, npy_dtype)
 #        scripts/fuzz.sh --list
 #
 # Works on stable Rust, without cargo-fuzz or nightly: libfuzzer-sys builds libFuzzer with the
@@ -15,7 +16,7 @@
 # which `cargo test` replays (crates/moshi-runtime/tests/fuzz_regressions.rs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-targets=(safetensors_header config_json wav npy ogg_opus client_messages query asr_messages)
+targets=(safetensors_header config_json wav npy ogg_opus client_messages query asr_messages tls_pem ogg_sequence npy_dtype)
 if [[ "${1:-}" == "--list" ]]; then
   printf '%s\n' "${targets[@]}"
   exit 0

@@ -56,3 +56,51 @@ pub fn npy(data: &[u8]) {
     let _ = moshi_loader::npy::parse_i64(data, origin);
     let _ = moshi_loader::npy::parse_f32(data, origin);
 }
+
+/// A `.npy` file whose header is valid but for its dtype string: the input's text up to its
+/// first newline is the `descr`, the rest picks the length of a 1-D array whose data follows in
+/// full. Read as integers and as floats, it is accepted exactly when the dtype is one the reader
+/// supports, and no error message carries a raw control character.
+pub fn npy_dtype(data: &[u8]) {
+    let split = data.iter().position(|&b| b == b'\n').unwrap_or(data.len());
+    let Ok(descr) = std::str::from_utf8(&data[..split]) else {
+        return;
+    };
+    if descr.contains('\'') {
+        return; // ends the literal: no longer a dtype-only change of the header
+    }
+    let len = data.len().saturating_sub(split) % 5;
+    let elem_bytes = moshi_loader::npy::DTYPES
+        .iter()
+        .find(|(d, _)| *d == descr)
+        .map(|(_, b)| *b);
+    let text = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': ({len},), }}");
+    let padded = (10 + text.len() + 1).div_ceil(64) * 64 - 10;
+    if padded > usize::from(u16::MAX) {
+        return;
+    }
+    let mut file = b"\x93NUMPY\x01\x00".to_vec();
+    file.extend_from_slice(&(padded as u16).to_le_bytes());
+    file.extend_from_slice(text.as_bytes());
+    file.resize(10 + padded - 1, b' ');
+    file.push(b'\n');
+    file.resize(file.len() + len * elem_bytes.unwrap_or(8), 0);
+    let origin = Path::new("fuzz.npy");
+    let as_i64 = moshi_loader::npy::parse_i64(&file, origin).map(drop);
+    let as_f32 = moshi_loader::npy::parse_f32(&file, origin).map(drop);
+    for e in [&as_i64, &as_f32]
+        .into_iter()
+        .filter_map(|r| r.as_ref().err())
+    {
+        let message = e.to_string();
+        assert!(
+            !message.chars().any(char::is_control),
+            "raw control character in {message:?}"
+        );
+    }
+    assert_eq!(
+        as_i64.is_ok() || as_f32.is_ok(),
+        elem_bytes.is_some(),
+        "dtype {descr:?}: {as_i64:?} / {as_f32:?}"
+    );
+}

@@ -8,7 +8,7 @@
 use moshi_model::generator::SamplingConfig;
 use moshi_server::app::Limits;
 use moshi_server::asr_protocol::AsrClientMessage;
-use moshi_server::ogg_opus::{OggOpusReader, PreSkip};
+use moshi_server::ogg_opus::{OggOpusReader, OggOpusWriter, OpusPacketing, PreSkip};
 use moshi_server::protocol::{parse_client_message, ClientMessage};
 use moshi_server::query::SessionRequest;
 
@@ -138,5 +138,77 @@ pub fn asr_messages(data: &[u8]) {
             Err(_) => return,
         }
         consume_frames(&mut pcm);
+    }
+}
+
+/// `--tls-cert` and `--tls-key` as the server reads them: the input is two (u16 little-endian
+/// length, bytes) records, the certificate chain's PEM and the key's PEM. Any answer but a
+/// configuration is an error naming its flag.
+pub fn tls_pem(data: &[u8]) {
+    let mut files = records(data);
+    let cert = files.next().unwrap_or_default();
+    let key = files.next().unwrap_or_default();
+    let tls = moshi_server::tls::TlsFiles {
+        cert: "cert.pem".into(),
+        key: "key.pem".into(),
+    };
+    if let Err(e) = tls.server_config(cert, key) {
+        let message = e.to_string();
+        assert!(
+            message.contains("--tls-"),
+            "an error naming no flag: {message}"
+        );
+    }
+}
+
+/// The pages of a valid half-second web-client stream (OpusHead, OpusTags, audio), made once.
+fn stream_pages() -> &'static [Vec<u8>] {
+    static PAGES: std::sync::OnceLock<Vec<Vec<u8>>> = std::sync::OnceLock::new();
+    PAGES.get_or_init(|| {
+        let mut writer = OggOpusWriter::new(7, OpusPacketing::WEB_CLIENT).unwrap();
+        let pcm: Vec<f32> = (0..12_000).map(|i| 0.3 * (i as f32 * 0.05).sin()).collect();
+        let mut bytes = Vec::new();
+        for chunk in pcm.chunks(960) {
+            bytes.extend(writer.push(chunk).unwrap());
+        }
+        split_pages(&bytes)
+    })
+}
+
+/// Ogg pages of a well-formed stream: 27-byte header, segment table, body.
+fn split_pages(mut bytes: &[u8]) -> Vec<Vec<u8>> {
+    let mut pages = Vec::new();
+    while bytes.len() >= 27 {
+        let segments = bytes[26] as usize;
+        let body: usize = bytes[27..27 + segments].iter().map(|&b| b as usize).sum();
+        let (page, rest) = bytes.split_at(27 + segments + body);
+        pages.push(page.to_vec());
+        bytes = rest;
+    }
+    pages
+}
+
+/// The Ogg page sequence (RFC 3533): each input byte picks a page of a valid stream (page
+/// `byte % pages`, its sequence number its index), sent one per message; pages repeated,
+/// missing or out of order. The reader accepts the pages exactly as long as they run 0, 1, 2,
+/// ... and refuses the first that breaks the run.
+pub fn ogg_sequence(data: &[u8]) {
+    let pages = stream_pages();
+    let cap = Limits::default().max_audio_per_message_samples;
+    let mut reader = OggOpusReader::new(PreSkip::Keep);
+    let mut pcm = Vec::new();
+    for (i, &pick) in data.iter().enumerate() {
+        let index = pick as usize % pages.len();
+        let result = reader.push(&pages[index], &mut pcm, cap);
+        consume_frames(&mut pcm);
+        let in_order = index == i;
+        assert_eq!(
+            result.is_ok(),
+            in_order,
+            "page {index} sent {i}th: {result:?}"
+        );
+        if !in_order {
+            return;
+        }
     }
 }

@@ -22,7 +22,10 @@
 # Opus, the network and the server add.
 # Usage: bash scripts/serve-clients/python-client-e2e.sh
 # Env: MOSHI_RS (binary, default target/debug/moshi-rs), E2E_OUT (output folder, default a temp
-#      folder), SERVE_VENV (default target/serve-clients/venv), MIN_NCC (default 0.99).
+#      folder), SERVE_VENV (default target/serve-clients/venv), MIN_NCC (default 0.99),
+#      E2E_SERVER (host:port: connect there, e.g. a load balancer, instead of starting a server;
+#      the server behind it is `serve --model assets/tiny-a --greedy --record $E2E_OUT/record`,
+#      one session, started and stopped by the caller).
 # Exit: 0 passed; 3 a check failed while the client's own audio device reported an underrun
 # (ALSA's "underrun occurred": the client was starved of CPU, e.g. on a loaded machine, and its
 # side counted it; the caller may try again); any other code: failed.
@@ -55,19 +58,26 @@ trap cleanup EXIT
 $VA start
 eval "$($VA env)"
 
-"$MOSHI_RS" --log moshi_server=info serve --model "$ROOT/assets/tiny-a" --greedy --static none \
-    --port 0 --record "$OUT/record" >"$OUT/server.stdout" 2>"$OUT/server.stderr" &
-SERVER=$!
-for _ in $(seq 1 600); do grep -q 'moshi-rs serve: open' "$OUT/server.stdout" 2>/dev/null && break; sleep 0.1; done
-URL=$(sed -n 's/^moshi-rs serve: open //p' "$OUT/server.stdout")
-[ -n "$URL" ] || { echo "python-client-e2e: the server did not start:" >&2; cat "$OUT/server.stderr" >&2; exit 1; }
-PORT=$(echo "$URL" | sed -E 's#.*:([0-9]+)/?$#\1#')
+if [ -n "${E2E_SERVER:-}" ]; then
+    HOST=${E2E_SERVER%:*}
+    PORT=${E2E_SERVER##*:}
+    : >"$OUT/server.stderr"
+else
+    "$MOSHI_RS" --log moshi_server=info serve --model "$ROOT/assets/tiny-a" --greedy --static none \
+        --port 0 --record "$OUT/record" >"$OUT/server.stdout" 2>"$OUT/server.stderr" &
+    SERVER=$!
+    for _ in $(seq 1 600); do grep -q 'moshi-rs serve: open' "$OUT/server.stdout" 2>/dev/null && break; sleep 0.1; done
+    URL=$(sed -n 's/^moshi-rs serve: open //p' "$OUT/server.stdout")
+    [ -n "$URL" ] || { echo "python-client-e2e: the server did not start:" >&2; cat "$OUT/server.stderr" >&2; exit 1; }
+    HOST=127.0.0.1
+    PORT=$(echo "$URL" | sed -E 's#.*:([0-9]+)/?$#\1#')
+fi
 
 $VA record-start "$OUT/speaker.wav" 24000 va_speaker.monitor speaker
 $VA record-start "$OUT/mic.wav" 24000 va_micfeed.monitor mic
 sleep 0.3
 # stdout is not a terminal: the client prints raw text and its log lines.
-PYTHONUNBUFFERED=1 "$VENV/bin/python" "$ROOT/scripts/serve-clients/kyutai_python_client.py" --host 127.0.0.1 --port "$PORT" \
+PYTHONUNBUFFERED=1 "$VENV/bin/python" "$ROOT/scripts/serve-clients/kyutai_python_client.py" --host "$HOST" --port "$PORT" \
     >"$OUT/client.stdout" 2>"$OUT/client.stderr" &
 CLIENT=$!
 for _ in $(seq 1 100); do cat "$OUT/client.stdout" "$OUT/client.stderr" 2>/dev/null | grep -q 'connected!' && break; sleep 0.1; done
@@ -82,10 +92,12 @@ CLIENT=""
 sleep 0.3
 $VA record-stop speaker
 $VA record-stop mic
-for _ in $(seq 1 50); do ls "$OUT"/record/*-out.wav >/dev/null 2>&1 && break; sleep 0.1; done
-kill -INT "$SERVER"
-wait "$SERVER" || { echo "python-client-e2e: the server did not exit cleanly" >&2; cat "$OUT/server.stderr" >&2; exit 1; }
-SERVER=""
+for _ in $(seq 1 50); do ls "$OUT"/record/*-{in,out}.wav "$OUT"/record/*-stats.json >/dev/null 2>&1 && break; sleep 0.1; done
+if [ -n "$SERVER" ]; then
+    kill -INT "$SERVER"
+    wait "$SERVER" || { echo "python-client-e2e: the server did not exit cleanly" >&2; cat "$OUT/server.stderr" >&2; exit 1; }
+    SERVER=""
+fi
 
 echo "--- server log"; grep -v '^ALSA lib' "$OUT/server.stderr" || true
 echo "--- client output"; tr -d "\r" <"$OUT/client.stderr" | tail -n 20; echo "--- words the client printed"; head -c 600 "$OUT/client.stdout"; echo

@@ -7,6 +7,9 @@
 //!   connects, shows text and plays audio, and the server hears the WAV. Screenshots go to
 //!   target/serve-clients/screenshots/.
 //!
+//! - both again through HAProxy with docs/examples/haproxy.cfg (the balancer of
+//!   `serve_haproxy`), Kyutai's web UI page, its assets and its websocket all going through it.
+//!
 //! Each test says SKIPPED (and why) when what it needs is missing: `bash scripts/setup.sh
 //! --audio-e2e --serve-e2e` installs it all (scripts/test.sh does); Kyutai's web UI is only in
 //! ../shared.
@@ -17,6 +20,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use common::balancer::{haproxy_present, Balancer};
 use common::serve::{files_ending, read_wav, root, tiny_model, Server};
 use moshi_test_support::command_exists as have;
 
@@ -49,13 +53,63 @@ const SETUP: &str = "bash scripts/setup.sh --audio-e2e --serve-e2e";
 
 #[test]
 fn kyutai_python_client_talks_with_serve() {
+    python_client_e2e("kyutai_python_client_talks_with_serve", false);
+}
+
+#[test]
+fn kyutai_python_client_through_haproxy() {
+    if haproxy_present("kyutai_python_client_through_haproxy") {
+        python_client_e2e("kyutai_python_client_through_haproxy", true);
+    }
+}
+
+/// The session came through the balancer: with `--trust-forwarded` the server logs the address
+/// HAProxy put in `X-Forwarded-For` (no port), not a connection's own (with its port).
+fn assert_came_through_balancer(server_log: &str) {
+    // The log's colours (ANSI `ESC [ ... m`) out.
+    let mut plain = String::new();
+    let mut rest = server_log;
+    while let Some(at) = rest.find('\x1b') {
+        plain.push_str(&rest[..at]);
+        rest = rest[at..].split_once('m').map_or("", |(_, after)| after);
+    }
+    plain.push_str(rest);
+    assert!(
+        plain.contains("session started") && plain.contains("peer=127.0.0.1 "),
+        "no session from the balancer's X-Forwarded-For in the server log:\n{server_log}"
+    );
+}
+
+/// The server (`serve --model tiny-a --greedy --record OUT/record`, as the script starts it
+/// itself, and `--trust-forwarded`) behind HAProxy: the script's client connects to the balancer.
+fn behind_balancer(out: &Path) -> (Server, Balancer) {
+    let record = out.join("record");
+    std::fs::create_dir_all(&record).unwrap();
+    let server = Server::start(&[
+        "--model",
+        tiny_model().to_str().unwrap(),
+        "--greedy",
+        "--static",
+        "none",
+        "--record",
+        record.to_str().unwrap(),
+        "--trust-forwarded",
+    ]);
+    let balancer = Balancer::start(&[server.addr.as_str(); 3]);
+    // The first health checks.
+    std::thread::sleep(Duration::from_millis(1200));
+    (server, balancer)
+}
+
+/// scripts/serve-clients/python-client-e2e.sh, directly or through the balancer.
+fn python_client_e2e(test: &str, via_balancer: bool) {
     let missing: Vec<&str> = ["pulseaudio", "parecord", "paplay", "pactl"]
         .into_iter()
         .filter(|p| !have(p))
         .collect();
     if !missing.is_empty() || !venv_python().exists() {
         eprintln!(
-            "SKIPPED kyutai_python_client_talks_with_serve: {missing:?} or target/serve-clients/venv missing (run `{SETUP}`)"
+            "SKIPPED {test}: {missing:?} or target/serve-clients/venv missing (run `{SETUP}`)"
         );
         return;
     }
@@ -67,14 +121,19 @@ fn kyutai_python_client_talks_with_serve() {
     let mut log = String::new();
     for attempt in 1..=ATTEMPTS {
         let out = tempfile::tempdir().unwrap();
-        let o = Command::new("bash")
+        let mut command = Command::new("bash");
+        command
             .arg(clients_dir().join("python-client-e2e.sh"))
             .env("MOSHI_RS", env!("CARGO_BIN_EXE_moshi-rs"))
-            .env("E2E_OUT", out.path())
-            .output()
-            .unwrap();
+            .env("E2E_OUT", out.path());
+        let served = via_balancer.then(|| behind_balancer(out.path()));
+        if let Some((_, balancer)) = &served {
+            command.env("E2E_SERVER", &balancer.addr);
+        }
+        let o = command.output().unwrap();
+        let server_log = served.as_ref().map_or(String::new(), |(s, _)| s.log());
         let text = format!(
-            "--- attempt {attempt} (exit {:?})\n{}{}",
+            "--- attempt {attempt} (exit {:?})\n{}{}{server_log}",
             o.status.code(),
             String::from_utf8_lossy(&o.stdout),
             String::from_utf8_lossy(&o.stderr)
@@ -83,6 +142,10 @@ fn kyutai_python_client_talks_with_serve() {
         log += &text;
         if o.status.success() {
             assert!(String::from_utf8_lossy(&o.stdout).contains("python client e2e: OK"));
+            if let Some((server, _)) = served {
+                assert_came_through_balancer(&server.log());
+                assert!(server.stop(), "the server did not stop cleanly");
+            }
             eprintln!(
                 "Kyutai's Python client: {} of {attempt} attempts glitched in the client's audio device",
                 attempt - 1
@@ -114,8 +177,8 @@ fn session_stats(record: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(&files[0]).unwrap()).unwrap()
 }
 
-/// Runs the browser script against a server started with `args`.
-fn browser_session(ui: &str, server_args: &[&str]) -> BrowserSession {
+/// Runs the browser script against a server started with `args`, directly or through HAProxy.
+fn browser_session(ui: &str, server_args: &[&str], via_balancer: bool) -> BrowserSession {
     let record = tempfile::tempdir().unwrap();
     let mic_wav = record.path().join("mic.wav");
     let mut mic = read_wav(&tiny_model().join("input.wav"));
@@ -130,12 +193,22 @@ fn browser_session(ui: &str, server_args: &[&str]) -> BrowserSession {
         record.path().to_str().unwrap(),
     ];
     args.extend_from_slice(server_args);
+    if via_balancer {
+        args.push("--trust-forwarded");
+    }
     let server = Server::start(&args);
+    let balancer = via_balancer.then(|| {
+        let balancer = Balancer::start(&[server.addr.as_str(); 3]);
+        // The first health checks.
+        std::thread::sleep(Duration::from_millis(1200));
+        balancer
+    });
+    let page_addr = balancer.as_ref().map_or(&server.addr, |b| &b.addr);
     let shots = root().join("target/serve-clients/screenshots");
     std::fs::create_dir_all(&shots).unwrap();
     let o = Command::new("node")
         .arg(clients_dir().join("browser-e2e.js"))
-        .args(["--url", &format!("http://{}/", server.addr)])
+        .args(["--url", &format!("http://{page_addr}/")])
         .args(["--ui", ui])
         .args(["--wav", mic_wav.to_str().unwrap()])
         .args(["--out", shots.to_str().unwrap()])
@@ -156,6 +229,9 @@ fn browser_session(ui: &str, server_args: &[&str]) -> BrowserSession {
         server.log()
     );
     server.wait_for_log("session ended", Duration::from_secs(10));
+    if via_balancer {
+        assert_came_through_balancer(&server.log());
+    }
     assert!(server.stop(), "the server did not stop cleanly");
     let stats = session_stats(record.path());
     eprintln!("{ui}: the server's session counters: {stats}");
@@ -215,7 +291,7 @@ fn own_page_in_headless_chromium() {
         return;
     }
     // No --static: Kyutai's UI cannot be had offline (HF_HUB_OFFLINE), so the built-in page.
-    let session = browser_session("moshi-rs", &[]);
+    let session = browser_session("moshi-rs", &[], false);
     let report = &session.report;
     let f = &report["figures"];
     assert!(f["played_s"].as_f64().unwrap() > 3.0, "{report}");
@@ -232,19 +308,36 @@ fn own_page_in_headless_chromium() {
 
 #[test]
 fn kyutai_web_ui_in_headless_chromium() {
+    kyutai_web_ui("kyutai_web_ui_in_headless_chromium", false);
+}
+
+#[test]
+fn kyutai_web_ui_through_haproxy() {
+    if haproxy_present("kyutai_web_ui_through_haproxy") {
+        kyutai_web_ui("kyutai_web_ui_through_haproxy", true);
+    }
+}
+
+/// Kyutai's web UI talks with the server, directly or with the page, its assets and its
+/// websocket through the balancer.
+fn kyutai_web_ui(test: &str, via_balancer: bool) {
     let dist = root().join("../shared/clients/kyutai-web/dist");
     if !dist.join("index.html").is_file() {
         eprintln!(
-            "SKIPPED kyutai_web_ui_in_headless_chromium: Kyutai's built web UI is not at {}",
+            "SKIPPED {test}: Kyutai's built web UI is not at {}",
             dist.display()
         );
         return;
     }
     if let Some(m) = browser_missing() {
-        eprintln!("SKIPPED kyutai_web_ui_in_headless_chromium: {m} missing (run `{SETUP}`)");
+        eprintln!("SKIPPED {test}: {m} missing (run `{SETUP}`)");
         return;
     }
-    let session = browser_session("kyutai", &["--static", dist.to_str().unwrap()]);
+    let session = browser_session(
+        "kyutai",
+        &["--static", dist.to_str().unwrap()],
+        via_balancer,
+    );
     let report = &session.report;
     assert!(
         report["figures"]["audio_played_s"].as_f64().unwrap_or(0.0) > 1.0,

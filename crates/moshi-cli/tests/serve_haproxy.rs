@@ -13,86 +13,16 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::process::{Child, Command, Stdio};
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::serve::{root, tiny_model, Server};
+use common::balancer::{haproxy_present, Balancer};
+use common::serve::{tiny_model, Server};
 use moshi_server::client::{self, ClientError, Received};
 use moshi_server::metrics::{of_module, sample};
 use moshi_server::ogg_opus::OpusPacketing;
-
-/// HAProxy running the documented configuration; killed when dropped.
-struct Balancer {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for Balancer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-impl Balancer {
-    fn start(replicas: &[&Server]) -> Balancer {
-        let config = root().join("docs/examples/haproxy.cfg");
-        let addr = format!("127.0.0.1:{}", free_port());
-        let mut command = Command::new("haproxy");
-        command.env("MOSHI_LB_BIND", &addr);
-        for (i, r) in replicas.iter().enumerate() {
-            command.env(format!("MOSHI_REPLICA_{}", i + 1), &r.addr);
-        }
-        let check = command
-            .args(["-c", "-f"])
-            .arg(&config)
-            .output()
-            .expect("run haproxy -c");
-        assert!(
-            check.status.success(),
-            "haproxy -c: {}",
-            String::from_utf8_lossy(&check.stderr)
-        );
-        let mut command = Command::new("haproxy");
-        command.env("MOSHI_LB_BIND", &addr);
-        for (i, r) in replicas.iter().enumerate() {
-            command.env(format!("MOSHI_REPLICA_{}", i + 1), &r.addr);
-        }
-        let child = command
-            .arg("-db")
-            .arg("-f")
-            .arg(&config)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start haproxy");
-        let balancer = Balancer { child, addr };
-        let t0 = Instant::now();
-        while std::net::TcpStream::connect(&balancer.addr).is_err() {
-            assert!(
-                t0.elapsed() < Duration::from_secs(10),
-                "haproxy did not listen"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        balancer
-    }
-
-    fn url(&self) -> String {
-        format!("ws://{}/api/chat", self.addr)
-    }
-}
 
 /// `GET path` on `addr`: (status, body).
 fn get(addr: &str, path: &str) -> (u16, String) {
@@ -282,19 +212,6 @@ fn without_colours(text: &str) -> String {
     out
 }
 
-fn haproxy_present() -> bool {
-    if moshi_test_support::command_exists("haproxy") {
-        return true;
-    }
-    let message = "serve_haproxy: haproxy not installed (run `bash scripts/setup.sh --serve-e2e`)";
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "CI is set, so haproxy must be installed: {message}"
-    );
-    eprintln!("SKIPPED {message}");
-    false
-}
-
 fn start_replicas() -> Vec<Server> {
     let handles: Vec<_> = (0..3)
         .map(|_| {
@@ -318,13 +235,13 @@ fn start_replicas() -> Vec<Server> {
 
 #[test]
 fn three_replicas_behind_haproxy_share_refuse_drain_and_survive_a_kill() {
-    if !haproxy_present() {
+    if !haproxy_present("serve_haproxy") {
         return;
     }
     let mut replicas = start_replicas();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let all: Vec<&Server> = replicas.iter().collect();
-    let lb = Balancer::start(&all);
+    let lb = Balancer::start(&all.iter().map(|r| r.addr.as_str()).collect::<Vec<_>>());
     // The first health checks.
     std::thread::sleep(Duration::from_millis(1200));
 

@@ -23,8 +23,8 @@ pub const MAX_HEADER_BYTES: usize = 1 << 16;
 /// smaller).
 pub const MAX_DATA_BYTES: u64 = 4 << 30;
 
-/// Element types read, with their sizes.
-const DTYPES: [(&str, usize); 9] = [
+/// Element types read (NumPy `descr` strings), with their sizes.
+pub const DTYPES: [(&str, usize); 9] = [
     ("|i1", 1),
     ("|u1", 1),
     ("<i2", 2),

@@ -26,3 +26,8 @@ fn wav_inputs() {
 fn npy_inputs() {
     replay("npy", targets::npy);
 }
+
+#[test]
+fn npy_dtype_inputs() {
+    replay("npy_dtype", targets::npy_dtype);
+}

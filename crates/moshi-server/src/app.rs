@@ -1,6 +1,6 @@
 //! The server: binds, accepts connections (plain or TLS) and serves its modules (one model at
 //! one websocket path each: see [`crate::module`]) plus the web UI at `/`, and the operator's
-//! routes ([`crate::operator`]); [`RunningServer::start_drain`] stops taking sessions,
+//! routes (`operator`); [`RunningServer::start_drain`] stops taking sessions,
 //! [`RunningServer::shutdown`] closes every session with a message and stops.
 
 use std::net::{IpAddr, SocketAddr};

@@ -54,7 +54,19 @@ impl TlsFiles {
     /// Reads and checks both files and builds the acceptor.
     pub fn acceptor(&self) -> Result<tokio_rustls::TlsAcceptor, ServerError> {
         let cert_pem = read_pem("--tls-cert", &self.cert)?;
-        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&cert_pem)
+        let key_pem = read_pem("--tls-key", &self.key)?;
+        let config = self.server_config(&cert_pem, &key_pem)?;
+        Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+    }
+
+    /// The rustls configuration of a PEM certificate chain and a PEM private key (the contents
+    /// of [`Self::cert`] and [`Self::key`], named in errors).
+    pub fn server_config(
+        &self,
+        cert_pem: &[u8],
+        key_pem: &[u8],
+    ) -> Result<rustls::ServerConfig, ServerError> {
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
             .collect::<Result<_, _>>()
             .map_err(|e| {
                 bad(
@@ -70,8 +82,7 @@ impl TlsFiles {
                 "no certificate in it (expected PEM \"-----BEGIN CERTIFICATE-----\")",
             ));
         }
-        let key_pem = read_pem("--tls-key", &self.key)?;
-        let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| {
+        let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| {
             bad(
                 "--tls-key",
                 &self.key,
@@ -95,7 +106,7 @@ impl TlsFiles {
                 )
             })?;
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+        Ok(config)
     }
 }
 

@@ -34,6 +34,16 @@ fn asr_messages_inputs() {
     replay("asr_messages", server::asr_messages);
 }
 
+#[test]
+fn tls_pem_inputs() {
+    replay("tls_pem", server::tls_pem);
+}
+
+#[test]
+fn ogg_sequence_inputs() {
+    replay("ogg_sequence", server::ogg_sequence);
+}
+
 /// Half a second of a speech-band tone as the web client sends it: Ogg pages, one message per
 /// page.
 fn client_pages() -> Vec<Vec<u8>> {

@@ -95,5 +95,6 @@ pub fn assert_fails(o: &Output, needles: &[&str]) {
 
 /// Starting `moshi-rs serve` and checking what its clients got (the serve tests).
 pub mod asr;
+pub mod balancer;
 pub mod chat;
 pub mod serve;
