@@ -201,3 +201,48 @@ fn bad_input_fails_clearly_and_writes_nothing() {
         .collect();
     assert!(left.is_empty(), "{left:?}");
 }
+
+#[test]
+fn an_mlx_file_from_quantize_speaks_as_quantize_at_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = asset_dir("tiny-tts");
+    let q8 = dir.path().join("model.q8.safetensors");
+    let o = moshi(&[
+        "quantize",
+        s(&model.join("model.safetensors")),
+        s(&q8),
+        "--bits",
+        "8",
+        "--config",
+        s(&model.join("config.json")),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let run = |name: &str, weights: &[&str]| {
+        let (wav, steps) = (
+            dir.path().join(format!("{name}.wav")),
+            dir.path().join(format!("{name}.jsonl")),
+        );
+        let mut args = vec![
+            "speak",
+            "Hello world.",
+            s(&wav),
+            "--model",
+            s(&model),
+            "--voice",
+            VOICE,
+            "--greedy",
+            "--tokens-out",
+            s(&steps),
+        ];
+        args.extend_from_slice(weights);
+        let o = moshi(&args);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        (std::fs::read(wav).unwrap(), std::fs::read(steps).unwrap())
+    };
+    let from_file = run("file", &["--weights", s(&q8)]);
+    let at_load = run("load", &["--quantize", "q8"]);
+    assert!(
+        from_file == at_load,
+        "the MLX file and --quantize q8 give the same frames and audio"
+    );
+}

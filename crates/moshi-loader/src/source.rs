@@ -85,6 +85,15 @@ pub struct ResolvedModel {
 }
 
 impl ResolvedModel {
+    /// The model's folder: where its config was read, else its weights (a TTS model's `voices/`
+    /// is looked for there).
+    pub fn folder(&self) -> Option<&Path> {
+        self.lm_config_path
+            .as_deref()
+            .unwrap_or(&self.lm_weights_path)
+            .parent()
+    }
+
     /// Every file the model is read from (weights, tokenizer, configs): what a command's outputs
     /// must not overwrite.
     pub fn input_paths(&self) -> Vec<&Path> {

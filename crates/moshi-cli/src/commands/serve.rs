@@ -415,7 +415,7 @@ fn load_tts_module(
         )
         .context("starting the compute thread")?,
     );
-    let voices_dir = match (&args.voices, resolved.lm_weights_path.parent()) {
+    let voices_dir = match (&args.voices, resolved.folder()) {
         (Some(dir), _) => dir.clone(),
         (None, Some(folder)) => folder.join("voices"),
         (None, None) => PathBuf::from("voices"),

@@ -154,7 +154,7 @@ pub fn run(args: SpeakArgs) -> anyhow::Result<()> {
         [c, ..] => vec![find_voice(
             &args,
             &resolved.lm_config,
-            resolved_folder(&resolved),
+            resolved.folder(),
             c.dim(),
         )?],
     };
@@ -184,11 +184,6 @@ pub fn run(args: SpeakArgs) -> anyhow::Result<()> {
         })
         .unwrap_or_default();
     out.finish(&words)
-}
-
-/// The folder of the model (where `voices/` is looked for by default).
-fn resolved_folder(resolved: &moshi_loader::ResolvedModel) -> Option<&Path> {
-    resolved.lm_weights_path.parent()
 }
 
 /// `--temp` for text and audio (Kyutai's `TTSModel(temp)` sets both), `LMGen`'s default top-k.
