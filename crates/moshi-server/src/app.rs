@@ -20,14 +20,14 @@ use tokio::net::TcpListener;
 use tokio::sync::{watch, Notify};
 
 use crate::api_keys::ApiKeys;
-use crate::asr_session;
+use crate::asr_session::{self, AsrModel};
 use crate::metrics::{ModuleSnapshot, RefuseReason, Snapshot};
 use crate::module::{self, Endpoint, Module};
 use crate::operator;
 use crate::session;
 use crate::session_engine::OpenError;
 use crate::tls::TlsFiles;
-use crate::tts_session::{self, TtsRequest};
+use crate::tts_session::{self, TtsRequest, TtsService};
 use crate::web_ui::{self, WebUi};
 use crate::ServerError;
 
@@ -466,17 +466,13 @@ async fn asr_streaming(
     ws: WebSocketUpgrade,
     uri: Uri,
     headers: HeaderMap,
-    State((app, module)): State<ModuleRoute>,
+    State((app, module, asr)): State<(Arc<AppState>, Arc<Module>, AsrModel)>,
     Extension(PeerAddr(peer)): Extension<PeerAddr>,
 ) -> Response {
     let peer = match app.admit(&module, peer, &headers, &uri) {
         Ok(peer) => peer,
         Err(refusal) => return *refusal,
     };
-    let Endpoint::AsrStreaming(asr) = &module.endpoint else {
-        unreachable!("asr_streaming is routed for speech-to-text modules only (see `routes`)")
-    };
-    let asr = asr.clone();
     // moshi-server's way, which its clients expect (issue #35): a full (or draining) server
     // upgrades, then says "no free channels" in an `Error` and closes.
     let max = app.limits.max_message_bytes;
@@ -490,17 +486,13 @@ async fn tts_streaming(
     ws: WebSocketUpgrade,
     uri: Uri,
     headers: HeaderMap,
-    State((app, module)): State<ModuleRoute>,
+    State((app, module, service)): State<(Arc<AppState>, Arc<Module>, Arc<TtsService>)>,
     Extension(PeerAddr(peer)): Extension<PeerAddr>,
 ) -> Response {
     let peer = match app.admit(&module, peer, &headers, &uri) {
         Ok(peer) => peer,
         Err(refusal) => return *refusal,
     };
-    let Endpoint::TtsStreaming(service) = &module.endpoint else {
-        unreachable!("tts_streaming is routed for text-to-speech modules only (see `routes`)")
-    };
-    let service = service.clone();
     let request = match TtsRequest::from_uri(&uri) {
         Ok(r) => r,
         Err(e) => {
@@ -521,15 +513,17 @@ async fn tts_streaming(
 fn routes(state: &Arc<AppState>, web_ui: &WebUi) -> Router {
     let mut router = Router::new();
     for module in &state.modules {
-        let handler = match module.endpoint {
-            Endpoint::Chat => get(chat),
-            Endpoint::AsrStreaming(_) => get(asr_streaming),
-            Endpoint::TtsStreaming(_) => get(tts_streaming),
+        let served = (state.clone(), module.clone());
+        let handler = match &module.endpoint {
+            Endpoint::Chat => get(chat).with_state(served),
+            Endpoint::AsrStreaming(asr) => {
+                get(asr_streaming).with_state((served.0, served.1, asr.clone()))
+            }
+            Endpoint::TtsStreaming(tts) => {
+                get(tts_streaming).with_state((served.0, served.1, tts.clone()))
+            }
         };
-        router = router.route(
-            &module.path,
-            handler.with_state((state.clone(), module.clone())),
-        );
+        router = router.route(&module.path, handler);
     }
     if state
         .modules
