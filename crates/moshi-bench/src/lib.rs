@@ -42,6 +42,8 @@ pub mod span_timer;
 pub mod stages;
 #[cfg(feature = "pipeline")]
 pub mod synthetic_tokenizer;
+#[cfg(feature = "pipeline")]
+pub mod tts;
 
 #[cfg(feature = "pipeline")]
 pub use error::BenchError;
