@@ -88,6 +88,7 @@ impl SyntheticScript {
             options: ScriptOptions {
                 multi_speaker,
                 padding_between: PADDING_BETWEEN,
+                moshi_server: false,
             },
             started: false,
         }
@@ -187,11 +188,14 @@ impl TtsStage {
             .collect();
         let mut session = self.settings.session.clone();
         session.sampling.seed = seed;
+        // A new voice for every stream: its keys and values are computed at its start (streams
+        // of one known voice share them).
+        let speakers = TtsSpeaker::speakers(&self.model, &voices)?;
         let speaker = TtsSpeaker::new(
             &self.model,
             &session,
             TtsSettings::default(),
-            &voices,
+            speakers,
             self.settings.cfg_coef,
         )?;
         let script = SyntheticScript::new(self.model.lm_config(), !cross.is_empty(), seed);
