@@ -132,6 +132,12 @@ pub enum BenchError {
         sessions: usize,
         stage: &'static str,
     },
+    #[error("a text-to-speech model ({config}) runs with --stage all (its streams' LM steps and Mimi decodes) or mimi, not {stage}")]
+    TextToSpeechStage { stage: &'static str, config: String },
+    #[error("--kv-prefill {positions}: a text-to-speech stream's caches fill as it speaks; use --warmup N to run N steps first ({config})")]
+    TextToSpeechKvPrefill { positions: usize, config: String },
+    #[error("a text-to-speech stream returned no audio in its first {steps} steps: its audio delay should have passed")]
+    NoFirstAudio { steps: usize },
     #[error("internal: --stage {stage} was set up without the {part} it runs")]
     StageWithoutPart {
         stage: &'static str,

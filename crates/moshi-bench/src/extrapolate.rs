@@ -34,6 +34,9 @@ pub fn extrapolate_to_full_depth(
     let lm_step_p50_ms = stats.lm_step_ms.p50 + add_ms;
     let read_per_frame_bytes = weights.read_per_frame_bytes + add_bytes;
     let kv_cache_read_per_frame_bytes = weights.kv_cache_read_per_frame_bytes + add_kv_bytes;
+    // The cross-attention sources' keys and values: the same bytes in every layer.
+    let cross_kv_read_per_frame_bytes =
+        weights.cross_kv_read_per_frame_bytes / run_layers.max(1) as u64 * full_layers as u64;
     Some(Extrapolation {
         note: format!(
             "extrapolated, not measured: {run_layers} of {full_layers} temporal layers were run; each missing layer \
@@ -49,8 +52,9 @@ pub fn extrapolate_to_full_depth(
         resident_bytes: weights.resident_bytes + add_resident_bytes,
         read_per_frame_bytes,
         kv_cache_read_per_frame_bytes,
+        cross_kv_read_per_frame_bytes,
         bound: BandwidthBound::new(
-            read_per_frame_bytes + kv_cache_read_per_frame_bytes,
+            read_per_frame_bytes + kv_cache_read_per_frame_bytes + cross_kv_read_per_frame_bytes,
             read_bandwidth_gbps,
             lm_step_p50_ms,
         ),
@@ -126,5 +130,13 @@ mod tests {
         assert_eq!(x.kv_cache_read_per_frame_bytes, 200 + 30 * 100);
         assert_eq!(x.resident_bytes, 3_000 + 30 * 500);
         assert!(extrapolate_to_full_depth(&stats, &layers(&[]), &weights, 2, 32, 1.0).is_none());
+        // A TTS voice's keys and values: read in every layer, so 16 x the 2 layers' bytes.
+        let voiced = WeightBytes {
+            cross_kv_read_per_frame_bytes: 2 * 1_000,
+            ..weights.clone()
+        };
+        let x = extrapolate_to_full_depth(&stats, &layers(&[10.0]), &voiced, 2, 32, 1.0).unwrap();
+        assert_eq!(x.cross_kv_read_per_frame_bytes, 32 * 1_000);
+        assert!((x.bound.lm_bound_ms - 0.0522).abs() < 1e-12);
     }
 }

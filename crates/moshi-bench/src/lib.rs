@@ -1,6 +1,7 @@
 //! moshi-bench: how fast moshi-rs runs, kept out of the libraries. The `moshi-rs bench` run
 //! ([`run::run_bench`]: random weights of the real shapes or a checkpoint, one stage or the whole
-//! pipeline, driven frame by frame through the engine's own [`run_offline`]) and its versioned
+//! pipeline, driven frame by frame through the engine's own [`run_offline`]; a text-to-speech
+//! model's streams and their time to first audio, [`tts`]) and its versioned
 //! [`report`]; the memory read-bandwidth probe every speed is compared with ([`bandwidth`]);
 //! Moshi 7B's product shapes ([`shapes`], shared with `scripts/peer-candle`); and, under
 //! `benches/`, the criterion benches of the kernels, the LM, Mimi and the loader.
@@ -42,6 +43,8 @@ pub mod span_timer;
 pub mod stages;
 #[cfg(feature = "pipeline")]
 pub mod synthetic_tokenizer;
+#[cfg(feature = "pipeline")]
+pub mod tts;
 
 #[cfg(feature = "pipeline")]
 pub use error::BenchError;

@@ -9,6 +9,7 @@ use serde::Serialize;
 use moshi_runtime::metrics::{FrameRecord, Percentiles};
 
 use crate::frames::FrameLog;
+use crate::tts::FirstAudio;
 use moshi_runtime::FRAME_MS;
 
 /// Version of the JSON layout written by `moshi-rs bench --json`.
@@ -132,13 +133,48 @@ pub struct WeightBytes {
     pub kv_cache_layer_read_bytes: u64,
     /// The same for all temporal layers run. The bound counts it with the weights.
     pub kv_cache_read_per_frame_bytes: u64,
+    /// Keys and values of the cross-attention sources (a TTS stream's voice: f32, every source
+    /// position) all temporal layers run read per frame, every session's; 0 without
+    /// cross-attention. The bound counts it with the weights.
+    pub cross_kv_read_per_frame_bytes: u64,
 }
 
 impl WeightBytes {
-    /// Weights and KV caches read per frame: what the bound divides by the read bandwidth.
+    /// Weights and keys and values read per frame: what the bound divides by the read
+    /// bandwidth.
     pub fn lm_read_per_frame_bytes(&self) -> u64 {
-        self.read_per_frame_bytes + self.kv_cache_read_per_frame_bytes
+        self.read_per_frame_bytes
+            + self.kv_cache_read_per_frame_bytes
+            + self.cross_kv_read_per_frame_bytes
     }
+}
+
+/// A text-to-speech run's time to first audio and setup (`moshi-rs bench` on a TTS config).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct TtsFigures {
+    /// Streams started together and stepped together (`--sessions`).
+    pub streams: usize,
+    /// The `cfg` condition of the distilled model (`--cfg-coef`).
+    pub cfg_coef: f64,
+    /// Cross-attention source positions per stream (speaker slots x voice frames).
+    pub source_positions: usize,
+    /// The first streams after the model was built (first use of the weights and buffers).
+    pub first_audio_cold: FirstAudio,
+    /// Fresh streams on the model already used (a server's next request); these streams run
+    /// the timed frames.
+    pub first_audio: FirstAudio,
+    /// `first_audio.setup_ms / streams`.
+    pub setup_per_stream_ms: f64,
+    /// One voice's cross-attention keys and values for every temporal layer run, computed alone
+    /// (most of a stream's setup), ms.
+    pub cross_kv_ms: f64,
+    /// Its multiply-adds x 2, GFLOP.
+    pub cross_kv_gflop: f64,
+    /// `cross_kv_gflop / cross_kv_ms`, GFLOP/s.
+    pub cross_kv_gflops: f64,
+    /// Bytes the first-audio steps read (the temporal weights at every step, the depformer's at
+    /// the steps that run it, the voices' keys and values) / read bandwidth, ms.
+    pub first_audio_steps_bound_ms: f64,
 }
 
 /// The measured LM time next to the memory-bandwidth lower bound.
@@ -209,6 +245,8 @@ pub struct Extrapolation {
     pub read_per_frame_bytes: u64,
     /// Temporal KV caches read per frame at full depth.
     pub kv_cache_read_per_frame_bytes: u64,
+    /// Cross-attention keys and values read per frame at full depth.
+    pub cross_kv_read_per_frame_bytes: u64,
     pub bound: BandwidthBound,
 }
 
@@ -234,6 +272,8 @@ pub struct BenchReport {
     pub bound: BandwidthBound,
     /// Present only when `layers_run < layers_config`.
     pub extrapolated: Option<Extrapolation>,
+    /// Present only for a text-to-speech config.
+    pub tts: Option<TtsFigures>,
     /// Every timed frame, as in the `--profile` JSON Lines files (`[]` unless the run kept
     /// them: `BenchOptions::keep_frames`), read back from disk as the report is written.
     #[serde(serialize_with = "frames_or_none")]
@@ -318,8 +358,12 @@ impl BenchReport {
         );
         let w = &self.weights;
         let b = &self.bound;
+        let cross = match w.cross_kv_read_per_frame_bytes {
+            0 => String::new(),
+            n => format!("; cross-attention keys and values: {}", human_bytes(n)),
+        };
         s += &format!(
-            "LM weights: {} resident, {} read per frame; temporal KV caches: {} read per frame -> {:.2} GB/s effective\n",
+            "LM weights: {} resident, {} read per frame; temporal KV caches: {} read per frame{cross} -> {:.2} GB/s effective\n",
             human_bytes(w.resident_bytes),
             human_bytes(w.read_per_frame_bytes),
             human_bytes(w.kv_cache_read_per_frame_bytes),
@@ -329,6 +373,9 @@ impl BenchReport {
             "memory read bandwidth {:.2} GB/s -> LM lower bound {:.2} ms/frame; measured LM p50 {:.2} ms = {:.2}x the bound\n",
             self.machine.read_bandwidth_gbps, b.lm_bound_ms, b.lm_measured_p50_ms, b.ratio_to_bound
         );
+        if let Some(t) = &self.tts {
+            s += &t.to_text();
+        }
         match self.machine.peak_memory_bytes {
             Some(p) => s += &format!("peak memory (VmHWM) {}\n", human_bytes(p)),
             None => s += "peak memory: not reported by this OS\n",
@@ -351,6 +398,29 @@ impl BenchReport {
                 human_bytes(x.resident_bytes)
             );
         }
+        s
+    }
+}
+
+impl TtsFigures {
+    /// The console lines.
+    fn to_text(&self) -> String {
+        let line = |what: &str, f: &FirstAudio| {
+            format!(
+                "time to first audio ({what}): {:.1} ms = setup {:.1} ms + {} LM steps ({} with the depformer) {:.1} ms (temporal {:.1}, depformer {:.1})\n",
+                f.total_ms, f.setup_ms, f.steps, f.depformer_steps, f.steps_ms, f.temporal_ms, f.depformer_ms
+            )
+        };
+        let mut s = format!(
+            "text to speech: {} stream(s) started together, cfg condition {}, {} cross-attention source positions each\n",
+            self.streams, self.cfg_coef, self.source_positions
+        );
+        s += &line("fresh streams, warm model", &self.first_audio);
+        s += &line("first streams after loading", &self.first_audio_cold);
+        s += &format!(
+            "setup {:.1} ms per stream; one voice's cross-attention keys and values alone {:.1} ms ({:.1} GFLOP, {:.1} GFLOP/s); first-audio steps' bandwidth bound {:.1} ms\n",
+            self.setup_per_stream_ms, self.cross_kv_ms, self.cross_kv_gflop, self.cross_kv_gflops, self.first_audio_steps_bound_ms
+        );
         s
     }
 }

@@ -32,12 +32,13 @@ use crate::kv_traffic::kv_read_per_layer_bytes;
 use crate::memory::{ensure_fits, peak_resident_bytes, reset_peak_resident};
 use crate::report::{
     aggregate_frames_per_s, real_time_factor, BandwidthBound, BenchReport, MachineInfo, RunInfo,
-    WeightBytes, BENCH_SCHEMA_VERSION,
+    TtsFigures, WeightBytes, BENCH_SCHEMA_VERSION,
 };
 use crate::sessions::{LmStage, SessionsPipeline};
 use crate::span_timer::SpanTotals;
 use crate::stages::{DepformerStage, MimiStage};
 use crate::synthetic_tokenizer::synthetic_tokenizer;
+use crate::tts::{TtsStage, TtsStart, TtsStreamSettings};
 use crate::BenchError;
 
 /// What a run times (`--stage`).
@@ -184,13 +185,27 @@ pub fn run_bench(
     let sessions = options.sessions as u64;
     let loaded = load(options, progress)?;
     let layers_run = loaded.cfg.num_layers;
-    let cfg_coef = options
-        .cfg_coef
-        .unwrap_or_else(|| loaded.cfg.default_cfg_coef());
-    check_guidance(cfg_coef, &loaded, options.stage)?;
-    // Guidance runs a second row per session over the same weights, in the same batched step
-    // (the weights are read once per frame); each row has its own KV caches.
-    let lm_rows: u64 = if cfg_coef != 1.0 { 2 } else { 1 };
+    let tts = loaded.cfg.is_text_to_speech();
+    let cfg_coef = match (options.cfg_coef, tts) {
+        (Some(coef), _) => coef,
+        (None, true) => DEFAULT_TTS_CFG_COEF,
+        (None, false) => loaded.cfg.default_cfg_coef(),
+    };
+    // A TTS model's guidance is a condition of its one row (CFG distillation), checked against
+    // its `cfg` values when the streams are made.
+    let lm_rows: u64 = if tts {
+        check_tts(options, &loaded)?;
+        1
+    } else {
+        check_guidance(cfg_coef, &loaded, options.stage)?;
+        // Guidance runs a second row per session over the same weights, in the same batched
+        // step (the weights are read once per frame); each row has its own KV caches.
+        if cfg_coef != 1.0 {
+            2
+        } else {
+            1
+        }
+    };
     // The kernels' default follows the rows of each product, as `serve --max-sessions N` declares
     // them (a later run in the same process keeps the first run's kernel, as products did).
     let kernel = Kernel::init(Workload::of_rows(lm_rows as usize * options.sessions))
@@ -198,7 +213,7 @@ pub fn run_bench(
             tracing::debug!("{e}");
             e.chosen
         });
-    let first_frame_steps = options.stage.first_frame_lm_steps(&loaded.cfg);
+    let mut first_frame_steps = options.stage.first_frame_lm_steps(&loaded.cfg);
     if options.kv_prefill > 0 {
         if first_frame_steps == 0 {
             return Err(BenchError::KvPrefillWithoutLm {
@@ -237,33 +252,15 @@ pub fn run_bench(
             .product(),
         )?;
     }
-    let kv_layer_bytes = if first_frame_steps > 0 {
-        let cfg = &loaded.cfg;
-        // The prefilled positions count as LM steps taken before the first frame's.
-        let steps_by_first_frame = options.kv_prefill + first_frame_steps;
-        kv_read_per_layer_bytes(
-            options.kv_cache.bytes(),
-            cfg.dim,
-            cfg.context,
-            steps_by_first_frame,
-            options.warmup,
-            options.frames,
-        )
-    } else {
-        0
-    };
     let Loaded {
         lm,
         mut codec,
+        cfg,
         layers_config,
         config_origin,
         quant,
         mut weights,
-        ..
     } = loaded;
-    let kv_rows = lm_rows * sessions;
-    weights.kv_cache_layer_read_bytes = kv_layer_bytes * kv_rows;
-    weights.kv_cache_read_per_frame_bytes = kv_layer_bytes * kv_rows * layers_run as u64;
     weights.weight_passes_per_frame = 1;
     if let Some((mimi, _)) = codec.as_mut() {
         mimi.set_weights(options.mimi_weights);
@@ -288,7 +285,38 @@ pub fn run_bench(
             options.kv_prefill
         ));
     }
-    let mut processor = stage_processor(options, cfg_coef, lm, codec)?;
+    let (mut processor, tts_start): (Box<dyn FrameProcessor>, _) =
+        if tts && options.stage == Stage::All {
+            progress(&format!(
+                "starting {} text-to-speech stream(s) until their first audio, twice ...",
+                options.sessions
+            ));
+            let mut stage = tts_stage(options, cfg_coef, lm, codec)?;
+            let start = stage.start_measured()?;
+            // The timed frames continue the streams: their caches hold the first-audio steps.
+            first_frame_steps = start.warm.steps + 1;
+            weights.cross_kv_read_per_frame_bytes = stage.cross_kv_bytes();
+            (Box::new(stage), Some(start))
+        } else {
+            (stage_processor(options, cfg_coef, lm, codec)?, None)
+        };
+    let kv_layer_bytes = if first_frame_steps > 0 {
+        // The prefilled positions count as LM steps taken before the first frame's.
+        let steps_by_first_frame = options.kv_prefill + first_frame_steps;
+        kv_read_per_layer_bytes(
+            options.kv_cache.bytes(),
+            cfg.dim,
+            cfg.context,
+            steps_by_first_frame,
+            options.warmup,
+            options.frames,
+        )
+    } else {
+        0
+    };
+    let kv_rows = lm_rows * sessions;
+    weights.kv_cache_layer_read_bytes = kv_layer_bytes * kv_rows;
+    weights.kv_cache_read_per_frame_bytes = kv_layer_bytes * kv_rows * layers_run as u64;
 
     progress(&format!(
         "running {} warm-up + {} timed frames ({}, stage {}) ...",
@@ -339,6 +367,16 @@ pub fn run_bench(
         WeightSource::Random => ("random", None),
         WeightSource::Checkpoint(spec) => ("checkpoint", Some(spec.clone())),
     };
+    let tts = tts_start.map(|start| {
+        tts_figures(
+            start,
+            &cfg,
+            &weights,
+            cfg_coef,
+            options.sessions,
+            read_bandwidth_gbps,
+        )
+    });
     Ok(BenchReport {
         schema_version: BENCH_SCHEMA_VERSION,
         tool: "moshi-rs bench".into(),
@@ -380,8 +418,96 @@ pub fn run_bench(
         weights,
         bound,
         extrapolated,
+        tts,
         frames: run.log,
     })
+}
+
+/// The speak command's default guidance strength of a CFG-distilled TTS model.
+pub const DEFAULT_TTS_CFG_COEF: f32 = 2.0;
+
+/// Checks the options a text-to-speech config takes: its streams run through the whole
+/// pipeline (LM and Mimi decode), and their caches fill as they speak.
+fn check_tts(options: &BenchOptions, loaded: &Loaded) -> Result<(), BenchError> {
+    if !matches!(options.stage, Stage::All | Stage::Mimi) {
+        return Err(BenchError::TextToSpeechStage {
+            stage: options.stage.name(),
+            config: loaded.config_origin.clone(),
+        });
+    }
+    if options.kv_prefill > 0 {
+        return Err(BenchError::TextToSpeechKvPrefill {
+            positions: options.kv_prefill,
+            config: loaded.config_origin.clone(),
+        });
+    }
+    Ok(())
+}
+
+/// The TTS stage of `options.sessions` streams over the model built from `lm` and `codec`.
+fn tts_stage(
+    options: &BenchOptions,
+    cfg_coef: f32,
+    lm: Option<Generator>,
+    codec: Option<(Mimi, TextTokenizer)>,
+) -> Result<TtsStage, BenchError> {
+    let missing = |part| BenchError::StageWithoutPart {
+        stage: options.stage.name(),
+        part,
+    };
+    let lm = lm.ok_or_else(|| missing("LM"))?;
+    let (mimi, tokenizer) = codec.ok_or_else(|| missing("Mimi"))?;
+    let model = Arc::new(MoshiModel::from_parts(mimi, lm, tokenizer)?);
+    Ok(TtsStage::new(
+        model,
+        options.sessions,
+        TtsStreamSettings {
+            session: SessionSettings {
+                sampling: SamplingConfig::default(),
+                kv_precision: options.kv_cache,
+                cfg_coef: None,
+            },
+            cfg_coef,
+            seed: options.seed,
+        },
+    ))
+}
+
+/// The report's TTS figures from what the streams' start measured.
+fn tts_figures(
+    start: TtsStart,
+    cfg: &LmConfig,
+    weights: &WeightBytes,
+    cfg_coef: f32,
+    streams: usize,
+    read_bandwidth_gbps: f64,
+) -> TtsFigures {
+    let (cross_kv_ms, cross_kv_gflop) = start.cross_kv.unwrap_or_default();
+    let f = &start.warm;
+    // Every first-audio step reads the temporal weights and the voices' keys and values; the
+    // steps past the audio's delay the depformer's too.
+    let temporal_bytes = weights.temporal_layer_bytes * cfg.num_layers as u64
+        + weights.text_head_bytes
+        + weights.cross_kv_read_per_frame_bytes;
+    let bytes =
+        f.steps as u64 * temporal_bytes + f.depformer_steps as u64 * weights.depformer_bytes;
+    TtsFigures {
+        streams,
+        cfg_coef: cfg_coef as f64,
+        source_positions: start.source_positions,
+        setup_per_stream_ms: f.setup_ms / streams.max(1) as f64,
+        cross_kv_ms,
+        cross_kv_gflop,
+        cross_kv_gflops: if cross_kv_ms > 0.0 {
+            cross_kv_gflop / cross_kv_ms * 1e3
+        } else {
+            0.0
+        },
+        first_audio_steps_bound_ms: BandwidthBound::new(bytes, read_bandwidth_gbps, 0.0)
+            .lm_bound_ms,
+        first_audio_cold: start.cold,
+        first_audio: start.warm,
+    }
 }
 
 /// Checks `--cfg-coef` against the config and the stage: guidance needs a conditioned config and
@@ -540,6 +666,8 @@ fn weight_bytes_of(lm: &LmWeights, stage: Stage) -> WeightBytes {
         // Set by the caller, which knows the frames to run.
         kv_cache_layer_read_bytes: 0,
         kv_cache_read_per_frame_bytes: 0,
+        // Set by the caller, which makes the cross-attention sources (a TTS stream's voice).
+        cross_kv_read_per_frame_bytes: 0,
     }
 }
 

@@ -603,3 +603,62 @@ fn an_lm_config_without_its_mimi_config_names_the_mismatch() {
         "{err}"
     );
 }
+
+/// A text-to-speech config: N streams started together until their first audio (the voices'
+/// cross-attention keys and values, the audio's delay), then stepped together; the report's
+/// TTS figures are consistent with the model's delays and the voices' shape.
+#[test]
+fn tts_streams_report_their_first_audio() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("tts.json");
+    let config = moshi_test_support::fixture("tiny-tts", "config.json");
+    let out = bench(&[
+        "--random-weights",
+        "--config",
+        config.to_str().unwrap(),
+        "--sessions",
+        "2",
+        "--frames",
+        "2",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr_text(&out));
+    let r = read_json(&json);
+    assert_eq!(num(&r, "run.sessions"), 2.0);
+    assert_eq!(num(&r, "run.lm_rows"), 1.0);
+    assert_eq!(num(&r, "tts.cfg_coef"), 2.0);
+    // 5 speaker slots of a 125-frame voice.
+    assert_eq!(num(&r, "tts.source_positions"), 625.0);
+    for first in ["tts.first_audio", "tts.first_audio_cold"] {
+        // delay_steps 16, the codebooks' delay 2: frame 16 is the first with audio, returned
+        // at step 18; the depformer runs from step 16.
+        assert_eq!(num(&r, &format!("{first}.steps")), 19.0);
+        assert_eq!(num(&r, &format!("{first}.depformer_steps")), 3.0);
+        let sum = num(&r, &format!("{first}.setup_ms")) + num(&r, &format!("{first}.steps_ms"));
+        assert!((num(&r, &format!("{first}.total_ms")) - sum).abs() < 1e-6);
+    }
+    // 2 streams x 2 layers x 625 positions x keys and values of 256 f32.
+    assert_eq!(
+        num(&r, "weights.cross_kv_read_per_frame_bytes"),
+        (2 * 2 * 625 * 2 * 256 * 4) as f64
+    );
+    // 2 layers x 625 positions x a [512, 256] product x 2 FLOP.
+    assert!((num(&r, "tts.cross_kv_gflop") - 2.0 * 625.0 * 512.0 * 256.0 * 2.0 / 1e9).abs() < 1e-9);
+    assert!(num(&r, "tts.first_audio_steps_bound_ms") > 0.0);
+    assert!(num(&r, "stages.mimi_decode_ms.p50") > 0.0);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("time to first audio"), "{text}");
+
+    let config = config.to_str().unwrap();
+    let tts = ["--random-weights", "--config", config, "--frames", "1"];
+    refused(
+        &[&tts[..], &["--stage", "lm"]].concat(),
+        "text-to-speech model",
+    );
+    refused(
+        &[&tts[..], &["--kv-prefill", "4"]].concat(),
+        "--kv-prefill 4",
+    );
+    refused(&[&tts[..], &["--cfg-coef", "5"]].concat(), "cfg");
+}

@@ -202,7 +202,11 @@ fn pytorch_source(cfg: &LmConfig, c: CanonicalTensor, name: &str) -> SourceSpec 
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
+    use crate::lm_names::CONDITIONER_PREFIX;
+    use crate::SafetensorsFile;
 
     fn stored(layout: LmLayout, canonical: &str) -> (String, Vec<usize>, usize) {
         let cfg = LmConfig::moshiko_7b();
@@ -295,6 +299,56 @@ mod tests {
             assert_eq!(spec.stored_shape, vec![6, 4096]);
             assert_eq!(spec.canonical.role, TensorRole::Linear);
         }
+    }
+
+    /// The distinct tensors stored for `cfg` in the PyTorch layout (the depformer's weight sets
+    /// stacked as the release stores them), with their shapes.
+    fn pytorch_stored(cfg: &LmConfig) -> BTreeMap<String, Vec<usize>> {
+        lm_sources(LmLayout::PyTorch, cfg)
+            .into_iter()
+            .map(|s| (s.stored_name, s.stored_shape))
+            .collect()
+    }
+
+    /// The release's `config.json` values (configs/tts-1.6b-en_fr.json) give exactly the 418
+    /// tensors of `kyutai/tts-1.6b-en_fr`'s checkpoint (as the official `get_moshi_lm` builds
+    /// them; 8 of them `condition_provider.*`); the same mapping gives the tiny-tts fixture's
+    /// stored tensors name for name and shape for shape, so the count is the layout's.
+    #[test]
+    fn the_tts_release_config_gives_the_releases_418_tensors() {
+        let tiny_cfg =
+            LmConfig::from_file(moshi_test_support::fixture("tiny-tts", "config.json")).unwrap();
+        let file =
+            SafetensorsFile::open(moshi_test_support::fixture("tiny-tts", "model.safetensors"))
+                .unwrap();
+        let in_file: BTreeMap<String, Vec<usize>> = file
+            .tensors()
+            .iter()
+            .map(|(name, info)| (name.clone(), info.shape.clone()))
+            .collect();
+        assert_eq!(pytorch_stored(&tiny_cfg), in_file);
+
+        let root = moshi_test_support::repo_root();
+        let cfg = LmConfig::from_file(root.join("configs/tts-1.6b-en_fr.json")).unwrap();
+        assert!(cfg.is_text_to_speech() && cfg.unknown.is_empty());
+        let stored = pytorch_stored(&cfg);
+        assert_eq!(stored.len(), 418);
+        let conditioners = stored
+            .keys()
+            .filter(|n| n.starts_with(CONDITIONER_PREFIX))
+            .count();
+        assert_eq!(conditioners, 8);
+        assert_eq!(
+            stored["depformer.layers.3.self_attn.in_proj_weight"],
+            [11 * 3 * 1024, 1024]
+        );
+        assert_eq!(
+            stored["condition_provider.conditioners.speaker_wavs.output_proj.weight"],
+            [2048, 512]
+        );
+        // The stored parameters (docs/tts.md): 3.67 GB of bf16, the conditioners f32.
+        let parameters: usize = stored.values().map(|s| s.iter().product::<usize>()).sum();
+        assert_eq!(parameters, 1_836_550_272);
     }
 
     #[test]

@@ -21,50 +21,17 @@ pub enum RandomWeightKind {
     },
 }
 
-/// Every canonical LM weight name with its logical shape, in load order.
-pub fn canonical_lm_shapes(cfg: &LmConfig) -> Vec<(String, Vec<usize>)> {
-    let (dim, ddim) = (cfg.dim, cfg.depformer_dim);
-    let (hidden, dhidden) = (cfg.hidden_dim(), cfg.depformer_hidden_dim());
-    let mut v: Vec<(String, Vec<usize>)> = vec![("text_emb".into(), vec![cfg.text_card + 1, dim])];
-    for i in 0..cfg.n_q {
-        v.push((format!("emb.{i}"), vec![cfg.card + 1, dim]));
-    }
-    v.push(("text_linear".into(), vec![cfg.text_card, dim]));
-    v.push(("out_norm".into(), vec![dim]));
-    let layer = |v: &mut Vec<(String, Vec<usize>)>, p: &str, d: usize, h: usize| {
-        v.push((format!("{p}.norm1"), vec![d]));
-        v.push((format!("{p}.norm2"), vec![d]));
-        v.push((format!("{p}.self_attn.in_proj"), vec![3 * d, d]));
-        v.push((format!("{p}.self_attn.out_proj"), vec![d, d]));
-        v.push((format!("{p}.gating.linear_in"), vec![2 * h, d]));
-        v.push((format!("{p}.gating.linear_out"), vec![d, h]));
-    };
-    for l in 0..cfg.num_layers {
-        layer(&mut v, &format!("transformer.layers.{l}"), dim, hidden);
-    }
-    for k in 0..cfg.dep_q {
-        v.push((format!("depformer.{k}.linear_in"), vec![ddim, dim]));
-        v.push((
-            format!("depformer.{k}.emb"),
-            vec![
-                if k == 0 {
-                    cfg.text_card + 1
-                } else {
-                    cfg.card + 1
-                },
-                ddim,
-            ],
-        ));
-        v.push((format!("depformer.{k}.linear_out"), vec![cfg.card, ddim]));
-        for l in 0..cfg.depformer_num_layers {
-            layer(&mut v, &format!("depformer.{k}.layers.{l}"), ddim, dhidden);
+impl RandomWeightKind {
+    /// The storage of a matrix `cols` wide: a matrix narrower than one group (the TTS's small
+    /// low-rank embeddings) stays bf16, as quantizing on load leaves it (mlx-lm's predicate).
+    fn for_width(self, cols: usize) -> Self {
+        match self {
+            RandomWeightKind::Quantized { group_size, .. } if cols < group_size => {
+                RandomWeightKind::BF16
+            }
+            kind => kind,
         }
     }
-    // Last, so that the seeds of the tensors above do not depend on them.
-    for i in 0..cfg.extra_heads_num_heads {
-        v.push((format!("extra_heads.{i}"), vec![cfg.extra_heads_dim, dim]));
-    }
-    v
 }
 
 /// Fills `out` with uniform values in `[-a, a)`, in parallel chunks seeded from `seed`.
@@ -120,57 +87,50 @@ fn random_matrix(
     })
 }
 
-/// Random weights for every canonical name of `cfg`: matrices uniform with standard deviation
-/// `1 / sqrt(fan_in)`, embedding rows with standard deviation 1, norm gains in `[0.8, 1.2)`.
+/// Random weights for every canonical name of `cfg` ([`canonical_lm_tensors`]): matrices uniform
+/// with standard deviation `1 / sqrt(fan_in)`, embedding rows with standard deviation 1, norm
+/// gains in `[0.8, 1.2)`, the cross-attention LayerNorm's bias in `[-0.1, 0.1)`. Conditioners
+/// (Hibiki, the TTS) are f32 as in checkpoints loaded by any mode: the projection scaled so that
+/// a condition is about a tenth of a token embedding (as trained weights keep it), the learnt
+/// padding at Kyutai's init scale, 0.2.
 pub fn random_lm_weights(cfg: &LmConfig, seed: u64, kind: RandomWeightKind) -> Result<WeightMap> {
     let mut map = WeightMap::new(format!("<random weights, seed {seed}>"));
-    for (i, (name, shape)) in canonical_lm_shapes(cfg).into_iter().enumerate() {
+    for (i, t) in canonical_lm_tensors(cfg).into_iter().enumerate() {
         let s = seed.wrapping_mul(0x2545_F491_4F6C_DD1D)
-            ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        let data = if shape.len() == 1 {
-            let mut rng = Rng::new(s);
-            WeightData::F32((0..shape[0]).map(|_| 0.8 + 0.4 * rng.next_f32()).collect())
-        } else {
-            let is_embedding = name.ends_with("emb") || name.starts_with("emb.");
-            let std = if is_embedding {
-                1.0
-            } else {
-                1.0 / (shape[1] as f32).sqrt()
-            };
-            random_matrix(shape[0], shape[1], s, kind, std).map_err(|cause| {
-                ModelError::RandomWeight {
-                    name: name.clone(),
-                    shape: shape.clone(),
-                    cause,
-                }
-            })?
-        };
-        map.insert(name, Weight { shape, data });
-    }
-    // Conditioners (Hibiki): f32 as in checkpoints loaded by any mode. The projection is scaled
-    // so that a condition is about a tenth of a token embedding (as trained weights keep it);
-    // the learnt padding has Kyutai's init scale, 0.2.
-    let conditioner_tensors = canonical_lm_tensors(cfg)
-        .into_iter()
-        .filter(|t| t.role == TensorRole::Conditioner);
-    for (i, t) in conditioner_tensors.enumerate() {
-        let s = seed.wrapping_mul(0x2545_F491_4F6C_DD1D)
-            ^ 0xC0D1
             ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         let (rows, cols) = (t.shape[0], t.shape.get(1).copied().unwrap_or(1));
-        let std = if t.name.ends_with(".embed") {
-            1.0
-        } else if t.name.ends_with(".output_proj") {
-            0.1 / (cols as f32).sqrt()
-        } else {
-            0.2
-        };
-        let data = random_matrix(rows, cols, s, RandomWeightKind::F32, std).map_err(|cause| {
-            ModelError::RandomWeight {
-                name: t.name.clone(),
-                shape: t.shape.clone(),
-                cause,
+        let data = match t.role {
+            TensorRole::Norm => {
+                let mut rng = Rng::new(s);
+                let (low, width) = if t.name.ends_with(".bias") {
+                    (-0.1, 0.2)
+                } else {
+                    (0.8, 0.4)
+                };
+                Ok(WeightData::F32(
+                    (0..rows).map(|_| low + width * rng.next_f32()).collect(),
+                ))
             }
+            TensorRole::Embedding => random_matrix(rows, cols, s, kind.for_width(cols), 1.0),
+            TensorRole::Linear => {
+                let std = 1.0 / (cols as f32).sqrt();
+                random_matrix(rows, cols, s, kind.for_width(cols), std)
+            }
+            TensorRole::Conditioner => {
+                let std = if t.name.ends_with(".embed") {
+                    1.0
+                } else if t.name.ends_with(".output_proj") {
+                    0.1 / (cols as f32).sqrt()
+                } else {
+                    0.2
+                };
+                random_matrix(rows, cols, s, RandomWeightKind::F32, std)
+            }
+        }
+        .map_err(|cause| ModelError::RandomWeight {
+            name: t.name.clone(),
+            shape: t.shape.clone(),
+            cause,
         })?;
         map.insert(
             t.name,
