@@ -17,7 +17,7 @@ use moshi_server::batch_engine::BatchEngine;
 use moshi_server::tls::TlsFiles;
 use moshi_server::{Endpoint, Limits, ServerConfig, WebUi};
 
-use super::model_args::{ModelArgs, SamplingArgs, LIVE_KV_CACHE};
+use super::model_args::{ModelArgs, SamplingArgs, LIVE_DEFAULTS};
 
 /// Most sessions `--max-sessions` accepts (each holds its own KV caches: up to 1.5 GB for the
 /// 7B at a full window with bf16 caches).
@@ -154,7 +154,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let load_started = Instant::now();
     let mut loaded = args
         .model
-        .load_model(&args.sampling, LIVE_KV_CACHE, args.max_sessions)?;
+        .load_model(&args.sampling, LIVE_DEFAULTS, args.max_sessions)?;
     // A model that speaks is served at /api/chat with a web UI; a speech-to-text model at
     // moshi-server's /api/asr-streaming, for programs.
     let endpoint = if loaded.model.conventions().generates_audio {
@@ -239,7 +239,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         "mimi": model.mimi_weights_path.display().to_string(),
         "quantize": args.model.quantize.map(|q| q.name()),
         "dequantize": args.model.dequantize,
-        "kv_cache": args.model.kv_cache_or(LIVE_KV_CACHE).to_string(),
+        "kv_cache": args.model.kv_cache_or(LIVE_DEFAULTS).to_string(),
+        "activations": args.model.activations_or(LIVE_DEFAULTS).to_string(),
         "mimi_weights": args.model.mimi_weights.to_string(),
         "greedy": sampling.greedy,
         "cfg_coef": pipeline_cfg_coef,
