@@ -113,9 +113,9 @@ fn eight_bit_activations_against_the_exact_path_and_the_weights_own_error_on_eve
             );
             assert!(activations.logit_error.is_finite() && activations.logit_error > 0.0);
             // The contract's error condition, for the 4-bit weights it is meant for: well below
-            // their own error (4.6x to 23x on these fixtures, docs/performance.md). Greedy tokens
-            // do not agree (these random tiny models sit on near-ties), which is why no command
-            // defaults to 8-bit activations.
+            // their own error (docs/performance.md, "8-bit activations"). Greedy tokens do not
+            // agree (these random tiny models sit on near-ties), which is why no command defaults
+            // to 8-bit activations.
             if bits == 4 {
                 assert!(
                     activations.logit_error < weights.logit_error / 4.0,
