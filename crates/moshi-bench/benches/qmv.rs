@@ -5,7 +5,8 @@
 //! Each case rotates over enough copies of the matrix to exceed 1 GiB, so weights come from
 //! DRAM as they do when a whole model is streamed every step. Threads: `MOSHI_BENCH_THREADS`
 //! (default 2); kernel:
-//! `MOSHI_BENCH_KERNEL=avx512vnni|avx512|avx2int|avx2|neondot|neon|portable` (default: detected).
+//! `MOSHI_BENCH_KERNEL=avx512vnni|avx512|avx2int|avx2|neondot|neon|portable` (default: detected);
+//! activations: `MOSHI_BENCH_ACTIVATIONS=exact|i8` (default exact).
 //! Prints a markdown summary table at the end: speeds from wall time (mean, and the fastest
 //! sample as STREAM reports its best pass), each against the read bandwidth measured right before
 //! that case (a shared host's bandwidth drifts between cases), and from process CPU
@@ -19,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{black_box, Criterion, Throughput};
 use moshi_bench::bandwidth::{ReadBuffer, DEFAULT_BUFFER_BYTES};
-use moshi_kernels::{Kernel, QuantizedMatrix};
+use moshi_kernels::{ActivationPrecision, Kernel, QuantizedMatrix};
 
 /// Bytes each case rotates over by default (well above the last-level cache);
 /// `MOSHI_BENCH_ROTATION_MB=0` keeps one copy (in-cache compute speed).
@@ -204,11 +205,17 @@ fn main() {
         kernel.name()
     );
     println!("kernel: {}", kernel.name());
+    let activations: ActivationPrecision = match std::env::var("MOSHI_BENCH_ACTIVATIONS") {
+        Ok(name) => name.parse().expect("MOSHI_BENCH_ACTIVATIONS"),
+        Err(_) => ActivationPrecision::Exact,
+    };
+    moshi_kernels::set_activation_precision(activations);
+    println!("activations: {activations}");
 
-    for (bits, group_size) in [(4u32, 32usize), (8, 64)] {
+    for (bits, group_size) in [(4u32, 32usize), (4, 64), (8, 64)] {
         for (i, &(name, cols, rows)) in SHAPES.iter().enumerate() {
             let case = format!(
-                "{} q{bits}g{group_size} {name} {cols}->{rows}",
+                "{} {activations} q{bits}g{group_size} {name} {cols}->{rows}",
                 kernel.name()
             );
             if !wanted(&case) {

@@ -31,6 +31,8 @@ pub struct RunInfo {
     /// The quantized-matrix kernel of q8/q4 products (`moshi_kernels::Kernel::name`, e.g.
     /// `avx512vnni`; `MOSHI_KERNEL` picks another).
     pub quant_kernel: String,
+    /// How the q4/q8 products hold their activations: `exact` or `i8` (`--activations`).
+    pub activations: String,
     /// `all`, `mimi`, `lm` or `depformer`.
     pub stage: String,
     /// Temporal layers actually run.
@@ -334,6 +336,12 @@ impl BenchReport {
             s += &format!(
                 "classifier-free guidance {}: {} LM rows per session in one batched step, weights read {} time(s) per frame\n",
                 r.cfg_coef, r.lm_rows, self.weights.weight_passes_per_frame
+            );
+        }
+        if r.activations != "exact" {
+            s += &format!(
+                "activations of the q4/q8 products: {} (rounded to 8 bits per quantization group)\n",
+                r.activations
             );
         }
         if r.kv_prefill_positions > 0 || r.kv_cache != "f32" {

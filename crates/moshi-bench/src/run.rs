@@ -10,7 +10,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use moshi_kernels::{Kernel, QuantAlgorithm, Workload, KERNEL_ENV, SUPPORTED_GROUP_SIZES};
+use moshi_kernels::{
+    ActivationPrecision, Kernel, QuantAlgorithm, Workload, KERNEL_ENV, SUPPORTED_GROUP_SIZES,
+};
 use moshi_loader::tokenizer::TextTokenizer;
 use moshi_loader::{load_mimi_weights, LmConfig, MimiConfig, WeightMap};
 use moshi_model::generator::{Generator, LmSessionSettings, SamplingConfig};
@@ -113,6 +115,8 @@ pub struct BenchOptions {
     /// Random positions put into every temporal KV cache before the warm-up.
     pub kv_prefill: usize,
     pub kv_cache: KvPrecision,
+    /// How the quantized products hold their activations (exact, or rounded to 8 bits per group).
+    pub activations: ActivationPrecision,
     /// Workers of the compute pool the caller set up; the bandwidth probe uses as many.
     pub threads: usize,
     pub stage: Stage,
@@ -213,6 +217,8 @@ pub fn run_bench(
             tracing::debug!("{e}");
             e.chosen
         });
+    // Process-wide, as the live commands set it; every product of this run reads it.
+    moshi_kernels::set_activation_precision(options.activations);
     let mut first_frame_steps = options.stage.first_frame_lm_steps(&loaded.cfg);
     if options.kv_prefill > 0 {
         if first_frame_steps == 0 {
@@ -277,7 +283,8 @@ pub fn run_bench(
         QuantAlgorithm::F32 => String::new(),
     };
     progress(&format!(
-        "kernels: {kernel}{eight_bit} (set {KERNEL_ENV} to pick another)"
+        "kernels: {kernel}{eight_bit} (set {KERNEL_ENV} to pick another); activations: {}",
+        options.activations
     ));
     if options.kv_prefill > 0 {
         progress(&format!(
@@ -388,6 +395,7 @@ pub fn run_bench(
             quant,
             mimi_weights: options.mimi_weights.to_string(),
             quant_kernel: kernel.name().into(),
+            activations: options.activations.name().into(),
             stage: options.stage.name().into(),
             layers_run,
             layers_config,

@@ -35,6 +35,7 @@ fn options(fixture_name: &str, stage: Stage, sessions: usize) -> BenchOptions {
         warmup: 1,
         kv_prefill: 0,
         kv_cache: KvPrecision::F32,
+        activations: moshi_kernels::ActivationPrecision::Exact,
         threads: 1,
         stage,
         seed: 3,

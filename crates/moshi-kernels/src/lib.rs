@@ -22,6 +22,8 @@
 //!   Accumulation is f32; the f32 kernels take the activations as they are, the VNNI and NEON
 //!   dot-product kernels as 24-bit fixed point per quantization group (within 2^-23 of each
 //!   group's largest value, the size of one f32 rounding of it).
+//!   [`ActivationPrecision::Int8`] rounds the activations to 8 bits per group instead (one byte
+//!   dot product per code vector; [`set_activation_precision`], [`round_activations_i8`]).
 //!   [`QuantizedMatrix::matmul_reference`] is the scalar reference. [`gemm_nt_q8`] is Mimi's
 //!   few-row 8-bit product on a block of such a matrix.
 //! * [`team`]: the persistent thread team all threaded kernels run on; [`cores`]: how many
@@ -33,6 +35,7 @@ pub mod dense;
 mod elem;
 mod error;
 mod matrix;
+mod precision;
 mod quant;
 mod quantize;
 mod reference;
@@ -42,4 +45,6 @@ pub use cpu::{InstructionSet, Kernel, QuantAlgorithm, Workload, KERNEL_ENV, LEGA
 pub use elem::{bf16_bits_to_f32, f32_to_bf16_bits, reduce_lanes, WeightElem, LANES};
 pub use error::{KernelAlreadyChosen, QuantError};
 pub use matrix::{QuantizedMatrix, SUPPORTED_BITS, SUPPORTED_GROUP_SIZES};
+pub use precision::{activation_precision, set_activation_precision, ActivationPrecision};
 pub use quant::q8_small::{gemm_nt_q8, Q8_GROUP_SIZES, Q8_MAX_ROWS};
+pub use quant::round_activations_i8;

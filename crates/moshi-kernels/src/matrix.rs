@@ -1,9 +1,9 @@
 //! The packed MLX-affine matrix type and its scalar reference dequantization.
 
 use crate::elem::bf16_bits_to_f32;
-use crate::quant::qmm_with_kernel;
-use crate::Kernel;
+use crate::quant::qmm;
 use crate::QuantError;
+use crate::{activation_precision, ActivationPrecision, Kernel};
 
 /// Bit widths MLX can produce.
 pub const SUPPORTED_BITS: [u32; 6] = [2, 3, 4, 5, 6, 8];
@@ -190,13 +190,14 @@ impl QuantizedMatrix {
         self.matmul(x, 1, y);
     }
 
-    /// `y[m, rows] = x[m, cols] · dequant(W)ᵀ` with the fastest kernel for this CPU.
+    /// `y[m, rows] = x[m, cols] · dequant(W)ᵀ` with the fastest kernel for this CPU, the
+    /// activations held at the process's [`activation_precision`].
     ///
     /// # Panics
     /// If `x.len() != m * cols` or `y.len() != m * rows` (caller bug).
     pub fn matmul(&self, x: &[f32], m: usize, y: &mut [f32]) {
         // The detected kernel is always available, so this cannot fail.
-        let detected = qmm_with_kernel(self, Kernel::detect(), x, m, y);
+        let detected = qmm(self, Kernel::detect(), activation_precision(), x, m, y);
         debug_assert!(detected.is_ok());
     }
 
@@ -208,7 +209,20 @@ impl QuantizedMatrix {
         m: usize,
         y: &mut [f32],
     ) -> Result<(), QuantError> {
-        qmm_with_kernel(self, kernel, x, m, y)
+        qmm(self, kernel, activation_precision(), x, m, y)
+    }
+
+    /// [`QuantizedMatrix::matmul`] with an explicit kernel and activation precision; errors if
+    /// this CPU cannot run the kernel.
+    pub fn matmul_with(
+        &self,
+        kernel: Kernel,
+        precision: ActivationPrecision,
+        x: &[f32],
+        m: usize,
+        y: &mut [f32],
+    ) -> Result<(), QuantError> {
+        qmm(self, kernel, precision, x, m, y)
     }
 
     /// Scalar reference: each row dequantized with [`QuantizedMatrix::dequantize_row_f32`],

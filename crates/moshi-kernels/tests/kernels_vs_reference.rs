@@ -6,7 +6,8 @@
 //! recursive summation gives `|fast - ref| ≤ (cols + 4) · ε · Σ_j |x_j| (|q_j s| + |b|)`.
 
 use moshi_kernels::{
-    bf16_bits_to_f32, Kernel, QuantizedMatrix, SUPPORTED_BITS, SUPPORTED_GROUP_SIZES,
+    bf16_bits_to_f32, round_activations_i8, ActivationPrecision, Kernel, QuantizedMatrix,
+    SUPPORTED_BITS, SUPPORTED_GROUP_SIZES,
 };
 use moshi_test_support::XorShift64Star;
 
@@ -340,5 +341,111 @@ fn a_row_the_fixed_point_cannot_hold_leaves_the_other_rows_of_the_batch_alone() 
                 }
             }
         }
+    }
+}
+
+/// Every kernel with 8-bit activations against the scalar reference of the same rounding: the
+/// exact product of the dequantized weights with `round_activations_i8(x)`, within the f32
+/// summation bound on those values (the integer kernels' sums of codes and 8-bit values are
+/// exact; only their f32 accumulation differs from the reference's).
+fn check_i8(
+    rng: &mut XorShift64Star,
+    rows: usize,
+    cols: usize,
+    bits: u32,
+    group_size: usize,
+    x: &[f32],
+    m: usize,
+) {
+    let w = random_matrix(rng, rows, cols, bits, group_size);
+    let rounded = round_activations_i8(x, m, cols, group_size);
+    let mut want = vec![0f32; m * rows];
+    w.matmul_reference(&rounded, m, &mut want);
+    let bounds = error_bounds(&w, &rounded, m);
+    let what = format!("rows {rows} cols {cols} bits {bits} group {group_size} m {m}");
+    for kernel in Kernel::available() {
+        let mut got = vec![f32::NAN; m * rows];
+        w.matmul_with(kernel, ActivationPrecision::Int8, x, m, &mut got)
+            .unwrap();
+        let ratio = worst_ratio(&got, &want, &bounds);
+        assert!(
+            ratio <= 1.0,
+            "{} kernel, i8, {what}: error {ratio} x the bound",
+            kernel.name()
+        );
+        // Each row of a batch gets the bits it gets alone.
+        if m > 1 {
+            let mut alone = vec![f32::NAN; rows];
+            w.matmul_with(
+                kernel,
+                ActivationPrecision::Int8,
+                &x[cols..2 * cols],
+                1,
+                &mut alone,
+            )
+            .unwrap();
+            assert_eq!(
+                &got[rows..2 * rows],
+                &alone[..],
+                "{} kernel, i8, {what}",
+                kernel.name()
+            );
+        }
+    }
+}
+
+#[test]
+fn every_kernel_with_8_bit_activations_matches_the_reference_of_the_same_rounding() {
+    let mut rng = XorShift64Star::new(0x0123_4567_89ab_cdef);
+    for bits in SUPPORTED_BITS {
+        for group_size in SUPPORTED_GROUP_SIZES {
+            for rows in [1, 7, 33] {
+                for cols in [group_size, 3 * group_size, 4 * 128 + group_size] {
+                    for m in [1, 2, 5] {
+                        let x: Vec<f32> = (0..m * cols).map(|_| rng.uniform(-1.0, 1.0)).collect();
+                        check_i8(&mut rng, rows, cols, bits, group_size, &x, m);
+                    }
+                }
+            }
+        }
+    }
+    // Magnitudes from 1e-29 to 1e29 in a row (groups far apart), and a row holding a NaN in a
+    // batch (it runs exact, alone; the others are rounded).
+    for (bits, group_size) in [(4, 32), (4, 64), (8, 64)] {
+        let cols = 4 * 128 + group_size;
+        let x: Vec<f32> = (0..2 * cols)
+            .map(|_| {
+                let magnitude = 10f32.powf(rng.uniform(-29.0, 29.0));
+                if rng.uniform(-1.0, 1.0) < 0.0 {
+                    -magnitude
+                } else {
+                    magnitude
+                }
+            })
+            .collect();
+        check_i8(&mut rng, 9, cols, bits, group_size, &x, 2);
+    }
+}
+
+#[test]
+fn eight_bit_activations_round_each_group_and_leave_rows_they_cannot_hold() {
+    let cols = 128;
+    let mut x: Vec<f32> = (0..2 * cols).map(|j| (j as f32 * 0.37).sin()).collect();
+    x[cols + 3] = f32::NAN;
+    let rounded = round_activations_i8(&x, 2, cols, 64);
+    // Row 0 rounded (not all values survive), row 1 copied as it is (NaN included).
+    assert!(rounded[..cols].iter().zip(&x).any(|(r, v)| r != v));
+    assert!(rounded[..cols]
+        .iter()
+        .zip(&x)
+        .all(|(r, v)| (r - v).abs() <= 1.0 / 254.0 + 1e-7));
+    assert!(rounded[cols + 3].is_nan());
+    assert_eq!(rounded[cols..cols + 3], x[cols..cols + 3]);
+    let w = random_matrix(&mut XorShift64Star::new(7), 5, cols, 4, 64);
+    for kernel in Kernel::available() {
+        let mut y = vec![0f32; 2 * 5];
+        w.matmul_with(kernel, ActivationPrecision::Int8, &x, 2, &mut y)
+            .unwrap();
+        assert!(y[..5].iter().all(|v| v.is_finite()) && y[5..].iter().all(|v| v.is_nan()));
     }
 }

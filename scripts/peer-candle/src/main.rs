@@ -15,7 +15,8 @@
 //! rounds the activations to 8 bits, moshi-kernels keeps them f32 (VNNI: 24 bits per group).
 //!
 //! `cd scripts/peer-candle && cargo run --release -- [--threads 2] [--rounds 21]
-//! [--rotation-mib 1024] [--formats q4,q8] [--shapes <substring>]`
+//! [--rotation-mib 1024] [--formats q4,q8] [--shapes <substring>] [--activations exact|i8]`
+//! (`--activations i8`: moshi-kernels rounds its activations to 8 bits per group, as candle does)
 
 use std::time::Instant;
 
@@ -60,6 +61,7 @@ fn parse_options() -> Result<Options, String> {
             "--rotation-mib" => options.rotation_bytes = number()? << 20,
             "--formats" => options.formats = value.split(',').map(str::to_owned).collect(),
             "--shapes" => options.shapes = value,
+            "--activations" => moshi_kernels::set_activation_precision(value.parse()?),
             _ => return Err(format!("unknown option {flag}")),
         }
     }

@@ -9,6 +9,7 @@ use moshi_bench::format::WeightFormat;
 use moshi_bench::frames::TEMPORAL_LAYER_SPAN;
 use moshi_bench::run::{input_paths, run_bench, BenchOptions, Stage, WeightSource};
 use moshi_bench::span_timer::SpanTimerLayer;
+use moshi_kernels::ActivationPrecision;
 use moshi_loader::output_file::{commit_all, names_stdout, FinishedOutput, OutputFile};
 use moshi_model::mimi::MimiWeights;
 use moshi_model::nn::KvPrecision;
@@ -106,6 +107,10 @@ pub struct BenchArgs {
     /// Element type of the temporal KV caches: f32 (exact, default) or bf16 (half the bytes).
     #[arg(long, value_name = "f32|bf16", default_value_t = KvPrecision::F32)]
     kv_cache: KvPrecision,
+    /// How the q4/q8 products hold their activations: exact (default) or i8 (rounded to 8 bits
+    /// per quantization group, one byte dot product per code vector).
+    #[arg(long, value_name = "exact|i8", default_value_t = ActivationPrecision::Exact)]
+    activations: ActivationPrecision,
     /// Conversations stepped together over one set of weights, as `serve` runs them: every
     /// frame is one batched step of all of them (stages all and lm). The report gives the
     /// frame time of the whole step and the conversation frames per second.
@@ -173,6 +178,7 @@ pub fn run(args: BenchArgs, log_filter: &str) -> Result<()> {
         warmup: args.warmup,
         kv_prefill: args.kv_prefill,
         kv_cache: args.kv_cache,
+        activations: args.activations,
         threads,
         stage: args.stage.into(),
         seed: args.seed,

@@ -30,7 +30,7 @@ use super::live::{
     device_samples_ms, frames_ms, run_until_stop, watch_stop_signals, DeviceErrorReports, Devices,
     LiveInputArgs, Watch,
 };
-use super::model_args::{ModelArgs, SamplingArgs, LIVE_KV_CACHE};
+use super::model_args::{ModelArgs, SamplingArgs, LIVE_DEFAULTS};
 use super::outputs::{check_outputs, given};
 use super::signals::{remove_partials_on, Signals};
 use super::stdout::Words;
@@ -258,7 +258,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     check_outputs(&outputs, &model.input_paths())?;
     let (model, mut pipeline) = args
         .model
-        .load_resolved_model(model, &args.sampling, LIVE_KV_CACHE, 1)?
+        .load_resolved_model(model, &args.sampling, LIVE_DEFAULTS, 1)?
         .into_pipeline()?;
     pipeline.warm_up().context("warm-up frame")?;
     eprintln!(

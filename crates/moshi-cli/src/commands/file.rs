@@ -24,7 +24,7 @@ use moshi_runtime::wav::WavWriter;
 use moshi_runtime::wav_frames::{PartialFrame, WavFrames};
 use moshi_runtime::{RuntimeError, FRAME_SAMPLES, SAMPLE_RATE_HZ};
 
-use super::model_args::{ModelArgs, SamplingArgs, FILE_KV_CACHE};
+use super::model_args::{ModelArgs, SamplingArgs, FILE_DEFAULTS};
 use super::outputs::{check_outputs, given};
 use super::signals::{remove_partials_on, Signals};
 use super::stdout::Words;
@@ -113,7 +113,7 @@ pub fn run(args: FileArgs) -> anyhow::Result<()> {
     spinner.enable_steady_tick(std::time::Duration::from_millis(120));
     let loaded = args
         .model
-        .load_resolved_model(model, &args.sampling, FILE_KV_CACHE, 1)
+        .load_resolved_model(model, &args.sampling, FILE_DEFAULTS, 1)
         .and_then(|loaded| loaded.into_pipeline());
     spinner.finish_and_clear();
     let (model, mut pipeline) = loaded?;

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
+use moshi_kernels::ActivationPrecision;
 use moshi_loader::input_file::{check_input_file, InputKind};
 use moshi_loader::{LmConfig, ModelSource, ResolvedModel, SourceOverrides, WeightMode};
 use moshi_model::generator::SamplingConfig;
@@ -52,12 +53,32 @@ pub struct ModelArgs {
     /// live commands (chat, serve), as Kyutai's own runtimes do; f32 for file.
     #[arg(long, value_name = "f32|bf16")]
     pub kv_cache: Option<KvPrecision>,
+    /// How the LM's q4/q8 products hold their activations: exact, or i8 (rounded to 8 bits per
+    /// quantization group, one byte dot product per code vector). Default: exact for every
+    /// command (docs/performance.md, "8-bit activations", says why).
+    #[arg(long, value_name = "exact|i8")]
+    pub activations: Option<ActivationPrecision>,
 }
 
-/// KV cache precision of the live commands (`chat`, `serve`) unless `--kv-cache` says otherwise.
-pub const LIVE_KV_CACHE: KvPrecision = KvPrecision::Bf16;
-/// KV cache precision of `file` unless `--kv-cache` says otherwise (exact).
-pub const FILE_KV_CACHE: KvPrecision = KvPrecision::F32;
+/// What a command runs with unless its flags say otherwise.
+#[derive(Clone, Copy, Debug)]
+pub struct CommandDefaults {
+    /// `--kv-cache`.
+    pub kv_cache: KvPrecision,
+    /// `--activations`.
+    pub activations: ActivationPrecision,
+}
+
+/// The live commands' (`chat`, `serve`) defaults: bf16 KV caches, exact activations.
+pub const LIVE_DEFAULTS: CommandDefaults = CommandDefaults {
+    kv_cache: KvPrecision::Bf16,
+    activations: ActivationPrecision::Exact,
+};
+/// `file`'s defaults (and `transcribe`'s): exact KV caches and activations.
+pub const FILE_DEFAULTS: CommandDefaults = CommandDefaults {
+    kv_cache: KvPrecision::F32,
+    activations: ActivationPrecision::Exact,
+};
 
 /// `--quantize`: MLX affine quantization, with the group size of the Kyutai MLX releases (`q4`,
 /// `q8`) or MLX's default group size (`q4g64`).
@@ -235,9 +256,15 @@ impl ModelArgs {
         }
     }
 
-    /// Loads a resolved text-to-speech model (`speak`, `serve`): a model of another type is an
+    /// Loads a resolved text-to-speech model (`speak`, `serve`), its products' activation
+    /// precision `--activations` or the command's `defaults`: a model of another type is an
     /// error naming the file.
-    pub fn load_text_to_speech(&self, resolved: &ResolvedModel) -> anyhow::Result<MoshiModel> {
+    pub fn load_text_to_speech(
+        &self,
+        resolved: &ResolvedModel,
+        defaults: CommandDefaults,
+    ) -> anyhow::Result<MoshiModel> {
+        moshi_kernels::set_activation_precision(self.activations_or(defaults));
         anyhow::ensure!(
             resolved.lm_config.is_text_to_speech(),
             "speak needs a text-to-speech model (`model_type` \"tts\"); {} is not one",
@@ -251,9 +278,14 @@ impl ModelArgs {
         })
     }
 
-    /// `--kv-cache`, else the command's `default`.
-    pub fn kv_cache_or(&self, default: KvPrecision) -> KvPrecision {
-        self.kv_cache.unwrap_or(default)
+    /// `--kv-cache`, else the command's default.
+    pub fn kv_cache_or(&self, defaults: CommandDefaults) -> KvPrecision {
+        self.kv_cache.unwrap_or(defaults.kv_cache)
+    }
+
+    /// `--activations`, else the command's default.
+    pub fn activations_or(&self, defaults: CommandDefaults) -> ActivationPrecision {
+        self.activations.unwrap_or(defaults.activations)
     }
 
     /// The flag checks of [`Self::load_resolved_model`] that need no model.
@@ -276,7 +308,7 @@ impl ModelArgs {
         &self,
         resolved: ResolvedModel,
         sampling: &SamplingArgs,
-        default_kv_cache: KvPrecision,
+        defaults: CommandDefaults,
         sessions: usize,
     ) -> anyhow::Result<LoadedModel> {
         self.check_load_flags(sampling)?;
@@ -289,7 +321,7 @@ impl ModelArgs {
         })?;
         let settings = SessionSettings {
             sampling: sampling.config(&resolved.lm_config),
-            kv_precision: self.kv_cache_or(default_kv_cache),
+            kv_precision: self.kv_cache_or(defaults),
             cfg_coef: sampling.cfg_coef,
         };
         // A session now: settings the model refuses (guidance on a model without
@@ -304,6 +336,9 @@ impl ModelArgs {
                 None => format!("a session of {}", resolved.lm_weights_path.display()),
             })?;
         super::declare_workload(sessions * model.rows_per_session(&settings));
+        let activations = self.activations_or(defaults);
+        moshi_kernels::set_activation_precision(activations);
+        tracing::info!("activations of the q4/q8 products: {activations}");
         Ok(LoadedModel {
             resolved,
             model: Arc::new(model),

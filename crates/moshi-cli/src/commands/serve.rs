@@ -18,7 +18,7 @@ use moshi_server::batch_engine::BatchEngine;
 use moshi_server::tls::TlsFiles;
 use moshi_server::{Endpoint, Limits, Module, ServerConfig, WebUi};
 
-use super::model_args::{ModelArgs, SamplingArgs, LIVE_KV_CACHE};
+use super::model_args::{ModelArgs, SamplingArgs, LIVE_DEFAULTS};
 
 /// Most sessions `--max-sessions` accepts (each holds its own KV caches: up to 1.5 GB for the
 /// 7B at a full window with bf16 caches).
@@ -315,7 +315,7 @@ fn load_module(
     let mut loaded = model_args.load_resolved_model(
         resolved,
         &args.sampling,
-        LIVE_KV_CACHE,
+        LIVE_DEFAULTS,
         args.max_sessions,
     )?;
     let endpoint = if loaded.model.conventions().generates_audio {
@@ -369,7 +369,8 @@ fn load_module(
         "mimi": model.mimi_weights_path.display().to_string(),
         "quantize": model_args.quantize.map(|q| q.name()),
         "dequantize": model_args.dequantize,
-        "kv_cache": model_args.kv_cache_or(LIVE_KV_CACHE).to_string(),
+        "kv_cache": model_args.kv_cache_or(LIVE_DEFAULTS).to_string(),
+        "activations": model_args.activations_or(LIVE_DEFAULTS).to_string(),
         "mimi_weights": model_args.mimi_weights.to_string(),
         "greedy": loaded.settings.sampling.greedy,
         "cfg_coef": pipeline_cfg_coef,
@@ -387,7 +388,7 @@ fn load_tts_module(
     resolved: moshi_loader::ResolvedModel,
     load_started: Instant,
 ) -> anyhow::Result<Module> {
-    let model = std::sync::Arc::new(model_args.load_text_to_speech(&resolved)?);
+    let model = std::sync::Arc::new(model_args.load_text_to_speech(&resolved, LIVE_DEFAULTS)?);
     super::declare_workload(args.max_sessions);
     let s = &args.sampling;
     let settings = moshi_runtime::pipeline::SessionSettings {
@@ -401,7 +402,7 @@ fn load_tts_module(
             greedy: s.greedy,
             ..Default::default()
         },
-        kv_precision: model_args.kv_cache_or(LIVE_KV_CACHE),
+        kv_precision: model_args.kv_cache_or(LIVE_DEFAULTS),
         cfg_coef: None,
     };
     let cfg_coef = s.cfg_coef.unwrap_or(super::speak::TTS_CFG_COEF);
@@ -455,6 +456,7 @@ fn load_tts_module(
         "mimi": resolved.mimi_weights_path.display().to_string(),
         "quantize": model_args.quantize.map(|q| q.name()),
         "voices": voices_dir.display().to_string(),
+        "activations": model_args.activations_or(LIVE_DEFAULTS).to_string(),
         "cfg_coef": cfg_coef,
         "greedy": settings.sampling.greedy,
     });

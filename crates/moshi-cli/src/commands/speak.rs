@@ -22,7 +22,7 @@ use moshi_runtime::speak::{SpokenFrame, TtsSpeaker};
 use moshi_runtime::wav::WavWriter;
 use moshi_runtime::SAMPLE_RATE_HZ;
 
-use super::model_args::{ModelArgs, FILE_KV_CACHE};
+use super::model_args::{ModelArgs, FILE_DEFAULTS};
 use super::outputs::check_outputs;
 use super::transcript::tsv_line;
 
@@ -160,7 +160,7 @@ pub fn run(args: SpeakArgs) -> anyhow::Result<()> {
     };
     let settings = SessionSettings {
         sampling: sampling(&args),
-        kv_precision: args.model.kv_cache_or(FILE_KV_CACHE),
+        kv_precision: args.model.kv_cache_or(FILE_DEFAULTS),
         cfg_coef: None,
     };
     let tts = TtsSettings {

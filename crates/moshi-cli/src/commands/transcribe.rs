@@ -29,7 +29,7 @@ use moshi_runtime::wav_frames::{PartialFrame, WavFrames};
 use moshi_runtime::{FRAME_SAMPLES, SAMPLE_RATE_HZ};
 
 use super::live::LiveInputArgs;
-use super::model_args::{ModelArgs, SamplingArgs, FILE_KV_CACHE};
+use super::model_args::{ModelArgs, SamplingArgs, FILE_DEFAULTS};
 use super::outputs::check_outputs;
 use super::stdout::Words;
 use super::transcript::{escape_controls, tsv_line};
@@ -223,7 +223,7 @@ pub(super) fn load_stt_pipeline(
     instead: &str,
 ) -> anyhow::Result<(ResolvedModel, MoshiPipeline)> {
     let (model, pipeline) = args
-        .load_resolved_model(model, &greedy(), FILE_KV_CACHE, 1)?
+        .load_resolved_model(model, &greedy(), FILE_DEFAULTS, 1)?
         .into_pipeline()?;
     let kind = pipeline.model().kind();
     anyhow::ensure!(

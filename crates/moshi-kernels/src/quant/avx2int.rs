@@ -26,6 +26,7 @@ use std::arch::x86_64::*;
 use crate::quant::avx2::{ffma, fload, fmul, fstore, fsum, fzero, widen_bf16};
 use crate::quant::fixed_point::{
     arrange_rows, group_unit_exp, pow2, run_tiles, DigitTile, RowLayout, RowScale, DIGITS,
+    I8_DIGITS,
 };
 use crate::quant::lanes::lane_groups;
 use crate::quant::{CodePrefetch, RowRangeFn};
@@ -63,19 +64,28 @@ pub(crate) fn available() -> bool {
     crate::Kernel::Avx2Int.is_available()
 }
 
-/// `Some` for 4-bit codes in groups of 32, 64 or 128.
-pub(crate) fn select(bits: u32, group_size: usize) -> Option<RowRangeFn> {
-    match (bits, group_size) {
-        (4, 32) => Some(rows::<32> as RowRangeFn),
-        (4, 64) => Some(rows::<64>),
-        (4, 128) => Some(rows::<128>),
+/// `Some` for 4-bit codes in groups of 32, 64 or 128, with activations of `digits` digits
+/// (`fixed_point::DIGITS`, exact, or `fixed_point::I8_DIGITS`, 8-bit).
+pub(crate) fn select(bits: u32, group_size: usize, digits: usize) -> Option<RowRangeFn> {
+    match (bits, group_size, digits) {
+        (4, 32, DIGITS) => Some(rows::<32, DIGITS> as RowRangeFn),
+        (4, 64, DIGITS) => Some(rows::<64, DIGITS>),
+        (4, 128, DIGITS) => Some(rows::<128, DIGITS>),
+        (4, 32, I8_DIGITS) => Some(rows::<32, I8_DIGITS>),
+        (4, 64, I8_DIGITS) => Some(rows::<64, I8_DIGITS>),
+        (4, 128, I8_DIGITS) => Some(rows::<128, I8_DIGITS>),
         _ => None,
     }
 }
 
 /// The VNNI kernel's row layout, whose units and group sums are padded to its 16 lanes.
 fn row_layout(cols: usize, group_size: usize) -> RowLayout {
-    RowLayout::new(cols, group_size, BLOCK_COLS, 2 * LANES)
+    layout(cols, group_size, DIGITS)
+}
+
+/// [`row_layout`] for activations of `digits` digits.
+pub(crate) fn layout(cols: usize, group_size: usize, digits: usize) -> RowLayout {
+    RowLayout::new(cols, group_size, BLOCK_COLS, 2 * LANES, digits)
 }
 
 /// Lays out `m` rows of `cols` activations for this kernel (see the module docs), or `None` if a
@@ -195,7 +205,7 @@ unsafe fn arrange_row(row: &[f32], dst: &mut [f32], group_size: usize, layout: R
     true
 }
 
-fn rows<const GROUP: usize>(
+fn rows<const GROUP: usize, const D: usize>(
     w: &QuantizedMatrix,
     xs: &[f32],
     m: usize,
@@ -206,15 +216,16 @@ fn rows<const GROUP: usize>(
         available(),
         "AVX2 integer kernel called on a CPU without it"
     );
-    let layout = row_layout(w.cols(), GROUP);
+    let layout = layout(w.cols(), GROUP, D);
     // SAFETY: the CPU has the features (checked above).
-    unsafe { run_tiles::<Avx2Int, GROUP, MATVEC_ROWS>(w, xs, m, row_start, out_t, layout) }
+    unsafe { run_tiles::<Avx2Int<D>, GROUP, MATVEC_ROWS>(w, xs, m, row_start, out_t, layout) }
 }
 
-/// The AVX2 integer kernel's vector code, for `fixed_point::DigitTiles`.
-struct Avx2Int;
+/// The AVX2 integer kernel's vector code, for `fixed_point::DigitTiles`, for activations of `D`
+/// digits.
+struct Avx2Int<const D: usize>;
 
-impl DigitTile for Avx2Int {
+impl<const D: usize> DigitTile for Avx2Int<D> {
     const LANES: usize = LANES;
     const PAIRED_FROM_M: usize = 2;
 
@@ -259,7 +270,7 @@ impl DigitTile for Avx2Int {
             // SAFETY (both calls): the valid lanes of the half lie inside every row of the tile;
             // `windows` holds NR·MR windows.
             let sums = unsafe {
-                half_sums::<NR, MR>(
+                half_sums::<NR, MR, D>(
                     codes,
                     row_code_bytes,
                     half,
@@ -332,7 +343,7 @@ unsafe fn accumulate<const GROUP: usize, const NR: usize, const MR: usize>(
 #[target_feature(enable = "avx2")]
 #[inline]
 #[allow(clippy::needless_range_loop)] // `i` also addresses the activation rows
-unsafe fn half_sums<const NR: usize, const MR: usize>(
+unsafe fn half_sums<const NR: usize, const MR: usize, const D: usize>(
     codes: *const u8,
     row_code_bytes: usize,
     half: usize,
@@ -370,10 +381,10 @@ unsafe fn half_sums<const NR: usize, const MR: usize>(
     }
     // Digit sums: the most significant digit first, shifted up 8 bits before each next digit.
     let mut sums = [[_mm256_setzero_si256(); MR]; NR];
-    for digit in 0..DIGITS {
+    for digit in 0..D {
         for i in 0..MR {
             let at = i * stride_bytes
-                + block * BLOCK_DIGIT_BYTES
+                + block * (D * digit_stride)
                 + digit * digit_stride
                 + second * HALF_BYTES;
             // SAFETY: both planes of digit `digit` of this half of arranged row i.

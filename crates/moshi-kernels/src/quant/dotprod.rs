@@ -32,6 +32,7 @@ use std::arch::asm;
 
 use crate::quant::fixed_point::{
     arrange_rows, group_unit_exp, pow2, run_tiles, DigitTile, RowLayout, RowScale, DIGITS,
+    I8_DIGITS,
 };
 use crate::quant::neon::{ffma, fload, fmul, fstore, fsum, fzero, widen_bf16};
 use crate::quant::{CodePrefetch, RowRangeFn};
@@ -63,18 +64,27 @@ fn available() -> bool {
     crate::Kernel::NeonDot.is_available()
 }
 
-/// `Some` for 4-bit codes in groups of 32, 64 or 128.
-pub(crate) fn select(bits: u32, group_size: usize) -> Option<RowRangeFn> {
-    match (bits, group_size) {
-        (4, 32) => Some(rows::<32> as RowRangeFn),
-        (4, 64) => Some(rows::<64>),
-        (4, 128) => Some(rows::<128>),
+/// `Some` for 4-bit codes in groups of 32, 64 or 128, with activations of `digits` digits
+/// (`fixed_point::DIGITS`, exact, or `fixed_point::I8_DIGITS`, 8-bit).
+pub(crate) fn select(bits: u32, group_size: usize, digits: usize) -> Option<RowRangeFn> {
+    match (bits, group_size, digits) {
+        (4, 32, DIGITS) => Some(rows::<32, DIGITS> as RowRangeFn),
+        (4, 64, DIGITS) => Some(rows::<64, DIGITS>),
+        (4, 128, DIGITS) => Some(rows::<128, DIGITS>),
+        (4, 32, I8_DIGITS) => Some(rows::<32, I8_DIGITS>),
+        (4, 64, I8_DIGITS) => Some(rows::<64, I8_DIGITS>),
+        (4, 128, I8_DIGITS) => Some(rows::<128, I8_DIGITS>),
         _ => None,
     }
 }
 
 fn row_layout(cols: usize, group_size: usize) -> RowLayout {
-    RowLayout::new(cols, group_size, BLOCK_COLS, LANES)
+    layout(cols, group_size, DIGITS)
+}
+
+/// [`row_layout`] for activations of `digits` digits.
+pub(crate) fn layout(cols: usize, group_size: usize, digits: usize) -> RowLayout {
+    RowLayout::new(cols, group_size, BLOCK_COLS, LANES, digits)
 }
 
 /// Lays out `m` rows of `cols` activations for this kernel (see the module docs), or `None` if a
@@ -190,7 +200,7 @@ unsafe fn arrange_row(row: &[f32], dst: &mut [f32], group_size: usize, layout: R
     true
 }
 
-fn rows<const GROUP: usize>(
+fn rows<const GROUP: usize, const D: usize>(
     w: &QuantizedMatrix,
     xs: &[f32],
     m: usize,
@@ -201,15 +211,16 @@ fn rows<const GROUP: usize>(
         available(),
         "NEON dot-product kernel called on a CPU without it"
     );
-    let layout = row_layout(w.cols(), GROUP);
+    let layout = layout(w.cols(), GROUP, D);
     // SAFETY: the CPU has the dot product (checked above).
-    unsafe { run_tiles::<NeonDot, GROUP, MATVEC_ROWS>(w, xs, m, row_start, out_t, layout) }
+    unsafe { run_tiles::<NeonDot<D>, GROUP, MATVEC_ROWS>(w, xs, m, row_start, out_t, layout) }
 }
 
-/// The NEON dot-product kernel's vector code, for `fixed_point::DigitTiles`.
-struct NeonDot;
+/// The NEON dot-product kernel's vector code, for `fixed_point::DigitTiles`, for activations of
+/// `D` digits.
+struct NeonDot<const D: usize>;
 
-impl DigitTile for NeonDot {
+impl<const D: usize> DigitTile for NeonDot<D> {
     const LANES: usize = LANES;
     // One weight row per matrix-matrix tile (two, as on x86, not measured on an aarch64 machine).
     const PAIRED_FROM_M: usize = usize::MAX;
@@ -247,7 +258,7 @@ impl DigitTile for NeonDot {
         while b + U <= blocks {
             // SAFETY: blocks b..b + U lie inside every row of the tile.
             let sums = unsafe {
-                block_sums::<NR, MR, U>(codes, row_code_bytes, b, digits, stride_bytes, prefetch)
+                block_sums::<NR, MR, U, D>(codes, row_code_bytes, b, digits, stride_bytes, prefetch)
             };
             accumulate::<GROUP, NR, MR, U>(&mut acc, &sums, b, windows, window_len);
             b += U;
@@ -255,7 +266,7 @@ impl DigitTile for NeonDot {
         while b < blocks {
             // SAFETY: as above, one block.
             let sums = unsafe {
-                block_sums::<NR, MR, 1>(codes, row_code_bytes, b, digits, stride_bytes, prefetch)
+                block_sums::<NR, MR, 1, D>(codes, row_code_bytes, b, digits, stride_bytes, prefetch)
             };
             accumulate::<GROUP, NR, MR, 1>(&mut acc, &sums, b, windows, window_len);
             b += 1;
@@ -324,7 +335,7 @@ fn sdot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
 #[target_feature(enable = "neon,dotprod")]
 #[inline]
 #[allow(clippy::needless_range_loop)] // `i` also addresses the activation rows
-unsafe fn block_sums<const NR: usize, const MR: usize, const U: usize>(
+unsafe fn block_sums<const NR: usize, const MR: usize, const U: usize, const D: usize>(
     codes: *const u8,
     row_code_bytes: usize,
     b: usize,
@@ -348,11 +359,11 @@ unsafe fn block_sums<const NR: usize, const MR: usize, const U: usize>(
     }
     // Digit sums: the most significant digit first, shifted up 8 bits before each next digit.
     let mut sums = [[[vdupq_n_s32(0); MR]; NR]; U];
-    for digit in 0..DIGITS {
+    for digit in 0..D {
         for u in 0..U {
             for i in 0..MR {
                 let block = digits.wrapping_add(
-                    i * stride_bytes + (b + u) * BLOCK_DIGIT_BYTES + digit * plane_stride,
+                    i * stride_bytes + (b + u) * (D * plane_stride) + digit * plane_stride,
                 );
                 // SAFETY: both planes of digit `digit` of block b + u of arranged row i.
                 let x = unsafe { [vld1q_s8(block), vld1q_s8(block.add(BLOCK_BYTES))] };

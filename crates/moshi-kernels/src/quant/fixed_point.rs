@@ -18,59 +18,21 @@
 
 use std::marker::PhantomData;
 
+use crate::quant::int8::{i8_groups, i8_row_exp};
 use crate::quant::passes::{run_passes, Tiles, MATMUL_ROWS};
+pub(crate) use crate::quant::scale::{binade, pow2, RowScale, MIN_UNIT_EXP};
 use crate::quant::{CodePrefetch, SCALE_PREFETCH_ROWS};
 use crate::QuantizedMatrix;
 
-/// Signed 8-bit digits per activation.
+/// Signed 8-bit digits per activation of the exact fixed point.
 pub(crate) const DIGITS: usize = 3;
+
+/// Signed 8-bit digits per activation in the 8-bit activation mode
+/// ([`crate::ActivationPrecision::Int8`], the rule of `quant::int8`).
+pub(crate) const I8_DIGITS: usize = 1;
 
 /// Largest `|n|` three signed 8-bit digits hold: `127 · (2^16 + 2^8 + 1)`.
 pub(crate) const DIGITS_MAX: f32 = 8_355_711.0;
-
-/// Smallest group unit, as a power of two relative to the row's largest magnitude: groups whose
-/// largest value lies more than 2^-78 below the row's are held to within 2^-101 of it.
-pub(crate) const MIN_UNIT_EXP: i32 = -100;
-
-/// `2^e` as f32, for `-149 ≤ e ≤ 127` (subnormal below -126).
-pub(crate) fn pow2(e: i32) -> f32 {
-    debug_assert!((-149..=127).contains(&e));
-    if e >= -126 {
-        f32::from_bits(((e + 127) as u32) << 23)
-    } else {
-        f32::from_bits(1 << (e + 149))
-    }
-}
-
-/// The binade of a positive normal `v`: `v ∈ [2^e, 2^(e+1))`.
-pub(crate) fn binade(v: f32) -> i32 {
-    ((v.to_bits() >> 23) & 0xff) as i32 - 127
-}
-
-/// How a row of activations is scaled before its groups are cut into digits.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum RowScale {
-    /// Every value is zero: every digit is zero, and the row's scale is 1.
-    Zero,
-    /// The row is multiplied by `2^-e` (its largest magnitude lies in `[2^e, 2^(e+1))`).
-    Exponent(i32),
-}
-
-impl RowScale {
-    /// The scale of a row whose largest magnitude is `max_abs`, or `None` if the row cannot be
-    /// held (`has_nan`, an infinite or a subnormal largest magnitude).
-    pub(crate) fn of_row(max_abs: f32, has_nan: bool) -> Option<RowScale> {
-        if has_nan || max_abs == f32::INFINITY {
-            None
-        } else if max_abs == 0.0 {
-            Some(RowScale::Zero)
-        } else if max_abs < f32::MIN_POSITIVE {
-            None
-        } else {
-            Some(RowScale::Exponent(binade(max_abs)))
-        }
-    }
-}
 
 /// Whether the fixed point can hold `row` (finite values whose largest magnitude is zero or
 /// normal): the test the kernels' arrangements make, for callers that decide before arranging.
@@ -94,6 +56,41 @@ pub(crate) fn group_unit_exp(scaled_group_max: f32) -> i32 {
     unit_exp
 }
 
+/// One row of activations in the 8-bit activation mode into the zeroed `dst` laid out by
+/// `layout` (one digit per value: its `n`; the units `u_g`; the group sums `Σ n · u_g · 2^e` of
+/// the rounded values; the row scale `2^e`); false if the row cannot be held. Scalar and shared by
+/// every integer kernel, whose layouts differ only in the block width.
+pub(crate) fn arrange_row_i8(
+    row: &[f32],
+    dst: &mut [f32],
+    group_size: usize,
+    layout: RowLayout,
+) -> bool {
+    debug_assert_eq!(layout.digits, I8_DIGITS);
+    let Some(row_exp) = i8_row_exp(row) else {
+        return false;
+    };
+    let unscale = pow2(row_exp);
+    let (digit_part, tail) = dst.split_at_mut(layout.digits_len);
+    let (units, tail) = tail.split_at_mut(layout.sums_offset - layout.units_offset);
+    let (sums, unscale_slot) = tail.split_at_mut(layout.unscale_offset - layout.sums_offset);
+    unscale_slot[0] = unscale;
+    // SAFETY: the digit part's floats viewed as bytes (no alignment needed, same memory).
+    let digits = unsafe {
+        std::slice::from_raw_parts_mut(digit_part.as_mut_ptr() as *mut u8, digit_part.len() * 4)
+    };
+    i8_groups(row, group_size, row_exp, |g, unit, n| {
+        let mut total = 0i32;
+        for (j, &n) in n.iter().enumerate() {
+            digits[layout.digit_byte(g * group_size + j, 0)] = n as u8;
+            total += n as i32;
+        }
+        units[g] = unit;
+        sums[g] = total as f32 * unit * unscale;
+    });
+    true
+}
+
 /// Where the parts of one arranged activation row of an integer kernel lie, in f32 slots: the
 /// digit blocks, then each group's unit, each group's f32 sum (both zero-padded to whole vectors),
 /// then the row's scale `2^e` (one vector, first lane used).
@@ -106,8 +103,9 @@ pub(crate) fn group_unit_exp(scaled_group_max: f32) -> i32 {
 /// block's code bytes.
 #[derive(Clone, Copy)]
 pub(crate) struct RowLayout {
-    #[cfg_attr(not(test), allow(dead_code))] // read by the arrangement checks
     pub(crate) block_cols: usize,
+    /// Digits per activation: [`DIGITS`] (exact) or [`I8_DIGITS`] (8-bit activations).
+    pub(crate) digits: usize,
     pub(crate) digits_len: usize,
     pub(crate) units_offset: usize,
     pub(crate) sums_offset: usize,
@@ -116,17 +114,24 @@ pub(crate) struct RowLayout {
 }
 
 impl RowLayout {
-    /// The layout of a row of `cols` activations in groups of `group_size`, for a kernel whose
-    /// blocks cover `block_cols` columns (the last one zero-padded) and whose vectors hold `lanes`
-    /// f32.
-    pub(crate) fn new(cols: usize, group_size: usize, block_cols: usize, lanes: usize) -> Self {
-        let digits_len = cols.div_ceil(block_cols) * block_cols * DIGITS / 4;
+    /// The layout of a row of `cols` activations in groups of `group_size`, `digits` digits
+    /// each, for a kernel whose blocks cover `block_cols` columns (the last one zero-padded) and
+    /// whose vectors hold `lanes` f32.
+    pub(crate) fn new(
+        cols: usize,
+        group_size: usize,
+        block_cols: usize,
+        lanes: usize,
+        digits: usize,
+    ) -> Self {
+        let digits_len = cols.div_ceil(block_cols) * block_cols * digits / 4;
         let groups_padded = (cols / group_size).next_multiple_of(lanes);
         let units_offset = digits_len;
         let sums_offset = units_offset + groups_padded;
         let unscale_offset = sums_offset + groups_padded;
         RowLayout {
             block_cols,
+            digits,
             digits_len,
             units_offset,
             sums_offset,
@@ -135,15 +140,13 @@ impl RowLayout {
         }
     }
 
-    /// Bytes of one block's digits (all three, both planes).
-    #[cfg(test)]
+    /// Bytes of one block's digits (all of them, both planes).
     pub(crate) fn block_digit_bytes(self) -> usize {
-        DIGITS * self.block_cols
+        self.digits * self.block_cols
     }
 
     /// Where digit `digit` (0: the most significant) of column `col` lies, in bytes from the
     /// start of the arranged row.
-    #[cfg(test)]
     pub(crate) fn digit_byte(self, col: usize, digit: usize) -> usize {
         let (block, c) = (col / self.block_cols, col % self.block_cols);
         let plane_bytes = self.block_cols / 2;
@@ -636,6 +639,64 @@ pub(crate) mod checks {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::quant::int8::round_row_i8;
+
+    #[test]
+    fn the_8_bit_arrangement_holds_the_rounded_values_in_every_kernels_layout() {
+        let mut spread = checks::SpreadValues::new();
+        // The VNNI and AVX2 integer kernels' blocks (128 columns, 16 lanes), the NEON one's (32, 4).
+        for (block_cols, lanes) in [(128, 16), (32, 4)] {
+            for group_size in [32, 64, 128] {
+                let cols = 3 * 128 + group_size;
+                let mut row = spread.take(cols);
+                row[5] = 0.0;
+                let layout = RowLayout::new(cols, group_size, block_cols, lanes, I8_DIGITS);
+                let mut arranged = vec![0f32; layout.stride];
+                assert!(arrange_row_i8(&row, &mut arranged, group_size, layout));
+                let mut rounded = vec![f32::NAN; cols];
+                assert!(round_row_i8(&row, group_size, &mut rounded));
+                let unscale = arranged[layout.unscale_offset];
+                let bytes: Vec<i8> = arranged[..layout.digits_len]
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .map(|b| b as i8)
+                    .collect();
+                for (g, group) in rounded.chunks_exact(group_size).enumerate() {
+                    let unit = arranged[layout.units_offset + g];
+                    let mut total = 0i32;
+                    for (j, &want) in group.iter().enumerate() {
+                        let n = bytes[layout.digit_byte(g * group_size + j, 0)];
+                        assert!(n != -128, "column {j} of group {g}");
+                        assert_eq!(n as f32 * unit * unscale, want, "column {j} of group {g}");
+                        total += n as i32;
+                    }
+                    assert_eq!(
+                        arranged[layout.sums_offset + g],
+                        total as f32 * unit * unscale
+                    );
+                    // Each value within half a unit of the exact one; the largest at ±127 units.
+                    let exact = &row[g * group_size..(g + 1) * group_size];
+                    let max = exact.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    for (&v, &r) in exact.iter().zip(group) {
+                        let half_unit = 0.5 * max as f64 / 127.0;
+                        assert!(
+                            ((v - r) as f64).abs() <= half_unit * (1.0 + 1e-6),
+                            "{v} {r}"
+                        );
+                    }
+                }
+            }
+        }
+        // Rows it cannot hold: refused by both.
+        let layout = RowLayout::new(64, 32, 128, 16, I8_DIGITS);
+        let mut arranged = vec![0f32; layout.stride];
+        for bad in [f32::NAN, f32::INFINITY] {
+            let mut row = vec![0.5f32; 64];
+            row[3] = bad;
+            assert!(!arrange_row_i8(&row, &mut arranged, 32, layout));
+            assert!(!round_row_i8(&row, 32, &mut [0.0; 64]));
+        }
+    }
 
     #[test]
     fn digits_rebuild_every_held_integer() {

@@ -45,20 +45,26 @@ mod avx512;
 #[cfg(target_arch = "aarch64")]
 mod dotprod;
 mod generic;
+mod int8;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod passes;
 mod portable;
 pub(crate) mod q8_small;
+mod scale;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
+
+pub use int8::round_activations_i8;
 
 use std::borrow::Cow;
 #[cfg(target_arch = "x86_64")]
 use std::sync::OnceLock;
 
-use crate::{InstructionSet, Kernel, QuantAlgorithm, QuantError, QuantizedMatrix};
+use crate::{
+    ActivationPrecision, InstructionSet, Kernel, QuantAlgorithm, QuantError, QuantizedMatrix,
+};
 
 /// Weight bytes below which a task is not split further (waking a thread costs about what
 /// reading this much weight data takes:
@@ -207,13 +213,16 @@ struct Plan {
     rows_fn: RowRangeFn,
 }
 
-/// The plan of `kernel` for `bits`-bit codes in groups of `group_size`: its instruction set's
-/// integer-digit kernel where the algorithm asks for it and covers the format (4-bit codes), else
-/// the instruction set's f32 lane kernel where it covers the format, else the portable code.
-fn plan(kernel: Kernel, bits: u32, group_size: usize) -> Plan {
+/// The plan of `kernel` for `bits`-bit codes in groups of `group_size` and activations held at
+/// `precision`: its instruction set's integer-digit kernel where the algorithm asks for it and
+/// covers the format (4-bit codes), else the instruction set's f32 lane kernel where it covers
+/// the format, else the portable code.
+fn plan(kernel: Kernel, bits: u32, group_size: usize, precision: ActivationPrecision) -> Plan {
     let (instruction_set, algorithm) = kernel.pair();
     let digits = match algorithm {
-        QuantAlgorithm::IntegerDigits => digit_rows(instruction_set, bits, group_size),
+        QuantAlgorithm::IntegerDigits => {
+            digit_rows(instruction_set, bits, group_size, digits_of(precision))
+        }
         QuantAlgorithm::F32 => None,
     };
     if let Some(rows_fn) = digits {
@@ -232,18 +241,37 @@ fn plan(kernel: Kernel, bits: u32, group_size: usize) -> Plan {
     }
 }
 
-/// The integer-digit kernel of `instruction_set` for the format, if it has one (4-bit codes only;
-/// see `vnni`, `avx2int`, `dotprod`).
-fn digit_rows(instruction_set: InstructionSet, bits: u32, group_size: usize) -> Option<RowRangeFn> {
+/// Signed 8-bit digits per activation the integer kernels take at `precision`.
+fn digits_of(precision: ActivationPrecision) -> usize {
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    return match precision {
+        ActivationPrecision::Exact => fixed_point::DIGITS,
+        ActivationPrecision::Int8 => fixed_point::I8_DIGITS,
+    };
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    match precision {
+        ActivationPrecision::Exact => 3,
+        ActivationPrecision::Int8 => 1,
+    }
+}
+
+/// The integer-digit kernel of `instruction_set` for the format and activations of `digits`
+/// digits, if it has one (4-bit codes only; see `vnni`, `avx2int`, `dotprod`).
+fn digit_rows(
+    instruction_set: InstructionSet,
+    bits: u32,
+    group_size: usize,
+    digits: usize,
+) -> Option<RowRangeFn> {
     match instruction_set {
         #[cfg(target_arch = "x86_64")]
-        InstructionSet::Avx512 => vnni::select(bits, group_size),
+        InstructionSet::Avx512 => vnni::select(bits, group_size, digits),
         #[cfg(target_arch = "x86_64")]
-        InstructionSet::Avx2 => avx2int::select(bits, group_size),
+        InstructionSet::Avx2 => avx2int::select(bits, group_size, digits),
         #[cfg(target_arch = "aarch64")]
-        InstructionSet::Neon => dotprod::select(bits, group_size),
+        InstructionSet::Neon => dotprod::select(bits, group_size, digits),
         _ => {
-            let _ = (bits, group_size);
+            let _ = (bits, group_size, digits);
             None
         }
     }
@@ -280,16 +308,31 @@ fn lane_rows(
     }
 }
 
-/// `m` rows of activations in the fixed-point digits of `instruction_set`'s integer kernel, or
-/// `None` where the fixed point cannot hold a row (see `fixed_point`).
+/// `m` rows of activations in the digits of `instruction_set`'s integer kernel at `precision`, or
+/// `None` where a row cannot be held (see `fixed_point` and `int8`).
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 fn digit_activations(
     instruction_set: InstructionSet,
+    precision: ActivationPrecision,
     x: &[f32],
     m: usize,
     cols: usize,
     group_size: usize,
 ) -> Option<Vec<f32>> {
+    if precision == ActivationPrecision::Int8 {
+        let layout = match instruction_set {
+            #[cfg(target_arch = "x86_64")]
+            InstructionSet::Avx512 => vnni::layout(cols, group_size, fixed_point::I8_DIGITS),
+            #[cfg(target_arch = "x86_64")]
+            InstructionSet::Avx2 => avx2int::layout(cols, group_size, fixed_point::I8_DIGITS),
+            #[cfg(target_arch = "aarch64")]
+            InstructionSet::Neon => dotprod::layout(cols, group_size, fixed_point::I8_DIGITS),
+            _ => unreachable!("no integer-digit kernel for {instruction_set:?}"),
+        };
+        return fixed_point::arrange_rows(x, m, cols, layout, |row, dst| {
+            fixed_point::arrange_row_i8(row, dst, group_size, layout)
+        });
+    }
     match instruction_set {
         #[cfg(target_arch = "x86_64")]
         InstructionSet::Avx512 => vnni::arrange_activations(x, m, cols, group_size),
@@ -301,14 +344,16 @@ fn digit_activations(
     }
 }
 
-/// `y[m, rows] = x[m, cols] · dequant(W)ᵀ` with the given kernel, threaded over output rows on
-/// the current rayon pool. Fails only if `kernel` is not available on this CPU.
+/// `y[m, rows] = x[m, cols] · dequant(W)ᵀ` with the given kernel, the activations held at
+/// `precision`, threaded over output rows on the current rayon pool. Fails only if `kernel` is
+/// not available on this CPU.
 ///
 /// # Panics
 /// If `x.len() != m * cols` or `y.len() != m * rows` (caller bug, not user input).
-pub fn qmm_with_kernel(
+pub(crate) fn qmm(
     w: &QuantizedMatrix,
     kernel: Kernel,
+    precision: ActivationPrecision,
     x: &[f32],
     m: usize,
     y: &mut [f32],
@@ -334,17 +379,17 @@ pub fn qmm_with_kernel(
     }
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     if m > 1
-        && plan(kernel, w.bits(), w.group_size()).layout == Layout::Digits
+        && plan(kernel, w.bits(), w.group_size(), precision).layout == Layout::Digits
         && !x.chunks_exact(cols).all(fixed_point::holds_row)
     {
         // A row the fixed point cannot hold goes to the f32 kernel on its own: every row gets
         // the result it gets alone, whoever shares its product.
         for (xr, yr) in x.chunks_exact(cols).zip(y.chunks_exact_mut(rows)) {
-            qmm_with_kernel(w, kernel, xr, 1, yr)?;
+            qmm(w, kernel, precision, xr, 1, yr)?;
         }
         return Ok(());
     }
-    let (plan, xs) = arranged(kernel, w, x, m);
+    let (plan, xs) = arranged(kernel, precision, w, x, m);
     if m == 1 {
         run_threaded(w, &plan, &xs, 1, y);
     } else {
@@ -359,31 +404,39 @@ pub fn qmm_with_kernel(
     Ok(())
 }
 
-/// The plan for `kernel` and the activations in its layout; activations the integer kernels cannot
-/// hold go to the f32 kernel of their instruction set (AVX-512, AVX2, NEON).
+/// The plan for `kernel` and the activations in its layout at `precision` (the f32 kernels take
+/// 8-bit activations as their rounded values, `int8::round_activations_i8`); activations the
+/// integer kernels cannot hold go to the f32 kernel of their instruction set (AVX-512, AVX2,
+/// NEON).
 fn arranged<'x>(
     kernel: Kernel,
+    precision: ActivationPrecision,
     w: &QuantizedMatrix,
     x: &'x [f32],
     m: usize,
 ) -> (Plan, Cow<'x, [f32]>) {
     let (bits, group_size, cols) = (w.bits(), w.group_size(), w.cols());
-    let plan = plan(kernel, bits, group_size);
+    let plan = plan(kernel, bits, group_size, precision);
+    let held = || match precision {
+        ActivationPrecision::Exact => Cow::Borrowed(x),
+        ActivationPrecision::Int8 => Cow::Owned(round_activations_i8(x, m, cols, group_size)),
+    };
     match plan.layout {
-        Layout::Natural => (plan, Cow::Borrowed(x)),
+        Layout::Natural => (plan, held()),
         #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
         Layout::Lanes {
             lanes,
             top_unscaled,
         } => {
-            let xs = lanes::arrange_activations(x, m, cols, bits, group_size, lanes, top_unscaled);
+            let xs =
+                lanes::arrange_activations(&held(), m, cols, bits, group_size, lanes, top_unscaled);
             (plan, Cow::Owned(xs))
         }
         #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
         Layout::Digits => {
-            match digit_activations(kernel.instruction_set(), x, m, cols, group_size) {
+            match digit_activations(kernel.instruction_set(), precision, x, m, cols, group_size) {
                 Some(xs) => (plan, Cow::Owned(xs)),
-                None => arranged(kernel.f32_sibling(), w, x, m),
+                None => arranged(kernel.f32_sibling(), precision, w, x, m),
             }
         }
     }

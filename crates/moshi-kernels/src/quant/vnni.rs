@@ -36,6 +36,7 @@ use std::arch::x86_64::*;
 use crate::quant::avx512::{ffma, fload, fmul, fstore, fsum, fzero, widen_bf16};
 use crate::quant::fixed_point::{
     arrange_rows, group_unit_exp, pow2, run_tiles, DigitTile, RowLayout, RowScale, DIGITS,
+    I8_DIGITS,
 };
 use crate::quant::lanes::{lane_groups, MULTI_ROW_MIN_ACTIVATION_BYTES};
 use crate::quant::{CodePrefetch, RowRangeFn};
@@ -54,12 +55,16 @@ pub(crate) fn available() -> bool {
         && is_x86_feature_detected!("avx512vnni")
 }
 
-/// `Some` for 4-bit codes in groups of 32, 64 or 128.
-pub(crate) fn select(bits: u32, group_size: usize) -> Option<RowRangeFn> {
-    match (bits, group_size) {
-        (4, 32) => Some(rows::<32> as RowRangeFn),
-        (4, 64) => Some(rows::<64>),
-        (4, 128) => Some(rows::<128>),
+/// `Some` for 4-bit codes in groups of 32, 64 or 128, with activations of `digits` digits
+/// (`fixed_point::DIGITS`, exact, or `fixed_point::I8_DIGITS`, 8-bit).
+pub(crate) fn select(bits: u32, group_size: usize, digits: usize) -> Option<RowRangeFn> {
+    match (bits, group_size, digits) {
+        (4, 32, DIGITS) => Some(rows::<32, DIGITS> as RowRangeFn),
+        (4, 64, DIGITS) => Some(rows::<64, DIGITS>),
+        (4, 128, DIGITS) => Some(rows::<128, DIGITS>),
+        (4, 32, I8_DIGITS) => Some(rows::<32, I8_DIGITS>),
+        (4, 64, I8_DIGITS) => Some(rows::<64, I8_DIGITS>),
+        (4, 128, I8_DIGITS) => Some(rows::<128, I8_DIGITS>),
         _ => None,
     }
 }
@@ -76,8 +81,13 @@ const PLANES: usize = 2;
 /// Digit bytes per block of arranged activations.
 const BLOCK_DIGIT_BYTES: usize = DIGITS * PLANES * BLOCK_BYTES;
 
+/// The arranged row of this kernel, activations of `digits` digits.
+pub(crate) fn layout(cols: usize, group_size: usize, digits: usize) -> RowLayout {
+    RowLayout::new(cols, group_size, BLOCK_COLS, LANES, digits)
+}
+
 fn row_layout(cols: usize, group_size: usize) -> RowLayout {
-    RowLayout::new(cols, group_size, BLOCK_COLS, LANES)
+    layout(cols, group_size, DIGITS)
 }
 
 /// Lays out `m` rows of `cols` activations for this kernel (see the module docs), or `None` if a
@@ -186,7 +196,7 @@ unsafe fn arrange_row(row: &[f32], dst: &mut [f32], group_size: usize, layout: R
     true
 }
 
-fn rows<const GROUP: usize>(
+fn rows<const GROUP: usize, const D: usize>(
     w: &QuantizedMatrix,
     xs: &[f32],
     m: usize,
@@ -194,19 +204,19 @@ fn rows<const GROUP: usize>(
     out_t: &mut [f32],
 ) {
     assert!(available(), "VNNI kernel called on a CPU without it");
-    let layout = row_layout(w.cols(), GROUP);
+    let layout = layout(w.cols(), GROUP, D);
     // SAFETY (both): the CPU has the features (checked above).
     if six_rows_per_matvec_pass(layout.stride * 4) {
-        unsafe { run_tiles::<Vnni, GROUP, 6>(w, xs, m, row_start, out_t, layout) }
+        unsafe { run_tiles::<Vnni<D>, GROUP, 6>(w, xs, m, row_start, out_t, layout) }
     } else {
-        unsafe { run_tiles::<Vnni, GROUP, 2>(w, xs, m, row_start, out_t, layout) }
+        unsafe { run_tiles::<Vnni<D>, GROUP, 2>(w, xs, m, row_start, out_t, layout) }
     }
 }
 
-/// The VNNI kernel's vector code, for `fixed_point::DigitTiles`.
-struct Vnni;
+/// The VNNI kernel's vector code, for `fixed_point::DigitTiles`, for activations of `D` digits.
+struct Vnni<const D: usize>;
 
-impl DigitTile for Vnni {
+impl<const D: usize> DigitTile for Vnni<D> {
     const LANES: usize = LANES;
     // Two weight rows per matrix-matrix tile from 2 activation rows on: their digits (6 vectors a
     // block each) are otherwise reloaded for every weight row (the q4 LM step ran faster than
@@ -254,7 +264,7 @@ impl DigitTile for Vnni {
             // SAFETY (both calls): blocks b..b + UNROLL are whole blocks of every row of the tile;
             // `windows` holds NR·MR windows.
             let sums = unsafe {
-                block_sums::<NR, MR, UNROLL>(
+                block_sums::<NR, MR, UNROLL, D>(
                     codes,
                     row_code_bytes,
                     b,
@@ -276,7 +286,7 @@ impl DigitTile for Vnni {
             // SAFETY (both calls): the valid lanes of block b lie inside every row of the tile; as
             // above.
             let sums = unsafe {
-                block_sums::<NR, MR, 1>(
+                block_sums::<NR, MR, 1, D>(
                     codes,
                     row_code_bytes,
                     b,
@@ -353,7 +363,7 @@ unsafe fn accumulate<const GROUP: usize, const NR: usize, const MR: usize, const
 #[target_feature(enable = "avx512f,avx512vnni")]
 #[inline]
 #[allow(clippy::needless_range_loop)] // `i` also addresses the activation rows
-unsafe fn block_sums<const NR: usize, const MR: usize, const U: usize>(
+unsafe fn block_sums<const NR: usize, const MR: usize, const U: usize, const D: usize>(
     codes: *const u8,
     row_code_bytes: usize,
     b: usize,
@@ -364,6 +374,7 @@ unsafe fn block_sums<const NR: usize, const MR: usize, const U: usize>(
 ) -> [[[__m512i; MR]; NR]; U] {
     let nibble = _mm512_set1_epi8(0x0f);
     let digit_stride = PLANES * BLOCK_BYTES;
+    let block_digit_bytes = D * digit_stride;
     // Low and high nibbles (as bytes) per (block, row).
     let mut q = [[[_mm512_setzero_si512(); PLANES]; NR]; U];
     for (u, q) in q.iter_mut().enumerate() {
@@ -387,11 +398,11 @@ unsafe fn block_sums<const NR: usize, const MR: usize, const U: usize>(
     }
     // Digit sums: the most significant digit first, shifted up 8 bits before each next digit.
     let mut sums = [[[_mm512_setzero_si512(); MR]; NR]; U];
-    for digit in 0..DIGITS {
+    for digit in 0..D {
         for u in 0..U {
             for i in 0..MR {
                 let block = digits.wrapping_add(
-                    i * stride_bytes + (b + u) * BLOCK_DIGIT_BYTES + digit * digit_stride,
+                    i * stride_bytes + (b + u) * block_digit_bytes + digit * digit_stride,
                 );
                 // SAFETY: both planes of digit `digit` of block b + u of arranged row i.
                 let x = unsafe {

@@ -1,0 +1,48 @@
+//! The row scale both activation roundings of the quantized products start from (the integer
+//! kernels' 24-bit fixed point, `quant::fixed_point`, and the 8-bit activations, `quant::int8`):
+//! a row is scaled by the power of two that brings its largest magnitude into [1, 2), and rows
+//! holding a NaN, an infinity or only subnormal magnitudes are not held.
+
+/// Smallest group unit, as a power of two relative to the row's largest magnitude: groups whose
+/// largest value lies more than 2^-78 below the row's are held to within 2^-101 of it.
+pub(crate) const MIN_UNIT_EXP: i32 = -100;
+
+/// `2^e` as f32, for `-149 ≤ e ≤ 127` (subnormal below -126).
+pub(crate) fn pow2(e: i32) -> f32 {
+    debug_assert!((-149..=127).contains(&e));
+    if e >= -126 {
+        f32::from_bits(((e + 127) as u32) << 23)
+    } else {
+        f32::from_bits(1 << (e + 149))
+    }
+}
+
+/// The binade of a positive normal `v`: `v ∈ [2^e, 2^(e+1))`.
+pub(crate) fn binade(v: f32) -> i32 {
+    ((v.to_bits() >> 23) & 0xff) as i32 - 127
+}
+
+/// How a row of activations is scaled before its groups are cut into digits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RowScale {
+    /// Every value is zero: every digit is zero, and the row's scale is 1.
+    Zero,
+    /// The row is multiplied by `2^-e` (its largest magnitude lies in `[2^e, 2^(e+1))`).
+    Exponent(i32),
+}
+
+impl RowScale {
+    /// The scale of a row whose largest magnitude is `max_abs`, or `None` if the row cannot be
+    /// held (`has_nan`, an infinite or a subnormal largest magnitude).
+    pub(crate) fn of_row(max_abs: f32, has_nan: bool) -> Option<RowScale> {
+        if has_nan || max_abs == f32::INFINITY {
+            None
+        } else if max_abs == 0.0 {
+            Some(RowScale::Zero)
+        } else if max_abs < f32::MIN_POSITIVE {
+            None
+        } else {
+            Some(RowScale::Exponent(binade(max_abs)))
+        }
+    }
+}
