@@ -160,6 +160,7 @@ impl FrameLog {
                 },
                 mic_backlog_ms: f(8),
                 speaker_queue_ms: f(9),
+                echo: None,
             })
         }))
     }

@@ -36,7 +36,7 @@ use crate::report::{
 };
 use crate::sessions::{LmStage, SessionsPipeline};
 use crate::span_timer::SpanTotals;
-use crate::stages::{DepformerStage, MimiStage};
+use crate::stages::{DepformerStage, EchoCancelStage, MimiStage};
 use crate::synthetic_tokenizer::synthetic_tokenizer;
 use crate::BenchError;
 
@@ -51,6 +51,8 @@ pub enum Stage {
     Lm,
     /// The depformer only (its sub-steps per frame).
     Depformer,
+    /// `chat`'s echo canceller only (resampling and AEC3 on a frame with its echo).
+    EchoCancel,
 }
 
 impl Stage {
@@ -61,6 +63,7 @@ impl Stage {
             Stage::Mimi => "mimi",
             Stage::Lm => "lm",
             Stage::Depformer => "depformer",
+            Stage::EchoCancel => "echo-cancel",
         }
     }
 
@@ -69,7 +72,7 @@ impl Stage {
     }
 
     fn needs_lm(self) -> bool {
-        !matches!(self, Stage::Mimi)
+        !matches!(self, Stage::Mimi | Stage::EchoCancel)
     }
 
     /// LM steps the first frame takes: the temporal KV caches grow by one position per step
@@ -79,7 +82,7 @@ impl Stage {
         match self {
             Stage::All => ModelKind::of(cfg).conventions().first_frame_lm_steps,
             Stage::Lm => 1,
-            Stage::Mimi | Stage::Depformer => 0,
+            Stage::Mimi | Stage::Depformer | Stage::EchoCancel => 0,
         }
     }
 }
@@ -491,6 +494,7 @@ fn stage_processor(
         Stage::Depformer => Box::new(DepformerStage::new(
             lm.ok_or_else(|| missing("LM"))?.weights().clone(),
         )?),
+        Stage::EchoCancel => Box::new(EchoCancelStage::new()?),
     })
 }
 
@@ -526,7 +530,7 @@ fn weight_bytes_of(lm: &LmWeights, stage: Stage) -> WeightBytes {
     let read = match stage {
         Stage::All | Stage::Lm => b.read_per_step(),
         Stage::Depformer => b.depformer,
-        Stage::Mimi => 0,
+        Stage::Mimi | Stage::EchoCancel => 0,
     };
     WeightBytes {
         resident_bytes: (b.temporal_layers + b.text_head + b.depformer + b.embedding_tables) as u64,

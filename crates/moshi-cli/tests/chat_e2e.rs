@@ -11,6 +11,12 @@
 //! gives the runs with a glitch. Skipped (with the reason printed) only when PulseAudio is not
 //! installed and `CI` is not set (with `CI` set, a missing tool fails the test);
 //! `scripts/setup.sh --audio-e2e` installs it (scripts/test.sh does).
+//!
+//! Laptop speakers (scripts/e2e-chat-echo.sh): the virtual room mixes the speaker back into the
+//! microphone (-6 dB; 40 ms, then 120 ms) under the user's injected speech; with
+//! `--echo-cancel on` the echo must be at least 25 dB down in Moshi-only windows from 2 s on and
+//! the user's speech must come through (ncc >= 0.9); with `--echo-cancel off` the same check must
+//! find the echo.
 
 use std::process::Command;
 use std::sync::Mutex;
@@ -131,4 +137,52 @@ fn chat_stops_in_bounded_time_after_its_sound_server_is_killed() {
             String::from_utf8_lossy(&o.stderr)
         );
     }
+}
+
+/// scripts/e2e-chat-echo.sh with `DELAY_MS` and `MODE`: its exit code and stdout.
+fn run_echo_e2e(delay_ms: u32, mode: &str) -> (Option<i32>, String) {
+    let out_dir = tempfile::tempdir().unwrap();
+    let o = Command::new("bash")
+        .arg(repo_root().join("scripts/e2e-chat-echo.sh"))
+        .arg(delay_ms.to_string())
+        .arg(mode)
+        .env("MOSHI_RS", env!("CARGO_BIN_EXE_moshi-rs"))
+        .env("E2E_OUT", out_dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    eprintln!(
+        "--- echo {delay_ms} ms, --echo-cancel {mode} (exit {:?})\n{stdout}{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stderr)
+            .lines()
+            .filter(|l| !l.starts_with("ALSA lib"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    (o.status.code(), stdout)
+}
+
+#[test]
+fn chat_on_laptop_speakers_cancels_moshis_echo_and_lets_the_user_through() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    if !audio_tools_present(
+        "chat_on_laptop_speakers_cancels_moshis_echo",
+        &["pulseaudio", "paplay", "pactl"],
+    ) {
+        return;
+    }
+    for delay_ms in [40, 120] {
+        let (code, stdout) = run_echo_e2e(delay_ms, "on");
+        assert!(
+            code == Some(0) && stdout.contains("e2e chat echo: OK"),
+            "{delay_ms} ms with echo cancellation: exit {code:?}\n{stdout}"
+        );
+    }
+    // Without cancellation the same check finds the echo (exit 4): the check can fail.
+    let (code, stdout) = run_echo_e2e(40, "off");
+    assert!(
+        code == Some(4) && stdout.contains("ECHO"),
+        "40 ms without echo cancellation: exit {code:?}\n{stdout}"
+    );
 }
