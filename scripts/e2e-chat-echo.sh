@@ -10,10 +10,10 @@
 #   - user windows (the injected speech, with Moshi's echo under it: the tiny model never
 #     stops talking, so these are double talk): ncc of what the model heard against the
 #     injected speech, and of the raw microphone against it (the echo's effect).
-# Prints one JSON line (erle_db_min, erle_db_median, user_ncc_min, ...) and exits 0 when every
-# Moshi-only window has ERLE >= MIN_ERLE_DB (25) and every user window ncc >= MIN_USER_NCC
-# (0.9); 4 when the echo is not cancelled that well (what `--echo-cancel off` must give);
-# other: failure (chat failed, no echo reached the microphone, a window could not be judged).
+# Prints one JSON line (erle_db_min, erle_db_median, user_ncc_min, AEC3's delay estimate, ...,
+# and `cancelled`: every Moshi-only window has ERLE >= MIN_ERLE_DB (25) and every user window
+# ncc >= MIN_USER_NCC (0.9)); exit 0 once judged (crates/moshi-cli/tests/chat_e2e.rs decides),
+# other: failure (chat failed, no echo reached the microphone, too few windows to judge).
 # Usage: bash scripts/e2e-chat-echo.sh DELAY_MS [MODE]   (MODE: on (default), off, auto)
 # Env: MOSHI_RS (binary, default target/debug/moshi-rs), E2E_OUT (artifacts, default a temp
 #      folder), E2E_MODEL (default assets/tiny-a), MIN_ERLE_DB, MIN_USER_NCC.
@@ -102,7 +102,7 @@ for s in range(first_echo + 2 * rate, n - W, W):
     u = rms(user_in_raw[w]); u_h = rms(user_in_heard[w])
     if u < 1e-4 and u_h < 1e-4 and rms(raw[w]) > 0.005:
         erles.append(10 * np.log10(max(np.sum(raw[w] ** 2), 1e-20) / max(np.sum(heard[w] ** 2), 1e-20)))
-    elif u > 0.02 and rms(user_in_raw[s:s + W]) > 0 and np.count_nonzero(user_in_heard[w]) == W:
+    elif u > 0.02 and s >= max(u_raw, u_heard) and s + W <= min(u_raw, u_heard) + len(user):
         def ncc(a, b): return float(np.dot(a, b) / max(np.linalg.norm(a) * np.linalg.norm(b), 1e-20))
         nccs.append(ncc(heard[w], user_in_heard[w])); raw_nccs.append(ncc(raw[w], user_in_raw[w]))
 if len(erles) < 2 or len(nccs) < 2:
@@ -115,11 +115,6 @@ result = {"delay_ms": int(delay_ms), "mode": mode, "moshi_only_windows": len(erl
           "aec_erle_db": echo.get("erle_db"), "converged_after_frames": echo.get("converged_after_frames"),
           "aec_delay_ms": echo.get("aec_delay_ms"), "reference_delay_ms": echo.get("reference_delay_ms"),
           "audible_glitch_events": stats["audible_glitch_events"]}
+result["cancelled"] = bool(min(erles) >= min_erle and min(nccs) >= min_ncc)
 print(json.dumps(result))
-if min(erles) < min_erle:
-    print(f"e2e chat echo: ECHO: a Moshi-only window has ERLE {min(erles):.1f} dB < {min_erle}")
-    sys.exit(4)
-if min(nccs) < min_ncc:
-    sys.exit(f"e2e echo: the user's speech does not come through: ncc {min(nccs):.3f} < {min_ncc}")
-print(f"e2e chat echo: OK (artifacts in {sys.argv[1].rsplit('/', 1)[0]})")
 PY

@@ -240,12 +240,10 @@ impl EchoCanceller {
         let start = self.reference_start(loop_delay_samples);
         self.history.copy_from(start, &mut self.reference_24k);
         self.reference_next = Some(start + FRAME_SAMPLES as i64);
-        upsample_frame(&mut self.render_up, &self.reference_24k, &mut self.render_hi)?;
-        upsample_frame(&mut self.capture_up, frame, &mut self.capture_hi)?;
+        resample_frame(&mut self.render_up, &self.reference_24k, &mut self.render_hi)?;
+        resample_frame(&mut self.capture_up, frame, &mut self.capture_hi)?;
         self.cancel_blocks()?;
-        self.capture_down.push(&self.cleaned_hi)?;
-        let got = self.capture_down.pop_into(frame);
-        debug_assert_eq!(got, FRAME_SAMPLES, "one frame in, one frame out");
+        resample_frame(&mut self.capture_down, &self.cleaned_hi, frame)?;
         self.update_stats(loop_delay_samples, t0.elapsed().as_secs_f64() * 1e3);
         Ok(())
     }
@@ -307,15 +305,43 @@ impl EchoCanceller {
     }
 }
 
-/// One 24 kHz frame up to [`CANCEL_RATE_HZ`] (whole chunks: exactly one frame comes out).
-fn upsample_frame(up: &mut StreamResampler, frame: &[f32], out: &mut [f32]) -> Result<()> {
-    up.push(frame)?;
-    let got = up.pop_into(out);
+/// One frame through a resampler between 24 kHz and [`CANCEL_RATE_HZ`]: whole chunks go in,
+/// so exactly one frame comes out.
+fn resample_frame(r: &mut StreamResampler, frame: &[f32], out: &mut [f32]) -> Result<()> {
+    r.push(frame)?;
+    let got = r.pop_into(out);
     if got != out.len() {
         return Err(cancel_error(format!(
-            "the {SAMPLE_RATE_HZ} -> {CANCEL_RATE_HZ} Hz resampler gave {got} samples for a frame, expected {}",
+            "a resampler gave {got} samples for a frame of {}, expected {}",
+            frame.len(),
             out.len()
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_history_gives_what_was_pushed_and_zeros_elsewhere() {
+        let mut h = FarEndHistory::new(4);
+        h.push(&[1.0, 2.0, 3.0]);
+        let mut out = [9.0; 5];
+        h.copy_from(-1, &mut out);
+        assert_eq!(out, [0.0, 1.0, 2.0, 3.0, 0.0]);
+        // Six pushed into four: indices 0 and 1 are gone.
+        h.push(&[4.0, 5.0, 6.0]);
+        h.copy_from(1, &mut out);
+        assert_eq!(out, [0.0, 3.0, 4.0, 5.0, 6.0]);
+        assert_eq!(h.pushed(), 6);
+    }
+
+    #[test]
+    fn a_frame_of_the_wrong_length_is_an_error() {
+        let mut c = EchoCanceller::new(EchoCancelConfig::default()).unwrap();
+        let e = c.process(&mut [0.0; 100], 0.0).unwrap_err();
+        assert!(matches!(e, RuntimeError::FrameSize { expected: FRAME_SAMPLES, got: 100 }), "{e}");
+    }
 }

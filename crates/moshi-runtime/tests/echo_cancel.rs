@@ -106,7 +106,6 @@ fn ncc_lagged(want: &[f32], got: &[f32]) -> f64 {
     let (best, lag) = (0..=RATE / 10)
         .map(|lag| (ncc(&want[..want.len() - lag], &got[lag..]), lag))
         .fold((f64::MIN, 0), |a, b| if b.0 > a.0 { b } else { a });
-    eprintln!("lag {lag}");
     best
 }
 
@@ -151,7 +150,9 @@ fn check(acoustic_ms: usize, gap_ms: f64) {
     // Double talk: AEC3's suppressor takes some of the user with the echo, but the user stays
     // (ncc with the echo's -6 dB under the user was 0.86-0.87 before cancellation).
     let dt = ((DOUBLE_TALK.0 * RATE as f64) as usize)..out.len();
+    let before = ncc(&room.user[dt.clone()], &room.mic[dt.clone()]);
     let after = ncc_lagged(&room.user[dt.clone()], &out[dt]);
+    eprintln!("{acoustic_ms} ms: double talk ncc with the user {before:.3} before, {after:.3} after");
     assert!(after >= 0.7, "double talk: ncc with the user {after:.3}");
 }
 
