@@ -348,7 +348,12 @@ fn echo_cancel_stage_times_the_canceller_alone() {
     assert_eq!(r["frames"].as_array().unwrap().len(), 5);
     // The canceller's time is the frame's; no model stage runs, no weight is read.
     assert!(num(&r, "stages.total_ms.p50") > 0.0);
-    for stage in ["mimi_encode_ms", "lm_temporal_ms", "lm_depformer_ms", "mimi_decode_ms"] {
+    for stage in [
+        "mimi_encode_ms",
+        "lm_temporal_ms",
+        "lm_depformer_ms",
+        "mimi_decode_ms",
+    ] {
         assert_eq!(num(&r, &format!("stages.{stage}.max")), 0.0, "{stage}");
     }
     assert_eq!(num(&r, "weights.read_per_frame_bytes"), 0.0);

@@ -156,8 +156,15 @@ fn run_echo_e2e(delay_ms: u32, mode: &str) -> serde_json::Value {
         .filter(|l| !l.starts_with("ALSA lib"))
         .collect::<Vec<_>>()
         .join("\n");
-    eprintln!("--- echo {delay_ms} ms, --echo-cancel {mode} (exit {:?})\n{stdout}{stderr}", o.status.code());
-    assert!(o.status.success(), "{delay_ms} ms, --echo-cancel {mode}: exit {:?}\n{stdout}{stderr}", o.status.code());
+    eprintln!(
+        "--- echo {delay_ms} ms, --echo-cancel {mode} (exit {:?})\n{stdout}{stderr}",
+        o.status.code()
+    );
+    assert!(
+        o.status.success(),
+        "{delay_ms} ms, --echo-cancel {mode}: exit {:?}\n{stdout}{stderr}",
+        o.status.code()
+    );
     serde_json::from_str(stdout.trim()).unwrap()
 }
 
@@ -185,10 +192,16 @@ fn chat_on_laptop_speakers_aligns_the_reference_and_lets_the_user_through() {
             (found_ms - lead_ms - f64::from(delay_ms)).abs() <= 15.0,
             "{delay_ms} ms room: AEC3 found the echo {found_ms} ms after the reference, expected the room's delay + {lead_ms} ms: {v}"
         );
-        let (heard, raw) = (v["user_ncc_median"].as_f64().unwrap(), v["raw_user_ncc_median"].as_f64().unwrap());
+        let (heard, raw) = (
+            v["user_ncc_median"].as_f64().unwrap(),
+            v["raw_user_ncc_median"].as_f64().unwrap(),
+        );
         assert!(heard >= raw - 0.02, "{delay_ms} ms: the canceller harmed the user's speech: ncc {heard} after, {raw} before: {v}");
     }
     let v = run_echo_e2e(40, "off");
-    assert!(v["erle_db_median"].as_f64().unwrap().abs() < 1.0, "without cancellation the echo is all there: {v}");
+    assert!(
+        v["erle_db_median"].as_f64().unwrap().abs() < 1.0,
+        "without cancellation the echo is all there: {v}"
+    );
     assert_eq!(v["cancelled"], false, "{v}");
 }

@@ -175,7 +175,14 @@ impl EchoCanceller {
             .capture_config(stream)
             .render_config(stream)
             .build();
-        let up = || StreamResampler::new(SAMPLE_RATE_HZ, CANCEL_RATE_HZ, CHUNK_24K, FRAME_SAMPLES_CANCEL);
+        let up = || {
+            StreamResampler::new(
+                SAMPLE_RATE_HZ,
+                CANCEL_RATE_HZ,
+                CHUNK_24K,
+                FRAME_SAMPLES_CANCEL,
+            )
+        };
         Ok(Self {
             apm,
             capture_up: up()?,
@@ -240,7 +247,11 @@ impl EchoCanceller {
         let start = self.reference_start(loop_delay_samples);
         self.history.copy_from(start, &mut self.reference_24k);
         self.reference_next = Some(start + FRAME_SAMPLES as i64);
-        resample_frame(&mut self.render_up, &self.reference_24k, &mut self.render_hi)?;
+        resample_frame(
+            &mut self.render_up,
+            &self.reference_24k,
+            &mut self.render_hi,
+        )?;
         resample_frame(&mut self.capture_up, frame, &mut self.capture_hi)?;
         self.cancel_blocks()?;
         resample_frame(&mut self.capture_down, &self.cleaned_hi, frame)?;
@@ -342,6 +353,15 @@ mod tests {
     fn a_frame_of_the_wrong_length_is_an_error() {
         let mut c = EchoCanceller::new(EchoCancelConfig::default()).unwrap();
         let e = c.process(&mut [0.0; 100], 0.0).unwrap_err();
-        assert!(matches!(e, RuntimeError::FrameSize { expected: FRAME_SAMPLES, got: 100 }), "{e}");
+        assert!(
+            matches!(
+                e,
+                RuntimeError::FrameSize {
+                    expected: FRAME_SAMPLES,
+                    got: 100
+                }
+            ),
+            "{e}"
+        );
     }
 }

@@ -368,7 +368,12 @@ impl RawMicWav {
     /// Starts the recording at `path` on its own thread; the file is created here, so that an
     /// unwritable path is an error before the conversation starts.
     pub fn spawn(path: &Path, queue_frames: usize) -> Result<RecorderThread<Self>> {
-        spawn_wav_writer("moshi-record-raw-mic", path, queue_frames, Self::create(path)?)
+        spawn_wav_writer(
+            "moshi-record-raw-mic",
+            path,
+            queue_frames,
+            Self::create(path)?,
+        )
     }
 }
 

@@ -43,14 +43,34 @@ struct Room {
 
 fn room(acoustic_ms: usize, gap_ms: f64) -> Room {
     let n = (DOUBLE_TALK.1 * RATE as f64) as usize;
-    let moshi = looped(&read_mono(&fixture("tiny-a", "input.wav")).unwrap().samples, n);
-    let user_voice = looped(&read_mono(&fixture("tiny-hibiki", "input.wav")).unwrap().samples, n);
+    let moshi = looped(
+        &read_mono(&fixture("tiny-a", "input.wav")).unwrap().samples,
+        n,
+    );
+    let user_voice = looped(
+        &read_mono(&fixture("tiny-hibiki", "input.wav"))
+            .unwrap()
+            .samples,
+        n,
+    );
     let t = |i: usize| i as f64 / RATE as f64;
     let speaker: Vec<f32> = (0..n)
-        .map(|i| if in_span(t(i), USER_ONLY) { 0.0 } else { moshi[i] })
+        .map(|i| {
+            if in_span(t(i), USER_ONLY) {
+                0.0
+            } else {
+                moshi[i]
+            }
+        })
         .collect();
     let user: Vec<f32> = (0..n)
-        .map(|i| if in_span(t(i), MOSHI_ONLY) { 0.0 } else { user_voice[i] })
+        .map(|i| {
+            if in_span(t(i), MOSHI_ONLY) {
+                0.0
+            } else {
+                user_voice[i]
+            }
+        })
         .collect();
     let gap = (gap_ms * RATE as f64 / 1e3) as usize;
     let gap_at = (GAP_AT_S * RATE as f64) as usize;
@@ -64,7 +84,14 @@ fn room(acoustic_ms: usize, gap_ms: f64) -> Room {
         .collect();
     let delay = acoustic_ms * RATE / 1000;
     let mic = (0..n)
-        .map(|i| user[i] + if i >= delay { ECHO_GAIN * played[i - delay] } else { 0.0 })
+        .map(|i| {
+            user[i]
+                + if i >= delay {
+                    ECHO_GAIN * played[i - delay]
+                } else {
+                    0.0
+                }
+        })
         .collect();
     Room { speaker, user, mic }
 }
@@ -89,7 +116,8 @@ fn cancel(room: &Room, jitter_ms: f64, gap_ms: f64) -> (Vec<f32>, Option<u64>, u
         }
         let measured_ms = loop_ms + jitter_ms * (2.0 * rng.uniform_f64() - 1.0);
         let mut f = frame.to_vec();
-        aec.process(&mut f, measured_ms * RATE as f64 / 1e3).unwrap();
+        aec.process(&mut f, measured_ms * RATE as f64 / 1e3)
+            .unwrap();
         out.extend_from_slice(&f);
     }
     let stats = aec.stats();
@@ -112,7 +140,10 @@ fn ncc_lagged(want: &[f32], got: &[f32]) -> f64 {
 /// 0.5 s windows of `span` (from `skip_s` in).
 fn windows(span: (f64, f64), skip_s: f64) -> impl Iterator<Item = std::ops::Range<usize>> {
     let w = RATE / 2;
-    let (a, b) = (((span.0 + skip_s) * RATE as f64) as usize, (span.1 * RATE as f64) as usize);
+    let (a, b) = (
+        ((span.0 + skip_s) * RATE as f64) as usize,
+        (span.1 * RATE as f64) as usize,
+    );
     (a..b.saturating_sub(w)).step_by(w).map(move |s| s..s + w)
 }
 
@@ -122,12 +153,19 @@ fn check(acoustic_ms: usize, gap_ms: f64) {
     let converged = converged_after.expect("the canceller converged");
     eprintln!("{acoustic_ms} ms: AEC3's ERLE estimate reached 10 dB after {converged} frames");
     for w in windows((0.0, 13.0), 0.0) {
-        let erle = 10.0 * (energy(&room.mic[w.clone()]) / energy(&out[w.clone()]).max(1e-20)).log10();
+        let erle =
+            10.0 * (energy(&room.mic[w.clone()]) / energy(&out[w.clone()]).max(1e-20)).log10();
         let c = ncc_lagged(&room.user[w.clone()], &out[w.clone()]);
-        eprintln!("  {:5.1} s: mic/out {erle:6.1} dB, ncc with user {c:.3}", w.start as f64 / RATE as f64);
+        eprintln!(
+            "  {:5.1} s: mic/out {erle:6.1} dB, ncc with user {c:.3}",
+            w.start as f64 / RATE as f64
+        );
     }
     if gap_ms != 0.0 {
-        assert_eq!(realignments, 1, "the reference follows the loop delay's step once");
+        assert_eq!(
+            realignments, 1,
+            "the reference follows the loop delay's step once"
+        );
     }
     // Moshi only, after 2 s: ERLE >= 25 dB in every window with echo (the first half second
     // after the step is for the reference to move and the canceller to settle).
@@ -137,7 +175,11 @@ fn check(acoustic_ms: usize, gap_ms: f64) {
             continue;
         }
         let erle = 10.0 * (energy(&room.mic[w.clone()]) / energy(&out[w.clone()])).log10();
-        assert!(erle >= 25.0, "{acoustic_ms} ms: ERLE {erle:.1} dB in window at {} s", w.start / RATE);
+        assert!(
+            erle >= 25.0,
+            "{acoustic_ms} ms: ERLE {erle:.1} dB in window at {} s",
+            w.start / RATE
+        );
     }
     // User only, from 0.5 s in (the echo's tail has passed).
     for w in windows(USER_ONLY, 0.5) {
@@ -145,14 +187,20 @@ fn check(acoustic_ms: usize, gap_ms: f64) {
             continue;
         }
         let c = ncc_lagged(&room.user[w.clone()], &out[w.clone()]);
-        assert!(c >= 0.9, "{acoustic_ms} ms: user-only ncc {c:.3} in window at {} s", w.start / RATE);
+        assert!(
+            c >= 0.9,
+            "{acoustic_ms} ms: user-only ncc {c:.3} in window at {} s",
+            w.start / RATE
+        );
     }
     // Double talk: AEC3's suppressor takes some of the user with the echo, but the user stays
     // (ncc with the echo's -6 dB under the user was 0.86-0.87 before cancellation).
     let dt = ((DOUBLE_TALK.0 * RATE as f64) as usize)..out.len();
     let before = ncc(&room.user[dt.clone()], &room.mic[dt.clone()]);
     let after = ncc_lagged(&room.user[dt.clone()], &out[dt]);
-    eprintln!("{acoustic_ms} ms: double talk ncc with the user {before:.3} before, {after:.3} after");
+    eprintln!(
+        "{acoustic_ms} ms: double talk ncc with the user {before:.3} before, {after:.3} after"
+    );
     assert!(after >= 0.7, "double talk: ncc with the user {after:.3}");
 }
 

@@ -19,7 +19,9 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use moshi_loader::output_file::{names_stdout, write_output};
 use moshi_runtime::backend::cpal::CpalBackend;
-use moshi_runtime::backend::{start_session_with_mic, AudioBackend, MicProcessing, RingSizes, Session};
+use moshi_runtime::backend::{
+    start_session_with_mic, AudioBackend, MicProcessing, RingSizes, Session,
+};
 use moshi_runtime::echo_cancel::EchoStats;
 use moshi_runtime::engine::{EngineEvent, EngineReport, FrameRecorder};
 use moshi_runtime::metrics::{FrameRecord, LatencyStats, Percentiles, ProfileWriter, RunSummary};
@@ -233,7 +235,11 @@ impl Console {
 /// The echo canceller on the status line: its ERLE estimate and whether it has converged.
 fn echo_status(e: &EchoStats) -> String {
     let erle = e.erle_db.map_or("-".into(), |d| format!("{d:.0} dB"));
-    let state = if e.converged { "converged" } else { "converging" };
+    let state = if e.converged {
+        "converged"
+    } else {
+        "converging"
+    };
     format!("echo ERLE {erle} {state}")
 }
 

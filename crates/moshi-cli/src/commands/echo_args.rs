@@ -66,7 +66,10 @@ impl EchoArgs {
             EchoCancelMode::Auto if is_headphones(name) => {
                 (false, format!("auto: output device {name:?} is headphones"))
             }
-            EchoCancelMode::Auto => (true, format!("auto: output device {name:?} taken as speakers")),
+            EchoCancelMode::Auto => (
+                true,
+                format!("auto: output device {name:?} taken as speakers"),
+            ),
         };
         if !on && (self.noise_suppression || self.gain_control) {
             anyhow::bail!(
@@ -94,7 +97,10 @@ mod tests {
     fn auto_is_on_for_speakers_and_off_for_headphones() {
         let auto = args(EchoCancelMode::Auto, false);
         for speakers in ["default", "pulse", "Built-in Audio Analog Stereo", ""] {
-            assert!(auto.resolve(Some(speakers)).unwrap().0.is_some(), "{speakers}");
+            assert!(
+                auto.resolve(Some(speakers)).unwrap().0.is_some(),
+                "{speakers}"
+            );
         }
         assert!(auto.resolve(None).unwrap().0.is_some());
         for phones in ["USB Headset Mono", "Jabra EVOLVE HEADPHONES", "AirPods Pro"] {
@@ -106,13 +112,23 @@ mod tests {
 
     #[test]
     fn on_and_off_are_obeyed_whatever_the_device() {
-        assert!(args(EchoCancelMode::On, false).resolve(Some("headset")).unwrap().0.is_some());
-        assert!(args(EchoCancelMode::Off, false).resolve(Some("speakers")).unwrap().0.is_none());
+        assert!(args(EchoCancelMode::On, false)
+            .resolve(Some("headset"))
+            .unwrap()
+            .0
+            .is_some());
+        assert!(args(EchoCancelMode::Off, false)
+            .resolve(Some("speakers"))
+            .unwrap()
+            .0
+            .is_none());
     }
 
     #[test]
     fn noise_suppression_without_the_canceller_is_refused() {
-        let e = args(EchoCancelMode::Off, true).resolve(Some("default")).unwrap_err();
+        let e = args(EchoCancelMode::Off, true)
+            .resolve(Some("default"))
+            .unwrap_err();
         assert!(e.to_string().contains("--noise-suppression"), "{e}");
         let (config, _) = args(EchoCancelMode::On, true).resolve(None).unwrap();
         assert!(config.unwrap().noise_suppression);
