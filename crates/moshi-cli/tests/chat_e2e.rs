@@ -171,8 +171,8 @@ fn run_echo_e2e(delay_ms: u32, mode: &str) -> serde_json::Value {
 /// What the canceller can be held to on the tiny model, whose voice is a stationary buzz with
 /// strong narrow-band tones (its random decoder): AEC3 by design does not adapt its filter
 /// while the reference has such a tone, so the tiny model's echo stays (ERLE about 0 dB; the
-/// >= 25 dB criterion is met on speech, tests/echo_cancel.rs of moshi-runtime, and is reported
-/// here as `cancelled`). What holds on any voice: the reference is what the speaker played,
+/// criterion ERLE >= 25 dB is met on speech, tests/echo_cancel.rs of moshi-runtime, and is
+/// reported here as `cancelled`). What holds on any voice: the reference is what the speaker played,
 /// aligned (AEC3 finds the echo at the room's delay plus the reference's lead) and the user comes
 /// through unharmed; without cancellation the echo is all there.
 #[test]

@@ -603,7 +603,7 @@ impl EngineState {
             stages: out.timings,
             mic_backlog_ms,
             speaker_queue_ms,
-            echo: self.echo.as_ref().map(EchoCanceller::stats),
+            echo: self.echo.as_ref().map(|e| Box::new(e.stats())),
         };
         self.publish_frame(record, out.text, out.tokens);
         Ok(())

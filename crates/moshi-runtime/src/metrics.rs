@@ -57,7 +57,7 @@ pub struct FrameRecord {
     pub speaker_queue_ms: f64,
     /// The echo canceller after this frame (live mode with `--echo-cancel`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub echo: Option<crate::echo_cancel::EchoStats>,
+    pub echo: Option<Box<crate::echo_cancel::EchoStats>>,
 }
 
 /// min / p50 / p95 / p99 / max / mean of a series.

@@ -129,12 +129,12 @@ fn energy(x: &[f32]) -> f64 {
     x.iter().map(|&v| f64::from(v) * f64::from(v)).sum()
 }
 
-/// Best ncc of `got` against `want` over lags 0..=100 ms (the resamplers delay the output).
+/// Best ncc of `got` against `want` over lags 0..=100 ms (the canceller delays its output by
+/// 19 ms: resamplers and AEC3's blocks).
 fn ncc_lagged(want: &[f32], got: &[f32]) -> f64 {
-    let (best, lag) = (0..=RATE / 10)
-        .map(|lag| (ncc(&want[..want.len() - lag], &got[lag..]), lag))
-        .fold((f64::MIN, 0), |a, b| if b.0 > a.0 { b } else { a });
-    best
+    (0..=RATE / 10)
+        .map(|lag| ncc(&want[..want.len() - lag], &got[lag..]))
+        .fold(f64::MIN, f64::max)
 }
 
 /// 0.5 s windows of `span` (from `skip_s` in).

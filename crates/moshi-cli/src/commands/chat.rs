@@ -198,8 +198,8 @@ impl Console {
         let echo = self
             .latest
             .as_ref()
-            .and_then(|r| r.echo)
-            .map_or(String::new(), |e| format!(" | {}", echo_status(&e)));
+            .and_then(|r| r.echo.as_deref())
+            .map_or(String::new(), |e| format!(" | {}", echo_status(e)));
         let status = format!(
             "[RTF {rtf:.2} | added latency {latency:.0} ms | glitches {} (underruns {}) | dropped frames {} | device errors {}{echo}]",
             c.audible_glitch_events(),
