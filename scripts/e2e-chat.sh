@@ -11,7 +11,9 @@
 #     it exits 3 if the engine counted a glitch, fails if it counted none;
 #   - no uncounted steady-state underruns, no dropped frames, no allocation in the audio callbacks;
 # and measures the latency the runtime adds (mic sample in -> the speaker sample answering it,
-# minus the model's 80 ms frame and its compute time).
+# minus the model's 80 ms frame and its compute time). Echo cancellation is off: there is no
+# acoustic path here (as on headphones), and the engine's input must be the injected speech as
+# captured (scripts/e2e-chat-echo.sh tests the canceller).
 # Exit 0: clean; 3: glitched, and the engine counted every glitch; other: failure.
 # Usage: bash scripts/e2e-chat.sh [BUFFER_MS]   (env: MOSHI_RS = binary, default target/debug/moshi-rs;
 #        E2E_OUT = folder for the recordings, default a temp folder; MIN_NCC default 0.95;
@@ -41,7 +43,7 @@ $VA record-start "$OUT/speaker.wav" 24000 va_speaker.monitor speaker
 $VA record-start "$OUT/mic.wav" 24000 va_micfeed.monitor mic
 sleep 0.3
 # shellcheck disable=SC2086 # E2E_CHAT_ARGS holds several options
-"$MOSHI_RS" chat --model "$MODEL" --greedy --buffer-ms "$BUFFER_MS" --duration-s 6 ${JITTER_MS:+--jitter-ms $JITTER_MS} ${E2E_CHAT_ARGS:-} \
+"$MOSHI_RS" chat --model "$MODEL" --greedy --buffer-ms "$BUFFER_MS" --duration-s 6 --echo-cancel off ${JITTER_MS:+--jitter-ms $JITTER_MS} ${E2E_CHAT_ARGS:-} \
     --record "$OUT/record.wav" --stats-json "$OUT/stats.json" --profile "$OUT/profile.jsonl" \
     >"$OUT/chat.stdout" 2>"$OUT/chat.stderr" &
 CHAT=$!

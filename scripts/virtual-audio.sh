@@ -7,6 +7,9 @@
 #   va_speaker          default sink   = the speaker; recorded through va_speaker.monitor
 #   va_micfeed          sink a test plays a WAV into
 #   va_micfeed.monitor  default source = the microphone the program captures
+#   room (optional)     the acoustic path of a laptop: the speaker's output mixed back into the
+#                       microphone (module-loopback va_speaker.monitor -> va_micfeed),
+#                       attenuated and delayed: `room-start DELAY_MS GAIN_DB`
 # ALSA's `default` PCM is routed to that daemon (libasound2-plugins' pulse plugin), so cpal's
 # default devices are the virtual mic and speaker. At VA_RATE=24000 (default) nothing is
 # resampled anywhere: the speaker recording is sample-exact.
@@ -15,6 +18,7 @@
 #        virtual-audio.sh inject IN.wav                      (blocks while it plays)
 #        virtual-audio.sh record-start OUT.wav [RATE] [SOURCE] [TAG]  ; ... ; record-stop [TAG]
 #        virtual-audio.sh compare REF.wav REC.wav [MIN_NCC]   (exit 0 if ncc >= MIN_NCC)
+#        virtual-audio.sh room-start [DELAY_MS] [GAIN_DB] ; ... ; room-stop   (default 40 ms, -6 dB)
 # Environment: VA_DIR (state folder, default /tmp/moshi-rs-va), VA_RATE (default 24000),
 # VA_LOG_LEVEL (the daemon's log level, default notice; debug logs every stream underrun).
 #
@@ -121,6 +125,32 @@ va_record_stop() {
     rm -f "$VA_DIR/parecord-$tag.pid"
 }
 
+# The acoustic path: what the speaker plays comes back into the microphone DELAY_MS later (the
+# loopback's latency target; it keeps it by adapting its rate) at GAIN_DB (software volume of
+# its stream, exact in dB), mixed with whatever a test injects.
+va_room_start() {
+    local delay_ms=${1:-40} gain_db=${2:--6} module input i
+    module=$(client pactl load-module module-loopback source=va_speaker.monitor sink=va_micfeed \
+        latency_msec="$delay_ms" adjust_time=0 source_dont_move=true sink_dont_move=true remix=no) \
+        || { log "could not load the room's loopback"; return 1; }
+    echo "$module" >"$VA_DIR/room.module"
+    for i in $(seq 1 100); do
+        input=$(client pactl list sink-inputs | awk -v m="$module" \
+            '/^Sink Input #/ {id = substr($3, 2)} /Owner Module:/ && $3 == m {print id}')
+        [ -n "$input" ] && break
+        sleep 0.02
+    done
+    [ -n "$input" ] || { log "the room's loopback has no stream"; va_room_stop; return 1; }
+    client pactl set-sink-input-volume "$input" "${gain_db}dB"
+    log "room: speaker -> microphone, ${delay_ms} ms, ${gain_db} dB (module $module)"
+}
+
+va_room_stop() {
+    [ -s "$VA_DIR/room.module" ] || return 0
+    client pactl unload-module "$(cat "$VA_DIR/room.module")" || true
+    rm -f "$VA_DIR/room.module"
+}
+
 va_stop() {
     local f pid i
     for f in "$VA_DIR"/parecord-*.pid; do
@@ -128,6 +158,7 @@ va_stop() {
         if pid=$(pid_of "$f" parecord); then kill -INT "$pid"; fi
         rm -f "$f"
     done
+    rm -f "$VA_DIR/room.module"
     if pid=$(pid_of "$VA_DIR/pulseaudio.pid" pulseaudio); then
         kill -TERM "$pid"
         for i in $(seq 1 60); do pid_of "$VA_DIR/pulseaudio.pid" pulseaudio >/dev/null || break; sleep 0.05; done
@@ -226,7 +257,9 @@ if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
         record-start) va_record_start "$@" ;;
         record-stop) va_record_stop "$@" ;;
         compare) va_compare "$@" ;;
+        room-start) va_room_start "$@" ;;
+        room-stop) va_room_stop ;;
         stop) va_stop ;;
-        *) sed -n '2,20p' "$0"; exit 2 ;;
+        *) sed -n '2,24p' "$0"; exit 2 ;;
     esac
 fi

@@ -160,6 +160,7 @@ impl FrameLog {
                 },
                 mic_backlog_ms: f(8),
                 speaker_queue_ms: f(9),
+                echo: None,
             })
         }))
     }
@@ -314,6 +315,7 @@ mod tests {
                 },
                 mic_backlog_ms: -0.0,
                 speaker_queue_ms: 3.5,
+                echo: None,
             })
             .collect();
         for r in &written {

@@ -38,7 +38,7 @@ use crate::report::{
 };
 use crate::sessions::{LmStage, SessionsPipeline};
 use crate::span_timer::SpanTotals;
-use crate::stages::{DepformerStage, MimiStage};
+use crate::stages::{DepformerStage, EchoCancelStage, MimiStage};
 use crate::synthetic_tokenizer::synthetic_tokenizer;
 use crate::tts::{TtsStage, TtsStart, TtsStreamSettings};
 use crate::BenchError;
@@ -54,6 +54,8 @@ pub enum Stage {
     Lm,
     /// The depformer only (its sub-steps per frame).
     Depformer,
+    /// `chat`'s echo canceller only (resampling and AEC3 on a frame with its echo).
+    EchoCancel,
 }
 
 impl Stage {
@@ -64,6 +66,7 @@ impl Stage {
             Stage::Mimi => "mimi",
             Stage::Lm => "lm",
             Stage::Depformer => "depformer",
+            Stage::EchoCancel => "echo-cancel",
         }
     }
 
@@ -72,7 +75,7 @@ impl Stage {
     }
 
     fn needs_lm(self) -> bool {
-        !matches!(self, Stage::Mimi)
+        !matches!(self, Stage::Mimi | Stage::EchoCancel)
     }
 
     /// LM steps the first frame takes: the temporal KV caches grow by one position per step
@@ -82,7 +85,7 @@ impl Stage {
         match self {
             Stage::All => ModelKind::of(cfg).conventions().first_frame_lm_steps,
             Stage::Lm => 1,
-            Stage::Mimi | Stage::Depformer => 0,
+            Stage::Mimi | Stage::Depformer | Stage::EchoCancel => 0,
         }
     }
 }
@@ -626,6 +629,7 @@ fn stage_processor(
         Stage::Depformer => Box::new(DepformerStage::new(
             lm.ok_or_else(|| missing("LM"))?.weights().clone(),
         )?),
+        Stage::EchoCancel => Box::new(EchoCancelStage::new()?),
     })
 }
 
@@ -661,7 +665,7 @@ fn weight_bytes_of(lm: &LmWeights, stage: Stage) -> WeightBytes {
     let read = match stage {
         Stage::All | Stage::Lm => b.read_per_step(),
         Stage::Depformer => b.depformer,
-        Stage::Mimi => 0,
+        Stage::Mimi | Stage::EchoCancel => 0,
     };
     WeightBytes {
         resident_bytes: (b.temporal_layers + b.text_head + b.depformer + b.embedding_tables) as u64,

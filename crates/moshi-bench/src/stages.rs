@@ -1,5 +1,6 @@
 //! Frame processors that run one stage of the pipeline alone (`moshi-rs bench --stage`): Mimi
-//! (encode + decode) and the depformer alone (the LM step alone is `sessions::LmStage`).
+//! (encode + decode), the depformer alone (the LM step alone is `sessions::LmStage`) and
+//! `chat`'s echo canceller.
 //! Each fills the [`StageTimings`] of the parts it runs; the others stay 0.
 
 use std::sync::Arc;
@@ -10,6 +11,7 @@ use moshi_model::lm::{LmRowState, LmScratch, LmWeights};
 use moshi_model::mimi::Mimi;
 use moshi_model::nn::KvPrecision;
 
+use moshi_runtime::echo_cancel::{EchoCancelConfig, EchoCanceller};
 use moshi_runtime::engine::{FrameOutput, FrameProcessor};
 use moshi_runtime::metrics::StageTimings;
 use moshi_runtime::{Result, FRAME_SAMPLES};
@@ -44,6 +46,42 @@ impl FrameProcessor for MimiStage {
         Ok(FrameOutput {
             pcm,
             timings,
+            ..Default::default()
+        })
+    }
+}
+
+/// `chat`'s echo canceller alone: each input frame is played (the reference), and the
+/// microphone frame is the previous frame's echo at -6 dB over the input at -20 dB (double talk
+/// throughout, the costliest case), aligned as the engine aligns it.
+pub struct EchoCancelStage {
+    canceller: EchoCanceller,
+    previous: Vec<f32>,
+}
+
+impl EchoCancelStage {
+    pub fn new() -> Result<Self> {
+        Ok(Self {
+            canceller: EchoCanceller::new(EchoCancelConfig::default())?,
+            previous: vec![0.0; FRAME_SAMPLES],
+        })
+    }
+}
+
+impl FrameProcessor for EchoCancelStage {
+    fn process_frame(&mut self, pcm_in: &[f32]) -> Result<FrameOutput> {
+        let mut mic: Vec<f32> = self
+            .previous
+            .iter()
+            .zip(pcm_in)
+            .map(|(echo, near)| 0.5 * echo + 0.1 * near)
+            .collect();
+        self.canceller.played(pcm_in);
+        // The frame played last is one frame ahead of the microphone.
+        self.canceller.process(&mut mic, FRAME_SAMPLES as f64)?;
+        self.previous.copy_from_slice(pcm_in);
+        Ok(FrameOutput {
+            pcm: mic,
             ..Default::default()
         })
     }

@@ -328,6 +328,38 @@ fn fewer_layers_are_extrapolated_and_labelled() {
 }
 
 #[test]
+fn echo_cancel_stage_times_the_canceller_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("bench.json");
+    let out = bench(&[
+        "--random-weights",
+        "--config",
+        &tiny_config(),
+        "--stage",
+        "echo-cancel",
+        "--frames",
+        "5",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr_text(&out));
+    let r = read_json(&json);
+    assert_eq!(r["run"]["stage"], "echo-cancel");
+    assert_eq!(r["frames"].as_array().unwrap().len(), 5);
+    // The canceller's time is the frame's; no model stage runs, no weight is read.
+    assert!(num(&r, "stages.total_ms.p50") > 0.0);
+    for stage in [
+        "mimi_encode_ms",
+        "lm_temporal_ms",
+        "lm_depformer_ms",
+        "mimi_decode_ms",
+    ] {
+        assert_eq!(num(&r, &format!("stages.{stage}.max")), 0.0, "{stage}");
+    }
+    assert_eq!(num(&r, "weights.read_per_frame_bytes"), 0.0);
+}
+
+#[test]
 fn tiny_checkpoint_runs_each_stage() {
     let model = tiny_a_dir().display().to_string();
     for (quant, stage, mimi_weights) in [

@@ -154,6 +154,14 @@ fn bench_and_chat_outputs_never_replace_an_input_or_each_other() {
         &["--record", report_s, "--profile", report_s],
         &["--profile", "--record", "same file"],
     );
+    chat(
+        &["--record-raw-mic", &file("model.safetensors")],
+        &["--record-raw-mic", "same file as the input"],
+    );
+    chat(
+        &["--record", report_s, "--record-raw-mic", report_s],
+        &["--record-raw-mic", "--record", "same file"],
+    );
     assert!(!report.exists());
     assert_eq!(snapshot(m), before, "an input of the run was changed");
 }

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::echo_cancel::{EchoCancelConfig, EchoCanceller, EchoStats};
 use crate::metrics::{FrameRecord, Metrics, StageTimings};
 use crate::resample::StreamResampler;
 use crate::ring::{AudioCounters, SampleConsumer, SampleProducer};
@@ -122,6 +123,9 @@ pub struct EngineConfig {
     /// Whether the answers go to the speaker ring; `false`: capture only (live speech to
     /// text), the output frames are recorded but never queued, and no jitter margin is.
     pub play_output: bool,
+    /// Echo cancellation of the input with the output as its reference
+    /// ([`crate::echo_cancel`]); only when the output is played.
+    pub echo_cancel: Option<EchoCancelConfig>,
 }
 
 impl EngineConfig {
@@ -134,6 +138,7 @@ impl EngineConfig {
             prefill_ms: 0.0,
             poll_interval: Duration::from_micros(500),
             play_output: true,
+            echo_cancel: None,
         }
     }
 }
@@ -159,6 +164,9 @@ pub struct EngineIo {
     pub speaker: SampleProducer,
     pub counters: Arc<AudioCounters>,
     pub recorder: Option<Box<dyn FrameRecorder>>,
+    /// Takes every input frame as captured, before echo cancellation (`--record-raw-mic`); its
+    /// output argument is the frame's answer as for `recorder`.
+    pub raw_mic: Option<Box<dyn FrameRecorder>>,
 }
 
 /// Sent by the engine thread as it goes.
@@ -187,6 +195,8 @@ pub struct EngineReport {
     /// Times the engine was handed new rings (a device reopened).
     pub reconnects: u64,
     pub wall_s: f64,
+    /// The echo canceller's state at the end (`None`: no echo cancellation).
+    pub echo: Option<EchoStats>,
 }
 
 /// A running engine thread.
@@ -259,8 +269,15 @@ pub fn spawn_engine(
     let input_done = Arc::new(AtomicBool::new(false));
     let (events, events_rx) = mpsc::channel();
     let (reconnect_tx, reconnects) = mpsc::channel();
+    let echo = match config.echo_cancel {
+        Some(c) if config.play_output => Some(EchoCanceller::new(c)?),
+        _ => None,
+    };
     let mut state = EngineState {
         device: DeviceSide::new(config.input, config.output, io.mic, io.speaker)?,
+        echo,
+        raw_mic: io.raw_mic,
+        raw_frame: vec![0.0; FRAME_SAMPLES],
         processor,
         drop_policy: config.drop_policy,
         prefill_ms: config.prefill_ms,
@@ -414,6 +431,20 @@ impl DeviceSide {
         samples * 1e3 / SAMPLE_RATE_HZ as f64
     }
 
+    /// 24 kHz samples between the speaker sample pushed last and the one that was playing when
+    /// the last input frame's last sample was captured: the output queued ahead (speaker ring,
+    /// output resampler, the host's playback latency) and the input behind the frame (the host's
+    /// capture latency, `mic_backlog_ms`).
+    fn loop_delay_samples(&self, counters: &AudioCounters, mic_backlog_ms: f64) -> f64 {
+        let c = counters.snapshot();
+        let ms = self.queued_output_ms()
+            + self.out_resampler_delay_ms()
+            + c.output_device_latency_us as f64 / 1e3
+            + c.input_device_latency_us as f64 / 1e3
+            + mic_backlog_ms;
+        ms * SAMPLE_RATE_HZ as f64 / 1e3
+    }
+
     /// Output already queued in the speaker ring, in ms of audio.
     fn queued_output_ms(&self) -> f64 {
         let cap = self.speaker.buffer().capacity();
@@ -432,6 +463,11 @@ impl DeviceSide {
 struct EngineState {
     processor: Box<dyn FrameProcessor>,
     device: DeviceSide,
+    /// The echo canceller, when the input is cleaned of the output's echo.
+    echo: Option<EchoCanceller>,
+    raw_mic: Option<Box<dyn FrameRecorder>>,
+    /// The input frame being handled as captured (before echo cancellation).
+    raw_frame: Vec<f32>,
     drop_policy: DropPolicy,
     prefill_ms: f64,
     poll_interval: Duration,
@@ -470,12 +506,16 @@ impl EngineState {
             }
         }
         self.report.wall_s = self.started.elapsed().as_secs_f64();
+        self.report.echo = self.echo.as_ref().map(EchoCanceller::stats);
         Ok(std::mem::take(&mut self.report))
     }
 
     /// Same processor, same conversation; a fresh device side for the new device.
     fn apply_reconnect(&mut self, r: Reconnect) -> Result<()> {
         self.device = DeviceSide::new(r.input, r.output, r.mic, r.speaker)?;
+        if let Some(echo) = &mut self.echo {
+            echo.realign();
+        }
         // Release: the lockstep clock's Acquire load then counts from the new device's start.
         self.counters
             .engine_input_consumed_samples
@@ -524,6 +564,12 @@ impl EngineState {
         if let Some(recorder) = &mut self.recorder {
             recorder.dropped(&self.frame);
         }
+        if let Some(raw) = &mut self.raw_mic {
+            raw.dropped(&self.frame);
+        }
+        if let Some(echo) = &mut self.echo {
+            echo.skip_frame();
+        }
         self.report.frames_dropped += 1;
         self.counters
             .engine_frames_dropped
@@ -535,6 +581,7 @@ impl EngineState {
     fn process_frame(&mut self) -> Result<()> {
         self.device.in_resampler.pop_into(&mut self.frame);
         let mic_backlog_ms = self.device.mic_backlog_ms();
+        self.cancel_echo(mic_backlog_ms)?;
         let (out, total_ms) = self.run_processor()?;
         let ring_queue_ms = self.device.queued_output_ms();
         // What a sample pushed now waits for: the ring's queue and the output resampler.
@@ -545,6 +592,9 @@ impl EngineState {
             self.push_output(&out.pcm[skip..])?;
         }
         self.record(&out.pcm);
+        if let Some(raw) = &mut self.raw_mic {
+            raw.record(&self.raw_frame, &out.pcm);
+        }
         let record = FrameRecord {
             event: "frame",
             frame: self.report.frames_processed,
@@ -553,9 +603,24 @@ impl EngineState {
             stages: out.timings,
             mic_backlog_ms,
             speaker_queue_ms,
+            echo: self.echo.as_ref().map(|e| Box::new(e.stats())),
         };
         self.publish_frame(record, out.text, out.tokens);
         Ok(())
+    }
+
+    /// Keeps the frame as captured (`raw_frame`) and removes the output's echo from `frame`,
+    /// the reference aligned with the loop delay measured now (before the frame's output is
+    /// pushed: the history and the speaker queue are read at the same moment).
+    fn cancel_echo(&mut self, mic_backlog_ms: f64) -> Result<()> {
+        self.raw_frame.copy_from_slice(&self.frame);
+        let Some(echo) = &mut self.echo else {
+            return Ok(());
+        };
+        let loop_delay = self
+            .device
+            .loop_delay_samples(&self.counters, mic_backlog_ms);
+        echo.process(&mut self.frame, loop_delay)
     }
 
     /// The processor's answer to `self.frame` (checked to be one frame) and its time, ms.
@@ -635,6 +700,9 @@ impl EngineState {
     fn push_output(&mut self, pcm: &[f32]) -> Result<()> {
         let channels = self.device.output.channels as usize;
         for piece in pcm.chunks(FRAME_SAMPLES) {
+            if let Some(echo) = &mut self.echo {
+                echo.played(piece);
+            }
             self.device.out_resampler.push(piece)?;
             loop {
                 let n = self

@@ -66,6 +66,8 @@ pub enum RuntimeError {
     },
     #[error("audio device: {0}")]
     Device(String),
+    #[error("echo canceller: {detail}")]
+    EchoCancel { detail: String },
     #[error("frame processor expected {expected} samples per frame, got {got}")]
     FrameSize { expected: usize, got: usize },
     #[error(transparent)]

@@ -9,6 +9,7 @@
 pub mod alloc_check;
 pub mod backend;
 pub mod continuity;
+pub mod echo_cancel;
 pub mod engine;
 mod error;
 pub mod metrics;

@@ -55,6 +55,9 @@ pub struct FrameRecord {
     /// Output queued ahead of this frame's first sample when it was pushed, ms: the speaker
     /// ring's queue plus the output resampler's pending input and group delay; live mode only.
     pub speaker_queue_ms: f64,
+    /// The echo canceller after this frame (live mode with `--echo-cancel`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub echo: Option<Box<crate::echo_cancel::EchoStats>>,
 }
 
 /// min / p50 / p95 / p99 / max / mean of a series.

@@ -2,7 +2,8 @@
 //! recording takes frames from a bounded queue and writes them; frames that find the queue full
 //! (the disk behind) are left out and counted, and the thread finalizes the files at the end.
 //! `serve --record` ([`RecorderThread`] with its session writer), `chat --record`
-//! ([`ConversationWav`]) and `transcribe --mic --record-input` ([`FedInputWav`]) share it.
+//! ([`ConversationWav`], and `chat --record-raw-mic`: [`RawMicWav`]) and `transcribe --mic
+//! --record-input` ([`FedInputWav`]) share it.
 //!
 //! Nothing that queues a frame ever waits for the disk: the engine thread and the server's
 //! async runtime stay real-time.
@@ -330,6 +331,59 @@ impl RecordWriter for FedInputWav {
     type Error = RuntimeError;
 
     fn write(&mut self, frame: FedFrame) -> Result<()> {
+        self.0.frame(frame.0.len(), |wav| wav.write_mono(&frame.0))
+    }
+
+    fn finish(self, (): ()) -> Result<RecordingSummary> {
+        self.0.finish()
+    }
+}
+
+/// One 24 kHz input frame as captured, before echo cancellation.
+pub struct MicFrame(pub Box<[f32]>);
+
+/// Every input frame the engine took, processed or dropped (as `--record`'s left channel, so
+/// the two files line up sample for sample).
+impl FrameRecorder for FrameQueue<MicFrame> {
+    fn record(&mut self, input: &[f32], _output: &[f32]) {
+        // A stopped writer: its error comes with the recording's finish.
+        let _ = self.push(MicFrame(input.into()));
+    }
+}
+
+/// `chat --record-raw-mic`: the microphone before echo cancellation, as a 16-bit mono WAV at
+/// 24 kHz (the format of `--record`, whose left channel is what the model heard after it).
+/// Written as it goes, committed under its name at the end only.
+pub struct RawMicWav(WavRecording);
+
+impl RawMicWav {
+    /// Room for this many frames waiting for the disk (as [`ConversationWav::QUEUE_FRAMES`]).
+    pub const QUEUE_FRAMES: usize = 250;
+
+    pub fn create(path: &Path) -> Result<Self> {
+        let wav = WavWriter::create_open_ended(path, 1, SAMPLE_RATE_HZ)?;
+        Ok(Self(WavRecording::new(wav)))
+    }
+
+    /// Starts the recording at `path` on its own thread; the file is created here, so that an
+    /// unwritable path is an error before the conversation starts.
+    pub fn spawn(path: &Path, queue_frames: usize) -> Result<RecorderThread<Self>> {
+        spawn_wav_writer(
+            "moshi-record-raw-mic",
+            path,
+            queue_frames,
+            Self::create(path)?,
+        )
+    }
+}
+
+impl RecordWriter for RawMicWav {
+    type Frame = MicFrame;
+    type End = ();
+    type Done = RecordingSummary;
+    type Error = RuntimeError;
+
+    fn write(&mut self, frame: MicFrame) -> Result<()> {
         self.0.frame(frame.0.len(), |wav| wav.write_mono(&frame.0))
     }
 

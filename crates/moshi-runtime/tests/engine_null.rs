@@ -353,6 +353,7 @@ fn stalled_playback_is_trimmed_back_to_bounded_latency() {
             speaker: spk_p,
             counters: counters.clone(),
             recorder: None,
+            raw_mic: None,
         },
     )
     .unwrap();

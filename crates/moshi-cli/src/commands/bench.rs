@@ -48,6 +48,9 @@ pub enum StageArg {
     Lm,
     /// The depformer only (its 8 sub-steps per frame).
     Depformer,
+    /// `chat --echo-cancel`'s canceller only (24 <-> 48 kHz resampling and WebRTC AEC3 on a
+    /// frame with its echo).
+    EchoCancel,
 }
 
 impl From<StageArg> for Stage {
@@ -57,6 +60,7 @@ impl From<StageArg> for Stage {
             StageArg::Mimi => Stage::Mimi,
             StageArg::Lm => Stage::Lm,
             StageArg::Depformer => Stage::Depformer,
+            StageArg::EchoCancel => Stage::EchoCancel,
         }
     }
 }

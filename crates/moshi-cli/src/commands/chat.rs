@@ -19,13 +19,17 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use moshi_loader::output_file::{names_stdout, write_output};
 use moshi_runtime::backend::cpal::CpalBackend;
-use moshi_runtime::backend::{start_session, AudioBackend, RingSizes, Session};
+use moshi_runtime::backend::{
+    start_session_with_mic, AudioBackend, MicProcessing, RingSizes, Session,
+};
+use moshi_runtime::echo_cancel::EchoStats;
 use moshi_runtime::engine::{EngineEvent, EngineReport, FrameRecorder};
 use moshi_runtime::metrics::{FrameRecord, LatencyStats, Percentiles, ProfileWriter, RunSummary};
-use moshi_runtime::recorder::ConversationWav;
+use moshi_runtime::recorder::{ConversationWav, RawMicWav};
 use moshi_runtime::ring::{AudioCounters, CounterSnapshot};
 use moshi_runtime::SAMPLE_RATE_HZ;
 
+use super::echo_args::EchoArgs;
 use super::live::{
     device_samples_ms, frames_ms, run_until_stop, watch_stop_signals, DeviceErrorReports, Devices,
     LiveInputArgs, Watch,
@@ -43,6 +47,8 @@ pub struct ChatArgs {
     pub sampling: SamplingArgs,
     #[command(flatten)]
     pub live: LiveInputArgs,
+    #[command(flatten)]
+    pub echo: EchoArgs,
     /// Output device (substring of its name); default: the system default.
     #[arg(long, value_name = "NAME")]
     pub output_device: Option<String>,
@@ -59,6 +65,10 @@ pub struct ChatArgs {
     /// Save the conversation as a stereo WAV: you on the left, Moshi on the right (24 kHz).
     #[arg(long, value_name = "FILE")]
     pub record: Option<PathBuf>,
+    /// Save the microphone as captured, before echo cancellation (mono WAV, 24 kHz; the frames
+    /// of `--record`'s left channel, which is what Moshi heard).
+    #[arg(long, value_name = "FILE")]
+    pub record_raw_mic: Option<PathBuf>,
     /// Write per-frame timings as JSON Lines.
     #[arg(long, value_name = "FILE")]
     pub profile: Option<PathBuf>,
@@ -185,8 +195,13 @@ impl Console {
             .latest
             .as_ref()
             .map_or(0.0, |r| added_latency_ms(r, &c));
+        let echo = self
+            .latest
+            .as_ref()
+            .and_then(|r| r.echo.as_deref())
+            .map_or(String::new(), |e| format!(" | {}", echo_status(e)));
         let status = format!(
-            "[RTF {rtf:.2} | added latency {latency:.0} ms | glitches {} (underruns {}) | dropped frames {} | device errors {}]",
+            "[RTF {rtf:.2} | added latency {latency:.0} ms | glitches {} (underruns {}) | dropped frames {} | device errors {}{echo}]",
             c.audible_glitch_events(),
             c.underrun_events,
             c.engine_frames_dropped,
@@ -217,6 +232,17 @@ impl Console {
     }
 }
 
+/// The echo canceller on the status line: its ERLE estimate and whether it has converged.
+fn echo_status(e: &EchoStats) -> String {
+    let erle = e.erle_db.map_or("-".into(), |d| format!("{d:.0} dB"));
+    let state = if e.converged {
+        "converged"
+    } else {
+        "converging"
+    };
+    format!("echo ERLE {erle} {state}")
+}
+
 /// Statistics written by `--stats-json` and printed as the summary.
 #[derive(serde::Serialize)]
 struct ChatStats {
@@ -239,6 +265,8 @@ struct ChatStats {
     callback_allocations: Option<u64>,
     wall_s: f64,
     backend: String,
+    /// The echo canceller at the end (`null`: echo cancellation off).
+    echo_cancel: Option<EchoStats>,
 }
 
 pub fn run(args: ChatArgs) -> anyhow::Result<()> {
@@ -247,6 +275,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     remove_partials_on(Signals::TermAndHup)?;
     let outputs = given(&[
         ("--record", args.record.as_deref()),
+        ("--record-raw-mic", args.record_raw_mic.as_deref()),
         ("--profile", args.profile.as_deref()),
         ("--stats-json", args.stats_json.as_deref()),
     ]);
@@ -269,6 +298,11 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     let devices = args.devices();
     let mut backend = devices.open()?;
     eprintln!("audio: {}", backend.describe());
+    let (echo_cancel, echo_why) = args.echo.resolve(backend.output_device_name().as_deref())?;
+    eprintln!(
+        "echo cancellation: {} ({echo_why})",
+        if echo_cancel.is_some() { "on" } else { "off" }
+    );
     let jitter_ms = args.jitter_margin_ms();
     // Written by its own thread as the conversation goes: memory stays flat however long.
     let recording = args
@@ -277,7 +311,13 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         .map(|p| ConversationWav::spawn(p, ConversationWav::QUEUE_FRAMES).map(|r| (p, r)))
         .transpose()
         .context("--record")?;
-    let session = start_session(
+    let raw_mic = args
+        .record_raw_mic
+        .as_deref()
+        .map(|p| RawMicWav::spawn(p, RawMicWav::QUEUE_FRAMES).map(|r| (p, r)))
+        .transpose()
+        .context("--record-raw-mic")?;
+    let session = start_session_with_mic(
         &mut backend,
         Box::new(pipeline),
         args.live.drop_policy(),
@@ -286,6 +326,12 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
             .as_ref()
             .map(|(_, r)| Box::new(r.queue()) as Box<dyn FrameRecorder>),
         devices.rings,
+        MicProcessing {
+            echo_cancel,
+            raw_recorder: raw_mic
+                .as_ref()
+                .map(|(_, r)| Box::new(r.queue()) as Box<dyn FrameRecorder>),
+        },
     )?;
     eprintln!(
         "listening{} (Ctrl-C to stop)",
@@ -353,15 +399,21 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         steady_underruns_base,
         &backend,
     );
-    // Whatever became of the other outputs, the recording is completed.
+    // Whatever became of the other outputs, the recordings are completed.
     let recorded = recording.map_or(Ok(()), |(path, r)| {
         super::live::finish_wav_recording("--record", path, r, |s| {
             format!("{s:.1} s, you left, Moshi right")
         })
     });
+    let raw_recorded = raw_mic.map_or(Ok(()), |(path, r)| {
+        super::live::finish_wav_recording("--record-raw-mic", path, r, |s| {
+            format!("{s:.1} s, the microphone before echo cancellation")
+        })
+    });
     profiled
         .and(summarized)
         .and(recorded)
+        .and(raw_recorded)
         .and(std::mem::take(&mut console.words).finish())
 }
 
@@ -425,6 +477,7 @@ fn finish(
             .then(moshi_runtime::alloc_check::callback_allocations),
         wall_s: started.elapsed().as_secs_f64(),
         backend: backend.describe(),
+        echo_cancel: report.echo,
     };
     eprint!("{}", summary.to_table());
     eprintln!(
@@ -463,6 +516,20 @@ fn finish(
         l.p95,
         l.max
     );
+    if let Some(e) = &stats.echo_cancel {
+        eprintln!(
+            "echo cancellation: {}; {} after {}; AEC delay {} ms on a reference {:.0} ms behind the speaker queue; \
+             {} realignments; last frame {:.2} ms",
+            echo_status(e),
+            if e.converged_after_frames.is_some() { "first converged" } else { "not converged" },
+            e.converged_after_frames
+                .map_or("-".into(), |f| format!("{:.1} s", f as f64 * moshi_runtime::FRAME_MS / 1e3)),
+            e.aec_delay_ms.map_or("-".into(), |d| d.to_string()),
+            e.reference_delay_ms,
+            e.realignments,
+            e.frame_cost_ms
+        );
+    }
     if let Some(n) = stats.callback_allocations {
         eprintln!("allocations inside audio callbacks: {n}");
     }

@@ -4,6 +4,7 @@ pub mod bench;
 pub mod chat;
 pub mod codec;
 pub mod devices;
+pub mod echo_args;
 pub mod file;
 pub mod flag_values;
 pub mod inspect;

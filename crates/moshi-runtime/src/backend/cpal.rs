@@ -384,6 +384,13 @@ pub struct CpalBackend {
 }
 
 impl CpalBackend {
+    /// The output device's name as the host gives it (`None`: capture only).
+    pub fn output_device_name(&self) -> Option<String> {
+        self.output
+            .as_ref()
+            .map(|o| o.device.name().unwrap_or_default())
+    }
+
     /// Finds the devices and picks their configs (nothing is started yet).
     pub fn open(options: &CpalOptions) -> Result<Self> {
         let _quiet = QuietAlsa::new();

@@ -14,6 +14,7 @@ pub mod null;
 
 use std::sync::Arc;
 
+use crate::echo_cancel::EchoCancelConfig;
 use crate::engine::MAX_EXTRA_OUTPUT_QUEUE_MS;
 use crate::engine::{
     spawn_engine, DropPolicy, EngineConfig, EngineHandle, EngineIo, FrameProcessor, FrameRecorder,
@@ -96,6 +97,15 @@ pub struct Session {
     pub counters: Arc<AudioCounters>,
 }
 
+/// What a live session does to the microphone before the model hears it.
+#[derive(Default)]
+pub struct MicProcessing {
+    /// Echo cancellation with the speaker's samples as the reference.
+    pub echo_cancel: Option<EchoCancelConfig>,
+    /// Takes every input frame as captured, before echo cancellation.
+    pub raw_recorder: Option<Box<dyn FrameRecorder>>,
+}
+
 /// Creates the rings and counters, starts `backend`, then the engine thread running `processor`
 /// (handing every frame in and out to `recorder`, when there is one).
 pub fn start_session(
@@ -105,6 +115,27 @@ pub fn start_session(
     prefill_ms: f64,
     recorder: Option<Box<dyn FrameRecorder>>,
     rings: RingSizes,
+) -> Result<Session> {
+    start_session_with_mic(
+        backend,
+        processor,
+        drop_policy,
+        prefill_ms,
+        recorder,
+        rings,
+        MicProcessing::default(),
+    )
+}
+
+/// [`start_session`], the microphone processed as `mic` says.
+pub fn start_session_with_mic(
+    backend: &mut dyn AudioBackend,
+    processor: Box<dyn FrameProcessor>,
+    drop_policy: DropPolicy,
+    prefill_ms: f64,
+    recorder: Option<Box<dyn FrameRecorder>>,
+    rings: RingSizes,
+    mic: MicProcessing,
 ) -> Result<Session> {
     let input = backend.input_format();
     let output = backend.output_format();
@@ -117,6 +148,7 @@ pub fn start_session(
         drop_policy,
         prefill_ms,
         play_output: backend.plays_output(),
+        echo_cancel: mic.echo_cancel,
         ..EngineConfig::lossless()
     };
     // The engine starts first so that no captured sample waits for it.
@@ -128,6 +160,7 @@ pub fn start_session(
             speaker: spk_p,
             counters: counters.clone(),
             recorder,
+            raw_mic: mic.raw_recorder,
         },
     )?;
     if let Err(e) = backend.start(mic_p, spk_c, counters.clone()) {
