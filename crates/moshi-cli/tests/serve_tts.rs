@@ -19,12 +19,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use common::asr::{connect, Socket};
 use common::serve::{root, Server};
 use futures_util::{SinkExt, StreamExt};
 use moshi_server::tts_protocol::{TtsClientMessage, TtsServerMessage};
 use moshi_test_support::path_str;
 use serde_json::Value;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 
 const KEY: &str = "public_token";
@@ -67,25 +67,6 @@ fn start_with(dir: &Path, models: &[&str]) -> Server {
 
 fn url(server: &Server, query: &str) -> String {
     format!("ws://{}/api/tts_streaming{query}", server.addr)
-}
-
-type Socket =
-    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
-
-async fn connect(url: &str, key: Option<&str>) -> Result<Socket, String> {
-    let mut request = url.into_client_request().unwrap();
-    if let Some(k) = key {
-        request
-            .headers_mut()
-            .insert("kyutai-api-key", k.parse().unwrap());
-    }
-    match tokio_tungstenite::connect_async(request).await {
-        Ok((socket, _)) => Ok(socket),
-        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => {
-            Err(format!("HTTP {}", r.status().as_u16()))
-        }
-        Err(e) => Err(e.to_string()),
-    }
 }
 
 /// Sends `words` one per message, then `Eos` (unless `eos` is false), and reads every message

@@ -2,28 +2,20 @@
 //! heads): the tiny-stt fixtures' and the bundled release configs parse with their values; a
 //! key that contradicts the model type or is out of range is refused naming the key.
 
+mod common;
+
 use std::path::Path;
 
 use moshi_loader::{LmConfig, SafetensorsFile};
 
-fn fixture_config_text() -> String {
-    std::fs::read_to_string(moshi_test_support::fixture("tiny-stt", "config.json")).unwrap()
-}
-
 /// The tiny-stt config with `edit` applied, parsed.
 fn edited(edit: impl FnOnce(&mut serde_json::Value)) -> moshi_loader::Result<LmConfig> {
-    let mut v: serde_json::Value = serde_json::from_str(&fixture_config_text()).unwrap();
-    edit(&mut v);
-    LmConfig::from_json_str(&v.to_string(), Path::new("edited-config.json"))
+    common::edited_fixture_config("tiny-stt", edit)
 }
 
 /// The error of an edited config, which must name the file and `needles`.
 fn refused(edit: impl FnOnce(&mut serde_json::Value), needles: &[&str]) {
-    let err = edited(edit).unwrap_err().to_string();
-    assert!(err.contains("edited-config.json"), "{err}");
-    for n in needles {
-        assert!(err.contains(n), "error should name {n:?}: {err}");
-    }
+    common::refused_fixture_config("tiny-stt", edit, needles)
 }
 
 #[test]

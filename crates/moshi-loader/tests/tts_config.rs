@@ -3,28 +3,19 @@
 //! with its values and its weights load under the canonical names, every stored tensor used; a
 //! key that contradicts the model type or is out of range is refused naming the key.
 
-use std::path::Path;
+mod common;
+
 
 use moshi_loader::{load_lm_weights, LmConfig, WeightMode};
 
-fn fixture_config_text() -> String {
-    std::fs::read_to_string(moshi_test_support::fixture("tiny-tts", "config.json")).unwrap()
-}
-
 /// The tiny-tts config with `edit` applied, parsed.
 fn edited(edit: impl FnOnce(&mut serde_json::Value)) -> moshi_loader::Result<LmConfig> {
-    let mut v: serde_json::Value = serde_json::from_str(&fixture_config_text()).unwrap();
-    edit(&mut v);
-    LmConfig::from_json_str(&v.to_string(), Path::new("edited-config.json"))
+    common::edited_fixture_config("tiny-tts", edit)
 }
 
 /// The error of an edited config, which must name the file and `needles`.
 fn refused(edit: impl FnOnce(&mut serde_json::Value), needles: &[&str]) {
-    let err = edited(edit).unwrap_err().to_string();
-    assert!(err.contains("edited-config.json"), "{err}");
-    for n in needles {
-        assert!(err.contains(n), "error should name {n:?}: {err}");
-    }
+    common::refused_fixture_config("tiny-tts", edit, needles)
 }
 
 #[test]

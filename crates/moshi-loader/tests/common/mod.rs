@@ -22,6 +22,31 @@ pub fn hibiki_config() -> LmConfig {
     LmConfig::from_file(hibiki_asset("config.json")).unwrap()
 }
 
+/// The config of fixture `name` with `edit` applied, parsed (errors name `edited-config.json`).
+pub fn edited_fixture_config(
+    name: &str,
+    edit: impl FnOnce(&mut serde_json::Value),
+) -> moshi_loader::Result<LmConfig> {
+    let text = std::fs::read_to_string(moshi_test_support::fixture(name, "config.json")).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    edit(&mut v);
+    LmConfig::from_json_str(&v.to_string(), Path::new("edited-config.json"))
+}
+
+/// The error of fixture `name`'s config with `edit` applied, which must name the file and
+/// every one of `needles`.
+pub fn refused_fixture_config(
+    name: &str,
+    edit: impl FnOnce(&mut serde_json::Value),
+    needles: &[&str],
+) {
+    let err = edited_fixture_config(name, edit).unwrap_err().to_string();
+    assert!(err.contains("edited-config.json"), "{err}");
+    for n in needles {
+        assert!(err.contains(n), "error should name {n:?}: {err}");
+    }
+}
+
 /// A tensor to write: name, dtype, shape and raw little-endian bytes.
 pub struct RawTensor {
     pub name: String,
