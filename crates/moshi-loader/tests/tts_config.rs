@@ -5,7 +5,6 @@
 
 mod common;
 
-
 use moshi_loader::{load_lm_weights, LmConfig, WeightMode};
 
 /// The tiny-tts config with `edit` applied, parsed.
