@@ -65,11 +65,10 @@ fn speech_to_text_and_moshi_served_at_once_each_as_alone() {
         "--record",
         path_str(&record),
     ]);
-    let log = server.log();
-    assert!(
-        log.contains("/api/asr-streaming (speech to text") && log.contains("/api/chat (Kyutai"),
-        "{log}"
-    );
+    // The start-up lines reach stderr after the URL reaches stdout: wait for them.
+    for needle in ["/api/asr-streaming (speech to text", "/api/chat (Kyutai"] {
+        server.wait_for_log(needle, Duration::from_secs(30));
+    }
 
     let (status, info) = get(&server.addr, "/api/modules_info");
     assert_eq!(status, 200, "{info}");

@@ -194,11 +194,10 @@ async fn beside_speech_to_text_in_one_process_a_stream_gets_what_it_gets_alone()
         dir.path(),
         &["--module", path_str(&tts), "--module", path_str(&stt)],
     );
-    let log = both.log();
-    assert!(
-        log.contains("/api/tts_streaming (text to speech") && log.contains("/api/asr-streaming"),
-        "{log}"
-    );
+    // The start-up lines reach stderr after the URL reaches stdout: wait for them.
+    for needle in ["/api/tts_streaming (text to speech", "/api/asr-streaming"] {
+        both.wait_for_log(needle, Duration::from_secs(30));
+    }
     assert_eq!(fixture_stream(&both).await, want);
     let info = http_get(&both.addr, "/api/modules_info");
     assert!(
