@@ -8,7 +8,7 @@
 //! are those it would get alone, whoever shares its steps; sessions join and leave at any frame.
 
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -19,7 +19,7 @@ use tokio::sync::mpsc::error::TrySendError;
 use crate::metrics::EngineMetrics;
 use crate::session_engine::{
     Doorbell, EngineSession, FrameInput, InputQueue, OpenError, ProcessedFrame, SessionEngine,
-    SessionEvent, SessionSettings, TryPop,
+    SessionEvent, SessionSettings, Slots, TryPop,
 };
 
 /// Events a session may leave unread before further ones are dropped (about 5 s of frames).
@@ -63,8 +63,7 @@ pub struct BatchEngine {
     openings: mpsc::Sender<Opening>,
     doorbell: Arc<Doorbell>,
     /// Sessions open now (counted from `open` to the drop of their input).
-    active: Arc<AtomicUsize>,
-    max_sessions: usize,
+    slots: Slots,
     policy: DropPolicy,
     queue_capacity_frames: usize,
     counters: Arc<StepCounters>,
@@ -92,8 +91,7 @@ impl BatchEngine {
         Ok(Self {
             openings,
             doorbell,
-            active: Arc::new(AtomicUsize::new(0)),
-            max_sessions,
+            slots: Slots::new(max_sessions),
             policy,
             queue_capacity_frames,
             counters,
@@ -108,20 +106,8 @@ impl BatchEngine {
 
 impl SessionEngine for BatchEngine {
     fn open(&self, settings: SessionSettings) -> Result<EngineSession, OpenError> {
-        let max = self.max_sessions;
-        if self
-            .active
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < max).then_some(n + 1)
-            })
-            .is_err()
-        {
-            return Err(OpenError::Busy { max_sessions: max });
-        }
-        let active = self.active.clone();
-        let on_close = Box::new(move || {
-            active.fetch_sub(1, Ordering::AcqRel);
-        });
+        let slot = self.slots.take()?;
+        let on_close = Box::new(move || drop(slot));
         let queue = InputQueue::new(
             self.policy,
             self.queue_capacity_frames,
@@ -145,11 +131,11 @@ impl SessionEngine for BatchEngine {
     }
 
     fn max_sessions(&self) -> usize {
-        self.max_sessions
+        self.slots.max()
     }
 
     fn active_sessions(&self) -> usize {
-        self.active.load(Ordering::Acquire)
+        self.slots.active()
     }
 
     fn metrics(&self) -> Option<&EngineMetrics> {

@@ -79,6 +79,52 @@ pub struct EngineSession {
     pub events: tokio::sync::mpsc::Receiver<SessionEvent>,
 }
 
+/// An engine's session slots: at most `max` open at once, each held by a [`Slot`] until dropped.
+#[derive(Debug)]
+pub struct Slots {
+    active: Arc<std::sync::atomic::AtomicUsize>,
+    max: usize,
+}
+
+/// One taken slot; dropping it frees it.
+#[derive(Debug)]
+pub struct Slot(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+impl Slots {
+    pub fn new(max: usize) -> Self {
+        Self {
+            active: Default::default(),
+            max,
+        }
+    }
+
+    /// A free slot, or `Busy`.
+    pub fn take(&self) -> Result<Slot, OpenError> {
+        use std::sync::atomic::Ordering;
+        let max = self.max;
+        self.active
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .map(|_| Slot(self.active.clone()))
+            .map_err(|_| OpenError::Busy { max_sessions: max })
+    }
+
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    pub fn active(&self) -> usize {
+        self.active.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
 /// Wakes an engine's thread when one of its sessions has news (a frame, or its end), so one
 /// thread can wait on many queues.
 #[derive(Debug, Default)]

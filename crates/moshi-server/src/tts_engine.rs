@@ -9,7 +9,7 @@
 //! end (the last frames flushed), with its last word.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
@@ -21,6 +21,7 @@ use moshi_runtime::speak::TtsSpeaker;
 
 use crate::session_engine::{
     Doorbell, EngineSession, OpenError, SessionEngine, SessionSettings as AudioSessionSettings,
+    Slot, Slots,
 };
 
 /// Events a stream's task may hold unread before the stream stops stepping.
@@ -72,8 +73,7 @@ enum Command {
 pub struct TtsEngine {
     commands: mpsc::Sender<Command>,
     doorbell: Arc<Doorbell>,
-    active: Arc<AtomicUsize>,
-    max_sessions: usize,
+    slots: Slots,
     next_id: std::sync::atomic::AtomicU64,
 }
 
@@ -82,7 +82,7 @@ pub struct TtsStreamHandle {
     id: u64,
     commands: mpsc::Sender<Command>,
     doorbell: Arc<Doorbell>,
-    active: Arc<AtomicUsize>,
+    _slot: Slot,
     pub events: tokio::sync::mpsc::Receiver<TtsEvent>,
 }
 
@@ -110,7 +110,6 @@ impl TtsStreamHandle {
 impl Drop for TtsStreamHandle {
     fn drop(&mut self) {
         self.send(Command::Close { id: self.id });
-        self.active.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -141,8 +140,7 @@ impl TtsEngine {
         Ok(Self {
             commands,
             doorbell,
-            active: Arc::new(AtomicUsize::new(0)),
-            max_sessions,
+            slots: Slots::new(max_sessions),
             next_id: Default::default(),
         })
     }
@@ -152,22 +150,13 @@ impl TtsEngine {
         &self,
         speakers: Option<Arc<TensorCondition>>,
     ) -> Result<TtsStreamHandle, OpenError> {
-        let max = self.max_sessions;
-        if self
-            .active
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < max).then_some(n + 1)
-            })
-            .is_err()
-        {
-            return Err(OpenError::Busy { max_sessions: max });
-        }
+        let slot = self.slots.take()?;
         let (tx, rx) = tokio::sync::mpsc::channel(EVENT_CAPACITY);
         let handle = TtsStreamHandle {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             commands: self.commands.clone(),
             doorbell: self.doorbell.clone(),
-            active: self.active.clone(),
+            _slot: slot,
             events: rx,
         };
         if self
@@ -366,10 +355,10 @@ impl SessionEngine for TtsEngine {
     }
 
     fn max_sessions(&self) -> usize {
-        self.max_sessions
+        self.slots.max()
     }
 
     fn active_sessions(&self) -> usize {
-        self.active.load(Ordering::Acquire)
+        self.slots.active()
     }
 }
