@@ -166,12 +166,7 @@ fn split(text: &str, moshi_server: bool) -> Vec<Piece<'_>> {
 
 /// `<break\s+time="(D+(.D*)?)s"\s*/?>` at the start of `s`: its length and seconds.
 fn break_tag(s: &str) -> Option<(usize, f64)> {
-    let rest = s.strip_prefix("<break")?;
-    let ws = leading_whitespace(rest);
-    if ws == 0 {
-        return None;
-    }
-    let rest = rest[ws..].strip_prefix("time=\"")?;
+    let rest = break_time_value(s)?;
     let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
     if digits == 0 {
         return None;
@@ -203,12 +198,7 @@ fn break_tag(s: &str) -> Option<(usize, f64)> {
 /// moshi-server's `<break\s+time="([0-9.]+)s"\s*/>` at the start of `s`: its length and
 /// seconds (None for a number that does not parse, as there).
 fn server_break_tag(s: &str) -> Option<(usize, f64)> {
-    let rest = s.strip_prefix("<break")?;
-    let ws = leading_whitespace(rest);
-    if ws == 0 {
-        return None;
-    }
-    let rest = rest[ws..].strip_prefix("time=\"")?;
+    let rest = break_time_value(s)?;
     let number_len = rest
         .bytes()
         .take_while(|b| b.is_ascii_digit() || *b == b'.')
@@ -221,6 +211,16 @@ fn server_break_tag(s: &str) -> Option<(usize, f64)> {
     let tail = tail[ws..].strip_prefix("/>")?;
     let seconds: f64 = rest[..number_len].parse().ok()?;
     Some((s.len() - tail.len(), seconds))
+}
+
+/// What follows `<break\s+time="` at the start of `s` (both conventions' tags begin so).
+fn break_time_value(s: &str) -> Option<&str> {
+    let rest = s.strip_prefix("<break")?;
+    let ws = leading_whitespace(rest);
+    if ws == 0 {
+        return None;
+    }
+    rest[ws..].strip_prefix("time=\"")
 }
 
 fn leading_whitespace(s: &str) -> usize {
