@@ -72,7 +72,20 @@ fn url(server: &Server, query: &str) -> String {
 /// Sends `words` one per message, then `Eos` (unless `eos` is false), and reads every message
 /// until the server closes; returns them and the close code.
 async fn speak(socket: Socket, words: &[&str], eos: bool) -> (Vec<TtsServerMessage>, Option<u16>) {
+    speak_after(socket, &[], words, eos).await
+}
+
+/// [`speak`], sending `first` before the words.
+async fn speak_after(
+    socket: Socket,
+    first: &[TtsClientMessage],
+    words: &[&str],
+    eos: bool,
+) -> (Vec<TtsServerMessage>, Option<u16>) {
     let (mut tx, mut rx) = socket.split();
+    for m in first {
+        let _ = tx.send(Message::Binary(m.to_bytes().into())).await;
+    }
     for w in words {
         let m = TtsClientMessage::Text {
             text: w.to_string(),
@@ -170,6 +183,14 @@ async fn a_client_gets_ready_the_audio_and_the_words_with_their_times() {
 
 /// The audio and words of the fixture's script from a server at `addr` (greedy, exact caches).
 async fn fixture_stream(server: &Server) -> Vec<TtsServerMessage> {
+    fixture_stream_after(server, &[]).await
+}
+
+/// [`fixture_stream`], sending `first` before the words.
+async fn fixture_stream_after(
+    server: &Server,
+    first: &[TtsClientMessage],
+) -> Vec<TtsServerMessage> {
     let reference = reference();
     let socket = connect(
         &url(server, &format!("?voice={VOICE}&format=PcmMessagePack")),
@@ -179,7 +200,79 @@ async fn fixture_stream(server: &Server) -> Vec<TtsServerMessage> {
     .unwrap();
     let words = script_words(&reference);
     let refs: Vec<&str> = words.iter().map(String::as_str).collect();
-    speak(socket, &refs, true).await.0
+    speak_after(socket, first, &refs, true).await.0
+}
+
+/// The fixture's voice as a `Voice` message carries it (channels first), its values times
+/// `gain`.
+fn voice_message(gain: f32) -> TtsClientMessage {
+    let file = tiny_tts().join(format!("voices/{VOICE}.f00d4040@12.safetensors"));
+    let dim = moshi_loader::SafetensorsFile::open(&file)
+        .unwrap()
+        .info("speaker_wavs")
+        .unwrap()
+        .shape[1];
+    let voice = moshi_loader::voice::load_voice(&file, dim).unwrap();
+    let mut embeddings = vec![0f32; voice.values.len()];
+    for (t, row) in voice.values.chunks_exact(dim).enumerate() {
+        for (c, v) in row.iter().enumerate() {
+            embeddings[c * voice.frames + t] = v * gain;
+        }
+    }
+    TtsClientMessage::Voice {
+        embeddings,
+        shape: vec![1, dim, voice.frames],
+    }
+}
+
+/// moshi-server's `Voice` message (unmute's custom voices): the stream speaks with the voice
+/// sent, exactly as with the same voice named in the query; another voice changes the audio;
+/// a voice of the wrong shape, or after text, is an `Error`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_voice_sent_by_the_client_is_the_stream_voice() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_server(dir.path(), &[]);
+    let by_name = fixture_stream(&server).await;
+    assert!(by_name.len() > 10, "{by_name:?}");
+    assert_eq!(fixture_stream_after(&server, &[voice_message(1.0)]).await, by_name);
+    let other = fixture_stream_after(&server, &[voice_message(0.5)]).await;
+    let audio = |m: &[TtsServerMessage]| -> Vec<f32> {
+        m.iter()
+            .flat_map(|m| match m {
+                TtsServerMessage::Audio { pcm } => pcm.clone(),
+                _ => Vec::new(),
+            })
+            .collect()
+    };
+    assert!(!audio(&other).is_empty() && audio(&other) != audio(&by_name));
+
+    let query = format!("?voice={VOICE}&format=PcmMessagePack");
+    let TtsClientMessage::Voice { embeddings, shape } = voice_message(1.0) else {
+        unreachable!()
+    };
+    let wrong = TtsClientMessage::Voice {
+        embeddings: embeddings[1..].to_vec(),
+        shape: shape.clone(),
+    };
+    let socket = connect(&url(&server, &query), Some(KEY)).await.unwrap();
+    let (messages, _) = speak_after(socket, &[wrong], &["Hello"], true).await;
+    assert!(
+        matches!(messages.last(), Some(TtsServerMessage::Error { message }) if message.contains("values for shape")),
+        "{messages:?}"
+    );
+    let socket = connect(&url(&server, &query), Some(KEY)).await.unwrap();
+    let late = [
+        TtsClientMessage::Text {
+            text: "Hello".into(),
+        },
+        voice_message(1.0),
+    ];
+    let (messages, _) = speak_after(socket, &late, &[], true).await;
+    assert!(
+        matches!(messages.last(), Some(TtsServerMessage::Error { message }) if message.contains("before the stream's first Text")),
+        "{messages:?}"
+    );
+    server.stop();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -147,7 +147,8 @@ impl ModelSource {
     }
 }
 
-fn is_repo_id(spec: &str) -> bool {
+/// Whether `spec` has the form of a Hugging Face repo id (`owner/name`).
+pub(crate) fn is_repo_id(spec: &str) -> bool {
     let mut parts = spec.split('/');
     let ok = |s: Option<&str>| {
         s.is_some_and(|s| {

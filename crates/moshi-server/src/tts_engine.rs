@@ -57,6 +57,11 @@ enum Command {
         speakers: Option<Arc<TensorCondition>>,
         events: tokio::sync::mpsc::Sender<TtsEvent>,
     },
+    /// A new voice for a stream that has not started.
+    Voice {
+        id: u64,
+        speakers: Option<Arc<TensorCondition>>,
+    },
     Text {
         id: u64,
         entries: Vec<Entry>,
@@ -92,6 +97,15 @@ impl TtsStreamHandle {
         self.send(Command::Text {
             id: self.id,
             entries,
+        });
+    }
+
+    /// Speaks with `speakers` instead of the voice it was opened with; only before any text
+    /// (the caller's to check).
+    pub fn voice(&self, speakers: Option<Arc<TensorCondition>>) {
+        self.send(Command::Voice {
+            id: self.id,
+            speakers,
         });
     }
 
@@ -237,29 +251,34 @@ impl Worker {
                 id,
                 speakers,
                 events,
-            } => {
-                match TtsSpeaker::new(
-                    &self.model,
-                    &self.settings,
-                    self.tts,
-                    speakers,
-                    self.cfg_coef,
-                ) {
-                    Ok(speaker) => {
-                        self.streams.insert(
-                            id,
-                            Stream {
-                                speaker,
-                                events,
-                                words: VecDeque::new(),
-                                steps: 0,
-                                prev_word_steps: 0,
-                                consumed: 0,
-                            },
-                        );
-                    }
+            } => match self.speaker(speakers) {
+                Ok(speaker) => {
+                    self.streams.insert(
+                        id,
+                        Stream {
+                            speaker,
+                            events,
+                            words: VecDeque::new(),
+                            steps: 0,
+                            prev_word_steps: 0,
+                            consumed: 0,
+                        },
+                    );
+                }
+                Err(e) => {
+                    let _ = events.try_send(TtsEvent::Failed(e.to_string()));
+                }
+            },
+            Command::Voice { id, speakers } => {
+                if !self.streams.get(&id).is_some_and(|s| s.steps == 0) {
+                    return;
+                }
+                let made = self.speaker(speakers);
+                let stream = self.streams.get_mut(&id).expect("checked above");
+                match made {
+                    Ok(speaker) => stream.speaker = speaker,
                     Err(e) => {
-                        let _ = events.try_send(TtsEvent::Failed(e.to_string()));
+                        let _ = stream.events.try_send(TtsEvent::Failed(e.to_string()));
                     }
                 }
             }
@@ -278,6 +297,20 @@ impl Worker {
                 self.streams.remove(&id);
             }
         }
+    }
+
+    /// A new stream's speaker with the engine's settings.
+    fn speaker(
+        &self,
+        speakers: Option<Arc<TensorCondition>>,
+    ) -> moshi_runtime::Result<TtsSpeaker> {
+        TtsSpeaker::new(
+            &self.model,
+            &self.settings,
+            self.tts,
+            speakers,
+            self.cfg_coef,
+        )
     }
 
     /// One batched step of the streams that can step; false if none could.

@@ -4,7 +4,8 @@
 //! default; `OggOpusMessagePack`; `PcmMessagePack`; `Pcm`) and the key (`auth_id`).
 //!
 //! Client to server: binary MessagePack maps whose `"type"` names the message, `Text {text}`
-//! (words to say, any number per message) and `Eos` (the text is complete), or a websocket text
+//! (words to say, any number per message), `Voice {embeddings, shape}` (the stream's voice, before
+//! its first text) and `Eos` (the text is complete), or a websocket text
 //! message (its text), or the single byte 0 (end of text). Server to client, MessagePack
 //! formats: `Ready` first, then `Audio {pcm: [f32]}` (1920 samples, 24 kHz) or `OggOpus {data}`
 //! per frame, `Text {text, start_s, stop_s}` per word said, `Error {message}`; the raw formats
@@ -19,7 +20,16 @@ use crate::asr_protocol::serde_bytes_compat::Bytes;
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(tag = "type")]
 pub enum TtsClientMessage {
-    Text { text: String },
+    Text {
+        text: String,
+    },
+    /// The stream's voice, sent before its first `Text`: a speaker embedding as a voice file
+    /// holds it (`shape` [1, dim, frames], values channels first), as moshi-server's TTS takes
+    /// it from unmute.
+    Voice {
+        embeddings: Vec<f32>,
+        shape: Vec<usize>,
+    },
     Eos,
 }
 
@@ -100,7 +110,7 @@ impl TtsFormat {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum TtsProtocolError {
     #[error(
-        "not a message of the protocol ({0}): expected a MessagePack map with \"type\" Text or Eos"
+        "not a message of the protocol ({0}): expected a MessagePack map with \"type\" Text, Voice or Eos"
     )]
     Malformed(String),
 }
@@ -119,11 +129,18 @@ impl TtsClientMessage {
         #[derive(Serialize)]
         #[serde(tag = "type")]
         enum Out<'a> {
-            Text { text: &'a str },
+            Text {
+                text: &'a str,
+            },
+            Voice {
+                embeddings: &'a [f32],
+                shape: &'a [usize],
+            },
             Eos,
         }
         let out = match self {
             Self::Text { text } => Out::Text { text },
+            Self::Voice { embeddings, shape } => Out::Voice { embeddings, shape },
             Self::Eos => Out::Eos,
         };
         rmp_serde::to_vec_named(&out).expect("plain fields always serialize")
@@ -139,6 +156,10 @@ mod tests {
         for m in [
             TtsClientMessage::Text {
                 text: "Hello world".into(),
+            },
+            TtsClientMessage::Voice {
+                embeddings: vec![0.5, -1.25],
+                shape: vec![1, 2, 1],
             },
             TtsClientMessage::Eos,
         ] {
@@ -156,6 +177,27 @@ mod tests {
         assert_eq!(
             TtsClientMessage::from_bytes(&eos).unwrap(),
             TtsClientMessage::Eos
+        );
+        // msgpack.packb({"type": "Voice", "embeddings": [0.5, 2], "shape": [1, 2, 1]}): Python
+        // floats are doubles, integers may stand for floats.
+        let mut voice = vec![0x83, 0xa4];
+        voice.extend(b"type");
+        voice.push(0xa5);
+        voice.extend(b"Voice");
+        voice.push(0xaa);
+        voice.extend(b"embeddings");
+        voice.extend([0x92, 0xcb]);
+        voice.extend(0.5f64.to_be_bytes());
+        voice.push(0x02);
+        voice.push(0xa5);
+        voice.extend(b"shape");
+        voice.extend([0x93, 0x01, 0x02, 0x01]);
+        assert_eq!(
+            TtsClientMessage::from_bytes(&voice).unwrap(),
+            TtsClientMessage::Voice {
+                embeddings: vec![0.5, 2.0],
+                shape: vec![1, 2, 1]
+            }
         );
         assert!(TtsClientMessage::from_bytes(b"\x81\xa4type\xa4Nope").is_err());
         assert!(TtsClientMessage::from_bytes(b"").is_err());

@@ -10,7 +10,7 @@
 //! limit, ends its own stream with an `Error` saying why.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use axum::extract::ws::{Message, WebSocket};
 use futures_util::stream::SplitStream;
 use futures_util::StreamExt;
-use moshi_loader::voice::{load_voice, voice_path};
+use moshi_loader::voice::{load_voice, Voice, VoiceSource};
 use moshi_model::lm::conditioner::TensorCondition;
 use moshi_model::tts::script::{ScriptOptions, ScriptReader, WordEncoder};
 use moshi_runtime::pipeline::MoshiModel;
@@ -46,7 +46,7 @@ const OUTBOX_HEADROOM: usize = 4;
 pub struct TtsService {
     pub engine: Arc<TtsEngine>,
     model: Arc<MoshiModel>,
-    voices_dir: PathBuf,
+    voices: VoiceSource,
     voice_suffix: String,
     default_voice: Option<String>,
     voice_dim: usize,
@@ -58,18 +58,18 @@ pub struct TtsService {
 impl std::fmt::Debug for TtsService {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TtsService")
-            .field("voices_dir", &self.voices_dir)
+            .field("voices", &self.voices.describe())
             .finish_non_exhaustive()
     }
 }
 
 impl TtsService {
-    /// The service of `model` (a TTS model) on `engine`, voices looked up in `voices_dir`;
+    /// The service of `model` (a TTS model) on `engine`, voices looked up in `voices`;
     /// `default_voice` for a query that names none.
     pub fn new(
         model: Arc<MoshiModel>,
         engine: Arc<TtsEngine>,
-        voices_dir: PathBuf,
+        voices: VoiceSource,
         default_voice: Option<String>,
     ) -> Self {
         let cfg = model.lm_config();
@@ -88,7 +88,7 @@ impl TtsService {
         Self {
             engine,
             model,
-            voices_dir,
+            voices,
             voice_suffix,
             default_voice,
             voice_dim,
@@ -111,15 +111,15 @@ impl TtsService {
             return Ok(Some(v.clone()));
         }
         let shown = moshi_loader::escape::escape_controls(name);
-        let path = voice_path(&self.voices_dir, name, &self.voice_suffix).ok_or_else(|| {
-            format!("unknown voice {shown:?}: a voice is a path in the voices folder")
-        })?;
-        let voice = load_voice(&path, self.voice_dim).map_err(|e| {
-            tracing::warn!("voice {shown:?}: {e}");
-            format!("unknown voice {shown:?}")
-        })?;
-        let speakers = TtsSpeaker::speakers(&self.model, &[voice])
-            .map_err(|e| format!("voice {shown:?}: {e}"))?;
+        let voice = self
+            .voices
+            .locate(name, &self.voice_suffix)
+            .and_then(|path| load_voice(&path, self.voice_dim))
+            .map_err(|e| {
+                tracing::warn!("voice {shown:?}: {e}");
+                format!("unknown voice {shown:?}")
+            })?;
+        let speakers = self.speakers(voice, &shown)?;
         let mut cache = self.lock_cache();
         if cache.len() >= MAX_CACHED_VOICES {
             cache.clear();
@@ -128,6 +128,30 @@ impl TtsService {
             cache.insert(name.to_string(), s.clone());
         }
         Ok(speakers)
+    }
+
+    /// The speaker condition of a voice a client sent (`Voice {embeddings, shape}`, as
+    /// moshi-server's TTS takes it: `shape` [1, dim, frames], channels first), not cached.
+    pub fn sent_voice(
+        &self,
+        embeddings: &[f32],
+        shape: &[usize],
+    ) -> Result<Option<Arc<TensorCondition>>, String> {
+        if self.voice_dim == 0 {
+            return Err("this model takes no voice".into());
+        }
+        let voice = Voice::from_channels_first(
+            Path::new("the Voice message"),
+            shape,
+            embeddings,
+            self.voice_dim,
+        )
+        .map_err(|e| e.to_string())?;
+        self.speakers(voice, "sent in the Voice message")
+    }
+
+    fn speakers(&self, voice: Voice, shown: &str) -> Result<Option<Arc<TensorCondition>>, String> {
+        TtsSpeaker::speakers(&self.model, &[voice]).map_err(|e| format!("voice {shown:?}: {e}"))
     }
 
     fn lock_cache(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<TensorCondition>>> {
@@ -174,6 +198,7 @@ impl TtsRequest {
 
 struct TtsConnection<'a> {
     id: u64,
+    service: Arc<TtsService>,
     app: Arc<AppState>,
     module: Arc<Module>,
     stream: TtsStreamHandle,
@@ -182,6 +207,8 @@ struct TtsConnection<'a> {
     opus: Option<OggOpusWriter>,
     reader: ScriptReader<'a>,
     started_text: bool,
+    /// Whether any `Text` came (a `Voice` may only come before).
+    text_seen: bool,
     text_bytes: usize,
     eos: bool,
     last_text: Instant,
@@ -202,7 +229,13 @@ pub async fn run(
     let id = app.next_session_id();
     let (sink, stream) = socket.split();
     let outbox = Outbox::spawn(sink, app.limits.outbox_messages.max(2 * OUTBOX_HEADROOM));
-    let opened = open(&app, &service, &request);
+    // Off the async threads: a voice not yet loaded may be read, or downloaded.
+    let opened = {
+        let (app, service, request) = (app.clone(), service.clone(), request.clone());
+        tokio::task::spawn_blocking(move || open(&app, &service, &request))
+            .await
+            .unwrap_or_else(|e| Err((None, format!("opening the stream failed: {e}"))))
+    };
     let handle = match opened {
         Ok(h) => h,
         Err((reason, message)) => {
@@ -255,6 +288,7 @@ pub async fn run(
     let now = Instant::now();
     let mut c = TtsConnection {
         id,
+        service: service.clone(),
         app: app.clone(),
         module: module.clone(),
         stream: handle,
@@ -263,6 +297,7 @@ pub async fn run(
         opus,
         reader: ScriptReader::new(encode, options),
         started_text: false,
+        text_seen: false,
         text_bytes: 0,
         eos: false,
         last_text: now,
@@ -354,6 +389,7 @@ impl TtsConnection<'_> {
                 .map_err(|e| SessionEnd::BadInput(e.to_string()))?
             {
                 TtsClientMessage::Text { text } => self.text(&text),
+                TtsClientMessage::Voice { embeddings, shape } => self.voice(&embeddings, &shape),
                 TtsClientMessage::Eos => {
                     self.eos = true;
                     self.stream.end_of_text();
@@ -363,7 +399,23 @@ impl TtsConnection<'_> {
         }
     }
 
+    /// A voice sent by the client: the stream speaks with it from its start.
+    fn voice(&mut self, embeddings: &[f32], shape: &[usize]) -> Result<(), SessionEnd> {
+        if self.text_seen {
+            return Err(SessionEnd::BadInput(
+                "a Voice message after text: the voice is set before the stream's first Text".into(),
+            ));
+        }
+        let speakers = self
+            .service
+            .sent_voice(embeddings, shape)
+            .map_err(SessionEnd::BadInput)?;
+        self.stream.voice(speakers);
+        Ok(())
+    }
+
     fn text(&mut self, text: &str) -> Result<(), SessionEnd> {
+        self.text_seen = true;
         self.last_text = Instant::now();
         self.text_bytes += text.len();
         if self.text_bytes > MAX_TEXT_BYTES {

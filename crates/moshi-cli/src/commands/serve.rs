@@ -116,10 +116,11 @@ pub struct ServeArgs {
     /// `Origin` (programs, not browsers) are not concerned.
     #[arg(long = "allowed-origin", value_name = "ORIGIN")]
     pub allowed_origins: Vec<String>,
-    /// A text-to-speech model's voices folder (laid out as kyutai/tts-voices; a query's `voice`
-    /// is a path in it without the model's suffix). Default: `voices/` in the model folder.
-    #[arg(long, value_name = "DIR")]
-    pub voices: Option<PathBuf>,
+    /// A text-to-speech model's voices: a folder laid out as kyutai/tts-voices, or such a
+    /// Hugging Face repo (a query's `voice` is a path in it without the model's suffix).
+    /// Default: `voices/` in the model folder, else kyutai/tts-voices.
+    #[arg(long, value_name = "DIR|REPO")]
+    pub voices: Option<String>,
     /// The voice of a text-to-speech stream whose query names none.
     #[arg(long, value_name = "NAME")]
     pub default_voice: Option<String>,
@@ -416,15 +417,11 @@ fn load_tts_module(
         )
         .context("starting the compute thread")?,
     );
-    let voices_dir = match (&args.voices, resolved.folder()) {
-        (Some(dir), _) => dir.clone(),
-        (None, Some(folder)) => folder.join("voices"),
-        (None, None) => PathBuf::from("voices"),
-    };
+    let voices = super::speak::voice_source(args.voices.as_deref(), resolved.folder())?;
     let service = moshi_server::tts_session::TtsService::new(
         model.clone(),
         engine.clone(),
-        voices_dir.clone(),
+        voices.clone(),
         args.default_voice.clone(),
     );
     // Now, not at the first client: a bad --cfg-coef or --default-voice is an error naming it.
@@ -437,10 +434,10 @@ fn load_tts_module(
             .context("--default-voice")?;
     }
     eprintln!(
-        "model: {} ({:?}), voices in {}, ready in {:.1} s",
+        "model: {} ({:?}), voices in the {}, ready in {:.1} s",
         resolved.lm_weights_path.display(),
         resolved.layout,
-        voices_dir.display(),
+        voices.describe(),
         load_started.elapsed().as_secs_f64(),
     );
     let endpoint = Endpoint::TtsStreaming(std::sync::Arc::new(service));
@@ -455,7 +452,7 @@ fn load_tts_module(
         "layout": format!("{:?}", resolved.layout),
         "mimi": resolved.mimi_weights_path.display().to_string(),
         "quantize": model_args.quantize.map(|q| q.name()),
-        "voices": voices_dir.display().to_string(),
+        "voices": voices.describe(),
         "activations": model_args.activations_or(LIVE_DEFAULTS).to_string(),
         "cfg_coef": cfg_coef,
         "greedy": settings.sampling.greedy,

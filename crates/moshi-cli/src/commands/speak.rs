@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use moshi_loader::output_file::{commit_all, FinishedOutput, OutputFile};
-use moshi_loader::voice::{load_voice, voice_path, Voice};
+use moshi_loader::voice::{load_voice, Voice, VoiceSource, DEFAULT_VOICE_REPO};
 use moshi_model::tts::machine::Entry;
 use moshi_model::tts::script::{ScriptOptions, ScriptReader, WordEncoder};
 use moshi_model::tts::{TtsSettings, SPEAKER_CONDITIONER};
@@ -55,9 +55,11 @@ pub struct SpeakArgs {
     /// `.safetensors` voice file.
     #[arg(long, value_name = "NAME|FILE")]
     pub voice: Option<String>,
-    /// The voices folder (laid out as kyutai/tts-voices). Default: `voices/` in the model folder.
-    #[arg(long, value_name = "DIR")]
-    pub voices: Option<PathBuf>,
+    /// Where voices are named: a folder laid out as kyutai/tts-voices, or such a Hugging Face
+    /// repo (voices downloaded as named). Default: `voices/` in the model folder, else
+    /// kyutai/tts-voices.
+    #[arg(long, value_name = "DIR|REPO")]
+    pub voices: Option<String>,
     /// Guidance strength, a condition of the distilled model (one of its `cfg` values: 1.0 to
     /// 4.0 by 0.5 for Kyutai's release).
     #[arg(long, default_value_t = TTS_CFG_COEF, value_parser = super::flag_values::cfg_coef)]
@@ -197,8 +199,20 @@ fn sampling(args: &SpeakArgs) -> moshi_model::generator::SamplingConfig {
     }
 }
 
-/// The voice of `--voice`: a `.safetensors` file given as a path, else a name in the voices
-/// folder.
+/// Where voices are named: `--voices` (a folder or a Hub repo id), else the model folder's
+/// `voices/`, else Kyutai's voices repo (as `tts_pytorch.py` looks them up).
+pub fn voice_source(voices: Option<&str>, model_folder: Option<&Path>) -> anyhow::Result<VoiceSource> {
+    let hub = moshi_loader::hub::HubSettings::from_env;
+    if let Some(spec) = voices {
+        return VoiceSource::parse(spec, hub).with_context(|| format!("--voices {spec}"));
+    }
+    match model_folder.map(|m| m.join("voices")).filter(|f| f.is_dir()) {
+        Some(folder) => Ok(VoiceSource::Folder(folder)),
+        None => Ok(VoiceSource::parse(DEFAULT_VOICE_REPO, hub)?),
+    }
+}
+
+/// The voice of `--voice`: a `.safetensors` file given as a path, else a name in the voices.
 fn find_voice(
     args: &SpeakArgs,
     cfg: &moshi_loader::LmConfig,
@@ -216,19 +230,15 @@ fn find_voice(
     let path = if name.ends_with(".safetensors") && direct.is_file() {
         direct.to_path_buf()
     } else {
-        let folder = match (&args.voices, model_folder) {
-            (Some(f), _) => f.clone(),
-            (None, Some(m)) => m.join("voices"),
-            (None, None) => PathBuf::from("voices"),
-        };
+        let source = voice_source(args.voices.as_deref(), model_folder)?;
         let suffix = cfg
             .model_id
             .as_ref()
             .map(|m| m.voice_suffix())
             .unwrap_or_default();
-        voice_path(&folder, name, &suffix).with_context(|| {
-            format!("--voice {name:?}: a voice name is a path inside the voices folder")
-        })?
+        source
+            .locate(name, &suffix)
+            .with_context(|| format!("--voice {name:?}"))?
     };
     load_voice(&path, dim).with_context(|| format!("--voice {name}"))
 }
