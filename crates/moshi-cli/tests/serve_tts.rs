@@ -234,7 +234,10 @@ async fn a_voice_sent_by_the_client_is_the_stream_voice() {
     let server = start_server(dir.path(), &[]);
     let by_name = fixture_stream(&server).await;
     assert!(by_name.len() > 10, "{by_name:?}");
-    assert_eq!(fixture_stream_after(&server, &[voice_message(1.0)]).await, by_name);
+    assert_eq!(
+        fixture_stream_after(&server, &[voice_message(1.0)]).await,
+        by_name
+    );
     let other = fixture_stream_after(&server, &[voice_message(0.5)]).await;
     let audio = |m: &[TtsServerMessage]| -> Vec<f32> {
         m.iter()

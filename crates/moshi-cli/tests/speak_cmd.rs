@@ -137,6 +137,92 @@ fn text_from_a_file_or_streamed_on_stdin_says_the_same() {
     check_outputs(dir.path(), &reference);
 }
 
+/// Voices named in a Hub repo (`--voices kyutai/tts-voices`, and the default for a model folder
+/// without `voices/`) come from the Hugging Face cache: the official run, with no network
+/// (offline, and online with the voice already cached).
+#[test]
+fn voices_from_a_hub_repo_speak_as_from_a_folder() {
+    let reference = reference();
+    let home = tempfile::tempdir().unwrap();
+    let repo = home.path().join("hub/models--kyutai--tts-voices");
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), "0123abcd").unwrap();
+    let cached = repo.join("snapshots/0123abcd/expresso");
+    std::fs::create_dir_all(&cached).unwrap();
+    let voice_file = format!("{VOICE}.f00d4040@12.safetensors");
+    let fixture = asset_dir("tiny-tts");
+    std::fs::copy(
+        fixture.join("voices").join(&voice_file),
+        cached.parent().unwrap().join(&voice_file),
+    )
+    .unwrap();
+    // The model without its voices/ folder: voices default to kyutai/tts-voices.
+    let model = tempfile::tempdir().unwrap();
+    for f in [
+        "config.json",
+        "model.safetensors",
+        "mimi.safetensors",
+        "mimi_config.json",
+        "tokenizer.model",
+    ] {
+        std::fs::copy(fixture.join(f), model.path().join(f)).unwrap();
+    }
+    for (voices, offline) in [
+        (Some("kyutai/tts-voices"), "1"),
+        (None, "1"),
+        (Some("hf-snapshot://kyutai/tts-voices"), "0"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut args = vec![
+            "speak".to_string(),
+            reference["script"].as_str().unwrap().to_string(),
+            s(&dir.path().join("out.wav")).to_string(),
+        ];
+        args.extend(run_args(dir.path()));
+        args[4] = s(model.path()).to_string();
+        if let Some(v) = voices {
+            args.extend(["--voices".to_string(), v.to_string()]);
+        }
+        let o = Command::new(env!("CARGO_BIN_EXE_moshi-rs"))
+            .args(&args)
+            .env("HF_HOME", home.path())
+            .env("HF_HUB_OFFLINE", offline)
+            .env("HF_ENDPOINT", "http://127.0.0.1:1")
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "{voices:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        check_outputs(dir.path(), &reference);
+    }
+    // A voice the cache lacks, offline: refused, naming it.
+    let dir = tempfile::tempdir().unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_moshi-rs"))
+        .args([
+            "speak",
+            "Hello",
+            s(&dir.path().join("out.wav")),
+            "--model",
+            s(model.path()),
+            "--voice",
+            "expresso/nobody.wav",
+        ])
+        .env("HF_HOME", home.path())
+        .env("HF_HUB_OFFLINE", "1")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success()
+            && err.contains("expresso/nobody.wav")
+            && err.contains("HF_HUB_OFFLINE"),
+        "{err}"
+    );
+    assert!(!dir.path().join("out.wav").exists());
+}
+
 #[test]
 fn bad_input_fails_clearly_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();

@@ -238,15 +238,22 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let spec = dir.path().to_str().unwrap();
         let settings = || offline_settings(Path::new("/nowhere"));
-        assert!(matches!(VoiceSource::parse(spec, settings).unwrap(), VoiceSource::Folder(f) if f == dir.path()));
+        assert!(
+            matches!(VoiceSource::parse(spec, settings).unwrap(), VoiceSource::Folder(f) if f == dir.path())
+        );
         for spec in ["kyutai/tts-voices", "hf-snapshot://kyutai/tts-voices"] {
             match VoiceSource::parse(spec, settings).unwrap() {
                 VoiceSource::Hub { repo, .. } => assert_eq!(repo, "kyutai/tts-voices"),
                 other => panic!("{spec}: {other:?}"),
             }
         }
-        let e = VoiceSource::parse("no/such/folder", settings).unwrap_err().to_string();
-        assert!(e.contains("no/such/folder") && e.contains("owner/name"), "{e}");
+        let e = VoiceSource::parse("no/such/folder", settings)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("no/such/folder") && e.contains("owner/name"),
+            "{e}"
+        );
     }
 
     /// Offline, a Hub voice is read from the HF cache's snapshot of the repo; a name leaving
@@ -262,10 +269,25 @@ mod tests {
         std::fs::write(&voice, b"x").unwrap();
         let source =
             VoiceSource::parse("kyutai/tts-voices", || offline_settings(cache.path())).unwrap();
-        assert_eq!(source.locate("expresso/a.wav", ".s@1.safetensors").unwrap(), voice);
-        let e = source.locate("expresso/b.wav", ".s@1.safetensors").unwrap_err().to_string();
-        assert!(e.contains("expresso/b.wav") && e.contains("HF_HUB_OFFLINE"), "{e}");
-        let e = source.locate("../x.wav", ".s@1.safetensors").unwrap_err().to_string();
-        assert!(e.contains("inside the voices") && e.contains("kyutai/tts-voices"), "{e}");
+        assert_eq!(
+            source.locate("expresso/a.wav", ".s@1.safetensors").unwrap(),
+            voice
+        );
+        let e = source
+            .locate("expresso/b.wav", ".s@1.safetensors")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("expresso/b.wav") && e.contains("HF_HUB_OFFLINE"),
+            "{e}"
+        );
+        let e = source
+            .locate("../x.wav", ".s@1.safetensors")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("inside the voices") && e.contains("kyutai/tts-voices"),
+            "{e}"
+        );
     }
 }

@@ -300,10 +300,7 @@ impl Worker {
     }
 
     /// A new stream's speaker with the engine's settings.
-    fn speaker(
-        &self,
-        speakers: Option<Arc<TensorCondition>>,
-    ) -> moshi_runtime::Result<TtsSpeaker> {
+    fn speaker(&self, speakers: Option<Arc<TensorCondition>>) -> moshi_runtime::Result<TtsSpeaker> {
         TtsSpeaker::new(
             &self.model,
             &self.settings,

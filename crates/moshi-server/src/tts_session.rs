@@ -403,7 +403,8 @@ impl TtsConnection<'_> {
     fn voice(&mut self, embeddings: &[f32], shape: &[usize]) -> Result<(), SessionEnd> {
         if self.text_seen {
             return Err(SessionEnd::BadInput(
-                "a Voice message after text: the voice is set before the stream's first Text".into(),
+                "a Voice message after text: the voice is set before the stream's first Text"
+                    .into(),
             ));
         }
         let speakers = self

@@ -201,12 +201,18 @@ fn sampling(args: &SpeakArgs) -> moshi_model::generator::SamplingConfig {
 
 /// Where voices are named: `--voices` (a folder or a Hub repo id), else the model folder's
 /// `voices/`, else Kyutai's voices repo (as `tts_pytorch.py` looks them up).
-pub fn voice_source(voices: Option<&str>, model_folder: Option<&Path>) -> anyhow::Result<VoiceSource> {
+pub fn voice_source(
+    voices: Option<&str>,
+    model_folder: Option<&Path>,
+) -> anyhow::Result<VoiceSource> {
     let hub = moshi_loader::hub::HubSettings::from_env;
     if let Some(spec) = voices {
         return VoiceSource::parse(spec, hub).with_context(|| format!("--voices {spec}"));
     }
-    match model_folder.map(|m| m.join("voices")).filter(|f| f.is_dir()) {
+    match model_folder
+        .map(|m| m.join("voices"))
+        .filter(|f| f.is_dir())
+    {
         Some(folder) => Ok(VoiceSource::Folder(folder)),
         None => Ok(VoiceSource::parse(DEFAULT_VOICE_REPO, hub)?),
     }
