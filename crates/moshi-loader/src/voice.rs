@@ -159,9 +159,9 @@ impl VoiceSource {
     /// downloaded first for a Hub repo; an error for a name that would leave the folder or repo.
     pub fn locate(&self, name: &str, suffix: &str) -> Result<PathBuf> {
         let outside = || LoaderError::NotFound {
-            what: format!("voice {:?}", crate::escape::escape_controls(name)),
+            what: crate::escape::escape_controls(name).into_owned(),
             reason: format!(
-                "a voice name is a path inside the voices ({})",
+                "a voice name is a path inside the voices {}",
                 self.describe()
             ),
         };
@@ -191,11 +191,11 @@ impl VoiceSource {
         }
     }
 
-    /// The folder's path, or the repo's id, for messages.
+    /// The folder's path, or the repo's id, for messages ("folder DIR", "repo `ID` ...").
     pub fn describe(&self) -> String {
         match self {
             Self::Folder(f) => format!("folder {}", f.display()),
-            Self::Hub { repo, .. } => format!("Hugging Face repo `{repo}`"),
+            Self::Hub { repo, .. } => format!("repo `{repo}` (Hugging Face)"),
         }
     }
 }

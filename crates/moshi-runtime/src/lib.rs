@@ -14,6 +14,7 @@ pub mod engine;
 mod error;
 pub mod metrics;
 pub mod pipeline;
+pub mod player;
 pub mod recorder;
 pub mod resample;
 pub mod riff;

@@ -91,6 +91,7 @@ impl LiveInputArgs {
             output_device,
             buffer_ms: self.buffer_ms,
             playback: true,
+            capture: true,
         }
     }
 

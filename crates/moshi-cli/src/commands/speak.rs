@@ -4,8 +4,9 @@
 //! distilled model) through [`moshi_runtime::speak`]. The text comes from the command line,
 //! `--text-file`, or standard input (`-`), read line by line as it arrives (each line's words
 //! queued as soon as it is read, so speech starts before the text is complete). The audio is
-//! written as it is generated; `--tokens-out` writes every returned frame, `--words` each word
-//! with the time it starts.
+//! written as it is generated, and played on the speaker with `--play`; `--tokens-out` writes
+//! every returned frame, `--words` each word with the time it starts. Voices are named in a
+//! folder or a Hub repo laid out as `kyutai/tts-voices`.
 
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
@@ -17,7 +18,9 @@ use moshi_model::tts::machine::Entry;
 use moshi_model::tts::script::{ScriptOptions, ScriptReader, WordEncoder};
 use moshi_model::tts::{TtsSettings, SPEAKER_CONDITIONER};
 use moshi_model::ModelError;
+use moshi_runtime::backend::cpal::{CpalBackend, CpalOptions, DEFAULT_BUFFER_MS};
 use moshi_runtime::pipeline::{MoshiModel, SessionSettings};
+use moshi_runtime::player::{PlaybackSummary, Player};
 use moshi_runtime::speak::{SpokenFrame, TtsSpeaker};
 use moshi_runtime::wav::WavWriter;
 use moshi_runtime::SAMPLE_RATE_HZ;
@@ -41,9 +44,21 @@ const MAX_TEXT_BYTES: u64 = 1 << 20;
 pub struct SpeakArgs {
     /// `TEXT OUT.wav`, or `OUT.wav` with --text-file: the text to say (`-` reads standard input
     /// line by line as it arrives) and the output WAV (24 kHz mono 16-bit, written as the audio
-    /// is generated).
-    #[arg(required = true, num_args = 1..=2, value_name = "TEXT OUT.wav")]
+    /// is generated). With --play, OUT.wav may be left out.
+    #[arg(num_args = 0..=2, value_name = "TEXT OUT.wav")]
     pub positional: Vec<String>,
+    /// Play the speech on the speaker as it is generated.
+    #[arg(long)]
+    pub play: bool,
+    /// With --play: the output device (a substring of its name; `moshi-rs devices` lists them).
+    /// Default: the system's default output.
+    #[arg(long, value_name = "NAME", requires = "play")]
+    pub output_device: Option<String>,
+    /// With --play: audio queued before playback starts, so that a machine a little slower than
+    /// real time at first does not stutter (silence inserted later is counted and reported).
+    #[arg(long, default_value_t = 320.0, value_name = "MS", requires = "play",
+          value_parser = super::flag_values::jitter_ms)]
+    pub prefill_ms: f64,
     /// Read the text from this file.
     #[arg(long, value_name = "FILE")]
     pub text_file: Option<PathBuf>,
@@ -91,19 +106,20 @@ pub struct SpeakArgs {
 }
 
 impl SpeakArgs {
-    /// The text argument (None with --text-file) and the output path.
-    fn text_and_out(&self) -> anyhow::Result<(Option<&str>, PathBuf)> {
-        match (&self.positional[..], &self.text_file) {
-            ([text, out], None) => Ok((Some(text.as_str()), PathBuf::from(out))),
-            ([out], Some(_)) => Ok((None, PathBuf::from(out))),
-            ([_, _], Some(f)) => anyhow::bail!(
+    /// The text argument (None with --text-file) and the output path (None: --play only).
+    fn text_and_out(&self) -> anyhow::Result<(Option<&str>, Option<PathBuf>)> {
+        let usage = "expected `speak TEXT OUT.wav` (TEXT `-` reads standard input), \
+                     `speak --text-file FILE OUT.wav`, or either with --play and no OUT.wav";
+        match (&self.positional[..], &self.text_file, self.play) {
+            ([text, out], None, _) => Ok((Some(text.as_str()), Some(PathBuf::from(out)))),
+            ([text], None, true) => Ok((Some(text.as_str()), None)),
+            ([out], Some(_), _) => Ok((None, Some(PathBuf::from(out)))),
+            ([], Some(_), true) => Ok((None, None)),
+            ([_, _], Some(f), _) => anyhow::bail!(
                 "--text-file {} and a text argument: give one (`speak --text-file FILE OUT.wav` or `speak TEXT OUT.wav`)",
                 f.display()
             ),
-            (_, None) => anyhow::bail!(
-                "expected `speak TEXT OUT.wav` (TEXT `-` reads standard input) or `speak --text-file FILE OUT.wav`"
-            ),
-            _ => unreachable!("clap takes one or two positional arguments"),
+            _ => anyhow::bail!("{usage}"),
         }
     }
 }
@@ -116,7 +132,11 @@ pub fn run(args: SpeakArgs) -> anyhow::Result<()> {
         args.padding_bonus
     );
     let resolved = args.model.resolve_or(DEFAULT_TTS_REPO, "assets/tiny-tts")?;
-    let mut outputs = vec![("output WAV", out_path.as_path())];
+    let mut outputs: Vec<(&str, &Path)> = out_path
+        .as_deref()
+        .map(|p| ("output WAV", p))
+        .into_iter()
+        .collect();
     for (flag, p) in [("--tokens-out", &args.tokens_out), ("--words", &args.words)] {
         if let Some(p) = p {
             outputs.push((flag, p.as_path()));
@@ -172,7 +192,7 @@ pub fn run(args: SpeakArgs) -> anyhow::Result<()> {
     let speakers = TtsSpeaker::speakers(&model, &voices)?;
     let mut speaker = TtsSpeaker::new(&model, &settings, tts, speakers, args.cfg_coef)
         .with_context(|| format!("--cfg-coef {} / --voice", args.cfg_coef))?;
-    let mut out = Outputs::create(&args, &out_path)?;
+    let mut out = Outputs::create(&args, out_path.as_deref())?;
     speak(&args, &model, &mut speaker, &mut out)?;
     let words: Vec<(String, usize)> = speaker
         .lm()
@@ -348,15 +368,17 @@ fn text_lines(
     }
 }
 
-/// The audio, `--tokens-out` and `--words`, put in place together at the end.
+/// The audio (the WAV and/or the speaker), `--tokens-out` and `--words`; the files put in
+/// place together at the end.
 struct Outputs {
-    wav: WavWriter,
+    wav: Option<WavWriter>,
+    player: Option<Player>,
     tokens: Option<OutputFile>,
     words: Option<OutputFile>,
 }
 
 impl Outputs {
-    fn create(args: &SpeakArgs, out: &Path) -> anyhow::Result<Self> {
+    fn create(args: &SpeakArgs, out: Option<&Path>) -> anyhow::Result<Self> {
         let create = |p: &Option<PathBuf>, flag: &str| {
             p.as_deref()
                 .map(OutputFile::create)
@@ -364,7 +386,10 @@ impl Outputs {
                 .with_context(|| flag.to_string())
         };
         Ok(Self {
-            wav: WavWriter::create_open_ended(out, 1, SAMPLE_RATE_HZ)?,
+            wav: out
+                .map(|o| WavWriter::create_open_ended(o, 1, SAMPLE_RATE_HZ))
+                .transpose()?,
+            player: args.play.then(|| open_player(args)).transpose()?,
             tokens: create(&args.tokens_out, "--tokens-out")?,
             words: create(&args.words, "--words")?,
         })
@@ -372,7 +397,12 @@ impl Outputs {
 
     fn frame(&mut self, frame: &SpokenFrame) -> anyhow::Result<()> {
         if let Some(pcm) = &frame.pcm {
-            self.wav.write_mono(pcm)?;
+            if let Some(wav) = &mut self.wav {
+                wav.write_mono(pcm)?;
+            }
+            if let Some(player) = &mut self.player {
+                player.play(pcm).context("--play")?;
+            }
         }
         if let Some(t) = &mut self.tokens {
             let line = serde_json::json!({
@@ -386,7 +416,13 @@ impl Outputs {
     }
 
     fn finish(mut self, words: &[(String, usize)]) -> anyhow::Result<()> {
-        let mut done: Vec<FinishedOutput> = vec![self.wav.complete()?];
+        if let Some(player) = self.player.take() {
+            report_playback(&player.finish().context("--play")?);
+        }
+        let mut done: Vec<FinishedOutput> = Vec::new();
+        if let Some(wav) = self.wav.take() {
+            done.push(wav.complete()?);
+        }
         if let Some(mut w) = self.words.take() {
             for (i, (word, step)) in words.iter().enumerate() {
                 let start_s = *step as f64 / FRAME_RATE_HZ;
@@ -401,5 +437,34 @@ impl Outputs {
             done.push(t.finish()?);
         }
         Ok(commit_all(done)?)
+    }
+}
+
+/// The output device of --play, started.
+fn open_player(args: &SpeakArgs) -> anyhow::Result<Player> {
+    let options = CpalOptions {
+        input_device: None,
+        output_device: args.output_device.clone(),
+        buffer_ms: DEFAULT_BUFFER_MS,
+        playback: true,
+        capture: false,
+    };
+    let backend = CpalBackend::open(&options).context("--play: opening the output device")?;
+    let player = Player::start(Box::new(backend), args.prefill_ms)
+        .context("--play: starting the output device")?;
+    eprintln!("audio: {}", player.describe());
+    Ok(player)
+}
+
+/// What --play played, and the silence a slow machine inserted (never hidden).
+fn report_playback(summary: &PlaybackSummary) {
+    if summary.underrun_events > 0 {
+        eprintln!(
+            "played {:.2} s; the speaker ran dry {} times ({:.2} s of silence inserted): this \
+             machine generates slower than real time (a larger --prefill-ms queues more first)",
+            summary.played_s, summary.underrun_events, summary.underrun_s
+        );
+    } else {
+        eprintln!("played {:.2} s without a gap", summary.played_s);
     }
 }

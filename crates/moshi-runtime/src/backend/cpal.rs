@@ -41,6 +41,9 @@ pub struct CpalOptions {
     /// Whether to open an output device at all; `false`: capture only (live speech to text),
     /// `output_device` unused.
     pub playback: bool,
+    /// Whether to open an input device at all; `false`: playback only (`speak --play`),
+    /// `input_device` unused.
+    pub capture: bool,
 }
 
 /// Default device buffer: 40 ms (960 frames at 24 kHz, 4 periods of 10 ms). With 20 ms
@@ -365,19 +368,46 @@ mod quiet_alsa {
     }
 }
 
-/// The output device and its config.
+/// A device and its config (input or output).
 #[derive(Clone)]
-struct OutputSide {
+struct DeviceSide {
     device: cpal::Device,
     config: ChosenConfig,
 }
 
-/// Capture and playback (or capture only) on real devices.
+impl DeviceSide {
+    fn open(host: &cpal::Host, wanted: Option<&str>, input: bool, buffer_ms: u32) -> Result<Self> {
+        let device = find_device(host, wanted, input)?;
+        let config = choose_config(&device, input, buffer_ms)?;
+        Ok(Self { device, config })
+    }
+
+    fn describe(&self) -> String {
+        let c = &self.config;
+        format!(
+            "{} ({} ch, {} Hz, {}, buffer {:?})",
+            self.device.name().unwrap_or_default(),
+            c.config.channels,
+            c.config.sample_rate.0,
+            c.sample_format,
+            c.config.buffer_size
+        )
+    }
+
+    fn format(&self) -> StreamFormat {
+        StreamFormat {
+            sample_rate_hz: self.config.config.sample_rate.0,
+            channels: self.config.config.channels,
+        }
+    }
+}
+
+/// Capture and playback (or one of them) on real devices.
 pub struct CpalBackend {
-    input_device: cpal::Device,
-    input: ChosenConfig,
+    /// `None`: playback only.
+    input: Option<DeviceSide>,
     /// `None`: capture only.
-    output: Option<OutputSide>,
+    output: Option<DeviceSide>,
     /// The running streams (on their own thread), once started.
     streams: Option<StreamOwner>,
     description: String,
@@ -395,37 +425,24 @@ impl CpalBackend {
     pub fn open(options: &CpalOptions) -> Result<Self> {
         let _quiet = QuietAlsa::new();
         let host = cpal::default_host();
-        let input_device = find_device(&host, options.input_device.as_deref(), true)?;
-        let input = choose_config(&input_device, true, options.buffer_ms)?;
-        let output = if options.playback {
-            let device = find_device(&host, options.output_device.as_deref(), false)?;
-            let config = choose_config(&device, false, options.buffer_ms)?;
-            Some(OutputSide { device, config })
-        } else {
-            None
+        let side = |wanted: &Option<String>, input: bool, wanted_side: bool| {
+            wanted_side
+                .then(|| DeviceSide::open(&host, wanted.as_deref(), input, options.buffer_ms))
+                .transpose()
         };
-        let describe = |d: &cpal::Device, c: &ChosenConfig| {
-            format!(
-                "{} ({} ch, {} Hz, {}, buffer {:?})",
-                d.name().unwrap_or_default(),
-                c.config.channels,
-                c.config.sample_rate.0,
-                c.sample_format,
-                c.config.buffer_size
-            )
-        };
+        let input = side(&options.input_device, true, options.capture)?;
+        let output = side(&options.output_device, false, options.playback)?;
         let description = format!(
             "{} host; in: {}; out: {}",
             host.id().name(),
-            describe(&input_device, &input),
+            input
+                .as_ref()
+                .map_or("none (playback only)".into(), DeviceSide::describe),
             output
                 .as_ref()
-                .map_or("none (capture only)".into(), |o| describe(
-                    &o.device, &o.config
-                ))
+                .map_or("none (capture only)".into(), DeviceSide::describe)
         );
         Ok(Self {
-            input_device,
             input,
             output,
             streams: None,
@@ -451,16 +468,18 @@ fn scratch_len(c: &ChosenConfig) -> usize {
 }
 
 /// Builds the streams and starts them (output first, so that no captured sample waits for it);
-/// without an output side, capture only (the speaker ring's consumer is dropped).
+/// without an output side, capture only (the speaker ring's consumer is dropped); without an
+/// input side, playback only (the mic ring's producer is dropped).
 fn build_streams(
-    input_device: &cpal::Device,
-    input: &ChosenConfig,
-    output: Option<&OutputSide>,
+    input: Option<&DeviceSide>,
+    output: Option<&DeviceSide>,
     mic: SampleProducer,
     speaker: SampleConsumer,
     counters: Arc<AudioCounters>,
 ) -> Result<Vec<cpal::Stream>> {
-    let input_stream = build_input_stream(input_device, input, mic, counters.clone())?;
+    let input_stream = input
+        .map(|input| build_input_stream(&input.device, &input.config, mic, counters.clone()))
+        .transpose()?;
     let output_stream = output
         .map(|output| build_output_stream(output, speaker, counters))
         .transpose()?;
@@ -469,10 +488,12 @@ fn build_streams(
             .play()
             .map_err(|e| device_error("starting playback", e))?;
     }
-    input_stream
-        .play()
-        .map_err(|e| device_error("starting capture", e))?;
-    Ok(std::iter::once(input_stream).chain(output_stream).collect())
+    if let Some(input_stream) = &input_stream {
+        input_stream
+            .play()
+            .map_err(|e| device_error("starting capture", e))?;
+    }
+    Ok(input_stream.into_iter().chain(output_stream).collect())
 }
 
 fn build_input_stream(
@@ -518,10 +539,10 @@ fn build_input_stream(
 }
 
 fn build_output_stream(
-    OutputSide {
+    DeviceSide {
         device: output_device,
         config: output,
-    }: &OutputSide,
+    }: &DeviceSide,
     mut speaker: SampleConsumer,
     counters: Arc<AudioCounters>,
 ) -> Result<cpal::Stream> {
@@ -658,21 +679,19 @@ impl AudioBackend for CpalBackend {
     fn describe(&self) -> String {
         self.description.clone()
     }
+    /// Playback only: 24 kHz mono, so that the engine converts nothing from the microphone it
+    /// never hears.
     fn input_format(&self) -> StreamFormat {
-        StreamFormat {
-            sample_rate_hz: self.input.config.sample_rate.0,
-            channels: self.input.config.channels,
-        }
+        self.input
+            .as_ref()
+            .map_or(StreamFormat::MOSHI, DeviceSide::format)
     }
     /// Capture only: 24 kHz mono, so that the engine converts nothing for the speaker it
     /// never feeds.
     fn output_format(&self) -> StreamFormat {
         self.output
             .as_ref()
-            .map_or(StreamFormat::MOSHI, |o| StreamFormat {
-                sample_rate_hz: o.config.config.sample_rate.0,
-                channels: o.config.config.channels,
-            })
+            .map_or(StreamFormat::MOSHI, DeviceSide::format)
     }
     fn plays_output(&self) -> bool {
         self.output.is_some()
@@ -687,18 +706,10 @@ impl AudioBackend for CpalBackend {
             // Bounded: a stuck old stream stays behind on its own thread.
             let _ = old.stop();
         }
-        let (input_device, input) = (self.input_device.clone(), self.input.clone());
-        let output = self.output.clone();
+        let (input, output) = (self.input.clone(), self.output.clone());
         self.streams = Some(StreamOwner::spawn(move || {
-            build_streams(
-                &input_device,
-                &input,
-                output.as_ref(),
-                mic,
-                speaker,
-                counters,
-            )
-            .map(PlayingStreams)
+            build_streams(input.as_ref(), output.as_ref(), mic, speaker, counters)
+                .map(PlayingStreams)
         })?);
         Ok(())
     }
