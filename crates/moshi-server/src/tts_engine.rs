@@ -270,7 +270,7 @@ impl Worker {
                 }
             },
             Command::Voice { id, speakers } => {
-                if !self.streams.get(&id).is_some_and(|s| s.steps == 0) {
+                if self.streams.get(&id).is_none_or(|s| s.steps != 0) {
                     return;
                 }
                 let made = self.speaker(speakers);
