@@ -174,6 +174,11 @@ pub struct TtsFigures {
     pub cross_kv_gflop: f64,
     /// `cross_kv_gflop / cross_kv_ms`, GFLOP/s.
     pub cross_kv_gflops: f64,
+    /// The next voice's keys and values (its own source positions computed, the empty speaker
+    /// slots' reused from the previous voice), ms.
+    pub cross_kv_next_voice_ms: f64,
+    /// Its multiply-adds x 2, GFLOP.
+    pub cross_kv_next_voice_gflop: f64,
     /// Bytes the first-audio steps read (the temporal weights at every step, the depformer's at
     /// the steps that run it, the voices' keys and values) / read bandwidth, ms.
     pub first_audio_steps_bound_ms: f64,
@@ -426,8 +431,9 @@ impl TtsFigures {
         s += &line("fresh streams, warm model", &self.first_audio);
         s += &line("first streams after loading", &self.first_audio_cold);
         s += &format!(
-            "setup {:.1} ms per stream; one voice's cross-attention keys and values alone {:.1} ms ({:.1} GFLOP, {:.1} GFLOP/s); first-audio steps' bandwidth bound {:.1} ms\n",
-            self.setup_per_stream_ms, self.cross_kv_ms, self.cross_kv_gflop, self.cross_kv_gflops, self.first_audio_steps_bound_ms
+            "setup {:.1} ms per stream; one voice's cross-attention keys and values alone {:.1} ms ({:.1} GFLOP, {:.1} GFLOP/s), the next voice's {:.1} ms ({:.1} GFLOP); first-audio steps' bandwidth bound {:.1} ms\n",
+            self.setup_per_stream_ms, self.cross_kv_ms, self.cross_kv_gflop, self.cross_kv_gflops,
+            self.cross_kv_next_voice_ms, self.cross_kv_next_voice_gflop, self.first_audio_steps_bound_ms
         );
         s
     }

@@ -493,7 +493,8 @@ fn tts_figures(
     streams: usize,
     read_bandwidth_gbps: f64,
 ) -> TtsFigures {
-    let (cross_kv_ms, cross_kv_gflop) = start.cross_kv.unwrap_or_default();
+    let cross = start.cross_kv.unwrap_or_default();
+    let (cross_kv_ms, cross_kv_gflop) = (cross.first_ms, cross.first_gflop);
     let f = &start.warm;
     // Every first-audio step reads the temporal weights and the voices' keys and values; the
     // steps past the audio's delay the depformer's too.
@@ -509,6 +510,8 @@ fn tts_figures(
         setup_per_stream_ms: f.setup_ms / streams.max(1) as f64,
         cross_kv_ms,
         cross_kv_gflop,
+        cross_kv_next_voice_ms: cross.next_ms,
+        cross_kv_next_voice_gflop: cross.next_gflop,
         cross_kv_gflops: if cross_kv_ms > 0.0 {
             cross_kv_gflop / cross_kv_ms * 1e3
         } else {

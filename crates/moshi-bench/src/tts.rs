@@ -151,8 +151,8 @@ pub struct FirstAudio {
 pub struct TtsStart {
     pub cold: FirstAudio,
     pub warm: FirstAudio,
-    /// One voice's cross-attention keys and values alone: `(ms, GFLOP)`.
-    pub cross_kv: Option<(f64, f64)>,
+    /// One voice's cross-attention keys and values alone, the first and the next.
+    pub cross_kv: Option<CrossKvTimes>,
     /// Cross-attention source positions per stream (speaker slots x voice frames).
     pub source_positions: usize,
 }
@@ -343,33 +343,57 @@ impl FrameProcessor for TtsStage {
     }
 }
 
-/// The cross-attention keys and values of one random voice for every temporal layer of
-/// `weights`, computed alone: `(ms, GFLOP)`; `None` for a model without cross-attention.
+/// The cross-attention keys and values of a voice, timed alone: the first voice (every source
+/// position computed) and the next one (only its own positions: the empty speaker slots' are
+/// taken from the first's).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CrossKvTimes {
+    pub first_ms: f64,
+    pub first_gflop: f64,
+    pub next_ms: f64,
+    pub next_gflop: f64,
+}
+
+/// [`CrossKvTimes`] of two random voices for every temporal layer of `weights`; `None` for a
+/// model without cross-attention.
 pub fn time_cross_keys_values(
     weights: &LmWeights,
     seed: u64,
-) -> std::result::Result<Option<(f64, f64)>, BenchError> {
+) -> std::result::Result<Option<CrossKvTimes>, BenchError> {
     let cfg = weights.config();
     let Some(conditioner) = weights.conditions().cross_conditioners().first() else {
         return Ok(None);
     };
     let max_speakers = cfg.tts_config.as_ref().map_or(1, |t| t.max_speakers());
-    let voice = random_voice(conditioner.dim(), seed);
-    let condition = speaker_condition(&[voice], max_speakers)?;
-    let Some(source) = weights
-        .conditions()
-        .cross_source(&[(SPEAKER_CONDITIONER, &condition)])?
-    else {
+    let source_of = |seed: u64| -> std::result::Result<Option<Vec<f32>>, BenchError> {
+        let condition = speaker_condition(&[random_voice(conditioner.dim(), seed)], max_speakers)?;
+        Ok(weights
+            .conditions()
+            .cross_source(&[(SPEAKER_CONDITIONER, &condition)])?)
+    };
+    let (Some(first), Some(next)) = (source_of(seed)?, source_of(seed ^ 1)?) else {
         return Ok(None);
     };
+    let temporal = weights.temporal();
     let t0 = Instant::now();
-    let kv = weights.temporal().cross_keys_values(&source);
-    let ms = ms_since(t0);
+    let kv = temporal.cross_keys_values(&first);
+    let first_ms = ms_since(t0);
     let Some(kv) = kv else {
         return Ok(None);
     };
+    let t0 = Instant::now();
+    let _ = temporal.cross_keys_values_reusing(&next, (&first, &kv));
+    let next_ms = ms_since(t0);
     // Keys and values: a [2 dim, dim] product per source position and layer.
-    let positions = source.len() / cfg.dim;
-    let gflop = 2.0 * (2 * cfg.dim * cfg.dim) as f64 * positions as f64 * kv.len() as f64 / 1e9;
-    Ok(Some((ms, gflop)))
+    let per_position = 2.0 * (2 * cfg.dim * cfg.dim) as f64 * kv.len() as f64 / 1e9;
+    let dim = cfg.dim;
+    let own = (0..next.len() / dim)
+        .filter(|&j| first[j * dim..(j + 1) * dim] != next[j * dim..(j + 1) * dim])
+        .count();
+    Ok(Some(CrossKvTimes {
+        first_ms,
+        first_gflop: per_position * (first.len() / dim) as f64,
+        next_ms,
+        next_gflop: per_position * own as f64,
+    }))
 }

@@ -677,6 +677,12 @@ fn tts_streams_report_their_first_audio() {
     );
     // 2 layers x 625 positions x a [512, 256] product x 2 FLOP.
     assert!((num(&r, "tts.cross_kv_gflop") - 2.0 * 625.0 * 512.0 * 256.0 * 2.0 / 1e9).abs() < 1e-9);
+    // The next voice: its 125 positions only (the 4 empty slots' 500 reused).
+    assert!(
+        (num(&r, "tts.cross_kv_next_voice_gflop") - 2.0 * 125.0 * 512.0 * 256.0 * 2.0 / 1e9).abs()
+            < 1e-9
+    );
+    assert!(num(&r, "tts.cross_kv_next_voice_ms") > 0.0);
     assert!(num(&r, "tts.first_audio_steps_bound_ms") > 0.0);
     assert!(num(&r, "stages.mimi_decode_ms.p50") > 0.0);
     let text = String::from_utf8_lossy(&out.stdout);

@@ -26,6 +26,7 @@ use moshi_model::lm::embedding::ZERO_TOKEN;
 use moshi_model::lm::LmWeights;
 use moshi_model::tts::machine::Entry;
 use moshi_model::tts::script::{ScriptOptions, ScriptReader, WordEncoder};
+use moshi_model::tts::SPEAKER_CONDITIONER;
 use moshi_model::tts::{session_conditioning, speaker_condition};
 use serde_json::Value;
 
@@ -339,12 +340,28 @@ fn sessions_of_one_voice_share_its_cross_attention_keys_and_values() {
     let kv = |s: &moshi_model::generator::LmSession| s.row().temporal().cross().unwrap().clone();
     assert!(Arc::ptr_eq(&kv(&a), &kv(&b)), "one voice, one copy");
     // The same values in another condition: computed again, to the same bits.
-    let other = Arc::new(speaker_condition(&[voice], max).unwrap());
+    let other = Arc::new(speaker_condition(std::slice::from_ref(&voice), max).unwrap());
     let c = session(&other);
     assert!(!Arc::ptr_eq(&kv(&a), &kv(&c)));
     assert_eq!(*kv(&a), *kv(&c));
-    // Once no session holds them, they are freed.
+    // Once no session holds them, they are freed (the last computed, c's, stays: the next
+    // voice reuses its rows).
     let weak = Arc::downgrade(&kv(&a));
     drop((a, b));
     assert!(weak.upgrade().is_none());
+    // Another voice reuses the rows of the empty speaker slots computed for the last one: its
+    // keys and values are those computed from scratch, bit for bit.
+    let mut louder = voice.clone();
+    louder.values.iter_mut().for_each(|v| *v *= 1.5);
+    let louder = Arc::new(speaker_condition(&[louder], max).unwrap());
+    let d = session(&louder);
+    let weights = generator.weights();
+    let source = weights
+        .conditions()
+        .cross_source(&[(SPEAKER_CONDITIONER, louder.as_ref())])
+        .unwrap()
+        .unwrap();
+    let scratch = weights.temporal().cross_keys_values(&source).unwrap();
+    assert_eq!(*kv(&d), scratch);
+    assert_ne!(*kv(&d), *kv(&c));
 }

@@ -74,7 +74,15 @@ pub struct LmWeights {
     /// The cross-attention keys and values of the tensor conditions rows were made with (a
     /// TTS voice), kept while a row holds them: rows of the same condition share them.
     cross_cache: Arc<Mutex<Vec<CrossCacheEntry>>>,
+    /// The cross-attention source computed last and its keys and values (kept): a new source
+    /// computes only its rows that differ. In Kyutai's TTS the empty speaker slots (learnt
+    /// padding plus position, 500 of 625 positions with one voice) are the same for every
+    /// voice, so a new voice costs its own rows only.
+    last_cross: Arc<Mutex<Option<LastCross>>>,
 }
+
+/// A cross-attention source and its keys and values (every layer's).
+type LastCross = (Vec<f32>, Arc<Vec<CrossKeysValues>>);
 
 /// Cross-attention keys and values, and the conditions they were computed from.
 #[derive(Debug)]
@@ -372,6 +380,7 @@ impl LmWeights {
             conditions,
             extra_heads,
             cross_cache: Default::default(),
+            last_cross: Default::default(),
         };
         let alias = ModelKind::of(cfg).conventions().text_input_alias;
         weights.temporal.set_text_alias(alias);
@@ -479,10 +488,18 @@ impl LmWeights {
         let Some(source) = self.conditions.cross_source(&plain)? else {
             return Ok(None);
         };
-        let Some(kv) = self.temporal.cross_keys_values(&source) else {
+        let mut last = self.last_cross.lock().unwrap_or_else(|p| p.into_inner());
+        let computed = match last.as_ref() {
+            Some((previous, kv)) => self
+                .temporal
+                .cross_keys_values_reusing(&source, (previous, kv)),
+            None => self.temporal.cross_keys_values(&source),
+        };
+        let Some(kv) = computed else {
             return Ok(None);
         };
         let kv = Arc::new(kv);
+        *last = Some((source, kv.clone()));
         cache.push(CrossCacheEntry {
             conditions: tensors.iter().map(|(_, t)| Arc::downgrade(t)).collect(),
             keys_values: Arc::downgrade(&kv),

@@ -188,6 +188,37 @@ impl TemporalTransformer {
             .collect()
     }
 
+    /// [`TemporalTransformer::cross_keys_values`] of `source`, taking the rows equal (bit for
+    /// bit, at the same position) to rows of `previous` (a source and its keys and values) from
+    /// it and computing the others.
+    pub fn cross_keys_values_reusing(
+        &self,
+        source: &[f32],
+        previous: (&[f32], &[CrossKeysValues]),
+    ) -> Option<Vec<CrossKeysValues>> {
+        let (previous_source, previous_kv) = previous;
+        let dim = self.dim();
+        let same = |j: usize| {
+            let row = j * dim..(j + 1) * dim;
+            match (previous_source.get(row.clone()), source.get(row)) {
+                (Some(a), Some(b)) => a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                _ => false,
+            }
+        };
+        let fresh: Vec<usize> = (0..source.len() / dim).filter(|&j| !same(j)).collect();
+        self.layers
+            .iter()
+            .zip(previous_kv)
+            .map(|(l, kv)| {
+                Some(
+                    l.cross()?
+                        .attention()
+                        .source_keys_values_reusing(source, &fresh, kv),
+                )
+            })
+            .collect()
+    }
+
     /// A fresh row: empty caches of `precision`, position 0, no condition.
     pub fn new_state(&self, precision: KvPrecision) -> TemporalState {
         TemporalState {

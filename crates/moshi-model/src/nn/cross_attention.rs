@@ -82,6 +82,37 @@ impl CrossAttention {
         }
     }
 
+    /// [`CrossAttention::source_keys_values`] computing only the rows `fresh` (ascending) of
+    /// `source`, the others copied from `previous`: the keys and values of a source equal to
+    /// this one at every row not in `fresh` (a row's keys and values depend on that row only).
+    ///
+    /// # Panics
+    /// If a row outside `fresh` is past `previous` (caller bug).
+    pub fn source_keys_values_reusing(
+        &self,
+        source: &[f32],
+        fresh: &[usize],
+        previous: &CrossKeysValues,
+    ) -> CrossKeysValues {
+        let dim = self.dim();
+        let positions = source.len() / dim;
+        let gathered: Vec<f32> = fresh
+            .iter()
+            .flat_map(|&j| source[j * dim..(j + 1) * dim].iter().copied())
+            .collect();
+        let computed = self.kv_proj.forward_vec(&gathered, fresh.len());
+        let width = 2 * dim;
+        let mut rows = vec![0f32; positions * width];
+        let mut next_fresh = fresh.iter().zip(computed.chunks_exact(width)).peekable();
+        for (j, row) in rows.chunks_exact_mut(width).enumerate() {
+            match next_fresh.next_if(|(&f, _)| f == j) {
+                Some((_, kv)) => row.copy_from_slice(kv),
+                None => row.copy_from_slice(&previous.rows[j * width..(j + 1) * width]),
+            }
+        }
+        CrossKeysValues { rows, positions }
+    }
+
     /// `m` rows of `xs` (`[m, dim]`, already normalised), row `i` attending over `sources[i]`;
     /// the projected results go to `out` (`[m, dim]`). Row `i`'s result does not depend on the
     /// other rows.
@@ -199,5 +230,18 @@ mod tests {
                 out[r]
             );
         }
+
+        // Rows 1 and 4 of another source computed, the rest reused from this one: the same
+        // keys and values as computing them all.
+        let mut other = source.clone();
+        for j in [1, 4] {
+            for v in &mut other[j * dim..(j + 1) * dim] {
+                *v += 0.25;
+            }
+        }
+        assert_eq!(
+            attn.source_keys_values_reusing(&other, &[1, 4], &kv),
+            attn.source_keys_values(&other)
+        );
     }
 }
