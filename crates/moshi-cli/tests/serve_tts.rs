@@ -303,6 +303,29 @@ async fn beside_speech_to_text_in_one_process_a_stream_gets_what_it_gets_alone()
     both.stop();
 }
 
+/// `--tts-n-q 24` (moshi-server's deployment): the stream's audio is the official
+/// `TTSModel(n_q=24)` run's (ref/output_nq24.wav, within 1 LSB), then the flushed frames.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fewer_codebooks_give_the_official_audio_with_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_server(dir.path(), &["--tts-n-q", "24"]);
+    let pcm: Vec<f32> = fixture_stream(&server)
+        .await
+        .into_iter()
+        .flat_map(|m| match m {
+            TtsServerMessage::Audio { pcm } => pcm,
+            _ => Vec::new(),
+        })
+        .collect();
+    server.stop();
+    let want = common::read_i16(&tiny_tts().join("ref/output_nq24.wav"));
+    assert_eq!(pcm.len(), want.len() + FLUSHED_FRAMES * FRAME);
+    for (i, (&got, &w)) in pcm.iter().zip(&want).enumerate() {
+        let got = (got * 32768.0).round().clamp(-32768.0, 32767.0) as i32;
+        assert!((got - i32::from(w)).abs() <= 1, "sample {i}: {got} vs {w}");
+    }
+}
+
 /// `GET path` on `addr`: the body.
 fn http_get(addr: &str, path: &str) -> String {
     use std::io::{Read, Write};

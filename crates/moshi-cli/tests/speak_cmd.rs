@@ -223,6 +223,63 @@ fn voices_from_a_hub_repo_speak_as_from_a_folder() {
     assert!(!dir.path().join("out.wav").exists());
 }
 
+/// `--n-q 24` (moshi-server's deployment: 24 of the 32 codebooks generated, the others fed the
+/// zero token, Mimi decoding 24): every returned frame of the official `TTSModel(n_q=24)` run
+/// (ref/tts_greedy_nq24.json, scripts/fixtures/make-tiny-tts-nq.sh) and its WAV within 1 LSB.
+#[test]
+fn fewer_codebooks_reproduce_the_official_run_with_them() {
+    let fixture = asset_dir("tiny-tts");
+    let text = std::fs::read_to_string(fixture.join("ref/tts_greedy_nq24.json")).unwrap();
+    let reference: Value = serde_json::from_str(&text).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.wav");
+    let steps = dir.path().join("steps.jsonl");
+    let o = moshi(&[
+        "speak",
+        reference["script"].as_str().unwrap(),
+        s(&out),
+        "--model",
+        s(&fixture),
+        "--voice",
+        VOICE,
+        "--greedy",
+        "--n-q",
+        "24",
+        "--tokens-out",
+        s(&steps),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let lines = jsonl(&steps);
+    let text = reference["frames_text"].as_array().unwrap();
+    let audio = reference["frames_audio"].as_array().unwrap();
+    assert_eq!(lines.len(), text.len(), "returned frames");
+    for (i, line) in lines.iter().enumerate() {
+        assert_eq!(line["text"], text[i], "text of frame {i}");
+        let want = if audio[i][0] == -1 {
+            Value::Null
+        } else {
+            audio[i].clone()
+        };
+        assert_eq!(line["audio"], want, "audio of frame {i}");
+    }
+    assert_wav_within_lsb(&out, &fixture.join("ref/output_nq24.wav"), 1);
+    // More codebooks than the model has, or none: refused, naming the flag.
+    for n in ["33", "0"] {
+        let o = moshi(&[
+            "speak",
+            "hi",
+            s(&out),
+            "--model",
+            s(&fixture),
+            "--voice",
+            VOICE,
+            "--n-q",
+            n,
+        ]);
+        assert_fails(&o, &["--n-q", "n_q"]);
+    }
+}
+
 #[test]
 fn bad_input_fails_clearly_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();

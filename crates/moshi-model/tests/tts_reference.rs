@@ -74,7 +74,16 @@ fn run(
     generator: &Generator,
     entries: Vec<Entry>,
 ) -> (Vec<StepDetails>, moshi_model::generator::LmSession) {
-    let mut session = new_session(generator, entries);
+    run_with(generator, entries, None)
+}
+
+/// [`run`] generating `n_q` audio codebooks (None: all).
+fn run_with(
+    generator: &Generator,
+    entries: Vec<Entry>,
+    n_q: Option<usize>,
+) -> (Vec<StepDetails>, moshi_model::generator::LmSession) {
+    let mut session = new_session_with(generator, entries, n_q);
     let mut steps = Vec::new();
     while !session.tts().unwrap().is_finished(session.step_index()) {
         steps.push(step_alone(generator, &mut session, StepInput::UserCodes(&[])).unwrap());
@@ -215,12 +224,14 @@ fn sessions_batched_with_others_get_their_own_bits() {
     let all = entries(&reference);
     let (alone, _) = run(&generator, all.clone());
     let (short_alone, _) = run(&generator, all[..3].to_vec());
-    // Both stepped together (the shorter one finishes first and drops out).
-    let mut sessions: Vec<_> = [all, all_but(3)]
+    let (fewer_alone, _) = run_with(&generator, all.clone(), Some(24));
+    // The three stepped together (the shorter one finishes first and drops out; one generates
+    // 24 of the 32 codebooks).
+    let mut sessions: Vec<_> = [(all.clone(), None), (all_but(3), None), (all, Some(24))]
         .into_iter()
-        .map(|e| new_session(&generator, e))
+        .map(|(e, n_q)| new_session_with(&generator, e, n_q))
         .collect();
-    let mut together: [Vec<StepDetails>; 2] = [Vec::new(), Vec::new()];
+    let mut together: [Vec<StepDetails>; 3] = [Vec::new(), Vec::new(), Vec::new()];
     loop {
         let mut stepping: Vec<(usize, &mut moshi_model::generator::LmSession)> = sessions
             .iter_mut()
@@ -253,7 +264,14 @@ fn sessions_batched_with_others_get_their_own_bits() {
         untimed(&together[1]) == untimed(&short_alone),
         "the short script"
     );
+    assert!(
+        untimed(&together[2]) == untimed(&fewer_alone),
+        "24 codebooks"
+    );
     assert!(short_alone.len() < alone.len());
+    assert!(fewer_alone
+        .iter()
+        .all(|s| s.audio_tokens[24..].iter().all(|&t| t == ZERO_TOKEN)));
 }
 
 /// The first `n` entries of the fixture's script.
@@ -261,13 +279,18 @@ fn all_but(n: usize) -> Vec<Entry> {
     entries(&reference())[..n].to_vec()
 }
 
-fn new_session(generator: &Generator, entries: Vec<Entry>) -> moshi_model::generator::LmSession {
+fn new_session_with(
+    generator: &Generator,
+    entries: Vec<Entry>,
+    n_q: Option<usize>,
+) -> moshi_model::generator::LmSession {
     let cfg = generator.config();
     let voice = load_voice(&common::fixture(FIXTURE, VOICE), 32).unwrap();
     let speakers =
         speaker_condition(&[voice], cfg.tts_config.as_ref().unwrap().max_speakers()).unwrap();
     let mut settings = detailed(SamplingConfig::greedy());
     settings.conditioning = session_conditioning(cfg, 2.0, Some(Arc::new(speakers))).unwrap();
+    settings.tts.n_q = n_q;
     let mut session = generator.new_session(settings).unwrap();
     let tts = session.tts_mut().unwrap();
     for e in entries {

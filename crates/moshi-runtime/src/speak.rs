@@ -24,7 +24,8 @@ pub struct SpokenFrame {
     pub index: usize,
     /// The text token of the frame (muxed with the look-ahead stream).
     pub text: u32,
-    /// The audio codes, `None` before the audio starts (the LM returns zero tokens there).
+    /// The audio codes (the `n_q` generated), `None` before the audio starts (the LM returns
+    /// zero tokens there).
     pub audio: Option<Vec<u32>>,
     /// The frame's samples (24 kHz), clipped to [-1, 1]; with the audio.
     pub pcm: Option<Vec<f32>>,
@@ -83,6 +84,8 @@ impl TtsSpeaker {
         }
         let mut mimi = model.mimi_stream();
         mimi.reset();
+        let codebooks = lm.tts().map_or(cfg.dep_q, TtsStream::codebooks);
+        mimi.set_decode_codebooks(codebooks)?;
         Ok(Self {
             lm,
             mimi,
@@ -163,7 +166,9 @@ impl TtsSpeaker {
         };
         let index = self.frames_out;
         self.frames_out += 1;
-        let audio = (!frame.audio.contains(&ZERO_TOKEN)).then_some(frame.audio);
+        let mut audio = frame.audio;
+        audio.truncate(self.tts().codebooks());
+        let audio = (!audio.contains(&ZERO_TOKEN)).then_some(audio);
         let pcm = match &audio {
             Some(codes) => {
                 let mut pcm = self.mimi.decode_frame(codes)?;

@@ -121,6 +121,10 @@ pub struct ServeArgs {
     /// Default: `voices/` in the model folder, else kyutai/tts-voices.
     #[arg(long, value_name = "DIR|REPO")]
     pub voices: Option<String>,
+    /// Audio codebooks a text-to-speech model generates (moshi-server's `n_q`: it deploys 24 of
+    /// the release's 32; fewer is faster and coarser). Default: all of them.
+    #[arg(long, value_name = "N")]
+    pub tts_n_q: Option<usize>,
     /// The voice of a text-to-speech stream whose query names none.
     #[arg(long, value_name = "NAME")]
     pub default_voice: Option<String>,
@@ -407,11 +411,16 @@ fn load_tts_module(
         cfg_coef: None,
     };
     let cfg_coef = s.cfg_coef.unwrap_or(super::speak::TTS_CFG_COEF);
+    let tts_settings = moshi_model::tts::TtsSettings {
+        n_q: args.tts_n_q,
+        ..Default::default()
+    };
+    moshi_model::tts::TtsStream::new(&resolved.lm_config, tts_settings).context("--tts-n-q")?;
     let engine = std::sync::Arc::new(
         moshi_server::tts_engine::TtsEngine::new(
             model.clone(),
             settings.clone(),
-            moshi_model::tts::TtsSettings::default(),
+            tts_settings,
             cfg_coef,
             args.max_sessions,
         )

@@ -92,6 +92,10 @@ pub struct SpeakArgs {
     /// Padding forced between words (Kyutai's scripts: 1; higher articulates more slowly).
     #[arg(long, default_value_t = 1)]
     pub padding_between: usize,
+    /// Audio codebooks to generate (Kyutai's `TTSModel(n_q)`; fewer is faster and coarser:
+    /// moshi-server deploys 24 of the release's 32). Default: all of them.
+    #[arg(long, value_name = "N")]
+    pub n_q: Option<usize>,
     /// Added to the padding logit (positive: slower speech).
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub padding_bonus: f32,
@@ -187,11 +191,12 @@ pub fn run(args: SpeakArgs) -> anyhow::Result<()> {
     };
     let tts = TtsSettings {
         padding_bonus: args.padding_bonus,
+        n_q: args.n_q,
         ..TtsSettings::default()
     };
     let speakers = TtsSpeaker::speakers(&model, &voices)?;
     let mut speaker = TtsSpeaker::new(&model, &settings, tts, speakers, args.cfg_coef)
-        .with_context(|| format!("--cfg-coef {} / --voice", args.cfg_coef))?;
+        .with_context(|| format!("--cfg-coef {} / --voice / --n-q", args.cfg_coef))?;
     let mut out = Outputs::create(&args, out_path.as_deref())?;
     speak(&args, &model, &mut speaker, &mut out)?;
     let words: Vec<(String, usize)> = speaker

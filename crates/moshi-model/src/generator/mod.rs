@@ -192,8 +192,9 @@ impl Generator {
             precision,
         )?;
         let cfg = self.config();
-        let tts =
-            (self.kind() == ModelKind::TextToSpeech).then(|| TtsStream::new(cfg, settings.tts));
+        let tts = (self.kind() == ModelKind::TextToSpeech)
+            .then(|| TtsStream::new(cfg, settings.tts))
+            .transpose()?;
         let ring = cfg.max_delay() + 1;
         Ok(LmSession {
             weights_id: self.weights.id(),
@@ -250,6 +251,9 @@ impl Generator {
             s.rows_mut().for_each(LmRowState::depformer_reset);
         }
         for k in 0..self.config().dep_q {
+            if !steps.iter().any(|st| st.makes_codebook(k)) {
+                continue;
+            }
             depformer_s += self.depformer_pass(k, sessions, &steps, &mut scratch);
             sample_each(sessions, &mut steps, Stream::Audio(k));
         }
@@ -308,7 +312,7 @@ impl Generator {
         let mut rows = stepping_rows(
             sessions,
             steps,
-            SessionStep::is_ok,
+            &SessionStep::is_ok,
             &mut tokens,
             |s, _, t| t.extend_from_slice(&s.input),
         );
@@ -330,7 +334,7 @@ impl Generator {
         let mut rows = stepping_rows(
             sessions,
             steps,
-            SessionStep::in_depformer,
+            &|st: &SessionStep| st.makes_codebook(k),
             &mut prev,
             |_, st, t| t.push(st.frame[k]),
         );
@@ -400,6 +404,8 @@ struct SessionStep {
     text_sampled: u32,
     /// Whether the depformer runs for this session (a TTS session not before its audio starts).
     runs_depformer: bool,
+    /// Audio codebooks the depformer makes for this session (all `dep_q`, or a TTS's `n_q`).
+    codebooks: usize,
     text_logits: Vec<f32>,
     audio_logits: Vec<Vec<f32>>,
     sampling_s: f64,
@@ -412,15 +418,18 @@ impl SessionStep {
             .tts
             .as_ref()
             .is_none_or(|t| t.runs_depformer(session.step));
-        // Audio the depformer does not make is zero (`depformer_replace_tokens`).
+        let codebooks = session.tts.as_ref().map_or(dep_q, TtsStream::codebooks);
+        // Audio the depformer does not make is zero (`depformer_replace_tokens`; a TTS's
+        // codebooks past its `n_q`).
         let mut frame = vec![ZERO_TOKEN; dep_q + 1];
         if runs_depformer {
-            frame.fill(0);
+            frame[..=codebooks].fill(0);
         }
         Self {
             frame,
             text_sampled: 0,
             runs_depformer,
+            codebooks,
             text_logits: Vec::new(),
             audio_logits: Vec::new(),
             sampling_s: 0.0,
@@ -436,6 +445,11 @@ impl SessionStep {
     /// Whether the session is still stepping and runs the depformer.
     fn in_depformer(&self) -> bool {
         self.is_ok() && self.runs_depformer
+    }
+
+    /// Whether the depformer makes audio codebook `k` for the session at this step.
+    fn makes_codebook(&self, k: usize) -> bool {
+        self.in_depformer() && k < self.codebooks
     }
 }
 
@@ -465,7 +479,7 @@ fn apply_audio_hooks(sessions: &mut [&mut LmSession], steps: &mut [SessionStep])
 fn stepping_rows<'a>(
     sessions: &'a mut [&mut LmSession],
     steps: &'a [SessionStep],
-    takes_part: fn(&SessionStep) -> bool,
+    takes_part: &dyn Fn(&SessionStep) -> bool,
     tokens: &mut Vec<u32>,
     tokens_of: impl Fn(&LmSession, &SessionStep, &mut Vec<u32>),
 ) -> Vec<&'a mut LmRowState> {
@@ -522,7 +536,7 @@ fn sample_each(sessions: &mut [&mut LmSession], steps: &mut [SessionStep], strea
     for (s, st) in sessions.iter_mut().zip(steps.iter_mut()) {
         let takes_part = match stream {
             Stream::Text => st.is_ok(),
-            Stream::Audio(_) => st.in_depformer(),
+            Stream::Audio(k) => st.makes_codebook(k),
         };
         if !takes_part {
             continue;

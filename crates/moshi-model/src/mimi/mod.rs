@@ -53,6 +53,8 @@ struct EncoderState {
 /// Streaming state of the decoder half, with its activation buffers.
 #[derive(Clone, Debug)]
 struct DecoderState {
+    /// Codebooks a frame brings (the quantizer's, or fewer: [`Mimi::set_decode_codebooks`]).
+    codebooks: usize,
     quantizer: QuantizerScratch,
     upsample: ConvTr1dState,
     transformer: TransformerState,
@@ -262,7 +264,22 @@ impl Mimi {
         Ok(transpose_codes(&st.codes, frames, self.num_codebooks()))
     }
 
-    /// Streaming decode of one frame of `num_codebooks` codes -> `frame_size` samples.
+    /// Decodes frames of the first `codebooks` codebooks from now on (Kyutai's
+    /// `set_num_codebooks`, as its TTS does when it generates fewer codebooks than it has);
+    /// this stream only, the weights untouched.
+    pub fn set_decode_codebooks(&mut self, codebooks: usize) -> Result<()> {
+        if codebooks == 0 || codebooks > self.num_codebooks() {
+            return Err(ModelError::CodebooksUnavailable {
+                requested: codebooks,
+                available: self.num_codebooks(),
+            });
+        }
+        self.decoder_state.codebooks = codebooks;
+        Ok(())
+    }
+
+    /// Streaming decode of one frame of `num_codebooks` codes (or as many as
+    /// [`Mimi::set_decode_codebooks`] says) -> `frame_size` samples.
     pub fn decode_frame(&mut self, codes: &[u32]) -> Result<Vec<f32>> {
         let mut pcm = vec![0f32; self.frame_size];
         self.decode_frame_into(codes, &mut pcm)?;
@@ -424,10 +441,10 @@ impl Mimi {
     /// The checks of a streaming decode: `num_codebooks` codes in range in, a frame of samples
     /// out.
     fn check_decode(&self, codes: &[u32], pcm: &[f32]) -> Result<()> {
-        if codes.len() != self.num_codebooks() {
+        if codes.len() != self.decoder_state.codebooks {
             return Err(ModelError::WrongLength {
                 what: "mimi decode: codes per frame",
-                expected: self.num_codebooks(),
+                expected: self.decoder_state.codebooks,
                 got: codes.len(),
             });
         }
@@ -541,6 +558,7 @@ impl MimiModules {
 
     fn new_decoder_state(&self) -> DecoderState {
         DecoderState {
+            codebooks: self.quantizer.num_codebooks(),
             quantizer: QuantizerScratch::default(),
             upsample: ConvTr1dState::default(),
             transformer: self.decoder_transformer.new_state(),
@@ -581,7 +599,7 @@ impl MimiModules {
     /// Codes -> the 25 Hz latent `st.latent25` the decoder transformer takes.
     fn decode_before_transformer(&self, st: &mut DecoderState, codes: &[u32]) {
         self.quantizer
-            .decode(codes, &mut st.quantizer, &mut st.latent12);
+            .decode(codes, st.codebooks, &mut st.quantizer, &mut st.latent12);
         self.upsample
             .forward(&mut st.upsample, &st.latent12, &mut st.latent25);
     }

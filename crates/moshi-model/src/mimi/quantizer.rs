@@ -272,18 +272,30 @@ impl SplitQuantizer {
         Ok(())
     }
 
-    /// `codes` (`[t][num_codebooks]`, already checked) -> `latent` (`[t][out]`, resized).
-    pub fn decode(&self, codes: &[u32], scratch: &mut QuantizerScratch, latent: &mut Vec<f32>) {
-        let k = self.num_codebooks;
+    /// `codes` (`[t][codebooks]`, already checked; `codebooks` from 1 to `num_codebooks`) ->
+    /// `latent` (`[t][out]`, resized): the first `codebooks` codebooks' vectors summed, as
+    /// Kyutai's quantizer after `set_num_codebooks(codebooks)` (the acoustic group only when
+    /// there is more than the semantic codebook).
+    pub fn decode(
+        &self,
+        codes: &[u32],
+        codebooks: usize,
+        scratch: &mut QuantizerScratch,
+        latent: &mut Vec<f32>,
+    ) {
+        let k = codebooks;
         let t = codes.len() / k;
         let d = self.dim;
         latent.clear();
         latent.resize(t * self.out_dim, 0.0);
         let mut offset = 0;
         for group in std::iter::once(&self.first).chain(self.rest.as_ref()) {
+            if offset >= k {
+                break;
+            }
             scratch.sum.clear();
             scratch.sum.resize(t * d, 0.0);
-            for (q, cb) in group.codebooks.iter().enumerate() {
+            for (q, cb) in group.codebooks.iter().take(k - offset).enumerate() {
                 for i in 0..t {
                     let code = codes[i * k + offset + q] as usize;
                     for (s, c) in scratch.sum[i * d..(i + 1) * d]

@@ -111,6 +111,10 @@ pub struct TtsSettings {
     pub final_padding: usize,
     /// Added to the PAD logit before sampling (positive: slower speech).
     pub padding_bonus: f32,
+    /// Audio codebooks generated (Kyutai's `TTSModel(n_q)`; moshi-server deploys 24 of the
+    /// release's 32): the others are fed Kyutai's zero token and the audio is decoded from
+    /// these. `None`: every codebook (`dep_q`).
+    pub n_q: Option<usize>,
 }
 
 impl Default for TtsSettings {
@@ -120,6 +124,7 @@ impl Default for TtsSettings {
             initial_padding: 2,
             final_padding: 4,
             padding_bonus: 0.0,
+            n_q: None,
         }
     }
 }
@@ -133,14 +138,26 @@ pub struct TtsStream {
     /// The model's delays of the audio codebooks (`delays[1..]`).
     audio_delays: Vec<usize>,
     pad: u32,
+    /// Audio codebooks generated ([`TtsSettings::n_q`], checked).
+    codebooks: usize,
 }
 
 impl TtsStream {
-    /// A stream for a TTS model of `cfg` (checked by `LmConfig::validate`: `tts_config`).
-    pub fn new(cfg: &LmConfig, settings: TtsSettings) -> Self {
+    /// A stream for a TTS model of `cfg` (checked by `LmConfig::validate`: `tts_config`);
+    /// an error for an `n_q` the model cannot generate.
+    pub fn new(cfg: &LmConfig, settings: TtsSettings) -> Result<Self> {
         let tts = cfg.tts_config.clone().unwrap_or_default();
         let pad = cfg.existing_text_padding_id;
-        Self {
+        let codebooks = settings.n_q.unwrap_or(cfg.dep_q);
+        if !(1..=cfg.dep_q).contains(&codebooks) {
+            return Err(ModelError::BadScript {
+                reason: format!(
+                    "n_q {codebooks}: the model generates 1 to {} audio codebooks",
+                    cfg.dep_q
+                ),
+            });
+        }
+        Ok(Self {
             machine: TtsMachine::new(MachineParams {
                 mux_card: cfg.mux_card() as u32,
                 pad,
@@ -152,7 +169,13 @@ impl TtsStream {
             delay_steps: tts.delay_steps(),
             audio_delays: cfg.delays[1..].to_vec(),
             pad,
-        }
+            codebooks,
+        })
+    }
+
+    /// Audio codebooks generated and decoded ([`TtsSettings::n_q`]).
+    pub fn codebooks(&self) -> usize {
+        self.codebooks
     }
 
     pub fn machine(&self) -> &TtsMachine {
