@@ -149,6 +149,14 @@ impl WeightBytes {
             + self.kv_cache_read_per_frame_bytes
             + self.cross_kv_read_per_frame_bytes
     }
+
+    /// What a frame reads when the depformer makes only `codebooks` of its `dep_q` sub-steps
+    /// (a TTS's `n_q`): each sub-step reads the same bytes (one weight set of the schedule).
+    pub fn make_codebooks(&mut self, codebooks: usize, dep_q: usize) {
+        let kept = self.depformer_bytes * codebooks.min(dep_q) as u64 / dep_q.max(1) as u64;
+        self.read_per_frame_bytes -= self.depformer_bytes - kept;
+        self.depformer_bytes = kept;
+    }
 }
 
 /// A text-to-speech run's time to first audio and setup (`moshi-rs bench` on a TTS config).
@@ -158,6 +166,8 @@ pub struct TtsFigures {
     pub streams: usize,
     /// The `cfg` condition of the distilled model (`--cfg-coef`).
     pub cfg_coef: f64,
+    /// Audio codebooks each stream generates (`--tts-n-q`, else all).
+    pub codebooks: usize,
     /// Cross-attention source positions per stream (speaker slots x voice frames).
     pub source_positions: usize,
     /// The first streams after the model was built (first use of the weights and buffers).
@@ -425,8 +435,8 @@ impl TtsFigures {
             )
         };
         let mut s = format!(
-            "text to speech: {} stream(s) started together, cfg condition {}, {} cross-attention source positions each\n",
-            self.streams, self.cfg_coef, self.source_positions
+            "text to speech: {} stream(s) started together, cfg condition {}, {} codebooks generated, {} cross-attention source positions each\n",
+            self.streams, self.cfg_coef, self.codebooks, self.source_positions
         );
         s += &line("fresh streams, warm model", &self.first_audio);
         s += &line("first streams after loading", &self.first_audio_cold);

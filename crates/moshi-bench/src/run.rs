@@ -133,6 +133,8 @@ pub struct BenchOptions {
     pub cfg_coef: Option<f32>,
     /// Conversations stepped together over one set of weights (`--sessions`, stages all and lm).
     pub sessions: usize,
+    /// Audio codebooks a text-to-speech model generates (`--tts-n-q`); `None`: all.
+    pub tts_n_q: Option<usize>,
     /// Keep every timed frame's record for the report's `frames` (`--json`): in a temporary
     /// file, not in memory. Without it `frames` is empty.
     pub keep_frames: bool,
@@ -306,6 +308,9 @@ pub fn run_bench(
             // The timed frames continue the streams: their caches hold the first-audio steps.
             first_frame_steps = start.warm.steps + 1;
             weights.cross_kv_read_per_frame_bytes = stage.cross_kv_bytes();
+            if let Some(n) = options.tts_n_q {
+                weights.make_codebooks(n, cfg.dep_q);
+            }
             (Box::new(stage), Some(start))
         } else {
             (stage_processor(options, cfg_coef, lm, codec)?, None)
@@ -480,6 +485,7 @@ fn tts_stage(
             },
             cfg_coef,
             seed: options.seed,
+            n_q: options.tts_n_q,
         },
     ))
 }
@@ -506,6 +512,7 @@ fn tts_figures(
     TtsFigures {
         streams,
         cfg_coef: cfg_coef as f64,
+        codebooks: start.codebooks,
         source_positions: start.source_positions,
         setup_per_stream_ms: f.setup_ms / streams.max(1) as f64,
         cross_kv_ms,

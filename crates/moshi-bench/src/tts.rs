@@ -124,6 +124,8 @@ pub struct TtsStreamSettings {
     pub cfg_coef: f32,
     /// Stream `i`'s voice, script and sampling seed derive from `seed + i`.
     pub seed: u64,
+    /// Audio codebooks generated ([`TtsSettings::n_q`]); `None`: all.
+    pub n_q: Option<usize>,
 }
 
 /// The time to first audio of a set of streams started together.
@@ -155,6 +157,8 @@ pub struct TtsStart {
     pub cross_kv: Option<CrossKvTimes>,
     /// Cross-attention source positions per stream (speaker slots x voice frames).
     pub source_positions: usize,
+    /// Audio codebooks each stream generates.
+    pub codebooks: usize,
 }
 
 /// N TTS streams stepped together, one frame per [`FrameProcessor::process_frame`].
@@ -194,7 +198,10 @@ impl TtsStage {
         let speaker = TtsSpeaker::new(
             &self.model,
             &session,
-            TtsSettings::default(),
+            TtsSettings {
+                n_q: self.settings.n_q,
+                ..TtsSettings::default()
+            },
             speakers,
             self.settings.cfg_coef,
         )?;
@@ -263,6 +270,7 @@ impl TtsStage {
             cold,
             warm,
             cross_kv,
+            codebooks: self.settings.n_q.unwrap_or(cfg.dep_q),
             source_positions: if voiced {
                 max_speakers * VOICE_FRAMES
             } else {

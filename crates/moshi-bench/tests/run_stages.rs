@@ -43,6 +43,7 @@ fn options(fixture_name: &str, stage: Stage, sessions: usize) -> BenchOptions {
         bandwidth_buffer_mib: 1,
         cfg_coef: None,
         sessions,
+        tts_n_q: None,
         keep_frames: true,
     }
 }

@@ -687,6 +687,30 @@ fn tts_streams_report_their_first_audio() {
     assert!(num(&r, "stages.mimi_decode_ms.p50") > 0.0);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("time to first audio"), "{text}");
+    assert_eq!(num(&r, "tts.codebooks"), 32.0);
+
+    // 24 of the 32 codebooks: the depformer reads 24/32 of its weights a frame.
+    let json24 = dir.path().join("tts24.json");
+    let out = bench(&[
+        "--random-weights",
+        "--config",
+        config.to_str().unwrap(),
+        "--frames",
+        "2",
+        "--tts-n-q",
+        "24",
+        "--json",
+        json24.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr_text(&out));
+    let r24 = read_json(&json24);
+    assert_eq!(num(&r24, "tts.codebooks"), 24.0);
+    let dep = |r: &serde_json::Value| num(r, "weights.depformer_bytes");
+    assert_eq!(dep(&r24), (dep(&r) as u64 * 24 / 32) as f64);
+    assert_eq!(
+        num(&r, "weights.read_per_frame_bytes") - num(&r24, "weights.read_per_frame_bytes"),
+        dep(&r) - dep(&r24)
+    );
 
     let config = config.to_str().unwrap();
     let tts = ["--random-weights", "--config", config, "--frames", "1"];

@@ -153,6 +153,10 @@ pub struct BenchArgs {
     /// guidance. Default: the config's `lm_gen_config.cfg_coef`, else 1. Stages all and lm.
     #[arg(long, value_name = "COEF", value_parser = super::flag_values::cfg_coef)]
     cfg_coef: Option<f32>,
+    /// Audio codebooks a text-to-speech config generates (moshi-server deploys 24 of the
+    /// release's 32). Default: all of them.
+    #[arg(long, value_name = "N")]
+    tts_n_q: Option<usize>,
 }
 
 /// Runs the benchmark; `log_filter` is the `--log` filter for messages on stderr.
@@ -190,6 +194,7 @@ pub fn run(args: BenchArgs, log_filter: &str) -> Result<()> {
         bandwidth_buffer_mib: args.bandwidth_buffer_mib,
         cfg_coef: args.cfg_coef,
         sessions: args.sessions,
+        tts_n_q: args.tts_n_q,
         // The report's `frames` (kept on disk during the run) only when it is written.
         keep_frames: args.json.is_some(),
     };
