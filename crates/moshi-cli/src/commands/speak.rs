@@ -74,7 +74,7 @@ pub struct SpeakArgs {
     #[arg(long)]
     pub greedy: bool,
     /// Padding forced between words (Kyutai's scripts: 1; higher articulates more slowly).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = super::flag_values::padding_between_frames)]
     pub padding_between: usize,
     /// Added to the padding logit (positive: slower speech).
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
