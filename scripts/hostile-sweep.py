@@ -481,9 +481,13 @@ class Env:
         os.makedirs(self.inputs)
         os.makedirs(self.bad)
         self.wav = self.put(self.inputs, "in.wav", wav_bytes(1.2))
-        self.long_wav = self.put(self.inputs, "long.wav", wav_bytes(40.0, rate=16000, seed=2))
+        # Long enough that a signal within 2.5 s finds most runs at work: 1 s repeated.
+        second = wav_bytes(1.0, rate=16000, seed=2)
+        pcm = second[44:] * 300
+        self.long_wav = self.put(self.inputs, "long.wav", second[:4] + struct.pack("<I", 36 + len(pcm))
+                                 + second[8:40] + struct.pack("<I", len(pcm)) + pcm)
         self.text = self.put(self.inputs, "text.txt", b"Hello there, how are you today?\n")
-        self.long_text = self.put(self.inputs, "long.txt", b"one two three four five six seven. " * 60 + b"\n")
+        self.long_text = self.put(self.inputs, "long.txt", b"one two three four five six seven. " * 600 + b"\n")
         self.codes = os.path.join(self.inputs, "codes.npy")
         subprocess.run([binary, "codec", "encode", "--model", self.m("a"), self.wav, self.codes],
                        check=True, capture_output=True)
@@ -512,7 +516,9 @@ class Env:
 
 
 def model_files(env, short):
-    return [env.m(short, f) for f in sorted(os.listdir(env.m(short))) if os.path.isfile(env.m(short, f))]
+    """The files of a model folder a run reads (not the sample inputs or the other formats)."""
+    return [env.m(short, f) for f in sorted(os.listdir(env.m(short)))
+            if os.path.isfile(env.m(short, f)) and not f.startswith("input") and ".q" not in f]
 
 
 # Commands that write: (name, argv builder(outputs dict) -> argv, output flags, inputs, model).
@@ -620,6 +626,9 @@ def output_cases(env):
                                       names=(o1 if o1 != "OUT" else "output", o2, "x.out", "y.out"), setup=setup))
         # Special destinations for each output.
         for out in outs:
+            # The extension some outputs need (else that is the error, before the name's length).
+            ext = {"codec-decode": ".wav", "codec-encode": ".npy"}.get(cmd, ".tsv" if out == "--out" else ".out")
+
             def pre(case_dir, kind):
                 if kind == "dir":
                     os.mkdir(os.path.join(case_dir, "d"))
@@ -636,11 +645,11 @@ def output_cases(env):
                 ("dir-slash", "new/", "error", ()),
                 ("missing-folder", "nope/x.out", "error", ("nope", "folder", "directory")),
                 ("readonly", "ro.out", "error", ("ro.out", "permission", "read-only")),
-                ("dev-full", "/dev/full", "error", ("space", "/dev/full")),
+                ("dev-full", "/dev/full", "error", ("space", "/dev/full", "extension")),
                 ("dev-null", "/dev/null", "any", ()),
                 ("dangling", "dangling.out", "any", ("dangling", "target")),
-                ("name-255", "n" * 251 + ".out", "any", ()),
-                ("name-256", "n" * 252 + ".out", "error", ("long",)),
+                ("name-255", "n" * (255 - len(ext)) + ext, "any", ()),
+                ("name-256", "n" * (256 - len(ext)) + ext, "error", ("long",)),
                 ("dev-stdout", "/dev/stdout", "any", ()),
                 ("proc-fd-1", "/proc/self/fd/1", "any", ()),
                 ("empty-name", "", "error", ()),
@@ -649,11 +658,11 @@ def output_cases(env):
                 if cmd == "chat" and expect == "any":
                     expect = "error"  # no audio device here: chat must say so
                     names = ("device",)
-                elif cmd == "chat":
+                elif cmd == "chat" and names:
                     names = names + ("device",)
                 cases.append(Case(klass, f"{cmd} {out}={kind}", argv_of({out: path}), expect=expect,
                                   names=names, setup=lambda d, k=kind: pre(d, k), binary_stdout=True,
-                                  may_write=("target.out", "n" * 251 + ".out", "x.out", "out.wav", "out.npy", "q.safetensors"),
+                                  may_write=("target.out", "n" * (255 - len(ext)) + ext, "x.out", "out.wav", "out.npy", "q.safetensors"),
                                   timeout_s=60))
     return cases
 
@@ -678,7 +687,7 @@ def committed_together_cases(env):
                     if not p.startswith("/") and open(os.path.join(case_dir, p), "rb").read() != b"old output\n":
                         return f"{p} replaced by a failed run"
             cases.append(Case("outputs", f"{cmd} {bad}=/dev/full keeps the others", argv_of(o),
-                              expect="error", names=("space",), setup=setup, check=check,
+                              expect="error", names=("space", "extension"), setup=setup, check=check,
                               may_write=tuple(o.values()), timeout_s=60))
         # A full disk: files may not grow past 4 KiB.
         o = {x: f"{x.strip('-')}.tsv" for x in outs}
@@ -696,7 +705,7 @@ def signal_cases(env, rnd):
         ("codec-encode", ["codec", "encode", "--model", a, env.long_wav, "out.npy"]),
         ("codec-decode", ["codec", "decode", "--model", a, env.long_codes, "out.wav"]),
         ("quantize", ["quantize", "--bits", "4", env.m("a", "model.safetensors"), "out.safetensors"]),
-        ("bench", ["bench", "--model", a, "--frames", "400", "--bandwidth-buffer-mib", "16", "--json", "b.json", "--trace", "tr.json"]),
+        ("bench", ["bench", "--model", a, "--frames", "20000", "--bandwidth-buffer-mib", "16", "--json", "b.json", "--trace", "tr.json"]),
         ("speak", ["speak", "--model", tts, "--voice", env.voice, "--text-file", env.long_text, "out.wav", "--tokens-out", "k.jsonl", "--words", "w.tsv"]),
     ]
     names = ("out.wav", "t.tsv", "k.jsonl", "p.jsonl", "out.npy", "out.safetensors", "b.json", "tr.json", "w.tsv")
@@ -704,7 +713,7 @@ def signal_cases(env, rnd):
     for cmd, argv in runs:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             for k in range(4):
-                delay = round(rnd.uniform(0.05, 2.5), 2)
+                delay = round(rnd.uniform(0.05, 3.0), 2)
 
                 def setup(case_dir):
                     for n in names:
@@ -875,7 +884,37 @@ def reader_cases(env):
         cases.append(Case("readers", f"serve --api-key-file {name}",
                           ["serve", "--model", a, "--port", "0", "--static", "none", "--api-key-file", p],
                           expect="error", names=("--api-key-file", os.path.basename(p), "key"), timeout_s=30))
-    # FIFOs as inputs (no writer: must not hang forever... a reader may wait: give it a writer that closes).
+    # Pipes (a FIFO, as `<(...)` gives) with a writer that never stops: every reader must stop
+    # at its cap, not read without end. (A FIFO with no writer makes any reader wait, as `cat`
+    # does: that is the pipe's meaning, not a case.)
+    endless = [
+        ("file --config", ["file", "--model", a, "--config", "pipe.in", env.wav, "o.wav"], b"{" + b" " * 65535),
+        ("file --tokenizer", ["file", "--model", a, "--tokenizer", "pipe.in", env.wav, "o.wav"], b"\x0a" * 65536),
+        ("file wav input", ["file", "--model", a, "pipe.in", "o.wav"], b"RIFF" + b"\xff" * 65532),
+        ("codec encode wav input", ["codec", "encode", "--model", a, "pipe.in", "o.npy"], bytes(range(256)) * 256),
+        ("codec decode npy", ["codec", "decode", "--model", a, "pipe.in", "o.wav"], b"\x93NUMPY\x01\x00\xff\xff" + b"{" * 65526),
+        ("inspect", ["inspect", "pipe.in"], b"\0" * 65536),
+        ("serve --api-key-file", ["serve", "--model", a, "--port", "0", "--static", "none", "--api-key-file", "pipe.in"], b"k" * 65536),
+        ("serve --tls-cert", ["serve", "--model", a, "--port", "0", "--static", "none", "--tls-cert", "pipe.in", "--tls-key", env.m("a", "config.json")], b"A" * 65536),
+        ("speak --voice", ["speak", "--model", tts, "--voice", "pipe.in", "hi", "o.wav"], b"\0" * 65536),
+        ("transcribe input", ["transcribe", "--model", stt, "pipe.in"], b"\0" * 65536),
+    ]
+    for name, argv, chunk_bytes in endless:
+        def setup(case_dir, chunk_bytes=chunk_bytes):
+            fifo = os.path.join(case_dir, "pipe.in")
+            os.mkfifo(fifo)
+
+            def write():
+                end = time.time() + 40
+                try:
+                    fd = os.open(fifo, os.O_WRONLY)
+                    while time.time() < end:
+                        os.write(fd, chunk_bytes)
+                except OSError:
+                    pass
+            threading.Thread(target=write, daemon=True).start()
+        cases.append(Case("readers", f"{name} from an endless pipe", argv, expect="error", setup=setup,
+                          names=("pipe.in", "large", "too", "pipe"), may_write=("pipe.in", "o.wav", "o.npy"), timeout_s=30))
     return cases
 
 

@@ -220,7 +220,10 @@ fn non_finite_and_negative_numbers_are_refused() {
             &file_cmd_args(&tiny_a_dir(), &out, &[flag, value]),
             &[says, value],
         );
-        assert!(!err.contains("unexpected argument"), "{flag} {value}: {err}");
+        assert!(
+            !err.contains("unexpected argument"),
+            "{flag} {value}: {err}"
+        );
     }
 }
 
