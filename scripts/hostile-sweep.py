@@ -964,6 +964,19 @@ def flag_cases(env):
         (["file", "--model", os.path.join(env.bad, "missing"), env.wav, "o.wav"], "missing"),
         (["file", "--model", "../../etc", env.wav, "o.wav"], "etc"),
     ]
+    # Names with control characters (a file name is text from outside too).
+    esc_dir = os.path.join(env.bad, "m\x1b[2J\u202e")
+    if not os.path.exists(esc_dir):
+        shutil.copytree(a, esc_dir, ignore=shutil.ignore_patterns("input*", "*.q*"))
+        os.remove(os.path.join(esc_dir, "tokenizer.model"))
+    flags += [
+        (["file", "--model", a, os.path.join(env.bad, "in\x1b]0;x\x07.wav"), "o.wav"], "in"),
+        (["file", "--model", esc_dir, env.wav, "o.wav"], "tokenizer"),
+        (["inspect", os.path.join(env.bad, "\x1b[31m\r.safetensors")], "safetensors"),
+        (["codec", "encode", "--model", a, env.wav, "\x1b[2J/o.npy"], "o.npy"),
+        (["speak", "--model", env.m("tts"), "--voice", "\x1b[2J", "hi", "o.wav"], "--voice"),
+        (["serve", "--model", a, "--static", "\x1b[2J\u202e"], "--static"),
+    ]
     for argv, names in flags:
         cases.append(Case("flags", " ".join(x for x in argv if not x.startswith("/"))[:90], argv,
                           expect="error", names=(names,), may_write=("o.wav", "o.npy", "o.safetensors"), timeout_s=30))
