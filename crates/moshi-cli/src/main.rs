@@ -100,7 +100,7 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli = match parse_command_line() {
         Ok(cli) => cli,
         Err(e) => return clap_exit(&e),
     };
@@ -116,7 +116,9 @@ fn main() -> std::process::ExitCode {
     };
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        // Colours for a terminal only: a log file or collector gets plain lines, no escapes.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     match cli.log_format {
         LogFormat::Text => logs.init(),
         LogFormat::Json => logs.event_format(log_json::JsonLines).init(),
@@ -161,6 +163,27 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// The command line, every flag's value allowed to be a negative number: `--cfg-coef -3` is then
+/// refused by the flag's own range check naming the flag, not as "unexpected argument '-3'"
+/// with a tip (`-- -3`) that does not work for a flag.
+fn parse_command_line() -> Result<Cli, clap::Error> {
+    use clap::{CommandFactory, FromArgMatches};
+    let matches = negative_numbers_as_values(Cli::command()).try_get_matches()?;
+    Cli::from_arg_matches(&matches)
+}
+
+fn negative_numbers_as_values(command: clap::Command) -> clap::Command {
+    command
+        .mut_args(|arg| {
+            if arg.get_action().takes_values() {
+                arg.allow_negative_numbers(true)
+            } else {
+                arg
+            }
+        })
+        .mut_subcommands(negative_numbers_as_values)
 }
 
 /// What clap's `Error::exit` does (help or version on stdout with status 0, a usage error on

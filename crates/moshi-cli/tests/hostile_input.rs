@@ -209,6 +209,22 @@ fn non_finite_and_negative_numbers_are_refused() {
         ],
         &["--jitter-ms", "NaN", "milliseconds from 0"],
     );
+    // The sweep's find (issue #41): a negative value of a flag without allow_negative_numbers
+    // was "unexpected argument '-3'", with a tip (`-- -3`) that does not work for a flag.
+    for (flag, value, says) in [
+        ("--cfg-coef", "-3", "--cfg-coef"),
+        ("--max-tail-s", "-1", "--max-tail-s"),
+        ("--top-k", "-5", "--top-k"),
+    ] {
+        let err = fails_with(
+            &file_cmd_args(&tiny_a_dir(), &out, &[flag, value]),
+            &[says, value],
+        );
+        assert!(
+            !err.contains("unexpected argument"),
+            "{flag} {value}: {err}"
+        );
+    }
 }
 
 /// Issue #18 item 10: zeros that used to surface as confusing errors far from their cause are

@@ -166,6 +166,70 @@ fn bench_and_chat_outputs_never_replace_an_input_or_each_other() {
     assert_eq!(snapshot(m), before, "an input of the run was changed");
 }
 
+/// Copies `from` into `to`, folders included.
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_dir() {
+            copy_tree(&e.path(), &to.join(e.file_name()));
+        } else {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+}
+
+/// The sweep's find (issue #41): `speak` checked its outputs against the LM weights and the
+/// text only, so `--words` or `--tokens-out` replaced the model's config, Mimi, tokenizer or the
+/// voice file (exit 0), and the output WAV the voice.
+#[test]
+fn speak_outputs_never_replace_a_file_of_the_model_or_the_voice() {
+    let model = tempfile::tempdir().unwrap();
+    let m = model.path();
+    copy_tree(&tiny_a_dir().parent().unwrap().join("tiny-tts"), m);
+    let voice = "voices/expresso/ex03-ex01_happy_001_channel1_334s.wav.f00d4040@12.safetensors";
+    let text = m.join("text.txt");
+    std::fs::write(&text, "Hello there.\n").unwrap();
+    let before = |name: &str| std::fs::read(m.join(name)).unwrap();
+    let inputs = [
+        "config.json",
+        "mimi_config.json",
+        "mimi.safetensors",
+        "tokenizer.model",
+        "model.safetensors",
+        voice,
+        "text.txt",
+    ];
+    let kept: Vec<Vec<u8>> = inputs.iter().map(|n| before(n)).collect();
+    let out = tempfile::tempdir().unwrap();
+    let wav = out.path().join("out.wav");
+    for name in inputs {
+        let target = m.join(name);
+        for flag in ["output WAV", "--tokens-out", "--words"] {
+            let mut args = vec![
+                "speak",
+                "--model",
+                path_str(m),
+                "--voice",
+                "expresso/ex03-ex01_happy_001_channel1_334s.wav",
+                "--greedy",
+                "--text-file",
+                path_str(&text),
+            ];
+            if flag == "output WAV" {
+                args.push(path_str(&target));
+            } else {
+                args.extend([path_str(&wav), flag, path_str(&target)]);
+            }
+            fails_with(&args, &[flag, "same file as the input"]);
+        }
+    }
+    for (name, bytes) in inputs.iter().zip(&kept) {
+        assert_eq!(&before(name), bytes, "{name} was changed");
+    }
+    assert!(!wav.exists(), "a refused run wrote its WAV");
+}
+
 /// The names in `dir`, sorted (hidden temporary files included).
 fn names_in(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(dir)
@@ -259,7 +323,8 @@ fn zero_codes(path: &Path, frames: usize) {
     std::fs::write(path, bytes).unwrap();
 }
 
-/// Issue #41 item 2: SIGINT, SIGTERM or SIGHUP in the middle of `file` or `codec decode` leaves
+/// Issue #41 item 2: SIGINT, SIGTERM or SIGHUP in the middle of `file`, `codec decode`,
+/// `transcribe` or `speak` leaves
 /// the old outputs as they were and no hidden temporary file; the process ends as killed by the
 /// signal.
 #[cfg(unix)]
@@ -275,14 +340,20 @@ fn a_signal_leaves_no_partial_file() {
     let codes = work.path().join("codes.npy");
     zero_codes(&codes, 40_000);
     let model = tiny_a_dir();
+    let stt = model.parent().unwrap().join("tiny-stt");
+    let tts = model.parent().unwrap().join("tiny-tts");
+    let text = work.path().join("text.txt");
+    std::fs::write(&text, "One two three four five six seven. ".repeat(400)).unwrap();
     for (name, number) in [("INT", 2), ("TERM", 15), ("HUP", 1)] {
         let out = tempfile::tempdir().unwrap();
         let answer = out.path().join("out.wav");
         let tokens = out.path().join("t.jsonl");
         std::fs::write(&answer, b"old answer").unwrap();
         std::fs::write(&tokens, b"old tokens").unwrap();
+        let words = out.path().join("w.tsv");
+        std::fs::write(&words, b"old words").unwrap();
         let before = snapshot(out.path());
-        let runs: [(Vec<&str>, usize); 2] = [
+        let runs: [(Vec<&str>, usize); 4] = [
             (
                 vec![
                     "file",
@@ -305,6 +376,37 @@ fn a_signal_leaves_no_partial_file() {
                     path_str(&model),
                 ],
                 1,
+            ),
+            // The sweep's find: transcribe and speak left their temporary files.
+            (
+                vec![
+                    "transcribe",
+                    path_str(&long),
+                    "--model",
+                    path_str(&stt),
+                    "--out",
+                    path_str(&words),
+                    "--tokens-out",
+                    path_str(&tokens),
+                ],
+                2,
+            ),
+            (
+                vec![
+                    "speak",
+                    "--model",
+                    path_str(&tts),
+                    "--voice",
+                    "expresso/ex03-ex01_happy_001_channel1_334s.wav",
+                    "--text-file",
+                    path_str(&text),
+                    path_str(&answer),
+                    "--words",
+                    path_str(&words),
+                    "--tokens-out",
+                    path_str(&tokens),
+                ],
+                3,
             ),
         ];
         for (args, temporaries) in runs {

@@ -219,6 +219,8 @@ fn a_module_serves_at_the_path_given_and_bad_module_lists_are_refused() {
     assert_fails(&o, &["module /api/chat", "two modules at this path"]);
     let o = moshi(&["serve", "--module", &format!("/api/ready={tiny}")]);
     assert_fails(&o, &["--module", "/api/ready", "the server's own path"]);
+    let o = moshi(&["serve", "--module", &format!("/etc={tiny}")]);
+    assert_fails(&o, &["--module", "path /etc", "under /api/"]);
     let o = moshi(&["serve", "--module", "/api/x="]);
     assert_fails(&o, &["--module", "expected [PATH=]MODEL"]);
     let o = moshi(&["serve", "--module", tiny, "--model", tiny]);

@@ -152,3 +152,25 @@ fn file_prints_tokenizer_pieces_escaped() {
     let words = String::from_utf8(out.stdout).unwrap();
     assert!(words.contains(r"\u{1b}[2"), "{words}");
 }
+
+/// The sweep's find (issue #41): log lines written to a file or a pipe (a log collector, `serve
+/// 2>serve.log`) carried the subscriber's colour escapes; they are for a terminal only.
+#[test]
+fn logs_to_a_file_or_pipe_carry_no_colour_escapes() {
+    let dir = tempfile::tempdir().unwrap();
+    let codes = dir.path().join("codes.npy");
+    let o = moshi_rs(&[
+        "--log",
+        "debug",
+        "codec",
+        "encode",
+        "--model",
+        path_str(&tiny_a_dir()),
+        path_str(&tiny_a("input.wav")),
+        path_str(&codes),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let log = String::from_utf8_lossy(&o.stderr);
+    assert!(log.contains("INFO"), "no log line to check: {log}");
+    assert_no_raw_controls("the log on a pipe", &o.stderr);
+}

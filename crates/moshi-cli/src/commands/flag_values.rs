@@ -124,6 +124,15 @@ pub fn backlog_frames(s: &str) -> Result<usize, String> {
     in_range(s, 0, MAX_BACKLOG_FRAMES)
 }
 
+/// Most padding frames `speak --padding-between` forces between words (20 s at 12.5 Hz): past
+/// it a short text made a run without end (the sweep's `--padding-between 100000000000`).
+pub const MAX_PADDING_BETWEEN_FRAMES: usize = 250;
+
+/// `speak --padding-between`: 0 to [`MAX_PADDING_BETWEEN_FRAMES`].
+pub fn padding_between_frames(s: &str) -> Result<usize, String> {
+    in_range(s, 0, MAX_PADDING_BETWEEN_FRAMES)
+}
+
 /// The bandwidth probe's buffer: 1 to [`MAX_BANDWIDTH_BUFFER_MIB`] MiB.
 pub fn bandwidth_buffer_mib(s: &str) -> Result<usize, String> {
     in_range(s, 1, MAX_BANDWIDTH_BUFFER_MIB)
@@ -161,6 +170,16 @@ mod tests {
             assert!(cfg_coef(bad).is_err(), "{bad}");
         }
         assert!(cfg_coef("1001").unwrap_err().contains("at most 1000"));
+    }
+
+    /// The sweep's find (issue #41): `speak --padding-between 100000000000 hi` ran without end.
+    #[test]
+    fn padding_between_is_bounded() {
+        assert_eq!(padding_between_frames("1").unwrap(), 1);
+        assert_eq!(padding_between_frames("250").unwrap(), 250);
+        for bad in ["251", "100000000000", "-1", "x"] {
+            assert!(padding_between_frames(bad).is_err(), "{bad}");
+        }
     }
 
     /// Issue #41 defect 22: `--host localhost` was refused as an invalid IP address.

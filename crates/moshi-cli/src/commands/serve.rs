@@ -6,7 +6,7 @@
 //! (each with a goodbye).
 
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -273,6 +273,11 @@ impl ModuleSpec {
     fn parse(value: &str) -> Result<Self, String> {
         let (path, model) = match value.split_once('=') {
             Some((path, model)) if path.starts_with("/api/") => (Some(path), model),
+            // `/etc=MODEL` is a path outside /api/, unless a model folder by that whole name
+            // exists (the sweep's find: it was "cannot find `/etc=MODEL`").
+            Some((path, model)) if path.starts_with('/') && !Path::new(value).exists() => {
+                (Some(path), model)
+            }
             _ => (None, value),
         };
         if let Some(problem) = path.and_then(moshi_server::module::path_problem) {

@@ -27,6 +27,7 @@ use moshi_runtime::SAMPLE_RATE_HZ;
 
 use super::model_args::{ModelArgs, FILE_DEFAULTS};
 use super::outputs::check_outputs;
+use super::signals::{remove_partials_on, Signals};
 use super::transcript::tsv_line;
 
 /// The model without `--model`: Kyutai's English and French TTS.
@@ -90,7 +91,7 @@ pub struct SpeakArgs {
     #[arg(long)]
     pub greedy: bool,
     /// Padding forced between words (Kyutai's scripts: 1; higher articulates more slowly).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = super::flag_values::padding_between_frames)]
     pub padding_between: usize,
     /// Audio codebooks to generate (Kyutai's `TTSModel(n_q)`; fewer is faster and coarser:
     /// moshi-server deploys 24 of the release's 32). Default: all of them.
@@ -129,6 +130,7 @@ impl SpeakArgs {
 }
 
 pub fn run(args: SpeakArgs) -> anyhow::Result<()> {
+    remove_partials_on(Signals::All)?;
     let (_, out_path) = args.text_and_out()?;
     anyhow::ensure!(
         args.padding_bonus.is_finite(),
@@ -146,10 +148,12 @@ pub fn run(args: SpeakArgs) -> anyhow::Result<()> {
             outputs.push((flag, p.as_path()));
         }
     }
-    let mut inputs = vec![resolved.lm_weights_path.as_path()];
-    if let Some(t) = &args.text_file {
-        inputs.push(t.as_path());
-    }
+    // No output may overwrite a file the command reads: any file of the model, the voice or
+    // the text.
+    let voice_file = voice_file(&args, &resolved.lm_config, resolved.folder())?;
+    let mut inputs = resolved.input_paths();
+    inputs.extend(voice_file.as_deref());
+    inputs.extend(args.text_file.as_deref());
     check_outputs(&outputs, &inputs)?;
     let model = MoshiModel::load(
         &resolved,
@@ -177,12 +181,7 @@ pub fn run(args: SpeakArgs) -> anyhow::Result<()> {
         .cross_conditioners()
     {
         [] => Vec::new(),
-        [c, ..] => vec![find_voice(
-            &args,
-            &resolved.lm_config,
-            resolved.folder(),
-            c.dim(),
-        )?],
+        [c, ..] => vec![load_speaker_voice(&args, voice_file.as_deref(), c.dim())?],
     };
     let settings = SessionSettings {
         sampling: sampling(&args),
@@ -243,35 +242,46 @@ pub fn voice_source(
     }
 }
 
-/// The voice of `--voice`: a `.safetensors` file given as a path, else a name in the voices.
-fn find_voice(
+/// The file of `--voice`: a `.safetensors` file given as a path, else a name in the voices
+/// ([`voice_source`]; from a Hub repo, downloaded); None without `--voice`.
+fn voice_file(
     args: &SpeakArgs,
     cfg: &moshi_loader::LmConfig,
     model_folder: Option<&Path>,
+) -> anyhow::Result<Option<PathBuf>> {
+    let Some(name) = &args.voice else {
+        return Ok(None);
+    };
+    let direct = Path::new(name);
+    if name.ends_with(".safetensors") && direct.is_file() {
+        return Ok(Some(direct.to_path_buf()));
+    }
+    let source = voice_source(args.voices.as_deref(), model_folder)?;
+    let suffix = cfg
+        .model_id
+        .as_ref()
+        .map(|m| m.voice_suffix())
+        .unwrap_or_default();
+    let path = source
+        .locate(name, &suffix)
+        .with_context(|| format!("--voice {name:?}"))?;
+    Ok(Some(path))
+}
+
+/// The voice the model speaks in, from [`voice_file`]'s file: `--voice` is needed.
+fn load_speaker_voice(
+    args: &SpeakArgs,
+    voice_file: Option<&Path>,
     dim: usize,
 ) -> anyhow::Result<Voice> {
-    let Some(name) = &args.voice else {
+    let (Some(name), Some(path)) = (&args.voice, voice_file) else {
         anyhow::bail!(
             "--voice is needed: the model speaks in a given voice (its `{SPEAKER_CONDITIONER}` \
              conditioner), e.g. `--voice expresso/ex03-ex01_happy_001_channel1_334s.wav` with \
              --voices a kyutai/tts-voices folder"
         );
     };
-    let direct = Path::new(name);
-    let path = if name.ends_with(".safetensors") && direct.is_file() {
-        direct.to_path_buf()
-    } else {
-        let source = voice_source(args.voices.as_deref(), model_folder)?;
-        let suffix = cfg
-            .model_id
-            .as_ref()
-            .map(|m| m.voice_suffix())
-            .unwrap_or_default();
-        source
-            .locate(name, &suffix)
-            .with_context(|| format!("--voice {name:?}"))?
-    };
-    load_voice(&path, dim).with_context(|| format!("--voice {name}"))
+    load_voice(path, dim).with_context(|| format!("--voice {name}"))
 }
 
 /// Feeds the text and steps until the stream is done, writing each frame.

@@ -31,6 +31,7 @@ use moshi_runtime::{FRAME_SAMPLES, SAMPLE_RATE_HZ};
 use super::live::LiveInputArgs;
 use super::model_args::{ModelArgs, SamplingArgs, FILE_DEFAULTS};
 use super::outputs::check_outputs;
+use super::signals::{remove_partials_on, Signals};
 use super::stdout::Words;
 use super::transcript::{escape_controls, tsv_line};
 
@@ -353,6 +354,7 @@ fn check_mode(args: &TranscribeArgs) -> anyhow::Result<()> {
 }
 
 fn run_file(input: &Path, args: &TranscribeArgs) -> anyhow::Result<()> {
+    remove_partials_on(Signals::All)?;
     let outputs = outputs_of(args)?;
     let mut frames = WavFrames::open(input, SAMPLE_RATE_HZ, FRAME_SAMPLES, PartialFrame::Pad)?;
     let model = args.model.resolve_or(DEFAULT_STT_REPO, "assets/tiny-stt")?;
