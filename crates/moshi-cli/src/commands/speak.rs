@@ -138,6 +138,12 @@ pub fn run(args: SpeakArgs) -> anyhow::Result<()> {
         args.padding_bonus
     );
     let resolved = args.model.resolve_or(DEFAULT_TTS_REPO, "assets/tiny-tts")?;
+    anyhow::ensure!(
+        resolved.lm_config.is_text_to_speech(),
+        "speak needs a text-to-speech model (`model_type` \"tts\"); {} is {}",
+        resolved.lm_weights_path.display(),
+        moshi_model::kind::ModelKind::of(&resolved.lm_config).conventions().name
+    );
     let mut outputs: Vec<(&str, &Path)> = out_path
         .as_deref()
         .map(|p| ("output WAV", p))
@@ -166,13 +172,6 @@ pub fn run(args: SpeakArgs) -> anyhow::Result<()> {
             resolved.lm_weights_path.display()
         )
     })?;
-    let cfg = model.lm_config();
-    anyhow::ensure!(
-        cfg.is_text_to_speech(),
-        "speak needs a text-to-speech model (`model_type` \"tts\"); {} is {}",
-        resolved.lm_weights_path.display(),
-        model.conventions().name
-    );
     super::declare_workload(1);
     let voices = match model
         .generator()
