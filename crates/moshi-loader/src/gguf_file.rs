@@ -250,13 +250,32 @@ impl<'a> Reader<'a> {
                         self.bytes.len() - self.at
                     ));
                 }
-                for _ in 0..len {
-                    self.value(elem, depth + 1, key)?;
+                match fixed_size(elem) {
+                    // Fixed-size elements are skipped at once (a huge array costs nothing).
+                    Some(size) => {
+                        self.take(len.saturating_mul(size), &what)?;
+                    }
+                    None => {
+                        for _ in 0..len {
+                            self.value(elem, depth + 1, key)?;
+                        }
+                    }
                 }
                 (format!("[{len} values of type {elem}]"), None)
             }
             other => return Err(format!("{what} has value type {other}, expected 0 to 12")),
         })
+    }
+}
+
+/// Bytes of one value of metadata type `ty`, for the fixed-size types.
+fn fixed_size(ty: u32) -> Option<u64> {
+    match ty {
+        0 | 1 | 7 => Some(1),
+        2 | 3 => Some(2),
+        4..=6 => Some(4),
+        10..=12 => Some(8),
+        _ => None,
     }
 }
 
