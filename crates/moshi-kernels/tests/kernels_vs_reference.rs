@@ -6,8 +6,8 @@
 //! recursive summation gives `|fast - ref| ≤ (cols + 4) · ε · Σ_j |x_j| (|q_j s| + |b|)`.
 
 use moshi_kernels::{
-    bf16_bits_to_f32, round_activations_i8, ActivationPrecision, Kernel, QuantizedMatrix,
-    ScaleFormat, Q8_0_BLOCK, Q8_0_BLOCK_BYTES, SUPPORTED_BITS, SUPPORTED_GROUP_SIZES,
+    round_activations_i8, ActivationPrecision, Kernel, QuantizedMatrix, ScaleFormat, Q8_0_BLOCK,
+    Q8_0_BLOCK_BYTES, SUPPORTED_BITS, SUPPORTED_GROUP_SIZES,
 };
 use moshi_test_support::XorShift64Star;
 

@@ -51,21 +51,39 @@ fn to_candle_layout(
     let get = |n: &str| pt.get(n).unwrap_or_else(|| panic!("missing `{n}`")).clone();
     for k in 0..dep_q {
         let base = format!("depformer.{k}");
-        out.push((format!("{base}.linear_in.weight"), get(&format!("depformer_in.{k}.weight"))));
-        out.push((format!("{base}.linear_out.weight"), get(&format!("linears.{k}.weight"))));
+        out.push((
+            format!("{base}.linear_in.weight"),
+            get(&format!("depformer_in.{k}.weight")),
+        ));
+        out.push((
+            format!("{base}.linear_out.weight"),
+            get(&format!("linears.{k}.weight")),
+        ));
         let emb = match k {
             0 => "depformer_text_emb.weight".to_string(),
             _ => format!("depformer_emb.{}.weight", k - 1),
         };
         out.push((format!("{base}.emb.weight"), get(&emb)));
         for l in 0..dep_layers {
-            let (src, dst) = (format!("depformer.layers.{l}"), format!("{base}.transformer.layers.{l}"));
+            let (src, dst) = (
+                format!("depformer.layers.{l}"),
+                format!("{base}.transformer.layers.{l}"),
+            );
             for norm in ["norm1", "norm2"] {
-                out.push((format!("{dst}.{norm}.alpha"), get(&format!("{src}.{norm}.alpha"))));
+                out.push((
+                    format!("{dst}.{norm}.alpha"),
+                    get(&format!("{src}.{norm}.alpha")),
+                ));
             }
-            for (from, to) in [("self_attn.in_proj_weight", "self_attn.in_proj_weight"), ("self_attn.out_proj.weight", "self_attn.out_proj.weight")] {
+            for (from, to) in [
+                ("self_attn.in_proj_weight", "self_attn.in_proj_weight"),
+                ("self_attn.out_proj.weight", "self_attn.out_proj.weight"),
+            ] {
                 let stacked = get(&format!("{src}.{from}"));
-                out.push((format!("{dst}.{to}"), stacked.chunk(dep_q, 0)?[k].contiguous()?));
+                out.push((
+                    format!("{dst}.{to}"),
+                    stacked.chunk(dep_q, 0)?[k].contiguous()?,
+                ));
             }
             for lin in ["linear_in", "linear_out"] {
                 out.push((
@@ -101,11 +119,21 @@ fn main() -> Result<()> {
     gguf_file::write(&mut file, &[], &tensors)?;
     let mut reference = HashMap::new();
     for name in DEQUANT_REFERENCE {
-        let (_, q) = quantized.iter().find(|(n, _)| n == name).expect("a q8_0 tensor");
+        let (_, q) = quantized
+            .iter()
+            .find(|(n, _)| n == name)
+            .expect("a q8_0 tensor");
         assert_eq!(q.dtype(), GgmlDType::Q8_0, "{name}");
         reference.insert(name.to_string(), q.dequantize(&Device::Cpu)?);
     }
     candle_core::safetensors::save(&reference, output.join("dequant.safetensors"))?;
-    println!("wrote {} tensors ({} q8_0)", quantized.len(), quantized.iter().filter(|(_, t)| t.dtype() == GgmlDType::Q8_0).count());
+    println!(
+        "wrote {} tensors ({} q8_0)",
+        quantized.len(),
+        quantized
+            .iter()
+            .filter(|(_, t)| t.dtype() == GgmlDType::Q8_0)
+            .count()
+    );
     Ok(())
 }
