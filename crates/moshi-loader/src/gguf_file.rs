@@ -452,7 +452,9 @@ fn place_tensor(
 }
 
 impl GgufFile {
-    /// Opens and validates `path` (a regular file; see [`parse_header`]).
+    /// Opens and validates `path` (a regular file): magic, version, counts, every string and
+    /// array inside the file, known tensor types, ranks, and each tensor's bytes inside the data
+    /// section, matching its shape and overlapping no other tensor's.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
         check_input_file(&path, InputKind::RegularFile)?;

@@ -40,7 +40,7 @@ impl WeightMode {
     }
 }
 
-/// Opens `path` (safetensors, or GGUF: [`crate::gguf_lm`]), detects its layout and loads every
+/// Opens `path` (safetensors, or GGUF such as candle's `model.q8.gguf`), detects its layout and loads every
 /// canonical LM tensor of `cfg`.
 pub fn load_lm_weights(path: &Path, cfg: &LmConfig, mode: WeightMode) -> Result<WeightMap> {
     if crate::gguf_file::is_gguf(path) {
