@@ -1,5 +1,6 @@
 //! Quantized matrix-vector product at the Moshi 7B shapes (temporal transformer, text head,
-//! depformer), q4 (group 32) and q8 (group 64), against the machine's measured read bandwidth,
+//! depformer), q4 (group 32 and 64), q8 (group 64) and GGUF q8_0 (8-bit group 32, f16 scales, as
+//! Kyutai's candle release holds), against the machine's measured read bandwidth,
 //! plus a naive dequantize-then-sgemv and dense f32 weights for comparison.
 //!
 //! Each case rotates over enough copies of the matrix to exceed 1 GiB, so weights come from
@@ -100,6 +101,26 @@ fn random_matrix(
         .map(|i| bf16(-0.05 + (i % 89) as f32 * 1e-3))
         .collect();
     QuantizedMatrix::new(rows, cols, bits, group_size, codes, scales, biases).unwrap()
+}
+
+/// A `[rows, cols]` matrix of random GGUF q8_0 blocks (f16 scales, `i8` codes).
+fn random_q8_0(rows: usize, cols: usize, seed: u64) -> QuantizedMatrix {
+    let mut s = seed | 1;
+    let blocks: Vec<u8> = (0..rows * cols / moshi_kernels::Q8_0_BLOCK)
+        .flat_map(|i| {
+            let d = half::f16::from_f32(0.001 + (i % 97) as f32 * 1e-5);
+            let codes: Vec<u8> = (0..moshi_kernels::Q8_0_BLOCK)
+                .map(|_| {
+                    s ^= s << 13;
+                    s ^= s >> 7;
+                    s ^= s << 17;
+                    s as u8
+                })
+                .collect();
+            d.to_le_bytes().into_iter().chain(codes)
+        })
+        .collect();
+    QuantizedMatrix::from_q8_0(rows, cols, &blocks).unwrap()
 }
 
 /// Best-of-`passes` read bandwidth (GB/s) of `probe`, wall clock.
@@ -212,16 +233,25 @@ fn main() {
     moshi_kernels::set_activation_precision(activations);
     println!("activations: {activations}");
 
-    for (bits, group_size) in [(4u32, 32usize), (4, 64), (8, 64)] {
+    for (format, bits, group_size) in [
+        ("q4g32", 4u32, 32usize),
+        ("q4g64", 4, 64),
+        ("q8g64", 8, 64),
+        ("q8_0", 8, 32),
+    ] {
         for (i, &(name, cols, rows)) in SHAPES.iter().enumerate() {
             let case = format!(
-                "{} {activations} q{bits}g{group_size} {name} {cols}->{rows}",
+                "{} {activations} {format} {name} {cols}->{rows}",
                 kernel.name()
             );
             if !wanted(&case) {
                 continue;
             }
-            let w = random_matrix(rows, cols, bits, group_size, 0x9E37 + i as u64);
+            let seed = 0x9E37 + i as u64;
+            let w = match format {
+                "q8_0" => random_q8_0(rows, cols, seed),
+                _ => random_matrix(rows, cols, bits, group_size, seed),
+            };
             let copies = rotation_bytes.div_ceil(w.weight_bytes()).max(1);
             let mats: Vec<QuantizedMatrix> = (0..copies).map(|_| w.clone()).collect();
             let x: Vec<f32> = (0..cols)

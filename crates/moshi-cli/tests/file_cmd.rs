@@ -103,6 +103,61 @@ fn bf16_kv_cache_runs_the_whole_file_and_a_bad_precision_is_refused() {
     assert!(!out.exists());
 }
 
+/// A folder laid out like Kyutai's `moshiko-candle-q8` repo (its LM only as `model.q8.gguf`, the
+/// candle q8_0 fixture), with tiny-a's config, Mimi and tokenizer: `--model DIR` resolves it,
+/// and `file` runs the packed q8_0 weights to the tokens and audio of the same weights
+/// dequantized to f32 (`--dequantize`).
+#[test]
+fn candle_q8_0_gguf_folder_runs_packed_as_its_dequantized_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("moshiko-candle-q8");
+    std::fs::create_dir(&model).unwrap();
+    for name in [
+        "config.json",
+        "mimi.safetensors",
+        "mimi_config.json",
+        "tokenizer.model",
+    ] {
+        std::fs::copy(assets().join(name), model.join(name)).unwrap();
+    }
+    let gguf = common::asset_dir("tiny-a-gguf").join("model.q8.gguf");
+    std::fs::copy(&gguf, model.join("model.q8.gguf")).unwrap();
+    let input = assets().join("input.wav");
+    let run = |name: &str, extra: &[&str]| {
+        let (out, tokens) = (
+            dir.path().join(format!("{name}.wav")),
+            dir.path().join(format!("{name}.jsonl")),
+        );
+        let args = [
+            &[
+                "file",
+                s(&input),
+                s(&out),
+                "--model",
+                s(&model),
+                "--greedy",
+                "--tokens-out",
+                s(&tokens),
+            ][..],
+            extra,
+        ]
+        .concat();
+        let o = moshi(&args);
+        let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(
+            o.status.success(),
+            "moshi-rs file ({name}) failed: {stderr}"
+        );
+        (read_i16(&out), jsonl(&tokens), stderr)
+    };
+    let (packed_audio, packed_tokens, stderr) = run("packed", &[]);
+    assert!(stderr.contains("model.q8.gguf"), "{stderr}");
+    let (dense_audio, dense_tokens, _) = run("dense", &["--dequantize"]);
+    assert_eq!(packed_tokens.len(), 43);
+    assert_eq!(packed_tokens, dense_tokens);
+    assert_eq!(packed_audio, dense_audio);
+}
+
 fn dir_entries(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(dir)
         .unwrap()

@@ -213,3 +213,33 @@ fn an_endless_config_is_refused_at_the_size_cap() {
     assert!(!err.contains("panicked"), "{err}");
     assert!(started.elapsed() < std::time::Duration::from_secs(60));
 }
+
+/// candle's q8_0 GGUF (`assets/tiny-a-gguf`): its layout, ggml types, the q8_0 format and a
+/// clean check against the tiny-a config; against the built-in 7B config, the mismatches.
+#[test]
+fn the_candle_q8_0_gguf_is_described() {
+    let gguf = moshi_test_support::fixture("tiny-a-gguf", "model.q8.gguf");
+    let v = inspect_json(&gguf, &["--config", path_str(&tiny_a("config.json"))]);
+    let c = the_checkpoint(&v);
+    assert_eq!(c["format"], "candle (GGUF v2)");
+    assert_eq!(
+        (c["dtypes"]["Q8_0"].as_u64(), c["dtypes"]["F32"].as_u64()),
+        (Some(114), Some(37))
+    );
+    let q = &c["quantization"][0];
+    assert_eq!(
+        (q["bits"].as_u64(), q["group_size"].as_u64()),
+        (Some(8), Some(32))
+    );
+    assert_config_clean(c);
+    let v = inspect_json(&gguf, &[]);
+    let c = the_checkpoint(&v);
+    assert_eq!(c["config"], "built-in moshiko-7b");
+    assert!(
+        !c["config_check"]["mismatched"]
+            .as_array()
+            .unwrap()
+            .is_empty(),
+        "{c}"
+    );
+}

@@ -19,6 +19,10 @@ pub enum QuantError {
     ColsNotMultipleOfGroup { cols: usize, group_size: usize },
     #[error("cannot quantize a non-finite weight: element {index} is {value}")]
     NonFinite { index: usize, value: f32 },
+    #[error(
+        "q8_0 block {index} has scale {value}, expected a finite f16 of magnitude at most 511.75"
+    )]
+    BadScale { index: usize, value: f32 },
     #[error("kernel {kernel} is not available on this CPU")]
     KernelUnavailable { kernel: &'static str },
     #[error("shape mismatch in {op}: {detail}")]

@@ -16,6 +16,9 @@
 //!   - `scales`, `biases`: bf16, `cols / group_size` per row;
 //!   - value `w[r, j] = q * scale[r, j / group_size] + bias[r, j / group_size]`.
 //!
+//!   GGUF q8_0 blocks ([`QuantizedMatrix::from_q8_0`]) are carried in the same layout (8 bits,
+//!   groups of 32) with f16 scales and biases ([`ScaleFormat::F16`]), and run the same kernels.
+//!
 //!   Products `y = x · dequant(W)ᵀ` keep the weights packed: [`QuantizedMatrix::matvec`] /
 //!   [`QuantizedMatrix::matmul`] run the detected kernel, threaded over output rows on the
 //!   persistent spinning [`team`] (capped by the current rayon pool's thread count).
@@ -44,7 +47,10 @@ pub mod team;
 pub use cpu::{InstructionSet, Kernel, QuantAlgorithm, Workload, KERNEL_ENV, LEGACY_KERNEL_ENV};
 pub use elem::{bf16_bits_to_f32, f32_to_bf16_bits, reduce_lanes, WeightElem, LANES};
 pub use error::{KernelAlreadyChosen, QuantError};
-pub use matrix::{QuantizedMatrix, SUPPORTED_BITS, SUPPORTED_GROUP_SIZES};
+pub use matrix::{
+    QuantizedMatrix, ScaleFormat, Q8_0_BLOCK, Q8_0_BLOCK_BYTES, SUPPORTED_BITS,
+    SUPPORTED_GROUP_SIZES,
+};
 pub use precision::{activation_precision, set_activation_precision, ActivationPrecision};
 pub use quant::q8_small::{gemm_nt_q8, Q8_GROUP_SIZES, Q8_MAX_ROWS};
 pub use quant::round_activations_i8;

@@ -1,4 +1,5 @@
-//! The packed MLX-affine matrix type and its scalar reference dequantization.
+//! The packed affine matrix type (MLX's layout, and GGUF's q8_0 blocks carried in it) and its
+//! scalar reference dequantization.
 
 use crate::elem::bf16_bits_to_f32;
 use crate::quant::qmm;
@@ -25,6 +26,32 @@ pub(crate) fn check_layout(cols: usize, bits: u32, group_size: usize) -> Result<
     Ok(())
 }
 
+/// Values per GGUF q8_0 block (ggml's `QK8_0`).
+pub const Q8_0_BLOCK: usize = 32;
+/// Bytes per GGUF q8_0 block: its f16 scale, then its 32 signed 8-bit codes.
+pub const Q8_0_BLOCK_BYTES: usize = 2 + Q8_0_BLOCK;
+
+/// How the 16-bit scale and bias of each group are read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScaleFormat {
+    /// bf16 (MLX).
+    Bf16,
+    /// IEEE half (GGUF q8_0's block scale). Finite values only ([`QuantizedMatrix::from_q8_0`]
+    /// refuses the others), so every kernel may widen them with the same bit arithmetic.
+    F16,
+}
+
+impl ScaleFormat {
+    /// The exact f32 value of `bits`.
+    #[inline(always)]
+    pub fn to_f32(self, bits: u16) -> f32 {
+        match self {
+            ScaleFormat::Bf16 => bf16_bits_to_f32(bits),
+            ScaleFormat::F16 => half::f16::from_bits(bits).to_f32(),
+        }
+    }
+}
+
 /// A `[rows, cols]` matrix in MLX affine layout (see the crate docs).
 #[derive(Clone, Debug)]
 pub struct QuantizedMatrix {
@@ -35,6 +62,7 @@ pub struct QuantizedMatrix {
     codes: Vec<u32>,
     scales: Vec<u16>,
     biases: Vec<u16>,
+    scale_format: ScaleFormat,
 }
 
 impl QuantizedMatrix {
@@ -73,6 +101,57 @@ impl QuantizedMatrix {
             codes,
             scales,
             biases,
+            scale_format: ScaleFormat::Bf16,
+        })
+    }
+
+    /// Builds a matrix from GGUF q8_0 blocks (row-major, `cols / 32` blocks per row, each an f16
+    /// scale `d` then 32 `i8` codes `q`: `w = d · q`, no bias), kept packed: each code becomes the
+    /// unsigned `q + 128` with f16 scale `d` and bias `-128 · d`, so every kernel of the 8-bit,
+    /// group-32 format runs it, and `(q + 128) · d - 128 · d` is `d · q` exactly in f32 (both
+    /// products have at most 19 significant bits). Refuses a non-finite `d`, or one whose
+    /// `-128 · d` is not a finite f16 (`|d| > 511.75`; real scales are `max |w| / 127`).
+    pub fn from_q8_0(rows: usize, cols: usize, blocks: &[u8]) -> Result<Self, QuantError> {
+        check_layout(cols, 8, Q8_0_BLOCK)?;
+        let groups = rows * cols / Q8_0_BLOCK;
+        if blocks.len() != groups * Q8_0_BLOCK_BYTES {
+            return Err(QuantError::LengthMismatch {
+                what: "q8_0 block bytes",
+                expected: groups * Q8_0_BLOCK_BYTES,
+                got: blocks.len(),
+            });
+        }
+        let (mut codes, mut scales, mut biases) = (
+            Vec::with_capacity(rows * cols / 4),
+            Vec::with_capacity(groups),
+            Vec::with_capacity(groups),
+        );
+        for (index, block) in blocks.chunks_exact(Q8_0_BLOCK_BYTES).enumerate() {
+            let d = half::f16::from_le_bytes([block[0], block[1]]);
+            let bias = -(d.to_f32() * 128.0);
+            if !d.is_finite() || bias.abs() > half::f16::MAX.to_f32() {
+                return Err(QuantError::BadScale {
+                    index,
+                    value: d.to_f32(),
+                });
+            }
+            scales.push(d.to_bits());
+            biases.push(half::f16::from_f32(bias).to_bits());
+            codes.extend(
+                block[2..]
+                    .chunks_exact(4)
+                    .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) ^ 0x8080_8080),
+            );
+        }
+        Ok(Self {
+            rows,
+            cols,
+            bits: 8,
+            group_size: Q8_0_BLOCK,
+            codes,
+            scales,
+            biases,
+            scale_format: ScaleFormat::F16,
         })
     }
 
@@ -92,13 +171,17 @@ impl QuantizedMatrix {
     pub fn codes(&self) -> &[u32] {
         &self.codes
     }
-    /// bf16 scales, `rows * cols / group_size`.
+    /// Scale bits ([`QuantizedMatrix::scale_format`]), `rows * cols / group_size`.
     pub fn scales(&self) -> &[u16] {
         &self.scales
     }
-    /// bf16 biases, `rows * cols / group_size`.
+    /// Bias bits ([`QuantizedMatrix::scale_format`]), `rows * cols / group_size`.
     pub fn biases(&self) -> &[u16] {
         &self.biases
+    }
+    /// How [`QuantizedMatrix::scales`] and [`QuantizedMatrix::biases`] are read.
+    pub fn scale_format(&self) -> ScaleFormat {
+        self.scale_format
     }
     /// The rows before `at` and the rows from `at` on, as two matrices (rows are packed
     /// independently: the codes, scales and biases of each part are its rows' own).
@@ -117,6 +200,7 @@ impl QuantizedMatrix {
             codes: self.codes.split_off(words),
             scales: self.scales.split_off(groups),
             biases: self.biases.split_off(groups),
+            scale_format: self.scale_format,
         };
         self.rows = at;
         (self, tail)
@@ -149,8 +233,8 @@ impl QuantizedMatrix {
         let groups_per_row = self.cols / self.group_size;
         for (col, o) in out.iter_mut().enumerate().take(self.cols) {
             let g = row * groups_per_row + col / self.group_size;
-            let scale = bf16_bits_to_f32(self.scales[g]);
-            let bias = bf16_bits_to_f32(self.biases[g]);
+            let scale = self.scale_format.to_f32(self.scales[g]);
+            let bias = self.scale_format.to_f32(self.biases[g]);
             *o = self.code(row, col) as f32 * scale + bias;
         }
     }
@@ -165,7 +249,8 @@ impl QuantizedMatrix {
     }
 
     /// MLX's native dequantization with the bf16 scales, `bf16(bf16(q * scale) + bias)`,
-    /// row-major bf16 bits (what `mx.dequantize` returns for bf16 scales).
+    /// row-major bf16 bits (what `mx.dequantize` returns for bf16 scales; the same rounding of
+    /// the exact values for f16 scales).
     pub fn dequantize_bf16(&self) -> Vec<u16> {
         crate::quantize::dequantize_bf16(self)
     }

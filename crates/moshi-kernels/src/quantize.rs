@@ -15,7 +15,7 @@
 use half::bf16;
 
 use crate::matrix::check_layout;
-use crate::{bf16_bits_to_f32, QuantError, QuantizedMatrix};
+use crate::{QuantError, QuantizedMatrix};
 
 /// MLX's lower bound on the magnitude of a scale.
 const SCALE_EPS: f32 = 1e-7;
@@ -95,8 +95,8 @@ pub fn dequantize_bf16(w: &QuantizedMatrix) -> Vec<u16> {
     for row in 0..rows {
         for col in 0..cols {
             let g = row * groups_per_row + col / group_size;
-            let scale = bf16_bits_to_f32(w.scales()[g]);
-            let bias = bf16_bits_to_f32(w.biases()[g]);
+            let scale = w.scale_format().to_f32(w.scales()[g]);
+            let bias = w.scale_format().to_f32(w.biases()[g]);
             let scaled = bf16::from_f32(w.code(row, col) as f32 * scale).to_f32();
             out.push(bf16::from_f32(scaled + bias).to_bits());
         }

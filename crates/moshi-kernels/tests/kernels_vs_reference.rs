@@ -6,8 +6,8 @@
 //! recursive summation gives `|fast - ref| ≤ (cols + 4) · ε · Σ_j |x_j| (|q_j s| + |b|)`.
 
 use moshi_kernels::{
-    bf16_bits_to_f32, round_activations_i8, ActivationPrecision, Kernel, QuantizedMatrix,
-    SUPPORTED_BITS, SUPPORTED_GROUP_SIZES,
+    round_activations_i8, ActivationPrecision, Kernel, QuantizedMatrix, ScaleFormat, Q8_0_BLOCK,
+    Q8_0_BLOCK_BYTES, SUPPORTED_BITS, SUPPORTED_GROUP_SIZES,
 };
 use moshi_test_support::XorShift64Star;
 
@@ -42,8 +42,8 @@ fn error_bounds(w: &QuantizedMatrix, x: &[f32], m: usize) -> Vec<f32> {
             for j in 0..cols {
                 let g = r * (cols / gs) + j / gs;
                 let (sc, b) = (
-                    bf16_bits_to_f32(w.scales()[g]) as f64,
-                    bf16_bits_to_f32(w.biases()[g]) as f64,
+                    w.scale_format().to_f32(w.scales()[g]) as f64,
+                    w.scale_format().to_f32(w.biases()[g]) as f64,
                 );
                 s += (x[i * cols + j] as f64).abs() * ((w.code(r, j) as f64 * sc).abs() + b.abs());
             }
@@ -84,11 +84,17 @@ fn check_with(
     x: &[f32],
 ) {
     let w = random_matrix(rng, rows, cols, bits, group_size);
+    let what = format!("rows {rows} cols {cols} bits {bits} group {group_size} m {m}");
+    check_matrix(&w, m, x, &what);
+}
+
+/// Every kernel this CPU runs, and the automatic choice, against the scalar reference on `w`.
+fn check_matrix(w: &QuantizedMatrix, m: usize, x: &[f32], what: &str) {
+    let rows = w.rows();
     let x = x.to_vec();
     let mut want = vec![0f32; m * rows];
     w.matmul_reference(&x, m, &mut want);
-    let bounds = error_bounds(&w, &x, m);
-    let what = format!("rows {rows} cols {cols} bits {bits} group {group_size} m {m}");
+    let bounds = error_bounds(w, &x, m);
     for kernel in Kernel::available() {
         let mut got = vec![f32::NAN; m * rows];
         w.matmul_with_kernel(kernel, &x, m, &mut got).unwrap();
@@ -448,4 +454,108 @@ fn eight_bit_activations_round_each_group_and_leave_rows_they_cannot_hold() {
             .unwrap();
         assert!(y[..5].iter().all(|v| v.is_finite()) && y[5..].iter().all(|v| v.is_nan()));
     }
+}
+
+/// Random GGUF q8_0 blocks: f16 scales of either sign over many binades (subnormal ones
+/// included), codes over the whole `i8` range.
+fn random_q8_0_blocks(rng: &mut XorShift64Star, rows: usize, cols: usize) -> Vec<u8> {
+    let mut blocks = Vec::new();
+    for _ in 0..rows * cols / Q8_0_BLOCK {
+        let magnitude = 2f32.powf(rng.uniform(-26.0, 3.0));
+        let d = if rng.uniform(-1.0, 1.0) < 0.0 {
+            -magnitude
+        } else {
+            magnitude
+        };
+        blocks.extend(half::f16::from_f32(d).to_le_bytes());
+        blocks.extend((0..Q8_0_BLOCK).map(|_| rng.next_u64() as u8));
+    }
+    blocks
+}
+
+/// The q8_0 matrix unpacks to exactly `d · q` (the f16 scale widened, times the signed code, in
+/// f32: at most 19 significant bits, so exact), element by element, for subnormal scales too.
+#[test]
+fn q8_0_dequantizes_to_the_exact_block_values() {
+    let mut rng = XorShift64Star::new(0x0808);
+    let (rows, cols) = (5, 96);
+    let blocks = random_q8_0_blocks(&mut rng, rows, cols);
+    let w = QuantizedMatrix::from_q8_0(rows, cols, &blocks).unwrap();
+    assert_eq!(w.scale_format(), ScaleFormat::F16);
+    let got = w.dequantize_f32();
+    for (b, block) in blocks.chunks_exact(Q8_0_BLOCK_BYTES).enumerate() {
+        let d = half::f16::from_le_bytes([block[0], block[1]]).to_f32();
+        for (j, &q) in block[2..].iter().enumerate() {
+            let want = d * (q as i8) as f32;
+            let at = b * Q8_0_BLOCK + j;
+            // Equal values (a zero code gives +0 where `d · 0` may be -0).
+            assert_eq!(got[at], want, "element {at}: d {d}, q {q}");
+        }
+    }
+}
+
+/// Every kernel this CPU runs (the lane kernels widen the f16 scales their own way) against the
+/// scalar reference on q8_0 matrices: one block, odd block counts, long rows, batches.
+#[test]
+fn every_kernel_matches_reference_on_q8_0() {
+    let mut rng = XorShift64Star::new(0x0800);
+    for rows in [1, 7, 33] {
+        for cols in [32, 96, 4096 + 32] {
+            let w =
+                QuantizedMatrix::from_q8_0(rows, cols, &random_q8_0_blocks(&mut rng, rows, cols))
+                    .unwrap();
+            for m in [1, 2, 5] {
+                let x: Vec<f32> = (0..m * cols).map(|_| rng.uniform(-1.0, 1.0)).collect();
+                check_matrix(&w, m, &x, &format!("q8_0 rows {rows} cols {cols} m {m}"));
+            }
+        }
+    }
+}
+
+/// The product on integer-valued activations is exact, so every kernel gives `Σ d · q · x` to
+/// the bit (checks the widened scales themselves, not only the error bound).
+#[test]
+fn q8_0_products_are_exact_on_exact_values() {
+    let mut rng = XorShift64Star::new(0x0801);
+    let (rows, cols) = (9, 256);
+    let mut blocks = random_q8_0_blocks(&mut rng, rows, cols);
+    // Scales that are multiples of 2^-20 with few bits, so every partial sum is exact in f32.
+    for (i, block) in blocks.chunks_exact_mut(Q8_0_BLOCK_BYTES).enumerate() {
+        let d = ((i % 7) as f32 - 3.0) * 2f32.powi(-20) + 2f32.powi(-16);
+        block[..2].copy_from_slice(&half::f16::from_f32(d).to_le_bytes());
+    }
+    let w = QuantizedMatrix::from_q8_0(rows, cols, &blocks).unwrap();
+    let x: Vec<f32> = (0..cols).map(|j| ((j * 5 % 9) as f32) - 4.0).collect();
+    let deq = w.dequantize_f32();
+    let want: Vec<f32> = deq
+        .chunks_exact(cols)
+        .map(|row| {
+            row.iter()
+                .zip(&x)
+                .map(|(a, b)| (*a as f64) * (*b as f64))
+                .sum::<f64>() as f32
+        })
+        .collect();
+    for kernel in Kernel::available() {
+        let mut got = vec![f32::NAN; rows];
+        w.matmul_with_kernel(kernel, &x, 1, &mut got).unwrap();
+        assert_eq!(got, want, "{} kernel", kernel.name());
+    }
+}
+
+#[test]
+fn q8_0_refuses_bad_blocks() {
+    let mut blocks = vec![0u8; 2 * Q8_0_BLOCK_BYTES];
+    let err = QuantizedMatrix::from_q8_0(1, 64, &blocks[..Q8_0_BLOCK_BYTES]).unwrap_err();
+    assert!(err.to_string().contains("expected 68"), "{err}");
+    blocks[Q8_0_BLOCK_BYTES..Q8_0_BLOCK_BYTES + 2]
+        .copy_from_slice(&half::f16::INFINITY.to_le_bytes());
+    let err = QuantizedMatrix::from_q8_0(1, 64, &blocks).unwrap_err();
+    assert!(err.to_string().contains("block 1 has scale inf"), "{err}");
+    blocks[Q8_0_BLOCK_BYTES..Q8_0_BLOCK_BYTES + 2]
+        .copy_from_slice(&half::f16::from_f32(600.0).to_le_bytes());
+    let err = QuantizedMatrix::from_q8_0(1, 64, &blocks).unwrap_err();
+    assert!(err.to_string().contains("scale 600"), "{err}");
+    let err = QuantizedMatrix::from_q8_0(1, 48, &blocks).unwrap_err();
+    assert!(err.to_string().contains("48"), "{err}");
 }

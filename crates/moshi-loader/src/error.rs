@@ -20,6 +20,8 @@ pub enum LoaderError {
         expected: usize,
         got: usize,
     },
+    #[error("{path}: not a GGUF file moshi-rs reads: {reason}")]
+    BadGguf { path: PathBuf, reason: String },
     #[error("{path}: tensor `{name}` is missing")]
     MissingTensor { path: PathBuf, name: String },
     #[error("{path}: tensor `{name}` has shape {got:?}, expected {expected:?}")]

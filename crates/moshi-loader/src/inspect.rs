@@ -1,4 +1,5 @@
-//! Describes a checkpoint file: detected format, dtypes, MLX bits/group size, parameter count,
+//! Describes a checkpoint file (safetensors or GGUF): detected format, dtypes, MLX bits/group
+//! size or GGUF q8_0, parameter count,
 //! and the tensors that are missing, unexpected or mis-shaped with respect to a config.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -6,7 +7,10 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::layout::{detect_kind, CheckpointKind, LmLayout};
+use moshi_kernels::Q8_0_BLOCK;
+
+use crate::gguf_file::{GgmlType, GgufFile};
+use crate::layout::{detect_gguf_kind, detect_kind, CheckpointKind, LmLayout};
 use crate::lm_sources::lm_sources;
 use crate::mlx_quant::{file_logical_shape, infer_in_dim, is_packed, quant_params_from_shapes};
 use crate::{DType, LmConfig, MimiConfig, Result, SafetensorsFile};
@@ -63,8 +67,11 @@ impl ConfigCheck {
     }
 }
 
-/// Inspects `path`, checking it against `config` when given.
+/// Inspects `path` (safetensors or GGUF), checking it against `config` when given.
 pub fn inspect_checkpoint(path: &Path, config: Option<ConfigRef<'_>>) -> Result<CheckpointReport> {
+    if crate::gguf_file::is_gguf(path) {
+        return inspect_gguf(path, config);
+    }
     let file = SafetensorsFile::open(path)?;
     let kind = detect_kind(&file)?;
     let file_size_bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
@@ -159,6 +166,87 @@ pub fn inspect_checkpoint(path: &Path, config: Option<ConfigRef<'_>>) -> Result<
         notes,
         config_check,
     })
+}
+
+/// [`inspect_checkpoint`] for a GGUF file: ggml types, q8_0 matrices (8 bits, groups of 32),
+/// names and shapes against an LM config.
+fn inspect_gguf(path: &Path, config: Option<ConfigRef<'_>>) -> Result<CheckpointReport> {
+    let file = GgufFile::open(path)?;
+    let kind = detect_gguf_kind(&file)?;
+    let mut dtypes = BTreeMap::new();
+    for info in file.tensors().values() {
+        *dtypes
+            .entry(info.ggml_type.as_str().to_string())
+            .or_insert(0) += 1;
+    }
+    let q8_0 = dtypes.get(GgmlType::Q8_0.as_str()).copied().unwrap_or(0);
+    let quantization = (q8_0 > 0)
+        .then_some(QuantSummary {
+            bits: 8,
+            group_size: Q8_0_BLOCK,
+            matrices: q8_0,
+        })
+        .into_iter()
+        .collect();
+    let config_check = match (kind, config) {
+        (CheckpointKind::Lm(layout), Some(ConfigRef::Lm(cfg))) => {
+            let shapes = file
+                .tensors()
+                .iter()
+                .map(|(n, t)| (n.clone(), t.shape.clone()));
+            Some(check_dense_lm(&shapes.collect(), layout, cfg))
+        }
+        (_, Some(_)) => Some(ConfigCheck {
+            scope: "kind of model".into(),
+            mismatched: vec![format!(
+                "moshi-rs reads GGUF LM checkpoints only; this one is a {} checkpoint",
+                kind.as_str()
+            )],
+            ..Default::default()
+        }),
+        (_, None) => None,
+    };
+    Ok(CheckpointReport {
+        path: path.to_path_buf(),
+        format: format!("{} (GGUF v{})", kind.as_str(), file.version()),
+        file_size_bytes: std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
+        tensor_count: file.tensors().len(),
+        dtypes,
+        quantization,
+        parameter_count: file.tensors().values().map(|t| t.numel() as u64).sum(),
+        notes: Vec::new(),
+        config_check,
+    })
+}
+
+/// Names and shapes of a checkpoint with no packed MLX matrices against the LM tensors of `cfg`.
+fn check_dense_lm(
+    shapes: &BTreeMap<String, Vec<usize>>,
+    layout: LmLayout,
+    cfg: &LmConfig,
+) -> ConfigCheck {
+    let specs = lm_sources(layout, cfg);
+    let mut check = ConfigCheck {
+        scope: format!("names and shapes of all {} LM tensors", specs.len()),
+        ..Default::default()
+    };
+    for spec in &specs {
+        match shapes.get(&spec.stored_name) {
+            None => check.missing.push(spec.stored_name.clone()),
+            Some(shape) if *shape != spec.stored_shape => check.mismatched.push(format!(
+                "{}: expected {:?}, got {shape:?}",
+                spec.stored_name, spec.stored_shape
+            )),
+            Some(_) => {}
+        }
+    }
+    let expected: BTreeSet<&str> = specs.iter().map(|s| s.stored_name.as_str()).collect();
+    check.unexpected = shapes
+        .keys()
+        .filter(|n| !expected.contains(n.as_str()))
+        .cloned()
+        .collect();
+    check
 }
 
 /// `x.scales` / `x.biases` of a packed `x.weight`.

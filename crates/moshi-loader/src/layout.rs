@@ -1,6 +1,10 @@
-//! Decides what a safetensors checkpoint is from its tensor names and shapes (never its file
-//! name): a PyTorch, candle or MLX release of the Moshi LM, or a Mimi codec.
+//! Decides what a checkpoint (safetensors or GGUF) is from its tensor names and shapes (never
+//! its file name): a PyTorch, candle or MLX release of the Moshi LM, or a Mimi codec.
 
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use crate::gguf_file::GgufFile;
 use crate::{LoaderError, Result, SafetensorsFile};
 
 /// Naming scheme of an LM checkpoint.
@@ -47,12 +51,39 @@ fn is_slice_index(rest: &str) -> bool {
         .is_some_and(|(i, _)| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()))
 }
 
-/// Detects the checkpoint kind from names, then confirms it with the shape of the final norm.
+/// Detects the checkpoint kind of a safetensors file (see [`detect_kind_of`]).
 pub fn detect_kind(file: &SafetensorsFile) -> Result<CheckpointKind> {
-    let names: Vec<&str> = file.tensors().keys().map(|s| s.as_str()).collect();
+    let shapes = file
+        .tensors()
+        .iter()
+        .map(|(n, t)| (n.as_str(), t.shape.as_slice()));
+    detect_kind_of(file.path(), &shapes.collect())
+}
+
+/// Detects the checkpoint kind of a GGUF file (see [`detect_kind_of`]).
+pub fn detect_gguf_kind(file: &GgufFile) -> Result<CheckpointKind> {
+    let shapes = file
+        .tensors()
+        .iter()
+        .map(|(n, t)| (n.as_str(), t.shape.as_slice()));
+    detect_kind_of(file.path(), &shapes.collect())
+}
+
+/// Detects the checkpoint kind of the safetensors or GGUF file at `path`.
+pub fn detect_file_kind(path: &Path) -> Result<CheckpointKind> {
+    if crate::gguf_file::is_gguf(path) {
+        return detect_gguf_kind(&GgufFile::open(path)?);
+    }
+    detect_kind(&SafetensorsFile::open(path)?)
+}
+
+/// Detects the checkpoint kind of the file at `path` from its tensors' names, then confirms it
+/// with the shape of the final norm.
+pub fn detect_kind_of(path: &Path, shapes: &BTreeMap<&str, &[usize]>) -> Result<CheckpointKind> {
+    let names: Vec<&str> = shapes.keys().copied().collect();
     let any = |f: &dyn Fn(&str) -> bool| names.iter().any(|n| f(n));
     let unknown = |reason: String| LoaderError::UnknownFormat {
-        path: file.path().to_path_buf(),
+        path: path.to_path_buf(),
         reason,
     };
     if any(&|n| n.starts_with("encoder.model.")) && any(&|n| n.starts_with("quantizer.")) {
@@ -95,19 +126,19 @@ pub fn detect_kind(file: &SafetensorsFile) -> Result<CheckpointKind> {
         LmLayout::Mlx => ("out_norm.weight", 1),
         _ => ("out_norm.alpha", 3),
     };
-    let info = file.tensors().get(norm_name).ok_or_else(|| {
+    let shape = shapes.get(norm_name).ok_or_else(|| {
         unknown(format!(
             "names look like the {} layout, but its final norm `{norm_name}` is missing",
             layout.as_str()
         ))
     })?;
-    let shape_ok = info.shape.len() == rank && (rank == 1 || info.shape[..2] == [1, 1]);
+    let shape_ok = shape.len() == rank && (rank == 1 || shape[..2] == [1, 1]);
     if !shape_ok {
         let expected = if rank == 1 { "[D]" } else { "[1, 1, D]" };
         return Err(unknown(format!(
             "names look like the {} layout, whose `{norm_name}` has shape {expected}, got {:?}",
             layout.as_str(),
-            info.shape
+            shape
         )));
     }
     Ok(CheckpointKind::Lm(layout))

@@ -6,6 +6,8 @@ pub mod config;
 mod config_check;
 mod error;
 pub mod escape;
+pub mod gguf_file;
+mod gguf_lm;
 pub mod hub;
 pub mod input_file;
 pub mod inspect;

@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use moshi_kernels::QuantizedMatrix;
+use moshi_kernels::{f32_to_bf16_bits, QuantizedMatrix, ScaleFormat};
 use rayon::prelude::*;
 
 use crate::layout::{detect_kind, CheckpointKind, LmLayout};
@@ -40,8 +40,13 @@ impl WeightMode {
     }
 }
 
-/// Opens `path`, detects its layout and loads every canonical LM tensor of `cfg`.
+/// Opens `path` (safetensors, or GGUF such as candle's `model.q8.gguf`), detects its layout and loads every
+/// canonical LM tensor of `cfg`.
 pub fn load_lm_weights(path: &Path, cfg: &LmConfig, mode: WeightMode) -> Result<WeightMap> {
+    if crate::gguf_file::is_gguf(path) {
+        let file = crate::gguf_file::GgufFile::open(path)?;
+        return crate::gguf_lm::load_lm_weights_gguf(&file, cfg, mode);
+    }
     let file = SafetensorsFile::open(path)?;
     load_lm_weights_from(&file, cfg, mode)
 }
@@ -57,25 +62,7 @@ pub fn load_lm_weights_from(
     check_quantization(file.path(), mode)?;
     let specs = lm_sources(layout, cfg);
     let used = check_names_and_shapes(file, layout, &specs)?;
-    let unexpected: Vec<&String> = file
-        .tensors()
-        .keys()
-        .filter(|n| !used.contains(n.as_str()))
-        .collect();
-    if let Some(first) = unexpected.first() {
-        return Err(LoaderError::ConfigMismatch {
-            path: file.path().to_path_buf(),
-            reason: format!(
-                "{} tensor(s) are not used by the config, first `{first}` (the config has num_layers {}, n_q {}, dep_q {}, \
-                 depformer_num_layers {}: do they match the checkpoint?)",
-                unexpected.len(),
-                cfg.num_layers,
-                cfg.n_q,
-                cfg.dep_q,
-                cfg.depformer_num_layers
-            ),
-        });
-    }
+    check_all_used(file.path(), file.tensors().keys(), &used, cfg)?;
     // Tensors are independent: convert / dequantize them on all cores.
     let weights: Vec<Weight> = specs
         .par_iter()
@@ -86,6 +73,32 @@ pub fn load_lm_weights_from(
         map.insert(spec.canonical.name.clone(), weight);
     }
     Ok(map)
+}
+
+/// Fails when a stored tensor is not among the `used` ones (the config and the checkpoint
+/// disagree).
+pub(crate) fn check_all_used<'a>(
+    path: &Path,
+    stored: impl Iterator<Item = &'a String>,
+    used: &BTreeSet<String>,
+    cfg: &LmConfig,
+) -> Result<()> {
+    let unexpected: Vec<&String> = stored.filter(|n| !used.contains(n.as_str())).collect();
+    let Some(first) = unexpected.first() else {
+        return Ok(());
+    };
+    Err(LoaderError::ConfigMismatch {
+        path: path.to_path_buf(),
+        reason: format!(
+            "{} tensor(s) are not used by the config, first `{first}` (the config has num_layers {}, n_q {}, dep_q {}, \
+             depformer_num_layers {}: do they match the checkpoint?)",
+            unexpected.len(),
+            cfg.num_layers,
+            cfg.n_q,
+            cfg.dep_q,
+            cfg.depformer_num_layers
+        ),
+    })
 }
 
 /// The LM layout of `file`, or an error if it is a Mimi checkpoint.
@@ -99,7 +112,7 @@ pub fn lm_layout_of(file: &SafetensorsFile) -> Result<LmLayout> {
     }
 }
 
-fn check_supported(path: &Path, cfg: &LmConfig) -> Result<()> {
+pub(crate) fn check_supported(path: &Path, cfg: &LmConfig) -> Result<()> {
     if !cfg.depformer_weights_per_step || !cfg.depformer_multi_linear {
         return Err(LoaderError::BadConfig {
             path: path.to_path_buf(),
@@ -186,26 +199,7 @@ fn materialize(
             .filter(|p| is_packed(file, p))
         {
             let q = read_quantized(file, prefix, shape[0], shape[1])?;
-            let data = match (spec.canonical.role, mode) {
-                (TensorRole::Norm | TensorRole::Conditioner, _) | (_, WeightMode::DequantizeF32) => {
-                    WeightData::F32(q.dequantize_f32())
-                }
-                (_, WeightMode::DequantizeBf16) => WeightData::BF16(q.dequantize_bf16()),
-                (_, WeightMode::Quantize { bits, group_size }) if (bits, group_size) != (q.bits(), q.group_size()) => {
-                    return Err(LoaderError::BadQuantized {
-                        path: file.path().to_path_buf(),
-                        name: prefix.to_string(),
-                        reason: format!(
-                            "stored as {}-bit, group size {}; requested {bits}-bit, group size {group_size} \
-                             (requantizing a packed checkpoint is not supported: load it natively or quantize \
-                             the dense checkpoint)",
-                            q.bits(),
-                            q.group_size()
-                        ),
-                    })
-                }
-                (_, WeightMode::Native | WeightMode::Quantize { .. }) => WeightData::Quantized(q),
-            };
+            let data = packed_data(file.path(), prefix, spec.canonical.role, q, mode)?;
             return Ok(Weight { shape, data });
         }
     }
@@ -215,6 +209,59 @@ fn materialize(
     let esize = info.dtype.size_bytes();
     let start = spec.row_start * row_elems * esize;
     let bytes = &file.bytes(&spec.stored_name)?[start..start + numel * esize];
+    let data = dense_data(file.path(), spec, info.dtype, bytes, mode)?;
+    finish_dense(file.path(), spec, data, mode)
+}
+
+/// A packed matrix as `mode` hands it over: kept packed (`Native`, or a `Quantize` of its own
+/// parameters), or dequantized (norms and conditioners always: they are used as f32 vectors).
+/// `DequantizeBf16` rounds as `mx.dequantize` does for MLX's bf16 scales, and the exact values
+/// once to bf16 for GGUF's f16 ones.
+pub(crate) fn packed_data(
+    path: &Path,
+    name: &str,
+    role: TensorRole,
+    q: QuantizedMatrix,
+    mode: WeightMode,
+) -> Result<WeightData> {
+    Ok(match (role, mode) {
+        (TensorRole::Norm | TensorRole::Conditioner, _) | (_, WeightMode::DequantizeF32) => {
+            WeightData::F32(q.dequantize_f32())
+        }
+        (_, WeightMode::DequantizeBf16) => match q.scale_format() {
+            ScaleFormat::Bf16 => WeightData::BF16(q.dequantize_bf16()),
+            ScaleFormat::F16 => {
+                WeightData::BF16(q.dequantize_f32().into_iter().map(f32_to_bf16_bits).collect())
+            }
+        },
+        (_, WeightMode::Quantize { bits, group_size })
+            if (bits, group_size) != (q.bits(), q.group_size()) =>
+        {
+            return Err(LoaderError::BadQuantized {
+                path: path.to_path_buf(),
+                name: name.to_string(),
+                reason: format!(
+                    "stored as {}-bit, group size {}; requested {bits}-bit, group size {group_size} \
+                     (requantizing a packed checkpoint is not supported: load it natively or quantize \
+                     the dense checkpoint)",
+                    q.bits(),
+                    q.group_size()
+                ),
+            })
+        }
+        (_, WeightMode::Native | WeightMode::Quantize { .. }) => WeightData::Quantized(q),
+    })
+}
+
+/// The dense weight of `spec` from its stored `bytes` of `dtype`: f32 for norms, conditioners and
+/// [`WeightMode::DequantizeF32`], else as stored (f16 widened to f32).
+pub(crate) fn dense_data(
+    path: &Path,
+    spec: &SourceSpec,
+    dtype: DType,
+    bytes: &[u8],
+    mode: WeightMode,
+) -> Result<WeightData> {
     let as_f32 = matches!(
         spec.canonical.role,
         TensorRole::Norm | TensorRole::Conditioner
@@ -224,7 +271,7 @@ fn materialize(
             .chunks_exact(2)
             .map(|c| u16::from_le_bytes([c[0], c[1]]))
     };
-    let data = match info.dtype {
+    Ok(match dtype {
         DType::F32 => WeightData::F32(
             bytes
                 .chunks_exact(4)
@@ -238,20 +285,31 @@ fn materialize(
         DType::F16 => WeightData::F32(u16s().map(|b| half::f16::from_bits(b).to_f32()).collect()),
         other => {
             return Err(LoaderError::DTypeMismatch {
-                path: file.path().to_path_buf(),
+                path: path.to_path_buf(),
                 name: spec.stored_name.clone(),
                 expected: "F32, BF16 or F16 (or an MLX packed U32 with .scales/.biases)".into(),
                 got: other.to_string(),
             })
         }
-    };
+    })
+}
+
+/// A dense weight as `mode` hands it over: quantized under [`WeightMode::Quantize`] (Linear and
+/// Embedding matrices of whole groups), else as it is.
+pub(crate) fn finish_dense(
+    path: &Path,
+    spec: &SourceSpec,
+    data: WeightData,
+    mode: WeightMode,
+) -> Result<Weight> {
+    let shape = spec.canonical.shape.clone();
     if let (WeightMode::Quantize { bits, group_size }, TensorRole::Linear | TensorRole::Embedding) =
         (mode, spec.canonical.role)
     {
         // A matrix narrower than whole groups (a small low-rank projection) stays as stored, as
         // mlx-lm's quantization predicate leaves such layers.
         if shape.last().is_some_and(|&cols| cols % group_size == 0) {
-            return quantize_dense(file, spec, data, bits, group_size);
+            return quantize_dense(path, spec, data, bits, group_size);
         }
     }
     Ok(Weight { shape, data })
@@ -259,7 +317,7 @@ fn materialize(
 
 /// A quantization MLX can produce (checked before any tensor: a matrix narrower than a group
 /// is left dense, so a bad group size would otherwise quantize nothing).
-fn check_quantization(path: &Path, mode: WeightMode) -> Result<()> {
+pub(crate) fn check_quantization(path: &Path, mode: WeightMode) -> Result<()> {
     use moshi_kernels::{SUPPORTED_BITS, SUPPORTED_GROUP_SIZES};
     let WeightMode::Quantize { bits, group_size } = mode else {
         return Ok(());
@@ -278,7 +336,7 @@ fn check_quantization(path: &Path, mode: WeightMode) -> Result<()> {
 
 /// Quantizes a dense matrix exactly as MLX's `mx.quantize` does from the same values.
 fn quantize_dense(
-    file: &SafetensorsFile,
+    path: &Path,
     spec: &SourceSpec,
     data: WeightData,
     bits: u32,
@@ -301,7 +359,7 @@ fn quantize_dense(
     let q =
         QuantizedMatrix::quantize(&values, shape[0], shape[1], bits, group_size).map_err(|e| {
             LoaderError::BadQuantized {
-                path: file.path().to_path_buf(),
+                path: path.to_path_buf(),
                 name: spec.stored_name.clone(),
                 reason: format!(
                     "cannot quantize {shape:?} to {bits}-bit, group size {group_size}: {e}"

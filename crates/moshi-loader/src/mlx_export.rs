@@ -58,6 +58,15 @@ fn entries<'a>(
             })?;
         match (&w.data, spec.canonical.role) {
             (WeightData::Quantized(q), TensorRole::Linear | TensorRole::Embedding) => {
+                if q.scale_format() != moshi_kernels::ScaleFormat::Bf16 {
+                    return Err(LoaderError::BadQuantized {
+                        path: weights.source().to_path_buf(),
+                        name: name.clone(),
+                        reason: "holds GGUF q8_0 blocks, whose f16 scales MLX's bf16 scales cannot hold \
+                                 exactly: quantize a dense (bf16) checkpoint instead"
+                            .into(),
+                    });
+                }
                 let prefix = spec
                     .stored_name
                     .strip_suffix(".weight")

@@ -66,10 +66,10 @@ fn parse_header(bytes: &[u8], path: &Path) -> Result<ParsedHeader> {
         path: path.to_path_buf(),
         reason,
     };
-    if bytes.starts_with(b"GGUF") {
+    if bytes.starts_with(crate::gguf_file::GGUF_MAGIC) {
         return Err(bad(
-            "this is a GGUF file (such as kyutai/moshiko-candle-q8), which moshi-rs does not read; use the MLX q8 \
-             release (kyutai/moshiko-mlx-q8) or a safetensors checkpoint"
+            "this is a GGUF file (such as kyutai/moshiko-candle-q8's model.q8.gguf), which moshi-rs reads as an LM \
+             checkpoint only"
                 .into(),
         ));
     }
@@ -168,7 +168,13 @@ fn parse_header(bytes: &[u8], path: &Path) -> Result<ParsedHeader> {
             got: data_len,
         });
     }
-    check_no_overlap(&tensors, path)?;
+    check_no_overlap(
+        tensors
+            .iter()
+            .map(|(n, t)| (n.as_str(), t.data_start, t.data_end)),
+        "data_offsets",
+        path,
+    )?;
     Ok(ParsedHeader {
         data_offset,
         tensors,
@@ -205,23 +211,23 @@ fn read_header_json(
     Ok(raw)
 }
 
-/// Fails when two tensors' byte ranges overlap (a tensor read would then see another's bytes).
-fn check_no_overlap(tensors: &BTreeMap<String, TensorInfo>, path: &Path) -> Result<()> {
-    let mut ranges: Vec<(&str, &TensorInfo)> = tensors
-        .iter()
-        .filter(|(_, t)| t.data_end > t.data_start)
-        .map(|(n, t)| (n.as_str(), t))
-        .collect();
-    ranges.sort_by_key(|(_, t)| (t.data_start, t.data_end));
+/// Fails when two tensors' byte ranges `(name, start, end)` overlap (a tensor read would then
+/// see another's bytes); `what` names the ranges in the error (`data_offsets`).
+pub(crate) fn check_no_overlap<'a>(
+    tensors: impl Iterator<Item = (&'a str, usize, usize)>,
+    what: &str,
+    path: &Path,
+) -> Result<()> {
+    let mut ranges: Vec<(&str, usize, usize)> = tensors.filter(|(_, s, e)| e > s).collect();
+    ranges.sort_by_key(|&(_, s, e)| (s, e));
     for pair in ranges.windows(2) {
-        let ((a, ta), (b, tb)) = (pair[0], pair[1]);
-        if tb.data_start < ta.data_end {
+        let ((a, a_start, a_end), (b, b_start, b_end)) = (pair[0], pair[1]);
+        if b_start < a_end {
             return Err(LoaderError::BadTensor {
                 path: path.to_path_buf(),
                 name: b.to_string(),
                 reason: format!(
-                    "its data_offsets [{}, {}) overlap those of `{a}` [{}, {})",
-                    tb.data_start, tb.data_end, ta.data_start, ta.data_end
+                    "its {what} [{b_start}, {b_end}) overlap those of `{a}` [{a_start}, {a_end})"
                 ),
             });
         }

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use crate::hub::{HubRepo, HubSettings};
-use crate::layout::{detect_kind, CheckpointKind, LmLayout};
+use crate::layout::{detect_file_kind, detect_kind, CheckpointKind, LmLayout};
 use crate::{LmConfig, LoaderError, MimiConfig, Result, SafetensorsFile};
 
 /// Which LM file to take when a folder or repo holds several.
@@ -13,7 +13,7 @@ use crate::{LmConfig, LoaderError, MimiConfig, Result, SafetensorsFile};
 pub enum LmVariant {
     /// `model.safetensors` (PyTorch/candle/MLX bf16).
     Bf16,
-    /// `model.q8.safetensors` (MLX 8-bit).
+    /// `model.q8.safetensors` (MLX 8-bit), else `model.q8.gguf` (candle q8_0).
     Q8,
     /// `model.q4.safetensors` (MLX 4-bit).
     Q4,
@@ -45,11 +45,13 @@ impl std::str::FromStr for LmVariant {
     }
 }
 
-/// LM file names in order of preference when nothing else decides.
-const LM_FILE_NAMES: [&str; 3] = [
+/// LM file names in order of preference when nothing else decides (`model.q8.gguf`: Kyutai's
+/// candle q8 release, which has no config.json naming it).
+const LM_FILE_NAMES: [&str; 4] = [
     "model.safetensors",
     "model.q8.safetensors",
     "model.q4.safetensors",
+    "model.q8.gguf",
 ];
 
 /// Explicit choices that win over what is found in the folder or repo.
@@ -127,7 +129,7 @@ impl ModelSource {
             let mut o = overrides.clone();
             if path.extension().is_some_and(|e| e == "json") {
                 o.lm_config.get_or_insert(path.to_path_buf());
-            } else if detect_kind(&SafetensorsFile::open(path)?)? == CheckpointKind::Mimi {
+            } else if detect_file_kind(path)? == CheckpointKind::Mimi {
                 o.mimi_weights.get_or_insert(path.to_path_buf());
             } else {
                 o.lm_weights.get_or_insert(path.to_path_buf());
@@ -220,7 +222,14 @@ fn choose_files(
     };
     let safetensors = || names.iter().filter(|n| n.ends_with(".safetensors"));
     let lm = match variant {
-        Some(v) => names.get(v.file_name()).cloned(),
+        Some(v) => names
+            .get(v.file_name())
+            .or_else(|| {
+                (v == LmVariant::Q8)
+                    .then(|| names.get("model.q8.gguf"))
+                    .flatten()
+            })
+            .cloned(),
         None => cfg
             .and_then(|c| named(&c.moshi_name))
             .or_else(|| {
@@ -303,7 +312,9 @@ fn resolve_folder(folder: &Path, o: &SourceOverrides) -> Result<ResolvedModel> {
     let choice = choose_files(&names, cfg_for_names, o.variant, &kind_of);
     let lm_hint = match o.variant {
         Some(v) => format!("asked for `{}`", v.file_name()),
-        None => "model.safetensors, model.q8.safetensors or model.q4.safetensors".into(),
+        None => {
+            "model.safetensors, model.q8.safetensors, model.q4.safetensors or model.q8.gguf".into()
+        }
     };
     let pick = |over: &Option<PathBuf>,
                 chosen: Option<String>,
@@ -332,7 +343,7 @@ fn resolve_folder(folder: &Path, o: &SourceOverrides) -> Result<ResolvedModel> {
         .clone()
         .or_else(|| choice.mimi_config.map(|n| folder.join(n)));
     let (mimi_config, mimi_config_source) = load_mimi_config(mimi_config_path.as_deref())?;
-    let layout = match detect_kind(&SafetensorsFile::open(&lm_weights_path)?)? {
+    let layout = match detect_file_kind(&lm_weights_path)? {
         CheckpointKind::Lm(l) => l,
         CheckpointKind::Mimi => {
             return Err(LoaderError::UnknownFormat {

@@ -564,6 +564,44 @@ fn bf16_weights_quantized_on_load_reproduce_mlx_q8_and_q4_tokens() {
     );
 }
 
+/// candle's q8_0 GGUF of tiny-a (`assets/tiny-a-gguf`, written by candle's own quantizer) run
+/// packed through the q8_0 kernels gives, at every step, the greedy tokens and returned frames of
+/// the same model with its weights dequantized from the GGUF to f32, and text logits within f32
+/// rounding of it.
+#[test]
+fn gguf_q8_0_packed_reproduces_its_weights_dequantized_in_f32() {
+    let cfg = tiny_config();
+    let path = common::fixture("tiny-a-gguf", "model.q8.gguf");
+    let run = |mode| {
+        let weights = load_lm_weights(&path, &cfg, mode).unwrap();
+        run_greedy(
+            &Generator::new(Arc::new(LmWeights::load(&cfg, weights).unwrap())),
+            0,
+        )
+    };
+    let (packed, dense) = (run(WeightMode::Native), run(WeightMode::DequantizeF32));
+    assert_eq!(packed.len(), fed_frames().len());
+    let mut worst = 0f32;
+    for (s, (p, d)) in packed.iter().zip(&dense).enumerate() {
+        assert_eq!(p.text_token, d.text_token, "text token of step {s}");
+        assert_eq!(p.audio_tokens, d.audio_tokens, "audio tokens of step {s}");
+        assert_eq!(
+            p.frame.as_ref().map(|f| &f.audio),
+            d.frame.as_ref().map(|f| &f.audio),
+            "returned audio of step {s}"
+        );
+        let diff = max_abs_diff(&p.text_logits, &d.text_logits);
+        assert!(diff < 1e-4, "text logits of step {s} differ by {diff}");
+        worst = worst.max(diff);
+    }
+    let distinct: std::collections::BTreeSet<u32> = packed.iter().map(|p| p.text_token).collect();
+    assert!(
+        distinct.len() > 1,
+        "a run that only repeats one token checks little"
+    );
+    eprintln!("gguf q8_0 packed vs dequantized f32: max |text logit diff| {worst:.2e}");
+}
+
 /// Delays other than moshiko's (acoustic delay 2, a delayed text stream): inputs and returned
 /// frames follow the LMGen rules for every stream.
 #[test]

@@ -6,11 +6,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use moshi_loader::inspect::{inspect_checkpoint, CheckpointReport, ConfigRef};
-use moshi_loader::layout::detect_kind;
+use moshi_loader::layout::detect_file_kind;
 use moshi_loader::tokenizer::TextTokenizer;
 use moshi_loader::{
-    read_config_text, CheckpointKind, LmConfig, MimiConfig, ModelSource, SafetensorsFile,
-    SourceOverrides,
+    read_config_text, CheckpointKind, LmConfig, MimiConfig, ModelSource, SourceOverrides,
 };
 use serde::Serialize;
 
@@ -130,9 +129,7 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
 
 /// The config that applies to a checkpoint: explicit, else next to the file, else built in.
 fn inspect_file(path: &Path, args: &InspectArgs) -> anyhow::Result<CheckpointEntry> {
-    let file = SafetensorsFile::open(path)?;
-    let kind = detect_kind(&file)?;
-    drop(file);
+    let kind = detect_file_kind(path)?;
     let folder = path.parent().unwrap_or(Path::new("."));
     let report;
     let config;

@@ -5,6 +5,9 @@
 
 use std::arch::x86_64::*;
 
+use crate::quant::F16_TO_F32;
+use crate::ScaleFormat;
+
 /// Two weight rows per matrix-matrix tile of the lane kernel (`quant::passes`) from 2 activation
 /// rows on, each activation vector loaded once for both. With 4 activation rows the two rows'
 /// partial sums and accumulators outgrow the 16 registers and the accumulators live on the stack
@@ -124,10 +127,43 @@ unsafe fn iload_lanes(p: *const i32, n: usize) -> I {
 /// `p` must point to 8 readable `u16`.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-pub(crate) unsafe fn widen_bf16(p: *const u16) -> F {
+unsafe fn widen_bf16(p: *const u16) -> F {
     // SAFETY: forwarded contract (16 bytes).
     let h = unsafe { _mm_loadu_si128(p as *const __m128i) };
     _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+}
+
+/// 8 finite f16 values as f32 (exact): the magnitude bits moved into f32's places read as
+/// `v · 2^-112` (subnormal halves as subnormal floats), so one multiply by `2^112` restores
+/// them; then the sign. AVX2 alone has no f16 conversion (that is F16C).
+///
+/// # Safety
+/// `p` must point to 8 readable `u16`.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn widen_f16(p: *const u16) -> F {
+    // SAFETY: forwarded contract (16 bytes).
+    let h = _mm256_cvtepu16_epi32(unsafe { _mm_loadu_si128(p as *const __m128i) });
+    let magnitude = _mm256_slli_epi32::<13>(_mm256_and_si256(h, _mm256_set1_epi32(0x7fff)));
+    let sign = _mm256_slli_epi32::<16>(_mm256_and_si256(h, _mm256_set1_epi32(0x8000)));
+    let unsigned = _mm256_mul_ps(_mm256_castsi256_ps(magnitude), _mm256_set1_ps(F16_TO_F32));
+    _mm256_or_ps(unsigned, _mm256_castsi256_ps(sign))
+}
+
+/// 8 scales or biases of `format` from `p` as f32 (exact).
+///
+/// # Safety
+/// `p` must point to 8 readable `u16`.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+pub(crate) unsafe fn widen_scales(format: ScaleFormat, p: *const u16) -> F {
+    // SAFETY: forwarded contract.
+    unsafe {
+        match format {
+            ScaleFormat::Bf16 => widen_bf16(p),
+            ScaleFormat::F16 => widen_f16(p),
+        }
+    }
 }
 
 /// Code `k` of every lane as `q · 2^(BITS·k)`, or as `q` for the top code (exact: below 2^31, so

@@ -3,6 +3,8 @@
 
 use std::arch::x86_64::*;
 
+use crate::ScaleFormat;
+
 /// Two weight rows per matrix-matrix tile of the lane kernel (`quant::passes`): from 3 activation
 /// rows on, each activation vector loaded once for both (the 7B's q8 LM step in `bench
 /// --sessions N` ran faster than with one weight row at 4 and 8 sessions; no gain at 2, where q8
@@ -110,10 +112,38 @@ unsafe fn iload_lanes(p: *const i32, n: usize) -> I {
 /// `p` must point to 16 readable `u16`.
 #[target_feature(enable = "avx512f")]
 #[inline]
-pub(crate) unsafe fn widen_bf16(p: *const u16) -> F {
+unsafe fn widen_bf16(p: *const u16) -> F {
     // SAFETY: forwarded contract (32 bytes).
     let h = unsafe { _mm256_loadu_si256(p as *const __m256i) };
     _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+}
+
+/// 16 finite f16 values as f32 (exact: the hardware conversion).
+///
+/// # Safety
+/// `p` must point to 16 readable `u16`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn widen_f16(p: *const u16) -> F {
+    // SAFETY: forwarded contract (32 bytes).
+    let h = unsafe { _mm256_loadu_si256(p as *const __m256i) };
+    _mm512_cvtph_ps(h)
+}
+
+/// 16 scales or biases of `format` from `p` as f32 (exact).
+///
+/// # Safety
+/// `p` must point to 16 readable `u16`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(crate) unsafe fn widen_scales(format: ScaleFormat, p: *const u16) -> F {
+    // SAFETY: forwarded contract.
+    unsafe {
+        match format {
+            ScaleFormat::Bf16 => widen_bf16(p),
+            ScaleFormat::F16 => widen_f16(p),
+        }
+    }
 }
 
 /// Code `k` of every lane as `q · 2^(BITS·k)` (exact).

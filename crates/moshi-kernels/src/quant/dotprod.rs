@@ -34,7 +34,7 @@ use crate::quant::fixed_point::{
     arrange_rows, group_unit_exp, pow2, run_tiles, DigitTile, RowLayout, RowScale, DIGITS,
     I8_DIGITS,
 };
-use crate::quant::neon::{ffma, fload, fmul, fstore, fsum, fzero, widen_bf16};
+use crate::quant::neon::{ffma, fload, fmul, fstore, fsum, fzero, widen_scales};
 use crate::quant::{CodePrefetch, RowRangeFn};
 use crate::QuantizedMatrix;
 

@@ -407,7 +407,7 @@ pub(crate) unsafe fn run_tiles<K: DigitTile, const GROUP: usize, const MATVEC: u
 /// DigitTile`, compiled with `$features` (those of the kernel's
 /// [`DigitTile::factored_sums`], so that it inlines into the tile), from the f32 vector operations
 /// of the instruction set's lane kernel module, which must be in scope (`fzero`, `fload`,
-/// `fstore`, `fmul`, `ffma`, `fsum`, `widen_bf16`, over vectors of `Self::LANES` ≤ 16 lanes). A
+/// `fstore`, `fmul`, `ffma`, `fsum`, `widen_scales`, over vectors of `Self::LANES` ≤ 16 lanes). A
 /// macro for the reason `lane_kernel!` is one: the `target_feature` attribute, needed so every
 /// operation inlines, differs per instruction set.
 macro_rules! digit_tile_frame {
@@ -449,8 +449,8 @@ macro_rules! digit_tile_frame {
                     // SAFETY: `lanes` bf16 of each slice from g.
                     unsafe {
                         (
-                            widen_bf16(row_scales.as_ptr().add(g)),
-                            widen_bf16(row_biases.as_ptr().add(g)),
+                            widen_scales(w.scale_format(), row_scales.as_ptr().add(g)),
+                            widen_scales(w.scale_format(), row_biases.as_ptr().add(g)),
                         )
                     }
                 } else {
@@ -458,7 +458,12 @@ macro_rules! digit_tile_frame {
                     s16[..groups - g].copy_from_slice(&row_scales[g..]);
                     b16[..groups - g].copy_from_slice(&row_biases[g..]);
                     // SAFETY: 16 >= `lanes` u16 each.
-                    unsafe { (widen_bf16(s16.as_ptr()), widen_bf16(b16.as_ptr())) }
+                    unsafe {
+                        (
+                            widen_scales(w.scale_format(), s16.as_ptr()),
+                            widen_scales(w.scale_format(), b16.as_ptr()),
+                        )
+                    }
                 };
                 for (i, acc) in bias_acc.iter_mut().enumerate() {
                     let row = xs.wrapping_add(i * layout.stride);

@@ -2,7 +2,7 @@
 //! unpacked into a small f32 buffer, dequantized as `q * scale + bias`, then dotted with every
 //! activation row. Natural activation layout.
 
-use crate::{bf16_bits_to_f32, QuantizedMatrix};
+use crate::QuantizedMatrix;
 
 /// Largest supported group size.
 const MAX_GROUP: usize = 128;
@@ -18,8 +18,8 @@ pub(crate) fn rows(w: &QuantizedMatrix, xs: &[f32], m: usize, row_start: usize, 
         let r = row_start + local;
         acc.iter_mut().for_each(|a| *a = [0f32; LANES]);
         for g in 0..groups_per_row {
-            let scale = bf16_bits_to_f32(w.scales()[r * groups_per_row + g]);
-            let bias = bf16_bits_to_f32(w.biases()[r * groups_per_row + g]);
+            let scale = w.scale_format().to_f32(w.scales()[r * groups_per_row + g]);
+            let bias = w.scale_format().to_f32(w.biases()[r * groups_per_row + g]);
             let values = &mut values[..group_size];
             for (j, v) in values.iter_mut().enumerate() {
                 *v = w.code(r, g * group_size + j) as f32 * scale + bias;

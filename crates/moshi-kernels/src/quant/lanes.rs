@@ -17,7 +17,7 @@
 //! `lane_kernel!` expands the kernel inside an instruction-set module, which provides `LANES`,
 //! `TOP_UNSCALED`, `PAIRED_FROM_M`, the vector types `F`/`I`, `available()` and the small
 //! `#[target_feature]` ops it calls (`fzero`, `izero`, `fload`, `fstore`, `fset1`, `fmul`, `ffma`,
-//! `fsum`, `fpermute`, `iload`, `iload_lanes`, `widen_bf16`, `decode`). A macro because the
+//! `fsum`, `fpermute`, `iload`, `iload_lanes`, `widen_scales`, `decode`). A macro because the
 //! `target_feature` attribute, needed so every op inlines, differs per instruction set.
 
 /// Weight rows per pass of the matrix-vector kernel on long rows: each activation vector is
@@ -248,8 +248,8 @@ macro_rules! lane_kernel {
                     // SAFETY: LANES bf16 of each slice from g.
                     unsafe {
                         (
-                            widen_bf16(row_scales.as_ptr().add(g)),
-                            widen_bf16(row_biases.as_ptr().add(g)),
+                            widen_scales(w.scale_format(), row_scales.as_ptr().add(g)),
+                            widen_scales(w.scale_format(), row_biases.as_ptr().add(g)),
                         )
                     }
                 } else {
@@ -258,7 +258,12 @@ macro_rules! lane_kernel {
                     s16[..n].copy_from_slice(&row_scales[g..]);
                     b16[..n].copy_from_slice(&row_biases[g..]);
                     // SAFETY: 16 >= LANES u16 each.
-                    unsafe { (widen_bf16(s16.as_ptr()), widen_bf16(b16.as_ptr())) }
+                    unsafe {
+                        (
+                            widen_scales(w.scale_format(), s16.as_ptr()),
+                            widen_scales(w.scale_format(), b16.as_ptr()),
+                        )
+                    }
                 };
                 // SAFETY: g + LANES <= groups + LANES <= scales.len().
                 unsafe { fstore(scales.as_mut_ptr().add(g), s) };

@@ -185,6 +185,12 @@ impl CodePrefetch {
     pub(crate) fn ahead_of(self, _p: *const u8) {}
 }
 
+/// `2^112`: an f16's magnitude bits shifted into f32's places read as its value times `2^-112`
+/// (the exponent biases are 15 and 127), so the widening kernels without an f16 conversion
+/// multiply by this.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+pub(crate) const F16_TO_F32: f32 = f32::from_bits((112 + 127) << 23);
+
 /// Tasks per rayon thread. Four (for work stealing around preempted threads) measured lower than
 /// one in back-to-back full benchmark runs on a loaded 2-core machine, so rows are split evenly.
 const TASKS_PER_THREAD: usize = 1;

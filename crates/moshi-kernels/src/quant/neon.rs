@@ -4,6 +4,9 @@
 
 use std::arch::aarch64::*;
 
+use crate::quant::F16_TO_F32;
+use crate::ScaleFormat;
+
 /// Two weight rows per matrix-matrix tile of the lane kernel (`quant::passes`): never (two not measured on an aarch64 machine).
 pub(crate) const PAIRED_FROM_M: usize = usize::MAX;
 
@@ -117,10 +120,43 @@ unsafe fn iload_lanes(p: *const i32, n: usize) -> I {
 /// `p` must point to 4 readable `u16`.
 #[target_feature(enable = "neon")]
 #[inline]
-pub(crate) unsafe fn widen_bf16(p: *const u16) -> F {
+unsafe fn widen_bf16(p: *const u16) -> F {
     // SAFETY: forwarded contract (8 bytes).
     let h = unsafe { vld1_u16(p) };
     vreinterpretq_f32_u32(vshll_n_u16::<16>(h))
+}
+
+/// 4 finite f16 values as f32 (exact), with the bit arithmetic of the AVX2 module's
+/// `widen_f16` (stable Rust has no NEON f16 conversion): magnitude bits in f32's places, times
+/// `2^112`, then the sign.
+///
+/// # Safety
+/// `p` must point to 4 readable `u16`.
+#[target_feature(enable = "neon")]
+#[inline]
+unsafe fn widen_f16(p: *const u16) -> F {
+    // SAFETY: forwarded contract (8 bytes).
+    let h = vmovl_u16(unsafe { vld1_u16(p) });
+    let magnitude = vshlq_n_u32::<13>(vandq_u32(h, vdupq_n_u32(0x7fff)));
+    let sign = vshlq_n_u32::<16>(vandq_u32(h, vdupq_n_u32(0x8000)));
+    let unsigned = vmulq_f32(vreinterpretq_f32_u32(magnitude), vdupq_n_f32(F16_TO_F32));
+    vreinterpretq_f32_u32(vorrq_u32(vreinterpretq_u32_f32(unsigned), sign))
+}
+
+/// 4 scales or biases of `format` from `p` as f32 (exact).
+///
+/// # Safety
+/// `p` must point to 4 readable `u16`.
+#[target_feature(enable = "neon")]
+#[inline]
+pub(crate) unsafe fn widen_scales(format: ScaleFormat, p: *const u16) -> F {
+    // SAFETY: forwarded contract.
+    unsafe {
+        match format {
+            ScaleFormat::Bf16 => widen_bf16(p),
+            ScaleFormat::F16 => widen_f16(p),
+        }
+    }
 }
 
 /// Code `k` of every lane as `q · 2^(BITS·k)` (exact: at most 8 significant bits).

@@ -3,7 +3,7 @@
 //! accumulator lanes per activation row so the compiler can vectorize. Natural activation layout.
 
 use crate::quant::RowRangeFn;
-use crate::{bf16_bits_to_f32, QuantizedMatrix};
+use crate::QuantizedMatrix;
 
 const LANES: usize = 16;
 
@@ -21,6 +21,7 @@ fn rows<const BITS: usize, const GROUP: usize>(
     let cols = w.cols();
     let words_per_row = cols * BITS / 32;
     let groups_per_row = cols / GROUP;
+    let format = w.scale_format();
     let mut acc = vec![[0f32; LANES]; m];
     for (local, out_row) in out_t.chunks_exact_mut(m).enumerate() {
         let r = row_start + local;
@@ -32,7 +33,7 @@ fn rows<const BITS: usize, const GROUP: usize>(
         let words_per_chunk = LANES * BITS / 32;
         for (c, chunk_words) in codes.chunks_exact(words_per_chunk).enumerate() {
             let g = c * LANES / GROUP;
-            let (scale, bias) = (bf16_bits_to_f32(scales[g]), bf16_bits_to_f32(biases[g]));
+            let (scale, bias) = (format.to_f32(scales[g]), format.to_f32(biases[g]));
             let mut wv = [0f32; LANES];
             let per_word = 32 / BITS;
             for (k, word) in chunk_words.iter().enumerate() {

@@ -5,14 +5,14 @@
 //! block view of the weights (row and group-aligned column offset) and an accumulating output.
 //!
 //! Math per output: `Σ_g scale_g · Σ_{p∈g} x_p q_p + Σ_g bias_g · Σ_{p∈g} x_p`, i.e. exactly the
-//! dequantized `q · scale + bias` weights (f32 scale and bias from their bf16 bits), summed in a
+//! dequantized `q · scale + bias` weights (f32 scale and bias from their bf16 or f16 bits), summed in a
 //! different order than a scalar loop (f32 rounding only).
 
 use crate::dense::gemm::{fma_lanes, par_ranges, PARALLEL_MIN_MACS};
-use crate::elem::{bf16_bits_to_f32, reduce_lanes, LANES};
+use crate::elem::{reduce_lanes, LANES};
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 use crate::InstructionSet;
-use crate::{Kernel, QuantizedMatrix};
+use crate::{Kernel, QuantizedMatrix, ScaleFormat};
 
 /// Left rows up to which [`gemm_nt_q8`] is used (the weight-streaming regime: each weight tile
 /// is read from memory once and applied to all left rows from L1).
@@ -117,6 +117,7 @@ fn gemm_with_xsum(
         codes: codes[row0 * row_bytes + col0..].as_ptr(),
         scales: w.scales()[row0 * row_groups + col0 / g..].as_ptr(),
         biases: w.biases()[row0 * row_groups + col0 / g..].as_ptr(),
+        format: w.scale_format(),
         row_bytes,
         row_groups,
         group: g,
@@ -156,6 +157,8 @@ struct Q8Block {
     codes: *const u8,
     scales: *const u16,
     biases: *const u16,
+    /// How the scale and bias bits are read.
+    format: ScaleFormat,
     row_bytes: usize,
     row_groups: usize,
     group: usize,
@@ -381,7 +384,10 @@ unsafe fn q8_tile<const M: usize, const NR: usize, const G: usize, const FMA: bo
             p += LANES;
         }
         for r in 0..NR {
-            let (s, b) = (bf16_bits_to_f32(sc[r][gi]), bf16_bits_to_f32(bi[r][gi]));
+            let (s, b) = (
+                block.format.to_f32(sc[r][gi]),
+                block.format.to_f32(bi[r][gi]),
+            );
             for i in 0..M {
                 scale_add::<FMA>(&mut total[i][r], s, &acc[i][r]);
                 bias_part[i][r] += b * xs[i][gi];
@@ -471,6 +477,27 @@ mod tests {
                     "accumulate m{m} k{k} n{n}"
                 );
             }
+        }
+    }
+
+    /// GGUF q8_0 weights (f16 scales) through the same few-row kernel.
+    #[test]
+    fn q8_gemm_on_q8_0_blocks_matches_dequantized_reference() {
+        let (m, k, n) = (3, 256, 9);
+        let blocks: Vec<u8> = (0..n * k / 32)
+            .flat_map(|b| {
+                let d = half::f16::from_f32((b as f32 - 20.0) * 1e-3);
+                let codes = (0..32).map(move |j| ((b * 37 + j * 11) % 256) as u8);
+                d.to_le_bytes().into_iter().chain(codes)
+            })
+            .collect();
+        let w = QuantizedMatrix::from_q8_0(n, k, &blocks).unwrap();
+        let a = signal(m * k, 0.13);
+        let expected = reference(m, k, n, &a, k, &w, 0, 0);
+        let mut out = vec![7f32; m * n];
+        gemm_nt_q8(m, k, n, &a, k, &w, 0, 0, &mut out, n, false);
+        for (idx, (x, y)) in out.iter().zip(&expected).enumerate() {
+            assert!((x - y).abs() <= 1e-5 * k as f32, "at {idx}: {x} vs {y}");
         }
     }
 

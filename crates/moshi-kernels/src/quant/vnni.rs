@@ -33,7 +33,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::quant::avx512::{ffma, fload, fmul, fstore, fsum, fzero, widen_bf16};
+use crate::quant::avx512::{ffma, fload, fmul, fstore, fsum, fzero, widen_scales};
 use crate::quant::fixed_point::{
     arrange_rows, group_unit_exp, pow2, run_tiles, DigitTile, RowLayout, RowScale, DIGITS,
     I8_DIGITS,
