@@ -166,7 +166,11 @@ fn bf16_kv_caches_hold_the_grouped_heads_within_bf16_rounding() {
     }
     eprintln!("bf16 KV: max |diff| {worst:.3e}, max |logit| {largest:.3e}");
     assert!(worst > 0.0, "bf16 caches changed nothing");
-    assert!(worst < 2e-3 * largest, "max |diff| {worst} vs max |logit| {largest}");
+    // The arithmetic over bf16 keys and values is exact (nn::attention's unit test against a
+    // naive attention over the rounded values, grouped heads included); what is left is the
+    // rounding itself, carried through 2 layers and 66 steps: within 2^-8 (two bf16 steps)
+    // of the largest logit.
+    assert!(worst < largest / 256.0, "max |diff| {worst} vs max |logit| {largest}");
     // A full window of kv_dim-wide keys and values per layer.
     let kv_floats = cfg.num_layers * cfg.context * 2 * cfg.kv_dim();
     assert_eq!((f32_bytes, bf16_bytes), (4 * kv_floats, 2 * kv_floats));

@@ -547,16 +547,20 @@ mod tests {
     #[test]
     fn ring_window_equals_explicit_last_positions() {
         for precision in [KvPrecision::F32, KvPrecision::Bf16] {
-            check_against_naive(8, 2, 4, 9, precision);
-            // 256 * 300 cached floats >= PARALLEL_MIN_CACHE_FLOATS: the threaded path.
-            const { assert!(256 * 300 >= PARALLEL_MIN_CACHE_FLOATS) };
-            check_against_naive(256, 4, 300, 310, precision);
+            // Every head its own keys, then grouped-query attention (kv_repeat 2 and 4).
+            for kv_repeat in [1, 2, 4] {
+                check_against_naive(16, 4, kv_repeat, 4, 9, precision);
+                // 256 * 300 cached floats >= PARALLEL_MIN_CACHE_FLOATS: the threaded path.
+                const { assert!(256 * 300 >= PARALLEL_MIN_CACHE_FLOATS) };
+                check_against_naive(256, 4, kv_repeat, 300, 310, precision);
+            }
         }
     }
 
     fn check_against_naive(
         dim: usize,
         heads: usize,
+        kv_repeat: usize,
         window: usize,
         steps: usize,
         precision: KvPrecision,
@@ -572,16 +576,19 @@ mod tests {
             }
             w
         };
-        // in_proj = [I; 0.5 I; 2 I] so q = x, k = x/2, v = 2x; out_proj = I.
+        // in_proj = [I; 0.5 I'; 2 I'] (I' the first kv_dim rows of I) so q = x and, for key/value
+        // head g, k = x_g / 2, v = 2 x_g (x_g the g-th head_dim slice of x); out_proj = I.
+        let kv_dim = dim / kv_repeat;
         let mut in_w = eye(dim);
-        in_w.extend(eye(dim).iter().map(|v| v * 0.5));
-        in_w.extend(eye(dim).iter().map(|v| v * 2.0));
+        in_w.extend(eye(dim)[..kv_dim * dim].iter().map(|v| v * 0.5));
+        in_w.extend(eye(dim)[..kv_dim * dim].iter().map(|v| v * 2.0));
         let attn = Attention::new(
-            Linear::f32(in_w, 3 * dim, dim),
+            Linear::f32(in_w, dim + 2 * kv_dim, dim),
             Linear::f32(eye(dim), dim, dim),
             heads,
         );
-        let mut cache = KvCache::with_precision(window, dim, precision);
+        assert_eq!((attn.kv_dim(), attn.kv_repeat()), (kv_dim, kv_repeat));
+        let mut cache = KvCache::with_precision(window, kv_dim, precision);
         let mut scratch = AttentionScratch::default();
         let xs: Vec<Vec<f32>> = (0..steps)
             .map(|p| {
@@ -597,11 +604,13 @@ mod tests {
             let first = (p + 1).saturating_sub(window);
             for h in 0..heads {
                 let r = h * hd..(h + 1) * hd;
+                let g = h / kv_repeat;
+                let kv = g * hd..(g + 1) * hd;
                 let scores: Vec<f64> = (first..=p)
                     .map(|j| {
                         xs[p][r.clone()]
                             .iter()
-                            .zip(&xs[j][r.clone()])
+                            .zip(&xs[j][kv.clone()])
                             .map(|(a, b)| (a * stored(b * 0.5)) as f64)
                             .sum::<f64>()
                             / (hd as f64).sqrt()
@@ -612,7 +621,7 @@ mod tests {
                 for (i, o) in r.clone().enumerate() {
                     let expect: f64 = (first..=p)
                         .zip(&scores)
-                        .map(|(j, s)| (s - m).exp() / z * stored(2.0 * xs[j][h * hd + i]) as f64)
+                        .map(|(j, s)| (s - m).exp() / z * stored(2.0 * xs[j][g * hd + i]) as f64)
                         .sum();
                     assert!(
                         (out[o] as f64 - expect).abs() < 1e-5,
