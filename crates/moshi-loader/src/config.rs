@@ -123,7 +123,10 @@ pub enum PositionalEmbedding {
 impl PositionalEmbedding {
     /// Whether queries and keys are rotated (either rotary layout).
     pub fn is_rotary(self) -> bool {
-        matches!(self, PositionalEmbedding::Rope | PositionalEmbedding::RopeConcat)
+        matches!(
+            self,
+            PositionalEmbedding::Rope | PositionalEmbedding::RopeConcat
+        )
     }
 
     /// The name in Kyutai's configs.
@@ -1008,15 +1011,12 @@ impl LmConfig {
             c.ensure(dim.is_multiple_of(heads), || {
                 format!("{dim_key} {dim} is not divisible by {heads_key} {heads}")
             })?;
-            c.ensure(
-                !pos.is_rotary() || (dim / heads).is_multiple_of(2),
-                || {
-                    format!(
+            c.ensure(!pos.is_rotary() || (dim / heads).is_multiple_of(2), || {
+                format!(
                     "RoPE needs an even head dimension, {dim_key} {dim} / {heads_key} {heads} = {}",
                     dim / heads
                 )
-                },
-            )?;
+            })?;
         }
         self.validate_kv_repeat(&c, has_depformer)?;
         c.ensure(

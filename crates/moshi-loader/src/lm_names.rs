@@ -107,7 +107,11 @@ pub fn canonical_lm_tensors(cfg: &LmConfig) -> Vec<CanonicalTensor> {
         out.push(t(format!("{p}.linear_out"), vec![cfg.card, ddim], Linear));
         if cfg.depformer_norm.is_some() {
             out.push(t(format!("{p}.{NORM_DEPFORMER_OUT}"), vec![ddim], Norm));
-            out.push(t(format!("{p}.{NORM_DEPFORMER_OUT}.bias"), vec![ddim], Norm));
+            out.push(t(
+                format!("{p}.{NORM_DEPFORMER_OUT}.bias"),
+                vec![ddim],
+                Norm,
+            ));
         }
         for l in 0..cfg.depformer_num_layers {
             let q = format!("{p}.layers.{l}");

@@ -299,10 +299,18 @@ fn hibiki_zero_keys_are_read_and_bad_kv_repeat_is_refused_naming_the_key() {
     .unwrap();
     assert_eq!((own.kv_dim(), own.depformer_kv_dim()), (1024, 1024));
     for (key, value, expect) in [
-        ("kv_repeat", json!(3), "kv_repeat 3 does not divide num_heads 32"),
+        (
+            "kv_repeat",
+            json!(3),
+            "kv_repeat 3 does not divide num_heads 32",
+        ),
         ("kv_repeat", json!(0), "`kv_repeat`"),
         ("kv_repeat", json!(64), "`kv_repeat`"),
-        ("depformer_kv_repeat", json!(5), "depformer_kv_repeat 5 does not divide"),
+        (
+            "depformer_kv_repeat",
+            json!(5),
+            "depformer_kv_repeat 5 does not divide",
+        ),
     ] {
         let err = edited_7b(|v| v[key] = value.clone())
             .unwrap_err()

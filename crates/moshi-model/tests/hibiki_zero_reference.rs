@@ -107,8 +107,16 @@ fn reproduces_official_run(mode: WeightMode) {
     let (mut returned, mut worst_text, mut worst_audio) = (Vec::new(), 0f32, 0f32);
     for (s, (got, want)) in steps.iter().zip(ref_steps).enumerate() {
         let text = want["text_token"].as_u64().unwrap() as u32;
-        assert_eq!(got.text_token, text, "text token of step {s} ({})", want["fed"]);
-        assert_eq!(got.audio_tokens, u32s(&want["audio_tokens"]), "audio of step {s}");
+        assert_eq!(
+            got.text_token, text,
+            "text token of step {s} ({})",
+            want["fed"]
+        );
+        assert_eq!(
+            got.audio_tokens,
+            u32s(&want["audio_tokens"]),
+            "audio of step {s}"
+        );
         match (&got.frame, &want["returned"]) {
             (None, Value::Null) => {}
             (Some(f), r) if !r.is_null() => {
@@ -124,11 +132,16 @@ fn reproduces_official_run(mode: WeightMode) {
         for k in 0..dq {
             let o = (s * dq + k) * card;
             let d = max_abs_diff(&got.audio_logits[k], &audio_logits.data[o..o + card]);
-            assert!(d < 1e-4, "audio logits of step {s} codebook {k} differ by {d}");
+            assert!(
+                d < 1e-4,
+                "audio logits of step {s} codebook {k} differ by {d}"
+            );
             worst_audio = worst_audio.max(d);
         }
     }
-    eprintln!("{mode:?}: max |diff| vs torch: text logits {worst_text:.2e}, audio {worst_audio:.2e}");
+    eprintln!(
+        "{mode:?}: max |diff| vs torch: text logits {worst_text:.2e}, audio {worst_audio:.2e}"
+    );
     assert_eq!(returned, u32s(&reference["out_text_tokens"]));
 }
 
@@ -170,7 +183,10 @@ fn bf16_kv_caches_hold_the_grouped_heads_within_bf16_rounding() {
     // naive attention over the rounded values, grouped heads included); what is left is the
     // rounding itself, carried through 2 layers and 66 steps: within 2^-8 (two bf16 steps)
     // of the largest logit.
-    assert!(worst < largest / 256.0, "max |diff| {worst} vs max |logit| {largest}");
+    assert!(
+        worst < largest / 256.0,
+        "max |diff| {worst} vs max |logit| {largest}"
+    );
     // A full window of kv_dim-wide keys and values per layer.
     let kv_floats = cfg.num_layers * cfg.context * 2 * cfg.kv_dim();
     assert_eq!((f32_bytes, bf16_bytes), (4 * kv_floats, 2 * kv_floats));
@@ -186,8 +202,8 @@ fn batched_sessions_equal_each_session_alone() {
     let lag = 5;
     let mut a = g.new_session(detailed(SamplingConfig::greedy())).unwrap();
     let mut b = g.new_session(detailed(SamplingConfig::greedy())).unwrap();
-    for s in 0..lag {
-        step_alone(&g, &mut a, input(&fed[s])).unwrap();
+    for f in &fed[..lag] {
+        step_alone(&g, &mut a, input(f)).unwrap();
     }
     for s in lag..fed.len() {
         let inputs = [input(&fed[s]), input(&fed[s - lag])];
@@ -228,7 +244,10 @@ fn quantized_weights_agree_with_the_same_weights_dequantized() {
         let b = run(&Generator::new(Arc::new(dense)), KvPrecision::F32);
         let mut worst = 0f32;
         for (s, (x, y)) in a.iter().zip(&b).enumerate() {
-            assert_eq!(x.text_token, y.text_token, "q{bits}: text token of step {s}");
+            assert_eq!(
+                x.text_token, y.text_token,
+                "q{bits}: text token of step {s}"
+            );
             assert_eq!(x.audio_tokens, y.audio_tokens, "q{bits}: audio of step {s}");
             worst = worst.max(max_abs_diff(&x.text_logits, &y.text_logits));
         }

@@ -231,8 +231,11 @@ impl Take<'_> {
     ) -> Result<TransformerLayer> {
         let norm1 = self.norm(&format!("{prefix}.norm1"), dim, eps)?;
         let norm2 = self.norm(&format!("{prefix}.norm2"), dim, eps)?;
-        let in_proj =
-            self.linear(&format!("{prefix}.self_attn.in_proj"), dim + 2 * kv_dim, dim)?;
+        let in_proj = self.linear(
+            &format!("{prefix}.self_attn.in_proj"),
+            dim + 2 * kv_dim,
+            dim,
+        )?;
         let out_proj = self.linear(&format!("{prefix}.self_attn.out_proj"), dim, dim)?;
         let linear_in = self.linear(&format!("{prefix}.gating.linear_in"), 2 * hidden, dim)?;
         let linear_out = self.linear(&format!("{prefix}.gating.linear_out"), dim, hidden)?;
@@ -302,7 +305,11 @@ impl LmWeights {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let rope = rope_of(cfg.positional_embedding, dim / cfg.num_heads, cfg.max_period);
+        let rope = rope_of(
+            cfg.positional_embedding,
+            dim / cfg.num_heads,
+            cfg.max_period,
+        );
         let mut temporal = TemporalTransformer::new(
             text_emb,
             audio_embs,

@@ -118,13 +118,7 @@ impl CrossAttention {
                 kv_repeat: 1,
                 dim: self.head_dim,
             };
-            attend_over(
-                heads,
-                q,
-                &rows,
-                attended,
-                &mut scratch.scores,
-            );
+            attend_over(heads, q, &rows, attended, &mut scratch.scores);
         }
         self.out_proj.forward(&scratch.attended, m, out);
     }
