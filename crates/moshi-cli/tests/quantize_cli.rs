@@ -269,6 +269,43 @@ fn hibiki_2b_quantize_command_matches_quantize_on_load() {
     }
 }
 
+/// Hibiki-Zero's depformer LayerNorms travel through `moshi-rs quantize` (kept f32-exact as
+/// norms, beside their sub-step's tensors) and the grouped-query projections are packed like any
+/// matrix: `moshi-rs file` on the written file gives the tokens of quantizing on load.
+#[test]
+fn hibiki_zero_quantize_command_matches_quantize_on_load() {
+    let fixture = moshi_test_support::fixture_dir("tiny-hibiki-zero");
+    for (bits, quantize) in [("4", "q4"), ("8", "q8")] {
+        let dir = tempfile::tempdir().unwrap();
+        let packed = dir.path().join("model.safetensors");
+        let o = moshi(&[
+            "quantize",
+            path_str(&fixture.join("model.safetensors")),
+            path_str(&packed),
+            "--bits",
+            bits,
+            "--config",
+            path_str(&fixture.join("config.json")),
+        ]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let written = tensors(&packed);
+        for k in 0..8 {
+            for part in ["weight", "bias"] {
+                let name = format!("depformer.slices.{k}.out_norm.{part}");
+                assert!(written.contains_key(&name), "{name} missing");
+            }
+        }
+        let tail = ["--max-tail-s", "0.5"];
+        let on_load = file_tokens_of(&fixture, &[&["--quantize", quantize][..], &tail].concat());
+        let from_file = file_tokens_of(
+            &fixture,
+            &[&["--weights", path_str(&packed)][..], &tail].concat(),
+        );
+        assert!(!from_file.is_empty());
+        assert_eq!(on_load, from_file, "{quantize}");
+    }
+}
+
 #[test]
 fn contradictory_weight_flags_fail_clearly() {
     let dir = tempfile::tempdir().unwrap();

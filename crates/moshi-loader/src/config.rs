@@ -108,8 +108,11 @@ impl NormKind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PositionalEmbedding {
-    /// Rotary embedding with interleaved pairs.
+    /// Rotary embedding with interleaved pairs `[r0, i0, r1, i1, ...]`.
     Rope,
+    /// Rotary embedding on the two halves of each head, `[r0, r1, ..., i0, i1, ...]`
+    /// (Kyutai's `RotaryEmbedding(interleave=False)`; Hibiki-Zero's temporal transformer).
+    RopeConcat,
     /// None (the depformer's).
     None,
     /// Sinusoidal embeddings added to the input: Kyutai's default when the key is absent, not
@@ -118,10 +121,19 @@ pub enum PositionalEmbedding {
 }
 
 impl PositionalEmbedding {
+    /// Whether queries and keys are rotated (either rotary layout).
+    pub fn is_rotary(self) -> bool {
+        matches!(
+            self,
+            PositionalEmbedding::Rope | PositionalEmbedding::RopeConcat
+        )
+    }
+
     /// The name in Kyutai's configs.
     pub fn name(self) -> &'static str {
         match self {
             PositionalEmbedding::Rope => "rope",
+            PositionalEmbedding::RopeConcat => "rope_concat",
             PositionalEmbedding::None => "none",
             PositionalEmbedding::Sin => "sin",
         }
@@ -173,6 +185,19 @@ pub struct LmConfig {
     pub norm: NormKind,
     #[serde(default = "default_pos_emb")]
     pub positional_embedding: PositionalEmbedding,
+    /// Grouped-query attention: the keys and values have `num_heads / kv_repeat` heads, query
+    /// head `h` reading key/value head `h / kv_repeat` (Kyutai's `expand_repeated_kv`;
+    /// Hibiki-Zero: 2). 1: every head its own.
+    #[serde(default = "default_kv_repeat", skip_serializing_if = "is_one")]
+    pub kv_repeat: usize,
+    /// The depformer's `kv_repeat`; absent: the temporal one, as Kyutai's `LMModel` hands the
+    /// temporal keyword arguments to the depformer unless a `depformer_` key replaces them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub depformer_kv_repeat: Option<usize>,
+    /// A norm on the depformer's output before each codebook's linear (`depformer_norms.{k}`;
+    /// Hibiki-Zero: `layer_norm`, eps 1e-5 with bias). Absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub depformer_norm: Option<NormKind>,
     #[serde(default)]
     pub depformer_dim: usize,
     /// The depformer's feed-forward width; absent or null: `int(hidden_scale * depformer_dim)`,
@@ -272,6 +297,12 @@ pub struct LmConfig {
 
 fn default_pad() -> u32 {
     3
+}
+fn default_kv_repeat() -> usize {
+    1
+}
+fn is_one(v: &usize) -> bool {
+    *v == 1
 }
 fn default_extra_heads_dim() -> usize {
     6
@@ -430,6 +461,21 @@ impl LmConfig {
     pub fn depformer_hidden_dim(&self) -> usize {
         gated_hidden_dim(self.depformer_dim, self.depformer_feedforward())
     }
+    /// The depformer's `kv_repeat` (`depformer_kv_repeat`, else `kv_repeat`).
+    pub fn depformer_kv_repeat(&self) -> usize {
+        self.depformer_kv_repeat.unwrap_or(self.kv_repeat)
+    }
+
+    /// Width of the temporal keys (and values) of one position: `dim / kv_repeat`.
+    pub fn kv_dim(&self) -> usize {
+        self.dim / self.kv_repeat.max(1)
+    }
+
+    /// Width of the depformer's keys (and values) of one position.
+    pub fn depformer_kv_dim(&self) -> usize {
+        self.depformer_dim / self.depformer_kv_repeat().max(1)
+    }
+
     /// Number of audio codebooks of the user stream (n_q - dep_q).
     pub fn user_codebooks(&self) -> usize {
         self.n_q.saturating_sub(self.dep_q)
@@ -590,21 +636,6 @@ impl LmConfig {
     /// does not implement (any other value than the one that changes nothing): running such a
     /// model would fail on a tensor's shape at best, or compute another model silently.
     fn refuse_unimplemented_architecture(&self, c: &ConfigChecker) -> Result<()> {
-        use serde_json::Value;
-        /// A key, whether a value of it changes nothing, and what is supported.
-        type NeutralRule = (&'static str, fn(&Value, &LmConfig) -> bool, &'static str);
-        let neutral: [NeutralRule; 2] = [
-            (
-                "kv_repeat",
-                |v, _| v.is_null() || v.as_u64() == Some(1),
-                "1: grouped-query attention (Hibiki-Zero) is not implemented",
-            ),
-            (
-                "depformer_norm",
-                |v, _| v.is_null(),
-                "null: norms around the depformer (Hibiki-Zero's layer_norm) are not implemented",
-            ),
-        ];
         if let Some(out) = self.text_card_out.filter(|&o| o != self.text_card) {
             return Err(c.unsupported(
                 "text_card_out",
@@ -612,12 +643,33 @@ impl LmConfig {
                 "null or text_card: a text head of another size is not implemented",
             ));
         }
-        for (key, is_neutral, supported) in neutral {
-            if let Some(v) = self.unknown.get(key) {
-                if !is_neutral(v, self) {
-                    return Err(c.unsupported(key, v.to_string(), supported));
-                }
-            }
+        if let Some(norm) = self.depformer_norm.filter(|&n| n != NormKind::LayerNorm) {
+            return Err(c.unsupported(
+                "depformer_norm",
+                norm.name().into(),
+                "null or layer_norm (Hibiki-Zero's): other norms on the depformer's output are \
+                 not implemented",
+            ));
+        }
+        Ok(())
+    }
+
+    /// `kv_repeat` (and the depformer's) divides its number of heads.
+    fn validate_kv_repeat(&self, c: &ConfigChecker, has_depformer: bool) -> Result<()> {
+        let temporal = ("kv_repeat", self.kv_repeat, "num_heads", self.num_heads);
+        let depformer = (
+            "depformer_kv_repeat",
+            self.depformer_kv_repeat(),
+            "depformer_num_heads",
+            self.depformer_num_heads,
+        );
+        for (key, repeat, heads_key, heads) in
+            std::iter::once(temporal).chain(has_depformer.then_some(depformer))
+        {
+            c.count(key, repeat, 1, heads.max(1))?;
+            c.ensure(heads.is_multiple_of(repeat), || {
+                format!("{key} {repeat} does not divide {heads_key} {heads}")
+            })?;
         }
         Ok(())
     }
@@ -959,16 +1011,14 @@ impl LmConfig {
             c.ensure(dim.is_multiple_of(heads), || {
                 format!("{dim_key} {dim} is not divisible by {heads_key} {heads}")
             })?;
-            c.ensure(
-                pos != PositionalEmbedding::Rope || (dim / heads).is_multiple_of(2),
-                || {
-                    format!(
+            c.ensure(!pos.is_rotary() || (dim / heads).is_multiple_of(2), || {
+                format!(
                     "RoPE needs an even head dimension, {dim_key} {dim} / {heads_key} {heads} = {}",
                     dim / heads
                 )
-                },
-            )?;
+            })?;
         }
+        self.validate_kv_repeat(&c, has_depformer)?;
         c.ensure(
             (1..=MAX_FEEDFORWARD).contains(&self.hidden_dim()),
             || {

@@ -52,7 +52,7 @@ pub fn canonical_lm_tensors(cfg: &LmConfig) -> Vec<CanonicalTensor> {
         out.push(t(format!("{p}.norm2"), vec![dim], Norm));
         out.push(t(
             format!("{p}.self_attn.in_proj"),
-            vec![3 * dim, dim],
+            vec![dim + 2 * cfg.kv_dim(), dim],
             Linear,
         ));
         out.push(t(format!("{p}.self_attn.out_proj"), vec![dim, dim], Linear));
@@ -105,13 +105,21 @@ pub fn canonical_lm_tensors(cfg: &LmConfig) -> Vec<CanonicalTensor> {
             ));
         }
         out.push(t(format!("{p}.linear_out"), vec![cfg.card, ddim], Linear));
+        if cfg.depformer_norm.is_some() {
+            out.push(t(format!("{p}.{NORM_DEPFORMER_OUT}"), vec![ddim], Norm));
+            out.push(t(
+                format!("{p}.{NORM_DEPFORMER_OUT}.bias"),
+                vec![ddim],
+                Norm,
+            ));
+        }
         for l in 0..cfg.depformer_num_layers {
             let q = format!("{p}.layers.{l}");
             out.push(t(format!("{q}.norm1"), vec![ddim], Norm));
             out.push(t(format!("{q}.norm2"), vec![ddim], Norm));
             out.push(t(
                 format!("{q}.self_attn.in_proj"),
-                vec![3 * ddim, ddim],
+                vec![ddim + 2 * cfg.depformer_kv_dim(), ddim],
                 Linear,
             ));
             out.push(t(
@@ -184,6 +192,11 @@ pub const DEMUX_SECOND: &str = "out2";
 /// The LayerNorm before a temporal layer's cross-attention (`{layer}.norm_cross`, its gain; the
 /// bias is `{layer}.norm_cross.bias`).
 pub const NORM_CROSS: &str = "norm_cross";
+
+/// The LayerNorm on sub-step `k`'s depformer output before its linear (`depformer_norm`,
+/// Kyutai's `depformer_norms.{k}`): canonical `depformer.{k}.out_norm` (gain) and
+/// `depformer.{k}.out_norm.bias`.
+pub const NORM_DEPFORMER_OUT: &str = "out_norm";
 
 /// The projection of a low-rank embedding (`depformer.{k}.emb.low_rank`, after its table).
 pub const LOW_RANK: &str = "emb.low_rank";

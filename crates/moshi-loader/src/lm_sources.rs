@@ -1,7 +1,9 @@
 //! Where each canonical LM tensor lives in each checkpoint layout (PyTorch, candle, MLX).
 
 use crate::layout::LmLayout;
-use crate::lm_names::{canonical_lm_tensors, CanonicalTensor, TensorRole, LOW_RANK, NORM_CROSS};
+use crate::lm_names::{
+    canonical_lm_tensors, CanonicalTensor, TensorRole, LOW_RANK, NORM_CROSS, NORM_DEPFORMER_OUT,
+};
 use crate::LmConfig;
 
 /// One canonical tensor and the stored tensor it is cut from.
@@ -103,10 +105,36 @@ fn norm_cross_source(c: CanonicalTensor) -> Option<SourceSpec> {
     Some(SourceSpec::whole(c, stored, shape))
 }
 
+/// The depformer's output LayerNorm (`weight` and `bias`, 1-D): PyTorch's
+/// `depformer_norms.{k}`; in the candle and MLX layouts (which Kyutai's Rust and MLX code do not
+/// define for it) beside the sub-step's other tensors, as this engine exports them.
+fn depformer_norm_source(layout: LmLayout, c: CanonicalTensor) -> Option<SourceSpec> {
+    let Place::Dep { k, rest } = place(&c.name) else {
+        return None;
+    };
+    let part = match rest.strip_prefix(NORM_DEPFORMER_OUT)? {
+        "" => "weight",
+        ".bias" => "bias",
+        _ => return None,
+    };
+    let stored = match layout {
+        LmLayout::PyTorch => format!("depformer_norms.{k}.{part}"),
+        LmLayout::Candle => format!("depformer.{k}.{NORM_DEPFORMER_OUT}.{part}"),
+        LmLayout::Mlx => format!("depformer.slices.{k}.{NORM_DEPFORMER_OUT}.{part}"),
+    };
+    let shape = c.shape.clone();
+    Some(SourceSpec::whole(c, stored, shape))
+}
+
 fn source_of(layout: LmLayout, cfg: &LmConfig, c: CanonicalTensor) -> SourceSpec {
     let name = c.name.clone();
     if c.role == TensorRole::Conditioner {
         return conditioner_source(c);
+    }
+    if c.role == TensorRole::Norm {
+        if let Some(spec) = depformer_norm_source(layout, c.clone()) {
+            return spec;
+        }
     }
     if c.role == TensorRole::Norm && name.contains(NORM_CROSS) {
         if let Some(spec) = norm_cross_source(c.clone()) {
@@ -176,12 +204,15 @@ fn pytorch_source(cfg: &LmConfig, c: CanonicalTensor, name: &str) -> SourceSpec 
                     let shape = norm_shape(&c);
                     SourceSpec::whole(c, format!("{p}.{rest}.alpha"), shape)
                 }
-                "self_attn.in_proj" => SourceSpec {
-                    stored_name: format!("{p}.self_attn.in_proj_weight"),
-                    stored_shape: vec![sets * 3 * ddim, ddim],
-                    row_start: k * 3 * ddim,
-                    canonical: c,
-                },
+                "self_attn.in_proj" => {
+                    let rows = ddim + 2 * cfg.depformer_kv_dim();
+                    SourceSpec {
+                        stored_name: format!("{p}.self_attn.in_proj_weight"),
+                        stored_shape: vec![sets * rows, ddim],
+                        row_start: k * rows,
+                        canonical: c,
+                    }
+                }
                 "self_attn.out_proj" => SourceSpec {
                     stored_name: format!("{p}.self_attn.out_proj.weight"),
                     stored_shape: vec![sets * ddim, ddim],

@@ -258,8 +258,7 @@ fn unimplemented_architecture_keys_are_refused_unless_neutral() {
     });
     assert!(neutral.is_ok(), "{:?}", neutral.err());
     for (key, value) in [
-        ("kv_repeat", json!(2)),
-        ("depformer_norm", json!("layer_norm")),
+        ("depformer_norm", json!("rms_norm")),
         ("text_card_out", json!(8000)),
     ] {
         let err = edited_7b(|v| v[key] = value.clone())
@@ -277,5 +276,45 @@ fn unimplemented_architecture_keys_are_refused_unless_neutral() {
             err.contains(&format!("`{key}`")) && err.contains("text-to-speech"),
             "{key}: {err}"
         );
+    }
+}
+
+/// Hibiki-Zero's keys: grouped-query attention (inherited by the depformer unless
+/// `depformer_kv_repeat` says otherwise), `rope_concat`, the depformer's LayerNorm.
+#[test]
+fn hibiki_zero_keys_are_read_and_bad_kv_repeat_is_refused_naming_the_key() {
+    let cfg = edited_7b(|v| {
+        v["kv_repeat"] = json!(2);
+        v["positional_embedding"] = json!("rope_concat");
+        v["depformer_norm"] = json!("layer_norm");
+    })
+    .unwrap();
+    assert_eq!((cfg.kv_repeat, cfg.depformer_kv_repeat()), (2, 2));
+    assert_eq!((cfg.kv_dim(), cfg.depformer_kv_dim()), (2048, 512));
+    assert_eq!(cfg.positional_embedding.name(), "rope_concat");
+    let own = edited_7b(|v| {
+        v["kv_repeat"] = json!(4);
+        v["depformer_kv_repeat"] = json!(1);
+    })
+    .unwrap();
+    assert_eq!((own.kv_dim(), own.depformer_kv_dim()), (1024, 1024));
+    for (key, value, expect) in [
+        (
+            "kv_repeat",
+            json!(3),
+            "kv_repeat 3 does not divide num_heads 32",
+        ),
+        ("kv_repeat", json!(0), "`kv_repeat`"),
+        ("kv_repeat", json!(64), "`kv_repeat`"),
+        (
+            "depformer_kv_repeat",
+            json!(5),
+            "depformer_kv_repeat 5 does not divide",
+        ),
+    ] {
+        let err = edited_7b(|v| v[key] = value.clone())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(expect), "{key} {value}: {err}");
     }
 }

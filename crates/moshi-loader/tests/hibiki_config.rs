@@ -161,3 +161,23 @@ fn conditioning_survives_serialization_and_moshi_configs_gain_no_keys() {
         assert!(moshi.get(key).is_none(), "{key} written for Moshi");
     }
 }
+
+/// `configs/hibiki-zero-3b.json`: the release's sizes (see docs/hibiki.md for where each value
+/// comes from), grouped-query attention with 8 key/value heads in the temporal transformer and
+/// none in the depformer, 16 codebooks over 9 depformer weight sets, no conditioner.
+#[test]
+fn hibiki_zero_config_has_the_release_shapes() {
+    let path = moshi_test_support::repo_root().join("configs/hibiki-zero-3b.json");
+    let cfg = LmConfig::from_file(&path).unwrap();
+    assert!(cfg.is_translation() && !cfg.is_conditioned());
+    assert_eq!((cfg.dim, cfg.num_layers, cfg.num_heads), (2048, 28, 16));
+    assert_eq!((cfg.kv_repeat, cfg.kv_dim()), (2, 1024));
+    assert_eq!((cfg.depformer_kv_repeat(), cfg.depformer_kv_dim()), (1, 1024));
+    assert_eq!((cfg.n_q, cfg.dep_q, cfg.text_card), (32, 16, 48000));
+    // hidden_scale 6: feed-forward 12288 and 6144, SiLU-gated 8192 and 4096.
+    assert_eq!((cfg.hidden_dim(), cfg.depformer_hidden_dim()), (8192, 4096));
+    assert_eq!(cfg.depformer_weight_sets(), 9);
+    assert_eq!(cfg.positional_embedding.name(), "rope_concat");
+    assert_eq!(cfg.depformer_norm.map(|n| n.name()), Some("layer_norm"));
+    assert_eq!((cfg.max_delay(), cfg.delays.len()), (2, 33));
+}

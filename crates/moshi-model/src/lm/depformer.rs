@@ -9,6 +9,7 @@
 use super::demux::{Demux, DemuxScratch};
 use super::embedding::Embedding;
 use super::transformer::{LayerScratch, TransformerLayer};
+use crate::nn::norm::LayerNorm;
 use crate::nn::{KvCache, Linear, Rope, RopeRotation};
 
 /// Weights of one depformer sub-step.
@@ -26,6 +27,8 @@ pub struct DepformerSlice {
     /// `ScaledEmbedding`).
     pub emb_demux: Option<Demux>,
     pub layers: Vec<TransformerLayer>,
+    /// The norm on the output before `linear_out` (`depformer_norm`, Hibiki-Zero's LayerNorm).
+    pub out_norm: Option<LayerNorm>,
     pub linear_out: Linear,
 }
 
@@ -40,6 +43,7 @@ impl DepformerSlice {
                 .iter()
                 .map(TransformerLayer::weight_bytes)
                 .sum::<usize>()
+            + self.out_norm.as_ref().map_or(0, LayerNorm::weight_bytes)
             + self.linear_out.weight_bytes()
     }
 }
@@ -85,6 +89,8 @@ pub struct DepformerScratch {
     demux: DemuxScratch,
     rotations: Vec<RopeRotation>,
     layer: LayerScratch,
+    /// `[m, depformer dim]`: the output after `out_norm`.
+    normed: Vec<f32>,
     /// `[m, card]`.
     logits: Vec<f32>,
 }
@@ -109,7 +115,7 @@ impl Depformer {
             .map(|s| {
                 (
                     s.layers.len(),
-                    s.layers.first().map_or(0, |l| l.attention().dim()),
+                    s.layers.first().map_or(0, |l| l.attention().kv_dim()),
                     s.linear_out.out_dim(),
                 )
             })
@@ -210,9 +216,17 @@ impl Depformer {
             let mut caches: Vec<&mut KvCache> = rows.iter_mut().map(|r| &mut r.caches[i]).collect();
             layer.step_rows(&mut st.x, m, rotations, &mut caches, &mut st.layer);
         }
+        let out = match &slice.out_norm {
+            Some(norm) => {
+                st.normed.resize(m * dim, 0.0);
+                norm.forward(&st.x, &mut st.normed);
+                &st.normed
+            }
+            None => &st.x,
+        };
         let card = slice.linear_out.out_dim();
         st.logits.resize(m * card, 0.0);
-        slice.linear_out.forward(&st.x, m, &mut st.logits);
+        slice.linear_out.forward(out, m, &mut st.logits);
         for (row, logits) in rows.iter_mut().zip(st.logits.chunks_exact(card)) {
             row.logits.copy_from_slice(logits);
             row.substeps_done += 1;

@@ -21,10 +21,11 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-use moshi_loader::lm_names::{DEMUX_MAIN, DEMUX_SECOND, NORM_CROSS};
+use moshi_loader::lm_names::{DEMUX_MAIN, DEMUX_SECOND, NORM_CROSS, NORM_DEPFORMER_OUT};
 use moshi_loader::{LmConfig, PositionalEmbedding, WeightMap};
 
 use crate::kind::ModelKind;
+use crate::nn::norm::LayerNorm;
 use crate::nn::{Attention, CrossAttention, CrossKeysValues, KvPrecision, Linear, Rope};
 use crate::{ModelError, Result};
 use conditioner::ConditionProvider;
@@ -184,6 +185,15 @@ pub struct LmScratch {
     transformer_outs: Vec<f32>,
 }
 
+/// The rotary embedding of a transformer with `pos` (none unless rotary).
+fn rope_of(pos: PositionalEmbedding, head_dim: usize, max_period: f64) -> Option<Rope> {
+    match pos {
+        PositionalEmbedding::Rope => Some(Rope::new(head_dim, max_period)),
+        PositionalEmbedding::RopeConcat => Some(Rope::halves(head_dim, max_period)),
+        PositionalEmbedding::None | PositionalEmbedding::Sin => None,
+    }
+}
+
 /// The id of the next weights loaded.
 static NEXT_WEIGHTS_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -208,18 +218,32 @@ impl Take<'_> {
     fn norm(&mut self, name: &str, dim: usize, eps: f32) -> Result<RmsNorm> {
         Ok(RmsNorm::new(self.map.take_f32(name, &[dim])?, eps))
     }
+    /// A LayerNorm's gain `{name}` and bias `{name}.bias` (`nn.LayerNorm`, eps 1e-5).
+    fn layer_norm(&mut self, name: &str, dim: usize) -> Result<LayerNorm> {
+        Ok(LayerNorm {
+            weight: self.map.take_f32(name, &[dim])?,
+            bias: self.map.take_f32(&format!("{name}.bias"), &[dim])?,
+            eps: 1e-5,
+        })
+    }
+    /// A transformer layer of width `dim`, `heads` query heads and keys/values `kv_dim` wide.
     #[allow(clippy::too_many_arguments)]
     fn layer(
         &mut self,
         prefix: &str,
         dim: usize,
+        kv_dim: usize,
         hidden: usize,
         heads: usize,
         eps: f32,
     ) -> Result<TransformerLayer> {
         let norm1 = self.norm(&format!("{prefix}.norm1"), dim, eps)?;
         let norm2 = self.norm(&format!("{prefix}.norm2"), dim, eps)?;
-        let in_proj = self.linear(&format!("{prefix}.self_attn.in_proj"), 3 * dim, dim)?;
+        let in_proj = self.linear(
+            &format!("{prefix}.self_attn.in_proj"),
+            dim + 2 * kv_dim,
+            dim,
+        )?;
         let out_proj = self.linear(&format!("{prefix}.self_attn.out_proj"), dim, dim)?;
         let linear_in = self.linear(&format!("{prefix}.gating.linear_in"), 2 * hidden, dim)?;
         let linear_out = self.linear(&format!("{prefix}.gating.linear_out"), dim, hidden)?;
@@ -282,15 +306,18 @@ impl LmWeights {
         let layers = (0..cfg.num_layers)
             .map(|l| {
                 let p = format!("transformer.layers.{l}");
-                let layer = t.layer(&p, dim, hidden, cfg.num_heads, eps)?;
+                let layer = t.layer(&p, dim, cfg.kv_dim(), hidden, cfg.num_heads, eps)?;
                 Ok(match cfg.cross_attention {
                     true => layer.with_cross(t.cross_block(&p, dim, cfg.num_heads)?),
                     false => layer,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let rope = (cfg.positional_embedding == PositionalEmbedding::Rope)
-            .then(|| Rope::new(dim / cfg.num_heads, cfg.max_period));
+        let rope = rope_of(
+            cfg.positional_embedding,
+            dim / cfg.num_heads,
+            cfg.max_period,
+        );
         let mut temporal = TemporalTransformer::new(
             text_emb,
             audio_embs,
@@ -333,17 +360,25 @@ impl LmWeights {
                         t.layer(
                             &format!("{p}.layers.{l}"),
                             ddim,
+                            cfg.depformer_kv_dim(),
                             dhidden,
                             cfg.depformer_num_heads,
                             eps,
                         )
                     })
                     .collect::<Result<Vec<_>>>()?,
+                out_norm: match cfg.depformer_norm {
+                    Some(_) => Some(t.layer_norm(&format!("{p}.{NORM_DEPFORMER_OUT}"), ddim)?),
+                    None => None,
+                },
                 linear_out: t.linear(&format!("{p}.linear_out"), cfg.card, ddim)?,
             });
         }
-        let drope = (cfg.depformer_pos_emb == PositionalEmbedding::Rope)
-            .then(|| Rope::new(ddim / cfg.depformer_num_heads, cfg.depformer_max_period));
+        let drope = rope_of(
+            cfg.depformer_pos_emb,
+            ddim / cfg.depformer_num_heads,
+            cfg.depformer_max_period,
+        );
         let depformer = Depformer::new(slices, drope);
         let conditions = ConditionProvider::load(cfg, &mut weights)?;
         let mut t = Take { map: &mut weights };

@@ -225,7 +225,7 @@ impl TemporalTransformer {
             caches: self
                 .layers
                 .iter()
-                .map(|l| KvCache::with_precision(self.context, l.attention().dim(), precision))
+                .map(|l| KvCache::with_precision(self.context, l.attention().kv_dim(), precision))
                 .collect(),
             position: 0,
             condition: None,

@@ -1,6 +1,8 @@
-//! Multi-head self-attention for the LM and Mimi: fused q/k/v projection (`[3 * dim, dim]`,
-//! head-major rows as in PyTorch), optional interleaved RoPE, a ring KV cache and the output
-//! projection, no biases. Two ways in:
+//! Multi-head self-attention for the LM and Mimi: fused q/k/v projection (`[dim + 2 * kv_dim,
+//! dim]`, head-major rows as in PyTorch; `kv_dim = dim` but for grouped-query attention, where
+//! query head `h` reads key/value head `h / kv_repeat`, as Kyutai's `expand_repeated_kv`),
+//! optional RoPE, a ring KV cache of `kv_dim` wide rows and the output projection, no biases.
+//! Two ways in:
 //! - [`Attention::step_rows`] (the LM): `m` rows, each one new position of its own stream over its
 //!   own cache: the sessions of a batch share the projections (weights read once) and attend
 //!   apart, each at its own position.
@@ -49,6 +51,8 @@ pub struct Attention {
     in_proj: Linear,
     out_proj: Linear,
     num_heads: usize,
+    /// Key/value heads: `num_heads` but for grouped-query attention.
+    kv_heads: usize,
     head_dim: usize,
 }
 
@@ -76,18 +80,40 @@ impl<E> Rows<'_, E> {
 }
 
 impl Attention {
+    /// `num_heads` query heads; the key/value heads follow from `in_proj`'s rows
+    /// (`dim + 2 * kv_heads * head_dim`, checked against the config by the loader).
     pub fn new(in_proj: Linear, out_proj: Linear, num_heads: usize) -> Self {
         let dim = out_proj.out_dim();
+        let head_dim = dim / num_heads;
+        let kv_heads = in_proj.out_dim().saturating_sub(dim) / 2 / head_dim.max(1);
+        debug_assert_eq!(in_proj.out_dim(), dim + 2 * kv_heads * head_dim);
+        debug_assert!(kv_heads > 0 && num_heads.is_multiple_of(kv_heads));
         Self {
             in_proj,
             out_proj,
             num_heads,
-            head_dim: dim / num_heads,
+            kv_heads,
+            head_dim,
         }
     }
 
     pub fn dim(&self) -> usize {
         self.num_heads * self.head_dim
+    }
+
+    /// Width of one position's keys (and values): what a KV cache row of this block holds.
+    pub fn kv_dim(&self) -> usize {
+        self.kv_heads * self.head_dim
+    }
+
+    /// Query heads per key/value head (`kv_repeat`; 1 but for grouped-query attention).
+    pub fn kv_repeat(&self) -> usize {
+        self.num_heads / self.kv_heads
+    }
+
+    /// Width of one projected row: queries, keys, values.
+    fn qkv_width(&self) -> usize {
+        self.dim() + 2 * self.kv_dim()
     }
 
     pub fn num_heads(&self) -> usize {
@@ -141,12 +167,12 @@ impl Attention {
         self.project_and_rotate(xs, m, rotations, scratch);
         for ((qkv, attended), cache) in scratch
             .qkv
-            .chunks_exact(3 * dim)
+            .chunks_exact(self.qkv_width())
             .zip(scratch.attended.chunks_exact_mut(dim))
             .zip(caches.iter_mut())
         {
             let (q, kv) = qkv.split_at(dim);
-            let (k, v) = kv.split_at(dim);
+            let (k, v) = kv.split_at(self.kv_dim());
             cache.push(k, v);
             let segments = [0..cache.len(), 0..0];
             self.attend_cache(q, cache, segments, attended, &mut scratch.scores);
@@ -176,17 +202,17 @@ impl Attention {
             "one rotation per row"
         );
         self.project_and_rotate(xs, t, rotations, scratch);
-        let qkv = &scratch.qkv;
+        let (qkv, width) = (&scratch.qkv, self.qkv_width());
         // Keys and values read in place from the qkv rows.
-        let (keys, values) = (&qkv[dim..], &qkv[2 * dim..]);
+        let (keys, values) = (&qkv[dim..], &qkv[dim + self.kv_dim()..]);
         for (p, attended) in scratch.attended.chunks_exact_mut(dim).enumerate() {
             let rows = Rows {
                 keys,
                 values,
-                stride: 3 * dim,
+                stride: width,
                 segments: [(p + 1).saturating_sub(context)..p + 1, 0..0],
             };
-            let q = &qkv[p * 3 * dim..p * 3 * dim + dim];
+            let q = &qkv[p * width..p * width + dim];
             self.attend(q, &rows, attended, &mut scratch.scores);
         }
         self.out_proj.forward(&scratch.attended, t, out);
@@ -225,7 +251,7 @@ impl Attention {
         if t > 0 {
             for ((qkv, attended), cache) in scratch
                 .qkv
-                .chunks_exact(t * 3 * dim)
+                .chunks_exact(t * self.qkv_width())
                 .zip(scratch.attended.chunks_exact_mut(t * dim))
                 .zip(caches.iter_mut())
             {
@@ -236,8 +262,8 @@ impl Attention {
     }
 
     /// The projected queries, keys and values of the `rows` rows of `xs` into `scratch.qkv`
-    /// (`[rows, 3 * dim]`), queries and keys rotated by `rotations` (one per row, if any);
-    /// `scratch.attended` sized for the rows.
+    /// (`[rows, dim + 2 * kv_dim]`), queries and keys rotated by `rotations` (one per row, if
+    /// any); `scratch.attended` sized for the rows.
     fn project_and_rotate(
         &self,
         xs: &[f32],
@@ -246,11 +272,11 @@ impl Attention {
         scratch: &mut AttentionScratch,
     ) {
         let dim = self.dim();
-        scratch.qkv.resize(rows * 3 * dim, 0.0);
+        scratch.qkv.resize(rows * self.qkv_width(), 0.0);
         scratch.attended.resize(rows * dim, 0.0);
         self.in_proj.forward(xs, rows, &mut scratch.qkv);
         if let Some(rotations) = rotations {
-            rotate_queries_and_keys(&mut scratch.qkv, dim, rotations);
+            rotate_queries_and_keys(&mut scratch.qkv, dim, self.kv_dim(), rotations);
         }
     }
 
@@ -264,11 +290,11 @@ impl Attention {
         attended: &mut [f32],
         scores: &mut Vec<f32>,
     ) {
-        let dim = self.dim();
-        let t = qkv.len() / (3 * dim);
+        let (dim, kv_dim, width) = (self.dim(), self.kv_dim(), self.qkv_width());
+        let t = qkv.len() / width;
         assert!(t <= cache.capacity(), "a chunk of {t} exceeds the context");
-        for row in qkv.chunks_exact(3 * dim) {
-            cache.push(&row[dim..2 * dim], &row[2 * dim..]);
+        for row in qkv.chunks_exact(width) {
+            cache.push(&row[dim..dim + kv_dim], &row[dim + kv_dim..]);
         }
         let last = cache.positions_seen();
         let oldest = last - cache.len();
@@ -276,7 +302,7 @@ impl Attention {
         for (i, attended) in attended.chunks_exact_mut(dim).enumerate() {
             let p = last - t + i;
             let segments = cache.slots(oldest.max((p + 1).saturating_sub(context)), p);
-            let q = &qkv[i * 3 * dim..i * 3 * dim + dim];
+            let q = &qkv[i * width..i * width + dim];
             self.attend_cache(q, cache, segments, attended, scores);
         }
     }
@@ -290,7 +316,7 @@ impl Attention {
         attended: &mut [f32],
         scores: &mut Vec<f32>,
     ) {
-        let stride = self.dim();
+        let stride = self.kv_dim();
         match cache.rows() {
             KvRows::F32 { keys, values } => {
                 let rows = Rows {
@@ -321,20 +347,34 @@ impl Attention {
         attended: &mut [f32],
         scores: &mut Vec<f32>,
     ) {
-        attend_over(self.num_heads, self.head_dim, q, rows, attended, scores);
+        let heads = Heads {
+            count: self.num_heads,
+            kv_repeat: self.kv_repeat(),
+            dim: self.head_dim,
+        };
+        attend_over(heads, q, rows, attended, scores);
     }
+}
+
+/// The heads of an attention: `count` query heads of width `dim`, query head `h` reading
+/// key/value head `h / kv_repeat`.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Heads {
+    pub(super) count: usize,
+    pub(super) kv_repeat: usize,
+    pub(super) dim: usize,
 }
 
 /// `attended` (`[num_heads * head_dim]`) = every head's attention from `q` over `rows` (no mask:
 /// every row is attended); `scores` is scratch.
 pub(super) fn attend_over<E: WeightElem>(
-    num_heads: usize,
-    head_dim: usize,
+    heads: Heads,
     q: &[f32],
     rows: &Rows<'_, E>,
     attended: &mut [f32],
     scores: &mut Vec<f32>,
 ) {
+    let (num_heads, head_dim) = (heads.count, heads.dim);
     let dim = num_heads * head_dim;
     let (hd, n) = (head_dim, rows.len());
     let scale = 1.0 / (hd as f32).sqrt();
@@ -350,8 +390,10 @@ pub(super) fn attend_over<E: WeightElem>(
                 attend_heads(
                     &q[first..first + o.len()],
                     rows,
-                    first,
-                    hd,
+                    HeadRange {
+                        first: first / hd,
+                        heads,
+                    },
                     scale,
                     scores,
                     o,
@@ -360,17 +402,32 @@ pub(super) fn attend_over<E: WeightElem>(
         });
     } else {
         scores.resize(num_heads * n, 0.0);
-        attend_heads(q, rows, 0, hd, scale, scores, attended);
+        let all = HeadRange { first: 0, heads };
+        attend_heads(q, rows, all, scale, scores, attended);
     }
 }
 
-/// Rotates the query and the key of each projected row of `qkv` (`[q, k, v]`, `dim` each) by
-/// its rotation.
-fn rotate_queries_and_keys(qkv: &mut [f32], dim: usize, rotations: &[RopeRotation]) {
-    for (row, rot) in qkv.chunks_exact_mut(3 * dim).zip(rotations) {
+/// Rotates the query (`dim` wide) and the key (`kv_dim`) of each projected row of `qkv`
+/// (`[q, k, v]`) by its rotation.
+fn rotate_queries_and_keys(qkv: &mut [f32], dim: usize, kv_dim: usize, rotations: &[RopeRotation]) {
+    for (row, rot) in qkv.chunks_exact_mut(dim + 2 * kv_dim).zip(rotations) {
         let (q, kv) = row.split_at_mut(dim);
         rot.apply(q);
-        rot.apply(&mut kv[..dim]);
+        rot.apply(&mut kv[..kv_dim]);
+    }
+}
+
+/// The query heads `first..` of a block's `heads` that one call of [`attend_heads`] attends.
+#[derive(Clone, Copy, Debug)]
+struct HeadRange {
+    first: usize,
+    heads: Heads,
+}
+
+impl HeadRange {
+    /// Column of the key/value head that local query head `h` reads.
+    fn kv_column(&self, h: usize) -> usize {
+        (self.first + h) / self.heads.kv_repeat * self.heads.dim
     }
 }
 
@@ -384,24 +441,30 @@ fn prefetch_ahead<E>(data: &[E], stride: usize, j: usize, col: usize, len: usize
     }
 }
 
-/// Heads `offset / hd ..` (as many as `q.len() / hd`): `out_h = softmax(q_h · K_hᵀ * scale) · V_h`
-/// over the rows of `rows` (`n = scores.len() / heads` of them), in segment order. Rows are walked
-/// in order so every cached row is read once, contiguously, for all heads of the group.
+/// Query heads `range.first ..` (as many as `q.len() / hd`): `out_h = softmax(q_h · K_gᵀ * scale)
+/// · V_g`, `g` the key/value head of `h`, over the rows of `rows` (`n = scores.len() / heads` of
+/// them), in segment order. Rows are walked in order so every cached row is read once,
+/// contiguously, for all heads of the group.
 fn attend_heads<E: WeightElem>(
     q: &[f32],
     rows: &Rows<'_, E>,
-    offset: usize,
-    hd: usize,
+    range: HeadRange,
     scale: f32,
     scores: &mut [f32],
     out: &mut [f32],
 ) {
-    let width = q.len();
-    let heads = width / hd;
-    let n = scores.len() / heads.max(1);
+    let hd = range.heads.dim;
+    let heads = q.len() / hd;
+    if heads == 0 {
+        return;
+    }
+    let n = scores.len() / heads;
     let kernel = Kernel::detect();
-    let key = |j: usize| &rows.keys[j * rows.stride + offset..j * rows.stride + offset + width];
-    let value = |j: usize| &rows.values[j * rows.stride + offset..j * rows.stride + offset + width];
+    // Key/value head columns of the group's query heads.
+    let (first_col, end_col) = (range.kv_column(0), range.kv_column(heads - 1) + hd);
+    let col = |h: usize| range.kv_column(h) - first_col;
+    let key = |j: usize| &rows.keys[j * rows.stride + first_col..j * rows.stride + end_col];
+    let value = |j: usize| &rows.values[j * rows.stride + first_col..j * rows.stride + end_col];
     // Scores: POSITIONS_PER_STEP cached keys per step, each head's dot products taken together
     // (every dot product in the fixed order, as one at a time).
     let mut at = 0;
@@ -410,8 +473,9 @@ fn attend_heads<E: WeightElem>(
         while j + POSITIONS_PER_STEP <= segment.end {
             let ks: [&[E]; POSITIONS_PER_STEP] = std::array::from_fn(|r| key(j + r));
             for (h, qh) in q.chunks_exact(hd).enumerate() {
-                prefetch_ahead(rows.keys, rows.stride, j, offset + h * hd, hd);
-                let dots = dot_rows(kernel, ks.map(|k| &k[h * hd..(h + 1) * hd]), qh);
+                let c = col(h);
+                prefetch_ahead(rows.keys, rows.stride, j, first_col + c, hd);
+                let dots = dot_rows(kernel, ks.map(|k| &k[c..c + hd]), qh);
                 for (r, d) in dots.iter().enumerate() {
                     scores[h * n + at + r] = d * scale;
                 }
@@ -422,7 +486,8 @@ fn attend_heads<E: WeightElem>(
         for j in j..segment.end {
             let k = key(j);
             for (h, qh) in q.chunks_exact(hd).enumerate() {
-                scores[h * n + at] = dot_rows(kernel, [&k[h * hd..(h + 1) * hd]], qh)[0] * scale;
+                let c = col(h);
+                scores[h * n + at] = dot_rows(kernel, [&k[c..c + hd]], qh)[0] * scale;
             }
             at += 1;
         }
@@ -448,12 +513,13 @@ fn attend_heads<E: WeightElem>(
         while j + POSITIONS_PER_STEP <= segment.end {
             let vs: [&[E]; POSITIONS_PER_STEP] = std::array::from_fn(|r| value(j + r));
             for (h, o) in out.chunks_exact_mut(hd).enumerate() {
-                prefetch_ahead(rows.values, rows.stride, j, offset + h * hd, hd);
+                let c = col(h);
+                prefetch_ahead(rows.values, rows.stride, j, first_col + c, hd);
                 accumulate_rows(
                     kernel,
                     o,
                     std::array::from_fn(|r| scores[h * n + at + r]),
-                    vs.map(|v| &v[h * hd..(h + 1) * hd]),
+                    vs.map(|v| &v[c..c + hd]),
                 );
             }
             j += POSITIONS_PER_STEP;
@@ -462,7 +528,8 @@ fn attend_heads<E: WeightElem>(
         for j in j..segment.end {
             let v = value(j);
             for (h, o) in out.chunks_exact_mut(hd).enumerate() {
-                accumulate_rows(kernel, o, [scores[h * n + at]], [&v[h * hd..(h + 1) * hd]]);
+                let c = col(h);
+                accumulate_rows(kernel, o, [scores[h * n + at]], [&v[c..c + hd]]);
             }
             at += 1;
         }
@@ -480,16 +547,20 @@ mod tests {
     #[test]
     fn ring_window_equals_explicit_last_positions() {
         for precision in [KvPrecision::F32, KvPrecision::Bf16] {
-            check_against_naive(8, 2, 4, 9, precision);
-            // 256 * 300 cached floats >= PARALLEL_MIN_CACHE_FLOATS: the threaded path.
-            const { assert!(256 * 300 >= PARALLEL_MIN_CACHE_FLOATS) };
-            check_against_naive(256, 4, 300, 310, precision);
+            // Every head its own keys, then grouped-query attention (kv_repeat 2 and 4).
+            for kv_repeat in [1, 2, 4] {
+                check_against_naive(16, 4, kv_repeat, 4, 9, precision);
+                // 256 * 300 cached floats >= PARALLEL_MIN_CACHE_FLOATS: the threaded path.
+                const { assert!(256 * 300 >= PARALLEL_MIN_CACHE_FLOATS) };
+                check_against_naive(256, 4, kv_repeat, 300, 310, precision);
+            }
         }
     }
 
     fn check_against_naive(
         dim: usize,
         heads: usize,
+        kv_repeat: usize,
         window: usize,
         steps: usize,
         precision: KvPrecision,
@@ -505,16 +576,19 @@ mod tests {
             }
             w
         };
-        // in_proj = [I; 0.5 I; 2 I] so q = x, k = x/2, v = 2x; out_proj = I.
+        // in_proj = [I; 0.5 I'; 2 I'] (I' the first kv_dim rows of I) so q = x and, for key/value
+        // head g, k = x_g / 2, v = 2 x_g (x_g the g-th head_dim slice of x); out_proj = I.
+        let kv_dim = dim / kv_repeat;
         let mut in_w = eye(dim);
-        in_w.extend(eye(dim).iter().map(|v| v * 0.5));
-        in_w.extend(eye(dim).iter().map(|v| v * 2.0));
+        in_w.extend(eye(dim)[..kv_dim * dim].iter().map(|v| v * 0.5));
+        in_w.extend(eye(dim)[..kv_dim * dim].iter().map(|v| v * 2.0));
         let attn = Attention::new(
-            Linear::f32(in_w, 3 * dim, dim),
+            Linear::f32(in_w, dim + 2 * kv_dim, dim),
             Linear::f32(eye(dim), dim, dim),
             heads,
         );
-        let mut cache = KvCache::with_precision(window, dim, precision);
+        assert_eq!((attn.kv_dim(), attn.kv_repeat()), (kv_dim, kv_repeat));
+        let mut cache = KvCache::with_precision(window, kv_dim, precision);
         let mut scratch = AttentionScratch::default();
         let xs: Vec<Vec<f32>> = (0..steps)
             .map(|p| {
@@ -530,11 +604,13 @@ mod tests {
             let first = (p + 1).saturating_sub(window);
             for h in 0..heads {
                 let r = h * hd..(h + 1) * hd;
+                let g = h / kv_repeat;
+                let kv = g * hd..(g + 1) * hd;
                 let scores: Vec<f64> = (first..=p)
                     .map(|j| {
                         xs[p][r.clone()]
                             .iter()
-                            .zip(&xs[j][r.clone()])
+                            .zip(&xs[j][kv.clone()])
                             .map(|(a, b)| (a * stored(b * 0.5)) as f64)
                             .sum::<f64>()
                             / (hd as f64).sqrt()
@@ -545,7 +621,7 @@ mod tests {
                 for (i, o) in r.clone().enumerate() {
                     let expect: f64 = (first..=p)
                         .zip(&scores)
-                        .map(|(j, s)| (s - m).exp() / z * stored(2.0 * xs[j][h * hd + i]) as f64)
+                        .map(|(j, s)| (s - m).exp() / z * stored(2.0 * xs[j][g * hd + i]) as f64)
                         .sum();
                     assert!(
                         (out[o] as f64 - expect).abs() < 1e-5,

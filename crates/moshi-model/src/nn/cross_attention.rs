@@ -5,7 +5,7 @@
 //! is split at load into the query rows and the key/value rows, so a step reads only the
 //! query's third.
 
-use super::attention::{attend_over, Rows};
+use super::attention::{attend_over, Heads, Rows};
 use super::linear::Linear;
 
 /// Weights of one cross-attention block.
@@ -144,14 +144,12 @@ impl CrossAttention {
                 stride: 2 * dim,
                 segments: [0..source.positions, 0..0],
             };
-            attend_over(
-                self.num_heads,
-                self.head_dim,
-                q,
-                &rows,
-                attended,
-                &mut scratch.scores,
-            );
+            let heads = Heads {
+                count: self.num_heads,
+                kv_repeat: 1,
+                dim: self.head_dim,
+            };
+            attend_over(heads, q, &rows, attended, &mut scratch.scores);
         }
         self.out_proj.forward(&scratch.attended, m, out);
     }

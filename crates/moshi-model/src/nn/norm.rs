@@ -12,6 +12,25 @@ pub fn rms_norm(x: &[f32], alpha: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
+/// A LayerNorm's weights: gain, bias and epsilon.
+#[derive(Clone, Debug)]
+pub struct LayerNorm {
+    pub weight: Vec<f32>,
+    pub bias: Vec<f32>,
+    pub eps: f32,
+}
+
+impl LayerNorm {
+    /// [`layer_norm`] of every row of `x` into `out`.
+    pub fn forward(&self, x: &[f32], out: &mut [f32]) {
+        layer_norm(x, &self.weight, &self.bias, self.eps, out);
+    }
+
+    pub fn weight_bytes(&self) -> usize {
+        (self.weight.len() + self.bias.len()) * 4
+    }
+}
+
 /// LayerNorm with affine weight and bias, per row of width `weight.len()`.
 pub fn layer_norm(x: &[f32], weight: &[f32], bias: &[f32], eps: f32, out: &mut [f32]) {
     let d = weight.len();

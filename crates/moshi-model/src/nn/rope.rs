@@ -1,10 +1,12 @@
-//! Rotary position embedding with interleaved pairs `[r0, i0, r1, i1, ...]`, computed in f32
-//! exactly like the official `apply_rope(interleave=True)`.
+//! Rotary position embedding, computed in f32 exactly like the official `apply_rope`: pairs
+//! interleaved `[r0, i0, r1, i1, ...]` (`interleave=True`, `rope`) or the two halves of each
+//! head `[r0, r1, ..., i0, i1, ...]` (`interleave=False`, `rope_concat`).
 
-/// The per-pair frequencies of one head width.
+/// The per-pair frequencies of one head width, and where a pair's two values are.
 #[derive(Clone, Debug)]
 pub struct Rope {
     freqs: Vec<f32>,
+    halves: bool,
 }
 
 /// cos/sin of every pair at one position.
@@ -12,6 +14,8 @@ pub struct Rope {
 pub struct RopeRotation {
     cos: Vec<f32>,
     sin: Vec<f32>,
+    /// Pair `i` is `(x[i], x[i + head_dim / 2])`, not `(x[2i], x[2i + 1])`.
+    halves: bool,
 }
 
 impl Rope {
@@ -19,7 +23,18 @@ impl Rope {
     pub fn new(head_dim: usize, max_period: f64) -> Self {
         let step = (-max_period.ln() * 2.0 / head_dim as f64) as f32;
         let freqs = (0..head_dim / 2).map(|i| (i as f32 * step).exp()).collect();
-        Self { freqs }
+        Self {
+            freqs,
+            halves: false,
+        }
+    }
+
+    /// [`Rope::new`] rotating the two halves of each head (`rope_concat`).
+    pub fn halves(head_dim: usize, max_period: f64) -> Self {
+        Self {
+            halves: true,
+            ..Self::new(head_dim, max_period)
+        }
     }
 
     pub fn head_dim(&self) -> usize {
@@ -31,6 +46,7 @@ impl Rope {
         let t = pos as f32;
         rot.cos.clear();
         rot.sin.clear();
+        rot.halves = self.halves;
         for &f in &self.freqs {
             let angle = f * t;
             rot.cos.push(angle.cos());
@@ -47,10 +63,17 @@ impl RopeRotation {
             return;
         }
         for head in x.chunks_exact_mut(2 * half) {
-            for ((pair, &c), &s) in head.chunks_exact_mut(2).zip(&self.cos).zip(&self.sin) {
-                let (r, i) = (pair[0], pair[1]);
-                pair[0] = r * c - i * s;
-                pair[1] = r * s + i * c;
+            if self.halves {
+                let (re, im) = head.split_at_mut(half);
+                for (((r, i), &c), &s) in re.iter_mut().zip(im).zip(&self.cos).zip(&self.sin) {
+                    (*r, *i) = (*r * c - *i * s, *r * s + *i * c);
+                }
+            } else {
+                for ((pair, &c), &s) in head.chunks_exact_mut(2).zip(&self.cos).zip(&self.sin) {
+                    let (r, i) = (pair[0], pair[1]);
+                    pair[0] = r * c - i * s;
+                    pair[1] = r * s + i * c;
+                }
             }
         }
     }
@@ -82,6 +105,26 @@ mod tests {
             !(1e-3..=std::f32::consts::TAU - 1e-3).contains(&wrapped),
             "{angle}"
         );
+    }
+
+    /// The halves layout is the interleaved one on the de-interleaved head.
+    #[test]
+    fn halves_rotate_like_interleaved_pairs_moved_apart() {
+        let (hd, pos) = (8, 13);
+        let x: Vec<f32> = (0..2 * hd).map(|i| (i as f32 * 0.7).sin()).collect();
+        let interleave = |x: &[f32]| -> Vec<f32> {
+            x.chunks(hd)
+                .flat_map(|h| (0..hd / 2).flat_map(move |i| [h[i], h[i + hd / 2]]))
+                .collect()
+        };
+        let mut rot = RopeRotation::default();
+        let mut halves = x.clone();
+        Rope::halves(hd, 10000.0).rotation_into(pos, &mut rot);
+        rot.apply(&mut halves);
+        let mut pairs = interleave(&x);
+        Rope::new(hd, 10000.0).rotation_into(pos, &mut rot);
+        rot.apply(&mut pairs);
+        assert_eq!(interleave(&halves), pairs);
     }
 
     #[test]
