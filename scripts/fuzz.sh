@@ -2,7 +2,7 @@
 # Fuzzes one parser of moshi-rs with libFuzzer for a given time.
 # Usage: scripts/fuzz.sh TARGET SECONDS     (TARGET: safetensors_header, config_json, wav, npy,
 #                                            ogg_opus, client_messages, query, asr_messages,
-#                                            tls_pem, ogg_sequence, npy_dtype)
+#                                            tls_pem, ogg_sequence, npy_dtype, gguf)
 #        scripts/fuzz.sh --list
 #
 # Works on stable Rust, without cargo-fuzz or nightly: libfuzzer-sys builds libFuzzer with the
@@ -16,7 +16,7 @@
 # which `cargo test` replays (crates/moshi-runtime/tests/fuzz_regressions.rs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-targets=(safetensors_header config_json wav npy ogg_opus client_messages query asr_messages tls_pem ogg_sequence npy_dtype)
+targets=(safetensors_header config_json wav npy ogg_opus client_messages query asr_messages tls_pem ogg_sequence npy_dtype gguf)
 if [[ "${1:-}" == "--list" ]]; then
   printf '%s\n' "${targets[@]}"
   exit 0

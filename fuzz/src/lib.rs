@@ -16,6 +16,11 @@ pub fn safetensors_header(data: &[u8]) {
     let _ = SafetensorsFile::validate_bytes(data, Path::new("fuzz.safetensors"));
 }
 
+/// A GGUF file (candle's `model.q8.gguf`): header, metadata, tensor infos, alignment, offsets.
+pub fn gguf(data: &[u8]) {
+    let _ = moshi_loader::gguf_file::GgufFile::validate_bytes(data, Path::new("fuzz.gguf"));
+}
+
 /// A `config.json` (LM) and a `mimi_config.json` (Mimi): parsing and validation.
 pub fn config_json(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else {

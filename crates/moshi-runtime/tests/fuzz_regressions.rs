@@ -13,6 +13,11 @@ fn safetensors_header_inputs() {
 }
 
 #[test]
+fn gguf_inputs() {
+    replay("gguf", targets::gguf);
+}
+
+#[test]
 fn config_json_inputs() {
     replay("config_json", targets::config_json);
 }
