@@ -516,6 +516,15 @@ impl LmConfig {
         self.model_type.as_deref() == Some("tts")
     }
 
+    /// The suffix of this model's voice files ([`ModelId::voice_suffix`]; empty without
+    /// `model_id`).
+    pub fn voice_suffix(&self) -> String {
+        self.model_id
+            .as_ref()
+            .map(ModelId::voice_suffix)
+            .unwrap_or_default()
+    }
+
     /// The text card of the muxed text input: `text_card + 1` values per stream.
     pub fn mux_card(&self) -> usize {
         self.text_card + 1

@@ -14,6 +14,7 @@ use crate::layout::{detect_gguf_kind, CheckpointKind};
 use crate::lm_sources::{lm_sources, SourceSpec};
 use crate::lm_weights::{
     check_all_used, check_quantization, check_supported, dense_data, finish_dense, packed_data,
+    shape_mismatch,
 };
 use crate::{DType, LmConfig, LoaderError, Result, Weight, WeightMap, WeightMode};
 
@@ -39,13 +40,7 @@ pub fn load_lm_weights_gguf(
     for spec in &specs {
         let info = file.info(&spec.stored_name)?;
         if info.shape != spec.stored_shape {
-            return Err(LoaderError::ConfigMismatch {
-                path: file.path().to_path_buf(),
-                reason: format!(
-                    "tensor `{}` has shape {:?}, the config expects {:?} (for `{}`)",
-                    spec.stored_name, info.shape, spec.stored_shape, spec.canonical.name
-                ),
-            });
+            return Err(shape_mismatch(file.path(), spec, &info.shape));
         }
         used.insert(spec.stored_name.clone());
     }

@@ -112,6 +112,17 @@ pub fn lm_layout_of(file: &SafetensorsFile) -> Result<LmLayout> {
     }
 }
 
+/// A stored tensor whose shape is not the one the config gives it.
+pub(crate) fn shape_mismatch(path: &Path, spec: &SourceSpec, stored: &[usize]) -> LoaderError {
+    LoaderError::ConfigMismatch {
+        path: path.to_path_buf(),
+        reason: format!(
+            "tensor `{}` has shape {:?}, the config expects {:?} (for `{}`)",
+            spec.stored_name, stored, spec.stored_shape, spec.canonical.name
+        ),
+    }
+}
+
 pub(crate) fn check_supported(path: &Path, cfg: &LmConfig) -> Result<()> {
     if !cfg.depformer_weights_per_step || !cfg.depformer_multi_linear {
         return Err(LoaderError::BadConfig {
@@ -172,13 +183,7 @@ fn check_names_and_shapes(
             used.insert(format!("{prefix}.scales"));
             used.insert(format!("{prefix}.biases"));
         } else if info.shape != spec.stored_shape {
-            return Err(LoaderError::ConfigMismatch {
-                path: file.path().to_path_buf(),
-                reason: format!(
-                    "tensor `{}` has shape {:?}, the config expects {:?} (for `{}`)",
-                    spec.stored_name, info.shape, spec.stored_shape, spec.canonical.name
-                ),
-            });
+            return Err(shape_mismatch(file.path(), spec, &info.shape));
         }
         used.insert(spec.stored_name.clone());
     }

@@ -172,7 +172,10 @@ fn hibiki_zero_config_has_the_release_shapes() {
     assert!(cfg.is_translation() && !cfg.is_conditioned());
     assert_eq!((cfg.dim, cfg.num_layers, cfg.num_heads), (2048, 28, 16));
     assert_eq!((cfg.kv_repeat, cfg.kv_dim()), (2, 1024));
-    assert_eq!((cfg.depformer_kv_repeat(), cfg.depformer_kv_dim()), (1, 1024));
+    assert_eq!(
+        (cfg.depformer_kv_repeat(), cfg.depformer_kv_dim()),
+        (1, 1024)
+    );
     assert_eq!((cfg.n_q, cfg.dep_q, cfg.text_card), (32, 16, 48000));
     // hidden_scale 6: feed-forward 12288 and 6144, SiLU-gated 8192 and 4096.
     assert_eq!((cfg.hidden_dim(), cfg.depformer_hidden_dim()), (8192, 4096));

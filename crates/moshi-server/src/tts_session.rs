@@ -73,11 +73,7 @@ impl TtsService {
         default_voice: Option<String>,
     ) -> Self {
         let cfg = model.lm_config();
-        let voice_suffix = cfg
-            .model_id
-            .as_ref()
-            .map(|m| m.voice_suffix())
-            .unwrap_or_default();
+        let voice_suffix = cfg.voice_suffix();
         let voice_dim = model
             .generator()
             .weights()

@@ -142,7 +142,9 @@ pub fn run(args: SpeakArgs) -> anyhow::Result<()> {
         resolved.lm_config.is_text_to_speech(),
         "speak needs a text-to-speech model (`model_type` \"tts\"); {} is {}",
         resolved.lm_weights_path.display(),
-        moshi_model::kind::ModelKind::of(&resolved.lm_config).conventions().name
+        moshi_model::kind::ModelKind::of(&resolved.lm_config)
+            .conventions()
+            .name
     );
     let mut outputs: Vec<(&str, &Path)> = out_path
         .as_deref()
@@ -256,11 +258,7 @@ fn voice_file(
         return Ok(Some(direct.to_path_buf()));
     }
     let source = voice_source(args.voices.as_deref(), model_folder)?;
-    let suffix = cfg
-        .model_id
-        .as_ref()
-        .map(|m| m.voice_suffix())
-        .unwrap_or_default();
+    let suffix = cfg.voice_suffix();
     let path = source
         .locate(name, &suffix)
         .with_context(|| format!("--voice {name:?}"))?;
