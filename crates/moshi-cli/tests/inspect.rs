@@ -155,6 +155,38 @@ fn the_folder_is_described_and_resolved() {
     );
 }
 
+/// For a folder, the model type its config gives and the commands that run it.
+#[test]
+fn the_folder_says_what_model_it_is_and_what_runs_it() {
+    for (fixture, model, runs) in [
+        (
+            "tiny-a",
+            "moshi (conversation)",
+            "file, chat and serve (/api/chat)",
+        ),
+        ("tiny-hibiki", "hibiki (speech translation)", "translating"),
+        ("tiny-stt", "stt (speech to text)", "transcribe"),
+        (
+            "tiny-tts",
+            "tts (text to speech)",
+            "speak and serve (/api/tts_streaming)",
+        ),
+    ] {
+        let dir = moshi_test_support::repo_root().join("assets").join(fixture);
+        let v = inspect_json(&dir, &[]);
+        assert_eq!(v["resolved"]["model"], model, "{fixture}");
+        assert!(
+            v["resolved"]["runs"].as_str().unwrap().contains(runs),
+            "{fixture}: {v}"
+        );
+        let (ok, text, _) = inspect(&[path_str(&dir)]);
+        assert!(
+            ok && text.contains(&format!("  model       {model}: runs with")),
+            "{text}"
+        );
+    }
+}
+
 #[test]
 fn a_config_that_does_not_fit_is_reported_and_bits_still_come_from_the_file() {
     let dir = tempfile::tempdir().unwrap();

@@ -55,6 +55,11 @@ struct ConfigEntry {
 
 #[derive(Serialize)]
 struct ResolvedEntry {
+    /// The model type its config gives (`moshi (conversation)`, `hibiki (speech
+    /// translation)`, ...).
+    model: String,
+    /// The commands that run it.
+    runs: String,
     lm_weights: PathBuf,
     layout: String,
     lm_config: String,
@@ -96,7 +101,10 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
         };
         match ModelSource::resolve(&path.to_string_lossy(), &overrides) {
             Ok(r) => {
+                let kind = moshi_model::kind::ModelKind::of(&r.lm_config);
                 out.resolved = Some(ResolvedEntry {
+                    model: kind.conventions().name.into(),
+                    runs: commands_for(kind).into(),
                     lm_weights: r.lm_weights_path,
                     layout: r.layout.as_str().into(),
                     lm_config: r.lm_config_source,
@@ -310,6 +318,7 @@ fn text(out: &InspectOutput) -> String {
     }
     if let Some(r) = &out.resolved {
         out_line!("model folder resolves to");
+        out_line!("  model       {}: {}", r.model, r.runs);
         out_line!(
             "  lm          {} ({}), config {}",
             r.lm_weights.display(),
@@ -324,4 +333,17 @@ fn text(out: &InspectOutput) -> String {
         out_line!("  tokenizer   {}", r.tokenizer.display());
     }
     s
+}
+
+/// The commands that run a model of `kind`.
+fn commands_for(kind: moshi_model::kind::ModelKind) -> &'static str {
+    use moshi_model::kind::ModelKind;
+    match kind {
+        ModelKind::Conversation => "runs with file, chat and serve (/api/chat)",
+        ModelKind::Translation => "runs with file, chat and serve (/api/chat), translating",
+        ModelKind::SpeechToText => {
+            "runs with transcribe (files, --mic) and serve (/api/asr-streaming)"
+        }
+        ModelKind::TextToSpeech => "runs with speak and serve (/api/tts_streaming)",
+    }
 }
