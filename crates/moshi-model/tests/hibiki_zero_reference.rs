@@ -11,12 +11,12 @@ use std::sync::Arc;
 
 use common::{detailed, max_abs_diff, step_alone, u32s};
 
-use moshi_loader::lm_weights::{load_lm_weights, WeightMode};
+use moshi_loader::lm_weights::WeightMode;
 use moshi_loader::{npy, LmConfig, PositionalEmbedding};
 use moshi_model::generator::{
     Generator, LmSessionSettings, SamplingConfig, StepDetails, StepInput,
 };
-use moshi_model::lm::{LmScratch, LmWeights};
+use moshi_model::lm::LmScratch;
 use moshi_model::nn::KvPrecision;
 use serde_json::Value;
 
@@ -224,22 +224,8 @@ fn batched_sessions_equal_each_session_alone() {
 /// token, and the logits within f32 rounding.
 #[test]
 fn quantized_weights_agree_with_the_same_weights_dequantized() {
-    let cfg = common::fixture_config(FIXTURE);
-    let path = common::fixture(FIXTURE, "model.safetensors");
     for (bits, group_size) in [(8, 64), (4, 32)] {
-        let mode = WeightMode::Quantize { bits, group_size };
-        let packed = LmWeights::load(&cfg, load_lm_weights(&path, &cfg, mode).unwrap()).unwrap();
-        let dense = {
-            let mut w = load_lm_weights(&path, &cfg, mode).unwrap();
-            let names: Vec<String> = w.names().map(str::to_string).collect();
-            for n in names {
-                let f32s = w.get(&n).unwrap().to_f32();
-                let shape = w.get(&n).unwrap().shape.clone();
-                let data = moshi_loader::WeightData::F32(f32s);
-                w.insert(n, moshi_loader::Weight { shape, data });
-            }
-            LmWeights::load(&cfg, w).unwrap()
-        };
+        let (packed, dense) = common::packed_and_dequantized(FIXTURE, bits, group_size);
         let a = run(&Generator::new(Arc::new(packed)), KvPrecision::F32);
         let b = run(&Generator::new(Arc::new(dense)), KvPrecision::F32);
         let mut worst = 0f32;

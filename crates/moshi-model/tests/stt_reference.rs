@@ -19,12 +19,11 @@ mod common;
 
 use common::{detailed, step_alone, u32s};
 
-use moshi_loader::lm_weights::{load_lm_weights, WeightMode};
+use moshi_loader::lm_weights::WeightMode;
 use moshi_loader::tokenizer::TextTokenizer;
 use moshi_loader::{load_mimi_weights, LmConfig, MimiConfig};
 use moshi_model::generator::{Generator, SamplingConfig, StepDetails, StepInput};
 use moshi_model::kind::ModelKind;
-use moshi_model::lm::LmWeights;
 use moshi_model::mimi::Mimi;
 use moshi_model::stt::{SttFeeding, TimedWord, WordTimer};
 use serde_json::Value;
@@ -328,22 +327,8 @@ fn quantized_weights_agree_with_the_same_weights_dequantized() {
     let fx = &TINY_STT;
     let reference = reference(fx);
     let codes = fed_codes(&reference);
-    let cfg = config(fx);
     for (bits, group_size) in [(8, 64), (4, 32)] {
-        let mode = WeightMode::Quantize { bits, group_size };
-        let path = common::fixture(fx.name, "model.safetensors");
-        let packed = LmWeights::load(&cfg, load_lm_weights(&path, &cfg, mode).unwrap()).unwrap();
-        let dense = {
-            let mut w = load_lm_weights(&path, &cfg, mode).unwrap();
-            let names: Vec<String> = w.names().map(str::to_string).collect();
-            for n in names {
-                let f32s = w.get(&n).unwrap().to_f32();
-                let shape = w.get(&n).unwrap().shape.clone();
-                let data = moshi_loader::WeightData::F32(f32s);
-                w.insert(n, moshi_loader::Weight { shape, data });
-            }
-            LmWeights::load(&cfg, w).unwrap()
-        };
+        let (packed, dense) = common::packed_and_dequantized(fx.name, bits, group_size);
         let a = run(&Generator::new(std::sync::Arc::new(packed)), &codes);
         let b = run(&Generator::new(std::sync::Arc::new(dense)), &codes);
         let mut worst = 0f32;

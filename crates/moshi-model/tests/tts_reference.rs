@@ -17,13 +17,12 @@ mod common;
 use std::sync::Arc;
 
 use common::{detailed, step_alone};
-use moshi_loader::lm_weights::{load_lm_weights, WeightMode};
+use moshi_loader::lm_weights::WeightMode;
 use moshi_loader::npy;
 use moshi_loader::tokenizer::TextTokenizer;
 use moshi_loader::voice::load_voice;
 use moshi_model::generator::{Generator, SamplingConfig, StepDetails, StepInput};
 use moshi_model::lm::embedding::ZERO_TOKEN;
-use moshi_model::lm::LmWeights;
 use moshi_model::tts::machine::Entry;
 use moshi_model::tts::script::{ScriptOptions, ScriptReader, WordEncoder};
 use moshi_model::tts::SPEAKER_CONDITIONER;
@@ -306,22 +305,8 @@ fn quantized_weights_agree_with_the_same_weights_dequantized() {
     // the packed kernels compute that quantized model: the same run with the quantized weights
     // expanded to f32 gives every token.
     let reference = reference();
-    let cfg = common::fixture_config(FIXTURE);
-    let path = common::fixture(FIXTURE, "model.safetensors");
     for (bits, group_size) in [(8, 64), (4, 32)] {
-        let mode = WeightMode::Quantize { bits, group_size };
-        let packed = LmWeights::load(&cfg, load_lm_weights(&path, &cfg, mode).unwrap()).unwrap();
-        let dense = {
-            let mut w = load_lm_weights(&path, &cfg, mode).unwrap();
-            let names: Vec<String> = w.names().map(str::to_string).collect();
-            for n in names {
-                let values = w.get(&n).unwrap().to_f32();
-                let shape = w.get(&n).unwrap().shape.clone();
-                let data = moshi_loader::WeightData::F32(values);
-                w.insert(n, moshi_loader::Weight { shape, data });
-            }
-            LmWeights::load(&cfg, w).unwrap()
-        };
+        let (packed, dense) = common::packed_and_dequantized(FIXTURE, bits, group_size);
         let (a, _) = run(&Generator::new(Arc::new(packed)), entries(&reference));
         let (b, _) = run(&Generator::new(Arc::new(dense)), entries(&reference));
         assert_eq!(a.len(), b.len(), "q{bits}: steps");

@@ -48,6 +48,8 @@ pub struct Player {
     resampler: FileResampler,
     /// Device samples (interleaved) resampled and not yet in the ring.
     resampled: Vec<f32>,
+    /// The resampler's mono output of one piece (kept: no allocation per frame).
+    mono: Vec<f32>,
     /// Device samples to queue before the first reaches the ring.
     prefill_samples: usize,
     started: bool,
@@ -75,6 +77,7 @@ impl Player {
             format,
             resampler: FileResampler::new(SAMPLE_RATE_HZ, format.sample_rate_hz)?,
             resampled: Vec::new(),
+            mono: Vec::new(),
             prefill_samples,
             started: false,
             queued_samples: 0,
@@ -88,9 +91,12 @@ impl Player {
 
     /// Queues `pcm` (24 kHz mono) for playback, waiting while the ring is full.
     pub fn play(&mut self, pcm: &[f32]) -> Result<()> {
-        let mut mono = Vec::with_capacity(pcm.len() * 2 + 4096);
+        let mut mono = std::mem::take(&mut self.mono);
+        mono.clear();
         self.resampler.push(pcm, &mut mono)?;
-        self.queue(&mono)
+        let queued = self.queue(&mono);
+        self.mono = mono;
+        queued
     }
 
     /// Plays what is queued to its end, stops the device and says what was played.

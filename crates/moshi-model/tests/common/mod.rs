@@ -35,6 +35,23 @@ pub fn fixture_file_weights(name: &str, file: &str, mode: WeightMode) -> LmWeigh
     LmWeights::load(&cfg, weights).unwrap()
 }
 
+/// The fixture's LM quantized at load (`bits`, `group_size`) twice: kept packed, and the same
+/// quantized weights expanded to f32 (what the packed kernels must compute).
+pub fn packed_and_dequantized(name: &str, bits: u32, group_size: usize) -> (LmWeights, LmWeights) {
+    let mode = WeightMode::Quantize { bits, group_size };
+    let packed = fixture_weights(name, mode);
+    let cfg = fixture_config(name);
+    let mut w = load_lm_weights(&fixture(name, "model.safetensors"), &cfg, mode).unwrap();
+    let names: Vec<String> = w.names().map(str::to_string).collect();
+    for n in names {
+        let weight = w.get(&n).unwrap();
+        let (shape, data) = (weight.shape.clone(), weight.to_f32());
+        let data = moshi_loader::WeightData::F32(data);
+        w.insert(n, moshi_loader::Weight { shape, data });
+    }
+    (packed, LmWeights::load(&cfg, w).unwrap())
+}
+
 /// A generator over the fixture's LM ([`fixture_weights`]).
 pub fn fixture_generator(name: &str, mode: WeightMode) -> Generator {
     Generator::new(Arc::new(fixture_weights(name, mode)))
