@@ -7,7 +7,7 @@
 //! DRAM as they do when a whole model is streamed every step. Threads: `MOSHI_BENCH_THREADS`
 //! (default 2); kernel:
 //! `MOSHI_BENCH_KERNEL=avx512vnni|avx512|avx2int|avx2|neondot|neon|portable` (default: detected);
-//! activations: `MOSHI_BENCH_ACTIVATIONS=exact|i8` (default exact).
+//! activations: `MOSHI_BENCH_ACTIVATIONS=exact|i16|i8` (default exact).
 //! Prints a markdown summary table at the end: speeds from wall time (mean, and the fastest
 //! sample as STREAM reports its best pass), each against the read bandwidth measured right before
 //! that case (a shared host's bandwidth drifts between cases), and from process CPU

@@ -31,7 +31,7 @@ pub struct RunInfo {
     /// The quantized-matrix kernel of q8/q4 products (`moshi_kernels::Kernel::name`, e.g.
     /// `avx512vnni`; `MOSHI_KERNEL` picks another).
     pub quant_kernel: String,
-    /// How the q4/q8 products hold their activations: `exact` or `i8` (`--activations`).
+    /// How the q4/q8 products hold their activations: `exact`, `i16` or `i8` (`--activations`).
     pub activations: String,
     /// `all`, `mimi`, `lm` or `depformer`.
     pub stage: String,

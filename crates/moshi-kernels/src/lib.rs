@@ -25,8 +25,10 @@
 //!   Accumulation is f32; the f32 kernels take the activations as they are, the VNNI and NEON
 //!   dot-product kernels as 24-bit fixed point per quantization group (within 2^-23 of each
 //!   group's largest value, the size of one f32 rounding of it).
-//!   [`ActivationPrecision::Int8`] rounds the activations to 8 bits per group instead (one byte
-//!   dot product per code vector; [`set_activation_precision`], [`round_activations_i8`]).
+//!   [`ActivationPrecision::Int16`] and [`ActivationPrecision::Int8`] round the activations per
+//!   group to two signed 8-bit digits or to one instead (two or one byte dot products per code
+//!   vector; [`set_activation_precision`], [`round_activations_two_digits`],
+//!   [`round_activations_i8`]).
 //!   [`QuantizedMatrix::matmul_reference`] is the scalar reference. [`gemm_nt_q8`] is Mimi's
 //!   few-row 8-bit product on a block of such a matrix.
 //! * [`team`]: the persistent thread team all threaded kernels run on; [`cores`]: how many
@@ -53,4 +55,4 @@ pub use matrix::{
 };
 pub use precision::{activation_precision, set_activation_precision, ActivationPrecision};
 pub use quant::q8_small::{gemm_nt_q8, Q8_GROUP_SIZES, Q8_MAX_ROWS};
-pub use quant::round_activations_i8;
+pub use quant::{round_activations_i8, round_activations_two_digits};

@@ -6,8 +6,9 @@
 //! recursive summation gives `|fast - ref| ≤ (cols + 4) · ε · Σ_j |x_j| (|q_j s| + |b|)`.
 
 use moshi_kernels::{
-    round_activations_i8, ActivationPrecision, Kernel, QuantizedMatrix, ScaleFormat, Q8_0_BLOCK,
-    Q8_0_BLOCK_BYTES, SUPPORTED_BITS, SUPPORTED_GROUP_SIZES,
+    round_activations_i8, round_activations_two_digits, ActivationPrecision, Kernel,
+    QuantizedMatrix, ScaleFormat, Q8_0_BLOCK, Q8_0_BLOCK_BYTES, SUPPORTED_BITS,
+    SUPPORTED_GROUP_SIZES,
 };
 use moshi_test_support::XorShift64Star;
 
@@ -350,11 +351,28 @@ fn a_row_the_fixed_point_cannot_hold_leaves_the_other_rows_of_the_batch_alone() 
     }
 }
 
-/// Every kernel with 8-bit activations against the scalar reference of the same rounding: the
-/// exact product of the dequantized weights with `round_activations_i8(x)`, within the f32
-/// summation bound on those values (the integer kernels' sums of codes and 8-bit values are
+/// The values a rounded activation precision multiplies (the scalar rule of each).
+fn rounded_activations(
+    precision: ActivationPrecision,
+    x: &[f32],
+    m: usize,
+    cols: usize,
+    group_size: usize,
+) -> Vec<f32> {
+    match precision {
+        ActivationPrecision::Int8 => round_activations_i8(x, m, cols, group_size),
+        ActivationPrecision::Int16 => round_activations_two_digits(x, m, cols, group_size),
+        ActivationPrecision::Exact => unreachable!("exact activations are not rounded"),
+    }
+}
+
+/// Every kernel with rounded activations (8-bit or 16-bit) against the scalar reference of the
+/// same rounding: the exact product of the dequantized weights with the rounded `x`, within the
+/// f32 summation bound on those values (the integer kernels' sums of codes and rounded values are
 /// exact; only their f32 accumulation differs from the reference's).
-fn check_i8(
+#[allow(clippy::too_many_arguments)] // the shape under test, spelled out as in `check`
+fn check_rounded(
+    precision: ActivationPrecision,
     rng: &mut XorShift64Star,
     rows: usize,
     cols: usize,
@@ -364,44 +382,38 @@ fn check_i8(
     m: usize,
 ) {
     let w = random_matrix(rng, rows, cols, bits, group_size);
-    let rounded = round_activations_i8(x, m, cols, group_size);
+    let rounded = rounded_activations(precision, x, m, cols, group_size);
     let mut want = vec![0f32; m * rows];
     w.matmul_reference(&rounded, m, &mut want);
     let bounds = error_bounds(&w, &rounded, m);
-    let what = format!("rows {rows} cols {cols} bits {bits} group {group_size} m {m}");
+    let what = format!("{precision}, rows {rows} cols {cols} bits {bits} group {group_size} m {m}");
     for kernel in Kernel::available() {
         let mut got = vec![f32::NAN; m * rows];
-        w.matmul_with(kernel, ActivationPrecision::Int8, x, m, &mut got)
-            .unwrap();
+        w.matmul_with(kernel, precision, x, m, &mut got).unwrap();
         let ratio = worst_ratio(&got, &want, &bounds);
         assert!(
             ratio <= 1.0,
-            "{} kernel, i8, {what}: error {ratio} x the bound",
+            "{} kernel, {what}: error {ratio} x the bound",
             kernel.name()
         );
         // Each row of a batch gets the bits it gets alone.
         if m > 1 {
             let mut alone = vec![f32::NAN; rows];
-            w.matmul_with(
-                kernel,
-                ActivationPrecision::Int8,
-                &x[cols..2 * cols],
-                1,
-                &mut alone,
-            )
-            .unwrap();
+            w.matmul_with(kernel, precision, &x[cols..2 * cols], 1, &mut alone)
+                .unwrap();
             assert_eq!(
                 &got[rows..2 * rows],
                 &alone[..],
-                "{} kernel, i8, {what}",
+                "{} kernel, {what}",
                 kernel.name()
             );
         }
     }
 }
 
-#[test]
-fn every_kernel_with_8_bit_activations_matches_the_reference_of_the_same_rounding() {
+/// [`check_rounded`] on the shape grid, then on magnitudes from 1e-29 to 1e29 in a row (groups
+/// far apart).
+fn rounded_activations_match_the_reference(precision: ActivationPrecision) {
     let mut rng = XorShift64Star::new(0x0123_4567_89ab_cdef);
     for bits in SUPPORTED_BITS {
         for group_size in SUPPORTED_GROUP_SIZES {
@@ -409,14 +421,12 @@ fn every_kernel_with_8_bit_activations_matches_the_reference_of_the_same_roundin
                 for cols in [group_size, 3 * group_size, 4 * 128 + group_size] {
                     for m in [1, 2, 5] {
                         let x: Vec<f32> = (0..m * cols).map(|_| rng.uniform(-1.0, 1.0)).collect();
-                        check_i8(&mut rng, rows, cols, bits, group_size, &x, m);
+                        check_rounded(precision, &mut rng, rows, cols, bits, group_size, &x, m);
                     }
                 }
             }
         }
     }
-    // Magnitudes from 1e-29 to 1e29 in a row (groups far apart), and a row holding a NaN in a
-    // batch (it runs exact, alone; the others are rounded).
     for (bits, group_size) in [(4, 32), (4, 64), (8, 64)] {
         let cols = 4 * 128 + group_size;
         let x: Vec<f32> = (0..2 * cols)
@@ -429,8 +439,18 @@ fn every_kernel_with_8_bit_activations_matches_the_reference_of_the_same_roundin
                 }
             })
             .collect();
-        check_i8(&mut rng, 9, cols, bits, group_size, &x, 2);
+        check_rounded(precision, &mut rng, 9, cols, bits, group_size, &x, 2);
     }
+}
+
+#[test]
+fn every_kernel_with_8_bit_activations_matches_the_reference_of_the_same_rounding() {
+    rounded_activations_match_the_reference(ActivationPrecision::Int8);
+}
+
+#[test]
+fn every_kernel_with_16_bit_activations_matches_the_reference_of_the_same_rounding() {
+    rounded_activations_match_the_reference(ActivationPrecision::Int16);
 }
 
 #[test]
@@ -449,10 +469,11 @@ fn eight_bit_activations_round_each_group_and_leave_rows_they_cannot_hold() {
     assert_eq!(rounded[cols..cols + 3], x[cols..cols + 3]);
     let w = random_matrix(&mut XorShift64Star::new(7), 5, cols, 4, 64);
     for kernel in Kernel::available() {
-        let mut y = vec![0f32; 2 * 5];
-        w.matmul_with(kernel, ActivationPrecision::Int8, &x, 2, &mut y)
-            .unwrap();
-        assert!(y[..5].iter().all(|v| v.is_finite()) && y[5..].iter().all(|v| v.is_nan()));
+        for precision in [ActivationPrecision::Int8, ActivationPrecision::Int16] {
+            let mut y = vec![0f32; 2 * 5];
+            w.matmul_with(kernel, precision, &x, 2, &mut y).unwrap();
+            assert!(y[..5].iter().all(|v| v.is_finite()) && y[5..].iter().all(|v| v.is_nan()));
+        }
     }
 }
 

@@ -111,9 +111,9 @@ pub struct BenchArgs {
     /// Element type of the temporal KV caches: f32 (exact, default) or bf16 (half the bytes).
     #[arg(long, value_name = "f32|bf16", default_value_t = KvPrecision::F32)]
     kv_cache: KvPrecision,
-    /// How the q4/q8 products hold their activations: exact (default) or i8 (rounded to 8 bits
-    /// per quantization group, one byte dot product per code vector).
-    #[arg(long, value_name = "exact|i8", default_value_t = ActivationPrecision::Exact)]
+    /// How the q4/q8 products hold their activations: exact (default), i16 (rounded per
+    /// quantization group to 16 bits: two byte dot products per code vector) or i8 (8 bits: one).
+    #[arg(long, value_name = "exact|i16|i8", default_value_t = ActivationPrecision::Exact)]
     activations: ActivationPrecision,
     /// Conversations stepped together over one set of weights, as `serve` runs them: every
     /// frame is one batched step of all of them (stages all and lm). The report gives the

@@ -53,10 +53,11 @@ pub struct ModelArgs {
     /// live commands (chat, serve), as Kyutai's own runtimes do; f32 for file.
     #[arg(long, value_name = "f32|bf16")]
     pub kv_cache: Option<KvPrecision>,
-    /// How the LM's q4/q8 products hold their activations: exact, or i8 (rounded to 8 bits per
-    /// quantization group, one byte dot product per code vector). Default: exact for every
-    /// command (docs/performance.md, "8-bit activations", says why).
-    #[arg(long, value_name = "exact|i8")]
+    /// How the LM's q4/q8 products hold their activations: exact, i16 (rounded per quantization
+    /// group to 16 bits: two byte dot products per code vector instead of three) or i8 (to 8
+    /// bits: one). Default: exact for every command (docs/performance.md, "Rounded
+    /// activations", says why).
+    #[arg(long, value_name = "exact|i16|i8")]
     pub activations: Option<ActivationPrecision>,
 }
 

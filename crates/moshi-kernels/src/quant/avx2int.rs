@@ -25,8 +25,8 @@ use std::arch::x86_64::*;
 
 use crate::quant::avx2::{ffma, fload, fmul, fstore, fsum, fzero, widen_scales};
 use crate::quant::fixed_point::{
-    arrange_rows, group_unit_exp, pow2, run_tiles, DigitTile, RowLayout, RowScale, DIGITS,
-    I8_DIGITS,
+    arrange_rows, group_unit_exp, held_group_sum, pow2, run_tiles, DigitTile, RowLayout, RowScale,
+    DIGITS, I8_DIGITS, TWO_DIGITS,
 };
 use crate::quant::lanes::lane_groups;
 use crate::quant::{CodePrefetch, RowRangeFn};
@@ -50,9 +50,6 @@ const PER_LANE: usize = 8;
 /// Byte vectors per digit and block: the low and high nibbles of the codes.
 const PLANES: usize = 2;
 
-/// Digit bytes per block of arranged activations.
-const BLOCK_DIGIT_BYTES: usize = DIGITS * PLANES * BLOCK_BYTES;
-
 /// Weight rows per pass of a matrix-vector product, from that many far-apart parts of the range,
 /// each digit load shared by them. Four on long rows (as the f32 lane kernel takes) measured
 /// slower than two in `kernel_ab` against the f32 kernel on an AVX2-only host
@@ -65,12 +62,16 @@ pub(crate) fn available() -> bool {
 }
 
 /// `Some` for 4-bit codes in groups of 32, 64 or 128, with activations of `digits` digits
-/// (`fixed_point::DIGITS`, exact, or `fixed_point::I8_DIGITS`, 8-bit).
+/// (`fixed_point::DIGITS`, exact, `fixed_point::TWO_DIGITS`, 16-bit, or
+/// `fixed_point::I8_DIGITS`, 8-bit).
 pub(crate) fn select(bits: u32, group_size: usize, digits: usize) -> Option<RowRangeFn> {
     match (bits, group_size, digits) {
         (4, 32, DIGITS) => Some(rows::<32, DIGITS> as RowRangeFn),
         (4, 64, DIGITS) => Some(rows::<64, DIGITS>),
         (4, 128, DIGITS) => Some(rows::<128, DIGITS>),
+        (4, 32, TWO_DIGITS) => Some(rows::<32, TWO_DIGITS>),
+        (4, 64, TWO_DIGITS) => Some(rows::<64, TWO_DIGITS>),
+        (4, 128, TWO_DIGITS) => Some(rows::<128, TWO_DIGITS>),
         (4, 32, I8_DIGITS) => Some(rows::<32, I8_DIGITS>),
         (4, 64, I8_DIGITS) => Some(rows::<64, I8_DIGITS>),
         (4, 128, I8_DIGITS) => Some(rows::<128, I8_DIGITS>),
@@ -79,11 +80,8 @@ pub(crate) fn select(bits: u32, group_size: usize, digits: usize) -> Option<RowR
 }
 
 /// The VNNI kernel's row layout, whose units and group sums are padded to its 16 lanes.
-fn row_layout(cols: usize, group_size: usize) -> RowLayout {
-    layout(cols, group_size, DIGITS)
-}
 
-/// [`row_layout`] for activations of `digits` digits.
+/// The arranged row of this kernel, activations of `digits` digits.
 pub(crate) fn layout(cols: usize, group_size: usize, digits: usize) -> RowLayout {
     RowLayout::new(cols, group_size, BLOCK_COLS, 2 * LANES, digits)
 }
@@ -99,13 +97,14 @@ pub(crate) fn arrange_activations(
     m: usize,
     cols: usize,
     group_size: usize,
+    digits: usize,
 ) -> Option<Vec<f32>> {
     assert!(
         available(),
         "AVX2 integer kernel called on a CPU without it"
     );
     assert!(group_size.is_multiple_of(16) && cols.is_multiple_of(group_size));
-    let layout = row_layout(cols, group_size);
+    let layout = layout(cols, group_size, digits);
     arrange_rows(x, m, cols, layout, |row, dst| {
         // SAFETY: the CPU has the features (asserted above); rows of `cols`, a multiple of the
         // group size (a multiple of 16); `dst` laid out for them.
@@ -174,22 +173,34 @@ unsafe fn arrange_row(row: &[f32], dst: &mut [f32], group_size: usize, layout: R
             let v = unsafe { _mm256_loadu_ps(v.as_ptr()) };
             group_max = _mm256_max_ps(group_max, _mm256_and_ps(v, abs_mask));
         }
-        let unit_exp = group_unit_exp(max_lane(group_max) * pow2(-row_exp));
+        let unit_exp = group_unit_exp(max_lane(group_max) * pow2(-row_exp), layout.digits);
         units[g] = pow2(unit_exp);
         let inverse_unit = _mm256_set1_ps(pow2(-unit_exp));
+        let mut n_total = 0;
         for (k, v) in group.chunks_exact(8).enumerate() {
             // SAFETY: 8 floats.
             let v = unsafe { _mm256_loadu_ps(v.as_ptr()) };
             // Exact scalings by powers of two, then one rounding (to nearest even, the default
-            // rounding mode): |n| ≤ DIGITS_MAX by the choice of the unit.
+            // rounding mode): |n| ≤ `digits_max` of the layout's digits by the choice of the unit.
             let n = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(v, row_scale), inverse_unit));
+            if layout.digits < DIGITS {
+                let mut lanes = [0i32; 8];
+                // SAFETY: 8 i32.
+                unsafe { _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, n) };
+                n_total += lanes.iter().sum::<i32>();
+            }
             let n1 = above_low_digit(n);
             let n2 = above_low_digit(n1);
             // Eight columns: one lane of a block, c a multiple of 8.
             let col = g * group_size + k * 8;
             let (block, c) = (col / BLOCK_COLS, col % BLOCK_COLS);
-            let lane_at = block * BLOCK_DIGIT_BYTES + (c / PER_LANE) * 4;
-            for (d, value) in [n2, n1, n].into_iter().enumerate() {
+            let lane_at = block * layout.block_digit_bytes() + (c / PER_LANE) * 4;
+            // The layout's digits of [n2, n1, n]: the top one is zero at two digits.
+            for (d, value) in [n2, n1, n][DIGITS - layout.digits..]
+                .iter()
+                .copied()
+                .enumerate()
+            {
                 let mut lanes = [0i32; 8];
                 // SAFETY: 8 i32.
                 unsafe { _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, value) };
@@ -200,6 +211,9 @@ unsafe fn arrange_row(row: &[f32], dst: &mut [f32], group_size: usize, layout: R
                     unsafe { *digits.add(at) = *v as u8 };
                 }
             }
+        }
+        if layout.digits < DIGITS {
+            sums[g] = held_group_sum(n_total, units[g], pow2(row_exp));
         }
     }
     true
@@ -425,7 +439,7 @@ mod tests {
         }
         checks::arrangement_follows_the_rule(
             arrange_activations,
-            row_layout,
+            layout,
             checks::GroupSums::ColumnOrder,
         );
     }
@@ -440,10 +454,11 @@ mod tests {
         let x: Vec<f32> = (0..2 * 320)
             .map(|j| ((j * 7919) % 1013) as f32 * 1e-3 - 0.5)
             .collect();
-        for group_size in [32, 64] {
-            let layout = row_layout(320, group_size);
-            let ours = arrange_activations(&x, 2, 320, group_size).unwrap();
-            let vnni = crate::quant::vnni::arrange_activations(&x, 2, 320, group_size).unwrap();
+        for (group_size, digits) in [(32, DIGITS), (64, DIGITS), (64, TWO_DIGITS)] {
+            let layout = layout(320, group_size, digits);
+            let ours = arrange_activations(&x, 2, 320, group_size, digits).unwrap();
+            let vnni =
+                crate::quant::vnni::arrange_activations(&x, 2, 320, group_size, digits).unwrap();
             for (a, b) in ours
                 .chunks_exact(layout.stride)
                 .zip(vnni.chunks_exact(layout.stride))
@@ -464,6 +479,6 @@ mod tests {
         if !available() {
             return;
         }
-        checks::refuses_what_it_cannot_hold(arrange_activations, row_layout);
+        checks::refuses_what_it_cannot_hold(arrange_activations, layout);
     }
 }

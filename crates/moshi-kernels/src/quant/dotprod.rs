@@ -31,8 +31,8 @@ use std::arch::aarch64::*;
 use std::arch::asm;
 
 use crate::quant::fixed_point::{
-    arrange_rows, group_unit_exp, pow2, run_tiles, DigitTile, RowLayout, RowScale, DIGITS,
-    I8_DIGITS,
+    arrange_rows, group_unit_exp, held_group_sum, pow2, run_tiles, DigitTile, RowLayout, RowScale,
+    DIGITS, I8_DIGITS, TWO_DIGITS,
 };
 use crate::quant::neon::{ffma, fload, fmul, fstore, fsum, fzero, widen_scales};
 use crate::quant::{CodePrefetch, RowRangeFn};
@@ -50,9 +50,6 @@ const BLOCK_COLS: usize = 32;
 /// Byte vectors per digit and block: the low and high nibbles of the codes.
 const PLANES: usize = 2;
 
-/// Digit bytes per block of arranged activations.
-const BLOCK_DIGIT_BYTES: usize = DIGITS * PLANES * BLOCK_BYTES;
-
 /// Weight rows per pass of a matrix-vector product, taken from that many equal parts of the rows
 /// so that their code streams lie far apart, each digit load shared by them. Two, as the VNNI
 /// kernel measured best for rows whose activations stay in L1 (which on Apple's 128 KiB L1d is
@@ -65,12 +62,16 @@ fn available() -> bool {
 }
 
 /// `Some` for 4-bit codes in groups of 32, 64 or 128, with activations of `digits` digits
-/// (`fixed_point::DIGITS`, exact, or `fixed_point::I8_DIGITS`, 8-bit).
+/// (`fixed_point::DIGITS`, exact, `fixed_point::TWO_DIGITS`, 16-bit, or
+/// `fixed_point::I8_DIGITS`, 8-bit).
 pub(crate) fn select(bits: u32, group_size: usize, digits: usize) -> Option<RowRangeFn> {
     match (bits, group_size, digits) {
         (4, 32, DIGITS) => Some(rows::<32, DIGITS> as RowRangeFn),
         (4, 64, DIGITS) => Some(rows::<64, DIGITS>),
         (4, 128, DIGITS) => Some(rows::<128, DIGITS>),
+        (4, 32, TWO_DIGITS) => Some(rows::<32, TWO_DIGITS>),
+        (4, 64, TWO_DIGITS) => Some(rows::<64, TWO_DIGITS>),
+        (4, 128, TWO_DIGITS) => Some(rows::<128, TWO_DIGITS>),
         (4, 32, I8_DIGITS) => Some(rows::<32, I8_DIGITS>),
         (4, 64, I8_DIGITS) => Some(rows::<64, I8_DIGITS>),
         (4, 128, I8_DIGITS) => Some(rows::<128, I8_DIGITS>),
@@ -78,11 +79,7 @@ pub(crate) fn select(bits: u32, group_size: usize, digits: usize) -> Option<RowR
     }
 }
 
-fn row_layout(cols: usize, group_size: usize) -> RowLayout {
-    layout(cols, group_size, DIGITS)
-}
-
-/// [`row_layout`] for activations of `digits` digits.
+/// The arranged row of this kernel, activations of `digits` digits.
 pub(crate) fn layout(cols: usize, group_size: usize, digits: usize) -> RowLayout {
     RowLayout::new(cols, group_size, BLOCK_COLS, LANES, digits)
 }
@@ -98,13 +95,14 @@ pub(crate) fn arrange_activations(
     m: usize,
     cols: usize,
     group_size: usize,
+    digits: usize,
 ) -> Option<Vec<f32>> {
     assert!(
         available(),
         "NEON dot-product kernel called on a CPU without it"
     );
     assert!(group_size.is_multiple_of(BLOCK_COLS) && cols.is_multiple_of(group_size));
-    let layout = row_layout(cols, group_size);
+    let layout = layout(cols, group_size, digits);
     arrange_rows(x, m, cols, layout, |row, dst| {
         // SAFETY: NEON is part of aarch64; rows of `cols`, a multiple of the group size (a
         // multiple of 32); `dst` laid out for them.
@@ -167,24 +165,33 @@ unsafe fn arrange_row(row: &[f32], dst: &mut [f32], group_size: usize, layout: R
             // SAFETY: 4 floats.
             group_max = vmaxq_f32(group_max, vabsq_f32(unsafe { vld1q_f32(v.as_ptr()) }));
         }
-        let unit_exp = group_unit_exp(vmaxvq_f32(group_max) * pow2(-row_exp));
+        let unit_exp = group_unit_exp(vmaxvq_f32(group_max) * pow2(-row_exp), layout.digits);
         units[g] = pow2(unit_exp);
         let inverse_unit = vdupq_n_f32(pow2(-unit_exp));
+        let mut n_total = 0;
         for (k, sixteen) in group.chunks_exact(16).enumerate() {
             // Exact scalings by powers of two, then one rounding (to nearest even): |n| ≤
-            // DIGITS_MAX by the choice of the unit.
+            // `digits_max` of the layout's digits by the choice of the unit.
             let n: [int32x4_t; 4] = std::array::from_fn(|q| {
                 // SAFETY: 4 of the 16 floats.
                 let v = unsafe { vld1q_f32(sixteen.as_ptr().add(4 * q)) };
                 vcvtnq_s32_f32(vmulq_f32(vmulq_f32(v, row_scale), inverse_unit))
             });
+            if layout.digits < DIGITS {
+                n_total += n.iter().map(|&n| vaddvq_s32(n)).sum::<i32>();
+            }
             let n1 = n.map(|n| above_low_digit(n));
             let n2 = n1.map(|n| above_low_digit(n));
             let col = g * group_size + k * 16;
             let (block, c) = (col / BLOCK_COLS, col % BLOCK_COLS);
-            for (d, value) in [n2, n1, n].into_iter().enumerate() {
+            // The layout's digits of [n2, n1, n]: the top one is zero at two digits.
+            for (d, value) in [n2, n1, n][DIGITS - layout.digits..]
+                .iter()
+                .copied()
+                .enumerate()
+            {
                 let bytes = low_bytes(value);
-                let at = block * BLOCK_DIGIT_BYTES + d * plane_stride + c / 2;
+                let at = block * layout.block_digit_bytes() + d * plane_stride + c / 2;
                 // SAFETY: inside block `block` of the digit part (layout): bytes c/2..c/2 + 8 of
                 // both planes of digit d.
                 unsafe {
@@ -195,6 +202,9 @@ unsafe fn arrange_row(row: &[f32], dst: &mut [f32], group_size: usize, layout: R
                     );
                 }
             }
+        }
+        if layout.digits < DIGITS {
+            sums[g] = held_group_sum(n_total, units[g], pow2(row_exp));
         }
     }
     true
@@ -394,7 +404,7 @@ mod tests {
         }
         checks::arrangement_follows_the_rule(
             arrange_activations,
-            row_layout,
+            layout,
             checks::GroupSums::ColumnOrder,
         );
     }
@@ -404,6 +414,6 @@ mod tests {
         if !available() {
             return;
         }
-        checks::refuses_what_it_cannot_hold(arrange_activations, row_layout);
+        checks::refuses_what_it_cannot_hold(arrange_activations, layout);
     }
 }

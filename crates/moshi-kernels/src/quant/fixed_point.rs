@@ -1,38 +1,47 @@
-//! The 24-bit fixed point in which the integer kernels (x86-64 VNNI and AVX2 integer, aarch64 dot
-//! product) hold activations, one rule for all: a row is scaled by the power of two `2^-e` that
-//! brings its largest magnitude into [1, 2); each quantization group `g` gets a unit `u_g`, the
-//! power of two 22 binades below its largest scaled magnitude (one binade higher when that
-//! largest value would round past [`DIGITS_MAX`]), never below `2^MIN_UNIT_EXP`; every value
-//! becomes the integer `n = round_ties_even(x · 2^-e / u_g)`, `|n| ≤ DIGITS_MAX`, held as three
-//! signed base-256 digits. So each activation is held to within half a unit: at most `2^-23` of
-//! its group's largest magnitude, the size of one f32 rounding of that value. Rows holding a NaN,
-//! an infinity or only subnormal magnitudes cannot be held (the kernels then use their f32
-//! sibling).
+//! The fixed point in which the integer kernels (x86-64 VNNI and AVX2 integer, aarch64 dot
+//! product) hold activations, one rule for all, in `D` signed base-256 digits: three (24 bits,
+//! exact: [`DIGITS`]) or two (16 bits, [`crate::ActivationPrecision::Int16`]: [`TWO_DIGITS`]).
+//! A row is scaled by the power of two `2^-e` that brings its largest magnitude into [1, 2); each
+//! quantization group `g` gets a unit `u_g`, the power of two `8·D - 2` binades below its largest
+//! scaled magnitude (one binade higher when that largest value would round past
+//! `digits_max(D)`), never below `2^MIN_UNIT_EXP`; every value becomes the integer
+//! `n = round_ties_even(x · 2^-e / u_g)`, `|n| ≤ digits_max(D)`, held as `D` signed base-256
+//! digits. So each activation is held to within half a unit: at most `2^-(8·D - 1)` of its
+//! group's largest magnitude (`2^-23` with three digits, the size of one f32 rounding of that
+//! value). Rows holding a NaN, an infinity or only subnormal magnitudes cannot be held (the
+//! kernels then use their f32 sibling).
 //!
-//! This module is the rule itself, in scalar form, which the kernels' arrangement tests check
-//! their vector arrangements against (`checks`, built for tests), and what the kernels share
-//! around their vector code: the arranged row's layout ([`RowLayout`], [`arrange_rows`]), the
-//! frame of their tiles ([`DigitTiles`], [`TileFrame`]: the factor windows, the row scale and the
-//! bias terms around each kernel's block loop, [`DigitTile`]) and the factor windows'
-//! preparation in each instruction set (`digit_tile_frame!`).
+//! This module is the rule itself, in scalar form (the unit's exponent is `quant::scale`'s), which
+//! the kernels' arrangement tests check their vector arrangements against (`checks`, built for
+//! tests), and what the kernels share around their vector code: the arranged row's layout
+//! ([`RowLayout`], [`arrange_rows`]), the frame of their tiles ([`DigitTiles`], [`TileFrame`]: the
+//! factor windows, the row scale and the bias terms around each kernel's block loop, [`DigitTile`])
+//! and the factor windows' preparation in each instruction set (`digit_tile_frame!`).
 
 use std::marker::PhantomData;
 
 use crate::quant::int8::{i8_groups, i8_row_exp};
 use crate::quant::passes::{run_passes, Tiles, MATMUL_ROWS};
-pub(crate) use crate::quant::scale::{binade, pow2, RowScale, MIN_UNIT_EXP};
+#[cfg(test)]
+use crate::quant::scale::{binade, digits_max, MIN_UNIT_EXP};
+pub(crate) use crate::quant::scale::{group_unit_exp, pow2, RowScale};
+#[cfg(test)]
+use crate::quant::two_digits::round_activations_two_digits;
 use crate::quant::{CodePrefetch, SCALE_PREFETCH_ROWS};
 use crate::QuantizedMatrix;
 
 /// Signed 8-bit digits per activation of the exact fixed point.
 pub(crate) const DIGITS: usize = 3;
 
+pub(crate) use crate::quant::two_digits::TWO_DIGITS;
+
 /// Signed 8-bit digits per activation in the 8-bit activation mode
 /// ([`crate::ActivationPrecision::Int8`], the rule of `quant::int8`).
 pub(crate) const I8_DIGITS: usize = 1;
 
 /// Largest `|n|` three signed 8-bit digits hold: `127 · (2^16 + 2^8 + 1)`.
-pub(crate) const DIGITS_MAX: f32 = 8_355_711.0;
+#[cfg(test)]
+pub(crate) const DIGITS_MAX: f32 = digits_max(DIGITS);
 
 /// Whether the fixed point can hold `row` (finite values whose largest magnitude is zero or
 /// normal): the test the kernels' arrangements make, for callers that decide before arranging.
@@ -42,18 +51,11 @@ pub(crate) fn holds_row(row: &[f32]) -> bool {
     RowScale::of_row(max_abs, has_nan).is_some()
 }
 
-/// The exponent of a group's unit, given the group's largest magnitude after the row scaling
-/// (`< 2`).
-pub(crate) fn group_unit_exp(scaled_group_max: f32) -> i32 {
-    let mut unit_exp = if scaled_group_max >= pow2(MIN_UNIT_EXP + 22) {
-        binade(scaled_group_max) - 22
-    } else {
-        MIN_UNIT_EXP
-    };
-    if (scaled_group_max * pow2(-unit_exp)).round_ties_even() > DIGITS_MAX {
-        unit_exp += 1;
-    }
-    unit_exp
+/// A group's sum as the rounded activation modes hold it, `Σ n · u_g · 2^e`, from the exact
+/// integer `Σ n` (below `2^24`: at most 128 values of `|n| ≤ 32 639`), the unit `u_g` and the
+/// row scale `2^e`: their bias terms multiply the rounded values, as their f32 kernels do.
+pub(crate) fn held_group_sum(n_total: i32, unit: f32, unscale: f32) -> f32 {
+    n_total as f32 * unit * unscale
 }
 
 /// One row of activations in the 8-bit activation mode into the zeroed `dst` laid out by
@@ -86,7 +88,7 @@ pub(crate) fn arrange_row_i8(
             total += n as i32;
         }
         units[g] = unit;
-        sums[g] = total as f32 * unit * unscale;
+        sums[g] = held_group_sum(total, unit, unscale);
     });
     true
 }
@@ -94,6 +96,9 @@ pub(crate) fn arrange_row_i8(
 /// Where the parts of one arranged activation row of an integer kernel lie, in f32 slots: the
 /// digit blocks, then each group's unit, each group's f32 sum (both zero-padded to whole vectors),
 /// then the row's scale `2^e` (one vector, first lane used).
+///
+/// The group sums are the f32 sums of the given values with exact activations (three digits), of
+/// the held values ([`held_group_sum`]) with fewer.
 ///
 /// The digits are laid out alike in every kernel, which differ only in the width of a block
 /// (`block_cols` columns, as many as a vector of 4-bit codes holds): per block and digit (most
@@ -516,11 +521,14 @@ pub(crate) mod checks {
 
     use super::*;
 
-    /// A kernel's `arrange_activations(x, m, cols, group_size)`.
-    pub(crate) type Arrange = fn(&[f32], usize, usize, usize) -> Option<Vec<f32>>;
+    /// A kernel's `arrange_activations(x, m, cols, group_size, digits)`.
+    pub(crate) type Arrange = fn(&[f32], usize, usize, usize, usize) -> Option<Vec<f32>>;
 
-    /// A kernel's row layout for `(cols, group_size)`.
-    pub(crate) type LayoutOf = fn(usize, usize) -> RowLayout;
+    /// A kernel's row layout for `(cols, group_size, digits)`.
+    pub(crate) type LayoutOf = fn(usize, usize, usize) -> RowLayout;
+
+    /// The digit counts of the fixed point the integer kernels arrange (exact and 16-bit).
+    pub(crate) const FIXED_POINT_DIGITS: [usize; 2] = [DIGITS, TWO_DIGITS];
 
     /// How a kernel's arrangement adds each group's f32 sum.
     pub(crate) enum GroupSums {
@@ -551,32 +559,40 @@ pub(crate) mod checks {
         }
     }
 
-    /// Each column's three digits, read back from an arranged row of `cols` columns.
-    pub(crate) fn digits_of(arranged: &[f32], layout: RowLayout, cols: usize) -> Vec<[i8; DIGITS]> {
+    /// Each column's digits (as many as the layout holds, the most significant first), read
+    /// back from an arranged row of `cols` columns.
+    pub(crate) fn digits_of(arranged: &[f32], layout: RowLayout, cols: usize) -> Vec<Vec<i8>> {
         let bytes: Vec<i8> = arranged[..layout.digits_len]
             .iter()
             .flat_map(|v| v.to_le_bytes())
             .map(|b| b as i8)
             .collect();
         (0..cols)
-            .map(|col| std::array::from_fn(|d| bytes[layout.digit_byte(col, d)]))
+            .map(|col| {
+                (0..layout.digits)
+                    .map(|d| bytes[layout.digit_byte(col, d)])
+                    .collect()
+            })
             .collect()
     }
 
     /// Rows whose magnitudes spread over 2^±40 (so groups differ widely), two per arrangement,
-    /// for every group size the kernels take: each arranged row holds the rule's row scale, and
-    /// for each group its unit, its f32 sum and each column's digits.
+    /// for every group size the kernels take and both digit counts: each arranged row holds the
+    /// rule's row scale, and for each group its unit, its f32 sum and each column's digits.
     pub(crate) fn arrangement_follows_the_rule(
         arrange: Arrange,
         layout_of: LayoutOf,
         group_sums: GroupSums,
     ) {
         let mut spread = SpreadValues::new();
-        for group_size in [32, 64, 128] {
+        for (group_size, digit_count) in [32, 64, 128]
+            .into_iter()
+            .flat_map(|g| FIXED_POINT_DIGITS.map(|d| (g, d)))
+        {
             let cols = 3 * 128 + group_size;
             let x = spread.take(2 * cols);
-            let arranged = arrange(&x, 2, cols, group_size).unwrap();
-            let layout = layout_of(cols, group_size);
+            let arranged = arrange(&x, 2, cols, group_size, digit_count).unwrap();
+            let layout = layout_of(cols, group_size, digit_count);
             assert_eq!(arranged.len(), 2 * layout.stride);
             for (row, arranged) in x
                 .chunks_exact(cols)
@@ -588,10 +604,13 @@ pub(crate) mod checks {
                 let got = digits_of(arranged, layout, cols);
                 for (g, group) in row.chunks_exact(group_size).enumerate() {
                     let group_max = group.iter().fold(0f32, |m, v| m.max(v.abs()));
-                    let unit_exp = group_unit_exp(group_max * pow2(-row_exp));
+                    let unit_exp = group_unit_exp(group_max * pow2(-row_exp), digit_count);
                     assert_eq!(arranged[layout.units_offset + g], pow2(unit_exp));
                     let sum = arranged[layout.sums_offset + g];
+                    let n_total = group.iter().map(|&v| fixed(v, row_exp, unit_exp)).sum();
+                    let held = held_group_sum(n_total, pow2(unit_exp), pow2(row_exp));
                     match group_sums {
+                        _ if digit_count < DIGITS => assert_eq!(sum, held, "group {g}"),
                         GroupSums::ColumnOrder => assert_eq!(
                             sum,
                             group.iter().sum::<f32>(),
@@ -609,10 +628,13 @@ pub(crate) mod checks {
                     }
                     for (j, &v) in group.iter().enumerate() {
                         let want = digits(fixed(v, row_exp, unit_exp));
+                        // The digits above the kept ones are zero: |n| ≤ digits_max(D).
+                        let (above, kept) = want.split_at(DIGITS - digit_count);
+                        assert!(above.iter().all(|d| *d == 0), "{v}: {want:?}");
                         assert_eq!(
                             got[g * group_size + j],
-                            want,
-                            "column {j} of group {g}: {v}"
+                            kept,
+                            "{digit_count} digits, column {j} of group {g}: {v}"
                         );
                     }
                 }
@@ -623,21 +645,23 @@ pub(crate) mod checks {
     /// A NaN or an infinity anywhere, or only subnormal magnitudes, refuse the arrangement; a row
     /// of zeros is arranged as zero digits with the row scale 1.
     pub(crate) fn refuses_what_it_cannot_hold(arrange: Arrange, layout_of: LayoutOf) {
-        let mut x = vec![0.5f32; 64];
-        assert!(arrange(&x, 1, 64, 32).is_some());
-        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
-            x[17] = bad;
-            assert!(arrange(&x, 1, 64, 32).is_none(), "{bad}");
+        for digit_count in FIXED_POINT_DIGITS {
+            let mut x = vec![0.5f32; 64];
+            assert!(arrange(&x, 1, 64, 32, digit_count).is_some());
+            for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                x[17] = bad;
+                assert!(arrange(&x, 1, 64, 32, digit_count).is_none(), "{bad}");
+            }
+            let subnormal = vec![1e-40f32; 64];
+            assert!(arrange(&subnormal, 1, 64, 32, digit_count).is_none());
+            let zeros = vec![0f32; 64];
+            let arranged = arrange(&zeros, 1, 64, 32, digit_count).unwrap();
+            let layout = layout_of(64, 32, digit_count);
+            assert!(digits_of(&arranged, layout, 64)
+                .iter()
+                .all(|d| d.len() == digit_count && d.iter().all(|d| *d == 0)));
+            assert_eq!(arranged[layout.unscale_offset], 1.0);
         }
-        let subnormal = vec![1e-40f32; 64];
-        assert!(arrange(&subnormal, 1, 64, 32).is_none());
-        let zeros = vec![0f32; 64];
-        let arranged = arrange(&zeros, 1, 64, 32).unwrap();
-        let layout = layout_of(64, 32);
-        assert!(digits_of(&arranged, layout, 64)
-            .iter()
-            .all(|d| *d == [0; 3]));
-        assert_eq!(arranged[layout.unscale_offset], 1.0);
     }
 }
 
@@ -727,7 +751,7 @@ mod tests {
             };
             for group in row.chunks_exact(32) {
                 let group_max = group.iter().fold(0f32, |m, v| m.max(v.abs()));
-                let unit_exp = group_unit_exp(group_max * pow2(-e));
+                let unit_exp = group_unit_exp(group_max * pow2(-e), DIGITS);
                 let unit = 2f64.powi(unit_exp + e);
                 assert!(unit < 2.0 * group_max as f64 / DIGITS_MAX as f64 || unit_exp == -100);
                 for &v in group {
@@ -737,6 +761,40 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn two_digits_round_each_value_to_within_half_a_unit_of_at_most_2_pow_minus_15_of_its_group_max(
+    ) {
+        let mut spread = checks::SpreadValues::new();
+        assert_eq!(digits_max(TWO_DIGITS), 32_639.0);
+        for _ in 0..100 {
+            let mut row = spread.take(256);
+            row[7] = 0.0;
+            let rounded = round_activations_two_digits(&row, 1, 256, 32);
+            let max = row.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let e = binade(max);
+            for (group, held) in row.chunks_exact(32).zip(rounded.chunks_exact(32)) {
+                let group_max = group.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let unit_exp = group_unit_exp(group_max * pow2(-e), TWO_DIGITS);
+                let unit = 2f64.powi(unit_exp + e);
+                assert!(
+                    unit < 2.0 * group_max as f64 / digits_max(TWO_DIGITS) as f64
+                        || unit_exp == MIN_UNIT_EXP
+                );
+                for (&v, &r) in group.iter().zip(held) {
+                    let n = fixed(v, e, unit_exp);
+                    assert!(n.unsigned_abs() <= digits_max(TWO_DIGITS) as u32);
+                    assert_eq!(r as f64, n as f64 * unit, "{v}");
+                    assert!((r as f64 - v as f64).abs() <= unit / 2.0, "{v}");
+                }
+            }
+        }
+        // Rows it cannot hold are copied as they are.
+        let mut row = vec![0.25f32; 64];
+        row[9] = f32::NAN;
+        let held = round_activations_two_digits(&row, 1, 64, 32);
+        assert!(held[9].is_nan() && held[..9].iter().all(|v| *v == 0.25));
     }
 
     #[test]
@@ -753,7 +811,7 @@ mod tests {
         assert!(!holds_row(&[1e-40, -1e-39]));
         // Small integers are held exactly: 100 in a group whose largest is 100.
         let e = binade(100.0);
-        let unit_exp = group_unit_exp(100.0 * pow2(-e));
+        let unit_exp = group_unit_exp(100.0 * pow2(-e), DIGITS);
         assert_eq!(
             fixed(100.0, e, unit_exp) as f64 * 2f64.powi(unit_exp + e),
             100.0

@@ -53,10 +53,12 @@ mod passes;
 mod portable;
 pub(crate) mod q8_small;
 mod scale;
+mod two_digits;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
 
 pub use int8::round_activations_i8;
+pub use two_digits::round_activations_two_digits;
 
 use std::borrow::Cow;
 #[cfg(target_arch = "x86_64")]
@@ -252,11 +254,13 @@ fn digits_of(precision: ActivationPrecision) -> usize {
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     return match precision {
         ActivationPrecision::Exact => fixed_point::DIGITS,
+        ActivationPrecision::Int16 => two_digits::TWO_DIGITS,
         ActivationPrecision::Int8 => fixed_point::I8_DIGITS,
     };
     #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     match precision {
         ActivationPrecision::Exact => 3,
+        ActivationPrecision::Int16 => 2,
         ActivationPrecision::Int8 => 1,
     }
 }
@@ -339,13 +343,14 @@ fn digit_activations(
             fixed_point::arrange_row_i8(row, dst, group_size, layout)
         });
     }
+    let digits = digits_of(precision);
     match instruction_set {
         #[cfg(target_arch = "x86_64")]
-        InstructionSet::Avx512 => vnni::arrange_activations(x, m, cols, group_size),
+        InstructionSet::Avx512 => vnni::arrange_activations(x, m, cols, group_size, digits),
         #[cfg(target_arch = "x86_64")]
-        InstructionSet::Avx2 => avx2int::arrange_activations(x, m, cols, group_size),
+        InstructionSet::Avx2 => avx2int::arrange_activations(x, m, cols, group_size, digits),
         #[cfg(target_arch = "aarch64")]
-        InstructionSet::Neon => dotprod::arrange_activations(x, m, cols, group_size),
+        InstructionSet::Neon => dotprod::arrange_activations(x, m, cols, group_size, digits),
         _ => unreachable!("no integer-digit kernel for {instruction_set:?}"),
     }
 }
@@ -411,7 +416,8 @@ pub(crate) fn qmm(
 }
 
 /// The plan for `kernel` and the activations in its layout at `precision` (the f32 kernels take
-/// 8-bit activations as their rounded values, `int8::round_activations_i8`); activations the
+/// 8-bit and 16-bit activations as their rounded values, `int8::round_activations_i8` and
+/// `two_digits::round_activations_two_digits`); activations the
 /// integer kernels cannot hold go to the f32 kernel of their instruction set (AVX-512, AVX2,
 /// NEON).
 fn arranged<'x>(
@@ -425,6 +431,9 @@ fn arranged<'x>(
     let plan = plan(kernel, bits, group_size, precision);
     let held = || match precision {
         ActivationPrecision::Exact => Cow::Borrowed(x),
+        ActivationPrecision::Int16 => {
+            Cow::Owned(round_activations_two_digits(x, m, cols, group_size))
+        }
         ActivationPrecision::Int8 => Cow::Owned(round_activations_i8(x, m, cols, group_size)),
     };
     match plan.layout {

@@ -1,7 +1,8 @@
-//! The row scale both activation roundings of the quantized products start from (the integer
-//! kernels' 24-bit fixed point, `quant::fixed_point`, and the 8-bit activations, `quant::int8`):
-//! a row is scaled by the power of two that brings its largest magnitude into [1, 2), and rows
-//! holding a NaN, an infinity or only subnormal magnitudes are not held.
+//! The row scale every activation rounding of the quantized products starts from (the integer
+//! kernels' fixed point, `quant::fixed_point`, and the 8-bit activations, `quant::int8`): a row
+//! is scaled by the power of two that brings its largest magnitude into [1, 2), and rows holding
+//! a NaN, an infinity or only subnormal magnitudes are not held; and the fixed point's group unit
+//! for a number of digits, which the f32 kernels' 16-bit rounding shares (`quant::two_digits`).
 
 /// Smallest group unit, as a power of two relative to the row's largest magnitude: groups whose
 /// largest value lies more than 2^-78 below the row's are held to within 2^-101 of it.
@@ -45,4 +46,31 @@ impl RowScale {
             Some(RowScale::Exponent(binade(max_abs)))
         }
     }
+}
+
+/// Largest `|n|` that `digits` balanced signed 8-bit digits hold: `127 · (1 + 2^8 + 2^16 ...)`
+/// (8 355 711 for three, 32 639 for two).
+pub(crate) const fn digits_max(digits: usize) -> f32 {
+    let mut max = 0u32;
+    let mut d = 0;
+    while d < digits {
+        max = max * 256 + 127;
+        d += 1;
+    }
+    max as f32
+}
+
+/// The exponent of a group's unit in the fixed point of `digits` digits, given the group's
+/// largest magnitude after the row scaling (`< 2`).
+pub(crate) fn group_unit_exp(scaled_group_max: f32, digits: usize) -> i32 {
+    let binades_below = 8 * digits as i32 - 2;
+    let mut unit_exp = if scaled_group_max >= pow2(MIN_UNIT_EXP + binades_below) {
+        binade(scaled_group_max) - binades_below
+    } else {
+        MIN_UNIT_EXP
+    };
+    if (scaled_group_max * pow2(-unit_exp)).round_ties_even() > digits_max(digits) {
+        unit_exp += 1;
+    }
+    unit_exp
 }

@@ -1,7 +1,8 @@
 //! AVX-512 VNNI kernel for 4-bit codes: codes and activations meet in integer dot products
 //! (`vpdpbusd`, 64 byte products per instruction), each activation held as a 24-bit fixed-point
-//! number of its quantization group, in three signed 8-bit digits. (8-bit products are memory
-//! bound with the exact-f32 lane kernel already, and measured no faster here, so
+//! number of its quantization group, in three signed 8-bit digits (two at 16 bits, one at 8: the
+//! same code with fewer digits, `ActivationPrecision::Int16` and `Int8`). (8-bit products are
+//! memory bound with the exact-f32 lane kernel already, and measured no faster here, so
 //! `Kernel::Avx512Vnni` leaves them to it.)
 //!
 //! **Activations** ([`arrange_activations`], once per product), in the fixed point of
@@ -35,8 +36,8 @@ use std::arch::x86_64::*;
 
 use crate::quant::avx512::{ffma, fload, fmul, fstore, fsum, fzero, widen_scales};
 use crate::quant::fixed_point::{
-    arrange_rows, group_unit_exp, pow2, run_tiles, DigitTile, RowLayout, RowScale, DIGITS,
-    I8_DIGITS,
+    arrange_rows, group_unit_exp, held_group_sum, pow2, run_tiles, DigitTile, RowLayout, RowScale,
+    DIGITS, I8_DIGITS, TWO_DIGITS,
 };
 use crate::quant::lanes::{lane_groups, MULTI_ROW_MIN_ACTIVATION_BYTES};
 use crate::quant::{CodePrefetch, RowRangeFn};
@@ -56,12 +57,16 @@ pub(crate) fn available() -> bool {
 }
 
 /// `Some` for 4-bit codes in groups of 32, 64 or 128, with activations of `digits` digits
-/// (`fixed_point::DIGITS`, exact, or `fixed_point::I8_DIGITS`, 8-bit).
+/// (`fixed_point::DIGITS`, exact, `fixed_point::TWO_DIGITS`, 16-bit, or
+/// `fixed_point::I8_DIGITS`, 8-bit).
 pub(crate) fn select(bits: u32, group_size: usize, digits: usize) -> Option<RowRangeFn> {
     match (bits, group_size, digits) {
         (4, 32, DIGITS) => Some(rows::<32, DIGITS> as RowRangeFn),
         (4, 64, DIGITS) => Some(rows::<64, DIGITS>),
         (4, 128, DIGITS) => Some(rows::<128, DIGITS>),
+        (4, 32, TWO_DIGITS) => Some(rows::<32, TWO_DIGITS>),
+        (4, 64, TWO_DIGITS) => Some(rows::<64, TWO_DIGITS>),
+        (4, 128, TWO_DIGITS) => Some(rows::<128, TWO_DIGITS>),
         (4, 32, I8_DIGITS) => Some(rows::<32, I8_DIGITS>),
         (4, 64, I8_DIGITS) => Some(rows::<64, I8_DIGITS>),
         (4, 128, I8_DIGITS) => Some(rows::<128, I8_DIGITS>),
@@ -78,16 +83,9 @@ const PER_LANE: usize = 8;
 /// Byte vectors per digit and block: the low and high nibbles of the codes.
 const PLANES: usize = 2;
 
-/// Digit bytes per block of arranged activations.
-const BLOCK_DIGIT_BYTES: usize = DIGITS * PLANES * BLOCK_BYTES;
-
 /// The arranged row of this kernel, activations of `digits` digits.
 pub(crate) fn layout(cols: usize, group_size: usize, digits: usize) -> RowLayout {
     RowLayout::new(cols, group_size, BLOCK_COLS, LANES, digits)
-}
-
-fn row_layout(cols: usize, group_size: usize) -> RowLayout {
-    layout(cols, group_size, DIGITS)
 }
 
 /// Lays out `m` rows of `cols` activations for this kernel (see the module docs), or `None` if a
@@ -101,10 +99,11 @@ pub(crate) fn arrange_activations(
     m: usize,
     cols: usize,
     group_size: usize,
+    digits: usize,
 ) -> Option<Vec<f32>> {
     assert!(available(), "VNNI kernel called on a CPU without it");
     assert!(group_size.is_multiple_of(16) && cols.is_multiple_of(group_size));
-    let layout = row_layout(cols, group_size);
+    let layout = layout(cols, group_size, digits);
     arrange_rows(x, m, cols, layout, |row, dst| {
         // SAFETY: the CPU has the features (asserted above); rows of `cols`, a multiple of the
         // group size (a multiple of 16 for every specialised kernel); `dst` laid out for them.
@@ -155,15 +154,22 @@ unsafe fn arrange_row(row: &[f32], dst: &mut [f32], group_size: usize, layout: R
             group_max = _mm512_max_ps(group_max, _mm512_abs_ps(v));
         }
         sums[g] = _mm512_reduce_add_ps(sum);
-        let unit_exp = group_unit_exp(_mm512_reduce_max_ps(group_max) * pow2(-row_exp));
+        let unit_exp = group_unit_exp(
+            _mm512_reduce_max_ps(group_max) * pow2(-row_exp),
+            layout.digits,
+        );
         units[g] = pow2(unit_exp);
         let inverse_unit = _mm512_set1_ps(pow2(-unit_exp));
+        let mut n_total = 0;
         for (k, v) in group.chunks_exact(16).enumerate() {
             // SAFETY: 16 floats.
             let v = unsafe { _mm512_loadu_ps(v.as_ptr()) };
             // Exact scalings by powers of two, then one rounding (to nearest even): |n| ≤
-            // DIGITS_MAX by the choice of the unit.
+            // `digits_max` of the layout's digits by the choice of the unit.
             let n = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(v, row_scale), inverse_unit));
+            if layout.digits < DIGITS {
+                n_total += _mm512_reduce_add_epi32(n);
+            }
             // Balanced base-256 digits: d0 = n's low byte as i8, n1 = (n - d0) / 256, ...
             let n1 = _mm512_srai_epi32::<8>(_mm512_sub_epi32(
                 n,
@@ -175,8 +181,13 @@ unsafe fn arrange_row(row: &[f32], dst: &mut [f32], group_size: usize, layout: R
             ));
             let col = g * group_size + k * 16;
             let (block, c) = (col / BLOCK_COLS, col % BLOCK_COLS);
-            let block_at = block * BLOCK_DIGIT_BYTES;
-            for (d, value) in [n2, n1, n].into_iter().enumerate() {
+            let block_at = block * layout.block_digit_bytes();
+            // The layout's digits of [n2, n1, n]: the top one is zero at two digits.
+            for (d, value) in [n2, n1, n][DIGITS - layout.digits..]
+                .iter()
+                .copied()
+                .enumerate()
+            {
                 let bytes = _mm512_cvtepi32_epi8(value);
                 let at = block_at + d * digit_stride;
                 // Lanes c/8 and c/8 + 1: their codes' bytes are plane bytes c/2.. c/2 + 8.
@@ -191,6 +202,9 @@ unsafe fn arrange_row(row: &[f32], dst: &mut [f32], group_size: usize, layout: R
                     );
                 }
             }
+        }
+        if layout.digits < DIGITS {
+            sums[g] = held_group_sum(n_total, units[g], pow2(row_exp));
         }
     }
     true
@@ -450,7 +464,7 @@ mod tests {
         // Its group sums are added 16 lanes at a time.
         checks::arrangement_follows_the_rule(
             arrange_activations,
-            row_layout,
+            layout,
             checks::GroupSums::AnyOrder,
         );
     }
@@ -460,6 +474,6 @@ mod tests {
         if !available() {
             return;
         }
-        checks::refuses_what_it_cannot_hold(arrange_activations, row_layout);
+        checks::refuses_what_it_cannot_hold(arrange_activations, layout);
     }
 }
