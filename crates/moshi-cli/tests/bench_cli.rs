@@ -724,3 +724,34 @@ fn tts_streams_report_their_first_audio() {
     );
     refused(&[&tts[..], &["--cfg-coef", "5"]].concat(), "cfg");
 }
+
+/// Every bundled model config runs one frame on random weights at its real sizes (one temporal
+/// layer, q4): a config the loader reads but the model cannot build (the speech-to-text configs'
+/// absent depformer once divided by zero) fails here.
+#[test]
+fn every_bundled_model_config_runs_a_frame_on_random_weights() {
+    let configs = std::fs::read_dir(repo_root().join("configs")).unwrap();
+    let mut ran = 0;
+    for entry in configs {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        // Mimi's config is not a model's.
+        if !name.ends_with(".json") || name.starts_with("mimi") {
+            continue;
+        }
+        let out = bench(&[
+            "--random-weights",
+            "--config",
+            path.to_str().unwrap(),
+            "--layers",
+            "1",
+            "--quant",
+            "q4",
+            "--frames",
+            "1",
+        ]);
+        assert!(out.status.success(), "{name}: {}", stderr_text(&out));
+        ran += 1;
+    }
+    assert!(ran >= 6, "only {ran} model configs in configs/");
+}

@@ -374,11 +374,15 @@ impl LmWeights {
                 linear_out: t.linear(&format!("{p}.linear_out"), cfg.card, ddim)?,
             });
         }
-        let drope = rope_of(
-            cfg.depformer_pos_emb,
-            ddim / cfg.depformer_num_heads,
-            cfg.depformer_max_period,
-        );
+        // A model without a depformer (speech to text) may leave its keys at 0.
+        let drope = match cfg.dep_q {
+            0 => None,
+            _ => rope_of(
+                cfg.depformer_pos_emb,
+                ddim / cfg.depformer_num_heads,
+                cfg.depformer_max_period,
+            ),
+        };
         let depformer = Depformer::new(slices, drope);
         let conditions = ConditionProvider::load(cfg, &mut weights)?;
         let mut t = Take { map: &mut weights };
