@@ -79,9 +79,8 @@ pub(crate) fn select(bits: u32, group_size: usize, digits: usize) -> Option<RowR
     }
 }
 
-/// The VNNI kernel's row layout, whose units and group sums are padded to its 16 lanes.
-
-/// The arranged row of this kernel, activations of `digits` digits.
+/// The arranged row of this kernel, activations of `digits` digits: the VNNI kernel's layout,
+/// whose units and group sums are padded to its 16 lanes.
 pub(crate) fn layout(cols: usize, group_size: usize, digits: usize) -> RowLayout {
     RowLayout::new(cols, group_size, BLOCK_COLS, 2 * LANES, digits)
 }
