@@ -5,7 +5,8 @@
 use moshi_loader::config::SeanetConfig;
 
 use super::conv::{
-    Conv1dState, ConvTr1dState, PreActivation, StreamingConv1d, StreamingConvTranspose1d,
+    Conv1dState, ConvCall, ConvScratch, ConvTr1dState, PreActivation, StreamingConv1d,
+    StreamingConvTranspose1d,
 };
 use super::weights::WeightSource;
 use super::MimiWeights;
@@ -82,6 +83,35 @@ impl ResidualBlock {
             .forward(&mut st.conv_k, x, PreActivation::Elu, &mut st.hidden, false);
         self.conv_1
             .forward(&mut st.conv_1, &st.hidden, PreActivation::Elu, x, true);
+    }
+
+    /// [`ResidualBlock::forward`] for several streams (each its state and its `x`), the
+    /// convolutions' products shared ([`StreamingConv1d::forward_streams`]).
+    fn forward_streams(
+        &self,
+        streams: &mut [(&mut ResidualState, &mut Vec<f32>)],
+        scratch: &mut ConvScratch,
+    ) {
+        let mut calls: Vec<ConvCall<'_>> = streams
+            .iter_mut()
+            .map(|(st, x)| ConvCall {
+                state: &mut st.conv_k,
+                x: &x[..],
+                out: &mut st.hidden,
+            })
+            .collect();
+        self.conv_k
+            .forward_streams(&mut calls, PreActivation::Elu, false, scratch);
+        let mut calls: Vec<ConvCall<'_>> = streams
+            .iter_mut()
+            .map(|(st, x)| ConvCall {
+                state: &mut st.conv_1,
+                x: &st.hidden[..],
+                out: &mut **x,
+            })
+            .collect();
+        self.conv_1
+            .forward_streams(&mut calls, PreActivation::Elu, true, scratch);
     }
 
     fn reset(st: &mut ResidualState) {
@@ -248,6 +278,76 @@ impl SeanetEncoder {
         }
         self.output
             .forward(output, a, PreActivation::Elu, out, false);
+    }
+}
+
+impl SeanetEncoder {
+    /// [`SeanetEncoder::forward`] of one step for each of several streams (`states[i]`,
+    /// `pcms[i]` into `outs[i]`), each convolution's products shared across the streams where
+    /// that reads its weights once for several ([`StreamingConv1d::forward_streams`]); stream `i`
+    /// gets exactly what `forward` gives it alone.
+    ///
+    /// # Panics
+    /// If the three slices differ in length (caller bug).
+    pub fn forward_streams(
+        &self,
+        states: &mut [&mut SeanetEncoderState],
+        pcms: &[&[f32]],
+        outs: &mut [&mut Vec<f32>],
+        scratch: &mut ConvScratch,
+    ) {
+        assert!(states.len() == pcms.len() && states.len() == outs.len());
+        let mut calls: Vec<ConvCall<'_>> = states
+            .iter_mut()
+            .zip(pcms)
+            .map(|(st, pcm)| ConvCall {
+                state: &mut st.input,
+                x: pcm,
+                out: &mut st.a,
+            })
+            .collect();
+        self.input
+            .forward_streams(&mut calls, PreActivation::None, false, scratch);
+        for (s, stage) in self.stages.iter().enumerate() {
+            for (r, block) in stage.residuals.iter().enumerate() {
+                let mut streams: Vec<_> = states
+                    .iter_mut()
+                    .map(|st| {
+                        let SeanetEncoderState { residuals, a, .. } = &mut **st;
+                        (&mut residuals[s][r], a)
+                    })
+                    .collect();
+                block.forward_streams(&mut streams, scratch);
+            }
+            let mut calls: Vec<ConvCall<'_>> = states
+                .iter_mut()
+                .map(|st| {
+                    let SeanetEncoderState { downs, a, b, .. } = &mut **st;
+                    ConvCall {
+                        state: &mut downs[s],
+                        x: &a[..],
+                        out: b,
+                    }
+                })
+                .collect();
+            stage
+                .down
+                .forward_streams(&mut calls, PreActivation::Elu, false, scratch);
+            for st in states.iter_mut() {
+                std::mem::swap(&mut st.a, &mut st.b);
+            }
+        }
+        let mut calls: Vec<ConvCall<'_>> = states
+            .iter_mut()
+            .zip(outs.iter_mut())
+            .map(|(st, out)| ConvCall {
+                state: &mut st.output,
+                x: &st.a[..],
+                out: &mut **out,
+            })
+            .collect();
+        self.output
+            .forward_streams(&mut calls, PreActivation::Elu, false, scratch);
     }
 }
 
