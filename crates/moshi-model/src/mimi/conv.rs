@@ -184,7 +184,11 @@ impl StreamingConv1d {
                 1
             };
             let last = (first + group).min(calls.len());
-            let last = first + t_outs[first..last].iter().take_while(|&&t| t == t_out).count();
+            let last = first
+                + t_outs[first..last]
+                    .iter()
+                    .take_while(|&&t| t == t_out)
+                    .count();
             self.product_streams(&mut calls[first..last], t_out, scratch);
             first = last;
         }
@@ -237,7 +241,10 @@ impl StreamingConv1d {
             self.weight.gemm_same_bits_rows(t_out, k * cin, 0, k * cin)
         } else {
             (0..k)
-                .map(|j| self.weight.gemm_same_bits_rows(t_out, cin, j * cin, k * cin))
+                .map(|j| {
+                    self.weight
+                        .gemm_same_bits_rows(t_out, cin, j * cin, k * cin)
+                })
                 .min()
                 .unwrap_or(usize::MAX)
         }
@@ -329,10 +336,11 @@ impl StreamingConv1d {
 /// streams), those of many rows by their multiply-adds (the same work stacked or not).
 const SHARED_PRODUCT_MAX_ROWS: usize = Q8_MAX_ROWS;
 
-/// One stream's part of a [`StreamingConv1d::forward_streams`]: its state, its input rows and
-/// its output.
-pub struct ConvCall<'a> {
-    pub state: &'a mut Conv1dState,
+/// One stream's part of a [`StreamingConv1d::forward_streams`] (or, with a [`ConvTr1dState`],
+/// of a [`StreamingConvTranspose1d::forward_streams`]): its state, its input rows and its
+/// output.
+pub struct ConvCall<'a, S = Conv1dState> {
+    pub state: &'a mut S,
     pub x: &'a [f32],
     pub out: &'a mut Vec<f32>,
 }
@@ -455,6 +463,155 @@ impl StreamingConvTranspose1d {
         act: PreActivation,
         out: &mut Vec<f32>,
     ) -> usize {
+        let t_in = self.load_input(st, x, act);
+        if self.depthwise {
+            self.depthwise_product(st, x, act, t_in);
+        } else {
+            for (j0, j1) in self.tap_blocks() {
+                self.product_block(
+                    &st.xbuf,
+                    t_in,
+                    j0,
+                    j1,
+                    &mut st.acc[j0 * self.out_channels..],
+                );
+            }
+        }
+        self.finish(st, t_in, out)
+    }
+
+    /// [`StreamingConvTranspose1d::forward`] of one step for each of several streams, as
+    /// [`StreamingConv1d::forward_streams`]: streams with few input rows share products (groups
+    /// 1; depthwise runs each stream alone), each stream getting exactly what `forward` gives it.
+    pub fn forward_streams(
+        &self,
+        calls: &mut [ConvCall<'_, ConvTr1dState>],
+        act: PreActivation,
+        scratch: &mut ConvScratch,
+    ) {
+        if self.depthwise {
+            for c in calls.iter_mut() {
+                self.forward(c.state, c.x, act, c.out);
+            }
+            return;
+        }
+        let t_ins: Vec<usize> = calls
+            .iter_mut()
+            .map(|c| self.load_input(c.state, c.x, act))
+            .collect();
+        let mut first = 0;
+        while first < calls.len() {
+            let t_in = t_ins[first];
+            let group = if t_in > 0 && t_in <= SHARED_PRODUCT_MAX_ROWS {
+                (self.same_bits_rows(t_in) / t_in).max(1)
+            } else {
+                1
+            };
+            let last = (first + group).min(calls.len());
+            let last = first
+                + t_ins[first..last]
+                    .iter()
+                    .take_while(|&&t| t == t_in)
+                    .count();
+            self.product_streams(&mut calls[first..last], t_in, scratch);
+            first = last;
+        }
+        for (c, t_in) in calls.iter_mut().zip(t_ins) {
+            self.finish(c.state, t_in, c.out);
+        }
+    }
+
+    /// The products of streams with `t_in` input rows each (inputs loaded): one stream in
+    /// place; several with their inputs stacked in `scratch`, and each tap block's output rows
+    /// gathered there and scattered back (block by block, the order of the products alone).
+    fn product_streams(
+        &self,
+        calls: &mut [ConvCall<'_, ConvTr1dState>],
+        t_in: usize,
+        scratch: &mut ConvScratch,
+    ) {
+        let (cout, s) = (self.out_channels, self.stride);
+        if let [call] = calls {
+            for (j0, j1) in self.tap_blocks() {
+                let st = &mut *call.state;
+                self.product_block(&st.xbuf, t_in, j0, j1, &mut st.acc[j0 * cout..]);
+            }
+            return;
+        }
+        scratch.windows.clear();
+        for call in calls.iter() {
+            scratch.windows.extend_from_slice(&call.state.xbuf);
+        }
+        for (j0, j1) in self.tap_blocks() {
+            let n = (j1 - j0) * cout;
+            scratch.out.clear();
+            for call in calls.iter() {
+                for i in 0..t_in {
+                    let at = (i * s + j0) * cout;
+                    scratch.out.extend_from_slice(&call.state.acc[at..at + n]);
+                }
+            }
+            let m = calls.len() * t_in;
+            self.weight.gemm(
+                m,
+                self.in_channels,
+                n,
+                &scratch.windows,
+                self.in_channels,
+                j0 * cout * self.in_channels,
+                self.in_channels,
+                &mut scratch.out,
+                n,
+                true,
+            );
+            for (call, rows) in calls.iter_mut().zip(scratch.out.chunks_exact(t_in * n)) {
+                for (i, row) in rows.chunks_exact(n).enumerate() {
+                    let at = (i * s + j0) * cout;
+                    call.state.acc[at..at + n].copy_from_slice(row);
+                }
+            }
+        }
+    }
+
+    /// Taps `[j0, j1)` of all inputs land on disjoint output rows: one product each.
+    fn tap_blocks(&self) -> impl Iterator<Item = (usize, usize)> {
+        let (k, s) = (self.kernel_size, self.stride);
+        (0..k).step_by(s).map(move |j0| (j0, (j0 + s).min(k)))
+    }
+
+    /// The rows a product may stack while each keeps the bits of a product of `t_in` rows.
+    fn same_bits_rows(&self, t_in: usize) -> usize {
+        let (cin, cout) = (self.in_channels, self.out_channels);
+        self.tap_blocks()
+            .map(|(j0, _)| {
+                self.weight
+                    .gemm_same_bits_rows(t_in, cin, j0 * cout * cin, cin)
+            })
+            .min()
+            .unwrap_or(usize::MAX)
+    }
+
+    /// Adds taps `[j0, j1)` of the `t_in` inputs `x` to `acc` (from the block's first row on,
+    /// input rows `stride` output rows apart).
+    fn product_block(&self, x: &[f32], t_in: usize, j0: usize, j1: usize, acc: &mut [f32]) {
+        let (cin, cout) = (self.in_channels, self.out_channels);
+        self.weight.gemm(
+            t_in,
+            cin,
+            (j1 - j0) * cout,
+            x,
+            cin,
+            j0 * cout * cin,
+            cin,
+            acc,
+            self.stride * cout,
+            true,
+        );
+    }
+
+    /// Checks `x`, starts the overlap-add accumulator from the carried partial sums and (groups
+    /// 1) activates the input into the state. Returns the input row count.
+    fn load_input(&self, st: &mut ConvTr1dState, x: &[f32], act: PreActivation) -> usize {
         let (cin, cout, k, s) = (
             self.in_channels,
             self.out_channels,
@@ -474,47 +631,50 @@ impl StreamingConvTranspose1d {
         if st.partial.len() == tail * cout {
             st.acc[..tail * cout].copy_from_slice(&st.partial);
         }
-        if self.depthwise {
-            let xin: &[f32] = match act {
-                PreActivation::None => x,
-                PreActivation::Elu => {
-                    st.xbuf.resize(x.len(), 0.0);
-                    act.copy_into(&mut st.xbuf, x);
-                    &st.xbuf
-                }
-            };
-            for t in 0..t_in {
-                let xr = &xin[t * cin..(t + 1) * cin];
-                for j in 0..k {
-                    let orow = &mut st.acc[(t * s + j) * cout..(t * s + j + 1) * cout];
-                    for (c, o) in orow.iter_mut().enumerate() {
-                        *o += xr[c] * self.weight.values()[c * k + j];
-                    }
-                }
-            }
-        } else {
+        if !self.depthwise {
             st.xbuf.resize(x.len(), 0.0);
             act.copy_into(&mut st.xbuf, x);
-            // Taps [q*s, (q+1)*s) of all inputs land on disjoint output rows: one product each.
-            let mut j0 = 0;
-            while j0 < k {
-                let j1 = (j0 + s).min(k);
-                let o = &mut st.acc[j0 * cout..];
-                self.weight.gemm(
-                    t_in,
-                    cin,
-                    (j1 - j0) * cout,
-                    &st.xbuf,
-                    cin,
-                    j0 * cout * cin,
-                    cin,
-                    o,
-                    s * cout,
-                    true,
-                );
-                j0 = j1;
+        }
+        t_in
+    }
+
+    /// The depthwise product (per channel, no matrix product).
+    fn depthwise_product(
+        &self,
+        st: &mut ConvTr1dState,
+        x: &[f32],
+        act: PreActivation,
+        t_in: usize,
+    ) {
+        let (cin, cout, k, s) = (
+            self.in_channels,
+            self.out_channels,
+            self.kernel_size,
+            self.stride,
+        );
+        let xin: &[f32] = match act {
+            PreActivation::None => x,
+            PreActivation::Elu => {
+                st.xbuf.resize(x.len(), 0.0);
+                act.copy_into(&mut st.xbuf, x);
+                &st.xbuf
+            }
+        };
+        for t in 0..t_in {
+            let xr = &xin[t * cin..(t + 1) * cin];
+            for j in 0..k {
+                let orow = &mut st.acc[(t * s + j) * cout..(t * s + j + 1) * cout];
+                for (c, o) in orow.iter_mut().enumerate() {
+                    *o += xr[c] * self.weight.values()[c * k + j];
+                }
             }
         }
+    }
+
+    /// Keeps the rows past `t_in * stride` as the next call's partial sums and writes the
+    /// finished rows (plus bias) to `out`. Returns the output row count.
+    fn finish(&self, st: &mut ConvTr1dState, t_in: usize, out: &mut Vec<f32>) -> usize {
+        let (cout, s) = (self.out_channels, self.stride);
         st.partial.clear();
         st.partial.extend_from_slice(&st.acc[t_in * s * cout..]);
         out.clear();

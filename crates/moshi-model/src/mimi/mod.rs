@@ -74,6 +74,8 @@ struct DecoderState {
     latent12: Vec<f32>,
     latent25: Vec<f32>,
     pcm: Vec<f32>,
+    /// Buffers of the decodes this stream leads ([`Mimi::decode_frames`]).
+    streams: ConvScratch,
 }
 
 /// The Mimi codec with its streaming encoder and decoder states. The weights are shared: a
@@ -360,10 +362,8 @@ impl Mimi {
                     (&mut st.transformer, &mut st.latent25)
                 },
             );
-            modules.encode_after_transformer_streams(
-                &mut encoder_states(mimis, &batch),
-                &mut scratch,
-            );
+            modules
+                .encode_after_transformer_streams(&mut encoder_states(mimis, &batch), &mut scratch);
             mimis[lead].encoder_state.streams = scratch;
         }
         for ((m, c), r) in mimis.iter().zip(codes.iter_mut()).zip(&checked) {
@@ -375,8 +375,8 @@ impl Mimi {
     }
 
     /// Streaming decode of one frame for each of several streams at once: `codes[i]` into
-    /// `pcms[i]` for `mimis[i]`, the decoder transformer once for the streams sharing weights (as
-    /// [`Mimi::encode_frames`]). Stream `i` gets what [`Mimi::decode_frame_into`] gives it alone,
+    /// `pcms[i]` for `mimis[i]`, the decoder transformer once for the streams sharing weights and
+    /// the SEANet decoder in shared products (as [`Mimi::encode_frames`]). Stream `i` gets what [`Mimi::decode_frame_into`] gives it alone,
     /// bit for bit; its error (a wrong length, a code out of range) is its own.
     ///
     /// # Panics
@@ -419,12 +419,16 @@ impl Mimi {
             },
         );
         if let Some(modules) = streams {
-            for &i in &batch {
-                let st = &mut mimis[i].decoder_state;
-                modules
-                    .decoder
-                    .forward(&mut st.seanet, &st.latent25, &mut st.pcm);
-            }
+            let lead = batch[0];
+            let mut scratch = std::mem::take(&mut mimis[lead].decoder_state.streams);
+            let mut states: Vec<&mut DecoderState> = mimis
+                .iter_mut()
+                .enumerate()
+                .filter(|(i, _)| batch.contains(i))
+                .map(|(_, m)| &mut m.decoder_state)
+                .collect();
+            modules.decoder_streams(&mut states, &mut scratch);
+            mimis[lead].decoder_state.streams = scratch;
         }
         for ((m, pcm), r) in mimis.iter().zip(pcms.iter_mut()).zip(&checked) {
             if r.is_ok() {
@@ -593,6 +597,7 @@ impl MimiModules {
             latent12: Vec::new(),
             latent25: Vec::new(),
             pcm: Vec::new(),
+            streams: ConvScratch::default(),
         }
     }
 
@@ -645,13 +650,18 @@ impl MimiModules {
                 out: &mut st.latent12,
             })
             .collect();
-        self.downsample.forward_streams(&mut calls, &mut scratch.conv);
+        self.downsample
+            .forward_streams(&mut calls, &mut scratch.conv);
         let frame_len = states[0].latent12.len();
         let rows = frame_len / self.quantizer.input_dim();
         let k = self.quantizer.num_codebooks();
         scratch.latent.clear();
         for st in states.iter() {
-            assert_eq!(st.latent12.len(), frame_len, "mimi: streams of unequal frames");
+            assert_eq!(
+                st.latent12.len(),
+                frame_len,
+                "mimi: streams of unequal frames"
+            );
             scratch.latent.extend_from_slice(&st.latent12);
         }
         scratch.codes.clear();
@@ -666,6 +676,27 @@ impl MimiModules {
             st.codes.clear();
             st.codes.extend_from_slice(codes);
         }
+    }
+
+    /// [`SeanetDecoder::forward`] of several streams' 25 Hz latents into their PCM, the products
+    /// shared.
+    fn decoder_streams(&self, states: &mut [&mut DecoderState], scratch: &mut ConvScratch) {
+        let mut seanets = Vec::with_capacity(states.len());
+        let mut latents = Vec::with_capacity(states.len());
+        let mut pcms = Vec::with_capacity(states.len());
+        for st in states.iter_mut() {
+            let DecoderState {
+                seanet,
+                latent25,
+                pcm,
+                ..
+            } = &mut **st;
+            seanets.push(seanet);
+            latents.push(&latent25[..]);
+            pcms.push(pcm);
+        }
+        self.decoder
+            .forward_streams(&mut seanets, &latents, &mut pcms, scratch);
     }
 
     /// Codes (`[frame][codebook]`, checked) -> `st.pcm`.

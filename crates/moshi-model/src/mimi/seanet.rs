@@ -470,6 +470,73 @@ impl SeanetDecoder {
         }
     }
 
+    /// [`SeanetDecoder::forward`] of one step for each of several streams (`states[i]`,
+    /// `latents[i]` into `outs[i]`), the products shared as in
+    /// [`SeanetEncoder::forward_streams`]; stream `i` gets exactly what `forward` gives it alone.
+    ///
+    /// # Panics
+    /// If the three slices differ in length (caller bug).
+    pub fn forward_streams(
+        &self,
+        states: &mut [&mut SeanetDecoderState],
+        latents: &[&[f32]],
+        outs: &mut [&mut Vec<f32>],
+        scratch: &mut ConvScratch,
+    ) {
+        assert!(states.len() == latents.len() && states.len() == outs.len());
+        let mut calls: Vec<ConvCall<'_>> = states
+            .iter_mut()
+            .zip(latents)
+            .map(|(st, latent)| ConvCall {
+                state: &mut st.input,
+                x: latent,
+                out: &mut st.a,
+            })
+            .collect();
+        self.input
+            .forward_streams(&mut calls, PreActivation::None, false, scratch);
+        for (s, stage) in self.stages.iter().enumerate() {
+            let mut calls: Vec<ConvCall<'_, ConvTr1dState>> = states
+                .iter_mut()
+                .map(|st| {
+                    let SeanetDecoderState { ups, a, b, .. } = &mut **st;
+                    ConvCall {
+                        state: &mut ups[s],
+                        x: &a[..],
+                        out: b,
+                    }
+                })
+                .collect();
+            stage
+                .up
+                .forward_streams(&mut calls, PreActivation::Elu, scratch);
+            for st in states.iter_mut() {
+                std::mem::swap(&mut st.a, &mut st.b);
+            }
+            for (r, block) in stage.residuals.iter().enumerate() {
+                let mut streams: Vec<_> = states
+                    .iter_mut()
+                    .map(|st| {
+                        let SeanetDecoderState { residuals, a, .. } = &mut **st;
+                        (&mut residuals[s][r], a)
+                    })
+                    .collect();
+                block.forward_streams(&mut streams, scratch);
+            }
+        }
+        let mut calls: Vec<ConvCall<'_>> = states
+            .iter_mut()
+            .zip(outs.iter_mut())
+            .map(|(st, out)| ConvCall {
+                state: &mut st.output,
+                x: &st.a[..],
+                out: &mut **out,
+            })
+            .collect();
+        self.output
+            .forward_streams(&mut calls, PreActivation::Elu, false, scratch);
+    }
+
     /// `latent` (`[t][dimension]`) -> `out` (`[t * hop][channels]`).
     pub fn forward(&self, st: &mut SeanetDecoderState, latent: &[f32], out: &mut Vec<f32>) {
         let SeanetDecoderState {

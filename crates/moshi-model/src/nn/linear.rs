@@ -545,7 +545,9 @@ mod tests {
                     layer.gemm(m, k, n, a_block, rs_a, offset, cols, &mut alone, n, true);
                     let got = &stacked[b * m * n..(b + 1) * m * n];
                     assert!(
-                        got.iter().zip(&alone).all(|(x, y)| x.to_bits() == y.to_bits()),
+                        got.iter()
+                            .zip(&alone)
+                            .all(|(x, y)| x.to_bits() == y.to_bits()),
                         "{mode} m {m}: block {b} of {blocks}"
                     );
                 }
