@@ -279,9 +279,7 @@ impl SeanetEncoder {
         self.output
             .forward(output, a, PreActivation::Elu, out, false);
     }
-}
 
-impl SeanetEncoder {
     /// [`SeanetEncoder::forward`] of one step for each of several streams (`states[i]`,
     /// `pcms[i]` into `outs[i]`), each convolution's products shared across the streams where
     /// that reads its weights once for several ([`StreamingConv1d::forward_streams`]); stream `i`
