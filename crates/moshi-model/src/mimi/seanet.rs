@@ -107,7 +107,7 @@ impl ResidualBlock {
             .map(|(st, x)| ConvCall {
                 state: &mut st.conv_1,
                 x: &st.hidden[..],
-                out: &mut **x,
+                out: x,
             })
             .collect();
         self.conv_1
@@ -341,7 +341,7 @@ impl SeanetEncoder {
             .map(|(st, out)| ConvCall {
                 state: &mut st.output,
                 x: &st.a[..],
-                out: &mut **out,
+                out,
             })
             .collect();
         self.output
@@ -528,7 +528,7 @@ impl SeanetDecoder {
             .map(|(st, out)| ConvCall {
                 state: &mut st.output,
                 x: &st.a[..],
-                out: &mut **out,
+                out,
             })
             .collect();
         self.output
