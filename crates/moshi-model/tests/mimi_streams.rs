@@ -41,27 +41,28 @@ fn present_streams<'a>(all: &'a mut [Mimi], present: &[usize]) -> Vec<&'a mut Mi
         .collect()
 }
 
-/// Stream `s` joins at frame `join[s]`; every frame the streams present are encoded together,
-/// then their codes decoded together, and each is compared with its own copy run alone.
-fn check_streams_against_alone(mode: MimiWeights) {
-    let shared = tiny_mimi(mode);
-    // Stream 3 has weights of its own (another seed): it runs alone inside the batched call.
-    let cfg = MimiConfig::from_file(tiny_a("mimi_config.json")).unwrap();
-    let mut own = Mimi::random(&cfg, 8, 99).unwrap();
-    own.set_weights(mode);
-    let join = [0usize, 2, 1, 3];
-    let mut batched: Vec<Mimi> = vec![shared.clone(), shared.clone(), shared.clone(), own];
-    let mut alone: Vec<Mimi> = batched.clone();
-    let k = shared.num_codebooks();
-    for frame in 0..FRAMES {
-        let present: Vec<usize> = (0..join.len()).filter(|&s| join[s] <= frame).collect();
-        let pcms: Vec<Vec<f32>> = present
-            .iter()
-            .map(|&s| frame_pcm(s as u32, frame - join[s]))
-            .collect();
+/// Encodes the streams present at each frame together, then decodes their codes together,
+/// and compares each with its own copy run alone.
+struct Streams {
+    batched: Vec<Mimi>,
+    alone: Vec<Mimi>,
+}
+
+impl Streams {
+    fn new(streams: Vec<Mimi>) -> Self {
+        Self {
+            alone: streams.clone(),
+            batched: streams,
+        }
+    }
+
+    /// One frame of the streams `present` (`pcms[j]` for stream `present[j]`): codes and
+    /// samples compared bit for bit with each stream alone. Returns the codes.
+    fn step(&mut self, present: &[usize], pcms: &[Vec<f32>], what: &str) -> Vec<Vec<u32>> {
+        let k = self.batched[0].num_codebooks();
         let mut codes = vec![vec![0u32; k]; present.len()];
         {
-            let mut mimis = present_streams(&mut batched, &present);
+            let mut mimis = present_streams(&mut self.batched, present);
             let pcm_refs: Vec<&[f32]> = pcms.iter().map(|p| &p[..]).collect();
             let mut code_refs: Vec<&mut [u32]> = codes.iter_mut().map(|c| &mut c[..]).collect();
             for r in Mimi::encode_frames(&mut mimis, &pcm_refs, &mut code_refs) {
@@ -69,15 +70,12 @@ fn check_streams_against_alone(mode: MimiWeights) {
             }
         }
         for (j, &s) in present.iter().enumerate() {
-            let expected = alone[s].encode_frame(&pcms[j]).unwrap();
-            assert_eq!(
-                codes[j], expected,
-                "{mode:?}: stream {s} codes at frame {frame}"
-            );
+            let expected = self.alone[s].encode_frame(&pcms[j]).unwrap();
+            assert_eq!(codes[j], expected, "{what}: stream {s} codes");
         }
         let mut out = vec![vec![0f32; FRAME]; present.len()];
         {
-            let mut mimis = present_streams(&mut batched, &present);
+            let mut mimis = present_streams(&mut self.batched, present);
             let code_refs: Vec<&[u32]> = codes.iter().map(|c| &c[..]).collect();
             let mut out_refs: Vec<&mut [f32]> = out.iter_mut().map(|o| &mut o[..]).collect();
             for r in Mimi::decode_frames(&mut mimis, &code_refs, &mut out_refs) {
@@ -85,15 +83,39 @@ fn check_streams_against_alone(mode: MimiWeights) {
             }
         }
         for (j, &s) in present.iter().enumerate() {
-            let expected = alone[s].decode_frame(&codes[j]).unwrap();
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(
-                bits(&out[j]),
-                bits(&expected),
-                "{mode:?}: stream {s} samples at frame {frame}"
-            );
+            let expected = self.alone[s].decode_frame(&codes[j]).unwrap();
+            assert_eq!(bits(&out[j]), bits(&expected), "{what}: stream {s} samples");
         }
+        codes
     }
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Stream `s` joins at frame `join[s]` (so the streams sit at different positions); every
+/// frame the streams present run together and each is compared with itself alone.
+fn check_joining_streams(streams: Vec<Mimi>, join: &[usize], frames: usize, what: &str) {
+    let mut run = Streams::new(streams);
+    for frame in 0..frames {
+        let present: Vec<usize> = (0..join.len()).filter(|&s| join[s] <= frame).collect();
+        let pcms: Vec<Vec<f32>> = present
+            .iter()
+            .map(|&s| frame_pcm(s as u32, frame - join[s]))
+            .collect();
+        run.step(&present, &pcms, &format!("{what}, frame {frame}"));
+    }
+}
+
+fn check_streams_against_alone(mode: MimiWeights) {
+    let shared = tiny_mimi(mode);
+    // Stream 3 has weights of its own (another seed): it runs alone inside the batched call.
+    let cfg = MimiConfig::from_file(tiny_a("mimi_config.json")).unwrap();
+    let mut own = Mimi::random(&cfg, 8, 99).unwrap();
+    own.set_weights(mode);
+    let streams = vec![shared.clone(), shared.clone(), shared, own];
+    check_joining_streams(streams, &[0, 2, 1, 3], FRAMES, &format!("{mode:?}"));
 }
 
 #[test]
@@ -109,6 +131,77 @@ fn streams_together_equal_streams_alone_in_bf16() {
 #[test]
 fn streams_together_equal_streams_alone_in_q8() {
     check_streams_against_alone(MimiWeights::Q8);
+}
+
+/// 1, 2, 3 and 8 streams sharing weights, joining at different frames: the products shared by
+/// a kernel's whole row limit, by part of it and by more streams than one product takes.
+#[test]
+fn one_to_eight_streams_equal_streams_alone_in_every_mode() {
+    for mode in MimiWeights::ALL {
+        let shared = tiny_mimi(mode);
+        for n in [1, 2, 3, 8] {
+            let join: Vec<usize> = (0..n).map(|s| s % 3).collect();
+            let streams = vec![shared.clone(); n];
+            check_joining_streams(streams, &join, 6, &format!("{mode:?}, {n} streams"));
+        }
+    }
+}
+
+/// Mimi's real shape (random weights): its channel counts put the products on other kernels
+/// than the tiny fixture's (q8 group 64 blocks, packed f32 products of many rows, threads).
+#[test]
+fn eight_streams_of_the_real_shape_equal_streams_alone() {
+    let cfg = MimiConfig::v0_1();
+    let mut shared = Mimi::random(&cfg, 32, 5).unwrap();
+    for mode in [MimiWeights::Q8, MimiWeights::F32] {
+        shared.set_weights(mode);
+        let join: Vec<usize> = (0..8).map(|s| s % 2).collect();
+        check_joining_streams(vec![shared.clone(); 8], &join, 3, &format!("real {mode:?}"));
+    }
+}
+
+/// A frame of the wrong length among good ones fails its stream alone and leaves its state as
+/// it was: the good streams, and the bad one's next frames, match their runs alone.
+#[test]
+fn a_bad_frame_among_good_ones_fails_its_stream_alone() {
+    let shared = tiny_mimi(MimiWeights::Q8);
+    let mut run = Streams::new(vec![shared; 5]);
+    let all: Vec<usize> = (0..5).collect();
+    for frame in 0..4 {
+        let mut pcms: Vec<Vec<f32>> = all.iter().map(|&s| frame_pcm(s as u32, frame)).collect();
+        if frame == 2 {
+            pcms[3].truncate(FRAME - 5);
+            let k = run.batched[0].num_codebooks();
+            let mut codes = vec![vec![0u32; k]; 5];
+            let mut mimis = present_streams(&mut run.batched, &all);
+            let pcm_refs: Vec<&[f32]> = pcms.iter().map(|p| &p[..]).collect();
+            let mut code_refs: Vec<&mut [u32]> = codes.iter_mut().map(|c| &mut c[..]).collect();
+            let results = Mimi::encode_frames(&mut mimis, &pcm_refs, &mut code_refs);
+            let err = results[3].as_ref().unwrap_err().to_string();
+            assert!(err.contains("1920") && err.contains("1915"), "{err}");
+            assert_eq!(codes[3], vec![0u32; k], "the bad stream's codes untouched");
+            for s in [0, 1, 2, 4] {
+                results[s].as_ref().unwrap();
+                let expected = run.alone[s].encode_frame(&pcms[s]).unwrap();
+                assert_eq!(codes[s], expected, "stream {s} beside a bad frame");
+            }
+            // Keep the decoders in step with the alone copies: decode the good streams' codes.
+            let good = [0usize, 1, 2, 4];
+            let mut mimis = present_streams(&mut run.batched, &good);
+            let code_refs: Vec<&[u32]> = good.iter().map(|&s| &codes[s][..]).collect();
+            let mut out = vec![vec![0f32; FRAME]; good.len()];
+            let mut out_refs: Vec<&mut [f32]> = out.iter_mut().map(|o| &mut o[..]).collect();
+            for r in Mimi::decode_frames(&mut mimis, &code_refs, &mut out_refs) {
+                r.unwrap();
+            }
+            for (j, &s) in good.iter().enumerate() {
+                let expected = run.alone[s].decode_frame(&codes[s]).unwrap();
+                assert_eq!(bits(&out[j]), bits(&expected), "stream {s} samples");
+            }
+        } else {
+            run.step(&all, &pcms, &format!("frame {frame}"));
+        }
+    }
 }
 
 #[test]

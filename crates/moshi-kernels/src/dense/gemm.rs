@@ -309,8 +309,11 @@ struct SendPtrU16(*mut u16);
 unsafe impl Send for SendPtrU16 {}
 unsafe impl Sync for SendPtrU16 {}
 
-/// Rows of the left operand up to which the weight-streaming kernel beats a packed sgemm.
-const SMALL_M: usize = 4;
+/// Rows of the left operand up to which the weight-streaming kernel beats a packed sgemm. Each
+/// output's summation order depends on which of the two runs, not on the row count: up to this
+/// many rows a row gets the same bits for any row count, and above it too (the sgemm sums every
+/// output over `k` in the same blocks wherever its tile lies).
+pub const SMALL_M: usize = 4;
 
 /// `out = a · wᵀ` for at most [`SMALL_M`] rows: streams each weight row once, no packing (the
 /// transformer and quantizer projections at 1-2 tokens per frame are memory-bound matrix-vector work).

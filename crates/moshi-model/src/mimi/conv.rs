@@ -4,6 +4,7 @@
 //! matrix product per call; a fresh state over the whole signal is the non-streaming forward.
 
 use moshi_kernels::dense::elu_slice_par;
+use moshi_kernels::Q8_MAX_ROWS;
 
 use super::MimiWeights;
 use crate::nn::Linear;
@@ -145,7 +146,114 @@ impl StreamingConv1d {
         out: &mut Vec<f32>,
         accumulate: bool,
     ) -> usize {
-        let (cin, cout) = (self.in_channels, self.out_channels);
+        let t_out = self.load_input(st, x, act);
+        self.start_output(out, t_out, accumulate);
+        let (s, d, cin) = (self.stride, self.dilation, self.in_channels);
+        self.product(&st.buf, s * cin, d * cin, t_out, out);
+        self.keep_history(st, t_out);
+        t_out
+    }
+
+    /// [`StreamingConv1d::forward`] of one step for each of several streams (`calls`, each with
+    /// its own state, input and output): stream `i` gets exactly what `forward` gives it alone.
+    /// Streams with few output rows (the weight-bound case) share products, their windows
+    /// gathered into `scratch`: the weights are read once for as many streams as the kernel of a
+    /// stream's product alone takes ([`Linear::gemm_same_bits_rows`]), so every output keeps its
+    /// summation order. Streams with many rows (compute-bound) run one by one.
+    pub fn forward_streams(
+        &self,
+        calls: &mut [ConvCall<'_>],
+        act: PreActivation,
+        accumulate: bool,
+        scratch: &mut ConvScratch,
+    ) {
+        let t_outs: Vec<usize> = calls
+            .iter_mut()
+            .map(|c| {
+                let t_out = self.load_input(c.state, c.x, act);
+                self.start_output(c.out, t_out, accumulate);
+                t_out
+            })
+            .collect();
+        let mut first = 0;
+        while first < calls.len() {
+            let t_out = t_outs[first];
+            let group = if t_out <= SHARED_PRODUCT_MAX_ROWS {
+                (self.same_bits_rows(t_out) / t_out).max(1)
+            } else {
+                1
+            };
+            let last = (first + group).min(calls.len());
+            let last = first
+                + t_outs[first..last]
+                    .iter()
+                    .take_while(|&&t| t == t_out)
+                    .count();
+            self.product_streams(&mut calls[first..last], t_out, scratch);
+            first = last;
+        }
+        for (c, t_out) in calls.iter_mut().zip(t_outs) {
+            self.keep_history(c.state, t_out);
+        }
+    }
+
+    /// The product of streams with `t_out` output rows each (their inputs loaded, their outputs
+    /// started): one stream in place, several through `scratch` (windows gathered, outputs
+    /// gathered and scattered back).
+    fn product_streams(&self, calls: &mut [ConvCall<'_>], t_out: usize, scratch: &mut ConvScratch) {
+        let (k, s, d, cin, cout) = (
+            self.kernel_size,
+            self.stride,
+            self.dilation,
+            self.in_channels,
+            self.out_channels,
+        );
+        if let [call] = calls {
+            self.product(&call.state.buf, s * cin, d * cin, t_out, call.out);
+            return;
+        }
+        let window = k * cin;
+        scratch.windows.clear();
+        scratch.out.clear();
+        for call in calls.iter() {
+            for t in 0..t_out {
+                for j in 0..k {
+                    let at = (t * s + j * d) * cin;
+                    scratch
+                        .windows
+                        .extend_from_slice(&call.state.buf[at..at + cin]);
+                }
+            }
+            scratch.out.extend_from_slice(call.out);
+        }
+        let m = calls.len() * t_out;
+        self.product(&scratch.windows, window, cin, m, &mut scratch.out);
+        for (call, rows) in calls.iter_mut().zip(scratch.out.chunks_exact(t_out * cout)) {
+            call.out.copy_from_slice(rows);
+        }
+    }
+
+    /// The rows a product may stack while each keeps the bits of a product of `t_out` rows
+    /// (the smallest over the products [`StreamingConv1d::product`] makes).
+    fn same_bits_rows(&self, t_out: usize) -> usize {
+        let (k, cin) = (self.kernel_size, self.in_channels);
+        if self.dilation == 1 {
+            self.weight.gemm_same_bits_rows(t_out, k * cin, 0, k * cin)
+        } else {
+            (0..k)
+                .map(|j| {
+                    self.weight
+                        .gemm_same_bits_rows(t_out, cin, j * cin, k * cin)
+                })
+                .min()
+                .unwrap_or(usize::MAX)
+        }
+    }
+
+    /// Checks `x`, appends it (activated) to the state's history and returns the output row
+    /// count.
+    fn load_input(&self, st: &mut Conv1dState, x: &[f32], act: PreActivation) -> usize {
+        let cin = self.in_channels;
         assert_eq!(x.len() % cin, 0, "conv input is not a whole number of rows");
         let t_in = x.len() / cin;
         assert!(
@@ -167,7 +275,12 @@ impl StreamingConv1d {
             }
         }
         st.started = true;
-        let t_out = t_in / self.stride;
+        t_in / self.stride
+    }
+
+    /// Sizes `out` for `t_out` rows (zeroed, or checked when `accumulate`) and adds the bias.
+    fn start_output(&self, out: &mut Vec<f32>, t_out: usize, accumulate: bool) {
+        let cout = self.out_channels;
         if accumulate {
             assert_eq!(
                 out.len(),
@@ -185,44 +298,59 @@ impl StreamingConv1d {
                 }
             }
         }
-        let (k, s, d) = (self.kernel_size, self.stride, self.dilation);
-        if d == 1 {
-            // Window of output t = rows [t*s, t*s + k) of the buffer: contiguous, read in place.
-            self.weight.gemm(
-                t_out,
-                k * cin,
-                cout,
-                &st.buf,
-                s * cin,
-                0,
-                k * cin,
-                out,
-                cout,
-                true,
-            );
+    }
+
+    /// Adds the convolution of `m` windows to `out` (`[m][out]`): window `i` starts at
+    /// `a[i * rs_a]`, its tap `j` at `j * tap_stride` further (the state's buffer read in
+    /// place, or gathered windows). The same products whatever the layout, so each output's
+    /// summation order is the same.
+    fn product(&self, a: &[f32], rs_a: usize, tap_stride: usize, m: usize, out: &mut [f32]) {
+        let (k, cin, cout) = (self.kernel_size, self.in_channels, self.out_channels);
+        if self.dilation == 1 {
+            // Taps are contiguous: one product over the whole window.
+            debug_assert_eq!(tap_stride, cin);
+            self.weight
+                .gemm(m, k * cin, cout, a, rs_a, 0, k * cin, out, cout, true);
         } else {
             for j in 0..k {
-                let a = &st.buf[j * d * cin..];
-                self.weight.gemm(
-                    t_out,
-                    cin,
-                    cout,
-                    a,
-                    s * cin,
-                    j * cin,
-                    k * cin,
-                    out,
-                    cout,
-                    true,
-                );
+                let a = &a[j * tap_stride..];
+                self.weight
+                    .gemm(m, cin, cout, a, rs_a, j * cin, k * cin, out, cout, true);
             }
         }
+    }
+
+    /// Keeps the last `history` input rows of the buffer for the next call.
+    fn keep_history(&self, st: &mut Conv1dState, t_out: usize) {
+        let (hist, cin) = (self.history(), self.in_channels);
+        let t_in = t_out * self.stride;
         if hist > 0 {
             st.buf.copy_within(t_in * cin..(t_in + hist) * cin, 0);
         }
         st.buf.truncate(hist * cin);
-        t_out
     }
+}
+
+/// Output rows per stream up to which [`StreamingConv1d::forward_streams`] shares products across
+/// streams: the products of few rows are bound by their weight bytes (read once for all
+/// streams), those of many rows by their multiply-adds (the same work stacked or not).
+const SHARED_PRODUCT_MAX_ROWS: usize = Q8_MAX_ROWS;
+
+/// One stream's part of a [`StreamingConv1d::forward_streams`] (or, with a [`ConvTr1dState`],
+/// of a [`StreamingConvTranspose1d::forward_streams`]): its state, its input rows and its
+/// output.
+pub struct ConvCall<'a, S = Conv1dState> {
+    pub state: &'a mut S,
+    pub x: &'a [f32],
+    pub out: &'a mut Vec<f32>,
+}
+
+/// Buffers of [`StreamingConv1d::forward_streams`]: the gathered windows and outputs of the
+/// streams sharing a product (kept between calls).
+#[derive(Clone, Debug, Default)]
+pub struct ConvScratch {
+    windows: Vec<f32>,
+    out: Vec<f32>,
 }
 
 /// A causal ConvTranspose1d with PyTorch `[in, out / groups, kernel]` weights; groups is 1 or the
@@ -335,6 +463,155 @@ impl StreamingConvTranspose1d {
         act: PreActivation,
         out: &mut Vec<f32>,
     ) -> usize {
+        let t_in = self.load_input(st, x, act);
+        if self.depthwise {
+            self.depthwise_product(st, x, act, t_in);
+        } else {
+            for (j0, j1) in self.tap_blocks() {
+                self.product_block(
+                    &st.xbuf,
+                    t_in,
+                    j0,
+                    j1,
+                    &mut st.acc[j0 * self.out_channels..],
+                );
+            }
+        }
+        self.finish(st, t_in, out)
+    }
+
+    /// [`StreamingConvTranspose1d::forward`] of one step for each of several streams, as
+    /// [`StreamingConv1d::forward_streams`]: streams with few input rows share products (groups
+    /// 1; depthwise runs each stream alone), each stream getting exactly what `forward` gives it.
+    pub fn forward_streams(
+        &self,
+        calls: &mut [ConvCall<'_, ConvTr1dState>],
+        act: PreActivation,
+        scratch: &mut ConvScratch,
+    ) {
+        if self.depthwise {
+            for c in calls.iter_mut() {
+                self.forward(c.state, c.x, act, c.out);
+            }
+            return;
+        }
+        let t_ins: Vec<usize> = calls
+            .iter_mut()
+            .map(|c| self.load_input(c.state, c.x, act))
+            .collect();
+        let mut first = 0;
+        while first < calls.len() {
+            let t_in = t_ins[first];
+            let group = if t_in > 0 && t_in <= SHARED_PRODUCT_MAX_ROWS {
+                (self.same_bits_rows(t_in) / t_in).max(1)
+            } else {
+                1
+            };
+            let last = (first + group).min(calls.len());
+            let last = first
+                + t_ins[first..last]
+                    .iter()
+                    .take_while(|&&t| t == t_in)
+                    .count();
+            self.product_streams(&mut calls[first..last], t_in, scratch);
+            first = last;
+        }
+        for (c, t_in) in calls.iter_mut().zip(t_ins) {
+            self.finish(c.state, t_in, c.out);
+        }
+    }
+
+    /// The products of streams with `t_in` input rows each (inputs loaded): one stream in
+    /// place; several with their inputs stacked in `scratch`, and each tap block's output rows
+    /// gathered there and scattered back (block by block, the order of the products alone).
+    fn product_streams(
+        &self,
+        calls: &mut [ConvCall<'_, ConvTr1dState>],
+        t_in: usize,
+        scratch: &mut ConvScratch,
+    ) {
+        let (cout, s) = (self.out_channels, self.stride);
+        if let [call] = calls {
+            for (j0, j1) in self.tap_blocks() {
+                let st = &mut *call.state;
+                self.product_block(&st.xbuf, t_in, j0, j1, &mut st.acc[j0 * cout..]);
+            }
+            return;
+        }
+        scratch.windows.clear();
+        for call in calls.iter() {
+            scratch.windows.extend_from_slice(&call.state.xbuf);
+        }
+        for (j0, j1) in self.tap_blocks() {
+            let n = (j1 - j0) * cout;
+            scratch.out.clear();
+            for call in calls.iter() {
+                for i in 0..t_in {
+                    let at = (i * s + j0) * cout;
+                    scratch.out.extend_from_slice(&call.state.acc[at..at + n]);
+                }
+            }
+            let m = calls.len() * t_in;
+            self.weight.gemm(
+                m,
+                self.in_channels,
+                n,
+                &scratch.windows,
+                self.in_channels,
+                j0 * cout * self.in_channels,
+                self.in_channels,
+                &mut scratch.out,
+                n,
+                true,
+            );
+            for (call, rows) in calls.iter_mut().zip(scratch.out.chunks_exact(t_in * n)) {
+                for (i, row) in rows.chunks_exact(n).enumerate() {
+                    let at = (i * s + j0) * cout;
+                    call.state.acc[at..at + n].copy_from_slice(row);
+                }
+            }
+        }
+    }
+
+    /// Taps `[j0, j1)` of all inputs land on disjoint output rows: one product each.
+    fn tap_blocks(&self) -> impl Iterator<Item = (usize, usize)> {
+        let (k, s) = (self.kernel_size, self.stride);
+        (0..k).step_by(s).map(move |j0| (j0, (j0 + s).min(k)))
+    }
+
+    /// The rows a product may stack while each keeps the bits of a product of `t_in` rows.
+    fn same_bits_rows(&self, t_in: usize) -> usize {
+        let (cin, cout) = (self.in_channels, self.out_channels);
+        self.tap_blocks()
+            .map(|(j0, _)| {
+                self.weight
+                    .gemm_same_bits_rows(t_in, cin, j0 * cout * cin, cin)
+            })
+            .min()
+            .unwrap_or(usize::MAX)
+    }
+
+    /// Adds taps `[j0, j1)` of the `t_in` inputs `x` to `acc` (from the block's first row on,
+    /// input rows `stride` output rows apart).
+    fn product_block(&self, x: &[f32], t_in: usize, j0: usize, j1: usize, acc: &mut [f32]) {
+        let (cin, cout) = (self.in_channels, self.out_channels);
+        self.weight.gemm(
+            t_in,
+            cin,
+            (j1 - j0) * cout,
+            x,
+            cin,
+            j0 * cout * cin,
+            cin,
+            acc,
+            self.stride * cout,
+            true,
+        );
+    }
+
+    /// Checks `x`, starts the overlap-add accumulator from the carried partial sums and (groups
+    /// 1) activates the input into the state. Returns the input row count.
+    fn load_input(&self, st: &mut ConvTr1dState, x: &[f32], act: PreActivation) -> usize {
         let (cin, cout, k, s) = (
             self.in_channels,
             self.out_channels,
@@ -354,47 +631,50 @@ impl StreamingConvTranspose1d {
         if st.partial.len() == tail * cout {
             st.acc[..tail * cout].copy_from_slice(&st.partial);
         }
-        if self.depthwise {
-            let xin: &[f32] = match act {
-                PreActivation::None => x,
-                PreActivation::Elu => {
-                    st.xbuf.resize(x.len(), 0.0);
-                    act.copy_into(&mut st.xbuf, x);
-                    &st.xbuf
-                }
-            };
-            for t in 0..t_in {
-                let xr = &xin[t * cin..(t + 1) * cin];
-                for j in 0..k {
-                    let orow = &mut st.acc[(t * s + j) * cout..(t * s + j + 1) * cout];
-                    for (c, o) in orow.iter_mut().enumerate() {
-                        *o += xr[c] * self.weight.values()[c * k + j];
-                    }
-                }
-            }
-        } else {
+        if !self.depthwise {
             st.xbuf.resize(x.len(), 0.0);
             act.copy_into(&mut st.xbuf, x);
-            // Taps [q*s, (q+1)*s) of all inputs land on disjoint output rows: one product each.
-            let mut j0 = 0;
-            while j0 < k {
-                let j1 = (j0 + s).min(k);
-                let o = &mut st.acc[j0 * cout..];
-                self.weight.gemm(
-                    t_in,
-                    cin,
-                    (j1 - j0) * cout,
-                    &st.xbuf,
-                    cin,
-                    j0 * cout * cin,
-                    cin,
-                    o,
-                    s * cout,
-                    true,
-                );
-                j0 = j1;
+        }
+        t_in
+    }
+
+    /// The depthwise product (per channel, no matrix product).
+    fn depthwise_product(
+        &self,
+        st: &mut ConvTr1dState,
+        x: &[f32],
+        act: PreActivation,
+        t_in: usize,
+    ) {
+        let (cin, cout, k, s) = (
+            self.in_channels,
+            self.out_channels,
+            self.kernel_size,
+            self.stride,
+        );
+        let xin: &[f32] = match act {
+            PreActivation::None => x,
+            PreActivation::Elu => {
+                st.xbuf.resize(x.len(), 0.0);
+                act.copy_into(&mut st.xbuf, x);
+                &st.xbuf
+            }
+        };
+        for t in 0..t_in {
+            let xr = &xin[t * cin..(t + 1) * cin];
+            for j in 0..k {
+                let orow = &mut st.acc[(t * s + j) * cout..(t * s + j + 1) * cout];
+                for (c, o) in orow.iter_mut().enumerate() {
+                    *o += xr[c] * self.weight.values()[c * k + j];
+                }
             }
         }
+    }
+
+    /// Keeps the rows past `t_in * stride` as the next call's partial sums and writes the
+    /// finished rows (plus bias) to `out`. Returns the output row count.
+    fn finish(&self, st: &mut ConvTr1dState, t_in: usize, out: &mut Vec<f32>) -> usize {
+        let (cout, s) = (self.out_channels, self.stride);
         st.partial.clear();
         st.partial.extend_from_slice(&st.acc[t_in * s * cout..]);
         out.clear();

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use moshi_loader::{MimiConfig, WeightMap};
 
-use self::conv::{Conv1dState, ConvTr1dState};
+use self::conv::{Conv1dState, ConvCall, ConvScratch, ConvTr1dState};
 use self::quantizer::{QuantizerScratch, SplitQuantizer};
 use self::resample::{Downsample, Upsample};
 use self::seanet::{SeanetDecoder, SeanetDecoderState, SeanetEncoder, SeanetEncoderState};
@@ -48,6 +48,18 @@ struct EncoderState {
     latent25: Vec<f32>,
     latent12: Vec<f32>,
     codes: Vec<u32>,
+    /// Buffers of the encodes this stream leads ([`Mimi::encode_frames`]).
+    streams: StreamsScratch,
+}
+
+/// Buffers of several streams' shared products: the convolutions' gathered windows, and the
+/// quantizer's stacked latents and codes.
+#[derive(Clone, Debug, Default)]
+struct StreamsScratch {
+    conv: ConvScratch,
+    quantizer: QuantizerScratch,
+    latent: Vec<f32>,
+    codes: Vec<u32>,
 }
 
 /// Streaming state of the decoder half, with its activation buffers.
@@ -62,6 +74,8 @@ struct DecoderState {
     latent12: Vec<f32>,
     latent25: Vec<f32>,
     pcm: Vec<f32>,
+    /// Buffers of the decodes this stream leads ([`Mimi::decode_frames`]).
+    streams: ConvScratch,
 }
 
 /// The Mimi codec with its streaming encoder and decoder states. The weights are shared: a
@@ -297,12 +311,13 @@ impl Mimi {
     }
 
     /// Streaming encode of one frame for each of several streams at once (the sessions of a
-    /// server): `pcms[i]` into `codes[i]` for `mimis[i]`. Each stream's SEANet encoder,
-    /// downsampling and quantizer run alone; the encoder transformer runs once for the streams
-    /// that share their weights with the first valid one ([`MimiTransformer::forward_streams`]:
-    /// its weights read once for all of them), the others alone. Stream `i` gets what
-    /// [`Mimi::encode_frame_into`] gives it alone, bit for bit; its error (a wrong length) is its
-    /// own.
+    /// server): `pcms[i]` into `codes[i]` for `mimis[i]`. The streams that share their weights
+    /// with the first valid one run together: the encoder transformer once for all of them
+    /// ([`MimiTransformer::forward_streams`]), the SEANet encoder, the downsampling and the
+    /// quantizer in products shared by as many of them as each kernel takes without changing
+    /// its sums ([`SeanetEncoder::forward_streams`]): the weights read once for several streams.
+    /// The others run alone. Stream `i` gets what [`Mimi::encode_frame_into`] gives it alone,
+    /// bit for bit; its error (a wrong length) is its own.
     ///
     /// # Panics
     /// If the three slices differ in length (caller bug).
@@ -324,31 +339,32 @@ impl Mimi {
         let batch = shared_batch(mimis, &checked);
         let _span = tracing::trace_span!("mimi_encode", streams = batch.len()).entered();
         for (i, (m, pcm)) in mimis.iter_mut().zip(pcms).enumerate() {
-            if checked[i].is_err() {
-                continue;
-            }
-            let st = &mut m.encoder_state;
-            if batch.contains(&i) {
+            if checked[i].is_ok() && !batch.contains(&i) {
                 m.modules
-                    .encoder
-                    .forward(&mut st.seanet, pcm, &mut st.latent25);
-            } else {
-                m.modules.encode(st, pcm, AttentionMode::Streaming);
+                    .encode(&mut m.encoder_state, pcm, AttentionMode::Streaming);
             }
         }
-        let streams = transformer_streams(
-            mimis,
-            &batch,
-            |m| &m.encoder_transformer,
-            |m| {
-                let st = &mut m.encoder_state;
-                (&mut st.transformer, &mut st.latent25)
-            },
-        );
-        if let Some(modules) = streams {
-            for &i in &batch {
-                modules.encode_after_transformer(&mut mimis[i].encoder_state);
-            }
+        if let Some(&lead) = batch.first() {
+            let modules = Arc::clone(&mimis[lead].modules);
+            let mut scratch = std::mem::take(&mut mimis[lead].encoder_state.streams);
+            let batch_pcms: Vec<&[f32]> = batch.iter().map(|&i| pcms[i]).collect();
+            modules.encoder_streams(
+                &mut encoder_states(mimis, &batch),
+                &batch_pcms,
+                &mut scratch,
+            );
+            transformer_streams(
+                mimis,
+                &batch,
+                |m| &m.encoder_transformer,
+                |m| {
+                    let st = &mut m.encoder_state;
+                    (&mut st.transformer, &mut st.latent25)
+                },
+            );
+            modules
+                .encode_after_transformer_streams(&mut encoder_states(mimis, &batch), &mut scratch);
+            mimis[lead].encoder_state.streams = scratch;
         }
         for ((m, c), r) in mimis.iter().zip(codes.iter_mut()).zip(&checked) {
             if r.is_ok() {
@@ -359,8 +375,8 @@ impl Mimi {
     }
 
     /// Streaming decode of one frame for each of several streams at once: `codes[i]` into
-    /// `pcms[i]` for `mimis[i]`, the decoder transformer once for the streams sharing weights (as
-    /// [`Mimi::encode_frames`]). Stream `i` gets what [`Mimi::decode_frame_into`] gives it alone,
+    /// `pcms[i]` for `mimis[i]`, the decoder transformer once for the streams sharing weights and
+    /// the SEANet decoder in shared products (as [`Mimi::encode_frames`]). Stream `i` gets what [`Mimi::decode_frame_into`] gives it alone,
     /// bit for bit; its error (a wrong length, a code out of range) is its own.
     ///
     /// # Panics
@@ -403,12 +419,16 @@ impl Mimi {
             },
         );
         if let Some(modules) = streams {
-            for &i in &batch {
-                let st = &mut mimis[i].decoder_state;
-                modules
-                    .decoder
-                    .forward(&mut st.seanet, &st.latent25, &mut st.pcm);
-            }
+            let lead = batch[0];
+            let mut scratch = std::mem::take(&mut mimis[lead].decoder_state.streams);
+            let mut states: Vec<&mut DecoderState> = mimis
+                .iter_mut()
+                .enumerate()
+                .filter(|(i, _)| batch.contains(i))
+                .map(|(_, m)| &mut m.decoder_state)
+                .collect();
+            modules.decoder_streams(&mut states, &mut scratch);
+            mimis[lead].decoder_state.streams = scratch;
         }
         for ((m, pcm), r) in mimis.iter().zip(pcms.iter_mut()).zip(&checked) {
             if r.is_ok() {
@@ -525,6 +545,16 @@ impl Mimi {
     }
 }
 
+/// The encoder states of the streams `batch` of `mimis`.
+fn encoder_states<'a>(mimis: &'a mut [&mut Mimi], batch: &[usize]) -> Vec<&'a mut EncoderState> {
+    mimis
+        .iter_mut()
+        .enumerate()
+        .filter(|(i, _)| batch.contains(i))
+        .map(|(_, m)| &mut m.encoder_state)
+        .collect()
+}
+
 /// The streams of a batched step whose transformer runs together: those that passed their checks
 /// and share their weights (the same modules) with the first of them.
 fn shared_batch(mimis: &[&mut Mimi], checked: &[Result<()>]) -> Vec<usize> {
@@ -553,6 +583,7 @@ impl MimiModules {
             latent25: Vec::new(),
             latent12: Vec::new(),
             codes: Vec::new(),
+            streams: StreamsScratch::default(),
         }
     }
 
@@ -566,6 +597,7 @@ impl MimiModules {
             latent12: Vec::new(),
             latent25: Vec::new(),
             pcm: Vec::new(),
+            streams: ConvScratch::default(),
         }
     }
 
@@ -585,6 +617,86 @@ impl MimiModules {
         st.codes.resize(frames * self.quantizer.num_codebooks(), 0);
         self.quantizer
             .encode(&st.latent12, &mut st.quantizer, &mut st.codes);
+    }
+
+    /// [`SeanetEncoder::forward`] of several streams' frames (`pcms[i]` into `states[i]`'s 25 Hz
+    /// latent), the products shared.
+    fn encoder_streams(
+        &self,
+        states: &mut [&mut EncoderState],
+        pcms: &[&[f32]],
+        scratch: &mut StreamsScratch,
+    ) {
+        let (mut seanets, mut latents): (Vec<_>, Vec<_>) = states
+            .iter_mut()
+            .map(|st| (&mut st.seanet, &mut st.latent25))
+            .unzip();
+        self.encoder
+            .forward_streams(&mut seanets, pcms, &mut latents, &mut scratch.conv);
+    }
+
+    /// [`MimiModules::encode_after_transformer`] of several streams (each the same number of
+    /// rows), the downsampling's and the quantizer's products shared.
+    fn encode_after_transformer_streams(
+        &self,
+        states: &mut [&mut EncoderState],
+        scratch: &mut StreamsScratch,
+    ) {
+        let mut calls: Vec<ConvCall<'_>> = states
+            .iter_mut()
+            .map(|st| ConvCall {
+                state: &mut st.downsample,
+                x: &st.latent25[..],
+                out: &mut st.latent12,
+            })
+            .collect();
+        self.downsample
+            .forward_streams(&mut calls, &mut scratch.conv);
+        let frame_len = states[0].latent12.len();
+        let rows = frame_len / self.quantizer.input_dim();
+        let k = self.quantizer.num_codebooks();
+        scratch.latent.clear();
+        for st in states.iter() {
+            assert_eq!(
+                st.latent12.len(),
+                frame_len,
+                "mimi: streams of unequal frames"
+            );
+            scratch.latent.extend_from_slice(&st.latent12);
+        }
+        scratch.codes.clear();
+        scratch.codes.resize(states.len() * rows * k, 0);
+        self.quantizer.encode_streams(
+            &scratch.latent,
+            rows,
+            &mut scratch.quantizer,
+            &mut scratch.codes,
+        );
+        for (st, codes) in states.iter_mut().zip(scratch.codes.chunks_exact(rows * k)) {
+            st.codes.clear();
+            st.codes.extend_from_slice(codes);
+        }
+    }
+
+    /// [`SeanetDecoder::forward`] of several streams' 25 Hz latents into their PCM, the products
+    /// shared.
+    fn decoder_streams(&self, states: &mut [&mut DecoderState], scratch: &mut ConvScratch) {
+        let mut seanets = Vec::with_capacity(states.len());
+        let mut latents = Vec::with_capacity(states.len());
+        let mut pcms = Vec::with_capacity(states.len());
+        for st in states.iter_mut() {
+            let DecoderState {
+                seanet,
+                latent25,
+                pcm,
+                ..
+            } = &mut **st;
+            seanets.push(seanet);
+            latents.push(&latent25[..]);
+            pcms.push(pcm);
+        }
+        self.decoder
+            .forward_streams(&mut seanets, &latents, &mut pcms, scratch);
     }
 
     /// Codes (`[frame][codebook]`, checked) -> `st.pcm`.

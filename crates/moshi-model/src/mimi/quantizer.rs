@@ -250,6 +250,46 @@ impl SplitQuantizer {
         }
     }
 
+    /// [`SplitQuantizer::encode`] of several streams' latents, `rows` each, stacked in `latent`
+    /// (codes stacked the same way): as many streams share each product as keep the kernels of
+    /// one stream's encode (the codebooks and projections read once for them), so each stream
+    /// gets the codes of its encode alone.
+    pub fn encode_streams(
+        &self,
+        latent: &[f32],
+        rows: usize,
+        scratch: &mut QuantizerScratch,
+        codes: &mut [u32],
+    ) {
+        let streams = (self.same_bits_rows(rows) / rows).max(1);
+        let latent_chunk = streams * rows * self.in_dim;
+        let codes_chunk = streams * rows * self.num_codebooks;
+        for (x, c) in latent
+            .chunks(latent_chunk)
+            .zip(codes.chunks_mut(codes_chunk))
+        {
+            self.encode(x, scratch, c);
+        }
+    }
+
+    /// The rows an [`SplitQuantizer::encode`] may take while each row gets what it gets in an
+    /// encode of `rows` rows: the scoring kernel (bf16 copy or f32) and the input projections'
+    /// kernels stay the same.
+    fn same_bits_rows(&self, rows: usize) -> usize {
+        let scoring = if rows <= BF16_SCORING_MAX_ROWS {
+            BF16_SCORING_MAX_ROWS
+        } else {
+            usize::MAX
+        };
+        std::iter::once(&self.first)
+            .chain(self.rest.as_ref())
+            .map(|g| {
+                g.input_proj
+                    .gemm_same_bits_rows(rows, self.in_dim, 0, self.in_dim)
+            })
+            .fold(scoring, usize::min)
+    }
+
     /// Checks every code against the codebook size. `codes` is `[t][num_codebooks]`.
     pub fn check_codes(&self, codes: &[u32]) -> Result<()> {
         if let Some((i, &c)) = codes

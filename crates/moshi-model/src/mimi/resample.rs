@@ -3,7 +3,8 @@
 //! step) and `ConvTrUpsample1d` (depthwise transposed conv, kernel 2*stride, no bias).
 
 use super::conv::{
-    Conv1dState, ConvTr1dState, PreActivation, StreamingConv1d, StreamingConvTranspose1d,
+    Conv1dState, ConvCall, ConvScratch, ConvTr1dState, PreActivation, StreamingConv1d,
+    StreamingConvTranspose1d,
 };
 use super::weights::WeightSource;
 use super::MimiWeights;
@@ -34,6 +35,13 @@ impl Downsample {
     /// `x` (`[t][dim]`, t a multiple of the stride) -> `out` (`[t / stride][dim]`).
     pub fn forward(&self, st: &mut Conv1dState, x: &[f32], out: &mut Vec<f32>) {
         self.conv.forward(st, x, PreActivation::None, out, false);
+    }
+
+    /// [`Downsample::forward`] for several streams, the product shared
+    /// ([`StreamingConv1d::forward_streams`]).
+    pub fn forward_streams(&self, calls: &mut [ConvCall<'_>], scratch: &mut ConvScratch) {
+        self.conv
+            .forward_streams(calls, PreActivation::None, false, scratch);
     }
 }
 

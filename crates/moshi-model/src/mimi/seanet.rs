@@ -5,7 +5,8 @@
 use moshi_loader::config::SeanetConfig;
 
 use super::conv::{
-    Conv1dState, ConvTr1dState, PreActivation, StreamingConv1d, StreamingConvTranspose1d,
+    Conv1dState, ConvCall, ConvScratch, ConvTr1dState, PreActivation, StreamingConv1d,
+    StreamingConvTranspose1d,
 };
 use super::weights::WeightSource;
 use super::MimiWeights;
@@ -82,6 +83,35 @@ impl ResidualBlock {
             .forward(&mut st.conv_k, x, PreActivation::Elu, &mut st.hidden, false);
         self.conv_1
             .forward(&mut st.conv_1, &st.hidden, PreActivation::Elu, x, true);
+    }
+
+    /// [`ResidualBlock::forward`] for several streams (each its state and its `x`), the
+    /// convolutions' products shared ([`StreamingConv1d::forward_streams`]).
+    fn forward_streams(
+        &self,
+        streams: &mut [(&mut ResidualState, &mut Vec<f32>)],
+        scratch: &mut ConvScratch,
+    ) {
+        let mut calls: Vec<ConvCall<'_>> = streams
+            .iter_mut()
+            .map(|(st, x)| ConvCall {
+                state: &mut st.conv_k,
+                x: &x[..],
+                out: &mut st.hidden,
+            })
+            .collect();
+        self.conv_k
+            .forward_streams(&mut calls, PreActivation::Elu, false, scratch);
+        let mut calls: Vec<ConvCall<'_>> = streams
+            .iter_mut()
+            .map(|(st, x)| ConvCall {
+                state: &mut st.conv_1,
+                x: &st.hidden[..],
+                out: x,
+            })
+            .collect();
+        self.conv_1
+            .forward_streams(&mut calls, PreActivation::Elu, true, scratch);
     }
 
     fn reset(st: &mut ResidualState) {
@@ -249,6 +279,74 @@ impl SeanetEncoder {
         self.output
             .forward(output, a, PreActivation::Elu, out, false);
     }
+
+    /// [`SeanetEncoder::forward`] of one step for each of several streams (`states[i]`,
+    /// `pcms[i]` into `outs[i]`), each convolution's products shared across the streams where
+    /// that reads its weights once for several ([`StreamingConv1d::forward_streams`]); stream `i`
+    /// gets exactly what `forward` gives it alone.
+    ///
+    /// # Panics
+    /// If the three slices differ in length (caller bug).
+    pub fn forward_streams(
+        &self,
+        states: &mut [&mut SeanetEncoderState],
+        pcms: &[&[f32]],
+        outs: &mut [&mut Vec<f32>],
+        scratch: &mut ConvScratch,
+    ) {
+        assert!(states.len() == pcms.len() && states.len() == outs.len());
+        let mut calls: Vec<ConvCall<'_>> = states
+            .iter_mut()
+            .zip(pcms)
+            .map(|(st, pcm)| ConvCall {
+                state: &mut st.input,
+                x: pcm,
+                out: &mut st.a,
+            })
+            .collect();
+        self.input
+            .forward_streams(&mut calls, PreActivation::None, false, scratch);
+        for (s, stage) in self.stages.iter().enumerate() {
+            for (r, block) in stage.residuals.iter().enumerate() {
+                let mut streams: Vec<_> = states
+                    .iter_mut()
+                    .map(|st| {
+                        let SeanetEncoderState { residuals, a, .. } = &mut **st;
+                        (&mut residuals[s][r], a)
+                    })
+                    .collect();
+                block.forward_streams(&mut streams, scratch);
+            }
+            let mut calls: Vec<ConvCall<'_>> = states
+                .iter_mut()
+                .map(|st| {
+                    let SeanetEncoderState { downs, a, b, .. } = &mut **st;
+                    ConvCall {
+                        state: &mut downs[s],
+                        x: &a[..],
+                        out: b,
+                    }
+                })
+                .collect();
+            stage
+                .down
+                .forward_streams(&mut calls, PreActivation::Elu, false, scratch);
+            for st in states.iter_mut() {
+                std::mem::swap(&mut st.a, &mut st.b);
+            }
+        }
+        let mut calls: Vec<ConvCall<'_>> = states
+            .iter_mut()
+            .zip(outs.iter_mut())
+            .map(|(st, out)| ConvCall {
+                state: &mut st.output,
+                x: &st.a[..],
+                out,
+            })
+            .collect();
+        self.output
+            .forward_streams(&mut calls, PreActivation::Elu, false, scratch);
+    }
 }
 
 /// One decoder stage: ELU + transposed conv (channels / 2), then residual blocks.
@@ -368,6 +466,73 @@ impl SeanetDecoder {
                 .collect(),
             ..Default::default()
         }
+    }
+
+    /// [`SeanetDecoder::forward`] of one step for each of several streams (`states[i]`,
+    /// `latents[i]` into `outs[i]`), the products shared as in
+    /// [`SeanetEncoder::forward_streams`]; stream `i` gets exactly what `forward` gives it alone.
+    ///
+    /// # Panics
+    /// If the three slices differ in length (caller bug).
+    pub fn forward_streams(
+        &self,
+        states: &mut [&mut SeanetDecoderState],
+        latents: &[&[f32]],
+        outs: &mut [&mut Vec<f32>],
+        scratch: &mut ConvScratch,
+    ) {
+        assert!(states.len() == latents.len() && states.len() == outs.len());
+        let mut calls: Vec<ConvCall<'_>> = states
+            .iter_mut()
+            .zip(latents)
+            .map(|(st, latent)| ConvCall {
+                state: &mut st.input,
+                x: latent,
+                out: &mut st.a,
+            })
+            .collect();
+        self.input
+            .forward_streams(&mut calls, PreActivation::None, false, scratch);
+        for (s, stage) in self.stages.iter().enumerate() {
+            let mut calls: Vec<ConvCall<'_, ConvTr1dState>> = states
+                .iter_mut()
+                .map(|st| {
+                    let SeanetDecoderState { ups, a, b, .. } = &mut **st;
+                    ConvCall {
+                        state: &mut ups[s],
+                        x: &a[..],
+                        out: b,
+                    }
+                })
+                .collect();
+            stage
+                .up
+                .forward_streams(&mut calls, PreActivation::Elu, scratch);
+            for st in states.iter_mut() {
+                std::mem::swap(&mut st.a, &mut st.b);
+            }
+            for (r, block) in stage.residuals.iter().enumerate() {
+                let mut streams: Vec<_> = states
+                    .iter_mut()
+                    .map(|st| {
+                        let SeanetDecoderState { residuals, a, .. } = &mut **st;
+                        (&mut residuals[s][r], a)
+                    })
+                    .collect();
+                block.forward_streams(&mut streams, scratch);
+            }
+        }
+        let mut calls: Vec<ConvCall<'_>> = states
+            .iter_mut()
+            .zip(outs.iter_mut())
+            .map(|(st, out)| ConvCall {
+                state: &mut st.output,
+                x: &st.a[..],
+                out,
+            })
+            .collect();
+        self.output
+            .forward_streams(&mut calls, PreActivation::Elu, false, scratch);
     }
 
     /// `latent` (`[t][dimension]`) -> `out` (`[t * hop][channels]`).

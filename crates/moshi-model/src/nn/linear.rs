@@ -10,7 +10,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use moshi_kernels::dense::{gemm_nt_bf16, gemm_nt_strided, matmul, matmul_t};
+use moshi_kernels::dense::{gemm_nt_bf16, gemm_nt_strided, matmul, matmul_t, SMALL_M};
 use moshi_kernels::{f32_to_bf16_bits, gemm_nt_q8, QuantizedMatrix, Q8_MAX_ROWS};
 use moshi_loader::{Weight, WeightData};
 
@@ -20,7 +20,7 @@ use moshi_loader::{Weight, WeightData};
 pub const EXACT_ROWS_MAX: usize = 64;
 
 /// Left-operand rows up to which a bf16 reduced copy is used (the bf16 streaming kernel's limit).
-const BF16_COPY_MAX_ROWS: usize = 4;
+const BF16_COPY_MAX_ROWS: usize = SMALL_M;
 
 /// Group sizes tried for an 8-bit reduced copy, preferred first.
 const Q8_GROUPS: [usize; 2] = [64, 32];
@@ -88,6 +88,16 @@ pub fn weight_bytes_read() -> u64 {
 /// Adds `bytes` to [`weight_bytes_read`].
 pub fn count_bytes(bytes: usize) {
     WEIGHT_BYTES_READ.fetch_add(bytes as u64, Ordering::Relaxed);
+}
+
+/// The kernel a [`Linear::gemm`] runs. Each output's bits depend on it, not on the row count
+/// (the kernels' contracts): rows stacked into one call keep their bits while it stays the same.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum GemmKernel {
+    Bf16Copy,
+    Q8Copy,
+    F32Streaming,
+    F32Packed,
 }
 
 /// The weights of a layer.
@@ -299,6 +309,42 @@ impl Linear {
         out
     }
 
+    /// The kernel a [`Linear::gemm`] of `m` rows over the block (`k` columns from `offset`,
+    /// weight rows `rs_w` apart) runs.
+    fn gemm_kernel(&self, m: usize, k: usize, offset: usize, rs_w: usize) -> GemmKernel {
+        match &self.few_rows {
+            FewRowCopy::Bf16(_) if m <= BF16_COPY_MAX_ROWS => return GemmKernel::Bf16Copy,
+            FewRowCopy::Q8(q) => {
+                let g = q.group_size();
+                if m <= Q8_MAX_ROWS
+                    && rs_w == self.in_dim
+                    && k.is_multiple_of(g)
+                    && (offset % self.in_dim).is_multiple_of(g)
+                {
+                    return GemmKernel::Q8Copy;
+                }
+            }
+            _ => {}
+        }
+        if m <= SMALL_M {
+            GemmKernel::F32Streaming
+        } else {
+            GemmKernel::F32Packed
+        }
+    }
+
+    /// The most rows a [`Linear::gemm`] over the block may take while each row still gets the
+    /// bits it gets in a product of `m` rows (the same kernel runs): callers stacking the rows of
+    /// several streams into one product, the weights read once, keep to it.
+    pub fn gemm_same_bits_rows(&self, m: usize, k: usize, offset: usize, rs_w: usize) -> usize {
+        match self.gemm_kernel(m, k, offset, rs_w) {
+            GemmKernel::Bf16Copy => BF16_COPY_MAX_ROWS,
+            GemmKernel::Q8Copy => Q8_MAX_ROWS,
+            GemmKernel::F32Streaming => SMALL_M,
+            GemmKernel::F32Packed => usize::MAX,
+        }
+    }
+
     /// Mimi's block view of f32 weights: `out[i * rs_out + j] (+)= Σ_p a[i * rs_a + p] ·
     /// W[offset + j * rs_w + p]` for `i < m`, `j < n`, `p < k`, rows of `a` possibly overlapping
     /// (convolution windows read in place). Reads the reduced copy for few rows where it covers
@@ -323,39 +369,19 @@ impl Linear {
         if m == 0 || n == 0 {
             return;
         }
-        match &self.few_rows {
-            FewRowCopy::None => {}
-            FewRowCopy::Bf16(w) => {
-                if m <= BF16_COPY_MAX_ROWS {
-                    count_bytes(n * k * 2);
-                    gemm_nt_bf16(
-                        m,
-                        k,
-                        n,
-                        a,
-                        rs_a,
-                        &w[offset..],
-                        rs_w,
-                        out,
-                        rs_out,
-                        accumulate,
-                    );
-                    return;
-                }
+        match (&self.few_rows, self.gemm_kernel(m, k, offset, rs_w)) {
+            (FewRowCopy::Bf16(w), GemmKernel::Bf16Copy) => {
+                count_bytes(n * k * 2);
+                let w = &w[offset..];
+                return gemm_nt_bf16(m, k, n, a, rs_a, w, rs_w, out, rs_out, accumulate);
             }
-            FewRowCopy::Q8(q) => {
+            (FewRowCopy::Q8(q), GemmKernel::Q8Copy) => {
                 let g = q.group_size();
                 let (row0, col0) = (offset / self.in_dim, offset % self.in_dim);
-                if m <= Q8_MAX_ROWS
-                    && rs_w == self.in_dim
-                    && k.is_multiple_of(g)
-                    && col0.is_multiple_of(g)
-                {
-                    count_bytes(n * k + n * (k / g) * 4);
-                    gemm_nt_q8(m, k, n, a, rs_a, q, row0, col0, out, rs_out, accumulate);
-                    return;
-                }
+                count_bytes(n * k + n * (k / g) * 4);
+                return gemm_nt_q8(m, k, n, a, rs_a, q, row0, col0, out, rs_out, accumulate);
             }
+            _ => {}
         }
         count_bytes(n * k * 4);
         gemm_nt_strided(
@@ -482,6 +508,47 @@ mod tests {
                             .all(|(a, b)| a.to_bits() == b.to_bits()),
                         "{:?} m {m} row {i}",
                         std::mem::discriminant(layer.weights())
+                    );
+                }
+            }
+        }
+    }
+
+    /// Blocks of `m` rows stacked into one [`Linear::gemm`] of up to `gemm_same_bits_rows(m)`
+    /// rows (every mode, overlapping windows, a block view, accumulating) each get the bits of
+    /// their product alone: what batching Mimi's streams relies on.
+    #[test]
+    fn stacked_blocks_keep_their_bits_up_to_the_same_bits_rows() {
+        let (rows, cols) = (40, 256);
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 17 % 613) as f32 * 0.013).sin())
+            .collect();
+        // Columns 64..256 of rows 3..40, windows 32 apart (overlapping, as a convolution's).
+        let (n, k, offset, rs_a) = (37, 192, 3 * cols + 64, 32);
+        for mode in FewRowPrecision::ALL {
+            let mut layer = Linear::f32(w.clone(), rows, cols);
+            layer.set_few_row_precision(mode);
+            for m in [1, 2, 3, 4, 5, 16, 17] {
+                let max = layer.gemm_same_bits_rows(m, k, offset, cols);
+                assert!(max >= m, "{mode} m {m}: {max}");
+                let blocks = (max / m).min(40 / m + 2);
+                let total = blocks * m;
+                let a: Vec<f32> = (0..(total - 1) * rs_a + k)
+                    .map(|i| (i as f32 * 0.37).cos())
+                    .collect();
+                let init: Vec<f32> = (0..total * n).map(|i| (i as f32 * 0.05).sin()).collect();
+                let mut stacked = init.clone();
+                layer.gemm(total, k, n, &a, rs_a, offset, cols, &mut stacked, n, true);
+                for b in 0..blocks {
+                    let mut alone = init[b * m * n..(b + 1) * m * n].to_vec();
+                    let a_block = &a[b * m * rs_a..];
+                    layer.gemm(m, k, n, a_block, rs_a, offset, cols, &mut alone, n, true);
+                    let got = &stacked[b * m * n..(b + 1) * m * n];
+                    assert!(
+                        got.iter()
+                            .zip(&alone)
+                            .all(|(x, y)| x.to_bits() == y.to_bits()),
+                        "{mode} m {m}: block {b} of {blocks}"
                     );
                 }
             }
