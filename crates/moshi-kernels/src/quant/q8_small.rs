@@ -221,13 +221,29 @@ unsafe fn q8_body<const FMA: bool>(
     hi: usize,
     out: *mut f32,
 ) {
+    // The scale format is a constant of the tile, as the group size is: matched per group at run
+    // time, its widening (for f16 a call into `half`) sat between the accumulators' loops, and
+    // the accumulators lived in memory instead of registers.
     // SAFETY (all arms): contract forwarded.
     unsafe {
-        match block.group {
-            32 => q8_rows::<32, FMA>(args, block, lo, hi, out),
-            64 => q8_rows::<64, FMA>(args, block, lo, hi, out),
-            _ => q8_rows::<128, FMA>(args, block, lo, hi, out),
+        match (block.format, block.group) {
+            (ScaleFormat::Bf16, 32) => q8_rows::<32, false, FMA>(args, block, lo, hi, out),
+            (ScaleFormat::Bf16, 64) => q8_rows::<64, false, FMA>(args, block, lo, hi, out),
+            (ScaleFormat::Bf16, _) => q8_rows::<128, false, FMA>(args, block, lo, hi, out),
+            (ScaleFormat::F16, 32) => q8_rows::<32, true, FMA>(args, block, lo, hi, out),
+            (ScaleFormat::F16, 64) => q8_rows::<64, true, FMA>(args, block, lo, hi, out),
+            (ScaleFormat::F16, _) => q8_rows::<128, true, FMA>(args, block, lo, hi, out),
         }
+    }
+}
+
+/// The f32 value of scale or bias bits in f16 (`F16_SCALES`) or bf16.
+#[inline(always)]
+fn widen_scale<const F16_SCALES: bool>(bits: u16) -> f32 {
+    if F16_SCALES {
+        ScaleFormat::F16.to_f32(bits)
+    } else {
+        ScaleFormat::Bf16.to_f32(bits)
     }
 }
 
@@ -237,7 +253,7 @@ const MR: usize = 4;
 /// Weight rows `lo..hi` in tiles of 4 (1-2 left rows) or 2 weight rows; each tile is applied to
 /// all left rows, [`MR`] at a time, while it is hot in L1 (the weights are read from memory once).
 #[inline(always)]
-unsafe fn q8_rows<const G: usize, const FMA: bool>(
+unsafe fn q8_rows<const G: usize, const F16_SCALES: bool, const FMA: bool>(
     args: &Q8Args,
     block: &Q8Block,
     lo: usize,
@@ -260,16 +276,16 @@ unsafe fn q8_rows<const G: usize, const FMA: bool>(
             // SAFETY (all arms): contract forwarded (left rows i0..i0 + mc, weight rows j..j + nr).
             unsafe {
                 match (mc, nr) {
-                    (1, 4) => q8_tile::<1, 4, G, FMA>(args, block, i0, j, out),
-                    (2, 4) => q8_tile::<2, 4, G, FMA>(args, block, i0, j, out),
-                    (1, 2) => q8_tile::<1, 2, G, FMA>(args, block, i0, j, out),
-                    (2, 2) => q8_tile::<2, 2, G, FMA>(args, block, i0, j, out),
-                    (3, 2) => q8_tile::<3, 2, G, FMA>(args, block, i0, j, out),
-                    (_, 2) => q8_tile::<4, 2, G, FMA>(args, block, i0, j, out),
-                    (1, _) => q8_tile::<1, 1, G, FMA>(args, block, i0, j, out),
-                    (2, _) => q8_tile::<2, 1, G, FMA>(args, block, i0, j, out),
-                    (3, _) => q8_tile::<3, 1, G, FMA>(args, block, i0, j, out),
-                    (_, _) => q8_tile::<4, 1, G, FMA>(args, block, i0, j, out),
+                    (1, 4) => q8_tile::<1, 4, G, F16_SCALES, FMA>(args, block, i0, j, out),
+                    (2, 4) => q8_tile::<2, 4, G, F16_SCALES, FMA>(args, block, i0, j, out),
+                    (1, 2) => q8_tile::<1, 2, G, F16_SCALES, FMA>(args, block, i0, j, out),
+                    (2, 2) => q8_tile::<2, 2, G, F16_SCALES, FMA>(args, block, i0, j, out),
+                    (3, 2) => q8_tile::<3, 2, G, F16_SCALES, FMA>(args, block, i0, j, out),
+                    (_, 2) => q8_tile::<4, 2, G, F16_SCALES, FMA>(args, block, i0, j, out),
+                    (1, _) => q8_tile::<1, 1, G, F16_SCALES, FMA>(args, block, i0, j, out),
+                    (2, _) => q8_tile::<2, 1, G, F16_SCALES, FMA>(args, block, i0, j, out),
+                    (3, _) => q8_tile::<3, 1, G, F16_SCALES, FMA>(args, block, i0, j, out),
+                    (_, _) => q8_tile::<4, 1, G, F16_SCALES, FMA>(args, block, i0, j, out),
                 }
             }
             i0 += mc;
@@ -324,7 +340,13 @@ fn u8_lanes(c: &[u8; LANES]) -> [f32; LANES] {
 
 /// Weight rows `j..j + NR` against left rows `i0..i0 + M`.
 #[inline(always)]
-unsafe fn q8_tile<const M: usize, const NR: usize, const G: usize, const FMA: bool>(
+unsafe fn q8_tile<
+    const M: usize,
+    const NR: usize,
+    const G: usize,
+    const F16_SCALES: bool,
+    const FMA: bool,
+>(
     args: &Q8Args,
     block: &Q8Block,
     i0: usize,
@@ -385,8 +407,8 @@ unsafe fn q8_tile<const M: usize, const NR: usize, const G: usize, const FMA: bo
         }
         for r in 0..NR {
             let (s, b) = (
-                block.format.to_f32(sc[r][gi]),
-                block.format.to_f32(bi[r][gi]),
+                widen_scale::<F16_SCALES>(sc[r][gi]),
+                widen_scale::<F16_SCALES>(bi[r][gi]),
             );
             for i in 0..M {
                 scale_add::<FMA>(&mut total[i][r], s, &acc[i][r]);
