@@ -146,6 +146,10 @@ fn chat_stops_in_bounded_time_after_its_sound_server_is_killed() {
 /// double-talk one of moshi-runtime's tests/echo_cancel.rs (on speech, over its double talk).
 const DOUBLE_TALK_MIN_NCC: f64 = 0.7;
 
+/// Conversations per room with `--echo-cancel on` at most: a run that fails after a glitch the
+/// engine counted is run again, one without a counted glitch fails the test.
+const ECHO_ATTEMPTS: usize = 3;
+
 /// scripts/e2e-chat-echo.sh with `DELAY_MS` and `MODE`, chat on the model folder `model`: its
 /// verdict (one JSON object).
 fn run_echo_e2e(model: &Path, delay_ms: u32, mode: &str) -> serde_json::Value {
@@ -209,7 +213,7 @@ fn echo_cancel_failure(delay_ms: u32, v: &serde_json::Value) -> Option<String> {
 /// echo at the room's delay plus the reference's lead, the echo is at least 25 dB down in every
 /// Moshi-only window from 2 s on, and the user's speech comes through (double talk: the tiny
 /// model never stops talking; ncc >= [`DOUBLE_TALK_MIN_NCC`]); with `--echo-cancel off` the echo
-/// is all there. A failed run with a glitch the engine counted is run once more.
+/// is all there. A failed run with a glitch the engine counted is run again ([`ECHO_ATTEMPTS`]).
 #[test]
 fn chat_on_laptop_speakers_cancels_the_echo_and_lets_the_user_through() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
@@ -222,15 +226,20 @@ fn chat_on_laptop_speakers_cancels_the_echo_and_lets_the_user_through() {
     let model = tempfile::tempdir().unwrap();
     write_tiny_a_with_broadband_voice(model.path());
     for delay_ms in [40, 120] {
-        let mut v = run_echo_e2e(model.path(), delay_ms, "on");
-        if echo_cancel_failure(delay_ms, &v).is_some() && v["audible_glitch_events"] != 0 {
-            // A glitch the engine counted moves the echo against the reference, and the
-            // canceller starts over (as in a room): one more conversation.
-            eprintln!("{delay_ms} ms room: a counted glitch in a failed run, once more");
-            v = run_echo_e2e(model.path(), delay_ms, "on");
-        }
-        if let Some(failure) = echo_cancel_failure(delay_ms, &v) {
-            panic!("{delay_ms} ms room: {failure}: {v}");
+        for attempt in 1..=ECHO_ATTEMPTS {
+            let v = run_echo_e2e(model.path(), delay_ms, "on");
+            let Some(failure) = echo_cancel_failure(delay_ms, &v) else {
+                break;
+            };
+            // A glitch the engine counted (a gap in the speaker's playback) moves the echo
+            // against the reference and the canceller adapts again: such a run may be retried.
+            let glitched = v["audible_glitch_events"] != 0;
+            assert!(
+                glitched && attempt < ECHO_ATTEMPTS,
+                "{delay_ms} ms room, run {attempt} of at most {ECHO_ATTEMPTS}: {failure} (glitches the engine counted: {}): {v}",
+                v["audible_glitch_events"]
+            );
+            eprintln!("{delay_ms} ms room: {failure} after a counted glitch, once more");
         }
         let v = run_echo_e2e(model.path(), delay_ms, "off");
         assert!(
