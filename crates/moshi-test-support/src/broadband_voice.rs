@@ -31,7 +31,7 @@ fn is_decoder_upsampling(name: &str) -> bool {
 /// amount so that their sum is the mean of those sums over the phases `p`.
 fn equalize_phase_gains(weights: &mut [f32], kernel: usize) {
     assert!(
-        kernel % 2 == 0,
+        kernel.is_multiple_of(2),
         "transposed convolution kernel {kernel}: expected twice the stride"
     );
     let stride = kernel / 2;
