@@ -229,6 +229,7 @@ fn chat_on_laptop_speakers_cancels_the_echo_and_lets_the_user_through() {
         for attempt in 1..=ECHO_ATTEMPTS {
             let v = run_echo_e2e(model.path(), delay_ms, "on");
             let Some(failure) = echo_cancel_failure(delay_ms, &v) else {
+                assert_eq!(v["cancelled"], true, "the script's verdict: {v}");
                 break;
             };
             // A glitch the engine counted (a gap in the speaker's playback) moves the echo
