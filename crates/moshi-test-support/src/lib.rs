@@ -8,6 +8,9 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
+mod broadband_voice;
+pub use broadband_voice::write_tiny_a_with_broadband_voice;
+
 /// The workspace root (the folder holding `assets/`, `configs/`, `scripts/`).
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
