@@ -15,6 +15,10 @@ pub enum ModelKind {
     /// Hibiki: speech translation, conditioned and guided; its input ends with an end-of-stream
     /// frame and its output with EOS.
     Translation,
+    /// Hibiki-Zero (`model_type` `hibiki` without conditioners, Kyutai's `hibiki-zero`):
+    /// speech translation fed as `hibiki_zero.run.generate` feeds it (warm-up frames, the
+    /// end-of-input frame in place of a frame, a fixed generation length), no guidance.
+    TranslationZero,
     /// Kyutai's speech-to-text (`model_type` `stt`, `dep_q` 0): the user's audio in, a text
     /// delayed by `stt_config.audio_delay_seconds` out, no audio; extra heads (voice activity)
     /// read at every step.
@@ -32,6 +36,10 @@ pub enum LeadingSilence {
     /// `ceil(stt_config.audio_silence_prefix_seconds x 12.5)` frames of silence, each through
     /// Mimi's encoder (`stt_from_file_pytorch.py`).
     SttSilencePrefix,
+    /// `max_delay` warm-up frames: the codes of `max_delay` frames of silence encoded by a Mimi
+    /// encoder of their own (`hibiki_zero.inference.encode_inputs`), so the session's encoder
+    /// starts fresh on the input. The pipeline feeds them before a session's first frame.
+    MaxDelaySilenceOwnEncoder,
 }
 
 /// What becomes of the samples after the input's last whole frame.
@@ -51,6 +59,11 @@ pub enum EndOfInput {
     /// One frame whose user codes are all `card` (`run_inference.py` for Hibiki), then silence
     /// until the model's text returns the tokenizer's EOS.
     AllUserCodesCardThenSilenceUntilEos,
+    /// Hibiki-Zero (`hibiki_zero.inference.add_input_eos`): the input zero-padded to the
+    /// generation length is encoded whole, and the frame at `ceil(duration x 12.5)` has its user
+    /// codes replaced by `card`: Mimi's encoder still consumes that frame's samples (silence).
+    /// Then silence until the generation length; the output ends at the first EOS.
+    AllUserCodesCardInPlaceOfAFrame,
     /// `ceil(stt_config.audio_delay_seconds x 12.5)` frames of silence through Mimi's encoder,
     /// so that the text of the input's last words comes out (`stt_from_file_pytorch.py`).
     SilenceForTextDelay,
@@ -106,6 +119,21 @@ const TRANSLATION: Conventions = Conventions {
     generates_audio: true,
 };
 
+/// Kyutai's `hibiki-zero` 0.0.4 (`run.generate`, `inference.encode_inputs`, `add_input_eos`,
+/// `get_lmgen`): no conditioner, warm-up frames, each frame fed once (the first too), the last
+/// partial frame zero-padded; a Hibiki model, so EOS is read with PAD's row (`loaders.get_moshi`).
+const TRANSLATION_ZERO: Conventions = Conventions {
+    name: "hibiki-zero (speech translation)",
+    conditions: &[],
+    negative_conditions: &[],
+    first_frame_lm_steps: 1,
+    end_of_input: EndOfInput::AllUserCodesCardInPlaceOfAFrame,
+    text_input_alias: Some((2, 3)),
+    leading_silence: LeadingSilence::MaxDelaySilenceOwnEncoder,
+    partial_last_frame: PartialLastFrame::ZeroPad,
+    generates_audio: true,
+};
+
 /// Kyutai's `delayed-streams-modeling` `stt_from_file_pytorch.py` (and moshi-server's ASR): each
 /// chunk fed once (the first frame too: the text has no acoustic delay to fill), silence before
 /// and after the audio, the audio zero-padded to whole frames.
@@ -153,11 +181,14 @@ impl Conventions {
 }
 
 impl ModelKind {
-    /// The kind of a config: `model_type` `hibiki` translates, `stt` transcribes; anything
+    /// The kind of a config: `model_type` `hibiki` translates (Hibiki-Zero when it has no
+    /// conditioner), `stt` transcribes; anything
     /// else converses (a conditioned config that is not Hibiki, and a config without a
     /// depformer that is not STT, are refused by [`LmConfig::validate`]).
     pub fn of(cfg: &LmConfig) -> Self {
-        if cfg.is_translation() {
+        if cfg.is_hibiki_zero() {
+            ModelKind::TranslationZero
+        } else if cfg.is_translation() {
             ModelKind::Translation
         } else if cfg.is_speech_to_text() {
             ModelKind::SpeechToText
@@ -173,6 +204,7 @@ impl ModelKind {
         match self {
             ModelKind::Conversation => &CONVERSATION,
             ModelKind::Translation => &TRANSLATION,
+            ModelKind::TranslationZero => &TRANSLATION_ZERO,
             ModelKind::SpeechToText => &SPEECH_TO_TEXT,
             ModelKind::TextToSpeech => &TEXT_TO_SPEECH,
         }
@@ -195,6 +227,24 @@ mod tests {
             ModelKind::Conversation.conventions().end_of_input,
             EndOfInput::Never
         );
+    }
+
+    #[test]
+    fn a_hibiki_config_without_conditioners_is_hibiki_zero() {
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../assets/tiny-hibiki-zero/config.json"
+        ))
+        .unwrap();
+        let cfg = LmConfig::from_json_str(&text, std::path::Path::new("config.json")).unwrap();
+        assert_eq!(ModelKind::of(&cfg), ModelKind::TranslationZero);
+        let c = ModelKind::TranslationZero.conventions();
+        assert_eq!(c.first_frame_lm_steps, 1);
+        assert_eq!(c.end_of_input, EndOfInput::AllUserCodesCardInPlaceOfAFrame);
+        assert_eq!(c.leading_silence, LeadingSilence::MaxDelaySilenceOwnEncoder);
+        assert_eq!(c.partial_last_frame, PartialLastFrame::ZeroPad);
+        assert_eq!(c.text_input_alias, Some((2, 3)));
+        assert!(c.conditioning(&cfg, 1.0).values.is_empty());
     }
 
     #[test]

@@ -3,10 +3,16 @@
 //! equal to `card`), then silence through the same streaming Mimi encoder until the model ends
 //! its text with EOS, at most `max_tail_frames` silence frames. The output is every frame the
 //! model returns (none while its delays fill), up to and including the EOS frame.
+//!
+//! Hibiki-Zero (Kyutai's `hibiki_zero.run.generate`) instead generates for a fixed length
+//! ([`GenerationWindow`]): the input zero-padded to it, the frame at `ceil(duration x 12.5)`
+//! replaced by the end-of-input frame, and its output cut at the first EOS
+//! ([`translate_window`]).
 
 use crate::engine::{FrameOutput, FrameProcessor, OfflineRunner};
 use crate::metrics::{FrameRecord, Metrics};
-use crate::pipeline::MoshiPipeline;
+use crate::pipeline::{FrameInput, MoshiPipeline};
+use moshi_model::mimi::Mimi;
 use crate::wav_frames::WavFrames;
 use crate::{Result, RuntimeError, FRAME_SAMPLES};
 
@@ -17,6 +23,42 @@ pub enum TranslationEnd {
     Eos { tail_frames: usize },
     /// `max_tail_frames` silence frames were fed and the model had not returned EOS.
     TailCapReached { tail_frames: usize },
+    /// Hibiki-Zero: the generation window's last frame was fed, `tail_frames` of them after
+    /// the end-of-input frame, and the model had not returned EOS.
+    WindowEnd { tail_frames: usize },
+}
+
+/// Hibiki-Zero's generation length (`hibiki_zero.run.generate`'s `gen_duration`): the input
+/// is zero-padded to `total_frames` and the frame `end_of_input_frame` replaced by the
+/// end-of-input frame (`add_input_eos`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GenerationWindow {
+    /// Frames fed after the warm-up: the padded input's.
+    pub total_frames: usize,
+    /// `min(ceil(duration x 12.5), total_frames - 1)`.
+    pub end_of_input_frame: usize,
+}
+
+impl GenerationWindow {
+    /// The window of `input_samples` at 24 kHz generating for `gen_duration_s` seconds, as
+    /// `generate` computes it (`int(gen_duration x 24000)` samples, whole frames by Mimi's
+    /// padding, the end-of-input frame from the duration in floating point); `None` where the
+    /// input is longer than the window or either is empty (`generate` refuses those).
+    pub fn new(input_samples: u64, gen_duration_s: f64) -> Option<Self> {
+        let sample_rate = crate::SAMPLE_RATE_HZ as f64;
+        let gen_samples = (gen_duration_s * sample_rate) as u64;
+        let duration_s = input_samples as f64 / sample_rate;
+        if input_samples == 0 || duration_s > gen_duration_s || gen_samples == 0 {
+            return None;
+        }
+        let total_frames = gen_samples.div_ceil(FRAME_SAMPLES as u64) as usize;
+        let frame_rate_hz = 1e3 / crate::FRAME_MS;
+        let end = (duration_s * frame_rate_hz).ceil() as usize;
+        Some(Self {
+            total_frames,
+            end_of_input_frame: end.min(total_frames - 1),
+        })
+    }
 }
 
 /// What a translation took. The translated audio went to `on_frame` as it was made: nothing
@@ -109,4 +151,173 @@ pub fn translate_offline<E: From<RuntimeError>>(
         frames_out,
         end,
     })
+}
+
+/// Hibiki-Zero's user codes for `window` (`hibiki_zero.inference.encode_inputs`): the frames of
+/// `input` zero-padded to `window.total_frames` and encoded by `mimi` in one call (not frame by
+/// frame: on near ties Mimi's batch and streaming encoders may pick different codes, and
+/// `generate` encodes in one call), frame-major. Holds the window's audio and its activations
+/// while it encodes (memory grows with the window).
+pub fn encode_window(
+    mimi: &Mimi,
+    input: &mut dyn FrameSource,
+    window: GenerationWindow,
+) -> Result<Vec<Vec<u32>>> {
+    let mut pcm = Vec::with_capacity(window.total_frames * FRAME_SAMPLES);
+    while let Some(frame) = input.next_frame()? {
+        if pcm.len() == window.total_frames * FRAME_SAMPLES {
+            break;
+        }
+        pcm.extend_from_slice(frame);
+    }
+    pcm.resize(window.total_frames * FRAME_SAMPLES, 0.0);
+    let by_codebook = mimi.encode_batch(&pcm)?;
+    Ok((0..window.total_frames)
+        .map(|f| by_codebook.iter().map(|c| c[f]).collect())
+        .collect())
+}
+
+/// Translates the window's `codes` (from [`encode_window`]) as Hibiki-Zero's `generate` does:
+/// each frame fed once (the pipeline feeds the warm-up frames before the first), the frame at
+/// `window.end_of_input_frame` replaced by the end-of-input frame (`add_input_eos`). `generate`
+/// keeps the output up to the first EOS anywhere (`decode_outputs`), so the run stops once the
+/// model returns `end_text_id`. `on_frame` and `on_record` as in [`translate_offline`].
+pub fn translate_window<E: From<RuntimeError>>(
+    pipeline: &mut MoshiPipeline,
+    codes: &[Vec<u32>],
+    window: GenerationWindow,
+    end_text_id: Option<u32>,
+    mut on_frame: impl FnMut(u64, &FrameOutput) -> std::result::Result<(), E>,
+    mut on_record: impl FnMut(&FrameRecord),
+) -> std::result::Result<Translation, E> {
+    let mut runner = OfflineRunner::new();
+    let mut frames_out = 0u64;
+    let mut ended = false;
+    for (i, frame_codes) in codes.iter().enumerate().take(window.total_frames) {
+        let input = if i == window.end_of_input_frame {
+            FrameInput::EndOfInput
+        } else {
+            FrameInput::Codes(frame_codes)
+        };
+        let (record, o) = runner.run(|| pipeline.process(input))?;
+        on_record(&record);
+        if let Some(tokens) = &o.tokens {
+            on_frame(frames_out, &o)?;
+            frames_out += 1;
+            ended = Some(tokens.text) == end_text_id;
+        }
+        if ended {
+            break;
+        }
+    }
+    let fed = runner.frames() as usize;
+    let tail_frames = fed.saturating_sub(window.end_of_input_frame + 1);
+    let end = if ended {
+        TranslationEnd::Eos { tail_frames }
+    } else {
+        TranslationEnd::WindowEnd { tail_frames }
+    };
+    Ok(Translation {
+        metrics: runner.into_metrics(),
+        frames_out,
+        end,
+    })
+}
+
+/// Where Hibiki-Zero's `decode_outputs` cuts a translation: before the first frame whose text
+/// is EOS, else (no EOS) before the last frame whose text is not PAD (the tokenizer's
+/// `pad_id`). Frames are pushed in order as the model returns them; each is handed to `write`
+/// once it is sure to be kept. Frames after the last non-PAD text are held until a later one
+/// shows they are kept (at most the generation window's audio).
+#[derive(Debug, Default)]
+pub struct OutputCut {
+    eos: Option<u32>,
+    pad: Option<u32>,
+    held: Vec<f32>,
+    ended: bool,
+    /// Frames handed to `write`.
+    pub frames_kept: u64,
+}
+
+impl OutputCut {
+    pub fn new(eos: Option<u32>, pad: Option<u32>) -> Self {
+        Self {
+            eos,
+            pad,
+            ..Self::default()
+        }
+    }
+
+    /// One returned frame: its text token and audio.
+    pub fn push<E>(
+        &mut self,
+        text: u32,
+        pcm: &[f32],
+        mut write: impl FnMut(&[f32]) -> std::result::Result<(), E>,
+    ) -> std::result::Result<(), E> {
+        if self.ended {
+            return Ok(());
+        }
+        let is_eos = Some(text) == self.eos;
+        if is_eos || Some(text) != self.pad {
+            // Every frame before this one is kept.
+            for frame in self.held.chunks_exact(FRAME_SAMPLES) {
+                write(frame)?;
+                self.frames_kept += 1;
+            }
+            self.held.clear();
+        }
+        if is_eos {
+            self.ended = true;
+        } else {
+            self.held.extend_from_slice(pcm);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The frames `OutputCut` keeps of frames with `texts` (frame i's samples all equal i).
+    fn kept(texts: &[u32]) -> Vec<usize> {
+        let mut cut = OutputCut::new(Some(2), Some(3));
+        let mut out = Vec::new();
+        for (i, &t) in texts.iter().enumerate() {
+            cut.push(t, &[i as f32; FRAME_SAMPLES], |f| -> Result<()> {
+                out.push(f[0] as usize);
+                Ok(())
+            })
+            .unwrap();
+        }
+        assert_eq!(cut.frames_kept as usize, out.len());
+        out
+    }
+
+    #[test]
+    fn the_cut_follows_decode_outputs() {
+        // The first EOS: every frame before it, PAD or not, and nothing from it on.
+        assert_eq!(kept(&[7, 3, 3, 2, 9, 2]), [0, 1, 2]);
+        // No EOS: before the last non-PAD frame.
+        assert_eq!(kept(&[7, 3, 8, 3, 3]), [0, 1]);
+        assert_eq!(kept(&[7, 8, 9]), [0, 1]);
+        // Nothing but PAD, or one word then PAD: nothing (eos_idx 0).
+        assert!(kept(&[3, 3, 3]).is_empty());
+        assert!(kept(&[5, 3, 3]).is_empty());
+    }
+
+    #[test]
+    fn the_window_is_generates() {
+        // 4.563875 s in 5.12 s: 64 frames, the end of input at ceil(57.05) = 58.
+        let w = GenerationWindow::new(109_533, 5.12).unwrap();
+        assert_eq!((w.total_frames, w.end_of_input_frame), (64, 58));
+        // An input filling the window: its last frame is replaced.
+        let w = GenerationWindow::new(1920 * 10, 0.8).unwrap();
+        assert_eq!((w.total_frames, w.end_of_input_frame), (10, 9));
+        // 120 s by default: 1500 frames; longer inputs refused.
+        assert_eq!(GenerationWindow::new(24_000, 120.0).unwrap().total_frames, 1500);
+        assert!(GenerationWindow::new(24_001, 1.0).is_none());
+        assert!(GenerationWindow::new(0, 1.0).is_none());
+    }
 }
