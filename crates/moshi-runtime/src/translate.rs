@@ -226,17 +226,15 @@ pub fn translate_window<E: From<RuntimeError>>(
 
 /// Where Hibiki-Zero's `decode_outputs` cuts a translation: before the first frame whose text
 /// is EOS, else (no EOS) before the last frame whose text is not PAD (the tokenizer's
-/// `pad_id`). Frames are pushed in order as the model returns them; each is handed to `write`
-/// once it is sure to be kept. Frames after the last non-PAD text are held until a later one
-/// shows they are kept (at most the generation window's audio).
-#[derive(Debug, Default)]
+/// `pad_id`; none: every frame but the last), nothing if every text is PAD. Push each returned
+/// frame's text token in order, then read [`OutputCut::kept_frames`].
+#[derive(Clone, Copy, Debug, Default)]
 pub struct OutputCut {
     eos: Option<u32>,
     pad: Option<u32>,
-    held: Vec<f32>,
-    ended: bool,
-    /// Frames handed to `write`.
-    pub frames_kept: u64,
+    frames: usize,
+    first_eos: Option<usize>,
+    last_not_pad: Option<usize>,
 }
 
 impl OutputCut {
@@ -248,31 +246,20 @@ impl OutputCut {
         }
     }
 
-    /// One returned frame: its text token and audio.
-    pub fn push<E>(
-        &mut self,
-        text: u32,
-        pcm: &[f32],
-        mut write: impl FnMut(&[f32]) -> std::result::Result<(), E>,
-    ) -> std::result::Result<(), E> {
-        if self.ended {
-            return Ok(());
+    /// The next returned frame's text token.
+    pub fn push(&mut self, text: u32) {
+        if self.first_eos.is_none() && Some(text) == self.eos {
+            self.first_eos = Some(self.frames);
         }
-        let is_eos = Some(text) == self.eos;
-        if is_eos || Some(text) != self.pad {
-            // Every frame before this one is kept.
-            for frame in self.held.chunks_exact(FRAME_SAMPLES) {
-                write(frame)?;
-                self.frames_kept += 1;
-            }
-            self.held.clear();
+        if Some(text) != self.pad {
+            self.last_not_pad = Some(self.frames);
         }
-        if is_eos {
-            self.ended = true;
-        } else {
-            self.held.extend_from_slice(pcm);
-        }
-        Ok(())
+        self.frames += 1;
+    }
+
+    /// How many of the frames pushed so far the output keeps.
+    pub fn kept_frames(&self) -> usize {
+        self.first_eos.or(self.last_not_pad).unwrap_or(0)
     }
 }
 
@@ -280,35 +267,27 @@ impl OutputCut {
 mod tests {
     use super::*;
 
-    /// The frames `OutputCut` keeps of frames with `texts` (frame i's samples all equal i).
-    fn kept(texts: &[u32]) -> Vec<usize> {
+    /// How many frames with `texts` `OutputCut` keeps (EOS 2, PAD 3).
+    fn kept(texts: &[u32]) -> usize {
         let mut cut = OutputCut::new(Some(2), Some(3));
-        let mut out = Vec::new();
-        for (i, &t) in texts.iter().enumerate() {
-            cut.push(t, &[i as f32; FRAME_SAMPLES], |f| -> Result<()> {
-                out.push(f[0] as usize);
-                Ok(())
-            })
-            .unwrap();
-        }
-        assert_eq!(cut.frames_kept as usize, out.len());
-        out
+        texts.iter().for_each(|&t| cut.push(t));
+        cut.kept_frames()
     }
 
     #[test]
     fn the_cut_follows_decode_outputs() {
         // The first EOS: every frame before it, PAD or not, and nothing from it on.
-        assert_eq!(kept(&[7, 3, 3, 2, 9, 2]), [0, 1, 2]);
+        assert_eq!(kept(&[7, 3, 3, 2, 9, 2]), 3);
         // No EOS: before the last non-PAD frame.
-        assert_eq!(kept(&[7, 3, 8, 3, 3]), [0, 1]);
-        assert_eq!(kept(&[7, 8, 9]), [0, 1]);
+        assert_eq!(kept(&[7, 3, 8, 3, 3]), 2);
+        assert_eq!(kept(&[7, 8, 9]), 2);
         // Nothing but PAD, or one word then PAD: nothing (eos_idx 0).
-        assert!(kept(&[3, 3, 3]).is_empty());
-        assert!(kept(&[5, 3, 3]).is_empty());
+        assert_eq!(kept(&[3, 3, 3]), 0);
+        assert_eq!(kept(&[5, 3, 3]), 0);
     }
 
     #[test]
-    fn the_window_is_generates() {
+    fn the_window_is_generates_own() {
         // 4.563875 s in 5.12 s: 64 frames, the end of input at ceil(57.05) = 58.
         let w = GenerationWindow::new(109_533, 5.12).unwrap();
         assert_eq!((w.total_frames, w.end_of_input_frame), (64, 58));

@@ -410,9 +410,12 @@ fn generation_window(
     Ok(Some(window))
 }
 
-/// Hibiki-Zero translates the input in its generation window; each returned frame is written
-/// once [`OutputCut`] knows it is kept (the output cut as `decode_outputs` cuts it). Returns the
-/// translation (complete, not yet in place), the frames written and the run's metrics.
+/// Hibiki-Zero translates the input in its generation window, encoded and decoded as its
+/// `generate` does: the whole window encoded in one Mimi call, the returned frames' codes
+/// decoded in one call once the output is cut ([`OutputCut`]; Mimi's batch and streaming
+/// paths differ once the codec's attention window is full, and `generate` takes the batch
+/// ones). Returns the translation (complete, not yet in place), the frames written and the
+/// run's metrics.
 fn translate_zero(
     pipeline: &mut MoshiPipeline,
     frames_in: &mut WavFrames,
@@ -423,14 +426,11 @@ fn translate_zero(
     let tokenizer = pipeline.model().tokenizer();
     let eos = tokenizer.eos_id();
     let mut cut = OutputCut::new(eos, tokenizer.pad_id());
+    let mimi = pipeline.model().mimi_stream();
     let encode_started = Instant::now();
-    let codes = encode_window(&pipeline.model().mimi_stream(), frames_in, window)?;
-    eprintln!(
-        "encoded the {} frames in one Mimi call in {:.2} s",
-        window.total_frames,
-        encode_started.elapsed().as_secs_f64()
-    );
-    let mut wav_out = WavWriter::create_open_ended(output, 1, SAMPLE_RATE_HZ)?;
+    let codes = encode_window(&mimi, frames_in, window)?;
+    let encode_s = encode_started.elapsed().as_secs_f64();
+    let mut returned: Vec<Vec<u32>> = Vec::with_capacity(window.total_frames);
     let mut profile_error = None;
     let mut profile = outputs.profile.take();
     let t = translate_window(
@@ -440,7 +440,8 @@ fn translate_zero(
         eos,
         |i, o| -> anyhow::Result<()> {
             if let Some(tokens) = &o.tokens {
-                cut.push(tokens.text, &o.pcm, |pcm| wav_out.write_mono(pcm))?;
+                cut.push(tokens.text);
+                returned.push(tokens.audio.clone());
             }
             outputs.frame(i, o);
             outputs.check()
@@ -466,7 +467,24 @@ fn translate_zero(
             window.total_frames
         ),
     }
-    Ok((wav_out.complete()?, cut.frames_kept, t.metrics))
+    let kept = cut.kept_frames();
+    let decode_started = Instant::now();
+    let pcm = if kept == 0 {
+        Vec::new()
+    } else {
+        let by_codebook: Vec<Vec<u32>> = (0..returned[0].len())
+            .map(|k| returned[..kept].iter().map(|f| f[k]).collect())
+            .collect();
+        mimi.decode_batch(&by_codebook)?
+    };
+    eprintln!(
+        "Mimi in one call: encoded {} frames in {encode_s:.2} s, decoded {kept} in {:.2} s",
+        window.total_frames,
+        decode_started.elapsed().as_secs_f64()
+    );
+    let mut wav_out = WavWriter::create(output, 1, SAMPLE_RATE_HZ, pcm.len() as u64)?;
+    wav_out.write_mono(&pcm)?;
+    Ok((wav_out.complete()?, kept as u64, t.metrics))
 }
 
 /// A translation model translates the input frame by frame, each returned frame written as it
