@@ -192,8 +192,8 @@ fn hibiki_zero_reproduces_the_official_generate() {
         "{stderr}"
     );
     assert!(stderr.contains("no EOS"), "{stderr}");
-    // One record per model call (the warm-up frames ride in the first), then the summary.
-    assert_eq!(jsonl(&profile).len(), 64 + 1);
+    // One record per model call (2 warm-up frames, 64 frames), then the summary.
+    assert_eq!(jsonl(&profile).len(), 2 + 64 + 1);
 }
 
 #[test]

@@ -37,8 +37,9 @@ pub enum LeadingSilence {
     /// Mimi's encoder (`stt_from_file_pytorch.py`).
     SttSilencePrefix,
     /// `max_delay` warm-up frames: the codes of `max_delay` frames of silence encoded by a Mimi
-    /// encoder of their own (`hibiki_zero.inference.encode_inputs`), so the session's encoder
-    /// starts fresh on the input. The pipeline feeds them before a session's first frame.
+    /// encoder of their own (`hibiki_zero.inference.encode_inputs`), so the input's encoder
+    /// starts fresh. Fed by `moshi_runtime::translate::translate_window` (a file only: Kyutai's
+    /// live server feeds none).
     MaxDelaySilenceOwnEncoder,
 }
 
@@ -93,6 +94,10 @@ pub struct Conventions {
     pub partial_last_frame: PartialLastFrame,
     /// Whether the model generates audio (a depformer and Mimi's decoder); `false`: text only.
     pub generates_audio: bool,
+    /// Whether Mimi's encoder restarts after a stream's first audio frame (whose codes are still
+    /// fed): `hibiki_zero.inference.ServerState.recv_loop`'s `skip_frames`, so the second frame
+    /// is encoded as a first (with the encoder's left padding again).
+    pub reset_encoder_after_first_frame: bool,
 }
 
 const CONVERSATION: Conventions = Conventions {
@@ -105,6 +110,7 @@ const CONVERSATION: Conventions = Conventions {
     leading_silence: LeadingSilence::None,
     partial_last_frame: PartialLastFrame::Drop,
     generates_audio: true,
+    reset_encoder_after_first_frame: false,
 };
 
 const TRANSLATION: Conventions = Conventions {
@@ -117,11 +123,15 @@ const TRANSLATION: Conventions = Conventions {
     leading_silence: LeadingSilence::None,
     partial_last_frame: PartialLastFrame::Drop,
     generates_audio: true,
+    reset_encoder_after_first_frame: false,
 };
 
-/// Kyutai's `hibiki-zero` 0.0.4 (`run.generate`, `inference.encode_inputs`, `add_input_eos`,
-/// `get_lmgen`): no conditioner, warm-up frames, each frame fed once (the first too), the last
-/// partial frame zero-padded; a Hibiki model, so EOS is read with PAD's row (`loaders.get_moshi`).
+/// Kyutai's `hibiki-zero` 0.0.4: no conditioner, each frame fed once (the first too), a Hibiki
+/// model, so EOS is read with PAD's row (`loaders.get_moshi`). A file (`run.generate`,
+/// `inference.encode_inputs`, `add_input_eos`; `moshi_runtime::translate::translate_window`):
+/// warm-up frames, the last partial frame zero-padded, the end-of-input frame in place of a
+/// frame. A live stream (`inference.ServerState`): no warm-up, no end, Mimi's encoder restarted
+/// after the first frame.
 const TRANSLATION_ZERO: Conventions = Conventions {
     name: "hibiki-zero (speech translation)",
     conditions: &[],
@@ -132,6 +142,7 @@ const TRANSLATION_ZERO: Conventions = Conventions {
     leading_silence: LeadingSilence::MaxDelaySilenceOwnEncoder,
     partial_last_frame: PartialLastFrame::ZeroPad,
     generates_audio: true,
+    reset_encoder_after_first_frame: true,
 };
 
 /// Kyutai's `delayed-streams-modeling` `stt_from_file_pytorch.py` (and moshi-server's ASR): each
@@ -147,6 +158,7 @@ const SPEECH_TO_TEXT: Conventions = Conventions {
     leading_silence: LeadingSilence::SttSilencePrefix,
     partial_last_frame: PartialLastFrame::ZeroPad,
     generates_audio: false,
+    reset_encoder_after_first_frame: false,
 };
 
 /// Kyutai's `tts_pytorch.py` / `TTSModel`: conditioned on `control` = `ok` (the guidance
@@ -162,6 +174,7 @@ const TEXT_TO_SPEECH: Conventions = Conventions {
     leading_silence: LeadingSilence::None,
     partial_last_frame: PartialLastFrame::Drop,
     generates_audio: true,
+    reset_encoder_after_first_frame: false,
 };
 
 impl Conventions {

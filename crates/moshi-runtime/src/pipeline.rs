@@ -25,7 +25,7 @@ use moshi_loader::{load_lm_weights, load_mimi_weights, LmConfig, ResolvedModel, 
 use moshi_model::generator::{
     GeneratedFrame, Generator, LmSession, LmSessionSettings, SamplingConfig, StepInput,
 };
-use moshi_model::kind::{Conventions, EndOfInput, LeadingSilence, ModelKind};
+use moshi_model::kind::{Conventions, EndOfInput, ModelKind};
 use moshi_model::mimi::{Mimi, MimiWeights};
 use moshi_model::nn::KvPrecision;
 
@@ -79,9 +79,6 @@ pub struct MoshiModel {
     mimi: Mimi,
     tokenizer: TextTokenizer,
     user_codebooks: usize,
-    /// User codes fed before each session's first frame
-    /// ([`LeadingSilence::MaxDelaySilenceOwnEncoder`]: Hibiki-Zero's warm-up), frame by frame.
-    warm_up_codes: Vec<Vec<u32>>,
 }
 
 /// One conversation over a [`MoshiModel`], owned by its caller.
@@ -138,16 +135,11 @@ impl MoshiModel {
                 got: mimi.frame_size_samples(),
             });
         }
-        let warm_up_codes = match lm.kind().conventions().leading_silence {
-            LeadingSilence::MaxDelaySilenceOwnEncoder => warm_up_codes(&mimi, cfg, user_codebooks)?,
-            LeadingSilence::None | LeadingSilence::SttSilencePrefix => Vec::new(),
-        };
         Ok(Self {
             lm,
             mimi,
             tokenizer,
             user_codebooks,
-            warm_up_codes,
         })
     }
 
@@ -253,13 +245,11 @@ impl MoshiModel {
     ) -> Vec<Result<FrameOutput>> {
         assert_eq!(sessions.len(), inputs.len(), "one input per session");
         let mut timings = vec![StageTimings::default(); sessions.len()];
-        let end_consumes_a_frame =
-            self.conventions().end_of_input == EndOfInput::AllUserCodesCardInPlaceOfAFrame;
         let mut codes = encode_frames(
             sessions,
             inputs,
             self.user_codebooks,
-            end_consumes_a_frame,
+            self.conventions(),
             &mut timings,
         );
         let generated = self.lm_passes(sessions, inputs, &mut codes, &mut timings);
@@ -276,10 +266,9 @@ impl MoshiModel {
         outputs_of(sessions, generated, timings)
     }
 
-    /// The LM steps of one frame: sessions at their first audio frame first take, alone, the
-    /// model's warm-up frames ([`LeadingSilence::MaxDelaySilenceOwnEncoder`]) and the extra
-    /// steps of [`Conventions::first_frame_lm_steps`] on their own codes; then every session
-    /// takes one. A failed step turns the session's codes into its error.
+    /// The LM steps of one frame: sessions at their first audio frame take the extra steps of
+    /// [`Conventions::first_frame_lm_steps`] alone, then every session takes one. A failed
+    /// step turns the session's codes into its error.
     fn lm_passes(
         &self,
         sessions: &mut [&mut MoshiSession],
@@ -294,26 +283,12 @@ impl MoshiModel {
                 s.frames_in == 0 && matches!(i, FrameInput::Pcm(_) | FrameInput::Codes(_))
             })
             .collect();
-        let extra_steps = self.conventions().first_frame_lm_steps.max(1) - 1;
-        // Each pass: the codes the first-frame sessions take (`None`: their own), or, for the
-        // last pass, every session on its own codes.
-        let mut passes: Vec<Option<Option<&[u32]>>> =
-            self.warm_up_codes.iter().map(|c| Some(Some(&c[..]))).collect();
-        passes.extend(std::iter::repeat_n(Some(None), extra_steps));
-        passes.push(None);
+        let passes = self.conventions().first_frame_lm_steps.max(1);
         let mut generated: Vec<Option<LmFrame>> = vec![None; sessions.len()];
-        for pass in passes {
-            let fed: Vec<Option<&[u32]>> = codes
-                .iter()
-                .zip(&first)
-                .map(|(c, &f)| match (c, pass) {
-                    (Err(_), _) => None,
-                    (Ok(own), None) => Some(&own[..]),
-                    (Ok(own), Some(lead)) if f => Some(lead.unwrap_or(own)),
-                    (Ok(_), Some(_)) => None,
-                })
-                .collect();
-            let results = self.lm_step(sessions, &fed, timings);
+        for pass in 0..passes {
+            let last = pass + 1 == passes;
+            let stepping: Vec<bool> = first.iter().map(|&f| f || last).collect();
+            let results = self.lm_step(sessions, codes, &stepping, timings);
             for ((c, g), r) in codes.iter_mut().zip(&mut generated).zip(results) {
                 match r {
                     Some(Ok(frame)) => *g = frame,
@@ -325,21 +300,22 @@ impl MoshiModel {
         generated
     }
 
-    /// One batched generator step of the sessions given codes in `fed` (`None`: the session
-    /// does not step; an empty code list stands for the end of input); adds the step's timings
-    /// to theirs. `None` for a session that did not step.
+    /// One batched generator step of the sessions marked in `stepping` whose input is ready,
+    /// on their user codes (an empty code list stands for the end of input); adds the step's
+    /// timings to theirs. `None` for a session that did not step.
     fn lm_step(
         &self,
         sessions: &mut [&mut MoshiSession],
-        fed: &[Option<&[u32]>],
+        codes: &[Result<Vec<u32>>],
+        stepping: &[bool],
         timings: &mut [StageTimings],
     ) -> Vec<Option<moshi_model::Result<Option<LmFrame>>>> {
         let mut out: Vec<Option<_>> = (0..sessions.len()).map(|_| None).collect();
         let mut lms = Vec::new();
         let mut inputs = Vec::new();
         let mut index = Vec::new();
-        for (i, (s, c)) in sessions.iter_mut().zip(fed).enumerate() {
-            if let Some(c) = *c {
+        for (i, ((s, c), &go)) in sessions.iter_mut().zip(codes).zip(stepping).enumerate() {
+            if let (true, Ok(c)) = (go, c) {
                 lms.push(&mut s.lm);
                 inputs.push(if c.is_empty() {
                     StepInput::EndOfInput
@@ -479,33 +455,24 @@ impl FrameProcessor for MoshiPipeline {
     }
 }
 
-/// Hibiki-Zero's warm-up frames (`hibiki_zero.inference.encode_inputs`): `max_delay` frames of
-/// silence encoded in one call by an encoder of their own -> each frame's user codes.
-fn warm_up_codes(mimi: &Mimi, cfg: &LmConfig, user_codebooks: usize) -> Result<Vec<Vec<u32>>> {
-    let frames = cfg.max_delay();
-    if frames == 0 {
-        return Ok(Vec::new());
-    }
-    let by_codebook = mimi.encode_batch(&vec![0.0; frames * FRAME_SAMPLES])?;
-    Ok((0..frames)
-        .map(|f| by_codebook[..user_codebooks].iter().map(|c| c[f]).collect())
-        .collect())
-}
-
 /// One frame of silence: what Mimi's encoder consumes in place of the end-of-input frame when
 /// that frame takes a frame's place ([`EndOfInput::AllUserCodesCardInPlaceOfAFrame`]).
 static SILENCE: [f32; FRAME_SAMPLES] = [0.0; FRAME_SAMPLES];
 
 /// Each session's audio frame through Mimi's encoder, together ([`Mimi::encode_frames`]) ->
-/// the user codes the LM takes (empty for the end of input), or the session's error. With
-/// `end_consumes_a_frame`, the end of input encodes a frame of silence (its codes dropped).
+/// the user codes the LM takes (empty for the end of input), or the session's error. Where
+/// the end of input takes a frame's place ([`EndOfInput::AllUserCodesCardInPlaceOfAFrame`]) it
+/// encodes a frame of silence (its codes dropped); [`Conventions::reset_encoder_after_first_frame`]
+/// is applied here.
 fn encode_frames(
     sessions: &mut [&mut MoshiSession],
     inputs: &[FrameInput<'_>],
     user_codebooks: usize,
-    end_consumes_a_frame: bool,
+    conventions: &Conventions,
     timings: &mut [StageTimings],
 ) -> Vec<Result<Vec<u32>>> {
+    let end_consumes_a_frame =
+        conventions.end_of_input == EndOfInput::AllUserCodesCardInPlaceOfAFrame;
     let ends: Vec<bool> = inputs
         .iter()
         .map(|i| end_consumes_a_frame && matches!(i, FrameInput::EndOfInput))
@@ -569,6 +536,9 @@ fn encode_frames(
             Ok(()) => {
                 if let Ok(c) = &mut results[i] {
                     c.truncate(if ends[i] { 0 } else { user_codebooks });
+                }
+                if conventions.reset_encoder_after_first_frame && sessions[i].frames_in == 0 {
+                    sessions[i].mimi.reset_encoder();
                 }
             }
             Err(e) => results[i] = Err(e.into()),

@@ -153,38 +153,64 @@ pub fn translate_offline<E: From<RuntimeError>>(
     })
 }
 
-/// Hibiki-Zero's user codes for `window` (`hibiki_zero.inference.encode_inputs`): the frames of
-/// `input` zero-padded to `window.total_frames` and encoded by `mimi` in one call (not frame by
-/// frame: on near ties Mimi's batch and streaming encoders may pick different codes, and
-/// `generate` encodes in one call), frame-major. Holds the window's audio and its activations
-/// while it encodes (memory grows with the window).
-pub fn encode_window(
-    mimi: &Mimi,
-    input: &mut dyn FrameSource,
-    window: GenerationWindow,
-) -> Result<Vec<Vec<u32>>> {
-    let mut pcm = Vec::with_capacity(window.total_frames * FRAME_SAMPLES);
-    while let Some(frame) = input.next_frame()? {
-        if pcm.len() == window.total_frames * FRAME_SAMPLES {
-            break;
-        }
-        pcm.extend_from_slice(frame);
-    }
-    pcm.resize(window.total_frames * FRAME_SAMPLES, 0.0);
-    let by_codebook = mimi.encode_batch(&pcm)?;
-    Ok((0..window.total_frames)
+/// What Hibiki-Zero's `generate` feeds, frame-major user codes (`encode_inputs`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WindowCodes {
+    /// `max_delay` frames of silence encoded in one call by an encoder of their own.
+    pub warm_up: Vec<Vec<u32>>,
+    /// The input zero-padded to the window, encoded in one call.
+    pub frames: Vec<Vec<u32>>,
+}
+
+/// Encodes `pcm` (whole frames) in one Mimi call -> frame-major codes.
+fn encode_in_one_call(mimi: &Mimi, pcm: &[f32]) -> Result<Vec<Vec<u32>>> {
+    let by_codebook = mimi.encode_batch(pcm)?;
+    let frames = pcm.len() / FRAME_SAMPLES;
+    Ok((0..frames)
         .map(|f| by_codebook.iter().map(|c| c[f]).collect())
         .collect())
 }
 
+/// Hibiki-Zero's user codes for `window` (`hibiki_zero.inference.encode_inputs`): the frames of
+/// `input` zero-padded to `window.total_frames` and encoded by `mimi` in one call (not frame by
+/// frame: once the codec's attention window is full its batch and streaming encoders may pick
+/// different codes on near ties, and `generate` encodes in one call), after `max_delay` warm-up
+/// frames. Holds the window's audio and its activations while it encodes (memory grows with
+/// the window).
+pub fn encode_window(
+    mimi: &Mimi,
+    max_delay: usize,
+    input: &mut dyn FrameSource,
+    window: GenerationWindow,
+) -> Result<WindowCodes> {
+    let samples = window.total_frames * FRAME_SAMPLES;
+    let mut pcm = Vec::with_capacity(samples);
+    while pcm.len() < samples {
+        let Some(frame) = input.next_frame()? else {
+            break;
+        };
+        pcm.extend_from_slice(frame);
+    }
+    pcm.resize(samples, 0.0);
+    let warm_up = if max_delay == 0 {
+        Vec::new()
+    } else {
+        encode_in_one_call(mimi, &vec![0.0; max_delay * FRAME_SAMPLES])?
+    };
+    Ok(WindowCodes {
+        warm_up,
+        frames: encode_in_one_call(mimi, &pcm)?,
+    })
+}
+
 /// Translates the window's `codes` (from [`encode_window`]) as Hibiki-Zero's `generate` does:
-/// each frame fed once (the pipeline feeds the warm-up frames before the first), the frame at
+/// the warm-up frames, then each frame of the window once, the frame at
 /// `window.end_of_input_frame` replaced by the end-of-input frame (`add_input_eos`). `generate`
 /// keeps the output up to the first EOS anywhere (`decode_outputs`), so the run stops once the
 /// model returns `end_text_id`. `on_frame` and `on_record` as in [`translate_offline`].
 pub fn translate_window<E: From<RuntimeError>>(
     pipeline: &mut MoshiPipeline,
-    codes: &[Vec<u32>],
+    codes: &WindowCodes,
     window: GenerationWindow,
     end_text_id: Option<u32>,
     mut on_frame: impl FnMut(u64, &FrameOutput) -> std::result::Result<(), E>,
@@ -193,12 +219,16 @@ pub fn translate_window<E: From<RuntimeError>>(
     let mut runner = OfflineRunner::new();
     let mut frames_out = 0u64;
     let mut ended = false;
-    for (i, frame_codes) in codes.iter().enumerate().take(window.total_frames) {
-        let input = if i == window.end_of_input_frame {
-            FrameInput::EndOfInput
-        } else {
-            FrameInput::Codes(frame_codes)
-        };
+    let inputs = codes.warm_up.iter().map(|c| FrameInput::Codes(c)).chain(
+        codes.frames.iter().enumerate().map(|(i, c)| {
+            if i == window.end_of_input_frame {
+                FrameInput::EndOfInput
+            } else {
+                FrameInput::Codes(c)
+            }
+        }),
+    );
+    for input in inputs {
         let (record, o) = runner.run(|| pipeline.process(input))?;
         on_record(&record);
         if let Some(tokens) = &o.tokens {
@@ -210,7 +240,7 @@ pub fn translate_window<E: From<RuntimeError>>(
             break;
         }
     }
-    let fed = runner.frames() as usize;
+    let fed = runner.frames() as usize - codes.warm_up.len();
     let tail_frames = fed.saturating_sub(window.end_of_input_frame + 1);
     let end = if ended {
         TranslationEnd::Eos { tail_frames }

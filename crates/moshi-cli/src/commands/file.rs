@@ -428,7 +428,8 @@ fn translate_zero(
     let mut cut = OutputCut::new(eos, tokenizer.pad_id());
     let mimi = pipeline.model().mimi_stream();
     let encode_started = Instant::now();
-    let codes = encode_window(&mimi, frames_in, window)?;
+    let max_delay = pipeline.model().lm_config().max_delay();
+    let codes = encode_window(&mimi, max_delay, frames_in, window)?;
     let encode_s = encode_started.elapsed().as_secs_f64();
     let mut returned: Vec<Vec<u32>> = Vec::with_capacity(window.total_frames);
     let mut profile_error = None;
