@@ -205,7 +205,11 @@ fn hibiki_zero_options_are_checked() {
         &translate_zero(&out, &["--gen-duration-s", "4"]),
         &["input.wav", "longer than --gen-duration-s 4"],
     );
-    for bad in ["--gen-duration-s=0", "--gen-duration-s=nan", "--gen-duration-s=4000"] {
+    for bad in [
+        "--gen-duration-s=0",
+        "--gen-duration-s=nan",
+        "--gen-duration-s=4000",
+    ] {
         assert_fails(&translate_zero(&out, &[bad]), &["--gen-duration-s"]);
     }
     assert_fails(
@@ -214,7 +218,11 @@ fn hibiki_zero_options_are_checked() {
     );
     assert_fails(
         &translate(&out, &["--gen-duration-s", "10"]),
-        &["--gen-duration-s", "Hibiki-Zero only", "hibiki (speech translation)"],
+        &[
+            "--gen-duration-s",
+            "Hibiki-Zero only",
+            "hibiki (speech translation)",
+        ],
     );
     assert!(!out.exists(), "an output was written");
 }

@@ -480,7 +480,13 @@ fn encode_frames(
     let inputs: Vec<FrameInput<'_>> = inputs
         .iter()
         .zip(&ends)
-        .map(|(&input, &end)| if end { FrameInput::Pcm(&SILENCE) } else { input })
+        .map(|(&input, &end)| {
+            if end {
+                FrameInput::Pcm(&SILENCE)
+            } else {
+                input
+            }
+        })
         .collect();
     let mut results: Vec<Result<Vec<u32>>> = inputs
         .iter()

@@ -12,9 +12,9 @@
 use crate::engine::{FrameOutput, FrameProcessor, OfflineRunner};
 use crate::metrics::{FrameRecord, Metrics};
 use crate::pipeline::{FrameInput, MoshiPipeline};
-use moshi_model::mimi::Mimi;
 use crate::wav_frames::WavFrames;
 use crate::{Result, RuntimeError, FRAME_SAMPLES};
+use moshi_model::mimi::Mimi;
 
 /// How a translation run ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -325,7 +325,10 @@ mod tests {
         let w = GenerationWindow::new(1920 * 10, 0.8).unwrap();
         assert_eq!((w.total_frames, w.end_of_input_frame), (10, 9));
         // 120 s by default: 1500 frames; longer inputs refused.
-        assert_eq!(GenerationWindow::new(24_000, 120.0).unwrap().total_frames, 1500);
+        assert_eq!(
+            GenerationWindow::new(24_000, 120.0).unwrap().total_frames,
+            1500
+        );
         assert!(GenerationWindow::new(24_001, 1.0).is_none());
         assert!(GenerationWindow::new(0, 1.0).is_none());
     }

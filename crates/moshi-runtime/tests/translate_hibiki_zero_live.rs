@@ -23,10 +23,9 @@ fn a_live_session_returns_the_official_servers_tokens() {
     assert_eq!(model.kind(), ModelKind::TranslationZero);
     let settings = SessionSettings::with_sampling(SamplingConfig::greedy());
     let mut p = MoshiPipeline::new(Arc::new(model), &settings).unwrap();
-    let reference: Value = serde_json::from_str(
-        &std::fs::read_to_string(dir.join("ref/server_greedy.json")).unwrap(),
-    )
-    .unwrap();
+    let reference: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("ref/server_greedy.json")).unwrap())
+            .unwrap();
     let input = wav::read_mono(&dir.join("input.wav")).unwrap().samples;
     let mut returned = Vec::new();
     for frame in input.chunks_exact(FRAME_SAMPLES) {

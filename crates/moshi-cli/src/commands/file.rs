@@ -11,21 +11,22 @@
 //!
 //! The input is read, resampled, answered (or translated) and written one frame at a time, and
 //! the transcript a word at a time: memory stays flat however long the input, for every model
-//! type. Every output goes through `moshi_loader::output_file`: complete or
-//! absent, devices and pipes written in place, an input never overwritten.
+//! type but Hibiki-Zero, whose window is encoded and decoded in one Mimi call each (as Kyutai's
+//! `generate`), so its memory grows with `--gen-duration-s`. Every output goes through
+//! `moshi_loader::output_file`: complete or absent, devices and pipes written in place, an
+//! input never overwritten.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Context;
 use moshi_loader::output_file::{commit_all, names_stdout, FinishedOutput, OutputFile};
+use moshi_model::kind::{ModelKind, PartialLastFrame};
 use moshi_runtime::engine::{FrameOutput, OfflineRunner};
 use moshi_runtime::metrics::{Metrics, ProfileWriter};
 use moshi_runtime::pipeline::MoshiPipeline;
-use moshi_model::kind::{ModelKind, PartialLastFrame};
 use moshi_runtime::translate::{
-    encode_window, translate_offline, translate_window, GenerationWindow, OutputCut,
-    TranslationEnd,
+    encode_window, translate_offline, translate_window, GenerationWindow, OutputCut, TranslationEnd,
 };
 use moshi_runtime::wav::WavWriter;
 use moshi_runtime::wav_frames::{PartialFrame, WavFrames};
