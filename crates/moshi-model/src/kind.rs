@@ -233,6 +233,12 @@ mod tests {
         let mut cfg = LmConfig::moshiko_7b();
         assert_eq!(ModelKind::of(&cfg), ModelKind::Conversation);
         cfg.model_type = Some("hibiki".into());
+        // Without conditioners: Hibiki-Zero; with the description conditioner: Hibiki.
+        assert_eq!(ModelKind::of(&cfg), ModelKind::TranslationZero);
+        cfg.conditioners.insert(
+            "description".into(),
+            serde_json::from_str(r#"{"type": "lut", "lut": {"n_bins": 2, "dim": 4, "tokenizer": "noop", "possible_values": ["very_good", "very_bad"]}}"#).unwrap(),
+        );
         assert_eq!(ModelKind::of(&cfg), ModelKind::Translation);
         let t = ModelKind::Translation.conventions();
         assert_eq!(t.text_input_alias, Some((2, 3)));
