@@ -165,6 +165,11 @@ fn the_folder_says_what_model_it_is_and_what_runs_it() {
             "file, chat and serve (/api/chat)",
         ),
         ("tiny-hibiki", "hibiki (speech translation)", "translating"),
+        (
+            "tiny-hibiki-zero",
+            "hibiki-zero (speech translation)",
+            "translating (hibiki-zero's feeding)",
+        ),
         ("tiny-stt", "stt (speech to text)", "transcribe"),
         (
             "tiny-tts",

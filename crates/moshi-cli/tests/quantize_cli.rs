@@ -295,7 +295,8 @@ fn hibiki_zero_quantize_command_matches_quantize_on_load() {
                 assert!(written.contains_key(&name), "{name} missing");
             }
         }
-        let tail = ["--max-tail-s", "0.5"];
+        // The fixture's generation window (Hibiki-Zero's `file` generates for a fixed length).
+        let tail = ["--gen-duration-s", "5.12"];
         let on_load = file_tokens_of(&fixture, &[&["--quantize", quantize][..], &tail].concat());
         let from_file = file_tokens_of(
             &fixture,

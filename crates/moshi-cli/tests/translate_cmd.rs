@@ -1,7 +1,8 @@
 //! `moshi-rs file` with a Hibiki model (assets/tiny-hibiki) through the built binary: the
 //! official greedy tokens with guidance 3 (ref/hibiki_greedy.json: 51 returned frames) and
 //! audio (ref/output.wav) on the command line, the tail cap, and clear errors for
-//! guidance or tail options a model cannot take.
+//! guidance or tail options a model cannot take; and Hibiki-Zero (assets/tiny-hibiki-zero) fed
+//! as Kyutai's `hibiki-zero generate` feeds it: its official tokens and output WAV.
 
 mod common;
 
@@ -140,5 +141,88 @@ fn guidance_and_tail_options_are_refused_where_they_cannot_apply() {
         assert_fails(&moshi(&args), &["--cfg-coef", "positive"]);
     }
     assert_fails(&translate(&out, &["--max-tail-s=-1"]), &["--max-tail-s"]);
+    assert!(!out.exists(), "an output was written");
+}
+
+fn hibiki_zero() -> PathBuf {
+    common::asset_dir("tiny-hibiki-zero")
+}
+
+/// `moshi-rs file` on tiny-hibiki-zero's input, greedy, plus `extra`.
+fn translate_zero(out: &Path, extra: &[&str]) -> Output {
+    let (input, model) = (hibiki_zero().join("input.wav"), hibiki_zero());
+    let base = ["file", s(&input), s(out), "--model", s(&model), "--greedy"];
+    moshi(&[&base[..], extra].concat())
+}
+
+/// The fixture's run: 64 frames (`gen_duration` 5.12 s), 2 warm-up frames, the end of input at
+/// frame 58; every returned frame's tokens, and `generate`'s output WAV (decode_outputs: no EOS,
+/// so cut before the last frame: 63 frames) within 1 LSB.
+#[test]
+fn hibiki_zero_reproduces_the_official_generate() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, tokens, profile) = (
+        dir.path().join("out.wav"),
+        dir.path().join("t.jsonl"),
+        dir.path().join("p.jsonl"),
+    );
+    let o = translate_zero(
+        &out,
+        &[
+            "--gen-duration-s",
+            "5.12",
+            "--tokens-out",
+            s(&tokens),
+            "--profile",
+            s(&profile),
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "moshi-rs file failed: {stderr}");
+    let reference: Value = serde_json::from_str(
+        &std::fs::read_to_string(hibiki_zero().join("ref/hibiki_zero_greedy.json")).unwrap(),
+    )
+    .unwrap();
+    assert_tokens_match_reference(&jsonl(&tokens), &reference);
+    assert_eq!(reference["output_wav_frames"], 63);
+    let max_lsb = assert_wav_within_lsb(&out, &hibiki_zero().join("ref/output.wav"), 1);
+    eprintln!("out.wav: max {max_lsb} LSB from ref/output.wav");
+    assert!(
+        stderr.contains("64 frames (5.12 s, --gen-duration-s), end of input at frame 58"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("no EOS"), "{stderr}");
+    // One record per model call (2 warm-up frames, 64 frames), then the summary.
+    assert_eq!(jsonl(&profile).len(), 2 + 64 + 1);
+}
+
+#[test]
+fn hibiki_zero_options_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.wav");
+    // The input (4.56 s) is longer than the window.
+    assert_fails(
+        &translate_zero(&out, &["--gen-duration-s", "4"]),
+        &["input.wav", "longer than --gen-duration-s 4"],
+    );
+    for bad in [
+        "--gen-duration-s=0",
+        "--gen-duration-s=nan",
+        "--gen-duration-s=4000",
+    ] {
+        assert_fails(&translate_zero(&out, &[bad]), &["--gen-duration-s"]);
+    }
+    assert_fails(
+        &translate_zero(&out, &["--max-tail-s", "1"]),
+        &["--max-tail-s", "Hibiki-Zero", "--gen-duration-s"],
+    );
+    assert_fails(
+        &translate(&out, &["--gen-duration-s", "10"]),
+        &[
+            "--gen-duration-s",
+            "Hibiki-Zero only",
+            "hibiki (speech translation)",
+        ],
+    );
     assert!(!out.exists(), "an output was written");
 }

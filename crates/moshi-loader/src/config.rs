@@ -504,6 +504,14 @@ impl LmConfig {
         self.model_type.as_deref() == Some("hibiki")
     }
 
+    /// Hibiki-Zero (Kyutai's `hibiki-zero` package): a translation model without conditioners.
+    /// Hibiki-M and Hibiki 2B are conditioned on `description` (guidance); Hibiki-Zero's release
+    /// has no conditioner and runs with `cfg_coef` 1, fed by `hibiki_zero.run.generate`'s
+    /// conventions instead of `run_inference.py`'s.
+    pub fn is_hibiki_zero(&self) -> bool {
+        self.is_translation() && !self.is_conditioned()
+    }
+
     /// A speech-to-text model (Kyutai's STT): `model_type` `stt`, `dep_q` 0 (checked together
     /// by [`LmConfig::validate`]): the user's codes in, text out, no audio.
     pub fn is_speech_to_text(&self) -> bool {

@@ -131,6 +131,14 @@ impl TextTokenizer {
             .filter(|&id| (id as usize) < self.model.pieces.len())
     }
 
+    /// The padding id (SentencePiece's `pad_id`), if the model has one: Hibiki-Zero's
+    /// `decode_outputs` cuts a translation without EOS before its last non-PAD text token.
+    pub fn pad_id(&self) -> Option<u32> {
+        u32::try_from(self.model.trainer.pad_id)
+            .ok()
+            .filter(|&id| (id as usize) < self.model.pieces.len())
+    }
+
     /// The piece string of `id` (e.g. `▁hello`, `<0x41>`, `<pad>`).
     pub fn id_to_piece(&self, id: u32) -> Option<String> {
         self.model.pieces.get(id as usize).map(|p| p.piece.clone())

@@ -15,6 +15,10 @@ pub enum ModelKind {
     /// Hibiki: speech translation, conditioned and guided; its input ends with an end-of-stream
     /// frame and its output with EOS.
     Translation,
+    /// Hibiki-Zero (`model_type` `hibiki` without conditioners, Kyutai's `hibiki-zero`):
+    /// speech translation fed as `hibiki_zero.run.generate` feeds it (warm-up frames, the
+    /// end-of-input frame in place of a frame, a fixed generation length), no guidance.
+    TranslationZero,
     /// Kyutai's speech-to-text (`model_type` `stt`, `dep_q` 0): the user's audio in, a text
     /// delayed by `stt_config.audio_delay_seconds` out, no audio; extra heads (voice activity)
     /// read at every step.
@@ -32,6 +36,11 @@ pub enum LeadingSilence {
     /// `ceil(stt_config.audio_silence_prefix_seconds x 12.5)` frames of silence, each through
     /// Mimi's encoder (`stt_from_file_pytorch.py`).
     SttSilencePrefix,
+    /// `max_delay` warm-up frames: the codes of `max_delay` frames of silence encoded by a Mimi
+    /// encoder of their own (`hibiki_zero.inference.encode_inputs`), so the input's encoder
+    /// starts fresh. Fed by `moshi_runtime::translate::translate_window` (a file only: Kyutai's
+    /// live server feeds none).
+    MaxDelaySilenceOwnEncoder,
 }
 
 /// What becomes of the samples after the input's last whole frame.
@@ -51,6 +60,11 @@ pub enum EndOfInput {
     /// One frame whose user codes are all `card` (`run_inference.py` for Hibiki), then silence
     /// until the model's text returns the tokenizer's EOS.
     AllUserCodesCardThenSilenceUntilEos,
+    /// Hibiki-Zero (`hibiki_zero.inference.add_input_eos`): the input zero-padded to the
+    /// generation length is encoded whole, and the frame at `ceil(duration x 12.5)` has its user
+    /// codes replaced by `card`: Mimi's encoder still consumes that frame's samples (silence).
+    /// Then silence until the generation length; the output ends at the first EOS.
+    AllUserCodesCardInPlaceOfAFrame,
     /// `ceil(stt_config.audio_delay_seconds x 12.5)` frames of silence through Mimi's encoder,
     /// so that the text of the input's last words comes out (`stt_from_file_pytorch.py`).
     SilenceForTextDelay,
@@ -80,6 +94,10 @@ pub struct Conventions {
     pub partial_last_frame: PartialLastFrame,
     /// Whether the model generates audio (a depformer and Mimi's decoder); `false`: text only.
     pub generates_audio: bool,
+    /// Whether Mimi's encoder restarts after a stream's first audio frame (whose codes are still
+    /// fed): `hibiki_zero.inference.ServerState.recv_loop`'s `skip_frames`, so the second frame
+    /// is encoded as a first (with the encoder's left padding again).
+    pub reset_encoder_after_first_frame: bool,
 }
 
 const CONVERSATION: Conventions = Conventions {
@@ -92,6 +110,7 @@ const CONVERSATION: Conventions = Conventions {
     leading_silence: LeadingSilence::None,
     partial_last_frame: PartialLastFrame::Drop,
     generates_audio: true,
+    reset_encoder_after_first_frame: false,
 };
 
 const TRANSLATION: Conventions = Conventions {
@@ -104,6 +123,26 @@ const TRANSLATION: Conventions = Conventions {
     leading_silence: LeadingSilence::None,
     partial_last_frame: PartialLastFrame::Drop,
     generates_audio: true,
+    reset_encoder_after_first_frame: false,
+};
+
+/// Kyutai's `hibiki-zero` 0.0.4: no conditioner, each frame fed once (the first too), a Hibiki
+/// model, so EOS is read with PAD's row (`loaders.get_moshi`). A file (`run.generate`,
+/// `inference.encode_inputs`, `add_input_eos`; `moshi_runtime::translate::translate_window`):
+/// warm-up frames, the last partial frame zero-padded, the end-of-input frame in place of a
+/// frame. A live stream (`inference.ServerState`): no warm-up, no end, Mimi's encoder restarted
+/// after the first frame.
+const TRANSLATION_ZERO: Conventions = Conventions {
+    name: "hibiki-zero (speech translation)",
+    conditions: &[],
+    negative_conditions: &[],
+    first_frame_lm_steps: 1,
+    end_of_input: EndOfInput::AllUserCodesCardInPlaceOfAFrame,
+    text_input_alias: Some((2, 3)),
+    leading_silence: LeadingSilence::MaxDelaySilenceOwnEncoder,
+    partial_last_frame: PartialLastFrame::ZeroPad,
+    generates_audio: true,
+    reset_encoder_after_first_frame: true,
 };
 
 /// Kyutai's `delayed-streams-modeling` `stt_from_file_pytorch.py` (and moshi-server's ASR): each
@@ -119,6 +158,7 @@ const SPEECH_TO_TEXT: Conventions = Conventions {
     leading_silence: LeadingSilence::SttSilencePrefix,
     partial_last_frame: PartialLastFrame::ZeroPad,
     generates_audio: false,
+    reset_encoder_after_first_frame: false,
 };
 
 /// Kyutai's `tts_pytorch.py` / `TTSModel`: conditioned on `control` = `ok` (the guidance
@@ -134,6 +174,7 @@ const TEXT_TO_SPEECH: Conventions = Conventions {
     leading_silence: LeadingSilence::None,
     partial_last_frame: PartialLastFrame::Drop,
     generates_audio: true,
+    reset_encoder_after_first_frame: false,
 };
 
 impl Conventions {
@@ -153,11 +194,14 @@ impl Conventions {
 }
 
 impl ModelKind {
-    /// The kind of a config: `model_type` `hibiki` translates, `stt` transcribes; anything
+    /// The kind of a config: `model_type` `hibiki` translates (Hibiki-Zero when it has no
+    /// conditioner), `stt` transcribes; anything
     /// else converses (a conditioned config that is not Hibiki, and a config without a
     /// depformer that is not STT, are refused by [`LmConfig::validate`]).
     pub fn of(cfg: &LmConfig) -> Self {
-        if cfg.is_translation() {
+        if cfg.is_hibiki_zero() {
+            ModelKind::TranslationZero
+        } else if cfg.is_translation() {
             ModelKind::Translation
         } else if cfg.is_speech_to_text() {
             ModelKind::SpeechToText
@@ -173,6 +217,7 @@ impl ModelKind {
         match self {
             ModelKind::Conversation => &CONVERSATION,
             ModelKind::Translation => &TRANSLATION,
+            ModelKind::TranslationZero => &TRANSLATION_ZERO,
             ModelKind::SpeechToText => &SPEECH_TO_TEXT,
             ModelKind::TextToSpeech => &TEXT_TO_SPEECH,
         }
@@ -188,6 +233,12 @@ mod tests {
         let mut cfg = LmConfig::moshiko_7b();
         assert_eq!(ModelKind::of(&cfg), ModelKind::Conversation);
         cfg.model_type = Some("hibiki".into());
+        // Without conditioners: Hibiki-Zero; with the description conditioner: Hibiki.
+        assert_eq!(ModelKind::of(&cfg), ModelKind::TranslationZero);
+        cfg.conditioners.insert(
+            "description".into(),
+            serde_json::from_str(r#"{"type": "lut", "lut": {"n_bins": 2, "dim": 4, "tokenizer": "noop", "possible_values": ["very_good", "very_bad"]}}"#).unwrap(),
+        );
         assert_eq!(ModelKind::of(&cfg), ModelKind::Translation);
         let t = ModelKind::Translation.conventions();
         assert_eq!(t.text_input_alias, Some((2, 3)));
@@ -195,6 +246,24 @@ mod tests {
             ModelKind::Conversation.conventions().end_of_input,
             EndOfInput::Never
         );
+    }
+
+    #[test]
+    fn a_hibiki_config_without_conditioners_is_hibiki_zero() {
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../assets/tiny-hibiki-zero/config.json"
+        ))
+        .unwrap();
+        let cfg = LmConfig::from_json_str(&text, std::path::Path::new("config.json")).unwrap();
+        assert_eq!(ModelKind::of(&cfg), ModelKind::TranslationZero);
+        let c = ModelKind::TranslationZero.conventions();
+        assert_eq!(c.first_frame_lm_steps, 1);
+        assert_eq!(c.end_of_input, EndOfInput::AllUserCodesCardInPlaceOfAFrame);
+        assert_eq!(c.leading_silence, LeadingSilence::MaxDelaySilenceOwnEncoder);
+        assert_eq!(c.partial_last_frame, PartialLastFrame::ZeroPad);
+        assert_eq!(c.text_input_alias, Some((2, 3)));
+        assert!(c.conditioning(&cfg, 1.0).values.is_empty());
     }
 
     #[test]

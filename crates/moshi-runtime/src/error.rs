@@ -70,6 +70,8 @@ pub enum RuntimeError {
     EchoCancel { detail: String },
     #[error("frame processor expected {expected} samples per frame, got {got}")]
     FrameSize { expected: usize, got: usize },
+    #[error("a frame of user codes needs at least {expected} codes (the model's user codebooks), got {got}")]
+    CodesPerFrame { expected: usize, got: usize },
     #[error(transparent)]
     Model(#[from] moshi_model::ModelError),
     #[error(transparent)]

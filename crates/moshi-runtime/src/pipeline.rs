@@ -25,7 +25,7 @@ use moshi_loader::{load_lm_weights, load_mimi_weights, LmConfig, ResolvedModel, 
 use moshi_model::generator::{
     GeneratedFrame, Generator, LmSession, LmSessionSettings, SamplingConfig, StepInput,
 };
-use moshi_model::kind::{Conventions, ModelKind};
+use moshi_model::kind::{Conventions, EndOfInput, ModelKind};
 use moshi_model::mimi::{Mimi, MimiWeights};
 use moshi_model::nn::KvPrecision;
 
@@ -62,6 +62,10 @@ impl SessionSettings {
 pub enum FrameInput<'a> {
     /// One frame of the user's audio (24 kHz mono, [`FRAME_SAMPLES`] samples).
     Pcm(&'a [f32]),
+    /// One frame's user codes, already encoded (Hibiki-Zero's `file`: its whole input encoded
+    /// in one Mimi call, as Kyutai's `generate` encodes it); Mimi's encoder is not used. At least
+    /// the model's user codebooks; the first of them are fed.
+    Codes(&'a [u32]),
     /// The end of a translated stream (Hibiki): one LM step on user codes all equal to `card`,
     /// no audio consumed. Feed silence after it until the text returns
     /// [`MoshiModel::eos_text_id`].
@@ -166,7 +170,10 @@ impl MoshiModel {
     /// Whether the model translates (Hibiki: its input ends with [`FrameInput::EndOfInput`],
     /// its output with EOS).
     pub fn is_translation(&self) -> bool {
-        self.kind() == ModelKind::Translation
+        matches!(
+            self.kind(),
+            ModelKind::Translation | ModelKind::TranslationZero
+        )
     }
 
     /// The text id that ends a translation (the tokenizer's EOS), if the tokenizer has one.
@@ -238,7 +245,13 @@ impl MoshiModel {
     ) -> Vec<Result<FrameOutput>> {
         assert_eq!(sessions.len(), inputs.len(), "one input per session");
         let mut timings = vec![StageTimings::default(); sessions.len()];
-        let mut codes = encode_frames(sessions, inputs, self.user_codebooks, &mut timings);
+        let mut codes = encode_frames(
+            sessions,
+            inputs,
+            self.user_codebooks,
+            self.conventions(),
+            &mut timings,
+        );
         let generated = self.lm_passes(sessions, inputs, &mut codes, &mut timings);
         for (s, c) in sessions.iter_mut().zip(&codes) {
             if c.is_ok() {
@@ -266,7 +279,9 @@ impl MoshiModel {
         let first: Vec<bool> = sessions
             .iter()
             .zip(inputs)
-            .map(|(s, i)| s.frames_in == 0 && matches!(i, FrameInput::Pcm(_)))
+            .map(|(s, i)| {
+                s.frames_in == 0 && matches!(i, FrameInput::Pcm(_) | FrameInput::Codes(_))
+            })
             .collect();
         let passes = self.conventions().first_frame_lm_steps.max(1);
         let mut generated: Vec<Option<LmFrame>> = vec![None; sessions.len()];
@@ -440,14 +455,39 @@ impl FrameProcessor for MoshiPipeline {
     }
 }
 
+/// One frame of silence: what Mimi's encoder consumes in place of the end-of-input frame when
+/// that frame takes a frame's place ([`EndOfInput::AllUserCodesCardInPlaceOfAFrame`]).
+static SILENCE: [f32; FRAME_SAMPLES] = [0.0; FRAME_SAMPLES];
+
 /// Each session's audio frame through Mimi's encoder, together ([`Mimi::encode_frames`]) ->
-/// the user codes the LM takes (empty for the end of input), or the session's error.
+/// the user codes the LM takes (empty for the end of input), or the session's error. Where
+/// the end of input takes a frame's place ([`EndOfInput::AllUserCodesCardInPlaceOfAFrame`]) it
+/// encodes a frame of silence (its codes dropped); [`Conventions::reset_encoder_after_first_frame`]
+/// is applied here.
 fn encode_frames(
     sessions: &mut [&mut MoshiSession],
     inputs: &[FrameInput<'_>],
     user_codebooks: usize,
+    conventions: &Conventions,
     timings: &mut [StageTimings],
 ) -> Vec<Result<Vec<u32>>> {
+    let end_consumes_a_frame =
+        conventions.end_of_input == EndOfInput::AllUserCodesCardInPlaceOfAFrame;
+    let ends: Vec<bool> = inputs
+        .iter()
+        .map(|i| end_consumes_a_frame && matches!(i, FrameInput::EndOfInput))
+        .collect();
+    let inputs: Vec<FrameInput<'_>> = inputs
+        .iter()
+        .zip(&ends)
+        .map(|(&input, &end)| {
+            if end {
+                FrameInput::Pcm(&SILENCE)
+            } else {
+                input
+            }
+        })
+        .collect();
     let mut results: Vec<Result<Vec<u32>>> = inputs
         .iter()
         .zip(sessions.iter())
@@ -459,11 +499,18 @@ fn encode_frames(
                 expected: FRAME_SAMPLES,
                 got: pcm.len(),
             }),
+            FrameInput::Codes(codes) if codes.len() >= user_codebooks => {
+                Ok(codes[..user_codebooks].to_vec())
+            }
+            FrameInput::Codes(codes) => Err(RuntimeError::CodesPerFrame {
+                expected: user_codebooks,
+                got: codes.len(),
+            }),
             FrameInput::EndOfInput => Ok(Vec::new()),
         })
         .collect();
     let encoding: Vec<usize> = (0..inputs.len())
-        .filter(|&i| matches!(&results[i], Ok(c) if !c.is_empty()))
+        .filter(|&i| matches!(inputs[i], FrameInput::Pcm(_)) && results[i].is_ok())
         .collect();
     if encoding.is_empty() {
         return results;
@@ -475,7 +522,9 @@ fn encode_frames(
             .iter()
             .map(|&i| match inputs[i] {
                 FrameInput::Pcm(pcm) => pcm,
-                FrameInput::EndOfInput => unreachable!("only audio frames are encoded"),
+                FrameInput::Codes(_) | FrameInput::EndOfInput => {
+                    unreachable!("only audio frames are encoded")
+                }
             })
             .collect();
         let mut buffers: Vec<&mut [u32]> = results
@@ -492,7 +541,10 @@ fn encode_frames(
         match r {
             Ok(()) => {
                 if let Ok(c) = &mut results[i] {
-                    c.truncate(user_codebooks);
+                    c.truncate(if ends[i] { 0 } else { user_codebooks });
+                }
+                if conventions.reset_encoder_after_first_frame && sessions[i].frames_in == 0 {
+                    sessions[i].mimi.reset_encoder();
                 }
             }
             Err(e) => results[i] = Err(e.into()),

@@ -96,7 +96,8 @@ impl SttStream {
         let feeding = feeding_of_model(model);
         let prefix_frames = match conventions.leading_silence {
             LeadingSilence::SttSilencePrefix => feeding.prefix_frames,
-            LeadingSilence::None => 0,
+            // The pipeline feeds Hibiki-Zero's warm-up itself (and it is refused above).
+            LeadingSilence::None | LeadingSilence::MaxDelaySilenceOwnEncoder => 0,
         };
         Ok(Self {
             feeding,

@@ -4,22 +4,30 @@
 //! with word times, the tokens as JSON Lines and a per-frame profile; ends with the time per
 //! frame split by stage and the real-time factor. With a translation model (Hibiki) the input is
 //! followed by its end-of-stream frame and silence until the model ends its text
-//! ([`moshi_runtime::translate`]); the output is the translation.
+//! ([`moshi_runtime::translate`]); the output is the translation. Hibiki-Zero (a Hibiki config
+//! without conditioners) is fed as Kyutai's `hibiki-zero generate` feeds it: a fixed generation
+//! length (`--gen-duration-s`), the end-of-input frame in place of the frame after the input,
+//! the output cut at the first EOS as its `decode_outputs` cuts it.
 //!
 //! The input is read, resampled, answered (or translated) and written one frame at a time, and
 //! the transcript a word at a time: memory stays flat however long the input, for every model
-//! type. Every output goes through `moshi_loader::output_file`: complete or
-//! absent, devices and pipes written in place, an input never overwritten.
+//! type but Hibiki-Zero, whose window is encoded and decoded in one Mimi call each (as Kyutai's
+//! `generate`), so its memory grows with `--gen-duration-s`. Every output goes through
+//! `moshi_loader::output_file`: complete or absent, devices and pipes written in place, an
+//! input never overwritten.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Context;
 use moshi_loader::output_file::{commit_all, names_stdout, FinishedOutput, OutputFile};
+use moshi_model::kind::{ModelKind, PartialLastFrame};
 use moshi_runtime::engine::{FrameOutput, OfflineRunner};
 use moshi_runtime::metrics::{Metrics, ProfileWriter};
 use moshi_runtime::pipeline::MoshiPipeline;
-use moshi_runtime::translate::{translate_offline, TranslationEnd};
+use moshi_runtime::translate::{
+    encode_window, translate_offline, translate_window, GenerationWindow, OutputCut, TranslationEnd,
+};
 use moshi_runtime::wav::WavWriter;
 use moshi_runtime::wav_frames::{PartialFrame, WavFrames};
 use moshi_runtime::{RuntimeError, FRAME_SAMPLES, SAMPLE_RATE_HZ};
@@ -57,7 +65,16 @@ pub struct FileArgs {
     /// model never returns EOS.
     #[arg(long, value_name = "SECONDS")]
     pub max_tail_s: Option<f64>,
+    /// Hibiki-Zero only: how long it generates, the input included (`hibiki-zero generate
+    /// --gen-duration`): the input is padded with silence to this length, and the output is
+    /// cut at the model's first EOS (else before its last word). Default 120 (Kyutai's
+    /// default, the longest it recommends); an input longer than this is refused.
+    #[arg(long, value_name = "SECONDS")]
+    pub gen_duration_s: Option<f64>,
 }
+
+/// Default of `--gen-duration-s` (`hibiki_zero.run.generate`'s `gen_duration`).
+pub const DEFAULT_GEN_DURATION_S: f64 = 120.0;
 
 /// Default of `--max-tail-s`.
 pub const DEFAULT_MAX_TAIL_S: f64 = 30.0;
@@ -106,6 +123,7 @@ pub fn run(args: FileArgs) -> anyhow::Result<()> {
     inputs.extend(model.input_paths());
     check_outputs(&outputs_given, &inputs)?;
     let max_tail_frames = tail_frames(args.max_tail_s.unwrap_or(DEFAULT_MAX_TAIL_S))?;
+    let window = generation_window(&args, &model.lm_config, &mut frames_in)?;
     let frames = frames_in.total_frames();
 
     let load_started = Instant::now();
@@ -122,9 +140,9 @@ pub fn run(args: FileArgs) -> anyhow::Result<()> {
         "{} is a speech-to-text model: it generates no audio; use `moshi-rs transcribe`",
         model.lm_weights_path.display()
     );
-    let translation = pipeline.model().is_translation();
+    let translation = pipeline.model().is_translation() && window.is_none();
     anyhow::ensure!(
-        translation || args.max_tail_s.is_none(),
+        translation || window.is_some() || args.max_tail_s.is_none(),
         "--max-tail-s applies to translation models (Hibiki) only; {} is a Moshi model",
         model.lm_weights_path.display()
     );
@@ -136,6 +154,15 @@ pub fn run(args: FileArgs) -> anyhow::Result<()> {
         model.tokenizer_path.display(),
         load_started.elapsed().as_secs_f64()
     );
+    if let Some(w) = window {
+        eprintln!(
+            "hibiki-zero: {} frames ({:.2} s, --gen-duration-s), end of input at frame {}, \
+             the output cut at the first EOS",
+            w.total_frames,
+            w.total_frames as f64 * moshi_runtime::FRAME_MS / 1e3,
+            w.end_of_input_frame
+        );
+    }
     if translation {
         eprintln!(
             "translation model: guidance coefficient {}, end of text: {}",
@@ -178,14 +205,11 @@ pub fn run(args: FileArgs) -> anyhow::Result<()> {
             Words::default()
         },
         // A translation returns up to the input's frames plus the silence after it.
-        bar: indicatif::ProgressBar::new(
-            frames
-                + if translation {
-                    max_tail_frames as u64
-                } else {
-                    0
-                },
-        )
+        bar: indicatif::ProgressBar::new(match window {
+            Some(w) => w.total_frames as u64,
+            None if translation => frames + max_tail_frames as u64,
+            None => frames,
+        })
         .with_style(
             indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} frames {msg}")
                 .expect("static template"),
@@ -194,7 +218,15 @@ pub fn run(args: FileArgs) -> anyhow::Result<()> {
         frames_out: 0,
         error: None,
     };
-    let (audio, frames_out, metrics) = if translation {
+    let (audio, frames_out, metrics) = if let Some(window) = window {
+        translate_zero(
+            &mut pipeline,
+            &mut frames_in,
+            &args.output,
+            window,
+            &mut outputs,
+        )?
+    } else if translation {
         translate(
             &mut pipeline,
             &mut frames_in,
@@ -327,6 +359,136 @@ fn answer(
     Ok((audio, frames, runner.into_metrics()))
 }
 
+/// Hibiki-Zero's generation window for `file`'s input (reopened zero-padded to whole frames, as
+/// its conventions pad it), `None` for other models; refuses `--gen-duration-s` for other
+/// models, `--max-tail-s` for Hibiki-Zero and an input longer than the window.
+fn generation_window(
+    args: &FileArgs,
+    cfg: &moshi_loader::LmConfig,
+    frames_in: &mut WavFrames,
+) -> anyhow::Result<Option<GenerationWindow>> {
+    let kind = ModelKind::of(cfg);
+    if kind != ModelKind::TranslationZero {
+        anyhow::ensure!(
+            args.gen_duration_s.is_none(),
+            "--gen-duration-s applies to Hibiki-Zero only (a Hibiki config without conditioners); \
+             this model is {}",
+            kind.conventions().name
+        );
+        return Ok(None);
+    }
+    anyhow::ensure!(
+        args.max_tail_s.is_none(),
+        "--max-tail-s applies to Hibiki-M and Hibiki 2B; Hibiki-Zero generates for a fixed \
+         length: use --gen-duration-s"
+    );
+    let gen_s = args.gen_duration_s.unwrap_or(DEFAULT_GEN_DURATION_S);
+    anyhow::ensure!(
+        gen_s.is_finite() && gen_s > 0.0 && gen_s <= 3600.0,
+        "--gen-duration-s {gen_s}: expected seconds above 0, at most 3600"
+    );
+    if kind.conventions().partial_last_frame == PartialLastFrame::ZeroPad {
+        *frames_in = WavFrames::open(
+            &args.input,
+            SAMPLE_RATE_HZ,
+            FRAME_SAMPLES,
+            PartialFrame::Pad,
+        )?;
+    }
+    let samples = moshi_runtime::resample::resampled_len(
+        frames_in.source_samples() as usize,
+        frames_in.source_rate_hz(),
+        SAMPLE_RATE_HZ,
+    ) as u64;
+    let window = GenerationWindow::new(samples, gen_s).with_context(|| {
+        format!(
+            "{}: {:.2} s is longer than --gen-duration-s {gen_s} (Hibiki-Zero generates for a \
+             fixed length, the input included): raise --gen-duration-s",
+            args.input.display(),
+            samples as f64 / SAMPLE_RATE_HZ as f64
+        )
+    })?;
+    Ok(Some(window))
+}
+
+/// Hibiki-Zero translates the input in its generation window, encoded and decoded as its
+/// `generate` does: the whole window encoded in one Mimi call, the returned frames' codes
+/// decoded in one call once the output is cut ([`OutputCut`]; Mimi's batch and streaming
+/// paths differ once the codec's attention window is full, and `generate` takes the batch
+/// ones). Returns the translation (complete, not yet in place), the frames written and the
+/// run's metrics.
+fn translate_zero(
+    pipeline: &mut MoshiPipeline,
+    frames_in: &mut WavFrames,
+    output: &Path,
+    window: GenerationWindow,
+    outputs: &mut Outputs,
+) -> anyhow::Result<(FinishedOutput, u64, Metrics)> {
+    let tokenizer = pipeline.model().tokenizer();
+    let eos = tokenizer.eos_id();
+    let mut cut = OutputCut::new(eos, tokenizer.pad_id());
+    let mimi = pipeline.model().mimi_stream();
+    let encode_started = Instant::now();
+    let max_delay = pipeline.model().lm_config().max_delay();
+    let codes = encode_window(&mimi, max_delay, frames_in, window)?;
+    let encode_s = encode_started.elapsed().as_secs_f64();
+    let mut returned: Vec<Vec<u32>> = Vec::with_capacity(window.total_frames);
+    let mut profile_error = None;
+    let mut profile = outputs.profile.take();
+    let t = translate_window(
+        pipeline,
+        &codes,
+        window,
+        eos,
+        |i, o| -> anyhow::Result<()> {
+            if let Some(tokens) = &o.tokens {
+                cut.push(tokens.text);
+                returned.push(tokens.audio.clone());
+            }
+            outputs.frame(i, o);
+            outputs.check()
+        },
+        |record| {
+            if let (Some(p), None) = (profile.as_mut(), &profile_error) {
+                profile_error = p.write(record).err();
+            }
+        },
+    )?;
+    outputs.profile = profile;
+    if let Some(e) = profile_error {
+        return Err(anyhow::Error::new(e).context("--profile"));
+    }
+    match t.end {
+        TranslationEnd::Eos { .. } => eprintln!(
+            "\nthe model ended its text (EOS) at returned frame {}",
+            t.frames_out - 1
+        ),
+        _ => eprintln!(
+            "\nwarning: the model had not ended its text (no EOS) in {} frames (--gen-duration-s): \
+             the output ends before its last word, as hibiki-zero's own; raise --gen-duration-s",
+            window.total_frames
+        ),
+    }
+    let kept = cut.kept_frames();
+    let decode_started = Instant::now();
+    let pcm = if kept == 0 {
+        Vec::new()
+    } else {
+        let by_codebook: Vec<Vec<u32>> = (0..returned[0].len())
+            .map(|k| returned[..kept].iter().map(|f| f[k]).collect())
+            .collect();
+        mimi.decode_batch(&by_codebook)?
+    };
+    eprintln!(
+        "Mimi in one call: encoded {} frames in {encode_s:.2} s, decoded {kept} in {:.2} s",
+        window.total_frames,
+        decode_started.elapsed().as_secs_f64()
+    );
+    let mut wav_out = WavWriter::create(output, 1, SAMPLE_RATE_HZ, pcm.len() as u64)?;
+    wav_out.write_mono(&pcm)?;
+    Ok((wav_out.complete()?, kept as u64, t.metrics))
+}
+
 /// A translation model translates the input frame by frame, each returned frame written as it
 /// comes: the translation's length is known only when the model ends its text, so the output
 /// is open-ended (a regular file gets its exact length in the header when completed, a pipe
@@ -368,7 +530,7 @@ fn translate(
             "\nthe model ended its text after {tail_frames} silence frames ({} frames out)",
             t.frames_out
         ),
-        TranslationEnd::TailCapReached { tail_frames } => eprintln!(
+        TranslationEnd::TailCapReached { tail_frames } | TranslationEnd::WindowEnd { tail_frames } => eprintln!(
             "\nwarning: the model had not ended its text (no EOS) after {tail_frames} silence frames \
              ({:.2} s, --max-tail-s); the translation may be cut short: raise --max-tail-s (e.g. 60)",
             tail_frames as f64 * moshi_runtime::FRAME_MS / 1e3

@@ -341,6 +341,9 @@ fn commands_for(kind: moshi_model::kind::ModelKind) -> &'static str {
     match kind {
         ModelKind::Conversation => "runs with file, chat and serve (/api/chat)",
         ModelKind::Translation => "runs with file, chat and serve (/api/chat), translating",
+        ModelKind::TranslationZero => {
+            "runs with file, chat and serve (/api/chat), translating (hibiki-zero's feeding)"
+        }
         ModelKind::SpeechToText => {
             "runs with transcribe (files, --mic) and serve (/api/asr-streaming)"
         }
