@@ -196,6 +196,29 @@ fn hibiki_zero_reproduces_the_official_generate() {
     assert_eq!(jsonl(&profile).len(), 2 + 64 + 1);
 }
 
+/// Without `--gen-duration-s` the window is the input plus 30 s (4.64 s, its last frame zero-padded, + 30 s: 433 frames): its
+/// first 64 returned frames are the fixture's 5.12 s run's, each frame depending only on the
+/// frames before it.
+#[test]
+fn hibiki_zero_default_window_is_the_input_plus_30_s_and_keeps_the_official_frames() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, tokens) = (dir.path().join("out.wav"), dir.path().join("t.jsonl"));
+    let o = translate_zero(&out, &["--tokens-out", s(&tokens)]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "moshi-rs file failed: {stderr}");
+    assert!(
+        stderr.contains("433 frames (34.64 s, --gen-duration-s), end of input at frame 58"),
+        "{stderr}"
+    );
+    let reference: Value = serde_json::from_str(
+        &std::fs::read_to_string(hibiki_zero().join("ref/hibiki_zero_greedy.json")).unwrap(),
+    )
+    .unwrap();
+    let lines = jsonl(&tokens);
+    assert!(lines.len() >= 64, "{} frames returned", lines.len());
+    assert_tokens_match_reference(&lines[..64], &reference);
+}
+
 #[test]
 fn hibiki_zero_options_are_checked() {
     let dir = tempfile::tempdir().unwrap();
@@ -208,7 +231,7 @@ fn hibiki_zero_options_are_checked() {
     for bad in [
         "--gen-duration-s=0",
         "--gen-duration-s=nan",
-        "--gen-duration-s=4000",
+        "--gen-duration-s=121",
     ] {
         assert_fails(&translate_zero(&out, &[bad]), &["--gen-duration-s"]);
     }

@@ -67,14 +67,21 @@ pub struct FileArgs {
     pub max_tail_s: Option<f64>,
     /// Hibiki-Zero only: how long it generates, the input included (`hibiki-zero generate
     /// --gen-duration`): the input is padded with silence to this length, and the output is
-    /// cut at the model's first EOS (else before its last word). Default 120 (Kyutai's
-    /// default, the longest it recommends); an input longer than this is refused.
+    /// cut at the model's first EOS (else before its last word). At most 120 (Kyutai's default:
+    /// the whole window is encoded in one Mimi call, whose memory grows with it); default the
+    /// input plus 30 s, at most 120 (each frame's codes depend only on the frames before it, so
+    /// a shorter window gives Kyutai's 120 s run's frames up to its end). A longer input is
+    /// refused.
     #[arg(long, value_name = "SECONDS")]
     pub gen_duration_s: Option<f64>,
 }
 
-/// Default of `--gen-duration-s` (`hibiki_zero.run.generate`'s `gen_duration`).
-pub const DEFAULT_GEN_DURATION_S: f64 = 120.0;
+/// Largest `--gen-duration-s`: `hibiki_zero.run.generate`'s default `gen_duration`. The window
+/// is encoded in one Mimi call, whose peak memory grows with it (docs/hibiki.md).
+pub const MAX_GEN_DURATION_S: f64 = 120.0;
+
+/// What `--gen-duration-s` defaults to beyond the input's length.
+pub const DEFAULT_GEN_TAIL_S: f64 = 30.0;
 
 /// Default of `--max-tail-s`.
 pub const DEFAULT_MAX_TAIL_S: f64 = 30.0;
@@ -382,11 +389,14 @@ fn generation_window(
         "--max-tail-s applies to Hibiki-M and Hibiki 2B; Hibiki-Zero generates for a fixed \
          length: use --gen-duration-s"
     );
-    let gen_s = args.gen_duration_s.unwrap_or(DEFAULT_GEN_DURATION_S);
-    anyhow::ensure!(
-        gen_s.is_finite() && gen_s > 0.0 && gen_s <= 3600.0,
-        "--gen-duration-s {gen_s}: expected seconds above 0, at most 3600"
-    );
+    if let Some(gen_s) = args.gen_duration_s {
+        anyhow::ensure!(
+            gen_s.is_finite() && gen_s > 0.0 && gen_s <= MAX_GEN_DURATION_S,
+            "--gen-duration-s {gen_s}: expected seconds above 0, at most {MAX_GEN_DURATION_S} \
+             (Kyutai's length; the window is encoded in one Mimi call, whose memory grows with \
+             it)"
+        );
+    }
     if kind.conventions().partial_last_frame == PartialLastFrame::ZeroPad {
         *frames_in = WavFrames::open(
             &args.input,
@@ -400,10 +410,15 @@ fn generation_window(
         frames_in.source_rate_hz(),
         SAMPLE_RATE_HZ,
     ) as u64;
+    let input_s = samples as f64 / SAMPLE_RATE_HZ as f64;
+    let gen_s = args
+        .gen_duration_s
+        .unwrap_or((input_s + DEFAULT_GEN_TAIL_S).min(MAX_GEN_DURATION_S));
     let window = GenerationWindow::new(samples, gen_s).with_context(|| {
         format!(
             "{}: {:.2} s is longer than --gen-duration-s {gen_s} (Hibiki-Zero generates for a \
-             fixed length, the input included): raise --gen-duration-s",
+             fixed length, the input included, at most {MAX_GEN_DURATION_S} s): raise \
+             --gen-duration-s, or split the input",
             args.input.display(),
             samples as f64 / SAMPLE_RATE_HZ as f64
         )
