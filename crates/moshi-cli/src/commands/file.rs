@@ -448,8 +448,7 @@ fn translate_zero(
     let codes = encode_window(&mimi, max_delay, frames_in, window)?;
     let encode_s = encode_started.elapsed().as_secs_f64();
     let mut returned: Vec<Vec<u32>> = Vec::with_capacity(window.total_frames);
-    let mut profile_error = None;
-    let mut profile = outputs.profile.take();
+    let mut profile = ProfileRecords::take(outputs);
     let t = translate_window(
         pipeline,
         &codes,
@@ -463,16 +462,9 @@ fn translate_zero(
             outputs.frame(i, o);
             outputs.check()
         },
-        |record| {
-            if let (Some(p), None) = (profile.as_mut(), &profile_error) {
-                profile_error = p.write(record).err();
-            }
-        },
+        |record| profile.write(record),
     )?;
-    outputs.profile = profile;
-    if let Some(e) = profile_error {
-        return Err(anyhow::Error::new(e).context("--profile"));
-    }
+    profile.give_back(outputs)?;
     match t.end {
         TranslationEnd::Eos { .. } => eprintln!(
             "\nthe model ended its text (EOS) at returned frame {}",
@@ -504,6 +496,39 @@ fn translate_zero(
     Ok((wav_out.complete()?, kept as u64, t.metrics))
 }
 
+/// The `--profile` records of a run that hands the model's records to a callback while the
+/// frame callback holds `outputs`: written as they come, the first write error kept for the end.
+struct ProfileRecords {
+    writer: Option<ProfileWriter>,
+    error: Option<moshi_runtime::RuntimeError>,
+}
+
+impl ProfileRecords {
+    /// The profile writer of `outputs`, if any, until [`ProfileRecords::give_back`].
+    fn take(outputs: &mut Outputs) -> Self {
+        ProfileRecords {
+            writer: outputs.profile.take(),
+            error: None,
+        }
+    }
+
+    /// Writes `record`, unless an earlier write failed.
+    fn write(&mut self, record: &moshi_runtime::metrics::FrameRecord) {
+        if let (Some(w), None) = (self.writer.as_mut(), &self.error) {
+            self.error = w.write(record).err();
+        }
+    }
+
+    /// Returns the writer to `outputs`; the first write error, if any.
+    fn give_back(self, outputs: &mut Outputs) -> anyhow::Result<()> {
+        outputs.profile = self.writer;
+        match self.error {
+            Some(e) => Err(anyhow::Error::new(e).context("--profile")),
+            None => Ok(()),
+        }
+    }
+}
+
 /// A translation model translates the input frame by frame, each returned frame written as it
 /// comes: the translation's length is known only when the model ends its text, so the output
 /// is open-ended (a regular file gets its exact length in the header when completed, a pipe
@@ -518,8 +543,7 @@ fn translate(
 ) -> anyhow::Result<(FinishedOutput, u64, Metrics)> {
     let eos = pipeline.model().eos_text_id();
     let mut wav_out = WavWriter::create_open_ended(output, 1, SAMPLE_RATE_HZ)?;
-    let mut profile_error = None;
-    let mut profile = outputs.profile.take();
+    let mut profile = ProfileRecords::take(outputs);
     let t = translate_offline(
         pipeline,
         frames_in,
@@ -530,16 +554,9 @@ fn translate(
             outputs.frame(i, o);
             outputs.check()
         },
-        |record| {
-            if let (Some(p), None) = (profile.as_mut(), &profile_error) {
-                profile_error = p.write(record).err();
-            }
-        },
+        |record| profile.write(record),
     )?;
-    outputs.profile = profile;
-    if let Some(e) = profile_error {
-        return Err(anyhow::Error::new(e).context("--profile"));
-    }
+    profile.give_back(outputs)?;
     match t.end {
         TranslationEnd::Eos { tail_frames } => eprintln!(
             "\nthe model ended its text after {tail_frames} silence frames ({} frames out)",
