@@ -177,19 +177,8 @@ impl StreamingConv1d {
             .collect();
         let mut first = 0;
         while first < calls.len() {
-            let t_out = t_outs[first];
-            let group = if t_out <= SHARED_PRODUCT_MAX_ROWS {
-                (self.same_bits_rows(t_out) / t_out).max(1)
-            } else {
-                1
-            };
-            let last = (first + group).min(calls.len());
-            let last = first
-                + t_outs[first..last]
-                    .iter()
-                    .take_while(|&&t| t == t_out)
-                    .count();
-            self.product_streams(&mut calls[first..last], t_out, scratch);
+            let last = shared_group_end(&t_outs, first, |rows| self.same_bits_rows(rows));
+            self.product_streams(&mut calls[first..last], t_outs[first], scratch);
             first = last;
         }
         for (c, t_out) in calls.iter_mut().zip(t_outs) {
@@ -335,6 +324,25 @@ impl StreamingConv1d {
 /// streams: the products of few rows are bound by their weight bytes (read once for all
 /// streams), those of many rows by their multiply-adds (the same work stacked or not).
 const SHARED_PRODUCT_MAX_ROWS: usize = Q8_MAX_ROWS;
+
+/// The end of the group of streams from `first` that share one product: the following streams
+/// with `rows[first]` rows, as many as the kernel of one stream's product takes
+/// (`same_bits_rows(rows) / rows`), and only products of few rows (at most
+/// [`SHARED_PRODUCT_MAX_ROWS`]); a stream alone otherwise.
+fn shared_group_end(
+    rows: &[usize],
+    first: usize,
+    same_bits_rows: impl Fn(usize) -> usize,
+) -> usize {
+    let r = rows[first];
+    let group = if r > 0 && r <= SHARED_PRODUCT_MAX_ROWS {
+        (same_bits_rows(r) / r).max(1)
+    } else {
+        1
+    };
+    let last = (first + group).min(rows.len());
+    first + rows[first..last].iter().take_while(|&&t| t == r).count()
+}
 
 /// One stream's part of a [`StreamingConv1d::forward_streams`] (or, with a [`ConvTr1dState`],
 /// of a [`StreamingConvTranspose1d::forward_streams`]): its state, its input rows and its
@@ -501,19 +509,8 @@ impl StreamingConvTranspose1d {
             .collect();
         let mut first = 0;
         while first < calls.len() {
-            let t_in = t_ins[first];
-            let group = if t_in > 0 && t_in <= SHARED_PRODUCT_MAX_ROWS {
-                (self.same_bits_rows(t_in) / t_in).max(1)
-            } else {
-                1
-            };
-            let last = (first + group).min(calls.len());
-            let last = first
-                + t_ins[first..last]
-                    .iter()
-                    .take_while(|&&t| t == t_in)
-                    .count();
-            self.product_streams(&mut calls[first..last], t_in, scratch);
+            let last = shared_group_end(&t_ins, first, |rows| self.same_bits_rows(rows));
+            self.product_streams(&mut calls[first..last], t_ins[first], scratch);
             first = last;
         }
         for (c, t_in) in calls.iter_mut().zip(t_ins) {
