@@ -23,40 +23,72 @@
 //!    cycles per pair-block and core (wall time x threads x clock / pair-blocks).
 //!
 //! `cargo bench -p moshi-bench --bench batched_tile` (about 2 minutes; `MOSHI_BENCH_ROUNDS`,
-//! default 15).
+//! default 15; `MOSHI_BENCH_ACTIVATIONS=exact|i16|i8`, default exact, whose digits set the floor;
+//! `MOSHI_BENCH_ROWS`, the batched case's activation rows, default 4; `MOSHI_BENCH_SHAPES=stt-1b`
+//! for the speech-to-text 1B's four temporal shapes instead of the 7B's three).
 
 use std::hint::black_box;
 use std::time::Instant;
 
 use moshi_bench::alternating::medians_per_call;
 use moshi_bench::hashed_weights::hashed_q4;
-use moshi_kernels::QuantizedMatrix;
+use moshi_kernels::{ActivationPrecision, QuantizedMatrix};
 
 /// Bytes of weights the streamed cases rotate over (well above the last-level cache).
 const STREAM_BYTES: usize = 1 << 30;
 
-/// Activation rows of the batched case (4 sessions).
+/// Activation rows of the batched case by default (4 sessions).
 const BATCH_ROWS: usize = 4;
+
+/// (name, columns, rows) of the 7B's shapes measured by default.
+const SHAPES_7B: [(&str, usize, usize); 3] = [
+    ("dep in_proj", 1024, 3072),
+    ("attn out_proj", 4096, 4096),
+    ("gating out", 11264, 4096),
+];
+
+/// (name, columns, rows) of the speech-to-text 1B's temporal products (dim 2048, gating 5632).
+const SHAPES_STT_1B: [(&str, usize, usize); 4] = [
+    ("attn in_proj", 2048, 6144),
+    ("attn out_proj", 2048, 2048),
+    ("gating in", 2048, 11264),
+    ("gating out", 5632, 2048),
+];
+
+/// An environment variable parsed, or `default` when unset; panics naming it when unparsable.
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    match std::env::var(name) {
+        Ok(v) => v
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={v}: cannot parse")),
+        Err(_) => default,
+    }
+}
 
 /// Columns per block of the 4-bit kernels (64 bytes of codes).
 const BLOCK_COLS: usize = 128;
 
 fn main() {
-    let rounds: usize = std::env::var("MOSHI_BENCH_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(15);
-    let clock_ns = core_probe();
+    let rounds: usize = env_or("MOSHI_BENCH_ROUNDS", 15);
+    let batch_rows: usize = env_or("MOSHI_BENCH_ROWS", BATCH_ROWS);
+    let activations: ActivationPrecision =
+        env_or("MOSHI_BENCH_ACTIVATIONS", ActivationPrecision::Exact);
+    moshi_kernels::set_activation_precision(activations);
+    let shapes: Vec<(&str, usize, usize)> = match std::env::var("MOSHI_BENCH_SHAPES").as_deref() {
+        Ok("stt-1b") => SHAPES_STT_1B.to_vec(),
+        _ => SHAPES_7B.to_vec(),
+    };
+    println!(
+        "activations: {}, batched rows: {batch_rows}",
+        activations.name()
+    );
+    let clock_ns = core_probe(activations);
     let threads_all = moshi_kernels::team::threads();
     println!(
         "\n| shape | weights | threads | rows | ms per product | cycles per pair-block and core | \
          x 1 row |\n|---|---|---|---|---|---|---|"
     );
-    for (name, cols, out) in [
-        ("dep in_proj", 1024, 3072),
-        ("attn out_proj", 4096, 4096),
-        ("gating out", 11264, 4096),
-    ] {
+    for (name, cols, out) in shapes {
         let one = vec![hashed_q4(out, cols, 0x5eed + cols as u64)];
         let copies = STREAM_BYTES.div_ceil(one[0].codes().len() * 4);
         let streamed: Vec<QuantizedMatrix> = (0..copies).map(|_| one[0].clone()).collect();
@@ -66,8 +98,8 @@ fn main() {
                     .num_threads(threads)
                     .build()
                     .expect("a rayon pool");
-                let per_call = pool.install(|| time_alternating(mats, rounds));
-                for (m, seconds) in [(1, per_call[0]), (BATCH_ROWS, per_call[1])] {
+                let per_call = pool.install(|| time_alternating(mats, batch_rows, rounds));
+                for (m, seconds) in [(1, per_call[0]), (batch_rows, per_call[1])] {
                     let w = &mats[0];
                     let pair_blocks = (w.rows() * w.cols() / BLOCK_COLS * m) as f64;
                     let cycles = seconds * 1e9 * threads as f64 / clock_ns / pair_blocks;
@@ -84,12 +116,12 @@ fn main() {
     }
 }
 
-/// Median seconds per product over `rounds`, for 1 and [`BATCH_ROWS`] activation rows, the two
+/// Median seconds per product over `rounds`, for 1 and `batch_rows` activation rows, the two
 /// alternating within each round; each round runs every matrix of `mats` once per row count
 /// (at least 64 products).
-fn time_alternating(mats: &[QuantizedMatrix], rounds: usize) -> [f64; 2] {
+fn time_alternating(mats: &[QuantizedMatrix], batch_rows: usize, rounds: usize) -> [f64; 2] {
     let (rows, cols) = (mats[0].rows(), mats[0].cols());
-    let row_counts = [1, BATCH_ROWS];
+    let row_counts = [1, batch_rows];
     let xs = row_counts.map(|m| {
         (0..m * cols)
             .map(|j| ((j * 7919 % 1000) as f32 - 500.0) * 1e-3)
@@ -105,8 +137,8 @@ fn time_alternating(mats: &[QuantizedMatrix], rounds: usize) -> [f64; 2] {
 
 /// Prints the core's clock and port figures (x86-64 with AVX-512 VNNI, or with AVX2 and FMA) and
 /// returns ns per cycle; elsewhere prints that the port figures need one of those and returns the
-/// clock alone.
-fn core_probe() -> f64 {
+/// clock alone. The VNNI tile's floor counts the `vpdpbusd` of `activations`' digits.
+fn core_probe(activations: ActivationPrecision) -> f64 {
     let clock_ns = best_ns_per_iteration(add_chain) / ADDS_PER_ITERATION;
     println!("core clock: {:.2} GHz (dependent adds)", 1.0 / clock_ns);
     #[cfg(target_arch = "x86_64")]
@@ -125,13 +157,15 @@ fn core_probe() -> f64 {
             1.0 / mixed,
             if mixed > 0.8 * dp.min(fma) { "shared ports" } else { "separate ports" },
         );
+        let dot_products = 2.0 * digits_of(activations);
         let floor = if mixed > 0.8 * dp.min(fma) {
-            7.0 * mixed
+            (dot_products + 1.0) * mixed
         } else {
-            (6.0 * dp).max(fma)
+            (dot_products * dp).max(fma)
         };
         println!(
-            "floor of the VNNI tile: 6 vpdpbusd + 1 vfmadd231ps per pair-block = {floor:.2} cycles"
+            "floor of the VNNI tile: {dot_products} vpdpbusd + 1 vfmadd231ps per pair-block = \
+             {floor:.2} cycles"
         );
         return clock_ns;
     }
@@ -160,6 +194,16 @@ fn core_probe() -> f64 {
     }
     println!("(the port figures need x86-64 with AVX-512 VNNI, or AVX2 and FMA)");
     clock_ns
+}
+
+/// Signed 8-bit digits per activation the integer kernels hold at `activations`.
+#[cfg(target_arch = "x86_64")]
+fn digits_of(activations: ActivationPrecision) -> f64 {
+    match activations {
+        ActivationPrecision::Exact => 3.0,
+        ActivationPrecision::Int16 => 2.0,
+        ActivationPrecision::Int8 => 1.0,
+    }
 }
 
 /// Cycles per instruction of the timed loop `f`, which runs `per` of them per iteration.

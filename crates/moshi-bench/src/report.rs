@@ -354,8 +354,9 @@ impl BenchReport {
             );
         }
         if r.activations != "exact" {
+            let bits = if r.activations == "i16" { 16 } else { 8 };
             s += &format!(
-                "activations of the q4/q8 products: {} (rounded to 8 bits per quantization group)\n",
+                "activations of the q4/q8 products: {} (rounded to {bits} bits per quantization group)\n",
                 r.activations
             );
         }

@@ -118,7 +118,8 @@ pub struct BenchOptions {
     /// Random positions put into every temporal KV cache before the warm-up.
     pub kv_prefill: usize,
     pub kv_cache: KvPrecision,
-    /// How the quantized products hold their activations (exact, or rounded to 8 bits per group).
+    /// How the quantized products hold their activations (exact, or rounded to 16 or 8 bits per
+    /// group).
     pub activations: ActivationPrecision,
     /// Workers of the compute pool the caller set up; the bandwidth probe uses as many.
     pub threads: usize,

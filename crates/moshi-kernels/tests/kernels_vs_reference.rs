@@ -234,16 +234,17 @@ fn matvec_equals_dequantized_dot_on_exact_values() {
 #[test]
 fn matvec_is_bit_identical_to_each_row_of_a_matmul() {
     // The matrix-vector path handles several weight rows per pass; per row it must do exactly the
-    // arithmetic of the matrix-matrix path, so a row of `x` gives the same bits either way.
+    // arithmetic of the matrix-matrix path, so a row of `x` gives the same bits either way: in one
+    // tile of activation rows (2) and in panels of weight rows met by several tiles (9).
     let mut rng = XorShift64Star::new(7);
-    for (bits, group_size) in [(4, 32), (8, 64), (4, 64), (8, 32)] {
+    for (bits, group_size, m) in [(4, 32, 2), (8, 64, 2), (4, 64, 2), (8, 32, 2), (4, 32, 9)] {
         for rows in [1, 5, 13, 64] {
             let cols = 5 * group_size;
             let w = random_matrix(&mut rng, rows, cols, bits, group_size);
-            let xs: Vec<f32> = (0..2 * cols).map(|_| rng.uniform(-1.0, 1.0)).collect();
+            let xs: Vec<f32> = (0..m * cols).map(|_| rng.uniform(-1.0, 1.0)).collect();
             for kernel in Kernel::available() {
-                let mut pair = vec![0f32; 2 * rows];
-                w.matmul_with_kernel(kernel, &xs, 2, &mut pair).unwrap();
+                let mut pair = vec![0f32; m * rows];
+                w.matmul_with_kernel(kernel, &xs, m, &mut pair).unwrap();
                 for (i, x) in xs.chunks_exact(cols).enumerate() {
                     let mut single = vec![f32::NAN; rows];
                     w.matmul_with_kernel(kernel, x, 1, &mut single).unwrap();

@@ -12,7 +12,9 @@
 //!   on, two adjacent weight rows per pass, so that each block of the activation rows is loaded
 //!   once for both (with several rows of the 7B's widths they outgrow L1, and their reloads, not
 //!   the arithmetic, set the pace: with two weight rows per pass the q4 LM step of `moshi-rs
-//!   bench --sessions N` ran faster than with one at 2 to 8 sessions; docs/performance.md).
+//!   bench --sessions N` ran faster than with one at 2 to 8 sessions; docs/performance.md). With
+//!   more activation rows than one tile takes, the pairs go in panels of [`PANEL_ROWS`] weight
+//!   rows, each tile of activation rows meeting the whole panel before the next.
 //!
 //! Every (weight row, activation row) pair goes through the same arithmetic whatever the tile
 //! shape (the blocks of a row are accumulated in order however many a step takes), so a
@@ -21,6 +23,12 @@
 /// Activation rows per pass of a matrix-matrix product: each code block is decoded once for all
 /// of them.
 pub(crate) const MATMUL_ROWS: usize = 4;
+
+/// Weight rows per panel of a paired matrix-matrix product ([`paired_panel`]): with more
+/// activation rows than one tile takes, each tile of them meets the whole panel before the next
+/// tile starts. Eight: faster than one pair per panel at 8 and 16 activation rows, as fast as 16,
+/// and 32 slower at the widest rows (docs/performance.md#panels-of-weight-rows-for-several-activation-tiles).
+const PANEL_ROWS: usize = 8;
 
 /// One kernel's dot products of weight rows with arranged activation rows, a tile at a time, for
 /// one product: it holds the weights, the arranged activations and its scratch space, sized for
@@ -76,16 +84,10 @@ pub(crate) unsafe fn run_passes<T: Tiles>(
     let mut local = single_from;
     if m >= T::PAIRED_FROM_M {
         while local + 2 <= nrows {
-            // SAFETY: rows row_start + local and the next lie in the range.
-            unsafe {
-                weight_rows_pass::<T, 2>(
-                    tiles,
-                    m,
-                    row_start + local,
-                    &mut out_t[local * m..(local + 2) * m],
-                )
-            };
-            local += 2;
+            let end = local + (nrows - local).min(PANEL_ROWS) / 2 * 2;
+            // SAFETY: rows row_start + local..row_start + end lie in the range.
+            unsafe { paired_panel(tiles, m, row_start, local..end, out_t) };
+            local = end;
         }
     }
     for local in local..nrows {
@@ -98,6 +100,32 @@ pub(crate) unsafe fn run_passes<T: Tiles>(
                 &mut out_t[local * m..(local + 1) * m],
             )
         };
+    }
+}
+
+/// Weight rows `row_start + rows` (an even count) against all `m` activation rows, two weight rows
+/// per tile, one tile of activation rows after another: for each tile of activation rows, every
+/// pair of the panel (so those rows' arranged digits stay in L1 across the panel, and the panel's
+/// codes, read from memory for the first tile, in L1 or L2 for the next).
+///
+/// # Safety
+/// As for [`run_passes`], for those weight rows.
+unsafe fn paired_panel<T: Tiles>(
+    tiles: &mut T,
+    m: usize,
+    row_start: usize,
+    rows: std::ops::Range<usize>,
+    out_t: &mut [f32],
+) {
+    let mut i = 0;
+    while i < m {
+        for r in rows.clone().step_by(2) {
+            // SAFETY: weight rows row_start + r and the next lie in the range (forwarded).
+            unsafe {
+                activation_tile::<T, 2>(tiles, m, i, row_start + r, &mut out_t[r * m..(r + 2) * m])
+            };
+        }
+        i += (m - i).min(MATMUL_ROWS);
     }
 }
 
@@ -115,18 +143,33 @@ unsafe fn weight_rows_pass<T: Tiles, const NR: usize>(
 ) {
     let mut i = 0;
     while i < m {
-        // SAFETY (all arms): forwarded contract; activation rows i..i + MR ≤ m exist.
-        unsafe {
-            match m - i {
-                1 if NR == 1 => store(out_rows, m, i, tiles.tile::<NR, 1, 4>(r, 1, i)),
-                1 => store(out_rows, m, i, tiles.tile::<NR, 1, 2>(r, 1, i)),
-                2 => store(out_rows, m, i, tiles.tile::<NR, 2, 2>(r, 1, i)),
-                3 if NR == 1 => store(out_rows, m, i, tiles.tile::<NR, 3, 2>(r, 1, i)),
-                3 => store(out_rows, m, i, tiles.tile::<NR, 3, 1>(r, 1, i)),
-                _ => store(out_rows, m, i, tiles.tile::<NR, MATMUL_ROWS, 1>(r, 1, i)),
-            }
-        }
+        // SAFETY: forwarded contract.
+        unsafe { activation_tile::<T, NR>(tiles, m, i, r, out_rows) };
         i += (m - i).min(MATMUL_ROWS);
+    }
+}
+
+/// Weight rows `r..r + NR` against activation rows `i..i + min(m - i, MATMUL_ROWS)`.
+///
+/// # Safety
+/// As for [`run_passes`], for those weight rows.
+unsafe fn activation_tile<T: Tiles, const NR: usize>(
+    tiles: &mut T,
+    m: usize,
+    i: usize,
+    r: usize,
+    out_rows: &mut [f32],
+) {
+    // SAFETY (all arms): forwarded contract; activation rows i..i + MR ≤ m exist.
+    unsafe {
+        match m - i {
+            1 if NR == 1 => store(out_rows, m, i, tiles.tile::<NR, 1, 4>(r, 1, i)),
+            1 => store(out_rows, m, i, tiles.tile::<NR, 1, 2>(r, 1, i)),
+            2 => store(out_rows, m, i, tiles.tile::<NR, 2, 2>(r, 1, i)),
+            3 if NR == 1 => store(out_rows, m, i, tiles.tile::<NR, 3, 2>(r, 1, i)),
+            3 => store(out_rows, m, i, tiles.tile::<NR, 3, 1>(r, 1, i)),
+            _ => store(out_rows, m, i, tiles.tile::<NR, MATMUL_ROWS, 1>(r, 1, i)),
+        }
     }
 }
 
