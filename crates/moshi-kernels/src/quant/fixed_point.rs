@@ -43,14 +43,6 @@ pub(crate) const I8_DIGITS: usize = 1;
 #[cfg(test)]
 pub(crate) const DIGITS_MAX: f32 = digits_max(DIGITS);
 
-/// Whether the fixed point can hold `row` (finite values whose largest magnitude is zero or
-/// normal): the test the kernels' arrangements make, for callers that decide before arranging.
-pub(crate) fn holds_row(row: &[f32]) -> bool {
-    let has_nan = row.iter().any(|v| v.is_nan());
-    let max_abs = row.iter().fold(0f32, |m, v| m.max(v.abs()));
-    RowScale::of_row(max_abs, has_nan).is_some()
-}
-
 /// A group's sum as the rounded activation modes hold it, `Σ n · u_g · 2^e`, from the exact
 /// integer `Σ n` (below `2^24`: at most 128 values of `|n| ≤ 32 639`), the unit `u_g` and the
 /// row scale `2^e`: their bias terms multiply the rounded values, as their f32 kernels do.
@@ -804,11 +796,6 @@ mod tests {
         assert_eq!(RowScale::of_row(1e-40, false), None);
         assert_eq!(RowScale::of_row(0.0, false), Some(RowScale::Zero));
         assert_eq!(RowScale::of_row(3.0, false), Some(RowScale::Exponent(1)));
-        assert!(holds_row(&[0.0, -2.5, 1e-30]) && holds_row(&[0.0; 4]));
-        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
-            assert!(!holds_row(&[1.0, bad]), "{bad}");
-        }
-        assert!(!holds_row(&[1e-40, -1e-39]));
         // Small integers are held exactly: 100 in a group whose largest is 100.
         let e = binade(100.0);
         let unit_exp = group_unit_exp(100.0 * pow2(-e), DIGITS);

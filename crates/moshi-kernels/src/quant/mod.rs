@@ -388,19 +388,14 @@ pub(crate) fn qmm(
     if m == 0 || rows == 0 {
         return Ok(());
     }
-    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-    if m > 1
-        && plan(kernel, w.bits(), w.group_size(), precision).layout == Layout::Digits
-        && !x.chunks_exact(cols).all(fixed_point::holds_row)
-    {
+    let Some((plan, xs)) = arranged(kernel, precision, w, x, m) else {
         // A row the fixed point cannot hold goes to the f32 kernel on its own: every row gets
         // the result it gets alone, whoever shares its product.
         for (xr, yr) in x.chunks_exact(cols).zip(y.chunks_exact_mut(rows)) {
             qmm(w, kernel, precision, xr, 1, yr)?;
         }
         return Ok(());
-    }
-    let (plan, xs) = arranged(kernel, precision, w, x, m);
+    };
     if m == 1 {
         run_threaded(w, &plan, &xs, 1, y);
     } else {
@@ -419,14 +414,15 @@ pub(crate) fn qmm(
 /// 8-bit and 16-bit activations as their rounded values, `int8::round_activations_i8` and
 /// `two_digits::round_activations_two_digits`); activations the
 /// integer kernels cannot hold go to the f32 kernel of their instruction set (AVX-512, AVX2,
-/// NEON).
+/// NEON): a single row here, several rows one by one (`None`: the caller runs each row alone, so
+/// that it gets the bits it gets alone).
 fn arranged<'x>(
     kernel: Kernel,
     precision: ActivationPrecision,
     w: &QuantizedMatrix,
     x: &'x [f32],
     m: usize,
-) -> (Plan, Cow<'x, [f32]>) {
+) -> Option<(Plan, Cow<'x, [f32]>)> {
     let (bits, group_size, cols) = (w.bits(), w.group_size(), w.cols());
     let plan = plan(kernel, bits, group_size, precision);
     let held = || match precision {
@@ -437,7 +433,7 @@ fn arranged<'x>(
         ActivationPrecision::Int8 => Cow::Owned(round_activations_i8(x, m, cols, group_size)),
     };
     match plan.layout {
-        Layout::Natural => (plan, held()),
+        Layout::Natural => Some((plan, held())),
         #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
         Layout::Lanes {
             lanes,
@@ -445,12 +441,13 @@ fn arranged<'x>(
         } => {
             let xs =
                 lanes::arrange_activations(&held(), m, cols, bits, group_size, lanes, top_unscaled);
-            (plan, Cow::Owned(xs))
+            Some((plan, Cow::Owned(xs)))
         }
         #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
         Layout::Digits => {
             match digit_activations(kernel.instruction_set(), precision, x, m, cols, group_size) {
-                Some(xs) => (plan, Cow::Owned(xs)),
+                Some(xs) => Some((plan, Cow::Owned(xs))),
+                None if m > 1 => None,
                 None => arranged(kernel.f32_sibling(), precision, w, x, m),
             }
         }

@@ -61,7 +61,9 @@ pub(crate) const fn digits_max(digits: usize) -> f32 {
 }
 
 /// The exponent of a group's unit in the fixed point of `digits` digits, given the group's
-/// largest magnitude after the row scaling (`< 2`).
+/// largest magnitude after the row scaling (`< 2`). Always inlined: in the kernels' arrangements
+/// the rounding then compiles to their instruction set's, not to a call of `rintf`.
+#[inline(always)]
 pub(crate) fn group_unit_exp(scaled_group_max: f32, digits: usize) -> i32 {
     let binades_below = 8 * digits as i32 - 2;
     let mut unit_exp = if scaled_group_max >= pow2(MIN_UNIT_EXP + binades_below) {

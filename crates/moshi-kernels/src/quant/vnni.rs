@@ -160,16 +160,14 @@ unsafe fn arrange_row(row: &[f32], dst: &mut [f32], group_size: usize, layout: R
         );
         units[g] = pow2(unit_exp);
         let inverse_unit = _mm512_set1_ps(pow2(-unit_exp));
-        let mut n_total = 0;
+        let mut n_total = _mm512_setzero_si512();
         for (k, v) in group.chunks_exact(16).enumerate() {
             // SAFETY: 16 floats.
             let v = unsafe { _mm512_loadu_ps(v.as_ptr()) };
             // Exact scalings by powers of two, then one rounding (to nearest even): |n| ≤
             // `digits_max` of the layout's digits by the choice of the unit.
             let n = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(v, row_scale), inverse_unit));
-            if layout.digits < DIGITS {
-                n_total += _mm512_reduce_add_epi32(n);
-            }
+            n_total = _mm512_add_epi32(n_total, n);
             // Balanced base-256 digits: d0 = n's low byte as i8, n1 = (n - d0) / 256, ...
             let n1 = _mm512_srai_epi32::<8>(_mm512_sub_epi32(
                 n,
@@ -204,7 +202,7 @@ unsafe fn arrange_row(row: &[f32], dst: &mut [f32], group_size: usize, layout: R
             }
         }
         if layout.digits < DIGITS {
-            sums[g] = held_group_sum(n_total, units[g], pow2(row_exp));
+            sums[g] = held_group_sum(_mm512_reduce_add_epi32(n_total), units[g], pow2(row_exp));
         }
     }
     true
