@@ -4,7 +4,8 @@
 //!
 //! 1. **The core** (x86-64 with AVX-512 VNNI): the clock from a chain of dependent adds; the rate
 //!    of independent `vpdpbusd`, of `vfmadd231ps`, and of the two mixed 3:1 (if the mix runs at
-//!    the rate of either alone, they share ports); the latency of `vpdpbusd`. The VNNI kernel
+//!    the rate of either alone, they share ports); the latency of `vpdpbusd`; and the rate of the
+//!    batched tile's whole instruction mix at 16-bit activations, on registers. The VNNI kernel
 //!    needs 6 `vpdpbusd` and one `vfmadd231ps` per (weight row, activation row) pair and block of
 //!    128 columns (3 activation digits x 2 nibble planes, then the group factor), so the floor per
 //!    pair-block is 7 instructions at their shared rate. On x86-64 with AVX2 and FMA only (where
@@ -166,6 +167,12 @@ fn core_probe(activations: ActivationPrecision) -> f64 {
         println!(
             "floor of the VNNI tile: {dot_products} vpdpbusd + 1 vfmadd231ps per pair-block = \
              {floor:.2} cycles"
+        );
+        let mix = cycles(ports::tile_mix_i16, 2.0);
+        println!(
+            "the 2 x 4 tile's instruction mix at 16-bit activations (registers only): {mix:.2} \
+             cycles per pair-block, {:.2}x its 4 vpdpbusd + 1 vfmadd231ps",
+            mix / (5.0 * mixed)
         );
         return clock_ns;
     }
@@ -351,6 +358,30 @@ mod ports {
         "vpdpbusd zmm10, zmm20, zmm21",
         "vpdpbusd zmm11, zmm20, zmm21",
         "vfmadd231ps zmm15, zmm20, zmm21"
+    );
+    // The 2 x 4 tile's block at 16-bit activations, per 2 of its 8 pairs: 8 `vpdpbusd`, the 2
+    // factor FMAs, and beside them the 2 conversions, 2 factor permutations, 2 digit shifts and 2
+    // nibble ANDs (the code shifts and ANDs of the whole block, rounded up).
+    zmm_loop!(
+        tile_mix_i16,
+        "vpdpbusd zmm0, zmm20, zmm21",
+        "vpdpbusd zmm1, zmm20, zmm21",
+        "vcvtdq2ps zmm8, zmm20",
+        "vpdpbusd zmm2, zmm20, zmm21",
+        "vpermps zmm9, zmm20, zmm21",
+        "vpdpbusd zmm3, zmm20, zmm21",
+        "vpslld zmm10, zmm20, 8",
+        "vfmadd231ps zmm12, zmm20, zmm21",
+        "vpdpbusd zmm4, zmm20, zmm21",
+        "vpandq zmm11, zmm20, zmm21",
+        "vpdpbusd zmm5, zmm20, zmm21",
+        "vcvtdq2ps zmm8, zmm21",
+        "vpdpbusd zmm6, zmm20, zmm21",
+        "vpermps zmm9, zmm21, zmm20",
+        "vpdpbusd zmm7, zmm20, zmm21",
+        "vpslld zmm10, zmm21, 8",
+        "vpandq zmm11, zmm21, zmm20",
+        "vfmadd231ps zmm13, zmm20, zmm21"
     );
     zmm_loop!(
         vpdpbusd_chain_4,

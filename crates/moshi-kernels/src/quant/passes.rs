@@ -27,7 +27,8 @@ pub(crate) const MATMUL_ROWS: usize = 4;
 /// Weight rows per panel of a paired matrix-matrix product ([`paired_panel`]): with more
 /// activation rows than one tile takes, each tile of them meets the whole panel before the next
 /// tile starts. Eight: faster than one pair per panel at 8 and 16 activation rows, as fast as 16,
-/// and 32 slower at the widest rows (docs/performance.md#panels-of-weight-rows-for-several-activation-tiles).
+/// and 32 slower at the widest rows (docs/performance.md, "The batched tile at 16-bit
+/// activations").
 const PANEL_ROWS: usize = 8;
 
 /// One kernel's dot products of weight rows with arranged activation rows, a tile at a time, for
