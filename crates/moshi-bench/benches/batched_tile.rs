@@ -168,6 +168,12 @@ fn core_probe(activations: ActivationPrecision) -> f64 {
             "floor of the VNNI tile: {dot_products} vpdpbusd + 1 vfmadd231ps per pair-block = \
              {floor:.2} cycles"
         );
+        let permutes = cycles(ports::vpdpbusd_8_vpermps_8, 8.0);
+        let tests = cycles(ports::vpdpbusd_8_vptestmd_8, 8.0);
+        println!(
+            "beside each vpdpbusd, a vpermps: {permutes:.2} cycles per pair of them; a vptestmd: \
+             {tests:.2}"
+        );
         let mix = cycles(ports::tile_mix_i16, 2.0);
         println!(
             "the 2 x 4 tile's instruction mix at 16-bit activations (registers only): {mix:.2} \
@@ -303,7 +309,7 @@ mod ports {
                 "avx512f,avx512vnni",
                 ["vpxord zmm20, zmm20, zmm20", "vpxord zmm21, zmm21, zmm21"],
                 ["zmm0", "zmm1", "zmm2", "zmm3", "zmm4", "zmm5", "zmm6", "zmm7", "zmm8", "zmm9",
-                 "zmm10", "zmm11", "zmm12", "zmm13", "zmm14", "zmm15", "zmm20", "zmm21"],
+                 "zmm10", "zmm11", "zmm12", "zmm13", "zmm14", "zmm15", "zmm20", "zmm21", "k1", "k2", "k3", "k4"],
                 $name,
                 $($line),+
             );
@@ -382,6 +388,46 @@ mod ports {
         "vpslld zmm10, zmm21, 8",
         "vpandq zmm11, zmm21, zmm20",
         "vfmadd231ps zmm13, zmm20, zmm21"
+    );
+    // 8 `vpdpbusd` with 8 `vpermps`, then with 8 `vptestmd`, beside them: what the other
+    // instructions a tile might use cost when there are as many of them as products.
+    zmm_loop!(
+        vpdpbusd_8_vpermps_8,
+        "vpdpbusd zmm0, zmm20, zmm21",
+        "vpermps zmm8, zmm20, zmm21",
+        "vpdpbusd zmm1, zmm20, zmm21",
+        "vpermps zmm9, zmm21, zmm20",
+        "vpdpbusd zmm2, zmm20, zmm21",
+        "vpermps zmm10, zmm20, zmm21",
+        "vpdpbusd zmm3, zmm20, zmm21",
+        "vpermps zmm11, zmm21, zmm20",
+        "vpdpbusd zmm4, zmm20, zmm21",
+        "vpermps zmm12, zmm20, zmm21",
+        "vpdpbusd zmm5, zmm20, zmm21",
+        "vpermps zmm13, zmm21, zmm20",
+        "vpdpbusd zmm6, zmm20, zmm21",
+        "vpermps zmm14, zmm20, zmm21",
+        "vpdpbusd zmm7, zmm20, zmm21",
+        "vpermps zmm15, zmm21, zmm20"
+    );
+    zmm_loop!(
+        vpdpbusd_8_vptestmd_8,
+        "vpdpbusd zmm0, zmm20, zmm21",
+        "vptestmd k1, zmm20, zmm20",
+        "vpdpbusd zmm1, zmm20, zmm21",
+        "vptestmd k2, zmm21, zmm21",
+        "vpdpbusd zmm2, zmm20, zmm21",
+        "vptestmd k3, zmm20, zmm20",
+        "vpdpbusd zmm3, zmm20, zmm21",
+        "vptestmd k4, zmm21, zmm21",
+        "vpdpbusd zmm4, zmm20, zmm21",
+        "vptestmd k1, zmm20, zmm20",
+        "vpdpbusd zmm5, zmm20, zmm21",
+        "vptestmd k2, zmm21, zmm21",
+        "vpdpbusd zmm6, zmm20, zmm21",
+        "vptestmd k3, zmm20, zmm20",
+        "vpdpbusd zmm7, zmm20, zmm21",
+        "vptestmd k4, zmm21, zmm21"
     );
     zmm_loop!(
         vpdpbusd_chain_4,
