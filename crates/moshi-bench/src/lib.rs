@@ -6,11 +6,13 @@
 //! Moshi 7B's product shapes ([`shapes`], shared with `scripts/peer-candle`); and, under
 //! `benches/`, the criterion benches of the kernels, the LM, Mimi and the loader.
 //!
-//! Without the default `pipeline` feature only [`bandwidth`] and [`shapes`] are built.
+//! Without the default `pipeline` feature only [`bandwidth`], [`shapes`] and the f32 half of
+//! [`hashed_weights`] are built.
 //!
 //! [`run_offline`]: moshi_runtime::engine::run_offline
 
 pub mod bandwidth;
+pub mod hashed_weights;
 pub mod shapes;
 
 #[cfg(feature = "pipeline")]
@@ -25,8 +27,6 @@ pub mod extrapolate;
 pub mod format;
 #[cfg(feature = "pipeline")]
 pub mod frames;
-#[cfg(feature = "pipeline")]
-pub mod hashed_weights;
 #[cfg(feature = "pipeline")]
 pub mod kv_traffic;
 #[cfg(feature = "pipeline")]
