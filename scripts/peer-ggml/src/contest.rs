@@ -23,6 +23,15 @@ pub struct Options {
 
 type Error = Box<dyn std::error::Error>;
 
+/// The two sides' threads and moshi-kernels's kernel, the same for every shape.
+pub struct Runners<'a> {
+    /// moshi-kernels's team takes at most this pool's thread count.
+    pub pool: &'a ThreadPool,
+    /// ggml's backend and its own pool of as many threads.
+    pub runtime: &'a Runtime,
+    pub kernel: Kernel,
+}
+
 /// `[rows][max_m]` products of a dequantized `[rows, cols]` matrix with the `max_m` activation
 /// rows `x`, in f64.
 fn reference_products(pool: &ThreadPool, dense: &[f32], x: &[f32], cols: usize) -> Vec<f64> {
@@ -193,10 +202,8 @@ fn ggml_sides<'a>(
 
 /// One pass of `who` at `m` rows: seconds per product.
 fn pass(
+    runners: &Runners,
     who: Contestant,
-    pool: &ThreadPool,
-    runtime: &Runtime,
-    kernel: Kernel,
     moshi: &[MoshiSide],
     ggml: &[GgmlSide],
     x: &[f32],
@@ -205,8 +212,8 @@ fn pass(
     match who {
         Contestant::Moshi(side, precision) => {
             let copies = &moshi[side].copies;
-            let m = x.len() / copies[0].cols();
-            pool.install(|| {
+            let (m, kernel) = (x.len() / copies[0].cols(), runners.kernel);
+            runners.pool.install(|| {
                 time_pass(copies.len(), |c| {
                     copies[c]
                         .matmul_with(kernel, precision, x, m, y)
@@ -218,17 +225,16 @@ fn pass(
         }
         Contestant::Ggml(side) => {
             let seconds = time_pass(ggml[side].copies, |c| ggml[side].matrix.compute(c));
-            runtime.pause();
+            runners.runtime.pause();
             seconds
         }
     }
 }
 
 /// Checks every contestant's output at `m` rows against its own weights; returns the relative
-/// errors of (ggml sides, moshi sides exact, moshi sides int8).
+/// errors of the ggml sides and of the moshi sides (exact, int8). Parks ggml's pool after.
 fn check(
-    pool: &ThreadPool,
-    kernel: Kernel,
+    runners: &Runners,
     moshi: &[MoshiSide],
     ggml: &[GgmlSide],
     references: &[Vec<f64>],
@@ -244,6 +250,7 @@ fn check(
             m,
         ));
     }
+    runners.runtime.pause();
     let mut moshi_errors = Vec::new();
     for side in moshi {
         let matrix = &side.copies[0];
@@ -253,7 +260,10 @@ fn check(
             .zip([ActivationPrecision::Exact, ActivationPrecision::Int8])
         {
             let mut y = vec![0f32; m * matrix.rows()];
-            pool.install(|| matrix.matmul_with(kernel, precision, x, m, &mut y))?;
+            let kernel = runners.kernel;
+            runners
+                .pool
+                .install(|| matrix.matmul_with(kernel, precision, x, m, &mut y))?;
             *error = relative_error(&y, &side.reference, m);
         }
         moshi_errors.push(errors);
@@ -309,9 +319,7 @@ fn rate(seconds: f64, bytes: usize, m: usize, (rows, cols): (usize, usize)) -> f
 /// contestants' weight buffer types.
 pub fn run_shape(
     options: &Options,
-    pool: &ThreadPool,
-    runtime: &Runtime,
-    kernel: Kernel,
+    runners: &Runners,
     (name, cols, rows): (&str, usize, usize),
     index: usize,
     summary: &mut Summary,
@@ -319,9 +327,15 @@ pub fn run_shape(
     let max_m = options.rows.iter().copied().max().unwrap_or(1);
     let dense = hashed_f32(rows * cols, 0x5eed + index as u64);
     let x = hashed_f32(max_m * cols, 0xacc + index as u64);
-    let moshi = moshi_sides(options, pool, &dense, &x, (rows, cols))?;
-    let (mut ggml, references) =
-        ggml_sides(options, pool, runtime, &moshi, (&dense, &x), (rows, cols))?;
+    let moshi = moshi_sides(options, runners.pool, &dense, &x, (rows, cols))?;
+    let (mut ggml, references) = ggml_sides(
+        options,
+        runners.pool,
+        runners.runtime,
+        &moshi,
+        (&dense, &x),
+        (rows, cols),
+    )?;
     drop(dense);
     let bandwidth = ReadBuffer::new(options.threads, 1 << 30)
         .map(|b| {
@@ -341,17 +355,15 @@ pub fn run_shape(
         for side in &mut ggml {
             side.matrix.bind(x_m, m)?;
         }
-        let (ggml_errors, moshi_errors) = check(pool, kernel, &moshi, &ggml, &references, x_m, m)?;
+        let (ggml_errors, moshi_errors) = check(runners, &moshi, &ggml, &references, x_m, m)?;
         // Round 0 is untimed: page-ins and the threads' first wake-up at this M.
         let mut seconds = vec![Vec::new(); contestants.len()];
         for round in 0..=options.rounds {
             for k in 0..contestants.len() {
                 let who = (k + round) % contestants.len();
                 let s = pass(
+                    runners,
                     contestants[who],
-                    pool,
-                    runtime,
-                    kernel,
                     &moshi,
                     &ggml,
                     x_m,

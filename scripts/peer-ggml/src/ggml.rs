@@ -56,7 +56,7 @@ impl GgmlType {
     pub fn matrix_bytes(self, rows: usize, cols: usize) -> Result<usize, String> {
         // SAFETY: plain functions of the type id.
         let block = unsafe { peer_block_size(self.0) } as usize;
-        if cols % block != 0 {
+        if !cols.is_multiple_of(block) {
             return Err(format!(
                 "{cols} columns: not a multiple of the block size {block}"
             ));
@@ -160,7 +160,7 @@ impl<'a> Matrix<'a> {
         copies: usize,
     ) -> Result<Self, String> {
         assert_eq!(Ok(blocks.len()), ty.matrix_bytes(rows, cols));
-        let (mut name, mut error) = ([0u8; 64], [0u8; 256]);
+        let (mut name, mut error) = ([0u8; 128], [0u8; 256]);
         // SAFETY: `blocks` holds the matrix's bytes; the text buffers have the lengths passed.
         let handle = unsafe {
             peer_matrix_new(

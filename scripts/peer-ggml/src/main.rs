@@ -26,7 +26,7 @@ mod ggml;
 use moshi_bench::shapes::{LARGE_SHAPES, MOSHI_7B_MATVEC_SHAPES, STT_1B_MATVEC_SHAPES};
 use moshi_kernels::Kernel;
 
-use contest::{run_shape, Options, Summary};
+use contest::{run_shape, Options, Runners, Summary};
 
 /// ggml contestants and their moshi-kernels partner: (ggml name, ggml type, repacked, bits,
 /// group size).
@@ -108,19 +108,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let shapes = MOSHI_7B_MATVEC_SHAPES[..LARGE_SHAPES]
         .iter()
         .chain(&STT_1B_MATVEC_SHAPES);
+    let runners = Runners {
+        pool: &pool,
+        runtime: &runtime,
+        kernel,
+    };
     let mut summary = Summary::default();
     let mut buffer_types = Vec::new();
     for (index, &(name, cols, rows)) in shapes.enumerate() {
         if name.contains(&options.shapes) {
-            let types = run_shape(
-                &options,
-                &pool,
-                &runtime,
-                kernel,
-                (name, cols, rows),
-                index,
-                &mut summary,
-            )?;
+            let types = run_shape(&options, &runners, (name, cols, rows), index, &mut summary)?;
             if buffer_types.is_empty() {
                 buffer_types = types;
             }

@@ -67,9 +67,25 @@ void peer_dequantize(int type, const void *src, int64_t rows, int64_t cols, floa
     }
 }
 
+// The last "repack: repack tensor ... with <layout>" line of ggml's log (debug level): the
+// layout CPU_REPACK chose, the evidence that the repacked kernels are the ones set up.
+static char last_repack[128];
+
+static void log_callback(enum ggml_log_level level, const char *text, void *user_data) {
+    (void)user_data;
+    const char *with = strstr(text, "repack tensor");
+    if (with && (with = strstr(with, " with "))) {
+        snprintf(last_repack, sizeof last_repack, "%s", with + 6);
+        last_repack[strcspn(last_repack, "\n")] = 0;
+    } else if (level >= GGML_LOG_LEVEL_WARN) {
+        fputs(text, stderr);
+    }
+}
+
 peer_runtime *peer_runtime_new(int threads) {
     peer_runtime *runtime = calloc(1, sizeof *runtime);
     if (!runtime) return NULL;
+    ggml_log_set(log_callback, NULL);
     runtime->backend = ggml_backend_cpu_init();
     struct ggml_threadpool_params params = ggml_threadpool_params_default(threads);
     runtime->pool = ggml_threadpool_new(&params);
@@ -125,7 +141,7 @@ void peer_matrix_free(peer_matrix *matrix) {
 
 // `copies` tensors of `type` [rows, cols] holding the quantized `blocks`, in the CPU buffer type
 // or (`repack`) in CPU_REPACK, whose set_tensor interleaves the blocks for its gemv/gemm kernels.
-// Writes the buffer type's name into `buffer_name`.
+// Writes the buffer type's name into `buffer_name`, with the layout CPU_REPACK chose.
 peer_matrix *peer_matrix_new(peer_runtime *runtime, int type, int repack, int64_t rows,
                              int64_t cols, const void *blocks, int copies, char *buffer_name,
                              size_t name_len, char *error, size_t error_len) {
@@ -161,10 +177,16 @@ peer_matrix *peer_matrix_new(peer_runtime *runtime, int type, int repack, int64_
         return NULL;
     }
     size_t bytes = ggml_row_size(matrix->type, cols) * rows;
+    last_repack[0] = 0;
     for (int c = 0; c < copies; c++) {
         ggml_backend_tensor_set(matrix->weights[c], blocks, 0, bytes);
     }
-    snprintf(buffer_name, name_len, "%s", ggml_backend_buffer_name(matrix->weights[0]->buffer));
+    const char *name = ggml_backend_buffer_name(matrix->weights[0]->buffer);
+    if (last_repack[0]) {
+        snprintf(buffer_name, name_len, "%s (repacked to %s)", name, last_repack);
+    } else {
+        snprintf(buffer_name, name_len, "%s", name);
+    }
     return matrix;
 }
 
