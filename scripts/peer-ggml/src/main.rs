@@ -88,6 +88,15 @@ fn parse_options() -> Result<Options, String> {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let options = parse_options()?;
+    let shapes: Vec<(&str, usize, usize)> = MOSHI_7B_MATVEC_SHAPES[..LARGE_SHAPES]
+        .iter()
+        .chain(&STT_1B_MATVEC_SHAPES)
+        .copied()
+        .collect();
+    if !shapes.iter().any(|s| s.0.contains(&options.shapes)) {
+        let names: Vec<&str> = shapes.iter().map(|s| s.0).collect();
+        return Err(format!("--shapes {}: matches none of {names:?}", options.shapes).into());
+    }
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(options.threads)
         .build()?;
@@ -105,9 +114,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!();
     println!("| shape | M | ggml | ggml µs (rate) | ours | exact µs (rate) | exact / ggml: median [range] | won | int8 µs (rate) | int8 / ggml: median [range] | won | rel. error ggml / exact / int8 |");
     println!("|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---|");
-    let shapes = MOSHI_7B_MATVEC_SHAPES[..LARGE_SHAPES]
-        .iter()
-        .chain(&STT_1B_MATVEC_SHAPES);
     let runners = Runners {
         pool: &pool,
         runtime: &runtime,
@@ -115,7 +121,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let mut summary = Summary::default();
     let mut buffer_types = Vec::new();
-    for (index, &(name, cols, rows)) in shapes.enumerate() {
+    for (index, &(name, cols, rows)) in shapes.iter().enumerate() {
         if name.contains(&options.shapes) {
             let types = run_shape(&options, &runners, (name, cols, rows), index, &mut summary)?;
             if buffer_types.is_empty() {

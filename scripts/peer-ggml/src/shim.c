@@ -176,6 +176,12 @@ peer_matrix *peer_matrix_new(peer_runtime *runtime, int type, int repack, int64_
         peer_matrix_free(matrix);
         return NULL;
     }
+    if (repack && !matrix->weights[0]->extra) {
+        // CPU_REPACK's init_tensor found no interleaved layout for this type and row count.
+        fail(error, error_len, "CPU_REPACK has no repacked layout for this type at this row count", NULL);
+        peer_matrix_free(matrix);
+        return NULL;
+    }
     size_t bytes = ggml_row_size(matrix->type, cols) * rows;
     last_repack[0] = 0;
     for (int c = 0; c < copies; c++) {
