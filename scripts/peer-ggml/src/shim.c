@@ -90,6 +90,8 @@ peer_runtime *peer_runtime_new(int threads) {
     struct ggml_threadpool_params params = ggml_threadpool_params_default(threads);
     runtime->pool = ggml_threadpool_new(&params);
     if (!runtime->backend || !runtime->pool) {
+        if (runtime->backend) ggml_backend_free(runtime->backend);
+        if (runtime->pool) ggml_threadpool_free(runtime->pool);
         free(runtime);
         return NULL;
     }
@@ -162,8 +164,8 @@ peer_matrix *peer_matrix_new(peer_runtime *runtime, int type, int repack, int64_
                                              : ggml_backend_get_default_buffer_type(runtime->backend);
     struct ggml_init_params params = {copies * ggml_tensor_overhead(), NULL, true};
     matrix->weight_ctx = ggml_init(params);
-    if (!matrix->weights || !matrix->graphs || !matrix->outputs || !buft || !matrix->weight_ctx) {
-        fail(error, error_len, repack ? "no CPU_REPACK buffer type in this ggml build" : "out of memory", NULL);
+    if (!buft || !matrix->weights || !matrix->graphs || !matrix->outputs || !matrix->weight_ctx) {
+        fail(error, error_len, buft ? "out of memory" : "no CPU_REPACK buffer type in this ggml build", NULL);
         peer_matrix_free(matrix);
         return NULL;
     }
