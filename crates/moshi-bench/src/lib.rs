@@ -3,14 +3,18 @@
 //! pipeline, driven frame by frame through the engine's own [`run_offline`]; a text-to-speech
 //! model's streams and their time to first audio, [`tts`]) and its versioned
 //! [`report`]; the memory read-bandwidth probe every speed is compared with ([`bandwidth`]);
-//! Moshi 7B's product shapes ([`shapes`], shared with `scripts/peer-candle`); and, under
-//! `benches/`, the criterion benches of the kernels, the LM, Mimi and the loader.
+//! Moshi 7B's and the speech-to-text 1B's product shapes ([`shapes`], shared with the peer
+//! benchmarks `scripts/peer-candle` and `scripts/peer-ggml`, the latter also using
+//! [`hashed_weights`]); and, under `benches/`, the criterion benches of the kernels, the LM, Mimi
+//! and the loader.
 //!
-//! Without the default `pipeline` feature only [`bandwidth`] and [`shapes`] are built.
+//! Without the default `pipeline` feature only [`bandwidth`], [`shapes`] and the f32 half of
+//! [`hashed_weights`] are built.
 //!
 //! [`run_offline`]: moshi_runtime::engine::run_offline
 
 pub mod bandwidth;
+pub mod hashed_weights;
 pub mod shapes;
 
 #[cfg(feature = "pipeline")]
@@ -25,8 +29,6 @@ pub mod extrapolate;
 pub mod format;
 #[cfg(feature = "pipeline")]
 pub mod frames;
-#[cfg(feature = "pipeline")]
-pub mod hashed_weights;
 #[cfg(feature = "pipeline")]
 pub mod kv_traffic;
 #[cfg(feature = "pipeline")]
