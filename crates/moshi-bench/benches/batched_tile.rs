@@ -48,14 +48,6 @@ const SHAPES_7B: [(&str, usize, usize); 3] = [
     ("gating out", 11264, 4096),
 ];
 
-/// (name, columns, rows) of the speech-to-text 1B's temporal products (dim 2048, gating 5632).
-const SHAPES_STT_1B: [(&str, usize, usize); 4] = [
-    ("attn in_proj", 2048, 6144),
-    ("attn out_proj", 2048, 2048),
-    ("gating in", 2048, 11264),
-    ("gating out", 5632, 2048),
-];
-
 /// An environment variable parsed, or `default` when unset; panics naming it when unparsable.
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     match std::env::var(name) {
@@ -76,7 +68,7 @@ fn main() {
         env_or("MOSHI_BENCH_ACTIVATIONS", ActivationPrecision::Exact);
     moshi_kernels::set_activation_precision(activations);
     let shapes: Vec<(&str, usize, usize)> = match std::env::var("MOSHI_BENCH_SHAPES").as_deref() {
-        Ok("stt-1b") => SHAPES_STT_1B.to_vec(),
+        Ok("stt-1b") => moshi_bench::shapes::STT_1B_MATVEC_SHAPES.to_vec(),
         _ => SHAPES_7B.to_vec(),
     };
     println!(
