@@ -13,6 +13,9 @@
 //!
 //! [`run_offline`]: moshi_runtime::engine::run_offline
 
+// The links above name the pipeline's modules, absent from the peers' build without it.
+#![cfg_attr(not(feature = "pipeline"), allow(rustdoc::broken_intra_doc_links))]
+
 pub mod bandwidth;
 pub mod hashed_weights;
 pub mod shapes;
