@@ -235,23 +235,39 @@ fn matvec_equals_dequantized_dot_on_exact_values() {
 fn matvec_is_bit_identical_to_each_row_of_a_matmul() {
     // The matrix-vector path handles several weight rows per pass; per row it must do exactly the
     // arithmetic of the matrix-matrix path, so a row of `x` gives the same bits either way: in one
-    // tile of activation rows (2) and in panels of weight rows met by several tiles (9).
+    // tile of activation rows (2) and in panels of weight rows met by several tiles (9); with
+    // exact and with 16-bit activations (8-bit codes take the integer kernels only with these).
     let mut rng = XorShift64Star::new(7);
-    for (bits, group_size, m) in [(4, 32, 2), (8, 64, 2), (4, 64, 2), (8, 32, 2), (4, 32, 9)] {
+    let cases = [
+        (4, 32, 2),
+        (8, 64, 2),
+        (4, 64, 2),
+        (8, 32, 2),
+        (4, 32, 9),
+        (8, 32, 9),
+    ];
+    for ((bits, group_size, m), precision) in cases
+        .into_iter()
+        .flat_map(|c| [ActivationPrecision::Exact, ActivationPrecision::Int16].map(|p| (c, p)))
+    {
         for rows in [1, 5, 13, 64] {
             let cols = 5 * group_size;
             let w = random_matrix(&mut rng, rows, cols, bits, group_size);
             let xs: Vec<f32> = (0..m * cols).map(|_| rng.uniform(-1.0, 1.0)).collect();
             for kernel in Kernel::available() {
                 let mut pair = vec![0f32; m * rows];
-                w.matmul_with_kernel(kernel, &xs, m, &mut pair).unwrap();
+                w.matmul_with(kernel, precision, &xs, m, &mut pair).unwrap();
                 for (i, x) in xs.chunks_exact(cols).enumerate() {
                     let mut single = vec![f32::NAN; rows];
-                    w.matmul_with_kernel(kernel, x, 1, &mut single).unwrap();
+                    w.matmul_with(kernel, precision, x, 1, &mut single).unwrap();
                     let want = &pair[i * rows..(i + 1) * rows];
                     assert!(
-                        single.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()),
-                        "{} q{bits}g{group_size} rows {rows} activation row {i}: {single:?} vs {want:?}",
+                        single
+                            .iter()
+                            .zip(want)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{} {precision:?} q{bits}g{group_size} rows {rows} activation row {i}: \
+                         {single:?} vs {want:?}",
                         kernel.name()
                     );
                 }

@@ -318,12 +318,13 @@ fn lane_rows(
     }
 }
 
-/// `m` rows of activations in the digits of `instruction_set`'s integer kernel at `precision`, or
-/// `None` where a row cannot be held (see `fixed_point` and `int8`).
+/// `m` rows of activations in the digits of `instruction_set`'s integer kernel for `bits`-bit
+/// codes at `precision`, or `None` where a row cannot be held (see `fixed_point` and `int8`).
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 fn digit_activations(
     instruction_set: InstructionSet,
     precision: ActivationPrecision,
+    bits: u32,
     x: &[f32],
     m: usize,
     cols: usize,
@@ -331,6 +332,10 @@ fn digit_activations(
 ) -> Option<Vec<f32>> {
     if precision == ActivationPrecision::Int8 {
         let layout = match instruction_set {
+            #[cfg(target_arch = "x86_64")]
+            InstructionSet::Avx512 if bits == 8 => {
+                vnni::layout8(cols, group_size, fixed_point::I8_DIGITS)
+            }
             #[cfg(target_arch = "x86_64")]
             InstructionSet::Avx512 => vnni::layout(cols, group_size, fixed_point::I8_DIGITS),
             #[cfg(target_arch = "x86_64")]
@@ -345,6 +350,10 @@ fn digit_activations(
     }
     let digits = digits_of(precision);
     match instruction_set {
+        #[cfg(target_arch = "x86_64")]
+        InstructionSet::Avx512 if bits == 8 => {
+            vnni::arrange_activations8(x, m, cols, group_size, digits)
+        }
         #[cfg(target_arch = "x86_64")]
         InstructionSet::Avx512 => vnni::arrange_activations(x, m, cols, group_size, digits),
         #[cfg(target_arch = "x86_64")]
@@ -445,7 +454,15 @@ fn arranged<'x>(
         }
         #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
         Layout::Digits => {
-            match digit_activations(kernel.instruction_set(), precision, x, m, cols, group_size) {
+            match digit_activations(
+                kernel.instruction_set(),
+                precision,
+                bits,
+                x,
+                m,
+                cols,
+                group_size,
+            ) {
                 Some(xs) => Some((plan, Cow::Owned(xs))),
                 None if m > 1 => None,
                 None => arranged(kernel.f32_sibling(), precision, w, x, m),

@@ -58,7 +58,8 @@ pub(crate) fn available() -> bool {
 
 /// `Some` for 4-bit codes in groups of 32, 64 or 128, with activations of `digits` digits
 /// (`fixed_point::DIGITS`, exact, `fixed_point::TWO_DIGITS`, 16-bit, or
-/// `fixed_point::I8_DIGITS`, 8-bit).
+/// `fixed_point::I8_DIGITS`, 8-bit), and for 8-bit codes with 16-bit or 8-bit activations (three
+/// digits of 8-bit codes would overflow a lane's `i32` sum: see [`rows8`]).
 pub(crate) fn select(bits: u32, group_size: usize, digits: usize) -> Option<RowRangeFn> {
     match (bits, group_size, digits) {
         (4, 32, DIGITS) => Some(rows::<32, DIGITS> as RowRangeFn),
@@ -70,6 +71,12 @@ pub(crate) fn select(bits: u32, group_size: usize, digits: usize) -> Option<RowR
         (4, 32, I8_DIGITS) => Some(rows::<32, I8_DIGITS>),
         (4, 64, I8_DIGITS) => Some(rows::<64, I8_DIGITS>),
         (4, 128, I8_DIGITS) => Some(rows::<128, I8_DIGITS>),
+        (8, 32, TWO_DIGITS) => Some(rows8::<32, TWO_DIGITS>),
+        (8, 64, TWO_DIGITS) => Some(rows8::<64, TWO_DIGITS>),
+        (8, 128, TWO_DIGITS) => Some(rows8::<128, TWO_DIGITS>),
+        (8, 32, I8_DIGITS) => Some(rows8::<32, I8_DIGITS>),
+        (8, 64, I8_DIGITS) => Some(rows8::<64, I8_DIGITS>),
+        (8, 128, I8_DIGITS) => Some(rows8::<128, I8_DIGITS>),
         _ => None,
     }
 }
@@ -88,6 +95,15 @@ pub(crate) fn layout(cols: usize, group_size: usize, digits: usize) -> RowLayout
     RowLayout::new(cols, group_size, BLOCK_COLS, LANES, digits)
 }
 
+/// Columns per block of 8-bit codes (one vector of 64 code bytes).
+const BLOCK_COLS_8: usize = 64;
+
+/// The arranged row of this kernel for 8-bit codes, activations of `digits` digits: the layout of
+/// the 4-bit codes' with blocks of 64 columns (each digit's even and odd columns one vector).
+pub(crate) fn layout8(cols: usize, group_size: usize, digits: usize) -> RowLayout {
+    RowLayout::new(cols, group_size, BLOCK_COLS_8, LANES, digits)
+}
+
 /// Lays out `m` rows of `cols` activations for this kernel (see the module docs), or `None` if a
 /// row holds a non-finite value or only subnormal magnitudes.
 ///
@@ -101,9 +117,30 @@ pub(crate) fn arrange_activations(
     group_size: usize,
     digits: usize,
 ) -> Option<Vec<f32>> {
+    arrange_in(x, m, cols, group_size, layout(cols, group_size, digits))
+}
+
+/// [`arrange_activations`] for 8-bit codes ([`layout8`]).
+pub(crate) fn arrange_activations8(
+    x: &[f32],
+    m: usize,
+    cols: usize,
+    group_size: usize,
+    digits: usize,
+) -> Option<Vec<f32>> {
+    arrange_in(x, m, cols, group_size, layout8(cols, group_size, digits))
+}
+
+/// `m` rows arranged in `layout` (either block width).
+fn arrange_in(
+    x: &[f32],
+    m: usize,
+    cols: usize,
+    group_size: usize,
+    layout: RowLayout,
+) -> Option<Vec<f32>> {
     assert!(available(), "VNNI kernel called on a CPU without it");
     assert!(group_size.is_multiple_of(16) && cols.is_multiple_of(group_size));
-    let layout = layout(cols, group_size, digits);
     arrange_rows(x, m, cols, layout, |row, dst| {
         // SAFETY: the CPU has the features (asserted above); rows of `cols`, a multiple of the
         // group size (a multiple of 16 for every specialised kernel); `dst` laid out for them.
@@ -142,7 +179,8 @@ unsafe fn arrange_row(row: &[f32], dst: &mut [f32], group_size: usize, layout: R
     let (units, tail) = tail.split_at_mut(layout.sums_offset - layout.units_offset);
     let sums = &mut tail[..layout.unscale_offset - layout.sums_offset];
     let digits = digit_slots.as_mut_ptr() as *mut u8;
-    let digit_stride = PLANES * BLOCK_BYTES;
+    // Per block and digit, a plane of the even columns' digits, then one of the odd columns'.
+    let (block_cols, plane_bytes) = (layout.block_cols, layout.block_cols / PLANES);
     // Even columns first, then odd ones: the low- and high-nibble planes.
     let even_odd = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
     for (g, group) in row.chunks_exact(group_size).enumerate() {
@@ -178,7 +216,7 @@ unsafe fn arrange_row(row: &[f32], dst: &mut [f32], group_size: usize, layout: R
                 _mm512_srai_epi32::<24>(_mm512_slli_epi32::<24>(n1)),
             ));
             let col = g * group_size + k * 16;
-            let (block, c) = (col / BLOCK_COLS, col % BLOCK_COLS);
+            let (block, c) = (col / block_cols, col % block_cols);
             let block_at = block * layout.block_digit_bytes();
             // The layout's digits of [n2, n1, n]: the top one is zero at two digits.
             for (d, value) in [n2, n1, n][DIGITS - layout.digits..]
@@ -187,7 +225,7 @@ unsafe fn arrange_row(row: &[f32], dst: &mut [f32], group_size: usize, layout: R
                 .enumerate()
             {
                 let bytes = _mm512_cvtepi32_epi8(value);
-                let at = block_at + d * digit_stride;
+                let at = block_at + d * block_cols;
                 // Lanes c/8 and c/8 + 1: their codes' bytes are plane bytes c/2.. c/2 + 8.
                 let split = _mm_shuffle_epi8(bytes, even_odd);
                 // SAFETY: inside block `block` of the digit part (layout).
@@ -195,7 +233,7 @@ unsafe fn arrange_row(row: &[f32], dst: &mut [f32], group_size: usize, layout: R
                     let low = digits.add(at + c / 2);
                     _mm_storel_epi64(low as *mut __m128i, split);
                     _mm_storel_epi64(
-                        low.add(BLOCK_BYTES) as *mut __m128i,
+                        low.add(plane_bytes) as *mut __m128i,
                         _mm_unpackhi_epi64(split, split),
                     );
                 }
@@ -287,7 +325,7 @@ impl<const D: usize> DigitTile for Vnni<D> {
                 )
             };
             unsafe {
-                accumulate::<GROUP, NR, MR, UNROLL>(
+                accumulate::<GROUP, NR, MR, UNROLL, BLOCK_COLS>(
                     &mut acc, &sums, b, windows, window_len, lane_group,
                 )
             };
@@ -309,7 +347,9 @@ impl<const D: usize> DigitTile for Vnni<D> {
                 )
             };
             unsafe {
-                accumulate::<GROUP, NR, MR, 1>(&mut acc, &sums, b, windows, window_len, lane_group)
+                accumulate::<GROUP, NR, MR, 1, BLOCK_COLS>(
+                    &mut acc, &sums, b, windows, window_len, lane_group,
+                )
             };
             b += 1;
         }
@@ -324,9 +364,9 @@ impl<const D: usize> DigitTile for Vnni<D> {
     }
 }
 
-/// `acc += factor · sum` for each block from `b` on (the integer sums converted to f32): each
-/// lane's factor is its group's `scale_g · u_g` from the window of its (weight row, activation
-/// row) pair (`lane_group` maps lanes to groups when a block holds several).
+/// `acc += factor · sum` for each block of `BLOCK` columns from `b` on (the integer sums converted
+/// to f32): each lane's factor is its group's `scale_g · u_g` from the window of its (weight row,
+/// activation row) pair (`lane_group` maps lanes to groups when a block holds several).
 ///
 /// # Safety
 /// The CPU must have AVX-512F; `windows` must hold `NR · MR` windows of `window_len` floats (the
@@ -334,7 +374,13 @@ impl<const D: usize> DigitTile for Vnni<D> {
 #[target_feature(enable = "avx512f")]
 #[inline]
 #[allow(clippy::needless_range_loop)] // plain index loops keep the vectors in registers
-unsafe fn accumulate<const GROUP: usize, const NR: usize, const MR: usize, const U: usize>(
+unsafe fn accumulate<
+    const GROUP: usize,
+    const NR: usize,
+    const MR: usize,
+    const U: usize,
+    const BLOCK: usize,
+>(
     acc: &mut [[__m512; MR]; NR],
     sums: &[[[__m512i; MR]; NR]; U],
     b: usize,
@@ -343,7 +389,7 @@ unsafe fn accumulate<const GROUP: usize, const NR: usize, const MR: usize, const
     lane_group: __m512i,
 ) {
     for u in 0..U {
-        let first_group = (b + u) * BLOCK_COLS / GROUP;
+        let first_group = (b + u) * BLOCK / GROUP;
         for r in 0..NR {
             for i in 0..MR {
                 let window = windows
@@ -351,7 +397,7 @@ unsafe fn accumulate<const GROUP: usize, const NR: usize, const MR: usize, const
                     .wrapping_add((r * MR + i) * window_len + first_group);
                 // SAFETY: first_group < groups and each window is padded by one vector.
                 let factor = unsafe {
-                    if GROUP >= BLOCK_COLS {
+                    if GROUP >= BLOCK {
                         _mm512_set1_ps(*window)
                     } else {
                         _mm512_permutexvar_ps(lane_group, _mm512_loadu_ps(window))
@@ -438,6 +484,172 @@ unsafe fn block_sums<const NR: usize, const MR: usize, const U: usize, const D: 
     sums
 }
 
+/// The row function for 8-bit codes in groups of `GROUP`, activations of `D` ≤ 2 digits. Three
+/// digits would overflow: a lane's 4 products of a code (≤ 255) and a digit (|d| ≤ 128) reach
+/// 2^17, shifted up 16 bits for the top digit; with two the sum stays below 2^26.
+fn rows8<const GROUP: usize, const D: usize>(
+    w: &QuantizedMatrix,
+    xs: &[f32],
+    m: usize,
+    row_start: usize,
+    out_t: &mut [f32],
+) {
+    assert!(available(), "VNNI kernel called on a CPU without it");
+    assert!(D < DIGITS, "8-bit codes take at most two activation digits");
+    let layout = layout8(w.cols(), GROUP, D);
+    // SAFETY (both): the CPU has the features (checked above).
+    if six_rows_per_matvec_pass(layout.stride * 4) {
+        unsafe { run_tiles::<Vnni8<D>, GROUP, 6>(w, xs, m, row_start, out_t, layout) }
+    } else {
+        unsafe { run_tiles::<Vnni8<D>, GROUP, 2>(w, xs, m, row_start, out_t, layout) }
+    }
+}
+
+/// The VNNI kernel's vector code for 8-bit codes, activations of `D` digits: per block of 64
+/// code bytes (64 columns) and weight row, the codes reordered once into the arranged planes'
+/// order (even columns, then odd), then one `vpdpbusd` per digit and activation row.
+struct Vnni8<const D: usize>;
+
+/// Which group each lane of an 8-bit block belongs to, relative to the block's first group: after
+/// the reordering lane `l` holds 4 of the columns `8 · (l mod 8)..8 · (l mod 8) + 8`.
+fn lane_groups8(group_size: usize) -> [i32; LANES] {
+    std::array::from_fn(|lane| (8 * (lane % 8) / group_size) as i32)
+}
+
+impl<const D: usize> DigitTile for Vnni8<D> {
+    const LANES: usize = LANES;
+    const PAIRED_FROM_M: usize = 2;
+
+    digit_tile_frame!("avx512f,avx512bw,avx512vnni");
+
+    /// The block loop of [`DigitTile::factored_sums`] for 8-bit codes.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    #[inline]
+    unsafe fn factored_sums<
+        const GROUP: usize,
+        const NR: usize,
+        const MR: usize,
+        const UNROLL: usize,
+    >(
+        w: &QuantizedMatrix,
+        r0: usize,
+        xs: *const f32,
+        layout: RowLayout,
+        windows: &[f32],
+        window_len: usize,
+        row_step: usize,
+        prefetch: CodePrefetch,
+    ) -> [[f32; MR]; NR] {
+        let cols = w.cols();
+        let lane_group = lane_groups8(GROUP);
+        // SAFETY: LANES i32.
+        let lane_group = unsafe { _mm512_loadu_si512(lane_group.as_ptr() as *const _) };
+        let full_blocks = cols / BLOCK_COLS_8;
+        let tail_lanes = (cols % BLOCK_COLS_8) / 4;
+        let codes = w.codes().as_ptr().wrapping_add(r0 * cols / 4) as *const u8;
+        let tile = Tile8 {
+            codes,
+            row_code_bytes: cols * row_step,
+            digits: xs as *const u8,
+            stride_bytes: layout.stride * 4,
+            prefetch,
+        };
+        let mut acc = [[_mm512_setzero_ps(); MR]; NR];
+        for b in 0..cols.div_ceil(BLOCK_COLS_8) {
+            let valid_lanes = if b == full_blocks { tail_lanes } else { LANES };
+            // SAFETY (both calls): the valid lanes of block b lie inside every row of the tile;
+            // `windows` holds NR·MR windows.
+            let sums = unsafe { tile.block_sums::<NR, MR, D>(b, valid_lanes) };
+            unsafe {
+                accumulate::<GROUP, NR, MR, 1, BLOCK_COLS_8>(
+                    &mut acc,
+                    &[sums],
+                    b,
+                    windows,
+                    window_len,
+                    lane_group,
+                )
+            };
+        }
+        let mut sums = [[0f32; MR]; NR];
+        for r in 0..NR {
+            for i in 0..MR {
+                sums[r][i] = fsum(acc[r][i]);
+            }
+        }
+        sums
+    }
+}
+
+/// Where an 8-bit tile reads: its first weight row's codes (the others `row_code_bytes` apart) and
+/// its arranged activation rows (`stride_bytes` apart).
+struct Tile8 {
+    codes: *const u8,
+    row_code_bytes: usize,
+    digits: *const u8,
+    stride_bytes: usize,
+    prefetch: CodePrefetch,
+}
+
+impl Tile8 {
+    /// Each lane's `Σ q · n` of block `b` (exact `i32`) for the `NR` weight rows and `MR`
+    /// activation rows; lanes from `valid_lanes` on read as zero codes.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F, BW and VNNI; the first `valid_lanes` lanes of block `b` of each
+    /// weight row must be readable, and `MR` arranged rows of `D` digits at `digits`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    #[inline]
+    #[allow(clippy::needless_range_loop)] // `i` also addresses the activation rows
+    unsafe fn block_sums<const NR: usize, const MR: usize, const D: usize>(
+        &self,
+        b: usize,
+        valid_lanes: usize,
+    ) -> [[__m512i; MR]; NR] {
+        // Within each 16 bytes the even columns' codes, then the odd ones'; then the 8-byte halves
+        // of all four 16-byte lanes gathered: the even columns of the block, then the odd.
+        let even_odd = _mm512_broadcast_i32x4(_mm_setr_epi8(
+            0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
+        ));
+        let halves = _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7);
+        let mut q = [_mm512_setzero_si512(); NR];
+        for (r, q) in q.iter_mut().enumerate() {
+            let p = self
+                .codes
+                .wrapping_add(r * self.row_code_bytes + b * BLOCK_COLS_8);
+            self.prefetch.ahead_of(p);
+            // SAFETY: the valid lanes lie inside row r (caller's contract).
+            let d = unsafe {
+                if valid_lanes == LANES {
+                    _mm512_loadu_si512(p as *const _)
+                } else {
+                    _mm512_maskz_loadu_epi32(
+                        ((1u32 << valid_lanes) - 1) as __mmask16,
+                        p as *const _,
+                    )
+                }
+            };
+            *q = _mm512_permutexvar_epi64(halves, _mm512_shuffle_epi8(d, even_odd));
+        }
+        let mut sums = [[_mm512_setzero_si512(); MR]; NR];
+        for digit in 0..D {
+            for i in 0..MR {
+                let at = i * self.stride_bytes + (b * D + digit) * BLOCK_COLS_8;
+                // SAFETY: digit `digit` of block b of arranged row i (both planes: 64 bytes).
+                let x = unsafe { _mm512_loadu_si512(self.digits.wrapping_add(at) as *const _) };
+                for r in 0..NR {
+                    let sum = &mut sums[r][i];
+                    if digit > 0 {
+                        *sum = _mm512_slli_epi32::<8>(*sum);
+                    }
+                    *sum = _mm512_dpbusd_epi32(*sum, q[r], x);
+                }
+            }
+        }
+        sums
+    }
+}
+
 /// Whether a matrix-vector product takes 6 weight rows per pass rather than 2, each pass taking
 /// its rows from that many equal parts of the range. Several rows per pass share each activation
 /// load, which leaves the products bound by the code stream rather than by loads; taking the rows
@@ -473,5 +685,28 @@ mod tests {
             return;
         }
         checks::refuses_what_it_cannot_hold(arrange_activations, layout);
+        checks::refuses_what_it_cannot_hold(arrange_activations8, layout8);
+    }
+
+    #[test]
+    fn activations_for_8_bit_codes_are_the_fixed_point_rule_digit_for_digit() {
+        if !available() {
+            return;
+        }
+        checks::arrangement_follows_the_rule(
+            arrange_activations8,
+            layout8,
+            checks::GroupSums::AnyOrder,
+        );
+    }
+
+    #[test]
+    fn each_lane_of_an_8_bit_block_belongs_to_the_group_of_its_columns() {
+        // Lane l holds the even (l < 8) or odd columns of 8 · (l mod 8)..8 · (l mod 8) + 8.
+        assert_eq!(
+            lane_groups8(32),
+            [0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1]
+        );
+        assert_eq!(lane_groups8(64), [0; LANES]);
     }
 }
