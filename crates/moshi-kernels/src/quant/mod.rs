@@ -330,6 +330,9 @@ fn digit_activations(
     cols: usize,
     group_size: usize,
 ) -> Option<Vec<f32>> {
+    // Only the VNNI kernel has a layout of its own for 8-bit codes.
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = bits;
     if precision == ActivationPrecision::Int8 {
         let layout = match instruction_set {
             #[cfg(target_arch = "x86_64")]
