@@ -1,9 +1,10 @@
 //! AVX-512 VNNI kernel for 4-bit codes: codes and activations meet in integer dot products
 //! (`vpdpbusd`, 64 byte products per instruction), each activation held as a 24-bit fixed-point
 //! number of its quantization group, in three signed 8-bit digits (two at 16 bits, one at 8: the
-//! same code with fewer digits, `ActivationPrecision::Int16` and `Int8`). (8-bit products are
-//! memory bound with the exact-f32 lane kernel already, and measured no faster here, so
-//! `Kernel::Avx512Vnni` leaves them to it.)
+//! same code with fewer digits, `ActivationPrecision::Int16` and `Int8`). And for 8-bit codes with
+//! 16-bit or 8-bit activations ([`Vnni8`]: the same arrangement in blocks of 64 columns, each
+//! block's code bytes reordered to meet it); with exact activations `Kernel::Avx512Vnni` leaves
+//! 8-bit codes to the f32 lane kernel (three digits would overflow a lane's sum).
 //!
 //! **Activations** ([`arrange_activations`], once per product), in the fixed point of
 //! `quant::fixed_point`. A row is scaled by the power of
