@@ -556,21 +556,29 @@ impl<const D: usize> DigitTile for Vnni8<D> {
             prefetch,
         };
         let mut acc = [[_mm512_setzero_ps(); MR]; NR];
-        for b in 0..cols.div_ceil(BLOCK_COLS_8) {
-            let valid_lanes = if b == full_blocks { tail_lanes } else { LANES };
-            // SAFETY (both calls): the valid lanes of block b lie inside every row of the tile;
+        let mut b = 0;
+        while b + UNROLL <= full_blocks {
+            // SAFETY (both calls): blocks b..b + UNROLL are whole blocks of every row of the tile;
             // `windows` holds NR·MR windows.
-            let sums = unsafe { tile.block_sums::<NR, MR, D>(b, valid_lanes) };
+            let sums = unsafe { tile.block_sums::<NR, MR, UNROLL, D>(b, LANES) };
             unsafe {
-                accumulate::<GROUP, NR, MR, 1, BLOCK_COLS_8>(
-                    &mut acc,
-                    &[sums],
-                    b,
-                    windows,
-                    window_len,
-                    lane_group,
+                accumulate::<GROUP, NR, MR, UNROLL, BLOCK_COLS_8>(
+                    &mut acc, &sums, b, windows, window_len, lane_group,
                 )
             };
+            b += UNROLL;
+        }
+        while b < cols.div_ceil(BLOCK_COLS_8) {
+            let valid_lanes = if b == full_blocks { tail_lanes } else { LANES };
+            // SAFETY (both calls): the valid lanes of block b lie inside every row of the tile;
+            // as above.
+            let sums = unsafe { tile.block_sums::<NR, MR, 1, D>(b, valid_lanes) };
+            unsafe {
+                accumulate::<GROUP, NR, MR, 1, BLOCK_COLS_8>(
+                    &mut acc, &sums, b, windows, window_len, lane_group,
+                )
+            };
+            b += 1;
         }
         let mut sums = [[0f32; MR]; NR];
         for r in 0..NR {
@@ -593,57 +601,61 @@ struct Tile8 {
 }
 
 impl Tile8 {
-    /// Each lane's `Σ q · n` of block `b` (exact `i32`) for the `NR` weight rows and `MR`
-    /// activation rows; lanes from `valid_lanes` on read as zero codes.
+    /// Each lane's `Σ q · n` of blocks `b..b + U` (exact `i32`) for the `NR` weight rows and `MR`
+    /// activation rows, the `U · NR · MR` chains interleaved; lanes from `valid_lanes` on read as
+    /// zero codes.
     ///
     /// # Safety
-    /// The CPU must have AVX-512F, BW and VNNI; the first `valid_lanes` lanes of block `b` of each
-    /// weight row must be readable, and `MR` arranged rows of `D` digits at `digits`.
+    /// The CPU must have AVX-512F, BW and VNNI; the first `valid_lanes` lanes of blocks
+    /// `b..b + U` of each weight row must be readable, and `MR` arranged rows of `D` digits at
+    /// `digits`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     #[inline]
     #[allow(clippy::needless_range_loop)] // `i` also addresses the activation rows
-    unsafe fn block_sums<const NR: usize, const MR: usize, const D: usize>(
+    unsafe fn block_sums<const NR: usize, const MR: usize, const U: usize, const D: usize>(
         &self,
         b: usize,
         valid_lanes: usize,
-    ) -> [[__m512i; MR]; NR] {
+    ) -> [[[__m512i; MR]; NR]; U] {
         // Within each 16 bytes the even columns' codes, then the odd ones'; then the 8-byte halves
         // of all four 16-byte lanes gathered: the even columns of the block, then the odd.
         let even_odd = _mm512_broadcast_i32x4(_mm_setr_epi8(
             0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
         ));
         let halves = _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7);
-        let mut q = [_mm512_setzero_si512(); NR];
-        for (r, q) in q.iter_mut().enumerate() {
-            let p = self
-                .codes
-                .wrapping_add(r * self.row_code_bytes + b * BLOCK_COLS_8);
-            self.prefetch.ahead_of(p);
-            // SAFETY: the valid lanes lie inside row r (caller's contract).
-            let d = unsafe {
-                if valid_lanes == LANES {
-                    _mm512_loadu_si512(p as *const _)
-                } else {
-                    _mm512_maskz_loadu_epi32(
-                        ((1u32 << valid_lanes) - 1) as __mmask16,
-                        p as *const _,
-                    )
-                }
-            };
-            *q = _mm512_permutexvar_epi64(halves, _mm512_shuffle_epi8(d, even_odd));
-        }
-        let mut sums = [[_mm512_setzero_si512(); MR]; NR];
-        for digit in 0..D {
-            for i in 0..MR {
-                let at = i * self.stride_bytes + (b * D + digit) * BLOCK_COLS_8;
-                // SAFETY: digit `digit` of block b of arranged row i (both planes: 64 bytes).
-                let x = unsafe { _mm512_loadu_si512(self.digits.wrapping_add(at) as *const _) };
-                for r in 0..NR {
-                    let sum = &mut sums[r][i];
-                    if digit > 0 {
-                        *sum = _mm512_slli_epi32::<8>(*sum);
+        let mut q = [[_mm512_setzero_si512(); NR]; U];
+        for (u, q) in q.iter_mut().enumerate() {
+            for (r, q) in q.iter_mut().enumerate() {
+                let p = self
+                    .codes
+                    .wrapping_add(r * self.row_code_bytes + (b + u) * BLOCK_COLS_8);
+                self.prefetch.ahead_of(p);
+                let mask = ((1u32 << valid_lanes) - 1) as __mmask16;
+                // SAFETY: the valid lanes lie inside row r (caller's contract).
+                let d = unsafe {
+                    if valid_lanes == LANES {
+                        _mm512_loadu_si512(p as *const _)
+                    } else {
+                        _mm512_maskz_loadu_epi32(mask, p as *const _)
                     }
-                    *sum = _mm512_dpbusd_epi32(*sum, q[r], x);
+                };
+                *q = _mm512_permutexvar_epi64(halves, _mm512_shuffle_epi8(d, even_odd));
+            }
+        }
+        let mut sums = [[[_mm512_setzero_si512(); MR]; NR]; U];
+        for digit in 0..D {
+            for u in 0..U {
+                for i in 0..MR {
+                    let at = i * self.stride_bytes + ((b + u) * D + digit) * BLOCK_COLS_8;
+                    // SAFETY: digit `digit` of block b + u of arranged row i (both planes).
+                    let x = unsafe { _mm512_loadu_si512(self.digits.wrapping_add(at) as *const _) };
+                    for r in 0..NR {
+                        let sum = &mut sums[u][r][i];
+                        if digit > 0 {
+                            *sum = _mm512_slli_epi32::<8>(*sum);
+                        }
+                        *sum = _mm512_dpbusd_epi32(*sum, q[u][r], x);
+                    }
                 }
             }
         }
