@@ -275,11 +275,11 @@ impl<const D: usize> DigitTile for Vnni<D> {
     // docs/performance.md#why-the-kernels-are-shaped-as-they-are).
     const PAIRED_FROM_M: usize = 2;
 
-    digit_tile_frame!("avx512f,avx512vnni");
+    digit_tile_frame!("avx512f,avx512bw,avx512vnni");
 
     /// The block loop of [`DigitTile::factored_sums`] in AVX-512 VNNI (per block: see the module
     /// docs).
-    #[target_feature(enable = "avx512f,avx512vnni")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     #[inline]
     unsafe fn factored_sums<
         const GROUP: usize,
@@ -296,76 +296,22 @@ impl<const D: usize> DigitTile for Vnni<D> {
         row_step: usize,
         prefetch: CodePrefetch,
     ) -> [[f32; MR]; NR] {
-        let cols = w.cols();
-        let blocks = cols.div_ceil(BLOCK_COLS);
-        let row_code_bytes = cols / 2;
-        // Which group each lane of a block belongs to, relative to the block's first group.
-        let lane_group = lane_groups::<LANES>(GROUP, PER_LANE);
-        // SAFETY: LANES i32.
-        let lane_group = unsafe { _mm512_loadu_si512(lane_group.as_ptr() as *const _) };
-        let full_blocks = cols / BLOCK_COLS;
-        let tail_lanes = (cols % BLOCK_COLS) / PER_LANE;
-        let codes = w.codes().as_ptr().wrapping_add(r0 * row_code_bytes / 4) as *const u8;
-        let row_code_bytes = row_code_bytes * row_step;
-        let digits = xs as *const u8;
-        let stride_bytes = layout.stride * 4;
-        let mut acc = [[_mm512_setzero_ps(); MR]; NR];
-        let mut b = 0;
-        while b + UNROLL <= full_blocks {
-            // SAFETY (both calls): blocks b..b + UNROLL are whole blocks of every row of the tile;
-            // `windows` holds NR·MR windows.
-            let sums = unsafe {
-                block_sums::<NR, MR, UNROLL, D>(
-                    codes,
-                    row_code_bytes,
-                    b,
-                    LANES,
-                    digits,
-                    stride_bytes,
-                    prefetch,
-                )
-            };
-            unsafe {
-                accumulate::<GROUP, NR, MR, UNROLL, BLOCK_COLS>(
-                    &mut acc, &sums, b, windows, window_len, lane_group,
-                )
-            };
-            b += UNROLL;
+        let row_code_bytes = w.cols() / 2;
+        let tile = CodeTile {
+            codes: w.codes().as_ptr().wrapping_add(r0 * row_code_bytes / 4) as *const u8,
+            row_code_bytes: row_code_bytes * row_step,
+            digits: xs as *const u8,
+            stride_bytes: layout.stride * 4,
+            prefetch,
+        };
+        // SAFETY: the tile's rows and windows as `factored_sums` receives them (its contract).
+        unsafe {
+            run_blocks::<Nibbles, GROUP, NR, MR, UNROLL, D>(&tile, w.cols(), windows, window_len)
         }
-        while b < blocks {
-            let valid_lanes = if b == full_blocks { tail_lanes } else { LANES };
-            // SAFETY (both calls): the valid lanes of block b lie inside every row of the tile; as
-            // above.
-            let sums = unsafe {
-                block_sums::<NR, MR, 1, D>(
-                    codes,
-                    row_code_bytes,
-                    b,
-                    valid_lanes,
-                    digits,
-                    stride_bytes,
-                    prefetch,
-                )
-            };
-            unsafe {
-                accumulate::<GROUP, NR, MR, 1, BLOCK_COLS>(
-                    &mut acc, &sums, b, windows, window_len, lane_group,
-                )
-            };
-            b += 1;
-        }
-        // Index loops, not `map` closures, which the release build left as calls (its symbols).
-        let mut sums = [[0f32; MR]; NR];
-        for r in 0..NR {
-            for i in 0..MR {
-                sums[r][i] = fsum(acc[r][i]);
-            }
-        }
-        sums
     }
 }
 
-/// `acc += factor · sum` for each block of `BLOCK` columns from `b` on (the integer sums converted
+/// `acc += factor · sum` for each block of `block_cols` columns from `b` on (the integer sums converted
 /// to f32): each lane's factor is its group's `scale_g · u_g` from the window of its (weight row,
 /// activation row) pair (`lane_group` maps lanes to groups when a block holds several).
 ///
@@ -375,22 +321,17 @@ impl<const D: usize> DigitTile for Vnni<D> {
 #[target_feature(enable = "avx512f")]
 #[inline]
 #[allow(clippy::needless_range_loop)] // plain index loops keep the vectors in registers
-unsafe fn accumulate<
-    const GROUP: usize,
-    const NR: usize,
-    const MR: usize,
-    const U: usize,
-    const BLOCK: usize,
->(
+unsafe fn accumulate<const GROUP: usize, const NR: usize, const MR: usize, const U: usize>(
     acc: &mut [[__m512; MR]; NR],
     sums: &[[[__m512i; MR]; NR]; U],
     b: usize,
+    block_cols: usize,
     windows: &[f32],
     window_len: usize,
     lane_group: __m512i,
 ) {
     for u in 0..U {
-        let first_group = (b + u) * BLOCK / GROUP;
+        let first_group = (b + u) * block_cols / GROUP;
         for r in 0..NR {
             for i in 0..MR {
                 let window = windows
@@ -398,7 +339,7 @@ unsafe fn accumulate<
                     .wrapping_add((r * MR + i) * window_len + first_group);
                 // SAFETY: first_group < groups and each window is padded by one vector.
                 let factor = unsafe {
-                    if GROUP >= BLOCK {
+                    if GROUP >= block_cols {
                         _mm512_set1_ps(*window)
                     } else {
                         _mm512_permutexvar_ps(lane_group, _mm512_loadu_ps(window))
@@ -411,78 +352,81 @@ unsafe fn accumulate<
     }
 }
 
-/// Each lane's `Σ q · n` of blocks `b..b + U` (exact `i32`), for `NR` weight rows and `MR` arranged
-/// activation rows; lanes from `valid_lanes` on read as zero codes. The `U · NR · MR` chains are
-/// interleaved digit by digit.
-///
-/// # Safety
-/// The CPU must have AVX-512F and VNNI; the first `valid_lanes` lanes of blocks `b..b + U` of
-/// each of the `NR` rows (stride `row_code_bytes` from `codes`) must be readable; `digits` must
-/// point to `MR` arranged rows (`stride_bytes` apart).
-#[target_feature(enable = "avx512f,avx512vnni")]
-#[inline]
-#[allow(clippy::needless_range_loop)] // `i` also addresses the activation rows
-unsafe fn block_sums<const NR: usize, const MR: usize, const U: usize, const D: usize>(
-    codes: *const u8,
-    row_code_bytes: usize,
-    b: usize,
-    valid_lanes: usize,
-    digits: *const u8,
-    stride_bytes: usize,
-    prefetch: CodePrefetch,
-) -> [[[__m512i; MR]; NR]; U] {
-    let nibble = _mm512_set1_epi8(0x0f);
-    let digit_stride = PLANES * BLOCK_BYTES;
-    let block_digit_bytes = D * digit_stride;
-    // Low and high nibbles (as bytes) per (block, row).
-    let mut q = [[[_mm512_setzero_si512(); PLANES]; NR]; U];
-    for (u, q) in q.iter_mut().enumerate() {
-        for (r, q) in q.iter_mut().enumerate() {
-            let p = codes.wrapping_add(r * row_code_bytes + (b + u) * BLOCK_BYTES);
-            prefetch.ahead_of(p);
-            // SAFETY: the valid lanes lie inside row r (caller's contract).
-            let d = unsafe {
-                if valid_lanes == LANES {
-                    _mm512_loadu_si512(p as *const _)
-                } else {
-                    _mm512_maskz_loadu_epi32(
-                        ((1u32 << valid_lanes) - 1) as __mmask16,
-                        p as *const _,
-                    )
-                }
-            };
-            q[0] = _mm512_and_si512(d, nibble);
-            q[1] = _mm512_and_si512(_mm512_srli_epi32::<4>(d), nibble);
-        }
+/// 4-bit codes: each block's 64 code bytes split into their low and high nibbles (two byte
+/// vectors, meeting the arranged digits' even and odd planes), 128 columns a block.
+struct Nibbles;
+
+impl CodeBlocks for Nibbles {
+    const BLOCK_COLS: usize = BLOCK_COLS;
+    const COLS_PER_LANE: usize = PER_LANE;
+
+    fn lane_groups(group_size: usize) -> [i32; LANES] {
+        lane_groups::<LANES>(group_size, PER_LANE)
     }
-    // Digit sums: the most significant digit first, shifted up 8 bits before each next digit.
-    let mut sums = [[[_mm512_setzero_si512(); MR]; NR]; U];
-    for digit in 0..D {
-        for u in 0..U {
-            for i in 0..MR {
-                let block = digits.wrapping_add(
-                    i * stride_bytes + (b + u) * block_digit_bytes + digit * digit_stride,
-                );
-                // SAFETY: both planes of digit `digit` of block b + u of arranged row i.
-                let x = unsafe {
-                    [
-                        _mm512_loadu_si512(block as *const _),
-                        _mm512_loadu_si512(block.add(BLOCK_BYTES) as *const _),
-                    ]
-                };
-                for r in 0..NR {
-                    let sum = &mut sums[u][r][i];
-                    if digit > 0 {
-                        *sum = _mm512_slli_epi32::<8>(*sum);
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    #[inline]
+    #[allow(clippy::needless_range_loop)] // `i` also addresses the activation rows
+    unsafe fn block_sums<const NR: usize, const MR: usize, const U: usize, const D: usize>(
+        tile: &CodeTile,
+        b: usize,
+        valid_lanes: usize,
+    ) -> [[[__m512i; MR]; NR]; U] {
+        let nibble = _mm512_set1_epi8(0x0f);
+        let digit_stride = PLANES * BLOCK_BYTES;
+        let block_digit_bytes = D * digit_stride;
+        // Low and high nibbles (as bytes) per (block, row).
+        let mut q = [[[_mm512_setzero_si512(); PLANES]; NR]; U];
+        for (u, q) in q.iter_mut().enumerate() {
+            for (r, q) in q.iter_mut().enumerate() {
+                let p = tile
+                    .codes
+                    .wrapping_add(r * tile.row_code_bytes + (b + u) * BLOCK_BYTES);
+                tile.prefetch.ahead_of(p);
+                // SAFETY: the valid lanes lie inside row r (caller's contract).
+                let d = unsafe {
+                    if valid_lanes == LANES {
+                        _mm512_loadu_si512(p as *const _)
+                    } else {
+                        _mm512_maskz_loadu_epi32(
+                            ((1u32 << valid_lanes) - 1) as __mmask16,
+                            p as *const _,
+                        )
                     }
-                    for p in 0..PLANES {
-                        *sum = _mm512_dpbusd_epi32(*sum, q[u][r][p], x[p]);
+                };
+                q[0] = _mm512_and_si512(d, nibble);
+                q[1] = _mm512_and_si512(_mm512_srli_epi32::<4>(d), nibble);
+            }
+        }
+        // Digit sums: the most significant digit first, shifted up 8 bits before each next digit.
+        let mut sums = [[[_mm512_setzero_si512(); MR]; NR]; U];
+        for digit in 0..D {
+            for u in 0..U {
+                for i in 0..MR {
+                    let block = tile.digits.wrapping_add(
+                        i * tile.stride_bytes + (b + u) * block_digit_bytes + digit * digit_stride,
+                    );
+                    // SAFETY: both planes of digit `digit` of block b + u of arranged row i.
+                    let x = unsafe {
+                        [
+                            _mm512_loadu_si512(block as *const _),
+                            _mm512_loadu_si512(block.add(BLOCK_BYTES) as *const _),
+                        ]
+                    };
+                    for r in 0..NR {
+                        let sum = &mut sums[u][r][i];
+                        if digit > 0 {
+                            *sum = _mm512_slli_epi32::<8>(*sum);
+                        }
+                        for p in 0..PLANES {
+                            *sum = _mm512_dpbusd_epi32(*sum, q[u][r][p], x[p]);
+                        }
                     }
                 }
             }
         }
+        sums
     }
-    sums
 }
 
 /// The row function for 8-bit codes in groups of `GROUP`, activations of `D` ≤ 2 digits. Three
@@ -511,12 +455,6 @@ fn rows8<const GROUP: usize, const D: usize>(
 /// order (even columns, then odd), then one `vpdpbusd` per digit and activation row.
 struct Vnni8<const D: usize>;
 
-/// Which group each lane of an 8-bit block belongs to, relative to the block's first group: after
-/// the reordering lane `l` holds 4 of the columns `8 · (l mod 8)..8 · (l mod 8) + 8`.
-fn lane_groups8(group_size: usize) -> [i32; LANES] {
-    std::array::from_fn(|lane| (8 * (lane % 8) / group_size) as i32)
-}
-
 impl<const D: usize> DigitTile for Vnni8<D> {
     const LANES: usize = LANES;
     const PAIRED_FROM_M: usize = 2;
@@ -541,58 +479,23 @@ impl<const D: usize> DigitTile for Vnni8<D> {
         row_step: usize,
         prefetch: CodePrefetch,
     ) -> [[f32; MR]; NR] {
-        let cols = w.cols();
-        let lane_group = lane_groups8(GROUP);
-        // SAFETY: LANES i32.
-        let lane_group = unsafe { _mm512_loadu_si512(lane_group.as_ptr() as *const _) };
-        let full_blocks = cols / BLOCK_COLS_8;
-        let tail_lanes = (cols % BLOCK_COLS_8) / 4;
-        let codes = w.codes().as_ptr().wrapping_add(r0 * cols / 4) as *const u8;
-        let tile = Tile8 {
-            codes,
-            row_code_bytes: cols * row_step,
+        let tile = CodeTile {
+            codes: w.codes().as_ptr().wrapping_add(r0 * w.cols() / 4) as *const u8,
+            row_code_bytes: w.cols() * row_step,
             digits: xs as *const u8,
             stride_bytes: layout.stride * 4,
             prefetch,
         };
-        let mut acc = [[_mm512_setzero_ps(); MR]; NR];
-        let mut b = 0;
-        while b + UNROLL <= full_blocks {
-            // SAFETY (both calls): blocks b..b + UNROLL are whole blocks of every row of the tile;
-            // `windows` holds NR·MR windows.
-            let sums = unsafe { tile.block_sums::<NR, MR, UNROLL, D>(b, LANES) };
-            unsafe {
-                accumulate::<GROUP, NR, MR, UNROLL, BLOCK_COLS_8>(
-                    &mut acc, &sums, b, windows, window_len, lane_group,
-                )
-            };
-            b += UNROLL;
+        // SAFETY: the tile's rows and windows as `factored_sums` receives them (its contract).
+        unsafe {
+            run_blocks::<Bytes, GROUP, NR, MR, UNROLL, D>(&tile, w.cols(), windows, window_len)
         }
-        while b < cols.div_ceil(BLOCK_COLS_8) {
-            let valid_lanes = if b == full_blocks { tail_lanes } else { LANES };
-            // SAFETY (both calls): the valid lanes of block b lie inside every row of the tile;
-            // as above.
-            let sums = unsafe { tile.block_sums::<NR, MR, 1, D>(b, valid_lanes) };
-            unsafe {
-                accumulate::<GROUP, NR, MR, 1, BLOCK_COLS_8>(
-                    &mut acc, &sums, b, windows, window_len, lane_group,
-                )
-            };
-            b += 1;
-        }
-        let mut sums = [[0f32; MR]; NR];
-        for r in 0..NR {
-            for i in 0..MR {
-                sums[r][i] = fsum(acc[r][i]);
-            }
-        }
-        sums
     }
 }
 
-/// Where an 8-bit tile reads: its first weight row's codes (the others `row_code_bytes` apart) and
-/// its arranged activation rows (`stride_bytes` apart).
-struct Tile8 {
+/// Where a tile reads: its first weight row's codes (the others `row_code_bytes` apart) and its
+/// arranged activation rows (`stride_bytes` apart).
+struct CodeTile {
     codes: *const u8,
     row_code_bytes: usize,
     digits: *const u8,
@@ -600,20 +503,124 @@ struct Tile8 {
     prefetch: CodePrefetch,
 }
 
-impl Tile8 {
-    /// Each lane's `Σ q · n` of blocks `b..b + U` (exact `i32`) for the `NR` weight rows and `MR`
-    /// activation rows, the `U · NR · MR` chains interleaved; lanes from `valid_lanes` on read as
-    /// zero codes.
+/// A code width's blocks: how wide, which group each lane's columns belong to, and the integer
+/// sums of a few blocks of a tile.
+trait CodeBlocks {
+    /// Columns per block (64 code bytes).
+    const BLOCK_COLS: usize;
+    /// Columns a lane's `i32` of codes holds.
+    const COLS_PER_LANE: usize;
+
+    /// Which group each lane of a block belongs to, relative to the block's first group.
+    fn lane_groups(group_size: usize) -> [i32; LANES];
+
+    /// Each lane's `Σ q · n` of blocks `b..b + U` (exact `i32`) for the tile's `NR` weight rows
+    /// and `MR` activation rows, the `U · NR · MR` chains interleaved digit by digit; lanes from
+    /// `valid_lanes` on read as zero codes.
     ///
     /// # Safety
     /// The CPU must have AVX-512F, BW and VNNI; the first `valid_lanes` lanes of blocks
     /// `b..b + U` of each weight row must be readable, and `MR` arranged rows of `D` digits at
-    /// `digits`.
+    /// the tile's `digits`.
+    unsafe fn block_sums<const NR: usize, const MR: usize, const U: usize, const D: usize>(
+        tile: &CodeTile,
+        b: usize,
+        valid_lanes: usize,
+    ) -> [[[__m512i; MR]; NR]; U];
+}
+
+/// The block loop of both code widths: `UNROLL` blocks a step while they are whole, then one at a
+/// time (the last one masked), each block's sums converted and accumulated with their factors;
+/// then each pair's lanes summed.
+///
+/// # Safety
+/// The CPU must have AVX-512F, BW and VNNI; the tile's `NR` weight rows of `cols` columns and its
+/// `MR` arranged rows must exist; `windows` must hold `NR · MR` prepared windows.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+#[inline]
+unsafe fn run_blocks<
+    C: CodeBlocks,
+    const GROUP: usize,
+    const NR: usize,
+    const MR: usize,
+    const UNROLL: usize,
+    const D: usize,
+>(
+    tile: &CodeTile,
+    cols: usize,
+    windows: &[f32],
+    window_len: usize,
+) -> [[f32; MR]; NR] {
+    let lane_group = C::lane_groups(GROUP);
+    // SAFETY: LANES i32.
+    let lane_group = unsafe { _mm512_loadu_si512(lane_group.as_ptr() as *const _) };
+    let full_blocks = cols / C::BLOCK_COLS;
+    let tail_lanes = (cols % C::BLOCK_COLS) / C::COLS_PER_LANE;
+    let mut acc = [[_mm512_setzero_ps(); MR]; NR];
+    let mut b = 0;
+    while b + UNROLL <= full_blocks {
+        // SAFETY (both calls): blocks b..b + UNROLL are whole blocks of every row of the tile;
+        // `windows` holds NR·MR windows.
+        let sums = unsafe { C::block_sums::<NR, MR, UNROLL, D>(tile, b, LANES) };
+        unsafe {
+            accumulate::<GROUP, NR, MR, UNROLL>(
+                &mut acc,
+                &sums,
+                b,
+                C::BLOCK_COLS,
+                windows,
+                window_len,
+                lane_group,
+            )
+        };
+        b += UNROLL;
+    }
+    while b < cols.div_ceil(C::BLOCK_COLS) {
+        let valid_lanes = if b == full_blocks { tail_lanes } else { LANES };
+        // SAFETY (both calls): the valid lanes of block b lie inside every row of the tile; as
+        // above.
+        let sums = unsafe { C::block_sums::<NR, MR, 1, D>(tile, b, valid_lanes) };
+        unsafe {
+            accumulate::<GROUP, NR, MR, 1>(
+                &mut acc,
+                &sums,
+                b,
+                C::BLOCK_COLS,
+                windows,
+                window_len,
+                lane_group,
+            )
+        };
+        b += 1;
+    }
+    // Index loops, not `map` closures, which the release build left as calls (its symbols).
+    let mut sums = [[0f32; MR]; NR];
+    for r in 0..NR {
+        for i in 0..MR {
+            sums[r][i] = fsum(acc[r][i]);
+        }
+    }
+    sums
+}
+
+/// 8-bit codes: each block's 64 code bytes (64 columns) reordered once into the arranged digits'
+/// order (even columns, then odd).
+struct Bytes;
+
+impl CodeBlocks for Bytes {
+    const BLOCK_COLS: usize = BLOCK_COLS_8;
+    const COLS_PER_LANE: usize = 4;
+
+    /// After the reordering lane `l` holds 4 of the columns `8 · (l mod 8)..8 · (l mod 8) + 8`.
+    fn lane_groups(group_size: usize) -> [i32; LANES] {
+        std::array::from_fn(|lane| (8 * (lane % 8) / group_size) as i32)
+    }
+
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     #[inline]
     #[allow(clippy::needless_range_loop)] // `i` also addresses the activation rows
     unsafe fn block_sums<const NR: usize, const MR: usize, const U: usize, const D: usize>(
-        &self,
+        tile: &CodeTile,
         b: usize,
         valid_lanes: usize,
     ) -> [[[__m512i; MR]; NR]; U] {
@@ -626,10 +633,10 @@ impl Tile8 {
         let mut q = [[_mm512_setzero_si512(); NR]; U];
         for (u, q) in q.iter_mut().enumerate() {
             for (r, q) in q.iter_mut().enumerate() {
-                let p = self
+                let p = tile
                     .codes
-                    .wrapping_add(r * self.row_code_bytes + (b + u) * BLOCK_COLS_8);
-                self.prefetch.ahead_of(p);
+                    .wrapping_add(r * tile.row_code_bytes + (b + u) * BLOCK_COLS_8);
+                tile.prefetch.ahead_of(p);
                 let mask = ((1u32 << valid_lanes) - 1) as __mmask16;
                 // SAFETY: the valid lanes lie inside row r (caller's contract).
                 let d = unsafe {
@@ -646,9 +653,9 @@ impl Tile8 {
         for digit in 0..D {
             for u in 0..U {
                 for i in 0..MR {
-                    let at = i * self.stride_bytes + ((b + u) * D + digit) * BLOCK_COLS_8;
+                    let at = i * tile.stride_bytes + ((b + u) * D + digit) * BLOCK_COLS_8;
                     // SAFETY: digit `digit` of block b + u of arranged row i (both planes).
-                    let x = unsafe { _mm512_loadu_si512(self.digits.wrapping_add(at) as *const _) };
+                    let x = unsafe { _mm512_loadu_si512(tile.digits.wrapping_add(at) as *const _) };
                     for r in 0..NR {
                         let sum = &mut sums[u][r][i];
                         if digit > 0 {
@@ -717,9 +724,9 @@ mod tests {
     fn each_lane_of_an_8_bit_block_belongs_to_the_group_of_its_columns() {
         // Lane l holds the even (l < 8) or odd columns of 8 · (l mod 8)..8 · (l mod 8) + 8.
         assert_eq!(
-            lane_groups8(32),
+            Bytes::lane_groups(32),
             [0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1]
         );
-        assert_eq!(lane_groups8(64), [0; LANES]);
+        assert_eq!(Bytes::lane_groups(64), [0; LANES]);
     }
 }
