@@ -2,7 +2,7 @@
 //! (`vpdpbusd`, 64 byte products per instruction), each activation held as a 24-bit fixed-point
 //! number of its quantization group, in three signed 8-bit digits (two at 16 bits, one at 8: the
 //! same code with fewer digits, `ActivationPrecision::Int16` and `Int8`). And for 8-bit codes with
-//! 16-bit or 8-bit activations ([`Vnni8`]: the same arrangement in blocks of 64 columns, each
+//! 16-bit or 8-bit activations ([`Bytes`]: the same arrangement in blocks of 64 columns, each
 //! block's code bytes reordered to meet it); with exact activations `Kernel::Avx512Vnni` leaves
 //! 8-bit codes to the f32 lane kernel (three digits would overflow a lane's sum).
 //!
@@ -34,6 +34,7 @@
 //! hold it to the same error bound as the f32 kernels.
 
 use std::arch::x86_64::*;
+use std::marker::PhantomData;
 
 use crate::quant::avx512::{ffma, fload, fmul, fstore, fsum, fzero, widen_scales};
 use crate::quant::fixed_point::{
@@ -60,24 +61,24 @@ pub(crate) fn available() -> bool {
 /// `Some` for 4-bit codes in groups of 32, 64 or 128, with activations of `digits` digits
 /// (`fixed_point::DIGITS`, exact, `fixed_point::TWO_DIGITS`, 16-bit, or
 /// `fixed_point::I8_DIGITS`, 8-bit), and for 8-bit codes with 16-bit or 8-bit activations (three
-/// digits of 8-bit codes would overflow a lane's `i32` sum: see [`rows8`]).
+/// digits of 8-bit codes would overflow a lane's `i32` sum: [`CodeBlocks::MAX_DIGITS`]).
 pub(crate) fn select(bits: u32, group_size: usize, digits: usize) -> Option<RowRangeFn> {
     match (bits, group_size, digits) {
-        (4, 32, DIGITS) => Some(rows::<32, DIGITS> as RowRangeFn),
-        (4, 64, DIGITS) => Some(rows::<64, DIGITS>),
-        (4, 128, DIGITS) => Some(rows::<128, DIGITS>),
-        (4, 32, TWO_DIGITS) => Some(rows::<32, TWO_DIGITS>),
-        (4, 64, TWO_DIGITS) => Some(rows::<64, TWO_DIGITS>),
-        (4, 128, TWO_DIGITS) => Some(rows::<128, TWO_DIGITS>),
-        (4, 32, I8_DIGITS) => Some(rows::<32, I8_DIGITS>),
-        (4, 64, I8_DIGITS) => Some(rows::<64, I8_DIGITS>),
-        (4, 128, I8_DIGITS) => Some(rows::<128, I8_DIGITS>),
-        (8, 32, TWO_DIGITS) => Some(rows8::<32, TWO_DIGITS>),
-        (8, 64, TWO_DIGITS) => Some(rows8::<64, TWO_DIGITS>),
-        (8, 128, TWO_DIGITS) => Some(rows8::<128, TWO_DIGITS>),
-        (8, 32, I8_DIGITS) => Some(rows8::<32, I8_DIGITS>),
-        (8, 64, I8_DIGITS) => Some(rows8::<64, I8_DIGITS>),
-        (8, 128, I8_DIGITS) => Some(rows8::<128, I8_DIGITS>),
+        (4, 32, DIGITS) => Some(rows::<Nibbles, 32, DIGITS> as RowRangeFn),
+        (4, 64, DIGITS) => Some(rows::<Nibbles, 64, DIGITS>),
+        (4, 128, DIGITS) => Some(rows::<Nibbles, 128, DIGITS>),
+        (4, 32, TWO_DIGITS) => Some(rows::<Nibbles, 32, TWO_DIGITS>),
+        (4, 64, TWO_DIGITS) => Some(rows::<Nibbles, 64, TWO_DIGITS>),
+        (4, 128, TWO_DIGITS) => Some(rows::<Nibbles, 128, TWO_DIGITS>),
+        (4, 32, I8_DIGITS) => Some(rows::<Nibbles, 32, I8_DIGITS>),
+        (4, 64, I8_DIGITS) => Some(rows::<Nibbles, 64, I8_DIGITS>),
+        (4, 128, I8_DIGITS) => Some(rows::<Nibbles, 128, I8_DIGITS>),
+        (8, 32, TWO_DIGITS) => Some(rows::<Bytes, 32, TWO_DIGITS>),
+        (8, 64, TWO_DIGITS) => Some(rows::<Bytes, 64, TWO_DIGITS>),
+        (8, 128, TWO_DIGITS) => Some(rows::<Bytes, 128, TWO_DIGITS>),
+        (8, 32, I8_DIGITS) => Some(rows::<Bytes, 32, I8_DIGITS>),
+        (8, 64, I8_DIGITS) => Some(rows::<Bytes, 64, I8_DIGITS>),
+        (8, 128, I8_DIGITS) => Some(rows::<Bytes, 128, I8_DIGITS>),
         _ => None,
     }
 }
@@ -93,7 +94,12 @@ const PLANES: usize = 2;
 
 /// The arranged row of this kernel, activations of `digits` digits.
 pub(crate) fn layout(cols: usize, group_size: usize, digits: usize) -> RowLayout {
-    RowLayout::new(cols, group_size, BLOCK_COLS, LANES, digits)
+    layout_for::<Nibbles>(cols, group_size, digits)
+}
+
+/// The arranged row for `C`'s codes: blocks of `C::BLOCK_COLS` columns.
+fn layout_for<C: CodeBlocks>(cols: usize, group_size: usize, digits: usize) -> RowLayout {
+    RowLayout::new(cols, group_size, C::BLOCK_COLS, LANES, digits)
 }
 
 /// Columns per block of 8-bit codes (one vector of 64 code bytes).
@@ -102,7 +108,7 @@ const BLOCK_COLS_8: usize = 64;
 /// The arranged row of this kernel for 8-bit codes, activations of `digits` digits: the layout of
 /// the 4-bit codes' with blocks of 64 columns (each digit's even and odd columns one vector).
 pub(crate) fn layout8(cols: usize, group_size: usize, digits: usize) -> RowLayout {
-    RowLayout::new(cols, group_size, BLOCK_COLS_8, LANES, digits)
+    layout_for::<Bytes>(cols, group_size, digits)
 }
 
 /// Lays out `m` rows of `cols` activations for this kernel (see the module docs), or `None` if a
@@ -247,7 +253,8 @@ unsafe fn arrange_row(row: &[f32], dst: &mut [f32], group_size: usize, layout: R
     true
 }
 
-fn rows<const GROUP: usize, const D: usize>(
+/// The row function for `C`'s codes in groups of `GROUP`, activations of `D` digits.
+fn rows<C: CodeBlocks, const GROUP: usize, const D: usize>(
     w: &QuantizedMatrix,
     xs: &[f32],
     m: usize,
@@ -255,19 +262,24 @@ fn rows<const GROUP: usize, const D: usize>(
     out_t: &mut [f32],
 ) {
     assert!(available(), "VNNI kernel called on a CPU without it");
-    let layout = layout(w.cols(), GROUP, D);
+    assert!(
+        D <= C::MAX_DIGITS,
+        "{D} activation digits overflow these codes' sums"
+    );
+    let layout = layout_for::<C>(w.cols(), GROUP, D);
     // SAFETY (both): the CPU has the features (checked above).
     if six_rows_per_matvec_pass(layout.stride * 4) {
-        unsafe { run_tiles::<Vnni<D>, GROUP, 6>(w, xs, m, row_start, out_t, layout) }
+        unsafe { run_tiles::<Vnni<C, D>, GROUP, 6>(w, xs, m, row_start, out_t, layout) }
     } else {
-        unsafe { run_tiles::<Vnni<D>, GROUP, 2>(w, xs, m, row_start, out_t, layout) }
+        unsafe { run_tiles::<Vnni<C, D>, GROUP, 2>(w, xs, m, row_start, out_t, layout) }
     }
 }
 
-/// The VNNI kernel's vector code, for `fixed_point::DigitTiles`, for activations of `D` digits.
-struct Vnni<const D: usize>;
+/// The VNNI kernel's vector code, for `fixed_point::DigitTiles`, for `C`'s codes and
+/// activations of `D` digits.
+struct Vnni<C, const D: usize>(PhantomData<C>);
 
-impl<const D: usize> DigitTile for Vnni<D> {
+impl<C: CodeBlocks, const D: usize> DigitTile for Vnni<C, D> {
     const LANES: usize = LANES;
     // Two weight rows per matrix-matrix tile from 2 activation rows on: their digits (6 vectors a
     // block each) are otherwise reloaded for every weight row (the q4 LM step ran faster than
@@ -296,7 +308,7 @@ impl<const D: usize> DigitTile for Vnni<D> {
         row_step: usize,
         prefetch: CodePrefetch,
     ) -> [[f32; MR]; NR] {
-        let row_code_bytes = w.cols() / 2;
+        let row_code_bytes = w.cols() * C::BITS / 8;
         let tile = CodeTile {
             codes: w.codes().as_ptr().wrapping_add(r0 * row_code_bytes / 4) as *const u8,
             row_code_bytes: row_code_bytes * row_step,
@@ -305,9 +317,7 @@ impl<const D: usize> DigitTile for Vnni<D> {
             prefetch,
         };
         // SAFETY: the tile's rows and windows as `factored_sums` receives them (its contract).
-        unsafe {
-            run_blocks::<Nibbles, GROUP, NR, MR, UNROLL, D>(&tile, w.cols(), windows, window_len)
-        }
+        unsafe { run_blocks::<C, GROUP, NR, MR, UNROLL, D>(&tile, w.cols(), windows, window_len) }
     }
 }
 
@@ -357,6 +367,9 @@ unsafe fn accumulate<const GROUP: usize, const NR: usize, const MR: usize, const
 struct Nibbles;
 
 impl CodeBlocks for Nibbles {
+    const BITS: usize = 4;
+    // A lane's 8 products of a code and a digit stay below 2^14: three digits below 2^30.
+    const MAX_DIGITS: usize = DIGITS;
     const BLOCK_COLS: usize = BLOCK_COLS;
     const COLS_PER_LANE: usize = PER_LANE;
 
@@ -429,70 +442,6 @@ impl CodeBlocks for Nibbles {
     }
 }
 
-/// The row function for 8-bit codes in groups of `GROUP`, activations of `D` ≤ 2 digits. Three
-/// digits would overflow: a lane's 4 products of a code (≤ 255) and a digit (|d| ≤ 128) reach
-/// 2^17, shifted up 16 bits for the top digit; with two the sum stays below 2^26.
-fn rows8<const GROUP: usize, const D: usize>(
-    w: &QuantizedMatrix,
-    xs: &[f32],
-    m: usize,
-    row_start: usize,
-    out_t: &mut [f32],
-) {
-    assert!(available(), "VNNI kernel called on a CPU without it");
-    assert!(D < DIGITS, "8-bit codes take at most two activation digits");
-    let layout = layout8(w.cols(), GROUP, D);
-    // SAFETY (both): the CPU has the features (checked above).
-    if six_rows_per_matvec_pass(layout.stride * 4) {
-        unsafe { run_tiles::<Vnni8<D>, GROUP, 6>(w, xs, m, row_start, out_t, layout) }
-    } else {
-        unsafe { run_tiles::<Vnni8<D>, GROUP, 2>(w, xs, m, row_start, out_t, layout) }
-    }
-}
-
-/// The VNNI kernel's vector code for 8-bit codes, activations of `D` digits: per block of 64
-/// code bytes (64 columns) and weight row, the codes reordered once into the arranged planes'
-/// order (even columns, then odd), then one `vpdpbusd` per digit and activation row.
-struct Vnni8<const D: usize>;
-
-impl<const D: usize> DigitTile for Vnni8<D> {
-    const LANES: usize = LANES;
-    const PAIRED_FROM_M: usize = 2;
-
-    digit_tile_frame!("avx512f,avx512bw,avx512vnni");
-
-    /// The block loop of [`DigitTile::factored_sums`] for 8-bit codes.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    #[inline]
-    unsafe fn factored_sums<
-        const GROUP: usize,
-        const NR: usize,
-        const MR: usize,
-        const UNROLL: usize,
-    >(
-        w: &QuantizedMatrix,
-        r0: usize,
-        xs: *const f32,
-        layout: RowLayout,
-        windows: &[f32],
-        window_len: usize,
-        row_step: usize,
-        prefetch: CodePrefetch,
-    ) -> [[f32; MR]; NR] {
-        let tile = CodeTile {
-            codes: w.codes().as_ptr().wrapping_add(r0 * w.cols() / 4) as *const u8,
-            row_code_bytes: w.cols() * row_step,
-            digits: xs as *const u8,
-            stride_bytes: layout.stride * 4,
-            prefetch,
-        };
-        // SAFETY: the tile's rows and windows as `factored_sums` receives them (its contract).
-        unsafe {
-            run_blocks::<Bytes, GROUP, NR, MR, UNROLL, D>(&tile, w.cols(), windows, window_len)
-        }
-    }
-}
-
 /// Where a tile reads: its first weight row's codes (the others `row_code_bytes` apart) and its
 /// arranged activation rows (`stride_bytes` apart).
 struct CodeTile {
@@ -506,6 +455,10 @@ struct CodeTile {
 /// A code width's blocks: how wide, which group each lane's columns belong to, and the integer
 /// sums of a few blocks of a tile.
 trait CodeBlocks {
+    /// Bits per code.
+    const BITS: usize;
+    /// The most activation digits whose sums fit a lane's `i32`.
+    const MAX_DIGITS: usize;
     /// Columns per block (64 code bytes).
     const BLOCK_COLS: usize;
     /// Columns a lane's `i32` of codes holds.
@@ -608,6 +561,10 @@ unsafe fn run_blocks<
 struct Bytes;
 
 impl CodeBlocks for Bytes {
+    const BITS: usize = 8;
+    // A lane's 4 products of a code (≤ 255) and a digit reach 2^17: two digits stay below 2^26,
+    // a third would overflow.
+    const MAX_DIGITS: usize = TWO_DIGITS;
     const BLOCK_COLS: usize = BLOCK_COLS_8;
     const COLS_PER_LANE: usize = 4;
 
