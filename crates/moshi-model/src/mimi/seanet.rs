@@ -295,27 +295,10 @@ impl SeanetEncoder {
         scratch: &mut ConvScratch,
     ) {
         assert!(states.len() == pcms.len() && states.len() == outs.len());
-        let mut calls: Vec<ConvCall<'_>> = states
-            .iter_mut()
-            .zip(pcms)
-            .map(|(st, pcm)| ConvCall {
-                state: &mut st.input,
-                x: pcm,
-                out: &mut st.a,
-            })
-            .collect();
-        self.input
-            .forward_streams(&mut calls, PreActivation::None, false, scratch);
+        first_conv_streams(&self.input, states, pcms, scratch);
         for (s, stage) in self.stages.iter().enumerate() {
             for (r, block) in stage.residuals.iter().enumerate() {
-                let mut streams: Vec<_> = states
-                    .iter_mut()
-                    .map(|st| {
-                        let SeanetEncoderState { residuals, a, .. } = &mut **st;
-                        (&mut residuals[s][r], a)
-                    })
-                    .collect();
-                block.forward_streams(&mut streams, scratch);
+                residual_streams(block, states, s, r, scratch);
             }
             let mut calls: Vec<ConvCall<'_>> = states
                 .iter_mut()
@@ -331,21 +314,9 @@ impl SeanetEncoder {
             stage
                 .down
                 .forward_streams(&mut calls, PreActivation::Elu, false, scratch);
-            for st in states.iter_mut() {
-                std::mem::swap(&mut st.a, &mut st.b);
-            }
+            swap_streams(states);
         }
-        let mut calls: Vec<ConvCall<'_>> = states
-            .iter_mut()
-            .zip(outs.iter_mut())
-            .map(|(st, out)| ConvCall {
-                state: &mut st.output,
-                x: &st.a[..],
-                out,
-            })
-            .collect();
-        self.output
-            .forward_streams(&mut calls, PreActivation::Elu, false, scratch);
+        last_conv_streams(&self.output, states, outs, scratch);
     }
 }
 
@@ -482,17 +453,7 @@ impl SeanetDecoder {
         scratch: &mut ConvScratch,
     ) {
         assert!(states.len() == latents.len() && states.len() == outs.len());
-        let mut calls: Vec<ConvCall<'_>> = states
-            .iter_mut()
-            .zip(latents)
-            .map(|(st, latent)| ConvCall {
-                state: &mut st.input,
-                x: latent,
-                out: &mut st.a,
-            })
-            .collect();
-        self.input
-            .forward_streams(&mut calls, PreActivation::None, false, scratch);
+        first_conv_streams(&self.input, states, latents, scratch);
         for (s, stage) in self.stages.iter().enumerate() {
             let mut calls: Vec<ConvCall<'_, ConvTr1dState>> = states
                 .iter_mut()
@@ -508,31 +469,12 @@ impl SeanetDecoder {
             stage
                 .up
                 .forward_streams(&mut calls, PreActivation::Elu, scratch);
-            for st in states.iter_mut() {
-                std::mem::swap(&mut st.a, &mut st.b);
-            }
+            swap_streams(states);
             for (r, block) in stage.residuals.iter().enumerate() {
-                let mut streams: Vec<_> = states
-                    .iter_mut()
-                    .map(|st| {
-                        let SeanetDecoderState { residuals, a, .. } = &mut **st;
-                        (&mut residuals[s][r], a)
-                    })
-                    .collect();
-                block.forward_streams(&mut streams, scratch);
+                residual_streams(block, states, s, r, scratch);
             }
         }
-        let mut calls: Vec<ConvCall<'_>> = states
-            .iter_mut()
-            .zip(outs.iter_mut())
-            .map(|(st, out)| ConvCall {
-                state: &mut st.output,
-                x: &st.a[..],
-                out,
-            })
-            .collect();
-        self.output
-            .forward_streams(&mut calls, PreActivation::Elu, false, scratch);
+        last_conv_streams(&self.output, states, outs, scratch);
     }
 
     /// `latent` (`[t][dimension]`) -> `out` (`[t * hop][channels]`).
@@ -562,4 +504,108 @@ impl SeanetDecoder {
         self.output
             .forward(output, a, PreActivation::Elu, out, false);
     }
+}
+
+/// The buffers of one stream that the encoder's and the decoder's stream steps both walk: the
+/// first and last convolutions' states, the residual blocks' states, and the two activation
+/// buffers `a` (the current activations) and `b`.
+trait StreamBuffers {
+    /// The first convolution's state and `a`, its output.
+    fn input_and_a(&mut self) -> (&mut Conv1dState, &mut Vec<f32>);
+    /// The last convolution's state and `a`, its input.
+    fn output_and_a(&mut self) -> (&mut Conv1dState, &Vec<f32>);
+    /// Residual block `r` of stage `s`'s state and `a`, which it updates in place.
+    fn residual_and_a(&mut self, s: usize, r: usize) -> (&mut ResidualState, &mut Vec<f32>);
+    /// Makes `b` (a stage's output) the current activations.
+    fn swap_a_b(&mut self);
+}
+
+impl StreamBuffers for SeanetEncoderState {
+    fn input_and_a(&mut self) -> (&mut Conv1dState, &mut Vec<f32>) {
+        (&mut self.input, &mut self.a)
+    }
+    fn output_and_a(&mut self) -> (&mut Conv1dState, &Vec<f32>) {
+        (&mut self.output, &self.a)
+    }
+    fn residual_and_a(&mut self, s: usize, r: usize) -> (&mut ResidualState, &mut Vec<f32>) {
+        (&mut self.residuals[s][r], &mut self.a)
+    }
+    fn swap_a_b(&mut self) {
+        std::mem::swap(&mut self.a, &mut self.b);
+    }
+}
+
+impl StreamBuffers for SeanetDecoderState {
+    fn input_and_a(&mut self) -> (&mut Conv1dState, &mut Vec<f32>) {
+        (&mut self.input, &mut self.a)
+    }
+    fn output_and_a(&mut self) -> (&mut Conv1dState, &Vec<f32>) {
+        (&mut self.output, &self.a)
+    }
+    fn residual_and_a(&mut self, s: usize, r: usize) -> (&mut ResidualState, &mut Vec<f32>) {
+        (&mut self.residuals[s][r], &mut self.a)
+    }
+    fn swap_a_b(&mut self) {
+        std::mem::swap(&mut self.a, &mut self.b);
+    }
+}
+
+/// The first convolution of every stream (`xs[i]` into its `a`), products shared.
+fn first_conv_streams<S: StreamBuffers>(
+    conv: &StreamingConv1d,
+    states: &mut [&mut S],
+    xs: &[&[f32]],
+    scratch: &mut ConvScratch,
+) {
+    let mut calls: Vec<ConvCall<'_>> = states
+        .iter_mut()
+        .zip(xs)
+        .map(|(st, x)| {
+            let (state, out) = st.input_and_a();
+            ConvCall { state, x, out }
+        })
+        .collect();
+    conv.forward_streams(&mut calls, PreActivation::None, false, scratch);
+}
+
+/// Residual block `r` of stage `s` on every stream's `a`.
+fn residual_streams<S: StreamBuffers>(
+    block: &ResidualBlock,
+    states: &mut [&mut S],
+    s: usize,
+    r: usize,
+    scratch: &mut ConvScratch,
+) {
+    let mut streams: Vec<_> = states
+        .iter_mut()
+        .map(|st| st.residual_and_a(s, r))
+        .collect();
+    block.forward_streams(&mut streams, scratch);
+}
+
+/// Every stream's stage output (`b`) made its current activations (`a`).
+fn swap_streams<S: StreamBuffers>(states: &mut [&mut S]) {
+    states.iter_mut().for_each(|st| st.swap_a_b());
+}
+
+/// The last convolution of every stream (its `a`, activated, into `outs[i]`), products shared.
+fn last_conv_streams<S: StreamBuffers>(
+    conv: &StreamingConv1d,
+    states: &mut [&mut S],
+    outs: &mut [&mut Vec<f32>],
+    scratch: &mut ConvScratch,
+) {
+    let mut calls: Vec<ConvCall<'_>> = states
+        .iter_mut()
+        .zip(outs.iter_mut())
+        .map(|(st, out)| {
+            let (state, a) = st.output_and_a();
+            ConvCall {
+                state,
+                x: &a[..],
+                out,
+            }
+        })
+        .collect();
+    conv.forward_streams(&mut calls, PreActivation::Elu, false, scratch);
 }
