@@ -24,7 +24,7 @@
 /// of them.
 pub(crate) const MATMUL_ROWS: usize = 4;
 
-/// Weight rows per panel of a paired matrix-matrix product ([`paired_panel`]): with more
+/// Weight rows per panel of a paired matrix-matrix product ([`panels`]): with more
 /// activation rows than one tile takes, each tile of them meets the whole panel before the next
 /// tile starts. Eight: faster than one pair per panel at 8 and 16 activation rows, as fast as 16,
 /// and 32 slower at the widest rows (docs/performance.md, "The batched tile at 16-bit
@@ -82,75 +82,60 @@ pub(crate) unsafe fn run_passes<T: Tiles>(
             }
         };
     }
-    let mut local = single_from;
-    if m >= T::PAIRED_FROM_M {
-        while local + 2 <= nrows {
-            let end = local + (nrows - local).min(PANEL_ROWS) / 2 * 2;
-            // SAFETY: rows row_start + local..row_start + end lie in the range.
-            unsafe { paired_panel(tiles, m, row_start, local..end, out_t) };
-            local = end;
-        }
-    }
-    for local in local..nrows {
-        // SAFETY: row row_start + local lies in the range.
-        unsafe {
-            weight_rows_pass::<T, 1>(
-                tiles,
-                m,
-                row_start + local,
-                &mut out_t[local * m..(local + 1) * m],
-            )
-        };
+    let paired_end = if m >= T::PAIRED_FROM_M {
+        single_from + (nrows - single_from) / 2 * 2
+    } else {
+        single_from
+    };
+    // SAFETY (both): the rows lie in the range (forwarded contract).
+    unsafe {
+        panels::<T, 2>(
+            tiles,
+            m,
+            row_start,
+            single_from..paired_end,
+            PANEL_ROWS,
+            out_t,
+        );
+        // One row per panel: as measured on the kernels that never pair (NEON's).
+        panels::<T, 1>(tiles, m, row_start, paired_end..nrows, 1, out_t);
     }
 }
 
-/// Weight rows `row_start + rows` (an even count) against all `m` activation rows, two weight rows
-/// per tile, one tile of activation rows after another: for each tile of activation rows, every
-/// pair of the panel (so those rows' arranged digits stay in L1 across the panel, and the panel's
-/// codes, read from memory for the first tile, in L1 or L2 for the next).
+/// Weight rows `row_start + rows` (a multiple of `NR`) against all `m` activation rows, `NR`
+/// weight rows and up to [`MATMUL_ROWS`] activation rows per tile, in panels of `panel_rows`
+/// weight rows (a multiple of `NR`): within a panel, each tile of activation rows meets every
+/// weight row before the next tile starts, so those rows' arranged digits stay in L1 across the
+/// panel, and the panel's codes, read from memory for the first tile, come from L1 or L2 for the
+/// next.
 ///
 /// # Safety
 /// As for [`run_passes`], for those weight rows.
-unsafe fn paired_panel<T: Tiles>(
+unsafe fn panels<T: Tiles, const NR: usize>(
     tiles: &mut T,
     m: usize,
     row_start: usize,
     rows: std::ops::Range<usize>,
+    panel_rows: usize,
     out_t: &mut [f32],
 ) {
-    let mut i = 0;
-    while i < m {
-        for r in rows.clone().step_by(2) {
-            // SAFETY: weight rows row_start + r and the next lie in the range (forwarded).
-            unsafe {
-                activation_tile::<T, 2>(tiles, m, i, row_start + r, &mut out_t[r * m..(r + 2) * m])
-            };
+    for panel_start in rows.clone().step_by(panel_rows) {
+        let panel = panel_start..(panel_start + panel_rows).min(rows.end);
+        let mut i = 0;
+        while i < m {
+            for r in panel.clone().step_by(NR) {
+                let out_rows = &mut out_t[r * m..(r + NR) * m];
+                // SAFETY: weight rows row_start + r.. row_start + r + NR lie in the range
+                // (forwarded); activation rows i.. exist.
+                unsafe { activation_tile::<T, NR>(tiles, m, i, row_start + r, out_rows) };
+            }
+            i += (m - i).min(MATMUL_ROWS);
         }
-        i += (m - i).min(MATMUL_ROWS);
     }
 }
 
-/// Weight rows `r..r + NR` against all `m` activation rows, up to [`MATMUL_ROWS`] per tile, into
-/// `out_rows` (their `NR` rows of `out_t`, `m` values each). With one weight row, more blocks a step
-/// where fewer activation rows leave registers free.
-///
-/// # Safety
-/// As for [`run_passes`], for those weight rows.
-unsafe fn weight_rows_pass<T: Tiles, const NR: usize>(
-    tiles: &mut T,
-    m: usize,
-    r: usize,
-    out_rows: &mut [f32],
-) {
-    let mut i = 0;
-    while i < m {
-        // SAFETY: forwarded contract.
-        unsafe { activation_tile::<T, NR>(tiles, m, i, r, out_rows) };
-        i += (m - i).min(MATMUL_ROWS);
-    }
-}
-
-/// Weight rows `r..r + NR` against activation rows `i..i + min(m - i, MATMUL_ROWS)`.
+/// Weight rows `r..r + NR` against activation rows `i..i + min(m - i, MATMUL_ROWS)`. With one
+/// weight row, more blocks a step where fewer activation rows leave registers free.
 ///
 /// # Safety
 /// As for [`run_passes`], for those weight rows.
