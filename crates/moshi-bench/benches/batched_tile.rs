@@ -32,6 +32,7 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use moshi_bench::alternating::medians_per_call;
+use moshi_bench::env::var_or;
 use moshi_bench::hashed_weights::hashed_q4;
 use moshi_kernels::{ActivationPrecision, QuantizedMatrix};
 
@@ -48,24 +49,14 @@ const SHAPES_7B: [(&str, usize, usize); 3] = [
     ("gating out", 11264, 4096),
 ];
 
-/// An environment variable parsed, or `default` when unset; panics naming it when unparsable.
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    match std::env::var(name) {
-        Ok(v) => v
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}={v}: cannot parse")),
-        Err(_) => default,
-    }
-}
-
 /// Columns per block of the 4-bit kernels (64 bytes of codes).
 const BLOCK_COLS: usize = 128;
 
 fn main() {
-    let rounds: usize = env_or("MOSHI_BENCH_ROUNDS", 15);
-    let batch_rows: usize = env_or("MOSHI_BENCH_ROWS", BATCH_ROWS);
+    let rounds: usize = var_or("MOSHI_BENCH_ROUNDS", 15);
+    let batch_rows: usize = var_or("MOSHI_BENCH_ROWS", BATCH_ROWS);
     let activations: ActivationPrecision =
-        env_or("MOSHI_BENCH_ACTIVATIONS", ActivationPrecision::Exact);
+        var_or("MOSHI_BENCH_ACTIVATIONS", ActivationPrecision::Exact);
     moshi_kernels::set_activation_precision(activations);
     let shapes: Vec<(&str, usize, usize)> = match std::env::var("MOSHI_BENCH_SHAPES").as_deref() {
         Ok("stt-1b") => moshi_bench::shapes::STT_1B_MATVEC_SHAPES.to_vec(),

@@ -11,6 +11,7 @@
 use std::hint::black_box;
 
 use moshi_bench::alternating::medians_per_call;
+use moshi_bench::env::var_or;
 use moshi_bench::hashed_weights::hashed_q4;
 use moshi_kernels::{Kernel, QuantizedMatrix};
 
@@ -18,14 +19,8 @@ use moshi_kernels::{Kernel, QuantizedMatrix};
 const BATCH_ROWS: usize = 4;
 
 fn main() {
-    let env = |name: &str, default: usize| {
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    };
-    let rounds = env("MOSHI_BENCH_ROUNDS", 9).max(1);
-    let rotation_bytes = env("MOSHI_BENCH_ROTATION_MB", 1024) << 20;
+    let rounds = var_or("MOSHI_BENCH_ROUNDS", 9usize).max(1);
+    let rotation_bytes = var_or("MOSHI_BENCH_ROTATION_MB", 1024usize) << 20;
     let names = std::env::var("MOSHI_BENCH_KERNELS").unwrap_or_else(|_| "avx2,avx2int".into());
     let kernels: Vec<Kernel> = names
         .split(',')

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{black_box, Criterion, Throughput};
 use moshi_bench::bandwidth::{ReadBuffer, DEFAULT_BUFFER_BYTES};
+use moshi_bench::env::var_or;
 use moshi_kernels::{ActivationPrecision, Kernel, QuantizedMatrix};
 
 /// Bytes each case rotates over by default (well above the last-level cache);
@@ -183,15 +184,8 @@ fn bench_rotating(
 }
 
 fn main() {
-    let threads: usize = std::env::var("MOSHI_BENCH_THREADS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2);
-    let rotation_bytes = std::env::var("MOSHI_BENCH_ROTATION_MB")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(DEFAULT_ROTATION_MB)
-        << 20;
+    let threads: usize = var_or("MOSHI_BENCH_THREADS", 2);
+    let rotation_bytes = var_or("MOSHI_BENCH_ROTATION_MB", DEFAULT_ROTATION_MB) << 20;
     // Same substring filter as criterion's first free argument, applied before building matrices.
     let filter = std::env::args()
         .skip(1)
@@ -226,10 +220,7 @@ fn main() {
         kernel.name()
     );
     println!("kernel: {}", kernel.name());
-    let activations: ActivationPrecision = match std::env::var("MOSHI_BENCH_ACTIVATIONS") {
-        Ok(name) => name.parse().expect("MOSHI_BENCH_ACTIVATIONS"),
-        Err(_) => ActivationPrecision::Exact,
-    };
+    let activations = var_or("MOSHI_BENCH_ACTIVATIONS", ActivationPrecision::Exact);
     moshi_kernels::set_activation_precision(activations);
     println!("activations: {activations}");
 

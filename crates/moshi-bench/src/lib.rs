@@ -8,8 +8,8 @@
 //! [`hashed_weights`]); and, under `benches/`, the criterion benches of the kernels, the LM, Mimi
 //! and the loader.
 //!
-//! Without the default `pipeline` feature only [`bandwidth`], [`shapes`] and the f32 half of
-//! [`hashed_weights`] are built.
+//! Without the default `pipeline` feature only [`bandwidth`], [`shapes`], [`env`] (the benches'
+//! settings) and the f32 half of [`hashed_weights`] are built.
 //!
 //! [`run_offline`]: moshi_runtime::engine::run_offline
 
@@ -17,6 +17,7 @@
 #![cfg_attr(not(feature = "pipeline"), allow(rustdoc::broken_intra_doc_links))]
 
 pub mod bandwidth;
+pub mod env;
 pub mod hashed_weights;
 pub mod shapes;
 
