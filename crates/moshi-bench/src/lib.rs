@@ -8,7 +8,7 @@
 //! [`hashed_weights`]); and, under `benches/`, the criterion benches of the kernels, the LM, Mimi
 //! and the loader.
 //!
-//! Without the default `pipeline` feature only [`bandwidth`], [`shapes`], [`env`] (the benches'
+//! Without the default `pipeline` feature only [`bandwidth`], [`shapes`], [`mod@env`] (the benches'
 //! settings) and the f32 half of [`hashed_weights`] are built.
 //!
 //! [`run_offline`]: moshi_runtime::engine::run_offline
