@@ -23,7 +23,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::quant::avx2::{ffma, fload, fmul, fstore, fsum, fzero, widen_scales};
+use crate::quant::avx2::{ffma, fload, fmul, fstore, fsum, fsums, fzero, widen_scales};
 use crate::quant::fixed_point::{
     arrange_rows, group_unit_exp, held_group_sum, pow2, run_tiles, DigitTile, RowLayout, RowScale,
     DIGITS, I8_DIGITS, TWO_DIGITS,
@@ -160,7 +160,7 @@ unsafe fn arrange_row(row: &[f32], dst: &mut [f32], group_size: usize, layout: R
     dst[layout.unscale_offset] = pow2(row_exp);
     let (digit_slots, tail) = dst.split_at_mut(layout.digits_len);
     let (units, tail) = tail.split_at_mut(layout.sums_offset - layout.units_offset);
-    let sums = &mut tail[..layout.unscale_offset - layout.sums_offset];
+    let sums = &mut tail[..layout.exps_offset - layout.sums_offset];
     let digits = digit_slots.as_mut_ptr() as *mut u8;
     let digit_stride = PLANES * BLOCK_BYTES;
     for (g, group) in row.chunks_exact(group_size).enumerate() {
@@ -241,6 +241,10 @@ struct Avx2Int<const D: usize>;
 impl<const D: usize> DigitTile for Avx2Int<D> {
     const LANES: usize = LANES;
     const PAIRED_FROM_M: usize = 2;
+
+    fn split_factors(_activation_rows: usize) -> bool {
+        false
+    }
 
     digit_tile_frame!("avx2,fma");
 
@@ -455,12 +459,14 @@ mod tests {
             .collect();
         for (group_size, digits) in [(32, DIGITS), (64, DIGITS), (64, TWO_DIGITS)] {
             let layout = layout(320, group_size, digits);
+            // The VNNI rows also hold their blocks' lane exponents (after the group sums).
+            let vnni_layout = crate::quant::vnni::layout(320, group_size, digits);
             let ours = arrange_activations(&x, 2, 320, group_size, digits).unwrap();
             let vnni =
                 crate::quant::vnni::arrange_activations(&x, 2, 320, group_size, digits).unwrap();
             for (a, b) in ours
                 .chunks_exact(layout.stride)
-                .zip(vnni.chunks_exact(layout.stride))
+                .zip(vnni.chunks_exact(vnni_layout.stride))
             {
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 assert_eq!(
@@ -468,7 +474,7 @@ mod tests {
                     bits(&b[..layout.sums_offset]),
                     "group size {group_size}"
                 );
-                assert_eq!(a[layout.unscale_offset], b[layout.unscale_offset]);
+                assert_eq!(a[layout.unscale_offset], b[vnni_layout.unscale_offset]);
             }
         }
     }

@@ -34,7 +34,7 @@ use crate::quant::fixed_point::{
     arrange_rows, group_unit_exp, held_group_sum, pow2, run_tiles, DigitTile, RowLayout, RowScale,
     DIGITS, I8_DIGITS, TWO_DIGITS,
 };
-use crate::quant::neon::{ffma, fload, fmul, fstore, fsum, fzero, widen_scales};
+use crate::quant::neon::{ffma, fload, fmul, fstore, fsum, fsums, fzero, widen_scales};
 use crate::quant::{CodePrefetch, RowRangeFn};
 use crate::QuantizedMatrix;
 
@@ -154,7 +154,7 @@ unsafe fn arrange_row(row: &[f32], dst: &mut [f32], group_size: usize, layout: R
     dst[layout.unscale_offset] = pow2(row_exp);
     let (digit_slots, tail) = dst.split_at_mut(layout.digits_len);
     let (units, tail) = tail.split_at_mut(layout.sums_offset - layout.units_offset);
-    let sums = &mut tail[..layout.unscale_offset - layout.sums_offset];
+    let sums = &mut tail[..layout.exps_offset - layout.sums_offset];
     let digits = digit_slots.as_mut_ptr() as *mut i8;
     let plane_stride = PLANES * BLOCK_BYTES;
     for (g, group) in row.chunks_exact(group_size).enumerate() {
@@ -234,6 +234,10 @@ impl<const D: usize> DigitTile for NeonDot<D> {
     const LANES: usize = LANES;
     // One weight row per matrix-matrix tile (two, as on x86, not measured on an aarch64 machine).
     const PAIRED_FROM_M: usize = usize::MAX;
+
+    fn split_factors(_activation_rows: usize) -> bool {
+        false
+    }
 
     digit_tile_frame!("neon,dotprod");
 

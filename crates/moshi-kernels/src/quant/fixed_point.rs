@@ -67,8 +67,8 @@ pub(crate) fn arrange_row_i8(
     let unscale = pow2(row_exp);
     let (digit_part, tail) = dst.split_at_mut(layout.digits_len);
     let (units, tail) = tail.split_at_mut(layout.sums_offset - layout.units_offset);
-    let (sums, unscale_slot) = tail.split_at_mut(layout.unscale_offset - layout.sums_offset);
-    unscale_slot[0] = unscale;
+    let (sums, tail) = tail.split_at_mut(layout.exps_offset - layout.sums_offset);
+    tail[layout.unscale_offset - layout.exps_offset] = unscale;
     // SAFETY: the digit part's floats viewed as bytes (no alignment needed, same memory).
     let digits = unsafe {
         std::slice::from_raw_parts_mut(digit_part.as_mut_ptr() as *mut u8, digit_part.len() * 4)
@@ -86,8 +86,9 @@ pub(crate) fn arrange_row_i8(
 }
 
 /// Where the parts of one arranged activation row of an integer kernel lie, in f32 slots: the
-/// digit blocks, then each group's unit, each group's f32 sum (both zero-padded to whole vectors),
-/// then the row's scale `2^e` (one vector, first lane used).
+/// digit blocks, then each group's unit and each group's f32 sum (both zero-padded to whole
+/// vectors), then where a kernel asks for them ([`RowLayout::with_lane_exponents`]) the unit
+/// exponents of each block's lanes, then the row's scale `2^e` (one vector, first lane used).
 ///
 /// The group sums are the f32 sums of the given values with exact activations (three digits), of
 /// the held values ([`held_group_sum`]) with fewer.
@@ -106,6 +107,7 @@ pub(crate) struct RowLayout {
     pub(crate) digits_len: usize,
     pub(crate) units_offset: usize,
     pub(crate) sums_offset: usize,
+    pub(crate) exps_offset: usize,
     pub(crate) unscale_offset: usize,
     pub(crate) stride: usize,
 }
@@ -125,15 +127,31 @@ impl RowLayout {
         let groups_padded = (cols / group_size).next_multiple_of(lanes);
         let units_offset = digits_len;
         let sums_offset = units_offset + groups_padded;
-        let unscale_offset = sums_offset + groups_padded;
+        let exps_offset = sums_offset + groups_padded;
+        let unscale_offset = exps_offset;
         RowLayout {
             block_cols,
             digits,
             digits_len,
             units_offset,
             sums_offset,
+            exps_offset,
             unscale_offset,
             stride: unscale_offset + lanes,
+        }
+    }
+
+    /// This layout with room for the unit exponents of each block's `lanes` lanes (`log2 u_g` as
+    /// f32 of the group of the lane's columns, a block's lanes covering `block_cols / lanes`
+    /// columns each; zero past the row's end): the VNNI kernel's tiles of several rows apply
+    /// units by their exponents.
+    pub(crate) fn with_lane_exponents(self, lanes: usize) -> Self {
+        let blocks = self.digits_len * 4 / self.block_digit_bytes();
+        let unscale_offset = self.exps_offset + blocks * lanes;
+        RowLayout {
+            unscale_offset,
+            stride: unscale_offset + (self.stride - self.unscale_offset),
+            ..self
         }
     }
 
@@ -182,9 +200,16 @@ pub(crate) trait DigitTile {
     /// [`crate::quant::passes::Tiles::PAIRED_FROM_M`] for this kernel.
     const PAIRED_FROM_M: usize;
 
+    /// Whether a tile of `activation_rows` rows applies each group's factor `scale_g · u_{i,g}`
+    /// in two parts in its block loop: the weight row's scales from one window per weight row,
+    /// and each activation row's unit by its exponent (the arranged row's lane exponents). The
+    /// tile then prepares `NR` windows instead of `NR · MR`.
+    fn split_factors(activation_rows: usize) -> bool;
+
     /// Writes, for each of the `MR` arranged activation rows `i` at `xs`, weight row `r`'s
     /// factors `scale_g · u_{i,g}` into window `i` of `windows` (`window_len` floats each: the
-    /// groups, then zeros), and returns the bias terms `Σ_g bias_g · Σ_{j∈g} x_{i,j}` (on the f32
+    /// groups, then zeros; where [`DigitTile::split_factors`], the row's scales `scale_g` into
+    /// window 0 alone), and returns the bias terms `Σ_g bias_g · Σ_{j∈g} x_{i,j}` (on the f32
     /// group sums, summed group by group in the kernel's lanes). Expanded by
     /// `digit_tile_frame!`.
     ///
@@ -204,7 +229,8 @@ pub(crate) trait DigitTile {
     /// For weight rows `r0 + k · row_step` (`k < NR`) and the `MR` arranged activation rows at
     /// `xs`, `U` code blocks a step: each pair's `Σ_g scale_g · u_g · Σ_{j∈g} q_j · n_j` over
     /// the whole row (the integer sums exact, the rest in f32), with the factors from window
-    /// `k · MR + i` of `windows` (see [`DigitTile::prepare_row`]).
+    /// `k · MR + i` of `windows` (where [`DigitTile::split_factors`], the scales from window
+    /// `k · MR` and the units from the arranged rows: see [`DigitTile::prepare_row`]).
     ///
     /// # Safety
     /// The CPU must have the kernel's features; those weight rows must exist in `w`; `xs` must
@@ -404,7 +430,7 @@ pub(crate) unsafe fn run_tiles<K: DigitTile, const GROUP: usize, const MATVEC: u
 /// DigitTile`, compiled with `$features` (those of the kernel's
 /// [`DigitTile::factored_sums`], so that it inlines into the tile), from the f32 vector operations
 /// of the instruction set's lane kernel module, which must be in scope (`fzero`, `fload`,
-/// `fstore`, `fmul`, `ffma`, `fsum`, `widen_scales`, over vectors of `Self::LANES` ≤ 16 lanes). A
+/// `fstore`, `fmul`, `ffma`, `fsums`, `widen_scales`, over vectors of `Self::LANES` ≤ 16 lanes). A
 /// macro for the reason `lane_kernel!` is one: the `target_feature` attribute, needed so every
 /// operation inlines, differs per instruction set.
 macro_rules! digit_tile_frame {
@@ -467,20 +493,19 @@ macro_rules! digit_tile_frame {
                     // SAFETY: units and group sums are zero-padded to whole vectors in each
                     // arranged row; window i holds `window_len >= g + lanes` floats.
                     unsafe {
-                        let units = fload(row.add(layout.units_offset + g));
-                        let sums = fload(row.add(layout.sums_offset + g));
-                        fstore(windows.as_mut_ptr().add(i * window_len + g), fmul(s, units));
-                        *acc = ffma(b, sums, *acc);
+                        if !Self::split_factors(MR) {
+                            let units = fload(row.add(layout.units_offset + g));
+                            fstore(windows.as_mut_ptr().add(i * window_len + g), fmul(s, units));
+                        }
+                        *acc = ffma(b, fload(row.add(layout.sums_offset + g)), *acc);
                     }
                 }
+                if Self::split_factors(MR) {
+                    // SAFETY: window 0 holds `window_len >= g + lanes` floats.
+                    unsafe { fstore(windows.as_mut_ptr().add(g), s) };
+                }
             }
-            // An index loop, not a `map` closure, which the release build left as a call (its
-            // symbols).
-            let mut bias_terms = [0f32; MR];
-            for i in 0..MR {
-                bias_terms[i] = fsum(bias_acc[i]);
-            }
-            bias_terms
+            fsums(bias_acc)
         }
     };
 }

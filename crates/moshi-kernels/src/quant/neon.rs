@@ -79,6 +79,18 @@ pub(crate) fn fsum(v: F) -> f32 {
     vaddvq_f32(v)
 }
 
+/// [`fsum`] of each vector.
+#[target_feature(enable = "neon")]
+#[inline]
+pub(crate) fn fsums<const N: usize>(v: [F; N]) -> [f32; N] {
+    // An index loop, not a `map` closure, which the release build left as a call.
+    let mut out = [0f32; N];
+    for k in 0..N {
+        out[k] = fsum(v[k]);
+    }
+    out
+}
+
 /// Lane `i` of the result is lane `idx[i]` of `v` (`idx[i] < 4`): a byte table lookup with each
 /// lane index turned into its four byte indices.
 #[target_feature(enable = "neon")]

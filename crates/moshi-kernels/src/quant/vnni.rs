@@ -36,7 +36,7 @@
 use std::arch::x86_64::*;
 use std::marker::PhantomData;
 
-use crate::quant::avx512::{ffma, fload, fmul, fstore, fsum, fzero, widen_scales};
+use crate::quant::avx512::{ffma, fload, fmul, fstore, fsums, fzero, widen_scales};
 use crate::quant::fixed_point::{
     arrange_rows, group_unit_exp, held_group_sum, pow2, run_tiles, DigitTile, RowLayout, RowScale,
     DIGITS, I8_DIGITS, TWO_DIGITS,
@@ -99,7 +99,7 @@ pub(crate) fn layout(cols: usize, group_size: usize, digits: usize) -> RowLayout
 
 /// The arranged row for `C`'s codes: blocks of `C::BLOCK_COLS` columns.
 fn layout_for<C: CodeBlocks>(cols: usize, group_size: usize, digits: usize) -> RowLayout {
-    RowLayout::new(cols, group_size, C::BLOCK_COLS, LANES, digits)
+    RowLayout::new(cols, group_size, C::BLOCK_COLS, LANES, digits).with_lane_exponents(LANES)
 }
 
 /// Columns per block of 8-bit codes (one vector of 64 code bytes).
@@ -124,7 +124,7 @@ pub(crate) fn arrange_activations(
     group_size: usize,
     digits: usize,
 ) -> Option<Vec<f32>> {
-    arrange_in(x, m, cols, group_size, layout(cols, group_size, digits))
+    arrange_in::<Nibbles>(x, m, cols, group_size, digits)
 }
 
 /// [`arrange_activations`] for 8-bit codes ([`layout8`]).
@@ -135,23 +135,25 @@ pub(crate) fn arrange_activations8(
     group_size: usize,
     digits: usize,
 ) -> Option<Vec<f32>> {
-    arrange_in(x, m, cols, group_size, layout8(cols, group_size, digits))
+    arrange_in::<Bytes>(x, m, cols, group_size, digits)
 }
 
-/// `m` rows arranged in `layout` (either block width).
-fn arrange_in(
+/// `m` rows arranged for `C`'s codes.
+fn arrange_in<C: CodeBlocks>(
     x: &[f32],
     m: usize,
     cols: usize,
     group_size: usize,
-    layout: RowLayout,
+    digits: usize,
 ) -> Option<Vec<f32>> {
     assert!(available(), "VNNI kernel called on a CPU without it");
     assert!(group_size.is_multiple_of(16) && cols.is_multiple_of(group_size));
+    let layout = layout_for::<C>(cols, group_size, digits);
+    let lane_groups = C::lane_groups(group_size);
     arrange_rows(x, m, cols, layout, |row, dst| {
         // SAFETY: the CPU has the features (asserted above); rows of `cols`, a multiple of the
         // group size (a multiple of 16 for every specialised kernel); `dst` laid out for them.
-        unsafe { arrange_row(row, dst, group_size, layout) }
+        unsafe { arrange_row(row, dst, group_size, layout, lane_groups) }
     })
 }
 
@@ -162,7 +164,13 @@ fn arrange_in(
 /// The CPU must have AVX-512F and AVX-512BW; `row.len()` is a multiple of `group_size`, itself
 /// a multiple of 16; `dst` is laid out by `layout` for `row.len()` columns.
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn arrange_row(row: &[f32], dst: &mut [f32], group_size: usize, layout: RowLayout) -> bool {
+unsafe fn arrange_row(
+    row: &[f32],
+    dst: &mut [f32],
+    group_size: usize,
+    layout: RowLayout,
+    lane_groups: [i32; LANES],
+) -> bool {
     debug_assert!(group_size.is_multiple_of(16) && row.len().is_multiple_of(group_size));
     let mut max = _mm512_setzero_ps();
     let mut nan = 0u16;
@@ -184,7 +192,8 @@ unsafe fn arrange_row(row: &[f32], dst: &mut [f32], group_size: usize, layout: R
     dst[layout.unscale_offset] = pow2(row_exp);
     let (digit_slots, tail) = dst.split_at_mut(layout.digits_len);
     let (units, tail) = tail.split_at_mut(layout.sums_offset - layout.units_offset);
-    let sums = &mut tail[..layout.unscale_offset - layout.sums_offset];
+    let (sums, tail) = tail.split_at_mut(layout.exps_offset - layout.sums_offset);
+    let exps = &mut tail[..layout.unscale_offset - layout.exps_offset];
     let digits = digit_slots.as_mut_ptr() as *mut u8;
     // Per block and digit, a plane of the even columns' digits, then one of the odd columns'.
     let (block_cols, plane_bytes) = (layout.block_cols, layout.block_cols / PLANES);
@@ -250,7 +259,30 @@ unsafe fn arrange_row(row: &[f32], dst: &mut [f32], group_size: usize, layout: R
             sums[g] = held_group_sum(_mm512_reduce_add_epi32(n_total), units[g], pow2(row_exp));
         }
     }
+    let groups = &units[..row.len() / group_size];
+    lane_exponents(groups, exps, group_size, layout.block_cols, lane_groups);
     true
+}
+
+/// Each block's lanes' unit exponents (`exps`, [`RowLayout::with_lane_exponents`]) from the
+/// groups' units (powers of two, normal: at least `2^MIN_UNIT_EXP`), each lane's group the
+/// block's first plus `lane_groups` ([`CodeBlocks::lane_groups`]); a lane past the last group
+/// keeps its zero.
+fn lane_exponents(
+    units: &[f32],
+    exps: &mut [f32],
+    group_size: usize,
+    block_cols: usize,
+    lane_groups: [i32; LANES],
+) {
+    for (block, exps) in exps.chunks_exact_mut(LANES).enumerate() {
+        let first_group = block * block_cols / group_size;
+        for (exp, lane_group) in exps.iter_mut().zip(lane_groups) {
+            if let Some(unit) = units.get(first_group + lane_group as usize) {
+                *exp = ((unit.to_bits() >> 23) as i32 - 127) as f32;
+            }
+        }
+    }
 }
 
 /// The row function for `C`'s codes in groups of `GROUP`, activations of `D` digits.
@@ -268,7 +300,9 @@ fn rows<C: CodeBlocks, const GROUP: usize, const D: usize>(
     );
     let layout = layout_for::<C>(w.cols(), GROUP, D);
     // SAFETY (both): the CPU has the features (checked above).
-    if six_rows_per_matvec_pass(layout.stride * 4) {
+    // What a pass of one activation row reads of it: its digits, units and group sums (the lane
+    // exponents after them serve the tiles of several rows).
+    if six_rows_per_matvec_pass(layout.exps_offset * 4) {
         unsafe { run_tiles::<Vnni<C, D>, GROUP, 6>(w, xs, m, row_start, out_t, layout) }
     } else {
         unsafe { run_tiles::<Vnni<C, D>, GROUP, 2>(w, xs, m, row_start, out_t, layout) }
@@ -286,6 +320,10 @@ impl<C: CodeBlocks, const D: usize> DigitTile for Vnni<C, D> {
     // with one weight row at 2 to 8 sessions:
     // docs/performance.md#why-the-kernels-are-shaped-as-they-are).
     const PAIRED_FROM_M: usize = 2;
+
+    fn split_factors(activation_rows: usize) -> bool {
+        split_factors(D, activation_rows)
+    }
 
     digit_tile_frame!("avx512f,avx512bw,avx512vnni");
 
@@ -314,6 +352,8 @@ impl<C: CodeBlocks, const D: usize> DigitTile for Vnni<C, D> {
             row_code_bytes: row_code_bytes * row_step,
             digits: xs as *const u8,
             stride_bytes: layout.stride * 4,
+            exps: xs.wrapping_add(layout.exps_offset),
+            stride: layout.stride,
             prefetch,
         };
         // SAFETY: the tile's rows and windows as `factored_sums` receives them (its contract).
@@ -321,45 +361,94 @@ impl<C: CodeBlocks, const D: usize> DigitTile for Vnni<C, D> {
     }
 }
 
-/// `acc += factor · sum` for each block of `block_cols` columns from `b` on (the integer sums converted
-/// to f32): each lane's factor is its group's `scale_g · u_g` from the window of its (weight row,
-/// activation row) pair (`lane_group` maps lanes to groups when a block holds several).
+/// A tile's factor windows ([`DigitTile::prepare_row`]) and which group of a block each lane
+/// belongs to.
+struct Factors<'a> {
+    windows: &'a [f32],
+    window_len: usize,
+    lane_group: __m512i,
+}
+
+/// `acc += factor · sum` for each block of `C::BLOCK_COLS` columns from `b` on (the integer sums
+/// converted to f32): each lane's factor is its group's `scale_g · u_g` (`lane_group` maps lanes
+/// to groups when a block holds several), from the window of its (weight row, activation row)
+/// pair, or where [`split_factors`] as the weight row's scale (window `r · MR`) times `2^{exp_g}`
+/// from the activation row's lane exponents (`tile.exps`): the same product, `2^{exp_g} · sum`
+/// being exact.
 ///
 /// # Safety
-/// The CPU must have AVX-512F; `windows` must hold `NR · MR` windows of `window_len` floats (the
-/// groups' factors, then at least one vector of zeros).
+/// The CPU must have AVX-512F; the windows must be `NR · MR` of `window_len` floats (the groups'
+/// factors or scales, then at least one vector of zeros); where [`split_factors`], the tile's `MR`
+/// arranged rows must hold their lane exponents.
 #[target_feature(enable = "avx512f")]
 #[inline]
 #[allow(clippy::needless_range_loop)] // plain index loops keep the vectors in registers
-unsafe fn accumulate<const GROUP: usize, const NR: usize, const MR: usize, const U: usize>(
+unsafe fn accumulate<
+    C: CodeBlocks,
+    const GROUP: usize,
+    const NR: usize,
+    const MR: usize,
+    const U: usize,
+    const D: usize,
+>(
     acc: &mut [[__m512; MR]; NR],
     sums: &[[[__m512i; MR]; NR]; U],
     b: usize,
-    block_cols: usize,
-    windows: &[f32],
-    window_len: usize,
-    lane_group: __m512i,
+    tile: &CodeTile,
+    factors: &Factors<'_>,
 ) {
+    let block_cols = C::BLOCK_COLS;
+    // SAFETY: `at` points to the group factors of the block, padded by one vector.
+    let lanes_of = |at: *const f32| unsafe {
+        if GROUP >= block_cols {
+            _mm512_set1_ps(*at)
+        } else {
+            _mm512_permutexvar_ps(factors.lane_group, _mm512_loadu_ps(at))
+        }
+    };
     for u in 0..U {
         let first_group = (b + u) * block_cols / GROUP;
-        for r in 0..NR {
+        let window = |k: usize| {
+            factors
+                .windows
+                .as_ptr()
+                .wrapping_add(k * factors.window_len + first_group)
+        };
+        if split_factors(D, MR) {
+            let mut scales = [_mm512_setzero_ps(); NR];
+            for r in 0..NR {
+                scales[r] = lanes_of(window(r * MR));
+            }
+            let mut exps = [_mm512_setzero_ps(); MR];
             for i in 0..MR {
-                let window = windows
-                    .as_ptr()
-                    .wrapping_add((r * MR + i) * window_len + first_group);
-                // SAFETY: first_group < groups and each window is padded by one vector.
-                let factor = unsafe {
-                    if GROUP >= block_cols {
-                        _mm512_set1_ps(*window)
-                    } else {
-                        _mm512_permutexvar_ps(lane_group, _mm512_loadu_ps(window))
-                    }
-                };
-                let sum = _mm512_cvtepi32_ps(sums[u][r][i]);
-                acc[r][i] = _mm512_fmadd_ps(factor, sum, acc[r][i]);
+                let at = tile.exps.wrapping_add(i * tile.stride + (b + u) * LANES);
+                // SAFETY: each arranged row holds its blocks' lane exponents.
+                exps[i] = unsafe { _mm512_loadu_ps(at) };
+            }
+            for r in 0..NR {
+                for i in 0..MR {
+                    let sum = _mm512_scalef_ps(_mm512_cvtepi32_ps(sums[u][r][i]), exps[i]);
+                    acc[r][i] = _mm512_fmadd_ps(scales[r], sum, acc[r][i]);
+                }
+            }
+        } else {
+            for r in 0..NR {
+                for i in 0..MR {
+                    let sum = _mm512_cvtepi32_ps(sums[u][r][i]);
+                    acc[r][i] = _mm512_fmadd_ps(lanes_of(window(r * MR + i)), sum, acc[r][i]);
+                }
             }
         }
     }
+}
+
+/// Whether the tiles of `digits`-digit activations split their factors
+/// ([`DigitTile::split_factors`]) with `rows` activation rows: at two and three digits the units
+/// are powers of two, applied
+/// by `vscalefps`, which issues beside the products (docs/performance.md, "The batched tile at
+/// 16-bit activations"); at one digit a unit is its group's largest value over 127.
+const fn split_factors(digits: usize, rows: usize) -> bool {
+    digits >= 2 && rows >= 2
 }
 
 /// 4-bit codes: each block's 64 code bytes split into their low and high nibbles (two byte
@@ -443,12 +532,15 @@ impl CodeBlocks for Nibbles {
 }
 
 /// Where a tile reads: its first weight row's codes (the others `row_code_bytes` apart) and its
-/// arranged activation rows (`stride_bytes` apart).
+/// arranged activation rows (`stride_bytes` apart), their unit exponents among them.
 struct CodeTile {
     codes: *const u8,
     row_code_bytes: usize,
     digits: *const u8,
     stride_bytes: usize,
+    /// The first arranged row's unit exponents (the others `stride` floats apart).
+    exps: *const f32,
+    stride: usize,
     prefetch: CodePrefetch,
 }
 
@@ -505,8 +597,12 @@ unsafe fn run_blocks<
     window_len: usize,
 ) -> [[f32; MR]; NR] {
     let lane_group = C::lane_groups(GROUP);
-    // SAFETY: LANES i32.
-    let lane_group = unsafe { _mm512_loadu_si512(lane_group.as_ptr() as *const _) };
+    let factors = Factors {
+        windows,
+        window_len,
+        // SAFETY: LANES i32.
+        lane_group: unsafe { _mm512_loadu_si512(lane_group.as_ptr() as *const _) },
+    };
     let full_blocks = cols / C::BLOCK_COLS;
     let tail_lanes = (cols % C::BLOCK_COLS) / C::COLS_PER_LANE;
     let mut acc = [[_mm512_setzero_ps(); MR]; NR];
@@ -515,17 +611,7 @@ unsafe fn run_blocks<
         // SAFETY (both calls): blocks b..b + UNROLL are whole blocks of every row of the tile;
         // `windows` holds NR·MR windows.
         let sums = unsafe { C::block_sums::<NR, MR, UNROLL, D>(tile, b, LANES) };
-        unsafe {
-            accumulate::<GROUP, NR, MR, UNROLL>(
-                &mut acc,
-                &sums,
-                b,
-                C::BLOCK_COLS,
-                windows,
-                window_len,
-                lane_group,
-            )
-        };
+        unsafe { accumulate::<C, GROUP, NR, MR, UNROLL, D>(&mut acc, &sums, b, tile, &factors) };
         b += UNROLL;
     }
     while b < cols.div_ceil(C::BLOCK_COLS) {
@@ -533,25 +619,13 @@ unsafe fn run_blocks<
         // SAFETY (both calls): the valid lanes of block b lie inside every row of the tile; as
         // above.
         let sums = unsafe { C::block_sums::<NR, MR, 1, D>(tile, b, valid_lanes) };
-        unsafe {
-            accumulate::<GROUP, NR, MR, 1>(
-                &mut acc,
-                &sums,
-                b,
-                C::BLOCK_COLS,
-                windows,
-                window_len,
-                lane_group,
-            )
-        };
+        unsafe { accumulate::<C, GROUP, NR, MR, 1, D>(&mut acc, &sums, b, tile, &factors) };
         b += 1;
     }
-    // Index loops, not `map` closures, which the release build left as calls (its symbols).
+    // An index loop, not a `map` closure, which the release build left as a call (its symbols).
     let mut sums = [[0f32; MR]; NR];
     for r in 0..NR {
-        for i in 0..MR {
-            sums[r][i] = fsum(acc[r][i]);
-        }
+        sums[r] = fsums(acc[r]);
     }
     sums
 }
@@ -641,7 +715,7 @@ fn six_rows_per_matvec_pass(arranged_row_bytes: usize) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::fixed_point::checks;
+    use crate::quant::fixed_point::checks::{self, Arrange};
 
     #[test]
     fn arranged_activations_are_the_fixed_point_rule_digit_for_digit() {
@@ -668,6 +742,44 @@ mod tests {
         }
         checks::refuses_what_it_cannot_hold(arrange_activations, layout);
         checks::refuses_what_it_cannot_hold(arrange_activations8, layout8);
+    }
+
+    /// The lane exponents the tiles of several rows multiply by: each lane's is the unit exponent
+    /// of the group of its columns (a 4-bit block's lane l: columns 8l..8l + 8; an 8-bit block's:
+    /// the even or odd ones of 8 (l mod 8)..8 (l mod 8) + 8), at every group size the kernel
+    /// takes, with a partial last block; zero past the row.
+    #[test]
+    fn each_lanes_exponent_is_its_groups_unit_exponent() {
+        if !available() {
+            return;
+        }
+        type Case = (Arrange, fn(usize, usize, usize) -> RowLayout, usize, fn(usize) -> usize);
+        let cases: [Case; 2] = [
+            (arrange_activations, layout, 128, |l| 8 * l),
+            (arrange_activations8, layout8, 64, |l| 8 * (l % 8)),
+        ];
+        for (group_size, cols) in [(32, 448), (64, 448), (128, 384)] {
+            let x: Vec<f32> = (0..cols)
+                .map(|j| ((j * 7919) % 1013) as f32 * 2f32.powi((j / 32) as i32 - 5) - 3.0)
+                .collect();
+            for (arrange, layout_of, block_cols, lane_col) in cases {
+                for digits in [DIGITS, TWO_DIGITS] {
+                    let layout = layout_of(cols, group_size, digits);
+                    let row = arrange(&x, 1, cols, group_size, digits).unwrap();
+                    let exps = &row[layout.exps_offset..layout.unscale_offset];
+                    assert_eq!(exps.len(), cols.div_ceil(block_cols) * LANES);
+                    for (lane, &exp) in exps.iter().enumerate() {
+                        let col = lane / LANES * block_cols + lane_col(lane % LANES);
+                        let want = if col < cols {
+                            row[layout.units_offset + col / group_size].log2()
+                        } else {
+                            0.0
+                        };
+                        assert_eq!(exp, want, "group size {group_size}, lane {lane}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]
