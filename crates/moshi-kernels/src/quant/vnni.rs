@@ -442,11 +442,11 @@ unsafe fn accumulate<
     }
 }
 
-/// Whether the tiles of `digits`-digit activations split their factors
-/// ([`DigitTile::split_factors`]) with `rows` activation rows: at two and three digits the units
-/// are powers of two, applied
-/// by `vscalefps`, which issues beside the products (docs/performance.md, "The batched tile at
-/// 16-bit activations"); at one digit a unit is its group's largest value over 127.
+/// Whether a tile of `rows` activation rows of `digits` digits splits its factors
+/// ([`DigitTile::split_factors`]): from two rows on, where a window per pair cost more than the
+/// `vscalefps` per pair-block, which issues beside the products (docs/performance.md, "The
+/// batched tile's factors and sums"), and at two and three digits, whose units are powers of two
+/// (at one digit a unit is its group's largest value over 127).
 const fn split_factors(digits: usize, rows: usize) -> bool {
     digits >= 2 && rows >= 2
 }
