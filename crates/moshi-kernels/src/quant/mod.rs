@@ -367,6 +367,22 @@ fn digit_activations(
     }
 }
 
+/// Each of `N` vectors' horizontal sums by `sum`, one after the other: the `fsums` of the kernels
+/// without a form that folds several (AVX-512 has one). Always inlined, so that `sum` inlines with
+/// its caller's features.
+#[inline(always)]
+pub(crate) fn sums_one_by_one<F: Copy, const N: usize>(
+    v: [F; N],
+    sum: impl Fn(F) -> f32,
+) -> [f32; N] {
+    // An index loop, not a `map` closure, which the release build left as a call.
+    let mut out = [0f32; N];
+    for k in 0..N {
+        out[k] = sum(v[k]);
+    }
+    out
+}
+
 /// `y[m, rows] = x[m, cols] · dequant(W)ᵀ` with the given kernel, the activations held at
 /// `precision`, threaded over output rows on the current rayon pool. Fails only if `kernel` is
 /// not available on this CPU.

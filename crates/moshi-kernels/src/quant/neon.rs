@@ -83,12 +83,8 @@ pub(crate) fn fsum(v: F) -> f32 {
 #[target_feature(enable = "neon")]
 #[inline]
 pub(crate) fn fsums<const N: usize>(v: [F; N]) -> [f32; N] {
-    // An index loop, not a `map` closure, which the release build left as a call.
-    let mut out = [0f32; N];
-    for k in 0..N {
-        out[k] = fsum(v[k]);
-    }
-    out
+    // The closure inherits this function's features.
+    crate::quant::sums_one_by_one(v, |v| fsum(v))
 }
 
 /// Lane `i` of the result is lane `idx[i]` of `v` (`idx[i] < 4`): a byte table lookup with each

@@ -753,7 +753,12 @@ mod tests {
         if !available() {
             return;
         }
-        type Case = (Arrange, fn(usize, usize, usize) -> RowLayout, usize, fn(usize) -> usize);
+        type Case = (
+            Arrange,
+            fn(usize, usize, usize) -> RowLayout,
+            usize,
+            fn(usize) -> usize,
+        );
         let cases: [Case; 2] = [
             (arrange_activations, layout, 128, |l| 8 * l),
             (arrange_activations8, layout8, 64, |l| 8 * (l % 8)),
