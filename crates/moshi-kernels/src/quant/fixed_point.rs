@@ -145,6 +145,7 @@ impl RowLayout {
     /// f32 of the group of the lane's columns, a block's lanes covering `block_cols / lanes`
     /// columns each; zero past the row's end): the VNNI kernel's tiles of several rows apply
     /// units by their exponents.
+    #[cfg(target_arch = "x86_64")]
     pub(crate) fn with_lane_exponents(self, lanes: usize) -> Self {
         let blocks = self.digits_len * 4 / self.block_digit_bytes();
         let unscale_offset = self.exps_offset + blocks * lanes;
