@@ -520,35 +520,33 @@ trait StreamBuffers {
     fn swap_a_b(&mut self);
 }
 
-impl StreamBuffers for SeanetEncoderState {
-    fn input_and_a(&mut self) -> (&mut Conv1dState, &mut Vec<f32>) {
-        (&mut self.input, &mut self.a)
-    }
-    fn output_and_a(&mut self) -> (&mut Conv1dState, &Vec<f32>) {
-        (&mut self.output, &self.a)
-    }
-    fn residual_and_a(&mut self, s: usize, r: usize) -> (&mut ResidualState, &mut Vec<f32>) {
-        (&mut self.residuals[s][r], &mut self.a)
-    }
-    fn swap_a_b(&mut self) {
-        std::mem::swap(&mut self.a, &mut self.b);
-    }
+/// [`StreamBuffers`] for a state with the fields `input`, `output`, `residuals`, `a` and `b` (the
+/// encoder's and the decoder's alike).
+macro_rules! stream_buffers {
+    ($state:ty) => {
+        impl StreamBuffers for $state {
+            fn input_and_a(&mut self) -> (&mut Conv1dState, &mut Vec<f32>) {
+                (&mut self.input, &mut self.a)
+            }
+            fn output_and_a(&mut self) -> (&mut Conv1dState, &Vec<f32>) {
+                (&mut self.output, &self.a)
+            }
+            fn residual_and_a(
+                &mut self,
+                s: usize,
+                r: usize,
+            ) -> (&mut ResidualState, &mut Vec<f32>) {
+                (&mut self.residuals[s][r], &mut self.a)
+            }
+            fn swap_a_b(&mut self) {
+                std::mem::swap(&mut self.a, &mut self.b);
+            }
+        }
+    };
 }
 
-impl StreamBuffers for SeanetDecoderState {
-    fn input_and_a(&mut self) -> (&mut Conv1dState, &mut Vec<f32>) {
-        (&mut self.input, &mut self.a)
-    }
-    fn output_and_a(&mut self) -> (&mut Conv1dState, &Vec<f32>) {
-        (&mut self.output, &self.a)
-    }
-    fn residual_and_a(&mut self, s: usize, r: usize) -> (&mut ResidualState, &mut Vec<f32>) {
-        (&mut self.residuals[s][r], &mut self.a)
-    }
-    fn swap_a_b(&mut self) {
-        std::mem::swap(&mut self.a, &mut self.b);
-    }
-}
+stream_buffers!(SeanetEncoderState);
+stream_buffers!(SeanetDecoderState);
 
 /// The first convolution of every stream (`xs[i]` into its `a`), products shared.
 fn first_conv_streams<S: StreamBuffers>(
