@@ -149,7 +149,9 @@ fn arrange_in<C: CodeBlocks>(
     assert!(available(), "VNNI kernel called on a CPU without it");
     assert!(group_size.is_multiple_of(16) && cols.is_multiple_of(group_size));
     let layout = layout_for::<C>(cols, group_size, digits);
-    let lane_groups = C::lane_groups(group_size);
+    // Only tiles of several rows read the lane exponents ([`split_factors`]): one row (each
+    // single-session product) skips them.
+    let lane_groups = (m >= 2).then(|| C::lane_groups(group_size));
     arrange_rows(x, m, cols, layout, |row, dst| {
         // SAFETY: the CPU has the features (asserted above); rows of `cols`, a multiple of the
         // group size (a multiple of 16 for every specialised kernel); `dst` laid out for them.
@@ -157,7 +159,8 @@ fn arrange_in<C: CodeBlocks>(
     })
 }
 
-/// One row of [`arrange_activations`] into the zeroed `dst`; false if it cannot be arranged.
+/// One row of [`arrange_activations`] into the zeroed `dst` (its lane exponents from
+/// `lane_groups`, left zero without); false if it cannot be arranged.
 /// Sixteen columns at a time (`group_size` is a multiple of 16).
 ///
 /// # Safety
@@ -169,7 +172,7 @@ unsafe fn arrange_row(
     dst: &mut [f32],
     group_size: usize,
     layout: RowLayout,
-    lane_groups: [i32; LANES],
+    lane_groups: Option<[i32; LANES]>,
 ) -> bool {
     debug_assert!(group_size.is_multiple_of(16) && row.len().is_multiple_of(group_size));
     let mut max = _mm512_setzero_ps();
@@ -259,8 +262,10 @@ unsafe fn arrange_row(
             sums[g] = held_group_sum(_mm512_reduce_add_epi32(n_total), units[g], pow2(row_exp));
         }
     }
-    let groups = &units[..row.len() / group_size];
-    lane_exponents(groups, exps, group_size, layout.block_cols, lane_groups);
+    if let Some(lane_groups) = lane_groups {
+        let groups = &units[..row.len() / group_size];
+        lane_exponents(groups, exps, group_size, layout.block_cols, lane_groups);
+    }
     true
 }
 
@@ -770,7 +775,13 @@ mod tests {
             for (arrange, layout_of, block_cols, lane_col) in cases {
                 for digits in [DIGITS, TWO_DIGITS] {
                     let layout = layout_of(cols, group_size, digits);
-                    let row = arrange(&x, 1, cols, group_size, digits).unwrap();
+                    // One row alone is never in a tile of several: no exponents.
+                    let alone = arrange(&x, 1, cols, group_size, digits).unwrap();
+                    let exps = &alone[layout.exps_offset..layout.unscale_offset];
+                    assert!(exps.iter().all(|&e| e == 0.0));
+                    let two = [&x[..], &x[..]].concat();
+                    let rows = arrange(&two, 2, cols, group_size, digits).unwrap();
+                    let row = &rows[layout.stride..];
                     let exps = &row[layout.exps_offset..layout.unscale_offset];
                     assert_eq!(exps.len(), cols.div_ceil(block_cols) * LANES);
                     for (lane, &exp) in exps.iter().enumerate() {
