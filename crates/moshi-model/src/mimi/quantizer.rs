@@ -3,12 +3,12 @@
 //! and decode through their own `output_proj`; the two decodes are summed. Codebook vectors are
 //! `embedding_sum / max(cluster_usage, 1e-5)`. Nearest neighbour: one matrix product per codebook
 //! for `|c|² - 2 x·c`, then every candidate within rounding distance of the best is re-scored
-//! exactly in f64 (ties go to the lowest index, like `argmin`). Streaming calls (a few rows) score
-//! against a bf16 copy of the codebook (half the bytes; the candidate margin covers the bf16
-//! rounding, so the chosen code is still the exact argmin).
+//! exactly in f64 (ties go to the lowest index, like `argmin`). The products score against a
+//! bf16 copy of the codebook in column panels (half the bytes, every row of a call in one pass over
+//! them; the candidate margin covers the bf16 rounding, so the chosen code is still the exact
+//! argmin, whatever the rows scored together).
 
-use moshi_kernels::dense::{gemm_nt_bf16, gemm_nt_strided};
-use moshi_kernels::f32_to_bf16_bits;
+use moshi_kernels::dense::{gemm_nt_panels, PanelMatrix};
 use moshi_loader::config::QuantizerConfig;
 
 use super::weights::WeightSource;
@@ -23,15 +23,12 @@ const CLUSTER_USAGE_EPSILON: f32 = 1e-5;
 struct Codebook {
     /// `[bins][dim]`.
     vectors: Vec<f32>,
-    /// The vectors rounded to bf16 (bits), scored by few-row calls.
-    vectors_bf16: Vec<u16>,
+    /// The vectors rounded to bf16, in the scoring kernel's panels.
+    panels: PanelMatrix,
     /// `|c|²` per entry.
     norms2: Vec<f32>,
     max_norm2: f32,
 }
-
-/// Rows up to which the bf16 codebook copy is scored (the weight-streaming kernel's limit).
-const BF16_SCORING_MAX_ROWS: usize = 4;
 
 /// Bound on the relative rounding error of f32 -> bf16 (round to nearest even): 2^-9.
 const BF16_RELATIVE_ERROR: f32 = 1.0 / 512.0;
@@ -52,10 +49,10 @@ impl Codebook {
             .map(|r| r.iter().map(|v| v * v).sum())
             .collect();
         let max_norm2 = norms2.iter().copied().fold(0f32, f32::max);
-        let vectors_bf16 = vectors.iter().map(|&v| f32_to_bf16_bits(v)).collect();
+        let panels = PanelMatrix::from_rows(&vectors, bins, dim);
         Ok(Self {
             vectors,
-            vectors_bf16,
+            panels,
             norms2,
             max_norm2,
         })
@@ -181,65 +178,74 @@ impl SplitQuantizer {
     /// `latent` (`[t][in]`) -> `codes` (`[t][num_codebooks]`, frame-major).
     pub fn encode(&self, latent: &[f32], scratch: &mut QuantizerScratch, codes: &mut [u32]) {
         let t = latent.len() / self.in_dim;
+        self.encode_rows(latent, t.max(1), scratch, codes);
+    }
+
+    /// [`SplitQuantizer::encode`] of several streams' latents, `rows` each, stacked in `latent`
+    /// (codes stacked the same way): the input projections take as many streams a product as
+    /// keep the kernels of one stream's encode, so each stream gets the residuals of its encode
+    /// alone; every codebook then scores all the rows in one product (the codes are the exact
+    /// nearest entries whatever the rows scored together: [`nearest`]).
+    pub fn encode_streams(
+        &self,
+        latent: &[f32],
+        rows: usize,
+        scratch: &mut QuantizerScratch,
+        codes: &mut [u32],
+    ) {
+        let streams = (self.same_bits_rows(rows) / rows).max(1);
+        self.encode_rows(latent, streams * rows, scratch, codes);
+    }
+
+    /// [`SplitQuantizer::encode`] with at most `projection_rows` rows a product of the input
+    /// projections.
+    fn encode_rows(
+        &self,
+        latent: &[f32],
+        projection_rows: usize,
+        scratch: &mut QuantizerScratch,
+        codes: &mut [u32],
+    ) {
+        let t = latent.len() / self.in_dim;
         let k = self.num_codebooks;
         assert_eq!(codes.len(), t * k, "codes buffer size");
+        let d = self.dim;
         let mut offset = 0;
         for group in std::iter::once(&self.first).chain(self.rest.as_ref()) {
-            let d = self.dim;
             scratch.residual.resize(t * d, 0.0);
-            group.input_proj.gemm(
-                t,
-                self.in_dim,
-                d,
-                latent,
-                self.in_dim,
-                0,
-                self.in_dim,
-                &mut scratch.residual,
-                d,
-                false,
-            );
+            for (x, residual) in latent
+                .chunks(projection_rows * self.in_dim)
+                .zip(scratch.residual.chunks_mut(projection_rows * d))
+            {
+                let rows = x.len() / self.in_dim;
+                group.input_proj.gemm(
+                    rows,
+                    self.in_dim,
+                    d,
+                    x,
+                    self.in_dim,
+                    0,
+                    self.in_dim,
+                    residual,
+                    d,
+                    false,
+                );
+            }
             for cb in &group.codebooks {
                 scratch.scores.resize(t * self.bins, 0.0);
-                let bf16 = t <= BF16_SCORING_MAX_ROWS;
-                count_bytes(cb.vectors.len() * if bf16 { 2 } else { 4 });
-                if bf16 {
-                    gemm_nt_bf16(
-                        t,
-                        d,
-                        self.bins,
-                        &scratch.residual,
-                        d,
-                        &cb.vectors_bf16,
-                        d,
-                        &mut scratch.scores,
-                        self.bins,
-                        false,
-                    );
-                } else {
-                    gemm_nt_strided(
-                        t,
-                        d,
-                        self.bins,
-                        &scratch.residual,
-                        d,
-                        &cb.vectors,
-                        d,
-                        1,
-                        &mut scratch.scores,
-                        self.bins,
-                        false,
-                    );
-                }
+                count_bytes(cb.vectors.len() * 2);
+                gemm_nt_panels(
+                    t,
+                    &scratch.residual,
+                    d,
+                    &cb.panels,
+                    &mut scratch.scores,
+                    self.bins,
+                );
                 for i in 0..t {
                     let x = &mut scratch.residual[i * d..(i + 1) * d];
-                    let code = nearest(
-                        cb,
-                        x,
-                        &scratch.scores[i * self.bins..(i + 1) * self.bins],
-                        d,
-                        bf16,
-                    );
+                    let scores = &scratch.scores[i * self.bins..(i + 1) * self.bins];
+                    let code = nearest(cb, x, scores, d, true);
                     codes[i * k + offset] = code as u32;
                     for (v, c) in x.iter_mut().zip(&cb.vectors[code * d..(code + 1) * d]) {
                         *v -= c;
@@ -250,44 +256,16 @@ impl SplitQuantizer {
         }
     }
 
-    /// [`SplitQuantizer::encode`] of several streams' latents, `rows` each, stacked in `latent`
-    /// (codes stacked the same way): as many streams share each product as keep the kernels of
-    /// one stream's encode (the codebooks and projections read once for them), so each stream
-    /// gets the codes of its encode alone.
-    pub fn encode_streams(
-        &self,
-        latent: &[f32],
-        rows: usize,
-        scratch: &mut QuantizerScratch,
-        codes: &mut [u32],
-    ) {
-        let streams = (self.same_bits_rows(rows) / rows).max(1);
-        let latent_chunk = streams * rows * self.in_dim;
-        let codes_chunk = streams * rows * self.num_codebooks;
-        for (x, c) in latent
-            .chunks(latent_chunk)
-            .zip(codes.chunks_mut(codes_chunk))
-        {
-            self.encode(x, scratch, c);
-        }
-    }
-
-    /// The rows an [`SplitQuantizer::encode`] may take while each row gets what it gets in an
-    /// encode of `rows` rows: the scoring kernel (bf16 copy or f32) and the input projections'
-    /// kernels stay the same.
+    /// The rows an input projection of [`SplitQuantizer::encode`] may take while each row gets
+    /// what it gets in an encode of `rows` rows (the projections' kernels stay the same).
     fn same_bits_rows(&self, rows: usize) -> usize {
-        let scoring = if rows <= BF16_SCORING_MAX_ROWS {
-            BF16_SCORING_MAX_ROWS
-        } else {
-            usize::MAX
-        };
         std::iter::once(&self.first)
             .chain(self.rest.as_ref())
             .map(|g| {
                 g.input_proj
                     .gemm_same_bits_rows(rows, self.in_dim, 0, self.in_dim)
             })
-            .fold(scoring, usize::min)
+            .fold(usize::MAX, usize::min)
     }
 
     /// Checks every code against the codebook size. `codes` is `[t][num_codebooks]`.
@@ -368,20 +346,24 @@ impl SplitQuantizer {
 }
 
 /// Index of the codebook entry nearest to `x`, given approximate scores `|c|² - 2 x·c` (with
-/// `x·c` computed against the bf16 codebook copy when `bf16`).
+/// `x·c` summed in f32 over the `d` products in order, against the bf16 codebook copy when
+/// `bf16`).
 fn nearest(cb: &Codebook, x: &[f32], scores: &[f32], d: usize, bf16: bool) -> usize {
     let mut best = f32::INFINITY;
     for (s, n2) in scores.iter().zip(&cb.norms2) {
         best = best.min(n2 - 2.0 * s);
     }
     let x_norm2: f32 = x.iter().map(|v| v * v).sum();
-    // Rounding bound of the f32 score: a few ulps of the magnitudes involved.
+    // Rounding of the norms and of the subtraction: a few ulps of the magnitudes involved.
     let mut tol = 1e-5 * (x_norm2 + cb.max_norm2) + f32::MIN_POSITIVE;
+    // |x·c - fl(x·c)| <= d·2^-24 |x| |c| for a sum in order (Cauchy-Schwarz bounds Σ|x_p c_p|),
+    // and |x·c - x·bf16(c)| <= 2^-9 |x| |c|: each score is off by at most twice their sum, and
+    // the best and a candidate may be off in opposite directions.
+    let mut relative = d as f32 * f32::EPSILON / 2.0;
     if bf16 {
-        // |x·c - x·bf16(c)| <= 2^-9 |x| |c| (Cauchy-Schwarz): each score is off by at most twice
-        // that, and the best and a candidate may be off in opposite directions.
-        tol += 4.0 * BF16_RELATIVE_ERROR * (x_norm2 * cb.max_norm2).sqrt() * 1.01;
+        relative += BF16_RELATIVE_ERROR;
     }
+    tol += 4.0 * relative * (x_norm2 * cb.max_norm2).sqrt() * 1.01;
     let mut best_index = 0;
     let mut best_exact = f64::INFINITY;
     for (j, (s, n2)) in scores.iter().zip(&cb.norms2).enumerate() {
@@ -418,10 +400,10 @@ mod tests {
             .map(|r| r.iter().map(|v| v * v).sum())
             .collect();
         let max_norm2 = norms2.iter().copied().fold(0f32, f32::max);
-        let vectors_bf16 = vectors.iter().map(|&v| f32_to_bf16_bits(v)).collect();
+        let panels = PanelMatrix::from_rows(&vectors, vectors.len() / d, d);
         Codebook {
             vectors,
-            vectors_bf16,
+            panels,
             norms2,
             max_norm2,
         }
@@ -464,18 +446,7 @@ mod tests {
                     })
                     .collect()
             };
-            gemm_nt_bf16(
-                1,
-                d,
-                bins,
-                &x,
-                d,
-                &cb.vectors_bf16,
-                d,
-                &mut scores,
-                bins,
-                false,
-            );
+            gemm_nt_panels(1, &x, d, &cb.panels, &mut scores, bins);
             let expected = exact_argmin(&x);
             assert_eq!(
                 nearest(&cb, &x, &scores, d, true),
