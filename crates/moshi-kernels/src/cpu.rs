@@ -13,7 +13,7 @@
 //! Adding an instruction set: an [`InstructionSet`] variant with its `is_available` and
 //! `has_integer_dot` tests, its kernels in [`Kernel`] (`ALL`, `name`, `pair`), and one arm per
 //! family where it has code (`dense::matvec`, `dense::accumulate`, `dense::gemm`,
-//! `dense::activations`, `q8_small`, and `quant`'s `lane_rows` / `digit_rows` /
+//! `dense::activations`, `dense::panels`, and `quant`'s `lane_rows` / `digit_rows` /
 //! `digit_activations`); the other families fall back to the portable code. Adding an algorithm:
 //! a [`QuantAlgorithm`] variant, its kernels in [`Kernel`], and its arm in `quant`'s plan; the
 //! dense families do not change.

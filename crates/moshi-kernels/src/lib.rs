@@ -29,8 +29,8 @@
 //!   group to two signed 8-bit digits or to one instead (two or one byte dot products per code
 //!   vector; [`set_activation_precision`], [`round_activations_two_digits`],
 //!   [`round_activations_i8`]).
-//!   [`QuantizedMatrix::matmul_reference`] is the scalar reference. [`gemm_nt_q8`] is Mimi's
-//!   few-row 8-bit product on a block of such a matrix.
+//!   [`QuantizedMatrix::matmul_reference`] is the scalar reference. Mimi's 8-bit products read
+//!   such a matrix rearranged into [`dense::PanelMatrix`] panels.
 //! * [`team`]: the persistent thread team all threaded kernels run on; [`cores`]: how many
 //!   threads to run by default (the performance cores of a big/little CPU).
 
@@ -54,5 +54,4 @@ pub use matrix::{
     SUPPORTED_GROUP_SIZES,
 };
 pub use precision::{activation_precision, set_activation_precision, ActivationPrecision};
-pub use quant::q8_small::{gemm_nt_q8, Q8_GROUP_SIZES, Q8_MAX_ROWS};
 pub use quant::{round_activations_i8, round_activations_two_digits};

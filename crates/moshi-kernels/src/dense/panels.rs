@@ -1,46 +1,68 @@
-//! Products of any number of rows against bf16 weights arranged in column panels: Mimi's codebook
-//! scoring, where every stream's residual meets each 2048-entry codebook. Each panel holds
-//! [`PANEL_COLS`] output columns as `[k][PANEL_COLS]`, so a tile keeps one accumulator vector per
-//! (row, panel) and adds one broadcast activation times one widened weight vector per step of `k`:
-//! no horizontal sums, no packing at call time, and each weight panel read once per tile of rows.
-//! Each output is `Σ_p a_p · w_p` in order of `p`, fused multiply-adds on the SIMD kernels
-//! (multiply, then add, on the portable one), whatever the tile shape or the number of rows: a
-//! row gets the same bits in a product of one row or of many.
+//! Products of any number of rows against weights arranged in column panels, bf16 or MLX 8-bit:
+//! Mimi's products (its transformers, its convolutions of few rows a stream, its codebook scoring)
+//! for one stream or many stacked. Each panel holds [`PANEL_COLS`] output columns as
+//! `[k][PANEL_COLS]`, so a tile keeps one accumulator vector per (row, panel) and adds one
+//! broadcast activation times one widened weight vector per step of `k`: no horizontal sums, no
+//! packing at call time, each weight panel read once per tile of rows.
+//!
+//! Each output is, in this order, with fused multiply-adds on the SIMD kernels (multiply, then
+//! add, on the portable one):
+//! - bf16: `Σ_p a_p · w_p` over `p` in order;
+//! - 8-bit (codes `q`, per group `g` of columns a scale `s_g` and bias `b_g`): per group in
+//!   order, `total = s_g · (Σ_{p∈g} a_p · q_p) + total`, then `total = Σ_{p∈g} a_p · b_g + total`
+//!   (the group's activation sum summed in order first), the dequantized weights' product,
+//!   regrouped.
+//!
+//! whatever the tile shape and the number of rows: a row gets the same bits in a product of one
+//! row or of many.
 
 use crate::dense::gemm::{par_ranges, PARALLEL_MIN_MACS};
 use crate::elem::{bf16_bits_to_f32, f32_to_bf16_bits};
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 use crate::InstructionSet;
-use crate::Kernel;
+use crate::{Kernel, QuantizedMatrix};
 
 /// Output columns per panel: one AVX-512 vector of f32.
 pub const PANEL_COLS: usize = 16;
 
-/// Elements (64 bytes) between one panel's end and the next one's start: a tile reads several
-/// panels in step, and panels a multiple of 4 KiB apart would meet in the same L1 sets (one row
-/// against 8 panels of the 256-column codebooks ran 4.6x slower than the same work in 4-row
-/// calls before this gap).
-const PANEL_GAP: usize = 32;
+/// Bytes between one panel's end and the next one's start: a tile reads several panels in step,
+/// and panels a multiple of 4 KiB apart would meet in the same L1 sets.
+const PANEL_GAP_BYTES: usize = 64;
 
-/// A `[n, k]` weight matrix rounded to bf16 (to nearest even) and stored as `n / PANEL_COLS`
-/// panels (the last one zero-padded), each `[k][PANEL_COLS]`, [`PANEL_GAP`] elements apart.
+/// A `[n, k]` weight matrix as panels of [`PANEL_COLS`] rows (the last one zero-padded), each
+/// `[k][PANEL_COLS]`, [`PANEL_GAP_BYTES`] apart.
 #[derive(Clone, Debug)]
 pub struct PanelMatrix {
     rows: usize,
     cols: usize,
     /// Elements from one panel's start to the next one's.
     panel_stride: usize,
-    panels: Vec<u16>,
+    codes: PanelCodes,
+}
+
+/// The elements of a [`PanelMatrix`].
+#[derive(Clone, Debug)]
+enum PanelCodes {
+    /// bf16 bits.
+    Bf16(Vec<u16>),
+    /// MLX 8-bit codes in groups of `group` columns; `factors` holds per panel and group the
+    /// scales of its 16 rows, then their biases (f32, widened exactly).
+    Q8 {
+        codes: Vec<u8>,
+        group: usize,
+        factors: Vec<f32>,
+    },
 }
 
 impl PanelMatrix {
-    /// The panels of row-major `w` (`rows` rows of `cols` values).
+    /// The panels of row-major `w` (`rows` rows of `cols` values) rounded to bf16 (to nearest
+    /// even).
     ///
     /// # Panics
     /// If `w.len() != rows * cols` (caller bug).
-    pub fn from_rows(w: &[f32], rows: usize, cols: usize) -> Self {
+    pub fn bf16(w: &[f32], rows: usize, cols: usize) -> Self {
         assert_eq!(w.len(), rows * cols, "PanelMatrix: {rows} x {cols} values");
-        let panel_stride = PANEL_COLS * cols + PANEL_GAP;
+        let panel_stride = PANEL_COLS * cols + PANEL_GAP_BYTES / 2;
         let mut panels = vec![0u16; rows.div_ceil(PANEL_COLS) * panel_stride];
         for (j, row) in w.chunks_exact(cols.max(1)).enumerate().take(rows) {
             let panel = &mut panels[j / PANEL_COLS * panel_stride..];
@@ -52,7 +74,43 @@ impl PanelMatrix {
             rows,
             cols,
             panel_stride,
-            panels,
+            codes: PanelCodes::Bf16(panels),
+        }
+    }
+
+    /// The panels of an 8-bit [`QuantizedMatrix`] (the same codes, scales and biases).
+    ///
+    /// # Panics
+    /// If `q` does not have 8 bits (caller bug).
+    pub fn q8(q: &QuantizedMatrix) -> Self {
+        assert_eq!(q.bits(), 8, "PanelMatrix::q8 takes 8-bit weights");
+        let (rows, cols, group) = (q.rows(), q.cols(), q.group_size());
+        let groups = cols / group;
+        let panel_stride = PANEL_COLS * cols + PANEL_GAP_BYTES;
+        let panel_count = rows.div_ceil(PANEL_COLS);
+        let mut codes = vec![0u8; panel_count * panel_stride];
+        let mut factors = vec![0f32; panel_count * groups * 2 * PANEL_COLS];
+        let format = q.scale_format();
+        for j in 0..rows {
+            let (panel, lane) = (j / PANEL_COLS, j % PANEL_COLS);
+            for p in 0..cols {
+                codes[panel * panel_stride + p * PANEL_COLS + lane] = q.code(j, p) as u8;
+            }
+            for g in 0..groups {
+                let at = (panel * groups + g) * 2 * PANEL_COLS + lane;
+                factors[at] = format.to_f32(q.scales()[j * groups + g]);
+                factors[at + PANEL_COLS] = format.to_f32(q.biases()[j * groups + g]);
+            }
+        }
+        PanelMatrix {
+            rows,
+            cols,
+            panel_stride,
+            codes: PanelCodes::Q8 {
+                codes,
+                group,
+                factors,
+            },
         }
     }
 
@@ -66,121 +124,243 @@ impl PanelMatrix {
         self.cols
     }
 
-    /// Weight `(row, col)` as stored (the bf16 value, widened).
-    pub fn get(&self, row: usize, col: usize) -> f32 {
-        let at = row / PANEL_COLS * self.panel_stride + col * PANEL_COLS + row % PANEL_COLS;
-        bf16_bits_to_f32(self.panels[at])
+    /// Columns per 8-bit group: a block's columns must be whole groups (1 for bf16 panels).
+    pub fn group_size(&self) -> usize {
+        match &self.codes {
+            PanelCodes::Bf16(_) => 1,
+            PanelCodes::Q8 { group, .. } => *group,
+        }
     }
 
-    fn panel_count(&self) -> usize {
-        self.rows.div_ceil(PANEL_COLS)
+    /// Weight bytes one full product reads.
+    pub fn weight_bytes(&self) -> usize {
+        match &self.codes {
+            PanelCodes::Bf16(v) => v.len() * 2,
+            PanelCodes::Q8 { codes, factors, .. } => codes.len() + factors.len() * 4,
+        }
+    }
+
+    /// Weight `(row, col)` as the products use it (bf16 widened, or `q · s + b` for 8-bit codes).
+    pub fn get(&self, row: usize, col: usize) -> f32 {
+        let (panel, lane) = (row / PANEL_COLS, row % PANEL_COLS);
+        let at = panel * self.panel_stride + col * PANEL_COLS + lane;
+        match &self.codes {
+            PanelCodes::Bf16(v) => bf16_bits_to_f32(v[at]),
+            PanelCodes::Q8 {
+                codes,
+                group,
+                factors,
+            } => {
+                let f = (panel * (self.cols / group) + col / group) * 2 * PANEL_COLS + lane;
+                codes[at] as f32 * factors[f] + factors[f + PANEL_COLS]
+            }
+        }
     }
 }
 
-/// `out[i * rs_out + j] = Σ_p a[i * rs_a + p] · W[j][p]` for `i < m`, `j < w.rows()`, with
-/// [`Kernel::detect`]'s instruction set, the panels split over the [`crate::team`] when large.
+/// The block of a [`PanelMatrix`] a product reads: weight rows `row0..row0 + n` (the output
+/// columns) and columns `col0..col0 + k` (8-bit panels: whole groups).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PanelBlock {
+    pub row0: usize,
+    pub n: usize,
+    pub col0: usize,
+    pub k: usize,
+}
+
+impl PanelBlock {
+    /// The whole matrix.
+    pub fn all(w: &PanelMatrix) -> Self {
+        PanelBlock {
+            row0: 0,
+            n: w.rows,
+            col0: 0,
+            k: w.cols,
+        }
+    }
+}
+
+/// `out[i * rs_out + j] (+)= Σ_p a[i * rs_a + p] · W[row0 + j][col0 + p]` for `i < m`, `j < n`,
+/// `p < k` (the block), in the module's order, with [`Kernel::detect`]'s instruction set, the
+/// panels split over the [`crate::team`] when large. Rows of `a` may overlap (`rs_a < k`).
 ///
 /// # Panics
-/// If a slice is too short for `m` rows at its stride (caller bug).
+/// If the block is outside the matrix or (8-bit) not group-aligned, or a slice is too short for
+/// `m` rows at its stride (caller bugs).
+#[allow(clippy::too_many_arguments)] // the strided operands of Mimi's convolutions, as in `gemm`
 pub fn gemm_nt_panels(
     m: usize,
     a: &[f32],
     rs_a: usize,
     w: &PanelMatrix,
+    block: PanelBlock,
     out: &mut [f32],
     rs_out: usize,
+    accumulate: bool,
 ) {
-    gemm_nt_panels_with(Kernel::detect(), m, a, rs_a, w, out, rs_out);
+    gemm_nt_panels_with(
+        Kernel::detect(),
+        m,
+        a,
+        rs_a,
+        w,
+        block,
+        out,
+        rs_out,
+        accumulate,
+    );
 }
 
 /// [`gemm_nt_panels`] with `kernel`'s instruction set (the tests run each one).
 ///
 /// # Panics
 /// As [`gemm_nt_panels`].
+#[allow(clippy::too_many_arguments)]
 pub fn gemm_nt_panels_with(
     kernel: Kernel,
     m: usize,
     a: &[f32],
     rs_a: usize,
     w: &PanelMatrix,
+    block: PanelBlock,
     out: &mut [f32],
     rs_out: usize,
+    accumulate: bool,
 ) {
-    let (n, k) = (w.rows, w.cols);
+    let PanelBlock { row0, n, col0, k } = block;
+    assert!(
+        row0 + n <= w.rows && col0 + k <= w.cols,
+        "gemm_nt_panels: block outside the {} x {} matrix",
+        w.rows,
+        w.cols
+    );
     if m == 0 || n == 0 {
         return;
     }
     assert!(
-        rs_a >= k && a.len() >= (m - 1) * rs_a + k,
+        a.len() >= (m - 1) * rs_a + k,
         "gemm_nt_panels: left rows too short"
     );
     assert!(
         rs_out >= n && out.len() >= (m - 1) * rs_out + n,
         "gemm_nt_panels: output too short"
     );
-    let panels = w.panel_count();
-    let call = Call {
-        m,
-        k,
-        n,
-        a: a.as_ptr(),
-        rs_a,
-        w: w.panels.as_ptr(),
-        panel_stride: w.panel_stride,
-        out: out.as_mut_ptr(),
-        rs_out,
+    let (codes, group, factors) = match &w.codes {
+        PanelCodes::Bf16(v) => (v.as_ptr() as *const u8, k.max(1), std::ptr::null()),
+        PanelCodes::Q8 {
+            codes,
+            group,
+            factors,
+        } => {
+            assert!(
+                col0.is_multiple_of(*group) && k.is_multiple_of(*group),
+                "gemm_nt_panels: columns {col0}..{} not whole groups of {group}",
+                col0 + k
+            );
+            (codes.as_ptr(), *group, factors.as_ptr())
+        }
     };
-    let parts = if m * n * k < PARALLEL_MIN_MACS {
-        1
-    } else {
-        crate::team::threads().min(panels)
-    };
-    if parts < 2 {
-        // SAFETY: the call's slices hold what it reads and writes (asserted above).
-        unsafe { run_panels(kernel, &call, 0, panels) };
-        return;
-    }
-    par_ranges(0, panels, parts, &|lo, hi| {
-        // SAFETY: as above; each range writes the output columns of its own panels.
-        unsafe { run_panels(kernel, &call, lo, hi) };
+    let q8 = !factors.is_null();
+    XSUM.with(|cell| {
+        let mut xsum = cell.borrow_mut();
+        xsum.clear();
+        if q8 {
+            for i in 0..m {
+                let row = &a[i * rs_a..i * rs_a + k];
+                xsum.extend(row.chunks_exact(group).map(|g| g.iter().sum::<f32>()));
+            }
+        }
+        let call = Call {
+            m,
+            block,
+            a: a.as_ptr(),
+            rs_a,
+            codes,
+            panel_stride: w.panel_stride,
+            group,
+            groups: w.cols / group,
+            factors,
+            xsum: xsum.as_ptr(),
+            out: out.as_mut_ptr(),
+            rs_out,
+            accumulate,
+        };
+        let (first, end) = (row0 / PANEL_COLS, (row0 + n).div_ceil(PANEL_COLS));
+        let parts = if m * n * k < PARALLEL_MIN_MACS {
+            1
+        } else {
+            crate::team::threads().min(end - first)
+        };
+        if parts < 2 {
+            // SAFETY: the call's slices hold what it reads and writes (asserted above).
+            unsafe { run_panels(kernel, q8, &call, first, end) };
+            return;
+        }
+        par_ranges(first, end, parts, &|lo, hi| {
+            // SAFETY: as above; each range writes the output columns of its own panels.
+            unsafe { run_panels(kernel, q8, &call, lo, hi) };
+        });
     });
+}
+
+thread_local! {
+    /// Per-thread scratch for the 8-bit products' group sums (no allocation per call in steady
+    /// state).
+    static XSUM: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// One product's operands, shared by the team's ranges of panels.
 #[derive(Clone, Copy)]
 struct Call {
     m: usize,
-    k: usize,
-    n: usize,
+    block: PanelBlock,
     a: *const f32,
     rs_a: usize,
-    w: *const u16,
+    /// The panels' first byte (bf16 or 8-bit codes).
+    codes: *const u8,
+    /// Elements from one panel to the next.
     panel_stride: usize,
+    /// Columns per group (bf16: the block's `k`, one group).
+    group: usize,
+    /// Groups per weight row (8-bit).
+    groups: usize,
+    /// 8-bit: per panel and group, 16 scales then 16 biases; null for bf16.
+    factors: *const f32,
+    /// 8-bit: `[m][k / group]` activation sums of the block's groups.
+    xsum: *const f32,
     out: *mut f32,
     rs_out: usize,
+    accumulate: bool,
 }
 
-// SAFETY: the left rows and panels are read only; each range of panels writes disjoint output
-// columns.
+// SAFETY: the left rows, panels and sums are read only; each range of panels writes disjoint
+// output columns.
 unsafe impl Send for Call {}
 unsafe impl Sync for Call {}
 
-/// Panels `lo..hi` of `call` in `kernel`'s instruction set.
+/// Panels `lo..hi` of `call` in `kernel`'s instruction set, 8-bit codes where `q8`.
 ///
 /// # Safety
 /// The call's pointers must cover its `m` rows, its panels and its output; the CPU must have the
 /// instruction set (it does for a detected or available kernel).
-unsafe fn run_panels(kernel: Kernel, call: &Call, lo: usize, hi: usize) {
+unsafe fn run_panels(kernel: Kernel, q8: bool, call: &Call, lo: usize, hi: usize) {
     // SAFETY (all arms): forwarded contract.
     unsafe {
-        match kernel.instruction_set() {
+        match (kernel.instruction_set(), q8) {
             #[cfg(target_arch = "x86_64")]
-            InstructionSet::Avx512 => panels_avx512(call, lo, hi),
+            (InstructionSet::Avx512, false) => panels_avx512::<false>(call, lo, hi),
             #[cfg(target_arch = "x86_64")]
-            InstructionSet::Avx2 => panels_avx2(call, lo, hi),
+            (InstructionSet::Avx512, true) => panels_avx512::<true>(call, lo, hi),
+            #[cfg(target_arch = "x86_64")]
+            (InstructionSet::Avx2, false) => panels_avx2::<false>(call, lo, hi),
+            #[cfg(target_arch = "x86_64")]
+            (InstructionSet::Avx2, true) => panels_avx2::<true>(call, lo, hi),
             #[cfg(target_arch = "aarch64")]
-            InstructionSet::Neon => panels_body::<Lanes<true>, 4>(call, lo, hi),
-            _ => panels_body::<Lanes<false>, 4>(call, lo, hi),
+            (InstructionSet::Neon, false) => panels_body::<Lanes<true>, false, 4>(call, lo, hi),
+            #[cfg(target_arch = "aarch64")]
+            (InstructionSet::Neon, true) => panels_body::<Lanes<true>, true, 4>(call, lo, hi),
+            (_, false) => panels_body::<Lanes<false>, false, 4>(call, lo, hi),
+            (_, true) => panels_body::<Lanes<false>, true, 4>(call, lo, hi),
         }
     }
 }
@@ -188,17 +368,17 @@ unsafe fn run_panels(kernel: Kernel, call: &Call, lo: usize, hi: usize) {
 /// AVX-512: 8 (row, panel) accumulators a tile, one register each.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn panels_avx512(call: &Call, lo: usize, hi: usize) {
+unsafe fn panels_avx512<const Q8: bool>(call: &Call, lo: usize, hi: usize) {
     // SAFETY: forwarded contract.
-    unsafe { panels_body::<x86::Avx512, 8>(call, lo, hi) }
+    unsafe { panels_body::<x86::Avx512, Q8, 8>(call, lo, hi) }
 }
 
 /// AVX2: 4 accumulators a tile, two registers each.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn panels_avx2(call: &Call, lo: usize, hi: usize) {
+unsafe fn panels_avx2<const Q8: bool>(call: &Call, lo: usize, hi: usize) {
     // SAFETY: forwarded contract.
-    unsafe { panels_body::<x86::Avx2, 4>(call, lo, hi) }
+    unsafe { panels_body::<x86::Avx2, Q8, 4>(call, lo, hi) }
 }
 
 /// One panel's worth of f32 lanes (`PANEL_COLS`) in an instruction set: the operations of a
@@ -210,16 +390,38 @@ trait PanelVector: Copy {
     ///
     /// # Safety
     /// They must be readable; the CPU must have the instruction set.
-    unsafe fn widen(at: *const u16) -> Self;
+    unsafe fn widen_bf16(at: *const u16) -> Self;
+    /// `PANEL_COLS` unsigned bytes at `at`, as f32.
+    ///
+    /// # Safety
+    /// As [`PanelVector::widen_bf16`].
+    unsafe fn widen_u8(at: *const u8) -> Self;
+    /// `PANEL_COLS` f32 at `at`.
+    ///
+    /// # Safety
+    /// As [`PanelVector::widen_bf16`].
+    unsafe fn load(at: *const f32) -> Self;
     /// `acc + x · w` lane by lane (fused on the SIMD kernels).
     fn fma(x: f32, w: Self, acc: Self) -> Self;
-    /// The first `cols` lanes into `out`.
-    fn store(self, out: &mut [f32]);
+    /// `acc + x · w` lane by lane, `x` a vector.
+    fn fma_lanes(x: Self, w: Self, acc: Self) -> Self;
+    fn to_array(self) -> [f32; PANEL_COLS];
 }
 
 /// The portable and NEON vector: plain lanes the compiler vectorizes, fused when `FMA`.
 #[derive(Clone, Copy)]
 struct Lanes<const FMA: bool>([f32; PANEL_COLS]);
+
+impl<const FMA: bool> Lanes<FMA> {
+    #[inline(always)]
+    fn madd(x: f32, w: f32, acc: f32) -> f32 {
+        if FMA {
+            x.mul_add(w, acc)
+        } else {
+            acc + x * w
+        }
+    }
+}
 
 impl<const FMA: bool> PanelVector for Lanes<FMA> {
     #[inline(always)]
@@ -228,24 +430,40 @@ impl<const FMA: bool> PanelVector for Lanes<FMA> {
     }
 
     #[inline(always)]
-    unsafe fn widen(at: *const u16) -> Self {
+    unsafe fn widen_bf16(at: *const u16) -> Self {
         // SAFETY: PANEL_COLS values readable (caller contract).
         let bits = unsafe { &*(at as *const [u16; PANEL_COLS]) };
         Lanes(bits.map(bf16_bits_to_f32))
     }
 
     #[inline(always)]
-    fn fma(x: f32, w: Self, acc: Self) -> Self {
-        let mut out = acc.0;
-        for (o, w) in out.iter_mut().zip(w.0) {
-            *o = if FMA { x.mul_add(w, *o) } else { *o + x * w };
-        }
-        Lanes(out)
+    unsafe fn widen_u8(at: *const u8) -> Self {
+        // SAFETY: PANEL_COLS values readable (caller contract).
+        let codes = unsafe { &*(at as *const [u8; PANEL_COLS]) };
+        Lanes(codes.map(f32::from))
     }
 
     #[inline(always)]
-    fn store(self, out: &mut [f32]) {
-        out.copy_from_slice(&self.0[..out.len()]);
+    unsafe fn load(at: *const f32) -> Self {
+        // SAFETY: PANEL_COLS values readable (caller contract).
+        Lanes(unsafe { *(at as *const [f32; PANEL_COLS]) })
+    }
+
+    #[inline(always)]
+    fn fma(x: f32, w: Self, acc: Self) -> Self {
+        Self::fma_lanes(Lanes([x; PANEL_COLS]), w, acc)
+    }
+
+    #[inline(always)]
+    fn fma_lanes(x: Self, w: Self, acc: Self) -> Self {
+        Lanes(std::array::from_fn(|l| {
+            Self::madd(x.0[l], w.0[l], acc.0[l])
+        }))
+    }
+
+    #[inline(always)]
+    fn to_array(self) -> [f32; PANEL_COLS] {
+        self.0
     }
 }
 
@@ -260,16 +478,16 @@ mod x86 {
     #[derive(Clone, Copy)]
     pub(super) struct Avx512(__m512);
 
+    // SAFETY (every `unsafe` block of this impl): only compiled into `panels_avx512` (AVX-512F);
+    // the loads read what their caller's contract makes readable.
     impl PanelVector for Avx512 {
         #[inline(always)]
         fn zero() -> Self {
-            // SAFETY: only compiled into `panels_avx512` (AVX-512F).
             Avx512(unsafe { _mm512_setzero_ps() })
         }
 
         #[inline(always)]
-        unsafe fn widen(at: *const u16) -> Self {
-            // SAFETY: 16 u16 readable; AVX-512F (caller contract).
+        unsafe fn widen_bf16(at: *const u16) -> Self {
             unsafe {
                 let bits = _mm512_cvtepu16_epi32(_mm256_loadu_si256(at as *const __m256i));
                 Avx512(_mm512_castsi512_ps(_mm512_slli_epi32::<16>(bits)))
@@ -277,16 +495,33 @@ mod x86 {
         }
 
         #[inline(always)]
+        unsafe fn widen_u8(at: *const u8) -> Self {
+            unsafe {
+                let codes = _mm512_cvtepu8_epi32(_mm_loadu_si128(at as *const __m128i));
+                Avx512(_mm512_cvtepi32_ps(codes))
+            }
+        }
+
+        #[inline(always)]
+        unsafe fn load(at: *const f32) -> Self {
+            Avx512(unsafe { _mm512_loadu_ps(at) })
+        }
+
+        #[inline(always)]
         fn fma(x: f32, w: Self, acc: Self) -> Self {
-            // SAFETY: as `zero`.
             Avx512(unsafe { _mm512_fmadd_ps(_mm512_set1_ps(x), w.0, acc.0) })
         }
 
         #[inline(always)]
-        fn store(self, out: &mut [f32]) {
-            let mask = ((1u32 << out.len().min(PANEL_COLS)) - 1) as __mmask16;
-            // SAFETY: as `zero`; the mask covers `out`.
-            unsafe { _mm512_mask_storeu_ps(out.as_mut_ptr(), mask, self.0) };
+        fn fma_lanes(x: Self, w: Self, acc: Self) -> Self {
+            Avx512(unsafe { _mm512_fmadd_ps(x.0, w.0, acc.0) })
+        }
+
+        #[inline(always)]
+        fn to_array(self) -> [f32; PANEL_COLS] {
+            let mut lanes = [0f32; PANEL_COLS];
+            unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), self.0) };
+            lanes
         }
     }
 
@@ -294,16 +529,16 @@ mod x86 {
     #[derive(Clone, Copy)]
     pub(super) struct Avx2([__m256; 2]);
 
+    // SAFETY (every `unsafe` block of this impl): only compiled into `panels_avx2` (AVX2, FMA);
+    // the loads read what their caller's contract makes readable.
     impl PanelVector for Avx2 {
         #[inline(always)]
         fn zero() -> Self {
-            // SAFETY: only compiled into `panels_avx2` (AVX2, FMA).
             Avx2(unsafe { [_mm256_setzero_ps(); 2] })
         }
 
         #[inline(always)]
-        unsafe fn widen(at: *const u16) -> Self {
-            // SAFETY: 16 u16 readable; AVX2 (caller contract).
+        unsafe fn widen_bf16(at: *const u16) -> Self {
             unsafe {
                 let half = |h: usize| {
                     let bits = _mm256_cvtepu16_epi32(_mm_loadu_si128(at.add(8 * h) as *const _));
@@ -314,27 +549,44 @@ mod x86 {
         }
 
         #[inline(always)]
-        fn fma(x: f32, w: Self, acc: Self) -> Self {
-            // SAFETY: as `zero`.
+        unsafe fn widen_u8(at: *const u8) -> Self {
             unsafe {
-                let x = _mm256_set1_ps(x);
+                let half = |h: usize| {
+                    let codes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(at.add(8 * h) as *const _));
+                    _mm256_cvtepi32_ps(codes)
+                };
+                Avx2([half(0), half(1)])
+            }
+        }
+
+        #[inline(always)]
+        unsafe fn load(at: *const f32) -> Self {
+            unsafe { Avx2([_mm256_loadu_ps(at), _mm256_loadu_ps(at.add(8))]) }
+        }
+
+        #[inline(always)]
+        fn fma(x: f32, w: Self, acc: Self) -> Self {
+            Self::fma_lanes(Avx2(unsafe { [_mm256_set1_ps(x); 2] }), w, acc)
+        }
+
+        #[inline(always)]
+        fn fma_lanes(x: Self, w: Self, acc: Self) -> Self {
+            unsafe {
                 Avx2([
-                    _mm256_fmadd_ps(x, w.0[0], acc.0[0]),
-                    _mm256_fmadd_ps(x, w.0[1], acc.0[1]),
+                    _mm256_fmadd_ps(x.0[0], w.0[0], acc.0[0]),
+                    _mm256_fmadd_ps(x.0[1], w.0[1], acc.0[1]),
                 ])
             }
         }
 
         #[inline(always)]
-        fn store(self, out: &mut [f32]) {
+        fn to_array(self) -> [f32; PANEL_COLS] {
             let mut lanes = [0f32; PANEL_COLS];
-            // SAFETY: as `zero`; 16 floats of room.
             unsafe {
                 _mm256_storeu_ps(lanes.as_mut_ptr(), self.0[0]);
                 _mm256_storeu_ps(lanes.as_mut_ptr().add(8), self.0[1]);
             }
-            let cols = out.len();
-            out.copy_from_slice(&lanes[..cols]);
+            lanes
         }
     }
 }
@@ -346,7 +598,11 @@ mod x86 {
 /// # Safety
 /// As [`run_panels`].
 #[inline(always)]
-unsafe fn panels_body<V: PanelVector, const CHAINS: usize>(call: &Call, lo: usize, hi: usize) {
+unsafe fn panels_body<V: PanelVector, const Q8: bool, const CHAINS: usize>(
+    call: &Call,
+    lo: usize,
+    hi: usize,
+) {
     let mut p0 = lo;
     while p0 < hi {
         let group = (hi - p0).min(CHAINS);
@@ -356,13 +612,13 @@ unsafe fn panels_body<V: PanelVector, const CHAINS: usize>(call: &Call, lo: usiz
             // SAFETY (all arms): rows i..i + rows and panels p0..p0 + group exist.
             i += unsafe {
                 match (CHAINS, rows) {
-                    (8, 8) => tiles::<V, 8, 1>(call, i, p0, group),
-                    (8, 4..) => tiles::<V, 4, 2>(call, i, p0, group),
-                    (8, 2..) => tiles::<V, 2, 4>(call, i, p0, group),
-                    (8, _) => tiles::<V, 1, 8>(call, i, p0, group),
-                    (_, 4..) => tiles::<V, 4, 1>(call, i, p0, group),
-                    (_, 2..) => tiles::<V, 2, 2>(call, i, p0, group),
-                    _ => tiles::<V, 1, 4>(call, i, p0, group),
+                    (8, 8) => tiles::<V, Q8, 8, 1>(call, i, p0, group),
+                    (8, 4..) => tiles::<V, Q8, 4, 2>(call, i, p0, group),
+                    (8, 2..) => tiles::<V, Q8, 2, 4>(call, i, p0, group),
+                    (8, _) => tiles::<V, Q8, 1, 8>(call, i, p0, group),
+                    (_, 4..) => tiles::<V, Q8, 4, 1>(call, i, p0, group),
+                    (_, 2..) => tiles::<V, Q8, 2, 2>(call, i, p0, group),
+                    _ => tiles::<V, Q8, 1, 4>(call, i, p0, group),
                 }
             };
         }
@@ -376,7 +632,7 @@ unsafe fn panels_body<V: PanelVector, const CHAINS: usize>(call: &Call, lo: usiz
 /// # Safety
 /// As [`run_panels`], for those rows and panels.
 #[inline(always)]
-unsafe fn tiles<V: PanelVector, const MR: usize, const NP: usize>(
+unsafe fn tiles<V: PanelVector, const Q8: bool, const MR: usize, const NP: usize>(
     call: &Call,
     i: usize,
     p0: usize,
@@ -385,49 +641,98 @@ unsafe fn tiles<V: PanelVector, const MR: usize, const NP: usize>(
     let mut p = p0;
     while p + NP <= p0 + group {
         // SAFETY: forwarded.
-        unsafe { tile::<V, MR, NP>(call, i, p) };
+        unsafe { tile::<V, Q8, MR, NP>(call, i, p) };
         p += NP;
     }
     while p < p0 + group {
         // SAFETY: forwarded.
-        unsafe { tile::<V, MR, 1>(call, i, p) };
+        unsafe { tile::<V, Q8, MR, 1>(call, i, p) };
         p += 1;
     }
     MR
 }
 
-/// Rows `i..i + MR` against panels `p..p + NP`: `MR · NP` accumulator vectors over the whole `k`.
+/// Rows `i..i + MR` against panels `p..p + NP` over the block's columns, a group at a time:
+/// `MR · NP` accumulator vectors for the group's sums and as many for the totals.
 ///
 /// # Safety
 /// As [`run_panels`], for those rows and panels.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // index loops keep the accumulators in registers
-unsafe fn tile<V: PanelVector, const MR: usize, const NP: usize>(call: &Call, i: usize, p: usize) {
-    let mut acc = [[V::zero(); NP]; MR];
-    for step in 0..call.k {
-        let mut w = [V::zero(); NP];
-        for q in 0..NP {
-            // SAFETY: step `step` of panel p + q (PANEL_COLS values).
-            w[q] = unsafe { V::widen(call.w.add((p + q) * call.panel_stride + step * PANEL_COLS)) };
-        }
-        for r in 0..MR {
-            // SAFETY: element `step` of row i + r.
-            let x = unsafe { *call.a.add((i + r) * call.rs_a + step) };
+unsafe fn tile<V: PanelVector, const Q8: bool, const MR: usize, const NP: usize>(
+    call: &Call,
+    i: usize,
+    p: usize,
+) {
+    let (k, col0, group) = (call.block.k, call.block.col0, call.group);
+    let mut total = [[V::zero(); NP]; MR];
+    for g in 0..k / group {
+        let mut acc = [[V::zero(); NP]; MR];
+        for col in col0 + g * group..col0 + (g + 1) * group {
+            let mut w = [V::zero(); NP];
             for q in 0..NP {
-                acc[r][q] = V::fma(x, w[q], acc[r][q]);
+                let at = (p + q) * call.panel_stride + col * PANEL_COLS;
+                // SAFETY: column `col` of panel p + q (PANEL_COLS codes).
+                w[q] = unsafe {
+                    if Q8 {
+                        V::widen_u8(call.codes.add(at))
+                    } else {
+                        V::widen_bf16((call.codes as *const u16).add(at))
+                    }
+                };
+            }
+            for r in 0..MR {
+                // SAFETY: element `col - col0` of row i + r.
+                let x = unsafe { *call.a.add((i + r) * call.rs_a + col - col0) };
+                for q in 0..NP {
+                    acc[r][q] = V::fma(x, w[q], acc[r][q]);
+                }
+            }
+        }
+        if !Q8 {
+            total = acc;
+            continue;
+        }
+        for q in 0..NP {
+            let at = ((p + q) * call.groups + col0 / group + g) * 2 * PANEL_COLS;
+            // SAFETY: the panel's scales and biases of group col0 / group + g.
+            let (scales, biases) = unsafe {
+                (
+                    V::load(call.factors.add(at)),
+                    V::load(call.factors.add(at + PANEL_COLS)),
+                )
+            };
+            for r in 0..MR {
+                // SAFETY: the group sum of row i + r.
+                let xsum = unsafe { *call.xsum.add((i + r) * (k / group) + g) };
+                total[r][q] = V::fma_lanes(scales, acc[r][q], total[r][q]);
+                total[r][q] = V::fma(xsum, biases, total[r][q]);
             }
         }
     }
     for r in 0..MR {
         for q in 0..NP {
-            let first = (p + q) * PANEL_COLS;
-            let cols = call.n.saturating_sub(first).min(PANEL_COLS);
-            // SAFETY: output row i + r holds columns first..first + cols.
-            let out = unsafe {
-                std::slice::from_raw_parts_mut(call.out.add((i + r) * call.rs_out + first), cols)
-            };
-            acc[r][q].store(out);
+            // SAFETY: forwarded (row i + r of the output, the panel's columns in the block).
+            unsafe { store(call, i + r, p + q, total[r][q].to_array()) };
         }
+    }
+}
+
+/// Writes (or adds) panel `panel`'s lanes into output row `row`, those of weight rows inside the
+/// block.
+///
+/// # Safety
+/// Output row `row` must hold the block's `n` columns.
+#[inline(always)]
+unsafe fn store(call: &Call, row: usize, panel: usize, lanes: [f32; PANEL_COLS]) {
+    let PanelBlock { row0, n, .. } = call.block;
+    let first = (panel * PANEL_COLS).max(row0);
+    let end = ((panel + 1) * PANEL_COLS).min(row0 + n);
+    for j in first..end {
+        // SAFETY: column j - row0 < n of output row `row`.
+        let out = unsafe { &mut *call.out.add(row * call.rs_out + j - row0) };
+        let v = lanes[j - panel * PANEL_COLS];
+        *out = if call.accumulate { *out + v } else { v };
     }
 }
 
@@ -435,25 +740,57 @@ unsafe fn tile<V: PanelVector, const MR: usize, const NP: usize>(call: &Call, i:
 mod tests {
     use super::*;
 
-    /// The product as the module docs define it, one output at a time.
-    fn reference(m: usize, a: &[f32], w: &PanelMatrix, fused: bool) -> Vec<f32> {
-        let (n, k) = (w.rows(), w.cols());
+    /// The product as the module docs define it, one output at a time, from the bf16 values or
+    /// the 8-bit matrix `q` itself.
+    fn reference(
+        m: usize,
+        a: &[f32],
+        rs_a: usize,
+        w: &PanelMatrix,
+        q: Option<&QuantizedMatrix>,
+        block: PanelBlock,
+        fused: bool,
+    ) -> Vec<f32> {
+        let madd = |x: f32, y: f32, acc: f32| {
+            if fused {
+                x.mul_add(y, acc)
+            } else {
+                acc + x * y
+            }
+        };
+        let PanelBlock { row0, n, col0, k } = block;
         let mut out = vec![0f32; m * n];
         for i in 0..m {
+            let x = &a[i * rs_a..i * rs_a + k];
             for j in 0..n {
-                let mut s = 0f32;
-                for p in 0..k {
-                    let (x, v) = (a[i * k + p], w.get(j, p));
-                    s = if fused { x.mul_add(v, s) } else { s + x * v };
-                }
-                out[i * n + j] = s;
+                let r = row0 + j;
+                out[i * n + j] = match q {
+                    None => (0..k).fold(0.0, |s, p| madd(x[p], w.get(r, col0 + p), s)),
+                    Some(q) => {
+                        let g = q.group_size();
+                        let groups = q.cols() / g;
+                        let mut total = 0f32;
+                        for g0 in (0..k).step_by(g) {
+                            let c0 = col0 + g0;
+                            let factor =
+                                |v: &[u16]| q.scale_format().to_f32(v[r * groups + c0 / g]);
+                            let (scale, bias) = (factor(q.scales()), factor(q.biases()));
+                            let sum = (0..g)
+                                .fold(0.0, |s, p| madd(x[g0 + p], q.code(r, c0 + p) as f32, s));
+                            let xsum: f32 = x[g0..g0 + g].iter().sum();
+                            total = madd(scale, sum, total);
+                            total = madd(xsum, bias, total);
+                        }
+                        total
+                    }
+                };
             }
         }
         out
     }
 
     fn values(len: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed;
+        let mut s = seed | 1;
         (0..len)
             .map(|_| {
                 s ^= s << 13;
@@ -465,10 +802,10 @@ mod tests {
     }
 
     #[test]
-    fn the_panels_hold_each_weight_rounded_to_bf16() {
+    fn bf16_panels_hold_each_weight_rounded_to_bf16() {
         let (n, k) = (37, 9);
         let w = values(n * k, 1);
-        let panels = PanelMatrix::from_rows(&w, n, k);
+        let panels = PanelMatrix::bf16(&w, n, k);
         for j in 0..n {
             for p in 0..k {
                 let expect = bf16_bits_to_f32(f32_to_bf16_bits(w[j * k + p]));
@@ -478,44 +815,101 @@ mod tests {
     }
 
     #[test]
+    fn q8_panels_hold_the_matrix_dequantized() {
+        let (n, k) = (21, 128);
+        let q = QuantizedMatrix::quantize(&values(n * k, 2), n, k, 8, 32).unwrap();
+        let panels = PanelMatrix::q8(&q);
+        let deq = q.dequantize_f32();
+        for j in 0..n {
+            for p in 0..k {
+                assert_eq!(panels.get(j, p), deq[j * k + p], "({j}, {p})");
+            }
+        }
+    }
+
+    /// Every kernel, every tile shape (1-17 rows), full matrices and blocks, overlapping and
+    /// strided rows, written and accumulated: the reference's bits.
+    #[test]
     fn every_kernel_gives_each_row_the_reference_bits_at_any_row_count() {
-        for (n, k) in [(16, 1), (33, 7), (2048, 256), (100, 64), (5, 300)] {
-            let w = PanelMatrix::from_rows(&values(n * k, n as u64), n, k);
+        // (rows, cols, 8-bit group or 0 for bf16, block)
+        let cases = [
+            (16, 1, 0, None),
+            (33, 7, 0, None),
+            (2048, 256, 0, None),
+            (100, 64, 0, Some((5, 40, 16, 48))),
+            (5, 300, 0, None),
+            (40, 64, 64, None),
+            (37, 256, 32, Some((3, 30, 64, 128))),
+            (512, 256, 64, None),
+            (64, 384, 128, Some((16, 32, 128, 256))),
+        ];
+        for (case, &(n_all, k_all, group, block)) in cases.iter().enumerate() {
+            let weights = values(n_all * k_all, case as u64 + 3);
+            let q = (group > 0)
+                .then(|| QuantizedMatrix::quantize(&weights, n_all, k_all, 8, group).unwrap());
+            let w = match &q {
+                None => PanelMatrix::bf16(&weights, n_all, k_all),
+                Some(q) => PanelMatrix::q8(q),
+            };
+            let block = block.map_or(PanelBlock::all(&w), |(row0, n, col0, k)| PanelBlock {
+                row0,
+                n,
+                col0,
+                k,
+            });
             for m in [1, 2, 3, 5, 8, 9, 17] {
-                let a = values(m * k, (m * 31 + k) as u64);
-                for kernel in Kernel::available() {
-                    let fused = kernel.instruction_set() != crate::InstructionSet::Portable;
-                    let expect = reference(m, &a, &w, fused);
-                    let mut got = vec![f32::NAN; m * n];
-                    gemm_nt_panels_with(kernel, m, &a, k, &w, &mut got, n);
-                    let same = got
-                        .iter()
-                        .zip(&expect)
-                        .all(|(g, e)| g.to_bits() == e.to_bits());
-                    assert!(same, "{kernel:?}: m {m}, n {n}, k {k}");
+                for rs_a in [block.k, block.k / 2 + 1, block.k + 3] {
+                    let a = values((m - 1) * rs_a + block.k, (m * 31 + rs_a) as u64);
+                    let rs_out = block.n + 2;
+                    for kernel in Kernel::available() {
+                        let fused = kernel.instruction_set() != crate::InstructionSet::Portable;
+                        let expect = reference(m, &a, rs_a, &w, q.as_ref(), block, fused);
+                        let mut got = vec![-1f32; (m - 1) * rs_out + block.n + 1];
+                        gemm_nt_panels_with(
+                            kernel, m, &a, rs_a, &w, block, &mut got, rs_out, false,
+                        );
+                        let what = format!("{kernel:?}: case {case}, m {m}, rs_a {rs_a}");
+                        for i in 0..m {
+                            let row = &got[i * rs_out..i * rs_out + block.n];
+                            let want = &expect[i * block.n..(i + 1) * block.n];
+                            let same = row
+                                .iter()
+                                .zip(want)
+                                .all(|(g, e)| g.to_bits() == e.to_bits());
+                            assert!(same, "{what}, row {i}");
+                            assert_eq!(got[i * rs_out + block.n], -1.0, "{what}: gap of row {i}");
+                        }
+                        gemm_nt_panels_with(kernel, m, &a, rs_a, &w, block, &mut got, rs_out, true);
+                        for i in 0..m {
+                            for j in 0..block.n {
+                                let twice = expect[i * block.n + j] + expect[i * block.n + j];
+                                assert_eq!(
+                                    got[i * rs_out + j],
+                                    twice,
+                                    "{what}: accumulated ({i}, {j})"
+                                );
+                            }
+                        }
+                    }
                 }
             }
         }
     }
 
     #[test]
-    fn strided_rows_leave_the_gaps_untouched() {
-        let (m, n, k) = (3, 20, 5);
-        let w = PanelMatrix::from_rows(&values(n * k, 7), n, k);
-        let a = values(m * k, 8);
-        let mut strided_a = vec![f32::NAN; (m - 1) * 8 + k];
-        for i in 0..m {
-            strided_a[i * 8..i * 8 + k].copy_from_slice(&a[i * k..(i + 1) * k]);
-        }
-        let mut out = vec![-1f32; (m - 1) * 25 + n];
-        gemm_nt_panels(m, &strided_a, 8, &w, &mut out, 25);
-        let mut dense = vec![0f32; m * n];
-        gemm_nt_panels(m, &a, k, &w, &mut dense, n);
-        for i in 0..m {
-            assert_eq!(&out[i * 25..i * 25 + n], &dense[i * n..(i + 1) * n]);
-            if i + 1 < m {
-                assert!(out[i * 25 + n..(i + 1) * 25].iter().all(|&v| v == -1.0));
-            }
-        }
+    fn blocks_outside_the_matrix_or_across_groups_are_refused() {
+        let q = QuantizedMatrix::quantize(&values(32 * 128, 5), 32, 128, 8, 64).unwrap();
+        let w = PanelMatrix::q8(&q);
+        let refused = |block: PanelBlock| {
+            std::panic::catch_unwind(|| {
+                let mut out = vec![0f32; 32];
+                gemm_nt_panels(1, &[0f32; 128], 128, &w, block, &mut out, 32, false)
+            })
+            .is_err()
+        };
+        let block = |row0, n, col0, k| PanelBlock { row0, n, col0, k };
+        assert!(refused(block(20, 13, 0, 128)), "rows past the end");
+        assert!(refused(block(0, 32, 32, 64)), "columns across groups");
+        assert!(!refused(block(0, 32, 64, 64)), "a whole group");
     }
 }

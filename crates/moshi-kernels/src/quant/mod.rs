@@ -51,7 +51,6 @@ mod neon;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod passes;
 mod portable;
-pub(crate) mod q8_small;
 mod scale;
 mod two_digits;
 #[cfg(target_arch = "x86_64")]

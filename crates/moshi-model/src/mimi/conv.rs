@@ -4,9 +4,9 @@
 //! matrix product per call; a fresh state over the whole signal is the non-streaming forward.
 
 use moshi_kernels::dense::elu_slice_par;
-use moshi_kernels::Q8_MAX_ROWS;
 
 use super::MimiWeights;
+use crate::nn::linear::Q8_COPY_MAX_ROWS;
 use crate::nn::Linear;
 
 /// Copies a row-major `[d0][d1][d2]` array into a new one of the same size, element `(a, b, c)`
@@ -323,7 +323,7 @@ impl StreamingConv1d {
 /// Output rows per stream up to which [`StreamingConv1d::forward_streams`] shares products across
 /// streams: the products of few rows are bound by their weight bytes (read once for all
 /// streams), those of many rows by their multiply-adds (the same work stacked or not).
-const SHARED_PRODUCT_MAX_ROWS: usize = Q8_MAX_ROWS;
+const SHARED_PRODUCT_MAX_ROWS: usize = Q8_COPY_MAX_ROWS;
 
 /// The end of the group of streams from `first` that share one product: the following streams
 /// with `rows[first]` rows, as many as the kernel of one stream's product takes

@@ -8,7 +8,7 @@
 //! them; the candidate margin covers the bf16 rounding, so the chosen code is still the exact
 //! argmin, whatever the rows scored together).
 
-use moshi_kernels::dense::{gemm_nt_panels, PanelMatrix};
+use moshi_kernels::dense::{gemm_nt_panels, PanelBlock, PanelMatrix};
 use moshi_loader::config::QuantizerConfig;
 
 use super::weights::WeightSource;
@@ -49,7 +49,7 @@ impl Codebook {
             .map(|r| r.iter().map(|v| v * v).sum())
             .collect();
         let max_norm2 = norms2.iter().copied().fold(0f32, f32::max);
-        let panels = PanelMatrix::from_rows(&vectors, bins, dim);
+        let panels = PanelMatrix::bf16(&vectors, bins, dim);
         Ok(Self {
             vectors,
             panels,
@@ -234,13 +234,17 @@ impl SplitQuantizer {
             for cb in &group.codebooks {
                 scratch.scores.resize(t * self.bins, 0.0);
                 count_bytes(cb.vectors.len() * 2);
+                let all = PanelBlock::all(&cb.panels);
+                let scores = &mut scratch.scores;
                 gemm_nt_panels(
                     t,
                     &scratch.residual,
                     d,
                     &cb.panels,
-                    &mut scratch.scores,
+                    all,
+                    scores,
                     self.bins,
+                    false,
                 );
                 for i in 0..t {
                     let x = &mut scratch.residual[i * d..(i + 1) * d];
@@ -400,7 +404,7 @@ mod tests {
             .map(|r| r.iter().map(|v| v * v).sum())
             .collect();
         let max_norm2 = norms2.iter().copied().fold(0f32, f32::max);
-        let panels = PanelMatrix::from_rows(&vectors, vectors.len() / d, d);
+        let panels = PanelMatrix::bf16(&vectors, vectors.len() / d, d);
         Codebook {
             vectors,
             panels,
@@ -446,7 +450,8 @@ mod tests {
                     })
                     .collect()
             };
-            gemm_nt_panels(1, &x, d, &cb.panels, &mut scores, bins);
+            let all = PanelBlock::all(&cb.panels);
+            gemm_nt_panels(1, &x, d, &cb.panels, all, &mut scores, bins, false);
             let expected = exact_argmin(&x);
             assert_eq!(
                 nearest(&cb, &x, &scores, d, true),

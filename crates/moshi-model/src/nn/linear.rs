@@ -10,8 +10,11 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use moshi_kernels::dense::{gemm_nt_bf16, gemm_nt_strided, matmul, matmul_t, SMALL_M};
-use moshi_kernels::{f32_to_bf16_bits, gemm_nt_q8, QuantizedMatrix, Q8_MAX_ROWS};
+use moshi_kernels::dense::{
+    gemm_nt_bf16, gemm_nt_panels, gemm_nt_strided, matmul, matmul_t, PanelBlock, PanelMatrix,
+    SMALL_M,
+};
+use moshi_kernels::{f32_to_bf16_bits, QuantizedMatrix};
 use moshi_loader::{Weight, WeightData};
 
 /// Rows up to which [`Linear::forward`] on dense weights uses the fixed-order kernels (each row
@@ -21,6 +24,10 @@ pub const EXACT_ROWS_MAX: usize = 64;
 
 /// Left-operand rows up to which a bf16 reduced copy is used (the bf16 streaming kernel's limit).
 const BF16_COPY_MAX_ROWS: usize = SMALL_M;
+
+/// Left-operand rows up to which an 8-bit reduced copy is used: each weight is read once for all
+/// of them, and beyond, the f32 products' multiply-adds, not the weight bytes, set the pace.
+pub const Q8_COPY_MAX_ROWS: usize = 16;
 
 /// Group sizes tried for an 8-bit reduced copy, preferred first.
 const Q8_GROUPS: [usize; 2] = [64, 32];
@@ -115,7 +122,8 @@ enum FewRowCopy {
     #[default]
     None,
     Bf16(Vec<u16>),
-    Q8(QuantizedMatrix),
+    /// MLX 8-bit codes in the panel kernel's layout.
+    Q8(PanelMatrix),
 }
 
 /// A linear layer without bias.
@@ -229,7 +237,7 @@ impl Linear {
     pub fn forward_bytes(&self, m: usize) -> usize {
         match &self.few_rows {
             FewRowCopy::Bf16(w) if m <= BF16_COPY_MAX_ROWS => w.len() * 2,
-            FewRowCopy::Q8(q) if m <= Q8_MAX_ROWS => q.weight_bytes(),
+            FewRowCopy::Q8(q) if m <= Q8_COPY_MAX_ROWS => q.weight_bytes(),
             _ => self.weight_bytes(),
         }
     }
@@ -240,7 +248,7 @@ impl Linear {
     pub fn same_bits_rows(&self) -> usize {
         match (&self.few_rows, &self.weights) {
             (FewRowCopy::Bf16(_), _) => BF16_COPY_MAX_ROWS,
-            (FewRowCopy::Q8(_), _) => Q8_MAX_ROWS,
+            (FewRowCopy::Q8(_), _) => Q8_COPY_MAX_ROWS,
             (FewRowCopy::None, LinearWeights::F32(_)) => EXACT_ROWS_MAX,
             (FewRowCopy::None, LinearWeights::Bf16(_) | LinearWeights::Quantized(_)) => usize::MAX,
         }
@@ -260,7 +268,7 @@ impl Linear {
             FewRowPrecision::Q8 => match Q8_GROUPS.into_iter().find(|&g| cols.is_multiple_of(g)) {
                 // Quantization fails only on non-finite weights: such a matrix keeps a bf16 copy.
                 Some(g) => match QuantizedMatrix::quantize(values, rows, cols, 8, g) {
-                    Ok(q) => FewRowCopy::Q8(q),
+                    Ok(q) => FewRowCopy::Q8(PanelMatrix::q8(&q)),
                     Err(_) => bf16(values),
                 },
                 None => bf16(values),
@@ -289,8 +297,8 @@ impl Linear {
             FewRowCopy::Bf16(w) if m <= BF16_COPY_MAX_ROWS => {
                 return gemm_nt_bf16(m, k, n, x, k, w, k, out, n, false);
             }
-            FewRowCopy::Q8(q) if m <= Q8_MAX_ROWS && m > 0 => {
-                return gemm_nt_q8(m, k, n, x, k, q, 0, 0, out, n, false);
+            FewRowCopy::Q8(q) if m <= Q8_COPY_MAX_ROWS && m > 0 => {
+                return gemm_nt_panels(m, x, k, q, PanelBlock::all(q), out, n, false);
             }
             _ => {}
         }
@@ -316,7 +324,7 @@ impl Linear {
             FewRowCopy::Bf16(_) if m <= BF16_COPY_MAX_ROWS => return GemmKernel::Bf16Copy,
             FewRowCopy::Q8(q) => {
                 let g = q.group_size();
-                if m <= Q8_MAX_ROWS
+                if m <= Q8_COPY_MAX_ROWS
                     && rs_w == self.in_dim
                     && k.is_multiple_of(g)
                     && (offset % self.in_dim).is_multiple_of(g)
@@ -339,7 +347,7 @@ impl Linear {
     pub fn gemm_same_bits_rows(&self, m: usize, k: usize, offset: usize, rs_w: usize) -> usize {
         match self.gemm_kernel(m, k, offset, rs_w) {
             GemmKernel::Bf16Copy => BF16_COPY_MAX_ROWS,
-            GemmKernel::Q8Copy => Q8_MAX_ROWS,
+            GemmKernel::Q8Copy => Q8_COPY_MAX_ROWS,
             GemmKernel::F32Streaming => SMALL_M,
             GemmKernel::F32Packed => usize::MAX,
         }
@@ -378,8 +386,9 @@ impl Linear {
             (FewRowCopy::Q8(q), GemmKernel::Q8Copy) => {
                 let g = q.group_size();
                 let (row0, col0) = (offset / self.in_dim, offset % self.in_dim);
-                count_bytes(n * k + n * (k / g) * 4);
-                return gemm_nt_q8(m, k, n, a, rs_a, q, row0, col0, out, rs_out, accumulate);
+                count_bytes(n * k + n * (k / g) * 8);
+                let block = PanelBlock { row0, n, col0, k };
+                return gemm_nt_panels(m, a, rs_a, q, block, out, rs_out, accumulate);
             }
             _ => {}
         }
