@@ -1,13 +1,13 @@
-//! Products of any number of rows against weights arranged in column panels, bf16 or MLX 8-bit:
-//! Mimi's products (its transformers, its convolutions of few rows a stream, its codebook scoring)
-//! for one stream or many stacked. Each panel holds [`PANEL_COLS`] output columns as
+//! Products of any number of rows against weights arranged in column panels, f32, bf16 or MLX
+//! 8-bit: Mimi's products (its transformers, its convolutions, its codebook scoring) for one
+//! stream or many stacked. Each panel holds [`PANEL_COLS`] output columns as
 //! `[k][PANEL_COLS]`, so a tile keeps one accumulator vector per (row, panel) and adds one
 //! broadcast activation times one widened weight vector per step of `k`: no horizontal sums, no
 //! packing at call time, each weight panel read once per tile of rows.
 //!
 //! Each output is, in this order, with fused multiply-adds on the SIMD kernels (multiply, then
 //! add, on the portable one):
-//! - bf16: `Σ_p a_p · w_p` over `p` in order;
+//! - f32 and bf16: `Σ_p a_p · w_p` over `p` in order;
 //! - 8-bit (codes `q`, per group `g` of columns a scale `s_g` and bias `b_g`): per group in
 //!   order, `total = s_g · (Σ_{p∈g} a_p · q_p) + total`, then `total = Σ_{p∈g} a_p · b_g + total`
 //!   (the group's activation sum summed in order first), the dequantized weights' product,
@@ -43,6 +43,7 @@ pub struct PanelMatrix {
 /// The elements of a [`PanelMatrix`].
 #[derive(Clone, Debug)]
 enum PanelCodes {
+    F32(Vec<f32>),
     /// bf16 bits.
     Bf16(Vec<u16>),
     /// MLX 8-bit codes in groups of `group` columns; `factors` holds per panel and group the
@@ -55,21 +56,27 @@ enum PanelCodes {
 }
 
 impl PanelMatrix {
+    /// The panels of row-major `w` (`rows` rows of `cols` values), exact.
+    ///
+    /// # Panics
+    /// If `w.len() != rows * cols` (caller bug).
+    pub fn f32(w: &[f32], rows: usize, cols: usize) -> Self {
+        let (panel_stride, panels) = arrange(w, rows, cols, |v| v);
+        PanelMatrix {
+            rows,
+            cols,
+            panel_stride,
+            codes: PanelCodes::F32(panels),
+        }
+    }
+
     /// The panels of row-major `w` (`rows` rows of `cols` values) rounded to bf16 (to nearest
     /// even).
     ///
     /// # Panics
     /// If `w.len() != rows * cols` (caller bug).
     pub fn bf16(w: &[f32], rows: usize, cols: usize) -> Self {
-        assert_eq!(w.len(), rows * cols, "PanelMatrix: {rows} x {cols} values");
-        let panel_stride = PANEL_COLS * cols + PANEL_GAP_BYTES / 2;
-        let mut panels = vec![0u16; rows.div_ceil(PANEL_COLS) * panel_stride];
-        for (j, row) in w.chunks_exact(cols.max(1)).enumerate().take(rows) {
-            let panel = &mut panels[j / PANEL_COLS * panel_stride..];
-            for (p, &v) in row.iter().enumerate() {
-                panel[p * PANEL_COLS + j % PANEL_COLS] = f32_to_bf16_bits(v);
-            }
-        }
+        let (panel_stride, panels) = arrange(w, rows, cols, f32_to_bf16_bits);
         PanelMatrix {
             rows,
             cols,
@@ -124,10 +131,10 @@ impl PanelMatrix {
         self.cols
     }
 
-    /// Columns per 8-bit group: a block's columns must be whole groups (1 for bf16 panels).
+    /// Columns per 8-bit group: a block's columns must be whole groups (1 for f32 and bf16).
     pub fn group_size(&self) -> usize {
         match &self.codes {
-            PanelCodes::Bf16(_) => 1,
+            PanelCodes::F32(_) | PanelCodes::Bf16(_) => 1,
             PanelCodes::Q8 { group, .. } => *group,
         }
     }
@@ -135,6 +142,7 @@ impl PanelMatrix {
     /// Weight bytes one full product reads.
     pub fn weight_bytes(&self) -> usize {
         match &self.codes {
+            PanelCodes::F32(v) => v.len() * 4,
             PanelCodes::Bf16(v) => v.len() * 2,
             PanelCodes::Q8 { codes, factors, .. } => codes.len() + factors.len() * 4,
         }
@@ -145,6 +153,7 @@ impl PanelMatrix {
         let (panel, lane) = (row / PANEL_COLS, row % PANEL_COLS);
         let at = panel * self.panel_stride + col * PANEL_COLS + lane;
         match &self.codes {
+            PanelCodes::F32(v) => v[at],
             PanelCodes::Bf16(v) => bf16_bits_to_f32(v[at]),
             PanelCodes::Q8 {
                 codes,
@@ -156,6 +165,26 @@ impl PanelMatrix {
             }
         }
     }
+}
+
+/// Row-major `w` (`rows` x `cols`) in panels of `convert`ed elements: the panel stride (elements)
+/// and the panels.
+fn arrange<E: Copy + Default>(
+    w: &[f32],
+    rows: usize,
+    cols: usize,
+    convert: impl Fn(f32) -> E,
+) -> (usize, Vec<E>) {
+    assert_eq!(w.len(), rows * cols, "PanelMatrix: {rows} x {cols} values");
+    let panel_stride = PANEL_COLS * cols + PANEL_GAP_BYTES / std::mem::size_of::<E>();
+    let mut panels = vec![E::default(); rows.div_ceil(PANEL_COLS) * panel_stride];
+    for (j, row) in w.chunks_exact(cols.max(1)).enumerate().take(rows) {
+        let panel = &mut panels[j / PANEL_COLS * panel_stride..];
+        for (p, &v) in row.iter().enumerate() {
+            panel[p * PANEL_COLS + j % PANEL_COLS] = convert(v);
+        }
+    }
+    (panel_stride, panels)
 }
 
 /// The block of a [`PanelMatrix`] a product reads: weight rows `row0..row0 + n` (the output
@@ -245,7 +274,13 @@ pub fn gemm_nt_panels_with(
         rs_out >= n && out.len() >= (m - 1) * rs_out + n,
         "gemm_nt_panels: output too short"
     );
+    let kind = match &w.codes {
+        PanelCodes::F32(_) => F32,
+        PanelCodes::Bf16(_) => BF16,
+        PanelCodes::Q8 { .. } => Q8,
+    };
     let (codes, group, factors) = match &w.codes {
+        PanelCodes::F32(v) => (v.as_ptr() as *const u8, k.max(1), std::ptr::null()),
         PanelCodes::Bf16(v) => (v.as_ptr() as *const u8, k.max(1), std::ptr::null()),
         PanelCodes::Q8 {
             codes,
@@ -260,11 +295,10 @@ pub fn gemm_nt_panels_with(
             (codes.as_ptr(), *group, factors.as_ptr())
         }
     };
-    let q8 = !factors.is_null();
     XSUM.with(|cell| {
         let mut xsum = cell.borrow_mut();
         xsum.clear();
-        if q8 {
+        if kind == Q8 {
             for i in 0..m {
                 let row = &a[i * rs_a..i * rs_a + k];
                 xsum.extend(row.chunks_exact(group).map(|g| g.iter().sum::<f32>()));
@@ -293,12 +327,12 @@ pub fn gemm_nt_panels_with(
         };
         if parts < 2 {
             // SAFETY: the call's slices hold what it reads and writes (asserted above).
-            unsafe { run_panels(kernel, q8, &call, first, end) };
+            unsafe { run_panels(kernel, kind, &call, first, end) };
             return;
         }
         par_ranges(first, end, parts, &|lo, hi| {
             // SAFETY: as above; each range writes the output columns of its own panels.
-            unsafe { run_panels(kernel, q8, &call, lo, hi) };
+            unsafe { run_panels(kernel, kind, &call, lo, hi) };
         });
     });
 }
@@ -338,29 +372,41 @@ struct Call {
 unsafe impl Send for Call {}
 unsafe impl Sync for Call {}
 
-/// Panels `lo..hi` of `call` in `kernel`'s instruction set, 8-bit codes where `q8`.
+/// The element kinds of the panels, as the kernels' const parameter.
+const F32: u8 = 0;
+const BF16: u8 = 1;
+const Q8: u8 = 2;
+
+/// Panels `lo..hi` of `call`, elements of `kind`, in `kernel`'s instruction set.
 ///
 /// # Safety
 /// The call's pointers must cover its `m` rows, its panels and its output; the CPU must have the
 /// instruction set (it does for a detected or available kernel).
-unsafe fn run_panels(kernel: Kernel, q8: bool, call: &Call, lo: usize, hi: usize) {
+unsafe fn run_panels(kernel: Kernel, kind: u8, call: &Call, lo: usize, hi: usize) {
     // SAFETY (all arms): forwarded contract.
     unsafe {
-        match (kernel.instruction_set(), q8) {
+        match (kernel.instruction_set(), kind) {
             #[cfg(target_arch = "x86_64")]
-            (InstructionSet::Avx512, false) => panels_avx512::<false>(call, lo, hi),
+            (InstructionSet::Avx512, F32) => panels_avx512::<F32>(call, lo, hi),
             #[cfg(target_arch = "x86_64")]
-            (InstructionSet::Avx512, true) => panels_avx512::<true>(call, lo, hi),
+            (InstructionSet::Avx512, BF16) => panels_avx512::<BF16>(call, lo, hi),
             #[cfg(target_arch = "x86_64")]
-            (InstructionSet::Avx2, false) => panels_avx2::<false>(call, lo, hi),
+            (InstructionSet::Avx512, _) => panels_avx512::<Q8>(call, lo, hi),
             #[cfg(target_arch = "x86_64")]
-            (InstructionSet::Avx2, true) => panels_avx2::<true>(call, lo, hi),
+            (InstructionSet::Avx2, F32) => panels_avx2::<F32>(call, lo, hi),
+            #[cfg(target_arch = "x86_64")]
+            (InstructionSet::Avx2, BF16) => panels_avx2::<BF16>(call, lo, hi),
+            #[cfg(target_arch = "x86_64")]
+            (InstructionSet::Avx2, _) => panels_avx2::<Q8>(call, lo, hi),
             #[cfg(target_arch = "aarch64")]
-            (InstructionSet::Neon, false) => panels_body::<Lanes<true>, false, 4>(call, lo, hi),
+            (InstructionSet::Neon, F32) => panels_body::<Lanes<true>, F32, 4>(call, lo, hi),
             #[cfg(target_arch = "aarch64")]
-            (InstructionSet::Neon, true) => panels_body::<Lanes<true>, true, 4>(call, lo, hi),
-            (_, false) => panels_body::<Lanes<false>, false, 4>(call, lo, hi),
-            (_, true) => panels_body::<Lanes<false>, true, 4>(call, lo, hi),
+            (InstructionSet::Neon, BF16) => panels_body::<Lanes<true>, BF16, 4>(call, lo, hi),
+            #[cfg(target_arch = "aarch64")]
+            (InstructionSet::Neon, _) => panels_body::<Lanes<true>, Q8, 4>(call, lo, hi),
+            (_, F32) => panels_body::<Lanes<false>, F32, 4>(call, lo, hi),
+            (_, BF16) => panels_body::<Lanes<false>, BF16, 4>(call, lo, hi),
+            _ => panels_body::<Lanes<false>, Q8, 4>(call, lo, hi),
         }
     }
 }
@@ -368,17 +414,17 @@ unsafe fn run_panels(kernel: Kernel, q8: bool, call: &Call, lo: usize, hi: usize
 /// AVX-512: 8 (row, panel) accumulators a tile, one register each.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn panels_avx512<const Q8: bool>(call: &Call, lo: usize, hi: usize) {
+unsafe fn panels_avx512<const KIND: u8>(call: &Call, lo: usize, hi: usize) {
     // SAFETY: forwarded contract.
-    unsafe { panels_body::<x86::Avx512, Q8, 8>(call, lo, hi) }
+    unsafe { panels_body::<x86::Avx512, KIND, 8>(call, lo, hi) }
 }
 
 /// AVX2: 4 accumulators a tile, two registers each.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn panels_avx2<const Q8: bool>(call: &Call, lo: usize, hi: usize) {
+unsafe fn panels_avx2<const KIND: u8>(call: &Call, lo: usize, hi: usize) {
     // SAFETY: forwarded contract.
-    unsafe { panels_body::<x86::Avx2, Q8, 4>(call, lo, hi) }
+    unsafe { panels_body::<x86::Avx2, KIND, 4>(call, lo, hi) }
 }
 
 /// One panel's worth of f32 lanes (`PANEL_COLS`) in an instruction set: the operations of a
@@ -406,6 +452,11 @@ trait PanelVector: Copy {
     /// `acc + x · w` lane by lane, `x` a vector.
     fn fma_lanes(x: Self, w: Self, acc: Self) -> Self;
     fn to_array(self) -> [f32; PANEL_COLS];
+    /// The lanes to `PANEL_COLS` f32 at `at`.
+    ///
+    /// # Safety
+    /// They must be writable; the CPU must have the instruction set.
+    unsafe fn store(self, at: *mut f32);
 }
 
 /// The portable and NEON vector: plain lanes the compiler vectorizes, fused when `FMA`.
@@ -465,6 +516,12 @@ impl<const FMA: bool> PanelVector for Lanes<FMA> {
     fn to_array(self) -> [f32; PANEL_COLS] {
         self.0
     }
+
+    #[inline(always)]
+    unsafe fn store(self, at: *mut f32) {
+        // SAFETY: PANEL_COLS values writable (caller contract).
+        unsafe { *(at as *mut [f32; PANEL_COLS]) = self.0 };
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -520,8 +577,13 @@ mod x86 {
         #[inline(always)]
         fn to_array(self) -> [f32; PANEL_COLS] {
             let mut lanes = [0f32; PANEL_COLS];
-            unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), self.0) };
+            unsafe { self.store(lanes.as_mut_ptr()) };
             lanes
+        }
+
+        #[inline(always)]
+        unsafe fn store(self, at: *mut f32) {
+            unsafe { _mm512_storeu_ps(at, self.0) };
         }
     }
 
@@ -582,11 +644,16 @@ mod x86 {
         #[inline(always)]
         fn to_array(self) -> [f32; PANEL_COLS] {
             let mut lanes = [0f32; PANEL_COLS];
-            unsafe {
-                _mm256_storeu_ps(lanes.as_mut_ptr(), self.0[0]);
-                _mm256_storeu_ps(lanes.as_mut_ptr().add(8), self.0[1]);
-            }
+            unsafe { self.store(lanes.as_mut_ptr()) };
             lanes
+        }
+
+        #[inline(always)]
+        unsafe fn store(self, at: *mut f32) {
+            unsafe {
+                _mm256_storeu_ps(at, self.0[0]);
+                _mm256_storeu_ps(at.add(8), self.0[1]);
+            }
         }
     }
 }
@@ -598,7 +665,7 @@ mod x86 {
 /// # Safety
 /// As [`run_panels`].
 #[inline(always)]
-unsafe fn panels_body<V: PanelVector, const Q8: bool, const CHAINS: usize>(
+unsafe fn panels_body<V: PanelVector, const KIND: u8, const CHAINS: usize>(
     call: &Call,
     lo: usize,
     hi: usize,
@@ -612,13 +679,13 @@ unsafe fn panels_body<V: PanelVector, const Q8: bool, const CHAINS: usize>(
             // SAFETY (all arms): rows i..i + rows and panels p0..p0 + group exist.
             i += unsafe {
                 match (CHAINS, rows) {
-                    (8, 8) => tiles::<V, Q8, 8, 1>(call, i, p0, group),
-                    (8, 4..) => tiles::<V, Q8, 4, 2>(call, i, p0, group),
-                    (8, 2..) => tiles::<V, Q8, 2, 4>(call, i, p0, group),
-                    (8, _) => tiles::<V, Q8, 1, 8>(call, i, p0, group),
-                    (_, 4..) => tiles::<V, Q8, 4, 1>(call, i, p0, group),
-                    (_, 2..) => tiles::<V, Q8, 2, 2>(call, i, p0, group),
-                    _ => tiles::<V, Q8, 1, 4>(call, i, p0, group),
+                    (8, 8) => tiles::<V, KIND, 8, 1>(call, i, p0, group),
+                    (8, 4..) => tiles::<V, KIND, 4, 2>(call, i, p0, group),
+                    (8, 2..) => tiles::<V, KIND, 2, 4>(call, i, p0, group),
+                    (8, _) => tiles::<V, KIND, 1, 8>(call, i, p0, group),
+                    (_, 4..) => tiles::<V, KIND, 4, 1>(call, i, p0, group),
+                    (_, 2..) => tiles::<V, KIND, 2, 2>(call, i, p0, group),
+                    _ => tiles::<V, KIND, 1, 4>(call, i, p0, group),
                 }
             };
         }
@@ -632,7 +699,7 @@ unsafe fn panels_body<V: PanelVector, const Q8: bool, const CHAINS: usize>(
 /// # Safety
 /// As [`run_panels`], for those rows and panels.
 #[inline(always)]
-unsafe fn tiles<V: PanelVector, const Q8: bool, const MR: usize, const NP: usize>(
+unsafe fn tiles<V: PanelVector, const KIND: u8, const MR: usize, const NP: usize>(
     call: &Call,
     i: usize,
     p0: usize,
@@ -641,12 +708,12 @@ unsafe fn tiles<V: PanelVector, const Q8: bool, const MR: usize, const NP: usize
     let mut p = p0;
     while p + NP <= p0 + group {
         // SAFETY: forwarded.
-        unsafe { tile::<V, Q8, MR, NP>(call, i, p) };
+        unsafe { tile::<V, KIND, MR, NP>(call, i, p) };
         p += NP;
     }
     while p < p0 + group {
         // SAFETY: forwarded.
-        unsafe { tile::<V, Q8, MR, 1>(call, i, p) };
+        unsafe { tile::<V, KIND, MR, 1>(call, i, p) };
         p += 1;
     }
     MR
@@ -659,7 +726,7 @@ unsafe fn tiles<V: PanelVector, const Q8: bool, const MR: usize, const NP: usize
 /// As [`run_panels`], for those rows and panels.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // index loops keep the accumulators in registers
-unsafe fn tile<V: PanelVector, const Q8: bool, const MR: usize, const NP: usize>(
+unsafe fn tile<V: PanelVector, const KIND: u8, const MR: usize, const NP: usize>(
     call: &Call,
     i: usize,
     p: usize,
@@ -674,10 +741,10 @@ unsafe fn tile<V: PanelVector, const Q8: bool, const MR: usize, const NP: usize>
                 let at = (p + q) * call.panel_stride + col * PANEL_COLS;
                 // SAFETY: column `col` of panel p + q (PANEL_COLS codes).
                 w[q] = unsafe {
-                    if Q8 {
-                        V::widen_u8(call.codes.add(at))
-                    } else {
-                        V::widen_bf16((call.codes as *const u16).add(at))
+                    match KIND {
+                        F32 => V::load((call.codes as *const f32).add(at)),
+                        BF16 => V::widen_bf16((call.codes as *const u16).add(at)),
+                        _ => V::widen_u8(call.codes.add(at)),
                     }
                 };
             }
@@ -689,7 +756,7 @@ unsafe fn tile<V: PanelVector, const Q8: bool, const MR: usize, const NP: usize>
                 }
             }
         }
-        if !Q8 {
+        if KIND != Q8 {
             total = acc;
             continue;
         }
@@ -713,7 +780,7 @@ unsafe fn tile<V: PanelVector, const Q8: bool, const MR: usize, const NP: usize>
     for r in 0..MR {
         for q in 0..NP {
             // SAFETY: forwarded (row i + r of the output, the panel's columns in the block).
-            unsafe { store(call, i + r, p + q, total[r][q].to_array()) };
+            unsafe { store(call, i + r, p + q, total[r][q]) };
         }
     }
 }
@@ -724,10 +791,25 @@ unsafe fn tile<V: PanelVector, const Q8: bool, const MR: usize, const NP: usize>
 /// # Safety
 /// Output row `row` must hold the block's `n` columns.
 #[inline(always)]
-unsafe fn store(call: &Call, row: usize, panel: usize, lanes: [f32; PANEL_COLS]) {
+unsafe fn store<V: PanelVector>(call: &Call, row: usize, panel: usize, v: V) {
     let PanelBlock { row0, n, .. } = call.block;
     let first = (panel * PANEL_COLS).max(row0);
     let end = ((panel + 1) * PANEL_COLS).min(row0 + n);
+    let at = row * call.rs_out + first - row0;
+    if end - first == PANEL_COLS && first == panel * PANEL_COLS {
+        // SAFETY: the panel's 16 columns lie inside output row `row`.
+        unsafe {
+            let out = call.out.add(at);
+            let v = if call.accumulate {
+                V::fma(1.0, V::load(out), v)
+            } else {
+                v
+            };
+            v.store(out);
+        }
+        return;
+    }
+    let lanes = v.to_array();
     for j in first..end {
         // SAFETY: column j - row0 < n of output row `row`.
         let out = unsafe { &mut *call.out.add(row * call.rs_out + j - row0) };
@@ -815,6 +897,22 @@ mod tests {
     }
 
     #[test]
+    fn f32_panels_hold_each_weight() {
+        let (n, k) = (19, 5);
+        let w = values(n * k, 9);
+        let panels = PanelMatrix::f32(&w, n, k);
+        for j in 0..n {
+            for p in 0..k {
+                assert_eq!(
+                    panels.get(j, p).to_bits(),
+                    w[j * k + p].to_bits(),
+                    "({j}, {p})"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn q8_panels_hold_the_matrix_dequantized() {
         let (n, k) = (21, 128);
         let q = QuantizedMatrix::quantize(&values(n * k, 2), n, k, 8, 32).unwrap();
@@ -831,7 +929,7 @@ mod tests {
     /// strided rows, written and accumulated: the reference's bits.
     #[test]
     fn every_kernel_gives_each_row_the_reference_bits_at_any_row_count() {
-        // (rows, cols, 8-bit group or 0 for bf16, block)
+        // (rows, cols, 8-bit group, or 0 for bf16 and 1 for f32, block)
         let cases = [
             (16, 1, 0, None),
             (33, 7, 0, None),
@@ -842,14 +940,18 @@ mod tests {
             (37, 256, 32, Some((3, 30, 64, 128))),
             (512, 256, 64, None),
             (64, 384, 128, Some((16, 32, 128, 256))),
+            (32, 7, 1, None),
+            (70, 96, 1, Some((16, 48, 5, 80))),
+            (20, 33, 1, Some((2, 17, 0, 33))),
         ];
         for (case, &(n_all, k_all, group, block)) in cases.iter().enumerate() {
             let weights = values(n_all * k_all, case as u64 + 3);
-            let q = (group > 0)
+            let q = (group > 1)
                 .then(|| QuantizedMatrix::quantize(&weights, n_all, k_all, 8, group).unwrap());
-            let w = match &q {
-                None => PanelMatrix::bf16(&weights, n_all, k_all),
-                Some(q) => PanelMatrix::q8(q),
+            let w = match (&q, group) {
+                (Some(q), _) => PanelMatrix::q8(q),
+                (None, 0) => PanelMatrix::bf16(&weights, n_all, k_all),
+                (None, _) => PanelMatrix::f32(&weights, n_all, k_all),
             };
             let block = block.map_or(PanelBlock::all(&w), |(row0, n, col0, k)| PanelBlock {
                 row0,

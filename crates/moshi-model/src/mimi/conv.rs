@@ -108,7 +108,8 @@ impl StreamingConv1d {
             stride,
             dilation,
             replicate_pad,
-            weight: Linear::f32(weight, out_channels, kernel_size * in_channels),
+            weight: Linear::f32(weight, out_channels, kernel_size * in_channels)
+                .with_many_row_panels(),
             bias,
         }
     }
@@ -447,7 +448,11 @@ impl StreamingConvTranspose1d {
             kernel_size,
             stride,
             depthwise,
-            weight: Linear::f32(weight, rows, cols),
+            weight: if depthwise {
+                Linear::f32(weight, rows, cols)
+            } else {
+                Linear::f32(weight, rows, cols).with_many_row_panels()
+            },
             bias,
         }
     }

@@ -104,7 +104,8 @@ enum GemmKernel {
     Bf16Copy,
     Q8Copy,
     F32Streaming,
-    F32Packed,
+    /// The f32 panels where the layer has them, else the packed sgemm.
+    F32ManyRows,
 }
 
 /// The weights of a layer.
@@ -133,6 +134,9 @@ pub struct Linear {
     out_dim: usize,
     in_dim: usize,
     few_rows: FewRowCopy,
+    /// The f32 weights in the panel kernel's layout, for [`Linear::gemm`]s of many rows
+    /// (Mimi's convolutions: [`Linear::with_many_row_panels`]).
+    many_rows: Option<PanelMatrix>,
 }
 
 impl Linear {
@@ -166,12 +170,23 @@ impl Linear {
             out_dim,
             in_dim,
             few_rows: FewRowCopy::None,
+            many_rows: None,
         }
     }
 
     /// An f32 layer (Mimi's weights).
     pub fn f32(values: Vec<f32>, out_dim: usize, in_dim: usize) -> Self {
         Self::new(LinearWeights::F32(values), out_dim, in_dim)
+    }
+
+    /// The layer with a copy of its f32 weights in column panels, which [`Linear::gemm`]s of
+    /// more rows than the streaming kernels take read instead of packing the weights at each
+    /// call (Mimi's convolutions, hundreds of rows a frame). Other weights ignore it.
+    pub fn with_many_row_panels(mut self) -> Self {
+        if let LinearWeights::F32(values) = &self.weights {
+            self.many_rows = Some(PanelMatrix::f32(values, self.out_dim, self.in_dim));
+        }
+        self
     }
 
     /// Output rows before `at` and from `at` on, as two layers (reduced copies are dropped).
@@ -337,7 +352,7 @@ impl Linear {
         if m <= SMALL_M {
             GemmKernel::F32Streaming
         } else {
-            GemmKernel::F32Packed
+            GemmKernel::F32ManyRows
         }
     }
 
@@ -349,7 +364,7 @@ impl Linear {
             GemmKernel::Bf16Copy => BF16_COPY_MAX_ROWS,
             GemmKernel::Q8Copy => Q8_COPY_MAX_ROWS,
             GemmKernel::F32Streaming => SMALL_M,
-            GemmKernel::F32Packed => usize::MAX,
+            GemmKernel::F32ManyRows => usize::MAX,
         }
     }
 
@@ -389,6 +404,14 @@ impl Linear {
                 count_bytes(n * k + n * (k / g) * 8);
                 let block = PanelBlock { row0, n, col0, k };
                 return gemm_nt_panels(m, a, rs_a, q, block, out, rs_out, accumulate);
+            }
+            (_, GemmKernel::F32ManyRows) if rs_w == self.in_dim => {
+                if let Some(panels) = &self.many_rows {
+                    count_bytes(n * k * 4);
+                    let (row0, col0) = (offset / self.in_dim, offset % self.in_dim);
+                    let block = PanelBlock { row0, n, col0, k };
+                    return gemm_nt_panels(m, a, rs_a, panels, block, out, rs_out, accumulate);
+                }
             }
             _ => {}
         }
