@@ -30,7 +30,7 @@ pub const PANEL_COLS: usize = 16;
 const PANEL_GAP_BYTES: usize = 64;
 
 /// A `[n, k]` weight matrix as panels of [`PANEL_COLS`] rows (the last one zero-padded), each
-/// `[k][PANEL_COLS]`, [`PANEL_GAP_BYTES`] apart.
+/// `[k][PANEL_COLS]`, 64 bytes apart.
 #[derive(Clone, Debug)]
 pub struct PanelMatrix {
     rows: usize,
@@ -451,7 +451,15 @@ trait PanelVector: Copy {
     fn fma(x: f32, w: Self, acc: Self) -> Self;
     /// `acc + x · w` lane by lane, `x` a vector.
     fn fma_lanes(x: Self, w: Self, acc: Self) -> Self;
-    fn to_array(self) -> [f32; PANEL_COLS];
+
+    #[inline(always)]
+    fn to_array(self) -> [f32; PANEL_COLS] {
+        let mut lanes = [0f32; PANEL_COLS];
+        // SAFETY: 16 floats of room; the implementations run in their instruction set's code.
+        unsafe { self.store(lanes.as_mut_ptr()) };
+        lanes
+    }
+
     /// The lanes to `PANEL_COLS` f32 at `at`.
     ///
     /// # Safety
@@ -513,11 +521,6 @@ impl<const FMA: bool> PanelVector for Lanes<FMA> {
     }
 
     #[inline(always)]
-    fn to_array(self) -> [f32; PANEL_COLS] {
-        self.0
-    }
-
-    #[inline(always)]
     unsafe fn store(self, at: *mut f32) {
         // SAFETY: PANEL_COLS values writable (caller contract).
         unsafe { *(at as *mut [f32; PANEL_COLS]) = self.0 };
@@ -528,7 +531,7 @@ impl<const FMA: bool> PanelVector for Lanes<FMA> {
 mod x86 {
     //! The x86 panel vectors, written out: the compiler vectorized the lanes' one-row tile
     //! across `k` with gathers.
-    use super::{PanelVector, PANEL_COLS};
+    use super::PanelVector;
     use std::arch::x86_64::*;
 
     /// One AVX-512 register.
@@ -572,13 +575,6 @@ mod x86 {
         #[inline(always)]
         fn fma_lanes(x: Self, w: Self, acc: Self) -> Self {
             Avx512(unsafe { _mm512_fmadd_ps(x.0, w.0, acc.0) })
-        }
-
-        #[inline(always)]
-        fn to_array(self) -> [f32; PANEL_COLS] {
-            let mut lanes = [0f32; PANEL_COLS];
-            unsafe { self.store(lanes.as_mut_ptr()) };
-            lanes
         }
 
         #[inline(always)]
@@ -639,13 +635,6 @@ mod x86 {
                     _mm256_fmadd_ps(x.0[1], w.0[1], acc.0[1]),
                 ])
             }
-        }
-
-        #[inline(always)]
-        fn to_array(self) -> [f32; PANEL_COLS] {
-            let mut lanes = [0f32; PANEL_COLS];
-            unsafe { self.store(lanes.as_mut_ptr()) };
-            lanes
         }
 
         #[inline(always)]

@@ -185,7 +185,7 @@ impl SplitQuantizer {
     /// (codes stacked the same way): the input projections take as many streams a product as
     /// keep the kernels of one stream's encode, so each stream gets the residuals of its encode
     /// alone; every codebook then scores all the rows in one product (the codes are the exact
-    /// nearest entries whatever the rows scored together: [`nearest`]).
+    /// nearest entries whatever the rows scored together: the module docs).
     pub fn encode_streams(
         &self,
         latent: &[f32],
