@@ -148,6 +148,13 @@ impl PanelMatrix {
         }
     }
 
+    /// The weights as the products use them, row-major `[rows][cols]`.
+    pub fn to_rows(&self) -> Vec<f32> {
+        (0..self.rows * self.cols)
+            .map(|i| self.get(i / self.cols, i % self.cols))
+            .collect()
+    }
+
     /// Weight `(row, col)` as the products use it (bf16 widened, or `q · s + b` for 8-bit codes).
     pub fn get(&self, row: usize, col: usize) -> f32 {
         let (panel, lane) = (row / PANEL_COLS, row % PANEL_COLS);

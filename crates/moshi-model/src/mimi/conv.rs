@@ -108,8 +108,7 @@ impl StreamingConv1d {
             stride,
             dilation,
             replicate_pad,
-            weight: Linear::f32(weight, out_channels, kernel_size * in_channels)
-                .with_many_row_panels(),
+            weight: Linear::f32(weight, out_channels, kernel_size * in_channels).into_panels(),
             bias,
         }
     }
@@ -451,7 +450,7 @@ impl StreamingConvTranspose1d {
             weight: if depthwise {
                 Linear::f32(weight, rows, cols)
             } else {
-                Linear::f32(weight, rows, cols).with_many_row_panels()
+                Linear::f32(weight, rows, cols).into_panels()
             },
             bias,
         }

@@ -104,14 +104,17 @@ enum GemmKernel {
     Bf16Copy,
     Q8Copy,
     F32Streaming,
-    /// The f32 panels where the layer has them, else the packed sgemm.
-    F32ManyRows,
+    F32Packed,
+    /// The layer's own f32 panels, any number of rows.
+    F32Panels,
 }
 
 /// The weights of a layer.
 #[derive(Clone, Debug)]
 pub enum LinearWeights {
     F32(Vec<f32>),
+    /// f32 in the panel kernel's column panels (Mimi's convolutions: [`Linear::into_panels`]).
+    F32Panels(PanelMatrix),
     /// bf16 bits.
     Bf16(Vec<u16>),
     Quantized(QuantizedMatrix),
@@ -134,9 +137,6 @@ pub struct Linear {
     out_dim: usize,
     in_dim: usize,
     few_rows: FewRowCopy,
-    /// The f32 weights in the panel kernel's layout, for [`Linear::gemm`]s of many rows
-    /// (Mimi's convolutions: [`Linear::with_many_row_panels`]).
-    many_rows: Option<PanelMatrix>,
 }
 
 impl Linear {
@@ -163,6 +163,10 @@ impl Linear {
                 assert_eq!((q.rows(), q.cols()), (out_dim, in_dim), "linear shape");
                 out_dim * in_dim
             }
+            LinearWeights::F32Panels(p) => {
+                assert_eq!((p.rows(), p.cols()), (out_dim, in_dim), "linear shape");
+                out_dim * in_dim
+            }
         };
         assert_eq!(len, out_dim * in_dim, "linear weight count");
         Self {
@@ -170,7 +174,6 @@ impl Linear {
             out_dim,
             in_dim,
             few_rows: FewRowCopy::None,
-            many_rows: None,
         }
     }
 
@@ -179,12 +182,14 @@ impl Linear {
         Self::new(LinearWeights::F32(values), out_dim, in_dim)
     }
 
-    /// The layer with a copy of its f32 weights in column panels, which [`Linear::gemm`]s of
-    /// more rows than the streaming kernels take read instead of packing the weights at each
-    /// call (Mimi's convolutions, hundreds of rows a frame). Other weights ignore it.
-    pub fn with_many_row_panels(mut self) -> Self {
+    /// The layer with its f32 weights rearranged into column panels, which every
+    /// [`Linear::gemm`] and [`Linear::forward`] then reads (any number of rows, each row's bits
+    /// the same: Mimi's convolutions, a few rows a frame for one stream, hundreds for the first
+    /// layers or many streams, without packing at each call). Other weights are left as they are.
+    pub fn into_panels(mut self) -> Self {
         if let LinearWeights::F32(values) = &self.weights {
-            self.many_rows = Some(PanelMatrix::f32(values, self.out_dim, self.in_dim));
+            let panels = PanelMatrix::f32(values, self.out_dim, self.in_dim);
+            self.weights = LinearWeights::F32Panels(panels);
         }
         self
     }
@@ -196,7 +201,12 @@ impl Linear {
     pub fn split_rows(self, at: usize) -> (Linear, Linear) {
         assert!(at <= self.out_dim, "split at row {at} of {}", self.out_dim);
         let (rows, cols) = (self.out_dim, self.in_dim);
-        let (head, tail) = match self.weights {
+        let weights = match self.weights {
+            LinearWeights::F32Panels(p) => LinearWeights::F32(p.to_rows()),
+            other => other,
+        };
+        let (head, tail) = match weights {
+            LinearWeights::F32Panels(_) => unreachable!("rearranged into rows above"),
             LinearWeights::F32(mut v) => {
                 let tail = v.split_off(at * cols);
                 (LinearWeights::F32(v), LinearWeights::F32(tail))
@@ -245,6 +255,7 @@ impl Linear {
             LinearWeights::F32(v) => v.len() * 4,
             LinearWeights::Bf16(v) => v.len() * 2,
             LinearWeights::Quantized(q) => q.weight_bytes(),
+            LinearWeights::F32Panels(p) => p.weight_bytes(),
         }
     }
 
@@ -265,16 +276,22 @@ impl Linear {
             (FewRowCopy::Bf16(_), _) => BF16_COPY_MAX_ROWS,
             (FewRowCopy::Q8(_), _) => Q8_COPY_MAX_ROWS,
             (FewRowCopy::None, LinearWeights::F32(_)) => EXACT_ROWS_MAX,
-            (FewRowCopy::None, LinearWeights::Bf16(_) | LinearWeights::Quantized(_)) => usize::MAX,
+            (
+                FewRowCopy::None,
+                LinearWeights::Bf16(_) | LinearWeights::Quantized(_) | LinearWeights::F32Panels(_),
+            ) => usize::MAX,
         }
     }
 
     /// Builds (or drops) the reduced copy few-row products read. Needs f32 weights (the copy is
     /// made from them); other layers keep their weights and ignore the request.
     pub fn set_few_row_precision(&mut self, precision: FewRowPrecision) {
-        let LinearWeights::F32(values) = &self.weights else {
-            return;
+        let values = match &self.weights {
+            LinearWeights::F32(values) => std::borrow::Cow::Borrowed(values.as_slice()),
+            LinearWeights::F32Panels(p) => std::borrow::Cow::Owned(p.to_rows()),
+            _ => return,
         };
+        let values = values.as_ref();
         let bf16 = |v: &[f32]| FewRowCopy::Bf16(v.iter().map(|&x| f32_to_bf16_bits(x)).collect());
         let (rows, cols) = (self.out_dim, self.in_dim);
         self.few_rows = match precision {
@@ -322,6 +339,9 @@ impl Linear {
             LinearWeights::F32(w) => matmul(w, n, k, x, m, out),
             LinearWeights::Bf16(w) => matmul(w, n, k, x, m, out),
             LinearWeights::Quantized(q) => q.matmul(x, m, out),
+            LinearWeights::F32Panels(p) => {
+                gemm_nt_panels(m, x, k, p, PanelBlock::all(p), out, n, false)
+            }
         }
     }
 
@@ -349,10 +369,16 @@ impl Linear {
             }
             _ => {}
         }
-        if m <= SMALL_M {
+        if let LinearWeights::F32Panels(_) = self.weights {
+            assert_eq!(
+                rs_w, self.in_dim,
+                "a block of panels takes whole weight rows"
+            );
+            GemmKernel::F32Panels
+        } else if m <= SMALL_M {
             GemmKernel::F32Streaming
         } else {
-            GemmKernel::F32ManyRows
+            GemmKernel::F32Packed
         }
     }
 
@@ -364,7 +390,7 @@ impl Linear {
             GemmKernel::Bf16Copy => BF16_COPY_MAX_ROWS,
             GemmKernel::Q8Copy => Q8_COPY_MAX_ROWS,
             GemmKernel::F32Streaming => SMALL_M,
-            GemmKernel::F32ManyRows => usize::MAX,
+            GemmKernel::F32Packed | GemmKernel::F32Panels => usize::MAX,
         }
     }
 
@@ -405,13 +431,14 @@ impl Linear {
                 let block = PanelBlock { row0, n, col0, k };
                 return gemm_nt_panels(m, a, rs_a, q, block, out, rs_out, accumulate);
             }
-            (_, GemmKernel::F32ManyRows) if rs_w == self.in_dim => {
-                if let Some(panels) = &self.many_rows {
-                    count_bytes(n * k * 4);
-                    let (row0, col0) = (offset / self.in_dim, offset % self.in_dim);
-                    let block = PanelBlock { row0, n, col0, k };
-                    return gemm_nt_panels(m, a, rs_a, panels, block, out, rs_out, accumulate);
-                }
+            (_, GemmKernel::F32Panels) => {
+                let LinearWeights::F32Panels(panels) = &self.weights else {
+                    unreachable!("the panels kernel runs on panels")
+                };
+                count_bytes(n * k * 4);
+                let (row0, col0) = (offset / self.in_dim, offset % self.in_dim);
+                let block = PanelBlock { row0, n, col0, k };
+                return gemm_nt_panels(m, a, rs_a, panels, block, out, rs_out, accumulate);
             }
             _ => {}
         }
