@@ -327,20 +327,29 @@ pub fn gemm_nt_panels_with(
             accumulate,
         };
         let (first, end) = (row0 / PANEL_COLS, (row0 + n).div_ceil(PANEL_COLS));
-        let parts = if m * n * k < PARALLEL_MIN_MACS {
+        let threads = if m * n * k < PARALLEL_MIN_MACS {
             1
         } else {
-            crate::team::threads().min(end - first)
+            crate::team::threads()
         };
-        if parts < 2 {
+        if threads < 2 {
             // SAFETY: the call's slices hold what it reads and writes (asserted above).
             unsafe { run_panels(kernel, kind, &call, first, end) };
-            return;
+        } else if end - first >= threads || m < 2 * CHAINS_MAX {
+            par_ranges(first, end, threads.min(end - first), &|lo, hi| {
+                // SAFETY: as above; each range writes the output columns of its own panels.
+                unsafe { run_panels(kernel, kind, &call, lo, hi) };
+            });
+        } else {
+            // Fewer panels than threads (the first convolutions: 32 or 64 columns, hundreds of
+            // rows): the rows split instead, in whole tiles.
+            let tiles = m.div_ceil(CHAINS_MAX);
+            par_ranges(0, tiles, threads.min(tiles), &|lo, hi| {
+                let rows = lo * CHAINS_MAX..(hi * CHAINS_MAX).min(m);
+                // SAFETY: as above; each range writes its own output rows.
+                unsafe { run_panels(kernel, kind, &call.rows(rows), first, end) };
+            });
         }
-        par_ranges(first, end, parts, &|lo, hi| {
-            // SAFETY: as above; each range writes the output columns of its own panels.
-            unsafe { run_panels(kernel, kind, &call, lo, hi) };
-        });
     });
 }
 
@@ -374,8 +383,25 @@ struct Call {
     accumulate: bool,
 }
 
-// SAFETY: the left rows, panels and sums are read only; each range of panels writes disjoint
-// output columns.
+impl Call {
+    /// The same product restricted to left rows `rows`.
+    fn rows(&self, rows: std::ops::Range<usize>) -> Call {
+        let groups_in_block = self.block.k / self.group;
+        Call {
+            m: rows.len(),
+            a: self.a.wrapping_add(rows.start * self.rs_a),
+            xsum: self.xsum.wrapping_add(rows.start * groups_in_block),
+            out: self.out.wrapping_add(rows.start * self.rs_out),
+            ..*self
+        }
+    }
+}
+
+/// The most left rows a tile takes (the AVX-512 tiles'), the unit of a split by rows.
+const CHAINS_MAX: usize = 8;
+
+// SAFETY: the left rows, panels and sums are read only; each range of panels (or of rows)
+// writes disjoint outputs.
 unsafe impl Send for Call {}
 unsafe impl Sync for Call {}
 
@@ -922,7 +948,8 @@ mod tests {
     }
 
     /// Every kernel, every tile shape (1-17 rows), full matrices and blocks, overlapping and
-    /// strided rows, written and accumulated: the reference's bits.
+    /// strided rows, written and accumulated, threaded by panels and by rows: the reference's
+    /// bits.
     #[test]
     fn every_kernel_gives_each_row_the_reference_bits_at_any_row_count() {
         // (rows, cols, 8-bit group, or 0 for bf16 and 1 for f32, block)
@@ -939,6 +966,9 @@ mod tests {
             (32, 7, 1, None),
             (70, 96, 1, Some((16, 48, 5, 80))),
             (20, 33, 1, Some((2, 17, 0, 33))),
+            // One panel, enough work to thread: the rows split (17 rows).
+            (16, 1024, 0, None),
+            (16, 1024, 64, None),
         ];
         for (case, &(n_all, k_all, group, block)) in cases.iter().enumerate() {
             let weights = values(n_all * k_all, case as u64 + 3);
