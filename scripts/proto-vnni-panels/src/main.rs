@@ -110,9 +110,22 @@ fn main() {
     let a = Acts { m, k, hi: (0..m * k).map(|_| rnd() as i8 / 2).collect(), lo: (0..m * k).map(|_| rnd() as i8).collect(),
         exps: (0..m * groups).map(|_| -((rnd() % 20) as f32)).collect(), gsum: (0..m * groups).map(|_| (rnd() % 100) as f32).collect() };
     let mut out = vec![0f32; m * n];
-    // check the prototype against a scalar reference of the same arithmetic
+    // The tile shapes that fit m rows (MR <= m), the first of them checked against a scalar
+    // reference of the same arithmetic and the others against it bit for bit.
+    type Run = fn(&Panels, &Acts, &mut [f32]);
+    let shapes: Vec<(&str, usize, Run)> = vec![
+        ("8x1", 8, run::<8, 1>),
+        ("4x2", 4, run::<4, 2>),
+        ("2x4", 2, run::<2, 4>),
+        ("1x4", 1, run::<1, 4>),
+    ];
+    let shapes: Vec<(&str, Run)> = shapes
+        .into_iter()
+        .filter(|&(_, mr, _)| mr <= m && m % mr == 0)
+        .map(|(name, _, f)| (name, f))
+        .collect();
     {
-        run::<4, 2>(&w, &a, &mut out);
+        shapes[0].1(&w, &a, &mut out);
         let code = |j: usize, col: usize| {
             let (p, l, g, c, b) = (j / 16, j % 16, col / G, (col % G) / 8, col % 8);
             let byte = w.codes[(((p * groups + g) * 4 + c) * 64) + l * 4 + (b % 4)];
@@ -128,10 +141,10 @@ fn main() {
             }
             worst = worst.max(((out[r * n + j] as f64 - t).abs() / (1.0 + t.abs())) as f32);
         }}
-        for v in [run::<8, 1> as fn(&Panels, &Acts, &mut [f32]), run::<2, 4>].into_iter().skip(if m < 8 { 1 } else { 0 }) {
+        for (name, v) in &shapes[1..] {
             let mut o2 = vec![0f32; m * n];
             v(&w, &a, &mut o2);
-            assert!(o2.iter().zip(&out).all(|(x, y)| x.to_bits() == y.to_bits()), "tile shapes differ");
+            assert!(o2.iter().zip(&out).all(|(x, y)| x.to_bits() == y.to_bits()), "tile {name} differs");
         }
         println!("prototype vs f64 reference: worst relative error {worst:.2e} (tile shapes bit-identical)");
     }
@@ -150,17 +163,14 @@ fn main() {
             let t0 = Instant::now();
             for i in 0..reps { qms[i % copies].matmul(&xs, m, &mut y); }
             let cur = t0.elapsed().as_secs_f64() / reps as f64;
-            let t0 = Instant::now();
-            for i in 0..reps { run::<4, 2>(&ws[i % copies], &a, &mut out); }
-            let p42 = t0.elapsed().as_secs_f64() / reps as f64;
-            let t0 = Instant::now();
-            for i in 0..reps { run::<8, 1>(&ws[i % copies], &a, &mut out); }
-            let p81 = t0.elapsed().as_secs_f64() / reps as f64;
-            let t0 = Instant::now();
-            for i in 0..reps { run::<2, 4>(&ws[i % copies], &a, &mut out); }
-            let p24 = t0.elapsed().as_secs_f64() / reps as f64;
-            println!("n{n} k{k} m{m} r{round}: cycles/pair-block at 3.6 GHz: current {:.2}, panels 4x2 {:.2}, 8x1 {:.2}, 2x4 {:.2}",
-                cur * ghz / blocks, p42 * ghz / blocks, p81 * ghz / blocks, p24 * ghz / blocks);
+            let mut line = format!("n{n} k{k} m{m} r{round}: cycles/pair-block at 3.6 GHz: current {:.2}", cur * ghz / blocks);
+            for (name, f) in &shapes {
+                let t0 = Instant::now();
+                for i in 0..reps { f(&ws[i % copies], &a, &mut out); }
+                let t = t0.elapsed().as_secs_f64() / reps as f64;
+                line += &format!(", panels {name} {:.2}", t * ghz / blocks);
+            }
+            println!("{line}");
         }
     });
     std::hint::black_box(&out);
