@@ -61,7 +61,8 @@ impl PanelMatrix {
     /// # Panics
     /// If `w.len() != rows * cols` (caller bug).
     pub fn f32(w: &[f32], rows: usize, cols: usize) -> Self {
-        let (panel_stride, panels) = arrange(w, rows, cols, |v| v);
+        assert_eq!(w.len(), rows * cols, "PanelMatrix: {rows} x {cols} values");
+        let (panel_stride, panels) = arrange(rows, cols, |j, p| w[j * cols + p]);
         PanelMatrix {
             rows,
             cols,
@@ -76,7 +77,8 @@ impl PanelMatrix {
     /// # Panics
     /// If `w.len() != rows * cols` (caller bug).
     pub fn bf16(w: &[f32], rows: usize, cols: usize) -> Self {
-        let (panel_stride, panels) = arrange(w, rows, cols, f32_to_bf16_bits);
+        assert_eq!(w.len(), rows * cols, "PanelMatrix: {rows} x {cols} values");
+        let (panel_stride, panels) = arrange(rows, cols, |j, p| f32_to_bf16_bits(w[j * cols + p]));
         PanelMatrix {
             rows,
             cols,
@@ -93,16 +95,11 @@ impl PanelMatrix {
         assert_eq!(q.bits(), 8, "PanelMatrix::q8 takes 8-bit weights");
         let (rows, cols, group) = (q.rows(), q.cols(), q.group_size());
         let groups = cols / group;
-        let panel_stride = PANEL_COLS * cols + PANEL_GAP_BYTES;
-        let panel_count = rows.div_ceil(PANEL_COLS);
-        let mut codes = vec![0u8; panel_count * panel_stride];
-        let mut factors = vec![0f32; panel_count * groups * 2 * PANEL_COLS];
+        let (panel_stride, codes) = arrange(rows, cols, |j, p| q.code(j, p) as u8);
+        let mut factors = vec![0f32; rows.div_ceil(PANEL_COLS) * groups * 2 * PANEL_COLS];
         let format = q.scale_format();
         for j in 0..rows {
             let (panel, lane) = (j / PANEL_COLS, j % PANEL_COLS);
-            for p in 0..cols {
-                codes[panel * panel_stride + p * PANEL_COLS + lane] = q.code(j, p) as u8;
-            }
             for g in 0..groups {
                 let at = (panel * groups + g) * 2 * PANEL_COLS + lane;
                 factors[at] = format.to_f32(q.scales()[j * groups + g]);
@@ -174,21 +171,19 @@ impl PanelMatrix {
     }
 }
 
-/// Row-major `w` (`rows` x `cols`) in panels of `convert`ed elements: the panel stride (elements)
-/// and the panels.
+/// The `rows` x `cols` elements `element(row, col)` in panels: the panel stride (elements) and
+/// the panels.
 fn arrange<E: Copy + Default>(
-    w: &[f32],
     rows: usize,
     cols: usize,
-    convert: impl Fn(f32) -> E,
+    element: impl Fn(usize, usize) -> E,
 ) -> (usize, Vec<E>) {
-    assert_eq!(w.len(), rows * cols, "PanelMatrix: {rows} x {cols} values");
     let panel_stride = PANEL_COLS * cols + PANEL_GAP_BYTES / std::mem::size_of::<E>();
     let mut panels = vec![E::default(); rows.div_ceil(PANEL_COLS) * panel_stride];
-    for (j, row) in w.chunks_exact(cols.max(1)).enumerate().take(rows) {
+    for j in 0..rows {
         let panel = &mut panels[j / PANEL_COLS * panel_stride..];
-        for (p, &v) in row.iter().enumerate() {
-            panel[p * PANEL_COLS + j % PANEL_COLS] = convert(v);
+        for p in 0..cols {
+            panel[p * PANEL_COLS + j % PANEL_COLS] = element(j, p);
         }
     }
     (panel_stride, panels)
@@ -281,14 +276,10 @@ pub fn gemm_nt_panels_with(
         rs_out >= n && out.len() >= (m - 1) * rs_out + n,
         "gemm_nt_panels: output too short"
     );
-    let kind = match &w.codes {
-        PanelCodes::F32(_) => F32,
-        PanelCodes::Bf16(_) => BF16,
-        PanelCodes::Q8 { .. } => Q8,
-    };
-    let (codes, group, factors) = match &w.codes {
-        PanelCodes::F32(v) => (v.as_ptr() as *const u8, k.max(1), std::ptr::null()),
-        PanelCodes::Bf16(v) => (v.as_ptr() as *const u8, k.max(1), std::ptr::null()),
+    // f32 and bf16: the block's columns as one group.
+    let (kind, codes, group, factors) = match &w.codes {
+        PanelCodes::F32(v) => (F32, v.as_ptr() as *const u8, k.max(1), std::ptr::null()),
+        PanelCodes::Bf16(v) => (BF16, v.as_ptr() as *const u8, k.max(1), std::ptr::null()),
         PanelCodes::Q8 {
             codes,
             group,
@@ -299,7 +290,7 @@ pub fn gemm_nt_panels_with(
                 "gemm_nt_panels: columns {col0}..{} not whole groups of {group}",
                 col0 + k
             );
-            (codes.as_ptr(), *group, factors.as_ptr())
+            (Q8, codes.as_ptr(), *group, factors.as_ptr())
         }
     };
     XSUM.with(|cell| {
@@ -366,15 +357,15 @@ struct Call {
     block: PanelBlock,
     a: *const f32,
     rs_a: usize,
-    /// The panels' first byte (bf16 or 8-bit codes).
+    /// The panels' first byte (f32, bf16 or 8-bit codes).
     codes: *const u8,
     /// Elements from one panel to the next.
     panel_stride: usize,
-    /// Columns per group (bf16: the block's `k`, one group).
+    /// Columns per group (f32 and bf16: the block's `k`, one group).
     group: usize,
     /// Groups per weight row (8-bit).
     groups: usize,
-    /// 8-bit: per panel and group, 16 scales then 16 biases; null for bf16.
+    /// 8-bit: per panel and group, 16 scales then 16 biases; null for f32 and bf16.
     factors: *const f32,
     /// 8-bit: `[m][k / group]` activation sums of the block's groups.
     xsum: *const f32,

@@ -1,7 +1,8 @@
 //! One linear layer (no bias) for the LM and Mimi: weights `[out_dim, in_dim]` row-major as in
-//! PyTorch checkpoints, kept as f32, bf16 (widened exactly at use) or MLX-packed, plus, for Mimi,
-//! an optional reduced copy (bf16 or MLX 8-bit) that few-row products read instead (the
-//! memory-bound streaming case). Every product runs in `moshi-kernels`.
+//! PyTorch checkpoints, kept as f32, bf16 (widened exactly at use) or MLX-packed, or for Mimi's
+//! convolutions as f32 column panels, plus, for Mimi, an optional reduced copy (bf16, or MLX 8-bit
+//! in panels) that few-row products read instead (the memory-bound streaming case). Every product
+//! runs in `moshi-kernels`.
 //!
 //! [`Linear::forward`] over up to [`EXACT_ROWS_MAX`] rows gives each row the bits it gets alone
 //! (dense weights: the fixed-order kernels; packed weights: the quantized kernels, exact per row),
@@ -352,6 +353,17 @@ impl Linear {
         out
     }
 
+    /// The panels' block of a [`Linear::gemm`] (whole weight rows, `rs_w` = `in_dim`): `n`
+    /// weight rows and `k` columns from the weight at `offset`.
+    fn panel_block(&self, offset: usize, n: usize, k: usize) -> PanelBlock {
+        PanelBlock {
+            row0: offset / self.in_dim,
+            n,
+            col0: offset % self.in_dim,
+            k,
+        }
+    }
+
     /// The kernel a [`Linear::gemm`] of `m` rows over the block (`k` columns from `offset`,
     /// weight rows `rs_w` apart) runs.
     fn gemm_kernel(&self, m: usize, k: usize, offset: usize, rs_w: usize) -> GemmKernel {
@@ -426,9 +438,8 @@ impl Linear {
             }
             (FewRowCopy::Q8(q), GemmKernel::Q8Copy) => {
                 let g = q.group_size();
-                let (row0, col0) = (offset / self.in_dim, offset % self.in_dim);
                 count_bytes(n * k + n * (k / g) * 8);
-                let block = PanelBlock { row0, n, col0, k };
+                let block = self.panel_block(offset, n, k);
                 return gemm_nt_panels(m, a, rs_a, q, block, out, rs_out, accumulate);
             }
             (_, GemmKernel::F32Panels) => {
@@ -436,8 +447,7 @@ impl Linear {
                     unreachable!("the panels kernel runs on panels")
                 };
                 count_bytes(n * k * 4);
-                let (row0, col0) = (offset / self.in_dim, offset % self.in_dim);
-                let block = PanelBlock { row0, n, col0, k };
+                let block = self.panel_block(offset, n, k);
                 return gemm_nt_panels(m, a, rs_a, panels, block, out, rs_out, accumulate);
             }
             _ => {}
