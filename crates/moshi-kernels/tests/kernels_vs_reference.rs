@@ -6,11 +6,41 @@
 //! recursive summation gives `|fast - ref| ≤ (cols + 4) · ε · Σ_j |x_j| (|q_j s| + |b|)`.
 
 use moshi_kernels::{
-    round_activations_i8, round_activations_two_digits, ActivationPrecision, Kernel,
+    round_activations_i8, round_activations_two_digits, ActivationPrecision, Kernel, QuantPanels,
     QuantizedMatrix, ScaleFormat, Q8_0_BLOCK, Q8_0_BLOCK_BYTES, SUPPORTED_BITS,
     SUPPORTED_GROUP_SIZES,
 };
 use moshi_test_support::XorShift64Star;
+
+/// One way this CPU multiplies a matrix: a kernel on MLX's row layout, or the panel layout.
+struct Product {
+    name: String,
+    run: Box<dyn Fn(ActivationPrecision, &[f32], usize, &mut [f32])>,
+}
+
+/// Every way this CPU multiplies `w`: each kernel it runs on the row layout, and the AVX-512
+/// VNNI kernel on `w` rearranged into panels where it reads them (4-bit codes).
+fn products(w: &QuantizedMatrix) -> Vec<Product> {
+    let mut all: Vec<Product> = Kernel::available()
+        .into_iter()
+        .map(|kernel| {
+            let w = w.clone();
+            Product {
+                name: kernel.name().to_string(),
+                run: Box::new(move |precision, x, m, y| {
+                    w.matmul_with(kernel, precision, x, m, y).unwrap()
+                }),
+            }
+        })
+        .collect();
+    if let Ok(panels) = QuantPanels::from_matrix(w.clone(), Kernel::Avx512Vnni) {
+        all.push(Product {
+            name: "avx512vnni on panels".to_string(),
+            run: Box::new(move |precision, x, m, y| panels.matmul_with(precision, x, m, y)),
+        });
+    }
+    all
+}
 
 fn bf16(v: f32) -> u16 {
     half::bf16::from_f32(v).to_bits()
@@ -96,14 +126,14 @@ fn check_matrix(w: &QuantizedMatrix, m: usize, x: &[f32], what: &str) {
     let mut want = vec![0f32; m * rows];
     w.matmul_reference(&x, m, &mut want);
     let bounds = error_bounds(w, &x, m);
-    for kernel in Kernel::available() {
+    for product in products(w) {
         let mut got = vec![f32::NAN; m * rows];
-        w.matmul_with_kernel(kernel, &x, m, &mut got).unwrap();
+        (product.run)(ActivationPrecision::Exact, &x, m, &mut got);
         let ratio = worst_ratio(&got, &want, &bounds);
         assert!(
             ratio <= 1.0,
             "{} kernel, {what}: error {ratio} x the bound",
-            kernel.name()
+            product.name
         );
     }
     let mut got = vec![f32::NAN; m * rows];
@@ -199,12 +229,12 @@ fn bound_detects_a_single_wrong_code() {
     .unwrap();
     let (mut want, mut got) = (vec![0f32; 5], vec![0f32; 5]);
     w.matmul_reference(&x, 1, &mut want);
-    for kernel in Kernel::available() {
-        broken.matmul_with_kernel(kernel, &x, 1, &mut got).unwrap();
+    for product in products(&broken) {
+        (product.run)(ActivationPrecision::Exact, &x, 1, &mut got);
         assert!(
             worst_ratio(&got, &want, &error_bounds(&w, &x, 1)) > 1.0,
             "{}",
-            kernel.name()
+            product.name
         );
     }
 }
@@ -224,10 +254,10 @@ fn matvec_equals_dequantized_dot_on_exact_values() {
         w.dequantize_row_f32(r, &mut row);
         *v = row.iter().zip(&x).map(|(a, b)| a * b).sum();
     }
-    for kernel in Kernel::available() {
+    for product in products(&w) {
         let mut got = vec![0f32; 4];
-        w.matmul_with_kernel(kernel, &x, 1, &mut got).unwrap();
-        assert_eq!(got, want, "{}", kernel.name());
+        (product.run)(ActivationPrecision::Exact, &x, 1, &mut got);
+        assert_eq!(got, want, "{}", product.name);
     }
 }
 
@@ -254,12 +284,12 @@ fn matvec_is_bit_identical_to_each_row_of_a_matmul() {
             let cols = 5 * group_size;
             let w = random_matrix(&mut rng, rows, cols, bits, group_size);
             let xs: Vec<f32> = (0..m * cols).map(|_| rng.uniform(-1.0, 1.0)).collect();
-            for kernel in Kernel::available() {
+            for product in products(&w) {
                 let mut pair = vec![0f32; m * rows];
-                w.matmul_with(kernel, precision, &xs, m, &mut pair).unwrap();
+                (product.run)(precision, &xs, m, &mut pair);
                 for (i, x) in xs.chunks_exact(cols).enumerate() {
                     let mut single = vec![f32::NAN; rows];
-                    w.matmul_with(kernel, precision, x, 1, &mut single).unwrap();
+                    (product.run)(precision, x, 1, &mut single);
                     let want = &pair[i * rows..(i + 1) * rows];
                     assert!(
                         single
@@ -268,7 +298,7 @@ fn matvec_is_bit_identical_to_each_row_of_a_matmul() {
                             .all(|(a, b)| a.to_bits() == b.to_bits()),
                         "{} {precision:?} q{bits}g{group_size} rows {rows} activation row {i}: \
                          {single:?} vs {want:?}",
-                        kernel.name()
+                        product.name
                     );
                 }
             }
@@ -288,12 +318,12 @@ fn long_rows_match_reference_and_single_row_bits() {
         }
         let w = random_matrix(&mut rng, 9, cols, bits, group_size);
         let xs: Vec<f32> = (0..5 * cols).map(|_| rng.uniform(-1.0, 1.0)).collect();
-        for kernel in Kernel::available() {
+        for product in products(&w) {
             let mut five = vec![0f32; 5 * 9];
-            w.matmul_with_kernel(kernel, &xs, 5, &mut five).unwrap();
+            (product.run)(ActivationPrecision::Exact, &xs, 5, &mut five);
             for (i, x) in xs.chunks_exact(cols).enumerate() {
                 let mut single = vec![f32::NAN; 9];
-                w.matmul_with_kernel(kernel, x, 1, &mut single).unwrap();
+                (product.run)(ActivationPrecision::Exact, x, 1, &mut single);
                 let want = &five[i * 9..(i + 1) * 9];
                 assert!(
                     single
@@ -301,7 +331,7 @@ fn long_rows_match_reference_and_single_row_bits() {
                         .zip(want)
                         .all(|(a, b)| a.to_bits() == b.to_bits()),
                     "{} q{bits}g{group_size} cols {cols} row {i}: {single:?} vs {want:?}",
-                    kernel.name()
+                    product.name
                 );
             }
         }
@@ -320,12 +350,12 @@ fn non_finite_activations_give_non_finite_outputs_in_every_kernel() {
             x[256 + 100] = bad;
             let mut want = vec![0f32; 2 * 6];
             w.matmul_reference(&x, 2, &mut want);
-            for kernel in Kernel::available() {
+            for product in products(&w) {
                 let mut got = vec![0f32; 2 * 6];
-                w.matmul_with_kernel(kernel, &x, 2, &mut got).unwrap();
+                (product.run)(ActivationPrecision::Exact, &x, 2, &mut got);
                 let finite: Vec<bool> = got.iter().map(|v| v.is_finite()).collect();
                 let want_finite: Vec<bool> = want.iter().map(|v| v.is_finite()).collect();
-                assert_eq!(finite, want_finite, "{} q{bits} {bad}", kernel.name());
+                assert_eq!(finite, want_finite, "{} q{bits} {bad}", product.name);
                 assert!(finite[..6].iter().all(|f| *f) && !finite[6..].iter().any(|f| *f));
             }
         }
@@ -347,12 +377,12 @@ fn a_row_the_fixed_point_cannot_hold_leaves_the_other_rows_of_the_batch_alone() 
             } else {
                 xs[cols + 7] = bad;
             }
-            for kernel in Kernel::available() {
+            for product in products(&w) {
                 let mut three = vec![0f32; 3 * rows];
-                w.matmul_with_kernel(kernel, &xs, 3, &mut three).unwrap();
+                (product.run)(ActivationPrecision::Exact, &xs, 3, &mut three);
                 for (i, x) in xs.chunks_exact(cols).enumerate() {
                     let mut single = vec![f32::NAN; rows];
-                    w.matmul_with_kernel(kernel, x, 1, &mut single).unwrap();
+                    (product.run)(ActivationPrecision::Exact, x, 1, &mut single);
                     let want = &three[i * rows..(i + 1) * rows];
                     assert!(
                         single
@@ -360,7 +390,7 @@ fn a_row_the_fixed_point_cannot_hold_leaves_the_other_rows_of_the_batch_alone() 
                             .zip(want)
                             .all(|(a, b)| a.to_bits() == b.to_bits()),
                         "{} q{bits}g{group_size} bad {bad} row {i}: {single:?} vs {want:?}",
-                        kernel.name()
+                        product.name
                     );
                 }
             }
@@ -416,25 +446,24 @@ fn check_rounded_matrix(
     let mut want = vec![0f32; m * rows];
     w.matmul_reference(&rounded, m, &mut want);
     let bounds = error_bounds(w, &rounded, m);
-    for kernel in Kernel::available() {
+    for product in products(w) {
         let mut got = vec![f32::NAN; m * rows];
-        w.matmul_with(kernel, precision, x, m, &mut got).unwrap();
+        (product.run)(precision, x, m, &mut got);
         let ratio = worst_ratio(&got, &want, &bounds);
         assert!(
             ratio <= 1.0,
             "{} kernel, {what}: error {ratio} x the bound",
-            kernel.name()
+            product.name
         );
         // Each row of a batch gets the bits it gets alone.
         if m > 1 {
             let mut alone = vec![f32::NAN; rows];
-            w.matmul_with(kernel, precision, &x[cols..2 * cols], 1, &mut alone)
-                .unwrap();
+            (product.run)(precision, &x[cols..2 * cols], 1, &mut alone);
             assert_eq!(
                 &got[rows..2 * rows],
                 &alone[..],
                 "{} kernel, {what}",
-                kernel.name()
+                product.name
             );
         }
     }
@@ -497,10 +526,10 @@ fn eight_bit_activations_round_each_group_and_leave_rows_they_cannot_hold() {
     assert!(rounded[cols + 3].is_nan());
     assert_eq!(rounded[cols..cols + 3], x[cols..cols + 3]);
     let w = random_matrix(&mut XorShift64Star::new(7), 5, cols, 4, 64);
-    for kernel in Kernel::available() {
+    for product in products(&w) {
         for precision in [ActivationPrecision::Int8, ActivationPrecision::Int16] {
             let mut y = vec![0f32; 2 * 5];
-            w.matmul_with(kernel, precision, &x, 2, &mut y).unwrap();
+            (product.run)(precision, &x, 2, &mut y);
             assert!(y[..5].iter().all(|v| v.is_finite()) && y[5..].iter().all(|v| v.is_nan()));
         }
     }
@@ -606,10 +635,10 @@ fn q8_0_products_are_exact_on_exact_values() {
                 .sum::<f64>() as f32
         })
         .collect();
-    for kernel in Kernel::available() {
+    for product in products(&w) {
         let mut got = vec![f32::NAN; rows];
-        w.matmul_with_kernel(kernel, &x, 1, &mut got).unwrap();
-        assert_eq!(got, want, "{} kernel", kernel.name());
+        (product.run)(ActivationPrecision::Exact, &x, 1, &mut got);
+        assert_eq!(got, want, "{} kernel", product.name);
     }
 }
 

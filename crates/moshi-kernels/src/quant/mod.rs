@@ -48,6 +48,7 @@ mod generic;
 mod int8;
 #[cfg(target_arch = "aarch64")]
 mod neon;
+mod panel_matrix;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod passes;
 mod portable;
@@ -55,8 +56,11 @@ mod scale;
 mod two_digits;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
+#[cfg(target_arch = "x86_64")]
+mod vnni_panels;
 
 pub use int8::round_activations_i8;
+pub use panel_matrix::QuantPanels;
 pub use two_digits::round_activations_two_digits;
 
 use std::borrow::Cow;

@@ -1,0 +1,305 @@
+//! A 4-bit MLX matrix rearranged for products whose vector lanes run across weight rows
+//! ([`QuantPanels`]): its rows in panels of 16, so that one integer dot product instruction
+//! multiplies 16 rows' codes by one broadcast word of activation digits and each lane's sum is
+//! one output's (no horizontal sums, no per-pair preparation). The one layout every row count
+//! reads, so a row's bits never depend on the rows beside it.
+//!
+//! **Layout** (u32 words): panel `p` holds rows `16p..16p + 16` (past the matrix: zero codes and
+//! zero factors); per quantization group of `G` columns, `G / 8` chunks of 16 words, word `l` of
+//! chunk `c` being row `16p + l`'s MLX code word `c` of the group (8 columns: the low nibbles the
+//! even columns, the high nibbles the odd ones), then one word per row holding its bf16 bias in
+//! the high half and its bf16 scale in the low half. Each panel is one sequential stream.
+//!
+//! **Products** take the activations in the VNNI kernel's fixed-point digits (`quant::vnni`,
+//! `quant::fixed_point`: exact, 16-bit or 8-bit), whose digit planes meet the code words' nibbles
+//! as they are. Per output and group the integer sums of the digits are exact; they are joined
+//! into one f32 (three digits: `f32(Σ top) · 2^16 + f32(Σ lower two)`, the others converted once),
+//! scaled by the group's unit `2^E` (exact: rows whose units leave f32's normal range go to the
+//! scalar path), and added as `total = fma(scale, v, total)`, then `fma(bias, Σ_g x, total)`,
+//! group after group. The same operations in the same order for every tile shape, row count and
+//! thread split. Rows the fixed point cannot hold (non-finite, subnormal) take the scalar
+//! reference's arithmetic on the dequantized panel row.
+
+#[cfg(target_arch = "x86_64")]
+use crate::quant::vnni_panels;
+use crate::{ActivationPrecision, Kernel, QuantizedMatrix, ScaleFormat};
+
+/// Rows per panel (the `i32` lanes of a 512-bit vector).
+pub(crate) const PANEL_ROWS: usize = 16;
+
+/// Columns per code word (4-bit codes).
+const COLS_PER_WORD: usize = 8;
+
+/// A 4-bit matrix in panels of 16 rows for the AVX-512 VNNI panel kernel (module docs): built
+/// from a [`QuantizedMatrix`] once at load ([`QuantPanels::from_matrix`]), read by every product
+/// of any row count.
+#[derive(Clone, Debug)]
+pub struct QuantPanels {
+    rows: usize,
+    cols: usize,
+    group_size: usize,
+    lines: Vec<Line>,
+}
+
+/// One cache line of words: a chunk of 16 rows' code words, or their 16 factor words. Aligned, so
+/// that each 64-byte load of the kernel reads one line.
+#[derive(Clone, Copy, Debug)]
+#[repr(C, align(64))]
+struct Line([u32; PANEL_ROWS]);
+
+impl QuantPanels {
+    /// The matrix rearranged into panels where `kernel` reads them (the AVX-512 VNNI kernel on a
+    /// CPU that has it) and the format suits (4-bit codes with bf16 factors, groups of 32, 64 or
+    /// 128); otherwise the matrix back, unchanged. The codes are moved one panel at a time: the
+    /// peak memory is the matrix plus its rearranged copy, never a second copy of a model.
+    pub fn from_matrix(w: QuantizedMatrix, kernel: Kernel) -> Result<QuantPanels, QuantizedMatrix> {
+        if !Self::suits(&w, kernel) {
+            return Err(w);
+        }
+        let (rows, cols, group_size) = (w.rows(), w.cols(), w.group_size());
+        let layout = PanelLayout::new(rows, cols, group_size);
+        let mut lines = Vec::with_capacity(layout.panels * layout.panel_words / PANEL_ROWS);
+        for panel in 0..layout.panels {
+            push_panel(&w, panel, &layout, &mut lines);
+        }
+        Ok(QuantPanels {
+            rows,
+            cols,
+            group_size,
+            lines,
+        })
+    }
+
+    /// Whether [`QuantPanels::from_matrix`] rearranges `w` for `kernel`.
+    pub fn suits(w: &QuantizedMatrix, kernel: Kernel) -> bool {
+        kernel == Kernel::Avx512Vnni
+            && kernel.is_available()
+            && w.bits() == 4
+            && matches!(w.group_size(), 32 | 64 | 128)
+            && w.scale_format() == ScaleFormat::Bf16
+    }
+
+    /// The matrix in MLX's row layout again (the inverse of [`QuantPanels::from_matrix`]).
+    pub fn to_matrix(&self) -> QuantizedMatrix {
+        let layout = self.layout();
+        let (words_per_row, groups) = (self.cols / COLS_PER_WORD, self.cols / self.group_size);
+        let mut codes = Vec::with_capacity(self.rows * words_per_row);
+        let (mut scales, mut biases) = (
+            Vec::with_capacity(self.rows * groups),
+            Vec::with_capacity(self.rows * groups),
+        );
+        for row in 0..self.rows {
+            for g in 0..groups {
+                codes.extend((0..layout.chunks).map(|c| self.words()[layout.code_word(row, g, c)]));
+                let factors = self.words()[layout.factor_word(row, g)];
+                scales.push(factors as u16);
+                biases.push((factors >> 16) as u16);
+            }
+        }
+        QuantizedMatrix::new(
+            self.rows,
+            self.cols,
+            4,
+            self.group_size,
+            codes,
+            scales,
+            biases,
+        )
+        .expect("a panel matrix holds a valid 4-bit matrix")
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    pub fn group_size(&self) -> usize {
+        self.group_size
+    }
+
+    /// Bytes one full pass over the matrix reads (codes and factors, padding rows included).
+    pub fn weight_bytes(&self) -> usize {
+        self.lines.len() * std::mem::size_of::<Line>()
+    }
+
+    /// Scalar dequantization of one row into `out` (`w = q * scale + bias` in f32, as
+    /// [`QuantizedMatrix::dequantize_row_f32`]).
+    pub fn dequantize_row_f32(&self, row: usize, out: &mut [f32]) {
+        let layout = self.layout();
+        for (g, values) in out[..self.cols]
+            .chunks_exact_mut(self.group_size)
+            .enumerate()
+        {
+            let factors = self.words()[layout.factor_word(row, g)];
+            let scale = ScaleFormat::Bf16.to_f32(factors as u16);
+            let bias = ScaleFormat::Bf16.to_f32((factors >> 16) as u16);
+            for (j, v) in values.iter_mut().enumerate() {
+                let word = self.words()[layout.code_word(row, g, j / COLS_PER_WORD)];
+                let code = (word >> (4 * (j % COLS_PER_WORD))) & 0xf;
+                *v = code as f32 * scale + bias;
+            }
+        }
+    }
+
+    /// `y[m, rows] = x[m, cols] · dequant(W)ᵀ` with the process's activation precision, threaded
+    /// over panels on the [`crate::team`].
+    ///
+    /// # Panics
+    /// If `x.len() != m * cols` or `y.len() != m * rows` (caller bug).
+    pub fn matmul(&self, x: &[f32], m: usize, y: &mut [f32]) {
+        self.matmul_with(crate::activation_precision(), x, m, y);
+    }
+
+    /// [`QuantPanels::matmul`] with activations held at `precision`.
+    ///
+    /// # Panics
+    /// As [`QuantPanels::matmul`].
+    pub fn matmul_with(&self, precision: ActivationPrecision, x: &[f32], m: usize, y: &mut [f32]) {
+        let (rows, cols) = (self.rows, self.cols);
+        assert_eq!(x.len(), m * cols, "panel matmul: x must hold {m} x {cols}");
+        assert_eq!(y.len(), m * rows, "panel matmul: y must hold {m} x {rows}");
+        if m == 0 || rows == 0 {
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            if vnni_panels::matmul(self, precision, x, m, y) {
+                return;
+            }
+            if m > 1 {
+                // A row the fixed point cannot hold: every row gets what it gets alone.
+                for (xr, yr) in x.chunks_exact(cols).zip(y.chunks_exact_mut(rows)) {
+                    self.matmul_with(precision, xr, 1, yr);
+                }
+                return;
+            }
+        }
+        let _ = precision;
+        self.row_by_reference(x, y);
+    }
+
+    /// One activation row the fixed point cannot hold, in the scalar reference's arithmetic
+    /// (each dequantized row dotted in order of columns, in f32).
+    fn row_by_reference(&self, x: &[f32], y: &mut [f32]) {
+        let mut values = vec![0f32; self.cols];
+        for (r, out) in y.iter_mut().enumerate() {
+            self.dequantize_row_f32(r, &mut values);
+            *out = values.iter().zip(x).fold(0f32, |acc, (w, x)| acc + w * x);
+        }
+    }
+
+    pub(crate) fn layout(&self) -> PanelLayout {
+        PanelLayout::new(self.rows, self.cols, self.group_size)
+    }
+
+    /// The panels' words in order (the module docs' layout), starting on a cache line.
+    pub(crate) fn words(&self) -> &[u32] {
+        // SAFETY: `Line` is `repr(C)` over `[u32; 16]`, 64 bytes with no padding: the lines are
+        // `16 · len` initialised words in a row.
+        unsafe {
+            std::slice::from_raw_parts(self.lines.as_ptr().cast(), self.lines.len() * PANEL_ROWS)
+        }
+    }
+}
+
+/// Where a panel matrix's words lie.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PanelLayout {
+    pub(crate) panels: usize,
+    pub(crate) groups: usize,
+    /// Code chunks per group (code words per row and group).
+    pub(crate) chunks: usize,
+    /// Words per group of a panel: its chunks, then its factor words.
+    pub(crate) group_words: usize,
+    pub(crate) panel_words: usize,
+}
+
+impl PanelLayout {
+    pub(crate) fn new(rows: usize, cols: usize, group_size: usize) -> Self {
+        let (groups, chunks) = (cols / group_size, group_size / COLS_PER_WORD);
+        let group_words = (chunks + 1) * PANEL_ROWS;
+        PanelLayout {
+            panels: rows.div_ceil(PANEL_ROWS),
+            groups,
+            chunks,
+            group_words,
+            panel_words: groups * group_words,
+        }
+    }
+
+    /// The word of row `row`'s codes in chunk `chunk` of group `g`.
+    pub(crate) fn code_word(&self, row: usize, g: usize, chunk: usize) -> usize {
+        let (panel, lane) = (row / PANEL_ROWS, row % PANEL_ROWS);
+        panel * self.panel_words + g * self.group_words + chunk * PANEL_ROWS + lane
+    }
+
+    /// The word of row `row`'s bias and scale of group `g`.
+    pub(crate) fn factor_word(&self, row: usize, g: usize) -> usize {
+        let (panel, lane) = (row / PANEL_ROWS, row % PANEL_ROWS);
+        panel * self.panel_words + g * self.group_words + self.chunks * PANEL_ROWS + lane
+    }
+}
+
+/// Appends panel `panel` of `w` to `lines` (layout in the module docs).
+fn push_panel(w: &QuantizedMatrix, panel: usize, layout: &PanelLayout, lines: &mut Vec<Line>) {
+    let (codes, scales, biases) = (w.codes(), w.scales(), w.biases());
+    let words_per_row = w.cols() / COLS_PER_WORD;
+    let row_of = |lane: usize| Some(panel * PANEL_ROWS + lane).filter(|&r| r < w.rows());
+    for g in 0..layout.groups {
+        for c in 0..layout.chunks {
+            lines.push(Line(std::array::from_fn(|lane| {
+                row_of(lane).map_or(0, |r| codes[r * words_per_row + g * layout.chunks + c])
+            })));
+        }
+        lines.push(Line(std::array::from_fn(|lane| {
+            row_of(lane).map_or(0, |r| {
+                let at = r * layout.groups + g;
+                (biases[at] as u32) << 16 | scales[at] as u32
+            })
+        })));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The panels hold every row's codes and factors: back to rows they are the matrix again, and
+    /// each row dequantizes to the same values (partial last panels included).
+    #[test]
+    fn panels_round_trip_to_the_row_layout() {
+        if !Kernel::Avx512Vnni.is_available() {
+            return;
+        }
+        for (rows, cols, g) in [(1, 32, 32), (20, 192, 64), (33, 256, 128), (48, 96, 32)] {
+            let values: Vec<f32> = (0..rows * cols)
+                .map(|i| ((i * 7919 % 1013) as f32 / 1013.0) - 0.5)
+                .collect();
+            let w = QuantizedMatrix::quantize(&values, rows, cols, 4, g).unwrap();
+            let panels = QuantPanels::from_matrix(w.clone(), Kernel::Avx512Vnni).unwrap();
+            let back = panels.to_matrix();
+            assert_eq!(back.codes(), w.codes());
+            assert_eq!((back.scales(), back.biases()), (w.scales(), w.biases()));
+            let (mut a, mut b) = (vec![0f32; cols], vec![0f32; cols]);
+            for r in 0..rows {
+                w.dequantize_row_f32(r, &mut a);
+                panels.dequantize_row_f32(r, &mut b);
+                assert_eq!(a, b, "row {r}");
+            }
+            assert_eq!(panels.words().as_ptr() as usize % 64, 0, "lines aligned");
+        }
+    }
+
+    /// Formats the kernel does not read come back unchanged.
+    #[test]
+    fn other_formats_and_kernels_are_refused() {
+        let values: Vec<f32> = (0..16 * 64).map(|i| (i % 13) as f32 * 0.1).collect();
+        let q8 = QuantizedMatrix::quantize(&values, 16, 64, 8, 64).unwrap();
+        assert!(QuantPanels::from_matrix(q8, Kernel::Avx512Vnni).is_err());
+        let q4 = QuantizedMatrix::quantize(&values, 16, 64, 4, 64).unwrap();
+        assert!(QuantPanels::from_matrix(q4, Kernel::Portable).is_err());
+    }
+}

@@ -1,0 +1,494 @@
+//! AVX-512 VNNI tiles over a [`QuantPanels`] matrix: lanes across 16 weight rows, each
+//! `vpdpbusd` multiplying a chunk's low or high nibbles by one broadcast word of an activation
+//! row's digits (the arithmetic is in `quant::panel_matrix`'s docs).
+//!
+//! A tile holds `MR` activation rows and `NP` panels: per group, `D · MR · NP` integer sums, then
+//! `MR · NP` f32 totals. Rows go in tiles of 8 (three digits: 4), then 4, 2, 1, each meeting the
+//! weights of a pass of 8 panels while those sit in L1/L2, so the weights stream from memory once
+//! per product; one row takes 4 panels a tile, whose 4 streams the prefetch covers. Threads take
+//! equal runs of panels.
+
+use std::arch::x86_64::*;
+
+use crate::quant::fixed_point::{RowLayout, DIGITS, I8_DIGITS, TWO_DIGITS};
+use crate::quant::panel_matrix::{PanelLayout, PANEL_ROWS};
+use crate::quant::{digit_activations, digits_of, vnni, CodePrefetch, MIN_TASK_WEIGHT_BYTES};
+use crate::{ActivationPrecision, InstructionSet, QuantPanels};
+
+/// Panels each pass of row tiles meets (their weights stay in L1/L2 between the row tiles).
+const PANELS_PER_PASS: usize = 8;
+
+/// Bytes of one digit's two planes in a block of the VNNI arrangement (128 columns).
+const DIGIT_BYTES: usize = 128;
+
+/// Bytes of one plane (the even or the odd columns of a block).
+const PLANE_BYTES: usize = 64;
+
+/// Code words per block of the VNNI arrangement.
+const BLOCK_WORDS: usize = 16;
+
+/// The largest group factor the tiles apply: every integer sum (below `2^31`) times it stays
+/// finite in f32. The smallest is f32's smallest normal, so that the products stay normal too.
+const MAX_GROUP_FACTOR: f32 = f32::from_bits((96 + 127) << 23);
+
+/// `y = x · dequant(W)ᵀ` for `m` rows at `precision` on the panels, threaded; false (nothing
+/// written) if a row cannot be held in the fixed point or a group factor leaves f32's normal range
+/// ([`group_factors`]).
+pub(crate) fn matmul(
+    w: &QuantPanels,
+    precision: ActivationPrecision,
+    x: &[f32],
+    m: usize,
+    y: &mut [f32],
+) -> bool {
+    assert!(
+        vnni::available(),
+        "VNNI panel kernel called on a CPU without it"
+    );
+    let (cols, group_size) = (w.cols(), w.group_size());
+    let digits = digits_of(precision);
+    let Some(xs) = digit_activations(InstructionSet::Avx512, precision, 4, x, m, cols, group_size)
+    else {
+        return false;
+    };
+    let row_layout = vnni::layout(cols, group_size, digits);
+    let layout = w.layout();
+    let Some(factors) = group_factors(&xs, row_layout, layout.groups) else {
+        return false;
+    };
+    let tiles = select(group_size, digits);
+    let frame = Frame {
+        words: w.words(),
+        layout,
+        xs: &xs,
+        sums_offset: row_layout.sums_offset,
+        stride: row_layout.stride,
+        factors: &factors,
+        m,
+        prefetch: CodePrefetch::for_cpu(),
+    };
+    let panels = layout.panels;
+    let tasks = crate::team::threads()
+        .min((w.weight_bytes() / MIN_TASK_WEIGHT_BYTES).max(1))
+        .min(panels)
+        .max(1);
+    let task_values = panels.div_ceil(tasks) * PANEL_ROWS * m;
+    let run = |out: &mut [f32]| {
+        crate::team::run_chunks_mut(out, task_values, &|first, chunk| {
+            let first_panel = first / (PANEL_ROWS * m);
+            let last_panel = first_panel + chunk.len().div_ceil(PANEL_ROWS * m);
+            // SAFETY: the CPU has the features (asserted above); `chunk` holds the outputs of
+            // these panels, `[panel][m][16]`.
+            unsafe { tiles(&frame, first_panel, last_panel, chunk) };
+        })
+    };
+    let rows = w.rows();
+    if m == 1 && rows.is_multiple_of(PANEL_ROWS) {
+        run(y);
+    } else {
+        let mut out = vec![0f32; panels * PANEL_ROWS * m];
+        run(&mut out);
+        for (panel, outputs) in out.chunks_exact(PANEL_ROWS * m).enumerate() {
+            let lanes = PANEL_ROWS.min(rows - panel * PANEL_ROWS);
+            for (i, lane_values) in outputs.chunks_exact(PANEL_ROWS).enumerate() {
+                let at = i * rows + panel * PANEL_ROWS;
+                y[at..at + lanes].copy_from_slice(&lane_values[..lanes]);
+            }
+        }
+    }
+    true
+}
+
+/// Each arranged row's group factors `u_g · 2^e` (the unit of the group's integers: a power of
+/// two with 16-bit or exact activations, `max_g / 127` with 8-bit ones), `[m][groups]`, or `None`
+/// if one lies outside `f32::MIN_POSITIVE..=MAX_GROUP_FACTOR`. A group held as zeros keeps 0.
+fn group_factors(xs: &[f32], layout: RowLayout, groups: usize) -> Option<Vec<f32>> {
+    let rows = xs.len() / layout.stride;
+    let mut factors = vec![0f32; rows * groups];
+    for (row, factors) in xs
+        .chunks_exact(layout.stride)
+        .zip(factors.chunks_exact_mut(groups))
+    {
+        let unscale = row[layout.unscale_offset];
+        let units = &row[layout.units_offset..layout.units_offset + groups];
+        for (factor, &unit) in factors.iter_mut().zip(units).filter(|(_, &u)| u != 0.0) {
+            // Exact: `unscale` is a power of two and the product stays normal (checked).
+            *factor = unit * unscale;
+            if !(f32::MIN_POSITIVE..=MAX_GROUP_FACTOR).contains(factor) {
+                return None;
+            }
+        }
+    }
+    Some(factors)
+}
+
+/// What the tiles of one product read.
+struct Frame<'a> {
+    /// The panels' words (cache-line aligned).
+    words: &'a [u32],
+    layout: PanelLayout,
+    /// The arranged activation rows, `stride` floats apart (digits first, group sums at
+    /// `sums_offset`).
+    xs: &'a [f32],
+    sums_offset: usize,
+    stride: usize,
+    /// `[m][groups]` group factors.
+    factors: &'a [f32],
+    m: usize,
+    prefetch: CodePrefetch,
+}
+
+/// Runs the tiles of panels `first..last` into `out` (`[panel - first][m][16]`).
+type TilesFn = unsafe fn(&Frame<'_>, usize, usize, &mut [f32]);
+
+/// The tiles for groups of `group_size` and activations of `digits` digits.
+fn select(group_size: usize, digits: usize) -> TilesFn {
+    match (group_size, digits) {
+        (32, DIGITS) => tiles::<32, DIGITS>,
+        (64, DIGITS) => tiles::<64, DIGITS>,
+        (128, DIGITS) => tiles::<128, DIGITS>,
+        (32, TWO_DIGITS) => tiles::<32, TWO_DIGITS>,
+        (64, TWO_DIGITS) => tiles::<64, TWO_DIGITS>,
+        (128, TWO_DIGITS) => tiles::<128, TWO_DIGITS>,
+        (32, I8_DIGITS) => tiles::<32, I8_DIGITS>,
+        (64, I8_DIGITS) => tiles::<64, I8_DIGITS>,
+        (128, I8_DIGITS) => tiles::<128, I8_DIGITS>,
+        _ => unreachable!("panels are built for groups of 32, 64 or 128 and 1-3 digits"),
+    }
+}
+
+/// Panels `first..last` against every activation row, a pass of [`PANELS_PER_PASS`] panels at a
+/// time (module docs for the tile shapes).
+///
+/// # Safety
+/// The CPU must have AVX-512F, BW and VNNI; the panels must exist; `out` must hold
+/// `(last - first) · m · 16` values.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn tiles<const G: usize, const D: usize>(
+    frame: &Frame<'_>,
+    first: usize,
+    last: usize,
+    out: &mut [f32],
+) {
+    let out = Out {
+        at: out.as_mut_ptr(),
+        first_panel: first,
+    };
+    let mut pass = first;
+    while pass < last {
+        let pass_end = (pass + PANELS_PER_PASS).min(last);
+        let mut row = 0;
+        while row < frame.m {
+            let left = frame.m - row;
+            // SAFETY (each): as this function's contract, rows `row..row + MR` exist.
+            row += unsafe {
+                match (D, left) {
+                    (DIGITS, 4..) => run::<G, D, 4, 1>(frame, &out, row, pass, pass_end),
+                    (DIGITS, 2..) => run::<G, D, 2, 2>(frame, &out, row, pass, pass_end),
+                    (DIGITS, _) => run::<G, D, 1, 4>(frame, &out, row, pass, pass_end),
+                    (_, 8..) => run::<G, D, 8, 1>(frame, &out, row, pass, pass_end),
+                    (_, 4..) => run::<G, D, 4, 2>(frame, &out, row, pass, pass_end),
+                    (_, 2..) => run::<G, D, 2, 2>(frame, &out, row, pass, pass_end),
+                    (_, _) => run::<G, D, 1, 4>(frame, &out, row, pass, pass_end),
+                }
+            };
+        }
+        pass = pass_end;
+    }
+}
+
+/// Where a task's tiles write: `[panel - first_panel][m][16]` from `at`.
+struct Out {
+    at: *mut f32,
+    first_panel: usize,
+}
+
+/// Rows `row..row + MR` against panels `first..last`, `NP` panels a tile (the rest one by one);
+/// returns `MR`.
+///
+/// # Safety
+/// As [`tiles`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+#[inline]
+unsafe fn run<const G: usize, const D: usize, const MR: usize, const NP: usize>(
+    frame: &Frame<'_>,
+    out: &Out,
+    row: usize,
+    first: usize,
+    last: usize,
+) -> usize {
+    let mut panel = first;
+    while panel + NP <= last {
+        // SAFETY: as this function's contract.
+        unsafe { tile::<G, D, MR, NP>(frame, out, row, panel) };
+        panel += NP;
+    }
+    while panel < last {
+        // SAFETY: as above.
+        unsafe { tile::<G, D, MR, 1>(frame, out, row, panel) };
+        panel += 1;
+    }
+    MR
+}
+
+/// One tile: activation rows `row0..row0 + MR` and panels `panel0..panel0 + NP`, every group in
+/// order (module docs of `quant::panel_matrix` for the arithmetic), its totals stored to `out`.
+///
+/// # Safety
+/// As [`tiles`]; the rows and panels exist.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+#[inline]
+#[allow(clippy::needless_range_loop)] // `i` and `p` address several arrays at once
+unsafe fn tile<const G: usize, const D: usize, const MR: usize, const NP: usize>(
+    frame: &Frame<'_>,
+    out: &Out,
+    row0: usize,
+    panel0: usize,
+) {
+    let layout = frame.layout;
+    let (words, digits) = (frame.words.as_ptr(), frame.xs.as_ptr().cast::<u8>());
+    let (factors, group_sums) = (
+        frame.factors.as_ptr(),
+        frame.xs.as_ptr().wrapping_add(frame.sums_offset),
+    );
+    let chunks = G / 8;
+    let nibble = _mm512_set1_epi8(0x0f);
+    let high_halves = _mm512_set1_epi32(0xffff_0000_u32 as i32);
+    let panel_words: [*const u32; NP] =
+        std::array::from_fn(|p| words.wrapping_add((panel0 + p) * layout.panel_words));
+    let mut total = [[_mm512_setzero_ps(); NP]; MR];
+    for g in 0..layout.groups {
+        let mut sums = [[[_mm512_setzero_si512(); NP]; MR]; D];
+        for c in 0..chunks {
+            let word = g * chunks + c;
+            let digit_at = word / BLOCK_WORDS * D * DIGIT_BYTES + 4 * (word % BLOCK_WORDS);
+            let (mut low, mut high) = ([_mm512_setzero_si512(); NP], [_mm512_setzero_si512(); NP]);
+            for p in 0..NP {
+                let at = panel_words[p].wrapping_add(g * layout.group_words + c * PANEL_ROWS);
+                frame.prefetch.ahead_of(at.cast());
+                // SAFETY: chunk c of group g of an existing panel: one aligned line.
+                let codes = unsafe { _mm512_load_si512(at.cast()) };
+                low[p] = _mm512_and_si512(codes, nibble);
+                high[p] = _mm512_and_si512(_mm512_srli_epi32::<4>(codes), nibble);
+            }
+            for i in 0..MR {
+                let row = digits.wrapping_add((row0 + i) * frame.stride * 4 + digit_at);
+                for d in 0..D {
+                    // SAFETY: the words of this code word's columns in digit d's even and odd
+                    // planes of an existing arranged row.
+                    let (even, odd) = unsafe {
+                        let at = row.add(d * DIGIT_BYTES);
+                        (
+                            _mm512_set1_epi32(at.cast::<i32>().read_unaligned()),
+                            _mm512_set1_epi32(at.add(PLANE_BYTES).cast::<i32>().read_unaligned()),
+                        )
+                    };
+                    for p in 0..NP {
+                        let sum = _mm512_dpbusd_epi32(sums[d][i][p], low[p], even);
+                        sums[d][i][p] = _mm512_dpbusd_epi32(sum, high[p], odd);
+                    }
+                }
+            }
+        }
+        let (mut scale, mut bias) = ([_mm512_setzero_ps(); NP], [_mm512_setzero_ps(); NP]);
+        for p in 0..NP {
+            let at = panel_words[p].wrapping_add(g * layout.group_words + chunks * PANEL_ROWS);
+            frame.prefetch.ahead_of(at.cast());
+            // SAFETY: the factor line of group g of an existing panel.
+            let factors = unsafe { _mm512_load_si512(at.cast()) };
+            scale[p] = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(factors));
+            bias[p] = _mm512_castsi512_ps(_mm512_and_si512(factors, high_halves));
+        }
+        for i in 0..MR {
+            // SAFETY: group g's factor and sum of an existing arranged row.
+            let (factor, group_sum) = unsafe {
+                (
+                    _mm512_set1_ps(*factors.add((row0 + i) * layout.groups + g)),
+                    _mm512_set1_ps(*group_sums.add((row0 + i) * frame.stride + g)),
+                )
+            };
+            for p in 0..NP {
+                let digit_sums: [__m512i; D] = std::array::from_fn(|d| sums[d][i][p]);
+                let v = _mm512_mul_ps(joined(digit_sums), factor);
+                total[i][p] = _mm512_fmadd_ps(scale[p], v, total[i][p]);
+                total[i][p] = _mm512_fmadd_ps(bias[p], group_sum, total[i][p]);
+            }
+        }
+    }
+    for i in 0..MR {
+        for p in 0..NP {
+            let at = ((panel0 + p - out.first_panel) * frame.m + row0 + i) * PANEL_ROWS;
+            // SAFETY: 16 values inside the task's outputs (as `tiles`'s contract).
+            unsafe { _mm512_storeu_ps(out.at.add(at), total[i][p]) };
+        }
+    }
+}
+
+/// A group's digit sums (the most significant first) joined into one f32: one digit converted,
+/// two joined exactly in `i32` and converted, three as `f32(top) · 2^16 + f32(the lower two)`
+/// (the top digit's sum shifted 16 bits would overflow `i32`).
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn joined<const D: usize>(sums: [__m512i; D]) -> __m512 {
+    match D {
+        1 => _mm512_cvtepi32_ps(sums[0]),
+        2 => _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32::<8>(sums[0]), sums[1])),
+        _ => {
+            let lower = _mm512_add_epi32(_mm512_slli_epi32::<8>(sums[1]), sums[2]);
+            _mm512_fmadd_ps(
+                _mm512_cvtepi32_ps(sums[0]),
+                _mm512_set1_ps(65536.0),
+                _mm512_cvtepi32_ps(lower),
+            )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Kernel, QuantizedMatrix};
+    use moshi_test_support::XorShift64Star;
+
+    /// A random 4-bit matrix with bf16 factors of both signs.
+    fn random_matrix(
+        rng: &mut XorShift64Star,
+        rows: usize,
+        cols: usize,
+        g: usize,
+    ) -> QuantizedMatrix {
+        let bf16 = |v: f32| (v.to_bits() >> 16) as u16;
+        let codes = (0..rows * cols / 8)
+            .map(|_| rng.next_u64() as u32)
+            .collect();
+        let scales = (0..rows * cols / g)
+            .map(|_| bf16(rng.uniform(-0.05, 0.05)))
+            .collect();
+        let biases = (0..rows * cols / g)
+            .map(|_| bf16(rng.uniform(-0.5, 0.5)))
+            .collect();
+        QuantizedMatrix::new(rows, cols, 4, g, codes, scales, biases).unwrap()
+    }
+
+    /// The module's arithmetic in scalar code: exact integer digit sums, joined, times the group
+    /// factor, then the two fused adds, group by group.
+    fn emulated(
+        w: &QuantizedMatrix,
+        precision: ActivationPrecision,
+        x: &[f32],
+        m: usize,
+    ) -> Vec<f32> {
+        let (rows, cols, g) = (w.rows(), w.cols(), w.group_size());
+        let digits = digits_of(precision);
+        let xs = digit_activations(InstructionSet::Avx512, precision, 4, x, m, cols, g).unwrap();
+        let layout = vnni::layout(cols, g, digits);
+        let factors = group_factors(&xs, layout, cols / g).unwrap();
+        let to_f32 = |b: u16| f32::from_bits((b as u32) << 16);
+        let mut y = vec![0f32; m * rows];
+        for (i, row) in xs.chunks_exact(layout.stride).enumerate() {
+            let bytes: Vec<u8> = row.iter().flat_map(|v| v.to_ne_bytes()).collect();
+            for r in 0..rows {
+                let mut total = 0f32;
+                for group in 0..cols / g {
+                    let sums: Vec<i64> = (0..digits)
+                        .map(|d| {
+                            (group * g..(group + 1) * g)
+                                .map(|j| {
+                                    let digit = bytes[layout.digit_byte(j, d)] as i8;
+                                    w.code(r, j) as i64 * digit as i64
+                                })
+                                .sum()
+                        })
+                        .collect();
+                    let v = match digits {
+                        1 => sums[0] as i32 as f32,
+                        2 => ((sums[0] << 8) + sums[1]) as i32 as f32,
+                        _ => (sums[0] as i32 as f32)
+                            .mul_add(65536.0, ((sums[1] << 8) + sums[2]) as i32 as f32),
+                    };
+                    let v = v * factors[i * (cols / g) + group];
+                    let at = r * (cols / g) + group;
+                    total = to_f32(w.scales()[at]).mul_add(v, total);
+                    total = to_f32(w.biases()[at]).mul_add(row[layout.sums_offset + group], total);
+                }
+                y[i * rows + r] = total;
+            }
+        }
+        y
+    }
+
+    /// Every tile shape, row count (1-9: each tile and its remainders), group size, precision and
+    /// thread count gives the emulation's bits, partial last panels included.
+    #[test]
+    fn tiles_give_the_scalar_emulations_bits_at_every_row_count_and_thread_count() {
+        if !vnni::available() {
+            return;
+        }
+        let mut rng = XorShift64Star::new(0x5eed);
+        for g in [32, 64, 128] {
+            for (rows, cols) in [(20, 3 * g), (16 * 11, 2 * g)] {
+                let w = random_matrix(&mut rng, rows, cols, g);
+                let panels = QuantPanels::from_matrix(w.clone(), Kernel::Avx512Vnni).unwrap();
+                for m in 1..=9 {
+                    let x: Vec<f32> = (0..m * cols).map(|_| rng.uniform(-2.0, 2.0)).collect();
+                    for precision in ActivationPrecision::ALL {
+                        let want = emulated(&w, precision, &x, m);
+                        for threads in [1, 2, 3] {
+                            let pool = rayon::ThreadPoolBuilder::new()
+                                .num_threads(threads)
+                                .build()
+                                .unwrap();
+                            let mut got = vec![f32::NAN; m * rows];
+                            pool.install(|| panels.matmul_with(precision, &x, m, &mut got));
+                            let same = got
+                                .iter()
+                                .zip(&want)
+                                .all(|(a, b)| a.to_bits() == b.to_bits());
+                            assert!(
+                                same,
+                                "g{g} {rows}x{cols} m {m} {precision} {threads} threads"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Rows whose group factors would leave f32's normal range go to the scalar reference path
+    /// (and every other row of the batch keeps its bits).
+    #[test]
+    fn rows_out_of_the_factor_range_take_the_scalar_path() {
+        if !vnni::available() {
+            return;
+        }
+        let mut rng = XorShift64Star::new(3);
+        let (rows, cols) = (18, 128);
+        let w = random_matrix(&mut rng, rows, cols, 32);
+        let panels = QuantPanels::from_matrix(w.clone(), Kernel::Avx512Vnni).unwrap();
+        let mut x: Vec<f32> = (0..2 * cols).map(|_| rng.uniform(-1.0, 1.0)).collect();
+        // Row 1: normal values whose smallest groups' units fall below f32's normal range.
+        for (j, v) in x[cols..].iter_mut().enumerate() {
+            *v *= if j < 32 { 1e-20 } else { 1e-37 };
+        }
+        let xs = digit_activations(
+            InstructionSet::Avx512,
+            ActivationPrecision::Exact,
+            4,
+            &x,
+            2,
+            cols,
+            32,
+        )
+        .unwrap();
+        assert!(group_factors(&xs, vnni::layout(cols, 32, DIGITS), 4).is_none());
+        let mut want = vec![0f32; 2 * rows];
+        w.matmul_reference(&x, 2, &mut want);
+        let mut got = vec![f32::NAN; 2 * rows];
+        panels.matmul_with(ActivationPrecision::Exact, &x, 2, &mut got);
+        assert_eq!(&got[rows..], &want[rows..], "the scalar path's bits");
+        let mut alone = vec![f32::NAN; rows];
+        panels.matmul_with(ActivationPrecision::Exact, &x[..cols], 1, &mut alone);
+        assert_eq!(&got[..rows], &alone[..]);
+    }
+}
