@@ -333,6 +333,17 @@ impl Kernel {
         *CHOSEN.get_or_init(|| Kernel::select(Workload::OneRow))
     }
 
+    /// The kernel products will use, without fixing it: the one fixed already, else the one
+    /// [`Kernel::detect`] would fix. For choices made before the workload is declared (how a
+    /// loader arranges weights: [`crate::QuantPanels`] where this is [`Kernel::Avx512Vnni`], which
+    /// every workload selects on a CPU that has it unless [`KERNEL_ENV`] names another).
+    pub fn anticipated() -> Kernel {
+        CHOSEN
+            .get()
+            .copied()
+            .unwrap_or_else(|| Kernel::select(Workload::OneRow))
+    }
+
     /// The kernel an override `var=name` asks for, or the fastest one for `workload` with a
     /// warning saying why not.
     fn from_override(var: &str, name: &str, workload: Workload) -> Kernel {

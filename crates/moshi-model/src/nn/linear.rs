@@ -15,7 +15,7 @@ use moshi_kernels::dense::{
     gemm_nt_bf16, gemm_nt_panels, gemm_nt_strided, matmul, matmul_t, PanelBlock, PanelMatrix,
     SMALL_M,
 };
-use moshi_kernels::{f32_to_bf16_bits, QuantizedMatrix};
+use moshi_kernels::{f32_to_bf16_bits, Kernel, QuantPanels, QuantizedMatrix};
 use moshi_loader::{Weight, WeightData};
 
 /// Rows up to which [`Linear::forward`] on dense weights uses the fixed-order kernels (each row
@@ -119,6 +119,20 @@ pub enum LinearWeights {
     /// bf16 bits.
     Bf16(Vec<u16>),
     Quantized(QuantizedMatrix),
+    /// A 4-bit matrix in panels of 16 rows, where the process's kernel reads them (AVX-512 VNNI):
+    /// every product of any row count reads it ([`Linear::from_weight`]).
+    QuantPanels(QuantPanels),
+}
+
+impl LinearWeights {
+    /// A quantized matrix as the process's kernel reads it best: in panels where it reads them
+    /// ([`QuantPanels::from_matrix`] for [`Kernel::anticipated`]), else as it is.
+    pub fn quantized(q: QuantizedMatrix) -> Self {
+        match QuantPanels::from_matrix(q, Kernel::anticipated()) {
+            Ok(panels) => LinearWeights::QuantPanels(panels),
+            Err(q) => LinearWeights::Quantized(q),
+        }
+    }
 }
 
 /// The reduced copy few-row products read.
@@ -147,7 +161,7 @@ impl Linear {
         let weights = match w.data {
             WeightData::F32(v) => LinearWeights::F32(v),
             WeightData::BF16(v) => LinearWeights::Bf16(v),
-            WeightData::Quantized(q) => LinearWeights::Quantized(q),
+            WeightData::Quantized(q) => LinearWeights::quantized(q),
         };
         Self::new(weights, out_dim, in_dim)
     }
@@ -165,6 +179,10 @@ impl Linear {
                 out_dim * in_dim
             }
             LinearWeights::F32Panels(p) => {
+                assert_eq!((p.rows(), p.cols()), (out_dim, in_dim), "linear shape");
+                out_dim * in_dim
+            }
+            LinearWeights::QuantPanels(p) => {
                 assert_eq!((p.rows(), p.cols()), (out_dim, in_dim), "linear shape");
                 out_dim * in_dim
             }
@@ -204,10 +222,13 @@ impl Linear {
         let (rows, cols) = (self.out_dim, self.in_dim);
         let weights = match self.weights {
             LinearWeights::F32Panels(p) => LinearWeights::F32(p.to_rows()),
+            LinearWeights::QuantPanels(p) => LinearWeights::Quantized(p.to_matrix()),
             other => other,
         };
         let (head, tail) = match weights {
-            LinearWeights::F32Panels(_) => unreachable!("rearranged into rows above"),
+            LinearWeights::F32Panels(_) | LinearWeights::QuantPanels(_) => {
+                unreachable!("rearranged into rows above")
+            }
             LinearWeights::F32(mut v) => {
                 let tail = v.split_off(at * cols);
                 (LinearWeights::F32(v), LinearWeights::F32(tail))
@@ -218,7 +239,7 @@ impl Linear {
             }
             LinearWeights::Quantized(q) => {
                 let (h, t) = q.split_rows(at);
-                (LinearWeights::Quantized(h), LinearWeights::Quantized(t))
+                (LinearWeights::quantized(h), LinearWeights::quantized(t))
             }
         };
         (
@@ -257,6 +278,7 @@ impl Linear {
             LinearWeights::Bf16(v) => v.len() * 2,
             LinearWeights::Quantized(q) => q.weight_bytes(),
             LinearWeights::F32Panels(p) => p.weight_bytes(),
+            LinearWeights::QuantPanels(p) => p.weight_bytes(),
         }
     }
 
@@ -279,7 +301,10 @@ impl Linear {
             (FewRowCopy::None, LinearWeights::F32(_)) => EXACT_ROWS_MAX,
             (
                 FewRowCopy::None,
-                LinearWeights::Bf16(_) | LinearWeights::Quantized(_) | LinearWeights::F32Panels(_),
+                LinearWeights::Bf16(_)
+                | LinearWeights::Quantized(_)
+                | LinearWeights::F32Panels(_)
+                | LinearWeights::QuantPanels(_),
             ) => usize::MAX,
         }
     }
@@ -340,6 +365,7 @@ impl Linear {
             LinearWeights::F32(w) => matmul(w, n, k, x, m, out),
             LinearWeights::Bf16(w) => matmul(w, n, k, x, m, out),
             LinearWeights::Quantized(q) => q.matmul(x, m, out),
+            LinearWeights::QuantPanels(p) => p.matmul(x, m, out),
             LinearWeights::F32Panels(p) => {
                 gemm_nt_panels(m, x, k, p, PanelBlock::all(p), out, n, false)
             }
