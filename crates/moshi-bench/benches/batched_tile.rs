@@ -15,7 +15,9 @@
 //!    group-scale FMAs per pair and 128 columns, its decode shared by the 4 activation rows, so the
 //!    floor per pair-block is 18 FMAs at the mix's rate; and the machine's f32 rate is 16 FLOP per
 //!    FMA at that rate and clock, per core.
-//! 2. **The product**: `QuantizedMatrix::matmul` (q4, group 32, the detected kernel) at three of
+//! 2. **The product**: `QuantizedMatrix::matmul` (q4, group 32, the detected kernel), and where
+//!    this CPU's kernel reads them the same matrices as `QuantPanels` (the engine's layout on
+//!    AVX-512 VNNI), at three of
 //!    the 7B's shapes (1024, 4096 and 11264 columns: at 1024, 4 arranged activation rows take 16
 //!    KiB and fit in L1; at the others they do not), 1 and 4 activation rows, on one thread and on
 //!    every thread, with the weights cached (one matrix, 1.7, 9 or 26 MB: in a last-level cache of
@@ -34,7 +36,7 @@ use std::time::Instant;
 use moshi_bench::alternating::medians_per_call;
 use moshi_bench::env::var_or;
 use moshi_bench::hashed_weights::hashed_q4;
-use moshi_kernels::{ActivationPrecision, QuantizedMatrix};
+use moshi_kernels::{ActivationPrecision, Kernel, QuantPanels, QuantizedMatrix};
 
 /// Bytes of weights the streamed cases rotate over (well above the last-level cache).
 const STREAM_BYTES: usize = 1 << 30;
@@ -69,30 +71,41 @@ fn main() {
     let clock_ns = core_probe(activations);
     let threads_all = moshi_kernels::team::threads();
     println!(
-        "\n| shape | weights | threads | rows | ms per product | cycles per pair-block and core | \
-         x 1 row |\n|---|---|---|---|---|---|---|"
+        "\n| shape | weights | layout | threads | rows | ms per product | cycles per pair-block and \
+         core | x 1 row |\n|---|---|---|---|---|---|---|---|"
     );
     for (name, cols, out) in shapes {
         let one = vec![hashed_q4(out, cols, 0x5eed + cols as u64)];
         let copies = STREAM_BYTES.div_ceil(one[0].codes().len() * 4);
         let streamed: Vec<QuantizedMatrix> = (0..copies).map(|_| one[0].clone()).collect();
         for (memory, mats) in [("one copy (cached)", &one), ("streamed", &streamed)] {
+            let panels: Vec<QuantPanels> = mats
+                .iter()
+                .filter_map(|w| QuantPanels::from_matrix(w.clone(), Kernel::detect()).ok())
+                .collect();
             for threads in [1, threads_all] {
                 let pool = rayon::ThreadPoolBuilder::new()
                     .num_threads(threads)
                     .build()
                     .expect("a rayon pool");
-                let per_call = pool.install(|| time_alternating(mats, batch_rows, rounds));
-                for (m, seconds) in [(1, per_call[0]), (batch_rows, per_call[1])] {
+                let per_call = pool.install(|| time_alternating(mats, &panels, batch_rows, rounds));
+                let cases = [
+                    ("rows", 1, per_call[0], per_call[0]),
+                    ("rows", batch_rows, per_call[1], per_call[0]),
+                    ("panels", 1, per_call[2], per_call[2]),
+                    ("panels", batch_rows, per_call[3], per_call[2]),
+                ];
+                let measured = if panels.is_empty() { 2 } else { 4 };
+                for (layout, m, seconds, one_row) in &cases[..measured] {
                     let w = &mats[0];
                     let pair_blocks = (w.rows() * w.cols() / BLOCK_COLS * m) as f64;
                     let cycles = seconds * 1e9 * threads as f64 / clock_ns / pair_blocks;
                     println!(
-                        "| {name} {cols}->{} | {memory} | {threads} | {m} | {:.3} | {cycles:.2} | \
-                         {:.2} |",
+                        "| {name} {cols}->{} | {memory} | {layout} | {threads} | {m} | {:.3} | \
+                         {cycles:.2} | {:.2} |",
                         w.rows(),
                         seconds * 1e3,
-                        seconds / per_call[0],
+                        seconds / one_row,
                     );
                 }
             }
@@ -100,12 +113,17 @@ fn main() {
     }
 }
 
-/// Median seconds per product over `rounds`, for 1 and `batch_rows` activation rows, the two
-/// alternating within each round; each round runs every matrix of `mats` once per row count
-/// (at least 64 products).
-fn time_alternating(mats: &[QuantizedMatrix], batch_rows: usize, rounds: usize) -> [f64; 2] {
+/// Median seconds per product over `rounds`, for 1 and `batch_rows` activation rows on the row
+/// layout, then on the panels (zero where there are none), the four alternating within each
+/// round; each round runs every matrix once per case (at least 64 products).
+fn time_alternating(
+    mats: &[QuantizedMatrix],
+    panels: &[QuantPanels],
+    batch_rows: usize,
+    rounds: usize,
+) -> [f64; 4] {
     let (rows, cols) = (mats[0].rows(), mats[0].cols());
-    let row_counts = [1, batch_rows];
+    let row_counts = [1, batch_rows, 1, batch_rows];
     let xs = row_counts.map(|m| {
         (0..m * cols)
             .map(|j| ((j * 7919 % 1000) as f32 - 500.0) * 1e-3)
@@ -114,7 +132,12 @@ fn time_alternating(mats: &[QuantizedMatrix], batch_rows: usize, rounds: usize) 
     let mut ys = row_counts.map(|m| vec![0f32; m * rows]);
     let calls = mats.len().max(64);
     medians_per_call(rounds, calls, |k, call| {
-        mats[call % mats.len()].matmul(black_box(&xs[k]), row_counts[k], &mut ys[k]);
+        let (x, m, y) = (black_box(&xs[k]), row_counts[k], &mut ys[k]);
+        match (k, panels.is_empty()) {
+            (0 | 1, _) => mats[call % mats.len()].matmul(x, m, y),
+            (_, false) => panels[call % panels.len()].matmul(x, m, y),
+            (_, true) => {}
+        }
         black_box(&ys[k]);
     })
 }

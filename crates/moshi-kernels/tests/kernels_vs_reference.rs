@@ -12,10 +12,13 @@ use moshi_kernels::{
 };
 use moshi_test_support::XorShift64Star;
 
+/// `y[m, rows] = x[m, cols] · Wᵀ` with the activations at a precision: `(precision, x, m, y)`.
+type ProductFn = Box<dyn Fn(ActivationPrecision, &[f32], usize, &mut [f32])>;
+
 /// One way this CPU multiplies a matrix: a kernel on MLX's row layout, or the panel layout.
 struct Product {
     name: String,
-    run: Box<dyn Fn(ActivationPrecision, &[f32], usize, &mut [f32])>,
+    run: ProductFn,
 }
 
 /// Every way this CPU multiplies `w`: each kernel it runs on the row layout, and the AVX-512
