@@ -14,9 +14,6 @@ RUSTDOCFLAGS="-D warnings" cargo doc --locked --workspace --no-deps 2>&1
 # The candle peer benchmark lives outside the workspace (candle is no dependency of moshi-rs);
 # it must keep compiling against the APIs of moshi-kernels and moshi-bench (probe, shapes).
 cargo check --locked --manifest-path scripts/peer-candle/Cargo.toml 2>&1
-# The prototype of the next batched 4-bit tile (docs/performance.md) keeps compiling against
-# moshi-kernels' API.
-cargo check --locked --manifest-path scripts/proto-vnni-panels/Cargo.toml 2>&1
 # The NEON kernels, built for aarch64 and run under qemu (scripts/test-aarch64.sh).
 bash scripts/test-aarch64.sh
 # moshi-kernels type-checked for Apple silicon (scripts/check-darwin.sh: no SDK, so no linking).
