@@ -159,6 +159,30 @@ fn arrange_in<C: CodeBlocks>(
     })
 }
 
+/// One row at `precision` into the zeroed `dst`, laid out by [`layout`] for its digits, without
+/// lane exponents (the panel tiles do not read them): false if it cannot be held. The rows of
+/// [`arrange_activations`] (exact and 16-bit) and of `fixed_point::arrange_row_i8` (8-bit).
+///
+/// # Panics
+/// If the CPU lacks the features (callers pick this kernel only where [`available`]).
+pub(crate) fn arrange_row_at(
+    precision: crate::ActivationPrecision,
+    row: &[f32],
+    dst: &mut [f32],
+    group_size: usize,
+    layout: RowLayout,
+) -> bool {
+    assert!(available(), "VNNI kernel called on a CPU without it");
+    match precision {
+        crate::ActivationPrecision::Int8 => {
+            crate::quant::fixed_point::arrange_row_i8(row, dst, group_size, layout)
+        }
+        // SAFETY: the CPU has the features (asserted above); the caller's row and layout agree
+        // (group sizes of the specialised kernels are multiples of 16).
+        _ => unsafe { arrange_row(row, dst, group_size, layout, None) },
+    }
+}
+
 /// One row of [`arrange_activations`] into the zeroed `dst` (its lane exponents from
 /// `lane_groups`, left zero without); false if it cannot be arranged.
 /// Sixteen columns at a time (`group_size` is a multiple of 16).

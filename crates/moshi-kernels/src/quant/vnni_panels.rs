@@ -9,11 +9,12 @@
 //! equal runs of panels.
 
 use std::arch::x86_64::*;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::quant::fixed_point::{RowLayout, DIGITS, I8_DIGITS, TWO_DIGITS};
 use crate::quant::panel_matrix::{PanelLayout, PANEL_ROWS};
-use crate::quant::{digit_activations, digits_of, vnni, CodePrefetch, MIN_TASK_WEIGHT_BYTES};
-use crate::{ActivationPrecision, InstructionSet, QuantPanels};
+use crate::quant::{digits_of, vnni, CodePrefetch, MIN_TASK_WEIGHT_BYTES};
+use crate::{ActivationPrecision, QuantPanels};
 
 /// Panels each pass of row tiles meets (their weights stay in L1/L2 between the row tiles).
 const PANELS_PER_PASS: usize = 8;
@@ -47,11 +48,10 @@ pub(crate) fn matmul(
     );
     let (cols, group_size) = (w.cols(), w.group_size());
     let digits = digits_of(precision);
-    let Some(xs) = digit_activations(InstructionSet::Avx512, precision, 4, x, m, cols, group_size)
-    else {
+    let row_layout = vnni::layout(cols, group_size, digits);
+    let Some(xs) = arranged_rows(precision, x, m, group_size, row_layout) else {
         return false;
     };
-    let row_layout = vnni::layout(cols, group_size, digits);
     let layout = w.layout();
     let Some(factors) = group_factors(&xs, row_layout, layout.groups) else {
         return false;
@@ -97,6 +97,30 @@ pub(crate) fn matmul(
         }
     }
     true
+}
+
+/// The `m` activation rows of `x` in the VNNI kernel's digits at `precision` (`layout`), the rows
+/// split between the team's threads, or `None` if one cannot be held.
+fn arranged_rows(
+    precision: ActivationPrecision,
+    x: &[f32],
+    m: usize,
+    group_size: usize,
+    layout: RowLayout,
+) -> Option<Vec<f32>> {
+    let cols = x.len() / m;
+    let mut xs = vec![0f32; m * layout.stride];
+    let refused = AtomicBool::new(false);
+    let rows_per_part = m.div_ceil(crate::team::threads());
+    crate::team::run_chunks_mut(&mut xs, rows_per_part * layout.stride, &|first, part| {
+        let rows = x[first / layout.stride * cols..].chunks_exact(cols);
+        for (row, dst) in rows.zip(part.chunks_exact_mut(layout.stride)) {
+            if !vnni::arrange_row_at(precision, row, dst, group_size, layout) {
+                refused.store(true, Ordering::Relaxed);
+            }
+        }
+    });
+    (!refused.into_inner()).then_some(xs)
 }
 
 /// Each arranged row's group factors `u_g · 2^e` (the unit of the group's integers: a power of
@@ -380,8 +404,8 @@ mod tests {
     ) -> Vec<f32> {
         let (rows, cols, g) = (w.rows(), w.cols(), w.group_size());
         let digits = digits_of(precision);
-        let xs = digit_activations(InstructionSet::Avx512, precision, 4, x, m, cols, g).unwrap();
         let layout = vnni::layout(cols, g, digits);
+        let xs = arranged_rows(precision, x, m, g, layout).unwrap();
         let factors = group_factors(&xs, layout, cols / g).unwrap();
         let to_f32 = |b: u16| f32::from_bits((b as u32) << 16);
         let mut y = vec![0f32; m * rows];
@@ -471,17 +495,9 @@ mod tests {
         for (j, v) in x[cols..].iter_mut().enumerate() {
             *v *= if j < 32 { 1e-20 } else { 1e-37 };
         }
-        let xs = digit_activations(
-            InstructionSet::Avx512,
-            ActivationPrecision::Exact,
-            4,
-            &x,
-            2,
-            cols,
-            32,
-        )
-        .unwrap();
-        assert!(group_factors(&xs, vnni::layout(cols, 32, DIGITS), 4).is_none());
+        let layout = vnni::layout(cols, 32, DIGITS);
+        let xs = arranged_rows(ActivationPrecision::Exact, &x, 2, 32, layout).unwrap();
+        assert!(group_factors(&xs, layout, 4).is_none());
         let mut want = vec![0f32; 2 * rows];
         w.matmul_reference(&x, 2, &mut want);
         let mut got = vec![f32::NAN; 2 * rows];
