@@ -103,18 +103,39 @@ impl Gating {
         scratch.ff_in.resize(m * 2 * hidden, 0.0);
         scratch.gated.resize(m * hidden, 0.0);
         self.linear_in.forward(x, m, &mut scratch.ff_in);
-        for (row, gated) in scratch
-            .ff_in
-            .chunks_exact(2 * hidden)
-            .zip(scratch.gated.chunks_exact_mut(hidden))
-        {
-            let (gate, value) = row.split_at(hidden);
-            for ((o, g), v) in gated.iter_mut().zip(gate).zip(value) {
-                *o = silu(*g) * v;
-            }
-        }
+        gate_rows(&scratch.ff_in, hidden, &mut scratch.gated);
         self.linear_out.forward(&scratch.gated, m, out);
     }
+}
+
+/// Values below which [`gate_rows`] stays on the calling thread (waking the team costs about what
+/// this many `silu`s take).
+const GATE_MIN_VALUES_PER_THREAD: usize = 4096;
+
+/// `gated[r, j] = silu(gate[r, j]) · value[r, j]` for every row `r` of `ff_in` (`[gate | value]`,
+/// `2 · hidden` each), split between the team's threads: elementwise, so the bits do not depend
+/// on the split.
+fn gate_rows(ff_in: &[f32], hidden: usize, gated: &mut [f32]) {
+    let threads = moshi_kernels::team::threads();
+    let per_part = gated
+        .len()
+        .div_ceil(threads)
+        .max(GATE_MIN_VALUES_PER_THREAD);
+    moshi_kernels::team::run_chunks_mut(gated, per_part, &|first, part| {
+        let (mut part, mut at) = (part, first);
+        while !part.is_empty() {
+            // The rest of row `at / hidden` within this part.
+            let (row, col) = (at / hidden, at % hidden);
+            let (out, rest) = part.split_at_mut((hidden - col).min(part.len()));
+            let gate = &ff_in[row * 2 * hidden + col..][..out.len()];
+            let value = &ff_in[row * 2 * hidden + hidden + col..][..out.len()];
+            for ((o, g), v) in out.iter_mut().zip(gate).zip(value) {
+                *o = silu(*g) * v;
+            }
+            at += out.len();
+            part = rest;
+        }
+    });
 }
 
 /// Buffers reused by every layer of one stack.
@@ -244,5 +265,39 @@ impl TransformerLayer {
         }
         scratch.normed = normed;
         scratch.branch = branch;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Split between threads or not, every gated value is `silu(gate) · value` of its own row.
+    #[test]
+    fn gated_rows_are_each_rows_own_elementwise_product_at_any_split() {
+        for (m, hidden) in [(1, 40), (3, 5000), (8, 2816)] {
+            let ff_in: Vec<f32> = (0..m * 2 * hidden)
+                .map(|i| ((i * 7919 % 2003) as f32 - 1001.0) * 3e-3)
+                .collect();
+            let want: Vec<f32> = ff_in
+                .chunks_exact(2 * hidden)
+                .flat_map(|row| {
+                    let (gate, value) = row.split_at(hidden);
+                    gate.iter()
+                        .zip(value)
+                        .map(|(g, v)| silu(*g) * v)
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            for threads in [1, 2, 3] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                let mut gated = vec![f32::NAN; m * hidden];
+                pool.install(|| gate_rows(&ff_in, hidden, &mut gated));
+                assert_eq!(gated, want, "{m} x {hidden}, {threads} threads");
+            }
+        }
     }
 }
