@@ -499,6 +499,34 @@ impl Linear {
 mod tests {
     use super::*;
 
+    /// A 4-bit layer held as the process's kernel reads it (panels on AVX-512 VNNI) splits into two
+    /// layers whose rows give the whole layer's bits, held the same way.
+    #[test]
+    fn a_quantized_layer_splits_into_its_rows() {
+        let (rows, cols, at) = (40, 128, 24);
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i as f32) * 0.37).sin())
+            .collect();
+        let q = QuantizedMatrix::quantize(&w, rows, cols, 4, 32).unwrap();
+        let whole = Linear::new(LinearWeights::quantized(q), rows, cols);
+        let panels = matches!(whole.weights(), LinearWeights::QuantPanels(_));
+        assert_eq!(panels, Kernel::anticipated() == Kernel::Avx512Vnni);
+        let x: Vec<f32> = (0..3 * cols).map(|i| ((i as f32) * 0.11).cos()).collect();
+        let all = whole.forward_vec(&x, 3);
+        let (head, tail) = whole.split_rows(at);
+        for (part, first, n) in [(head, 0, at), (tail, at, rows - at)] {
+            assert_eq!(
+                matches!(part.weights(), LinearWeights::QuantPanels(_)),
+                panels
+            );
+            let got = part.forward_vec(&x, 3);
+            for i in 0..3 {
+                let want = &all[i * rows + first..i * rows + first + n];
+                assert_eq!(&got[i * n..(i + 1) * n], want, "row {i}");
+            }
+        }
+    }
+
     #[test]
     fn precision_names_round_trip_and_reject_unknown() {
         for m in FewRowPrecision::ALL {
