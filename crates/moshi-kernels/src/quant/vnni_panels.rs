@@ -72,30 +72,18 @@ pub(crate) fn matmul(
         .min((w.weight_bytes() / MIN_TASK_WEIGHT_BYTES).max(1))
         .min(panels)
         .max(1);
-    let task_values = panels.div_ceil(tasks) * PANEL_ROWS * m;
-    let run = |out: &mut [f32]| {
-        crate::team::run_chunks_mut(out, task_values, &|first, chunk| {
-            let first_panel = first / (PANEL_ROWS * m);
-            let last_panel = first_panel + chunk.len().div_ceil(PANEL_ROWS * m);
-            // SAFETY: the CPU has the features (asserted above); `chunk` holds the outputs of
-            // these panels, `[panel][m][16]`.
-            unsafe { tiles(&frame, first_panel, last_panel, chunk) };
-        })
+    let out = Out {
+        y: y.as_mut_ptr(),
+        rows: w.rows(),
     };
-    let rows = w.rows();
-    if m == 1 && rows.is_multiple_of(PANEL_ROWS) {
-        run(y);
-    } else {
-        let mut out = vec![0f32; panels * PANEL_ROWS * m];
-        run(&mut out);
-        for (panel, outputs) in out.chunks_exact(PANEL_ROWS * m).enumerate() {
-            let lanes = PANEL_ROWS.min(rows - panel * PANEL_ROWS);
-            for (i, lane_values) in outputs.chunks_exact(PANEL_ROWS).enumerate() {
-                let at = i * rows + panel * PANEL_ROWS;
-                y[at..at + lanes].copy_from_slice(&lane_values[..lanes]);
-            }
-        }
-    }
+    let panels_per_task = panels.div_ceil(tasks);
+    crate::team::run(tasks, &|task| {
+        let first = task * panels_per_task;
+        let last = (first + panels_per_task).min(panels);
+        // SAFETY: the CPU has the features (asserted above); the tasks' runs of panels are
+        // disjoint, so are the columns of `y` they write (`Out`).
+        unsafe { tiles(&frame, &out, first, last) };
+    });
     true
 }
 
@@ -162,8 +150,8 @@ struct Frame<'a> {
     prefetch: CodePrefetch,
 }
 
-/// Runs the tiles of panels `first..last` into `out` (`[panel - first][m][16]`).
-type TilesFn = unsafe fn(&Frame<'_>, usize, usize, &mut [f32]);
+/// Runs the tiles of panels `first..last` into their columns of `out`.
+type TilesFn = unsafe fn(&Frame<'_>, &Out, usize, usize);
 
 /// The tiles for groups of `group_size` and activations of `digits` digits.
 fn select(group_size: usize, digits: usize) -> TilesFn {
@@ -185,19 +173,15 @@ fn select(group_size: usize, digits: usize) -> TilesFn {
 /// time (module docs for the tile shapes).
 ///
 /// # Safety
-/// The CPU must have AVX-512F, BW and VNNI; the panels must exist; `out` must hold
-/// `(last - first) · m · 16` values.
+/// The CPU must have AVX-512F, BW and VNNI; the panels must exist; `out` must hold the product's
+/// `m` rows, and no other thread write these panels' columns meanwhile.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 unsafe fn tiles<const G: usize, const D: usize>(
     frame: &Frame<'_>,
+    out: &Out,
     first: usize,
     last: usize,
-    out: &mut [f32],
 ) {
-    let out = Out {
-        at: out.as_mut_ptr(),
-        first_panel: first,
-    };
     let mut pass = first;
     while pass < last {
         let pass_end = (pass + PANELS_PER_PASS).min(last);
@@ -207,13 +191,13 @@ unsafe fn tiles<const G: usize, const D: usize>(
             // SAFETY (each): as this function's contract, rows `row..row + MR` exist.
             row += unsafe {
                 match (D, left) {
-                    (DIGITS, 4..) => run::<G, D, 4, 1>(frame, &out, row, pass, pass_end),
-                    (DIGITS, 2..) => run::<G, D, 2, 2>(frame, &out, row, pass, pass_end),
-                    (DIGITS, _) => run::<G, D, 1, 4>(frame, &out, row, pass, pass_end),
-                    (_, 8..) => run::<G, D, 8, 1>(frame, &out, row, pass, pass_end),
-                    (_, 4..) => run::<G, D, 4, 2>(frame, &out, row, pass, pass_end),
-                    (_, 2..) => run::<G, D, 2, 2>(frame, &out, row, pass, pass_end),
-                    (_, _) => run::<G, D, 1, 4>(frame, &out, row, pass, pass_end),
+                    (DIGITS, 4..) => run::<G, D, 4, 1>(frame, out, row, pass, pass_end),
+                    (DIGITS, 2..) => run::<G, D, 2, 2>(frame, out, row, pass, pass_end),
+                    (DIGITS, _) => run::<G, D, 1, 4>(frame, out, row, pass, pass_end),
+                    (_, 8..) => run::<G, D, 8, 1>(frame, out, row, pass, pass_end),
+                    (_, 4..) => run::<G, D, 4, 2>(frame, out, row, pass, pass_end),
+                    (_, 2..) => run::<G, D, 2, 2>(frame, out, row, pass, pass_end),
+                    (_, _) => run::<G, D, 1, 4>(frame, out, row, pass, pass_end),
                 }
             };
         }
@@ -221,11 +205,16 @@ unsafe fn tiles<const G: usize, const D: usize>(
     }
 }
 
-/// Where a task's tiles write: `[panel - first_panel][m][16]` from `at`.
+/// Where the tiles write: the product's output, `m` rows of `rows` values from `y`; panel `p`'s
+/// outputs are columns `16p..16p + 16` of each row (the last panel's cut to `rows`).
 struct Out {
-    at: *mut f32,
-    first_panel: usize,
+    y: *mut f32,
+    rows: usize,
 }
+
+// SAFETY: the tasks sharing an `Out` write disjoint panels' columns (`tiles`' contract), and the
+// output outlives the team region that writes it.
+unsafe impl Sync for Out {}
 
 /// Rows `row..row + MR` against panels `first..last`, `NP` panels a tile (the rest one by one);
 /// returns `MR`.
@@ -341,9 +330,18 @@ unsafe fn tile<const G: usize, const D: usize, const MR: usize, const NP: usize>
     }
     for i in 0..MR {
         for p in 0..NP {
-            let at = ((panel0 + p - out.first_panel) * frame.m + row0 + i) * PANEL_ROWS;
-            // SAFETY: 16 values inside the task's outputs (as `tiles`'s contract).
-            unsafe { _mm512_storeu_ps(out.at.add(at), total[i][p]) };
+            let col = (panel0 + p) * PANEL_ROWS;
+            let lanes = (out.rows - col).min(PANEL_ROWS);
+            // SAFETY: this panel's columns of an existing output row (as `tiles`'s contract),
+            // the last panel's past the matrix masked off.
+            unsafe {
+                let at = out.y.add((row0 + i) * out.rows + col);
+                _mm512_mask_storeu_ps(
+                    at,
+                    (1u32 << lanes).wrapping_sub(1) as __mmask16,
+                    total[i][p],
+                );
+            }
         }
     }
 }
