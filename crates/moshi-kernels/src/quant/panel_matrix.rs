@@ -14,8 +14,9 @@
 //! `quant::fixed_point`: exact, 16-bit or 8-bit), whose digit planes meet the code words' nibbles
 //! as they are. Per output and group the integer sums of the digits are exact; they are joined
 //! into one f32 (three digits: `f32(Σ top) · 2^16 + f32(Σ lower two)`, the others converted once),
-//! scaled by the group's unit `2^E` (exact: rows whose units leave f32's normal range go to the
-//! scalar path), and added as `total = fma(scale, v, total)`, then `fma(bias, Σ_g x, total)`,
+//! multiplied by the group's unit `u_g · 2^e` (a power of two with exact and 16-bit activations,
+//! `max_g / 127 · 2^e` with 8-bit ones; rows whose units leave f32's normal range go to the scalar
+//! path), and added as `total = fma(scale, v, total)`, then `fma(bias, Σ_g x, total)`,
 //! group after group. The same operations in the same order for every tile shape, row count and
 //! thread split. Rows the fixed point cannot hold (non-finite, subnormal) take the scalar
 //! reference's arithmetic on the dequantized panel row.
@@ -50,8 +51,8 @@ struct Line([u32; PANEL_ROWS]);
 impl QuantPanels {
     /// The matrix rearranged into panels where `kernel` reads them (the AVX-512 VNNI kernel on a
     /// CPU that has it) and the format suits (4-bit codes with bf16 factors, groups of 32, 64 or
-    /// 128); otherwise the matrix back, unchanged. The codes are moved one panel at a time: the
-    /// peak memory is the matrix plus its rearranged copy, never a second copy of a model.
+    /// 128); otherwise the matrix back, unchanged. The panels are written into a new buffer and
+    /// the matrix dropped after: the peak is one matrix twice, never a second copy of a model.
     pub fn from_matrix(w: QuantizedMatrix, kernel: Kernel) -> Result<QuantPanels, QuantizedMatrix> {
         if !Self::suits(&w, kernel) {
             return Err(w);
