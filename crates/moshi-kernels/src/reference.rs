@@ -24,12 +24,16 @@ pub fn qmm_reference(w: &QuantizedMatrix, x: &[f32], m: usize, y: &mut [f32]) {
     for r in 0..rows {
         w.dequantize_row_f32(r, &mut row_values);
         for i in 0..m {
-            let xi = &x[i * cols..(i + 1) * cols];
-            let mut acc = 0f32;
-            for (a, b) in row_values.iter().zip(xi) {
-                acc += a * b;
-            }
-            y[i * rows + r] = acc;
+            y[i * rows + r] = dot_in_order(&row_values, &x[i * cols..(i + 1) * cols]);
         }
     }
+}
+
+/// `Σ_j w_j · x_j` accumulated in f32 in order of `j`: the reference's arithmetic for one output.
+pub(crate) fn dot_in_order(w: &[f32], x: &[f32]) -> f32 {
+    let mut acc = 0f32;
+    for (a, b) in w.iter().zip(x) {
+        acc += a * b;
+    }
+    acc
 }

@@ -188,7 +188,7 @@ impl QuantPanels {
         let mut values = vec![0f32; self.cols];
         for (r, out) in y.iter_mut().enumerate() {
             self.dequantize_row_f32(r, &mut values);
-            *out = values.iter().zip(x).fold(0f32, |acc, (w, x)| acc + w * x);
+            *out = crate::reference::dot_in_order(&values, x);
         }
     }
 

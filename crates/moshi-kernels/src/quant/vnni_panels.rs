@@ -379,7 +379,7 @@ mod tests {
         cols: usize,
         g: usize,
     ) -> QuantizedMatrix {
-        let bf16 = |v: f32| (v.to_bits() >> 16) as u16;
+        let bf16 = crate::f32_to_bf16_bits;
         let codes = (0..rows * cols / 8)
             .map(|_| rng.next_u64() as u32)
             .collect();
@@ -405,7 +405,7 @@ mod tests {
         let layout = vnni::layout(cols, g, digits);
         let xs = arranged_rows(precision, x, m, g, layout).unwrap();
         let factors = group_factors(&xs, layout, cols / g).unwrap();
-        let to_f32 = |b: u16| f32::from_bits((b as u32) << 16);
+        let to_f32 = crate::bf16_bits_to_f32;
         let mut y = vec![0f32; m * rows];
         for (i, row) in xs.chunks_exact(layout.stride).enumerate() {
             let bytes: Vec<u8> = row.iter().flat_map(|v| v.to_ne_bytes()).collect();
