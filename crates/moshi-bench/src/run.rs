@@ -254,9 +254,10 @@ pub fn run_bench(
             [
                 lm_rows as usize * options.sessions,
                 options.kv_prefill,
-                cfg.dim,
                 2,
-                options.kv_cache.bytes(),
+                options
+                    .kv_cache
+                    .bytes_per_position(cfg.dim, cfg.dim / cfg.num_heads),
                 cfg.num_layers,
             ]
             .iter()
@@ -319,9 +320,12 @@ pub fn run_bench(
     let kv_layer_bytes = if first_frame_steps > 0 {
         // The prefilled positions count as LM steps taken before the first frame's.
         let steps_by_first_frame = options.kv_prefill + first_frame_steps;
+        let kv_width = cfg.dim / cfg.kv_repeat;
+        let position_bytes = options
+            .kv_cache
+            .bytes_per_position(kv_width, cfg.dim / cfg.num_heads);
         kv_read_per_layer_bytes(
-            options.kv_cache.bytes(),
-            cfg.dim,
+            position_bytes,
             cfg.context,
             steps_by_first_frame,
             options.warmup,

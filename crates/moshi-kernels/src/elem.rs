@@ -1,5 +1,6 @@
-//! The weight element types of the dense kernels (f32, and bf16 as its `u16` bits, widened
-//! exactly), the accumulator width and the one lane reduction every dense kernel uses.
+//! The weight element types of the dense kernels (f32, bf16 as its `u16` bits, and `i8` codes
+//! whose scale the caller applies, each widened exactly), the accumulator width and the one lane
+//! reduction every dense kernel uses.
 
 /// Accumulator lanes of the dense kernels: one AVX-512 register, two AVX2 ones. The fixed-order
 /// matrix-vector kernels keep `2 * LANES` accumulators (see [`crate::dense`]).
@@ -38,8 +39,9 @@ pub fn reduce_lanes<const N: usize>(acc: &[f32; N]) -> f32 {
     v[0]
 }
 
-/// A weight (or cached key/value) element the dense kernels read: `f32`, or bf16 bits (`u16`),
-/// widened exactly to f32. Sealed: the SIMD loads are this crate's business.
+/// A weight (or cached key/value) element the dense kernels read: `f32`, bf16 bits (`u16`) or an
+/// 8-bit code (`i8`, its scale applied by the caller), widened exactly to f32. Sealed: the SIMD
+/// loads are this crate's business.
 pub trait WeightElem: Copy + Send + Sync + sealed::Sealed + 'static {
     /// The value as f32 (exact).
     fn to_f32(self) -> f32;
@@ -80,6 +82,7 @@ mod sealed {
     pub trait Sealed {}
     impl Sealed for f32 {}
     impl Sealed for u16 {}
+    impl Sealed for i8 {}
 }
 
 impl WeightElem for f32 {
@@ -152,6 +155,44 @@ impl WeightElem for u16 {
         // SAFETY: the caller guarantees 4 readable u16 at `p`.
         let h = unsafe { vld1_u16(p) };
         vreinterpretq_f32_u32(vshll_n_u16::<16>(h))
+    }
+}
+
+impl WeightElem for i8 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f32::from(self)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn load8(p: *const i8) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller guarantees 8 readable i8 at `p`.
+        let b = unsafe { _mm_loadl_epi64(p as *const __m128i) };
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b))
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2")]
+    unsafe fn load16(p: *const i8) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller guarantees 16 readable i8 at `p`.
+        let b = unsafe { _mm_loadu_si128(p as *const __m128i) };
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b))
+    }
+
+    #[cfg(target_arch = "aarch64")]
+    #[inline]
+    #[target_feature(enable = "neon")]
+    unsafe fn load4(p: *const i8) -> std::arch::aarch64::float32x4_t {
+        use std::arch::aarch64::*;
+        // SAFETY: the caller guarantees 4 readable i8 at `p`.
+        let word = unsafe { (p as *const i32).read_unaligned() };
+        let bytes = vreinterpret_s8_s32(vdup_n_s32(word));
+        vcvtq_f32_s32(vmovl_s16(vget_low_s16(vmovl_s8(bytes))))
     }
 }
 

@@ -1,7 +1,7 @@
 //! Sessions stepped together share one product per linear layer, yet each gets exactly what it
 //! gets alone: tokens and every logit bit for bit, for f32, bf16, q8 and q4 weights, greedy and
 //! sampled, sessions joining and leaving at any frame (so at different positions, the caches
-//! wrapping their ring at different times), with f32 or bf16 KV caches, with and without
+//! wrapping their ring at different times), with f32, bf16 or 8-bit KV caches, with and without
 //! classifier-free guidance (two rows per session). A session's bad input or weights of its own
 //! fail that session alone.
 
@@ -174,10 +174,11 @@ fn plans(cfg_coef: f32) -> Vec<Plan> {
             last: 40,
             codes_seed: 3,
         },
-        // Joins when the others' caches have wrapped (context 16), alone at the end.
+        // Joins when the others' caches have wrapped (context 16), alone at the end; 8-bit
+        // caches.
         Plan {
             sampling: SamplingConfig::greedy(),
-            kv: KvPrecision::Bf16,
+            kv: KvPrecision::I8,
             cfg_coef,
             first: 21,
             last: 44,

@@ -108,8 +108,9 @@ pub struct BenchArgs {
     /// conversation in seconds, without running it (`--warmup N` computes those steps instead).
     #[arg(long, value_name = "N", default_value_t = 0)]
     kv_prefill: usize,
-    /// Element type of the temporal KV caches: f32 (exact, default) or bf16 (half the bytes).
-    #[arg(long, value_name = "f32|bf16", default_value_t = KvPrecision::F32)]
+    /// Element type of the temporal KV caches: f32 (exact, default), bf16 (half the bytes) or
+    /// i8 (8-bit codes and a scale per head: about a quarter).
+    #[arg(long, value_name = "f32|bf16|i8", default_value_t = KvPrecision::F32)]
     kv_cache: KvPrecision,
     /// How the q4/q8 products hold their activations: exact (default), i16 (rounded per
     /// quantization group to 16 bits: two byte dot products per code vector) or i8 (8 bits: one).

@@ -47,11 +47,13 @@ pub struct ModelArgs {
     /// bf16 or q8 (MLX 8-bit affine, group 64). Activations stay f32.
     #[arg(long, value_name = "f32|bf16|q8", default_value_t = MimiWeights::F32)]
     pub mimi_weights: MimiWeights,
-    /// Element type of the LM's temporal KV caches: f32 (exact) or bf16 (rounded to nearest
+    /// Element type of the LM's temporal KV caches: f32 (exact), bf16 (rounded to nearest
     /// even: half the memory, and half the bytes read per frame late in a conversation, when a
-    /// full 3000-position window is about as large as the q4 weights). Default: bf16 for the
-    /// live commands (chat, serve), as Kyutai's own runtimes do; f32 for file.
-    #[arg(long, value_name = "f32|bf16")]
+    /// full 3000-position window is about as large as the q4 weights) or i8 (8-bit codes, one
+    /// scale per head of a position: about a quarter; an approximation of its own, see
+    /// docs/performance.md). Default: bf16 for the live commands (chat, serve), as Kyutai's own
+    /// runtimes do; f32 for file.
+    #[arg(long, value_name = "f32|bf16|i8")]
     pub kv_cache: Option<KvPrecision>,
     /// How the LM's q4/q8 products hold their activations: exact, i16 (rounded per quantization
     /// group to 16 bits: two byte dot products per code vector instead of three) or i8 (to 8

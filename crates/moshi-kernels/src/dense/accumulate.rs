@@ -224,37 +224,40 @@ mod tests {
         }
     }
 
-    /// bf16 rows: the kernels give the plain loop's bits over the exactly widened values.
+    /// bf16 and 8-bit rows: the kernels give the plain loop's bits over the exactly widened
+    /// values.
     #[test]
-    fn bf16_rows_equal_the_plain_loop_bit_for_bit() {
-        let mut rng = 12u64;
+    fn narrow_rows_equal_the_plain_loop_bit_for_bit() {
+        narrow_rows_equal_the_plain_loop(12, f32_to_bf16_bits);
+        narrow_rows_equal_the_plain_loop(13, |v| (v * 84.0).round() as i8);
+    }
+
+    fn narrow_rows_equal_the_plain_loop<E: WeightElem + std::fmt::Debug>(
+        seed: u64,
+        narrow: fn(f32) -> E,
+    ) {
+        let mut rng = seed;
         for len in [0, 5, 8, 16, 23, 128] {
-            let rows: Vec<Vec<u16>> = (0..4)
-                .map(|_| {
-                    random(len, &mut rng)
-                        .iter()
-                        .map(|&v| f32_to_bf16_bits(v))
-                        .collect()
-                })
+            let rows: Vec<Vec<E>> = (0..4)
+                .map(|_| random(len, &mut rng).into_iter().map(narrow).collect())
                 .collect();
             let coefs = [1.5f32, -0.25, 3.3e-2, 0.9];
             let start = random(len, &mut rng);
             let mut expected = start.clone();
             for (c, row) in coefs.iter().zip(&rows) {
                 for (v, &x) in expected.iter_mut().zip(row) {
-                    *v += c * f32::from_bits((x as u32) << 16);
+                    *v += c * x.to_f32();
                 }
             }
             for kernel in Kernel::available() {
                 let mut got = start.clone();
-                let refs: [&[u16]; 4] = std::array::from_fn(|r| &rows[r][..]);
+                let refs: [&[E]; 4] = std::array::from_fn(|r| &rows[r][..]);
                 accumulate_rows(kernel, &mut got, coefs, refs);
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&got), bits(&expected), "{kernel:?} len {len}");
             }
         }
     }
-
     #[test]
     #[should_panic(expected = "shorter than the output")]
     fn a_short_row_is_refused() {

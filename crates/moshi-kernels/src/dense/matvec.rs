@@ -433,8 +433,8 @@ mod tests {
         (w16, w32, x)
     }
 
-    /// Several f32 or bf16 rows at once give each row's single-row bits, on every kernel this CPU
-    /// has.
+    /// Several f32, bf16 or 8-bit rows at once give each row's single-row bits, on every kernel
+    /// this CPU has.
     #[test]
     fn f32_rows_at_once_equal_the_scalar_dot_bit_for_bit() {
         for k in [0, 1, 31, 32, 33, 128, 130] {
@@ -443,11 +443,16 @@ mod tests {
             let expected = rows.map(|r| dot_f32_scalar(r, &x).to_bits());
             let rows16: [&[u16]; 4] = std::array::from_fn(|r| &w16[r * k..(r + 1) * k]);
             let expected16 = rows16.map(|r| dot_bf16_scalar(r, &x).to_bits());
+            let w8: Vec<i8> = w.iter().map(|&v| (v * 127.0).round() as i8).collect();
+            let rows8: [&[i8]; 4] = std::array::from_fn(|r| &w8[r * k..(r + 1) * k]);
+            let expected8 = rows8.map(|r| dot_scalar(r, &x).to_bits());
             for kernel in Kernel::available() {
                 let got = dot_rows(kernel, rows, &x).map(f32::to_bits);
                 assert_eq!(got, expected, "{kernel:?} k {k}");
                 let got16 = dot_rows(kernel, rows16, &x).map(f32::to_bits);
                 assert_eq!(got16, expected16, "{kernel:?} k {k} bf16");
+                let got8 = dot_rows(kernel, rows8, &x).map(f32::to_bits);
+                assert_eq!(got8, expected8, "{kernel:?} k {k} i8");
             }
         }
     }

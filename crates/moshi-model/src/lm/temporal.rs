@@ -225,7 +225,11 @@ impl TemporalTransformer {
             caches: self
                 .layers
                 .iter()
-                .map(|l| KvCache::with_precision(self.context, l.attention().kv_dim(), precision))
+                .map(|l| {
+                    let attention = l.attention();
+                    let (width, head_dim) = (attention.kv_dim(), attention.head_dim());
+                    KvCache::with_precision(self.context, width, head_dim, precision)
+                })
                 .collect(),
             position: 0,
             condition: None,

@@ -150,7 +150,10 @@ impl MimiTransformer {
     pub fn new_state(&self) -> TransformerState {
         TransformerState {
             caches: (0..self.layers.len())
-                .map(|_| KvCache::with_precision(self.context, self.dim, self.kv_precision))
+                .map(|_| {
+                    let head_dim = self.dim / self.num_heads;
+                    KvCache::with_precision(self.context, self.dim, head_dim, self.kv_precision)
+                })
                 .collect(),
             ..Default::default()
         }

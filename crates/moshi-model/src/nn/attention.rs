@@ -13,7 +13,9 @@
 //!   [`Attention::forward_sequence`]: a whole sequence without a cache (non-streaming).
 //!
 //! Scores are dot products in the fixed order of `moshi_kernels::dense`, 4 cached positions per
-//! step; values are accumulated position by position in the order given. Heads are split over the
+//! step; values are accumulated position by position in the order given. An 8-bit cache's codes
+//! go through the same kernels, each head's scale applied to its dot product (keys) and to its
+//! attention weight (values). Heads are split over the
 //! thread team when the cache is large; each head's arithmetic is the same whoever runs it.
 
 use std::cell::RefCell;
@@ -65,17 +67,47 @@ pub struct AttentionScratch {
 }
 
 /// Where the keys and values a query attends over are: rows `segments` (in that order) of
-/// `keys`/`values`, row `j` at `j * stride`.
+/// `keys`/`values`, row `j` at `j * stride`, 8-bit codes with their `scales`.
 pub(super) struct Rows<'a, E> {
     pub(super) keys: &'a [E],
     pub(super) values: &'a [E],
     pub(super) stride: usize,
     pub(super) segments: [Range<usize>; 2],
+    pub(super) scales: Option<HeadScales<'a>>,
+}
+
+/// The scales of 8-bit keys and values: key/value head `g` of row `j` is its codes times
+/// `keys[j * heads + g]` (`values[..]`).
+#[derive(Clone, Copy)]
+pub(super) struct HeadScales<'a> {
+    pub(super) keys: &'a [f32],
+    pub(super) values: &'a [f32],
+    pub(super) heads: usize,
 }
 
 impl<E> Rows<'_, E> {
     fn len(&self) -> usize {
         self.segments.iter().map(|s| s.len()).sum()
+    }
+
+    /// `dot`, a query's dot product with key head `g`'s stored elements at row `j`, in the keys'
+    /// units (times the head's scale where the keys are 8-bit codes).
+    #[inline(always)]
+    fn key_units(&self, dot: f32, j: usize, g: usize) -> f32 {
+        match &self.scales {
+            None => dot,
+            Some(s) => dot * s.keys[j * s.heads + g],
+        }
+    }
+
+    /// `weight`, a row's attention weight, times value head `g`'s scale at row `j` where the
+    /// values are 8-bit codes.
+    #[inline(always)]
+    fn value_units(&self, weight: f32, j: usize, g: usize) -> f32 {
+        match &self.scales {
+            None => weight,
+            Some(s) => weight * s.values[j * s.heads + g],
+        }
     }
 }
 
@@ -211,6 +243,7 @@ impl Attention {
                 values,
                 stride: width,
                 segments: [(p + 1).saturating_sub(context)..p + 1, 0..0],
+                scales: None,
             };
             let q = &qkv[p * width..p * width + dim];
             self.attend(q, &rows, attended, &mut scratch.scores);
@@ -307,7 +340,8 @@ impl Attention {
         }
     }
 
-    /// [`Attention::attend`] over the slots `segments` (in that order) of `cache`, f32 or bf16.
+    /// [`Attention::attend`] over the slots `segments` (in that order) of `cache`, f32, bf16 or
+    /// 8-bit.
     fn attend_cache(
         &self,
         q: &[f32],
@@ -324,6 +358,7 @@ impl Attention {
                     values,
                     stride,
                     segments,
+                    scales: None,
                 };
                 self.attend(q, &rows, attended, scores)
             }
@@ -333,6 +368,28 @@ impl Attention {
                     values,
                     stride,
                     segments,
+                    scales: None,
+                };
+                self.attend(q, &rows, attended, scores)
+            }
+            KvRows::I8 {
+                keys,
+                values,
+                key_scales,
+                value_scales,
+                head_dim,
+            } => {
+                assert_eq!(head_dim, self.head_dim, "an 8-bit cache's scales are per head");
+                let rows = Rows {
+                    keys,
+                    values,
+                    stride,
+                    segments,
+                    scales: Some(HeadScales {
+                        keys: key_scales,
+                        values: value_scales,
+                        heads: stride / head_dim,
+                    }),
                 };
                 self.attend(q, &rows, attended, scores)
             }
@@ -425,9 +482,14 @@ struct HeadRange {
 }
 
 impl HeadRange {
+    /// The key/value head that local query head `h` reads.
+    fn kv_head(&self, h: usize) -> usize {
+        (self.first + h) / self.heads.kv_repeat
+    }
+
     /// Column of the key/value head that local query head `h` reads.
     fn kv_column(&self, h: usize) -> usize {
-        (self.first + h) / self.heads.kv_repeat * self.heads.dim
+        self.kv_head(h) * self.heads.dim
     }
 }
 
@@ -475,9 +537,10 @@ fn attend_heads<E: WeightElem>(
             for (h, qh) in q.chunks_exact(hd).enumerate() {
                 let c = col(h);
                 prefetch_ahead(rows.keys, rows.stride, j, first_col + c, hd);
+                let g = range.kv_head(h);
                 let dots = dot_rows(kernel, ks.map(|k| &k[c..c + hd]), qh);
-                for (r, d) in dots.iter().enumerate() {
-                    scores[h * n + at + r] = d * scale;
+                for (r, &d) in dots.iter().enumerate() {
+                    scores[h * n + at + r] = rows.key_units(d, j + r, g) * scale;
                 }
             }
             j += POSITIONS_PER_STEP;
@@ -487,7 +550,8 @@ fn attend_heads<E: WeightElem>(
             let k = key(j);
             for (h, qh) in q.chunks_exact(hd).enumerate() {
                 let c = col(h);
-                scores[h * n + at] = dot_rows(kernel, [&k[c..c + hd]], qh)[0] * scale;
+                let d = dot_rows(kernel, [&k[c..c + hd]], qh)[0];
+                scores[h * n + at] = rows.key_units(d, j, range.kv_head(h)) * scale;
             }
             at += 1;
         }
@@ -515,10 +579,11 @@ fn attend_heads<E: WeightElem>(
             for (h, o) in out.chunks_exact_mut(hd).enumerate() {
                 let c = col(h);
                 prefetch_ahead(rows.values, rows.stride, j, first_col + c, hd);
+                let g = range.kv_head(h);
                 accumulate_rows(
                     kernel,
                     o,
-                    std::array::from_fn(|r| scores[h * n + at + r]),
+                    std::array::from_fn(|r| rows.value_units(scores[h * n + at + r], j + r, g)),
                     vs.map(|v| &v[c..c + hd]),
                 );
             }
@@ -529,7 +594,8 @@ fn attend_heads<E: WeightElem>(
             let v = value(j);
             for (h, o) in out.chunks_exact_mut(hd).enumerate() {
                 let c = col(h);
-                accumulate_rows(kernel, o, [scores[h * n + at]], [&v[c..c + hd]]);
+                let weight = rows.value_units(scores[h * n + at], j, range.kv_head(h));
+                accumulate_rows(kernel, o, [weight], [&v[c..c + hd]]);
             }
             at += 1;
         }
@@ -542,11 +608,12 @@ mod tests {
     use crate::nn::KvPrecision;
 
     /// Small caches run on the calling thread, large ones split heads over threads: both must
-    /// equal a naive f64 attention over the explicit last `window` positions, in f32 and in
-    /// bf16 caches (the naive attention then takes the keys and values rounded to bf16).
+    /// equal a naive f64 attention over the explicit last `window` positions, in f32, bf16 and
+    /// 8-bit caches (the naive attention then takes the keys and values as stored: rounded to
+    /// bf16, or each head's codes times its scale).
     #[test]
     fn ring_window_equals_explicit_last_positions() {
-        for precision in [KvPrecision::F32, KvPrecision::Bf16] {
+        for precision in [KvPrecision::F32, KvPrecision::Bf16, KvPrecision::I8] {
             // Every head its own keys, then grouped-query attention (kv_repeat 2 and 4).
             for kv_repeat in [1, 2, 4] {
                 check_against_naive(16, 4, kv_repeat, 4, 9, precision);
@@ -565,9 +632,21 @@ mod tests {
         steps: usize,
         precision: KvPrecision,
     ) {
-        let stored = |v: f32| match precision {
-            KvPrecision::F32 => v,
-            KvPrecision::Bf16 => half::bf16::from_f32(v).to_f32(),
+        // A head's values as the cache holds them.
+        let stored = |head: Vec<f32>| -> Vec<f32> {
+            match precision {
+                KvPrecision::F32 => head,
+                KvPrecision::Bf16 => head
+                    .iter()
+                    .map(|&v| half::bf16::from_f32(v).to_f32())
+                    .collect(),
+                KvPrecision::I8 => {
+                    let scale = head.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
+                    head.iter()
+                        .map(|&v| (v / scale).round() * scale)
+                        .collect()
+                }
+            }
         };
         let eye = |n: usize| {
             let mut w = vec![0f32; n * n];
@@ -588,7 +667,8 @@ mod tests {
             heads,
         );
         assert_eq!((attn.kv_dim(), attn.kv_repeat()), (kv_dim, kv_repeat));
-        let mut cache = KvCache::with_precision(window, kv_dim, precision);
+        let hd = dim / heads;
+        let mut cache = KvCache::with_precision(window, kv_dim, hd, precision);
         let mut scratch = AttentionScratch::default();
         let xs: Vec<Vec<f32>> = (0..steps)
             .map(|p| {
@@ -600,28 +680,31 @@ mod tests {
         for (p, x) in xs.iter().enumerate() {
             let mut out = vec![0f32; dim];
             attn.step_rows(x, 1, None, &mut [&mut cache], &mut scratch, &mut out);
-            let hd = dim / heads;
             let first = (p + 1).saturating_sub(window);
             for h in 0..heads {
                 let r = h * hd..(h + 1) * hd;
                 let g = h / kv_repeat;
                 let kv = g * hd..(g + 1) * hd;
+                let key = |j: usize| stored(xs[j][kv.clone()].iter().map(|b| b * 0.5).collect());
+                let value = |j: usize| stored(xs[j][kv.clone()].iter().map(|b| b * 2.0).collect());
                 let scores: Vec<f64> = (first..=p)
                     .map(|j| {
                         xs[p][r.clone()]
                             .iter()
-                            .zip(&xs[j][kv.clone()])
-                            .map(|(a, b)| (a * stored(b * 0.5)) as f64)
+                            .zip(key(j))
+                            .map(|(a, b)| (a * b) as f64)
                             .sum::<f64>()
                             / (hd as f64).sqrt()
                     })
                     .collect();
                 let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let z: f64 = scores.iter().map(|s| (s - m).exp()).sum();
+                let values: Vec<Vec<f32>> = (first..=p).map(value).collect();
                 for (i, o) in r.clone().enumerate() {
-                    let expect: f64 = (first..=p)
+                    let expect: f64 = values
+                        .iter()
                         .zip(&scores)
-                        .map(|(j, s)| (s - m).exp() / z * stored(2.0 * xs[j][g * hd + i]) as f64)
+                        .map(|(v, s)| (s - m).exp() / z * v[i] as f64)
                         .sum();
                     assert!(
                         (out[o] as f64 - expect).abs() < 1e-5,

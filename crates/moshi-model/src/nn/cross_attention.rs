@@ -143,6 +143,7 @@ impl CrossAttention {
                 values: &source.rows[dim..],
                 stride: 2 * dim,
                 segments: [0..source.positions, 0..0],
+                scales: None,
             };
             let heads = Heads {
                 count: self.num_heads,

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use moshi_loader::lm_weights::{load_lm_weights, WeightMode};
+use moshi_loader::npy;
 use moshi_loader::LmConfig;
 use moshi_model::generator::{
     Generator, LmSession, LmSessionSettings, SamplingConfig, StepDetails, StepInput,
@@ -98,4 +99,57 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         .zip(b)
         .map(|(x, y)| (x - y).abs())
         .fold(0.0, f32::max)
+}
+
+/// Each fixture's user codes, one frame per step (the frames its reference tests feed).
+pub fn fed_frames(name: &str) -> Vec<Vec<u32>> {
+    let from_npy = |file: &str| {
+        let codes = npy::read_i64(fixture(name, file)).unwrap();
+        let (k, t) = (codes.shape[0], codes.shape[1]);
+        (0..t)
+            .map(|f| (0..k).map(|c| codes.data[c * t + f] as u32).collect())
+            .collect()
+    };
+    match name {
+        "tiny-a" => from_npy("ref/mimi_codes.npy"),
+        "tiny-hibiki" | "tiny-hibiki2b" => from_npy("ref/mimi_codes_with_silence.npy"),
+        _ => {
+            let text = std::fs::read_to_string(fixture(name, "ref/stt_greedy.json"));
+            let reference: Value = serde_json::from_str(&text.unwrap()).unwrap();
+            reference["steps"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| u32s(&s["user_codes"]))
+                .collect()
+        }
+    }
+}
+
+/// How far run `b` is from run `a`: the steps whose sampled tokens (text and audio) agree before
+/// the first that does not, and the largest text-logit difference over those steps (after a
+/// disagreement the runs are fed different tokens), relative to the largest logit magnitude.
+pub struct Distance {
+    pub agreeing_steps: usize,
+    pub steps: usize,
+    pub logit_error: f32,
+}
+
+pub fn distance(a: &[StepDetails], b: &[StepDetails]) -> Distance {
+    let agreeing_steps = a
+        .iter()
+        .zip(b)
+        .take_while(|(x, y)| x.text_token == y.text_token && x.audio_tokens == y.audio_tokens)
+        .count();
+    let compared = (agreeing_steps + 1).min(a.len());
+    let (mut error, mut scale) = (0f32, 0f32);
+    for (x, y) in a[..compared].iter().zip(&b[..compared]) {
+        error = error.max(max_abs_diff(&x.text_logits, &y.text_logits));
+        scale = scale.max(x.text_logits.iter().fold(0f32, |m, v| m.max(v.abs())));
+    }
+    Distance {
+        agreeing_steps,
+        steps: a.len(),
+        logit_error: error / scale,
+    }
 }
