@@ -197,19 +197,58 @@ impl Attention {
             caches.len()
         );
         self.project_and_rotate(xs, m, rotations, scratch);
-        for ((qkv, attended), cache) in scratch
+        let kv_dim = self.kv_dim();
+        for (qkv, cache) in scratch
             .qkv
             .chunks_exact(self.qkv_width())
-            .zip(scratch.attended.chunks_exact_mut(dim))
             .zip(caches.iter_mut())
         {
-            let (q, kv) = qkv.split_at(dim);
-            let (k, v) = kv.split_at(self.kv_dim());
-            cache.push(k, v);
+            cache.push(&qkv[dim..dim + kv_dim], &qkv[dim + kv_dim..]);
+        }
+        if let [cache] = caches {
             let segments = [0..cache.len(), 0..0];
-            self.attend_cache(q, cache, segments, attended, &mut scratch.scores);
+            let (q, attended) = (&scratch.qkv[..dim], &mut scratch.attended);
+            self.attend_cache(
+                q,
+                cache,
+                segments,
+                HeadSpan::All,
+                attended,
+                &mut scratch.scores,
+            );
+        } else {
+            let threads = crate::team::threads();
+            self.attend_rows(&scratch.qkv, caches, threads, &mut scratch.attended);
         }
         self.out_proj.forward(&scratch.attended, m, out);
+    }
+
+    /// Each row of `qkv` (projected and rotated, its key and value already pushed) attends over
+    /// its cache into its row of `attended`, in one team region of parts for `threads` threads:
+    /// a row a part, or with fewer rows than threads, a row's heads in several parts.
+    fn attend_rows(
+        &self,
+        qkv: &[f32],
+        caches: &[&mut KvCache],
+        threads: usize,
+        attended: &mut [f32],
+    ) {
+        let (dim, hd, width) = (self.dim(), self.head_dim, self.qkv_width());
+        let (rows, heads) = (caches.len(), self.num_heads);
+        let parts_per_row = threads.div_ceil(rows).clamp(1, heads);
+        // Parts of whole heads, equal within a row (`run_chunks_mut` cuts evenly).
+        let heads_per_part = (heads.div_ceil(parts_per_row)..=heads)
+            .find(|&d| heads.is_multiple_of(d))
+            .unwrap_or(heads);
+        crate::team::run_chunks_mut(attended, heads_per_part * hd, &|first, out| {
+            let (row, column) = (first / dim, first % dim);
+            let cache = &*caches[row];
+            let q = &qkv[row * width + column..][..out.len()];
+            let span = HeadSpan::From(column / hd);
+            GROUP_SCORES.with_borrow_mut(|scores| {
+                self.attend_cache(q, cache, [0..cache.len(), 0..0], span, out, scores)
+            });
+        });
     }
 
     /// `t` rows of `xs` (`[t, dim]`, already normalised): a whole sequence of one stream (no
@@ -246,7 +285,7 @@ impl Attention {
                 scales: None,
             };
             let q = &qkv[p * width..p * width + dim];
-            self.attend(q, &rows, attended, &mut scratch.scores);
+            self.attend(q, &rows, HeadSpan::All, attended, &mut scratch.scores);
         }
         self.out_proj.forward(&scratch.attended, t, out);
     }
@@ -336,7 +375,7 @@ impl Attention {
             let p = last - t + i;
             let segments = cache.slots(oldest.max((p + 1).saturating_sub(context)), p);
             let q = &qkv[i * width..i * width + dim];
-            self.attend_cache(q, cache, segments, attended, scores);
+            self.attend_cache(q, cache, segments, HeadSpan::All, attended, scores);
         }
     }
 
@@ -347,6 +386,7 @@ impl Attention {
         q: &[f32],
         cache: &KvCache,
         segments: [Range<usize>; 2],
+        span: HeadSpan,
         attended: &mut [f32],
         scores: &mut Vec<f32>,
     ) {
@@ -360,7 +400,7 @@ impl Attention {
                     segments,
                     scales: None,
                 };
-                self.attend(q, &rows, attended, scores)
+                self.attend(q, &rows, span, attended, scores)
             }
             KvRows::Bf16 { keys, values } => {
                 let rows = Rows {
@@ -370,7 +410,7 @@ impl Attention {
                     segments,
                     scales: None,
                 };
-                self.attend(q, &rows, attended, scores)
+                self.attend(q, &rows, span, attended, scores)
             }
             KvRows::I8 {
                 keys,
@@ -379,7 +419,10 @@ impl Attention {
                 value_scales,
                 head_dim,
             } => {
-                assert_eq!(head_dim, self.head_dim, "an 8-bit cache's scales are per head");
+                assert_eq!(
+                    head_dim, self.head_dim,
+                    "an 8-bit cache's scales are per head"
+                );
                 let rows = Rows {
                     keys,
                     values,
@@ -391,16 +434,17 @@ impl Attention {
                         heads: stride / head_dim,
                     }),
                 };
-                self.attend(q, &rows, attended, scores)
+                self.attend(q, &rows, span, attended, scores)
             }
         }
     }
 
-    /// [`attend_over`] with this block's heads.
+    /// The heads `span` of this block attend from `q` over `rows` into `attended`.
     fn attend<E: WeightElem>(
         &self,
         q: &[f32],
         rows: &Rows<'_, E>,
+        span: HeadSpan,
         attended: &mut [f32],
         scores: &mut Vec<f32>,
     ) {
@@ -409,8 +453,19 @@ impl Attention {
             kv_repeat: self.kv_repeat(),
             dim: self.head_dim,
         };
-        attend_over(heads, q, rows, attended, scores);
+        match span {
+            HeadSpan::All => attend_over(heads, q, rows, attended, scores),
+            HeadSpan::From(first) => attend_span(heads, first, q, rows, scores, attended),
+        }
     }
+}
+
+/// The query heads one call attends: all of a block's (split over the team when the cache is
+/// large), or those from head `first` on that the query slice holds, on the calling thread.
+#[derive(Clone, Copy, Debug)]
+enum HeadSpan {
+    All,
+    From(usize),
 }
 
 /// The heads of an attention: `count` query heads of width `dim`, query head `h` reading
@@ -434,7 +489,6 @@ pub(super) fn attend_over<E: WeightElem>(
     let (num_heads, head_dim) = (heads.count, heads.dim);
     let dim = num_heads * head_dim;
     let (hd, n) = (head_dim, rows.len());
-    let scale = 1.0 / (hd as f32).sqrt();
     if n * dim >= PARALLEL_MIN_CACHE_FLOATS && num_heads > 1 {
         // Contiguous groups of heads per thread of the team (no futex wake-up per call); each
         // group streams its part of every cached row, with its scores in a buffer of the
@@ -442,26 +496,29 @@ pub(super) fn attend_over<E: WeightElem>(
         let groups = crate::team::threads().clamp(1, num_heads);
         let heads_per_group = num_heads.div_ceil(groups);
         crate::team::run_chunks_mut(attended, heads_per_group * hd, &|first, o| {
-            GROUP_SCORES.with_borrow_mut(|scores| {
-                scores.resize((o.len() / hd) * n, 0.0);
-                attend_heads(
-                    &q[first..first + o.len()],
-                    rows,
-                    HeadRange {
-                        first: first / hd,
-                        heads,
-                    },
-                    scale,
-                    scores,
-                    o,
-                );
-            });
+            let q = &q[first..first + o.len()];
+            GROUP_SCORES
+                .with_borrow_mut(|scores| attend_span(heads, first / hd, q, rows, scores, o));
         });
     } else {
-        scores.resize(num_heads * n, 0.0);
-        let all = HeadRange { first: 0, heads };
-        attend_heads(q, rows, all, scale, scores, attended);
+        attend_span(heads, 0, q, rows, scores, attended);
     }
+}
+
+/// The query heads `first..` of `heads` that `q` holds (`out` as wide) attend over `rows`, on
+/// the calling thread; `scores` is scratch.
+fn attend_span<E: WeightElem>(
+    heads: Heads,
+    first: usize,
+    q: &[f32],
+    rows: &Rows<'_, E>,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    let hd = heads.dim;
+    let scale = 1.0 / (hd as f32).sqrt();
+    scores.resize(q.len() / hd * rows.len(), 0.0);
+    attend_heads(q, rows, HeadRange { first, heads }, scale, scores, out);
 }
 
 /// Rotates the query (`dim` wide) and the key (`kv_dim`) of each projected row of `qkv`
@@ -642,9 +699,7 @@ mod tests {
                     .collect(),
                 KvPrecision::I8 => {
                     let scale = head.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
-                    head.iter()
-                        .map(|&v| (v / scale).round() * scale)
-                        .collect()
+                    head.iter().map(|&v| (v / scale).round() * scale).collect()
                 }
             }
         };
@@ -731,6 +786,12 @@ mod tests {
     /// row gets alone.
     #[test]
     fn batched_rows_equal_each_row_alone_bit_for_bit() {
+        for precision in [KvPrecision::F32, KvPrecision::I8] {
+            batched_rows_equal_each_row_alone(precision);
+        }
+    }
+
+    fn batched_rows_equal_each_row_alone(precision: KvPrecision) {
         let (dim, heads) = (32, 4);
         let attn = random_attention(dim, heads, 3);
         let rope = crate::nn::Rope::new(dim / heads, 10000.0);
@@ -740,7 +801,9 @@ mod tests {
                 .map(|i| ((s * 1000 + p * dim + i) as f32 * 0.29).sin())
                 .collect()
         };
-        let mut alone: Vec<KvCache> = (0..3).map(|_| KvCache::new(8, dim)).collect();
+        let mut alone: Vec<KvCache> = (0..3)
+            .map(|_| KvCache::with_precision(8, dim, dim / heads, precision))
+            .collect();
         let mut batched = alone.clone();
         let mut scratch = AttentionScratch::default();
         // Sessions at different positions: fill each cache with its own history first.
@@ -775,6 +838,13 @@ mod tests {
             let mut out = vec![0f32; 3 * dim];
             let mut caches: Vec<&mut KvCache> = batched.iter_mut().collect();
             attn.step_rows(&xs, 3, Some(&rots), &mut caches, &mut scratch, &mut out);
+            // The same attention in parts for 8 threads (each row's heads in parts of 1 head).
+            let mut split = vec![0f32; 3 * dim];
+            attn.attend_rows(&scratch.qkv, &caches, 8, &mut split);
+            assert_eq!(
+                split, scratch.attended,
+                "step {step}: parts of single heads"
+            );
             for s in 0..3 {
                 let mut one = vec![0f32; dim];
                 attn.step_rows(

@@ -188,7 +188,10 @@ impl Stream {
     fn to_f32(&self) -> Vec<f32> {
         match self {
             Stream::F32(v) => v.clone(),
-            Stream::Bf16(v) => v.iter().map(|&b| f32::from_bits((b as u32) << 16)).collect(),
+            Stream::Bf16(v) => v
+                .iter()
+                .map(|&b| f32::from_bits((b as u32) << 16))
+                .collect(),
             Stream::I8 {
                 codes,
                 scales,
