@@ -231,11 +231,15 @@ impl QuantizedMatrix {
     /// Scalar reference dequantization of one row into `out` (`w = q * scale + bias` in f32).
     pub fn dequantize_row_f32(&self, row: usize, out: &mut [f32]) {
         let groups_per_row = self.cols / self.group_size;
-        for (col, o) in out.iter_mut().enumerate().take(self.cols) {
-            let g = row * groups_per_row + col / self.group_size;
-            let scale = self.scale_format.to_f32(self.scales[g]);
-            let bias = self.scale_format.to_f32(self.biases[g]);
-            *o = self.code(row, col) as f32 * scale + bias;
+        let cols = out.len().min(self.cols);
+        for (g, outs) in out[..cols].chunks_mut(self.group_size).enumerate() {
+            let at = row * groups_per_row + g;
+            let scale = self.scale_format.to_f32(self.scales[at]);
+            let bias = self.scale_format.to_f32(self.biases[at]);
+            let first = g * self.group_size;
+            for (col, o) in (first..).zip(outs) {
+                *o = self.code(row, col) as f32 * scale + bias;
+            }
         }
     }
 

@@ -205,49 +205,63 @@ impl Attention {
         {
             cache.push(&qkv[dim..dim + kv_dim], &qkv[dim + kv_dim..]);
         }
-        if let [cache] = caches {
-            let segments = [0..cache.len(), 0..0];
-            let (q, attended) = (&scratch.qkv[..dim], &mut scratch.attended);
-            self.attend_cache(
-                q,
-                cache,
-                segments,
-                HeadSpan::All,
-                attended,
-                &mut scratch.scores,
-            );
-        } else {
-            let threads = crate::team::threads();
-            self.attend_rows(&scratch.qkv, caches, threads, &mut scratch.attended);
-        }
+        // Each row over its whole cache, in slot order.
+        let whole = |cache: &KvCache, _: usize| [0..cache.len(), 0..0];
+        self.attend_rows(caches, &whole, scratch);
         self.out_proj.forward(&scratch.attended, m, out);
     }
 
-    /// Each row of `qkv` (projected and rotated, its key and value already pushed) attends over
-    /// its cache into its row of `attended`, in one team region of parts for `threads` threads:
-    /// a row a part, or with fewer rows than threads, a row's heads in several parts.
+    /// Each row of `scratch.qkv` (projected and rotated, its key and value already pushed)
+    /// attends over the slots `segments(cache, i)` of its cache into its row of
+    /// `scratch.attended`: the rows are `caches.len()` equal chunks, row `i` of a chunk reading
+    /// that chunk's cache. A single row splits its heads over the team when its cache is large;
+    /// several share one team region ([`Attention::attend_parts`]).
     fn attend_rows(
+        &self,
+        caches: &[&mut KvCache],
+        segments: &Segments<'_>,
+        scratch: &mut AttentionScratch,
+    ) {
+        let AttentionScratch {
+            qkv,
+            attended,
+            scores,
+        } = scratch;
+        match caches {
+            [cache] if attended.len() == self.dim() => {
+                let (q, window) = (&qkv[..self.dim()], segments(cache, 0));
+                self.attend_cache(q, cache, window, HeadSpan::All, attended, scores);
+            }
+            _ => self.attend_parts(qkv, caches, segments, crate::team::threads(), attended),
+        }
+    }
+
+    /// [`Attention::attend_rows`] of several rows in one team region of parts for `threads`
+    /// threads: a row a part, or with fewer rows than threads, a row's heads in several parts.
+    fn attend_parts(
         &self,
         qkv: &[f32],
         caches: &[&mut KvCache],
+        segments: &Segments<'_>,
         threads: usize,
         attended: &mut [f32],
     ) {
         let (dim, hd, width) = (self.dim(), self.head_dim, self.qkv_width());
-        let (rows, heads) = (caches.len(), self.num_heads);
-        let parts_per_row = threads.div_ceil(rows).clamp(1, heads);
+        let (rows, heads) = (attended.len() / dim, self.num_heads);
+        let rows_per_cache = rows / caches.len().max(1);
+        let parts_per_row = threads.div_ceil(rows.max(1)).clamp(1, heads);
         // Parts of whole heads, equal within a row (`run_chunks_mut` cuts evenly).
         let heads_per_part = (heads.div_ceil(parts_per_row)..=heads)
             .find(|&d| heads.is_multiple_of(d))
             .unwrap_or(heads);
         crate::team::run_chunks_mut(attended, heads_per_part * hd, &|first, out| {
             let (row, column) = (first / dim, first % dim);
-            let cache = &*caches[row];
+            let cache = &*caches[row / rows_per_cache];
+            let window = segments(cache, row % rows_per_cache);
             let q = &qkv[row * width + column..][..out.len()];
             let span = HeadSpan::From(column / hd);
-            GROUP_SCORES.with_borrow_mut(|scores| {
-                self.attend_cache(q, cache, [0..cache.len(), 0..0], span, out, scores)
-            });
+            GROUP_SCORES
+                .with_borrow_mut(|scores| self.attend_cache(q, cache, window, span, out, scores));
         });
     }
 
@@ -321,14 +335,21 @@ impl Attention {
         );
         self.project_and_rotate(xs, rows, rotations, scratch);
         if t > 0 {
-            for ((qkv, attended), cache) in scratch
-                .qkv
-                .chunks_exact(t * self.qkv_width())
-                .zip(scratch.attended.chunks_exact_mut(t * dim))
-                .zip(caches.iter_mut())
-            {
-                self.attend_chunk(qkv, cache, attended, &mut scratch.scores);
+            let (kv_dim, width) = (self.kv_dim(), self.qkv_width());
+            for (qkv, cache) in scratch.qkv.chunks_exact(t * width).zip(caches.iter_mut()) {
+                assert!(t <= cache.capacity(), "a chunk of {t} exceeds the context");
+                for row in qkv.chunks_exact(width) {
+                    cache.push(&row[dim..dim + kv_dim], &row[dim + kv_dim..]);
+                }
             }
+            // The query at position p sees the held positions p' > p - capacity, oldest first.
+            let window = |cache: &KvCache, i: usize| {
+                let last = cache.positions_seen();
+                let p = last - t + i;
+                let oldest = (last - cache.len()).max((p + 1).saturating_sub(cache.capacity()));
+                cache.slots(oldest, p)
+            };
+            self.attend_rows(caches, &window, scratch);
         }
         self.out_proj.forward(&scratch.attended, rows, out);
     }
@@ -349,33 +370,6 @@ impl Attention {
         self.in_proj.forward(xs, rows, &mut scratch.qkv);
         if let Some(rotations) = rotations {
             rotate_queries_and_keys(&mut scratch.qkv, dim, self.kv_dim(), rotations);
-        }
-    }
-
-    /// The attention of a streaming chunk (`qkv`: its rows' projected queries, rotated keys and
-    /// values): the keys and values are pushed into `cache` first, then the query at position
-    /// `p` attends over the held positions `p' > p - capacity`, into `attended` (`[t, dim]`).
-    fn attend_chunk(
-        &self,
-        qkv: &[f32],
-        cache: &mut KvCache,
-        attended: &mut [f32],
-        scores: &mut Vec<f32>,
-    ) {
-        let (dim, kv_dim, width) = (self.dim(), self.kv_dim(), self.qkv_width());
-        let t = qkv.len() / width;
-        assert!(t <= cache.capacity(), "a chunk of {t} exceeds the context");
-        for row in qkv.chunks_exact(width) {
-            cache.push(&row[dim..dim + kv_dim], &row[dim + kv_dim..]);
-        }
-        let last = cache.positions_seen();
-        let oldest = last - cache.len();
-        let context = cache.capacity();
-        for (i, attended) in attended.chunks_exact_mut(dim).enumerate() {
-            let p = last - t + i;
-            let segments = cache.slots(oldest.max((p + 1).saturating_sub(context)), p);
-            let q = &qkv[i * width..i * width + dim];
-            self.attend_cache(q, cache, segments, HeadSpan::All, attended, scores);
         }
     }
 
@@ -467,6 +461,9 @@ enum HeadSpan {
     All,
     From(usize),
 }
+
+/// The slots (in that order) a row attends over, given its cache and its index in its chunk.
+type Segments<'a> = dyn Fn(&KvCache, usize) -> [Range<usize>; 2] + Sync + 'a;
 
 /// The heads of an attention: `count` query heads of width `dim`, query head `h` reading
 /// key/value head `h / kv_repeat`.
@@ -840,7 +837,8 @@ mod tests {
             attn.step_rows(&xs, 3, Some(&rots), &mut caches, &mut scratch, &mut out);
             // The same attention in parts for 8 threads (each row's heads in parts of 1 head).
             let mut split = vec![0f32; 3 * dim];
-            attn.attend_rows(&scratch.qkv, &caches, 8, &mut split);
+            let whole = |cache: &KvCache, _: usize| [0..cache.len(), 0..0];
+            attn.attend_parts(&scratch.qkv, &caches, &whole, 8, &mut split);
             assert_eq!(
                 split, scratch.attended,
                 "step {step}: parts of single heads"
