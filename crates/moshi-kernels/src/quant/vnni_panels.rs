@@ -287,18 +287,13 @@ unsafe fn tile<const G: usize, const D: usize, const MR: usize, const NP: usize>
             for i in 0..MR {
                 let row = digits.wrapping_add((row0 + i) * frame.stride * 4 + digit_at);
                 for d in 0..D {
-                    // SAFETY: the words of this code word's columns in digit d's even and odd
-                    // planes of an existing arranged row.
-                    let (even, odd) = unsafe {
-                        let at = row.add(d * DIGIT_BYTES);
-                        (
-                            _mm512_set1_epi32(at.cast::<i32>().read_unaligned()),
-                            _mm512_set1_epi32(at.add(PLANE_BYTES).cast::<i32>().read_unaligned()),
-                        )
-                    };
+                    let even = row.wrapping_add(d * DIGIT_BYTES);
+                    let odd = even.wrapping_add(PLANE_BYTES);
                     for p in 0..NP {
-                        let sum = _mm512_dpbusd_epi32(sums[d][i][p], low[p], even);
-                        sums[d][i][p] = _mm512_dpbusd_epi32(sum, high[p], odd);
+                        // SAFETY (both): the words of this code word's columns in digit d's even
+                        // and odd planes of an existing arranged row.
+                        let sum = unsafe { dpbusd_broadcast(sums[d][i][p], low[p], even) };
+                        sums[d][i][p] = unsafe { dpbusd_broadcast(sum, high[p], odd) };
                     }
                 }
             }
@@ -344,6 +339,30 @@ unsafe fn tile<const G: usize, const D: usize, const MR: usize, const NP: usize>
             }
         }
     }
+}
+
+/// `acc + Σ` over each lane's 4 bytes of `codes` (unsigned) times the 4 bytes at `word`
+/// (signed), the word broadcast to every lane from memory inside the instruction (`{1to16}`):
+/// written as intrinsics, LLVM hoists a tile's broadcasts into registers and, at 8 activation
+/// rows, spills them to the stack (a 64-byte store and load for each 4-byte word).
+///
+/// # Safety
+/// The CPU must have AVX-512 VNNI; 4 bytes must be readable at `word`.
+#[target_feature(enable = "avx512f,avx512vnni")]
+#[inline]
+unsafe fn dpbusd_broadcast(acc: __m512i, codes: __m512i, word: *const u8) -> __m512i {
+    let mut acc = acc;
+    // SAFETY: reads the 4 bytes at `word` (the caller's contract) and these registers only.
+    unsafe {
+        std::arch::asm!(
+            "vpdpbusd {acc}, {codes}, dword ptr [{word}]{{1to16}}",
+            acc = inout(zmm_reg) acc,
+            codes = in(zmm_reg) codes,
+            word = in(reg) word,
+            options(pure, readonly, nostack, preserves_flags),
+        )
+    };
+    acc
 }
 
 /// A group's digit sums (the most significant first) joined into one f32: one digit converted,
