@@ -41,6 +41,7 @@ use crate::quant::fixed_point::{
     arrange_rows, group_unit_exp, held_group_sum, pow2, run_tiles, DigitTile, RowLayout, RowScale,
     DIGITS, I8_DIGITS, TWO_DIGITS,
 };
+use crate::quant::int8::i8_group_unit;
 use crate::quant::lanes::{lane_groups, MULTI_ROW_MIN_ACTIVATION_BYTES};
 use crate::quant::{CodePrefetch, RowRangeFn};
 use crate::QuantizedMatrix;
@@ -161,7 +162,8 @@ fn arrange_in<C: CodeBlocks>(
 
 /// One row at `precision` into the zeroed `dst`, laid out by [`layout`] for its digits, without
 /// lane exponents (the panel tiles do not read them): false if it cannot be held. The rows of
-/// [`arrange_activations`] (exact and 16-bit) and of `fixed_point::arrange_row_i8` (8-bit).
+/// [`arrange_activations`] (exact and 16-bit) and of `fixed_point::arrange_row_i8` (8-bit), bit
+/// for bit.
 ///
 /// # Panics
 /// If the CPU lacks the features (callers pick this kernel only where [`available`]).
@@ -173,18 +175,15 @@ pub(crate) fn arrange_row_at(
     layout: RowLayout,
 ) -> bool {
     assert!(available(), "VNNI kernel called on a CPU without it");
-    match precision {
-        crate::ActivationPrecision::Int8 => {
-            crate::quant::fixed_point::arrange_row_i8(row, dst, group_size, layout)
-        }
-        // SAFETY: the CPU has the features (asserted above); the caller's row and layout agree
-        // (group sizes of the specialised kernels are multiples of 16).
-        _ => unsafe { arrange_row(row, dst, group_size, layout, None) },
-    }
+    debug_assert_eq!(layout.digits, crate::quant::digits_of(precision));
+    // SAFETY: the CPU has the features (asserted above); the caller's row and layout agree
+    // (group sizes of the specialised kernels are multiples of 16).
+    unsafe { arrange_row(row, dst, group_size, layout, None) }
 }
 
 /// One row of [`arrange_activations`] into the zeroed `dst` (its lane exponents from
-/// `lane_groups`, left zero without); false if it cannot be arranged.
+/// `lane_groups`, left zero without); false if it cannot be arranged. At one digit, the 8-bit
+/// rule of `fixed_point::arrange_row_i8` (units `max / 127`, no lane exponents).
 /// Sixteen columns at a time (`group_size` is a multiple of 16).
 ///
 /// # Safety
@@ -199,6 +198,8 @@ unsafe fn arrange_row(
     lane_groups: Option<[i32; LANES]>,
 ) -> bool {
     debug_assert!(group_size.is_multiple_of(16) && row.len().is_multiple_of(group_size));
+    // Lane exponents assume power-of-two units.
+    debug_assert!(lane_groups.is_none() || layout.digits != I8_DIGITS);
     let mut max = _mm512_setzero_ps();
     let mut nan = 0u16;
     for v in row.chunks_exact(16) {
@@ -235,12 +236,15 @@ unsafe fn arrange_row(
             group_max = _mm512_max_ps(group_max, _mm512_abs_ps(v));
         }
         sums[g] = _mm512_reduce_add_ps(sum);
-        let unit_exp = group_unit_exp(
-            _mm512_reduce_max_ps(group_max) * pow2(-row_exp),
-            layout.digits,
-        );
-        units[g] = pow2(unit_exp);
-        let inverse_unit = _mm512_set1_ps(pow2(-unit_exp));
+        let scaled_max = _mm512_reduce_max_ps(group_max) * pow2(-row_exp);
+        let (unit, inverse) = if layout.digits == I8_DIGITS {
+            i8_group_unit(scaled_max)
+        } else {
+            let unit_exp = group_unit_exp(scaled_max, layout.digits);
+            (pow2(unit_exp), pow2(-unit_exp))
+        };
+        units[g] = unit;
+        let inverse_unit = _mm512_set1_ps(inverse);
         let mut n_total = _mm512_setzero_si512();
         for (k, v) in group.chunks_exact(16).enumerate() {
             // SAFETY: 16 floats.
@@ -762,6 +766,43 @@ mod tests {
             layout8,
             checks::GroupSums::AnyOrder,
         );
+    }
+
+    /// The panels' 8-bit arrangement is the shared scalar rule's, bit for bit: digits, units,
+    /// group sums and row scale, with groups of zeros, groups far below the row's largest, rows
+    /// of zeros, and rows refused alike.
+    #[test]
+    fn eight_bit_rows_equal_the_scalar_rule_bit_for_bit() {
+        if !available() {
+            return;
+        }
+        let mut spread = crate::quant::fixed_point::checks::SpreadValues::new();
+        for group_size in [32, 64, 128] {
+            let cols = 3 * 128 + group_size;
+            let layout = layout(cols, group_size, I8_DIGITS);
+            let mut rows = vec![spread.take(cols), vec![0.0; cols], spread.take(cols)];
+            rows[0][group_size..2 * group_size].fill(0.0);
+            rows[2][..group_size].iter_mut().for_each(|v| *v *= 1e-30);
+            rows.push(spread.take(cols));
+            rows[3][7] = f32::NAN;
+            for (r, row) in rows.iter().enumerate() {
+                let (mut fast, mut scalar) = (vec![0f32; layout.stride], vec![0f32; layout.stride]);
+                let held = arrange_row_at(
+                    crate::ActivationPrecision::Int8,
+                    row,
+                    &mut fast,
+                    group_size,
+                    layout,
+                );
+                let want =
+                    crate::quant::fixed_point::arrange_row_i8(row, &mut scalar, group_size, layout);
+                assert_eq!(held, want, "group {group_size} row {r}");
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                if held {
+                    assert_eq!(bits(&fast), bits(&scalar), "group {group_size} row {r}");
+                }
+            }
+        }
     }
 
     #[test]
