@@ -49,25 +49,48 @@ pub(crate) fn matmul(
     let (cols, group_size) = (w.cols(), w.group_size());
     let digits = digits_of(precision);
     let row_layout = vnni::layout(cols, group_size, digits);
-    let Some(xs) = arranged_rows(precision, x, m, group_size, row_layout) else {
-        return false;
-    };
     let layout = w.layout();
-    let Some(factors) = group_factors(&xs, row_layout, layout.groups) else {
-        return false;
-    };
-    let tiles = select(group_size, digits);
-    let frame = Frame {
-        words: w.words(),
-        layout,
-        xs: &xs,
-        sums_offset: row_layout.sums_offset,
-        stride: row_layout.stride,
-        factors: &factors,
-        m,
-        prefetch: CodePrefetch::for_cpu(),
-    };
-    let panels = layout.panels;
+    SCRATCH.with(|cell| {
+        // A nested product on this thread (none today) would find the scratch taken.
+        let mut fresh = Scratch::default();
+        let mut held = cell.try_borrow_mut();
+        let scratch = held.as_deref_mut().unwrap_or(&mut fresh);
+        if !arranged_rows(precision, x, m, group_size, row_layout, &mut scratch.xs)
+            || !group_factors(&scratch.xs, row_layout, layout.groups, &mut scratch.factors)
+        {
+            return false;
+        }
+        let frame = Frame {
+            words: w.words(),
+            layout,
+            xs: &scratch.xs,
+            sums_offset: row_layout.sums_offset,
+            stride: row_layout.stride,
+            factors: &scratch.factors,
+            m,
+            prefetch: CodePrefetch::for_cpu(),
+        };
+        run_tiles(w, &frame, select(group_size, digits), y);
+        true
+    })
+}
+
+/// The arranged activation rows and their group factors of one product, kept by each thread
+/// between its products (no allocation, and no fresh pages, per product).
+#[derive(Default)]
+struct Scratch {
+    xs: Vec<f32>,
+    factors: Vec<f32>,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::default();
+}
+
+/// The tiles of `frame` over every panel of `w` into `y`, the panels split in equal runs between
+/// the team's threads.
+fn run_tiles(w: &QuantPanels, frame: &Frame<'_>, tiles: TilesFn, y: &mut [f32]) {
+    let panels = frame.layout.panels;
     let tasks = crate::team::threads()
         .min((w.weight_bytes() / MIN_TASK_WEIGHT_BYTES).max(1))
         .min(panels)
@@ -80,27 +103,30 @@ pub(crate) fn matmul(
     crate::team::run(tasks, &|task| {
         let first = task * panels_per_task;
         let last = (first + panels_per_task).min(panels);
-        // SAFETY: the CPU has the features (asserted above); the tasks' runs of panels are
-        // disjoint, so are the columns of `y` they write (`Out`).
-        unsafe { tiles(&frame, &out, first, last) };
+        // SAFETY: the CPU has the features (asserted by `matmul`); the tasks' runs of panels
+        // are disjoint, so are the columns of `y` they write (`Out`).
+        unsafe { tiles(frame, &out, first, last) };
     });
-    true
 }
 
-/// The `m` activation rows of `x` in the VNNI kernel's digits at `precision` (`layout`), the rows
-/// split between the team's threads, or `None` if one cannot be held.
+/// The `m` activation rows of `x` in the VNNI kernel's digits at `precision` (`layout`) into
+/// `xs` (each part zeroing its rows first), the rows split between the team's threads; false if
+/// one cannot be held.
 fn arranged_rows(
     precision: ActivationPrecision,
     x: &[f32],
     m: usize,
     group_size: usize,
     layout: RowLayout,
-) -> Option<Vec<f32>> {
+    xs: &mut Vec<f32>,
+) -> bool {
     let cols = x.len() / m;
-    let mut xs = vec![0f32; m * layout.stride];
+    // Every part zeroes its own rows below (a grown vector is zeroed here too).
+    xs.resize(m * layout.stride, 0.0);
     let refused = AtomicBool::new(false);
     let rows_per_part = m.div_ceil(crate::team::threads());
-    crate::team::run_chunks_mut(&mut xs, rows_per_part * layout.stride, &|first, part| {
+    crate::team::run_chunks_mut(xs, rows_per_part * layout.stride, &|first, part| {
+        part.fill(0.0);
         let rows = x[first / layout.stride * cols..].chunks_exact(cols);
         for (row, dst) in rows.zip(part.chunks_exact_mut(layout.stride)) {
             if !vnni::arrange_row_at(precision, row, dst, group_size, layout) {
@@ -108,15 +134,17 @@ fn arranged_rows(
             }
         }
     });
-    (!refused.into_inner()).then_some(xs)
+    !refused.into_inner()
 }
 
 /// Each arranged row's group factors `u_g · 2^e` (the unit of the group's integers: a power of
-/// two with 16-bit or exact activations, `max_g / 127` with 8-bit ones), `[m][groups]`, or `None`
-/// if one lies outside `f32::MIN_POSITIVE..=MAX_GROUP_FACTOR`. A group held as zeros keeps 0.
-fn group_factors(xs: &[f32], layout: RowLayout, groups: usize) -> Option<Vec<f32>> {
+/// two with 16-bit or exact activations, `max_g / 127` with 8-bit ones), `[m][groups]`, into
+/// `factors`; false if one lies outside `f32::MIN_POSITIVE..=MAX_GROUP_FACTOR`. A group held as
+/// zeros keeps 0.
+fn group_factors(xs: &[f32], layout: RowLayout, groups: usize, factors: &mut Vec<f32>) -> bool {
     let rows = xs.len() / layout.stride;
-    let mut factors = vec![0f32; rows * groups];
+    factors.clear();
+    factors.resize(rows * groups, 0.0);
     for (row, factors) in xs
         .chunks_exact(layout.stride)
         .zip(factors.chunks_exact_mut(groups))
@@ -127,11 +155,11 @@ fn group_factors(xs: &[f32], layout: RowLayout, groups: usize) -> Option<Vec<f32
             // Exact: `unscale` is a power of two and the product stays normal (checked).
             *factor = unit * unscale;
             if !(f32::MIN_POSITIVE..=MAX_GROUP_FACTOR).contains(factor) {
-                return None;
+                return false;
             }
         }
     }
-    Some(factors)
+    true
 }
 
 /// What the tiles of one product read.
@@ -422,8 +450,9 @@ mod tests {
         let (rows, cols, g) = (w.rows(), w.cols(), w.group_size());
         let digits = digits_of(precision);
         let layout = vnni::layout(cols, g, digits);
-        let xs = arranged_rows(precision, x, m, g, layout).unwrap();
-        let factors = group_factors(&xs, layout, cols / g).unwrap();
+        let (mut xs, mut factors) = (Vec::new(), Vec::new());
+        assert!(arranged_rows(precision, x, m, g, layout, &mut xs));
+        assert!(group_factors(&xs, layout, cols / g, &mut factors));
         let to_f32 = crate::bf16_bits_to_f32;
         let mut y = vec![0f32; m * rows];
         for (i, row) in xs.chunks_exact(layout.stride).enumerate() {
@@ -513,8 +542,16 @@ mod tests {
             *v *= if j < 32 { 1e-20 } else { 1e-37 };
         }
         let layout = vnni::layout(cols, 32, DIGITS);
-        let xs = arranged_rows(ActivationPrecision::Exact, &x, 2, 32, layout).unwrap();
-        assert!(group_factors(&xs, layout, 4).is_none());
+        let mut xs = Vec::new();
+        assert!(arranged_rows(
+            ActivationPrecision::Exact,
+            &x,
+            2,
+            32,
+            layout,
+            &mut xs
+        ));
+        assert!(!group_factors(&xs, layout, 4, &mut Vec::new()));
         let mut want = vec![0f32; 2 * rows];
         w.matmul_reference(&x, 2, &mut want);
         let mut got = vec![f32::NAN; 2 * rows];
