@@ -108,10 +108,18 @@ fn every_stage_runs_and_reports_its_parts() {
 #[test]
 fn several_sessions_step_together_with_prefilled_caches() {
     let cfg = LmConfig::from_file(tiny_a("config.json")).unwrap();
-    for stage in [Stage::All, Stage::Lm] {
+    // f32 caches, and 8-bit ones: a byte a value and an f32 scale a head.
+    let kv_caches = [
+        (Stage::All, KvPrecision::F32, 4 * cfg.dim),
+        (Stage::Lm, KvPrecision::F32, 4 * cfg.dim),
+        (Stage::Lm, KvPrecision::I8, cfg.dim + 4 * cfg.num_heads),
+    ];
+    for (stage, kv_cache, position_bytes) in kv_caches {
         let mut o = options("tiny-a", stage, 3);
         o.kv_prefill = 5;
+        o.kv_cache = kv_cache;
         let report = run(&o);
+        assert_eq!(report.run.kv_cache, kv_cache.name());
         check_stage_timings(&report, stage);
         assert_eq!(report.run.sessions, 3);
         assert_eq!(report.run.kv_prefill_positions, 5);
@@ -120,7 +128,7 @@ fn several_sessions_step_together_with_prefilled_caches() {
         // stage's 1; the prefilled positions come before either.
         let first_frame_steps = if stage == Stage::All { 2 } else { 1 };
         let per_session =
-            kv_read_per_layer_bytes(4, cfg.dim, cfg.context, 5 + first_frame_steps, 1, 2);
+            kv_read_per_layer_bytes(position_bytes, cfg.context, 5 + first_frame_steps, 1, 2);
         assert_eq!(report.weights.kv_cache_layer_read_bytes, 3 * per_session);
         assert_eq!(
             report.weights.kv_cache_read_per_frame_bytes,
