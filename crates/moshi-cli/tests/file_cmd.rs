@@ -88,18 +88,20 @@ fn sixteen_khz_input_is_resampled_and_processed() {
 }
 
 #[test]
-fn bf16_kv_cache_runs_the_whole_file_and_a_bad_precision_is_refused() {
+fn bf16_and_i8_kv_caches_run_the_whole_file_and_a_bad_precision_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out.wav");
     let (input, model) = (assets().join("input.wav"), assets());
     let base = ["file", s(&input), s(&out), "--model", s(&model), "--greedy"];
-    let o = moshi(&[&base[..], &["--kv-cache", "bf16"]].concat());
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    // input.wav: 43 whole frames of 1920 samples.
-    assert_eq!(read_i16(&out).len(), 43 * 1920);
-    std::fs::remove_file(&out).unwrap();
+    for precision in ["bf16", "i8"] {
+        let o = moshi(&[&base[..], &["--kv-cache", precision]].concat());
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        // input.wav: 43 whole frames of 1920 samples.
+        assert_eq!(read_i16(&out).len(), 43 * 1920, "--kv-cache {precision}");
+        std::fs::remove_file(&out).unwrap();
+    }
     let o = moshi(&[&base[..], &["--kv-cache", "f16"]].concat());
-    assert_fails(&o, &["--kv-cache", "f16", "expected f32 or bf16"]);
+    assert_fails(&o, &["--kv-cache", "f16", "expected f32, bf16 or i8"]);
     assert!(!out.exists());
 }
 

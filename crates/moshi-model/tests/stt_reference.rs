@@ -78,16 +78,6 @@ fn tokenizer(fx: &Fixture) -> TextTokenizer {
     TextTokenizer::from_file(common::fixture(fx.name, "tokenizer.model")).unwrap()
 }
 
-/// The reference's fed user codes, one frame per step.
-fn fed_codes(reference: &Value) -> Vec<Vec<u32>> {
-    reference["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| u32s(&s["user_codes"]))
-        .collect()
-}
-
 /// The greedy run of `g` on the reference's codes, one step per frame.
 fn run(g: &Generator, codes: &[Vec<u32>]) -> Vec<StepDetails> {
     let mut session = g.new_session(detailed(SamplingConfig::greedy())).unwrap();
@@ -188,7 +178,7 @@ fn check_against_reference(steps: &[StepDetails], reference: &Value, what: &str)
 fn check_greedy_run(fx: &Fixture) {
     let reference = reference(fx);
     assert_eq!(ModelKind::of(&config(fx)), ModelKind::SpeechToText);
-    let codes = fed_codes(&reference);
+    let codes = common::reference_user_codes(&reference);
     let g = generator(fx, WeightMode::Native);
     assert_eq!(g.weights().num_extra_heads(), fx.extra_heads);
     let steps = run(&g, &codes);
@@ -217,7 +207,7 @@ fn f32_weights_reproduce_the_reference_too() {
         let reference = reference(fx);
         let steps = run(
             &generator(fx, WeightMode::DequantizeF32),
-            &fed_codes(&reference),
+            &common::reference_user_codes(&reference),
         );
         check_against_reference(&steps, &reference, &format!("{}: f32 weights", fx.name));
     }
@@ -299,7 +289,7 @@ fn check_mimi_codes(fx: &Fixture) {
     let chunks = std::iter::repeat_n(&silence[..], f.prefix_frames)
         .chain(pcm.chunks_exact(FRAME))
         .chain(std::iter::repeat_n(&silence[..], f.suffix_frames));
-    let want = fed_codes(&reference);
+    let want = common::reference_user_codes(&reference);
     let mut n = 0;
     for (s, chunk) in chunks.enumerate() {
         assert_eq!(
@@ -326,7 +316,7 @@ fn quantized_weights_agree_with_the_same_weights_dequantized() {
     // expanded to f32 gives every token, and the extra heads within f32 rounding.
     let fx = &TINY_STT;
     let reference = reference(fx);
-    let codes = fed_codes(&reference);
+    let codes = common::reference_user_codes(&reference);
     for (bits, group_size) in [(8, 64), (4, 32)] {
         let (packed, dense) = common::packed_and_dequantized(fx.name, bits, group_size);
         let a = run(&Generator::new(std::sync::Arc::new(packed)), &codes);
@@ -363,7 +353,10 @@ fn random_weights_of_an_stt_config_have_the_extra_heads() {
         group_size: 32,
     };
     let g = Generator::random(&cfg, 7, kind).unwrap();
-    let steps = run(&g, &fed_codes(&reference(&TINY_STT))[..3]);
+    let steps = run(
+        &g,
+        &common::reference_user_codes(&reference(&TINY_STT))[..3],
+    );
     for s in &steps {
         assert_eq!(s.extra_heads.len(), 4);
         for h in &s.extra_heads {

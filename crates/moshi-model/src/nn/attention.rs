@@ -15,8 +15,9 @@
 //! Scores are dot products in the fixed order of `moshi_kernels::dense`, 4 cached positions per
 //! step; values are accumulated position by position in the order given. An 8-bit cache's codes
 //! go through the same kernels, each head's scale applied to its dot product (keys) and to its
-//! attention weight (values). Heads are split over the
-//! thread team when the cache is large; each head's arithmetic is the same whoever runs it.
+//! attention weight (values). A single row's heads are split over the thread team when its cache
+//! is large; the rows of a batched step (or of Mimi's streams) attend in one team region, a row
+//! (or some of its heads) a part. Each head's arithmetic is the same whoever runs it.
 
 use std::cell::RefCell;
 use std::ops::Range;

@@ -115,15 +115,19 @@ pub fn fed_frames(name: &str) -> Vec<Vec<u32>> {
         "tiny-hibiki" | "tiny-hibiki2b" => from_npy("ref/mimi_codes_with_silence.npy"),
         _ => {
             let text = std::fs::read_to_string(fixture(name, "ref/stt_greedy.json"));
-            let reference: Value = serde_json::from_str(&text.unwrap()).unwrap();
-            reference["steps"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|s| u32s(&s["user_codes"]))
-                .collect()
+            reference_user_codes(&serde_json::from_str(&text.unwrap()).unwrap())
         }
     }
+}
+
+/// A JSON reference's fed user codes (`steps[i].user_codes`), one frame per step.
+pub fn reference_user_codes(reference: &Value) -> Vec<Vec<u32>> {
+    reference["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| u32s(&s["user_codes"]))
+        .collect()
 }
 
 /// How far run `b` is from run `a`: the steps whose sampled tokens (text and audio) agree before
