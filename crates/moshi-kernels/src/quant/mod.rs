@@ -336,14 +336,14 @@ fn digit_activations(
     // Only the VNNI kernel has a layout of its own for 8-bit codes.
     #[cfg(not(target_arch = "x86_64"))]
     let _ = bits;
-    if precision == ActivationPrecision::Int8 {
+    // AVX-512 arranges every digit count sixteen values at a time (below); the other integer
+    // kernels take 8-bit activations through the shared scalar rule.
+    #[cfg(target_arch = "x86_64")]
+    let avx512 = instruction_set == InstructionSet::Avx512;
+    #[cfg(not(target_arch = "x86_64"))]
+    let avx512 = false;
+    if precision == ActivationPrecision::Int8 && !avx512 {
         let layout = match instruction_set {
-            #[cfg(target_arch = "x86_64")]
-            InstructionSet::Avx512 if bits == 8 => {
-                vnni::layout8(cols, group_size, fixed_point::I8_DIGITS)
-            }
-            #[cfg(target_arch = "x86_64")]
-            InstructionSet::Avx512 => vnni::layout(cols, group_size, fixed_point::I8_DIGITS),
             #[cfg(target_arch = "x86_64")]
             InstructionSet::Avx2 => avx2int::layout(cols, group_size, fixed_point::I8_DIGITS),
             #[cfg(target_arch = "aarch64")]

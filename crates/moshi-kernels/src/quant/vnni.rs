@@ -108,7 +108,8 @@ const BLOCK_COLS_8: usize = 64;
 
 /// The arranged row of this kernel for 8-bit codes, activations of `digits` digits: the layout of
 /// the 4-bit codes' with blocks of 64 columns (each digit's even and odd columns one vector).
-pub(crate) fn layout8(cols: usize, group_size: usize, digits: usize) -> RowLayout {
+#[cfg(test)]
+fn layout8(cols: usize, group_size: usize, digits: usize) -> RowLayout {
     layout_for::<Bytes>(cols, group_size, digits)
 }
 
@@ -128,7 +129,8 @@ pub(crate) fn arrange_activations(
     arrange_in::<Nibbles>(x, m, cols, group_size, digits)
 }
 
-/// [`arrange_activations`] for 8-bit codes ([`layout8`]).
+/// [`arrange_activations`] for 8-bit codes (blocks of 64 columns: each digit's even and odd
+/// columns one vector).
 pub(crate) fn arrange_activations8(
     x: &[f32],
     m: usize,
@@ -151,8 +153,9 @@ fn arrange_in<C: CodeBlocks>(
     assert!(group_size.is_multiple_of(16) && cols.is_multiple_of(group_size));
     let layout = layout_for::<C>(cols, group_size, digits);
     // Only tiles of several rows read the lane exponents ([`split_factors`]): one row (each
-    // single-session product) skips them.
-    let lane_groups = (m >= 2).then(|| C::lane_groups(group_size));
+    // single-session product) skips them, and so do 8-bit activations, whose units are not
+    // powers of two (`fixed_point::arrange_row_i8`'s layout, bit for bit).
+    let lane_groups = (m >= 2 && digits != I8_DIGITS).then(|| C::lane_groups(group_size));
     arrange_rows(x, m, cols, layout, |row, dst| {
         // SAFETY: the CPU has the features (asserted above); rows of `cols`, a multiple of the
         // group size (a multiple of 16 for every specialised kernel); `dst` laid out for them.
@@ -768,40 +771,57 @@ mod tests {
         );
     }
 
-    /// The panels' 8-bit arrangement is the shared scalar rule's, bit for bit: digits, units,
-    /// group sums and row scale, with groups of zeros, groups far below the row's largest, rows
-    /// of zeros, and rows refused alike.
+    /// The 8-bit arrangement, of one row (the panels) or of several (the row kernels, both code
+    /// widths), is the shared scalar rule's, bit for bit: digits, units, group sums and row scale,
+    /// with groups of zeros, groups far below the row's largest, rows of zeros, and rows refused
+    /// alike.
     #[test]
     fn eight_bit_rows_equal_the_scalar_rule_bit_for_bit() {
         if !available() {
             return;
         }
         let mut spread = crate::quant::fixed_point::checks::SpreadValues::new();
-        for group_size in [32, 64, 128] {
+        let kernels: [(checks::LayoutOf, checks::Arrange); 2] = [
+            (layout, arrange_activations),
+            (layout8, arrange_activations8),
+        ];
+        for (group_size, (layout_of, arrange)) in [32, 64, 128]
+            .into_iter()
+            .flat_map(|g| kernels.map(|k| (g, k)))
+        {
             let cols = 3 * 128 + group_size;
-            let layout = layout(cols, group_size, I8_DIGITS);
-            let mut rows = vec![spread.take(cols), vec![0.0; cols], spread.take(cols)];
+            let layout = layout_of(cols, group_size, I8_DIGITS);
+            let mut rows = [spread.take(cols), vec![0.0; cols], spread.take(cols)];
             rows[0][group_size..2 * group_size].fill(0.0);
             rows[2][..group_size].iter_mut().for_each(|v| *v *= 1e-30);
-            rows.push(spread.take(cols));
-            rows[3][7] = f32::NAN;
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let scalar: Vec<Vec<f32>> = rows
+                .iter()
+                .map(|row| {
+                    let mut scalar = vec![0f32; layout.stride];
+                    let rule = crate::quant::fixed_point::arrange_row_i8;
+                    assert!(rule(row, &mut scalar, group_size, layout));
+                    scalar
+                })
+                .collect();
             for (r, row) in rows.iter().enumerate() {
-                let (mut fast, mut scalar) = (vec![0f32; layout.stride], vec![0f32; layout.stride]);
-                let held = arrange_row_at(
-                    crate::ActivationPrecision::Int8,
-                    row,
-                    &mut fast,
-                    group_size,
-                    layout,
-                );
-                let want =
-                    crate::quant::fixed_point::arrange_row_i8(row, &mut scalar, group_size, layout);
-                assert_eq!(held, want, "group {group_size} row {r}");
-                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                if held {
-                    assert_eq!(bits(&fast), bits(&scalar), "group {group_size} row {r}");
-                }
+                let mut fast = vec![0f32; layout.stride];
+                let i8 = crate::ActivationPrecision::Int8;
+                assert!(arrange_row_at(i8, row, &mut fast, group_size, layout));
+                assert_eq!(bits(&fast), bits(&scalar[r]), "group {group_size} row {r}");
             }
+            let batch = arrange(&rows.concat(), 3, cols, group_size, I8_DIGITS).unwrap();
+            assert_eq!(
+                bits(&batch),
+                bits(&scalar.concat()),
+                "group {group_size}, 3 rows"
+            );
+            let mut refused = spread.take(cols);
+            refused[7] = f32::NAN;
+            let mut dst = vec![0f32; layout.stride];
+            let i8 = crate::ActivationPrecision::Int8;
+            assert!(!arrange_row_at(i8, &refused, &mut dst, group_size, layout));
+            assert!(arrange(&refused, 1, cols, group_size, I8_DIGITS).is_none());
         }
     }
 
