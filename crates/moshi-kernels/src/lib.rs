@@ -54,4 +54,4 @@ pub use matrix::{
     SUPPORTED_GROUP_SIZES,
 };
 pub use precision::{activation_precision, set_activation_precision, ActivationPrecision};
-pub use quant::{round_activations_i8, round_activations_two_digits, QuantPanels};
+pub use quant::{round_activations_i8, round_activations_two_digits, KernelMatrix, QuantPanels};

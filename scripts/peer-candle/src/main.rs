@@ -11,7 +11,7 @@
 //! Pairs: MLX q4 (group 32, 5 bits per weight) against candle's `Q4K` (4.5 b/w, its best 4-bit
 //! k-quant) and `Q4_1` (5 b/w, the same layout as MLX q4g32); MLX q8 (group 64, 8.5 b/w) against
 //! `Q8_0` (8.5 b/w). Both sides quantize the same random matrix; ours is held as the engine holds
-//! it (`QuantPanels`, 4-bit panels of 16 rows, where the kernel is `avx512vnni`; else MLX's rows),
+//! it (`KernelMatrix`: 4-bit panels of 16 rows where the kernel is `avx512vnni`, else MLX's rows),
 //! named in the table's moshi-kernels column. Before timing, each side's
 //! output is checked against its own dequantized weights in f64, and the error printed: candle
 //! rounds the activations to 8 bits, moshi-kernels keeps them f32 (VNNI: 24 bits per group).
@@ -27,48 +27,18 @@ use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 use moshi_bench::bandwidth::ReadBuffer;
 use moshi_bench::shapes::{LARGE_SHAPES, MOSHI_7B_MATVEC_SHAPES};
-use moshi_kernels::{Kernel, QuantPanels, QuantizedMatrix};
+use moshi_kernels::{Kernel, KernelMatrix, QuantizedMatrix};
 
 /// (name, in_features, out_features): the 5 temporal-transformer shapes of `cargo bench -p
 /// moshi-bench --bench qmv` and its first 2 depformer ones.
 const SHAPES: &[(&str, usize, usize)] = MOSHI_7B_MATVEC_SHAPES.split_at(LARGE_SHAPES + 2).0;
 
-/// Our side as the engine holds it: a 4-bit matrix in panels where the kernel reads them, else
-/// MLX's row layout.
-#[derive(Clone)]
-enum Ours {
-    Rows(QuantizedMatrix),
-    Panels(QuantPanels),
-}
-
-impl Ours {
-    fn new(q: QuantizedMatrix, kernel: Kernel) -> Self {
-        match QuantPanels::from_matrix(q, kernel) {
-            Ok(panels) => Ours::Panels(panels),
-            Err(q) => Ours::Rows(q),
-        }
-    }
-
-    fn matvec(&self, x: &[f32], y: &mut [f32]) {
-        match self {
-            Ours::Rows(q) => q.matvec(x, y),
-            Ours::Panels(p) => p.matmul(x, 1, y),
-        }
-    }
-
-    fn weight_bytes(&self) -> usize {
-        match self {
-            Ours::Rows(q) => q.weight_bytes(),
-            Ours::Panels(p) => p.weight_bytes(),
-        }
-    }
-
-    fn layout(&self) -> &'static str {
-        match self {
-            Ours::Rows(_) => "",
-            Ours::Panels(_) => " panels",
-        }
-    }
+/// Our side's product of one activation row, as the engine runs it (the detected kernel, the
+/// process's activation precision).
+fn ours_matvec(ours: &KernelMatrix, x: &[f32], y: &mut [f32]) {
+    let precision = moshi_kernels::activation_precision();
+    let ran = ours.matmul_with(Kernel::detect(), precision, x, 1, y);
+    ran.expect("the detected kernel runs on this CPU");
 }
 
 struct Options {
@@ -195,14 +165,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .collect::<Vec<f32>>();
             let quantized_ours = QuantizedMatrix::quantize(&dense, rows, cols, bits, group_size)?;
             let ours_dense = quantized_ours.dequantize_f32();
-            let ours = Ours::new(quantized_ours, kernel);
+            let ours = KernelMatrix::for_kernel(quantized_ours, kernel);
             let ours_bytes = ours.weight_bytes();
             let ours_copies = (options.rotation_bytes / ours_bytes).max(2);
             let mut y = vec![0f32; rows];
-            pool.install(|| ours.matvec(&x, &mut y));
+            pool.install(|| ours_matvec(&ours, &x, &mut y));
             let ours_error = relative_error(&y, &ours_dense, &x);
             drop(ours_dense);
-            let ours_all: Vec<Ours> = (0..ours_copies).map(|_| ours.clone()).collect();
+            let ours_all: Vec<KernelMatrix> = (0..ours_copies).map(|_| ours.clone()).collect();
             let dense_tensor = Tensor::from_vec(dense, (rows, cols), &device)?;
             let x_tensor = Tensor::from_vec(x.clone(), (1, cols), &device)?;
             for &peer in peers {
@@ -241,7 +211,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         m.forward(&x_tensor)?;
                     }
                     for m in &ours_all {
-                        m.matvec(&x, &mut y);
+                        ours_matvec(m, &x, &mut y);
                     }
                     for round in 0..options.rounds {
                         let peer_pass = || -> candle_core::Result<f64> {
@@ -255,7 +225,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         };
                         let mut ours_pass = || {
                             time_pass(ours_copies, |c| {
-                                ours_all[c].matvec(&x, &mut y);
+                                ours_matvec(&ours_all[c], &x, &mut y);
                                 std::hint::black_box(&y);
                             })
                         };
@@ -278,7 +248,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 println!(
                     "| {name} {cols}->{rows} | {peer:?} | {p:.0} ({:.1}) | q{bits}g{group_size}{} | {o:.0} ({:.1}) | {r:.2} [{:.2}–{:.2}] | {wins}/{} | {probe:.1} | {peer_error:.1e} / {ours_error:.1e} |",
                     peer_bytes as f64 / p / 1e3,
-                    ours.layout(),
+                    if ours.is_panels() { " panels" } else { "" },
                     ours_bytes as f64 / o / 1e3,
                     ratios[0],
                     ratios[ratios.len() - 1],

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use moshi_bench::bandwidth::ReadBuffer;
 use moshi_bench::hashed_weights::hashed_f32;
-use moshi_kernels::{ActivationPrecision, Kernel, QuantPanels, QuantizedMatrix};
+use moshi_kernels::{ActivationPrecision, Kernel, KernelMatrix, QuantizedMatrix};
 use rayon::prelude::*;
 use rayon::ThreadPool;
 
@@ -93,71 +93,8 @@ fn time_pass(
 struct MoshiSide {
     bits: u32,
     group_size: usize,
-    copies: Vec<Ours>,
+    copies: Vec<KernelMatrix>,
     reference: Vec<f64>,
-}
-
-/// A moshi-kernels matrix as the engine holds it: 4-bit codes in panels of 16 rows where the
-/// kernel reads them (`avx512vnni`), else MLX's row layout.
-#[derive(Clone)]
-enum Ours {
-    Rows(QuantizedMatrix),
-    Panels(QuantPanels),
-}
-
-impl Ours {
-    fn new(matrix: QuantizedMatrix, kernel: Kernel) -> Self {
-        match QuantPanels::from_matrix(matrix, kernel) {
-            Ok(panels) => Ours::Panels(panels),
-            Err(matrix) => Ours::Rows(matrix),
-        }
-    }
-
-    fn rows(&self) -> usize {
-        match self {
-            Ours::Rows(q) => q.rows(),
-            Ours::Panels(p) => p.rows(),
-        }
-    }
-
-    fn cols(&self) -> usize {
-        match self {
-            Ours::Rows(q) => q.cols(),
-            Ours::Panels(p) => p.cols(),
-        }
-    }
-
-    fn weight_bytes(&self) -> usize {
-        match self {
-            Ours::Rows(q) => q.weight_bytes(),
-            Ours::Panels(p) => p.weight_bytes(),
-        }
-    }
-
-    /// `" panels"` where the matrix is in panels (for the tables).
-    fn layout(&self) -> &'static str {
-        match self {
-            Ours::Rows(_) => "",
-            Ours::Panels(_) => " panels",
-        }
-    }
-
-    fn matmul_with(
-        &self,
-        kernel: Kernel,
-        precision: ActivationPrecision,
-        x: &[f32],
-        m: usize,
-        y: &mut [f32],
-    ) -> Result<(), moshi_kernels::QuantError> {
-        match self {
-            Ours::Rows(q) => q.matmul_with(kernel, precision, x, m, y),
-            Ours::Panels(p) => {
-                p.matmul_with(precision, x, m, y);
-                Ok(())
-            }
-        }
-    }
 }
 
 /// One ggml contestant, its moshi-kernels partner (index into the `MoshiSide`s) and the reference
@@ -201,7 +138,7 @@ fn moshi_sides(
         }
         let matrix = QuantizedMatrix::quantize(dense, rows, cols, bits, group_size)?;
         let reference = reference_products(pool, &matrix.dequantize_f32(), x, cols);
-        let matrix = Ours::new(matrix, Kernel::detect());
+        let matrix = KernelMatrix::for_kernel(matrix, Kernel::detect());
         let copies = vec![matrix.clone(); rotation_copies(options, matrix.weight_bytes())];
         sides.push(MoshiSide {
             bits,
@@ -446,7 +383,11 @@ pub fn run_shape(
                 "q{}g{}{}",
                 partner.bits,
                 partner.group_size,
-                partner.copies[0].layout()
+                if partner.copies[0].is_panels() {
+                    " panels"
+                } else {
+                    ""
+                }
             );
             let ours_bytes = partner.copies[0].weight_bytes();
             let mut cells = Vec::new();

@@ -46,6 +46,7 @@ mod avx512;
 mod dotprod;
 mod generic;
 mod int8;
+mod kernel_matrix;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 mod panel_matrix;
@@ -60,6 +61,7 @@ mod vnni;
 mod vnni_panels;
 
 pub use int8::round_activations_i8;
+pub use kernel_matrix::KernelMatrix;
 pub use panel_matrix::QuantPanels;
 pub use two_digits::round_activations_two_digits;
 

@@ -15,7 +15,7 @@ use moshi_kernels::dense::{
     gemm_nt_bf16, gemm_nt_panels, gemm_nt_strided, matmul, matmul_t, PanelBlock, PanelMatrix,
     SMALL_M,
 };
-use moshi_kernels::{f32_to_bf16_bits, Kernel, QuantPanels, QuantizedMatrix};
+use moshi_kernels::{f32_to_bf16_bits, Kernel, KernelMatrix, QuantPanels, QuantizedMatrix};
 use moshi_loader::{Weight, WeightData};
 
 /// Rows up to which [`Linear::forward`] on dense weights uses the fixed-order kernels (each row
@@ -125,12 +125,12 @@ pub enum LinearWeights {
 }
 
 impl LinearWeights {
-    /// A quantized matrix as the process's kernel reads it best: in panels where it reads them
-    /// ([`QuantPanels::from_matrix`] for [`Kernel::anticipated`]), else as it is.
+    /// A quantized matrix as the process's kernel reads it best ([`KernelMatrix::for_kernel`]
+    /// for [`Kernel::anticipated`]).
     pub fn quantized(q: QuantizedMatrix) -> Self {
-        match QuantPanels::from_matrix(q, Kernel::anticipated()) {
-            Ok(panels) => LinearWeights::QuantPanels(panels),
-            Err(q) => LinearWeights::Quantized(q),
+        match KernelMatrix::for_kernel(q, Kernel::anticipated()) {
+            KernelMatrix::Panels(panels) => LinearWeights::QuantPanels(panels),
+            KernelMatrix::Rows(q) => LinearWeights::Quantized(q),
         }
     }
 }
