@@ -17,5 +17,8 @@ pub use gemm::{gemm_nt_bf16, gemm_nt_strided, matmul_t, SMALL_M};
 pub use matvec::{
     dot_bf16_scalar, dot_f32, dot_f32_scalar, dot_rows, matmul, matmul_with, matvec, matvec_with,
 };
-pub use panels::{gemm_nt_panels, gemm_nt_panels_with, PanelBlock, PanelMatrix, PANEL_COLS};
+pub use panels::{
+    bf16_pair_operand, bf16_pair_step, bf16_pairs_native, gemm_nt_panels, gemm_nt_panels_with,
+    PanelBlock, PanelMatrix, PANEL_COLS,
+};
 pub use prefetch::prefetch_l1;

@@ -1,5 +1,5 @@
-//! Products of any number of rows against weights arranged in column panels, f32, bf16 or MLX
-//! 8-bit: Mimi's products (its transformers, its convolutions, its codebook scoring) for one
+//! Products of any number of rows against weights arranged in column panels, f32, bf16, bf16
+//! pairs or MLX 8-bit: Mimi's products (its transformers, its convolutions, its codebook scoring) for one
 //! stream or many stacked. Each panel holds [`PANEL_COLS`] output columns as
 //! `[k][PANEL_COLS]`, so a tile keeps one accumulator vector per (row, panel) and adds one
 //! broadcast activation times one widened weight vector per step of `k`: no horizontal sums, no
@@ -11,7 +11,11 @@
 //! - 8-bit (codes `q`, per group `g` of columns a scale `s_g` and bias `b_g`): per group in
 //!   order, `total = s_g · (Σ_{p∈g} a_p · q_p) + total`, then `total = Σ_{p∈g} a_p · b_g + total`
 //!   (the group's activation sum summed in order first), the dequantized weights' product,
-//!   regrouped.
+//!   regrouped;
+//! - bf16 pairs (weights and activations both rounded to bf16, subnormals to signed zero), per
+//!   pair of columns in order, `total = total + a_{2t+1} · w_{2t+1}`, then `total = total + a_{2t}
+//!   · w_{2t}`, each step rounded once and a subnormal result flushed to zero: what AVX512-BF16's
+//!   `vdpbf16ps` computes (twice f32's multiply-adds a cycle), emulated lane by lane elsewhere;
 //!
 //! whatever the tile shape and the number of rows: a row gets the same bits in a product of one
 //! row or of many.
@@ -46,6 +50,8 @@ enum PanelCodes {
     F32(Vec<f32>),
     /// bf16 bits.
     Bf16(Vec<u16>),
+    /// bf16 bits ([`bf16_pair_operand`]), each lane's columns `2t, 2t + 1` side by side.
+    Bf16Pairs(Vec<u16>),
     /// MLX 8-bit codes in groups of `group` columns; `factors` holds per panel and group the
     /// scales of its 16 rows, then their biases (f32, widened exactly).
     Q8 {
@@ -84,6 +90,28 @@ impl PanelMatrix {
             cols,
             panel_stride,
             codes: PanelCodes::Bf16(panels),
+        }
+    }
+
+    /// The panels of row-major `w` (`rows` rows of an even number `cols` of values) as bf16
+    /// pairs ([`bf16_pair_operand`]): the products then round their activations to bf16 too
+    /// (the module's pair order).
+    ///
+    /// # Panics
+    /// If `w.len() != rows * cols` or `cols` is odd (caller bugs).
+    pub fn bf16_pairs(w: &[f32], rows: usize, cols: usize) -> Self {
+        assert_eq!(w.len(), rows * cols, "PanelMatrix: {rows} x {cols} values");
+        assert!(
+            cols.is_multiple_of(2),
+            "PanelMatrix: bf16 pairs need even columns, got {cols}"
+        );
+        let element = |j: usize, p: usize| bf16_pair_operand(w[j * cols + p]);
+        let (panel_stride, panels) = arrange_pairs(rows, cols, element);
+        PanelMatrix {
+            rows,
+            cols,
+            panel_stride,
+            codes: PanelCodes::Bf16Pairs(panels),
         }
     }
 
@@ -128,10 +156,12 @@ impl PanelMatrix {
         self.cols
     }
 
-    /// Columns per 8-bit group: a block's columns must be whole groups (1 for f32 and bf16).
+    /// Columns per 8-bit group, or 2 for bf16 pairs: a block's columns must be whole groups (1
+    /// for f32 and bf16).
     pub fn group_size(&self) -> usize {
         match &self.codes {
             PanelCodes::F32(_) | PanelCodes::Bf16(_) => 1,
+            PanelCodes::Bf16Pairs(_) => 2,
             PanelCodes::Q8 { group, .. } => *group,
         }
     }
@@ -140,7 +170,7 @@ impl PanelMatrix {
     pub fn weight_bytes(&self) -> usize {
         match &self.codes {
             PanelCodes::F32(v) => v.len() * 4,
-            PanelCodes::Bf16(v) => v.len() * 2,
+            PanelCodes::Bf16(v) | PanelCodes::Bf16Pairs(v) => v.len() * 2,
             PanelCodes::Q8 { codes, factors, .. } => codes.len() + factors.len() * 4,
         }
     }
@@ -159,6 +189,9 @@ impl PanelMatrix {
         match &self.codes {
             PanelCodes::F32(v) => v[at],
             PanelCodes::Bf16(v) => bf16_bits_to_f32(v[at]),
+            PanelCodes::Bf16Pairs(v) => {
+                bf16_bits_to_f32(v[panel * self.panel_stride + pair_offset(col, lane)])
+            }
             PanelCodes::Q8 {
                 codes,
                 group,
@@ -187,6 +220,74 @@ fn arrange<E: Copy + Default>(
         }
     }
     (panel_stride, panels)
+}
+
+/// Where column `col` of lane `lane` lies in a panel of bf16 pairs: the lanes' pairs of columns
+/// `col & !1` and `col | 1` side by side, one 64-byte vector a pair.
+fn pair_offset(col: usize, lane: usize) -> usize {
+    (col & !1) * PANEL_COLS + 2 * lane + (col & 1)
+}
+
+/// [`arrange`] for bf16 pairs: the same panels, each lane's pair of columns adjacent.
+fn arrange_pairs(
+    rows: usize,
+    cols: usize,
+    element: impl Fn(usize, usize) -> u16,
+) -> (usize, Vec<u16>) {
+    let panel_stride = PANEL_COLS * cols + PANEL_GAP_BYTES / 2;
+    let mut panels = vec![0u16; rows.div_ceil(PANEL_COLS) * panel_stride];
+    for j in 0..rows {
+        let panel = &mut panels[j / PANEL_COLS * panel_stride..];
+        for p in 0..cols {
+            panel[pair_offset(p, j % PANEL_COLS)] = element(j, p);
+        }
+    }
+    (panel_stride, panels)
+}
+
+/// `x` rounded to bf16 as the pair products read their operands: to nearest even
+/// ([`f32_to_bf16_bits`]), a subnormal to a zero of its sign (`vdpbf16ps` reads subnormal inputs
+/// as zero; flushing them first makes every kernel's inputs the same).
+#[inline]
+pub fn bf16_pair_operand(x: f32) -> u16 {
+    if x.is_subnormal() {
+        return ((x.to_bits() >> 16) & 0x8000) as u16;
+    }
+    f32_to_bf16_bits(x)
+}
+
+/// One step of a pair product as `vdpbf16ps` takes it, for the activation pair `x` and the
+/// weight pair `w` (bf16 bits, the even column in the low half): `acc + x₁ · w₁` then `+ x₀ ·
+/// w₀`, each rounded once (the products are exact in f32), a subnormal sum flushed to a zero of
+/// its sign.
+#[inline(always)]
+pub fn bf16_pair_step(x: u32, w: u32, acc: f32) -> f32 {
+    let high = |v: u32| f32::from_bits(v & 0xFFFF_0000);
+    let low = |v: u32| f32::from_bits(v << 16);
+    let flush = |v: f32| {
+        if v.is_subnormal() {
+            0f32.copysign(v)
+        } else {
+            v
+        }
+    };
+    let acc = flush(high(x).mul_add(high(w), acc));
+    flush(low(x).mul_add(low(w), acc))
+}
+
+/// Whether [`Kernel`]'s bf16 pair products run natively (AVX-512 with AVX512-BF16's
+/// `vdpbf16ps`): elsewhere they are emulated lane by lane, exact but slower than f32 panels.
+pub fn bf16_pairs_native(kernel: Kernel) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        kernel.instruction_set() == InstructionSet::Avx512
+            && std::arch::is_x86_feature_detected!("avx512bf16")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = kernel;
+        false
+    }
 }
 
 /// The block of a [`PanelMatrix`] a product reads: weight rows `row0..row0 + n` (the output
@@ -280,6 +381,14 @@ pub fn gemm_nt_panels_with(
     let (kind, codes, group, factors) = match &w.codes {
         PanelCodes::F32(v) => (F32, v.as_ptr() as *const u8, k.max(1), std::ptr::null()),
         PanelCodes::Bf16(v) => (BF16, v.as_ptr() as *const u8, k.max(1), std::ptr::null()),
+        PanelCodes::Bf16Pairs(v) => {
+            assert!(
+                col0.is_multiple_of(2) && k.is_multiple_of(2),
+                "gemm_nt_panels: columns {col0}..{} not whole pairs",
+                col0 + k
+            );
+            (PAIRS, v.as_ptr() as *const u8, k.max(2), std::ptr::null())
+        }
         PanelCodes::Q8 {
             codes,
             group,
@@ -293,8 +402,8 @@ pub fn gemm_nt_panels_with(
             (Q8, codes.as_ptr(), *group, factors.as_ptr())
         }
     };
-    XSUM.with(|cell| {
-        let mut xsum = cell.borrow_mut();
+    SCRATCH.with(|cell| {
+        let Scratch { xsum, pairs } = &mut *cell.borrow_mut();
         xsum.clear();
         if kind == Q8 {
             for i in 0..m {
@@ -302,11 +411,18 @@ pub fn gemm_nt_panels_with(
                 xsum.extend(row.chunks_exact(group).map(|g| g.iter().sum::<f32>()));
             }
         }
+        let rs_pairs = if kind == PAIRS {
+            round_pair_operands(bf16_pairs_native(kernel), m, a, rs_a, k, pairs)
+        } else {
+            0
+        };
         let call = Call {
             m,
             block,
             a: a.as_ptr(),
             rs_a,
+            pairs: pairs.as_ptr(),
+            rs_pairs,
             codes,
             panel_stride: w.panel_stride,
             group,
@@ -344,10 +460,57 @@ pub fn gemm_nt_panels_with(
     });
 }
 
+/// Per-thread scratch of the products' prepared activations (no allocation per call in steady
+/// state).
+#[derive(Default)]
+struct Scratch {
+    /// The 8-bit products' group sums.
+    xsum: Vec<f32>,
+    /// The pair products' activations as [`bf16_pair_operand`]s.
+    pairs: Vec<u16>,
+}
+
 thread_local! {
-    /// Per-thread scratch for the 8-bit products' group sums (no allocation per call in steady
-    /// state).
-    static XSUM: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::default();
+}
+
+/// Rounds the `m` rows of `k` activations (`rs_a` apart) into `pairs` as
+/// [`bf16_pair_operand`]s (with `vcvtneps2bf16` where `native`) and returns their stride there:
+/// overlapping rows (convolution windows, `rs_a <= k`) keep their layout, one conversion per
+/// element; rows with gaps are packed.
+fn round_pair_operands(
+    native: bool,
+    m: usize,
+    a: &[f32],
+    rs_a: usize,
+    k: usize,
+    pairs: &mut Vec<u16>,
+) -> usize {
+    pairs.clear();
+    if rs_a <= k {
+        let span = &a[..(m - 1) * rs_a + k];
+        pairs.resize(span.len(), 0);
+        round_slice(native, span, pairs);
+        return rs_a;
+    }
+    pairs.resize(m * k, 0);
+    for (i, dst) in pairs.chunks_exact_mut(k).enumerate() {
+        round_slice(native, &a[i * rs_a..i * rs_a + k], dst);
+    }
+    k
+}
+
+/// `dst[i] = bf16_pair_operand(src[i])`, 16 at a time with `vcvtneps2bf16` where `native`.
+fn round_slice(native: bool, src: &[f32], dst: &mut [u16]) {
+    #[cfg(target_arch = "x86_64")]
+    if native {
+        // SAFETY: `native` means the CPU has AVX-512F and AVX512-BF16.
+        return unsafe { x86::round_avx512bf16(src, dst) };
+    }
+    let _ = native;
+    for (d, &x) in dst.iter_mut().zip(src) {
+        *d = bf16_pair_operand(x);
+    }
 }
 
 /// One product's operands, shared by the team's ranges of panels.
@@ -357,6 +520,9 @@ struct Call {
     block: PanelBlock,
     a: *const f32,
     rs_a: usize,
+    /// Pair products: the activations rounded ([`round_pair_operands`]), `rs_pairs` apart.
+    pairs: *const u16,
+    rs_pairs: usize,
     /// The panels' first byte (f32, bf16 or 8-bit codes).
     codes: *const u8,
     /// Elements from one panel to the next.
@@ -381,6 +547,7 @@ impl Call {
         Call {
             m: rows.len(),
             a: self.a.wrapping_add(rows.start * self.rs_a),
+            pairs: self.pairs.wrapping_add(rows.start * self.rs_pairs),
             xsum: self.xsum.wrapping_add(rows.start * groups_in_block),
             out: self.out.wrapping_add(rows.start * self.rs_out),
             ..*self
@@ -400,6 +567,7 @@ unsafe impl Sync for Call {}
 const F32: u8 = 0;
 const BF16: u8 = 1;
 const Q8: u8 = 2;
+const PAIRS: u8 = 3;
 
 /// Panels `lo..hi` of `call`, elements of `kind`, in `kernel`'s instruction set.
 ///
@@ -407,6 +575,16 @@ const Q8: u8 = 2;
 /// The call's pointers must cover its `m` rows, its panels and its output; the CPU must have the
 /// instruction set (it does for a detected or available kernel).
 unsafe fn run_panels(kernel: Kernel, kind: u8, call: &Call, lo: usize, hi: usize) {
+    if kind == PAIRS {
+        // SAFETY: forwarded contract (the native kernel only where the CPU has it).
+        unsafe {
+            #[cfg(target_arch = "x86_64")]
+            if bf16_pairs_native(kernel) {
+                return panels_avx512bf16(call, lo, hi);
+            }
+            return panels_body::<Lanes<true>, PAIRS, 4>(call, lo, hi);
+        }
+    }
     // SAFETY (all arms): forwarded contract.
     unsafe {
         match (kernel.instruction_set(), kind) {
@@ -443,6 +621,14 @@ unsafe fn panels_avx512<const KIND: u8>(call: &Call, lo: usize, hi: usize) {
     unsafe { panels_body::<x86::Avx512, KIND, 8>(call, lo, hi) }
 }
 
+/// AVX-512 with AVX512-BF16: the pair products, 8 accumulators a tile.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16,avx2,fma")]
+unsafe fn panels_avx512bf16(call: &Call, lo: usize, hi: usize) {
+    // SAFETY: forwarded contract.
+    unsafe { panels_body::<x86::Avx512, PAIRS, 8>(call, lo, hi) }
+}
+
 /// AVX2: 4 accumulators a tile, two registers each.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
@@ -475,6 +661,29 @@ trait PanelVector: Copy {
     fn fma(x: f32, w: Self, acc: Self) -> Self;
     /// `acc + x · w` lane by lane, `x` a vector.
     fn fma_lanes(x: Self, w: Self, acc: Self) -> Self;
+
+    /// `PANEL_COLS` bf16 pairs at `at` (any alignment), each lane's pair as the bits of its f32.
+    ///
+    /// # Safety
+    /// As [`PanelVector::widen_bf16`].
+    #[inline(always)]
+    unsafe fn load_pairs(at: *const u16) -> Self {
+        // SAFETY: 32 bf16 readable (caller contract).
+        let pairs = unsafe { (at as *const [u32; PANEL_COLS]).read_unaligned() };
+        let lanes = pairs.map(f32::from_bits);
+        // SAFETY: 16 floats readable.
+        unsafe { Self::load(lanes.as_ptr()) }
+    }
+
+    /// [`bf16_pair_step`] lane by lane: `w`'s lanes hold bf16 pairs (their bits), `x` one pair.
+    #[inline(always)]
+    fn dot_bf16_pairs(x: u32, w: Self, acc: Self) -> Self {
+        let (w, acc) = (w.to_array(), acc.to_array());
+        let lanes: [f32; PANEL_COLS] =
+            std::array::from_fn(|l| bf16_pair_step(x, w[l].to_bits(), acc[l]));
+        // SAFETY: 16 floats readable.
+        unsafe { Self::load(lanes.as_ptr()) }
+    }
 
     #[inline(always)]
     fn to_array(self) -> [f32; PANEL_COLS] {
@@ -558,6 +767,29 @@ mod x86 {
     use super::PanelVector;
     use std::arch::x86_64::*;
 
+    /// [`super::round_slice`] with `vcvtneps2bf16`, which rounds to nearest even, reads
+    /// subnormals as zero and quiets NaNs as [`super::bf16_pair_operand`] does.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F and AVX512-BF16.
+    #[target_feature(enable = "avx512f,avx512bf16,avx2")]
+    pub(super) unsafe fn round_avx512bf16(src: &[f32], dst: &mut [u16]) {
+        let n = src.len().min(dst.len());
+        let mut i = 0;
+        while i + 16 <= n {
+            // SAFETY: elements i..i + 16 of both slices exist.
+            unsafe {
+                let rounded = _mm512_cvtneps_pbh(_mm512_loadu_ps(src.as_ptr().add(i)));
+                let bits: __m256i = std::mem::transmute(rounded);
+                _mm256_storeu_si256(dst.as_mut_ptr().add(i) as *mut __m256i, bits);
+            }
+            i += 16;
+        }
+        for j in i..n {
+            dst[j] = super::bf16_pair_operand(src[j]);
+        }
+    }
+
     /// One AVX-512 register.
     #[derive(Clone, Copy)]
     pub(super) struct Avx512(__m512);
@@ -599,6 +831,21 @@ mod x86 {
         #[inline(always)]
         fn fma_lanes(x: Self, w: Self, acc: Self) -> Self {
             Avx512(unsafe { _mm512_fmadd_ps(x.0, w.0, acc.0) })
+        }
+
+        #[inline(always)]
+        unsafe fn load_pairs(at: *const u16) -> Self {
+            Avx512(unsafe { _mm512_loadu_ps(at as *const f32) })
+        }
+
+        /// `vdpbf16ps` (only reached from `panels_avx512bf16`, which has AVX512-BF16).
+        #[inline(always)]
+        fn dot_bf16_pairs(x: u32, w: Self, acc: Self) -> Self {
+            unsafe {
+                let w: __m512bh = std::mem::transmute(w.0);
+                let x: __m512bh = std::mem::transmute(_mm512_set1_epi32(x as i32));
+                Avx512(_mm512_dpbf16_ps(acc.0, w, x))
+            }
         }
 
         #[inline(always)]
@@ -745,6 +992,17 @@ unsafe fn tile<V: PanelVector, const KIND: u8, const MR: usize, const NP: usize>
     p: usize,
 ) {
     let (k, col0, group) = (call.block.k, call.block.col0, call.group);
+    if KIND == PAIRS {
+        // SAFETY: forwarded.
+        let total = unsafe { pair_sums::<V, MR, NP>(call, i, p) };
+        for r in 0..MR {
+            for q in 0..NP {
+                // SAFETY: forwarded (row i + r of the output, the panel's columns in the block).
+                unsafe { store(call, i + r, p + q, total[r][q]) };
+            }
+        }
+        return;
+    }
     let mut total = [[V::zero(); NP]; MR];
     for g in 0..k / group {
         let mut acc = [[V::zero(); NP]; MR];
@@ -798,6 +1056,43 @@ unsafe fn tile<V: PanelVector, const KIND: u8, const MR: usize, const NP: usize>
     }
 }
 
+/// The pair products' sums of rows `i..i + MR` against panels `p..p + NP` over the block's
+/// columns, a pair at a time.
+///
+/// # Safety
+/// As [`run_panels`], for those rows and panels.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)] // index loops keep the accumulators in registers
+unsafe fn pair_sums<V: PanelVector, const MR: usize, const NP: usize>(
+    call: &Call,
+    i: usize,
+    p: usize,
+) -> [[V; NP]; MR] {
+    let (k, col0) = (call.block.k, call.block.col0);
+    let mut acc = [[V::zero(); NP]; MR];
+    let mut col = col0;
+    while col < col0 + k {
+        let mut w = [V::zero(); NP];
+        for q in 0..NP {
+            let at = (p + q) * call.panel_stride + col * PANEL_COLS;
+            // SAFETY: the pair of columns `col, col + 1` of panel p + q (32 bf16, read as bits).
+            w[q] = unsafe { V::load_pairs((call.codes as *const u16).add(at)) };
+        }
+        for r in 0..MR {
+            // SAFETY: elements `col - col0` and the next of row i + r's rounded activations.
+            let x = unsafe {
+                let at = call.pairs.add((i + r) * call.rs_pairs + col - col0);
+                (at as *const u32).read_unaligned()
+            };
+            for q in 0..NP {
+                acc[r][q] = V::dot_bf16_pairs(x, w[q], acc[r][q]);
+            }
+        }
+        col += 2;
+    }
+    acc
+}
+
 /// Writes (or adds) panel `panel`'s lanes into output row `row`, those of weight rows inside the
 /// block.
 ///
@@ -835,6 +1130,18 @@ unsafe fn store<V: PanelVector>(call: &Call, row: usize, panel: usize, v: V) {
 mod tests {
     use super::*;
 
+    /// The pair product of `x` and weight row `r` (columns from `col0`), as the module docs
+    /// define it.
+    fn pair_reference(x: &[f32], w: &PanelMatrix, r: usize, col0: usize) -> f32 {
+        let pair =
+            |lo: f32, hi: f32| (bf16_pair_operand(hi) as u32) << 16 | bf16_pair_operand(lo) as u32;
+        (0..x.len() / 2).fold(0.0, |total, t| {
+            let (c, p) = (col0 + 2 * t, 2 * t);
+            let weights = pair(w.get(r, c), w.get(r, c + 1));
+            bf16_pair_step(pair(x[p], x[p + 1]), weights, total)
+        })
+    }
+
     /// The product as the module docs define it, one output at a time, from the bf16 values or
     /// the 8-bit matrix `q` itself.
     fn reference(
@@ -860,6 +1167,7 @@ mod tests {
             for j in 0..n {
                 let r = row0 + j;
                 out[i * n + j] = match q {
+                    None if w.group_size() == 2 => pair_reference(x, w, r, col0),
                     None => (0..k).fold(0.0, |s, p| madd(x[p], w.get(r, col0 + p), s)),
                     Some(q) => {
                         let g = q.group_size();
@@ -939,11 +1247,15 @@ mod tests {
     }
 
     /// Every kernel, every tile shape (1-17 rows), full matrices and blocks, overlapping and
-    /// strided rows, written and accumulated, threaded by panels and by rows: the reference's
-    /// bits.
+    /// strided rows (bf16 pairs: read at odd offsets too), written and accumulated, threaded by
+    /// panels and by rows: the reference's bits. Where the CPU has AVX512-BF16 the AVX-512
+    /// kernels run `vdpbf16ps` against the emulated reference.
     #[test]
     fn every_kernel_gives_each_row_the_reference_bits_at_any_row_count() {
-        // (rows, cols, 8-bit group, or 0 for bf16 and 1 for f32, block)
+        if !Kernel::available().into_iter().any(bf16_pairs_native) {
+            eprintln!("no AVX512-BF16 here: the bf16 pair products run emulated on every kernel");
+        }
+        // (rows, cols, 8-bit group, or 0 for bf16, 1 for f32 and 2 for bf16 pairs, block)
         let cases = [
             (16, 1, 0, None),
             (33, 7, 0, None),
@@ -960,15 +1272,22 @@ mod tests {
             // One panel, enough work to thread: the rows split (17 rows).
             (16, 1024, 0, None),
             (16, 1024, 64, None),
+            (33, 8, 2, None),
+            (2048, 256, 2, None),
+            (100, 64, 2, Some((5, 40, 16, 48))),
+            (5, 300, 2, None),
+            (70, 96, 2, Some((16, 48, 6, 80))),
+            (16, 1024, 2, None),
         ];
         for (case, &(n_all, k_all, group, block)) in cases.iter().enumerate() {
             let weights = values(n_all * k_all, case as u64 + 3);
-            let q = (group > 1)
+            let q = (group > 2)
                 .then(|| QuantizedMatrix::quantize(&weights, n_all, k_all, 8, group).unwrap());
             let w = match (&q, group) {
                 (Some(q), _) => PanelMatrix::q8(q),
                 (None, 0) => PanelMatrix::bf16(&weights, n_all, k_all),
-                (None, _) => PanelMatrix::f32(&weights, n_all, k_all),
+                (None, 1) => PanelMatrix::f32(&weights, n_all, k_all),
+                (None, _) => PanelMatrix::bf16_pairs(&weights, n_all, k_all),
             };
             let block = block.map_or(PanelBlock::all(&w), |(row0, n, col0, k)| PanelBlock {
                 row0,
@@ -1015,6 +1334,114 @@ mod tests {
         }
     }
 
+    /// The native rounding of activations gives [`bf16_pair_operand`]'s bits on subnormals,
+    /// ties, NaNs, infinities and random bit patterns.
+    #[test]
+    fn native_rounding_of_pair_operands_equals_the_scalar_rule() {
+        let native = Kernel::available().into_iter().any(bf16_pairs_native);
+        if !native {
+            eprintln!("no AVX512-BF16 here: only the scalar rounding exists");
+        }
+        let mut s = 0x9E37_79B9_7F4A_7C15u64;
+        let mut bits: Vec<u32> = (0..1 << 20)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                s as u32
+            })
+            .collect();
+        bits.extend([
+            0,
+            0x8000_0000,
+            1,
+            0x8000_0001,
+            0x007F_FFFF,
+            0x0080_0000,
+            0x3F80_8000,
+        ]);
+        bits.extend([
+            0x3F81_8000,
+            0x7F7F_FFFF,
+            0x7F80_0000,
+            0xFF80_0000,
+            0x7F80_0001,
+            0xFFC0_0000,
+        ]);
+        let src: Vec<f32> = bits.iter().map(|&b| f32::from_bits(b)).collect();
+        let mut got = vec![0u16; src.len()];
+        round_slice(native, &src, &mut got);
+        for (x, g) in src.iter().zip(&got) {
+            assert_eq!(*g, bf16_pair_operand(*x), "{:#010x}", x.to_bits());
+        }
+    }
+
+    #[test]
+    fn bf16_pair_panels_hold_each_weight_rounded_to_bf16() {
+        let (n, k) = (37, 10);
+        let mut w = values(n * k, 4);
+        w[3] = f32::MIN_POSITIVE / 4.0;
+        let panels = PanelMatrix::bf16_pairs(&w, n, k);
+        assert_eq!(panels.group_size(), 2);
+        for j in 0..n {
+            for p in 0..k {
+                let expect = bf16_bits_to_f32(bf16_pair_operand(w[j * k + p]));
+                assert_eq!(panels.get(j, p).to_bits(), expect.to_bits(), "({j}, {p})");
+            }
+        }
+        assert_eq!(panels.get(0, 3), 0.0, "a subnormal weight is read as zero");
+    }
+
+    /// The order and rounding `vdpbf16ps` has (odd column first, each step rounded, subnormals
+    /// flushed), on values where another order or one rounding would differ.
+    #[test]
+    fn a_pair_step_adds_the_odd_product_first_and_rounds_each_step() {
+        let bits = |x: f32| f32_to_bf16_bits(x) as u32;
+        let pair = |even: f32, odd: f32| bits(odd) << 16 | bits(even);
+        // 1 + (-1) first, then the tiny even product survives; even first it would be lost.
+        let tiny = 2f32.powi(-30);
+        assert_eq!(bf16_pair_step(pair(tiny, 1.0), pair(1.0, -1.0), 1.0), tiny);
+        // Each step rounds: 1 + 2^-24 (a tie, to even) stays 1 twice over, where one rounding of
+        // the exact sum 1 + 2^-23 would not.
+        let half_ulp = 2f32.powi(-24);
+        assert_eq!(
+            bf16_pair_step(pair(half_ulp, half_ulp), pair(1.0, 1.0), 1.0),
+            1.0
+        );
+        // A subnormal sum becomes a zero of its sign.
+        let small = 2f32.powi(-70);
+        assert_eq!(
+            bf16_pair_step(pair(small, 0.0), pair(-small, 0.0), 0.0).to_bits(),
+            (-0f32).to_bits()
+        );
+        assert_eq!(bf16_pair_operand(-f32::MIN_POSITIVE / 2.0), 0x8000);
+        assert_eq!(bf16_pair_operand(1.0), 0x3F80);
+        // The same cases through every kernel (`vdpbf16ps` where the CPU has it): columns 0, 1
+        // make the sum 1, then 3 adds -1 before 2 adds the tiny product; a one-pair product
+        // whose sum is subnormal.
+        let ordered = PanelMatrix::bf16_pairs(&[1.0, 0.0, tiny, -1.0], 1, 4);
+        let flushed = PanelMatrix::bf16_pairs(&[-small, 0.0], 1, 2);
+        for kernel in Kernel::available() {
+            let mut out = [f32::NAN];
+            let all = PanelBlock::all(&ordered);
+            gemm_nt_panels_with(kernel, 1, &[1.0; 4], 4, &ordered, all, &mut out, 1, false);
+            assert_eq!(out[0], tiny, "{kernel:?}: the odd column first");
+            let all = PanelBlock::all(&flushed);
+            gemm_nt_panels_with(
+                kernel,
+                1,
+                &[small, 0.0],
+                2,
+                &flushed,
+                all,
+                &mut out,
+                1,
+                false,
+            );
+            assert_eq!(out[0].to_bits(), (-0f32).to_bits(), "{kernel:?}: flushed");
+        }
+    }
+
     #[test]
     fn blocks_outside_the_matrix_or_across_groups_are_refused() {
         let q = QuantizedMatrix::quantize(&values(32 * 128, 5), 32, 128, 8, 64).unwrap();
@@ -1030,5 +1457,17 @@ mod tests {
         assert!(refused(block(20, 13, 0, 128)), "rows past the end");
         assert!(refused(block(0, 32, 32, 64)), "columns across groups");
         assert!(!refused(block(0, 32, 64, 64)), "a whole group");
+        let w = PanelMatrix::bf16_pairs(&values(32 * 128, 6), 32, 128);
+        let refused = |block: PanelBlock| {
+            std::panic::catch_unwind(|| {
+                let mut out = vec![0f32; 32];
+                gemm_nt_panels(1, &[0f32; 128], 128, &w, block, &mut out, 32, false)
+            })
+            .is_err()
+        };
+        assert!(refused(block(0, 32, 3, 64)), "columns across pairs");
+        assert!(refused(block(0, 32, 0, 5)), "an odd column count");
+        assert!(!refused(block(0, 32, 2, 64)), "whole pairs");
+        assert!(std::panic::catch_unwind(|| PanelMatrix::bf16_pairs(&[0f32; 6], 2, 3)).is_err());
     }
 }

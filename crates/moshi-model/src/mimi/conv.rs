@@ -113,9 +113,9 @@ impl StreamingConv1d {
         }
     }
 
-    /// Weight precision of few-row products (see [`Linear::set_few_row_precision`]).
+    /// Weight precision of few-row products (see [`Linear::set_reduced_precision`]).
     pub fn set_weights(&mut self, mode: MimiWeights) {
-        self.weight.set_few_row_precision(mode);
+        self.weight.set_reduced_precision(mode);
     }
 
     pub fn in_channels(&self) -> usize {
@@ -459,7 +459,7 @@ impl StreamingConvTranspose1d {
     /// Weight precision of few-row products (groups 1 only; depthwise stays f32).
     pub fn set_weights(&mut self, mode: MimiWeights) {
         if !self.depthwise {
-            self.weight.set_few_row_precision(mode);
+            self.weight.set_reduced_precision(mode);
         }
     }
 

@@ -11,7 +11,7 @@ pub mod seanet;
 pub mod transformer;
 mod weights;
 
-pub use crate::nn::linear::{weight_bytes_read, FewRowPrecision as MimiWeights};
+pub use crate::nn::linear::{weight_bytes_read, ReducedPrecision as MimiWeights};
 
 use std::path::Path;
 use std::sync::Arc;

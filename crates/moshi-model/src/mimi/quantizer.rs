@@ -158,8 +158,8 @@ impl SplitQuantizer {
     /// Weight precision of the projections' few-row products (codebooks stay f32).
     pub fn set_weights(&mut self, mode: MimiWeights) {
         for g in std::iter::once(&mut self.first).chain(self.rest.as_mut()) {
-            g.input_proj.set_few_row_precision(mode);
-            g.output_proj.set_few_row_precision(mode);
+            g.input_proj.set_reduced_precision(mode);
+            g.output_proj.set_reduced_precision(mode);
         }
     }
 

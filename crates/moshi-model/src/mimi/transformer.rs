@@ -138,7 +138,7 @@ impl MimiTransformer {
         for l in &mut self.layers {
             let [in_proj, out_proj] = l.attention.projections_mut();
             for w in [in_proj, out_proj, &mut l.linear1, &mut l.linear2] {
-                w.set_few_row_precision(mode);
+                w.set_reduced_precision(mode);
             }
         }
     }

@@ -1,8 +1,9 @@
 //! One linear layer (no bias) for the LM and Mimi: weights `[out_dim, in_dim]` row-major as in
 //! PyTorch checkpoints, kept as f32, bf16 (widened exactly at use) or MLX-packed, or for Mimi's
-//! convolutions as f32 column panels, plus, for Mimi, an optional reduced copy (bf16, or MLX 8-bit
-//! in panels) that few-row products read instead (the memory-bound streaming case). Every product
-//! runs in `moshi-kernels`.
+//! convolutions as f32 column panels, plus, for Mimi's reduced modes, an optional copy (bf16, or
+//! MLX 8-bit in panels) that few-row products read instead (the memory-bound streaming case) and,
+//! in the 8-bit mode, for a convolution where the CPU has a bf16 dot product, bf16 pair panels
+//! that its many-row products read (the compute-bound case). Every product runs in `moshi-kernels`.
 //!
 //! [`Linear::forward`] over up to [`EXACT_ROWS_MAX`] rows gives each row the bits it gets alone
 //! (dense weights: the fixed-order kernels; packed weights: the quantized kernels, exact per row),
@@ -12,8 +13,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use moshi_kernels::dense::{
-    gemm_nt_bf16, gemm_nt_panels, gemm_nt_strided, matmul, matmul_t, PanelBlock, PanelMatrix,
-    SMALL_M,
+    bf16_pairs_native, gemm_nt_bf16, gemm_nt_panels, gemm_nt_strided, matmul, matmul_t, PanelBlock,
+    PanelMatrix, SMALL_M,
 };
 use moshi_kernels::{f32_to_bf16_bits, Kernel, KernelMatrix, QuantPanels, QuantizedMatrix};
 use moshi_loader::{Weight, WeightData};
@@ -30,13 +31,20 @@ const BF16_COPY_MAX_ROWS: usize = SMALL_M;
 /// of them, and beyond, the f32 products' multiply-adds, not the weight bytes, set the pace.
 pub const Q8_COPY_MAX_ROWS: usize = 16;
 
+/// Left-operand rows up to which an 8-bit reduced copy is used where the layer also has bf16
+/// pairs: the pairs' multiply-adds are twice as fast, so they take over at fewer rows (the
+/// weight bytes of the 8-bit copy win only at a few).
+const Q8_BEFORE_PAIRS_MAX_ROWS: usize = 4;
+
 /// Group sizes tried for an 8-bit reduced copy, preferred first.
 const Q8_GROUPS: [usize; 2] = [64, 32];
 
-/// Precision of the copy a layer's few-row products read (Mimi's weight modes). Activations,
-/// accumulation and every many-row product stay f32 in all modes.
+/// Mimi's weight modes: the precision of the copy a layer's few-row products read (their
+/// activations and accumulation stay f32) and, in the 8-bit mode, of a convolution's many-row
+/// products where the CPU has AVX512-BF16 (weights and activations rounded to bf16, f32 sums:
+/// twice the multiply-adds of f32 a cycle; elsewhere, and in the other modes, they stay f32).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum FewRowPrecision {
+pub enum ReducedPrecision {
     /// No copy: the layer's own weights (exact f32 for Mimi, the reference behaviour).
     #[default]
     F32,
@@ -47,34 +55,34 @@ pub enum FewRowPrecision {
     Q8,
 }
 
-impl FewRowPrecision {
-    pub const ALL: [FewRowPrecision; 3] = [
-        FewRowPrecision::F32,
-        FewRowPrecision::Bf16,
-        FewRowPrecision::Q8,
+impl ReducedPrecision {
+    pub const ALL: [ReducedPrecision; 3] = [
+        ReducedPrecision::F32,
+        ReducedPrecision::Bf16,
+        ReducedPrecision::Q8,
     ];
 
     /// `"f32"`, `"bf16"` or `"q8"`.
     pub fn name(self) -> &'static str {
         match self {
-            FewRowPrecision::F32 => "f32",
-            FewRowPrecision::Bf16 => "bf16",
-            FewRowPrecision::Q8 => "q8",
+            ReducedPrecision::F32 => "f32",
+            ReducedPrecision::Bf16 => "bf16",
+            ReducedPrecision::Q8 => "q8",
         }
     }
 }
 
-impl std::fmt::Display for FewRowPrecision {
+impl std::fmt::Display for ReducedPrecision {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
     }
 }
 
-impl std::str::FromStr for FewRowPrecision {
+impl std::str::FromStr for ReducedPrecision {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        FewRowPrecision::ALL
+        ReducedPrecision::ALL
             .into_iter()
             .find(|m| m.name() == s)
             .ok_or_else(|| {
@@ -104,6 +112,8 @@ pub fn count_bytes(bytes: usize) {
 enum GemmKernel {
     Bf16Copy,
     Q8Copy,
+    /// The bf16 pair panels of a convolution in the 8-bit mode, many rows.
+    Bf16Pairs,
     F32Streaming,
     F32Packed,
     /// The layer's own f32 panels, any number of rows.
@@ -152,6 +162,9 @@ pub struct Linear {
     out_dim: usize,
     in_dim: usize,
     few_rows: FewRowCopy,
+    /// The 8-bit mode, f32 panels, a CPU with a bf16 dot product: the bf16 pair panels the
+    /// products of more rows than `few_rows` serves read.
+    many_rows: Option<PanelMatrix>,
 }
 
 impl Linear {
@@ -193,6 +206,7 @@ impl Linear {
             out_dim,
             in_dim,
             few_rows: FewRowCopy::None,
+            many_rows: None,
         }
     }
 
@@ -282,11 +296,12 @@ impl Linear {
         }
     }
 
-    /// Weight bytes a [`Linear::forward`] of `m` rows reads (the reduced copy where it applies).
+    /// Weight bytes a [`Linear::forward`] of `m` rows reads (a reduced copy where it applies).
     pub fn forward_bytes(&self, m: usize) -> usize {
-        match &self.few_rows {
-            FewRowCopy::Bf16(w) if m <= BF16_COPY_MAX_ROWS => w.len() * 2,
-            FewRowCopy::Q8(q) if m <= Q8_COPY_MAX_ROWS => q.weight_bytes(),
+        match (&self.few_rows, &self.many_rows) {
+            (FewRowCopy::Bf16(w), _) if m <= BF16_COPY_MAX_ROWS => w.len() * 2,
+            (FewRowCopy::Q8(q), _) if m <= self.q8_copy_max_rows() => q.weight_bytes(),
+            (_, Some(pairs)) => pairs.weight_bytes(),
             _ => self.weight_bytes(),
         }
     }
@@ -297,7 +312,7 @@ impl Linear {
     pub fn same_bits_rows(&self) -> usize {
         match (&self.few_rows, &self.weights) {
             (FewRowCopy::Bf16(_), _) => BF16_COPY_MAX_ROWS,
-            (FewRowCopy::Q8(_), _) => Q8_COPY_MAX_ROWS,
+            (FewRowCopy::Q8(_), _) => self.q8_copy_max_rows(),
             (FewRowCopy::None, LinearWeights::F32(_)) => EXACT_ROWS_MAX,
             (
                 FewRowCopy::None,
@@ -309,9 +324,21 @@ impl Linear {
         }
     }
 
-    /// Builds (or drops) the reduced copy few-row products read. Needs f32 weights (the copy is
-    /// made from them); other layers keep their weights and ignore the request.
-    pub fn set_few_row_precision(&mut self, precision: FewRowPrecision) {
+    /// The most rows an 8-bit reduced copy serves.
+    fn q8_copy_max_rows(&self) -> usize {
+        if self.many_rows.is_some() {
+            Q8_BEFORE_PAIRS_MAX_ROWS
+        } else {
+            Q8_COPY_MAX_ROWS
+        }
+    }
+
+    /// Builds (or drops) the reduced copies: the one few-row products read and, in the 8-bit
+    /// mode, for f32 panels of an even column count where [`bf16_pairs_native`], the bf16 pairs
+    /// of many-row products.
+    /// Needs f32 weights (the copies are made from them); other layers keep their weights and
+    /// ignore the request.
+    pub fn set_reduced_precision(&mut self, precision: ReducedPrecision) {
         let values = match &self.weights {
             LinearWeights::F32(values) => std::borrow::Cow::Borrowed(values.as_slice()),
             LinearWeights::F32Panels(p) => std::borrow::Cow::Owned(p.to_rows()),
@@ -320,10 +347,15 @@ impl Linear {
         let values = values.as_ref();
         let bf16 = |v: &[f32]| FewRowCopy::Bf16(v.iter().map(|&x| f32_to_bf16_bits(x)).collect());
         let (rows, cols) = (self.out_dim, self.in_dim);
+        let pairs = precision == ReducedPrecision::Q8
+            && matches!(self.weights, LinearWeights::F32Panels(_))
+            && cols.is_multiple_of(2)
+            && bf16_pairs_native(Kernel::detect());
+        self.many_rows = pairs.then(|| PanelMatrix::bf16_pairs(values, rows, cols));
         self.few_rows = match precision {
-            FewRowPrecision::F32 => FewRowCopy::None,
-            FewRowPrecision::Bf16 => bf16(values),
-            FewRowPrecision::Q8 => match Q8_GROUPS.into_iter().find(|&g| cols.is_multiple_of(g)) {
+            ReducedPrecision::F32 => FewRowCopy::None,
+            ReducedPrecision::Bf16 => bf16(values),
+            ReducedPrecision::Q8 => match Q8_GROUPS.into_iter().find(|&g| cols.is_multiple_of(g)) {
                 // Quantization fails only on non-finite weights: such a matrix keeps a bf16 copy.
                 Some(g) => match QuantizedMatrix::quantize(values, rows, cols, 8, g) {
                     Ok(q) => FewRowCopy::Q8(PanelMatrix::q8(&q)),
@@ -355,10 +387,13 @@ impl Linear {
             FewRowCopy::Bf16(w) if m <= BF16_COPY_MAX_ROWS => {
                 return gemm_nt_bf16(m, k, n, x, k, w, k, out, n, false);
             }
-            FewRowCopy::Q8(q) if m <= Q8_COPY_MAX_ROWS && m > 0 => {
+            FewRowCopy::Q8(q) if m <= self.q8_copy_max_rows() && m > 0 => {
                 return gemm_nt_panels(m, x, k, q, PanelBlock::all(q), out, n, false);
             }
             _ => {}
+        }
+        if let Some(pairs) = &self.many_rows {
+            return gemm_nt_panels(m, x, k, pairs, PanelBlock::all(pairs), out, n, false);
         }
         match &self.weights {
             LinearWeights::F32(w) if m > EXACT_ROWS_MAX => matmul_t(x, m, k, w, n, out, false),
@@ -397,7 +432,7 @@ impl Linear {
             FewRowCopy::Bf16(_) if m <= BF16_COPY_MAX_ROWS => return GemmKernel::Bf16Copy,
             FewRowCopy::Q8(q) => {
                 let g = q.group_size();
-                if m <= Q8_COPY_MAX_ROWS
+                if m <= self.q8_copy_max_rows()
                     && rs_w == self.in_dim
                     && k.is_multiple_of(g)
                     && (offset % self.in_dim).is_multiple_of(g)
@@ -412,7 +447,12 @@ impl Linear {
                 rs_w, self.in_dim,
                 "a block of panels takes whole weight rows"
             );
-            GemmKernel::F32Panels
+            let whole_pairs = k.is_multiple_of(2) && (offset % self.in_dim).is_multiple_of(2);
+            if self.many_rows.is_some() && whole_pairs {
+                GemmKernel::Bf16Pairs
+            } else {
+                GemmKernel::F32Panels
+            }
         } else if m <= SMALL_M {
             GemmKernel::F32Streaming
         } else {
@@ -426,9 +466,9 @@ impl Linear {
     pub fn gemm_same_bits_rows(&self, m: usize, k: usize, offset: usize, rs_w: usize) -> usize {
         match self.gemm_kernel(m, k, offset, rs_w) {
             GemmKernel::Bf16Copy => BF16_COPY_MAX_ROWS,
-            GemmKernel::Q8Copy => Q8_COPY_MAX_ROWS,
+            GemmKernel::Q8Copy => self.q8_copy_max_rows(),
             GemmKernel::F32Streaming => SMALL_M,
-            GemmKernel::F32Packed | GemmKernel::F32Panels => usize::MAX,
+            GemmKernel::F32Packed | GemmKernel::F32Panels | GemmKernel::Bf16Pairs => usize::MAX,
         }
     }
 
@@ -467,6 +507,14 @@ impl Linear {
                 count_bytes(n * k + n * (k / g) * 8);
                 let block = self.panel_block(offset, n, k);
                 return gemm_nt_panels(m, a, rs_a, q, block, out, rs_out, accumulate);
+            }
+            (_, GemmKernel::Bf16Pairs) => {
+                let Some(pairs) = &self.many_rows else {
+                    unreachable!("the pair kernel runs on pair panels")
+                };
+                count_bytes(n * k * 2);
+                let block = self.panel_block(offset, n, k);
+                return gemm_nt_panels(m, a, rs_a, pairs, block, out, rs_out, accumulate);
             }
             (_, GemmKernel::F32Panels) => {
                 let LinearWeights::F32Panels(panels) = &self.weights else {
@@ -529,15 +577,15 @@ mod tests {
 
     #[test]
     fn precision_names_round_trip_and_reject_unknown() {
-        for m in FewRowPrecision::ALL {
-            assert_eq!(m.name().parse::<FewRowPrecision>().unwrap(), m);
+        for m in ReducedPrecision::ALL {
+            assert_eq!(m.name().parse::<ReducedPrecision>().unwrap(), m);
         }
-        let err = "q4".parse::<FewRowPrecision>().unwrap_err();
+        let err = "q4".parse::<ReducedPrecision>().unwrap_err();
         assert!(
             err.contains("q4") && err.contains("f32, bf16 or q8"),
             "{err}"
         );
-        assert_eq!(FewRowPrecision::default(), FewRowPrecision::F32);
+        assert_eq!(ReducedPrecision::default(), ReducedPrecision::F32);
     }
 
     #[test]
@@ -561,8 +609,8 @@ mod tests {
             }
         }
         // bf16: relative weight error 2^-9; q8 group 64 over values in [-1, 1]: step ~2/255.
-        for (mode, tol) in [(FewRowPrecision::Bf16, 0.05), (FewRowPrecision::Q8, 0.1)] {
-            matrix.set_few_row_precision(mode);
+        for (mode, tol) in [(ReducedPrecision::Bf16, 0.05), (ReducedPrecision::Q8, 0.1)] {
+            matrix.set_reduced_precision(mode);
             let before = weight_bytes_read();
             let mut out = vec![0f32; 2 * n];
             matrix.gemm(2, k, n, &a, cols, offset, cols, &mut out, n, false);
@@ -573,6 +621,52 @@ mod tests {
                 .map(|(x, y)| (x - y).abs())
                 .fold(0f32, f32::max);
             assert!(max < tol && max > 0.0, "{mode}: max diff {max}");
+        }
+    }
+
+    /// A convolution's panels in the 8-bit mode: where the CPU has AVX512-BF16, products of more
+    /// than `Q8_BEFORE_PAIRS_MAX_ROWS` rows read the bf16 pairs (the kernel's bits, any row
+    /// count, half f32's bytes), fewer the 8-bit copy; elsewhere, and in the bf16 mode, many
+    /// rows stay on the exact f32 panels.
+    #[test]
+    fn many_rows_of_a_convolution_in_the_8_bit_mode_read_bf16_pairs_where_native() {
+        let (rows, cols, m) = (40, 96, 37);
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i as f32) * 0.37).sin())
+            .collect();
+        let a: Vec<f32> = (0..m * cols).map(|i| ((i as f32) * 0.11).cos()).collect();
+        let conv = Linear::f32(w.clone(), rows, cols).into_panels();
+        let exact = conv.forward_vec(&a, m);
+        let native = bf16_pairs_native(Kernel::detect());
+        for mode in [ReducedPrecision::Bf16, ReducedPrecision::Q8] {
+            let mut layer = conv.clone();
+            layer.set_reduced_precision(mode);
+            let pairs = native && mode == ReducedPrecision::Q8;
+            assert_eq!(layer.many_rows.is_some(), pairs, "{mode}");
+            let got = layer.forward_vec(&a, m);
+            if !pairs {
+                assert_eq!(got, exact, "{mode}: many rows on the f32 panels");
+                continue;
+            }
+            let reference = PanelMatrix::bf16_pairs(&w, rows, cols);
+            let mut want = vec![0f32; m * rows];
+            let all = PanelBlock::all(&reference);
+            gemm_nt_panels(m, &a, cols, &reference, all, &mut want, rows, false);
+            assert_eq!(got, want, "the pair kernel's bits");
+            let max = got.iter().zip(&exact).map(|(x, y)| (x - y).abs());
+            let max = max.fold(0f32, f32::max);
+            assert!(max > 0.0 && max < 0.05, "bf16 pairs: max diff {max}");
+            assert_eq!(layer.forward_bytes(m), reference.weight_bytes());
+            assert_eq!(layer.gemm_same_bits_rows(m, cols, 0, cols), usize::MAX);
+            let few = Q8_BEFORE_PAIRS_MAX_ROWS;
+            assert_eq!(layer.gemm_same_bits_rows(few, cols, 0, cols), few);
+            assert!(
+                layer.forward_bytes(few) < reference.weight_bytes(),
+                "8-bit copy"
+            );
+        }
+        if !native {
+            eprintln!("no AVX512-BF16 here: the 8-bit mode keeps many rows on f32 panels");
         }
     }
 
@@ -648,9 +742,9 @@ mod tests {
             .collect();
         // Columns 64..256 of rows 3..40, windows 32 apart (overlapping, as a convolution's).
         let (n, k, offset, rs_a) = (37, 192, 3 * cols + 64, 32);
-        for mode in FewRowPrecision::ALL {
+        for mode in ReducedPrecision::ALL {
             let mut layer = Linear::f32(w.clone(), rows, cols);
-            layer.set_few_row_precision(mode);
+            layer.set_reduced_precision(mode);
             for m in [1, 2, 3, 4, 5, 16, 17] {
                 let max = layer.gemm_same_bits_rows(m, k, offset, cols);
                 assert!(max >= m, "{mode} m {m}: {max}");

@@ -12,5 +12,5 @@ pub mod rope;
 pub use attention::{Attention, AttentionScratch};
 pub use cross_attention::{CrossAttention, CrossAttentionScratch, CrossKeysValues};
 pub use kv_cache::{KvCache, KvPrecision};
-pub use linear::{FewRowPrecision, Linear, LinearWeights};
+pub use linear::{Linear, LinearWeights, ReducedPrecision};
 pub use rope::{Rope, RopeRotation};
