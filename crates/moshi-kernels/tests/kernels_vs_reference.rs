@@ -22,7 +22,7 @@ struct Product {
 }
 
 /// Every way this CPU multiplies `w`: each kernel it runs on the row layout, and the AVX-512
-/// VNNI kernel on `w` rearranged into panels where it reads them (4-bit codes).
+/// VNNI kernel on `w` rearranged into panels where it reads them (4-bit and 8-bit codes).
 fn products(w: &QuantizedMatrix) -> Vec<Product> {
     let mut all: Vec<Product> = Kernel::available()
         .into_iter()

@@ -11,7 +11,7 @@
 //! Pairs: MLX q4 (group 32, 5 bits per weight) against candle's `Q4K` (4.5 b/w, its best 4-bit
 //! k-quant) and `Q4_1` (5 b/w, the same layout as MLX q4g32); MLX q8 (group 64, 8.5 b/w) against
 //! `Q8_0` (8.5 b/w). Both sides quantize the same random matrix; ours is held as the engine holds
-//! it (`KernelMatrix`: 4-bit panels of 16 rows where the kernel is `avx512vnni`, else MLX's rows),
+//! it (`KernelMatrix`: panels of 16 rows where the kernel is `avx512vnni`, else MLX's rows),
 //! named in the table's moshi-kernels column. Before timing, each side's
 //! output is checked against its own dequantized weights in f64, and the error printed: candle
 //! rounds the activations to 8 bits, moshi-kernels keeps them f32 (VNNI: 24 bits per group).

@@ -1,6 +1,7 @@
 //! AVX-512 VNNI tiles over a [`QuantPanels`] matrix: lanes across 16 weight rows, each
-//! `vpdpbusd` multiplying a chunk's low or high nibbles by one broadcast word of an activation
-//! row's digits (the arithmetic is in `quant::panel_matrix`'s docs).
+//! `vpdpbusd` multiplying a chunk's low or high nibbles (4-bit codes) or its even or odd columns'
+//! line (8-bit codes) by one broadcast word of an activation row's digits (the arithmetic is in
+//! `quant::panel_matrix`'s docs).
 //!
 //! A tile holds `MR` activation rows and `NP` panels: per group, `D · MR · NP` integer sums, then
 //! `MR · NP` f32 totals. Rows go in tiles of 8 (three digits: 4), then 4, 2, 1, each meeting the
@@ -70,7 +71,7 @@ pub(crate) fn matmul(
             m,
             prefetch: CodePrefetch::for_cpu(),
         };
-        run_tiles(w, &frame, select(group_size, digits), y);
+        run_tiles(w, &frame, select(group_size, digits, w.bits()), y);
         true
     })
 }
@@ -181,18 +182,28 @@ struct Frame<'a> {
 /// Runs the tiles of panels `first..last` into their columns of `out`.
 type TilesFn = unsafe fn(&Frame<'_>, &Out, usize, usize);
 
-/// The tiles for groups of `group_size` and activations of `digits` digits.
-fn select(group_size: usize, digits: usize) -> TilesFn {
+/// The tiles for codes of `bits` bits, groups of `group_size` and activations of `digits`
+/// digits.
+fn select(group_size: usize, digits: usize, bits: u32) -> TilesFn {
+    if bits == 8 {
+        select_bits::<8>(group_size, digits)
+    } else {
+        select_bits::<4>(group_size, digits)
+    }
+}
+
+/// [`select`] for `BITS`-bit codes.
+fn select_bits<const BITS: usize>(group_size: usize, digits: usize) -> TilesFn {
     match (group_size, digits) {
-        (32, DIGITS) => tiles::<32, DIGITS>,
-        (64, DIGITS) => tiles::<64, DIGITS>,
-        (128, DIGITS) => tiles::<128, DIGITS>,
-        (32, TWO_DIGITS) => tiles::<32, TWO_DIGITS>,
-        (64, TWO_DIGITS) => tiles::<64, TWO_DIGITS>,
-        (128, TWO_DIGITS) => tiles::<128, TWO_DIGITS>,
-        (32, I8_DIGITS) => tiles::<32, I8_DIGITS>,
-        (64, I8_DIGITS) => tiles::<64, I8_DIGITS>,
-        (128, I8_DIGITS) => tiles::<128, I8_DIGITS>,
+        (32, DIGITS) => tiles::<32, DIGITS, BITS>,
+        (64, DIGITS) => tiles::<64, DIGITS, BITS>,
+        (128, DIGITS) => tiles::<128, DIGITS, BITS>,
+        (32, TWO_DIGITS) => tiles::<32, TWO_DIGITS, BITS>,
+        (64, TWO_DIGITS) => tiles::<64, TWO_DIGITS, BITS>,
+        (128, TWO_DIGITS) => tiles::<128, TWO_DIGITS, BITS>,
+        (32, I8_DIGITS) => tiles::<32, I8_DIGITS, BITS>,
+        (64, I8_DIGITS) => tiles::<64, I8_DIGITS, BITS>,
+        (128, I8_DIGITS) => tiles::<128, I8_DIGITS, BITS>,
         _ => unreachable!("panels are built for groups of 32, 64 or 128 and 1-3 digits"),
     }
 }
@@ -204,7 +215,7 @@ fn select(group_size: usize, digits: usize) -> TilesFn {
 /// The CPU must have AVX-512F, BW and VNNI; the panels must exist; `out` must hold the product's
 /// `m` rows, and no other thread write these panels' columns meanwhile.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn tiles<const G: usize, const D: usize>(
+unsafe fn tiles<const G: usize, const D: usize, const BITS: usize>(
     frame: &Frame<'_>,
     out: &Out,
     first: usize,
@@ -219,13 +230,13 @@ unsafe fn tiles<const G: usize, const D: usize>(
             // SAFETY (each): as this function's contract, rows `row..row + MR` exist.
             row += unsafe {
                 match (D, left) {
-                    (DIGITS, 4..) => run::<G, D, 4, 1>(frame, out, row, pass, pass_end),
-                    (DIGITS, 2..) => run::<G, D, 2, 2>(frame, out, row, pass, pass_end),
-                    (DIGITS, _) => run::<G, D, 1, 4>(frame, out, row, pass, pass_end),
-                    (_, 8..) => run::<G, D, 8, 1>(frame, out, row, pass, pass_end),
-                    (_, 4..) => run::<G, D, 4, 2>(frame, out, row, pass, pass_end),
-                    (_, 2..) => run::<G, D, 2, 2>(frame, out, row, pass, pass_end),
-                    (_, _) => run::<G, D, 1, 4>(frame, out, row, pass, pass_end),
+                    (DIGITS, 4..) => run::<G, D, BITS, 4, 1>(frame, out, row, pass, pass_end),
+                    (DIGITS, 2..) => run::<G, D, BITS, 2, 2>(frame, out, row, pass, pass_end),
+                    (DIGITS, _) => run::<G, D, BITS, 1, 4>(frame, out, row, pass, pass_end),
+                    (_, 8..) => run::<G, D, BITS, 8, 1>(frame, out, row, pass, pass_end),
+                    (_, 4..) => run::<G, D, BITS, 4, 2>(frame, out, row, pass, pass_end),
+                    (_, 2..) => run::<G, D, BITS, 2, 2>(frame, out, row, pass, pass_end),
+                    (_, _) => run::<G, D, BITS, 1, 4>(frame, out, row, pass, pass_end),
                 }
             };
         }
@@ -251,7 +262,13 @@ unsafe impl Sync for Out {}
 /// As [`tiles`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 #[inline]
-unsafe fn run<const G: usize, const D: usize, const MR: usize, const NP: usize>(
+unsafe fn run<
+    const G: usize,
+    const D: usize,
+    const BITS: usize,
+    const MR: usize,
+    const NP: usize,
+>(
     frame: &Frame<'_>,
     out: &Out,
     row: usize,
@@ -261,12 +278,12 @@ unsafe fn run<const G: usize, const D: usize, const MR: usize, const NP: usize>(
     let mut panel = first;
     while panel + NP <= last {
         // SAFETY: as this function's contract.
-        unsafe { tile::<G, D, MR, NP>(frame, out, row, panel) };
+        unsafe { tile::<G, D, BITS, MR, NP>(frame, out, row, panel) };
         panel += NP;
     }
     while panel < last {
         // SAFETY: as above.
-        unsafe { tile::<G, D, MR, 1>(frame, out, row, panel) };
+        unsafe { tile::<G, D, BITS, MR, 1>(frame, out, row, panel) };
         panel += 1;
     }
     MR
@@ -280,7 +297,13 @@ unsafe fn run<const G: usize, const D: usize, const MR: usize, const NP: usize>(
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 #[inline]
 #[allow(clippy::needless_range_loop)] // `i` and `p` address several arrays at once
-unsafe fn tile<const G: usize, const D: usize, const MR: usize, const NP: usize>(
+unsafe fn tile<
+    const G: usize,
+    const D: usize,
+    const BITS: usize,
+    const MR: usize,
+    const NP: usize,
+>(
     frame: &Frame<'_>,
     out: &Out,
     row0: usize,
@@ -292,7 +315,8 @@ unsafe fn tile<const G: usize, const D: usize, const MR: usize, const NP: usize>
         frame.factors.as_ptr(),
         frame.xs.as_ptr().wrapping_add(frame.sums_offset),
     );
-    let chunks = G / 8;
+    // Code lines per chunk of 8 columns (4-bit: one, its nibbles split; 8-bit: two).
+    let (chunks, chunk_lines) = (G / 8, BITS / 4);
     let nibble = _mm512_set1_epi8(0x0f);
     let high_halves = _mm512_set1_epi32(0xffff_0000_u32 as i32);
     let panel_words: [*const u32; NP] =
@@ -305,8 +329,19 @@ unsafe fn tile<const G: usize, const D: usize, const MR: usize, const NP: usize>
             let digit_at = word / BLOCK_WORDS * D * DIGIT_BYTES + 4 * (word % BLOCK_WORDS);
             let (mut low, mut high) = ([_mm512_setzero_si512(); NP], [_mm512_setzero_si512(); NP]);
             for p in 0..NP {
-                let at = panel_words[p].wrapping_add(g * layout.group_words + c * PANEL_ROWS);
+                let line = g * layout.group_words + c * chunk_lines * PANEL_ROWS;
+                let at = panel_words[p].wrapping_add(line);
                 frame.prefetch.ahead_of(at.cast());
+                if BITS == 8 {
+                    let odd = at.wrapping_add(PANEL_ROWS);
+                    frame.prefetch.ahead_of(odd.cast());
+                    // SAFETY: chunk c of group g of an existing panel: two aligned lines.
+                    unsafe {
+                        low[p] = _mm512_load_si512(at.cast());
+                        high[p] = _mm512_load_si512(odd.cast());
+                    }
+                    continue;
+                }
                 // SAFETY: chunk c of group g of an existing panel: one aligned line.
                 let codes = unsafe { _mm512_load_si512(at.cast()) };
                 low[p] = _mm512_and_si512(codes, nibble);
@@ -328,7 +363,8 @@ unsafe fn tile<const G: usize, const D: usize, const MR: usize, const NP: usize>
         }
         let (mut scale, mut bias) = ([_mm512_setzero_ps(); NP], [_mm512_setzero_ps(); NP]);
         for p in 0..NP {
-            let at = panel_words[p].wrapping_add(g * layout.group_words + chunks * PANEL_ROWS);
+            let factor_line = g * layout.group_words + chunks * chunk_lines * PANEL_ROWS;
+            let at = panel_words[p].wrapping_add(factor_line);
             frame.prefetch.ahead_of(at.cast());
             // SAFETY: the factor line of group g of an existing panel.
             let factors = unsafe { _mm512_load_si512(at.cast()) };
@@ -419,15 +455,16 @@ mod tests {
     use crate::{Kernel, QuantizedMatrix};
     use moshi_test_support::XorShift64Star;
 
-    /// A random 4-bit matrix with bf16 factors of both signs.
+    /// A random matrix of `bits`-bit codes with bf16 factors of both signs.
     fn random_matrix(
         rng: &mut XorShift64Star,
         rows: usize,
         cols: usize,
         g: usize,
+        bits: u32,
     ) -> QuantizedMatrix {
         let bf16 = crate::f32_to_bf16_bits;
-        let codes = (0..rows * cols / 8)
+        let codes = (0..rows * cols * bits as usize / 32)
             .map(|_| rng.next_u64() as u32)
             .collect();
         let scales = (0..rows * cols / g)
@@ -436,7 +473,7 @@ mod tests {
         let biases = (0..rows * cols / g)
             .map(|_| bf16(rng.uniform(-0.5, 0.5)))
             .collect();
-        QuantizedMatrix::new(rows, cols, 4, g, codes, scales, biases).unwrap()
+        QuantizedMatrix::new(rows, cols, bits, g, codes, scales, biases).unwrap()
     }
 
     /// The module's arithmetic in scalar code: exact integer digit sums, joined, times the group
@@ -487,17 +524,17 @@ mod tests {
         y
     }
 
-    /// Every tile shape, row count (1-9: each tile and its remainders), group size, precision and
-    /// thread count gives the emulation's bits, partial last panels included.
+    /// Every tile shape, row count (1-9: each tile and its remainders), group size, code width,
+    /// precision and thread count gives the emulation's bits, partial last panels included.
     #[test]
     fn tiles_give_the_scalar_emulations_bits_at_every_row_count_and_thread_count() {
         if !vnni::available() {
             return;
         }
         let mut rng = XorShift64Star::new(0x5eed);
-        for g in [32, 64, 128] {
+        for (g, bits) in [32, 64, 128].into_iter().flat_map(|g| [(g, 4), (g, 8)]) {
             for (rows, cols) in [(20, 3 * g), (16 * 11, 2 * g)] {
-                let w = random_matrix(&mut rng, rows, cols, g);
+                let w = random_matrix(&mut rng, rows, cols, g, bits);
                 let panels = QuantPanels::from_matrix(w.clone(), Kernel::Avx512Vnni).unwrap();
                 for m in 1..=9 {
                     let x: Vec<f32> = (0..m * cols).map(|_| rng.uniform(-2.0, 2.0)).collect();
@@ -516,7 +553,7 @@ mod tests {
                                 .all(|(a, b)| a.to_bits() == b.to_bits());
                             assert!(
                                 same,
-                                "g{g} {rows}x{cols} m {m} {precision} {threads} threads"
+                                "q{bits} g{g} {rows}x{cols} m {m} {precision} {threads} threads"
                             );
                         }
                     }
@@ -534,7 +571,7 @@ mod tests {
         }
         let mut rng = XorShift64Star::new(3);
         let (rows, cols) = (18, 128);
-        let w = random_matrix(&mut rng, rows, cols, 32);
+        let w = random_matrix(&mut rng, rows, cols, 32, 4);
         let panels = QuantPanels::from_matrix(w.clone(), Kernel::Avx512Vnni).unwrap();
         let mut x: Vec<f32> = (0..2 * cols).map(|_| rng.uniform(-1.0, 1.0)).collect();
         // Row 1: normal values whose smallest groups' units fall below f32's normal range.

@@ -129,8 +129,8 @@ pub enum LinearWeights {
     /// bf16 bits.
     Bf16(Vec<u16>),
     Quantized(QuantizedMatrix),
-    /// A 4-bit matrix in panels of 16 rows, where the process's kernel reads them (AVX-512 VNNI):
-    /// every product of any row count reads it ([`Linear::from_weight`]).
+    /// A 4-bit or 8-bit matrix in panels of 16 rows, where the process's kernel reads them
+    /// (AVX-512 VNNI): every product of any row count reads it ([`Linear::from_weight`]).
     QuantPanels(QuantPanels),
 }
 
