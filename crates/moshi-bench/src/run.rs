@@ -279,15 +279,16 @@ pub fn run_bench(
         mimi.set_weights(options.mimi_weights);
         progress(&format!("Mimi weights: {}", options.mimi_weights));
     }
-    // The integer-digit kernels take 4-bit codes only; 8-bit ones run their f32 sibling.
+    // AVX-512 VNNI reads 4-bit and 8-bit codes (in panels); the other integer-digit kernels take
+    // 4-bit codes only, and their 8-bit products run the f32 sibling.
     let eight_bit = match kernel.algorithm() {
-        QuantAlgorithm::IntegerDigits => {
+        QuantAlgorithm::IntegerDigits if kernel != Kernel::Avx512Vnni => {
             format!(
                 "; 8-bit products on the f32 {} kernel",
                 kernel.f32_sibling()
             )
         }
-        QuantAlgorithm::F32 => String::new(),
+        QuantAlgorithm::IntegerDigits | QuantAlgorithm::F32 => String::new(),
     };
     progress(&format!(
         "kernels: {kernel}{eight_bit} (set {KERNEL_ENV} to pick another); activations: {}",

@@ -129,7 +129,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build()?;
     let kernel = Kernel::detect();
     let eight_bit = match kernel {
-        Kernel::Avx512Vnni => " (8-bit products on the f32 avx512 kernel)",
+        Kernel::Avx2Int => " (8-bit products on the f32 avx2 kernel)",
         Kernel::NeonDot => " (8-bit products on the f32 neon kernel)",
         _ => "",
     };
