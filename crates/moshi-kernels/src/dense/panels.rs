@@ -523,11 +523,11 @@ struct Call {
     /// Pair products: the activations rounded ([`round_pair_operands`]), `rs_pairs` apart.
     pairs: *const u16,
     rs_pairs: usize,
-    /// The panels' first byte (f32, bf16 or 8-bit codes).
+    /// The panels' first byte (f32, bf16, bf16 pairs or 8-bit codes).
     codes: *const u8,
     /// Elements from one panel to the next.
     panel_stride: usize,
-    /// Columns per group (f32 and bf16: the block's `k`, one group).
+    /// Columns per group (f32, bf16 and bf16 pairs: the block's `k`, one group).
     group: usize,
     /// Groups per weight row (8-bit).
     groups: usize,
@@ -1342,15 +1342,8 @@ mod tests {
         if !native {
             eprintln!("no AVX512-BF16 here: only the scalar rounding exists");
         }
-        let mut s = 0x9E37_79B9_7F4A_7C15u64;
-        let mut bits: Vec<u32> = (0..1 << 20)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                s as u32
-            })
-            .collect();
+        let mut rng = moshi_test_support::XorShift64Star::new(0x9E37_79B9);
+        let mut bits: Vec<u32> = (0..1 << 20).map(|_| rng.next_u64() as u32).collect();
         bits.extend([
             0,
             0x8000_0000,
