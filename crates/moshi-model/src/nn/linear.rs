@@ -40,9 +40,11 @@ const Q8_BEFORE_PAIRS_MAX_ROWS: usize = 4;
 const Q8_GROUPS: [usize; 2] = [64, 32];
 
 /// Mimi's weight modes: the precision of the copy a layer's few-row products read (their
-/// activations and accumulation stay f32) and, in the 8-bit mode, of a convolution's many-row
-/// products where the CPU has AVX512-BF16 (weights and activations rounded to bf16, f32 sums:
-/// twice the multiply-adds of f32 a cycle; elsewhere, and in the other modes, they stay f32).
+/// activations and accumulation f32, but for the 8-bit mode's whole-matrix layers on AVX-512
+/// VNNI, whose activations take the process's precision as the LM's products do) and, in the
+/// 8-bit mode, of a convolution's many-row products where the CPU has AVX512-BF16 (weights and
+/// activations rounded to bf16, f32 sums: twice the multiply-adds of f32 a cycle; elsewhere, and
+/// in the other modes, they stay f32).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum ReducedPrecision {
     /// No copy: the layer's own weights (exact f32 for Mimi, the reference behaviour).
@@ -112,6 +114,8 @@ pub fn count_bytes(bytes: usize) {
 enum GemmKernel {
     Bf16Copy,
     Q8Copy,
+    /// The 8-bit copy in VNNI panels: whole-matrix products of few rows.
+    Q8Vnni,
     /// The bf16 pair panels of a convolution in the 8-bit mode, many rows.
     Bf16Pairs,
     F32Streaming,
@@ -151,8 +155,12 @@ enum FewRowCopy {
     #[default]
     None,
     Bf16(Vec<u16>),
-    /// MLX 8-bit codes in the panel kernel's layout.
+    /// MLX 8-bit codes in the panel kernel's layout (f32 activations).
     Q8(PanelMatrix),
+    /// MLX 8-bit codes in the VNNI kernel's panels, activations at the process's precision
+    /// ([`moshi_kernels::activation_precision`]): a layer of whole-matrix products (Mimi's
+    /// transformers and quantizer projections) where the CPU has AVX-512 VNNI.
+    Q8Vnni(QuantPanels),
 }
 
 /// A linear layer without bias.
@@ -301,6 +309,7 @@ impl Linear {
         match (&self.few_rows, &self.many_rows) {
             (FewRowCopy::Bf16(w), _) if m <= BF16_COPY_MAX_ROWS => w.len() * 2,
             (FewRowCopy::Q8(q), _) if m <= self.q8_copy_max_rows() => q.weight_bytes(),
+            (FewRowCopy::Q8Vnni(q), _) if m <= Q8_COPY_MAX_ROWS => q.weight_bytes(),
             (_, Some(pairs)) => pairs.weight_bytes(),
             _ => self.weight_bytes(),
         }
@@ -313,6 +322,7 @@ impl Linear {
         match (&self.few_rows, &self.weights) {
             (FewRowCopy::Bf16(_), _) => BF16_COPY_MAX_ROWS,
             (FewRowCopy::Q8(_), _) => self.q8_copy_max_rows(),
+            (FewRowCopy::Q8Vnni(_), _) => Q8_COPY_MAX_ROWS,
             (FewRowCopy::None, LinearWeights::F32(_)) => EXACT_ROWS_MAX,
             (
                 FewRowCopy::None,
@@ -352,12 +362,21 @@ impl Linear {
             && cols.is_multiple_of(2)
             && bf16_pairs_native(Kernel::detect());
         self.many_rows = pairs.then(|| PanelMatrix::bf16_pairs(values, rows, cols));
+        // Convolutions take blocks of their weights ([`Linear::gemm`]); the other layers whole
+        // products only, which the VNNI panels serve.
+        let whole_products = matches!(self.weights, LinearWeights::F32(_));
         self.few_rows = match precision {
             ReducedPrecision::F32 => FewRowCopy::None,
             ReducedPrecision::Bf16 => bf16(values),
             ReducedPrecision::Q8 => match Q8_GROUPS.into_iter().find(|&g| cols.is_multiple_of(g)) {
                 // Quantization fails only on non-finite weights: such a matrix keeps a bf16 copy.
                 Some(g) => match QuantizedMatrix::quantize(values, rows, cols, 8, g) {
+                    Ok(q) if whole_products => {
+                        match QuantPanels::from_matrix(q, Kernel::detect()) {
+                            Ok(panels) => FewRowCopy::Q8Vnni(panels),
+                            Err(q) => FewRowCopy::Q8(PanelMatrix::q8(&q)),
+                        }
+                    }
                     Ok(q) => FewRowCopy::Q8(PanelMatrix::q8(&q)),
                     Err(_) => bf16(values),
                 },
@@ -390,6 +409,7 @@ impl Linear {
             FewRowCopy::Q8(q) if m <= self.q8_copy_max_rows() && m > 0 => {
                 return gemm_nt_panels(m, x, k, q, PanelBlock::all(q), out, n, false);
             }
+            FewRowCopy::Q8Vnni(q) if m <= Q8_COPY_MAX_ROWS => return q.matmul(x, m, out),
             _ => {}
         }
         if let Some(pairs) = &self.many_rows {
@@ -428,8 +448,10 @@ impl Linear {
     /// The kernel a [`Linear::gemm`] of `m` rows over the block (`k` columns from `offset`,
     /// weight rows `rs_w` apart) runs.
     fn gemm_kernel(&self, m: usize, k: usize, offset: usize, rs_w: usize) -> GemmKernel {
+        let whole = offset == 0 && k == self.in_dim && rs_w == self.in_dim;
         match &self.few_rows {
             FewRowCopy::Bf16(_) if m <= BF16_COPY_MAX_ROWS => return GemmKernel::Bf16Copy,
+            FewRowCopy::Q8Vnni(_) if m <= Q8_COPY_MAX_ROWS && whole => return GemmKernel::Q8Vnni,
             FewRowCopy::Q8(q) => {
                 let g = q.group_size();
                 if m <= self.q8_copy_max_rows()
@@ -467,6 +489,7 @@ impl Linear {
         match self.gemm_kernel(m, k, offset, rs_w) {
             GemmKernel::Bf16Copy => BF16_COPY_MAX_ROWS,
             GemmKernel::Q8Copy => self.q8_copy_max_rows(),
+            GemmKernel::Q8Vnni => Q8_COPY_MAX_ROWS,
             GemmKernel::F32Streaming => SMALL_M,
             GemmKernel::F32Packed | GemmKernel::F32Panels | GemmKernel::Bf16Pairs => usize::MAX,
         }
@@ -497,6 +520,30 @@ impl Linear {
             return;
         }
         match (&self.few_rows, self.gemm_kernel(m, k, offset, rs_w)) {
+            (FewRowCopy::Q8Vnni(q), GemmKernel::Q8Vnni) => {
+                count_bytes(q.weight_bytes());
+                if rs_a == k && rs_out == n && !accumulate {
+                    return q.matmul(&a[..m * k], m, &mut out[..m * n]);
+                }
+                // Strided or accumulated (no caller today): through contiguous copies.
+                let rows = |i: usize| &a[i * rs_a..i * rs_a + k];
+                let x: std::borrow::Cow<[f32]> = if rs_a == k {
+                    std::borrow::Cow::Borrowed(&a[..m * k])
+                } else {
+                    std::borrow::Cow::Owned((0..m).flat_map(rows).copied().collect())
+                };
+                let mut y = vec![0f32; m * n];
+                q.matmul(&x, m, &mut y);
+                for (i, row) in y.chunks_exact(n).enumerate() {
+                    let dst = &mut out[i * rs_out..i * rs_out + n];
+                    if accumulate {
+                        dst.iter_mut().zip(row).for_each(|(d, v)| *d += v);
+                    } else {
+                        dst.copy_from_slice(row);
+                    }
+                }
+                return;
+            }
             (FewRowCopy::Bf16(w), GemmKernel::Bf16Copy) => {
                 count_bytes(n * k * 2);
                 let w = &w[offset..];
@@ -598,7 +645,8 @@ mod tests {
         // rows 4..10, columns 64..192 of the matrix, 2 left rows.
         let (n, k, offset) = (6, 128, 4 * cols + 64);
         let mut exact = vec![0f32; 2 * n];
-        let mut matrix = Linear::f32(w.clone(), rows, cols);
+        // Blocks are a convolution's products: its weights in panels.
+        let mut matrix = Linear::f32(w.clone(), rows, cols).into_panels();
         matrix.gemm(2, k, n, &a, cols, offset, cols, &mut exact, n, false);
         for i in 0..2 {
             for j in 0..n {
@@ -622,6 +670,63 @@ mod tests {
                 .fold(0f32, f32::max);
             assert!(max < tol && max > 0.0, "{mode}: max diff {max}");
         }
+    }
+
+    /// A whole-matrix layer (Mimi's transformers) in the 8-bit mode on AVX-512 VNNI reads its
+    /// 8-bit copy in the VNNI panels, through `forward` and whole-matrix `gemm` alike (strided or
+    /// accumulated too): each row the panels' bits at any row count up to 16, within the 8-bit
+    /// weights' error of the exact product.
+    #[test]
+    fn whole_matrix_layers_in_the_8_bit_mode_read_vnni_panels_where_available() {
+        let (rows, cols, m) = (48, 128, 5);
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i as f32) * 0.37).sin())
+            .collect();
+        let x: Vec<f32> = (0..m * cols).map(|i| ((i as f32) * 0.11).cos()).collect();
+        let mut layer = Linear::f32(w.clone(), rows, cols);
+        let exact = layer.forward_vec(&x, m);
+        layer.set_reduced_precision(ReducedPrecision::Q8);
+        let FewRowCopy::Q8Vnni(panels) = &layer.few_rows else {
+            assert!(QuantPanels::from_matrix(
+                QuantizedMatrix::quantize(&w, rows, cols, 8, 64).unwrap(),
+                Kernel::detect()
+            )
+            .is_err());
+            eprintln!("no AVX-512 VNNI here: the 8-bit copy stays in the f32 panels");
+            return;
+        };
+        let mut want = vec![0f32; m * rows];
+        panels.matmul(&x, m, &mut want);
+        assert_eq!(layer.forward_vec(&x, m), want, "forward: the panels' bits");
+        for i in 0..m {
+            let alone = layer.forward_vec(&x[i * cols..(i + 1) * cols], 1);
+            assert_eq!(alone, want[i * rows..(i + 1) * rows], "row {i} alone");
+        }
+        let max = want.iter().zip(&exact).map(|(a, b)| (a - b).abs());
+        let max = max.fold(0f32, f32::max);
+        assert!(max > 0.0 && max < 0.1, "8-bit copy: max diff {max}");
+        assert_eq!(
+            layer.gemm_same_bits_rows(m, cols, 0, cols),
+            Q8_COPY_MAX_ROWS
+        );
+        // Strided rows, a strided output, accumulated onto ones.
+        let (rs_a, rs_out) = (cols + 3, rows + 2);
+        let mut strided = vec![0f32; m * rs_a];
+        for i in 0..m {
+            strided[i * rs_a..i * rs_a + cols].copy_from_slice(&x[i * cols..(i + 1) * cols]);
+        }
+        let mut out = vec![1f32; m * rs_out];
+        layer.gemm(
+            m, cols, rows, &strided, rs_a, 0, cols, &mut out, rs_out, true,
+        );
+        for i in 0..m {
+            for j in 0..rows {
+                assert_eq!(out[i * rs_out + j], 1.0 + want[i * rows + j], "({i}, {j})");
+            }
+        }
+        let mut out = vec![0f32; m * rows];
+        layer.gemm(m, cols, rows, &x, cols, 0, cols, &mut out, rows, false);
+        assert_eq!(out, want, "gemm of the whole matrix: the panels' bits");
     }
 
     /// A convolution's panels in the 8-bit mode: where the CPU has AVX512-BF16, products of more
