@@ -44,8 +44,9 @@ pub struct ModelArgs {
     #[arg(long, value_enum, value_name = "q4|q8|q4g64")]
     pub quantize: Option<QuantizeLevel>,
     /// Mimi weight precision of the per-frame (memory-bound) products: f32 (exact, default),
-    /// bf16 or q8 (MLX 8-bit affine, group 64), their activations f32. With q8, on CPUs with
-    /// AVX512-BF16, convolutions of many rows also round their weights and activations to bf16.
+    /// bf16 or q8 (MLX 8-bit affine, group 64), their activations f32. With q8, convolutions of
+    /// many rows round their weights and activations to bf16 on CPUs with AVX512-BF16, and the
+    /// transformers' activations take the quantized products' precision on AVX-512 VNNI.
     #[arg(long, value_name = "f32|bf16|q8", default_value_t = MimiWeights::F32)]
     pub mimi_weights: MimiWeights,
     /// Element type of the LM's temporal KV caches: f32 (exact), bf16 (rounded to nearest
