@@ -274,7 +274,9 @@ fn live_captions_equal_batch(test: &str, end: End) {
     // which may run into the flushing silence: no later than the last fed step's time.
     let config: serde_json::Value =
         serde_json::from_str(&read(&model.join("config.json"))).unwrap();
-    let delay_s = config["stt_config"]["audio_delay_seconds"].as_f64().unwrap();
+    let delay_s = config["stt_config"]["audio_delay_seconds"]
+        .as_f64()
+        .unwrap();
     let last_step_s = fed.len() as f64 / 12.5 - delay_s;
     let ends: Vec<f64> = words.iter().map(|w| w["end_s"].as_f64().unwrap()).collect();
     assert!(ends.iter().all(|&e| e <= last_step_s), "{words:?}");

@@ -594,19 +594,27 @@ impl Linear {
 mod tests {
     use super::*;
 
+    /// `n` test weights, `sin(0.37 i)`.
+    fn weights(n: usize) -> Vec<f32> {
+        (0..n).map(|i| ((i as f32) * 0.37).sin()).collect()
+    }
+
+    /// `n` test activations, `cos(0.11 i)`.
+    fn activations(n: usize) -> Vec<f32> {
+        (0..n).map(|i| ((i as f32) * 0.11).cos()).collect()
+    }
+
     /// A 4-bit layer held as the process's kernel reads it (panels on AVX-512 VNNI) splits into two
     /// layers whose rows give the whole layer's bits, held the same way.
     #[test]
     fn a_quantized_layer_splits_into_its_rows() {
         let (rows, cols, at) = (40, 128, 24);
-        let w: Vec<f32> = (0..rows * cols)
-            .map(|i| ((i as f32) * 0.37).sin())
-            .collect();
+        let w = weights(rows * cols);
         let q = QuantizedMatrix::quantize(&w, rows, cols, 4, 32).unwrap();
         let whole = Linear::new(LinearWeights::quantized(q), rows, cols);
         let panels = matches!(whole.weights(), LinearWeights::QuantPanels(_));
         assert_eq!(panels, Kernel::anticipated() == Kernel::Avx512Vnni);
-        let x: Vec<f32> = (0..3 * cols).map(|i| ((i as f32) * 0.11).cos()).collect();
+        let x = activations(3 * cols);
         let all = whole.forward_vec(&x, 3);
         let (head, tail) = whole.split_rows(at);
         for (part, first, n) in [(head, 0, at), (tail, at, rows - at)] {
@@ -638,10 +646,8 @@ mod tests {
     #[test]
     fn every_mode_computes_the_same_block_product_within_its_rounding() {
         let (rows, cols) = (12, 192);
-        let w: Vec<f32> = (0..rows * cols)
-            .map(|i| ((i as f32) * 0.37).sin())
-            .collect();
-        let a: Vec<f32> = (0..2 * cols).map(|i| ((i as f32) * 0.11).cos()).collect();
+        let w = weights(rows * cols);
+        let a = activations(2 * cols);
         // rows 4..10, columns 64..192 of the matrix, 2 left rows.
         let (n, k, offset) = (6, 128, 4 * cols + 64);
         let mut exact = vec![0f32; 2 * n];
@@ -679,10 +685,8 @@ mod tests {
     #[test]
     fn whole_matrix_layers_in_the_8_bit_mode_read_vnni_panels_where_available() {
         let (rows, cols, m) = (48, 128, 5);
-        let w: Vec<f32> = (0..rows * cols)
-            .map(|i| ((i as f32) * 0.37).sin())
-            .collect();
-        let x: Vec<f32> = (0..m * cols).map(|i| ((i as f32) * 0.11).cos()).collect();
+        let w = weights(rows * cols);
+        let x = activations(m * cols);
         let mut layer = Linear::f32(w.clone(), rows, cols);
         let exact = layer.forward_vec(&x, m);
         layer.set_reduced_precision(ReducedPrecision::Q8);
@@ -736,10 +740,8 @@ mod tests {
     #[test]
     fn many_rows_of_a_convolution_in_the_8_bit_mode_read_bf16_pairs_where_native() {
         let (rows, cols, m) = (40, 96, 37);
-        let w: Vec<f32> = (0..rows * cols)
-            .map(|i| ((i as f32) * 0.37).sin())
-            .collect();
-        let a: Vec<f32> = (0..m * cols).map(|i| ((i as f32) * 0.11).cos()).collect();
+        let w = weights(rows * cols);
+        let a = activations(m * cols);
         let conv = Linear::f32(w.clone(), rows, cols).into_panels();
         let exact = conv.forward_vec(&a, m);
         let native = bf16_pairs_native(Kernel::detect());
