@@ -87,20 +87,26 @@ impl QuantPanels {
     /// The matrix in MLX's row layout again (the inverse of [`QuantPanels::from_matrix`]).
     pub fn to_matrix(&self) -> QuantizedMatrix {
         let layout = self.layout();
-        let (per_word, groups) = (32 / self.bits as usize, self.cols / self.group_size);
-        let mut codes = Vec::with_capacity(self.rows * self.cols / per_word);
+        let groups = self.cols / self.group_size;
+        let mut codes = Vec::with_capacity(self.rows * self.cols * self.bits as usize / 32);
         let (mut scales, mut biases) = (
             Vec::with_capacity(self.rows * groups),
             Vec::with_capacity(self.rows * groups),
         );
+        let words = self.words();
         for row in 0..self.rows {
-            codes.extend((0..self.cols).step_by(per_word).map(|col0| {
-                (0..per_word).fold(0u32, |word, i| {
-                    word | self.code(&layout, row, col0 + i) << (self.bits as usize * i)
-                })
-            }));
             for g in 0..groups {
-                let factors = self.words()[layout.factor_word(row, g)];
+                for chunk in 0..layout.chunks {
+                    let line = |l: usize| words[layout.code_word(row, g, l)];
+                    if self.bits == 4 {
+                        codes.push(line(chunk));
+                    } else {
+                        codes.extend(mlx_words_of_lines(line(2 * chunk), line(2 * chunk + 1)));
+                    }
+                }
+            }
+            for g in 0..groups {
+                let factors = words[layout.factor_word(row, g)];
                 scales.push(factors as u16);
                 biases.push((factors >> 16) as u16);
             }
@@ -305,6 +311,16 @@ fn code_line_word(row_words: &[u32], bits: u32, first: usize, line: usize) -> u3
     );
     let byte = |w: u32, i: u32| (w >> (8 * i)) & 0xff;
     byte(a, odd) | byte(a, 2 + odd) << 8 | byte(b, odd) << 16 | byte(b, 2 + odd) << 24
+}
+
+/// The inverse of [`code_line_word`] at 8 bits: a chunk's two MLX words (columns 0-3, 4-7) from
+/// its even and odd columns' line words.
+fn mlx_words_of_lines(even: u32, odd: u32) -> [u32; 2] {
+    let byte = |w: u32, i: u32| (w >> (8 * i)) & 0xff;
+    let word = |i: u32| {
+        byte(even, i) | byte(odd, i) << 8 | byte(even, i + 1) << 16 | byte(odd, i + 1) << 24
+    };
+    [word(0), word(2)]
 }
 
 #[cfg(test)]
