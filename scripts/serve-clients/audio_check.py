@@ -16,6 +16,9 @@
       had delivered it and got silence; REC then runs 10 ms later than REF from there on). Seen
       in 4 of 8 runs of the browser test on 2 cores, each time exactly 240 samples of silence at
       24 kHz, less than any unit the server handles (a 20 ms Opus packet, an 80 ms frame).
+      Each window below X is printed with its 60 ms pieces' places in REF: the delay of each
+      piece against the window's first (+10 ms from some piece on: one underrun; +20: two; a
+      negative delay: audio lost) and its ncc (a low one: that stretch itself was corrupted).
   audio_check.py windows REF REC [--window-s 0.5] [--min-ncc 0.99] [--tolerance 2] [--search-s 1]
                                  [--skip-s 0] [--client-blocks N]
       Cuts REF (from --skip-s on) into windows, finds each loud one in REC near the global lag,
@@ -183,6 +186,36 @@ def best_match_with_capture_gap(seg, loop, chunk):
     return best
 
 
+def looped(ref, w):
+    """`ref` played in a loop, each pass followed by `w` samples of silence (so that a window is
+    never matched across the end of one pass and the start of the next)."""
+    one_pass = np.concatenate([ref, np.zeros(w)])
+    return np.concatenate([one_pass] * (2 + w // max(len(ref), 1)))
+
+
+def pieces_of_window(seg, loop, rate, piece_s=0.06, search_s=0.25):
+    """Where each piece (`piece_s` long) of a window that matched poorly lies in `loop`:
+    [(start s, delay ms, ncc)], the delay being how much later than the window's first loud piece
+    the recording runs at that piece. A capture underrun shows as a delay of +10 ms from one piece
+    on (two as +20), lost audio as a negative delay, a corrupted stretch as pieces of low ncc."""
+    n = int(piece_s * rate)
+    search = int(search_s * rate)
+    out, anchor = [], None
+    for st in range(0, len(seg) - n + 1, n):
+        part = seg[st : st + n]
+        if np.sqrt(np.mean(part**2)) < 0.01:
+            continue
+        if anchor is None:
+            k, c = best_place(part, loop)
+            anchor = k - st
+        else:
+            a0 = max(0, anchor + st - search)
+            k, c = best_place(part, loop[a0 : anchor + st + n + search])
+            k += a0
+        out.append((st / rate, (anchor + st - k) * 1000 / rate, c))
+    return out
+
+
 def heard(ref, rec, rate, window_s, skip_s=0.0, gap=0, min_ncc=0.9):
     """(start, ncc, ncc with a capture gap) of every loud window of `rec` (from `skip_s` on) at
     its best place in `ref` played in a loop, or once: the passes are searched with a window of
@@ -190,8 +223,7 @@ def heard(ref, rec, rate, window_s, skip_s=0.0, gap=0, min_ncc=0.9):
     The third figure, for `gap` > 0 and a window whose ncc is below `min_ncc`, is its best match
     with `gap` samples of silence inserted inside it (else None)."""
     w = int(window_s * rate)
-    one_pass = np.concatenate([ref, np.zeros(w)])
-    loop = np.concatenate([one_pass] * (2 + w // max(len(ref), 1)))
+    loop = looped(ref, w)
     out = []
     for st in range(int(skip_s * rate), len(rec) - w + 1, w):
         seg = rec[st : st + w]
@@ -242,6 +274,9 @@ def main():
         for st, c, sp in low:
             why = f", {sp:.4f} with {a.capture_gap_ms:g} ms of silence inserted" if sp is not None else ""
             print(f"  window at {st / rr:.2f} s: ncc {c:.4f}{why}")
+            w = int((a.window_s or 0.48) * rr)
+            parts = pieces_of_window(rec[st : st + w], looped(ref, w), rr)
+            print("    its 60 ms pieces (start s, delay ms, ncc): " + " ".join(f"{p:.2f}/{d:+.1f}/{q:.3f}" for p, d, q in parts))
         sys.exit(0 if len(found) >= a.min_windows and unexplained <= a.allowed_low else 1)
     a.window_s = a.window_s or 0.5
     odd = []
