@@ -97,6 +97,13 @@ pub(crate) enum CodePrefetch {
     /// The hint lands in L2 early enough to cover DRAM latency while the decode keeps the core
     /// busy; a `prefetcht0` that far ahead, or the hardware prefetcher alone, did not.
     L2Far,
+    /// `prefetcht1` 1 KiB ahead, into L2: the VNNI panels' single-row tile off Intel (4 streams,
+    /// one per panel). Measured against 4 KiB, 2 KiB and none on Zen 4, the probe read between
+    /// the passes: 1 KiB and none read 0.98-0.99 of the probe at 30-34 GB/s where 4 KiB read
+    /// 0.91-0.94, and 47-51 GB/s where 4 KiB capped at 40-42 in the host's fast spells; the
+    /// batched tiles (4 and 8 rows) keep [`CodePrefetch::L2Far`], 6-11% faster there
+    /// (docs/performance.md, "The single-row panels' prefetch distance").
+    L2Near,
 }
 
 /// How many rows ahead [`CodePrefetch::scales_of_row`] is asked for (within each far-apart part of
@@ -145,6 +152,15 @@ impl CodePrefetch {
         }
     }
 
+    /// The choice for the VNNI panels' tiles over `m` activation rows: [`CodePrefetch::L2Near`]
+    /// for one row where [`CodePrefetch::for_cpu`] picks [`CodePrefetch::L2Far`], else that.
+    pub(crate) fn for_panel_rows(m: usize) -> Self {
+        match Self::for_cpu() {
+            CodePrefetch::L2Far if m == 1 => CodePrefetch::L2Near,
+            choice => choice,
+        }
+    }
+
     /// Prefetches the code line this choice's distance past `p`. A hint: it never faults, so
     /// the address may run past the row or the matrix.
     #[inline(always)]
@@ -155,6 +171,7 @@ impl CodePrefetch {
             match self {
                 CodePrefetch::L1Near => _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(1024).cast()),
                 CodePrefetch::L2Far => _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(4096).cast()),
+                CodePrefetch::L2Near => _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(1024).cast()),
             }
         }
     }

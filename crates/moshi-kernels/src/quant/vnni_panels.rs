@@ -69,7 +69,7 @@ pub(crate) fn matmul(
             stride: row_layout.stride,
             factors: &scratch.factors,
             m,
-            prefetch: CodePrefetch::for_cpu(),
+            prefetch: CodePrefetch::for_panel_rows(m),
         };
         run_tiles(w, &frame, select(group_size, digits, w.bits()), y);
         true
