@@ -36,6 +36,16 @@ extern "C" {
     fn peer_matrix_compute(matrix: *mut c_void, copy: c_int) -> c_int;
     fn peer_matrix_output(matrix: *mut c_void, copy: c_int, y: *mut f32);
     fn peer_matrix_free(matrix: *mut c_void);
+    fn peer_step_new(
+        runtime: *mut c_void,
+        ty: c_int,
+        repack: c_int,
+        shape: *const StepShape,
+        error: *mut c_char,
+        error_len: usize,
+    ) -> *mut c_void;
+    fn peer_step_compute(step: *mut c_void, x: *const f32, logits: *mut f32) -> c_int;
+    fn peer_step_free(step: *mut c_void);
 }
 
 /// One of ggml's weight types, by its ggml name (`q4_0`, `q4_K`, `q8_0`).
@@ -245,5 +255,132 @@ impl Drop for Matrix<'_> {
     fn drop(&mut self) {
         // SAFETY: owned, freed once.
         unsafe { peer_matrix_free(self.handle) }
+    }
+}
+
+/// `shim.c`'s `peer_step_shape`: the sizes of one decode step and the quantized blocks every
+/// layer's matrices are copied from.
+#[repr(C)]
+pub struct StepShape {
+    pub layers: i64,
+    pub dim: i64,
+    pub heads: i64,
+    pub hidden: i64,
+    pub vocab: i64,
+    pub kv_positions: i64,
+    pub in_proj: *const c_void,
+    pub out_proj: *const c_void,
+    pub gating_in: *const c_void,
+    pub gating_out: *const c_void,
+    pub text_head: *const c_void,
+}
+
+/// Quantized blocks of the step's five matrices (the layers share them), in `StepShape`'s order.
+pub struct StepBlocks<'b> {
+    pub in_proj: &'b [u8],
+    pub out_proj: &'b [u8],
+    pub gating_in: &'b [u8],
+    pub gating_out: &'b [u8],
+    pub text_head: &'b [u8],
+}
+
+/// One decode step of a transformer built as llama.cpp builds its decode graph: `layers` layers
+/// of attention (fused QKV, rotary embedding, an f16 KV cache of `kv_positions`) and a gated
+/// feed-forward, then the output norm and the head. One ggml graph.
+pub struct Step<'a> {
+    handle: *mut c_void,
+    _runtime: &'a Runtime,
+    dim: usize,
+    vocab: usize,
+}
+
+impl<'a> Step<'a> {
+    /// Sizes: `(layers, dim, heads, hidden, vocab, kv_positions)`; `blocks` of `ty` for each
+    /// matrix (checked against the sizes), in CPU_REPACK with `repack`.
+    pub fn new(
+        runtime: &'a Runtime,
+        ty: GgmlType,
+        repack: bool,
+        (layers, dim, heads, hidden, vocab, kv_positions): (
+            usize,
+            usize,
+            usize,
+            usize,
+            usize,
+            usize,
+        ),
+        blocks: &StepBlocks<'_>,
+    ) -> Result<Self, String> {
+        for (name, b, rows, cols) in [
+            ("in_proj", blocks.in_proj, 3 * dim, dim),
+            ("out_proj", blocks.out_proj, dim, dim),
+            ("gating_in", blocks.gating_in, 2 * hidden, dim),
+            ("gating_out", blocks.gating_out, dim, hidden),
+            ("text_head", blocks.text_head, vocab, dim),
+        ] {
+            let want = ty.matrix_bytes(rows, cols)?;
+            if b.len() != want {
+                return Err(format!("{name}: {} bytes, expected {want}", b.len()));
+            }
+        }
+        let shape = StepShape {
+            layers: layers as i64,
+            dim: dim as i64,
+            heads: heads as i64,
+            hidden: hidden as i64,
+            vocab: vocab as i64,
+            kv_positions: kv_positions as i64,
+            in_proj: blocks.in_proj.as_ptr().cast(),
+            out_proj: blocks.out_proj.as_ptr().cast(),
+            gating_in: blocks.gating_in.as_ptr().cast(),
+            gating_out: blocks.gating_out.as_ptr().cast(),
+            text_head: blocks.text_head.as_ptr().cast(),
+        };
+        let mut error = [0u8; 256];
+        // SAFETY: the shape's block pointers hold the sizes checked above and outlive the call
+        // (ggml copies them into its own buffers).
+        let handle = unsafe {
+            peer_step_new(
+                runtime.0,
+                ty.0,
+                repack.into(),
+                &shape,
+                error.as_mut_ptr().cast(),
+                error.len(),
+            )
+        };
+        if handle.is_null() {
+            return Err(format!("ggml: {}", error_text(&error)));
+        }
+        Ok(Self {
+            handle,
+            _runtime: runtime,
+            dim,
+            vocab,
+        })
+    }
+
+    /// One step on the input `x`; the text logits into `logits` when given.
+    pub fn compute(&self, x: &[f32], logits: Option<&mut [f32]>) -> Result<(), String> {
+        assert_eq!(x.len(), self.dim);
+        let out = match logits {
+            Some(l) => {
+                assert_eq!(l.len(), self.vocab);
+                l.as_mut_ptr()
+            }
+            None => std::ptr::null_mut(),
+        };
+        // SAFETY: a live handle; `x` and `logits` hold dim and vocab floats.
+        match unsafe { peer_step_compute(self.handle, x.as_ptr(), out) } {
+            0 => Ok(()),
+            _ => Err("ggml: the step's graph failed".into()),
+        }
+    }
+}
+
+impl Drop for Step<'_> {
+    fn drop(&mut self) {
+        // SAFETY: owned, freed once.
+        unsafe { peer_step_free(self.handle) }
     }
 }

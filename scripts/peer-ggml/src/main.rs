@@ -22,9 +22,13 @@
 //! `cd scripts/peer-ggml && GGML_SRC=.. GGML_DIR=.. cargo run --release -- [--threads 2]
 //! [--rounds 7] [--rotation-mib 256] [--formats q4_0,q4_0x8,q4_K,q4_Kx8,q8_0]
 //! [--shapes <substring>] [--rows 1,2,4,8,16]`
+//!
+//! `... cargo run --release -- step [--layers 8] [--steps 5] [--rounds 7] [--kv-positions 64]
+//! [--formats q4_0,q4_0x8,q4_K,q4_Kx8]`: the whole decode step instead (src/step.rs).
 
 mod contest;
 mod ggml;
+mod step;
 
 use moshi_bench::shapes::{LARGE_SHAPES, MOSHI_7B_MATVEC_SHAPES, STT_1B_MATVEC_SHAPES};
 use moshi_kernels::Kernel;
@@ -90,6 +94,15 @@ fn parse_options() -> Result<Options, String> {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("step") {
+        let options = step::parse(&args[1..])?;
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(options.threads)
+            .build()?;
+        let runtime = ggml::Runtime::new(options.threads)?;
+        return step::run(&options, &pool, &runtime);
+    }
     let options = parse_options()?;
     let shapes: Vec<(&str, usize, usize)> = MOSHI_7B_MATVEC_SHAPES[..LARGE_SHAPES]
         .iter()

@@ -2,6 +2,7 @@
 // buffer type that llama.cpp uses for weights), one `ggml_mul_mat` graph per copy, computed on a
 // persistent ggml thread pool that the harness pauses while moshi-kernels runs.
 
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -227,4 +228,187 @@ int peer_matrix_compute(peer_matrix *matrix, int copy) {
 // Copies the last product of `copy` into `y` (m * rows floats).
 void peer_matrix_output(peer_matrix *matrix, int copy, float *y) {
     ggml_backend_tensor_get(matrix->outputs[copy], y, 0, sizeof(float) * matrix->rows * matrix->m);
+}
+
+// ---- A whole decode step: the temporal transformer of Moshi 7B as llama.cpp builds a decode
+// graph (one token; the same products, norms, rotary embedding, attention over an f16 KV cache
+// and gated feed-forward), then the text head. One graph, computed once per step.
+
+typedef struct peer_step {
+    peer_runtime *runtime;
+    struct ggml_context *weight_ctx;
+    ggml_backend_buffer_t weight_buffer;
+    struct ggml_context *state_ctx;
+    ggml_backend_buffer_t state_buffer;
+    struct ggml_context *graph_ctx;
+    ggml_backend_buffer_t graph_buffer;
+    struct ggml_cgraph *graph;
+    struct ggml_tensor *input, *position, *logits;
+    int64_t dim, vocab;
+} peer_step;
+
+void peer_step_free(peer_step *step) {
+    if (!step) return;
+    if (step->graph_buffer) ggml_backend_buffer_free(step->graph_buffer);
+    if (step->graph_ctx) ggml_free(step->graph_ctx);
+    if (step->state_buffer) ggml_backend_buffer_free(step->state_buffer);
+    if (step->state_ctx) ggml_free(step->state_ctx);
+    if (step->weight_buffer) ggml_backend_buffer_free(step->weight_buffer);
+    if (step->weight_ctx) ggml_free(step->weight_ctx);
+    free(step);
+}
+
+// The shapes of one step and the quantized blocks every layer's matrices are copied from.
+typedef struct peer_step_shape {
+    int64_t layers, dim, heads, hidden, vocab, kv_positions;
+    // [3 * dim, dim], [dim, dim], [2 * hidden, dim], [dim, hidden], [vocab, dim]
+    const void *in_proj, *out_proj, *gating_in, *gating_out, *text_head;
+} peer_step_shape;
+
+// One layer's tensors.
+typedef struct step_layer {
+    struct ggml_tensor *norm1, *norm2, *in_proj, *out_proj, *gating_in, *gating_out, *keys, *values;
+} step_layer;
+
+// The attention of one layer at the cache's last position: rotary embedding of the new query and
+// key, both written into the cache, scores over every cached position, softmax, values.
+static struct ggml_tensor *step_attention(struct ggml_context *ctx, struct ggml_cgraph *graph,
+                                          const peer_step_shape *s, const step_layer *l,
+                                          struct ggml_tensor *qkv, struct ggml_tensor *position) {
+    int64_t head_dim = s->dim / s->heads, kv = s->kv_positions;
+    size_t f = sizeof(float), h = ggml_element_size(l->keys);
+    struct ggml_tensor *q = ggml_view_3d(ctx, qkv, head_dim, s->heads, 1, head_dim * f, 3 * s->dim * f, 0);
+    struct ggml_tensor *k = ggml_view_3d(ctx, qkv, head_dim, s->heads, 1, head_dim * f, 3 * s->dim * f, s->dim * f);
+    struct ggml_tensor *v = ggml_view_2d(ctx, qkv, s->dim, 1, 3 * s->dim * f, 2 * s->dim * f);
+    q = ggml_rope_ext(ctx, q, position, NULL, head_dim, GGML_ROPE_TYPE_NEOX, 0, 10000.0f, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
+    k = ggml_rope_ext(ctx, k, position, NULL, head_dim, GGML_ROPE_TYPE_NEOX, 0, 10000.0f, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
+    // Keys [head_dim, heads, kv] by position; values transposed, [kv, dim], as llama.cpp keeps
+    // them without flash attention.
+    struct ggml_tensor *k_slot = ggml_view_3d(ctx, l->keys, head_dim, s->heads, 1, head_dim * h,
+                                              s->dim * h, (kv - 1) * s->dim * h);
+    struct ggml_tensor *v_slot = ggml_view_2d(ctx, l->values, 1, s->dim, kv * h, (kv - 1) * h);
+    ggml_build_forward_expand(graph, ggml_cpy(ctx, k, k_slot));
+    ggml_build_forward_expand(graph, ggml_cpy(ctx, ggml_transpose(ctx, v), v_slot));
+    struct ggml_tensor *keys = ggml_permute(ctx, ggml_view_3d(ctx, l->keys, head_dim, s->heads, kv,
+                                                              head_dim * h, s->dim * h, 0), 0, 2, 1, 3);
+    struct ggml_tensor *scores = ggml_mul_mat(ctx, keys, ggml_permute(ctx, q, 0, 2, 1, 3));
+    scores = ggml_soft_max_ext(ctx, scores, NULL, 1.0f / sqrtf((float)head_dim), 0.0f);
+    struct ggml_tensor *values = ggml_view_3d(ctx, l->values, kv, head_dim, s->heads, kv * h,
+                                              kv * h * head_dim, 0);
+    struct ggml_tensor *out = ggml_mul_mat(ctx, values, scores);
+    return ggml_cont_2d(ctx, ggml_permute(ctx, out, 0, 2, 1, 3), s->dim, 1);
+}
+
+static struct ggml_tensor *step_layer_graph(struct ggml_context *ctx, struct ggml_cgraph *graph,
+                                            const peer_step_shape *s, const step_layer *l,
+                                            struct ggml_tensor *x, struct ggml_tensor *position) {
+    struct ggml_tensor *h = ggml_mul(ctx, ggml_rms_norm(ctx, x, 1e-8f), l->norm1);
+    struct ggml_tensor *qkv = ggml_mul_mat(ctx, l->in_proj, h);
+    x = ggml_add(ctx, x, ggml_mul_mat(ctx, l->out_proj, step_attention(ctx, graph, s, l, qkv, position)));
+    h = ggml_mul(ctx, ggml_rms_norm(ctx, x, 1e-8f), l->norm2);
+    struct ggml_tensor *gate_value = ggml_mul_mat(ctx, l->gating_in, h);
+    size_t f = sizeof(float);
+    struct ggml_tensor *gate = ggml_view_2d(ctx, gate_value, s->hidden, 1, 2 * s->hidden * f, 0);
+    struct ggml_tensor *value = ggml_view_2d(ctx, gate_value, s->hidden, 1, 2 * s->hidden * f, s->hidden * f);
+    return ggml_add(ctx, x, ggml_mul_mat(ctx, l->gating_out, ggml_swiglu_split(ctx, gate, value)));
+}
+
+// Sets every element of an f32 tensor to `value`.
+static void fill_f32(struct ggml_tensor *t, float value) {
+    int64_t n = ggml_nelements(t);
+    float *v = malloc(n * sizeof *v);
+    for (int64_t i = 0; i < n; i++) v[i] = value;
+    ggml_backend_tensor_set(t, v, 0, n * sizeof *v);
+    free(v);
+}
+
+// Makes the weights (quantized, in CPU_REPACK with `repack`), the KV caches (f16, zero) and the
+// graph of one step at position `kv_positions - 1`.
+peer_step *peer_step_new(peer_runtime *runtime, int type, int repack, const peer_step_shape *s,
+                         char *error, size_t error_len) {
+    peer_step *step = calloc(1, sizeof *step);
+    step_layer *layers = calloc(s->layers, sizeof *layers);
+    if (!step || !layers) {
+        free(step);
+        free(layers);
+        fail(error, error_len, "out of memory", NULL);
+        return NULL;
+    }
+    step->runtime = runtime;
+    step->dim = s->dim;
+    step->vocab = s->vocab;
+    enum ggml_type t = (enum ggml_type)type;
+    ggml_backend_buffer_type_t buft = repack ? extra_buffer_type("CPU_REPACK")
+                                             : ggml_backend_get_default_buffer_type(runtime->backend);
+    struct ggml_init_params wp = {(5 * s->layers + 1) * ggml_tensor_overhead(), NULL, true};
+    struct ggml_init_params sp = {(4 * s->layers + 3) * ggml_tensor_overhead(), NULL, true};
+    step->weight_ctx = ggml_init(wp);
+    step->state_ctx = ggml_init(sp);
+    if (!buft || !step->weight_ctx || !step->state_ctx) goto out_of_memory;
+    struct ggml_tensor *head = ggml_new_tensor_2d(step->weight_ctx, t, s->dim, s->vocab);
+    for (int64_t i = 0; i < s->layers; i++) {
+        step_layer *l = &layers[i];
+        l->in_proj = ggml_new_tensor_2d(step->weight_ctx, t, s->dim, 3 * s->dim);
+        l->out_proj = ggml_new_tensor_2d(step->weight_ctx, t, s->dim, s->dim);
+        l->gating_in = ggml_new_tensor_2d(step->weight_ctx, t, s->dim, 2 * s->hidden);
+        l->gating_out = ggml_new_tensor_2d(step->weight_ctx, t, s->hidden, s->dim);
+        l->norm1 = ggml_new_tensor_1d(step->state_ctx, GGML_TYPE_F32, s->dim);
+        l->norm2 = ggml_new_tensor_1d(step->state_ctx, GGML_TYPE_F32, s->dim);
+        l->keys = ggml_new_tensor_3d(step->state_ctx, GGML_TYPE_F16, s->dim / s->heads, s->heads, s->kv_positions);
+        l->values = ggml_new_tensor_2d(step->state_ctx, GGML_TYPE_F16, s->kv_positions, s->dim);
+    }
+    struct ggml_tensor *out_norm = ggml_new_tensor_1d(step->state_ctx, GGML_TYPE_F32, s->dim);
+    step->input = ggml_new_tensor_2d(step->state_ctx, GGML_TYPE_F32, s->dim, 1);
+    step->position = ggml_new_tensor_1d(step->state_ctx, GGML_TYPE_I32, 1);
+    step->weight_buffer = ggml_backend_alloc_ctx_tensors_from_buft(step->weight_ctx, buft);
+    step->state_buffer = ggml_backend_alloc_ctx_tensors(step->state_ctx, runtime->backend);
+    if (!step->weight_buffer || !step->state_buffer) goto out_of_memory;
+    ggml_backend_buffer_clear(step->state_buffer, 0);
+    for (int64_t i = 0; i < s->layers; i++) {
+        step_layer *l = &layers[i];
+        ggml_backend_tensor_set(l->in_proj, s->in_proj, 0, ggml_nbytes(l->in_proj));
+        ggml_backend_tensor_set(l->out_proj, s->out_proj, 0, ggml_nbytes(l->out_proj));
+        ggml_backend_tensor_set(l->gating_in, s->gating_in, 0, ggml_nbytes(l->gating_in));
+        ggml_backend_tensor_set(l->gating_out, s->gating_out, 0, ggml_nbytes(l->gating_out));
+        fill_f32(l->norm1, 1.0f);
+        fill_f32(l->norm2, 1.0f);
+    }
+    ggml_backend_tensor_set(head, s->text_head, 0, ggml_nbytes(head));
+    fill_f32(out_norm, 1.0f);
+    int32_t position = (int32_t)(s->kv_positions - 1);
+    ggml_backend_tensor_set(step->position, &position, 0, sizeof position);
+
+    size_t nodes = 64 * (size_t)s->layers + 64;
+    struct ggml_init_params gp = {nodes * ggml_tensor_overhead() + ggml_graph_overhead_custom(nodes, false), NULL, true};
+    step->graph_ctx = ggml_init(gp);
+    if (!step->graph_ctx) goto out_of_memory;
+    step->graph = ggml_new_graph_custom(step->graph_ctx, nodes, false);
+    struct ggml_tensor *x = step->input;
+    for (int64_t i = 0; i < s->layers; i++) {
+        x = step_layer_graph(step->graph_ctx, step->graph, s, &layers[i], x, step->position);
+    }
+    x = ggml_mul(step->graph_ctx, ggml_rms_norm(step->graph_ctx, x, 1e-8f), out_norm);
+    step->logits = ggml_mul_mat(step->graph_ctx, head, x);
+    ggml_build_forward_expand(step->graph, step->logits);
+    step->graph_buffer = ggml_backend_alloc_ctx_tensors(step->graph_ctx, runtime->backend);
+    free(layers);
+    if (!step->graph_buffer) {
+        peer_step_free(step);
+        fail(error, error_len, "could not allocate the step's graph", NULL);
+        return NULL;
+    }
+    return step;
+out_of_memory:
+    free(layers);
+    peer_step_free(step);
+    fail(error, error_len, "out of memory (or no CPU_REPACK buffer type)", NULL);
+    return NULL;
+}
+
+// One step on the input `x` (dim floats); its text logits into `logits` (vocab floats) if not NULL.
+int peer_step_compute(peer_step *step, const float *x, float *logits) {
+    ggml_backend_tensor_set(step->input, x, 0, step->dim * sizeof *x);
+    if (ggml_backend_graph_compute(step->runtime->backend, step->graph) != GGML_STATUS_SUCCESS) return -1;
+    if (logits) ggml_backend_tensor_get(step->logits, logits, 0, step->vocab * sizeof *logits);
+    return 0;
 }
