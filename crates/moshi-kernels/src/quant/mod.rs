@@ -165,13 +165,28 @@ impl CodePrefetch {
     /// the address may run past the row or the matrix.
     #[inline(always)]
     pub(crate) fn ahead_of(self, p: *const u8) {
+        self.line(p.wrapping_add(self.distance_bytes()));
+    }
+
+    /// How far ahead of the load this choice prefetches, in bytes.
+    #[inline(always)]
+    pub(crate) fn distance_bytes(self) -> usize {
+        match self {
+            CodePrefetch::L1Near | CodePrefetch::L2Near => 1024,
+            CodePrefetch::L2Far => 4096,
+        }
+    }
+
+    /// Prefetches the line at `p` with this choice's hint (`prefetcht0` for
+    /// [`CodePrefetch::L1Near`], `prefetcht1` otherwise). A hint: it never faults.
+    #[inline(always)]
+    pub(crate) fn line(self, p: *const u8) {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
         // SAFETY: SSE is part of x86-64; a prefetch reads nothing.
         unsafe {
             match self {
-                CodePrefetch::L1Near => _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(1024).cast()),
-                CodePrefetch::L2Far => _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(4096).cast()),
-                CodePrefetch::L2Near => _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(1024).cast()),
+                CodePrefetch::L1Near => _mm_prefetch::<_MM_HINT_T0>(p.cast()),
+                CodePrefetch::L2Far | CodePrefetch::L2Near => _mm_prefetch::<_MM_HINT_T1>(p.cast()),
             }
         }
     }

@@ -331,10 +331,10 @@ unsafe fn tile<
             for p in 0..NP {
                 let line = g * layout.group_words + c * chunk_lines * PANEL_ROWS;
                 let at = panel_words[p].wrapping_add(line);
-                frame.prefetch.ahead_of(at.cast());
+                prefetch_stream::<NP>(frame, panel_words[p], line);
                 if BITS == 8 {
                     let odd = at.wrapping_add(PANEL_ROWS);
-                    frame.prefetch.ahead_of(odd.cast());
+                    prefetch_stream::<NP>(frame, panel_words[p], line + PANEL_ROWS);
                     // SAFETY: chunk c of group g of an existing panel: two aligned lines.
                     unsafe {
                         low[p] = _mm512_load_si512(at.cast());
@@ -365,7 +365,7 @@ unsafe fn tile<
         for p in 0..NP {
             let factor_line = g * layout.group_words + chunks * chunk_lines * PANEL_ROWS;
             let at = panel_words[p].wrapping_add(factor_line);
-            frame.prefetch.ahead_of(at.cast());
+            prefetch_stream::<NP>(frame, panel_words[p], factor_line);
             // SAFETY: the factor line of group g of an existing panel.
             let factors = unsafe { _mm512_load_si512(at.cast()) };
             scale[p] = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(factors));
@@ -403,6 +403,20 @@ unsafe fn tile<
             }
         }
     }
+}
+
+/// Prefetches the line the frame's distance past word `word` of the panel at `panel`, a stream of
+/// a tile of `NP` panels. Near the panel's end the plain distance would land in the next panel,
+/// which this tile already reads (its next stream); the hint goes to the panel `NP` further on
+/// instead, the same stream of the next tile, so that tile's streams start warm.
+#[inline(always)]
+fn prefetch_stream<const NP: usize>(frame: &Frame<'_>, panel: *const u32, word: usize) {
+    let panel_bytes = frame.layout.panel_words * 4;
+    let mut target = word * 4 + frame.prefetch.distance_bytes();
+    if target >= panel_bytes {
+        target += (NP - 1) * panel_bytes;
+    }
+    frame.prefetch.line(panel.cast::<u8>().wrapping_add(target));
 }
 
 /// `acc + Σ` over each lane's 4 bytes of `codes` (unsigned) times the 4 bytes at `word`
