@@ -82,15 +82,19 @@ fn parse_options() -> Result<Options, String> {
             }
         }
     }
-    for format in &options.formats {
-        if !FORMATS.iter().any(|f| f.0 == format) {
-            let known: Vec<&str> = FORMATS.iter().map(|f| f.0).collect();
-            return Err(format!(
-                "--formats: unknown {format} (expected some of {known:?})"
-            ));
-        }
-    }
+    let known: Vec<&str> = FORMATS.iter().map(|f| f.0).collect();
+    check_formats(&options.formats, &known)?;
     Ok(options)
+}
+
+/// An error naming the first of `formats` that is not one of `known`.
+pub fn check_formats(formats: &[String], known: &[&str]) -> Result<(), String> {
+    match formats.iter().find(|f| !known.contains(&f.as_str())) {
+        Some(format) => Err(format!(
+            "--formats: unknown {format} (expected some of {known:?})"
+        )),
+        None => Ok(()),
+    }
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -88,14 +88,8 @@ pub fn parse(args: &[String]) -> Result<StepOptions, String> {
             _ => return Err(format!("step: unknown option {flag} (see src/step.rs)")),
         }
     }
-    for format in &options.formats {
-        if !STEP_FORMATS.iter().any(|f| f.0 == format) {
-            let known: Vec<&str> = STEP_FORMATS.iter().map(|f| f.0).collect();
-            return Err(format!(
-                "--formats: unknown {format} (expected some of {known:?})"
-            ));
-        }
-    }
+    let known: Vec<&str> = STEP_FORMATS.iter().map(|f| f.0).collect();
+    crate::check_formats(&options.formats, &known)?;
     Ok(options)
 }
 
