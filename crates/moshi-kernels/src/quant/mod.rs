@@ -101,7 +101,7 @@ pub(crate) enum CodePrefetch {
     /// one per panel). Measured against 4 KiB, 2 KiB and none on Zen 4, the probe read between
     /// the passes: 1 KiB and none read 0.98-0.99 of the probe at 30-34 GB/s where 4 KiB read
     /// 0.91-0.94, and 47-51 GB/s where 4 KiB capped at 40-42 in the host's fast spells; the
-    /// batched tiles (4 and 8 rows) keep [`CodePrefetch::L2Far`], 6-11% faster there
+    /// batched tiles (4 and 8 rows) keep [`CodePrefetch::L2Far`], 6-12% faster there
     /// (docs/performance.md, "The single-row panels' prefetch distance").
     L2Near,
 }
