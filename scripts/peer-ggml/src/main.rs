@@ -11,8 +11,9 @@
 //! group 64, 4.5 bits like `q4_0` and `q4_K`, for the `q4_K`s; q8 group 64 for `q8_0`) with exact
 //! and with 8-bit activations, ours held as the engine holds them (4-bit and 8-bit codes in
 //! `QuantPanels` where the kernel is `avx512vnni`, "panels" in the tables). ggml rounds its
-//! activations to 8 bits (`q8_0`/`q8_K`) inside `mul_mat`, so `int8` is like for like. The run prints the layout CPU_REPACK chose (from ggml's
-//! log), the evidence that the repacked kernels are the ones timed.
+//! activations to 8 bits (`q8_0`/`q8_K`) inside `mul_mat`, so `int8` is like for like. The run
+//! prints the layout CPU_REPACK chose (from ggml's log), the evidence that the repacked kernels
+//! are the ones timed.
 //! Both sides quantize the same hashed matrix; before timing, every output at every M is checked
 //! against the contestant's own dequantized weights in f64 and the error printed.
 //!

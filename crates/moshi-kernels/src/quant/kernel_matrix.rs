@@ -1,6 +1,6 @@
 //! A quantized matrix as a kernel reads it best: in panels (4-bit or 8-bit codes) where that
-//! kernel reads them ([`QuantPanels::from_matrix`]), else in MLX's rows. The one place that choice is made, for the
-//! engine's layers and the peer benchmarks alike.
+//! kernel reads them ([`QuantPanels::from_matrix`]), else in MLX's rows. The one place that
+//! choice is made, for the engine's layers and the peer benchmarks alike.
 
 use crate::{ActivationPrecision, Kernel, QuantError, QuantPanels, QuantizedMatrix};
 

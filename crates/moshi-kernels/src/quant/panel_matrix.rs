@@ -33,9 +33,9 @@ pub(crate) const PANEL_ROWS: usize = 16;
 /// Columns per chunk of a group: one 4-bit code word, two 8-bit ones.
 const CHUNK_COLS: usize = 8;
 
-/// A 4-bit or 8-bit matrix in panels of 16 rows for the AVX-512 VNNI panel kernel (module docs): built
-/// from a [`QuantizedMatrix`] once at load ([`QuantPanels::from_matrix`]), read by every product
-/// of any row count.
+/// A 4-bit or 8-bit matrix in panels of 16 rows for the AVX-512 VNNI panel kernel (module
+/// docs): built from a [`QuantizedMatrix`] once at load ([`QuantPanels::from_matrix`]), read by
+/// every product of any row count.
 #[derive(Clone, Debug)]
 pub struct QuantPanels {
     rows: usize,
@@ -54,8 +54,9 @@ struct Line([u32; PANEL_ROWS]);
 impl QuantPanels {
     /// The matrix rearranged into panels where `kernel` reads them (the AVX-512 VNNI kernel on a
     /// CPU that has it) and the format suits (4-bit or 8-bit codes with bf16 factors, groups of
-    /// 32, 64 or 128); otherwise the matrix back, unchanged. The panels are written into a new buffer and
-    /// the matrix dropped after: the peak is one matrix twice, never a second copy of a model.
+    /// 32, 64 or 128); otherwise the matrix back, unchanged. The panels are written into a new
+    /// buffer and the matrix dropped after: the peak is one matrix twice, never a second copy of
+    /// a model.
     pub fn from_matrix(w: QuantizedMatrix, kernel: Kernel) -> Result<QuantPanels, QuantizedMatrix> {
         if !Self::suits(&w, kernel) {
             return Err(w);
