@@ -19,6 +19,12 @@
 //! `cd scripts/peer-candle && cargo run --release -- [--threads 2] [--rounds 21]
 //! [--rotation-mib 1024] [--formats q4,q8] [--shapes <substring>] [--activations exact|i8]`
 //! (`--activations i8`: moshi-kernels rounds its activations to 8 bits per group, as candle does)
+//!
+//! `cargo run --release -- step [--layers 8] [--rounds 7] [--steps 4] [--threads 2]`: the whole
+//! LM step instead, the engine's against Kyutai's Rust crate's (`step.rs`).
+
+mod kyutai_lm;
+mod step;
 
 use std::time::Instant;
 
@@ -49,7 +55,7 @@ struct Options {
     shapes: String,
 }
 
-fn parse_options() -> Result<Options, String> {
+fn parse_options(args: &[String]) -> Result<Options, String> {
     let mut options = Options {
         threads: 2,
         rounds: 21,
@@ -57,7 +63,7 @@ fn parse_options() -> Result<Options, String> {
         formats: vec!["q4".into(), "q8".into()],
         shapes: String::new(),
     };
-    let mut args = std::env::args().skip(1);
+    let mut args = args.iter().cloned();
     while let Some(flag) = args.next() {
         let value = args.next().ok_or(format!("{flag} needs a value"))?;
         let number = || {
@@ -123,7 +129,15 @@ fn time_pass(copies: usize, mut product: impl FnMut(usize)) -> f64 {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let options = parse_options()?;
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().is_some_and(|a| a == "step") {
+        let options = step::parse(&args[1..])?;
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(options.threads)
+            .build()?;
+        return step::run(&options, &pool).map_err(|e| e as Box<dyn std::error::Error>);
+    }
+    let options = parse_options(&args)?;
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(options.threads)
         .build()?;
