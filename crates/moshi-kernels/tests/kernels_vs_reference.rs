@@ -310,6 +310,41 @@ fn matvec_is_bit_identical_to_each_row_of_a_matmul() {
 }
 
 #[test]
+fn many_panels_match_reference_and_batched_bits() {
+    // Enough weight rows for the single-row product to run in streams of panels on two threads
+    // (75 panels of 16 rows, the last one partial: each thread's run cut in 4 spans, with panels
+    // left over), at the depformer's 1024 columns: within the bound, and the same bits as each row
+    // of a two-row product, which takes the tiles of adjacent panels.
+    let mut rng = XorShift64Star::new(13);
+    let (rows, cols) = (75 * 16 - 3, 1024);
+    for (bits, group_size) in [(4, 64), (4, 32), (8, 64)] {
+        check(&mut rng, rows, cols, bits, group_size, 1);
+        let w = random_matrix(&mut rng, rows, cols, bits, group_size);
+        let xs: Vec<f32> = (0..2 * cols).map(|_| rng.uniform(-1.0, 1.0)).collect();
+        for precision in [ActivationPrecision::Exact, ActivationPrecision::Int16] {
+            for product in products(&w) {
+                let mut two = vec![0f32; 2 * rows];
+                (product.run)(precision, &xs, 2, &mut two);
+                for (i, x) in xs.chunks_exact(cols).enumerate() {
+                    let mut single = vec![f32::NAN; rows];
+                    (product.run)(precision, x, 1, &mut single);
+                    let want = &two[i * rows..(i + 1) * rows];
+                    let same = single
+                        .iter()
+                        .zip(want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(
+                        same,
+                        "{} {precision:?} q{bits}g{group_size} {rows}x{cols} activation row {i}",
+                        product.name
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn long_rows_match_reference_and_single_row_bits() {
     // 11264 columns (the 7B gating-out width; its activations no longer fit in L1) and widths
     // whose chunk count is odd: every activation-row count matches the reference within the

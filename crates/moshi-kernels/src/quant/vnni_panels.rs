@@ -6,8 +6,9 @@
 //! A tile holds `MR` activation rows and `NP` panels: per group, `D · MR · NP` integer sums, then
 //! `MR · NP` f32 totals. Rows go in tiles of 8 (three digits: 4), then 4, 2, 1, each meeting the
 //! weights of a pass of 8 panels while those sit in L1/L2, so the weights stream from memory once
-//! per product; one row takes 4 panels a tile, whose 4 streams the prefetch covers. Threads take
-//! equal runs of panels.
+//! per product. A single row takes 4 panels a tile, one from each quarter of its thread's panels,
+//! so that its 4 streams each run on through memory from tile to tile; the prefetch covers them.
+//! Threads take equal runs of panels.
 
 use std::arch::x86_64::*;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -221,6 +222,11 @@ unsafe fn tiles<const G: usize, const D: usize, const BITS: usize>(
     first: usize,
     last: usize,
 ) {
+    if frame.m == 1 {
+        // SAFETY: as this function's contract.
+        unsafe { run_single_row::<G, D, BITS, 4>(frame, out, first, last) };
+        return;
+    }
     let mut pass = first;
     while pass < last {
         let pass_end = (pass + PANELS_PER_PASS).min(last);
@@ -255,8 +261,36 @@ struct Out {
 // output outlives the team region that writes it.
 unsafe impl Sync for Out {}
 
-/// Rows `row..row + MR` against panels `first..last`, `NP` panels a tile (the rest one by one);
-/// returns `MR`.
+/// The single activation row against panels `first..last` in `NP` streams: the run cut in `NP`
+/// equal spans, a tile reading the next panel of each (the rest one by one). Each stream then
+/// reads on through memory from one tile to the next (panels lie end to end), where tiles of
+/// `NP` adjacent panels would start `NP` new streams every `NP` panels: 9 KiB apart at 1024
+/// columns (the depformer), where the restarts cost most.
+///
+/// # Safety
+/// As [`tiles`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+#[inline]
+unsafe fn run_single_row<const G: usize, const D: usize, const BITS: usize, const NP: usize>(
+    frame: &Frame<'_>,
+    out: &Out,
+    first: usize,
+    last: usize,
+) {
+    let span = (last - first) / NP;
+    for t in 0..span {
+        let panels = std::array::from_fn(|s| first + s * span + t);
+        // SAFETY: as this function's contract; the panels lie in `first..last`.
+        unsafe { tile::<G, D, BITS, 1, NP>(frame, out, 0, panels, 1) };
+    }
+    for panel in first + NP * span..last {
+        // SAFETY: as above.
+        unsafe { tile::<G, D, BITS, 1, 1>(frame, out, 0, [panel], 1) };
+    }
+}
+
+/// Rows `row..row + MR` against panels `first..last`, `NP` adjacent panels a tile (the rest one
+/// by one); returns `MR`.
 ///
 /// # Safety
 /// As [`tiles`].
@@ -277,20 +311,23 @@ unsafe fn run<
 ) -> usize {
     let mut panel = first;
     while panel + NP <= last {
+        let panels = std::array::from_fn(|p| panel + p);
         // SAFETY: as this function's contract.
-        unsafe { tile::<G, D, BITS, MR, NP>(frame, out, row, panel) };
+        unsafe { tile::<G, D, BITS, MR, NP>(frame, out, row, panels, NP) };
         panel += NP;
     }
     while panel < last {
         // SAFETY: as above.
-        unsafe { tile::<G, D, BITS, MR, 1>(frame, out, row, panel) };
+        unsafe { tile::<G, D, BITS, MR, 1>(frame, out, row, [panel], 1) };
         panel += 1;
     }
     MR
 }
 
-/// One tile: activation rows `row0..row0 + MR` and panels `panel0..panel0 + NP`, every group in
-/// order (module docs of `quant::panel_matrix` for the arithmetic), its totals stored to `out`.
+/// One tile: activation rows `row0..row0 + MR` and `panels`, every group in order (module docs of
+/// `quant::panel_matrix` for the arithmetic), its totals stored to `out`. `stream_step`: how many
+/// panels further each panel's stream goes on in the next tile (where the prefetch past a panel's
+/// end goes).
 ///
 /// # Safety
 /// As [`tiles`]; the rows and panels exist.
@@ -307,7 +344,8 @@ unsafe fn tile<
     frame: &Frame<'_>,
     out: &Out,
     row0: usize,
-    panel0: usize,
+    panels: [usize; NP],
+    stream_step: usize,
 ) {
     let layout = frame.layout;
     let (words, digits) = (frame.words.as_ptr(), frame.xs.as_ptr().cast::<u8>());
@@ -320,7 +358,7 @@ unsafe fn tile<
     let nibble = _mm512_set1_epi8(0x0f);
     let high_halves = _mm512_set1_epi32(0xffff_0000_u32 as i32);
     let panel_words: [*const u32; NP] =
-        std::array::from_fn(|p| words.wrapping_add((panel0 + p) * layout.panel_words));
+        std::array::from_fn(|p| words.wrapping_add(panels[p] * layout.panel_words));
     let mut total = [[_mm512_setzero_ps(); NP]; MR];
     for g in 0..layout.groups {
         let mut sums = [[[_mm512_setzero_si512(); NP]; MR]; D];
@@ -331,10 +369,10 @@ unsafe fn tile<
             for p in 0..NP {
                 let line = g * layout.group_words + c * chunk_lines * PANEL_ROWS;
                 let at = panel_words[p].wrapping_add(line);
-                prefetch_stream::<NP>(frame, panel_words[p], line);
+                prefetch_stream(frame, panel_words[p], line, stream_step);
                 if BITS == 8 {
                     let odd = at.wrapping_add(PANEL_ROWS);
-                    prefetch_stream::<NP>(frame, panel_words[p], line + PANEL_ROWS);
+                    prefetch_stream(frame, panel_words[p], line + PANEL_ROWS, stream_step);
                     // SAFETY: chunk c of group g of an existing panel: two aligned lines.
                     unsafe {
                         low[p] = _mm512_load_si512(at.cast());
@@ -365,7 +403,7 @@ unsafe fn tile<
         for p in 0..NP {
             let factor_line = g * layout.group_words + chunks * chunk_lines * PANEL_ROWS;
             let at = panel_words[p].wrapping_add(factor_line);
-            prefetch_stream::<NP>(frame, panel_words[p], factor_line);
+            prefetch_stream(frame, panel_words[p], factor_line, stream_step);
             // SAFETY: the factor line of group g of an existing panel.
             let factors = unsafe { _mm512_load_si512(at.cast()) };
             scale[p] = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(factors));
@@ -389,7 +427,7 @@ unsafe fn tile<
     }
     for i in 0..MR {
         for p in 0..NP {
-            let col = (panel0 + p) * PANEL_ROWS;
+            let col = panels[p] * PANEL_ROWS;
             let lanes = (out.rows - col).min(PANEL_ROWS);
             // SAFETY: this panel's columns of an existing output row (as `tiles`'s contract),
             // the last panel's past the matrix masked off.
@@ -405,16 +443,16 @@ unsafe fn tile<
     }
 }
 
-/// Prefetches the line the frame's distance past word `word` of the panel at `panel`, a stream of
-/// a tile of `NP` panels. Near the panel's end the plain distance would land in the next panel,
-/// which this tile already reads (its next stream); the hint goes to the panel `NP` further on
-/// instead, the same stream of the next tile, so that tile's streams start warm.
+/// Prefetches the line the frame's distance past word `word` of the panel at `panel`, whose stream
+/// goes on `stream_step` panels further. Near the panel's end the plain distance lands in the
+/// next panel, which a tile of adjacent panels already reads (its next stream); the hint goes to
+/// the stream's own next panel instead, so the next tile's streams start warm.
 #[inline(always)]
-fn prefetch_stream<const NP: usize>(frame: &Frame<'_>, panel: *const u32, word: usize) {
+fn prefetch_stream(frame: &Frame<'_>, panel: *const u32, word: usize, stream_step: usize) {
     let panel_bytes = frame.layout.panel_words * 4;
     let mut target = word * 4 + frame.prefetch.distance_bytes();
     if target >= panel_bytes {
-        target += (NP - 1) * panel_bytes;
+        target += (stream_step - 1) * panel_bytes;
     }
     frame.prefetch.line(panel.cast::<u8>().wrapping_add(target));
 }
