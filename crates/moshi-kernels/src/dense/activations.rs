@@ -1,6 +1,7 @@
 //! Activation functions: SiLU, exact (erf) GELU and ELU per value, and the vectorized slice
-//! forms Mimi runs over whole buffers (GELU through a rational erf, ELU through a branch-free
-//! expm1), compiled for the instruction set [`Kernel::detect`] picks. Element-wise: every
+//! forms run over whole buffers (Mimi's GELU through a rational erf and ELU through a branch-free
+//! expm1, the LM's gated SiLU through a branch-free exp), compiled for the instruction set
+//! [`Kernel::detect`] picks. Element-wise: every
 //! instruction set gives the same bits.
 
 use crate::elem::LANES;
@@ -8,10 +9,52 @@ use crate::elem::LANES;
 use crate::InstructionSet;
 use crate::Kernel;
 
-/// SiLU: `x * sigmoid(x)`.
-#[inline]
+/// SiLU: `x · sigmoid(x)`, as `x / (1 + e)` for `x >= 0` and `x · e / (1 + e)` below, with
+/// `e = exp(-|x|)` ([`exp_nonpositive`]): branch-free, so that slices vectorize
+/// ([`silu_mul_slice`]) with the same bits as this scalar form; within 4 ulp of
+/// `x / (1 + exp(-x))`, and 0 below -87.3 where `exp(-|x|)` leaves f32's normal range (exactly
+/// under 1e-36 there; `silu_matches_the_exact_form`).
+#[inline(always)]
 pub fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
+    let e = exp_nonpositive(-x.abs());
+    let numerator = if x >= 0.0 { x } else { x * e };
+    numerator / (1.0 + e)
+}
+
+/// `out[i] = silu(gate[i]) · value[i]` (the LM's gated feed-forward), vectorized for the
+/// instruction set [`Kernel::detect`] picks: the same bits as the scalar [`silu`].
+pub fn silu_mul_slice(out: &mut [f32], gate: &[f32], value: &[f32]) {
+    assert!(
+        gate.len() == out.len() && value.len() == out.len(),
+        "silu_mul_slice lengths"
+    );
+    match Kernel::detect().instruction_set() {
+        // SAFETY (both arms): the detected kernel runs on this CPU.
+        #[cfg(target_arch = "x86_64")]
+        InstructionSet::Avx512 => unsafe { silu_mul_slice_avx512(out, gate, value) },
+        #[cfg(target_arch = "x86_64")]
+        InstructionSet::Avx2 => unsafe { silu_mul_slice_avx2(out, gate, value) },
+        _ => silu_mul_slice_body(out, gate, value),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn silu_mul_slice_avx512(out: &mut [f32], gate: &[f32], value: &[f32]) {
+    silu_mul_slice_body(out, gate, value)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn silu_mul_slice_avx2(out: &mut [f32], gate: &[f32], value: &[f32]) {
+    silu_mul_slice_body(out, gate, value)
+}
+
+#[inline(always)]
+fn silu_mul_slice_body(out: &mut [f32], gate: &[f32], value: &[f32]) {
+    for ((o, &g), &v) in out.iter_mut().zip(gate).zip(value) {
+        *o = silu(g) * v;
+    }
 }
 
 /// Exact (erf) GELU.
@@ -136,6 +179,22 @@ fn elu_slice_body(dst: &mut [f32], src: &[f32]) {
 /// `expm1(x)` for `x <= 0`, branch-free so that it vectorizes.
 #[inline(always)]
 fn expm1_nonpositive(x: f32) -> f32 {
+    let (two_k, em1_r) = exp_reduced(x);
+    // 2^k (expm1(r) + 1) - 1 = 2^k expm1(r) + (2^k - 1)
+    two_k * em1_r + (two_k - 1.0)
+}
+
+/// `exp(x)` for `x <= 0` (0 below -88), branch-free so that it vectorizes.
+#[inline(always)]
+fn exp_nonpositive(x: f32) -> f32 {
+    let (two_k, em1_r) = exp_reduced(x);
+    two_k * em1_r + two_k
+}
+
+/// `(2^k, expm1(r))` with `x = k ln2 + r` and `|r| <= ln2 / 2`, for `x <= 0` clamped at -88 (where
+/// `2^k` is 0): the range reduction [`expm1_nonpositive`] and [`exp_nonpositive`] finish.
+#[inline(always)]
+fn exp_reduced(x: f32) -> (f32, f32) {
     const LN2_HI: f32 = 0.693_145_75;
     const LN2_LO: f32 = 1.428_606_8e-6;
     let x = x.max(-88.0);
@@ -155,8 +214,7 @@ fn expm1_nonpositive(x: f32) -> f32 {
     // bits; shifted into the exponent field). Same value as `(k as i32 + 127) << 23`, but it
     // vectorizes (a saturating float -> int cast does not).
     let two_k = f32::from_bits((kf + (127.0 + 12_582_912.0)).to_bits() << 23);
-    // 2^k (expm1(r) + 1) - 1 = 2^k expm1(r) + (2^k - 1)
-    two_k * em1_r + (two_k - 1.0)
+    (two_k, em1_r)
 }
 
 #[cfg(test)]
@@ -179,6 +237,39 @@ mod tests {
         let mut par = vec![0f32; xs.len()];
         elu_slice_par(&mut par, &xs);
         assert_eq!(par, out, "split over the team == serial");
+    }
+
+    /// Where `exp(-|x|)` leaves f32's normal range (x below about -87.3) [`silu`] gives 0 for
+    /// values of at most this magnitude.
+    const UNDERFLOW_BOUND: f64 = 1e-36;
+
+    #[test]
+    fn silu_matches_the_exact_form() {
+        let xs: Vec<f32> = (0..2_000_000)
+            .map(|i| -100.0 + i as f32 * 1e-4)
+            .chain([
+                0.0, -0.0, 1e-30, -1e-30, 1e-45, 87.9, -87.9, 88.5, -88.5, 1e30, -1e30,
+            ])
+            .chain([f32::MAX, f32::MIN, f32::INFINITY])
+            .collect();
+        for &x in &xs {
+            let exact = x as f64 / (1.0 + (-(x as f64)).exp());
+            if exact.is_infinite() {
+                assert_eq!(silu(x) as f64, exact, "silu({x})");
+                continue;
+            }
+            let ulp = ((exact as f32).abs() * f32::EPSILON) as f64;
+            let bound = (4.0 * ulp).max(UNDERFLOW_BOUND);
+            let err = (silu(x) as f64 - exact).abs();
+            assert!(err <= bound, "silu({x}) = {}, exact {exact:e}", silu(x));
+        }
+        assert!(silu(f32::NAN).is_nan());
+        let values: Vec<f32> = xs.iter().map(|x| (x * 0.37).sin()).collect();
+        let mut out = vec![f32::NAN; xs.len()];
+        silu_mul_slice(&mut out, &xs, &values);
+        for ((&x, &v), &y) in xs.iter().zip(&values).zip(&out) {
+            assert_eq!(y.to_bits(), (silu(x) * v).to_bits(), "silu({x}) * {v}");
+        }
     }
 
     #[test]

@@ -12,7 +12,9 @@ mod panels;
 mod prefetch;
 
 pub use accumulate::accumulate_rows;
-pub use activations::{elu, elu_slice, elu_slice_par, erf_rational, gelu_erf, gelu_slice, silu};
+pub use activations::{
+    elu, elu_slice, elu_slice_par, erf_rational, gelu_erf, gelu_slice, silu, silu_mul_slice,
+};
 pub use gemm::{gemm_nt_bf16, gemm_nt_strided, matmul_t, SMALL_M};
 pub use matvec::{
     dot_bf16_scalar, dot_f32, dot_f32_scalar, dot_rows, matmul, matmul_with, matvec, matvec_with,

@@ -4,7 +4,7 @@
 //! temporal layer of Kyutai's TTS also cross-attends between the two:
 //! `x += cross_attn(layer_norm_cross(x), source)`.
 
-use moshi_kernels::dense::silu;
+use moshi_kernels::dense::silu_mul_slice;
 use moshi_loader::NormKind;
 
 use crate::nn::norm::{layer_norm, rms_norm};
@@ -129,9 +129,7 @@ fn gate_rows(ff_in: &[f32], hidden: usize, gated: &mut [f32]) {
             let (out, rest) = part.split_at_mut((hidden - col).min(part.len()));
             let gate = &ff_in[row * 2 * hidden + col..][..out.len()];
             let value = &ff_in[row * 2 * hidden + hidden + col..][..out.len()];
-            for ((o, g), v) in out.iter_mut().zip(gate).zip(value) {
-                *o = silu(*g) * v;
-            }
+            silu_mul_slice(out, gate, value);
             at += out.len();
             part = rest;
         }
@@ -271,6 +269,7 @@ impl TransformerLayer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use moshi_kernels::dense::silu;
 
     /// Split between threads or not, every gated value is `silu(gate) · value` of its own row.
     #[test]
