@@ -1,8 +1,9 @@
 //! LM benchmarks at the real moshiko 7B dimensions (configs/moshiko-7b.json) from random bf16
 //! weights: one temporal layer step, a temporal step with 2 layers (+ embeddings, out_norm, text
 //! head), one full depformer pass (8 sub-steps x 6 layers), attention over a full 3000-position
-//! window, the bf16 matrix-vector kernel (portable / AVX2 / AVX-512, 1 thread / all threads) and the
-//! machine's memory read bandwidth (the bound for one-token inference).
+//! window, the bf16 matrix-vector kernel (portable / AVX2 / AVX-512, 1 thread / all threads), the
+//! gated feed-forward's SiLU and the machine's memory read bandwidth (the bound for one-token
+//! inference).
 //!
 //! Run: `cargo bench -p moshi-bench --bench lm`
 
@@ -177,7 +178,8 @@ fn quantized_layer_benches(c: &mut Criterion) {
         ("temporal_layer_step_q4g32", 4, 32),
     ] {
         let mut cfg = config_7b(1);
-        cfg.depformer_num_layers = 0;
+        // The fewest the config allows: the depformer is not run here.
+        cfg.depformer_num_layers = 1;
         let model = LmWeights::random(&cfg, 9, RandomWeightKind::Quantized { bits, group_size })
             .expect("random q model");
         let layer = &model.temporal().layers()[0];
@@ -255,5 +257,40 @@ fn kernel_benches(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, kernel_benches, lm_benches, quantized_layer_benches);
+/// The gated feed-forward's `silu(gate) · value` at the 7B's widths (temporal 11264, depformer
+/// 2816): the vectorized `silu_mul_slice` against the libm form `x / (1 + exp(-x))` it replaced.
+fn gate_benches(c: &mut Criterion) {
+    let mut g = c.benchmark_group("silu_mul");
+    g.sample_size(20)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(1));
+    for n in [2816, 11264] {
+        let gate: Vec<f32> = (0..n)
+            .map(|i| ((i * 7919 % 2003) as f32 - 1001.0) * 3e-3)
+            .collect();
+        let value: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
+        let mut out = vec![0f32; n];
+        g.throughput(Throughput::Elements(n as u64));
+        g.bench_function(format!("vectorized_{n}"), |b| {
+            b.iter(|| moshi_kernels::dense::silu_mul_slice(&mut out, &gate, &value))
+        });
+        g.bench_function(format!("libm_{n}"), |b| {
+            b.iter(|| {
+                for ((o, &x), &v) in out.iter_mut().zip(&gate).zip(&value) {
+                    *o = x / (1.0 + (-x).exp()) * v;
+                }
+                black_box(&out);
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    kernel_benches,
+    lm_benches,
+    quantized_layer_benches,
+    gate_benches
+);
 criterion_main!(benches);
