@@ -33,6 +33,7 @@ use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 use moshi_bench::bandwidth::ReadBuffer;
 use moshi_bench::shapes::{LARGE_SHAPES, MOSHI_7B_MATVEC_SHAPES};
+use moshi_bench::summary::median;
 use moshi_kernels::{Kernel, KernelMatrix, QuantizedMatrix};
 
 /// (name, in_features, out_features): the 5 temporal-transformer shapes of `cargo bench -p
@@ -112,11 +113,6 @@ fn relative_error(y: &[f32], dense: &[f32], x: &[f32]) -> f64 {
         largest = largest.max(exact.abs());
     }
     worst / largest
-}
-
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
 }
 
 /// Seconds per product of one pass over `copies` (the pass's mean).
@@ -257,8 +253,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     Ok(())
                 })?;
                 let wins = ratios.iter().filter(|&&r| r < 1.0).count();
-                let (p, o) = (median(&mut peer_us), median(&mut ours_us));
-                let r = median(&mut ratios);
+                let (p, o) = (median(&peer_us), median(&ours_us));
+                let r = median(&ratios);
                 println!(
                     "| {name} {cols}->{rows} | {peer:?} | {p:.0} ({:.1}) | q{bits}g{group_size}{} | {o:.0} ({:.1}) | {r:.2} [{:.2}–{:.2}] | {wins}/{} | {probe:.1} | {peer_error:.1e} / {ours_error:.1e} |",
                     peer_bytes as f64 / p / 1e3,

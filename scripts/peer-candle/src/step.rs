@@ -12,6 +12,7 @@
 use std::time::Instant;
 
 use moshi_bench::bandwidth::ReadBuffer;
+use moshi_bench::summary::{median, range};
 use moshi_kernels::ActivationPrecision;
 use moshi_loader::LmConfig;
 use moshi_model::generator::{
@@ -207,17 +208,6 @@ pub fn run(options: &StepOptions, pool: &ThreadPool) -> Result<(), Error> {
         .collect();
     report(&times, &probes, &bytes);
     Ok(())
-}
-
-fn median(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    sorted[sorted.len() / 2]
-}
-
-fn range(values: &[f64]) -> (f64, f64) {
-    let low = values.iter().copied().fold(f64::INFINITY, f64::min);
-    (low, values.iter().copied().fold(0.0, f64::max))
 }
 
 /// The tables: each contestant's step and parts against the probe, then ours against Kyutai's,

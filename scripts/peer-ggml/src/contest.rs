@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use moshi_bench::bandwidth::ReadBuffer;
 use moshi_bench::hashed_weights::hashed_f32;
+use moshi_bench::summary::{median, range};
 use moshi_kernels::{ActivationPrecision, Kernel, KernelMatrix, QuantizedMatrix};
 use rayon::prelude::*;
 use rayon::ThreadPool;
@@ -64,17 +65,6 @@ fn relative_error(y: &[f32], reference: &[f64], m: usize) -> f64 {
         largest = largest.max(exact.abs());
     }
     worst / largest
-}
-
-fn median(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    sorted[sorted.len() / 2]
-}
-
-fn range(values: &[f64]) -> (f64, f64) {
-    let low = values.iter().copied().fold(f64::INFINITY, f64::min);
-    (low, values.iter().copied().fold(0.0, f64::max))
 }
 
 /// Seconds per product of one pass over `copies` (the pass's mean).

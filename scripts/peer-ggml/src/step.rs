@@ -15,6 +15,7 @@ use std::time::Instant;
 
 use moshi_bench::bandwidth::ReadBuffer;
 use moshi_bench::hashed_weights::hashed_f32;
+use moshi_bench::summary::{median, range};
 use moshi_kernels::ActivationPrecision;
 use moshi_loader::LmConfig;
 use moshi_model::lm::temporal::{TemporalScratch, TemporalState};
@@ -197,11 +198,6 @@ fn ggml_steps<'a>(
     Ok(steps)
 }
 
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
-}
-
 pub fn run(options: &StepOptions, pool: &ThreadPool, runtime: &Runtime) -> Result<(), Error> {
     println!(
         "whole step: {} of Moshi 7B's 32 temporal layers + text head, 1 row, {} threads, {} rounds of {} steps, KV {} positions",
@@ -249,15 +245,10 @@ pub fn run(options: &StepOptions, pool: &ThreadPool, runtime: &Runtime) -> Resul
     Ok(())
 }
 
-fn range(values: &[f64]) -> (f64, f64) {
-    let low = values.iter().copied().fold(f64::INFINITY, f64::min);
-    (low, values.iter().copied().fold(0.0, f64::max))
-}
-
 /// The tables: each contestant's step against the probe, then ours against each ggml step,
 /// per-round ratios.
 fn report(ms: &[Vec<f64>], probes: &[f64], ours: &Ours, ggml: &[(&str, Step<'_>, usize)]) {
-    let probe_gbps = median(&mut probes.to_vec());
+    let probe_gbps = median(probes);
     let (pl, ph) = range(probes);
     println!("probe (one pass before each round): median {probe_gbps:.1} GB/s [{pl:.1}-{ph:.1}]");
     println!();
@@ -274,7 +265,7 @@ fn report(ms: &[Vec<f64>], probes: &[f64], ours: &Ours, ggml: &[(&str, Step<'_>,
         .chain(ggml.iter().map(|g| g.2))
         .collect();
     for (who, times) in ms.iter().enumerate() {
-        let step_ms = median(&mut times.clone());
+        let step_ms = median(times);
         let (lo, hi) = range(times);
         let bound_ms = bytes[who] as f64 / probe_gbps / 1e6;
         println!(
@@ -294,13 +285,13 @@ fn report(ms: &[Vec<f64>], probes: &[f64], ours: &Ours, ggml: &[(&str, Step<'_>,
     for (who, precision) in OURS.iter().enumerate() {
         let cells: Vec<String> = (0..ggml.len())
             .map(|g| {
-                let mut ratios: Vec<f64> = ms[who]
+                let ratios: Vec<f64> = ms[who]
                     .iter()
                     .zip(&ms[OURS.len() + g])
                     .map(|(a, b)| a / b)
                     .collect();
                 let (lo, hi) = range(&ratios);
-                format!("{:.2} [{lo:.2}-{hi:.2}]", median(&mut ratios))
+                format!("{:.2} [{lo:.2}-{hi:.2}]", median(&ratios))
             })
             .collect();
         println!("| {precision} | {} |", cells.join(" | "));
