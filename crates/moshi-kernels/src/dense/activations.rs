@@ -1,8 +1,7 @@
 //! Activation functions: SiLU, exact (erf) GELU and ELU per value, and the vectorized slice
 //! forms run over whole buffers (Mimi's GELU through a rational erf and ELU through a branch-free
 //! expm1, the LM's gated SiLU through a branch-free exp), compiled for the instruction set
-//! [`Kernel::detect`] picks. Element-wise: every
-//! instruction set gives the same bits.
+//! [`Kernel::detect`] picks. Element-wise: every instruction set gives the same bits.
 
 use crate::elem::LANES;
 #[cfg(target_arch = "x86_64")]
@@ -12,8 +11,8 @@ use crate::Kernel;
 /// SiLU: `x · sigmoid(x)`, as `x / (1 + e)` for `x >= 0` and `x · e / (1 + e)` below, with
 /// `e = exp(-|x|)` ([`exp_nonpositive`]): branch-free, so that slices vectorize
 /// ([`silu_mul_slice`]) with the same bits as this scalar form; within 4 ulp of
-/// `x / (1 + exp(-x))`, and 0 below -87.3 where `exp(-|x|)` leaves f32's normal range (exactly
-/// under 1e-36 there; `silu_matches_the_exact_form`).
+/// `x / (1 + exp(-x))`, and 0 below -87.3, where `exp(-|x|)` leaves f32's normal range and the
+/// exact value is under 1e-36 (`silu_matches_the_exact_form`).
 #[inline(always)]
 pub fn silu(x: f32) -> f32 {
     let e = exp_nonpositive(-x.abs());
