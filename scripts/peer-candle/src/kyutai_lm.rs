@@ -212,9 +212,9 @@ impl KyutaiLm {
         })
     }
 
-    /// One step fed its previous text token, `generated` (the 8 codes of the previous step's
-    /// frame) and `user` (the user's 8 codes): what `State::step_` computes, without its
-    /// bookkeeping of the delayed streams.
+    /// One step fed its previous text token, `generated` (the codes of Moshi's own 8 streams)
+    /// and `user` (the user's 8): what `State::step_` computes, without its bookkeeping of the
+    /// delayed streams. The contest feeds fixed codes (the step's time does not depend on them).
     pub fn step(&mut self, generated: &[u32], user: &[u32]) -> Result<KyutaiTimings, Error> {
         let start = std::time::Instant::now();
         let token = |t: u32| Tensor::from_vec(vec![t], (1, 1), &Device::Cpu);

@@ -20,7 +20,8 @@
 //! [--rotation-mib 1024] [--formats q4,q8] [--shapes <substring>] [--activations exact|i8]`
 //! (`--activations i8`: moshi-kernels rounds its activations to 8 bits per group, as candle does)
 //!
-//! `cargo run --release -- step [--layers 8] [--rounds 7] [--steps 4] [--threads 2]`: the whole
+//! `cargo run --release -- step [--layers 8] [--rounds 7] [--steps 4] [--warmup-steps 2]
+//! [--threads 2]`: the whole
 //! LM step instead, the engine's against Kyutai's Rust crate's (`step.rs`).
 
 mod kyutai_lm;
