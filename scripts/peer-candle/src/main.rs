@@ -21,8 +21,8 @@
 //! (`--activations i8`: moshi-kernels rounds its activations to 8 bits per group, as candle does)
 //!
 //! `cargo run --release -- step [--layers 8] [--rounds 7] [--steps 4] [--warmup-steps 2]
-//! [--threads 2]`: the whole
-//! LM step instead, the engine's against Kyutai's Rust crate's (`step.rs`).
+//! [--threads 2]`: the whole LM step instead, the engine's against Kyutai's Rust crate's
+//! (`step.rs`).
 
 mod kyutai_lm;
 mod step;
