@@ -9,7 +9,7 @@ use crate::InstructionSet;
 use crate::Kernel;
 
 /// SiLU: `x · sigmoid(x)`, as `x / (1 + e)` for `x >= 0` and `x · e / (1 + e)` below, with
-/// `e = exp(-|x|)` ([`exp_nonpositive`]): branch-free, so that slices vectorize
+/// `e = exp(-|x|)` (`exp_nonpositive`): branch-free, so that slices vectorize
 /// ([`silu_mul_slice`]) with the same bits as this scalar form; within 4 ulp of
 /// `x / (1 + exp(-x))`, and 0 below -87.3, where `exp(-|x|)` leaves f32's normal range and the
 /// exact value is under 1e-36 (`silu_matches_the_exact_form`).
