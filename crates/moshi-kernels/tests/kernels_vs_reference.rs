@@ -312,8 +312,8 @@ fn matvec_is_bit_identical_to_each_row_of_a_matmul() {
 #[test]
 fn many_panels_match_reference_and_batched_bits() {
     // Enough weight rows for the single-row product to run in streams of panels on two threads
-    // (75 panels of 16 rows, the last one partial: each thread's run cut in 4 spans, with panels
-    // left over), at the depformer's 1024 columns: within the bound, and the same bits as each row
+    // (75 panels of 16 rows, the last one partial: each thread's run cut in equal spans, with
+    // panels left over), at the depformer's 1024 columns: within the bound, and the same bits as each row
     // of a two-row product, which takes the tiles of adjacent panels.
     let mut rng = XorShift64Star::new(13);
     let (rows, cols) = (75 * 16 - 3, 1024);

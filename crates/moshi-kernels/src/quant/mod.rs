@@ -97,8 +97,8 @@ pub(crate) enum CodePrefetch {
     /// The hint lands in L2 early enough to cover DRAM latency while the decode keeps the core
     /// busy; a `prefetcht0` that far ahead, or the hardware prefetcher alone, did not.
     L2Far,
-    /// `prefetcht1` 1 KiB ahead, into L2: the VNNI panels' single-row tile off Intel (4 streams,
-    /// one per panel). Measured against 4 KiB, 2 KiB and none on Zen 4, the probe read between
+    /// `prefetcht1` 1 KiB ahead, into L2: the VNNI panels' single-row tile off Intel (a stream per
+    /// panel of the tile). Measured against 4 KiB, 2 KiB and none on Zen 4, the probe read between
     /// the passes: 1 KiB and none read 0.98-0.99 of the probe at 30-34 GB/s where 4 KiB read
     /// 0.91-0.94, and 47-51 GB/s where 4 KiB capped at 40-42 in the host's fast spells; the
     /// batched tiles (4 and 8 rows) keep [`CodePrefetch::L2Far`], 6-12% faster there

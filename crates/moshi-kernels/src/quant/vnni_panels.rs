@@ -6,8 +6,9 @@
 //! A tile holds `MR` activation rows and `NP` panels: per group, `D · MR · NP` integer sums, then
 //! `MR · NP` f32 totals. Rows go in tiles of 8 (three digits: 4), then 4, 2, 1, each meeting the
 //! weights of a pass of 8 panels while those sit in L1/L2, so the weights stream from memory once
-//! per product. A single row takes 4 panels a tile, one from each quarter of its thread's panels,
-//! so that its 4 streams each run on through memory from tile to tile; the prefetch covers them.
+//! per product. A single row takes [`SINGLE_ROW_STREAMS`] panels a tile, one from each equal span
+//! of its thread's panels, so that each of its streams runs on through memory from tile to tile;
+//! the prefetch covers them.
 //! Threads take equal runs of panels.
 
 use std::arch::x86_64::*;
@@ -17,6 +18,11 @@ use crate::quant::fixed_point::{RowLayout, DIGITS, I8_DIGITS, TWO_DIGITS};
 use crate::quant::panel_matrix::{PanelLayout, PANEL_ROWS};
 use crate::quant::{digits_of, vnni, CodePrefetch, MIN_TASK_WEIGHT_BYTES};
 use crate::{ActivationPrecision, QuantPanels};
+
+/// Streams (panels a tile) of each thread in a single-row product. 3 rather than 4: in the Zen 4
+/// host's fast spells the temporal layers' shapes read faster with 3 streams a thread (or 2) than
+/// with 4, and as fast in its slow state (docs/performance.md, "Three streams a thread").
+const SINGLE_ROW_STREAMS: usize = 3;
 
 /// Panels each pass of row tiles meets (their weights stay in L1/L2 between the row tiles).
 const PANELS_PER_PASS: usize = 8;
@@ -224,7 +230,7 @@ unsafe fn tiles<const G: usize, const D: usize, const BITS: usize>(
 ) {
     if frame.m == 1 {
         // SAFETY: as this function's contract.
-        unsafe { run_single_row::<G, D, BITS, 4>(frame, out, first, last) };
+        unsafe { run_single_row::<G, D, BITS, SINGLE_ROW_STREAMS>(frame, out, first, last) };
         return;
     }
     let mut pass = first;
