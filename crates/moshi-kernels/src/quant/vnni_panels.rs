@@ -8,8 +8,7 @@
 //! weights of a pass of 8 panels while those sit in L1/L2, so the weights stream from memory once
 //! per product. A single row takes [`SINGLE_ROW_STREAMS`] panels a tile, one from each equal span
 //! of its thread's panels, so that each of its streams runs on through memory from tile to tile;
-//! the prefetch covers them.
-//! Threads take equal runs of panels.
+//! the prefetch covers them. Threads take equal runs of panels.
 
 use std::arch::x86_64::*;
 use std::sync::atomic::{AtomicBool, Ordering};
