@@ -5,11 +5,13 @@
 //! [`report`]; the memory read-bandwidth probe every speed is compared with ([`bandwidth`]);
 //! Moshi 7B's and the speech-to-text 1B's product shapes ([`shapes`], shared with the peer
 //! benchmarks `scripts/peer-candle` and `scripts/peer-ggml`, the latter also using
-//! [`hashed_weights`], both [`summary`]'s median and range of their rounds); and, under `benches/`, the criterion benches of the kernels, the LM, Mimi
-//! and the loader.
+//! [`hashed_weights`], both [`summary`]'s median and range of their rounds and the flags of their
+//! whole-step contests, [`step_flags`]); and, under `benches/`, the criterion benches of the
+//! kernels, the LM, Mimi and the loader.
 //!
 //! Without the default `pipeline` feature only [`bandwidth`], [`shapes`], [`summary`],
-//! [`mod@env`] (the benches' settings) and the f32 half of [`hashed_weights`] are built.
+//! [`step_flags`], [`mod@env`] (the benches' settings) and the f32 half of [`hashed_weights`] are
+//! built.
 //!
 //! [`run_offline`]: moshi_runtime::engine::run_offline
 
@@ -20,6 +22,7 @@ pub mod bandwidth;
 pub mod env;
 pub mod hashed_weights;
 pub mod shapes;
+pub mod step_flags;
 pub mod summary;
 
 #[cfg(feature = "pipeline")]

@@ -130,7 +130,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if args.first().is_some_and(|a| a == "step") {
         let options = step::parse(&args[1..])?;
         let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(options.threads)
+            .num_threads(options.flags.threads)
             .build()?;
         return step::run(&options, &pool).map_err(|e| e as Box<dyn std::error::Error>);
     }

@@ -12,6 +12,7 @@
 use std::time::Instant;
 
 use moshi_bench::bandwidth::ReadBuffer;
+use moshi_bench::step_flags::{positive, StepFlags};
 use moshi_bench::summary::{median, range};
 use moshi_kernels::ActivationPrecision;
 use moshi_loader::LmConfig;
@@ -27,10 +28,7 @@ use crate::kyutai_lm::KyutaiLm;
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
 pub struct StepOptions {
-    pub threads: usize,
-    pub rounds: usize,
-    pub layers: usize,
-    pub steps: usize,
+    pub flags: StepFlags,
     pub warmup_steps: usize,
 }
 
@@ -43,30 +41,22 @@ const OURS: &[ActivationPrecision] = &[
 
 pub fn parse(args: &[String]) -> Result<StepOptions, String> {
     let mut options = StepOptions {
-        threads: 2,
-        rounds: 7,
-        layers: 8,
-        steps: 4,
+        flags: StepFlags {
+            threads: 2,
+            rounds: 7,
+            layers: 8,
+            steps: 4,
+        },
         warmup_steps: 2,
     };
     let mut args = args.iter();
     while let Some(flag) = args.next() {
         let value = args.next().ok_or(format!("{flag} needs a value"))?;
-        let number = |text: &str| match text.parse::<usize>() {
-            Ok(n) if n > 0 => Ok(n),
-            _ => Err(format!("{flag} {text}: expected a positive integer")),
-        };
+        if options.flags.take(flag, value)? {
+            continue;
+        }
         match flag.as_str() {
-            "--threads" => options.threads = number(value)?,
-            "--rounds" => options.rounds = number(value)?,
-            "--layers" => {
-                options.layers = number(value)?;
-                if options.layers > 32 {
-                    return Err(format!("--layers {value}: Moshi 7B has 32 layers"));
-                }
-            }
-            "--steps" => options.steps = number(value)?,
-            "--warmup-steps" => options.warmup_steps = number(value)?,
+            "--warmup-steps" => options.warmup_steps = positive(flag, value)?,
             _ => return Err(format!("step: unknown option {flag} (see src/step.rs)")),
         }
     }
@@ -170,31 +160,38 @@ pub fn run(options: &StepOptions, pool: &ThreadPool) -> Result<(), Error> {
     println!(
         "whole LM step: {} of Moshi 7B's 32 temporal layers + text head + depformer + sampling, \
          1 session, {} threads, {} rounds of {} steps",
-        options.layers, options.threads, options.rounds, options.steps
+        options.flags.layers, options.flags.threads, options.flags.rounds, options.flags.steps
     );
-    let mut kyutai = pool.install(|| KyutaiLm::new(options.layers))?;
-    let mut ours = pool.install(|| Ours::new(options.layers))?;
+    let mut kyutai = pool.install(|| KyutaiLm::new(options.flags.layers))?;
+    let mut ours = pool.install(|| Ours::new(options.flags.layers))?;
     // The user's codes: fixed (the step's time does not depend on them).
     let user: Vec<u32> = (0..8).map(|k| 100 + 37 * k).collect();
     let count = OURS.len() + 1;
-    let mut times = vec![Times::default(); count];
-    let mut warmup = vec![Times::default(); count];
+    // Warm-up steps, not counted: pages, caches and the thread team.
     pool.install(|| {
         (0..count).try_for_each(|who| {
             let steps = options.warmup_steps;
-            time_steps(who, steps, &mut ours, &mut kyutai, &user, &mut warmup[who])
+            time_steps(
+                who,
+                steps,
+                &mut ours,
+                &mut kyutai,
+                &user,
+                &mut Times::default(),
+            )
         })
     })?;
-    let probe = ReadBuffer::new(options.threads, 1 << 30).ok_or("probe: no thread pool")?;
+    let mut times = vec![Times::default(); count];
+    let probe = ReadBuffer::new(options.flags.threads, 1 << 30).ok_or("probe: no thread pool")?;
     let mut probes = Vec::new();
-    for round in 0..options.rounds {
+    for round in 0..options.flags.rounds {
         probes.push(probe.bytes() as f64 / probe.read_pass().as_secs_f64() / 1e9);
         for k in 0..count {
             let who = (k + round) % count;
             pool.install(|| {
                 time_steps(
                     who,
-                    options.steps,
+                    options.flags.steps,
                     &mut ours,
                     &mut kyutai,
                     &user,

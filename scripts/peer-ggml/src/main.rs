@@ -103,9 +103,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if args.first().map(String::as_str) == Some("step") {
         let options = step::parse(&args[1..])?;
         let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(options.threads)
+            .num_threads(options.flags.threads)
             .build()?;
-        let runtime = ggml::Runtime::new(options.threads)?;
+        let runtime = ggml::Runtime::new(options.flags.threads)?;
         return step::run(&options, &pool, &runtime);
     }
     let options = parse_options()?;

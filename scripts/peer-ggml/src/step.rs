@@ -15,6 +15,7 @@ use std::time::Instant;
 
 use moshi_bench::bandwidth::ReadBuffer;
 use moshi_bench::hashed_weights::hashed_f32;
+use moshi_bench::step_flags::{positive, StepFlags};
 use moshi_bench::summary::{median, range};
 use moshi_kernels::ActivationPrecision;
 use moshi_loader::LmConfig;
@@ -28,10 +29,7 @@ use crate::ggml::{GgmlType, Runtime, Step, StepBlocks};
 type Error = Box<dyn std::error::Error>;
 
 pub struct StepOptions {
-    pub threads: usize,
-    pub rounds: usize,
-    pub layers: usize,
-    pub steps: usize,
+    pub flags: StepFlags,
     pub kv_positions: usize,
     pub formats: Vec<String>,
 }
@@ -53,32 +51,24 @@ const OURS: &[ActivationPrecision] = &[
 
 pub fn parse(args: &[String]) -> Result<StepOptions, String> {
     let mut options = StepOptions {
-        threads: 2,
-        rounds: 7,
-        layers: 8,
-        steps: 5,
+        flags: StepFlags {
+            threads: 2,
+            rounds: 7,
+            layers: 8,
+            steps: 5,
+        },
         kv_positions: 64,
         formats: vec!["q4_0x8".into(), "q4_Kx8".into()],
     };
     let mut args = args.iter();
     while let Some(flag) = args.next() {
         let value = args.next().ok_or(format!("{flag} needs a value"))?;
-        let number = |text: &str| match text.parse::<usize>() {
-            Ok(n) if n > 0 => Ok(n),
-            _ => Err(format!("{flag} {text}: expected a positive integer")),
-        };
+        if options.flags.take(flag, value)? {
+            continue;
+        }
         match flag.as_str() {
-            "--threads" => options.threads = number(value)?,
-            "--rounds" => options.rounds = number(value)?,
-            "--layers" => {
-                options.layers = number(value)?;
-                if options.layers > 32 {
-                    return Err(format!("--layers {value}: Moshi 7B has 32 layers"));
-                }
-            }
-            "--steps" => options.steps = number(value)?,
             "--kv-positions" => {
-                options.kv_positions = number(value)?;
+                options.kv_positions = positive(flag, value)?;
                 if options.kv_positions < 2 {
                     return Err(format!(
                         "--kv-positions {value}: at least 2 (the cached ones and the new one)"
@@ -106,7 +96,7 @@ struct Ours {
 impl Ours {
     fn new(options: &StepOptions) -> Result<Self, Error> {
         let mut cfg = LmConfig::moshiko_7b();
-        cfg.num_layers = options.layers;
+        cfg.num_layers = options.flags.layers;
         let kind = RandomWeightKind::Quantized {
             bits: 4,
             group_size: 64,
@@ -177,14 +167,14 @@ fn ggml_steps<'a>(
             gating_out: &blocks[3],
             text_head: &blocks[4],
         };
-        let bytes =
-            options.layers * blocks[..4].iter().map(Vec::len).sum::<usize>() + blocks[4].len();
+        let bytes = options.flags.layers * blocks[..4].iter().map(Vec::len).sum::<usize>()
+            + blocks[4].len();
         let step = Step::new(
             runtime,
             ty,
             repack,
             (
-                options.layers,
+                options.flags.layers,
                 dim,
                 heads,
                 hidden,
@@ -201,7 +191,7 @@ fn ggml_steps<'a>(
 pub fn run(options: &StepOptions, pool: &ThreadPool, runtime: &Runtime) -> Result<(), Error> {
     println!(
         "whole step: {} of Moshi 7B's 32 temporal layers + text head, 1 row, {} threads, {} rounds of {} steps, KV {} positions",
-        options.layers, options.threads, options.rounds, options.steps, options.kv_positions
+        options.flags.layers, options.flags.threads, options.flags.rounds, options.flags.steps, options.kv_positions
     );
     let mut ours = pool.install(|| Ours::new(options).map_err(|e| e.to_string()))?;
     let ggml = ggml_steps(options, runtime)?;
@@ -218,27 +208,27 @@ pub fn run(options: &StepOptions, pool: &ThreadPool, runtime: &Runtime) -> Resul
     if ours.state.text_logits().iter().any(|v| !v.is_finite()) {
         return Err("moshi-rs: non-finite logits".into());
     }
-    let probe = ReadBuffer::new(options.threads, 1 << 30).ok_or("probe: no thread pool")?;
+    let probe = ReadBuffer::new(options.flags.threads, 1 << 30).ok_or("probe: no thread pool")?;
     // Contestants: ours at each precision, then the ggml steps.
     let count = OURS.len() + ggml.len();
     let mut ms: Vec<Vec<f64>> = vec![Vec::new(); count];
     let mut probes = Vec::new();
-    for round in 0..options.rounds {
+    for round in 0..options.flags.rounds {
         probes.push(probe.bytes() as f64 / probe.read_pass().as_secs_f64() / 1e9);
         for k in 0..count {
             let who = (k + round) % count;
             let start = Instant::now();
             if who < OURS.len() {
                 moshi_kernels::set_activation_precision(OURS[who]);
-                pool.install(|| (0..options.steps).for_each(|_| ours.step()));
+                pool.install(|| (0..options.flags.steps).for_each(|_| ours.step()));
             } else {
                 let step = &ggml[who - OURS.len()].1;
-                for _ in 0..options.steps {
+                for _ in 0..options.flags.steps {
                     step.compute(&x, None)?;
                 }
                 runtime.pause();
             }
-            ms[who].push(start.elapsed().as_secs_f64() * 1e3 / options.steps as f64);
+            ms[who].push(start.elapsed().as_secs_f64() * 1e3 / options.flags.steps as f64);
         }
     }
     report(&ms, &probes, &ours, &ggml);
