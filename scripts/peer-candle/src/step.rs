@@ -33,11 +33,7 @@ pub struct StepOptions {
 }
 
 /// Our activation precisions, each a contestant.
-const OURS: &[ActivationPrecision] = &[
-    ActivationPrecision::Exact,
-    ActivationPrecision::Int16,
-    ActivationPrecision::Int8,
-];
+const OURS: &[ActivationPrecision] = &ActivationPrecision::ALL;
 
 pub fn parse(args: &[String]) -> Result<StepOptions, String> {
     let mut options = StepOptions {

@@ -43,11 +43,7 @@ const STEP_FORMATS: &[(&str, &str, bool)] = &[
 ];
 
 /// Our activation precisions, each a contestant.
-const OURS: &[ActivationPrecision] = &[
-    ActivationPrecision::Exact,
-    ActivationPrecision::Int16,
-    ActivationPrecision::Int8,
-];
+const OURS: &[ActivationPrecision] = &ActivationPrecision::ALL;
 
 pub fn parse(args: &[String]) -> Result<StepOptions, String> {
     let mut options = StepOptions {
