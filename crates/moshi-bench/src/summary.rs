@@ -1,5 +1,5 @@
 //! Summaries of per-round samples for the benchmarks that alternate contestants round by round
-//! (the peer benchmarks in `scripts/`): the median and the range.
+//! (the peer benchmarks in `scripts/`): the median and the range, and the two as a table cell.
 
 /// The median of `values` (the upper middle of an even count).
 ///
@@ -18,6 +18,13 @@ pub fn range(values: &[f64]) -> (f64, f64) {
     (low, values.iter().copied().fold(0.0, f64::max))
 }
 
+/// `median [low-high]` of `values`, each with `decimals` decimals: a table cell of the rounds.
+pub fn median_and_range(values: &[f64], decimals: usize) -> String {
+    let (low, high) = range(values);
+    let median = median(values);
+    format!("{median:.decimals$} [{low:.decimals$}-{high:.decimals$}]")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -27,5 +34,6 @@ mod tests {
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 3.0);
         assert_eq!(range(&[2.5, 0.5, 9.0]), (0.5, 9.0));
+        assert_eq!(median_and_range(&[2.5, 0.5, 9.0], 1), "2.5 [0.5-9.0]");
     }
 }

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use moshi_bench::bandwidth::ReadBuffer;
 use moshi_bench::step_flags::{positive, StepFlags};
-use moshi_bench::summary::{median, range};
+use moshi_bench::summary::{median, median_and_range};
 use moshi_kernels::ActivationPrecision;
 use moshi_loader::LmConfig;
 use moshi_model::generator::{
@@ -206,9 +206,8 @@ pub fn run(options: &StepOptions, pool: &ThreadPool) -> Result<(), Error> {
 /// The tables: each contestant's step and parts against the probe, then ours against Kyutai's,
 /// per-round ratios.
 fn report(times: &[Times], probes: &[f64], bytes: &[usize]) {
-    let probe_gbps = median(probes);
-    let (pl, ph) = range(probes);
-    println!("probe (one pass before each round): median {probe_gbps:.1} GB/s [{pl:.1}-{ph:.1}]");
+    let probe = median_and_range(probes, 1);
+    println!("probe (one pass before each round): median {probe} GB/s");
     println!();
     println!(
         "| contestant | matrices MB / step | step ms: median [range] | temporal ms | depformer + sampling ms | GB/s | x the bound, per round: median [range] |"
@@ -221,7 +220,6 @@ fn report(times: &[Times], probes: &[f64], bytes: &[usize]) {
         .collect();
     for (who, t) in times.iter().enumerate() {
         let step_ms = median(&t.step);
-        let (lo, hi) = range(&t.step);
         // The bound of each round: the contestant's bytes at that round's probe.
         let to_bound: Vec<f64> = t
             .step
@@ -229,15 +227,15 @@ fn report(times: &[Times], probes: &[f64], bytes: &[usize]) {
             .zip(probes)
             .map(|(ms, gbps)| ms / (bytes[who] as f64 / gbps / 1e6))
             .collect();
-        let (blo, bhi) = range(&to_bound);
         println!(
-            "| {} | {:.0} | {step_ms:.2} [{lo:.2}-{hi:.2}] | {:.2} | {:.2} | {:.1} | {:.2} [{blo:.2}-{bhi:.2}] |",
+            "| {} | {:.0} | {} | {:.2} | {:.2} | {:.1} | {} |",
             names[who],
             bytes[who] as f64 / 1e6,
+            median_and_range(&t.step, 2),
             median(&t.temporal),
             median(&t.depformer),
             bytes[who] as f64 / step_ms / 1e6,
-            median(&to_bound)
+            median_and_range(&to_bound, 2)
         );
     }
     println!();
@@ -246,8 +244,7 @@ fn report(times: &[Times], probes: &[f64], bytes: &[usize]) {
     let kyutai = &times[OURS.len()];
     let ratio = |a: &[f64], b: &[f64]| {
         let ratios: Vec<f64> = a.iter().zip(b).map(|(x, y)| x / y).collect();
-        let (lo, hi) = range(&ratios);
-        format!("{:.2} [{lo:.2}-{hi:.2}]", median(&ratios))
+        median_and_range(&ratios, 2)
     };
     for (who, precision) in OURS.iter().enumerate() {
         let t = &times[who];

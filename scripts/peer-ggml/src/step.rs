@@ -16,7 +16,7 @@ use std::time::Instant;
 use moshi_bench::bandwidth::ReadBuffer;
 use moshi_bench::hashed_weights::hashed_f32;
 use moshi_bench::step_flags::{positive, StepFlags};
-use moshi_bench::summary::{median, range};
+use moshi_bench::summary::{median, median_and_range};
 use moshi_kernels::ActivationPrecision;
 use moshi_loader::LmConfig;
 use moshi_model::lm::temporal::{TemporalScratch, TemporalState};
@@ -235,8 +235,8 @@ pub fn run(options: &StepOptions, pool: &ThreadPool, runtime: &Runtime) -> Resul
 /// per-round ratios.
 fn report(ms: &[Vec<f64>], probes: &[f64], ours: &Ours, ggml: &[(&str, Step<'_>, usize)]) {
     let probe_gbps = median(probes);
-    let (pl, ph) = range(probes);
-    println!("probe (one pass before each round): median {probe_gbps:.1} GB/s [{pl:.1}-{ph:.1}]");
+    let probe = median_and_range(probes, 1);
+    println!("probe (one pass before each round): median {probe} GB/s");
     println!();
     println!(
         "| contestant | weights MB | ms / step: median [range] | GB/s | x the probe's bound |"
@@ -252,12 +252,12 @@ fn report(ms: &[Vec<f64>], probes: &[f64], ours: &Ours, ggml: &[(&str, Step<'_>,
         .collect();
     for (who, times) in ms.iter().enumerate() {
         let step_ms = median(times);
-        let (lo, hi) = range(times);
         let bound_ms = bytes[who] as f64 / probe_gbps / 1e6;
         println!(
-            "| {} | {:.0} | {step_ms:.2} [{lo:.2}-{hi:.2}] | {:.1} | {:.2} |",
+            "| {} | {:.0} | {} | {:.1} | {:.2} |",
             names[who],
             bytes[who] as f64 / 1e6,
+            median_and_range(times, 2),
             bytes[who] as f64 / step_ms / 1e6,
             step_ms / bound_ms
         );
@@ -276,8 +276,7 @@ fn report(ms: &[Vec<f64>], probes: &[f64], ours: &Ours, ggml: &[(&str, Step<'_>,
                     .zip(&ms[OURS.len() + g])
                     .map(|(a, b)| a / b)
                     .collect();
-                let (lo, hi) = range(&ratios);
-                format!("{:.2} [{lo:.2}-{hi:.2}]", median(&ratios))
+                median_and_range(&ratios, 2)
             })
             .collect();
         println!("| {precision} | {} |", cells.join(" | "));
