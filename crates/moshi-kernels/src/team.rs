@@ -11,6 +11,11 @@
 //! any thread count. One region runs at a time; a caller that finds the team busy (another thread,
 //! or a nested call) runs all parts itself, so the team can never deadlock, also not when called
 //! from inside a rayon pool.
+//!
+//! A balanced region ([`run_balanced`]) cuts its work in many small units instead of one part a
+//! thread: each thread starts on its equal share and, done with it, takes half of what is left
+//! of another's, so a thread that runs slower (the two vCPUs of a VM do not always run at the same
+//! speed) or wakes late no longer holds the region up.
 
 use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, OnceLock};
@@ -42,6 +47,8 @@ struct Shared {
 
 struct Team {
     helpers: usize,
+    /// The threads' runs of units in a `run_balanced` region (one a thread).
+    runs: Box<[UnitRun]>,
     /// Held by the thread that runs a region.
     busy: Mutex<()>,
     shared: &'static Shared,
@@ -78,6 +85,7 @@ fn team() -> &'static Team {
         }
         Team {
             helpers,
+            runs: (0..=helpers).map(|_| UnitRun(AtomicU64::new(0))).collect(),
             busy: Mutex::new(()),
             shared,
         }
@@ -95,16 +103,122 @@ pub fn threads() -> usize {
 pub fn run(parts: usize, f: &(dyn Fn(usize) + Sync)) {
     assert!(parts <= MAX_PARTS, "team::run: {parts} parts > {MAX_PARTS}");
     let team = team();
-    let busy = if parts > 1 && threads() > 1 {
-        team.busy.try_lock().ok()
-    } else {
-        None
-    };
+    match team.hold(parts) {
+        Some(_busy) => run_region(team.shared, parts, f),
+        None => (0..parts).for_each(f),
+    }
+}
+
+/// Runs `f(unit)` for every `unit < units` on `threads` threads at most, each starting on an equal
+/// run of consecutive units and, when its run is done, taking the later half of what another
+/// thread has left (down to single units). Consecutive units stay together on one thread as long
+/// as the threads keep pace, and a slower thread (a vCPU sharing its core, a late wake-up) no
+/// longer holds the others up at the end of the region: they finish its run. Panics in `f` abort
+/// the process.
+pub fn run_balanced(max_threads: usize, units: usize, f: &(dyn Fn(usize) + Sync)) {
+    assert!(
+        u32::try_from(units).is_ok(),
+        "team::run_balanced: {units} units"
+    );
+    let team = team();
+    let threads = max_threads.min(threads()).min(units).min(team.runs.len());
+    let busy = team.hold(threads);
     let Some(_busy) = busy else {
-        (0..parts).for_each(f);
+        (0..units).for_each(f);
         return;
     };
-    let shared = team.shared;
+    let runs = &team.runs[..threads];
+    for (i, run) in runs.iter().enumerate() {
+        run.set(units * i / threads, units * (i + 1) / threads);
+    }
+    // `run_region` publishes the runs to the helpers with the region (its claim word's store).
+    run_region(team.shared, threads, &|own| {
+        runs[own].drain(f);
+        while let Some(stolen) = steal(runs) {
+            runs[own].set(stolen.start, stolen.end);
+            runs[own].drain(f);
+        }
+    });
+}
+
+/// The later half (rounded up, at least one unit) of the largest run another thread has left, its
+/// units removed from that run; `None` once every run is empty.
+fn steal(runs: &[UnitRun]) -> Option<std::ops::Range<usize>> {
+    loop {
+        let (victim, (front, back)) = runs
+            .iter()
+            .map(UnitRun::get)
+            .enumerate()
+            .max_by_key(|&(_, (front, back))| back.saturating_sub(front))?;
+        if front >= back {
+            return None;
+        }
+        let middle = back - (back - front).div_ceil(2);
+        if runs[victim].shrink(front, back, middle) {
+            return Some(middle..back);
+        }
+    }
+}
+
+/// One thread's run of units `front..back`, in one word (`front << 32 | back`) on its own cache
+/// line: the thread takes units from its front, others shorten its back.
+#[repr(align(128))]
+struct UnitRun(AtomicU64);
+
+impl UnitRun {
+    fn get(&self) -> (usize, usize) {
+        let word = self.0.load(Ordering::Acquire);
+        ((word >> 32) as usize, (word & 0xFFFF_FFFF) as usize)
+    }
+
+    fn set(&self, front: usize, back: usize) {
+        self.0
+            .store((front as u64) << 32 | back as u64, Ordering::Release);
+    }
+
+    /// Runs `f` on each unit of the run, front first, until the run is empty.
+    fn drain(&self, f: &(dyn Fn(usize) + Sync)) {
+        loop {
+            let word = self.0.load(Ordering::Acquire);
+            let (front, back) = (word >> 32, word & 0xFFFF_FFFF);
+            if front >= back {
+                return;
+            }
+            if self
+                .0
+                .compare_exchange_weak(word, word + (1 << 32), Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                f(front as usize);
+            }
+        }
+    }
+
+    /// Cuts the run `front..back` (as last read) to `front..middle`; false if it changed meanwhile.
+    /// A run's words never repeat while it holds units (each unit is handed out once), so an
+    /// unchanged word means an unchanged run.
+    fn shrink(&self, front: usize, back: usize, middle: usize) -> bool {
+        let word = (front as u64) << 32 | back as u64;
+        let cut = (front as u64) << 32 | middle as u64;
+        self.0
+            .compare_exchange(word, cut, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+    }
+}
+
+impl Team {
+    /// The team for a region of `parts` parts, or `None` where the region should run on the
+    /// caller alone (one part, one thread, or the team busy with another region).
+    fn hold(&self, parts: usize) -> Option<std::sync::MutexGuard<'_, ()>> {
+        (parts > 1 && threads() > 1)
+            .then(|| self.busy.try_lock().ok())
+            .flatten()
+    }
+}
+
+/// Publishes region `f` of `parts` parts to the helpers, works on it, and returns once every part
+/// is done. The caller holds the team (`Team::hold`).
+fn run_region(shared: &Shared, parts: usize, f: &(dyn Fn(usize) + Sync)) {
     let job = Job { f };
     // SAFETY (lifetime erasure): the pointer is only dereferenced by whoever claims a part of this
     // region, and this function does not return before every claimed part has finished.
@@ -233,7 +347,7 @@ unsafe impl Sync for OutBase {}
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::AtomicU32;
+    use std::sync::atomic::{AtomicBool, AtomicU32};
 
     #[test]
     fn chunks_tile_the_slice_with_their_offsets() {
@@ -277,6 +391,64 @@ mod tests {
                 "index {i}"
             );
         }
+    }
+
+    #[test]
+    fn balanced_regions_run_every_unit_exactly_once() {
+        for (threads, units) in [(1, 5), (2, 0), (2, 1), (2, 2), (2, 7), (3, 100), (8, 1000)] {
+            let hits: Vec<AtomicU32> = (0..units).map(|_| AtomicU32::new(0)).collect();
+            run_balanced(threads, units, &|u| {
+                hits[u].fetch_add(1, Ordering::Relaxed);
+            });
+            assert!(
+                hits.iter().all(|h| h.load(Ordering::Relaxed) == 1),
+                "{threads} threads, {units} units"
+            );
+        }
+    }
+
+    /// The first unit waits for all the others, which only the other thread can run, by taking
+    /// the rest of the first thread's run (a region the team was too busy for, because another
+    /// test held it, runs on the caller alone and is tried again).
+    #[test]
+    fn a_stalled_thread_s_units_are_taken_by_the_other() {
+        if threads() < 2 {
+            eprintln!("skipped: one thread");
+            return;
+        }
+        const UNITS: usize = 64;
+        for _ in 0..100 {
+            let (done, first_thread) = (AtomicUsize::new(0), OnceLock::new());
+            let other_threads = AtomicUsize::new(0);
+            let waited = AtomicBool::new(false);
+            run_balanced(2, UNITS, &|u| {
+                let me = std::thread::current().id();
+                if u == 0 {
+                    first_thread.set(me).unwrap();
+                    let start = Instant::now();
+                    while done.load(Ordering::Acquire) < UNITS - 1 {
+                        if start.elapsed() > Duration::from_secs(5) {
+                            return;
+                        }
+                        std::hint::spin_loop();
+                    }
+                    waited.store(true, Ordering::Relaxed);
+                    return;
+                }
+                if first_thread.get().is_some_and(|&t| t != me) {
+                    other_threads.fetch_add(1, Ordering::Relaxed);
+                }
+                done.fetch_add(1, Ordering::Release);
+            });
+            if other_threads.load(Ordering::Relaxed) > 0 {
+                assert!(
+                    waited.load(Ordering::Relaxed),
+                    "units left behind the stalled one"
+                );
+                return;
+            }
+        }
+        panic!("the team never took a balanced region");
     }
 
     #[test]

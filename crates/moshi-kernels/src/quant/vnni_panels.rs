@@ -7,8 +7,9 @@
 //! `MR · NP` f32 totals. Rows go in tiles of 8 (three digits: 4), then 4, 2, 1, each meeting the
 //! weights of a pass of 8 panels while those sit in L1/L2, so the weights stream from memory once
 //! per product. A single row takes [`SINGLE_ROW_STREAMS`] panels a tile, one from each equal span
-//! of its thread's panels, so that each of its streams runs on through memory from tile to tile;
-//! the prefetch covers them. Threads take equal runs of panels.
+//! of the panels, so that each of a thread's streams runs on through memory from tile to tile; the
+//! prefetch covers them. The threads start on equal runs of tiles (passes) and finish each other's
+//! (`team::run_balanced`).
 
 use std::arch::x86_64::*;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -94,26 +95,32 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::default();
 }
 
-/// The tiles of `frame` over every panel of `w` into `y`, the panels split in equal runs between
-/// the team's threads.
+/// The tiles of `frame` over every panel of `w` into `y`, its units ([`units`]) shared out
+/// between the team's threads.
 fn run_tiles(w: &QuantPanels, frame: &Frame<'_>, tiles: TilesFn, y: &mut [f32]) {
-    let panels = frame.layout.panels;
-    let tasks = crate::team::threads()
-        .min((w.weight_bytes() / MIN_TASK_WEIGHT_BYTES).max(1))
-        .min(panels)
-        .max(1);
+    let threads = crate::team::threads().min((w.weight_bytes() / MIN_TASK_WEIGHT_BYTES).max(1));
     let out = Out {
         y: y.as_mut_ptr(),
         rows: w.rows(),
     };
-    let panels_per_task = panels.div_ceil(tasks);
-    crate::team::run(tasks, &|task| {
-        let first = task * panels_per_task;
-        let last = (first + panels_per_task).min(panels);
-        // SAFETY: the CPU has the features (asserted by `matmul`); the tasks' runs of panels
-        // are disjoint, so are the columns of `y` they write (`Out`).
-        unsafe { tiles(frame, &out, first, last) };
+    crate::team::run_balanced(threads, units(frame), &|unit| {
+        // SAFETY: the CPU has the features (asserted by `matmul`); each unit runs once and the
+        // units' panels are disjoint, so are the columns of `y` they write (`Out`).
+        unsafe { tiles(frame, &out, unit) };
     });
+}
+
+/// The units a product's tiles are shared out in: with a single row, [`SINGLE_ROW_STREAMS`]
+/// panels a span apart (the span a third of the panels), then the panels left one by one; with
+/// several, passes of [`PANELS_PER_PASS`] panels.
+fn units(frame: &Frame<'_>) -> usize {
+    let panels = frame.layout.panels;
+    if frame.m == 1 {
+        let span = panels / SINGLE_ROW_STREAMS;
+        span + (panels - SINGLE_ROW_STREAMS * span)
+    } else {
+        panels.div_ceil(PANELS_PER_PASS)
+    }
 }
 
 /// The `m` activation rows of `x` in the VNNI kernel's digits at `precision` (`layout`) into
@@ -185,8 +192,8 @@ struct Frame<'a> {
     prefetch: CodePrefetch,
 }
 
-/// Runs the tiles of panels `first..last` into their columns of `out`.
-type TilesFn = unsafe fn(&Frame<'_>, &Out, usize, usize);
+/// Runs the tiles of one unit ([`units`]) into its columns of `out`.
+type TilesFn = unsafe fn(&Frame<'_>, &Out, usize);
 
 /// The tiles for codes of `bits` bits, groups of `group_size` and activations of `digits`
 /// digits.
@@ -214,44 +221,52 @@ fn select_bits<const BITS: usize>(group_size: usize, digits: usize) -> TilesFn {
     }
 }
 
-/// Panels `first..last` against every activation row, a pass of [`PANELS_PER_PASS`] panels at a
-/// time (module docs for the tile shapes).
+/// The tiles of unit `unit` ([`units`]): with a single row, one tile of its panels; with several,
+/// its pass of panels against every activation row (module docs for the tile shapes).
 ///
 /// # Safety
-/// The CPU must have AVX-512F, BW and VNNI; the panels must exist; `out` must hold the product's
-/// `m` rows, and no other thread write these panels' columns meanwhile.
+/// The CPU must have AVX-512F, BW and VNNI; the unit must exist; `out` must hold the product's `m`
+/// rows, and no other thread write this unit's columns meanwhile.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 unsafe fn tiles<const G: usize, const D: usize, const BITS: usize>(
     frame: &Frame<'_>,
     out: &Out,
-    first: usize,
-    last: usize,
+    unit: usize,
 ) {
+    const NP: usize = SINGLE_ROW_STREAMS;
+    let panels = frame.layout.panels;
     if frame.m == 1 {
-        // SAFETY: as this function's contract.
-        unsafe { run_single_row::<G, D, BITS, SINGLE_ROW_STREAMS>(frame, out, first, last) };
+        let span = panels / NP;
+        // SAFETY (both): as this function's contract; the panels exist.
+        unsafe {
+            if unit < span {
+                let streams = std::array::from_fn(|s| unit + s * span);
+                tile::<G, D, BITS, 1, NP>(frame, out, 0, streams, 1);
+            } else {
+                tile::<G, D, BITS, 1, 1>(frame, out, 0, [NP * span + unit - span], 1);
+            }
+        }
         return;
     }
-    let mut pass = first;
-    while pass < last {
-        let pass_end = (pass + PANELS_PER_PASS).min(last);
-        let mut row = 0;
-        while row < frame.m {
-            let left = frame.m - row;
-            // SAFETY (each): as this function's contract, rows `row..row + MR` exist.
-            row += unsafe {
-                match (D, left) {
-                    (DIGITS, 4..) => run::<G, D, BITS, 4, 1>(frame, out, row, pass, pass_end),
-                    (DIGITS, 2..) => run::<G, D, BITS, 2, 2>(frame, out, row, pass, pass_end),
-                    (DIGITS, _) => run::<G, D, BITS, 1, 4>(frame, out, row, pass, pass_end),
-                    (_, 8..) => run::<G, D, BITS, 8, 1>(frame, out, row, pass, pass_end),
-                    (_, 4..) => run::<G, D, BITS, 4, 2>(frame, out, row, pass, pass_end),
-                    (_, 2..) => run::<G, D, BITS, 2, 2>(frame, out, row, pass, pass_end),
-                    (_, _) => run::<G, D, BITS, 1, 4>(frame, out, row, pass, pass_end),
-                }
-            };
-        }
-        pass = pass_end;
+    let (pass, pass_end) = (
+        unit * PANELS_PER_PASS,
+        (unit * PANELS_PER_PASS + PANELS_PER_PASS).min(panels),
+    );
+    let mut row = 0;
+    while row < frame.m {
+        let left = frame.m - row;
+        // SAFETY (each): as this function's contract, rows `row..row + MR` exist.
+        row += unsafe {
+            match (D, left) {
+                (DIGITS, 4..) => run::<G, D, BITS, 4, 1>(frame, out, row, pass, pass_end),
+                (DIGITS, 2..) => run::<G, D, BITS, 2, 2>(frame, out, row, pass, pass_end),
+                (DIGITS, _) => run::<G, D, BITS, 1, 4>(frame, out, row, pass, pass_end),
+                (_, 8..) => run::<G, D, BITS, 8, 1>(frame, out, row, pass, pass_end),
+                (_, 4..) => run::<G, D, BITS, 4, 2>(frame, out, row, pass, pass_end),
+                (_, 2..) => run::<G, D, BITS, 2, 2>(frame, out, row, pass, pass_end),
+                (_, _) => run::<G, D, BITS, 1, 4>(frame, out, row, pass, pass_end),
+            }
+        };
     }
 }
 
@@ -265,34 +280,6 @@ struct Out {
 // SAFETY: the tasks sharing an `Out` write disjoint panels' columns (`tiles`' contract), and the
 // output outlives the team region that writes it.
 unsafe impl Sync for Out {}
-
-/// The single activation row against panels `first..last` in `NP` streams: the run cut in `NP`
-/// equal spans, a tile reading the next panel of each (the rest one by one). Each stream then
-/// reads on through memory from one tile to the next (panels lie end to end), where tiles of
-/// `NP` adjacent panels would start `NP` new streams every `NP` panels: 9 KiB apart at 1024
-/// columns (the depformer), where the restarts cost most.
-///
-/// # Safety
-/// As [`tiles`].
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-#[inline]
-unsafe fn run_single_row<const G: usize, const D: usize, const BITS: usize, const NP: usize>(
-    frame: &Frame<'_>,
-    out: &Out,
-    first: usize,
-    last: usize,
-) {
-    let span = (last - first) / NP;
-    for t in 0..span {
-        let panels = std::array::from_fn(|s| first + s * span + t);
-        // SAFETY: as this function's contract; the panels lie in `first..last`.
-        unsafe { tile::<G, D, BITS, 1, NP>(frame, out, 0, panels, 1) };
-    }
-    for panel in first + NP * span..last {
-        // SAFETY: as above.
-        unsafe { tile::<G, D, BITS, 1, 1>(frame, out, 0, [panel], 1) };
-    }
-}
 
 /// Rows `row..row + MR` against panels `first..last`, `NP` adjacent panels a tile (the rest one
 /// by one); returns `MR`.
