@@ -325,24 +325,62 @@ pub fn run_ranges(lo: usize, hi: usize, parts: usize, f: &(dyn Fn(usize, usize) 
 /// last one may be shorter), `first` being the chunk's offset in `out`. Each part gets its own
 /// disjoint chunk as a plain `&mut` slice, so callers need no raw pointers.
 pub fn run_chunks_mut(out: &mut [f32], chunk_len: usize, f: &(dyn Fn(usize, &mut [f32]) + Sync)) {
-    let len = out.len();
-    let chunk_len = chunk_len.max(1);
-    let base = OutBase(out.as_mut_ptr());
-    run(len.div_ceil(chunk_len), &|i| {
-        let base = &base;
-        let lo = i * chunk_len;
-        let hi = (lo + chunk_len).min(len);
-        // SAFETY: part `i` alone touches `lo..hi`, in bounds of `out`, which stays mutably
-        // borrowed until `run` returns, i.e. after every part has finished.
-        let chunk = unsafe { std::slice::from_raw_parts_mut(base.0.add(lo), hi - lo) };
-        f(lo, chunk);
-    });
+    let chunks = Chunks::new(out, chunk_len);
+    // SAFETY: `run` runs each part once.
+    run(chunks.count, &|i| unsafe { chunks.run(i, f) });
 }
 
-/// The start of the slice [`run_chunks_mut`] hands out in disjoint chunks.
-struct OutBase(*mut f32);
-// SAFETY: only dereferenced through the disjoint chunks of `run_chunks_mut`.
-unsafe impl Sync for OutBase {}
+/// [`run_chunks_mut`] as a balanced region ([`run_balanced`]) on `max_threads` threads at most:
+/// the chunks are its units.
+pub fn run_balanced_chunks_mut(
+    max_threads: usize,
+    out: &mut [f32],
+    chunk_len: usize,
+    f: &(dyn Fn(usize, &mut [f32]) + Sync),
+) {
+    let chunks = Chunks::new(out, chunk_len);
+    // SAFETY: `run_balanced` runs each unit once.
+    run_balanced(max_threads, chunks.count, &|i| unsafe { chunks.run(i, f) });
+}
+
+/// A slice handed out in disjoint chunks of `chunk_len` values, one to each part of a region.
+struct Chunks<'a> {
+    base: *mut f32,
+    len: usize,
+    chunk_len: usize,
+    count: usize,
+    _out: std::marker::PhantomData<&'a mut [f32]>,
+}
+
+// SAFETY: only dereferenced through disjoint chunks (`Chunks::run`'s contract).
+unsafe impl Sync for Chunks<'_> {}
+
+impl<'a> Chunks<'a> {
+    /// The chunks of `out`, which stays mutably borrowed as long as they live.
+    fn new(out: &'a mut [f32], chunk_len: usize) -> Self {
+        let chunk_len = chunk_len.max(1);
+        Self {
+            base: out.as_mut_ptr(),
+            len: out.len(),
+            chunk_len,
+            count: out.len().div_ceil(chunk_len),
+            _out: std::marker::PhantomData,
+        }
+    }
+
+    /// `f(first, chunk)` for chunk `i`.
+    ///
+    /// # Safety
+    /// Each chunk must be run once at a time (so its slice is borrowed mutably once).
+    unsafe fn run(&self, i: usize, f: &(dyn Fn(usize, &mut [f32]) + Sync)) {
+        let lo = i * self.chunk_len;
+        let hi = (lo + self.chunk_len).min(self.len);
+        // SAFETY: `lo..hi` lies in the slice `new` borrowed, and only this call touches it (the
+        // function's contract).
+        let chunk = unsafe { std::slice::from_raw_parts_mut(self.base.add(lo), hi - lo) };
+        f(lo, chunk);
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -410,6 +448,23 @@ mod tests {
     /// The first unit waits for all the others, which only the other thread can run, by taking
     /// the rest of the first thread's run (a region the team was too busy for, because another
     /// test held it, runs on the caller alone and is tried again).
+    #[test]
+    fn balanced_chunks_tile_the_slice_with_their_offsets() {
+        for (len, chunk) in [(0, 4), (10, 3), (64, 16), (5, 100), (1000, 7)] {
+            let mut out = vec![-1f32; len];
+            run_balanced_chunks_mut(2, &mut out, chunk, &|first, c| {
+                assert!(c.len() <= chunk && !c.is_empty());
+                for (j, v) in c.iter_mut().enumerate() {
+                    *v += (first + j) as f32 + 1.0;
+                }
+            });
+            assert!(
+                out.iter().enumerate().all(|(i, &v)| v == i as f32),
+                "{len} {chunk}"
+            );
+        }
+    }
+
     #[test]
     fn a_stalled_thread_s_units_are_taken_by_the_other() {
         if threads() < 2 {

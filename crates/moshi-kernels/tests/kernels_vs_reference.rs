@@ -196,7 +196,8 @@ fn activations_of_every_magnitude_stay_within_the_bound() {
 
 #[test]
 fn threaded_split_matches_reference() {
-    // Large enough to be split into several tasks; 3 threads so the row split is uneven.
+    // Large enough to run on two threads (of the pool's 3) in several units of rows, the last
+    // one short, shared out by a balanced region.
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(3)
         .build()
@@ -312,9 +313,10 @@ fn matvec_is_bit_identical_to_each_row_of_a_matmul() {
 #[test]
 fn many_panels_match_reference_and_batched_bits() {
     // Enough weight rows for the single-row product to run in streams of panels on two threads
-    // (75 panels of 16 rows, the last one partial: each thread's run cut in equal spans, with
-    // panels left over), at the depformer's 1024 columns: within the bound, and the same bits as each row
-    // of a two-row product, which takes the tiles of adjacent panels.
+    // (75 panels of 16 rows, the last one partial: three equal spans of panels, a tile taking
+    // one panel of each, and panels left over), at the depformer's 1024 columns: within the
+    // bound, and the same bits as each row of a two-row product, which takes the tiles of
+    // adjacent panels.
     let mut rng = XorShift64Star::new(13);
     let (rows, cols) = (75 * 16 - 3, 1024);
     for (bits, group_size) in [(4, 64), (4, 32), (8, 64)] {

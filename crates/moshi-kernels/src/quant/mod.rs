@@ -230,9 +230,10 @@ impl CodePrefetch {
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 pub(crate) const F16_TO_F32: f32 = f32::from_bits((112 + 127) << 23);
 
-/// Tasks per rayon thread. Four (for work stealing around preempted threads) measured lower than
-/// one in back-to-back full benchmark runs on a loaded 2-core machine, so rows are split evenly.
-const TASKS_PER_THREAD: usize = 1;
+/// Weight bytes of each unit a threaded product's rows are shared out in (whole rows, at least
+/// 16): small enough for the threads to even out at the end, large enough that a unit's call costs
+/// nothing next to its rows.
+const UNIT_WEIGHT_BYTES: usize = 64 * 1024;
 
 /// Computes `out_t[(r - row_start) * m + i]` for the rows `row_start..row_start + out_t.len() / m`,
 /// given the activations `xs` (`m` rows of `cols`, in the kernel's layout).
@@ -527,22 +528,22 @@ fn arranged<'x>(
     }
 }
 
-/// Splits the rows into at most [`TASKS_PER_THREAD`] tasks per thread of the [`crate::team`]
-/// (capped by the current rayon pool), none smaller than [`MIN_TASK_WEIGHT_BYTES`] of weights, and
-/// runs them on the team (no futex wake-up per call), each on its own chunk of `out_t`.
+/// Runs the rows on the [`crate::team`]'s threads (capped by the current rayon pool), none with
+/// less than [`MIN_TASK_WEIGHT_BYTES`] of weights, in units of [`UNIT_WEIGHT_BYTES`] shared out by
+/// a balanced region (each thread on its run of consecutive rows, finishing a slower thread's),
+/// each unit on its own chunk of `out_t`.
 fn run_threaded(w: &QuantizedMatrix, plan: &Plan, xs: &[f32], m: usize, out_t: &mut [f32]) {
     let rows = w.rows();
-    let max_tasks_by_size = (w.weight_bytes() / MIN_TASK_WEIGHT_BYTES).max(1);
-    let tasks = (TASKS_PER_THREAD * crate::team::threads())
-        .min(max_tasks_by_size)
-        .min(rows)
-        .max(1);
-    if tasks == 1 {
+    let threads = crate::team::threads()
+        .min((w.weight_bytes() / MIN_TASK_WEIGHT_BYTES).max(1))
+        .min(rows);
+    if threads <= 1 {
         (plan.rows_fn)(w, xs, m, 0, out_t);
         return;
     }
-    let rows_per_task = rows.div_ceil(tasks);
-    crate::team::run_chunks_mut(out_t, rows_per_task * m, &|first, chunk| {
+    let row_bytes = (w.weight_bytes() / rows).max(1);
+    let unit_rows = (UNIT_WEIGHT_BYTES / row_bytes).next_multiple_of(16).max(16);
+    crate::team::run_balanced_chunks_mut(threads, out_t, unit_rows * m, &|first, chunk| {
         (plan.rows_fn)(w, xs, m, first / m, chunk)
     });
 }
