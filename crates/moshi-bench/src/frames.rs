@@ -13,6 +13,7 @@ use moshi_runtime::metrics::{FrameRecord, LatencyStats, StageTimings};
 use moshi_runtime::{FRAME_SAMPLES, SAMPLE_RATE_HZ};
 use serde::ser::{Error as _, SerializeSeq};
 
+use crate::frame_probe::FrameProbe;
 use crate::report::{lm_step_ms, StageStats};
 use crate::span_timer::SpanTotals;
 use crate::BenchError;
@@ -208,7 +209,8 @@ pub fn bench_input_frame(index: usize, seed: u64) -> Vec<f32> {
 
 /// Runs `warmup` untimed frames then `frames` timed ones through [`OfflineRunner`], their
 /// timings into streaming statistics and, with `log`, every timed frame's record into it. With
-/// `spans`, the [`TEMPORAL_LAYER_SPAN`] totals are read after every frame.
+/// `spans`, the [`TEMPORAL_LAYER_SPAN`] totals are read after every frame; with `probe`, its
+/// passes run between the timed frames (untimed) and it gets every frame's LM step.
 pub fn run_frames(
     processor: &mut dyn FrameProcessor,
     warmup: usize,
@@ -216,6 +218,7 @@ pub fn run_frames(
     seed: u64,
     spans: Option<&SpanTotals>,
     mut log: Option<FrameLog>,
+    mut probe: Option<&mut FrameProbe>,
 ) -> Result<FrameRun, BenchError> {
     let mut warmup_runner = OfflineRunner::new();
     for i in 0..warmup {
@@ -229,9 +232,15 @@ pub fn run_frames(
     let mut runner = OfflineRunner::new();
     let mut run = FrameRun::default();
     for i in warmup..warmup + frames {
+        if let Some(p) = probe.as_deref_mut() {
+            p.before_frame(i - warmup);
+        }
         let (record, _) = runner
             .process(processor, &bench_input_frame(i, seed))
             .map_err(|source| BenchError::Frame { frame: i, source })?;
+        if let Some(p) = probe.as_deref_mut() {
+            p.after_frame(lm_step_ms(&record));
+        }
         run.stages.push(&record);
         if let Some(log) = log.as_mut() {
             log.push(&record).map_err(BenchError::FrameLog)?;
@@ -280,7 +289,16 @@ mod tests {
     #[test]
     fn warmup_frames_are_run_but_not_recorded() {
         let mut p = Counter { seen: 0 };
-        let run = run_frames(&mut p, 2, 3, 1, None, Some(FrameLog::create().unwrap())).unwrap();
+        let run = run_frames(
+            &mut p,
+            2,
+            3,
+            1,
+            None,
+            Some(FrameLog::create().unwrap()),
+            None,
+        )
+        .unwrap();
         assert_eq!(p.seen, 5);
         assert_eq!(run.stages.frames(), 3);
         let records: Vec<FrameRecord> = run

@@ -36,6 +36,8 @@ pub mod extrapolate;
 #[cfg(feature = "pipeline")]
 pub mod format;
 #[cfg(feature = "pipeline")]
+pub mod frame_probe;
+#[cfg(feature = "pipeline")]
 pub mod frames;
 #[cfg(feature = "pipeline")]
 pub mod kv_traffic;

@@ -8,6 +8,8 @@ use serde::Serialize;
 
 use moshi_runtime::metrics::{FrameRecord, Percentiles};
 
+use crate::frame_probe::ProbesBesideFrames;
+
 use crate::frames::FrameLog;
 use crate::tts::FirstAudio;
 use moshi_runtime::FRAME_MS;
@@ -206,6 +208,9 @@ pub struct BandwidthBound {
     pub ratio_to_bound: f64,
     /// Bytes read per frame / `lm_measured_p50_ms`, GB/s.
     pub effective_gbps: f64,
+    /// The probes taken between the timed frames and each frame against its own probe's bound
+    /// (`--probe-every`); `None` without them.
+    pub beside_frames: Option<ProbesBesideFrames>,
 }
 
 impl BandwidthBound {
@@ -234,6 +239,7 @@ impl BandwidthBound {
             lm_measured_p50_ms,
             ratio_to_bound,
             effective_gbps,
+            beside_frames: None,
         }
     }
 }
@@ -397,6 +403,22 @@ impl BenchReport {
             "memory read bandwidth {:.2} GB/s -> LM lower bound {:.2} ms/frame; measured LM p50 {:.2} ms = {:.2}x the bound\n",
             self.machine.read_bandwidth_gbps, b.lm_bound_ms, b.lm_measured_p50_ms, b.ratio_to_bound
         );
+        if let Some(f) = &b.beside_frames {
+            let (g, r) = (&f.probes_gbps, &f.ratio_to_bound);
+            s += &format!(
+                "beside the frames (a probe of {} before every {} frames): {:.1}-{:.1} GB/s (p50 {:.1}); \
+                 each frame's LM step / its probe's bound: p50 {:.2}x (min {:.2}, p95 {:.2}, max {:.2})\n",
+                human_bytes(f.probe_bytes),
+                f.every_frames,
+                g.min,
+                g.max,
+                g.p50,
+                r.p50,
+                r.min,
+                r.p95,
+                r.max
+            );
+        }
         if let Some(t) = &self.tts {
             s += &t.to_text();
         }

@@ -29,6 +29,7 @@ use crate::bandwidth::{measure_read_bandwidth_gbps_with, DEFAULT_PASSES};
 use crate::checkpoint::{load_checkpoint_lm, resolve_model};
 use crate::extrapolate::extrapolate_to_full_depth;
 use crate::format::WeightFormat;
+use crate::frame_probe::FrameProbe;
 use crate::frames::{run_frames, FrameLog};
 use crate::kv_traffic::kv_read_per_layer_bytes;
 use crate::memory::{ensure_fits, peak_resident_bytes, reset_peak_resident};
@@ -129,6 +130,9 @@ pub struct BenchOptions {
     pub mimi_weights: MimiWeights,
     /// Buffer of the memory read-bandwidth probe, MiB.
     pub bandwidth_buffer_mib: usize,
+    /// A read-bandwidth probe (two passes) before every this many timed frames, each frame's LM
+    /// step set against it (`--probe-every`); 0: none.
+    pub probe_every: usize,
     /// Classifier-free guidance coefficient of a conditioned config (Hibiki); `None`: the
     /// config's default, else 1 (no guidance).
     pub cfg_coef: Option<f32>,
@@ -185,6 +189,11 @@ pub fn run_bench(
         "measuring memory read bandwidth with {threads} threads ..."
     ));
     let mut probes = vec![probe_bandwidth(threads, options.bandwidth_buffer_mib)];
+    let reads_lm = matches!(options.stage, Stage::All | Stage::Lm | Stage::Depformer);
+    let probe_buffer = (options.probe_every > 0 && reads_lm)
+        .then(|| FrameProbe::buffer(threads, options.bandwidth_buffer_mib << 20))
+        .flatten();
+    let probe_buffer_bytes = probe_buffer.as_ref().map_or(0, |b| b.bytes() as u64);
     // The probe's buffer is freed; do not let it count as the model's peak memory.
     if !reset_peak_resident() {
         tracing::debug!(
@@ -351,6 +360,13 @@ pub fn run_bench(
         .then(FrameLog::create)
         .transpose()
         .map_err(BenchError::FrameLog)?;
+    let mut probe = probe_buffer.and_then(|buffer| {
+        FrameProbe::new(
+            buffer,
+            options.probe_every,
+            weights.lm_read_per_frame_bytes(),
+        )
+    });
     let run = run_frames(
         processor.as_mut(),
         options.warmup,
@@ -358,20 +374,25 @@ pub fn run_bench(
         options.seed,
         spans,
         log,
+        probe.as_mut(),
     )?;
     drop(processor);
-    // Read the peak before the bandwidth probe allocates its own buffer.
-    let peak_memory_bytes = peak_resident_bytes();
+    // Read the peak before the bandwidth probe allocates its own buffer; the buffer of the probes
+    // beside the frames was resident since the peak's reset, so it comes off exactly.
+    let peak_memory_bytes = peak_resident_bytes().map(|p| p.saturating_sub(probe_buffer_bytes));
     progress("measuring memory read bandwidth again ...");
     probes.push(probe_bandwidth(threads, options.bandwidth_buffer_mib));
     let read_bandwidth_gbps = probes.iter().copied().fold(0.0, f64::max);
 
     let stats = run.stages.stats();
-    let bound = BandwidthBound::new(
-        weights.lm_read_per_frame_bytes(),
-        read_bandwidth_gbps,
-        stats.lm_step_ms.p50,
-    );
+    let bound = BandwidthBound {
+        beside_frames: probe.map(|p| p.figures()),
+        ..BandwidthBound::new(
+            weights.lm_read_per_frame_bytes(),
+            read_bandwidth_gbps,
+            stats.lm_step_ms.p50,
+        )
+    };
     let extrapolated = if matches!(options.stage, Stage::All | Stage::Lm) {
         extrapolate_to_full_depth(
             &stats,

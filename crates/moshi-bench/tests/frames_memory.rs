@@ -74,7 +74,16 @@ fn peak_heap_bytes_of_a_run(frames: usize) -> usize {
     let log = FrameLog::create().unwrap();
     let before = LIVE.load(Ordering::Relaxed);
     PEAK.store(before, Ordering::Relaxed);
-    let run = run_frames(&mut Silence { frames: 0 }, 3, frames, 7, None, Some(log)).unwrap();
+    let run = run_frames(
+        &mut Silence { frames: 0 },
+        3,
+        frames,
+        7,
+        None,
+        Some(log),
+        None,
+    )
+    .unwrap();
     let peak = PEAK.load(Ordering::Relaxed) - before;
     assert_eq!(run.stages.frames(), frames as u64);
     assert_eq!(run.log.as_ref().unwrap().len(), frames as u64);

@@ -41,6 +41,7 @@ fn options(fixture_name: &str, stage: Stage, sessions: usize) -> BenchOptions {
         seed: 3,
         mimi_weights: MimiWeights::F32,
         bandwidth_buffer_mib: 1,
+        probe_every: 1,
         cfg_coef: None,
         sessions,
         tts_n_q: None,
@@ -88,6 +89,36 @@ fn check_stage_timings(report: &BenchReport, stage: Stage) {
     }
 }
 
+/// A stage that reads the LM's weights probed the bandwidth before each of its 2 frames and set
+/// both frames against it; the others took no probe.
+fn check_probes_beside_frames(report: &BenchReport, stage: Stage) {
+    let beside = report.bound.beside_frames.as_ref();
+    if !matches!(stage, Stage::All | Stage::Lm | Stage::Depformer) {
+        assert!(beside.is_none(), "{stage:?}");
+        return;
+    }
+    let beside = beside.unwrap_or_else(|| panic!("{stage:?}: no probes beside the frames"));
+    assert_eq!(beside.every_frames, 1);
+    let (probes, ratios) = (&beside.probes_gbps, &beside.ratio_to_bound);
+    assert!(probes.min > 0.0 && probes.max.is_finite(), "{probes:?}");
+    assert!(ratios.min > 0.0 && ratios.max.is_finite(), "{ratios:?}");
+    // Each frame's ratio is its LM step over the bytes' time at its probe's bandwidth.
+    let (steps, bytes) = (
+        &report.stages.lm_step_ms,
+        report.weights.lm_read_per_frame_bytes() as f64,
+    );
+    let ratio = |ms: f64, gbps: f64| ms / (bytes / (gbps * 1e6));
+    let slack = 1e-9;
+    assert!(
+        ratios.min >= ratio(steps.min, probes.min) * (1.0 - slack),
+        "{ratios:?}"
+    );
+    assert!(
+        ratios.max <= ratio(steps.max, probes.max) * (1.0 + slack),
+        "{ratios:?}"
+    );
+}
+
 #[test]
 fn every_stage_runs_and_reports_its_parts() {
     for stage in [
@@ -99,6 +130,7 @@ fn every_stage_runs_and_reports_its_parts() {
     ] {
         let report = run(&options("tiny-a", stage, 1));
         check_stage_timings(&report, stage);
+        check_probes_beside_frames(&report, stage);
         assert_eq!(report.run.sessions, 1);
         assert_eq!(report.run.lm_rows, 1);
         assert_eq!(report.run.cfg_coef, 1.0);

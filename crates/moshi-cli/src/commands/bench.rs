@@ -151,6 +151,16 @@ pub struct BenchArgs {
         value_parser = super::flag_values::bandwidth_buffer_mib
     )]
     bandwidth_buffer_mib: usize,
+    /// Probe the read bandwidth (two passes over at most 256 MiB, untimed) before every N timed
+    /// frames and set each frame's LM step against that probe's bound: the report's "beside the
+    /// frames" line. 0: only the probes before and after the run.
+    #[arg(
+        long,
+        default_value_t = 10,
+        value_name = "N",
+        value_parser = super::flag_values::probe_every
+    )]
+    probe_every: usize,
     /// Classifier-free guidance of a conditioned config (Hibiki, e.g. `--config
     /// configs/hibiki-m.json`): two LM rows per step, logits mixed with this coefficient. 1 = no
     /// guidance. Default: the config's `lm_gen_config.cfg_coef`, else 1. Stages all and lm.
@@ -195,6 +205,7 @@ pub fn run(args: BenchArgs, log_filter: &str) -> Result<()> {
         seed: args.seed,
         mimi_weights: args.mimi_weights,
         bandwidth_buffer_mib: args.bandwidth_buffer_mib,
+        probe_every: args.probe_every,
         cfg_coef: args.cfg_coef,
         sessions: args.sessions,
         tts_n_q: args.tts_n_q,

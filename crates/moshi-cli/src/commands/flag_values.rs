@@ -133,6 +133,11 @@ pub fn padding_between_frames(s: &str) -> Result<usize, String> {
     in_range(s, 0, MAX_PADDING_BETWEEN_FRAMES)
 }
 
+/// `bench --probe-every`: 0 (none) to [`MAX_BENCH_FRAMES`].
+pub fn probe_every(s: &str) -> Result<usize, String> {
+    in_range(s, 0, MAX_BENCH_FRAMES)
+}
+
 /// The bandwidth probe's buffer: 1 to [`MAX_BANDWIDTH_BUFFER_MIB`] MiB.
 pub fn bandwidth_buffer_mib(s: &str) -> Result<usize, String> {
     in_range(s, 1, MAX_BANDWIDTH_BUFFER_MIB)
@@ -219,5 +224,9 @@ mod tests {
         assert!(bandwidth_buffer_mib("100000000")
             .unwrap_err()
             .contains("1 to 65536"));
+        assert_eq!(probe_every("0").unwrap(), 0);
+        assert_eq!(probe_every("10").unwrap(), 10);
+        assert!(probe_every("2000000").unwrap_err().contains("0 to 1080000"));
+        assert!(probe_every("-1").unwrap_err().contains("whole number"));
     }
 }
