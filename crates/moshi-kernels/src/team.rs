@@ -387,20 +387,28 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicBool, AtomicU32};
 
+    /// Each chunk comes once, with its offset (every value starts at -1 and gets its index + 1).
     #[test]
     fn chunks_tile_the_slice_with_their_offsets() {
-        for (len, chunk) in [(0, 4), (10, 3), (64, 16), (5, 100)] {
-            let mut out = vec![-1f32; len];
-            run_chunks_mut(&mut out, chunk, &|first, c| {
-                assert!(c.len() <= chunk && !c.is_empty());
-                for (j, v) in c.iter_mut().enumerate() {
-                    *v = (first + j) as f32;
-                }
-            });
-            assert!(
-                out.iter().enumerate().all(|(i, &v)| v == i as f32),
-                "{len} {chunk}"
-            );
+        type ChunksFn = fn(&mut [f32], usize, &(dyn Fn(usize, &mut [f32]) + Sync));
+        let balanced: ChunksFn = |out, chunk, f| run_balanced_chunks_mut(2, out, chunk, f);
+        for (name, chunks) in [
+            ("run_chunks_mut", run_chunks_mut as ChunksFn),
+            ("balanced", balanced),
+        ] {
+            for (len, chunk) in [(0, 4), (10, 3), (64, 16), (5, 100), (1000, 7)] {
+                let mut out = vec![-1f32; len];
+                chunks(&mut out, chunk, &|first, c| {
+                    assert!(c.len() <= chunk && !c.is_empty());
+                    for (j, v) in c.iter_mut().enumerate() {
+                        *v += (first + j) as f32 + 1.0;
+                    }
+                });
+                assert!(
+                    out.iter().enumerate().all(|(i, &v)| v == i as f32),
+                    "{name}: {len} {chunk}"
+                );
+            }
         }
     }
 
@@ -447,24 +455,7 @@ mod tests {
 
     /// The first unit waits for all the others, which only the other thread can run, by taking
     /// the rest of the first thread's run (a region the team was too busy for, because another
-    /// test held it, runs on the caller alone and is tried again).
-    #[test]
-    fn balanced_chunks_tile_the_slice_with_their_offsets() {
-        for (len, chunk) in [(0, 4), (10, 3), (64, 16), (5, 100), (1000, 7)] {
-            let mut out = vec![-1f32; len];
-            run_balanced_chunks_mut(2, &mut out, chunk, &|first, c| {
-                assert!(c.len() <= chunk && !c.is_empty());
-                for (j, v) in c.iter_mut().enumerate() {
-                    *v += (first + j) as f32 + 1.0;
-                }
-            });
-            assert!(
-                out.iter().enumerate().all(|(i, &v)| v == i as f32),
-                "{len} {chunk}"
-            );
-        }
-    }
-
+    /// test held it, runs on the caller alone: it is tried again).
     #[test]
     fn a_stalled_thread_s_units_are_taken_by_the_other() {
         if threads() < 2 {
@@ -482,7 +473,11 @@ mod tests {
                     first_thread.set(me).unwrap();
                     let start = Instant::now();
                     while done.load(Ordering::Acquire) < UNITS - 1 {
-                        if start.elapsed() > Duration::from_secs(5) {
+                        // Alone (nobody ran a unit within 200 ms: the caller alone), or stuck.
+                        let waited_for = start.elapsed();
+                        let alone = done.load(Ordering::Acquire) == 0
+                            && waited_for > Duration::from_millis(200);
+                        if alone || waited_for > Duration::from_secs(5) {
                             return;
                         }
                         std::hint::spin_loop();
