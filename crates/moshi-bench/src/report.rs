@@ -9,7 +9,6 @@ use serde::Serialize;
 use moshi_runtime::metrics::{FrameRecord, Percentiles};
 
 use crate::frame_probe::ProbesBesideFrames;
-
 use crate::frames::FrameLog;
 use crate::tts::FirstAudio;
 use moshi_runtime::FRAME_MS;
