@@ -20,14 +20,7 @@ pub fn measure_read_bandwidth_gbps(threads: usize) -> f64 {
 ///
 /// Returns 0.0 for `threads == 0` or if the thread pool cannot be built.
 pub fn measure_read_bandwidth_gbps_with(threads: usize, buffer_bytes: usize, passes: usize) -> f64 {
-    let Some(buffer) = ReadBuffer::new(threads, buffer_bytes) else {
-        return 0.0;
-    };
-    let best = (0..passes.max(1))
-        .map(|_| buffer.read_pass())
-        .min()
-        .unwrap_or(Duration::MAX);
-    buffer.bytes() as f64 / best.as_secs_f64() / 1e9
+    ReadBuffer::new(threads, buffer_bytes).map_or(0.0, |buffer| buffer.best_gbps(passes))
 }
 
 /// A buffer that `threads` threads read in parallel, one slice each (for callers that time the
@@ -72,6 +65,15 @@ impl ReadBuffer {
     /// Size of the buffer in bytes.
     pub fn bytes(&self) -> usize {
         self.words.len() * 8
+    }
+
+    /// GB/s of the fastest of `passes` passes (at least one) over the buffer.
+    pub fn best_gbps(&self, passes: usize) -> f64 {
+        let best = (0..passes.max(1))
+            .map(|_| self.read_pass())
+            .min()
+            .unwrap_or(Duration::MAX);
+        self.bytes() as f64 / best.as_secs_f64() / 1e9
     }
 
     /// Reads the whole buffer once with all threads; returns the wall time taken.

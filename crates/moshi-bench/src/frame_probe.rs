@@ -67,14 +67,10 @@ impl FrameProbe {
             return;
         }
         // Two passes: the first also wakes the probe's threads.
-        let seconds = (0..2)
-            .map(|_| self.buffer.read_pass())
-            .min()
-            .unwrap_or_default()
-            .as_secs_f64();
-        if seconds > 0.0 {
-            self.latest_gbps = self.buffer.bytes() as f64 / seconds / 1e9;
-            self.probes_gbps.push(self.latest_gbps);
+        let gbps = self.buffer.best_gbps(2);
+        if gbps.is_finite() && gbps > 0.0 {
+            self.latest_gbps = gbps;
+            self.probes_gbps.push(gbps);
         }
     }
 

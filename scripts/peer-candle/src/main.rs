@@ -210,10 +210,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     relative_error(&peer_y.flatten_all()?.to_vec1::<f32>()?, &peer_dense, &x);
                 drop(peer_dense);
                 let probe = ReadBuffer::new(options.threads, 1 << 30)
-                    .map(|b| {
-                        let best = (0..3).map(|_| b.read_pass()).min().unwrap_or_default();
-                        b.bytes() as f64 / best.as_secs_f64() / 1e9
-                    })
+                    .map(|b| b.best_gbps(3))
                     .unwrap_or(0.0);
                 let (mut peer_us, mut ours_us, mut ratios) = (vec![], vec![], vec![]);
                 pool.install(|| -> candle_core::Result<()> {

@@ -181,7 +181,7 @@ pub fn run(options: &StepOptions, pool: &ThreadPool) -> Result<(), Error> {
     let probe = ReadBuffer::new(options.flags.threads, 1 << 30).ok_or("probe: no thread pool")?;
     let mut probes = Vec::new();
     for round in 0..options.flags.rounds {
-        probes.push(probe.bytes() as f64 / probe.read_pass().as_secs_f64() / 1e9);
+        probes.push(probe.best_gbps(1));
         for k in 0..count {
             let who = (k + round) % count;
             pool.install(|| {

@@ -329,10 +329,7 @@ pub fn run_shape(
     )?;
     drop(dense);
     let bandwidth = ReadBuffer::new(options.threads, 1 << 30)
-        .map(|b| {
-            let best = (0..3).map(|_| b.read_pass()).min().unwrap_or_default();
-            b.bytes() as f64 / best.as_secs_f64() / 1e9
-        })
+        .map(|b| b.best_gbps(3))
         .unwrap_or(0.0);
     let mut contestants: Vec<Contestant> = Vec::new();
     for side in 0..moshi.len() {

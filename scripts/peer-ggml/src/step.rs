@@ -210,7 +210,7 @@ pub fn run(options: &StepOptions, pool: &ThreadPool, runtime: &Runtime) -> Resul
     let mut ms: Vec<Vec<f64>> = vec![Vec::new(); count];
     let mut probes = Vec::new();
     for round in 0..options.flags.rounds {
-        probes.push(probe.bytes() as f64 / probe.read_pass().as_secs_f64() / 1e9);
+        probes.push(probe.best_gbps(1));
         for k in 0..count {
             let who = (k + round) % count;
             let start = Instant::now();
