@@ -73,6 +73,10 @@ pub struct MachineInfo {
     pub read_bandwidth_gbps: f64,
     /// Every bandwidth probe of the run (before loading the model, after the timed frames).
     pub read_bandwidth_probes_gbps: Vec<f64>,
+    /// The kernel's transparent huge page setting (`always`, `madvise` or `never`; `null` where
+    /// there is none): at `madvise` or `always` the probe's buffer and the weights are on 2 MiB
+    /// pages, at `never` both on 4 KiB pages, which read slower.
+    pub transparent_huge_pages: Option<String>,
     /// Peak resident set size of the process at the end of the run (`VmHWM`); `null` where the
     /// OS does not report it.
     pub peak_memory_bytes: Option<u64>,
@@ -398,8 +402,12 @@ impl BenchReport {
             human_bytes(w.kv_cache_read_per_frame_bytes),
             b.effective_gbps
         );
+        let pages = match self.machine.transparent_huge_pages.as_deref() {
+            Some("always" | "madvise") => "2 MiB pages",
+            _ => "4 KiB pages",
+        };
         s += &format!(
-            "memory read bandwidth {:.2} GB/s -> LM lower bound {:.2} ms/frame; measured LM p50 {:.2} ms = {:.2}x the bound\n",
+            "memory read bandwidth {:.2} GB/s ({pages}) -> LM lower bound {:.2} ms/frame; measured LM p50 {:.2} ms = {:.2}x the bound\n",
             self.machine.read_bandwidth_gbps, b.lm_bound_ms, b.lm_measured_p50_ms, b.ratio_to_bound
         );
         if let Some(f) = &b.beside_frames {

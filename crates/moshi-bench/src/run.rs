@@ -452,6 +452,7 @@ pub fn run_bench(
                 .unwrap_or(1),
             read_bandwidth_gbps,
             read_bandwidth_probes_gbps: probes,
+            transparent_huge_pages: moshi_kernels::huge_pages::transparent_huge_pages_setting(),
             peak_memory_bytes,
         },
         frame_budget_ms: FRAME_MS,

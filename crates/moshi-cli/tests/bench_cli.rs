@@ -216,6 +216,13 @@ fn tiny_random_run_writes_a_consistent_report_and_trace() {
     if cfg!(target_os = "linux") {
         assert!(num(&r, "machine.peak_memory_bytes") > 1e6);
     }
+    // The probe's pages: Linux's setting where the kernel has one, null elsewhere.
+    let setting = &r["machine"]["transparent_huge_pages"];
+    assert_eq!(
+        setting.as_str().map(String::from),
+        moshi_kernels::huge_pages::transparent_huge_pages_setting(),
+        "{setting}"
+    );
     // Bytes: two layers + text head + depformer; q8 with group 64 reads 8.5 bits per weight.
     let w = &r["weights"];
     let read = num(w, "read_per_frame_bytes");

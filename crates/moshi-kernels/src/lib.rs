@@ -32,13 +32,15 @@
 //!   [`QuantizedMatrix::matmul_reference`] is the scalar reference. Mimi's 8-bit products read
 //!   such a matrix rearranged into [`dense::PanelMatrix`] panels.
 //! * [`team`]: the persistent thread team all threaded kernels run on; [`cores`]: how many
-//!   threads to run by default (the performance cores of a big/little CPU).
+//!   threads to run by default (the performance cores of a big/little CPU); [`huge_pages`]: large
+//!   weight buffers on 2 MiB pages where Linux gives them.
 
 pub mod cores;
 mod cpu;
 pub mod dense;
 mod elem;
 mod error;
+pub mod huge_pages;
 mod matrix;
 mod precision;
 mod quant;

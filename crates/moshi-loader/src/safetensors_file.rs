@@ -302,10 +302,13 @@ impl SafetensorsFile {
     pub fn read(&self, name: &str) -> Result<Tensor> {
         let info = self.info(name)?.clone();
         let b = self.bytes(name)?;
+        // Weights are read where they are kept (the row kernels' codes) or copied from: on 2 MiB
+        // pages where Linux gives them.
         fn le<const N: usize, T>(b: &[u8], f: impl Fn([u8; N]) -> T) -> Vec<T> {
-            b.chunks_exact(N)
-                .map(|c| f(c.try_into().expect("chunk")))
-                .collect()
+            let mut out = Vec::with_capacity(b.len() / N);
+            moshi_kernels::huge_pages::advise(&mut out);
+            out.extend(b.chunks_exact(N).map(|c| f(c.try_into().expect("chunk"))));
+            out
         }
         let data = match info.dtype {
             DType::F32 => TensorData::F32(le(b, f32::from_le_bytes)),

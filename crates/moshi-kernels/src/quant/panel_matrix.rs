@@ -64,6 +64,7 @@ impl QuantPanels {
         let (rows, cols, group_size, bits) = (w.rows(), w.cols(), w.group_size(), w.bits());
         let layout = PanelLayout::new(rows, cols, group_size, bits);
         let mut lines = Vec::with_capacity(layout.panels * layout.panel_words / PANEL_ROWS);
+        crate::huge_pages::advise(&mut lines);
         for panel in 0..layout.panels {
             push_panel(&w, panel, &layout, &mut lines);
         }

@@ -70,6 +70,7 @@ fn random_matrix(
             let words = rows * cols * bits as usize / 32;
             let groups = rows * (cols / group_size.max(1));
             let mut codes = vec![0u32; words];
+            moshi_kernels::huge_pages::advise(&mut codes);
             codes
                 .par_chunks_mut(1 << 16)
                 .enumerate()

@@ -1,0 +1,137 @@
+//! Large read-mostly buffers (weights, the bandwidth probe's buffer) on 2 MiB pages where Linux
+//! gives them: a hint asked before the buffer is first written.
+//!
+//! Read through 4 KiB pages, a stream of weights takes a page walk every 4 KiB and the hardware
+//! prefetchers stop at every page's end; on 2 MiB pages (transparent huge pages) neither happens.
+//! Measured on the development VM (docs/performance.md, "Weights and the probe on 2 MiB pages"):
+//! the plain read the bandwidth probe does gained the most, the VNNI products, whose software
+//! prefetch already runs across 4 KiB pages, a few percent.
+
+/// Bytes of one transparent huge page on x86-64 (and aarch64 with 4 KiB base pages): the span
+/// whose whole, aligned copies inside a buffer are advised.
+pub const HUGE_PAGE_BYTES: usize = 2 << 20;
+
+/// Asks Linux to back the whole, aligned 2 MiB spans inside `buffer`'s capacity (its length and
+/// its spare capacity) with transparent huge pages. Pages already written keep their 4 KiB
+/// backing until the kernel's background collapse, so call it right after allocating. It takes
+/// effect where the kernel's setting (`/sys/kernel/mm/transparent_hugepage/enabled`) is `madvise`,
+/// Debian's default, or `always`; elsewhere, and on other systems, it changes nothing. Returns the
+/// bytes advised (0 where none were, or the kernel refused the advice).
+pub fn advise<T>(buffer: &mut Vec<T>) -> usize {
+    let start = buffer.as_mut_ptr() as usize;
+    let bytes = buffer.capacity() * std::mem::size_of::<T>();
+    let first = start.next_multiple_of(HUGE_PAGE_BYTES);
+    let end = (start + bytes) / HUGE_PAGE_BYTES * HUGE_PAGE_BYTES;
+    if end <= first {
+        return 0;
+    }
+    advise_span(first, end - first)
+}
+
+#[cfg(target_os = "linux")]
+fn advise_span(first: usize, bytes: usize) -> usize {
+    // SAFETY: the span lies inside the allocation of the `Vec` that `advise` borrows mutably, and
+    // starts on a page boundary; the advice changes how the kernel backs those pages, never their
+    // contents, and a refusal (a kernel without transparent huge pages) leaves them as they were.
+    let rc = unsafe { libc::madvise(first as *mut libc::c_void, bytes, libc::MADV_HUGEPAGE) };
+    if rc == 0 {
+        bytes
+    } else {
+        tracing::debug!(
+            bytes,
+            error = %std::io::Error::last_os_error(),
+            "transparent huge pages refused; the buffer stays on 4 KiB pages"
+        );
+        0
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn advise_span(_first: usize, _bytes: usize) -> usize {
+    0
+}
+
+/// The kernel's transparent huge page setting (`always`, `madvise` or `never`: the bracketed
+/// word of `/sys/kernel/mm/transparent_hugepage/enabled`), or `None` where there is none (another
+/// system, or a kernel built without them). Reports record it beside the measured bandwidth.
+pub fn transparent_huge_pages_setting() -> Option<String> {
+    let text = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").ok()?;
+    let (_, rest) = text.split_once('[')?;
+    let (word, _) = rest.split_once(']')?;
+    Some(word.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_whole_aligned_spans_inside_the_capacity_are_advised() {
+        let mut small: Vec<u8> = Vec::with_capacity(HUGE_PAGE_BYTES - 1);
+        assert_eq!(advise(&mut small), 0);
+        let mut buffer: Vec<u64> = Vec::with_capacity(3 * HUGE_PAGE_BYTES / 8);
+        let advised = advise(&mut buffer);
+        let enabled = transparent_huge_pages_setting();
+        if cfg!(target_os = "linux") && enabled.as_deref().is_some_and(|s| s != "never") {
+            // 3 spans of capacity hold 2 or 3 whole aligned spans, whatever the start.
+            assert!(
+                advised == 2 * HUGE_PAGE_BYTES || advised == 3 * HUGE_PAGE_BYTES,
+                "advised {advised} bytes"
+            );
+        }
+        assert!(advised <= 3 * HUGE_PAGE_BYTES);
+        assert!(buffer.is_empty(), "the advice writes nothing");
+    }
+
+    /// Where the kernel takes the advice, an advised buffer written afterwards is backed by huge
+    /// pages (the `AnonHugePages` of its mapping in `/proc/self/smaps`).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn an_advised_buffer_is_backed_by_huge_pages_where_the_kernel_allows() {
+        let setting = transparent_huge_pages_setting();
+        if setting.as_deref() != Some("madvise") && setting.as_deref() != Some("always") {
+            eprintln!("skipped: transparent huge pages are {setting:?} on this kernel");
+            return;
+        }
+        let mut buffer: Vec<u8> = Vec::with_capacity(8 * HUGE_PAGE_BYTES);
+        assert!(advise(&mut buffer) >= 7 * HUGE_PAGE_BYTES);
+        buffer.resize(8 * HUGE_PAGE_BYTES, 1);
+        // The advice splits the mapping at the first whole span: look inside it.
+        let first_span = (buffer.as_ptr() as usize).next_multiple_of(HUGE_PAGE_BYTES);
+        let huge_kib = anon_huge_kib_of_mapping_at(first_span);
+        assert!(
+            huge_kib >= (HUGE_PAGE_BYTES / 1024) as u64,
+            "the buffer's mapping holds {huge_kib} KiB of huge pages"
+        );
+    }
+
+    /// `AnonHugePages` of the mapping that holds `address`, from `/proc/self/smaps`.
+    #[cfg(target_os = "linux")]
+    fn anon_huge_kib_of_mapping_at(address: usize) -> u64 {
+        let text = std::fs::read_to_string("/proc/self/smaps").expect("/proc/self/smaps");
+        let mut inside = false;
+        for line in text.lines() {
+            let range = line
+                .split_whitespace()
+                .next()
+                .and_then(|r| r.split_once('-'));
+            let bounds = range.and_then(|(a, b)| {
+                Some((
+                    usize::from_str_radix(a, 16).ok()?,
+                    usize::from_str_radix(b, 16).ok()?,
+                ))
+            });
+            if let Some((start, end)) = bounds {
+                inside = (start..end).contains(&address);
+            } else if let Some(kib) = line.strip_prefix("AnonHugePages:").filter(|_| inside) {
+                return kib
+                    .trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse()
+                    .expect("kB figure");
+            }
+        }
+        panic!("no mapping holds {address:#x}");
+    }
+}
