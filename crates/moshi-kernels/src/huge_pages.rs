@@ -5,7 +5,9 @@
 //! prefetchers stop at every page's end; on 2 MiB pages (transparent huge pages) neither happens.
 //! Measured on the development VM (docs/performance.md, "Weights and the probe on 2 MiB pages"):
 //! the plain read the bandwidth probe does gained the most, the VNNI products, whose software
-//! prefetch already runs across 4 KiB pages, a few percent.
+//! prefetch already runs across 4 KiB pages, up to a few percent. The cost is paid once, at the
+//! first write: the kernel clears 2 MiB a fault, compacting memory first where it is fragmented
+//! (or falling back to 4 KiB pages).
 
 /// Bytes of one transparent huge page on x86-64 (and aarch64 with 4 KiB base pages): the span
 /// whose whole, aligned copies inside a buffer are advised.
