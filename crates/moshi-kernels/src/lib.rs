@@ -33,7 +33,8 @@
 //!   such a matrix rearranged into [`dense::PanelMatrix`] panels.
 //! * [`team`]: the persistent thread team all threaded kernels run on; [`cores`]: how many
 //!   threads to run by default (the performance cores of a big/little CPU); [`huge_pages`]: large
-//!   weight buffers on 2 MiB pages where Linux gives them.
+//!   weight buffers on 2 MiB pages where Linux gives them; [`pages_ahead`]: a growing buffer's
+//!   next pages faulted in by the team's idle helpers.
 
 pub mod cores;
 mod cpu;
@@ -42,6 +43,7 @@ mod elem;
 mod error;
 pub mod huge_pages;
 mod matrix;
+pub mod pages_ahead;
 mod precision;
 mod quant;
 mod quantize;

@@ -12,6 +12,9 @@
 //! or a nested call) runs all parts itself, so the team can never deadlock, also not when called
 //! from inside a rayon pool.
 //!
+//! Between regions an idle helper also faults in the pages growing buffers queued
+//! ([`crate::pages_ahead`]), a chunk at a time, looking for a new region between chunks.
+//!
 //! A balanced region ([`run_balanced`]) cuts its work in many small units instead of one part a
 //! thread: each thread starts on its equal share and, done with it, takes half of what is left
 //! of another's, so a thread that runs slower (the two vCPUs of a VM do not always run at the same
@@ -291,7 +294,11 @@ fn helper_loop(shared: &'static Shared) {
                 break e;
             }
             polls += 1;
-            if polls.is_multiple_of(64) && start.elapsed() > SPIN {
+            if !polls.is_multiple_of(64) {
+                std::hint::spin_loop();
+            } else if crate::pages_ahead::populate_next() {
+                // Idle time put to use; look for a region again before the next chunk.
+            } else if start.elapsed() > SPIN {
                 let guard = shared.sleep_lock.lock().unwrap_or_else(|e| e.into_inner());
                 shared.sleepers.fetch_add(1, Ordering::SeqCst);
                 let mut guard = guard;
@@ -301,8 +308,6 @@ fn helper_loop(shared: &'static Shared) {
                 shared.sleepers.fetch_sub(1, Ordering::SeqCst);
                 drop(guard);
                 polls = 0;
-            } else {
-                std::hint::spin_loop();
             }
         };
         seen = epoch;

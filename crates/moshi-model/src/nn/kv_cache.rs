@@ -1,7 +1,10 @@
 //! A ring buffer of keys and values holding at most `capacity` positions (the attention
 //! window, current position included), for the LM and Mimi alike. Position `p` (counted from the
 //! last reset) lives in slot `p % capacity`. Memory is bounded by `capacity` whatever the session
-//! length; storage grows lazily up to that bound.
+//! length; storage grows lazily up to that bound, its next pages faulted in ahead of the pushes
+//! by the thread team's idle helpers ([`PagesAhead`]).
+
+use moshi_kernels::pages_ahead::PagesAhead;
 
 /// Element type of the cached keys and values.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -212,6 +215,19 @@ impl Stream {
         out
     }
 
+    /// Queues the pages of the spare capacity up to `ahead_positions` of `width` values past the
+    /// held ones for the team's idle helpers to fault in (the 8-bit scales, a 32nd of the codes,
+    /// are left to fault in as they are written).
+    fn request_pages_ahead(&self, pages: &mut PagesAhead, ahead_positions: usize, width: usize) {
+        let ahead = ahead_positions * width;
+        // A request the queue did not take is covered by the next one.
+        let _queued = match self {
+            Stream::F32(v) => pages.request(v, ahead),
+            Stream::Bf16(v) => pages.request(v, ahead),
+            Stream::I8 { codes, .. } => pages.request(codes, ahead),
+        };
+    }
+
     fn clear(&mut self) {
         match self {
             Stream::F32(v) => v.clear(),
@@ -247,9 +263,17 @@ pub enum KvRows<'a> {
     },
 }
 
+/// Positions past the held ones whose fresh pages a growing cache has faulted in ahead of its
+/// pushes ([`PagesAhead`]).
+const PAGES_AHEAD_POSITIONS: usize = 8;
+
 /// Keys and values of one attention layer, `width = heads * head_dim` values per position.
 #[derive(Clone, Debug)]
 pub struct KvCache {
+    /// The growing keys' and values' next pages queued for the team's idle helpers (declared
+    /// before `keys` and `values`, so withdrawn before they are freed).
+    keys_ahead: PagesAhead,
+    values_ahead: PagesAhead,
     capacity: usize,
     width: usize,
     /// Values per scale of an 8-bit cache (one head).
@@ -286,6 +310,8 @@ impl KvCache {
             "a KV cache of width {width} in heads of {head_dim}"
         );
         Self {
+            keys_ahead: PagesAhead::default(),
+            values_ahead: PagesAhead::default(),
             capacity,
             width,
             head_dim,
@@ -343,11 +369,18 @@ impl KvCache {
                 self.values.reserve_exact(first);
             } else if self.keys.len() == self.keys.capacity() {
                 let target = (self.keys.capacity() * 2).min(self.capacity * self.width);
+                self.keys_ahead.forget();
+                self.values_ahead.forget();
                 self.keys.reserve_exact(target - self.keys.len());
                 self.values.reserve_exact(target - self.values.len());
             }
             self.keys.push(key);
             self.values.push(value);
+            let (ahead, width) = (PAGES_AHEAD_POSITIONS, self.width);
+            self.keys
+                .request_pages_ahead(&mut self.keys_ahead, ahead, width);
+            self.values
+                .request_pages_ahead(&mut self.values_ahead, ahead, width);
         } else {
             let at = self.next_slot * self.width;
             self.keys.overwrite(at, key);
@@ -385,6 +418,8 @@ impl KvCache {
     /// 8-bit codes, or widened to f32).
     pub fn convert(&mut self, precision: KvPrecision) {
         if precision != self.precision {
+            self.keys_ahead.forget();
+            self.values_ahead.forget();
             self.keys = self.keys.converted(precision, self.head_dim);
             self.values = self.values.converted(precision, self.head_dim);
             self.precision = precision;
