@@ -1,10 +1,13 @@
 //! Norms over rows of f32 activations: RMSNorm (the LM) and LayerNorm (Mimi).
 
-/// RMSNorm in f32: `x * alpha / sqrt(mean(x²) + eps)`, per row of width `alpha.len()`.
+/// RMSNorm in f32: `x * alpha / sqrt(mean(x²) + eps)`, per row of width `alpha.len()`. The sum of
+/// squares runs in the dense kernels' fixed lane order (the same bits on every instruction set):
+/// one running sum would be a chain of `d` dependent additions, microseconds a row on the LM's
+/// serial path.
 pub fn rms_norm(x: &[f32], alpha: &[f32], eps: f32, out: &mut [f32]) {
     let d = alpha.len();
     for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
-        let ms = xr.iter().map(|v| v * v).sum::<f32>() / d as f32;
+        let ms = moshi_kernels::dense::dot_f32(xr, xr) / d as f32;
         let inv = 1.0 / (ms + eps).sqrt();
         for ((o, v), a) in or.iter_mut().zip(xr).zip(alpha) {
             *o = v * inv * a;
