@@ -86,35 +86,18 @@ pub fn sample_token(
     if greedy || temperature <= 0.0 || logits.len() <= 1 {
         return argmax(logits);
     }
-    // softmax(logits / T)
-    let probs = &mut scratch.probs;
-    probs.clear();
-    probs.extend(
-        logits
-            .iter()
-            .enumerate()
-            .map(|(i, &l)| (l / temperature, i as u32)),
-    );
-    let max = probs.iter().map(|p| p.0).fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0f32;
-    for p in probs.iter_mut() {
+    let candidates = &mut scratch.probs;
+    top_candidates(logits, temperature, top_k, candidates);
+    // softmax(logits / T) over the kept ones: exp(l_i / T - max). The race below picks
+    // argmax p_i / E_i, which a common factor does not change, so the sum is never needed.
+    let max = candidates[0].0;
+    for p in candidates.iter_mut() {
         p.0 = (p.0 - max).exp();
-        sum += p.0;
     }
-    for p in probs.iter_mut() {
-        p.0 /= sum;
-    }
-    // top-k, sorted by decreasing probability then increasing index (deterministic order).
-    let order = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
-    if top_k > 0 && top_k < probs.len() {
-        probs.select_nth_unstable_by(top_k - 1, order);
-        probs.truncate(top_k);
-    }
-    probs.sort_unstable_by(order);
     // Exponential race: P(i wins) = p_i / sum_j p_j.
-    let mut best = probs[0].1;
+    let mut best = candidates[0].1;
     let mut best_score = f64::NEG_INFINITY;
-    for &(p, i) in probs.iter() {
+    for &(p, i) in candidates.iter() {
         let score = p as f64 / rng.next_exponential();
         if score > best_score {
             best_score = score;
@@ -122,6 +105,48 @@ pub fn sample_token(
         }
     }
     best
+}
+
+/// Candidates per kept one below which [`top_candidates`] keeps a sorted list of the best so far
+/// instead of selecting among all of them.
+const FEW_OF_MANY: usize = 16;
+
+/// The `top_k` largest scaled logits `(logit / temperature, index)` (all of them for `top_k` 0
+/// or beyond the vocabulary) into `out`, in decreasing order, equal values by increasing index:
+/// the order that decides which are kept, so the kept set is the same however it is found. The
+/// softmax is monotonic, so these are the `top_k` most probable tokens.
+fn top_candidates(logits: &[f32], temperature: f32, top_k: usize, out: &mut Vec<(f32, u32)>) {
+    let order = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+    let scaled = logits
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| (l / temperature, i as u32));
+    let k = if top_k == 0 {
+        logits.len()
+    } else {
+        top_k.min(logits.len())
+    };
+    out.clear();
+    if k.saturating_mul(FEW_OF_MANY) <= logits.len() {
+        // The text vocabulary's top 25 of 32000: most candidates lose one comparison.
+        for candidate in scaled {
+            if out.len() == k {
+                if order(&candidate, &out[k - 1]).is_ge() {
+                    continue;
+                }
+                out.pop();
+            }
+            let at = out.partition_point(|kept| order(kept, &candidate).is_lt());
+            out.insert(at, candidate);
+        }
+        return;
+    }
+    out.extend(scaled);
+    if k < out.len() {
+        out.select_nth_unstable_by(k - 1, order);
+        out.truncate(k);
+    }
+    out.sort_unstable_by(order);
 }
 
 #[cfg(test)]
@@ -142,6 +167,28 @@ mod tests {
             1
         );
         assert_eq!(rng.next_u64(), before);
+    }
+
+    /// Both ways of finding the candidates keep the `k` best by (scaled logit, then index), in
+    /// that order: ties and repeated values included, at every `k`.
+    #[test]
+    fn the_kept_candidates_are_the_k_best_in_order_either_way() {
+        let logits: Vec<f32> = (0..1000)
+            .map(|i| ((i * 7919 % 61) as f32 * 0.37).sin().round() * 2.0 + (i % 7) as f32)
+            .collect();
+        let mut all: Vec<(f32, u32)> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (l / 0.7, i as u32))
+            .collect();
+        all.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        let mut out = Vec::new();
+        for k in [1, 2, 25, 62, 63, 250, 999, 1000] {
+            top_candidates(&logits, 0.7, k, &mut out);
+            assert_eq!(out, all[..k], "k = {k}");
+        }
+        top_candidates(&logits, 0.7, 0, &mut out);
+        assert_eq!(out, all, "k = 0: all of them");
     }
 
     #[test]
