@@ -228,6 +228,9 @@ unsafe fn arrange_row(
     let digits = digit_slots.as_mut_ptr() as *mut u8;
     // Per block and digit, a plane of the even columns' digits, then one of the odd columns'.
     let (block_cols, plane_bytes) = (layout.block_cols, layout.block_cols / PLANES);
+    // A shift, not a division, per 16 columns below (the layouts' blocks are powers of two).
+    debug_assert!(block_cols.is_power_of_two());
+    let block_shift = block_cols.trailing_zeros();
     // Even columns first, then odd ones: the low- and high-nibble planes.
     let even_odd = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
     for (g, group) in row.chunks_exact(group_size).enumerate() {
@@ -266,14 +269,16 @@ unsafe fn arrange_row(
                 _mm512_srai_epi32::<24>(_mm512_slli_epi32::<24>(n1)),
             ));
             let col = g * group_size + k * 16;
-            let (block, c) = (col / block_cols, col % block_cols);
+            let (block, c) = (col >> block_shift, col & (block_cols - 1));
             let block_at = block * layout.block_digit_bytes();
-            // The layout's digits of [n2, n1, n]: the top one is zero at two digits.
-            for (d, value) in [n2, n1, n][DIGITS - layout.digits..]
-                .iter()
-                .copied()
-                .enumerate()
-            {
+            // The layout's digits of [n2, n1, n]: the top one is zero at two digits. (Picked in
+            // registers: an array of the three would go through the stack.)
+            for d in 0..layout.digits {
+                let value = match DIGITS - layout.digits + d {
+                    0 => n2,
+                    1 => n1,
+                    _ => n,
+                };
                 let bytes = _mm512_cvtepi32_epi8(value);
                 let at = block_at + d * block_cols;
                 // Lanes c/8 and c/8 + 1: their codes' bytes are plane bytes c/2.. c/2 + 8.
