@@ -595,19 +595,20 @@ pub(crate) mod checks {
     }
 
     /// Rows whose magnitudes spread over 2^±40 (so groups differ widely), two per arrangement,
-    /// for every group size the kernels take and both digit counts: each arranged row holds the
-    /// rule's row scale, and for each group its unit, its f32 sum and each column's digits.
+    /// for every group size the kernels take and both digit counts, at a few groups and at more
+    /// than 16 (an arrangement may take groups in batches): each arranged row holds the rule's row
+    /// scale, and for each group its unit, its f32 sum and each column's digits.
     pub(crate) fn arrangement_follows_the_rule(
         arrange: Arrange,
         layout_of: LayoutOf,
         group_sums: GroupSums,
     ) {
         let mut spread = SpreadValues::new();
-        for (group_size, digit_count) in [32, 64, 128]
+        for (group_size, digit_count, cols) in [32, 64, 128]
             .into_iter()
             .flat_map(|g| FIXED_POINT_DIGITS.map(|d| (g, d)))
+            .flat_map(|(g, d)| [3 * 128 + g, 17 * g + 128].map(|cols| (g, d, cols)))
         {
-            let cols = 3 * 128 + group_size;
             let x = spread.take(2 * cols);
             let arranged = arrange(&x, 2, cols, group_size, digit_count).unwrap();
             let layout = layout_of(cols, group_size, digit_count);

@@ -184,6 +184,9 @@ pub(crate) fn arrange_row_at(
     unsafe { arrange_row(row, dst, group_size, layout, None) }
 }
 
+/// Groups whose sums and units [`arrange_row`] finds before it cuts their digits.
+const GROUPS_AT_ONCE: usize = 16;
+
 /// One row of [`arrange_activations`] into the zeroed `dst` (its lane exponents from
 /// `lane_groups`, left zero without); false if it cannot be arranged. At one digit, the 8-bit
 /// rule of `fixed_point::arrange_row_i8` (units `max / 127`, no lane exponents).
@@ -233,69 +236,81 @@ unsafe fn arrange_row(
     let block_shift = block_cols.trailing_zeros();
     // Even columns first, then odd ones: the low- and high-nibble planes.
     let even_odd = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
-    for (g, group) in row.chunks_exact(group_size).enumerate() {
-        let (mut sum, mut group_max) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-        for v in group.chunks_exact(16) {
-            // SAFETY: 16 floats.
-            let v = unsafe { _mm512_loadu_ps(v.as_ptr()) };
-            sum = _mm512_add_ps(sum, v);
-            group_max = _mm512_max_ps(group_max, _mm512_abs_ps(v));
+    // Groups in batches: first every group's sum and unit (independent reductions the core
+    // overlaps), then their digits; one group at a time, each group's digits waited for its unit.
+    let mut inverses = [0f32; GROUPS_AT_ONCE];
+    for (batch, groups) in row.chunks(GROUPS_AT_ONCE * group_size).enumerate() {
+        let first = batch * GROUPS_AT_ONCE;
+        for (j, group) in groups.chunks_exact(group_size).enumerate() {
+            let (mut sum, mut group_max) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+            for v in group.chunks_exact(16) {
+                // SAFETY: 16 floats.
+                let v = unsafe { _mm512_loadu_ps(v.as_ptr()) };
+                sum = _mm512_add_ps(sum, v);
+                group_max = _mm512_max_ps(group_max, _mm512_abs_ps(v));
+            }
+            sums[first + j] = _mm512_reduce_add_ps(sum);
+            let scaled_max = _mm512_reduce_max_ps(group_max) * pow2(-row_exp);
+            let (unit, inverse) = if layout.digits == I8_DIGITS {
+                i8_group_unit(scaled_max)
+            } else {
+                let unit_exp = group_unit_exp(scaled_max, layout.digits);
+                (pow2(unit_exp), pow2(-unit_exp))
+            };
+            units[first + j] = unit;
+            inverses[j] = inverse;
         }
-        sums[g] = _mm512_reduce_add_ps(sum);
-        let scaled_max = _mm512_reduce_max_ps(group_max) * pow2(-row_exp);
-        let (unit, inverse) = if layout.digits == I8_DIGITS {
-            i8_group_unit(scaled_max)
-        } else {
-            let unit_exp = group_unit_exp(scaled_max, layout.digits);
-            (pow2(unit_exp), pow2(-unit_exp))
-        };
-        units[g] = unit;
-        let inverse_unit = _mm512_set1_ps(inverse);
-        let mut n_total = _mm512_setzero_si512();
-        for (k, v) in group.chunks_exact(16).enumerate() {
-            // SAFETY: 16 floats.
-            let v = unsafe { _mm512_loadu_ps(v.as_ptr()) };
-            // Exact scalings by powers of two, then one rounding (to nearest even): |n| ≤
-            // `digits_max` of the layout's digits by the choice of the unit.
-            let n = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(v, row_scale), inverse_unit));
-            n_total = _mm512_add_epi32(n_total, n);
-            // Balanced base-256 digits: d0 = n's low byte as i8, n1 = (n - d0) / 256, ...
-            let n1 = _mm512_srai_epi32::<8>(_mm512_sub_epi32(
-                n,
-                _mm512_srai_epi32::<24>(_mm512_slli_epi32::<24>(n)),
-            ));
-            let n2 = _mm512_srai_epi32::<8>(_mm512_sub_epi32(
-                n1,
-                _mm512_srai_epi32::<24>(_mm512_slli_epi32::<24>(n1)),
-            ));
-            let col = g * group_size + k * 16;
-            let (block, c) = (col >> block_shift, col & (block_cols - 1));
-            let block_at = block * layout.block_digit_bytes();
-            // The layout's digits of [n2, n1, n]: the top one is zero at two digits. (Picked in
-            // registers: an array of the three would go through the stack.)
-            for d in 0..layout.digits {
-                let value = match DIGITS - layout.digits + d {
-                    0 => n2,
-                    1 => n1,
-                    _ => n,
-                };
-                let bytes = _mm512_cvtepi32_epi8(value);
-                let at = block_at + d * block_cols;
-                // Lanes c/8 and c/8 + 1: their codes' bytes are plane bytes c/2.. c/2 + 8.
-                let split = _mm_shuffle_epi8(bytes, even_odd);
-                // SAFETY: inside block `block` of the digit part (layout).
-                unsafe {
-                    let low = digits.add(at + c / 2);
-                    _mm_storel_epi64(low as *mut __m128i, split);
-                    _mm_storel_epi64(
-                        low.add(plane_bytes) as *mut __m128i,
-                        _mm_unpackhi_epi64(split, split),
-                    );
+        for (j, group) in groups.chunks_exact(group_size).enumerate() {
+            let g = first + j;
+            let inverse_unit = _mm512_set1_ps(inverses[j]);
+            let mut n_total = _mm512_setzero_si512();
+            for (k, v) in group.chunks_exact(16).enumerate() {
+                // SAFETY: 16 floats.
+                let v = unsafe { _mm512_loadu_ps(v.as_ptr()) };
+                // Exact scalings by powers of two, then one rounding (to nearest even): |n| ≤
+                // `digits_max` of the layout's digits by the choice of the unit.
+                let n =
+                    _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(v, row_scale), inverse_unit));
+                n_total = _mm512_add_epi32(n_total, n);
+                // Balanced base-256 digits: d0 = n's low byte as i8, n1 = (n - d0) / 256, ...
+                let n1 = _mm512_srai_epi32::<8>(_mm512_sub_epi32(
+                    n,
+                    _mm512_srai_epi32::<24>(_mm512_slli_epi32::<24>(n)),
+                ));
+                let n2 = _mm512_srai_epi32::<8>(_mm512_sub_epi32(
+                    n1,
+                    _mm512_srai_epi32::<24>(_mm512_slli_epi32::<24>(n1)),
+                ));
+                let col = g * group_size + k * 16;
+                let (block, c) = (col >> block_shift, col & (block_cols - 1));
+                let block_at = block * layout.block_digit_bytes();
+                // The layout's digits of [n2, n1, n]: the top one is zero at two digits. (Picked
+                // in registers: an array of the three would go through the stack.)
+                for d in 0..layout.digits {
+                    let value = match DIGITS - layout.digits + d {
+                        0 => n2,
+                        1 => n1,
+                        _ => n,
+                    };
+                    let bytes = _mm512_cvtepi32_epi8(value);
+                    let at = block_at + d * block_cols;
+                    // Lanes c/8 and c/8 + 1: their codes' bytes are plane bytes c/2.. c/2 + 8.
+                    let split = _mm_shuffle_epi8(bytes, even_odd);
+                    // SAFETY: inside block `block` of the digit part (layout).
+                    unsafe {
+                        let low = digits.add(at + c / 2);
+                        _mm_storel_epi64(low as *mut __m128i, split);
+                        _mm_storel_epi64(
+                            low.add(plane_bytes) as *mut __m128i,
+                            _mm_unpackhi_epi64(split, split),
+                        );
+                    }
                 }
             }
-        }
-        if layout.digits < DIGITS {
-            sums[g] = held_group_sum(_mm512_reduce_add_epi32(n_total), units[g], pow2(row_exp));
+            if layout.digits < DIGITS {
+                let total = _mm512_reduce_add_epi32(n_total);
+                sums[g] = held_group_sum(total, units[g], pow2(row_exp));
+            }
         }
     }
     if let Some(lane_groups) = lane_groups {
