@@ -107,8 +107,9 @@ pub fn sample_token(
     best
 }
 
-/// Candidates per kept one below which [`top_candidates`] keeps a sorted list of the best so far
-/// instead of selecting among all of them.
+/// Candidates per kept one from which [`top_candidates`] keeps a sorted list of the best so far
+/// instead of selecting among all of them (each insertion shifts up to `top_k` entries, so the
+/// list pays only where most candidates are turned away by one comparison).
 const FEW_OF_MANY: usize = 16;
 
 /// The `top_k` largest scaled logits `(logit / temperature, index)` (all of them for `top_k` 0
