@@ -146,7 +146,7 @@ pub(crate) fn populate_next() -> bool {
 /// Faults in the pages overlapping `span` writable, contents untouched; false where the kernel
 /// does not know the advice.
 #[cfg(target_os = "linux")]
-pub(crate) fn populate(span: Range<usize>) -> bool {
+fn populate(span: Range<usize>) -> bool {
     let page = page_bytes();
     let start = span.start / page * page;
     // SAFETY: the advice only faults pages in (as a write to each would, without writing): it
@@ -163,7 +163,7 @@ pub(crate) fn populate(span: Range<usize>) -> bool {
 }
 
 #[cfg(not(target_os = "linux"))]
-pub(crate) fn populate(_span: Range<usize>) -> bool {
+fn populate(_span: Range<usize>) -> bool {
     false
 }
 
