@@ -1,7 +1,9 @@
 //! Quantized matrix-vector product at the Moshi 7B shapes (temporal transformer, text head,
 //! depformer), q4 (group 32 and 64), q8 (group 64) and GGUF q8_0 (8-bit group 32, f16 scales, as
 //! Kyutai's candle release holds), against the machine's measured read bandwidth,
-//! plus a naive dequantize-then-sgemv and dense f32 weights for comparison.
+//! plus a naive dequantize-then-sgemv and dense f32 weights for comparison. Where the kernel
+//! is AVX-512 VNNI, each MLX-format case runs twice: on MLX's row layout, and on the panels the
+//! engine rearranges such matrices into at load (`QuantPanels`, the case named `…-panels`).
 //!
 //! Each case rotates over enough copies of the matrix to exceed 1 GiB, so weights come from
 //! DRAM as they do when a whole model is streamed every step. Threads: `MOSHI_BENCH_THREADS`
@@ -22,7 +24,7 @@ use std::time::{Duration, Instant};
 use criterion::{black_box, Criterion, Throughput};
 use moshi_bench::bandwidth::{ReadBuffer, DEFAULT_BUFFER_BYTES};
 use moshi_bench::env::var_or;
-use moshi_kernels::{ActivationPrecision, Kernel, QuantizedMatrix};
+use moshi_kernels::{ActivationPrecision, Kernel, QuantPanels, QuantizedMatrix};
 
 /// Bytes each case rotates over by default (well above the last-level cache);
 /// `MOSHI_BENCH_ROTATION_MB=0` keeps one copy (in-cache compute speed).
@@ -235,7 +237,11 @@ fn main() {
                 "{} {activations} {format} {name} {cols}->{rows}",
                 kernel.name()
             );
-            if !wanted(&case) {
+            let panels_case = format!(
+                "{}-panels {activations} {format} {name} {cols}->{rows}",
+                kernel.name()
+            );
+            if !wanted(&case) && !wanted(&panels_case) {
                 continue;
             }
             let seed = 0x9E37 + i as u64;
@@ -244,31 +250,52 @@ fn main() {
                 _ => random_matrix(rows, cols, bits, group_size, seed),
             };
             let copies = rotation_bytes.div_ceil(w.weight_bytes()).max(1);
-            let mats: Vec<QuantizedMatrix> = (0..copies).map(|_| w.clone()).collect();
             let x: Vec<f32> = (0..cols)
                 .map(|j| ((j * 7919) % 1000) as f32 / 1000.0 - 0.5)
                 .collect();
             let mut y = vec![0f32; rows];
-            bench_rotating(
-                &mut c,
-                &pool,
-                &probe,
-                threads,
-                "qmv",
-                case,
-                w.weight_bytes(),
-                copies,
-                |k| {
-                    if kernel == Kernel::detect() {
-                        mats[k].matvec(black_box(&x), &mut y);
-                    } else {
-                        mats[k]
-                            .matmul_with_kernel(kernel, black_box(&x), 1, &mut y)
-                            .unwrap();
-                    }
-                    black_box(&y);
-                },
-            );
+            if wanted(&case) {
+                let mats: Vec<QuantizedMatrix> = (0..copies).map(|_| w.clone()).collect();
+                bench_rotating(
+                    &mut c,
+                    &pool,
+                    &probe,
+                    threads,
+                    "qmv",
+                    case,
+                    w.weight_bytes(),
+                    copies,
+                    |k| {
+                        if kernel == Kernel::detect() {
+                            mats[k].matvec(black_box(&x), &mut y);
+                        } else {
+                            mats[k]
+                                .matmul_with_kernel(kernel, black_box(&x), 1, &mut y)
+                                .unwrap();
+                        }
+                        black_box(&y);
+                    },
+                );
+            }
+            if wanted(&panels_case) && QuantPanels::suits(&w, kernel) {
+                let panels: Vec<QuantPanels> = (0..copies)
+                    .filter_map(|_| QuantPanels::from_matrix(w.clone(), kernel).ok())
+                    .collect();
+                bench_rotating(
+                    &mut c,
+                    &pool,
+                    &probe,
+                    threads,
+                    "qmv",
+                    panels_case,
+                    w.weight_bytes(),
+                    panels.len(),
+                    |k| {
+                        panels[k].matmul(black_box(&x), 1, &mut y);
+                        black_box(&y);
+                    },
+                );
+            }
         }
     }
 
