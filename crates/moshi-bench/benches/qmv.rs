@@ -135,13 +135,17 @@ fn probe_gbps(probe: &ReadBuffer, passes: usize) -> f64 {
 /// Passes of the read probe taken right before each case.
 const ADJACENT_PROBE_PASSES: usize = 3;
 
+/// What every case is timed with: criterion, the pool the products run in, the read probe.
+struct Bench<'a> {
+    c: Criterion,
+    pool: &'a rayon::ThreadPool,
+    probe: &'a ReadBuffer,
+}
+
 /// Times `call(copy_index)` rotating over `copies`, recording the mean and fastest-sample time
 /// per call and the read bandwidth measured just before.
-#[allow(clippy::too_many_arguments)]
 fn bench_rotating(
-    c: &mut Criterion,
-    pool: &rayon::ThreadPool,
-    probe: &ReadBuffer,
+    bench: &mut Bench<'_>,
     threads: usize,
     group: &str,
     case: String,
@@ -149,6 +153,7 @@ fn bench_rotating(
     copies: usize,
     mut call: impl FnMut(usize) + Send,
 ) {
+    let (c, pool, probe) = (&mut bench.c, bench.pool, bench.probe);
     let probe_gbps = probe_gbps(probe, ADJACENT_PROBE_PASSES);
     let mut g = c.benchmark_group(group);
     g.throughput(Throughput::Bytes(weight_bytes as u64));
@@ -198,7 +203,7 @@ fn main() {
         .num_threads(threads)
         .build()
         .unwrap();
-    let mut c = Criterion::default()
+    let c = Criterion::default()
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2))
         .sample_size(10)
@@ -206,6 +211,11 @@ fn main() {
 
     let bandwidth = measure_bandwidth(threads);
     let probe = ReadBuffer::new(threads, DEFAULT_BUFFER_BYTES).expect("read-bandwidth buffer");
+    let mut bench = Bench {
+        c,
+        pool: &pool,
+        probe: &probe,
+    };
     println!(
         "measured read bandwidth, {threads} threads: {:.2} GB/s wall, {:.2} GB/s per CPU time",
         bandwidth.0, bandwidth.1
@@ -257,9 +267,7 @@ fn main() {
             if wanted(&case) {
                 let mats: Vec<QuantizedMatrix> = (0..copies).map(|_| w.clone()).collect();
                 bench_rotating(
-                    &mut c,
-                    &pool,
-                    &probe,
+                    &mut bench,
                     threads,
                     "qmv",
                     case,
@@ -282,9 +290,7 @@ fn main() {
                     .filter_map(|_| QuantPanels::from_matrix(w.clone(), kernel).ok())
                     .collect();
                 bench_rotating(
-                    &mut c,
-                    &pool,
-                    &probe,
+                    &mut bench,
                     threads,
                     "qmv",
                     panels_case,
@@ -317,9 +323,7 @@ fn main() {
         let copies = rotation_bytes.div_ceil(dense_bytes).max(1);
         let denses: Vec<Vec<f32>> = (0..copies).map(|_| dense.clone()).collect();
         bench_rotating(
-            &mut c,
-            &pool,
-            &probe,
+            &mut bench,
             1,
             "baseline",
             format!("baseline f32 dense sgemv {name} {cols}->{rows}"),
@@ -332,9 +336,7 @@ fn main() {
         );
         let mut scratch = vec![0f32; rows * cols];
         bench_rotating(
-            &mut c,
-            &pool,
-            &probe,
+            &mut bench,
             1,
             "baseline",
             format!("baseline naive q4 dequant+sgemv {name} {cols}->{rows}"),
@@ -350,7 +352,7 @@ fn main() {
         );
     }
 
-    c.final_summary();
+    bench.c.final_summary();
     print_table(threads, bandwidth);
 }
 
