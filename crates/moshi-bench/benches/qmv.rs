@@ -287,7 +287,11 @@ fn main() {
             }
             if wanted(&panels_case) && QuantPanels::suits(&w, kernel) {
                 let panels: Vec<QuantPanels> = (0..copies)
-                    .filter_map(|_| QuantPanels::from_matrix(w.clone(), kernel).ok())
+                    .map(|_| {
+                        QuantPanels::from_matrix(w.clone(), kernel).unwrap_or_else(|_| {
+                            panic!("{panels_case}: panels refused a suited matrix")
+                        })
+                    })
                     .collect();
                 bench_rotating(
                     &mut bench,
@@ -295,7 +299,7 @@ fn main() {
                     "qmv",
                     panels_case,
                     w.weight_bytes(),
-                    panels.len(),
+                    copies,
                     |k| {
                         panels[k].matmul(black_box(&x), 1, &mut y);
                         black_box(&y);
